@@ -1,0 +1,246 @@
+//! [`Context`]: the operator's handle to keyed state, emit and log for the current record.
+
+use crate::operator::Reject;
+use crate::state::{MapState, ValueState};
+use crate::wit::weir::operator::emit::{self as wit_emit, EmitError};
+use crate::wit::weir::operator::log::{self as wit_log, Level};
+use crate::wit::weir::operator::state::{self as wit_state};
+use crate::wit::weir::operator::types::{Header as WitHeader, StateError};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+/// Severity of a [`Context::log`] line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogLevel {
+    /// Very detailed tracing.
+    Trace,
+    /// Debugging detail.
+    Debug,
+    /// Normal operation.
+    Info,
+    /// Something unexpected that the operator handled.
+    Warn,
+    /// Something failed.
+    Error,
+}
+
+/// Access to the current record's keyed state, to emit and to log.
+///
+/// Every state call reads or writes the state of the current record's key; writes become
+/// visible to later records at once and durable when the record is processed.
+#[derive(Debug)]
+pub struct Context {
+    record: u32,
+}
+
+/// Largest page [`Context::map_entries`] asks the host for.
+const MAP_PAGE_SIZE: u32 = 256;
+
+impl Context {
+    pub(crate) fn for_record(record: u32) -> Self {
+        Self { record }
+    }
+
+    /// Reads a value state; `None` when the key has none.
+    ///
+    /// # Errors
+    /// [`Reject`] when the state is undeclared or of the other kind, or its stored bytes do not
+    /// decode as `T` (for example after an incompatible change of `T`).
+    pub fn get<T: DeserializeOwned>(&mut self, state: &ValueState<T>) -> Result<Option<T>, Reject> {
+        let bytes = wit_state::value_get(self.record, state.name()).map_err(state_reject)?;
+        bytes.map(|b| decode(state.name(), &b)).transpose()
+    }
+
+    /// Reads two value states of the current key in one host round trip.
+    ///
+    /// # Errors
+    /// As [`Context::get`].
+    pub fn get2<A: DeserializeOwned, B: DeserializeOwned>(
+        &mut self,
+        a: &ValueState<A>,
+        b: &ValueState<B>,
+    ) -> Result<(Option<A>, Option<B>), Reject> {
+        let names = [a.name().to_owned(), b.name().to_owned()];
+        let mut values = wit_state::get_many(self.record, &names).map_err(state_reject)?;
+        let vb = values.pop().flatten();
+        let va = values.pop().flatten();
+        Ok((
+            va.map(|v| decode(a.name(), &v)).transpose()?,
+            vb.map(|v| decode(b.name(), &v)).transpose()?,
+        ))
+    }
+
+    /// Sets a value state.
+    ///
+    /// # Errors
+    /// [`Reject`] when the state is undeclared or of the other kind, or the encoded value is
+    /// larger than the host allows (1 MiB by default).
+    pub fn set<T: Serialize>(&mut self, state: &ValueState<T>, value: &T) -> Result<(), Reject> {
+        let bytes = encode(state.name(), value)?;
+        wit_state::value_set(self.record, state.name(), &bytes).map_err(state_reject)
+    }
+
+    /// Clears a value state; clearing an absent value is fine.
+    ///
+    /// # Errors
+    /// [`Reject`] when the state is undeclared or of the other kind.
+    pub fn clear<T>(&mut self, state: &ValueState<T>) -> Result<(), Reject> {
+        wit_state::value_clear(self.record, state.name()).map_err(state_reject)
+    }
+
+    /// Reads one entry of a map state.
+    ///
+    /// # Errors
+    /// [`Reject`] when the state is undeclared or of the other kind, the encoded map key is
+    /// too large (4 KiB by default), or the stored value does not decode as `V`.
+    pub fn map_get<K: Serialize, V: DeserializeOwned>(
+        &mut self,
+        state: &MapState<K, V>,
+        key: &K,
+    ) -> Result<Option<V>, Reject> {
+        let key = encode(state.name(), key)?;
+        let bytes = wit_state::map_get(self.record, state.name(), &key).map_err(state_reject)?;
+        bytes.map(|b| decode(state.name(), &b)).transpose()
+    }
+
+    /// Inserts or replaces one entry of a map state.
+    ///
+    /// # Errors
+    /// As [`Context::map_get`], and when the encoded value is too large.
+    pub fn map_put<K: Serialize, V: Serialize>(
+        &mut self,
+        state: &MapState<K, V>,
+        key: &K,
+        value: &V,
+    ) -> Result<(), Reject> {
+        let key = encode(state.name(), key)?;
+        let value = encode(state.name(), value)?;
+        wit_state::map_put(self.record, state.name(), &key, &value).map_err(state_reject)
+    }
+
+    /// Removes one entry of a map state; removing an absent entry is fine.
+    ///
+    /// # Errors
+    /// As [`Context::map_get`].
+    pub fn map_remove<K: Serialize, V>(
+        &mut self,
+        state: &MapState<K, V>,
+        key: &K,
+    ) -> Result<(), Reject> {
+        let key = encode(state.name(), key)?;
+        wit_state::map_remove(self.record, state.name(), &key).map_err(state_reject)
+    }
+
+    /// Reads every entry of a map state, in ascending order of encoded keys, paging through
+    /// the host 256 entries at a time.
+    ///
+    /// # Errors
+    /// As [`Context::map_get`], for any page or entry.
+    pub fn map_entries<K: DeserializeOwned, V: DeserializeOwned>(
+        &mut self,
+        state: &MapState<K, V>,
+    ) -> Result<Vec<(K, V)>, Reject> {
+        let mut entries = Vec::new();
+        let mut start_after: Option<Vec<u8>> = None;
+        loop {
+            let page = wit_state::map_iterate(
+                self.record,
+                state.name(),
+                start_after.as_deref(),
+                MAP_PAGE_SIZE,
+            )
+            .map_err(state_reject)?;
+            for (k, v) in page.entries {
+                entries.push((decode(state.name(), &k)?, decode(state.name(), &v)?));
+            }
+            match page.next {
+                Some(next) => start_after = Some(next),
+                None => return Ok(entries),
+            }
+        }
+    }
+
+    /// Emits a record to the output topic; an empty key is produced as a null key.
+    ///
+    /// # Errors
+    /// [`Reject`] when the bytes emitted for this input record exceed the host's limit.
+    pub fn emit(&mut self, key: &[u8], value: &[u8]) -> Result<(), Reject> {
+        wit_emit::emit(self.record, key, value, &[]).map_err(emit_reject)
+    }
+
+    /// Emits a record with headers, given as (name, value) pairs.
+    ///
+    /// # Errors
+    /// As [`Context::emit`].
+    pub fn emit_with_headers(
+        &mut self,
+        key: &[u8],
+        value: &[u8],
+        headers: &[(&str, &[u8])],
+    ) -> Result<(), Reject> {
+        let headers: Vec<WitHeader> = headers
+            .iter()
+            .map(|(name, value)| WitHeader {
+                name: (*name).to_owned(),
+                value: value.to_vec(),
+            })
+            .collect();
+        wit_emit::emit(self.record, key, value, &headers).map_err(emit_reject)
+    }
+
+    /// Emits `value` encoded as JSON.
+    ///
+    /// # Errors
+    /// As [`Context::emit`], or when `value` cannot be encoded.
+    pub fn emit_json<T: Serialize + ?Sized>(
+        &mut self,
+        key: &[u8],
+        value: &T,
+    ) -> Result<(), Reject> {
+        let bytes = serde_json::to_vec(value)
+            .map_err(|e| Reject::new(format!("cannot encode output: {e}")))?;
+        self.emit(key, &bytes)
+    }
+
+    /// Writes a line to the host's log (rate-limited by the host; never fails).
+    pub fn log(&mut self, level: LogLevel, message: &str) {
+        let level = match level {
+            LogLevel::Trace => Level::Trace,
+            LogLevel::Debug => Level::Debug,
+            LogLevel::Info => Level::Info,
+            LogLevel::Warn => Level::Warn,
+            LogLevel::Error => Level::Error,
+        };
+        wit_log::log(level, message);
+    }
+}
+
+fn encode<T: Serialize + ?Sized>(state: &str, value: &T) -> Result<Vec<u8>, Reject> {
+    serde_json::to_vec(value)
+        .map_err(|e| Reject::new(format!("cannot encode state `{state}`: {e}")))
+}
+
+fn decode<T: DeserializeOwned>(state: &str, bytes: &[u8]) -> Result<T, Reject> {
+    serde_json::from_slice(bytes)
+        .map_err(|e| Reject::new(format!("cannot decode state `{state}`: {e}")))
+}
+
+fn state_reject(err: StateError) -> Reject {
+    Reject::new(match err {
+        StateError::UnknownState(name) => format!("state error: undeclared state `{name}`"),
+        StateError::WrongKind(name) => format!("state error: state `{name}` is of the other kind"),
+        StateError::InvalidRecord(i) => format!("state error: invalid record index {i}"),
+        StateError::TooLarge(limit) => {
+            format!("state error: larger than the limit of {limit} bytes")
+        }
+    })
+}
+
+fn emit_reject(err: EmitError) -> Reject {
+    Reject::new(match err {
+        EmitError::InvalidRecord(i) => format!("emit error: invalid record index {i}"),
+        EmitError::TooLarge(limit) => {
+            format!("emit error: output for this record exceeds the limit of {limit} bytes")
+        }
+    })
+}

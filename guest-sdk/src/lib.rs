@@ -1,0 +1,106 @@
+//! Write Weir stream operators in Rust.
+//!
+//! An operator is a plain Rust type implementing [`Operator`], exported with
+//! [`export_operator!`] and built for `wasm32-wasip2`. The host calls it with batches of records
+//! of one Kafka partition; the SDK hands them to [`Operator::process`] one at a time with a
+//! [`Context`] through which the operator reads and writes *keyed state* (scoped to the record's
+//! key) and *emits* records to the pipeline's output topic. The generated WIT bindings stay
+//! inside this crate.
+//!
+//! # State
+//! Declare each named state once as a constant, list it in [`Operator::STATES`], and use it
+//! through the context:
+//! - [`ValueState<T>`]: one value per key (as Flink's `ValueState`);
+//! - [`MapState<K, V>`]: an ordered map per key (as Flink's `MapState`).
+//!
+//! **Byte encoding.** State values, map values and map keys are stored as JSON
+//! (`serde_json`), so state is readable from any language. Map keys are iterated in ascending
+//! order of their *encoded bytes*: for strings that is byte order of the JSON text (quotes
+//! included), for non-negative integers it is *not* numeric order (`"10" < "9"`).
+//!
+//! **Memory is scratch.** An instance's linear memory may be discarded between any two batches
+//! (after a trap, on rebalance, on restart, or simply because the host runs several instances):
+//! keep nothing you need in statics or in the operator value; everything that must persist goes
+//! through state.
+//!
+//! **Atomicity.** A record's state writes and emits take effect only if the record is
+//! processed: returning `Err(Reject)` or panicking discards them. A panic traps the instance;
+//! the host re-runs the batch one record at a time and dead-letters only the record that panics.
+//!
+//! # A whole operator
+//! ```
+//! use weir_sdk::{Context, Operator, Record, Reject, StateSpec, ValueState};
+//!
+//! /// Counts records per key and emits `{"count": n}` for each one.
+//! struct Counter;
+//!
+//! const COUNT: ValueState<u64> = ValueState::new("count");
+//!
+//! impl Operator for Counter {
+//!     const NAME: &'static str = "counter";
+//!     const VERSION: &'static str = "1.0.0";
+//!     const STATES: &'static [StateSpec] = &[COUNT.spec()];
+//!
+//!     fn process(ctx: &mut Context, record: &Record) -> Result<(), Reject> {
+//!         let count = ctx.get(&COUNT)?.unwrap_or(0) + 1;
+//!         ctx.set(&COUNT, &count)?;
+//!         ctx.emit_json(record.key(), &serde_json::json!({ "count": count }))?;
+//!         Ok(())
+//!     }
+//! }
+//!
+//! weir_sdk::export_operator!(Counter);
+//! ```
+#![deny(missing_docs)]
+
+mod context;
+mod operator;
+mod record;
+mod state;
+
+pub use context::{Context, LogLevel};
+pub use operator::{Operator, Reject};
+pub use record::{Header, Record};
+pub use state::{MapState, StateKind, StateSpec, ValueState};
+
+#[doc(hidden)]
+pub mod __private {
+    //! Used by [`export_operator!`](crate::export_operator); not part of the API.
+    pub use crate::operator::{describe, process_batch};
+    pub use crate::wit::exports::weir::operator::operator::{
+        Disposition, Guest, InputRecord, OperatorInfo,
+    };
+}
+
+/// The generated bindings. Hidden: operator authors use the types re-exported above.
+#[doc(hidden)]
+#[allow(missing_docs, unsafe_code, clippy::all)]
+pub mod wit {
+    wit_bindgen::generate!({
+        path: "../wit",
+        world: "weir:operator/operator-world@0.1.0",
+        pub_export_macro: true,
+        export_macro_name: "__export_operator_world",
+        default_bindings_module: "weir_sdk::wit",
+    });
+}
+
+/// Exports `$ty` (a type implementing [`Operator`]) as the component's `weir:operator` world.
+///
+/// Use it once per crate, at the top level of the crate that builds the `.wasm`.
+#[macro_export]
+macro_rules! export_operator {
+    ($ty:ident) => {
+        impl $crate::__private::Guest for $ty {
+            fn describe() -> $crate::__private::OperatorInfo {
+                $crate::__private::describe::<$ty>()
+            }
+            fn process_batch(
+                records: ::std::vec::Vec<$crate::__private::InputRecord>,
+            ) -> ::std::vec::Vec<$crate::__private::Disposition> {
+                $crate::__private::process_batch::<$ty>(records)
+            }
+        }
+        $crate::wit::__export_operator_world!($ty with_types_in $crate::wit);
+    };
+}

@@ -1,0 +1,112 @@
+//! `weir bench-call`: the per-record cost of calling an operator, in process, without Kafka:
+//! prefetch → guest call → apply state, over batches of several sizes, on the `memory` backend.
+//! Emits are staged and dropped. This isolates the Wasm boundary from the broker.
+
+use crate::clock::{SharedClock, SystemClock};
+use crate::config::RuntimeSettings;
+use crate::pipeline::worker::prefetch;
+use crate::runtime::{InputRecord, Runtime, RuntimeError};
+use crate::state::memory::{MemoryBackend, MemoryShard};
+use crate::state::{Shard, ShardId, StateBackend, StateError};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// One measured batch size.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct CallCost {
+    /// Records per guest call.
+    pub batch_records: usize,
+    /// Records processed.
+    pub records: usize,
+    /// Wall time, ns per record (prefetch + call + apply).
+    pub ns_per_record: f64,
+    /// Records per second on one core.
+    pub records_per_s: f64,
+}
+
+/// Why the benchmark failed.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    /// The operator could not be loaded.
+    #[error("cannot load operator")]
+    Operator(#[from] RuntimeError),
+    /// A call failed.
+    #[error("guest call failed: {0}")]
+    Call(String),
+    /// The state backend failed.
+    #[error("state failed")]
+    State(#[from] StateError),
+}
+
+/// Measures the operator at `path` on `inputs` (key, value) records, for each batch size.
+///
+/// # Errors
+/// [`BenchError`] when loading fails or a call fails.
+pub async fn call_cost(
+    path: &Path,
+    inputs: &[(Vec<u8>, Vec<u8>)],
+    batch_sizes: &[usize],
+) -> Result<Vec<CallCost>, BenchError> {
+    let clock: SharedClock = Arc::new(SystemClock);
+    let settings = RuntimeSettings {
+        record_deadline: Duration::from_secs(1),
+        batch_deadline_max: Duration::from_secs(60),
+        ..RuntimeSettings::default()
+    };
+    let runtime = Runtime::<MemoryShard>::new(&settings, clock.clone())?;
+    let operator = runtime.load_operator(path).await?;
+    let mut results = Vec::new();
+    for &batch_records in batch_sizes {
+        let backend = MemoryBackend::new(clock.clone());
+        let id = ShardId {
+            pipeline: "bench".into(),
+            partition: 0,
+        };
+        let shard = Arc::new(backend.open_shard(&id).await?);
+        let mut instance = operator
+            .instantiate(Some(shard.clone()), "bench/0".into())
+            .await?;
+        let batches: Vec<Arc<Vec<InputRecord>>> = inputs
+            .chunks(batch_records)
+            .enumerate()
+            .map(|(b, chunk)| {
+                Arc::new(
+                    chunk
+                        .iter()
+                        .enumerate()
+                        .map(|(i, (key, value))| InputRecord {
+                            key: key.clone(),
+                            value: value.clone(),
+                            timestamp_ms: 0,
+                            headers: Vec::new(),
+                            topic: "bench".into(),
+                            partition: 0,
+                            offset: (b * batch_records + i) as i64,
+                        })
+                        .collect(),
+                )
+            })
+            .collect();
+        let started = Instant::now();
+        for records in batches {
+            let batch = prefetch(&*shard, &operator.meta().value_states, records).await?;
+            let (_, batch) = instance
+                .call_batch(batch, settings.batch_deadline_max)
+                .await
+                .map_err(|e| BenchError::Call(e.to_string()))?;
+            let (writes, emits) = batch.into_effects();
+            shard.apply(writes).await?;
+            drop(emits);
+        }
+        let elapsed = started.elapsed();
+        let ns_per_record = elapsed.as_nanos() as f64 / inputs.len() as f64;
+        results.push(CallCost {
+            batch_records,
+            records: inputs.len(),
+            ns_per_record,
+            records_per_s: 1e9 / ns_per_record,
+        });
+    }
+    Ok(results)
+}

@@ -1,0 +1,336 @@
+//! The settings tree, read from TOML (`weir run --config weir.toml`).
+//!
+//! Settings are passed down as values; nothing reads the environment deep in the code.
+//! [`Settings::validate`] reports every problem at once rather than the first.
+
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Everything one `weir run` needs.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Settings {
+    /// The pipeline to run.
+    pub pipeline: PipelineSettings,
+    /// How to reach Kafka.
+    pub kafka: KafkaSettings,
+    /// Limits and batching of the Wasm runtime.
+    #[serde(default)]
+    pub runtime: RuntimeSettings,
+    /// The state backend.
+    #[serde(default)]
+    pub state: StateSettings,
+}
+
+/// One pipeline: input topic(s) → operator → output topic.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PipelineSettings {
+    /// A name for logs and the default consumer group, 1..=64 bytes of `[A-Za-z0-9._-]`.
+    pub name: String,
+    /// Path to the operator component (`.wasm`, a `wasm32-wasip2` component).
+    pub operator: PathBuf,
+    /// Topics to consume; co-partitioned when more than one (their partition `p` share shard `p`).
+    pub input_topics: Vec<String>,
+    /// Topic that receives the operator's emits.
+    pub output_topic: String,
+    /// Topic that receives rejected records and records whose call trapped, with the error in
+    /// the `weir.error` header.
+    pub dead_letter_topic: String,
+    /// Kafka consumer group id; defaults to `weir-{name}`.
+    #[serde(default)]
+    pub group_id: Option<String>,
+}
+
+impl PipelineSettings {
+    /// The consumer group id: `group_id`, or `weir-{name}`.
+    pub fn group_id(&self) -> String {
+        self.group_id
+            .clone()
+            .unwrap_or_else(|| format!("weir-{}", self.name))
+    }
+}
+
+/// Kafka connection settings.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KafkaSettings {
+    /// `host:port[,host:port…]`.
+    pub bootstrap_servers: String,
+    /// Extra librdkafka properties for the consumer (override Weir's defaults).
+    #[serde(default)]
+    pub consumer: BTreeMap<String, String>,
+    /// Extra librdkafka properties for the producer (override Weir's defaults).
+    #[serde(default)]
+    pub producer: BTreeMap<String, String>,
+}
+
+/// Batching and per-call limits of the Wasm runtime.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RuntimeSettings {
+    /// Most records passed to one guest call (1..=65536).
+    pub batch_records_max: usize,
+    /// CPU deadline per record; a batch call gets this times its record count.
+    #[serde(with = "humantime_serde")]
+    pub record_deadline: Duration,
+    /// Cap on a batch call's CPU deadline; a batch that hits it is re-run one record at a time,
+    /// each with the full `record_deadline`, so the cap delays good records but never fails them.
+    #[serde(with = "humantime_serde")]
+    pub batch_deadline_max: Duration,
+    /// Linear memory cap per instance, bytes.
+    pub instance_memory_bytes_max: usize,
+    /// Bytes (keys, values, headers) one input record may emit.
+    pub emit_bytes_per_record_max: u64,
+    /// Largest state value, bytes.
+    pub state_value_bytes_max: u64,
+    /// Largest map-state key, bytes.
+    pub state_map_key_bytes_max: u64,
+    /// Log lines (WIT `log` plus stdout/stderr lines) one instance may write per second; the
+    /// excess is dropped and counted.
+    pub log_lines_per_second_max: u32,
+    /// Batches queued per partition between the consumer and the partition's worker.
+    pub partition_queue_batches_max: usize,
+}
+
+impl Default for RuntimeSettings {
+    fn default() -> Self {
+        Self {
+            batch_records_max: 512,
+            record_deadline: Duration::from_millis(100),
+            batch_deadline_max: Duration::from_secs(2),
+            instance_memory_bytes_max: 64 << 20,
+            emit_bytes_per_record_max: 1 << 20,
+            state_value_bytes_max: 1 << 20,
+            state_map_key_bytes_max: 4 << 10,
+            log_lines_per_second_max: 100,
+            partition_queue_batches_max: 4,
+        }
+    }
+}
+
+/// Which state backend holds keyed state.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StateSettings {
+    /// The backend.
+    pub backend: StateBackendKind,
+}
+
+/// State backends.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StateBackendKind {
+    /// A map per shard in RAM, as Flink's HashMapStateBackend. Not durable: until checkpoints
+    /// exist a restarted pipeline rebuilds it by re-reading its input from the beginning.
+    #[default]
+    Memory,
+}
+
+/// Why settings could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read config file. path=`{path}`")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML for [`Settings`].
+    #[error("cannot parse config file. path=`{path}`")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// The parse error, with line and column.
+        #[source]
+        source: Box<toml::de::Error>,
+    },
+    /// The settings parse but break rules; every problem is listed.
+    #[error("invalid settings: {}", problems.join("; "))]
+    Invalid {
+        /// One line per problem.
+        problems: Vec<String>,
+    },
+}
+
+impl Settings {
+    /// Reads and validates settings from a TOML file.
+    ///
+    /// # Errors
+    /// [`ConfigError`] when the file is unreadable, not valid TOML, or breaks a rule.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Self::from_toml(&text).map_err(|err| match err {
+            ConfigError::Parse { source, .. } => ConfigError::Parse {
+                path: path.to_owned(),
+                source,
+            },
+            other => other,
+        })
+    }
+
+    /// Parses and validates settings from TOML text.
+    ///
+    /// # Errors
+    /// [`ConfigError::Parse`] or [`ConfigError::Invalid`].
+    pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
+        let settings: Settings = toml::from_str(text).map_err(|source| ConfigError::Parse {
+            path: PathBuf::new(),
+            source: Box::new(source),
+        })?;
+        settings.validate()?;
+        Ok(settings)
+    }
+
+    /// Checks every rule and returns all broken ones.
+    ///
+    /// # Errors
+    /// [`ConfigError::Invalid`] listing each problem.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let mut problems = Vec::new();
+        let p = &self.pipeline;
+        if p.name.is_empty()
+            || p.name.len() > 64
+            || !p
+                .name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+        {
+            problems.push(format!(
+                "pipeline.name must be 1..=64 bytes of [A-Za-z0-9._-]. name=`{}`",
+                p.name
+            ));
+        }
+        if p.input_topics.is_empty() {
+            problems.push("pipeline.input_topics must name at least one topic".to_owned());
+        }
+        for (field, topic) in p
+            .input_topics
+            .iter()
+            .map(|t| ("pipeline.input_topics", t))
+            .chain([
+                ("pipeline.output_topic", &p.output_topic),
+                ("pipeline.dead_letter_topic", &p.dead_letter_topic),
+            ])
+        {
+            if !valid_topic(topic) {
+                problems.push(format!(
+                    "{field} is not a valid Kafka topic name. topic=`{topic}`"
+                ));
+            }
+        }
+        if p.input_topics
+            .iter()
+            .any(|t| *t == p.output_topic || *t == p.dead_letter_topic)
+        {
+            problems.push("an input topic is also the output or dead-letter topic".to_owned());
+        }
+        if self.kafka.bootstrap_servers.trim().is_empty() {
+            problems.push("kafka.bootstrap_servers is empty".to_owned());
+        }
+        let r = &self.runtime;
+        if !(1..=65_536).contains(&r.batch_records_max) {
+            problems.push(format!(
+                "runtime.batch_records_max must be 1..=65536. value={}",
+                r.batch_records_max
+            ));
+        }
+        if r.record_deadline < Duration::from_millis(1) {
+            problems.push("runtime.record_deadline must be at least 1ms".to_owned());
+        }
+        if r.instance_memory_bytes_max < (1 << 20) {
+            problems.push("runtime.instance_memory_bytes_max must be at least 1 MiB".to_owned());
+        }
+        if r.partition_queue_batches_max == 0 {
+            problems.push("runtime.partition_queue_batches_max must be at least 1".to_owned());
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(ConfigError::Invalid { problems })
+        }
+    }
+}
+
+/// Kafka's rule: 1..=249 bytes of `[A-Za-z0-9._-]`, not `.` or `..`.
+fn valid_topic(topic: &str) -> bool {
+    !topic.is_empty()
+        && topic.len() <= 249
+        && topic != "."
+        && topic != ".."
+        && topic
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+        [pipeline]
+        name = "flights"
+        operator = "op.wasm"
+        input_topics = ["flights"]
+        output_topic = "route-stats"
+        dead_letter_topic = "flights-dlq"
+
+        [kafka]
+        bootstrap_servers = "127.0.0.1:9092"
+
+        [runtime]
+        record_deadline = "250ms"
+    "#;
+
+    #[test]
+    fn valid_settings_parse_with_defaults() {
+        let s = Settings::from_toml(GOOD).expect("valid settings");
+        assert_eq!(s.pipeline.group_id(), "weir-flights");
+        assert_eq!(s.runtime.record_deadline, Duration::from_millis(250));
+        assert_eq!(s.runtime.batch_records_max, 512);
+        assert_eq!(s.state.backend, StateBackendKind::Memory);
+    }
+
+    #[test]
+    fn validation_reports_every_problem_at_once() {
+        let bad = GOOD
+            .replace(r#"name = "flights""#, r#"name = "bad name!""#)
+            .replace(
+                r#"output_topic = "route-stats""#,
+                r#"output_topic = "flights""#,
+            )
+            .replace(r#"record_deadline = "250ms""#, "batch_records_max = 0");
+        let Err(ConfigError::Invalid { problems }) = Settings::from_toml(&bad) else {
+            panic!("expected invalid settings");
+        };
+        assert_eq!(problems.len(), 3, "{problems:?}");
+        assert!(problems[0].contains("pipeline.name"));
+        assert!(problems[1].contains("also the output"));
+        assert!(problems[2].contains("batch_records_max"));
+    }
+
+    #[test]
+    fn unknown_fields_are_refused() {
+        let bad = GOOD.replace("[runtime]", "[runtime]\nbatch_size = 3");
+        assert!(matches!(
+            Settings::from_toml(&bad),
+            Err(ConfigError::Parse { .. })
+        ));
+    }
+
+    #[test]
+    fn shipped_example_config_is_valid() {
+        let path =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/config/flight-delays.toml");
+        let s = Settings::load(&path).expect("deploy/config/flight-delays.toml is valid");
+        assert_eq!(s.pipeline.input_topics, vec!["flights".to_owned()]);
+    }
+}

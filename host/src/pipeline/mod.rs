@@ -1,0 +1,286 @@
+//! Runs one pipeline: the consumer loop that batches records per partition and the
+//! per-partition workers ([`worker`]) that call the operator.
+//!
+//! Records of a partition are handled in offset order by that partition's worker, one batch at
+//! a time; partitions run concurrently. Co-partitioned input topics share the worker (and shard)
+//! of their partition number. On revoke, a partition's worker is aborted and its queued records
+//! are dropped, offsets and state untouched (the `memory` shard goes with it; a later
+//! assignment rebuilds it from the earliest offset).
+
+pub mod worker;
+
+use crate::clock::SharedClock;
+use crate::config::Settings;
+use crate::runtime::{InputRecord, Operator, Runtime, RuntimeError};
+use crate::sink::{self, Sink};
+use crate::source::{self, SourceConsumer, SourceContext};
+use crate::state::{ShardId, StateBackend, StateError};
+use futures::FutureExt;
+use rdkafka::consumer::Consumer;
+use rdkafka::error::KafkaError;
+use rdkafka::message::BorrowedMessage;
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use worker::{PartitionWorker, WorkerError};
+
+/// Counters of one pipeline run; read them any time (relaxed atomics).
+#[derive(Debug, Default)]
+pub struct PipelineStats {
+    /// Records handed to workers.
+    pub records_in: AtomicU64,
+    /// Records processed with disposition `ok`.
+    pub records_ok: AtomicU64,
+    /// Records sent to the dead-letter topic.
+    pub dead_lettered: AtomicU64,
+    /// Records emitted to the output topic.
+    pub emitted: AtomicU64,
+    /// Guest calls made (batch calls and one-record re-runs).
+    pub guest_calls: AtomicU64,
+    /// Wall time spent inside guest calls, ns.
+    pub guest_call_ns: AtomicU64,
+    /// Guest calls that trapped.
+    pub traps: AtomicU64,
+    /// Retries after a state backend outage.
+    pub outage_retries: AtomicU64,
+}
+
+impl PipelineStats {
+    /// Records that reached a final disposition (ok or dead-lettered).
+    pub fn records_done(&self) -> u64 {
+        self.records_ok.load(Ordering::Relaxed) + self.dead_lettered.load(Ordering::Relaxed)
+    }
+}
+
+/// Why a pipeline stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum PipelineError {
+    /// The operator could not be loaded.
+    #[error("cannot load operator")]
+    Operator(#[source] RuntimeError),
+    /// Kafka client setup or consumption failed.
+    #[error("kafka client failed")]
+    Kafka(#[source] KafkaError),
+    /// A shard could not be opened.
+    #[error("cannot open shard")]
+    State(#[source] StateError),
+    /// A partition worker failed.
+    #[error("partition worker failed")]
+    Worker(#[source] WorkerError),
+    /// A partition worker panicked (a bug).
+    #[error("partition worker panicked. partition={0}")]
+    WorkerPanicked(i32),
+}
+
+struct WorkerHandle {
+    tx: mpsc::Sender<Vec<InputRecord>>,
+    task: JoinHandle<Result<(), WorkerError>>,
+}
+
+/// Everything a running pipeline holds.
+struct Running<B: StateBackend> {
+    settings: Settings,
+    backend: Arc<B>,
+    operator: Arc<Operator<B::Shard>>,
+    producer: rdkafka::producer::FutureProducer,
+    stats: Arc<PipelineStats>,
+    workers: HashMap<i32, WorkerHandle>,
+    pending: HashMap<i32, Vec<InputRecord>>,
+}
+
+/// Runs the pipeline until `shutdown` completes or a fatal error occurs, then drains the
+/// workers (every queued batch processed and delivered) and returns the stats.
+///
+/// # Errors
+/// [`PipelineError`] for an unloadable operator, a Kafka setup failure or a failed worker.
+pub async fn run<B: StateBackend>(
+    settings: Settings,
+    backend: Arc<B>,
+    clock: SharedClock,
+    stats: Arc<PipelineStats>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), PipelineError> {
+    let runtime =
+        Runtime::<B::Shard>::new(&settings.runtime, clock).map_err(PipelineError::Operator)?;
+    let operator = Arc::new(
+        runtime
+            .load_operator(&settings.pipeline.operator)
+            .await
+            .map_err(PipelineError::Operator)?,
+    );
+    let meta = operator.meta();
+    tracing::info!(pipeline = %settings.pipeline.name, operator = %meta.name, version = %meta.version, states = meta.states.len(), "operator loaded");
+    let (consumer, context) = source::consumer(&settings).map_err(PipelineError::Kafka)?;
+    let topics: Vec<&str> = settings
+        .pipeline
+        .input_topics
+        .iter()
+        .map(String::as_str)
+        .collect();
+    consumer.subscribe(&topics).map_err(PipelineError::Kafka)?;
+    let producer = sink::producer(&settings).map_err(PipelineError::Kafka)?;
+    let mut running = Running {
+        settings,
+        backend,
+        operator,
+        producer,
+        stats,
+        workers: HashMap::new(),
+        pending: HashMap::new(),
+    };
+    let result = running.consume(&consumer, &context, shutdown).await;
+    let drained = running.drain().await;
+    result.and(drained)
+}
+
+impl<B: StateBackend> Running<B> {
+    async fn consume(
+        &mut self,
+        consumer: &SourceConsumer,
+        context: &SourceContext,
+        shutdown: impl Future<Output = ()>,
+    ) -> Result<(), PipelineError> {
+        let batch_max = self.settings.runtime.batch_records_max;
+        let mut shutdown = std::pin::pin!(shutdown);
+        loop {
+            let first = tokio::select! {
+                biased;
+                () = &mut shutdown => return Ok(()),
+                msg = consumer.recv() => msg,
+            };
+            self.drop_revoked(context);
+            self.take(first).await?;
+            // Take what is already fetched without waiting, then hand out partial batches so
+            // that a quiet partition's records are not held back.
+            for _ in 0..batch_max.saturating_mul(4) {
+                match consumer.recv().now_or_never() {
+                    Some(msg) => self.take(msg).await?,
+                    None => break,
+                }
+            }
+            self.drop_revoked(context);
+            let partitions: Vec<i32> = self.pending.keys().copied().collect();
+            for partition in partitions {
+                self.send_pending(partition).await?;
+            }
+        }
+    }
+
+    async fn take(
+        &mut self,
+        msg: Result<BorrowedMessage<'_>, KafkaError>,
+    ) -> Result<(), PipelineError> {
+        let msg = match msg {
+            Ok(msg) => msg,
+            Err(err) => {
+                // librdkafka reports broker trouble here and keeps retrying on its own.
+                tracing::warn!(error = %err, "consumer error");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                return Ok(());
+            }
+        };
+        let record = source::to_input_record(&msg);
+        let partition = record.partition;
+        let batch = self.pending.entry(partition).or_default();
+        batch.push(record);
+        if batch.len() >= self.settings.runtime.batch_records_max {
+            self.send_pending(partition).await?;
+        }
+        Ok(())
+    }
+
+    fn drop_revoked(&mut self, context: &SourceContext) {
+        for partition in context.take_revoked() {
+            self.pending.remove(&partition);
+            if let Some(worker) = self.workers.remove(&partition) {
+                worker.task.abort();
+            }
+        }
+    }
+
+    async fn send_pending(&mut self, partition: i32) -> Result<(), PipelineError> {
+        let Some(batch) = self.pending.remove(&partition) else {
+            return Ok(());
+        };
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let tx = self.worker(partition).await?.tx.clone();
+        if tx.send(batch).await.is_err() {
+            // The worker ended: it failed. Report why.
+            return Err(self.worker_failure(partition).await);
+        }
+        Ok(())
+    }
+
+    async fn worker(&mut self, partition: i32) -> Result<&WorkerHandle, PipelineError> {
+        if !self.workers.contains_key(&partition) {
+            let id = ShardId {
+                pipeline: self.settings.pipeline.name.clone(),
+                partition,
+            };
+            let shard = Arc::new(
+                self.backend
+                    .open_shard(&id)
+                    .await
+                    .map_err(PipelineError::State)?,
+            );
+            let (tx, rx) = mpsc::channel(self.settings.runtime.partition_queue_batches_max);
+            let worker = PartitionWorker {
+                partition,
+                operator: self.operator.clone(),
+                shard,
+                sink: Sink::new(
+                    self.producer.clone(),
+                    self.settings.pipeline.output_topic.clone(),
+                    self.settings.pipeline.dead_letter_topic.clone(),
+                ),
+                settings: self.settings.runtime.clone(),
+                stats: self.stats.clone(),
+                source: format!("{}/{}", self.settings.pipeline.name, partition).into(),
+                instance: None,
+            };
+            let task = tokio::spawn(worker.run(rx));
+            self.workers.insert(partition, WorkerHandle { tx, task });
+        }
+        Ok(self
+            .workers
+            .get(&partition)
+            .expect("the worker was inserted just above"))
+    }
+
+    async fn worker_failure(&mut self, partition: i32) -> PipelineError {
+        match self.workers.remove(&partition) {
+            Some(worker) => match worker.task.await {
+                Ok(Err(err)) => PipelineError::Worker(err),
+                Ok(Ok(())) | Err(_) => PipelineError::WorkerPanicked(partition),
+            },
+            None => PipelineError::WorkerPanicked(partition),
+        }
+    }
+
+    /// Closes every worker's queue and waits for it to finish its batches and deliveries.
+    async fn drain(&mut self) -> Result<(), PipelineError> {
+        let partitions: Vec<i32> = self.pending.keys().copied().collect();
+        let mut result = Ok(());
+        for partition in partitions {
+            if let Err(err) = self.send_pending(partition).await {
+                result = result.and(Err(err));
+            }
+        }
+        for (partition, worker) in self.workers.drain() {
+            drop(worker.tx);
+            let outcome = match worker.task.await {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(err)) => Err(PipelineError::Worker(err)),
+                Err(_) => Err(PipelineError::WorkerPanicked(partition)),
+            };
+            result = result.and(outcome);
+        }
+        result
+    }
+}

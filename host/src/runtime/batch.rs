@@ -1,0 +1,149 @@
+//! The staging area of one guest call: the batch's records, prefetched state, staged writes and
+//! staged emits.
+//!
+//! Invariant: nothing here reaches the shard or the output until the call has succeeded; a
+//! trapped call's `BatchCtx` is dropped whole. Reads see, in order: this batch's staged writes
+//! (so record 7 sees what record 3 of the same key wrote), then prefetched values, then the
+//! shard.
+
+use super::bindings::{Header, InputRecord};
+use crate::state::StateWrite;
+use bytes::Bytes;
+use std::collections::{BTreeMap, HashMap};
+use std::ops::Bound;
+use std::sync::Arc;
+
+/// A staged write: the value (or tombstone) and its expiry.
+#[derive(Debug, Clone)]
+pub(crate) struct Staged {
+    pub value: Option<Bytes>,
+    pub expires_at_ms: Option<u64>,
+}
+
+/// An emit waiting for its record's call to succeed.
+#[derive(Debug)]
+pub struct StagedEmit {
+    /// Index of the input record in the batch it was emitted for.
+    pub record: u32,
+    /// Output key; empty means a null key.
+    pub key: Vec<u8>,
+    /// Output value.
+    pub value: Vec<u8>,
+    /// Output headers.
+    pub headers: Vec<Header>,
+}
+
+/// Staging area of one call. See the module docs.
+#[derive(Debug)]
+pub struct BatchCtx {
+    pub(crate) records: Arc<Vec<InputRecord>>,
+    prefetched: HashMap<Vec<u8>, Option<Bytes>>,
+    overlay: BTreeMap<Vec<u8>, Staged>,
+    /// Per record: whether it staged any write or emit.
+    touched: Vec<bool>,
+    /// Per record: bytes emitted so far.
+    pub(crate) emitted_bytes: Vec<u64>,
+    emits: Vec<StagedEmit>,
+}
+
+impl Default for BatchCtx {
+    fn default() -> Self {
+        Self::new(Arc::new(Vec::new()))
+    }
+}
+
+impl BatchCtx {
+    /// An empty staging area for `records`.
+    pub fn new(records: Arc<Vec<InputRecord>>) -> Self {
+        let n = records.len();
+        Self {
+            records,
+            prefetched: HashMap::new(),
+            overlay: BTreeMap::new(),
+            touched: vec![false; n],
+            emitted_bytes: vec![0; n],
+            emits: Vec::new(),
+        }
+    }
+
+    /// The key of record `index`, or `None` when the index is outside the batch.
+    pub(crate) fn record_key(&self, index: u32) -> Option<&[u8]> {
+        self.records
+            .get(usize::try_from(index).ok()?)
+            .map(|r| r.key.as_slice())
+    }
+
+    /// Records prefetched values of `keys`.
+    pub fn add_prefetched(&mut self, keys: Vec<Vec<u8>>, values: Vec<Option<Bytes>>) {
+        debug_assert_eq!(keys.len(), values.len());
+        self.prefetched.extend(keys.into_iter().zip(values));
+    }
+
+    /// The value of `key` as this batch sees it without asking the shard: `Some(staged or
+    /// prefetched value)`, or `None` when only the shard knows.
+    pub(crate) fn local_get(&self, key: &[u8]) -> Option<Option<Bytes>> {
+        if let Some(staged) = self.overlay.get(key) {
+            return Some(staged.value.clone());
+        }
+        self.prefetched.get(key).cloned()
+    }
+
+    /// Stages a write for record `index`.
+    pub(crate) fn stage(&mut self, index: u32, key: Vec<u8>, staged: Staged) {
+        self.touch(index);
+        self.overlay.insert(key, staged);
+    }
+
+    /// Stages an emit for record `index`.
+    pub(crate) fn stage_emit(&mut self, emit: StagedEmit) {
+        self.touch(emit.record);
+        self.emits.push(emit);
+    }
+
+    fn touch(&mut self, index: u32) {
+        if let Some(t) = usize::try_from(index)
+            .ok()
+            .and_then(|i| self.touched.get_mut(i))
+        {
+            *t = true;
+        }
+    }
+
+    /// Whether record `index` staged any write or emit.
+    pub fn touched(&self, index: usize) -> bool {
+        self.touched.get(index).copied().unwrap_or(false)
+    }
+
+    /// Staged entries with keys in `(lower, upper]` under `prefix`, tombstones included, in key
+    /// order. `upper = None` means to the end of the prefix.
+    pub(crate) fn staged_range(
+        &self,
+        prefix: &[u8],
+        after: Option<&[u8]>,
+        upper: Option<&[u8]>,
+    ) -> Vec<(Vec<u8>, Option<Bytes>)> {
+        let lower = match after {
+            Some(a) => Bound::Excluded(a),
+            None => Bound::Included(prefix),
+        };
+        self.overlay
+            .range::<[u8], _>((lower, Bound::Unbounded))
+            .take_while(|(k, _)| k.starts_with(prefix) && upper.is_none_or(|u| k.as_slice() <= u))
+            .map(|(k, s)| (k.clone(), s.value.clone()))
+            .collect()
+    }
+
+    /// Consumes the staging area: the shard writes and the emits, in staging order.
+    pub fn into_effects(self) -> (Vec<StateWrite>, Vec<StagedEmit>) {
+        let writes = self
+            .overlay
+            .into_iter()
+            .map(|(key, s)| StateWrite {
+                key,
+                value: s.value,
+                expires_at_ms: s.expires_at_ms,
+            })
+            .collect();
+        (writes, self.emits)
+    }
+}

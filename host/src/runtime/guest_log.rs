@@ -1,0 +1,278 @@
+//! The operator's log: WIT `log` calls and stdout/stderr lines, tagged with the pipeline and
+//! partition, rate-limited per instance (excess lines are dropped and counted).
+
+use crate::clock::SharedClock;
+use std::collections::VecDeque;
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use tokio::io::AsyncWrite;
+use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
+use wasmtime_wasi::p2::{OutputStream, Pollable, StreamResult};
+
+/// Longest line kept, bytes; longer lines are truncated.
+pub const LINE_BYTES_MAX: usize = 4096;
+
+/// Severity, mirroring WIT `log.level`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GuestLevel {
+    /// WIT `trace`.
+    Trace,
+    /// WIT `debug`.
+    Debug,
+    /// WIT `info` and stdout.
+    Info,
+    /// WIT `warn` and stderr.
+    Warn,
+    /// WIT `error`.
+    Error,
+}
+
+/// A per-instance token bucket: `lines_per_second_max` lines per second of processing time.
+#[derive(Debug)]
+struct Limiter {
+    lines_per_second_max: u32,
+    window_start_ms: u64,
+    lines_in_window: u32,
+    dropped: u64,
+}
+
+/// The log sink of one instance; cheap to clone (shared by the WIT import and the WASI stdout
+/// and stderr streams).
+#[derive(Debug, Clone)]
+pub struct GuestLog {
+    source: Arc<str>,
+    clock: SharedClock,
+    limiter: Arc<Mutex<Limiter>>,
+    recent_stderr: Arc<Mutex<VecDeque<String>>>,
+}
+
+impl GuestLog {
+    /// A log for `source` (for example `flights/3`), at most `lines_per_second_max` lines/s.
+    pub fn new(source: Arc<str>, clock: SharedClock, lines_per_second_max: u32) -> Self {
+        Self {
+            source,
+            clock,
+            limiter: Arc::new(Mutex::new(Limiter {
+                lines_per_second_max,
+                window_start_ms: 0,
+                lines_in_window: 0,
+                dropped: 0,
+            })),
+            recent_stderr: Arc::new(Mutex::new(VecDeque::new())),
+        }
+    }
+
+    /// Lines dropped by the rate limit so far.
+    pub fn dropped(&self) -> u64 {
+        self.limiter.lock().map_or(0, |l| l.dropped)
+    }
+
+    /// Writes one line if the rate limit allows.
+    pub fn line(&self, level: GuestLevel, message: &str) {
+        let now_ms = self.clock.now_ms();
+        {
+            let mut l = self.limiter.lock().unwrap_or_else(|e| e.into_inner());
+            if now_ms.saturating_sub(l.window_start_ms) >= 1000 {
+                if l.dropped > 0 && l.lines_in_window >= l.lines_per_second_max {
+                    tracing::warn!(operator = %self.source, dropped_total = l.dropped, "operator log lines dropped by the rate limit");
+                }
+                l.window_start_ms = now_ms;
+                l.lines_in_window = 0;
+            }
+            if l.lines_in_window >= l.lines_per_second_max {
+                l.dropped += 1;
+                metrics::counter!("weir_guest_log_lines_dropped_total").increment(1);
+                return;
+            }
+            l.lines_in_window += 1;
+        }
+        let message = truncate(message, LINE_BYTES_MAX);
+        let source = &*self.source;
+        match level {
+            GuestLevel::Trace => tracing::trace!(operator = source, "{message}"),
+            GuestLevel::Debug => tracing::debug!(operator = source, "{message}"),
+            GuestLevel::Info => tracing::info!(operator = source, "{message}"),
+            GuestLevel::Warn => tracing::warn!(operator = source, "{message}"),
+            GuestLevel::Error => tracing::error!(operator = source, "{message}"),
+        }
+    }
+
+    /// A stdout/stderr stream that turns written bytes into log lines at `level`. It accepts
+    /// every byte synchronously, so a chatty guest never fails (and so never panics) on a write,
+    /// and lines are logged before the call returns. Lines at `Warn` (stderr) are also kept in
+    /// [`GuestLog::take_recent_stderr`] so that a trap can be reported with the panic message.
+    pub fn stream(&self, level: GuestLevel) -> LineSink {
+        LineSink {
+            log: self.clone(),
+            level,
+            pending: Arc::new(Mutex::new(Vec::new())),
+        }
+    }
+
+    /// Takes the stderr lines written since the last call (at most [`RECENT_STDERR_LINES_MAX`]).
+    pub fn take_recent_stderr(&self) -> Vec<String> {
+        std::mem::take(&mut *self.recent_stderr.lock().unwrap_or_else(|e| e.into_inner())).into()
+    }
+
+    fn remember_stderr(&self, line: &str) {
+        let mut recent = self.recent_stderr.lock().unwrap_or_else(|e| e.into_inner());
+        if recent.len() == RECENT_STDERR_LINES_MAX {
+            recent.pop_front();
+        }
+        recent.push_back(truncate(line, LINE_BYTES_MAX).to_owned());
+    }
+}
+
+/// Stderr lines kept for trap reports.
+pub const RECENT_STDERR_LINES_MAX: usize = 8;
+
+fn truncate(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+/// Splits a guest's stdout or stderr byte stream into lines for [`GuestLog`]. Clones share
+/// the partial line.
+#[derive(Debug, Clone)]
+pub struct LineSink {
+    log: GuestLog,
+    level: GuestLevel,
+    pending: Arc<Mutex<Vec<u8>>>,
+}
+
+impl LineSink {
+    fn push(&self, buf: &[u8]) {
+        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        for chunk in buf.split_inclusive(|b| *b == b'\n') {
+            if pending.len() < LINE_BYTES_MAX {
+                let room = LINE_BYTES_MAX - pending.len();
+                pending.extend_from_slice(&chunk[..chunk.len().min(room)]);
+            }
+            if chunk.ends_with(b"\n") {
+                self.flush_line(&mut pending);
+            }
+        }
+    }
+
+    fn flush_line(&self, pending: &mut Vec<u8>) {
+        let text = String::from_utf8_lossy(pending);
+        let line = text.trim_end_matches(['\n', '\r']);
+        if !line.is_empty() {
+            if self.level == GuestLevel::Warn {
+                self.log.remember_stderr(line);
+            }
+            self.log.line(self.level, line);
+        }
+        pending.clear();
+    }
+}
+
+impl IsTerminal for LineSink {
+    fn is_terminal(&self) -> bool {
+        false
+    }
+}
+
+impl StdoutStream for LineSink {
+    fn p2_stream(&self) -> Box<dyn OutputStream> {
+        Box::new(self.clone())
+    }
+
+    fn async_stream(&self) -> Box<dyn AsyncWrite + Send + Sync> {
+        Box::new(self.clone())
+    }
+}
+
+impl OutputStream for LineSink {
+    fn write(&mut self, bytes: bytes::Bytes) -> StreamResult<()> {
+        self.push(&bytes);
+        Ok(())
+    }
+
+    fn flush(&mut self) -> StreamResult<()> {
+        Ok(())
+    }
+
+    fn check_write(&mut self) -> StreamResult<usize> {
+        Ok(STDIO_WRITE_BYTES_MAX)
+    }
+}
+
+/// Bytes a guest may write to stdout/stderr in one `write` call.
+const STDIO_WRITE_BYTES_MAX: usize = 64 << 10;
+
+impl Pollable for LineSink {
+    // Written out as `async_trait` expands it: the sink is always ready.
+    fn ready<'life0, 'async_trait>(
+        &'life0 mut self,
+    ) -> Pin<Box<dyn Future<Output = ()> + Send + 'async_trait>>
+    where
+        'life0: 'async_trait,
+        Self: 'async_trait,
+    {
+        Box::pin(std::future::ready(()))
+    }
+}
+
+impl AsyncWrite for LineSink {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        self.push(buf);
+        Poll::Ready(Ok(buf.len()))
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        self.flush_line(&mut pending);
+        Poll::Ready(Ok(()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+
+    #[test]
+    fn rate_limit_drops_lines_past_the_budget_and_refills_each_second() {
+        let clock = ManualClock::new(10_000);
+        let log = GuestLog::new("t/0".into(), Arc::new(clock.clone()), 3);
+        for _ in 0..5 {
+            log.line(GuestLevel::Info, "hello");
+        }
+        assert_eq!(log.dropped(), 2);
+        clock.advance_ms(1_000);
+        log.line(GuestLevel::Info, "again");
+        assert_eq!(log.dropped(), 2);
+    }
+
+    #[test]
+    fn line_writer_splits_lines_and_truncates_long_ones() {
+        let log = GuestLog::new("t/0".into(), Arc::new(ManualClock::new(0)), 1000);
+        let w = log.stream(GuestLevel::Warn);
+        w.push(b"partial");
+        assert_eq!(*w.pending.lock().expect("unpoisoned"), b"partial");
+        w.push(b" line\nnext");
+        assert_eq!(*w.pending.lock().expect("unpoisoned"), b"next");
+        assert_eq!(log.take_recent_stderr(), vec!["partial line".to_owned()]);
+        w.push(&vec![b'x'; LINE_BYTES_MAX * 2]);
+        assert_eq!(w.pending.lock().expect("unpoisoned").len(), LINE_BYTES_MAX);
+        assert_eq!(truncate("héllo", 2), "h");
+    }
+}

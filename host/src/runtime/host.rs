@@ -1,0 +1,119 @@
+//! [`HostCtx`]: the data of one instance's `Store` — WASI context, limits, the bound shard and
+//! the staging area of the current call.
+
+use super::batch::BatchCtx;
+use super::bindings::{StateDescriptor, StateKind};
+use super::guest_log::GuestLog;
+use crate::clock::SharedClock;
+use crate::state::Shard;
+use std::collections::HashMap;
+use std::sync::Arc;
+use wasmtime::StoreLimits;
+use wasmtime::component::ResourceTable;
+use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+
+/// What the operator declared in `describe`, checked, plus the host's per-call limits.
+#[derive(Debug)]
+pub struct OperatorMeta {
+    /// Declared name.
+    pub name: String,
+    /// Declared version.
+    pub version: String,
+    /// Declared states by name.
+    pub states: HashMap<String, StateDescriptor>,
+    /// Names of the value states, prefetched for every key of a batch.
+    pub value_states: Vec<String>,
+    /// Limits applied inside imports.
+    pub limits: CallLimits,
+}
+
+/// Limits enforced by the imports, in bytes.
+#[derive(Debug, Clone, Copy)]
+pub struct CallLimits {
+    /// Largest state value.
+    pub state_value_bytes_max: u64,
+    /// Largest map key.
+    pub state_map_key_bytes_max: u64,
+    /// Bytes one input record may emit.
+    pub emit_bytes_per_record_max: u64,
+}
+
+impl OperatorMeta {
+    /// The declaration of state `name` if it is of `kind`.
+    pub(crate) fn state(
+        &self,
+        name: &str,
+        kind: StateKind,
+    ) -> Result<&StateDescriptor, StateLookupError> {
+        match self.states.get(name) {
+            None => Err(StateLookupError::Unknown),
+            Some(d) if d.kind != kind => Err(StateLookupError::WrongKind),
+            Some(d) => Ok(d),
+        }
+    }
+}
+
+/// Why a state name cannot be used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum StateLookupError {
+    Unknown,
+    WrongKind,
+}
+
+/// The data of one instance's store.
+pub struct HostCtx<S> {
+    wasi: WasiCtx,
+    table: ResourceTable,
+    pub(crate) limits: StoreLimits,
+    /// The shard the instance reads and writes; `None` while describing the operator.
+    pub(crate) shard: Option<Arc<S>>,
+    /// Declared states and limits; `None` until `describe` has been checked.
+    pub(crate) meta: Option<Arc<OperatorMeta>>,
+    /// The current call's staging area.
+    pub(crate) batch: BatchCtx,
+    pub(crate) clock: SharedClock,
+    pub(crate) log: GuestLog,
+    /// Epoch ticks the current call may still run for.
+    pub(crate) deadline_ticks_left: u64,
+}
+
+impl<S> std::fmt::Debug for HostCtx<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostCtx")
+            .field("meta", &self.meta)
+            .field("deadline_ticks_left", &self.deadline_ticks_left)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S: Shard> HostCtx<S> {
+    pub(crate) fn new(
+        wasi: WasiCtx,
+        limits: StoreLimits,
+        shard: Option<Arc<S>>,
+        meta: Option<Arc<OperatorMeta>>,
+        clock: SharedClock,
+        log: GuestLog,
+    ) -> Self {
+        Self {
+            wasi,
+            table: ResourceTable::new(),
+            limits,
+            shard,
+            meta,
+            batch: BatchCtx::default(),
+            clock,
+            log,
+            deadline_ticks_left: 0,
+        }
+    }
+}
+
+impl<S: Shard> WasiView for HostCtx<S> {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}

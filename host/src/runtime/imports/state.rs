@@ -1,0 +1,348 @@
+//! `weir:operator/state`: keyed value and map state, scoped to the key of the record a call
+//! names.
+//!
+//! Reads look at the batch's staged writes, then the prefetched values, then the shard (which
+//! may suspend this instance while it fetches). Writes are staged in the [`BatchCtx`] and reach
+//! the shard only after the call succeeds. A shard failure aborts the call with a
+//! [`HostAbort`] instead of reaching the guest: an outage is not a record error.
+//!
+//! [`BatchCtx`]: crate::runtime::batch::BatchCtx
+
+use crate::runtime::HostAbort;
+use crate::runtime::batch::Staged;
+use crate::runtime::bindings::weir::operator::state::{Host, MapPage};
+use crate::runtime::bindings::weir::operator::types::{StateError as WitStateError, StateKind};
+use crate::runtime::host::{HostCtx, StateLookupError};
+use crate::state::{Shard, key};
+use bytes::Bytes;
+
+/// Largest page `map-iterate` returns, whatever the guest asks for.
+const MAP_PAGE_SIZE_MAX: u32 = 1024;
+
+type ImportResult<T> = wasmtime::Result<Result<T, WitStateError>>;
+
+impl<S: Shard> HostCtx<S> {
+    /// Checks `name` is a declared state of `kind` and returns (record key, ttl).
+    fn scope(
+        &self,
+        record: u32,
+        name: &str,
+        kind: StateKind,
+    ) -> Result<(Vec<u8>, Option<u64>), WitStateError> {
+        let meta = self
+            .meta
+            .as_ref()
+            .ok_or_else(|| WitStateError::UnknownState(name.to_owned()))?;
+        let descriptor = meta.state(name, kind).map_err(|e| match e {
+            StateLookupError::Unknown => WitStateError::UnknownState(name.to_owned()),
+            StateLookupError::WrongKind => WitStateError::WrongKind(name.to_owned()),
+        })?;
+        let record_key = self
+            .batch
+            .record_key(record)
+            .ok_or(WitStateError::InvalidRecord(record))?;
+        Ok((record_key.to_vec(), descriptor.ttl_ms))
+    }
+
+    fn limits(&self) -> (u64, u64) {
+        self.meta.as_ref().map_or((0, 0), |m| {
+            (
+                m.limits.state_value_bytes_max,
+                m.limits.state_map_key_bytes_max,
+            )
+        })
+    }
+
+    fn expiry(&self, ttl_ms: Option<u64>) -> Option<u64> {
+        ttl_ms.map(|ttl| self.clock.now_ms().saturating_add(ttl))
+    }
+
+    /// Reads one encoded key through the staging area, prefetch and shard.
+    async fn read(&mut self, state_key: &[u8]) -> wasmtime::Result<Option<Bytes>> {
+        if let Some(local) = self.batch.local_get(state_key) {
+            return Ok(local);
+        }
+        let Some(shard) = self.shard.clone() else {
+            return Ok(None);
+        };
+        shard
+            .get(state_key)
+            .await
+            .map_err(|e| wasmtime::Error::new(HostAbort::State(e)))
+    }
+
+    /// Collects up to `page + 1` live entries under `prefix` after `cursor`, merging the shard's
+    /// entries with this batch's staged writes (staged wins; staged tombstones hide entries).
+    async fn merged_scan(
+        &mut self,
+        prefix: &[u8],
+        mut cursor: Option<Vec<u8>>,
+        page: usize,
+    ) -> wasmtime::Result<Vec<(Vec<u8>, Bytes)>> {
+        let shard = self.shard.clone();
+        let mut out: Vec<(Vec<u8>, Bytes)> = Vec::new();
+        loop {
+            let want = page + 1 - out.len();
+            let from_shard = match &shard {
+                Some(s) => s
+                    .scan(prefix, cursor.as_deref(), want)
+                    .await
+                    .map_err(|e| wasmtime::Error::new(HostAbort::State(e)))?,
+                None => Vec::new(),
+            };
+            let exhausted = from_shard.len() < want;
+            let upper = if exhausted {
+                None
+            } else {
+                from_shard.last().map(|(k, _)| k.clone())
+            };
+            let staged = self
+                .batch
+                .staged_range(prefix, cursor.as_deref(), upper.as_deref());
+            merge_into(&mut out, from_shard, staged);
+            if exhausted || out.len() > page {
+                return Ok(out);
+            }
+            cursor = upper;
+        }
+    }
+}
+
+/// Merges two key-ordered runs into `out`: `staged` overrides `shard` on equal keys and a staged
+/// `None` (tombstone) drops the entry.
+fn merge_into(
+    out: &mut Vec<(Vec<u8>, Bytes)>,
+    shard: Vec<(Vec<u8>, Bytes)>,
+    staged: Vec<(Vec<u8>, Option<Bytes>)>,
+) {
+    let mut shard = shard.into_iter().peekable();
+    let mut staged = staged.into_iter().peekable();
+    loop {
+        let take_staged = match (shard.peek(), staged.peek()) {
+            (None, None) => return,
+            (Some(_), None) => false,
+            (None, Some(_)) => true,
+            (Some((sk, _)), Some((tk, _))) => tk <= sk,
+        };
+        if take_staged {
+            let Some((k, v)) = staged.next() else { return };
+            if shard.peek().is_some_and(|(sk, _)| *sk == k) {
+                shard.next();
+            }
+            if let Some(v) = v {
+                out.push((k, v));
+            }
+        } else if let Some(entry) = shard.next() {
+            out.push(entry);
+        }
+    }
+}
+
+impl<S: Shard> Host for HostCtx<S> {
+    async fn value_get(&mut self, record: u32, name: String) -> ImportResult<Option<Vec<u8>>> {
+        let (record_key, _) = match self.scope(record, &name, StateKind::Value) {
+            Ok(s) => s,
+            Err(e) => return Ok(Err(e)),
+        };
+        let state_key = key::value_key(&record_key, &name);
+        Ok(Ok(self.read(&state_key).await?.map(|b| b.to_vec())))
+    }
+
+    async fn get_many(
+        &mut self,
+        record: u32,
+        names: Vec<String>,
+    ) -> ImportResult<Vec<Option<Vec<u8>>>> {
+        let mut keys = Vec::with_capacity(names.len());
+        for name in &names {
+            match self.scope(record, name, StateKind::Value) {
+                Ok((record_key, _)) => keys.push(key::value_key(&record_key, name)),
+                Err(e) => return Ok(Err(e)),
+            }
+        }
+        let mut values: Vec<Option<Option<Bytes>>> =
+            keys.iter().map(|k| self.batch.local_get(k)).collect();
+        let missing: Vec<usize> = (0..keys.len()).filter(|i| values[*i].is_none()).collect();
+        if let (false, Some(shard)) = (missing.is_empty(), self.shard.clone()) {
+            let wanted: Vec<Vec<u8>> = missing.iter().map(|i| keys[*i].clone()).collect();
+            let fetched = shard
+                .get_many(&wanted)
+                .await
+                .map_err(|e| wasmtime::Error::new(HostAbort::State(e)))?;
+            for (i, v) in missing.into_iter().zip(fetched) {
+                values[i] = Some(v);
+            }
+        }
+        Ok(Ok(values
+            .into_iter()
+            .map(|v| v.flatten().map(|b| b.to_vec()))
+            .collect()))
+    }
+
+    async fn value_set(&mut self, record: u32, name: String, value: Vec<u8>) -> ImportResult<()> {
+        let (record_key, ttl) = match self.scope(record, &name, StateKind::Value) {
+            Ok(s) => s,
+            Err(e) => return Ok(Err(e)),
+        };
+        let (value_max, _) = self.limits();
+        if value.len() as u64 > value_max {
+            return Ok(Err(WitStateError::TooLarge(value_max)));
+        }
+        let staged = Staged {
+            value: Some(Bytes::from(value)),
+            expires_at_ms: self.expiry(ttl),
+        };
+        self.batch
+            .stage(record, key::value_key(&record_key, &name), staged);
+        Ok(Ok(()))
+    }
+
+    async fn value_clear(&mut self, record: u32, name: String) -> ImportResult<()> {
+        let (record_key, _) = match self.scope(record, &name, StateKind::Value) {
+            Ok(s) => s,
+            Err(e) => return Ok(Err(e)),
+        };
+        let staged = Staged {
+            value: None,
+            expires_at_ms: None,
+        };
+        self.batch
+            .stage(record, key::value_key(&record_key, &name), staged);
+        Ok(Ok(()))
+    }
+
+    async fn map_get(
+        &mut self,
+        record: u32,
+        name: String,
+        map_key: Vec<u8>,
+    ) -> ImportResult<Option<Vec<u8>>> {
+        let (record_key, _) = match self.scope(record, &name, StateKind::Map) {
+            Ok(s) => s,
+            Err(e) => return Ok(Err(e)),
+        };
+        let (_, map_key_max) = self.limits();
+        if map_key.len() as u64 > map_key_max {
+            return Ok(Err(WitStateError::TooLarge(map_key_max)));
+        }
+        let state_key = key::map_key(&record_key, &name, &map_key);
+        Ok(Ok(self.read(&state_key).await?.map(|b| b.to_vec())))
+    }
+
+    async fn map_put(
+        &mut self,
+        record: u32,
+        name: String,
+        map_key: Vec<u8>,
+        value: Vec<u8>,
+    ) -> ImportResult<()> {
+        let (record_key, ttl) = match self.scope(record, &name, StateKind::Map) {
+            Ok(s) => s,
+            Err(e) => return Ok(Err(e)),
+        };
+        let (value_max, map_key_max) = self.limits();
+        if map_key.len() as u64 > map_key_max {
+            return Ok(Err(WitStateError::TooLarge(map_key_max)));
+        }
+        if value.len() as u64 > value_max {
+            return Ok(Err(WitStateError::TooLarge(value_max)));
+        }
+        let staged = Staged {
+            value: Some(Bytes::from(value)),
+            expires_at_ms: self.expiry(ttl),
+        };
+        self.batch
+            .stage(record, key::map_key(&record_key, &name, &map_key), staged);
+        Ok(Ok(()))
+    }
+
+    async fn map_remove(
+        &mut self,
+        record: u32,
+        name: String,
+        map_key: Vec<u8>,
+    ) -> ImportResult<()> {
+        let (record_key, _) = match self.scope(record, &name, StateKind::Map) {
+            Ok(s) => s,
+            Err(e) => return Ok(Err(e)),
+        };
+        let (_, map_key_max) = self.limits();
+        if map_key.len() as u64 > map_key_max {
+            return Ok(Err(WitStateError::TooLarge(map_key_max)));
+        }
+        let staged = Staged {
+            value: None,
+            expires_at_ms: None,
+        };
+        self.batch
+            .stage(record, key::map_key(&record_key, &name, &map_key), staged);
+        Ok(Ok(()))
+    }
+
+    async fn map_iterate(
+        &mut self,
+        record: u32,
+        name: String,
+        start_after: Option<Vec<u8>>,
+        page_size: u32,
+    ) -> ImportResult<MapPage> {
+        let (record_key, _) = match self.scope(record, &name, StateKind::Map) {
+            Ok(s) => s,
+            Err(e) => return Ok(Err(e)),
+        };
+        let page = page_size.clamp(1, MAP_PAGE_SIZE_MAX) as usize;
+        let mut prefix = Vec::new();
+        key::encode_prefix(&mut prefix, &record_key, &name);
+        let cursor = start_after.map(|after| {
+            let mut k = prefix.clone();
+            k.extend_from_slice(&after);
+            k
+        });
+        let mut entries = self.merged_scan(&prefix, cursor, page).await?;
+        let more = entries.len() > page;
+        entries.truncate(page);
+        let entries: Vec<(Vec<u8>, Vec<u8>)> = entries
+            .into_iter()
+            .map(|(k, v)| (k[prefix.len()..].to_vec(), v.to_vec()))
+            .collect();
+        let next = if more {
+            entries.last().map(|(k, _)| k.clone())
+        } else {
+            None
+        };
+        Ok(Ok(MapPage { entries, next }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn b(s: &str) -> Bytes {
+        Bytes::copy_from_slice(s.as_bytes())
+    }
+
+    #[test]
+    fn merge_prefers_staged_and_drops_tombstones() {
+        let mut out = Vec::new();
+        let shard = vec![
+            (b"a".to_vec(), b("1")),
+            (b"b".to_vec(), b("2")),
+            (b"d".to_vec(), b("4")),
+        ];
+        let staged = vec![
+            (b"b".to_vec(), None),
+            (b"c".to_vec(), Some(b("3"))),
+            (b"d".to_vec(), Some(b("44"))),
+        ];
+        merge_into(&mut out, shard, staged);
+        assert_eq!(
+            out,
+            vec![
+                (b"a".to_vec(), b("1")),
+                (b"c".to_vec(), b("3")),
+                (b"d".to_vec(), b("44")),
+            ]
+        );
+    }
+}

@@ -1,0 +1,460 @@
+//! The Wasm runtime: one wasmtime [`Engine`] per host, operators compiled and pre-instantiated
+//! once, instances created from the pooling allocator, and a CPU deadline and memory cap on
+//! every call.
+//!
+//! How imports are async, and why (numbers in `docs/wasm-runtime.md`): guests are ordinary
+//! `wasm32-wasip2` components with synchronous WIT functions; the host serves each import as an
+//! async Rust function on a wasmtime fiber, so a call waiting on object storage suspends only
+//! its instance.
+//!
+//! Deadlines use epoch interruption driven by a dedicated OS thread (so a guest spinning on a
+//! runtime worker cannot starve it): each tick a running call yields to the executor and spends
+//! one tick of its budget; a call whose budget is spent traps with [`DeadlineExceeded`].
+//! Invariant: a trapped instance is dropped, never called again.
+
+pub mod batch;
+pub mod bindings;
+pub mod guest_log;
+mod host;
+mod imports;
+pub mod wasi;
+
+pub use batch::{BatchCtx, StagedEmit};
+pub use bindings::{Disposition, Header, InputRecord};
+pub use host::{CallLimits, HostCtx, OperatorMeta};
+
+use crate::clock::SharedClock;
+use crate::config::RuntimeSettings;
+use crate::state::{Shard, StateError};
+use bindings::{OperatorWorld, OperatorWorldPre, StateKind};
+use guest_log::GuestLog;
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+use wasmtime::component::{Component, HasSelf, Linker};
+use wasmtime::{
+    Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store, StoreLimitsBuilder,
+    UpdateDeadline,
+};
+
+/// Interval between epoch ticks: the granularity of CPU deadlines and of yielding.
+pub const EPOCH_TICK: Duration = Duration::from_millis(1);
+
+/// Instances the pooling allocator can hold at once per host.
+const POOLED_INSTANCES_MAX: u32 = 256;
+
+/// Why an operator could not be loaded or instantiated.
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    /// The engine could not be configured (a bug or an unsupported platform).
+    #[error("cannot configure the wasm engine")]
+    Engine(#[source] wasmtime::Error),
+    /// The file could not be read.
+    #[error("cannot read operator. path=`{path}`")]
+    Read {
+        /// The file.
+        path: String,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The bytes are not a valid component (a core module, or not Wasm at all).
+    #[error("operator is not a valid WebAssembly component: {reason}")]
+    InvalidComponent {
+        /// What wasmtime reported.
+        reason: String,
+    },
+    /// The component does not implement the `weir:operator` world (missing export, an import
+    /// the host does not provide).
+    #[error("operator does not implement the weir:operator@0.1.0 world: {reason}")]
+    WrongWorld {
+        /// What is missing or wrong.
+        reason: String,
+    },
+    /// `describe` returned something the host refuses.
+    #[error("operator description is invalid: {reason}")]
+    InvalidDescription {
+        /// Which rule it breaks.
+        reason: String,
+    },
+    /// Instantiation or `describe` failed (trap, resource limits).
+    #[error("cannot instantiate operator")]
+    Instantiate(#[source] wasmtime::Error),
+}
+
+/// Why a guest call did not return dispositions.
+#[derive(Debug, thiserror::Error)]
+pub enum CallError {
+    /// The guest trapped (panic, out of memory, deadline): a guest fault. The instance is
+    /// unusable; the records are the guest's fault only if the batch held a single record.
+    #[error("operator trapped: {message}")]
+    Trap {
+        /// The trap and its wasm backtrace, at most 4 KiB.
+        message: String,
+        /// Whether the trap was the CPU deadline.
+        deadline: bool,
+    },
+    /// The guest returned a disposition count other than its record count.
+    #[error("operator returned {got} dispositions for {expected} records")]
+    DispositionCount {
+        /// Records in the batch.
+        expected: usize,
+        /// Dispositions returned.
+        got: usize,
+    },
+    /// The host aborted the call (state backend unavailable): not the guest's fault; retry.
+    #[error("call aborted by the host")]
+    Aborted(#[source] HostAbort),
+}
+
+/// A host-side reason to abort a guest call; travels through wasmtime as the trap's error.
+#[derive(Debug, thiserror::Error)]
+pub enum HostAbort {
+    /// The state backend failed; retry after backoff.
+    #[error("state backend failed")]
+    State(#[source] StateError),
+}
+
+/// The CPU deadline ran out.
+#[derive(Debug, thiserror::Error)]
+#[error("operator exceeded its CPU deadline")]
+pub struct DeadlineExceeded;
+
+/// Increments the engine's epoch every [`EPOCH_TICK`] from a dedicated OS thread until dropped.
+#[derive(Debug)]
+struct EpochTicker {
+    stop: Arc<AtomicBool>,
+}
+
+impl EpochTicker {
+    fn start(engine: Engine) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        std::thread::Builder::new()
+            .name("weir-epoch".into())
+            .spawn(move || {
+                while !flag.load(Ordering::Relaxed) {
+                    std::thread::sleep(EPOCH_TICK);
+                    engine.increment_epoch();
+                }
+            })
+            .expect("spawning the epoch thread succeeds unless the OS is out of threads");
+        Self { stop }
+    }
+}
+
+impl Drop for EpochTicker {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+/// The per-host Wasm runtime, generic over the shard type its instances use.
+pub struct Runtime<S: Shard> {
+    engine: Engine,
+    linker: Linker<HostCtx<S>>,
+    settings: RuntimeSettings,
+    clock: SharedClock,
+    _ticker: EpochTicker,
+}
+
+impl<S: Shard> std::fmt::Debug for Runtime<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Runtime")
+            .field("settings", &self.settings)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S: Shard> Runtime<S> {
+    /// Configures the engine (async, component model, epoch interruption, pooling allocator
+    /// with `instance_memory_bytes_max` per memory) and links WASI and the Weir imports.
+    ///
+    /// # Errors
+    /// [`RuntimeError::Engine`] when wasmtime rejects the configuration.
+    pub fn new(settings: &RuntimeSettings, clock: SharedClock) -> Result<Self, RuntimeError> {
+        let mut pool = PoolingAllocationConfig::default();
+        pool.total_component_instances(POOLED_INSTANCES_MAX)
+            .total_core_instances(POOLED_INSTANCES_MAX * 8)
+            .total_memories(POOLED_INSTANCES_MAX * 2)
+            .total_tables(POOLED_INSTANCES_MAX * 4)
+            .total_stacks(POOLED_INSTANCES_MAX)
+            .max_memory_size(settings.instance_memory_bytes_max);
+        let mut config = Config::new();
+        config
+            .wasm_component_model(true)
+            .epoch_interruption(true)
+            .allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+        let engine = Engine::new(&config).map_err(RuntimeError::Engine)?;
+        let mut linker = Linker::new(&engine);
+        wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(RuntimeError::Engine)?;
+        OperatorWorld::add_to_linker::<_, HasSelf<HostCtx<S>>>(&mut linker, |ctx| ctx)
+            .map_err(RuntimeError::Engine)?;
+        let ticker = EpochTicker::start(engine.clone());
+        Ok(Self {
+            engine,
+            linker,
+            settings: settings.clone(),
+            clock,
+            _ticker: ticker,
+        })
+    }
+
+    /// Compiles an operator file, checks it implements the world, and reads its description.
+    ///
+    /// # Errors
+    /// See [`Runtime::load_operator_bytes`]; also [`RuntimeError::Read`].
+    pub async fn load_operator(&self, path: &Path) -> Result<Operator<S>, RuntimeError> {
+        let bytes = std::fs::read(path).map_err(|source| RuntimeError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        self.load_operator_bytes(&bytes).await
+    }
+
+    /// Compiles operator bytes, checks they implement the world, and reads the description.
+    ///
+    /// # Errors
+    /// [`RuntimeError::InvalidComponent`] for bytes that are not a component,
+    /// [`RuntimeError::WrongWorld`] for a component of another world,
+    /// [`RuntimeError::InvalidDescription`] when `describe` breaks a rule,
+    /// [`RuntimeError::Instantiate`] when `describe` traps.
+    pub async fn load_operator_bytes(&self, bytes: &[u8]) -> Result<Operator<S>, RuntimeError> {
+        let component =
+            Component::new(&self.engine, bytes).map_err(|e| RuntimeError::InvalidComponent {
+                reason: format!("{e:#}"),
+            })?;
+        let instance_pre =
+            self.linker
+                .instantiate_pre(&component)
+                .map_err(|e| RuntimeError::WrongWorld {
+                    reason: format!("{e:#}"),
+                })?;
+        let pre = OperatorWorldPre::new(instance_pre).map_err(|e| RuntimeError::WrongWorld {
+            reason: format!("{e:#}"),
+        })?;
+        let mut operator = Operator {
+            engine: self.engine.clone(),
+            pre,
+            meta: None,
+            settings: self.settings.clone(),
+            clock: self.clock.clone(),
+        };
+        let mut probe = operator.instantiate(None, "describe".into()).await?;
+        let info = probe
+            .bindings
+            .weir_operator_operator()
+            .call_describe(&mut probe.store)
+            .await
+            .map_err(RuntimeError::Instantiate)?;
+        operator.meta = Some(Arc::new(check_description(info, &self.settings)?));
+        Ok(operator)
+    }
+}
+
+/// Checks `describe`'s answer and indexes its states.
+fn check_description(
+    info: bindings::OperatorInfo,
+    settings: &RuntimeSettings,
+) -> Result<OperatorMeta, RuntimeError> {
+    let invalid = |reason: String| RuntimeError::InvalidDescription { reason };
+    if info.name.is_empty() || info.name.len() > 64 {
+        return Err(invalid(format!(
+            "name must be 1..=64 bytes. name=`{}`",
+            info.name
+        )));
+    }
+    if info.version.len() > 64 {
+        return Err(invalid("version must be at most 64 bytes".into()));
+    }
+    let mut states = HashMap::new();
+    let mut value_states = Vec::new();
+    for state in info.states {
+        let name_ok = !state.name.is_empty()
+            && state.name.len() <= 64
+            && state
+                .name
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-');
+        if !name_ok {
+            return Err(invalid(format!(
+                "state names must be 1..=64 bytes of [a-z0-9_-]. name=`{}`",
+                state.name
+            )));
+        }
+        if state.kind == StateKind::Value {
+            value_states.push(state.name.clone());
+        }
+        if let Some(dup) = states.insert(state.name.clone(), state) {
+            return Err(invalid(format!(
+                "state declared twice. name=`{}`",
+                dup.name
+            )));
+        }
+    }
+    Ok(OperatorMeta {
+        name: info.name,
+        version: info.version,
+        states,
+        value_states,
+        limits: CallLimits {
+            state_value_bytes_max: settings.state_value_bytes_max,
+            state_map_key_bytes_max: settings.state_map_key_bytes_max,
+            emit_bytes_per_record_max: settings.emit_bytes_per_record_max,
+        },
+    })
+}
+
+/// A compiled, pre-instantiated operator; cheap to instantiate many times.
+pub struct Operator<S: Shard> {
+    engine: Engine,
+    pre: OperatorWorldPre<HostCtx<S>>,
+    meta: Option<Arc<OperatorMeta>>,
+    settings: RuntimeSettings,
+    clock: SharedClock,
+}
+
+impl<S: Shard> std::fmt::Debug for Operator<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Operator")
+            .field("meta", &self.meta)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S: Shard> Operator<S> {
+    /// What the operator declared.
+    pub fn meta(&self) -> &OperatorMeta {
+        self.meta
+            .as_deref()
+            .expect("load_operator_bytes sets meta before returning the operator")
+    }
+
+    /// Creates an instance bound to `shard`, logging as `source` (for example `flights/3`).
+    ///
+    /// # Errors
+    /// [`RuntimeError::Instantiate`] when the pool is exhausted or the component's start
+    /// traps.
+    pub async fn instantiate(
+        &self,
+        shard: Option<Arc<S>>,
+        source: Arc<str>,
+    ) -> Result<Instance<S>, RuntimeError> {
+        let log = GuestLog::new(
+            source,
+            self.clock.clone(),
+            self.settings.log_lines_per_second_max,
+        );
+        let limits = StoreLimitsBuilder::new()
+            .memory_size(self.settings.instance_memory_bytes_max)
+            .trap_on_grow_failure(true)
+            .build();
+        let ctx = HostCtx::new(
+            wasi::deny_all_ctx(&log),
+            limits,
+            shard,
+            self.meta.clone(),
+            self.clock.clone(),
+            log,
+        );
+        let mut store = Store::new(&self.engine, ctx);
+        store.limiter(|ctx| &mut ctx.limits);
+        // Instantiation runs the component's start functions: give it one record's deadline.
+        store.data_mut().deadline_ticks_left = ticks(self.settings.record_deadline);
+        store.set_epoch_deadline(1);
+        store.epoch_deadline_callback(|mut ctx| {
+            let data = ctx.data_mut();
+            if data.deadline_ticks_left == 0 {
+                return Err(wasmtime::Error::new(DeadlineExceeded));
+            }
+            data.deadline_ticks_left -= 1;
+            Ok(UpdateDeadline::Yield(1))
+        });
+        let bindings = self
+            .pre
+            .instantiate_async(&mut store)
+            .await
+            .map_err(RuntimeError::Instantiate)?;
+        Ok(Instance { store, bindings })
+    }
+}
+
+/// Epoch ticks in `d`, at least one.
+pub fn ticks(d: Duration) -> u64 {
+    (d.as_micros() / EPOCH_TICK.as_micros()).max(1) as u64
+}
+
+/// One live instance with its store.
+pub struct Instance<S: Shard> {
+    store: Store<HostCtx<S>>,
+    bindings: OperatorWorld,
+}
+
+impl<S: Shard> std::fmt::Debug for Instance<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Instance").finish_non_exhaustive()
+    }
+}
+
+impl<S: Shard> Instance<S> {
+    /// Calls `process-batch` on `batch.records` with a CPU budget of `deadline`, and returns
+    /// the dispositions with the staging area (whose effects the caller applies).
+    ///
+    /// # Errors
+    /// [`CallError`]; after `Trap` or `DispositionCount` the instance must be dropped.
+    pub async fn call_batch(
+        &mut self,
+        batch: BatchCtx,
+        deadline: Duration,
+    ) -> Result<(Vec<Disposition>, BatchCtx), CallError> {
+        let records = batch.records.clone();
+        let data = self.store.data_mut();
+        data.log.take_recent_stderr();
+        data.batch = batch;
+        data.deadline_ticks_left = ticks(deadline);
+        self.store.set_epoch_deadline(1);
+        let result = self
+            .bindings
+            .weir_operator_operator()
+            .call_process_batch(&mut self.store, &records)
+            .await;
+        let batch = std::mem::take(&mut self.store.data_mut().batch);
+        match result {
+            Ok(dispositions) if dispositions.len() == records.len() => Ok((dispositions, batch)),
+            Ok(dispositions) => Err(CallError::DispositionCount {
+                expected: records.len(),
+                got: dispositions.len(),
+            }),
+            Err(err) => {
+                let stderr = self.store.data().log.take_recent_stderr();
+                Err(classify_trap(err, &stderr))
+            }
+        }
+    }
+}
+
+/// Turns a wasmtime error into a [`CallError`]: a host abort stays a host abort; a trap's
+/// message leads with what the guest last wrote to stderr (a Rust panic message), then the trap.
+fn classify_trap(err: wasmtime::Error, stderr: &[String]) -> CallError {
+    let err = match err.downcast::<HostAbort>() {
+        Ok(abort) => return CallError::Aborted(abort),
+        Err(err) => err,
+    };
+    let deadline = err.downcast_ref::<DeadlineExceeded>().is_some();
+    let trap = format!("{err:#}");
+    let mut message = if stderr.is_empty() {
+        trap
+    } else {
+        format!("{}; {trap}", stderr.join(" | "))
+    };
+    if message.len() > guest_log::LINE_BYTES_MAX {
+        let mut end = guest_log::LINE_BYTES_MAX;
+        while !message.is_char_boundary(end) {
+            end -= 1;
+        }
+        message.truncate(end);
+    }
+    CallError::Trap { message, deadline }
+}

@@ -1,0 +1,106 @@
+//! Kafka consumer adapter: joins the pipeline's consumer group, reports revoked partitions,
+//! and turns fetched messages into the WIT `input-record`.
+//!
+//! Offsets are never committed here (auto-commit off): offsets are committed only together with
+//! the state they produced, which the checkpoint layer does. Until it exists, every assignment
+//! starts at the earliest offset and the `memory` backend rebuilds its shard from there.
+
+use crate::config::Settings;
+use crate::runtime::{Header, InputRecord};
+use rdkafka::ClientContext;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, ConsumerContext, Rebalance, StreamConsumer};
+use rdkafka::error::KafkaError;
+use rdkafka::message::{BorrowedMessage, Headers, Message};
+use std::sync::{Arc, Mutex};
+
+/// The consumer's context: collects partitions revoked by rebalances for the pipeline loop.
+#[derive(Debug, Default, Clone)]
+pub struct SourceContext {
+    revoked: Arc<Mutex<Vec<i32>>>,
+}
+
+impl SourceContext {
+    /// Takes the partitions revoked since the last call.
+    pub fn take_revoked(&self) -> Vec<i32> {
+        std::mem::take(&mut *self.revoked.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+}
+
+impl ClientContext for SourceContext {}
+
+impl ConsumerContext for SourceContext {
+    fn pre_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        match rebalance {
+            Rebalance::Revoke(tpl) => {
+                let parts: Vec<i32> = tpl.elements().iter().map(|e| e.partition()).collect();
+                tracing::info!(partitions = ?parts, "partitions revoked");
+                self.revoked
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .extend(parts);
+            }
+            Rebalance::Assign(tpl) => {
+                let parts: Vec<(String, i32)> = tpl
+                    .elements()
+                    .iter()
+                    .map(|e| (e.topic().to_owned(), e.partition()))
+                    .collect();
+                tracing::info!(partitions = ?parts, "partitions assigned");
+            }
+            Rebalance::Error(err) => tracing::warn!(error = %err, "rebalance error"),
+        }
+    }
+}
+
+/// The pipeline's consumer type.
+pub type SourceConsumer = StreamConsumer<SourceContext>;
+
+/// Creates the consumer (not yet subscribed).
+///
+/// Defaults: auto-commit and offset store off, `auto.offset.reset=earliest`,
+/// `isolation.level=read_committed`; `kafka.consumer` settings override them.
+///
+/// # Errors
+/// [`KafkaError`] when librdkafka rejects the configuration.
+pub fn consumer(settings: &Settings) -> Result<(SourceConsumer, SourceContext), KafkaError> {
+    let mut config = ClientConfig::new();
+    config
+        .set("bootstrap.servers", &settings.kafka.bootstrap_servers)
+        .set("group.id", settings.pipeline.group_id())
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("auto.offset.reset", "earliest")
+        .set("isolation.level", "read_committed")
+        .set("enable.partition.eof", "false");
+    for (k, v) in &settings.kafka.consumer {
+        config.set(k, v);
+    }
+    let context = SourceContext::default();
+    let consumer = config.create_with_context(context.clone())?;
+    Ok((consumer, context))
+}
+
+/// Copies a fetched message into an `input-record` (one copy: the guest call lowers from it).
+pub fn to_input_record(msg: &BorrowedMessage<'_>) -> InputRecord {
+    let headers = msg
+        .headers()
+        .map(|hs| {
+            hs.iter()
+                .map(|h| Header {
+                    name: h.key.to_owned(),
+                    value: h.value.map(<[u8]>::to_vec).unwrap_or_default(),
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    InputRecord {
+        key: msg.key().map(<[u8]>::to_vec).unwrap_or_default(),
+        value: msg.payload().map(<[u8]>::to_vec).unwrap_or_default(),
+        timestamp_ms: msg.timestamp().to_millis().unwrap_or(-1),
+        headers,
+        topic: msg.topic().to_owned(),
+        partition: msg.partition(),
+        offset: msg.offset(),
+    }
+}

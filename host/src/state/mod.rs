@@ -1,0 +1,118 @@
+//! Keyed state: the [`StateBackend`] seam the runtime reads and writes through, the encoding
+//! of state keys, and the first backend, [`memory`].
+//!
+//! A *shard* is the state of one pipeline for one input partition. The runtime never touches a
+//! backend's internals: it reads through [`Shard::get_many`] / [`Shard::get`] / [`Shard::scan`]
+//! and applies the writes of successful records with [`Shard::apply`]. The disaggregated LSM
+//! backend (object storage, caches) and checkpoints plug in behind the same traits.
+//!
+//! Invariant: a shard only ever sees writes of records whose call succeeded, applied in input
+//! offset order.
+
+pub mod key;
+pub mod memory;
+
+use bytes::Bytes;
+use std::future::Future;
+
+/// Identifies a shard: pipeline name and input partition.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ShardId {
+    /// The pipeline's name.
+    pub pipeline: String,
+    /// The input partition (co-partitioned input topics share it).
+    pub partition: i32,
+}
+
+/// One write of a batch: a new value, or a tombstone (`value: None`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StateWrite {
+    /// The encoded state key (see [`key`]).
+    pub key: Vec<u8>,
+    /// The new value, or `None` to delete.
+    pub value: Option<Bytes>,
+    /// Processing time (ms since the Unix epoch) after which the entry reads as absent, or
+    /// `None` for no expiry.
+    pub expires_at_ms: Option<u64>,
+}
+
+/// Why a state operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    /// The backing store is unreachable or overloaded; retry with backoff. Never a record's
+    /// fault: the partition pauses instead of dead-lettering.
+    #[error("state backend unavailable. shard=`{shard}`")]
+    Unavailable {
+        /// The shard, as `pipeline/partition`.
+        shard: String,
+        /// The underlying error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+}
+
+impl StateError {
+    /// The coarse kind, for callers that branch on what to do.
+    pub fn kind(&self) -> crate::error::ErrorKind {
+        match self {
+            StateError::Unavailable { .. } => crate::error::ErrorKind::Unavailable,
+        }
+    }
+}
+
+/// A factory of shards: one per (pipeline, partition) a host owns.
+pub trait StateBackend: Send + Sync + 'static {
+    /// The shard type this backend opens.
+    type Shard: Shard;
+
+    /// Opens (or creates) the state of one shard.
+    ///
+    /// # Errors
+    /// [`StateError::Unavailable`] when the backing store cannot be reached.
+    fn open_shard(
+        &self,
+        id: &ShardId,
+    ) -> impl Future<Output = Result<Self::Shard, StateError>> + Send;
+}
+
+/// The state of one shard: an ordered map from encoded state key to value bytes.
+///
+/// Reads may suspend (a remote block fetch); the runtime calls them from async host imports, so
+/// a waiting read suspends only that guest instance.
+pub trait Shard: Send + Sync + 'static {
+    /// Reads one key; `None` when absent or expired.
+    ///
+    /// # Errors
+    /// [`StateError::Unavailable`].
+    fn get(&self, key: &[u8]) -> impl Future<Output = Result<Option<Bytes>, StateError>> + Send;
+
+    /// Reads several keys concurrently; one result per key, in order. Used to prefetch a
+    /// batch's declared states before the guest call.
+    ///
+    /// # Errors
+    /// [`StateError::Unavailable`].
+    fn get_many(
+        &self,
+        keys: &[Vec<u8>],
+    ) -> impl Future<Output = Result<Vec<Option<Bytes>>, StateError>> + Send;
+
+    /// Returns at most `limit` live entries whose keys start with `prefix` and sort after
+    /// `start_after` (from the first when `None`), in ascending key order; keys are full
+    /// encoded keys.
+    ///
+    /// # Errors
+    /// [`StateError::Unavailable`].
+    fn scan(
+        &self,
+        prefix: &[u8],
+        start_after: Option<&[u8]>,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<(Vec<u8>, Bytes)>, StateError>> + Send;
+
+    /// Applies the writes of successful records, in order, atomically with respect to readers.
+    ///
+    /// # Errors
+    /// [`StateError::Unavailable`]; nothing was applied.
+    fn apply(&self, writes: Vec<StateWrite>)
+    -> impl Future<Output = Result<(), StateError>> + Send;
+}

@@ -1,0 +1,80 @@
+//! `counter`, the shared test fixture of SCENARIOS.md: `count[key] += 1`, emitting
+//! `{"count": n, "offset": o}` per record. Poison values trigger failures on purpose:
+//! - `poison:trap` panics (a trap);
+//! - `poison:loop` loops forever (hits the CPU deadline);
+//! - `poison:reject` is rejected by the operator;
+//! - `poison:write-then-reject` writes state and emits, then rejects (effects must vanish);
+//! - `poison:alloc` allocates 1 GiB (hits the instance memory cap);
+//! - `probe:sandbox` emits what the guest can see of its environment, as JSON.
+
+use serde::Serialize;
+use weir_sdk::{Context, Operator, Record, Reject, StateSpec, ValueState};
+
+/// The operator.
+#[derive(Debug)]
+pub struct Counter;
+
+const COUNT: ValueState<u64> = ValueState::new("count");
+
+#[derive(Serialize)]
+struct Output {
+    count: u64,
+    offset: i64,
+}
+
+impl Operator for Counter {
+    const NAME: &'static str = "counter";
+    const VERSION: &'static str = "0.1.0";
+    const STATES: &'static [StateSpec] = &[COUNT.spec()];
+
+    fn process(ctx: &mut Context, record: &Record) -> Result<(), Reject> {
+        match record.value() {
+            b"poison:trap" => panic!("poison record at offset {}", record.offset()),
+            b"poison:loop" =>
+            {
+                #[allow(clippy::empty_loop)]
+                loop {}
+            }
+            b"poison:reject" => return Err(Reject::new("poison record rejected")),
+            b"poison:write-then-reject" => {
+                ctx.set(&COUNT, &1_000_000)?;
+                ctx.emit(record.key(), b"must not appear")?;
+                return Err(Reject::new("rejected after writing"));
+            }
+            b"poison:alloc" => {
+                let big = vec![1u8; 1 << 30];
+                return Err(Reject::new(format!("allocated {} bytes", big.len())));
+            }
+            b"probe:sandbox" => return probe_sandbox(ctx, record),
+            _ => {}
+        }
+        let count = ctx.get(&COUNT)?.unwrap_or(0) + 1;
+        ctx.set(&COUNT, &count)?;
+        ctx.emit_json(
+            record.key(),
+            &Output {
+                count,
+                offset: record.offset(),
+            },
+        )
+    }
+}
+
+weir_sdk::export_operator!(Counter);
+
+/// Emits what the sandbox shows: environment, arguments, clock, filesystem and network.
+fn probe_sandbox(ctx: &mut Context, record: &Record) -> Result<(), Reject> {
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(-1, |d| d.as_millis() as i64);
+    let probe = serde_json::json!({
+        "env_vars": std::env::vars().count(),
+        "args": std::env::args().count(),
+        "now_ms": now_ms,
+        "root_readable": std::fs::read_dir("/").is_ok(),
+        "cwd_readable": std::fs::read_dir(".").is_ok(),
+        "tcp_connect": std::net::TcpStream::connect("127.0.0.1:9092").is_ok(),
+    });
+    println!("sandbox probe from the guest's stdout");
+    ctx.emit_json(record.key(), &probe)
+}

@@ -1,0 +1,285 @@
+//! Shared harness of Weir's end-to-end tests: where the real services are, unique topic names,
+//! producing and reading topics, running a pipeline in process, and the guest components.
+//!
+//! The services are started by the test command (`deploy/test.sh`) through
+//! `deploy/local/kafka.sh` and `deploy/local/s3.sh`; these helpers only connect.
+
+use anyhow::{Context as _, bail};
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{Consumer, StreamConsumer};
+use rdkafka::message::{Headers, Message, OwnedMessage};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+use weir_host::clock::{SharedClock, SystemClock};
+use weir_host::config::{
+    KafkaSettings, PipelineSettings, RuntimeSettings, Settings, StateSettings,
+};
+use weir_host::pipeline::{self, PipelineError, PipelineStats};
+use weir_host::state::memory::MemoryBackend;
+
+/// The real Kafka broker (`WEIR_KAFKA_BOOTSTRAP`, default `127.0.0.1:9092`).
+pub fn kafka_bootstrap() -> String {
+    std::env::var("WEIR_KAFKA_BOOTSTRAP").unwrap_or_else(|_| "127.0.0.1:9092".into())
+}
+
+/// The real S3-compatible server (`WEIR_S3_ENDPOINT`, default `http://127.0.0.1:9000`).
+pub fn s3_endpoint() -> String {
+    std::env::var("WEIR_S3_ENDPOINT").unwrap_or_else(|_| "http://127.0.0.1:9000".into())
+}
+
+/// The workspace root.
+pub fn workspace_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ lives inside the workspace")
+        .to_owned()
+}
+
+/// A guest component built by `cargo build --profile guest --target wasm32-wasip2`.
+///
+/// # Panics
+/// When the file is missing, naming the command that builds it.
+pub fn guest(name: &str) -> PathBuf {
+    let target = std::env::var("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| workspace_root().join("target"));
+    let path = target
+        .join("wasm32-wasip2/guest")
+        .join(format!("{name}.wasm"));
+    assert!(
+        path.exists(),
+        "guest component missing: {}; build guests with `cargo build --profile guest --target wasm32-wasip2 -p flight-delays -p word-count -p weir-test-counter`",
+        path.display()
+    );
+    path
+}
+
+/// A topic (or group) name unique to this test run.
+pub fn unique(prefix: &str) -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    format!(
+        "{prefix}-{}-{}-{nanos}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// Creates topics on the real broker.
+///
+/// # Errors
+/// When the broker is unreachable or refuses.
+pub async fn create_topics(topics: &[(&str, i32)]) -> anyhow::Result<()> {
+    weir_host::dev::ensure_topics(&kafka_bootstrap(), topics)
+        .await
+        .with_context(|| {
+            format!(
+                "cannot create topics on {}; is the broker up? (deploy/local/kafka.sh start)",
+                kafka_bootstrap()
+            )
+        })
+}
+
+/// Produces `(key, value)` records to partition `partition` of `topic`, waiting for each ack.
+///
+/// # Errors
+/// When a delivery fails.
+pub async fn produce(
+    topic: &str,
+    partition: i32,
+    records: &[(Vec<u8>, Vec<u8>)],
+) -> anyhow::Result<()> {
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", kafka_bootstrap())
+        .set("enable.idempotence", "true")
+        .set("linger.ms", "5")
+        .create()?;
+    let mut deliveries = Vec::with_capacity(records.len());
+    for (key, value) in records {
+        let record = FutureRecord::to(topic)
+            .partition(partition)
+            .key(key.as_slice())
+            .payload(value.as_slice());
+        match producer.send_result(record) {
+            Ok(d) => deliveries.push(d),
+            Err((err, _)) => bail!("cannot enqueue record: {err}"),
+        }
+    }
+    for d in deliveries {
+        match d.await {
+            Ok(Ok(_)) => {}
+            Ok(Err((err, _))) => bail!("delivery failed: {err}"),
+            Err(_) => bail!("delivery canceled"),
+        }
+    }
+    Ok(())
+}
+
+/// Reads exactly `expected` records of `topic` from the beginning (read_committed), failing
+/// after `timeout`; then waits `settle` more and fails if any further record arrives.
+///
+/// # Errors
+/// When fewer than `expected` arrive in time, or more arrive.
+pub async fn read_exactly(
+    topic: &str,
+    expected: usize,
+    timeout: Duration,
+    settle: Duration,
+) -> anyhow::Result<Vec<OwnedMessage>> {
+    let consumer: StreamConsumer = ClientConfig::new()
+        .set("bootstrap.servers", kafka_bootstrap())
+        .set("group.id", unique("reader"))
+        .set("auto.offset.reset", "earliest")
+        .set("enable.auto.commit", "false")
+        .set("isolation.level", "read_committed")
+        .create()?;
+    consumer.subscribe(&[topic])?;
+    let mut out = Vec::with_capacity(expected);
+    let deadline = Instant::now() + timeout;
+    while out.len() < expected {
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(remaining, consumer.recv()).await {
+            Ok(msg) => out.push(msg?.detach()),
+            Err(_) => bail!(
+                "read {} of {expected} records of `{topic}` in {timeout:?}",
+                out.len()
+            ),
+        }
+    }
+    if let Ok(extra) = tokio::time::timeout(settle, consumer.recv()).await {
+        let extra = extra?;
+        bail!(
+            "`{topic}` has more than {expected} records; extra at partition {} offset {}",
+            extra.partition(),
+            extra.offset()
+        );
+    }
+    Ok(out)
+}
+
+/// The value of header `name` of `msg` as UTF-8, if present.
+pub fn header(msg: &OwnedMessage, name: &str) -> Option<String> {
+    let headers = msg.headers()?;
+    headers
+        .iter()
+        .find(|h| h.key == name)
+        .and_then(|h| h.value)
+        .map(|v| String::from_utf8_lossy(v).into_owned())
+}
+
+/// Settings for a pipeline on the real broker.
+pub fn settings(
+    operator: PathBuf,
+    input: &str,
+    output: &str,
+    dlq: &str,
+    runtime: RuntimeSettings,
+) -> Settings {
+    Settings {
+        pipeline: PipelineSettings {
+            name: "test".into(),
+            operator,
+            input_topics: vec![input.to_owned()],
+            output_topic: output.to_owned(),
+            dead_letter_topic: dlq.to_owned(),
+            group_id: Some(unique("group")),
+        },
+        kafka: KafkaSettings {
+            bootstrap_servers: kafka_bootstrap(),
+            consumer: BTreeMap::new(),
+            producer: BTreeMap::new(),
+        },
+        runtime,
+        state: StateSettings::default(),
+    }
+}
+
+/// A pipeline running in this process on the `memory` backend.
+#[derive(Debug)]
+pub struct RunningPipeline {
+    /// Live counters.
+    pub stats: Arc<PipelineStats>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<Result<(), PipelineError>>,
+}
+
+impl RunningPipeline {
+    /// Starts `settings` in the background.
+    pub fn start(settings: Settings) -> Self {
+        let clock: SharedClock = Arc::new(SystemClock);
+        let stats = Arc::new(PipelineStats::default());
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(pipeline::run(
+            settings,
+            Arc::new(MemoryBackend::new(clock.clone())),
+            clock,
+            stats.clone(),
+            async move {
+                let _ = stopped.await;
+            },
+        ));
+        Self {
+            stats,
+            stop: Some(stop),
+            task,
+        }
+    }
+
+    /// Whether the pipeline task has ended (it should not, until stopped).
+    pub fn is_finished(&self) -> bool {
+        self.task.is_finished()
+    }
+
+    /// Waits until `n` records reached a final disposition.
+    ///
+    /// # Errors
+    /// When the pipeline ends early or `timeout` passes.
+    pub async fn wait_done(&self, n: u64, timeout: Duration) -> anyhow::Result<()> {
+        let deadline = Instant::now() + timeout;
+        while self.stats.records_done() < n {
+            if self.task.is_finished() {
+                bail!(
+                    "pipeline ended after {} of {n} records",
+                    self.stats.records_done()
+                );
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "{} of {n} records done after {timeout:?}",
+                    self.stats.records_done()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        Ok(())
+    }
+
+    /// Stops the pipeline (draining every worker) and returns its result.
+    ///
+    /// # Errors
+    /// The pipeline's error, if it failed.
+    pub async fn stop(mut self) -> anyhow::Result<()> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        self.task.await??;
+        Ok(())
+    }
+}
+
+/// Installs a test tracing subscriber once (respects `RUST_LOG`).
+pub fn init_tracing() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "warn,weir_host=info".into()),
+        )
+        .with_test_writer()
+        .try_init();
+}

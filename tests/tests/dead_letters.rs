@@ -1,0 +1,198 @@
+//! Bad records against the real broker: a trap in the middle of a batch, a record the
+//! operator rejects after writing, a runaway loop, and a malformed flight. Each bad record lands
+//! in the dead-letter topic with its error; every other record is processed exactly once; the
+//! host keeps running.
+
+use rdkafka::Message;
+use std::collections::BTreeMap;
+use std::time::Duration;
+use weir_host::config::RuntimeSettings;
+use weir_host::sink::{
+    HEADER_ERROR, HEADER_ERROR_KIND, HEADER_SOURCE_OFFSET, HEADER_SOURCE_PARTITION,
+};
+use weir_tests::*;
+
+const TIMEOUT: Duration = Duration::from_secs(120);
+const SETTLE: Duration = Duration::from_secs(2);
+
+/// Produces 1000 records over 10 keys to one partition, with `poison` at offset 500, runs the
+/// counter, and checks outputs and dead letters. Returns the dead-letter record's headers.
+async fn run_counter_with_poison(
+    poison: &[u8],
+    runtime: RuntimeSettings,
+) -> anyhow::Result<(String, String)> {
+    init_tracing();
+    let (input, output, dlq) = (unique("in"), unique("out"), unique("dlq"));
+    create_topics(&[(&input, 1), (&output, 1), (&dlq, 1)]).await?;
+    let records: Vec<(Vec<u8>, Vec<u8>)> = (0..1000)
+        .map(|i| {
+            let value = if i == 500 {
+                poison.to_vec()
+            } else {
+                format!("v{i}").into_bytes()
+            };
+            (format!("k{}", i % 10).into_bytes(), value)
+        })
+        .collect();
+    produce(&input, 0, &records).await?;
+
+    let pipeline = RunningPipeline::start(settings(
+        guest("weir_test_counter"),
+        &input,
+        &output,
+        &dlq,
+        runtime,
+    ));
+    pipeline.wait_done(1000, TIMEOUT).await?;
+    let dead = read_exactly(&dlq, 1, TIMEOUT, SETTLE).await?;
+    let out = read_exactly(&output, 999, TIMEOUT, SETTLE).await?;
+    assert!(
+        !pipeline.is_finished(),
+        "the host must keep running after a bad record"
+    );
+    assert!(
+        pipeline
+            .stats
+            .traps
+            .load(std::sync::atomic::Ordering::Relaxed)
+            <= 2
+    );
+
+    assert_eq!(
+        header(&dead[0], HEADER_SOURCE_OFFSET).as_deref(),
+        Some("500")
+    );
+    assert_eq!(
+        header(&dead[0], HEADER_SOURCE_PARTITION).as_deref(),
+        Some("0")
+    );
+    assert_eq!(dead[0].payload(), Some(poison));
+    assert_eq!(dead[0].key(), Some(&b"k0"[..]));
+
+    // Exactly once, in order: per key the counts are 1, 2, 3, … and offsets increase.
+    let mut per_key: BTreeMap<Vec<u8>, Vec<(u64, i64)>> = BTreeMap::new();
+    for msg in &out {
+        let v: serde_json::Value = serde_json::from_slice(msg.payload().unwrap_or_default())?;
+        let count = v["count"].as_u64().expect("count is a number");
+        let offset = v["offset"].as_i64().expect("offset is a number");
+        per_key
+            .entry(msg.key().unwrap_or_default().to_vec())
+            .or_default()
+            .push((count, offset));
+    }
+    assert_eq!(per_key.len(), 10);
+    for (key, seen) in &per_key {
+        let counts: Vec<u64> = seen.iter().map(|(c, _)| *c).collect();
+        let expected_len = if key == b"k0" { 99 } else { 100 };
+        assert_eq!(
+            counts,
+            (1..=expected_len).collect::<Vec<u64>>(),
+            "key {}",
+            String::from_utf8_lossy(key)
+        );
+        assert!(seen.windows(2).all(|w| w[0].1 < w[1].1), "offsets in order");
+        assert!(
+            seen.iter().all(|(_, o)| *o != 500),
+            "the poison record produced no output"
+        );
+    }
+    let error = header(&dead[0], HEADER_ERROR).unwrap_or_default();
+    let kind = header(&dead[0], HEADER_ERROR_KIND).unwrap_or_default();
+    pipeline.stop().await?;
+    Ok((kind, error))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trap_in_the_middle_of_a_batch_dead_letters_only_that_record() -> anyhow::Result<()> {
+    let runtime = RuntimeSettings {
+        batch_records_max: 1000,
+        ..RuntimeSettings::default()
+    };
+    let (kind, error) = run_counter_with_poison(b"poison:trap", runtime).await?;
+    assert_eq!(kind, "trapped");
+    assert!(
+        error.contains("poison record at offset 500"),
+        "error names the panic: {error}"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rejected_record_loses_the_writes_and_emits_it_made() -> anyhow::Result<()> {
+    let runtime = RuntimeSettings {
+        batch_records_max: 1000,
+        ..RuntimeSettings::default()
+    };
+    let (kind, error) = run_counter_with_poison(b"poison:write-then-reject", runtime).await?;
+    assert_eq!(kind, "rejected");
+    assert_eq!(error, "rejected after writing");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runaway_loop_is_stopped_by_the_cpu_deadline_and_dead_lettered() -> anyhow::Result<()> {
+    let runtime = RuntimeSettings {
+        batch_records_max: 100,
+        record_deadline: Duration::from_millis(50),
+        batch_deadline_max: Duration::from_millis(500),
+        ..RuntimeSettings::default()
+    };
+    let (kind, error) = run_counter_with_poison(b"poison:loop", runtime).await?;
+    assert_eq!(kind, "deadline");
+    assert!(error.contains("deadline"), "{error}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_bomb_is_stopped_by_the_memory_cap_and_dead_lettered() -> anyhow::Result<()> {
+    let runtime = RuntimeSettings {
+        batch_records_max: 1000,
+        instance_memory_bytes_max: 32 << 20,
+        ..RuntimeSettings::default()
+    };
+    let (kind, _error) = run_counter_with_poison(b"poison:alloc", runtime).await?;
+    assert_eq!(kind, "trapped");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_flight_is_rejected_by_the_operator_and_dead_lettered() -> anyhow::Result<()> {
+    init_tracing();
+    let (input, output, dlq) = (unique("in"), unique("out"), unique("dlq"));
+    create_topics(&[(&input, 1), (&output, 1), (&dlq, 1)]).await?;
+    let flight = |delay: &str| {
+        format!(r#"{{"origin":"JFK","dest":"LAX","arr_delay":{delay}}}"#).into_bytes()
+    };
+    let records = vec![
+        (b"JFK-LAX".to_vec(), flight("10")),
+        (b"JFK-LAX".to_vec(), b"this is not JSON".to_vec()),
+        (b"JFK-LAX".to_vec(), flight("null")),
+        (b"JFK-LAX".to_vec(), flight("-4")),
+    ];
+    produce(&input, 0, &records).await?;
+    let pipeline = RunningPipeline::start(settings(
+        guest("flight_delays"),
+        &input,
+        &output,
+        &dlq,
+        RuntimeSettings::default(),
+    ));
+    pipeline.wait_done(4, TIMEOUT).await?;
+    let dead = read_exactly(&dlq, 1, TIMEOUT, SETTLE).await?;
+    let out = read_exactly(&output, 3, TIMEOUT, SETTLE).await?;
+    assert_eq!(
+        header(&dead[0], HEADER_ERROR_KIND).as_deref(),
+        Some("rejected")
+    );
+    assert_eq!(header(&dead[0], HEADER_SOURCE_OFFSET).as_deref(), Some("1"));
+    let error = header(&dead[0], HEADER_ERROR).unwrap_or_default();
+    assert!(error.starts_with("invalid JSON"), "{error}");
+    let last: serde_json::Value = serde_json::from_slice(out[2].payload().unwrap_or_default())?;
+    assert_eq!(last["flights"], 3);
+    assert_eq!(last["delay_count"], 2);
+    assert_eq!(last["delay_sum"], 6);
+    assert_eq!(last["delay_max"], 10);
+    assert_eq!(last["delay_mean"], 3.0);
+    pipeline.stop().await?;
+    Ok(())
+}
