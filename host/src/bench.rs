@@ -25,6 +25,22 @@ pub struct CallCost {
     pub records_per_s: f64,
 }
 
+/// Mean time to create an instance from the pre-instantiated operator (pooling allocator),
+/// over `n` instantiations, in µs.
+///
+/// # Errors
+/// [`BenchError::Operator`] when loading or instantiating fails.
+pub async fn instantiate_cost(path: &Path, n: u32) -> Result<f64, BenchError> {
+    let clock: SharedClock = Arc::new(SystemClock);
+    let runtime = Runtime::<MemoryShard>::new(&RuntimeSettings::default(), clock)?;
+    let operator = runtime.load_operator(path).await?;
+    let started = Instant::now();
+    for _ in 0..n {
+        drop(operator.instantiate(None, "bench/0".into()).await?);
+    }
+    Ok(started.elapsed().as_secs_f64() * 1e6 / f64::from(n.max(1)))
+}
+
 /// Why the benchmark failed.
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {

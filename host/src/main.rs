@@ -164,9 +164,21 @@ async fn bench_call(
             .collect(),
     };
     let results = weir_host::bench::call_cost(&operator, &inputs, &batch).await?;
+    let instantiate_us = weir_host::bench::instantiate_cost(&operator, 200).await?;
+    let size_bytes = std::fs::metadata(&operator)?.len();
     if json {
-        println!("{}", serde_json::to_string_pretty(&results)?);
+        let report = serde_json::json!({
+            "operator": operator.display().to_string(),
+            "component_bytes": size_bytes,
+            "instantiate_us": instantiate_us,
+            "batches": results,
+        });
+        println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
+        println!(
+            "{}: {size_bytes} bytes, {instantiate_us:.1} µs to instantiate (mean of 200)",
+            operator.display()
+        );
         println!(
             "{:>8} {:>10} {:>14} {:>14}",
             "batch", "records", "ns/record", "records/s"
