@@ -31,4 +31,8 @@ cargo clippy --workspace --all-targets -- -D warnings
 step "tests"
 # Guests are cdylibs for wasm32-wasip2 (their export names do not link natively): their code is
 # exercised through the components the tests load.
-cargo test --workspace --exclude flight-delays --exclude word-count --exclude weir-test-counter
+log="$(mktemp)"
+cargo test --workspace --exclude flight-delays --exclude word-count --exclude weir-test-counter 2>&1 | tee "$log"
+# One closing line for the whole run (cargo prints one per test binary, the last often "0 passed").
+awk '/^test result:/ { passed += $4; failed += $6 } END { printf "\ntests: %d passed, %d failed\n", passed, failed }' "$log"
+rm -f "$log"

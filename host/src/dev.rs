@@ -16,8 +16,8 @@ use rdkafka::mocking::MockCluster;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// What `weir dev` runs.
@@ -100,11 +100,29 @@ pub struct RouteStats {
 /// # Errors
 /// [`DevError`] when any stage fails.
 pub async fn run(opts: DevOptions) -> Result<(), DevError> {
+    let run_id = std::process::id();
+    let (input, output, dlq) = (
+        format!("flights-{run_id}"),
+        format!("route-stats-{run_id}"),
+        format!("flights-dlq-{run_id}"),
+    );
+    let topics = [
+        (input.as_str(), opts.partitions),
+        (output.as_str(), opts.partitions),
+        (dlq.as_str(), 1),
+    ];
     let mock;
     let bootstrap = match &opts.bootstrap_servers {
-        Some(b) => b.clone(),
+        Some(b) => {
+            ensure_topics(b, &topics).await?;
+            b.clone()
+        }
         None => {
+            // The mock cluster does not serve the CreateTopics admin API: create them directly.
             mock = MockCluster::new(1)?;
+            for (topic, partitions) in topics {
+                mock.create_topic(topic, partitions, 1)?;
+            }
             println!(
                 "started librdkafka's mock cluster at {}",
                 mock.bootstrap_servers()
@@ -112,30 +130,9 @@ pub async fn run(opts: DevOptions) -> Result<(), DevError> {
             mock.bootstrap_servers()
         }
     };
-    let run_id = std::process::id();
-    let (input, output, dlq) = (
-        format!("flights-{run_id}"),
-        format!("route-stats-{run_id}"),
-        format!("flights-dlq-{run_id}"),
-    );
-    ensure_topics(
-        &bootstrap,
-        &[
-            (&input, opts.partitions),
-            (&output, opts.partitions),
-            (&dlq, 1),
-        ],
-    )
-    .await?;
 
     let flights = flights::read_csv(&opts.flights_csv)?;
-    let started = Instant::now();
-    let loaded = flights::produce(&bootstrap, &input, &flights).await?;
-    println!(
-        "loaded {loaded} flights into `{input}` in {:.1?}",
-        started.elapsed()
-    );
-
+    let loaded = flights.len() as u64;
     let settings = Settings {
         pipeline: PipelineSettings {
             name: "flight-delays".into(),
@@ -153,10 +150,10 @@ pub async fn run(opts: DevOptions) -> Result<(), DevError> {
         runtime: RuntimeSettings::default(),
         state: StateSettings::default(),
     };
+    let reader = OutputReader::start(&bootstrap, &output)?;
     let clock: SharedClock = Arc::new(SystemClock);
     let stats = Arc::new(PipelineStats::default());
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let started = Instant::now();
     let pipeline = tokio::spawn(pipeline::run(
         settings,
         Arc::new(MemoryBackend::new(clock.clone())),
@@ -166,12 +163,37 @@ pub async fn run(opts: DevOptions) -> Result<(), DevError> {
             let _ = stop_rx.await;
         },
     ));
+
+    // librdkafka's mock cluster keeps only the last ~5 MB of each partition, so there the
+    // flights are replayed at the pace at which their outputs are read back (like a generator
+    // source); a real broker gets them as fast as it takes them.
+    let lag_max = match opts.bootstrap_servers {
+        Some(_) => u64::MAX,
+        None => MOCK_LAG_RECORDS_PER_PARTITION * opts.partitions.max(1) as u64,
+    };
     let limit = Duration::from_secs(600);
-    while stats.records_done() < loaded {
-        if started.elapsed() > limit || pipeline.is_finished() {
-            break;
+    let started = Instant::now();
+    let mut produced = 0u64;
+    let mut last_report = Instant::now();
+    let loader = flights::Loader::new(&bootstrap)?;
+    for chunk in flights.chunks(REPLAY_CHUNK_RECORDS) {
+        while produced.saturating_sub(reader.seen()) > lag_max {
+            if started.elapsed() > limit || pipeline.is_finished() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        produced += loader.produce(&input, chunk).await?;
+        if last_report.elapsed() >= Duration::from_secs(2) {
+            last_report = Instant::now();
+            println!(
+                "  … {produced} of {loaded} flights replayed, {} processed",
+                stats.records_done()
+            );
+        }
+    }
+    while stats.records_done() < loaded && started.elapsed() < limit && !pipeline.is_finished() {
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let elapsed = started.elapsed();
     let _ = stop_tx.send(());
@@ -187,48 +209,86 @@ pub async fn run(opts: DevOptions) -> Result<(), DevError> {
         ));
     }
     let emitted = stats.emitted.load(Ordering::Relaxed);
-    let finals = read_final_stats(&bootstrap, &output, emitted).await?;
+    let finals = reader.finish(emitted, Duration::from_secs(120)).await?;
+    drop(loader);
     print_summary(&stats, loaded, elapsed, &finals);
     Ok(())
 }
 
-/// Reads `expected` records of `topic` from the beginning and keeps the last stats per route.
-async fn read_final_stats(
-    bootstrap: &str,
-    topic: &str,
-    expected: u64,
-) -> Result<BTreeMap<String, RouteStats>, DevError> {
-    let consumer: StreamConsumer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .set(
-            "group.id",
-            format!("weir-dev-reader-{}", std::process::id()),
-        )
-        .set("auto.offset.reset", "earliest")
-        .set("enable.auto.commit", "false")
-        .create()?;
-    consumer.subscribe(&[topic])?;
-    let mut finals = BTreeMap::new();
-    let mut seen = 0u64;
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while seen < expected {
-        let remaining = deadline.saturating_duration_since(Instant::now());
-        let Ok(msg) = tokio::time::timeout(remaining, consumer.recv()).await else {
-            return Err(DevError::Timeout(
-                Duration::from_secs(120),
-                format!("read {seen} of {expected} outputs"),
-            ));
-        };
-        let msg = msg?;
-        seen += 1;
-        if let Some(stats) = msg
-            .payload()
-            .and_then(|p| serde_json::from_slice::<RouteStats>(p).ok())
-        {
-            finals.insert(stats.route.clone(), stats);
-        }
+/// Records replayed per produce call in `weir dev`.
+const REPLAY_CHUNK_RECORDS: usize = 4_000;
+
+/// Records per partition the replay may run ahead of the output reader on the mock cluster
+/// (about 3 MB of flights, under its ~5 MB per-partition log).
+const MOCK_LAG_RECORDS_PER_PARTITION: u64 = 8_000;
+
+/// Reads the output topic while the job runs, keeping the latest stats per route.
+struct OutputReader {
+    seen: Arc<AtomicU64>,
+    finals: Arc<Mutex<BTreeMap<String, RouteStats>>>,
+    task: tokio::task::JoinHandle<Result<(), KafkaError>>,
+}
+
+impl OutputReader {
+    fn start(bootstrap: &str, topic: &str) -> Result<Self, KafkaError> {
+        let consumer: StreamConsumer = ClientConfig::new()
+            .set("bootstrap.servers", bootstrap)
+            .set(
+                "group.id",
+                format!("weir-dev-reader-{}", std::process::id()),
+            )
+            .set("auto.offset.reset", "earliest")
+            .set("enable.auto.commit", "false")
+            .create()?;
+        consumer.subscribe(&[topic])?;
+        let seen = Arc::new(AtomicU64::new(0));
+        let finals = Arc::new(Mutex::new(BTreeMap::new()));
+        let (task_seen, task_finals) = (seen.clone(), finals.clone());
+        let task = tokio::spawn(async move {
+            loop {
+                let msg = consumer.recv().await?;
+                if let Some(stats) = msg
+                    .payload()
+                    .and_then(|p| serde_json::from_slice::<RouteStats>(p).ok())
+                {
+                    task_finals
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .insert(stats.route.clone(), stats);
+                }
+                task_seen.fetch_add(1, Ordering::Relaxed);
+            }
+        });
+        Ok(Self { seen, finals, task })
     }
-    Ok(finals)
+
+    fn seen(&self) -> u64 {
+        self.seen.load(Ordering::Relaxed)
+    }
+
+    /// Waits until `expected` outputs were read, then stops and returns the final stats.
+    async fn finish(
+        self,
+        expected: u64,
+        timeout: Duration,
+    ) -> Result<BTreeMap<String, RouteStats>, DevError> {
+        let deadline = Instant::now() + timeout;
+        while self.seen() < expected {
+            if self.task.is_finished() || Instant::now() > deadline {
+                self.task.abort();
+                return Err(DevError::Timeout(
+                    timeout,
+                    format!("read {} of {expected} outputs", self.seen()),
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        self.task.abort();
+        // Wait for the abort so the consumer is closed before the (mock) cluster goes away.
+        let _ = self.task.await;
+        let finals = std::mem::take(&mut *self.finals.lock().unwrap_or_else(|e| e.into_inner()));
+        Ok(finals)
+    }
 }
 
 fn print_summary(
@@ -241,7 +301,7 @@ fn print_summary(
     let call_ns = stats.guest_call_ns.load(Ordering::Relaxed);
     println!();
     println!(
-        "processed {loaded} flights in {elapsed:.2?}: {:.0} records/s",
+        "replayed and processed {loaded} flights in {elapsed:.2?}: {:.0} records/s end to end",
         loaded as f64 / elapsed.as_secs_f64()
     );
     println!(

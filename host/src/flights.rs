@@ -4,7 +4,7 @@
 
 use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use rdkafka::producer::{FutureProducer, FutureRecord};
 use serde_json::{Map, Value};
 use std::collections::VecDeque;
 use std::path::Path;
@@ -132,49 +132,82 @@ pub async fn produce(
     topic: &str,
     flights: &[FlightRecord],
 ) -> Result<u64, FlightsError> {
-    let producer: FutureProducer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap_servers)
-        .set("enable.idempotence", "true")
-        .set("linger.ms", "20")
-        .set("batch.size", "1000000")
-        .set("compression.type", "lz4")
-        .create()
-        .map_err(FlightsError::Kafka)?;
-    let mut pending = VecDeque::new();
-    for flight in flights {
-        let mut record = FutureRecord::to(topic)
-            .key(flight.route.as_bytes())
-            .payload(flight.json.as_slice())
-            .timestamp(flight.timestamp_ms);
-        loop {
-            match producer.send_result(record) {
-                Ok(delivery) => {
-                    pending.push_back(delivery);
-                    break;
-                }
-                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
-                    record = back;
-                    match pending.pop_front() {
-                        Some(delivery) => check(delivery.await)?,
-                        None => tokio::time::sleep(Duration::from_millis(1)).await,
+    Loader::new(bootstrap_servers)?
+        .produce(topic, flights)
+        .await
+}
+
+/// A producer for replaying flights in several steps (one librdkafka client for all of them).
+pub struct Loader {
+    producer: FutureProducer,
+}
+
+impl std::fmt::Debug for Loader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Loader").finish_non_exhaustive()
+    }
+}
+
+impl Loader {
+    /// An idempotent, batching producer for `bootstrap_servers`.
+    ///
+    /// # Errors
+    /// [`FlightsError::Kafka`] when librdkafka rejects the configuration.
+    pub fn new(bootstrap_servers: &str) -> Result<Self, FlightsError> {
+        let producer = ClientConfig::new()
+            .set("bootstrap.servers", bootstrap_servers)
+            .set("enable.idempotence", "true")
+            .set("linger.ms", "5")
+            .set("batch.size", "1000000")
+            .set("compression.type", "lz4")
+            .create()
+            .map_err(FlightsError::Kafka)?;
+        Ok(Self { producer })
+    }
+
+    /// Produces `flights` to `topic`, keyed by route with the scheduled departure as the
+    /// timestamp, and waits until all are acknowledged. Returns the number produced.
+    ///
+    /// # Errors
+    /// [`FlightsError::Kafka`] when a delivery fails.
+    pub async fn produce(
+        &self,
+        topic: &str,
+        flights: &[FlightRecord],
+    ) -> Result<u64, FlightsError> {
+        let mut pending = VecDeque::new();
+        for flight in flights {
+            let mut record = FutureRecord::to(topic)
+                .key(flight.route.as_bytes())
+                .payload(flight.json.as_slice())
+                .timestamp(flight.timestamp_ms);
+            loop {
+                match self.producer.send_result(record) {
+                    Ok(delivery) => {
+                        pending.push_back(delivery);
+                        break;
                     }
+                    Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
+                        record = back;
+                        match pending.pop_front() {
+                            Some(delivery) => check(delivery.await)?,
+                            None => tokio::time::sleep(Duration::from_millis(1)).await,
+                        }
+                    }
+                    Err((err, _)) => return Err(FlightsError::Kafka(err)),
                 }
-                Err((err, _)) => return Err(FlightsError::Kafka(err)),
+            }
+            if pending.len() > 50_000
+                && let Some(delivery) = pending.pop_front()
+            {
+                check(delivery.await)?;
             }
         }
-        if pending.len() > 50_000
-            && let Some(delivery) = pending.pop_front()
-        {
+        for delivery in pending {
             check(delivery.await)?;
         }
+        Ok(flights.len() as u64)
     }
-    for delivery in pending {
-        check(delivery.await)?;
-    }
-    producer
-        .flush(Duration::from_secs(30))
-        .map_err(FlightsError::Kafka)?;
-    Ok(flights.len() as u64)
 }
 
 fn check(
