@@ -80,6 +80,16 @@ pub struct RuntimeSettings {
     /// each with the full `record_deadline`, so the cap delays good records but never fails them.
     #[serde(with = "humantime_serde")]
     pub batch_deadline_max: Duration,
+    /// Wall-clock time a call may take beyond twice its CPU deadline, for state reads that wait
+    /// on storage; a call past it is ended as a deadline trap.
+    #[serde(with = "humantime_serde")]
+    pub call_io_allowance: Duration,
+    /// Bytes of state writes and emits one call may stage (keys, values, headers, plus 64 bytes
+    /// per entry); a call that stages more traps.
+    pub batch_staged_bytes_max: u64,
+    /// First retry delay after a state backend outage; doubles per failed attempt up to 5 s.
+    #[serde(with = "humantime_serde")]
+    pub outage_backoff_min: Duration,
     /// Linear memory cap per instance, bytes.
     pub instance_memory_bytes_max: usize,
     /// Bytes (keys, values, headers) one input record may emit.
@@ -101,6 +111,9 @@ impl Default for RuntimeSettings {
             batch_records_max: 512,
             record_deadline: Duration::from_millis(100),
             batch_deadline_max: Duration::from_secs(2),
+            call_io_allowance: Duration::from_secs(5),
+            outage_backoff_min: Duration::from_millis(50),
+            batch_staged_bytes_max: 64 << 20,
             instance_memory_bytes_max: 64 << 20,
             emit_bytes_per_record_max: 1 << 20,
             state_value_bytes_max: 1 << 20,

@@ -16,11 +16,12 @@ const TIMEOUT: Duration = Duration::from_secs(120);
 const SETTLE: Duration = Duration::from_secs(2);
 
 /// Produces 1000 records over 10 keys to one partition, with `poison` at offset 500, runs the
-/// counter, and checks outputs and dead letters. Returns the dead-letter record's headers.
+/// counter, and checks outputs and dead letters. Returns the dead-letter record's error kind
+/// and error, and the number of trapped calls.
 async fn run_counter_with_poison(
     poison: &[u8],
     runtime: RuntimeSettings,
-) -> anyhow::Result<(String, String)> {
+) -> anyhow::Result<(String, String, u64)> {
     init_tracing();
     let (input, output, dlq) = (unique("in"), unique("out"), unique("dlq"));
     create_topics(&[(&input, 1), (&output, 1), (&dlq, 1)]).await?;
@@ -98,8 +99,12 @@ async fn run_counter_with_poison(
     }
     let error = header(&dead[0], HEADER_ERROR).unwrap_or_default();
     let kind = header(&dead[0], HEADER_ERROR_KIND).unwrap_or_default();
+    let traps = pipeline
+        .stats
+        .traps
+        .load(std::sync::atomic::Ordering::Relaxed);
     pipeline.stop().await?;
-    Ok((kind, error))
+    Ok((kind, error, traps))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -108,8 +113,13 @@ async fn trap_in_the_middle_of_a_batch_dead_letters_only_that_record() -> anyhow
         batch_records_max: 1000,
         ..RuntimeSettings::default()
     };
-    let (kind, error) = run_counter_with_poison(b"poison:trap", runtime).await?;
+    let (kind, error, traps) = run_counter_with_poison(b"poison:trap", runtime).await?;
     assert_eq!(kind, "trapped");
+    // One trap of the batch holding many records, one of the record re-run alone.
+    assert_eq!(
+        traps, 2,
+        "the poison record trapped inside a batch of many, then alone"
+    );
     assert!(
         error.contains("poison record at offset 500"),
         "error names the panic: {error}"
@@ -123,8 +133,10 @@ async fn rejected_record_loses_the_writes_and_emits_it_made() -> anyhow::Result<
         batch_records_max: 1000,
         ..RuntimeSettings::default()
     };
-    let (kind, error) = run_counter_with_poison(b"poison:write-then-reject", runtime).await?;
+    let (kind, error, traps) =
+        run_counter_with_poison(b"poison:write-then-reject", runtime).await?;
     assert_eq!(kind, "rejected");
+    assert_eq!(traps, 0, "a rejection is not a trap");
     assert_eq!(error, "rejected after writing");
     Ok(())
 }
@@ -137,7 +149,7 @@ async fn runaway_loop_is_stopped_by_the_cpu_deadline_and_dead_lettered() -> anyh
         batch_deadline_max: Duration::from_millis(500),
         ..RuntimeSettings::default()
     };
-    let (kind, error) = run_counter_with_poison(b"poison:loop", runtime).await?;
+    let (kind, error, _) = run_counter_with_poison(b"poison:loop", runtime).await?;
     assert_eq!(kind, "deadline");
     assert!(error.contains("deadline"), "{error}");
     Ok(())
@@ -150,8 +162,23 @@ async fn memory_bomb_is_stopped_by_the_memory_cap_and_dead_lettered() -> anyhow:
         instance_memory_bytes_max: 32 << 20,
         ..RuntimeSettings::default()
     };
-    let (kind, _error) = run_counter_with_poison(b"poison:alloc", runtime).await?;
+    let (kind, _error, _) = run_counter_with_poison(b"poison:alloc", runtime).await?;
     assert_eq!(kind, "trapped");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn guest_blocked_in_a_wasi_timer_is_ended_by_the_wall_clock_cap() -> anyhow::Result<()> {
+    let runtime = RuntimeSettings {
+        batch_records_max: 100,
+        record_deadline: Duration::from_millis(50),
+        batch_deadline_max: Duration::from_millis(200),
+        call_io_allowance: Duration::from_millis(500),
+        ..RuntimeSettings::default()
+    };
+    let (kind, error, _) = run_counter_with_poison(b"poison:sleep", runtime).await?;
+    assert_eq!(kind, "deadline");
+    assert!(error.contains("wall-clock"), "{error}");
     Ok(())
 }
 

@@ -15,7 +15,9 @@ use weir_host::state::memory::{MemoryBackend, MemoryShard};
 use weir_host::state::{Shard, ShardId, StateBackend, StateError, StateWrite};
 use weir_tests::*;
 
-/// Wraps the memory backend; every `every`-th operation fails as unavailable.
+/// Wraps the memory backend; about one operation in `every` fails as unavailable, chosen by a
+/// fixed pseudo-random sequence (not periodically: a period matching a retry's length would
+/// fail every retry at the same step).
 #[derive(Debug)]
 struct FlakyBackend {
     inner: MemoryBackend,
@@ -31,7 +33,8 @@ struct FlakyShard {
 
 impl FlakyShard {
     fn maybe_fail(&self) -> Result<(), StateError> {
-        if self.calls.fetch_add(1, Ordering::Relaxed) % self.every == self.every - 1 {
+        let n = self.calls.fetch_add(1, Ordering::Relaxed);
+        if splitmix64(n).is_multiple_of(self.every) {
             return Err(StateError::Unavailable {
                 shard: "test/0".into(),
                 source: "injected 503 Slow Down".into(),
@@ -39,6 +42,14 @@ impl FlakyShard {
         }
         Ok(())
     }
+}
+
+/// SplitMix64 (Steele, Lea, Flood 2014): a fixed, well-mixed sequence from a counter.
+fn splitmix64(n: u64) -> u64 {
+    let mut z = n.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
 }
 
 impl StateBackend for FlakyBackend {
@@ -76,28 +87,25 @@ impl Shard for FlakyShard {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn state_backend_outage_pauses_and_retries_without_dead_lettering() -> anyhow::Result<()> {
+/// Runs `guest` over `records` (one partition) on a backend failing one operation in four and
+/// returns the stats and the output.
+async fn run_on_flaky_backend(
+    guest_name: &str,
+    records: &[(Vec<u8>, Vec<u8>)],
+    expected_outputs: usize,
+    runtime: RuntimeSettings,
+) -> anyhow::Result<(Arc<PipelineStats>, Vec<rdkafka::message::OwnedMessage>)> {
     init_tracing();
     let (input, output, dlq) = (unique("in"), unique("out"), unique("dlq"));
     create_topics(&[(&input, 1), (&output, 1), (&dlq, 1)]).await?;
-    let records: Vec<(Vec<u8>, Vec<u8>)> = (0..600)
-        .map(|i| (format!("k{}", i % 7).into_bytes(), b"v".to_vec()))
-        .collect();
-    produce(&input, 0, &records).await?;
-
-    // Small batches so that many prefetches and applies happen, one in three failing.
-    let runtime = RuntimeSettings {
-        batch_records_max: 20,
-        ..RuntimeSettings::default()
-    };
-    let settings = settings(guest("weir_test_counter"), &input, &output, &dlq, runtime);
+    produce(&input, 0, records).await?;
+    let settings = settings(guest(guest_name), &input, &output, &dlq, runtime);
     let clock: SharedClock = Arc::new(SystemClock);
     let stats = Arc::new(PipelineStats::default());
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let backend = Arc::new(FlakyBackend {
         inner: MemoryBackend::new(clock.clone()),
-        every: 3,
+        every: 4,
     });
     let task = tokio::spawn(pipeline::run(
         settings,
@@ -109,7 +117,7 @@ async fn state_backend_outage_pauses_and_retries_without_dead_lettering() -> any
         },
     ));
     let deadline = std::time::Instant::now() + Duration::from_secs(120);
-    while stats.records_done() < 600 {
+    while stats.records_done() < records.len() as u64 {
         anyhow::ensure!(!task.is_finished(), "pipeline ended early");
         anyhow::ensure!(
             std::time::Instant::now() < deadline,
@@ -120,7 +128,7 @@ async fn state_backend_outage_pauses_and_retries_without_dead_lettering() -> any
     }
     let out = read_exactly(
         &output,
-        600,
+        expected_outputs,
         Duration::from_secs(60),
         Duration::from_secs(2),
     )
@@ -131,10 +139,27 @@ async fn state_backend_outage_pauses_and_retries_without_dead_lettering() -> any
             .is_empty()
     );
     assert!(
-        stats.outage_retries.load(Ordering::Relaxed) > 10,
+        stats.outage_retries.load(Ordering::Relaxed) > 3,
         "outages were injected and retried"
     );
     assert_eq!(stats.dead_lettered.load(Ordering::Relaxed), 0);
+    let _ = stop.send(());
+    task.await??;
+    Ok((stats, out))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn state_backend_outage_pauses_and_retries_without_dead_lettering() -> anyhow::Result<()> {
+    let records: Vec<(Vec<u8>, Vec<u8>)> = (0..600)
+        .map(|i| (format!("k{}", i % 7).into_bytes(), b"v".to_vec()))
+        .collect();
+    // Small batches so that many prefetches and applies happen, one in four failing.
+    let runtime = RuntimeSettings {
+        batch_records_max: 20,
+        outage_backoff_min: Duration::from_millis(1),
+        ..RuntimeSettings::default()
+    };
+    let (_, out) = run_on_flaky_backend("weir_test_counter", &records, 600, runtime).await?;
     let mut counts: BTreeMap<Vec<u8>, Vec<u64>> = BTreeMap::new();
     for msg in &out {
         let v: serde_json::Value = serde_json::from_slice(msg.payload().unwrap_or_default())?;
@@ -152,7 +177,35 @@ async fn state_backend_outage_pauses_and_retries_without_dead_lettering() -> any
             String::from_utf8_lossy(&key)
         );
     }
-    let _ = stop.send(());
-    task.await??;
+    Ok(())
+}
+
+/// Map reads are not prefetched: they reach the shard from inside the guest call, so an outage
+/// aborts the call midway. The instance is replaced and the record retried, never dead-lettered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outage_during_a_guest_call_aborts_and_retries_the_record() -> anyhow::Result<()> {
+    let records: Vec<(Vec<u8>, Vec<u8>)> = (0..150)
+        .map(|_| (b"doc".to_vec(), b"a b".to_vec()))
+        .collect();
+    let runtime = RuntimeSettings {
+        batch_records_max: 1,
+        outage_backoff_min: Duration::from_millis(1),
+        ..RuntimeSettings::default()
+    };
+    let (stats, out) = run_on_flaky_backend("word_count", &records, 300, runtime).await?;
+    assert_eq!(
+        stats.traps.load(Ordering::Relaxed),
+        0,
+        "an outage is not a trap"
+    );
+    let a: Vec<u64> = out
+        .iter()
+        .filter_map(|m| {
+            serde_json::from_slice::<serde_json::Value>(m.payload().unwrap_or_default()).ok()
+        })
+        .filter(|v| v["word"] == "a")
+        .map(|v| v["count"].as_u64().unwrap_or(0))
+        .collect();
+    assert_eq!(a, (1..=150).collect::<Vec<u64>>());
     Ok(())
 }

@@ -19,7 +19,8 @@ use futures::FutureExt;
 use rdkafka::consumer::Consumer;
 use rdkafka::error::KafkaError;
 use rdkafka::message::BorrowedMessage;
-use std::collections::HashMap;
+use rdkafka::topic_partition_list::TopicPartitionList;
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -76,6 +77,9 @@ pub enum PipelineError {
     WorkerPanicked(i32),
 }
 
+/// How often a paused partition's pending records are offered to its worker again.
+const PAUSED_RETRY_INTERVAL: Duration = Duration::from_millis(5);
+
 struct WorkerHandle {
     tx: mpsc::Sender<Vec<InputRecord>>,
     task: JoinHandle<Result<(), WorkerError>>,
@@ -89,7 +93,10 @@ struct Running<B: StateBackend> {
     producer: rdkafka::producer::FutureProducer,
     stats: Arc<PipelineStats>,
     workers: HashMap<i32, WorkerHandle>,
+    /// Records fetched but not yet handed to their partition's worker.
     pending: HashMap<i32, Vec<InputRecord>>,
+    /// Partitions paused at the consumer because their worker's queue is full.
+    paused: HashSet<i32>,
 }
 
 /// Runs the pipeline until `shutdown` completes or a fatal error occurs, then drains the
@@ -131,6 +138,7 @@ pub async fn run<B: StateBackend>(
         stats,
         workers: HashMap::new(),
         pending: HashMap::new(),
+        paused: HashSet::new(),
     };
     let result = running.consume(&consumer, &context, shutdown).await;
     let drained = running.drain().await;
@@ -147,33 +155,43 @@ impl<B: StateBackend> Running<B> {
         let batch_max = self.settings.runtime.batch_records_max;
         let mut shutdown = std::pin::pin!(shutdown);
         loop {
+            // While a partition is paused, wake up now and then to hand its records over.
+            let retry = !self.paused.is_empty();
             let first = tokio::select! {
                 biased;
                 () = &mut shutdown => return Ok(()),
-                msg = consumer.recv() => msg,
+                msg = consumer.recv() => Some(msg),
+                () = tokio::time::sleep(PAUSED_RETRY_INTERVAL), if retry => None,
             };
-            self.drop_revoked(context);
-            self.take(first).await?;
-            // Take what is already fetched without waiting, then hand out partial batches so
-            // that a quiet partition's records are not held back.
-            for _ in 0..batch_max.saturating_mul(4) {
-                match consumer.recv().now_or_never() {
-                    Some(msg) => self.take(msg).await?,
-                    None => break,
+            if let Some(msg) = first {
+                self.take(msg, consumer, context).await?;
+                // Take what is already fetched without waiting, then hand out partial batches
+                // so that a quiet partition's records are not held back.
+                for _ in 0..batch_max.saturating_mul(4) {
+                    match consumer.recv().now_or_never() {
+                        Some(msg) => self.take(msg, consumer, context).await?,
+                        None => break,
+                    }
                 }
             }
             self.drop_revoked(context);
             let partitions: Vec<i32> = self.pending.keys().copied().collect();
             for partition in partitions {
-                self.send_pending(partition).await?;
+                self.send_pending(partition, Some(consumer)).await?;
             }
         }
     }
 
+    /// Queues one fetched record for its partition's worker. Revocations are applied first:
+    /// librdkafka runs the revoke callback inside `recv`, before the first record of a new
+    /// assignment, so a record is never queued behind a revoked partition's leftovers.
     async fn take(
         &mut self,
         msg: Result<BorrowedMessage<'_>, KafkaError>,
+        consumer: &SourceConsumer,
+        context: &SourceContext,
     ) -> Result<(), PipelineError> {
+        self.drop_revoked(context);
         let msg = match msg {
             Ok(msg) => msg,
             Err(err) => {
@@ -187,8 +205,10 @@ impl<B: StateBackend> Running<B> {
         let partition = record.partition;
         let batch = self.pending.entry(partition).or_default();
         batch.push(record);
-        if batch.len() >= self.settings.runtime.batch_records_max {
-            self.send_pending(partition).await?;
+        if batch.len() >= self.settings.runtime.batch_records_max
+            && !self.paused.contains(&partition)
+        {
+            self.send_pending(partition, Some(consumer)).await?;
         }
         Ok(())
     }
@@ -196,25 +216,78 @@ impl<B: StateBackend> Running<B> {
     fn drop_revoked(&mut self, context: &SourceContext) {
         for partition in context.take_revoked() {
             self.pending.remove(&partition);
+            self.paused.remove(&partition);
             if let Some(worker) = self.workers.remove(&partition) {
                 worker.task.abort();
             }
         }
     }
 
-    async fn send_pending(&mut self, partition: i32) -> Result<(), PipelineError> {
-        let Some(batch) = self.pending.remove(&partition) else {
+    /// Hands the partition's pending records to its worker in batches of at most
+    /// `batch_records_max`. With `consumer`, never waits: when the worker's queue is full the
+    /// rest stays pending and the partition is paused at the consumer (so one slow partition does
+    /// not hold up the others), and resumed once everything is handed over. Without it (when
+    /// draining), waits for room.
+    async fn send_pending(
+        &mut self,
+        partition: i32,
+        consumer: Option<&SourceConsumer>,
+    ) -> Result<(), PipelineError> {
+        let Some(mut records) = self.pending.remove(&partition) else {
             return Ok(());
         };
-        if batch.is_empty() {
-            return Ok(());
-        }
+        let batch_max = self.settings.runtime.batch_records_max;
         let tx = self.worker(partition).await?.tx.clone();
-        if tx.send(batch).await.is_err() {
-            // The worker ended: it failed. Report why.
-            return Err(self.worker_failure(partition).await);
+        while !records.is_empty() {
+            let rest = records.split_off(records.len().min(batch_max));
+            let batch = std::mem::replace(&mut records, rest);
+            let full = match consumer {
+                Some(_) => match tx.try_send(batch) {
+                    Ok(()) => None,
+                    Err(mpsc::error::TrySendError::Full(batch)) => Some(batch),
+                    Err(mpsc::error::TrySendError::Closed(_)) => {
+                        return Err(self.worker_failure(partition).await);
+                    }
+                },
+                None => match tx.send(batch).await {
+                    Ok(()) => None,
+                    Err(_) => return Err(self.worker_failure(partition).await),
+                },
+            };
+            if let (Some(mut batch), Some(consumer)) = (full, consumer) {
+                batch.append(&mut records);
+                self.pending.insert(partition, batch);
+                if self.paused.insert(partition) {
+                    self.set_paused(consumer, partition, true);
+                }
+                return Ok(());
+            }
+        }
+        if let Some(consumer) = consumer
+            && self.paused.remove(&partition)
+        {
+            self.set_paused(consumer, partition, false);
         }
         Ok(())
+    }
+
+    /// Pauses or resumes fetching of `partition` of every input topic.
+    fn set_paused(&self, consumer: &SourceConsumer, partition: i32, paused: bool) {
+        let mut tpl = TopicPartitionList::new();
+        for topic in &self.settings.pipeline.input_topics {
+            tpl.add_partition(topic, partition);
+        }
+        let result = if paused {
+            consumer.pause(&tpl)
+        } else {
+            consumer.resume(&tpl)
+        };
+        match result {
+            Ok(()) => tracing::debug!(partition, paused, "partition fetch state changed"),
+            Err(err) => {
+                tracing::warn!(partition, paused, error = %err, "cannot change partition fetch state")
+            }
+        }
     }
 
     async fn worker(&mut self, partition: i32) -> Result<&WorkerHandle, PipelineError> {
@@ -268,7 +341,7 @@ impl<B: StateBackend> Running<B> {
         let partitions: Vec<i32> = self.pending.keys().copied().collect();
         let mut result = Ok(());
         for partition in partitions {
-            if let Err(err) = self.send_pending(partition).await {
+            if let Err(err) = self.send_pending(partition, None).await {
                 result = result.and(Err(err));
             }
         }

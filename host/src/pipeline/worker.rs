@@ -11,8 +11,8 @@
 //!    time with the per-record deadline; a record that traps alone is dead-lettered.
 //!
 //! A state backend outage aborts the call from the host; the worker backs off and retries the
-//! same records, which pauses the partition (its queue fills and the consumer waits) but never
-//! dead-letters a good record. Invariant: effects of a record are applied at most once and only
+//! same records, which pauses the partition (its queue fills and the consumer loop pauses that
+//! partition's fetching; other partitions go on) but never dead-letters a good record. Invariant: effects of a record are applied at most once and only
 //! after its call succeeded, in input order.
 
 use super::PipelineStats;
@@ -26,8 +26,6 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
-/// First retry delay after an outage; doubles up to [`BACKOFF_MAX`].
-const BACKOFF_MIN: Duration = Duration::from_millis(50);
 /// Longest retry delay after an outage.
 const BACKOFF_MAX: Duration = Duration::from_secs(5);
 
@@ -129,7 +127,7 @@ impl<S: Shard> PartitionWorker<S> {
                     .batch_deadline_max
                     .max(self.settings.record_deadline),
             );
-        let mut backoff = BACKOFF_MIN;
+        let mut backoff = self.settings.outage_backoff_min;
         loop {
             match self.attempt(records.clone(), deadline, n > 1).await? {
                 Ok(()) => return Ok(()),
@@ -141,7 +139,7 @@ impl<S: Shard> PartitionWorker<S> {
         }
         for record in records.iter() {
             let single = Arc::new(vec![record.clone()]);
-            let mut backoff = BACKOFF_MIN;
+            let mut backoff = self.settings.outage_backoff_min;
             loop {
                 match self
                     .attempt(single.clone(), self.settings.record_deadline, false)
@@ -188,6 +186,9 @@ impl<S: Shard> PartitionWorker<S> {
         let (dispositions, batch) = match result {
             Ok(ok) => ok,
             Err(CallError::Aborted(crate::runtime::HostAbort::State(err))) => {
+                // An error out of a call leaves the store unusable (wasmtime marks it trapped),
+                // so the instance goes even though the guest did nothing wrong.
+                self.instance = None;
                 return Ok(Err(Attempt::Unavailable(err)));
             }
             Err(fault) => {

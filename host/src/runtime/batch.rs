@@ -33,6 +33,17 @@ pub struct StagedEmit {
     pub headers: Vec<Header>,
 }
 
+/// Bytes an emit counts against the per-record and per-call limits.
+pub(crate) fn emit_size(key: &[u8], value: &[u8], headers: &[Header]) -> u64 {
+    ENTRY_OVERHEAD_BYTES
+        + key.len() as u64
+        + value.len() as u64
+        + headers
+            .iter()
+            .map(|h| ENTRY_OVERHEAD_BYTES + (h.name.len() + h.value.len()) as u64)
+            .sum::<u64>()
+}
+
 /// Staging area of one call. See the module docs.
 #[derive(Debug)]
 pub struct BatchCtx {
@@ -44,7 +55,13 @@ pub struct BatchCtx {
     /// Per record: bytes emitted so far.
     pub(crate) emitted_bytes: Vec<u64>,
     emits: Vec<StagedEmit>,
+    /// Bytes staged so far (writes and emits, with [`ENTRY_OVERHEAD_BYTES`] each).
+    staged_bytes: u64,
 }
+
+/// Bytes charged per staged write, emit and header on top of its keys and values, so that
+/// empty entries are not free.
+pub const ENTRY_OVERHEAD_BYTES: u64 = 64;
 
 impl Default for BatchCtx {
     fn default() -> Self {
@@ -63,7 +80,13 @@ impl BatchCtx {
             touched: vec![false; n],
             emitted_bytes: vec![0; n],
             emits: Vec::new(),
+            staged_bytes: 0,
         }
+    }
+
+    /// Bytes staged so far by this call (see [`ENTRY_OVERHEAD_BYTES`]).
+    pub fn staged_bytes(&self) -> u64 {
+        self.staged_bytes
     }
 
     /// The key of record `index`, or `None` when the index is outside the batch.
@@ -91,12 +114,16 @@ impl BatchCtx {
     /// Stages a write for record `index`.
     pub(crate) fn stage(&mut self, index: u32, key: Vec<u8>, staged: Staged) {
         self.touch(index);
+        self.staged_bytes += ENTRY_OVERHEAD_BYTES
+            + key.len() as u64
+            + staged.value.as_ref().map_or(0, |v| v.len() as u64);
         self.overlay.insert(key, staged);
     }
 
     /// Stages an emit for record `index`.
     pub(crate) fn stage_emit(&mut self, emit: StagedEmit) {
         self.touch(emit.record);
+        self.staged_bytes += emit_size(&emit.key, &emit.value, &emit.headers);
         self.emits.push(emit);
     }
 

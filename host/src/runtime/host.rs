@@ -36,6 +36,8 @@ pub struct CallLimits {
     pub state_map_key_bytes_max: u64,
     /// Bytes one input record may emit.
     pub emit_bytes_per_record_max: u64,
+    /// Bytes of writes and emits one call may stage.
+    pub batch_staged_bytes_max: u64,
 }
 
 impl OperatorMeta {

@@ -117,6 +117,14 @@ pub enum HostAbort {
     State(#[source] StateError),
 }
 
+/// A call staged more writes and emits than `batch_staged_bytes_max`: a guest fault.
+#[derive(Debug, thiserror::Error)]
+#[error("operator staged more than {limit} bytes of state writes and emits in one call")]
+pub struct StagedBytesExceeded {
+    /// The limit, bytes.
+    pub limit: u64,
+}
+
 /// The CPU deadline ran out.
 #[derive(Debug, thiserror::Error)]
 #[error("operator exceeded its CPU deadline")]
@@ -303,6 +311,7 @@ fn check_description(
             state_value_bytes_max: settings.state_value_bytes_max,
             state_map_key_bytes_max: settings.state_map_key_bytes_max,
             emit_bytes_per_record_max: settings.emit_bytes_per_record_max,
+            batch_staged_bytes_max: settings.batch_staged_bytes_max,
         },
     })
 }
@@ -377,7 +386,11 @@ impl<S: Shard> Operator<S> {
             .instantiate_async(&mut store)
             .await
             .map_err(RuntimeError::Instantiate)?;
-        Ok(Instance { store, bindings })
+        Ok(Instance {
+            store,
+            bindings,
+            io_allowance: self.settings.call_io_allowance,
+        })
     }
 }
 
@@ -390,6 +403,8 @@ pub fn ticks(d: Duration) -> u64 {
 pub struct Instance<S: Shard> {
     store: Store<HostCtx<S>>,
     bindings: OperatorWorld,
+    /// Wall-clock time a call may spend beyond twice its CPU deadline (waiting on state I/O).
+    io_allowance: Duration,
 }
 
 impl<S: Shard> std::fmt::Debug for Instance<S> {
@@ -402,8 +417,11 @@ impl<S: Shard> Instance<S> {
     /// Calls `process-batch` on `batch.records` with a CPU budget of `deadline`, and returns
     /// the dispositions with the staging area (whose effects the caller applies).
     ///
+    /// A call is also bounded in wall-clock time by `2 × deadline + call_io_allowance`, so a
+    /// guest blocked in a host call (a WASI timer) ends as a deadline trap.
+    ///
     /// # Errors
-    /// [`CallError`]; after `Trap` or `DispositionCount` the instance must be dropped.
+    /// [`CallError`]; after any error the instance must be dropped.
     pub async fn call_batch(
         &mut self,
         batch: BatchCtx,
@@ -415,11 +433,24 @@ impl<S: Shard> Instance<S> {
         data.batch = batch;
         data.deadline_ticks_left = ticks(deadline);
         self.store.set_epoch_deadline(1);
-        let result = self
+        // Epoch deadlines only fire while guest code runs; a guest parked in a host call (a WASI
+        // timer, a state read that never returns) is bounded by this wall-clock cap instead.
+        let wall_clock_max = deadline.saturating_mul(2).saturating_add(self.io_allowance);
+        let call = self
             .bindings
             .weir_operator_operator()
-            .call_process_batch(&mut self.store, &records)
-            .await;
+            .call_process_batch(&mut self.store, &records);
+        let result = match tokio::time::timeout(wall_clock_max, call).await {
+            Ok(result) => result,
+            Err(_elapsed) => {
+                return Err(CallError::Trap {
+                    message: format!(
+                        "operator exceeded its CPU deadline: still running after {wall_clock_max:?} of wall-clock time (blocked in a host call)"
+                    ),
+                    deadline: true,
+                });
+            }
+        };
         let batch = std::mem::take(&mut self.store.data_mut().batch);
         match result {
             Ok(dispositions) if dispositions.len() == records.len() => Ok((dispositions, batch)),

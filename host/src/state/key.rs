@@ -9,14 +9,10 @@
 //! State names are stored (not numbered) so that renumbering states between operator versions
 //! cannot alias them. Frozen by the tests below: changing it breaks every stored shard.
 
-/// Largest record key a state key may carry, bytes (Kafka keys are far smaller in practice).
-pub const RECORD_KEY_BYTES_MAX: usize = 1 << 20;
-
 /// Appends the prefix shared by every entry of state `name` of `record_key` to `out`.
 ///
 /// `name` is at most 255 bytes (the runtime checks declared names are ≤ 64).
 pub fn encode_prefix(out: &mut Vec<u8>, record_key: &[u8], name: &str) {
-    debug_assert!(record_key.len() <= RECORD_KEY_BYTES_MAX);
     debug_assert!(name.len() <= usize::from(u8::MAX));
     let key_len = u32::try_from(record_key.len()).expect("record keys are capped far below 4 GiB");
     let name_len = u8::try_from(name.len()).expect("state names are capped at 64 bytes");

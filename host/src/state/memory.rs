@@ -3,7 +3,8 @@
 //!
 //! Not durable: dropping the shard drops its state. Until checkpoints exist, a pipeline that
 //! restarts or loses a partition rebuilds it by re-reading the input from the beginning.
-//! Expired entries (TTL) read as absent and are removed when next written or scanned past.
+//! Expired entries (TTL) read as absent; they are dropped only when overwritten or deleted
+//! (the memory backend has no compaction; the LSM backend drops them in compaction).
 
 use super::{Shard, ShardId, StateBackend, StateError, StateWrite};
 use crate::clock::SharedClock;

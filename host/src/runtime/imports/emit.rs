@@ -1,6 +1,7 @@
 //! `weir:operator/emit`: stages output records for the record that emits them.
 
-use crate::runtime::batch::StagedEmit;
+use crate::runtime::StagedBytesExceeded;
+use crate::runtime::batch::{StagedEmit, emit_size};
 use crate::runtime::bindings::weir::operator::emit::{EmitError, Host};
 use crate::runtime::bindings::weir::operator::types::Header;
 use crate::runtime::host::HostCtx;
@@ -14,26 +15,28 @@ impl<S: Shard> Host for HostCtx<S> {
         value: Vec<u8>,
         headers: Vec<Header>,
     ) -> wasmtime::Result<Result<(), EmitError>> {
-        let limit = self
-            .meta
-            .as_ref()
-            .map_or(0, |m| m.limits.emit_bytes_per_record_max);
+        let (limit, staged_max) = self.meta.as_ref().map_or((0, 0), |m| {
+            (
+                m.limits.emit_bytes_per_record_max,
+                m.limits.batch_staged_bytes_max,
+            )
+        });
         let Some(emitted) = usize::try_from(record)
             .ok()
             .and_then(|i| self.batch.emitted_bytes.get_mut(i))
         else {
             return Ok(Err(EmitError::InvalidRecord(record)));
         };
-        let size = (key.len()
-            + value.len()
-            + headers
-                .iter()
-                .map(|h| h.name.len() + h.value.len())
-                .sum::<usize>()) as u64;
+        let size = emit_size(&key, &value, &headers);
         if emitted.saturating_add(size) > limit {
             return Ok(Err(EmitError::TooLarge(limit)));
         }
         *emitted += size;
+        if self.batch.staged_bytes().saturating_add(size) > staged_max {
+            return Err(wasmtime::Error::new(StagedBytesExceeded {
+                limit: staged_max,
+            }));
+        }
         self.batch.stage_emit(StagedEmit {
             record,
             key,

@@ -8,26 +8,33 @@
 //!
 //! [`BatchCtx`]: crate::runtime::batch::BatchCtx
 
-use crate::runtime::HostAbort;
-use crate::runtime::batch::Staged;
+use crate::runtime::batch::{ENTRY_OVERHEAD_BYTES, Staged};
 use crate::runtime::bindings::weir::operator::state::{Host, MapPage};
 use crate::runtime::bindings::weir::operator::types::{StateError as WitStateError, StateKind};
 use crate::runtime::host::{HostCtx, StateLookupError};
+use crate::runtime::{HostAbort, StagedBytesExceeded};
 use crate::state::{Shard, key};
 use bytes::Bytes;
 
 /// Largest page `map-iterate` returns, whatever the guest asks for.
 const MAP_PAGE_SIZE_MAX: u32 = 1024;
 
+/// Bytes (keys and values) after which a `map-iterate` page is cut short (it always holds at
+/// least one entry); `next` then points at the last entry returned.
+const MAP_PAGE_BYTES_MAX: usize = 4 << 20;
+
 type ImportResult<T> = wasmtime::Result<Result<T, WitStateError>>;
 
 impl<S: Shard> HostCtx<S> {
-    /// Checks `name` is a declared state of `kind` and returns (record key, ttl).
-    fn scope(
+    /// Checks that `name` is a declared state of `kind`, that `record` is in the batch and that
+    /// `map_key` (maps only) is within the limit, and returns the encoded state key (for a map
+    /// with `map_key = Some(b"")`, the prefix of all its entries) and the state's TTL.
+    fn resolve(
         &self,
         record: u32,
         name: &str,
         kind: StateKind,
+        map_key: Option<&[u8]>,
     ) -> Result<(Vec<u8>, Option<u64>), WitStateError> {
         let meta = self
             .meta
@@ -41,16 +48,49 @@ impl<S: Shard> HostCtx<S> {
             .batch
             .record_key(record)
             .ok_or(WitStateError::InvalidRecord(record))?;
-        Ok((record_key.to_vec(), descriptor.ttl_ms))
+        let map_key_max = meta.limits.state_map_key_bytes_max;
+        let key = match map_key {
+            Some(mk) if mk.len() as u64 > map_key_max => {
+                return Err(WitStateError::TooLarge(map_key_max));
+            }
+            Some(mk) => key::map_key(record_key, name, mk),
+            None => key::value_key(record_key, name),
+        };
+        Ok((key, descriptor.ttl_ms))
     }
 
-    fn limits(&self) -> (u64, u64) {
-        self.meta.as_ref().map_or((0, 0), |m| {
+    /// Stages `value` (or a tombstone) under a resolved key, checking the value size limit
+    /// (a guest-visible error) and the call's staging budget (a trap).
+    fn stage_value(
+        &mut self,
+        record: u32,
+        (key, ttl): (Vec<u8>, Option<u64>),
+        value: Option<Vec<u8>>,
+    ) -> ImportResult<()> {
+        let (value_max, staged_max) = self.meta.as_ref().map_or((0, 0), |m| {
             (
                 m.limits.state_value_bytes_max,
-                m.limits.state_map_key_bytes_max,
+                m.limits.batch_staged_bytes_max,
             )
-        })
+        });
+        if let Some(v) = &value
+            && v.len() as u64 > value_max
+        {
+            return Ok(Err(WitStateError::TooLarge(value_max)));
+        }
+        let size =
+            ENTRY_OVERHEAD_BYTES + key.len() as u64 + value.as_ref().map_or(0, |v| v.len() as u64);
+        if self.batch.staged_bytes().saturating_add(size) > staged_max {
+            return Err(wasmtime::Error::new(StagedBytesExceeded {
+                limit: staged_max,
+            }));
+        }
+        let staged = Staged {
+            expires_at_ms: value.as_ref().and(self.expiry(ttl)),
+            value: value.map(Bytes::from),
+        };
+        self.batch.stage(record, key, staged);
+        Ok(Ok(()))
     }
 
     fn expiry(&self, ttl_ms: Option<u64>) -> Option<u64> {
@@ -138,14 +178,20 @@ fn merge_into(
     }
 }
 
+/// Returns a guest-visible error from an import early.
+macro_rules! guest_try {
+    ($e:expr) => {
+        match $e {
+            Ok(v) => v,
+            Err(e) => return Ok(Err(e)),
+        }
+    };
+}
+
 impl<S: Shard> Host for HostCtx<S> {
     async fn value_get(&mut self, record: u32, name: String) -> ImportResult<Option<Vec<u8>>> {
-        let (record_key, _) = match self.scope(record, &name, StateKind::Value) {
-            Ok(s) => s,
-            Err(e) => return Ok(Err(e)),
-        };
-        let state_key = key::value_key(&record_key, &name);
-        Ok(Ok(self.read(&state_key).await?.map(|b| b.to_vec())))
+        let (key, _) = guest_try!(self.resolve(record, &name, StateKind::Value, None));
+        Ok(Ok(self.read(&key).await?.map(|b| b.to_vec())))
     }
 
     async fn get_many(
@@ -155,10 +201,7 @@ impl<S: Shard> Host for HostCtx<S> {
     ) -> ImportResult<Vec<Option<Vec<u8>>>> {
         let mut keys = Vec::with_capacity(names.len());
         for name in &names {
-            match self.scope(record, name, StateKind::Value) {
-                Ok((record_key, _)) => keys.push(key::value_key(&record_key, name)),
-                Err(e) => return Ok(Err(e)),
-            }
+            keys.push(guest_try!(self.resolve(record, name, StateKind::Value, None)).0);
         }
         let mut values: Vec<Option<Option<Bytes>>> =
             keys.iter().map(|k| self.batch.local_get(k)).collect();
@@ -180,35 +223,13 @@ impl<S: Shard> Host for HostCtx<S> {
     }
 
     async fn value_set(&mut self, record: u32, name: String, value: Vec<u8>) -> ImportResult<()> {
-        let (record_key, ttl) = match self.scope(record, &name, StateKind::Value) {
-            Ok(s) => s,
-            Err(e) => return Ok(Err(e)),
-        };
-        let (value_max, _) = self.limits();
-        if value.len() as u64 > value_max {
-            return Ok(Err(WitStateError::TooLarge(value_max)));
-        }
-        let staged = Staged {
-            value: Some(Bytes::from(value)),
-            expires_at_ms: self.expiry(ttl),
-        };
-        self.batch
-            .stage(record, key::value_key(&record_key, &name), staged);
-        Ok(Ok(()))
+        let resolved = guest_try!(self.resolve(record, &name, StateKind::Value, None));
+        self.stage_value(record, resolved, Some(value))
     }
 
     async fn value_clear(&mut self, record: u32, name: String) -> ImportResult<()> {
-        let (record_key, _) = match self.scope(record, &name, StateKind::Value) {
-            Ok(s) => s,
-            Err(e) => return Ok(Err(e)),
-        };
-        let staged = Staged {
-            value: None,
-            expires_at_ms: None,
-        };
-        self.batch
-            .stage(record, key::value_key(&record_key, &name), staged);
-        Ok(Ok(()))
+        let resolved = guest_try!(self.resolve(record, &name, StateKind::Value, None));
+        self.stage_value(record, resolved, None)
     }
 
     async fn map_get(
@@ -217,16 +238,8 @@ impl<S: Shard> Host for HostCtx<S> {
         name: String,
         map_key: Vec<u8>,
     ) -> ImportResult<Option<Vec<u8>>> {
-        let (record_key, _) = match self.scope(record, &name, StateKind::Map) {
-            Ok(s) => s,
-            Err(e) => return Ok(Err(e)),
-        };
-        let (_, map_key_max) = self.limits();
-        if map_key.len() as u64 > map_key_max {
-            return Ok(Err(WitStateError::TooLarge(map_key_max)));
-        }
-        let state_key = key::map_key(&record_key, &name, &map_key);
-        Ok(Ok(self.read(&state_key).await?.map(|b| b.to_vec())))
+        let (key, _) = guest_try!(self.resolve(record, &name, StateKind::Map, Some(&map_key)));
+        Ok(Ok(self.read(&key).await?.map(|b| b.to_vec())))
     }
 
     async fn map_put(
@@ -236,24 +249,8 @@ impl<S: Shard> Host for HostCtx<S> {
         map_key: Vec<u8>,
         value: Vec<u8>,
     ) -> ImportResult<()> {
-        let (record_key, ttl) = match self.scope(record, &name, StateKind::Map) {
-            Ok(s) => s,
-            Err(e) => return Ok(Err(e)),
-        };
-        let (value_max, map_key_max) = self.limits();
-        if map_key.len() as u64 > map_key_max {
-            return Ok(Err(WitStateError::TooLarge(map_key_max)));
-        }
-        if value.len() as u64 > value_max {
-            return Ok(Err(WitStateError::TooLarge(value_max)));
-        }
-        let staged = Staged {
-            value: Some(Bytes::from(value)),
-            expires_at_ms: self.expiry(ttl),
-        };
-        self.batch
-            .stage(record, key::map_key(&record_key, &name, &map_key), staged);
-        Ok(Ok(()))
+        let resolved = guest_try!(self.resolve(record, &name, StateKind::Map, Some(&map_key)));
+        self.stage_value(record, resolved, Some(value))
     }
 
     async fn map_remove(
@@ -262,21 +259,8 @@ impl<S: Shard> Host for HostCtx<S> {
         name: String,
         map_key: Vec<u8>,
     ) -> ImportResult<()> {
-        let (record_key, _) = match self.scope(record, &name, StateKind::Map) {
-            Ok(s) => s,
-            Err(e) => return Ok(Err(e)),
-        };
-        let (_, map_key_max) = self.limits();
-        if map_key.len() as u64 > map_key_max {
-            return Ok(Err(WitStateError::TooLarge(map_key_max)));
-        }
-        let staged = Staged {
-            value: None,
-            expires_at_ms: None,
-        };
-        self.batch
-            .stage(record, key::map_key(&record_key, &name, &map_key), staged);
-        Ok(Ok(()))
+        let resolved = guest_try!(self.resolve(record, &name, StateKind::Map, Some(&map_key)));
+        self.stage_value(record, resolved, None)
     }
 
     async fn map_iterate(
@@ -286,21 +270,24 @@ impl<S: Shard> Host for HostCtx<S> {
         start_after: Option<Vec<u8>>,
         page_size: u32,
     ) -> ImportResult<MapPage> {
-        let (record_key, _) = match self.scope(record, &name, StateKind::Map) {
-            Ok(s) => s,
-            Err(e) => return Ok(Err(e)),
-        };
+        let (prefix, _) = guest_try!(self.resolve(record, &name, StateKind::Map, Some(b"")));
         let page = page_size.clamp(1, MAP_PAGE_SIZE_MAX) as usize;
-        let mut prefix = Vec::new();
-        key::encode_prefix(&mut prefix, &record_key, &name);
         let cursor = start_after.map(|after| {
             let mut k = prefix.clone();
             k.extend_from_slice(&after);
             k
         });
         let mut entries = self.merged_scan(&prefix, cursor, page).await?;
-        let more = entries.len() > page;
+        let mut more = entries.len() > page;
         entries.truncate(page);
+        let mut bytes = 0;
+        if let Some(cut) = entries.iter().position(|(k, v)| {
+            bytes += k.len() + v.len();
+            bytes > MAP_PAGE_BYTES_MAX
+        }) {
+            entries.truncate(cut.max(1));
+            more = true;
+        }
         let entries: Vec<(Vec<u8>, Vec<u8>)> = entries
             .into_iter()
             .map(|(k, v)| (k[prefix.len()..].to_vec(), v.to_vec()))

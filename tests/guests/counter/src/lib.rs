@@ -5,6 +5,8 @@
 //! - `poison:reject` is rejected by the operator;
 //! - `poison:write-then-reject` writes state and emits, then rejects (effects must vanish);
 //! - `poison:alloc` allocates 1 GiB (hits the instance memory cap);
+//! - `poison:sleep` sleeps for an hour in a WASI timer (outside wasm, so only the host's
+//!   wall-clock cap can end it);
 //! - `probe:sandbox` emits what the guest can see of its environment, as JSON.
 
 use serde::Serialize;
@@ -40,6 +42,10 @@ impl Operator for Counter {
                 ctx.set(&COUNT, &1_000_000)?;
                 ctx.emit(record.key(), b"must not appear")?;
                 return Err(Reject::new("rejected after writing"));
+            }
+            b"poison:sleep" => {
+                std::thread::sleep(std::time::Duration::from_secs(3600));
+                return Err(Reject::new("woke up"));
             }
             b"poison:alloc" => {
                 let big = vec![1u8; 1 << 30];
