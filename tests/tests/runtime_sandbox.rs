@@ -239,3 +239,36 @@ async fn a_trapped_call_applies_nothing_and_reports_the_trap() {
         "nothing of the trapped batch reached the shard"
     );
 }
+
+#[tokio::test]
+async fn a_call_staging_more_than_its_byte_budget_traps() {
+    let settings = RuntimeSettings {
+        batch_staged_bytes_max: 300,
+        ..RuntimeSettings::default()
+    };
+    let clock: SharedClock = Arc::new(SystemClock);
+    let rt = Runtime::<MemoryShard>::new(&settings, clock).expect("engine configures");
+    let op = rt.load_operator(&guest("word_count")).await.expect("loads");
+    let shard = shard().await;
+    let mut inst = op
+        .instantiate(Some(shard.clone()), "t/0".into())
+        .await
+        .expect("instantiates");
+    let line = "one two three four five six seven eight nine ten";
+    let batch = prefetch(
+        &*shard,
+        &op.meta().value_states,
+        Arc::new(vec![record("doc", line, 0)]),
+    )
+    .await
+    .expect("prefetch");
+    let err = inst
+        .call_batch(batch, Duration::from_secs(5))
+        .await
+        .expect_err("the budget stops it");
+    assert!(
+        err.to_string().contains("staged more than 300 bytes"),
+        "{err}"
+    );
+    assert!(shard.is_empty(), "nothing of the call reached the shard");
+}

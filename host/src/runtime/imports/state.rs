@@ -332,4 +332,120 @@ mod tests {
             ]
         );
     }
+
+    mod paging {
+        use super::super::*;
+        use crate::clock::{ManualClock, SharedClock};
+        use crate::runtime::batch::BatchCtx;
+        use crate::runtime::bindings::{InputRecord, StateDescriptor};
+        use crate::runtime::guest_log::GuestLog;
+        use crate::runtime::host::{CallLimits, OperatorMeta};
+        use crate::runtime::wasi::deny_all_ctx;
+        use crate::state::memory::{MemoryBackend, MemoryShard};
+        use crate::state::{ShardId, StateBackend, StateWrite};
+        use proptest::prelude::*;
+        use std::collections::{BTreeMap, HashMap};
+        use std::sync::Arc;
+
+        const MAP: &str = "m";
+
+        fn host(shard: Arc<MemoryShard>, clock: SharedClock) -> HostCtx<MemoryShard> {
+            let mut states = HashMap::new();
+            states.insert(
+                MAP.to_owned(),
+                StateDescriptor {
+                    name: MAP.to_owned(),
+                    kind: StateKind::Map,
+                    ttl_ms: None,
+                },
+            );
+            let meta = OperatorMeta {
+                name: "t".into(),
+                version: "0".into(),
+                states,
+                value_states: Vec::new(),
+                limits: CallLimits {
+                    state_value_bytes_max: 1 << 20,
+                    state_map_key_bytes_max: 4 << 10,
+                    emit_bytes_per_record_max: 1 << 20,
+                    batch_staged_bytes_max: 1 << 30,
+                },
+            };
+            let log = GuestLog::new("t/0".into(), clock.clone(), 100);
+            let mut ctx = HostCtx::new(
+                deny_all_ctx(&log),
+                wasmtime::StoreLimits::default(),
+                Some(shard),
+                Some(Arc::new(meta)),
+                clock,
+                log,
+            );
+            let record = InputRecord {
+                key: b"k".to_vec(),
+                value: Vec::new(),
+                timestamp_ms: 0,
+                headers: Vec::new(),
+                topic: "t".into(),
+                partition: 0,
+                offset: 0,
+            };
+            ctx.batch = BatchCtx::new(Arc::new(vec![record]));
+            ctx
+        }
+
+        proptest! {
+            /// Paging a map with `map-iterate` at any page size returns exactly the entries of a
+            /// `BTreeMap` model of stored entries overlaid with this call's staged puts and
+            /// removes, in order, each once, and ends with `next = none`.
+            #[test]
+            fn map_iterate_pages_agree_with_a_model(
+                stored in proptest::collection::btree_map(0u8..16, 0u8..255, 0..12),
+                staged in proptest::collection::vec((0u8..16, proptest::option::of(0u8..255)), 0..12),
+                page_size in 1u32..5,
+            ) {
+                let clock: SharedClock = Arc::new(ManualClock::new(0));
+                let backend = MemoryBackend::new(clock.clone());
+                let id = ShardId { pipeline: "t".into(), partition: 0 };
+                let shard = Arc::new(futures::executor::block_on(backend.open_shard(&id)).expect("opens"));
+                let writes = stored.iter().map(|(k, v)| StateWrite {
+                    key: crate::state::key::map_key(b"k", MAP, &[*k]),
+                    value: Some(Bytes::from(vec![*v])),
+                    expires_at_ms: None,
+                }).collect();
+                futures::executor::block_on(shard.apply(writes)).expect("applies");
+                let mut model: BTreeMap<Vec<u8>, Vec<u8>> =
+                    stored.iter().map(|(k, v)| (vec![*k], vec![*v])).collect();
+                let mut ctx = host(shard, clock);
+                let pages = futures::executor::block_on(async {
+                    for (k, v) in &staged {
+                        let r = match v {
+                            Some(v) => ctx.map_put(0, MAP.into(), vec![*k], vec![*v]).await,
+                            None => ctx.map_remove(0, MAP.into(), vec![*k]).await,
+                        };
+                        assert!(matches!(r, Ok(Ok(()))));
+                    }
+                    let mut seen = Vec::new();
+                    let mut cursor = None;
+                    loop {
+                        let page = ctx.map_iterate(0, MAP.into(), cursor.clone(), page_size).await;
+                        let Ok(Ok(page)) = page else { panic!("map-iterate failed") };
+                        assert!(page.entries.len() <= page_size as usize);
+                        seen.extend(page.entries);
+                        match page.next {
+                            Some(next) => cursor = Some(next),
+                            None => return seen,
+                        }
+                    }
+                });
+                for (k, v) in &staged {
+                    match v {
+                        Some(v) => { model.insert(vec![*k], vec![*v]); }
+                        None => { model.remove(&vec![*k]); }
+                    }
+                }
+                let want: Vec<(Vec<u8>, Vec<u8>)> = model.into_iter().collect();
+                prop_assert_eq!(pages, want);
+            }
+        }
+    }
 }
