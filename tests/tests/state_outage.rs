@@ -209,3 +209,160 @@ async fn outage_during_a_guest_call_aborts_and_retries_the_record() -> anyhow::R
     assert_eq!(a, (1..=150).collect::<Vec<u64>>());
     Ok(())
 }
+
+/// A backend whose partition-0 shard fails every operation while `down` is set.
+#[derive(Debug)]
+struct OutageBackend {
+    inner: MemoryBackend,
+    down: Arc<std::sync::atomic::AtomicBool>,
+}
+
+#[derive(Debug)]
+struct OutageShard {
+    inner: MemoryShard,
+    down: Option<Arc<std::sync::atomic::AtomicBool>>,
+}
+
+impl OutageShard {
+    fn check(&self) -> Result<(), StateError> {
+        match &self.down {
+            Some(down) if down.load(Ordering::SeqCst) => Err(StateError::Unavailable {
+                shard: "test/0".into(),
+                source: "injected outage".into(),
+            }),
+            _ => Ok(()),
+        }
+    }
+}
+
+impl StateBackend for OutageBackend {
+    type Shard = OutageShard;
+    async fn open_shard(&self, id: &ShardId) -> Result<OutageShard, StateError> {
+        Ok(OutageShard {
+            inner: self.inner.open_shard(id).await?,
+            down: (id.partition == 0).then(|| self.down.clone()),
+        })
+    }
+}
+
+impl Shard for OutageShard {
+    async fn get(&self, key: &[u8]) -> Result<Option<Bytes>, StateError> {
+        self.check()?;
+        self.inner.get(key).await
+    }
+    async fn get_many(&self, keys: &[Vec<u8>]) -> Result<Vec<Option<Bytes>>, StateError> {
+        self.check()?;
+        self.inner.get_many(keys).await
+    }
+    async fn scan(
+        &self,
+        prefix: &[u8],
+        after: Option<&[u8]>,
+        limit: usize,
+    ) -> Result<Vec<(Vec<u8>, Bytes)>, StateError> {
+        self.check()?;
+        self.inner.scan(prefix, after, limit).await
+    }
+    async fn apply(&self, writes: Vec<StateWrite>) -> Result<(), StateError> {
+        self.check()?;
+        self.inner.apply(writes).await
+    }
+}
+
+/// While partition 0's state is down for good, its fetching is paused and partition 1 runs to
+/// the end; when the outage ends, partition 0 resumes and loses or repeats nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outage_on_one_partition_pauses_it_while_the_others_go_on() -> anyhow::Result<()> {
+    init_tracing();
+    let (input, output, dlq) = (unique("in"), unique("out"), unique("dlq"));
+    create_topics(&[(&input, 2), (&output, 2), (&dlq, 1)]).await?;
+    let per_partition = 3_000;
+    for partition in 0..2 {
+        let records: Vec<(Vec<u8>, Vec<u8>)> = (0..per_partition)
+            .map(|i| {
+                (
+                    format!("p{partition}-k{}", i % 5).into_bytes(),
+                    b"v".to_vec(),
+                )
+            })
+            .collect();
+        produce(&input, partition, &records).await?;
+    }
+    let runtime = RuntimeSettings {
+        batch_records_max: 50,
+        partition_queue_batches_max: 2,
+        ..RuntimeSettings::default()
+    };
+    let settings = settings(guest("weir_test_counter"), &input, &output, &dlq, runtime);
+    let clock: SharedClock = Arc::new(SystemClock);
+    let stats = Arc::new(PipelineStats::default());
+    let down = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let backend = Arc::new(OutageBackend {
+        inner: MemoryBackend::new(clock.clone()),
+        down: down.clone(),
+    });
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(pipeline::run(
+        settings,
+        backend,
+        clock,
+        stats.clone(),
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    // Partition 1 finishes although partition 0 cannot make progress.
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    while stats.records_done() < per_partition as u64 {
+        anyhow::ensure!(!task.is_finished(), "pipeline ended early");
+        anyhow::ensure!(
+            std::time::Instant::now() < deadline,
+            "partition 1 stalled at {}",
+            stats.records_done()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        stats.records_done(),
+        per_partition as u64,
+        "partition 0 made no progress while down"
+    );
+    down.store(false, Ordering::SeqCst);
+    while stats.records_done() < 2 * per_partition as u64 {
+        anyhow::ensure!(!task.is_finished(), "pipeline ended early");
+        anyhow::ensure!(
+            std::time::Instant::now() < deadline,
+            "partition 0 did not resume: {}",
+            stats.records_done()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let out = read_exactly(
+        &output,
+        2 * per_partition,
+        Duration::from_secs(60),
+        Duration::from_secs(2),
+    )
+    .await?;
+    assert_eq!(stats.dead_lettered.load(Ordering::Relaxed), 0);
+    let mut counts: BTreeMap<Vec<u8>, Vec<u64>> = BTreeMap::new();
+    for msg in &out {
+        let v: serde_json::Value = serde_json::from_slice(msg.payload().unwrap_or_default())?;
+        counts
+            .entry(msg.key().unwrap_or_default().to_vec())
+            .or_default()
+            .push(v["count"].as_u64().unwrap_or(0));
+    }
+    assert_eq!(counts.len(), 10);
+    for (key, seen) in counts {
+        assert_eq!(
+            seen,
+            (1..=600).collect::<Vec<u64>>(),
+            "key {}",
+            String::from_utf8_lossy(&key)
+        );
+    }
+    let _ = stop.send(());
+    task.await??;
+    Ok(())
+}

@@ -80,6 +80,9 @@ pub enum PipelineError {
 /// How often a paused partition's pending records are offered to its worker again.
 const PAUSED_RETRY_INTERVAL: Duration = Duration::from_millis(5);
 
+/// How long the consumer loop waits for room in a worker's queue before pausing the partition.
+const PAUSE_AFTER: Duration = Duration::from_millis(100);
+
 struct WorkerHandle {
     tx: mpsc::Sender<Vec<InputRecord>>,
     task: JoinHandle<Result<(), WorkerError>>,
@@ -224,10 +227,11 @@ impl<B: StateBackend> Running<B> {
     }
 
     /// Hands the partition's pending records to its worker in batches of at most
-    /// `batch_records_max`. With `consumer`, never waits: when the worker's queue is full the
-    /// rest stays pending and the partition is paused at the consumer (so one slow partition does
-    /// not hold up the others), and resumed once everything is handed over. Without it (when
-    /// draining), waits for room.
+    /// `batch_records_max`. A busy worker frees room within a batch's time, so this waits up to
+    /// [`PAUSE_AFTER`] for room (backpressure as usual); a worker stuck longer (retrying through
+    /// a state outage) gets its partition paused at the consumer, the records stay pending, and
+    /// the other partitions go on; it is resumed once everything is handed over. Without
+    /// `consumer` (when draining), waits for room as long as it takes.
     async fn send_pending(
         &mut self,
         partition: i32,
@@ -239,29 +243,32 @@ impl<B: StateBackend> Running<B> {
         let batch_max = self.settings.runtime.batch_records_max;
         let tx = self.worker(partition).await?.tx.clone();
         while !records.is_empty() {
-            let rest = records.split_off(records.len().min(batch_max));
-            let batch = std::mem::replace(&mut records, rest);
-            let full = match consumer {
-                Some(_) => match tx.try_send(batch) {
-                    Ok(()) => None,
-                    Err(mpsc::error::TrySendError::Full(batch)) => Some(batch),
-                    Err(mpsc::error::TrySendError::Closed(_)) => {
-                        return Err(self.worker_failure(partition).await);
+            let permit = match consumer {
+                None => tx.reserve().await.ok(),
+                Some(_) if self.paused.contains(&partition) => match tx.try_reserve() {
+                    Ok(permit) => Some(permit),
+                    Err(mpsc::error::TrySendError::Full(())) => {
+                        self.pending.insert(partition, records);
+                        return Ok(());
+                    }
+                    Err(mpsc::error::TrySendError::Closed(())) => None,
+                },
+                Some(consumer) => match tokio::time::timeout(PAUSE_AFTER, tx.reserve()).await {
+                    Ok(permit) => permit.ok(),
+                    Err(_still_full) => {
+                        self.pending.insert(partition, records);
+                        self.paused.insert(partition);
+                        self.set_paused(consumer, partition, true);
+                        return Ok(());
                     }
                 },
-                None => match tx.send(batch).await {
-                    Ok(()) => None,
-                    Err(_) => return Err(self.worker_failure(partition).await),
-                },
             };
-            if let (Some(mut batch), Some(consumer)) = (full, consumer) {
-                batch.append(&mut records);
-                self.pending.insert(partition, batch);
-                if self.paused.insert(partition) {
-                    self.set_paused(consumer, partition, true);
-                }
-                return Ok(());
-            }
+            let Some(permit) = permit else {
+                // The worker's queue is closed: it ended with an error. Report it.
+                return Err(self.worker_failure(partition).await);
+            };
+            let rest = records.split_off(records.len().min(batch_max));
+            permit.send(std::mem::replace(&mut records, rest));
         }
         if let Some(consumer) = consumer
             && self.paused.remove(&partition)
