@@ -174,6 +174,9 @@ pub async fn run(opts: DevOptions) -> Result<(), DevError> {
     let limit = Duration::from_secs(600);
     let started = Instant::now();
     let mut produced = 0u64;
+    // When the first records were done, and how many: the processing rate from there on
+    // excludes the consumer group join.
+    let mut first_done: Option<(Instant, u64)> = None;
     let mut last_report = Instant::now();
     let loader = flights::Loader::new(&bootstrap)?;
     for chunk in flights.chunks(REPLAY_CHUNK_RECORDS) {
@@ -181,7 +184,10 @@ pub async fn run(opts: DevOptions) -> Result<(), DevError> {
             if started.elapsed() > limit || pipeline.is_finished() {
                 break;
             }
-            tokio::time::sleep(Duration::from_millis(2)).await;
+            if first_done.is_none() && stats.records_done() > 0 {
+                first_done = Some((Instant::now(), stats.records_done()));
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
         }
         produced += loader.produce(&input, chunk).await?;
         if last_report.elapsed() >= Duration::from_secs(2) {
@@ -193,9 +199,13 @@ pub async fn run(opts: DevOptions) -> Result<(), DevError> {
         }
     }
     while stats.records_done() < loaded && started.elapsed() < limit && !pipeline.is_finished() {
-        tokio::time::sleep(Duration::from_millis(5)).await;
+        if first_done.is_none() && stats.records_done() > 0 {
+            first_done = Some((Instant::now(), stats.records_done()));
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
     }
     let elapsed = started.elapsed();
+    let steady = first_done.map(|(at, done)| ((loaded - done) as f64) / at.elapsed().as_secs_f64());
     let _ = stop_tx.send(());
     match pipeline.await {
         Ok(result) => result?,
@@ -211,7 +221,7 @@ pub async fn run(opts: DevOptions) -> Result<(), DevError> {
     let emitted = stats.emitted.load(Ordering::Relaxed);
     let finals = reader.finish(emitted, Duration::from_secs(120)).await?;
     drop(loader);
-    print_summary(&stats, loaded, elapsed, &finals);
+    print_summary(&stats, loaded, elapsed, steady, &finals);
     Ok(())
 }
 
@@ -295,6 +305,7 @@ fn print_summary(
     stats: &PipelineStats,
     loaded: u64,
     elapsed: Duration,
+    steady: Option<f64>,
     finals: &BTreeMap<String, RouteStats>,
 ) {
     let calls = stats.guest_calls.load(Ordering::Relaxed);
@@ -304,6 +315,9 @@ fn print_summary(
         "replayed and processed {loaded} flights in {elapsed:.2?}: {:.0} records/s end to end",
         loaded as f64 / elapsed.as_secs_f64()
     );
+    if let Some(rate) = steady {
+        println!("after the first records were done (consumer group joined): {rate:.0} records/s");
+    }
     println!(
         "guest calls: {calls} ({:.0} records/call), {:.2} µs of guest-call time per record",
         loaded as f64 / calls.max(1) as f64,
