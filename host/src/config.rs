@@ -262,6 +262,19 @@ impl Settings {
         if r.instance_memory_bytes_max < (1 << 20) {
             problems.push("runtime.instance_memory_bytes_max must be at least 1 MiB".to_owned());
         }
+        if r.outage_backoff_min < Duration::from_millis(1) {
+            problems.push("runtime.outage_backoff_min must be at least 1ms".to_owned());
+        }
+        let one_record = r.state_value_bytes_max
+            + r.state_map_key_bytes_max
+            + r.emit_bytes_per_record_max
+            + (1 << 10);
+        if r.batch_staged_bytes_max < one_record {
+            problems.push(format!(
+                "runtime.batch_staged_bytes_max must hold at least one largest write and one record's emits ({one_record} bytes). value={}",
+                r.batch_staged_bytes_max
+            ));
+        }
         if r.partition_queue_batches_max == 0 {
             problems.push("runtime.partition_queue_batches_max must be at least 1".to_owned());
         }

@@ -173,7 +173,7 @@ async fn guest_blocked_in_a_wasi_timer_is_ended_by_the_wall_clock_cap() -> anyho
         batch_records_max: 100,
         record_deadline: Duration::from_millis(50),
         batch_deadline_max: Duration::from_millis(200),
-        call_io_allowance: Duration::from_millis(500),
+        call_io_allowance: Duration::from_secs(2),
         ..RuntimeSettings::default()
     };
     let (kind, error, _) = run_counter_with_poison(b"poison:sleep", runtime).await?;

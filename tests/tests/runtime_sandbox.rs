@@ -7,7 +7,9 @@ use std::time::Duration;
 use weir_host::clock::{SharedClock, SystemClock};
 use weir_host::config::RuntimeSettings;
 use weir_host::pipeline::worker::prefetch;
-use weir_host::runtime::{Disposition, InputRecord, Instance, Operator, Runtime, RuntimeError};
+use weir_host::runtime::{
+    CallError, Disposition, InputRecord, Instance, Operator, Runtime, RuntimeError,
+};
 use weir_host::state::memory::{MemoryBackend, MemoryShard};
 use weir_host::state::{Shard, ShardId, StateBackend};
 use weir_tests::guest;
@@ -267,8 +269,8 @@ async fn a_call_staging_more_than_its_byte_budget_traps() {
         .await
         .expect_err("the budget stops it");
     assert!(
-        err.to_string().contains("staged more than 300 bytes"),
-        "{err}"
+        matches!(&err, CallError::Trap { deadline: false, message } if message.contains("staged more than 300 bytes")),
+        "a guest fault, not an outage: {err:?}"
     );
     assert!(shard.is_empty(), "nothing of the call reached the shard");
 }

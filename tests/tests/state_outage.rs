@@ -210,28 +210,40 @@ async fn outage_during_a_guest_call_aborts_and_retries_the_record() -> anyhow::R
     Ok(())
 }
 
-/// A backend whose partition-0 shard fails every operation while `down` is set.
+/// A backend whose partition-0 shard fails every operation while `down` is set, or, with
+/// `hang`, does not answer until `down` is cleared (a store that stops responding).
 #[derive(Debug)]
 struct OutageBackend {
     inner: MemoryBackend,
     down: Arc<std::sync::atomic::AtomicBool>,
+    hang: bool,
 }
 
 #[derive(Debug)]
 struct OutageShard {
     inner: MemoryShard,
     down: Option<Arc<std::sync::atomic::AtomicBool>>,
+    hang: bool,
 }
 
 impl OutageShard {
-    fn check(&self) -> Result<(), StateError> {
-        match &self.down {
-            Some(down) if down.load(Ordering::SeqCst) => Err(StateError::Unavailable {
+    async fn check(&self) -> Result<(), StateError> {
+        let Some(down) = &self.down else {
+            return Ok(());
+        };
+        if self.hang {
+            while down.load(Ordering::SeqCst) {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            return Ok(());
+        }
+        if down.load(Ordering::SeqCst) {
+            return Err(StateError::Unavailable {
                 shard: "test/0".into(),
                 source: "injected outage".into(),
-            }),
-            _ => Ok(()),
+            });
         }
+        Ok(())
     }
 }
 
@@ -241,17 +253,18 @@ impl StateBackend for OutageBackend {
         Ok(OutageShard {
             inner: self.inner.open_shard(id).await?,
             down: (id.partition == 0).then(|| self.down.clone()),
+            hang: self.hang,
         })
     }
 }
 
 impl Shard for OutageShard {
     async fn get(&self, key: &[u8]) -> Result<Option<Bytes>, StateError> {
-        self.check()?;
+        self.check().await?;
         self.inner.get(key).await
     }
     async fn get_many(&self, keys: &[Vec<u8>]) -> Result<Vec<Option<Bytes>>, StateError> {
-        self.check()?;
+        self.check().await?;
         self.inner.get_many(keys).await
     }
     async fn scan(
@@ -260,13 +273,81 @@ impl Shard for OutageShard {
         after: Option<&[u8]>,
         limit: usize,
     ) -> Result<Vec<(Vec<u8>, Bytes)>, StateError> {
-        self.check()?;
+        self.check().await?;
         self.inner.scan(prefix, after, limit).await
     }
     async fn apply(&self, writes: Vec<StateWrite>) -> Result<(), StateError> {
-        self.check()?;
+        self.check().await?;
         self.inner.apply(writes).await
     }
+}
+
+/// A state read that hangs inside a guest call hits the call's wall-clock cap while the host
+/// waits on storage: that is an outage (retried), never the record's fault (dead-lettered).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_state_read_that_hangs_is_retried_not_dead_lettered() -> anyhow::Result<()> {
+    init_tracing();
+    let (input, output, dlq) = (unique("in"), unique("out"), unique("dlq"));
+    create_topics(&[(&input, 1), (&output, 1), (&dlq, 1)]).await?;
+    let records: Vec<(Vec<u8>, Vec<u8>)> =
+        (0..20).map(|_| (b"doc".to_vec(), b"a".to_vec())).collect();
+    produce(&input, 0, &records).await?;
+    let runtime = RuntimeSettings {
+        record_deadline: Duration::from_millis(20),
+        batch_deadline_max: Duration::from_millis(100),
+        call_io_allowance: Duration::from_millis(200),
+        outage_backoff_min: Duration::from_millis(10),
+        ..RuntimeSettings::default()
+    };
+    let settings = settings(guest("word_count"), &input, &output, &dlq, runtime);
+    let clock: SharedClock = Arc::new(SystemClock);
+    let stats = Arc::new(PipelineStats::default());
+    let down = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let backend = Arc::new(OutageBackend {
+        inner: MemoryBackend::new(clock.clone()),
+        down: down.clone(),
+        hang: true,
+    });
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(pipeline::run(
+        settings,
+        backend,
+        clock,
+        stats.clone(),
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while stats.calls_aborted.load(Ordering::Relaxed) < 2 {
+        anyhow::ensure!(!task.is_finished(), "pipeline ended early");
+        anyhow::ensure!(std::time::Instant::now() < deadline, "no call was aborted");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    down.store(false, Ordering::SeqCst);
+    while stats.records_done() < 20 {
+        anyhow::ensure!(!task.is_finished(), "pipeline ended early");
+        anyhow::ensure!(
+            std::time::Instant::now() < deadline,
+            "stalled at {}",
+            stats.records_done()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let out = read_exactly(&output, 20, Duration::from_secs(60), Duration::from_secs(2)).await?;
+    assert_eq!(stats.dead_lettered.load(Ordering::Relaxed), 0);
+    assert_eq!(stats.traps.load(Ordering::Relaxed), 0);
+    let counts: Vec<u64> = out
+        .iter()
+        .filter_map(|m| {
+            serde_json::from_slice::<serde_json::Value>(m.payload().unwrap_or_default()).ok()
+        })
+        .map(|v| v["count"].as_u64().unwrap_or(0))
+        .collect();
+    assert_eq!(counts, (1..=20).collect::<Vec<u64>>());
+    let _ = stop.send(());
+    task.await??;
+    Ok(())
 }
 
 /// While partition 0's state is down for good, its fetching is paused and partition 1 runs to
@@ -300,6 +381,7 @@ async fn outage_on_one_partition_pauses_it_while_the_others_go_on() -> anyhow::R
     let backend = Arc::new(OutageBackend {
         inner: MemoryBackend::new(clock.clone()),
         down: down.clone(),
+        hang: false,
     });
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let task = tokio::spawn(pipeline::run(

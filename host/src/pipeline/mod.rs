@@ -23,7 +23,7 @@ use rdkafka::topic_partition_list::TopicPartitionList;
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -48,6 +48,10 @@ pub struct PipelineStats {
     pub traps: AtomicU64,
     /// Retries after a state backend outage.
     pub outage_retries: AtomicU64,
+    /// Guest calls aborted by the host because the state backend failed mid-call.
+    pub calls_aborted: AtomicU64,
+    /// Times a partition was paused at the consumer because its worker was stalled.
+    pub partition_pauses: AtomicU64,
 }
 
 impl PipelineStats {
@@ -80,11 +84,14 @@ pub enum PipelineError {
 /// How often a paused partition's pending records are offered to its worker again.
 const PAUSED_RETRY_INTERVAL: Duration = Duration::from_millis(5);
 
-/// How long the consumer loop waits for room in a worker's queue before pausing the partition.
-const PAUSE_AFTER: Duration = Duration::from_millis(100);
+/// How often the consumer loop, waiting for room in a worker's queue, checks whether the
+/// worker is stalled by an outage (and the partition should be paused instead).
+const STALL_CHECK_INTERVAL: Duration = Duration::from_millis(50);
 
 struct WorkerHandle {
     tx: mpsc::Sender<Vec<InputRecord>>,
+    /// Set by the worker while it backs off from a state outage.
+    stalled: Arc<AtomicBool>,
     task: JoinHandle<Result<(), WorkerError>>,
 }
 
@@ -227,11 +234,10 @@ impl<B: StateBackend> Running<B> {
     }
 
     /// Hands the partition's pending records to its worker in batches of at most
-    /// `batch_records_max`. A busy worker frees room within a batch's time, so this waits up to
-    /// [`PAUSE_AFTER`] for room (backpressure as usual); a worker stuck longer (retrying through
-    /// a state outage) gets its partition paused at the consumer, the records stay pending, and
-    /// the other partitions go on; it is resumed once everything is handed over. Without
-    /// `consumer` (when draining), waits for room as long as it takes.
+    /// `batch_records_max`. A busy worker gets plain backpressure (this waits for room); a
+    /// worker backing off from a state outage gets its partition paused at the consumer instead,
+    /// the records stay pending and the other partitions go on; it is resumed once everything is
+    /// handed over. Without `consumer` (when draining), waits for room as long as it takes.
     async fn send_pending(
         &mut self,
         partition: i32,
@@ -241,7 +247,10 @@ impl<B: StateBackend> Running<B> {
             return Ok(());
         };
         let batch_max = self.settings.runtime.batch_records_max;
-        let tx = self.worker(partition).await?.tx.clone();
+        let (tx, stalled) = {
+            let worker = self.worker(partition).await?;
+            (worker.tx.clone(), worker.stalled.clone())
+        };
         while !records.is_empty() {
             let permit = match consumer {
                 None => tx.reserve().await.ok(),
@@ -253,13 +262,16 @@ impl<B: StateBackend> Running<B> {
                     }
                     Err(mpsc::error::TrySendError::Closed(())) => None,
                 },
-                Some(consumer) => match tokio::time::timeout(PAUSE_AFTER, tx.reserve()).await {
-                    Ok(permit) => permit.ok(),
-                    Err(_still_full) => {
-                        self.pending.insert(partition, records);
-                        self.paused.insert(partition);
-                        self.set_paused(consumer, partition, true);
-                        return Ok(());
+                Some(consumer) => loop {
+                    match tokio::time::timeout(STALL_CHECK_INTERVAL, tx.reserve()).await {
+                        Ok(permit) => break permit.ok(),
+                        Err(_still_full) if stalled.load(Ordering::Relaxed) => {
+                            self.pending.insert(partition, records);
+                            self.paused.insert(partition);
+                            self.set_paused(consumer, partition, true);
+                            return Ok(());
+                        }
+                        Err(_still_full) => {}
                     }
                 },
             };
@@ -289,8 +301,11 @@ impl<B: StateBackend> Running<B> {
         } else {
             consumer.resume(&tpl)
         };
+        if paused {
+            self.stats.partition_pauses.fetch_add(1, Ordering::Relaxed);
+        }
         match result {
-            Ok(()) => tracing::debug!(partition, paused, "partition fetch state changed"),
+            Ok(()) => tracing::info!(partition, paused, "partition fetch state changed"),
             Err(err) => {
                 tracing::warn!(partition, paused, error = %err, "cannot change partition fetch state")
             }
@@ -310,6 +325,7 @@ impl<B: StateBackend> Running<B> {
                     .map_err(PipelineError::State)?,
             );
             let (tx, rx) = mpsc::channel(self.settings.runtime.partition_queue_batches_max);
+            let stalled = Arc::new(AtomicBool::new(false));
             let worker = PartitionWorker {
                 partition,
                 operator: self.operator.clone(),
@@ -323,9 +339,11 @@ impl<B: StateBackend> Running<B> {
                 stats: self.stats.clone(),
                 source: format!("{}/{}", self.settings.pipeline.name, partition).into(),
                 instance: None,
+                stalled: stalled.clone(),
             };
             let task = tokio::spawn(worker.run(rx));
-            self.workers.insert(partition, WorkerHandle { tx, task });
+            self.workers
+                .insert(partition, WorkerHandle { tx, stalled, task });
         }
         Ok(self
             .workers

@@ -22,7 +22,7 @@ use crate::sink::{DeadLetterKind, Sink, SinkError};
 use crate::state::{Shard, StateError, key};
 use std::collections::HashSet;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
@@ -98,6 +98,8 @@ pub(crate) struct PartitionWorker<S: Shard> {
     pub stats: Arc<PipelineStats>,
     pub source: Arc<str>,
     pub instance: Option<Instance<S>>,
+    /// Raised while backing off from an outage, so the consumer loop pauses the partition.
+    pub stalled: Arc<AtomicBool>,
 }
 
 impl<S: Shard> PartitionWorker<S> {
@@ -130,7 +132,10 @@ impl<S: Shard> PartitionWorker<S> {
         let mut backoff = self.settings.outage_backoff_min;
         loop {
             match self.attempt(records.clone(), deadline, n > 1).await? {
-                Ok(()) => return Ok(()),
+                Ok(()) => {
+                    self.stalled.store(false, Ordering::Relaxed);
+                    return Ok(());
+                }
                 Err(Attempt::Unavailable(err)) => {
                     self.pause(&err, &mut backoff).await;
                 }
@@ -151,12 +156,14 @@ impl<S: Shard> PartitionWorker<S> {
                 }
             }
         }
+        self.stalled.store(false, Ordering::Relaxed);
         Ok(())
     }
 
     async fn pause(&mut self, err: &StateError, backoff: &mut Duration) {
         tracing::warn!(partition = self.partition, error = %err, retry_in = ?*backoff, "state backend unavailable; partition paused");
         self.stats.outage_retries.fetch_add(1, Ordering::Relaxed);
+        self.stalled.store(true, Ordering::Relaxed);
         tokio::time::sleep(*backoff).await;
         *backoff = (*backoff * 2).min(BACKOFF_MAX);
     }
@@ -189,6 +196,7 @@ impl<S: Shard> PartitionWorker<S> {
                 // An error out of a call leaves the store unusable (wasmtime marks it trapped),
                 // so the instance goes even though the guest did nothing wrong.
                 self.instance = None;
+                self.stats.calls_aborted.fetch_add(1, Ordering::Relaxed);
                 return Ok(Err(Attempt::Unavailable(err)));
             }
             Err(fault) => {

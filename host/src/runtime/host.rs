@@ -77,6 +77,9 @@ pub struct HostCtx<S> {
     pub(crate) log: GuestLog,
     /// Epoch ticks the current call may still run for.
     pub(crate) deadline_ticks_left: u64,
+    /// Whether the call is waiting on the shard right now (so that a call ended by the
+    /// wall-clock cap while waiting is reported as an outage, not as the guest's fault).
+    pub(crate) waiting_on_state: bool,
 }
 
 impl<S> std::fmt::Debug for HostCtx<S> {
@@ -107,6 +110,7 @@ impl<S: Shard> HostCtx<S> {
             clock,
             log,
             deadline_ticks_left: 0,
+            waiting_on_state: false,
         }
     }
 }

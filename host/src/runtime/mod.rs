@@ -430,6 +430,7 @@ impl<S: Shard> Instance<S> {
         let records = batch.records.clone();
         let data = self.store.data_mut();
         data.log.take_recent_stderr();
+        data.waiting_on_state = false;
         data.batch = batch;
         data.deadline_ticks_left = ticks(deadline);
         self.store.set_epoch_deadline(1);
@@ -442,6 +443,15 @@ impl<S: Shard> Instance<S> {
             .call_process_batch(&mut self.store, &records);
         let result = match tokio::time::timeout(wall_clock_max, call).await {
             Ok(result) => result,
+            Err(_elapsed) if self.store.data().waiting_on_state => {
+                // Stuck on storage, not on the guest: an outage, retried, never dead-lettered.
+                return Err(CallError::Aborted(HostAbort::State(
+                    StateError::Unavailable {
+                        shard: "(state read)".into(),
+                        source: format!("state read still waiting after {wall_clock_max:?}").into(),
+                    },
+                )));
+            }
             Err(_elapsed) => {
                 return Err(CallError::Trap {
                     message: format!(

@@ -9,7 +9,7 @@ use crate::config::Settings;
 use crate::runtime::{Header, InputRecord};
 use rdkafka::ClientContext;
 use rdkafka::config::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, ConsumerContext, Rebalance, StreamConsumer};
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance, StreamConsumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::{BorrowedMessage, Headers, Message};
 use std::sync::{Arc, Mutex};
@@ -30,6 +30,18 @@ impl SourceContext {
 impl ClientContext for SourceContext {}
 
 impl ConsumerContext for SourceContext {
+    /// Resumes every newly assigned partition: a pause set by the application outlives a
+    /// revoke and re-assignment in librdkafka, and the pipeline forgets its paused partitions
+    /// on revoke, so without this a partition paused during an outage and then reassigned
+    /// would never be fetched again. Resuming a partition that is not paused does nothing.
+    fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        if let Rebalance::Assign(tpl) = rebalance
+            && let Err(err) = consumer.resume(tpl)
+        {
+            tracing::warn!(error = %err, "cannot resume newly assigned partitions");
+        }
+    }
+
     fn pre_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         match rebalance {
             Rebalance::Revoke(tpl) => {

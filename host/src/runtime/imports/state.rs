@@ -105,10 +105,10 @@ impl<S: Shard> HostCtx<S> {
         let Some(shard) = self.shard.clone() else {
             return Ok(None);
         };
-        shard
-            .get(state_key)
-            .await
-            .map_err(|e| wasmtime::Error::new(HostAbort::State(e)))
+        self.waiting_on_state = true;
+        let value = shard.get(state_key).await;
+        self.waiting_on_state = false;
+        value.map_err(|e| wasmtime::Error::new(HostAbort::State(e)))
     }
 
     /// Collects up to `page + 1` live entries under `prefix` after `cursor`, merging the shard's
@@ -124,10 +124,12 @@ impl<S: Shard> HostCtx<S> {
         loop {
             let want = page + 1 - out.len();
             let from_shard = match &shard {
-                Some(s) => s
-                    .scan(prefix, cursor.as_deref(), want)
-                    .await
-                    .map_err(|e| wasmtime::Error::new(HostAbort::State(e)))?,
+                Some(s) => {
+                    self.waiting_on_state = true;
+                    let scanned = s.scan(prefix, cursor.as_deref(), want).await;
+                    self.waiting_on_state = false;
+                    scanned.map_err(|e| wasmtime::Error::new(HostAbort::State(e)))?
+                }
                 None => Vec::new(),
             };
             let exhausted = from_shard.len() < want;
@@ -208,10 +210,10 @@ impl<S: Shard> Host for HostCtx<S> {
         let missing: Vec<usize> = (0..keys.len()).filter(|i| values[*i].is_none()).collect();
         if let (false, Some(shard)) = (missing.is_empty(), self.shard.clone()) {
             let wanted: Vec<Vec<u8>> = missing.iter().map(|i| keys[*i].clone()).collect();
-            let fetched = shard
-                .get_many(&wanted)
-                .await
-                .map_err(|e| wasmtime::Error::new(HostAbort::State(e)))?;
+            self.waiting_on_state = true;
+            let fetched = shard.get_many(&wanted).await;
+            self.waiting_on_state = false;
+            let fetched = fetched.map_err(|e| wasmtime::Error::new(HostAbort::State(e)))?;
             for (i, v) in missing.into_iter().zip(fetched) {
                 values[i] = Some(v);
             }
@@ -285,8 +287,8 @@ impl<S: Shard> Host for HostCtx<S> {
             bytes += k.len() + v.len();
             bytes > MAP_PAGE_BYTES_MAX
         }) {
+            more |= cut.max(1) < entries.len();
             entries.truncate(cut.max(1));
-            more = true;
         }
         let entries: Vec<(Vec<u8>, Vec<u8>)> = entries
             .into_iter()
