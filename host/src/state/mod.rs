@@ -10,6 +10,7 @@
 //! offset order.
 
 pub mod key;
+pub mod lsm;
 pub mod memory;
 
 use bytes::Bytes;
