@@ -41,6 +41,15 @@ pub enum WorkerError {
         #[source]
         source: SinkError,
     },
+    /// The shard's stored state is corrupt: retrying cannot help, so the partition stops.
+    #[error("partition {partition}: state is corrupt")]
+    Corrupt {
+        /// The partition.
+        partition: i32,
+        /// The failure.
+        #[source]
+        source: StateError,
+    },
     /// A fresh instance could not be created.
     #[error("partition {partition}: cannot instantiate the operator")]
     Instantiate {
@@ -54,7 +63,7 @@ pub enum WorkerError {
 
 /// Outcome of one attempt that did not complete.
 enum Attempt {
-    /// The state backend is unavailable: back off and retry the same records.
+    /// The state backend failed: back off and retry the same records (or stop if corrupt).
     Unavailable(StateError),
     /// The batch must be re-run one record at a time.
     Split,
@@ -136,9 +145,7 @@ impl<S: Shard> PartitionWorker<S> {
                     self.stalled.store(false, Ordering::Relaxed);
                     return Ok(());
                 }
-                Err(Attempt::Unavailable(err)) => {
-                    self.pause(&err, &mut backoff).await;
-                }
+                Err(Attempt::Unavailable(err)) => self.pause(err, &mut backoff).await?,
                 Err(Attempt::Split) => break,
             }
         }
@@ -151,7 +158,7 @@ impl<S: Shard> PartitionWorker<S> {
                     .await?
                 {
                     Ok(()) => break,
-                    Err(Attempt::Unavailable(err)) => self.pause(&err, &mut backoff).await,
+                    Err(Attempt::Unavailable(err)) => self.pause(err, &mut backoff).await?,
                     Err(Attempt::Split) => unreachable!("a single-record attempt never splits"),
                 }
             }
@@ -160,12 +167,19 @@ impl<S: Shard> PartitionWorker<S> {
         Ok(())
     }
 
-    async fn pause(&mut self, err: &StateError, backoff: &mut Duration) {
+    async fn pause(&mut self, err: StateError, backoff: &mut Duration) -> Result<(), WorkerError> {
+        if err.kind() == crate::error::ErrorKind::Corrupt {
+            return Err(WorkerError::Corrupt {
+                partition: self.partition,
+                source: err,
+            });
+        }
         tracing::warn!(partition = self.partition, error = %err, retry_in = ?*backoff, "state backend unavailable; partition paused");
         self.stats.outage_retries.fetch_add(1, Ordering::Relaxed);
         self.stalled.store(true, Ordering::Relaxed);
         tokio::time::sleep(*backoff).await;
         *backoff = (*backoff * 2).min(BACKOFF_MAX);
+        Ok(())
     }
 
     /// One call over `records`. `may_split`: on a guest fault, ask for a one-by-one re-run

@@ -50,6 +50,15 @@ pub enum StateError {
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+    /// Stored state failed a check (checksum, format): stop and alert; retrying will not help.
+    #[error("state is corrupt. shard=`{shard}`")]
+    Corrupt {
+        /// The shard, as `pipeline/partition`.
+        shard: String,
+        /// What failed.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
 }
 
 impl StateError {
@@ -57,6 +66,7 @@ impl StateError {
     pub fn kind(&self) -> crate::error::ErrorKind {
         match self {
             StateError::Unavailable { .. } => crate::error::ErrorKind::Unavailable,
+            StateError::Corrupt { .. } => crate::error::ErrorKind::Corrupt,
         }
     }
 }

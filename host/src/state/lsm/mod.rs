@@ -1,9 +1,18 @@
 //! The disaggregated LSM tree (ForSt-style): memtable → immutable memtables → SST files written
 //! through to object storage, organised by a manifest.
 //!
-//! Built in steps (issue 3). Present so far: [`sst`], the on-disk table format with its
-//! builder and reader. Memtable, flush, manifest, caches, compaction and GC come next and use
-//! the reader's range-addressable blocks so that data blocks can be fetched one range GET at a
-//! time.
+//! Built in steps (issue 3). Present so far:
+//! - [`sst`]      the on-disk table format (v1) with its builder and reader;
+//! - [`memtable`] the sorted, byte-bounded in-memory write buffer;
+//! - [`tree`]     one shard's tree: write path with write-through flushes, read path merging
+//!   memtables and L0 SSTs newest first.
+//!
+//! Next: the manifest (create-only versions, fencing), block and disk caches with range reads,
+//! compaction with backpressure, TTL dropping, GC.
 
+pub mod memtable;
 pub mod sst;
+pub mod tree;
+
+#[cfg(test)]
+mod tests;

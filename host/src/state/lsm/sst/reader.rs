@@ -101,14 +101,32 @@ impl SstReader {
     /// # Errors
     /// The first block that fails verification ends the iteration with its error.
     pub fn iter(&self) -> impl Iterator<Item = Result<(Bytes, Entry), SstError>> + '_ {
-        self.index.iter().flat_map(move |(_, handle)| {
-            let block: Box<dyn Iterator<Item = Result<(Bytes, Entry), SstError>>> =
-                match self.read_block(*handle) {
-                    Ok(raw) => Box::new(BlockIter::new(raw)),
-                    Err(e) => Box::new(std::iter::once(Err(e))),
-                };
-            block
-        })
+        self.iter_from(&[])
+    }
+
+    /// Entries with keys `>= start`, in key order, tombstones included; skips the blocks
+    /// wholly before `start` without reading them.
+    ///
+    /// # Errors
+    /// As [`SstReader::iter`].
+    pub fn iter_from<'a>(
+        &'a self,
+        start: &'a [u8],
+    ) -> impl Iterator<Item = Result<(Bytes, Entry), SstError>> + 'a {
+        let first = self
+            .index
+            .partition_point(|(last, _)| last.as_ref() < start);
+        self.index[first..]
+            .iter()
+            .flat_map(move |(_, handle)| {
+                let block: Box<dyn Iterator<Item = Result<(Bytes, Entry), SstError>>> =
+                    match self.read_block(*handle) {
+                        Ok(raw) => Box::new(BlockIter::new(raw)),
+                        Err(e) => Box::new(std::iter::once(Err(e))),
+                    };
+                block
+            })
+            .filter(move |item| item.as_ref().map_or(true, |(k, _)| k.as_ref() >= start))
     }
 }
 
