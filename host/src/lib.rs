@@ -3,7 +3,8 @@
 //! - [`config`]    the settings tree read from TOML; validation reports every problem at once
 //! - [`error`]     the crate's error kinds (invalid input, unavailable, corrupt, fenced, guest fault, internal)
 //! - [`runtime`]   wasmtime engine, the single `bindgen!` site, instances, limits, WIT imports
-//! - [`state`]     the `StateBackend` seam, key encoding, and the `memory` backend
+//! - [`state`]     the `StateBackend` seam, key encoding, the `memory` backend, and the LSM
+//!   backend in progress (SST format, memtable, tree, manifest)
 //! - [`pipeline`]  consumer loop and per-partition workers: batch → prefetch → invoke → emit
 //! - [`source`]    Kafka consumer adapter: group membership, rebalances, records in offset order
 //! - [`sink`]      Kafka producer adapter: output and dead-letter topics

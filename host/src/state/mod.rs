@@ -11,6 +11,7 @@
 
 pub mod key;
 pub mod lsm;
+pub mod manifest;
 pub mod memory;
 
 use bytes::Bytes;

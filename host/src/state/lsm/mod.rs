@@ -7,8 +7,9 @@
 //! - [`tree`]     one shard's tree: write path with write-through flushes, read path merging
 //!   memtables and L0 SSTs newest first.
 //!
-//! Next: the manifest (create-only versions, fencing), block and disk caches with range reads,
-//! compaction with backpressure, TTL dropping, GC.
+//! The manifest (create-only versions, read-back commits, fencing) is in
+//! [`crate::state::manifest`]. Next: opening a tree at a manifest version, block and disk caches
+//! with range reads, compaction with backpressure, TTL dropping, GC.
 
 pub mod memtable;
 pub mod sst;

@@ -1,0 +1,320 @@
+//! The manifest of a shard's LSM tree: immutable, numbered versions written create-only, and
+//! the commit protocol that fences zombie writers (issue 3, step 3).
+//!
+//! # Object layout
+//! `{root}/manifest/{version:020}.manifest`, each:
+//! `b"WEIRMAN1" | u32 LE format version | u32 LE crc32c of the body | body` where the body is
+//! the JSON of [`Manifest`] (our own type, versioned by [`FORMAT_VERSION`] and frozen by a
+//! snapshot test). Versions are never overwritten.
+//!
+//! # Commit (see also DESIGN.md, "Checkpoint protocol", step 3)
+//! 1. PUT version `v` create-only (`PutMode::Create`).
+//! 2. `object_store` reports both 412 (someone created it) and 409 (a concurrent operation,
+//!    nothing written) as `AlreadyExists`, and an acknowledgement can be lost: on
+//!    `AlreadyExists` or any other error, read `v` back — absent: retry (bounded); our writer
+//!    token: committed; anyone else's: fenced.
+//! 3. After a commit, list the versions above `v`: one written by a higher writer epoch means
+//!    another owner claimed the shard (possibly in a slot GC freed), so this writer is fenced
+//!    even though its own PUT succeeded (SlateDB#352).
+//!
+//! A *claim* (a new owner taking the shard) is a version with the next writer epoch, written
+//! above every existing version, whose SSTs are those of the checkpoint it starts from.
+
+use crate::state::lsm::tree::SstId;
+use bytes::Bytes;
+use futures::TryStreamExt;
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+#[cfg(test)]
+mod tests;
+
+/// Magic at the start of every manifest object.
+pub const MAGIC: &[u8; 8] = b"WEIRMAN1";
+/// Manifest format version.
+pub const FORMAT_VERSION: u32 = 1;
+/// Attempts of one commit when the store answers ambiguously and the version is still absent.
+pub const COMMIT_ATTEMPTS_MAX: usize = 5;
+
+/// Why a version was written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ManifestKind {
+    /// A new owner claimed the shard (bumping the writer epoch); not a checkpoint.
+    Claim,
+    /// A checkpoint: the state together with the input offsets in `metadata`.
+    Checkpoint,
+}
+
+/// One manifest version.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Manifest {
+    /// This version's number.
+    pub version: u64,
+    /// The version this one was derived from.
+    pub parent: Option<u64>,
+    /// Claim or checkpoint.
+    pub kind: ManifestKind,
+    /// The fencing token: bumped by every claim.
+    pub writer_epoch: u64,
+    /// Identifies the writer process that claimed the epoch (random per claim).
+    pub writer_token: String,
+    /// SSTs per level, level 0 first; within L0 oldest first.
+    pub levels: Vec<Vec<SstRef>>,
+    /// Caller-supplied pairs, opaque here (the input offsets of a checkpoint).
+    pub metadata: BTreeMap<String, String>,
+}
+
+/// An SST referenced by a manifest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SstRef {
+    /// Writer epoch in the SST's name.
+    pub writer_epoch: u64,
+    /// Sequence number in the SST's name.
+    pub seq: u64,
+}
+
+impl From<SstId> for SstRef {
+    fn from(id: SstId) -> Self {
+        Self {
+            writer_epoch: id.writer_epoch,
+            seq: id.seq,
+        }
+    }
+}
+
+/// Why a manifest operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ManifestError {
+    /// Another writer owns the shard: stop writing.
+    #[error("fenced: another writer owns the shard. version={version} our_epoch={our_epoch}")]
+    Fenced {
+        /// The version that showed it.
+        version: u64,
+        /// Our writer epoch.
+        our_epoch: u64,
+    },
+    /// The version does not exist.
+    #[error("manifest version not found. version={0}")]
+    NotFound(u64),
+    /// The object is not a valid manifest (magic, version, checksum, JSON).
+    #[error("manifest is corrupt. version={version}: {reason}")]
+    Corrupt {
+        /// The version.
+        version: u64,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The store failed or kept answering ambiguously; retry later.
+    #[error("object store unavailable for the manifest")]
+    Unavailable(#[source] object_store::Error),
+    /// Commits kept being refused while the version stayed absent.
+    #[error("manifest commit gave up after {0} ambiguous attempts")]
+    Ambiguous(usize),
+}
+
+impl Manifest {
+    /// Encodes the manifest object: magic, format version, checksum, JSON body.
+    pub fn encode(&self) -> Bytes {
+        let body = serde_json::to_vec(self).expect("a manifest of plain fields serialises");
+        let mut out = Vec::with_capacity(16 + body.len());
+        out.extend_from_slice(MAGIC);
+        out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+        out.extend_from_slice(&crc32c::crc32c(&body).to_le_bytes());
+        out.extend_from_slice(&body);
+        Bytes::from(out)
+    }
+
+    /// Decodes a manifest object read at `version` and checks it names that version.
+    ///
+    /// # Errors
+    /// [`ManifestError::Corrupt`] for a bad magic, format version, checksum, body, or a body
+    /// naming another version.
+    pub fn decode(version: u64, bytes: &[u8]) -> Result<Self, ManifestError> {
+        let corrupt = |reason: String| ManifestError::Corrupt { version, reason };
+        if bytes.len() < 16 || &bytes[0..8] != MAGIC {
+            return Err(corrupt("bad magic or truncated".into()));
+        }
+        let format = u32::from_le_bytes(bytes[8..12].try_into().expect("4 bytes"));
+        if format != FORMAT_VERSION {
+            return Err(corrupt(format!("unsupported format version {format}")));
+        }
+        let expected = u32::from_le_bytes(bytes[12..16].try_into().expect("4 bytes"));
+        let actual = crc32c::crc32c(&bytes[16..]);
+        if expected != actual {
+            return Err(corrupt(format!(
+                "checksum mismatch: stored {expected:#010x}, computed {actual:#010x}"
+            )));
+        }
+        let manifest: Manifest =
+            serde_json::from_slice(&bytes[16..]).map_err(|e| corrupt(format!("body: {e}")))?;
+        if manifest.version != version {
+            return Err(corrupt(format!("body names version {}", manifest.version)));
+        }
+        Ok(manifest)
+    }
+}
+
+/// The manifest versions of one shard in an object store.
+#[derive(Debug, Clone)]
+pub struct ManifestStore {
+    store: Arc<dyn ObjectStore>,
+    root: Path,
+}
+
+impl ManifestStore {
+    /// Manifests under `{root}/manifest/`.
+    pub fn new(store: Arc<dyn ObjectStore>, root: Path) -> Self {
+        Self { store, root }
+    }
+
+    fn path(&self, version: u64) -> Path {
+        Path::from(format!("{}/manifest/{version:020}.manifest", self.root))
+    }
+
+    /// Every version present, ascending.
+    ///
+    /// # Errors
+    /// [`ManifestError::Unavailable`] when listing fails.
+    pub async fn versions(&self) -> Result<Vec<u64>, ManifestError> {
+        let prefix = Path::from(format!("{}/manifest", self.root));
+        let metas: Vec<_> = self
+            .store
+            .list(Some(&prefix))
+            .try_collect()
+            .await
+            .map_err(ManifestError::Unavailable)?;
+        let mut versions: Vec<u64> = metas
+            .iter()
+            .filter_map(|m| {
+                m.location
+                    .filename()?
+                    .strip_suffix(".manifest")?
+                    .parse()
+                    .ok()
+            })
+            .collect();
+        versions.sort_unstable();
+        Ok(versions)
+    }
+
+    /// Reads one version.
+    ///
+    /// # Errors
+    /// [`ManifestError::NotFound`], [`ManifestError::Corrupt`] or
+    /// [`ManifestError::Unavailable`].
+    pub async fn read(&self, version: u64) -> Result<Manifest, ManifestError> {
+        match self.store.get(&self.path(version)).await {
+            Ok(got) => {
+                let bytes = got.bytes().await.map_err(ManifestError::Unavailable)?;
+                Manifest::decode(version, &bytes)
+            }
+            Err(object_store::Error::NotFound { .. }) => Err(ManifestError::NotFound(version)),
+            Err(e) => Err(ManifestError::Unavailable(e)),
+        }
+    }
+
+    /// Commits `manifest` at its version create-only, then checks no higher epoch claimed the
+    /// shard. See the module docs for the protocol.
+    ///
+    /// # Errors
+    /// [`ManifestError::Fenced`] when another writer owns the version or a later one;
+    /// [`ManifestError::Unavailable`] / [`ManifestError::Ambiguous`] when the outcome could not
+    /// be learned (retry later: the version may or may not exist, and reading it back decides).
+    pub async fn commit(&self, manifest: &Manifest) -> Result<(), ManifestError> {
+        let path = self.path(manifest.version);
+        let bytes = manifest.encode();
+        let mut last_error = None;
+        for _ in 0..COMMIT_ATTEMPTS_MAX {
+            let opts = PutOptions::from(PutMode::Create);
+            match self
+                .store
+                .put_opts(&path, PutPayload::from(bytes.clone()), opts)
+                .await
+            {
+                Ok(_) => return self.check_not_fenced(manifest).await,
+                Err(err) => {
+                    // 409, 412, a timeout or a lost acknowledgement: what is stored decides.
+                    match self.read(manifest.version).await {
+                        Ok(stored) if stored.writer_token == manifest.writer_token => {
+                            return self.check_not_fenced(manifest).await;
+                        }
+                        Ok(_) => {
+                            return Err(ManifestError::Fenced {
+                                version: manifest.version,
+                                our_epoch: manifest.writer_epoch,
+                            });
+                        }
+                        Err(ManifestError::NotFound(_)) => last_error = Some(err),
+                        Err(other) => return Err(other),
+                    }
+                }
+            }
+        }
+        Err(match last_error {
+            Some(err) if !matches!(err, object_store::Error::AlreadyExists { .. }) => {
+                ManifestError::Unavailable(err)
+            }
+            _ => ManifestError::Ambiguous(COMMIT_ATTEMPTS_MAX),
+        })
+    }
+
+    /// Fails with [`ManifestError::Fenced`] when a version above `ours` carries a higher
+    /// writer epoch.
+    async fn check_not_fenced(&self, ours: &Manifest) -> Result<(), ManifestError> {
+        for version in self.versions().await? {
+            if version <= ours.version {
+                continue;
+            }
+            let later = self.read(version).await?;
+            if later.writer_epoch > ours.writer_epoch {
+                return Err(ManifestError::Fenced {
+                    version,
+                    our_epoch: ours.writer_epoch,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Claims the shard for `writer_token`: writes a [`ManifestKind::Claim`] version above
+    /// every existing one with the next writer epoch, starting from `base` (the checkpoint to
+    /// resume from, or none for a new shard). Retries when another claimer wins a slot first.
+    ///
+    /// # Errors
+    /// [`ManifestError::Unavailable`], [`ManifestError::Corrupt`] for an unreadable newest
+    /// version, or [`ManifestError::Fenced`] when other claimers keep winning.
+    pub async fn claim(
+        &self,
+        writer_token: &str,
+        base: Option<&Manifest>,
+    ) -> Result<Manifest, ManifestError> {
+        let mut last = None;
+        for _ in 0..COMMIT_ATTEMPTS_MAX {
+            let versions = self.versions().await?;
+            let top = versions.last().copied();
+            let top_epoch = match top {
+                Some(v) => self.read(v).await?.writer_epoch,
+                None => 0,
+            };
+            let claim = Manifest {
+                version: top.map_or(1, |v| v + 1),
+                parent: base.map(|b| b.version),
+                kind: ManifestKind::Claim,
+                writer_epoch: top_epoch + 1,
+                writer_token: writer_token.to_owned(),
+                levels: base.map(|b| b.levels.clone()).unwrap_or_default(),
+                metadata: base.map(|b| b.metadata.clone()).unwrap_or_default(),
+            };
+            match self.commit(&claim).await {
+                Ok(()) => return Ok(claim),
+                Err(fenced @ ManifestError::Fenced { .. }) => last = Some(fenced),
+                Err(other) => return Err(other),
+            }
+        }
+        Err(last.unwrap_or(ManifestError::Ambiguous(COMMIT_ATTEMPTS_MAX)))
+    }
+}
