@@ -19,6 +19,7 @@ use weir_host::config::{
     KafkaSettings, PipelineSettings, RuntimeSettings, Settings, StateSettings,
 };
 use weir_host::pipeline::{self, PipelineError, PipelineStats};
+use weir_host::state::StateBackend;
 use weir_host::state::memory::MemoryBackend;
 
 /// The real Kafka broker (`WEIR_KAFKA_BOOTSTRAP`, default `127.0.0.1:9092`).
@@ -213,11 +214,20 @@ impl RunningPipeline {
     /// Starts `settings` in the background.
     pub fn start(settings: Settings) -> Self {
         let clock: SharedClock = Arc::new(SystemClock);
+        Self::start_on(settings, Arc::new(MemoryBackend::new(clock.clone())), clock)
+    }
+
+    /// Starts `settings` in the background on `backend`.
+    pub fn start_on<B: StateBackend>(
+        settings: Settings,
+        backend: Arc<B>,
+        clock: SharedClock,
+    ) -> Self {
         let stats = Arc::new(PipelineStats::default());
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(pipeline::run(
             settings,
-            Arc::new(MemoryBackend::new(clock.clone())),
+            backend,
             clock,
             stats.clone(),
             async move {
@@ -229,6 +239,33 @@ impl RunningPipeline {
             stop: Some(stop),
             task,
         }
+    }
+
+    /// Waits until `done` holds for the stats, failing if the pipeline ends or `timeout`
+    /// passes first.
+    ///
+    /// # Errors
+    /// When the pipeline ends early or `timeout` passes.
+    pub async fn wait_until(
+        &self,
+        what: &str,
+        timeout: Duration,
+        done: impl Fn(&PipelineStats) -> bool,
+    ) -> anyhow::Result<()> {
+        let deadline = Instant::now() + timeout;
+        while !done(&self.stats) {
+            if self.task.is_finished() {
+                bail!("pipeline ended before {what}");
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "no {what} after {timeout:?} ({} records done)",
+                    self.stats.records_done()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        Ok(())
     }
 
     /// Whether the pipeline task has ended (it should not, until stopped).

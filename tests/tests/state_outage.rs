@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use weir_host::clock::{SharedClock, SystemClock};
 use weir_host::config::RuntimeSettings;
-use weir_host::pipeline::{self, PipelineStats};
+use weir_host::pipeline::PipelineStats;
 use weir_host::state::memory::{MemoryBackend, MemoryShard};
 use weir_host::state::{Shard, ShardId, StateBackend, StateError, StateWrite};
 use weir_tests::*;
@@ -101,31 +101,15 @@ async fn run_on_flaky_backend(
     produce(&input, 0, records).await?;
     let settings = settings(guest(guest_name), &input, &output, &dlq, runtime);
     let clock: SharedClock = Arc::new(SystemClock);
-    let stats = Arc::new(PipelineStats::default());
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let backend = Arc::new(FlakyBackend {
         inner: MemoryBackend::new(clock.clone()),
         every: 4,
     });
-    let task = tokio::spawn(pipeline::run(
-        settings,
-        backend,
-        clock,
-        stats.clone(),
-        async move {
-            let _ = stopped.await;
-        },
-    ));
-    let deadline = std::time::Instant::now() + Duration::from_secs(120);
-    while stats.records_done() < records.len() as u64 {
-        anyhow::ensure!(!task.is_finished(), "pipeline ended early");
-        anyhow::ensure!(
-            std::time::Instant::now() < deadline,
-            "timed out at {}",
-            stats.records_done()
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let pipeline = RunningPipeline::start_on(settings, backend, clock);
+    pipeline
+        .wait_done(records.len() as u64, Duration::from_secs(120))
+        .await?;
+    let stats = pipeline.stats.clone();
     let out = read_exactly(
         &output,
         expected_outputs,
@@ -143,8 +127,7 @@ async fn run_on_flaky_backend(
         "outages were injected and retried"
     );
     assert_eq!(stats.dead_lettered.load(Ordering::Relaxed), 0);
-    let _ = stop.send(());
-    task.await??;
+    pipeline.stop().await?;
     Ok((stats, out))
 }
 
@@ -301,39 +284,21 @@ async fn a_state_read_that_hangs_is_retried_not_dead_lettered() -> anyhow::Resul
     };
     let settings = settings(guest("word_count"), &input, &output, &dlq, runtime);
     let clock: SharedClock = Arc::new(SystemClock);
-    let stats = Arc::new(PipelineStats::default());
     let down = Arc::new(std::sync::atomic::AtomicBool::new(true));
     let backend = Arc::new(OutageBackend {
         inner: MemoryBackend::new(clock.clone()),
         down: down.clone(),
         hang: true,
     });
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(pipeline::run(
-        settings,
-        backend,
-        clock,
-        stats.clone(),
-        async move {
-            let _ = stopped.await;
-        },
-    ));
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    while stats.calls_aborted.load(Ordering::Relaxed) < 2 {
-        anyhow::ensure!(!task.is_finished(), "pipeline ended early");
-        anyhow::ensure!(std::time::Instant::now() < deadline, "no call was aborted");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let pipeline = RunningPipeline::start_on(settings, backend, clock);
+    pipeline
+        .wait_until("two aborted calls", Duration::from_secs(60), |s| {
+            s.calls_aborted.load(Ordering::Relaxed) >= 2
+        })
+        .await?;
     down.store(false, Ordering::SeqCst);
-    while stats.records_done() < 20 {
-        anyhow::ensure!(!task.is_finished(), "pipeline ended early");
-        anyhow::ensure!(
-            std::time::Instant::now() < deadline,
-            "stalled at {}",
-            stats.records_done()
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    pipeline.wait_done(20, Duration::from_secs(60)).await?;
+    let stats = pipeline.stats.clone();
     let out = read_exactly(&output, 20, Duration::from_secs(60), Duration::from_secs(2)).await?;
     assert_eq!(stats.dead_lettered.load(Ordering::Relaxed), 0);
     assert_eq!(stats.traps.load(Ordering::Relaxed), 0);
@@ -345,8 +310,7 @@ async fn a_state_read_that_hangs_is_retried_not_dead_lettered() -> anyhow::Resul
         .map(|v| v["count"].as_u64().unwrap_or(0))
         .collect();
     assert_eq!(counts, (1..=20).collect::<Vec<u64>>());
-    let _ = stop.send(());
-    task.await??;
+    pipeline.stop().await?;
     Ok(())
 }
 
@@ -376,49 +340,27 @@ async fn outage_on_one_partition_pauses_it_while_the_others_go_on() -> anyhow::R
     };
     let settings = settings(guest("weir_test_counter"), &input, &output, &dlq, runtime);
     let clock: SharedClock = Arc::new(SystemClock);
-    let stats = Arc::new(PipelineStats::default());
     let down = Arc::new(std::sync::atomic::AtomicBool::new(true));
     let backend = Arc::new(OutageBackend {
         inner: MemoryBackend::new(clock.clone()),
         down: down.clone(),
         hang: false,
     });
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(pipeline::run(
-        settings,
-        backend,
-        clock,
-        stats.clone(),
-        async move {
-            let _ = stopped.await;
-        },
-    ));
+    let pipeline = RunningPipeline::start_on(settings, backend, clock);
+    let stats = pipeline.stats.clone();
     // Partition 1 finishes although partition 0 cannot make progress.
-    let deadline = std::time::Instant::now() + Duration::from_secs(120);
-    while stats.records_done() < per_partition as u64 {
-        anyhow::ensure!(!task.is_finished(), "pipeline ended early");
-        anyhow::ensure!(
-            std::time::Instant::now() < deadline,
-            "partition 1 stalled at {}",
-            stats.records_done()
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    pipeline
+        .wait_done(per_partition as u64, Duration::from_secs(120))
+        .await?;
     assert_eq!(
         stats.records_done(),
         per_partition as u64,
         "partition 0 made no progress while down"
     );
     down.store(false, Ordering::SeqCst);
-    while stats.records_done() < 2 * per_partition as u64 {
-        anyhow::ensure!(!task.is_finished(), "pipeline ended early");
-        anyhow::ensure!(
-            std::time::Instant::now() < deadline,
-            "partition 0 did not resume: {}",
-            stats.records_done()
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    pipeline
+        .wait_done(2 * per_partition as u64, Duration::from_secs(120))
+        .await?;
     let out = read_exactly(
         &output,
         2 * per_partition,
@@ -444,7 +386,6 @@ async fn outage_on_one_partition_pauses_it_while_the_others_go_on() -> anyhow::R
             String::from_utf8_lossy(&key)
         );
     }
-    let _ = stop.send(());
-    task.await??;
+    pipeline.stop().await?;
     Ok(())
 }
