@@ -3,6 +3,7 @@
 
 use super::tree::{LsmSettings, LsmTree};
 use crate::clock::{ManualClock, SharedClock};
+use crate::state::manifest::{Manifest, ManifestKind, ManifestStore};
 use crate::state::{Shard, StateWrite};
 use bytes::Bytes;
 use object_store::local::LocalFileSystem;
@@ -21,6 +22,8 @@ enum Op {
     Scan(Vec<u8>, Option<Vec<u8>>, usize),
     Flush,
     Advance(u64),
+    /// Flush, commit a checkpoint manifest, and reopen the tree at it as a new owner.
+    Reopen,
 }
 
 fn key() -> impl Strategy<Value = Vec<u8>> {
@@ -36,6 +39,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (key(), proptest::option::of(key()), 0usize..6).prop_map(|(p, a, l)| Op::Scan(p, a, l)),
         1 => Just(Op::Flush),
         1 => (1u64..30).prop_map(Op::Advance),
+        1 => Just(Op::Reopen),
     ]
 }
 
@@ -57,7 +61,15 @@ async fn run(store: Arc<dyn ObjectStore>, ops: Vec<Op>) -> Result<(), TestCaseEr
         block_size_bytes: 64,
         ..LsmSettings::default()
     };
-    let tree = LsmTree::new(store.clone(), Path::from("shard"), 7, settings, shared);
+    let manifests = ManifestStore::new(store.clone(), Path::from("shard"));
+    let mut owner = manifests.claim("owner-0", None).await.expect("claims");
+    let mut tree = LsmTree::new(
+        store.clone(),
+        Path::from("shard"),
+        owner.writer_epoch,
+        settings.clone(),
+        shared.clone(),
+    );
     let mut model = Model::new();
     for op in ops {
         let now = clock.now_ms_for_test();
@@ -108,13 +120,40 @@ async fn run(store: Arc<dyn ObjectStore>, ops: Vec<Op>) -> Result<(), TestCaseEr
             }
             Op::Flush => tree.flush().await.expect("flush"),
             Op::Advance(ms) => clock.advance_ms(ms),
+            Op::Reopen => {
+                tree.flush().await.expect("flush");
+                let checkpoint = Manifest {
+                    version: owner.version + 1,
+                    parent: Some(owner.version),
+                    kind: ManifestKind::Checkpoint,
+                    writer_epoch: owner.writer_epoch,
+                    writer_token: owner.writer_token.clone(),
+                    levels: tree.levels(),
+                    metadata: Default::default(),
+                };
+                manifests.commit(&checkpoint).await.expect("commits");
+                let token = format!("owner-{}", owner.writer_epoch);
+                owner = manifests
+                    .claim(&token, Some(&checkpoint))
+                    .await
+                    .expect("claims");
+                tree = LsmTree::open(
+                    store.clone(),
+                    Path::from("shard"),
+                    &owner,
+                    owner.writer_epoch,
+                    settings.clone(),
+                    shared.clone(),
+                )
+                .expect("opens");
+            }
         }
     }
     // Every SST the tree holds was written through to the store under its epoch's name.
     for id in tree.l0_ssts() {
         let path = Path::from(format!("shard/{}", id.object_name()));
         prop_assert!(store.head(&path).await.is_ok(), "{} is in the store", path);
-        prop_assert_eq!(id.writer_epoch, 7);
+        prop_assert!(id.writer_epoch <= owner.writer_epoch);
     }
     Ok(())
 }
@@ -184,5 +223,103 @@ fn flushes_happen_and_reads_span_memtable_and_ssts() {
         }
         let all = tree.scan(b"", None, 1000).await.expect("scan");
         assert_eq!(all.len(), 100);
+    });
+}
+
+/// Write, flush, record a checkpoint manifest, then open the tree at that manifest as a new
+/// owner: opening reads no SST, the first read fetches them, and the contents are equal.
+#[test]
+fn a_tree_reopened_from_a_checkpoint_manifest_reads_lazily_and_sees_everything() {
+    block_on(async {
+        let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+        let clock: SharedClock = Arc::new(ManualClock::new(0));
+        let settings = LsmSettings {
+            memtable_bytes_max: 400,
+            block_size_bytes: 64,
+            ..LsmSettings::default()
+        };
+        let manifests = ManifestStore::new(store.clone(), Path::from("s"));
+        let claim = manifests.claim("writer-a", None).await.expect("claims");
+        let tree = LsmTree::new(
+            store.clone(),
+            Path::from("s"),
+            claim.writer_epoch,
+            settings.clone(),
+            clock.clone(),
+        );
+        for i in 0u32..60 {
+            let w = StateWrite {
+                key: i.to_be_bytes().to_vec(),
+                value: (i % 7 != 0).then(|| Bytes::from(format!("v{i}"))),
+                expires_at_ms: None,
+            };
+            tree.apply(vec![w]).await.expect("apply");
+        }
+        tree.flush().await.expect("flush");
+        let checkpoint = Manifest {
+            version: claim.version + 1,
+            parent: Some(claim.version),
+            kind: ManifestKind::Checkpoint,
+            writer_epoch: claim.writer_epoch,
+            writer_token: claim.writer_token.clone(),
+            levels: tree.levels(),
+            metadata: [("offset.0".to_owned(), "60".to_owned())].into(),
+        };
+        manifests.commit(&checkpoint).await.expect("commits");
+
+        let b = manifests
+            .claim("writer-b", Some(&checkpoint))
+            .await
+            .expect("b claims");
+        let reopened = LsmTree::open(store, Path::from("s"), &b, b.writer_epoch, settings, clock)
+            .expect("opens");
+        assert_eq!(reopened.l0_ssts(), tree.l0_ssts());
+        assert_eq!(reopened.loaded_ssts(), 0, "opening reads nothing");
+        for i in 0u32..60 {
+            let want = (i % 7 != 0).then(|| Bytes::from(format!("v{i}")));
+            assert_eq!(
+                reopened.get(&i.to_be_bytes()).await.expect("get"),
+                want,
+                "key {i}"
+            );
+        }
+        assert_eq!(reopened.loaded_ssts(), reopened.l0_ssts().len());
+        assert_eq!(
+            reopened.scan(b"", None, 1000).await.expect("scan").len(),
+            60 - 9
+        );
+    });
+}
+
+#[test]
+fn a_missing_sst_named_by_the_manifest_is_corruption_not_an_outage() {
+    use crate::state::StateError;
+    use crate::state::manifest::SstRef;
+    block_on(async {
+        let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+        let clock: SharedClock = Arc::new(ManualClock::new(0));
+        let manifest = Manifest {
+            version: 2,
+            parent: Some(1),
+            kind: ManifestKind::Claim,
+            writer_epoch: 2,
+            writer_token: "b".into(),
+            levels: vec![vec![SstRef {
+                writer_epoch: 1,
+                seq: 0,
+            }]],
+            metadata: Default::default(),
+        };
+        let tree = LsmTree::open(
+            store,
+            Path::from("s"),
+            &manifest,
+            2,
+            LsmSettings::default(),
+            clock,
+        )
+        .expect("opens without reading");
+        let err = tree.get(b"k").await.expect_err("the SST is missing");
+        assert!(matches!(err, StateError::Corrupt { .. }), "{err}");
     });
 }

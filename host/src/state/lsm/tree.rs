@@ -1,9 +1,10 @@
 //! [`LsmTree`]: one shard's LSM tree — write path (memtable → immutable memtable → SST written
 //! through to object storage) and read path (memtable → immutable memtables → L0 newest first).
 //!
-//! Step 2 of issue 3. Not yet here: the manifest (so a tree cannot be reopened yet), block and
-//! disk caches with range reads (flushed SSTs stay open in memory), compaction, TTL dropping and
-//! GC. Until the manifest lands the tree is not selectable in the config.
+//! Steps 2 and 4 of issue 3. A tree opened from a manifest reads nothing up front; each SST is
+//! fetched whole on its first read. Not yet here: block and disk caches with one range GET per
+//! data block, compaction, TTL dropping and GC, and the checkpoint wiring — so the tree is not
+//! selectable in the config yet.
 //!
 //! Invariant: `apply` is atomic — it either inserts every write into the memtable or, when
 //! flushing is failing and the immutable memtables are at their limit, inserts none and reports
@@ -16,7 +17,7 @@ use crate::clock::SharedClock;
 use crate::state::{Shard, StateError, StateWrite};
 use bytes::Bytes;
 use object_store::path::Path;
-use object_store::{ObjectStore, PutMode, PutOptions, PutPayload};
+use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
 use std::iter::Peekable;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
@@ -62,10 +63,28 @@ impl SstId {
     }
 }
 
+/// An SST of the tree: opened when flushed, or lazily (one GET on first read) when the tree was
+/// opened from a manifest.
 #[derive(Debug)]
 struct OpenSst {
     id: SstId,
-    reader: SstReader,
+    reader: tokio::sync::OnceCell<SstReader>,
+}
+
+impl OpenSst {
+    fn loaded(id: SstId, reader: SstReader) -> Self {
+        Self {
+            id,
+            reader: tokio::sync::OnceCell::new_with(Some(reader)),
+        }
+    }
+
+    fn lazy(id: SstId) -> Self {
+        Self {
+            id,
+            reader: tokio::sync::OnceCell::new(),
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -114,9 +133,109 @@ impl LsmTree {
         }
     }
 
-    /// The SSTs flushed so far, oldest first.
+    /// Opens the tree recorded in `manifest` for writer `writer_epoch` (the epoch of the claim
+    /// this writer made). Reads nothing from the store: each SST is fetched on its first read.
+    /// Only level 0 exists so far; other levels in the manifest are refused.
+    ///
+    /// # Errors
+    /// [`StateError::Corrupt`] when the manifest lists levels this version cannot read.
+    pub fn open(
+        store: Arc<dyn ObjectStore>,
+        root: Path,
+        manifest: &crate::state::manifest::Manifest,
+        writer_epoch: u64,
+        settings: LsmSettings,
+        clock: SharedClock,
+    ) -> Result<Self, StateError> {
+        let tree = Self::new(store, root, writer_epoch, settings, clock);
+        if manifest
+            .levels
+            .iter()
+            .skip(1)
+            .any(|level| !level.is_empty())
+        {
+            return Err(StateError::Corrupt {
+                shard: tree.label.clone(),
+                source: "manifest lists SSTs below level 0, which this version cannot read".into(),
+            });
+        }
+        tree.write().l0 = manifest
+            .levels
+            .first()
+            .into_iter()
+            .flatten()
+            .map(|r| {
+                Arc::new(OpenSst::lazy(SstId {
+                    writer_epoch: r.writer_epoch,
+                    seq: r.seq,
+                }))
+            })
+            .collect();
+        Ok(tree)
+    }
+
+    /// The SSTs of level 0, oldest first.
     pub fn l0_ssts(&self) -> Vec<SstId> {
         self.read().l0.iter().map(|s| s.id).collect()
+    }
+
+    /// How many SSTs have been read into memory (flushed here or fetched on first read).
+    pub fn loaded_ssts(&self) -> usize {
+        self.read()
+            .l0
+            .iter()
+            .filter(|s| s.reader.initialized())
+            .count()
+    }
+
+    /// The levels to record in a checkpoint manifest: every SST flushed so far. Call after
+    /// [`LsmTree::flush`] so that nothing is only in memory.
+    pub fn levels(&self) -> Vec<Vec<crate::state::manifest::SstRef>> {
+        vec![self.l0_ssts().into_iter().map(Into::into).collect()]
+    }
+
+    fn sst_path(&self, id: SstId) -> Path {
+        Path::from(format!("{}/{}", self.root, id.object_name()))
+    }
+
+    /// Fetches every SST not yet in memory (one GET each).
+    async fn load_all(&self) -> Result<(), StateError> {
+        let pending: Vec<Arc<OpenSst>> = self
+            .read()
+            .l0
+            .iter()
+            .filter(|s| !s.reader.initialized())
+            .cloned()
+            .collect();
+        for sst in pending {
+            sst.reader
+                .get_or_try_init(|| async {
+                    let bytes = self
+                        .store
+                        .get(&self.sst_path(sst.id))
+                        .await
+                        .map_err(|e| self.fetch_error(e))?
+                        .bytes()
+                        .await
+                        .map_err(|e| self.unavailable(e))?;
+                    metrics::counter!("weir_object_store_get_bytes_total")
+                        .increment(bytes.len() as u64);
+                    SstReader::open(bytes).map_err(|e| self.corrupt(e))
+                })
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// A missing SST that a manifest references is corruption, not an outage.
+    fn fetch_error(&self, source: object_store::Error) -> StateError {
+        match source {
+            object_store::Error::NotFound { .. } => StateError::Corrupt {
+                shard: self.label.clone(),
+                source: Box::new(source),
+            },
+            other => self.unavailable(other),
+        }
     }
 
     /// Freezes the memtable (if not empty) and flushes every immutable memtable.
@@ -179,7 +298,7 @@ impl LsmTree {
                 writer_epoch: self.writer_epoch,
                 seq: self.next_seq.fetch_add(1, Ordering::SeqCst),
             };
-            let path = Path::from(format!("{}/{}", self.root, id.object_name()));
+            let path = self.sst_path(id);
             let opts = PutOptions::from(PutMode::Create);
             self.store
                 .put_opts(&path, PutPayload::from(file.clone()), opts)
@@ -189,7 +308,7 @@ impl LsmTree {
             let reader = SstReader::open(file).map_err(|e| self.corrupt(e))?;
             let mut levels = self.write();
             levels.immutables.retain(|m| !Arc::ptr_eq(m, &oldest));
-            levels.l0.push(Arc::new(OpenSst { id, reader }));
+            levels.l0.push(Arc::new(OpenSst::loaded(id, reader)));
         }
     }
 
@@ -214,7 +333,11 @@ impl LsmTree {
             }
         }
         for sst in levels.l0.iter().rev() {
-            if let Some(e) = sst.reader.get(key).map_err(|e| self.corrupt(e))? {
+            let reader = sst
+                .reader
+                .get()
+                .expect("load_all ran before the lookup and new SSTs arrive loaded");
+            if let Some(e) = reader.get(key).map_err(|e| self.corrupt(e))? {
                 return Ok(Some(e));
             }
         }
@@ -226,11 +349,13 @@ type Source<'a> = Peekable<Box<dyn Iterator<Item = Result<(Vec<u8>, Entry), SstE
 
 impl Shard for LsmTree {
     async fn get(&self, key: &[u8]) -> Result<Option<Bytes>, StateError> {
+        self.load_all().await?;
         let now_ms = self.clock.now_ms();
         Ok(self.lookup(key)?.and_then(|e| self.live(e, now_ms)))
     }
 
     async fn get_many(&self, keys: &[Vec<u8>]) -> Result<Vec<Option<Bytes>>, StateError> {
+        self.load_all().await?;
         let now_ms = self.clock.now_ms();
         keys.iter()
             .map(|k| Ok(self.lookup(k)?.and_then(|e| self.live(e, now_ms))))
@@ -243,6 +368,7 @@ impl Shard for LsmTree {
         start_after: Option<&[u8]>,
         limit: usize,
     ) -> Result<Vec<(Vec<u8>, Bytes)>, StateError> {
+        self.load_all().await?;
         let now_ms = self.clock.now_ms();
         let start = match start_after {
             Some(after) if after >= prefix => after,
@@ -264,8 +390,12 @@ impl Shard for LsmTree {
             sources.push(it.peekable());
         }
         for sst in levels.l0.iter().rev() {
+            let reader = sst
+                .reader
+                .get()
+                .expect("load_all ran before the scan and new SSTs arrive loaded");
             let it: Box<dyn Iterator<Item = _>> = Box::new(
-                sst.reader
+                reader
                     .iter_from(start)
                     .map(|r| r.map(|(k, e)| (k.to_vec(), e))),
             );
