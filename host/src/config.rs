@@ -90,6 +90,10 @@ pub struct RuntimeSettings {
     /// First retry delay after a state backend outage; doubles per failed attempt up to 5 s.
     #[serde(with = "humantime_serde")]
     pub outage_backoff_min: Duration,
+    /// How long shutdown waits for partition workers to finish their queued records before
+    /// stopping them unfinished (nothing is lost: their offsets are not committed).
+    #[serde(with = "humantime_serde")]
+    pub shutdown_drain_max: Duration,
     /// Linear memory cap per instance, bytes.
     pub instance_memory_bytes_max: usize,
     /// Bytes (keys, values, headers) one input record may emit.
@@ -113,6 +117,7 @@ impl Default for RuntimeSettings {
             batch_deadline_max: Duration::from_secs(2),
             call_io_allowance: Duration::from_secs(5),
             outage_backoff_min: Duration::from_millis(50),
+            shutdown_drain_max: Duration::from_secs(30),
             batch_staged_bytes_max: 64 << 20,
             instance_memory_bytes_max: 64 << 20,
             emit_bytes_per_record_max: 1 << 20,

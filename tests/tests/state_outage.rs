@@ -389,3 +389,40 @@ async fn outage_on_one_partition_pauses_it_while_the_others_go_on() -> anyhow::R
     pipeline.stop().await?;
     Ok(())
 }
+
+/// Shutdown does not wait forever for a worker stuck in an outage: after `shutdown_drain_max`
+/// it stops the worker unfinished and says which partitions it gave up on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_during_an_outage_gives_up_draining_after_its_limit() -> anyhow::Result<()> {
+    init_tracing();
+    let (input, output, dlq) = (unique("in"), unique("out"), unique("dlq"));
+    create_topics(&[(&input, 1), (&output, 1), (&dlq, 1)]).await?;
+    let records: Vec<(Vec<u8>, Vec<u8>)> = (0..50)
+        .map(|i| (format!("k{i}").into_bytes(), b"v".to_vec()))
+        .collect();
+    produce(&input, 0, &records).await?;
+    let runtime = RuntimeSettings {
+        shutdown_drain_max: Duration::from_secs(1),
+        ..RuntimeSettings::default()
+    };
+    let settings = settings(guest("weir_test_counter"), &input, &output, &dlq, runtime);
+    let clock: SharedClock = Arc::new(SystemClock);
+    let backend = Arc::new(OutageBackend {
+        inner: MemoryBackend::new(clock.clone()),
+        down: Arc::new(std::sync::atomic::AtomicBool::new(true)),
+        hang: false,
+    });
+    let pipeline = RunningPipeline::start_on(settings, backend, clock);
+    pipeline
+        .wait_until("an outage retry", Duration::from_secs(60), |s| {
+            s.outage_retries.load(Ordering::Relaxed) > 0
+        })
+        .await?;
+    let stopped = tokio::time::timeout(Duration::from_secs(30), pipeline.stop()).await?;
+    let err = stopped.expect_err("draining gave up");
+    assert!(
+        format!("{err:#}").contains("gave up draining partitions [0]"),
+        "{err:#}"
+    );
+    Ok(())
+}

@@ -76,6 +76,10 @@ pub enum PipelineError {
     /// A partition worker failed.
     #[error("partition worker failed")]
     Worker(#[source] WorkerError),
+    /// Shutdown stopped these partitions' workers without finishing their queued records,
+    /// after `shutdown_drain_max` (they were stuck, for example in a state outage).
+    #[error("shutdown gave up draining partitions {0:?}")]
+    DrainTimedOut(Vec<i32>),
     /// A partition worker panicked (a bug).
     #[error("partition worker panicked. partition={0}")]
     WorkerPanicked(i32),
@@ -363,6 +367,23 @@ impl<B: StateBackend> Running<B> {
 
     /// Closes every worker's queue and waits for it to finish its batches and deliveries.
     async fn drain(&mut self) -> Result<(), PipelineError> {
+        let deadline = tokio::time::Instant::now() + self.settings.runtime.shutdown_drain_max;
+        match tokio::time::timeout_at(deadline, self.drain_all()).await {
+            Ok(result) => result,
+            Err(_) => {
+                // A worker stuck in an outage would keep shutdown waiting forever. Nothing is
+                // lost by stopping it: no offset is committed for records it did not finish.
+                let partitions: Vec<i32> = self.workers.keys().copied().collect();
+                tracing::warn!(?partitions, max = ?self.settings.runtime.shutdown_drain_max, "shutdown: workers still busy; stopping them without finishing");
+                for (_, worker) in self.workers.drain() {
+                    worker.task.abort();
+                }
+                Err(PipelineError::DrainTimedOut(partitions))
+            }
+        }
+    }
+
+    async fn drain_all(&mut self) -> Result<(), PipelineError> {
         let partitions: Vec<i32> = self.pending.keys().copied().collect();
         let mut result = Ok(());
         for partition in partitions {
@@ -370,13 +391,21 @@ impl<B: StateBackend> Running<B> {
                 result = result.and(Err(err));
             }
         }
-        for (partition, worker) in self.workers.drain() {
-            drop(worker.tx);
-            let outcome = match worker.task.await {
+        let partitions: Vec<i32> = self.workers.keys().copied().collect();
+        for partition in partitions {
+            let Some(worker) = self.workers.get_mut(&partition) else {
+                continue;
+            };
+            // Close the queue, then wait; the handle stays registered until the worker ends
+            // so that a timeout above can still abort it.
+            let (closed, _) = mpsc::channel(1);
+            drop(std::mem::replace(&mut worker.tx, closed));
+            let outcome = match (&mut worker.task).await {
                 Ok(Ok(())) => Ok(()),
                 Ok(Err(err)) => Err(PipelineError::Worker(err)),
                 Err(_) => Err(PipelineError::WorkerPanicked(partition)),
             };
+            self.workers.remove(&partition);
             result = result.and(outcome);
         }
         result
