@@ -265,6 +265,25 @@ impl Shard for OutageShard {
     }
 }
 
+/// A backend whose partition 0 is down (failing, or with `hang` not answering) until the
+/// returned flag is cleared; with the clock it was built on.
+fn outage_backend(
+    hang: bool,
+) -> (
+    Arc<OutageBackend>,
+    Arc<std::sync::atomic::AtomicBool>,
+    SharedClock,
+) {
+    let clock: SharedClock = Arc::new(SystemClock);
+    let down = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let backend = Arc::new(OutageBackend {
+        inner: MemoryBackend::new(clock.clone()),
+        down: down.clone(),
+        hang,
+    });
+    (backend, down, clock)
+}
+
 /// A state read that hangs inside a guest call hits the call's wall-clock cap while the host
 /// waits on storage: that is an outage (retried), never the record's fault (dead-lettered).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -283,13 +302,7 @@ async fn a_state_read_that_hangs_is_retried_not_dead_lettered() -> anyhow::Resul
         ..RuntimeSettings::default()
     };
     let settings = settings(guest("word_count"), &input, &output, &dlq, runtime);
-    let clock: SharedClock = Arc::new(SystemClock);
-    let down = Arc::new(std::sync::atomic::AtomicBool::new(true));
-    let backend = Arc::new(OutageBackend {
-        inner: MemoryBackend::new(clock.clone()),
-        down: down.clone(),
-        hang: true,
-    });
+    let (backend, down, clock) = outage_backend(true);
     let pipeline = RunningPipeline::start_on(settings, backend, clock);
     pipeline
         .wait_until("two aborted calls", Duration::from_secs(60), |s| {
@@ -339,13 +352,7 @@ async fn outage_on_one_partition_pauses_it_while_the_others_go_on() -> anyhow::R
         ..RuntimeSettings::default()
     };
     let settings = settings(guest("weir_test_counter"), &input, &output, &dlq, runtime);
-    let clock: SharedClock = Arc::new(SystemClock);
-    let down = Arc::new(std::sync::atomic::AtomicBool::new(true));
-    let backend = Arc::new(OutageBackend {
-        inner: MemoryBackend::new(clock.clone()),
-        down: down.clone(),
-        hang: false,
-    });
+    let (backend, down, clock) = outage_backend(false);
     let pipeline = RunningPipeline::start_on(settings, backend, clock);
     let stats = pipeline.stats.clone();
     // Partition 1 finishes although partition 0 cannot make progress.
@@ -406,12 +413,7 @@ async fn shutdown_during_an_outage_gives_up_draining_after_its_limit() -> anyhow
         ..RuntimeSettings::default()
     };
     let settings = settings(guest("weir_test_counter"), &input, &output, &dlq, runtime);
-    let clock: SharedClock = Arc::new(SystemClock);
-    let backend = Arc::new(OutageBackend {
-        inner: MemoryBackend::new(clock.clone()),
-        down: Arc::new(std::sync::atomic::AtomicBool::new(true)),
-        hang: false,
-    });
+    let (backend, _down, clock) = outage_backend(false);
     let pipeline = RunningPipeline::start_on(settings, backend, clock);
     pipeline
         .wait_until("an outage retry", Duration::from_secs(60), |s| {

@@ -43,6 +43,16 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
+/// A memtable of a few hundred bytes and 64-byte blocks, so that flushes and multi-block SSTs
+/// happen within a few writes.
+fn small_settings() -> LsmSettings {
+    LsmSettings {
+        memtable_bytes_max: 400,
+        block_size_bytes: 64,
+        ..LsmSettings::default()
+    }
+}
+
 /// The model: key → (value, expiry).
 type Model = BTreeMap<Vec<u8>, (Vec<u8>, Option<u64>)>;
 
@@ -56,11 +66,7 @@ fn live(model: &Model, now: u64) -> impl Iterator<Item = (&Vec<u8>, &Vec<u8>)> {
 async fn run(store: Arc<dyn ObjectStore>, ops: Vec<Op>) -> Result<(), TestCaseError> {
     let clock = ManualClock::new(1_000);
     let shared: SharedClock = Arc::new(clock.clone());
-    let settings = LsmSettings {
-        memtable_bytes_max: 400,
-        block_size_bytes: 64,
-        ..LsmSettings::default()
-    };
+    let settings = small_settings();
     let manifests = ManifestStore::new(store.clone(), Path::from("shard"));
     let mut owner = manifests.claim("owner-0", None).await.expect("claims");
     let mut tree = LsmTree::new(
@@ -202,11 +208,7 @@ fn flushes_happen_and_reads_span_memtable_and_ssts() {
     block_on(async {
         let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
         let clock: SharedClock = Arc::new(ManualClock::new(0));
-        let settings = LsmSettings {
-            memtable_bytes_max: 400,
-            block_size_bytes: 64,
-            ..LsmSettings::default()
-        };
+        let settings = small_settings();
         let tree = LsmTree::new(store, Path::from("s"), 1, settings, clock);
         for i in 0u32..100 {
             let w = StateWrite {
@@ -233,11 +235,7 @@ fn a_tree_reopened_from_a_checkpoint_manifest_reads_lazily_and_sees_everything()
     block_on(async {
         let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
         let clock: SharedClock = Arc::new(ManualClock::new(0));
-        let settings = LsmSettings {
-            memtable_bytes_max: 400,
-            block_size_bytes: 64,
-            ..LsmSettings::default()
-        };
+        let settings = small_settings();
         let manifests = ManifestStore::new(store.clone(), Path::from("s"));
         let claim = manifests.claim("writer-a", None).await.expect("claims");
         let tree = LsmTree::new(
