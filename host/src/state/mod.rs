@@ -9,6 +9,8 @@
 //! Invariant: a shard only ever sees writes of records whose call succeeded, applied in input
 //! offset order.
 
+#[cfg(test)]
+pub(crate) mod faulty_store;
 pub mod key;
 pub mod lsm;
 pub mod manifest;

@@ -1,19 +1,25 @@
 //! The disaggregated LSM tree (ForSt-style): memtable → immutable memtables → SST files written
-//! through to object storage, organised by a manifest.
+//! through to object storage, organised by a manifest, read through memory and disk caches.
 //!
-//! Built in steps (issue 3). Present so far:
-//! - [`sst`]      the on-disk table format (v1) with its builder and reader;
-//! - [`memtable`] the sorted, byte-bounded in-memory write buffer;
-//! - [`tree`]     one shard's tree: write path with write-through flushes, read path merging
-//!   memtables and L0 SSTs newest first.
+//! - [`sst`]        the on-disk table format (v1) with its builder and reader;
+//! - [`memtable`]   the sorted, byte-bounded in-memory write buffer;
+//! - [`cache`]      where SST bytes come from: memory block cache → disk cache → range GET;
+//! - [`tree`]       one shard's tree: write path, read path, background compaction and write
+//!   backpressure;
+//! - [`compaction`] leveled compaction: the choice (with its justification) and the merge;
+//! - [`gc`]         deleting SSTs and manifests no retained checkpoint references.
 //!
 //! The manifest (create-only versions, read-back commits, fencing) is in
-//! [`crate::state::manifest`]. Next: opening a tree at a manifest version, block and disk caches
-//! with range reads, compaction with backpressure, TTL dropping, GC.
+//! [`crate::state::manifest`].
 
+pub mod cache;
+pub mod compaction;
+pub mod gc;
 pub mod memtable;
 pub mod sst;
 pub mod tree;
 
+#[cfg(test)]
+mod fault_tests;
 #[cfg(test)]
 mod tests;

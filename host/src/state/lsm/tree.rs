@@ -1,26 +1,40 @@
-//! [`LsmTree`]: one shard's LSM tree — write path (memtable → immutable memtable → SST written
-//! through to object storage) and read path (memtable → immutable memtables → L0 newest first).
+//! [`LsmTree`]: one shard's LSM tree.
 //!
-//! Steps 2 and 4 of issue 3. A tree opened from a manifest reads nothing up front; each SST is
-//! fetched whole on its first read. Not yet here: block and disk caches with one range GET per
-//! data block, compaction, TTL dropping and GC, and the checkpoint wiring — so the tree is not
-//! selectable in the config yet.
+//! - **Write path:** memtable → immutable memtables → SSTs written through to object storage
+//!   (create-only, fresh names) as soon as a memtable fills, not only at checkpoints. No WAL:
+//!   the Kafka input, replayed from the checkpoint's offsets, is the log.
+//! - **Read path:** memtable → immutable memtables → L0 newest first → L1, L2, … (one SST per
+//!   level can hold a key, found by the key ranges the manifest records). An SST's metadata is
+//!   read on its first use; data blocks come through [`SstFiles`]'s caches.
+//! - **Compaction** (leveled, see [`super::compaction`]) runs in a background task; writes slow
+//!   down when L0 reaches `l0_slowdown_trigger` SSTs and stall at `l0_stop_trigger` (refused as
+//!   unavailable after `stall_timeout`, so the worker backs off and pauses the partition).
 //!
-//! Invariant: `apply` is atomic — it either inserts every write into the memtable or, when
-//! flushing is failing and the immutable memtables are at their limit, inserts none and reports
-//! the backend unavailable (the worker retries the batch). A failed flush keeps its immutable
-//! memtable readable and is retried at the next `apply`.
+//! A tree opened from a manifest reads nothing up front.
+//!
+//! Invariants: `apply` is atomic — it inserts every write into the memtable or none (refused
+//! when flushing keeps failing with the immutable memtables at their limit, or on a stall). A
+//! failed flush keeps its immutable memtable readable and is retried at the next `apply`. The
+//! SST set is swapped whole under a lock, so a reader sees one consistent version; SSTs a
+//! compaction replaced stay in the store until GC (see [`super::gc`]) finds no reference.
 
+use super::cache::{FetchError, SstFiles, count_request};
+use super::compaction::{MergeSettings, merge};
 use super::memtable::Memtable;
-use super::sst::{Entry, SstBuilder, SstError, SstReader};
+use super::sst::block::BlockIter;
+use super::sst::reader::{find_in_block, open_block};
+use super::sst::{Entry, SstBuilder, SstError, SstIndex, SstReader};
 use crate::clock::SharedClock;
+use crate::state::manifest::{Manifest, SstRef};
 use crate::state::{Shard, StateError, StateWrite};
 use bytes::Bytes;
 use object_store::path::Path;
-use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
-use std::iter::Peekable;
+use object_store::{PutMode, PutOptions, PutPayload};
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+use tokio::sync::Notify;
 
 /// Settings of one tree.
 #[derive(Debug, Clone)]
@@ -33,6 +47,29 @@ pub struct LsmSettings {
     pub block_size_bytes: usize,
     /// Compress data blocks with lz4.
     pub compress: bool,
+    /// Size at which a compaction output SST is cut, bytes (as RocksDB's
+    /// `target_file_size_base`).
+    pub target_file_bytes: u64,
+    /// L0 SSTs that trigger an L0 → L1 compaction.
+    pub l0_compaction_trigger: usize,
+    /// L0 SSTs from which each `apply` is delayed by `slowdown_delay` per SST over the trigger
+    /// (as RocksDB's `level0_slowdown_writes_trigger`).
+    pub l0_slowdown_trigger: usize,
+    /// L0 SSTs at which `apply` waits for compaction (as `level0_stop_writes_trigger`).
+    pub l0_stop_trigger: usize,
+    /// Delay per L0 SST over the slowdown trigger.
+    pub slowdown_delay: Duration,
+    /// How long a stalled `apply` waits before reporting the backend unavailable.
+    pub stall_timeout: Duration,
+    /// Target size of L1, bytes; level n holds `ratio^(n-1)` times that.
+    pub level_base_bytes: u64,
+    /// Size ratio between adjacent levels.
+    pub level_size_ratio: u64,
+    /// Number of levels, L0 included.
+    pub levels_max: usize,
+    /// Put the blocks of a freshly flushed SST into the memory block cache (as RocksDB's
+    /// `prepopulate_block_cache = kFlushOnly`): recently written keys are the likely reads.
+    pub prepopulate_block_cache: bool,
 }
 
 impl Default for LsmSettings {
@@ -42,6 +79,16 @@ impl Default for LsmSettings {
             immutable_memtables_max: 2,
             block_size_bytes: super::sst::format::DEFAULT_BLOCK_SIZE_BYTES,
             compress: true,
+            target_file_bytes: 64 << 20,
+            l0_compaction_trigger: 4,
+            l0_slowdown_trigger: 8,
+            l0_stop_trigger: 12,
+            slowdown_delay: Duration::from_millis(1),
+            stall_timeout: Duration::from_secs(10),
+            level_base_bytes: 256 << 20,
+            level_size_ratio: 10,
+            levels_max: 7,
+            prepopulate_block_cache: true,
         }
     }
 }
@@ -61,29 +108,42 @@ impl SstId {
     pub fn object_name(&self) -> String {
         format!("sst/{:020}-{:020}.sst", self.writer_epoch, self.seq)
     }
+
+    /// Parses an object file name made by [`SstId::object_name`].
+    pub fn parse_file_name(name: &str) -> Option<Self> {
+        let (epoch, seq) = name.strip_suffix(".sst")?.split_once('-')?;
+        Some(Self {
+            writer_epoch: epoch.parse().ok()?,
+            seq: seq.parse().ok()?,
+        })
+    }
 }
 
-/// An SST of the tree: opened when flushed, or lazily (one GET on first read) when the tree was
-/// opened from a manifest.
+/// An SST of the tree with its metadata, read on first use.
 #[derive(Debug)]
 struct OpenSst {
-    id: SstId,
-    reader: tokio::sync::OnceCell<SstReader>,
+    meta: SstRef,
+    path: Arc<str>,
+    index: tokio::sync::OnceCell<Arc<SstIndex>>,
 }
 
 impl OpenSst {
-    fn loaded(id: SstId, reader: SstReader) -> Self {
-        Self {
-            id,
-            reader: tokio::sync::OnceCell::new_with(Some(reader)),
-        }
+    fn covers(&self, key: &[u8]) -> bool {
+        self.meta.first_key.as_slice() <= key && key <= self.meta.last_key.as_slice()
     }
+}
 
-    fn lazy(id: SstId) -> Self {
-        Self {
-            id,
-            reader: tokio::sync::OnceCell::new(),
-        }
+/// The SSTs of the tree at one moment; replaced whole.
+#[derive(Debug, Clone, Default)]
+struct Version {
+    /// `levels[0]` is L0, oldest first, overlapping; every other level is sorted by key with
+    /// disjoint key ranges.
+    levels: Vec<Vec<Arc<OpenSst>>>,
+}
+
+impl Version {
+    fn level_bytes(&self, level: usize) -> u64 {
+        self.levels[level].iter().map(|s| s.meta.size_bytes).sum()
     }
 }
 
@@ -92,14 +152,14 @@ struct Levels {
     memtable: Memtable,
     /// Frozen memtables waiting for their flush, oldest first.
     immutables: Vec<Arc<Memtable>>,
-    /// Flushed SSTs, oldest first.
-    l0: Vec<Arc<OpenSst>>,
+    version: Arc<Version>,
+    /// Per level, the last key of the last SST compacted out of it (round-robin choice).
+    compact_pointer: Vec<Vec<u8>>,
 }
 
-/// One shard's LSM tree on an object store.
 #[derive(Debug)]
-pub struct LsmTree {
-    store: Arc<dyn ObjectStore>,
+struct Inner {
+    files: SstFiles,
     root: Path,
     writer_epoch: u64,
     settings: LsmSettings,
@@ -107,135 +167,199 @@ pub struct LsmTree {
     label: String,
     levels: RwLock<Levels>,
     flushing: tokio::sync::Mutex<()>,
+    compacting: tokio::sync::Mutex<()>,
     next_seq: AtomicU64,
+    /// Seq of this writer below which SSTs were recorded by a committed checkpoint.
+    checkpoint_seq: AtomicU64,
+    compaction_wanted: Notify,
+    l0_shrank: Notify,
+    compactions: AtomicU64,
+}
+
+/// One shard's LSM tree on an object store. Dropping it stops its background compaction.
+#[derive(Debug)]
+pub struct LsmTree {
+    inner: Arc<Inner>,
+    compactor: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for LsmTree {
+    fn drop(&mut self) {
+        self.compactor.abort();
+    }
+}
+
+/// One compaction: merge `inputs` (newest first) into `output_level`.
+#[derive(Debug)]
+struct Job {
+    input_level: usize,
+    output_level: usize,
+    inputs: Vec<Arc<OpenSst>>,
+    bottom: bool,
+    trivial_move: bool,
 }
 
 impl LsmTree {
-    /// An empty tree writing SSTs under `root` of `store` as writer `writer_epoch`.
+    /// An empty tree writing SSTs under `root` as writer `writer_epoch`. Must be called within
+    /// a tokio runtime (it spawns the compaction task).
     pub fn new(
-        store: Arc<dyn ObjectStore>,
+        files: SstFiles,
         root: Path,
         writer_epoch: u64,
         settings: LsmSettings,
         clock: SharedClock,
     ) -> Self {
+        let levels_max = settings.levels_max.max(2);
         let label = root.to_string();
-        Self {
-            store,
+        let inner = Arc::new(Inner {
+            files,
             root,
             writer_epoch,
-            settings,
+            settings: LsmSettings {
+                levels_max,
+                ..settings
+            },
             clock,
             label,
-            levels: RwLock::new(Levels::default()),
+            levels: RwLock::new(Levels {
+                version: Arc::new(Version {
+                    levels: vec![Vec::new(); levels_max],
+                }),
+                compact_pointer: vec![Vec::new(); levels_max],
+                ..Levels::default()
+            }),
             flushing: tokio::sync::Mutex::new(()),
+            compacting: tokio::sync::Mutex::new(()),
             next_seq: AtomicU64::new(0),
-        }
+            checkpoint_seq: AtomicU64::new(0),
+            compaction_wanted: Notify::new(),
+            l0_shrank: Notify::new(),
+            compactions: AtomicU64::new(0),
+        });
+        let compactor = tokio::spawn(compact_in_background(inner.clone()));
+        Self { inner, compactor }
     }
 
     /// Opens the tree recorded in `manifest` for writer `writer_epoch` (the epoch of the claim
-    /// this writer made). Reads nothing from the store: each SST is fetched on its first read.
-    /// Only level 0 exists so far; other levels in the manifest are refused.
+    /// this writer made). Reads nothing from the store: each SST's metadata is fetched on its
+    /// first read, each data block when needed.
     ///
     /// # Errors
-    /// [`StateError::Corrupt`] when the manifest lists levels this version cannot read.
+    /// [`StateError::Corrupt`] when a level below L0 is not sorted with disjoint key ranges.
     pub fn open(
-        store: Arc<dyn ObjectStore>,
+        files: SstFiles,
         root: Path,
-        manifest: &crate::state::manifest::Manifest,
+        manifest: &Manifest,
         writer_epoch: u64,
         settings: LsmSettings,
         clock: SharedClock,
     ) -> Result<Self, StateError> {
-        let tree = Self::new(store, root, writer_epoch, settings, clock);
-        if manifest
-            .levels
-            .iter()
-            .skip(1)
-            .any(|level| !level.is_empty())
-        {
-            return Err(StateError::Corrupt {
-                shard: tree.label.clone(),
-                source: "manifest lists SSTs below level 0, which this version cannot read".into(),
-            });
+        let settings = LsmSettings {
+            levels_max: settings.levels_max.max(manifest.levels.len()),
+            ..settings
+        };
+        let tree = Self::new(files, root, writer_epoch, settings, clock);
+        let mut version = Version {
+            levels: vec![Vec::new(); tree.inner.settings.levels_max],
+        };
+        for (n, level) in manifest.levels.iter().enumerate() {
+            for r in level {
+                if r.first_key > r.last_key {
+                    return Err(tree
+                        .inner
+                        .corrupt_msg("manifest records an SST whose first key is after its last"));
+                }
+            }
+            if n > 0 && level.windows(2).any(|w| w[0].last_key >= w[1].first_key) {
+                return Err(tree.inner.corrupt_msg(&format!(
+                    "manifest level {n} is not sorted with disjoint key ranges"
+                )));
+            }
+            version.levels[n] = level
+                .iter()
+                .map(|r| Arc::new(tree.inner.lazy(r.clone())))
+                .collect();
         }
-        tree.write().l0 = manifest
-            .levels
-            .first()
-            .into_iter()
-            .flatten()
-            .map(|r| {
-                Arc::new(OpenSst::lazy(SstId {
-                    writer_epoch: r.writer_epoch,
-                    seq: r.seq,
-                }))
-            })
-            .collect();
+        tree.inner.write().version = Arc::new(version);
         Ok(tree)
     }
 
     /// The SSTs of level 0, oldest first.
     pub fn l0_ssts(&self) -> Vec<SstId> {
-        self.read().l0.iter().map(|s| s.id).collect()
+        self.inner.read().version.levels[0]
+            .iter()
+            .map(|s| s.meta.id())
+            .collect()
     }
 
-    /// How many SSTs have been read into memory (flushed here or fetched on first read).
-    pub fn loaded_ssts(&self) -> usize {
-        self.read()
-            .l0
+    /// Number of SSTs per level, L0 first.
+    pub fn level_counts(&self) -> Vec<usize> {
+        self.inner
+            .read()
+            .version
+            .levels
             .iter()
-            .filter(|s| s.reader.initialized())
+            .map(Vec::len)
+            .collect()
+    }
+
+    /// Every SST of the current version.
+    pub fn live_ssts(&self) -> Vec<SstId> {
+        let levels = self.inner.read();
+        levels
+            .version
+            .levels
+            .iter()
+            .flatten()
+            .map(|s| s.meta.id())
+            .collect()
+    }
+
+    /// How many SSTs have had their metadata read (flushed here or read on first use).
+    pub fn loaded_ssts(&self) -> usize {
+        self.inner
+            .read()
+            .version
+            .levels
+            .iter()
+            .flatten()
+            .filter(|s| s.index.initialized())
             .count()
     }
 
-    /// The levels to record in a checkpoint manifest: every SST flushed so far. Call after
-    /// [`LsmTree::flush`] so that nothing is only in memory.
-    pub fn levels(&self) -> Vec<Vec<crate::state::manifest::SstRef>> {
-        vec![self.l0_ssts().into_iter().map(Into::into).collect()]
-    }
-
-    fn sst_path(&self, id: SstId) -> Path {
-        Path::from(format!("{}/{}", self.root, id.object_name()))
-    }
-
-    /// Fetches every SST not yet in memory (one GET each).
-    async fn load_all(&self) -> Result<(), StateError> {
-        let pending: Vec<Arc<OpenSst>> = self
+    /// The levels to record in a checkpoint manifest: every SST of the current version. Call
+    /// after [`LsmTree::flush`] so that nothing is only in memory.
+    pub fn levels(&self) -> Vec<Vec<SstRef>> {
+        self.inner
             .read()
-            .l0
+            .version
+            .levels
             .iter()
-            .filter(|s| !s.reader.initialized())
-            .cloned()
-            .collect();
-        for sst in pending {
-            sst.reader
-                .get_or_try_init(|| async {
-                    let bytes = self
-                        .store
-                        .get(&self.sst_path(sst.id))
-                        .await
-                        .map_err(|e| self.fetch_error(e))?
-                        .bytes()
-                        .await
-                        .map_err(|e| self.unavailable(e))?;
-                    metrics::counter!("weir_object_store_get_bytes_total")
-                        .increment(bytes.len() as u64);
-                    SstReader::open(bytes).map_err(|e| self.corrupt(e))
-                })
-                .await?;
-        }
-        Ok(())
+            .map(|level| level.iter().map(|s| s.meta.clone()).collect())
+            .collect()
     }
 
-    /// A missing SST that a manifest references is corruption, not an outage.
-    fn fetch_error(&self, source: object_store::Error) -> StateError {
-        match source {
-            object_store::Error::NotFound { .. } => StateError::Corrupt {
-                shard: self.label.clone(),
-                source: Box::new(source),
-            },
-            other => self.unavailable(other),
-        }
+    /// This writer's epoch.
+    pub fn writer_epoch(&self) -> u64 {
+        self.inner.writer_epoch
+    }
+
+    /// The sequence number the next SST of this writer gets. A checkpointer reads it before
+    /// [`LsmTree::levels`] and hands it to [`LsmTree::checkpoint_committed`] after the commit.
+    pub fn next_seq(&self) -> u64 {
+        self.inner.next_seq.load(Ordering::SeqCst)
+    }
+
+    /// Records that a checkpoint holding every SST of this writer below `seq` committed:
+    /// GC may now treat this writer's older, unreferenced SSTs as garbage.
+    pub fn checkpoint_committed(&self, seq: u64) {
+        self.inner.checkpoint_seq.fetch_max(seq, Ordering::SeqCst);
+    }
+
+    /// This writer's SSTs with a sequence number at or above this were flushed or compacted
+    /// since its last checkpoint; GC never deletes them.
+    pub fn checkpoint_seq(&self) -> u64 {
+        self.inner.checkpoint_seq.load(Ordering::SeqCst)
     }
 
     /// Freezes the memtable (if not empty) and flushes every immutable memtable.
@@ -244,15 +368,35 @@ impl LsmTree {
     /// [`StateError::Unavailable`] when an SST cannot be written; the data stays readable.
     pub async fn flush(&self) -> Result<(), StateError> {
         {
-            let mut levels = self.write();
+            let mut levels = self.inner.write();
             if !levels.memtable.is_empty() {
                 let frozen = Arc::new(std::mem::take(&mut levels.memtable));
                 levels.immutables.push(frozen);
             }
         }
-        self.flush_immutables().await
+        self.inner.flush_immutables().await
     }
 
+    /// Compactions this tree has run (trivial moves included).
+    pub fn compactions(&self) -> u64 {
+        self.inner.compactions.load(Ordering::Relaxed)
+    }
+
+    /// Runs compactions until none is due (the background task does the same on its own);
+    /// returns how many ran.
+    ///
+    /// # Errors
+    /// [`StateError`] of a failed compaction; the tree is unchanged by it.
+    pub async fn compact_until_settled(&self) -> Result<usize, StateError> {
+        let mut ran = 0;
+        while self.inner.compact_once().await? {
+            ran += 1;
+        }
+        Ok(ran)
+    }
+}
+
+impl Inner {
     fn read(&self) -> std::sync::RwLockReadGuard<'_, Levels> {
         // Levels are swapped whole under the lock, so a poisoned lock still guards a
         // consistent value.
@@ -261,6 +405,18 @@ impl LsmTree {
 
     fn write(&self) -> std::sync::RwLockWriteGuard<'_, Levels> {
         self.levels.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn sst_path(&self, id: SstId) -> Arc<str> {
+        Arc::from(format!("{}/{}", self.root, id.object_name()))
+    }
+
+    fn lazy(&self, meta: SstRef) -> OpenSst {
+        OpenSst {
+            path: self.sst_path(meta.id()),
+            meta,
+            index: tokio::sync::OnceCell::new(),
+        }
     }
 
     fn unavailable(&self, source: object_store::Error) -> StateError {
@@ -277,6 +433,68 @@ impl LsmTree {
         }
     }
 
+    fn corrupt_msg(&self, message: &str) -> StateError {
+        StateError::Corrupt {
+            shard: self.label.clone(),
+            source: message.to_owned().into(),
+        }
+    }
+
+    /// A missing SST that a manifest references is corruption, not an outage.
+    fn fetch_error(&self, error: Arc<FetchError>) -> StateError {
+        match &*error {
+            FetchError::Store { .. } => StateError::Unavailable {
+                shard: self.label.clone(),
+                source: Box::new(error),
+            },
+            FetchError::Missing { .. } | FetchError::Corrupt { .. } => StateError::Corrupt {
+                shard: self.label.clone(),
+                source: Box::new(error),
+            },
+        }
+    }
+
+    fn fresh_id(&self) -> SstId {
+        SstId {
+            writer_epoch: self.writer_epoch,
+            seq: self.next_seq.fetch_add(1, Ordering::SeqCst),
+        }
+    }
+
+    /// Writes `file` as a new SST (create-only, fresh name) and returns it opened.
+    async fn upload(
+        &self,
+        file: Bytes,
+        first_key: Vec<u8>,
+        last_key: Vec<u8>,
+    ) -> Result<Arc<OpenSst>, StateError> {
+        let index = SstIndex::open(file.clone(), 0).map_err(|e| self.corrupt(e))?;
+        // A fresh name per attempt: an attempt whose acknowledgement was lost leaves an orphan
+        // for GC instead of a name collision.
+        let id = self.fresh_id();
+        let sst = self.lazy(SstRef {
+            writer_epoch: id.writer_epoch,
+            seq: id.seq,
+            size_bytes: file.len() as u64,
+            first_key,
+            last_key,
+        });
+        self.files
+            .store()
+            .put_opts(
+                &Path::from(&*sst.path),
+                PutPayload::from(file.clone()),
+                PutOptions::from(PutMode::Create),
+            )
+            .await
+            .map_err(|e| self.unavailable(e))?;
+        count_request("put", file.len());
+        sst.index
+            .set(Arc::new(index))
+            .expect("a fresh OpenSst has no index yet");
+        Ok(Arc::new(sst))
+    }
+
     /// Flushes the immutable memtables oldest first; stops at the first failure.
     async fn flush_immutables(&self) -> Result<(), StateError> {
         let _one_flush_at_a_time = self.flushing.lock().await;
@@ -291,25 +509,91 @@ impl LsmTree {
                     .add(key, entry)
                     .expect("memtable iteration is in strictly increasing key order");
             }
+            let (first, last) = builder
+                .key_range()
+                .map(|(f, l)| (f.to_vec(), l.to_vec()))
+                .expect("only non-empty memtables are frozen");
             let file = builder.finish();
-            // A fresh name per attempt: an attempt whose acknowledgement was lost leaves an
-            // orphan for GC instead of a name collision.
-            let id = SstId {
-                writer_epoch: self.writer_epoch,
-                seq: self.next_seq.fetch_add(1, Ordering::SeqCst),
+            let sst = self.upload(file.clone(), first, last).await?;
+            if self.settings.prepopulate_block_cache && self.files.has_memory_cache() {
+                let index = sst.index.get().expect("uploaded SSTs carry their index");
+                for (_, handle) in index.blocks() {
+                    if let Ok(block) = open_block(&file.slice(handle.range())) {
+                        self.files.prepopulate(&sst.path, *handle, block).await;
+                    }
+                }
+            }
+            let l0_files = {
+                let mut levels = self.write();
+                levels.immutables.retain(|m| !Arc::ptr_eq(m, &oldest));
+                let mut version = (*levels.version).clone();
+                version.levels[0].push(sst);
+                levels.version = Arc::new(version);
+                levels.version.levels[0].len()
             };
-            let path = self.sst_path(id);
-            let opts = PutOptions::from(PutMode::Create);
-            self.store
-                .put_opts(&path, PutPayload::from(file.clone()), opts)
-                .await
-                .map_err(|e| self.unavailable(e))?;
-            metrics::counter!("weir_object_store_put_bytes_total").increment(file.len() as u64);
-            let reader = SstReader::open(file).map_err(|e| self.corrupt(e))?;
-            let mut levels = self.write();
-            levels.immutables.retain(|m| !Arc::ptr_eq(m, &oldest));
-            levels.l0.push(Arc::new(OpenSst::loaded(id, reader)));
+            metrics::counter!("weir_lsm_flushes_total").increment(1);
+            metrics::gauge!("weir_lsm_l0_files", "shard" => self.label.clone())
+                .set(l0_files as f64);
+            self.compaction_wanted.notify_one();
         }
+    }
+
+    async fn index_of(&self, sst: &OpenSst) -> Result<Arc<SstIndex>, StateError> {
+        sst.index
+            .get_or_try_init(|| async {
+                self.files
+                    .open_index(&sst.path, sst.meta.size_bytes)
+                    .await
+                    .map(Arc::new)
+                    .map_err(|e| self.fetch_error(Arc::new(e)))
+            })
+            .await
+            .cloned()
+    }
+
+    async fn sst_get(&self, sst: &OpenSst, key: &[u8]) -> Result<Option<Entry>, StateError> {
+        let index = self.index_of(sst).await?;
+        let Some(handle) = index.block_for(key) else {
+            return Ok(None);
+        };
+        let block = self
+            .files
+            .read_block(&sst.path, handle)
+            .await
+            .map_err(|e| self.fetch_error(e))?;
+        find_in_block(block, key).map_err(|e| self.corrupt(e))
+    }
+
+    async fn lookup(&self, key: &[u8]) -> Result<Option<Entry>, StateError> {
+        let version = {
+            let levels = self.read();
+            if let Some(e) = levels.memtable.get(key) {
+                return Ok(Some(e.clone()));
+            }
+            for m in levels.immutables.iter().rev() {
+                if let Some(e) = m.get(key) {
+                    return Ok(Some(e.clone()));
+                }
+            }
+            levels.version.clone()
+        };
+        for sst in version.levels[0].iter().rev() {
+            if sst.covers(key)
+                && let Some(e) = self.sst_get(sst, key).await?
+            {
+                return Ok(Some(e));
+            }
+        }
+        for level in &version.levels[1..] {
+            let i = level.partition_point(|s| s.meta.last_key.as_slice() < key);
+            if let Some(sst) = level.get(i)
+                && sst.covers(key)
+                && let Some(e) = self.sst_get(sst, key).await?
+            {
+                return Ok(Some(e));
+            }
+        }
+        Ok(None)
     }
 
     fn live(&self, entry: Entry, now_ms: u64) -> Option<Bytes> {
@@ -322,44 +606,308 @@ impl LsmTree {
         }
     }
 
-    fn lookup(&self, key: &[u8]) -> Result<Option<Entry>, StateError> {
+    /// Delays or stalls a write while L0 is over its limits.
+    async fn backpressure(&self) -> Result<(), StateError> {
+        let s = &self.settings;
+        let l0 = self.read().version.levels[0].len();
+        if l0 < s.l0_slowdown_trigger {
+            return Ok(());
+        }
+        let started = Instant::now();
+        if l0 < s.l0_stop_trigger {
+            let over = (l0 - s.l0_slowdown_trigger + 1) as u32;
+            tokio::time::sleep(s.slowdown_delay * over).await;
+        } else {
+            self.compaction_wanted.notify_one();
+            let deadline = started + s.stall_timeout;
+            loop {
+                let shrank = self.l0_shrank.notified();
+                tokio::pin!(shrank);
+                shrank.as_mut().enable();
+                if self.read().version.levels[0].len() < s.l0_stop_trigger {
+                    break;
+                }
+                if tokio::time::timeout_at(deadline.into(), shrank)
+                    .await
+                    .is_err()
+                {
+                    record_stall(started);
+                    return Err(StateError::Unavailable {
+                        shard: self.label.clone(),
+                        source: "writes stalled: L0 stayed at its stop trigger while compaction caught up".into(),
+                    });
+                }
+            }
+        }
+        record_stall(started);
+        Ok(())
+    }
+
+    /// Chooses the next compaction, if one is due.
+    fn pick(&self) -> Option<Job> {
+        let s = &self.settings;
         let levels = self.read();
-        if let Some(e) = levels.memtable.get(key) {
-            return Ok(Some(e.clone()));
+        let version = &levels.version;
+        let bottom_below = |output: usize| version.levels[output + 1..].iter().all(Vec::is_empty);
+        if version.levels[0].len() >= s.l0_compaction_trigger.max(1) {
+            let inputs: Vec<Arc<OpenSst>> = version.levels[0].iter().rev().cloned().collect();
+            let first = inputs.iter().map(|s| &s.meta.first_key).min()?;
+            let last = inputs.iter().map(|s| &s.meta.last_key).max()?;
+            let overlapping = overlapping(&version.levels[1], first, last);
+            return Some(Job {
+                input_level: 0,
+                output_level: 1,
+                inputs: inputs.into_iter().chain(overlapping).collect(),
+                bottom: bottom_below(1),
+                trivial_move: false,
+            });
         }
-        for m in levels.immutables.iter().rev() {
-            if let Some(e) = m.get(key) {
-                return Ok(Some(e.clone()));
+        let mut target = s.level_base_bytes;
+        for n in 1..s.levels_max - 1 {
+            if version.level_bytes(n) > target {
+                let pointer = &levels.compact_pointer[n];
+                let level = &version.levels[n];
+                let chosen = level
+                    .iter()
+                    .find(|sst| sst.meta.first_key > *pointer)
+                    .or_else(|| level.first())?
+                    .clone();
+                let overlapping = overlapping(
+                    &version.levels[n + 1],
+                    &chosen.meta.first_key,
+                    &chosen.meta.last_key,
+                );
+                let bottom = bottom_below(n + 1);
+                return Some(Job {
+                    input_level: n,
+                    output_level: n + 1,
+                    trivial_move: overlapping.is_empty() && !bottom,
+                    inputs: std::iter::once(chosen).chain(overlapping).collect(),
+                    bottom,
+                });
             }
+            target = target.saturating_mul(s.level_size_ratio.max(2));
         }
-        for sst in levels.l0.iter().rev() {
-            let reader = sst
-                .reader
-                .get()
-                .expect("load_all ran before the lookup and new SSTs arrive loaded");
-            if let Some(e) = reader.get(key).map_err(|e| self.corrupt(e))? {
-                return Ok(Some(e));
+        None
+    }
+
+    /// Runs one compaction if one is due; returns whether one ran.
+    async fn compact_once(&self) -> Result<bool, StateError> {
+        let _one_at_a_time = self.compacting.lock().await;
+        let Some(job) = self.pick() else {
+            return Ok(false);
+        };
+        let outputs = if job.trivial_move {
+            job.inputs.clone()
+        } else {
+            let mut readers = Vec::with_capacity(job.inputs.len());
+            let mut read_bytes = 0;
+            for sst in &job.inputs {
+                let file = self
+                    .files
+                    .get_whole(&sst.path)
+                    .await
+                    .map_err(|e| self.fetch_error(Arc::new(e)))?;
+                read_bytes += file.len() as u64;
+                readers.push(SstReader::open(file).map_err(|e| self.corrupt(e))?);
             }
-        }
-        Ok(None)
+            let settings = MergeSettings {
+                bottom: job.bottom,
+                now_ms: self.clock.now_ms(),
+                target_file_bytes: self.settings.target_file_bytes,
+                block_size_bytes: self.settings.block_size_bytes,
+                compress: self.settings.compress,
+            };
+            let merged = tokio::task::spawn_blocking(move || merge(readers, settings))
+                .await
+                .expect("the merge does not panic")
+                .map_err(|e| self.corrupt(e))?;
+            let mut outputs = Vec::with_capacity(merged.files.len());
+            let mut written_bytes = 0;
+            for (file, first, last) in merged.files {
+                written_bytes += file.len() as u64;
+                outputs.push(self.upload(file, first, last).await?);
+            }
+            metrics::counter!("weir_lsm_compaction_bytes_total", "direction" => "read")
+                .increment(read_bytes);
+            metrics::counter!("weir_lsm_compaction_bytes_total", "direction" => "written")
+                .increment(written_bytes);
+            outputs
+        };
+        let l0_files = {
+            let mut levels = self.write();
+            let mut version = (*levels.version).clone();
+            let gone: Vec<SstId> = job.inputs.iter().map(|s| s.meta.id()).collect();
+            for n in [job.input_level, job.output_level] {
+                version.levels[n].retain(|s| !gone.contains(&s.meta.id()));
+            }
+            let out = &mut version.levels[job.output_level];
+            out.extend(outputs);
+            out.sort_by(|a, b| a.meta.first_key.cmp(&b.meta.first_key));
+            debug_assert!(
+                out.windows(2)
+                    .all(|w| w[0].meta.last_key < w[1].meta.first_key),
+                "a level below L0 must keep disjoint key ranges"
+            );
+            if job.input_level > 0 {
+                levels.compact_pointer[job.input_level] = job.inputs[0].meta.last_key.clone();
+            }
+            levels.version = Arc::new(version);
+            levels.version.levels[0].len()
+        };
+        self.compactions.fetch_add(1, Ordering::Relaxed);
+        metrics::counter!("weir_lsm_compactions_total").increment(1);
+        metrics::gauge!("weir_lsm_l0_files", "shard" => self.label.clone()).set(l0_files as f64);
+        self.l0_shrank.notify_waiters();
+        Ok(true)
     }
 }
 
-type Source<'a> = Peekable<Box<dyn Iterator<Item = Result<(Vec<u8>, Entry), SstError>> + 'a>>;
+/// Adds the time since `started` to `weir_lsm_write_stall_micros_total`.
+fn record_stall(started: Instant) {
+    metrics::counter!("weir_lsm_write_stall_micros_total")
+        .increment(u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX));
+}
+
+/// The SSTs of a sorted level whose key ranges meet `[first, last]`.
+fn overlapping(level: &[Arc<OpenSst>], first: &[u8], last: &[u8]) -> Vec<Arc<OpenSst>> {
+    level
+        .iter()
+        .filter(|s| s.meta.last_key.as_slice() >= first && s.meta.first_key.as_slice() <= last)
+        .cloned()
+        .collect()
+}
+
+/// The background compaction loop: runs due compactions whenever a flush asks; backs off after
+/// a failure (100 ms doubling to 2 s; an outage is retried, corruption is logged and reads
+/// report it).
+async fn compact_in_background(inner: Arc<Inner>) {
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        inner.compaction_wanted.notified().await;
+        loop {
+            match inner.compact_once().await {
+                Ok(true) => backoff = Duration::from_millis(100),
+                Ok(false) => break,
+                Err(error) => {
+                    tracing::warn!(shard = %inner.label, %error, "compaction failed; retrying later");
+                    // A writer stalled on L0 asks again at once rather than waiting out the
+                    // backoff.
+                    tokio::select! {
+                        () = tokio::time::sleep(backoff) => {}
+                        () = inner.compaction_wanted.notified() => {}
+                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(2));
+                }
+            }
+        }
+    }
+}
+
+/// The smallest key greater than every key starting with `prefix`, or `None` when there is
+/// none (the prefix is empty or all `0xff`).
+fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return Some(end);
+        }
+    }
+    None
+}
+
+/// A cursor over the entries of one SST from a start key, fetching blocks as it goes.
+#[derive(Debug)]
+struct SstCursor {
+    sst: Arc<OpenSst>,
+    index: Arc<SstIndex>,
+    next_block: usize,
+    block: Option<BlockIter>,
+}
+
+/// One input of a scan, newest first.
+#[derive(Debug)]
+enum ScanSource {
+    Memory(VecDeque<(Bytes, Entry)>),
+    Sst {
+        cursor: SstCursor,
+        head: Option<(Bytes, Entry)>,
+        done: bool,
+    },
+}
+
+impl ScanSource {
+    fn head(&self) -> Option<&(Bytes, Entry)> {
+        match self {
+            ScanSource::Memory(entries) => entries.front(),
+            ScanSource::Sst { head, .. } => head.as_ref(),
+        }
+    }
+
+    fn take(&mut self) -> Option<(Bytes, Entry)> {
+        match self {
+            ScanSource::Memory(entries) => entries.pop_front(),
+            ScanSource::Sst { head, .. } => head.take(),
+        }
+    }
+
+    /// Makes sure `head` holds the next entry `>= start` (or the source is exhausted).
+    async fn fill(
+        &mut self,
+        tree: &Inner,
+        start: &[u8],
+        end: Option<&[u8]>,
+    ) -> Result<(), StateError> {
+        let ScanSource::Sst { cursor, head, done } = self else {
+            return Ok(());
+        };
+        while head.is_none() && !*done {
+            if let Some(item) = cursor.block.as_mut().and_then(Iterator::next) {
+                let (key, entry) = item.map_err(|e| tree.corrupt(e))?;
+                if key.as_ref() >= start {
+                    *head = Some((key, entry));
+                }
+                continue;
+            }
+            let blocks = cursor.index.blocks();
+            let past_end = cursor.next_block > 0
+                && end.is_some_and(|end| blocks[cursor.next_block - 1].0.as_ref() >= end);
+            if past_end || cursor.next_block >= blocks.len() {
+                *done = true;
+                break;
+            }
+            let (_, handle) = blocks[cursor.next_block];
+            cursor.next_block += 1;
+            let raw = tree
+                .files
+                .read_block(&cursor.sst.path, handle)
+                .await
+                .map_err(|e| tree.fetch_error(e))?;
+            cursor.block = Some(BlockIter::new(raw));
+        }
+        Ok(())
+    }
+}
 
 impl Shard for LsmTree {
     async fn get(&self, key: &[u8]) -> Result<Option<Bytes>, StateError> {
-        self.load_all().await?;
-        let now_ms = self.clock.now_ms();
-        Ok(self.lookup(key)?.and_then(|e| self.live(e, now_ms)))
+        let now_ms = self.inner.clock.now_ms();
+        Ok(self
+            .inner
+            .lookup(key)
+            .await?
+            .and_then(|e| self.inner.live(e, now_ms)))
     }
 
     async fn get_many(&self, keys: &[Vec<u8>]) -> Result<Vec<Option<Bytes>>, StateError> {
-        self.load_all().await?;
-        let now_ms = self.clock.now_ms();
-        keys.iter()
-            .map(|k| Ok(self.lookup(k)?.and_then(|e| self.live(e, now_ms))))
-            .collect()
+        let now_ms = self.inner.clock.now_ms();
+        let found =
+            futures::future::try_join_all(keys.iter().map(|k| self.inner.lookup(k))).await?;
+        Ok(found
+            .into_iter()
+            .map(|e| e.and_then(|e| self.inner.live(e, now_ms)))
+            .collect())
     }
 
     async fn scan(
@@ -368,85 +916,99 @@ impl Shard for LsmTree {
         start_after: Option<&[u8]>,
         limit: usize,
     ) -> Result<Vec<(Vec<u8>, Bytes)>, StateError> {
-        self.load_all().await?;
-        let now_ms = self.clock.now_ms();
+        let inner = &*self.inner;
+        let now_ms = inner.clock.now_ms();
         let start = match start_after {
             Some(after) if after >= prefix => after,
             _ => prefix,
         };
-        let levels = self.read();
-        // Sources newest first, so that on equal keys the first one wins.
-        let mut sources: Vec<Source<'_>> = Vec::new();
-        let mem: Box<dyn Iterator<Item = _>> = Box::new(
-            levels
-                .memtable
-                .range_from(start)
-                .map(|(k, e)| Ok((k.clone(), e.clone()))),
-        );
-        sources.push(mem.peekable());
-        for m in levels.immutables.iter().rev() {
-            let it: Box<dyn Iterator<Item = _>> =
-                Box::new(m.range_from(start).map(|(k, e)| Ok((k.clone(), e.clone()))));
-            sources.push(it.peekable());
-        }
-        for sst in levels.l0.iter().rev() {
-            let reader = sst
-                .reader
-                .get()
-                .expect("load_all ran before the scan and new SSTs arrive loaded");
-            let it: Box<dyn Iterator<Item = _>> = Box::new(
-                reader
-                    .iter_from(start)
-                    .map(|r| r.map(|(k, e)| (k.to_vec(), e))),
-            );
-            sources.push(it.peekable());
+        let end = prefix_end(prefix);
+        let in_range = |k: &[u8]| k >= start && end.as_deref().is_none_or(|end| k < end);
+        let (mut sources, version) = {
+            let levels = inner.read();
+            let mut sources = Vec::new();
+            let mems = std::iter::once(&levels.memtable)
+                .chain(levels.immutables.iter().rev().map(|m| &**m));
+            for m in mems {
+                let entries: VecDeque<(Bytes, Entry)> = m
+                    .range_from(start)
+                    .take_while(|(k, _)| in_range(k))
+                    .map(|(k, e)| (Bytes::copy_from_slice(k), e.clone()))
+                    .collect();
+                sources.push(ScanSource::Memory(entries));
+            }
+            (sources, levels.version.clone())
+        };
+        let overlaps = |s: &OpenSst| {
+            s.meta.last_key.as_slice() >= start
+                && end
+                    .as_deref()
+                    .is_none_or(|end| s.meta.first_key.as_slice() < end)
+        };
+        let ssts = version.levels[0]
+            .iter()
+            .rev()
+            .chain(version.levels[1..].iter().flatten())
+            .filter(|s| overlaps(s));
+        for sst in ssts {
+            let index = inner.index_of(sst).await?;
+            sources.push(ScanSource::Sst {
+                cursor: SstCursor {
+                    next_block: index.first_block_from(start),
+                    sst: sst.clone(),
+                    index,
+                    block: None,
+                },
+                head: None,
+                done: false,
+            });
         }
         let mut out = Vec::new();
         while out.len() < limit {
-            let mut min: Option<Vec<u8>> = None;
             for source in sources.iter_mut() {
-                match source.peek() {
-                    Some(Ok((k, _))) if min.as_ref().is_none_or(|m| k < m) => min = Some(k.clone()),
-                    Some(Err(_)) => {
-                        if let Some(Err(e)) = source.next() {
-                            return Err(self.corrupt(e));
-                        }
-                    }
-                    _ => {}
-                }
+                source.fill(inner, start, end.as_deref()).await?;
             }
-            let Some(key) = min else { break };
+            let Some(key) = sources
+                .iter()
+                .filter_map(|s| s.head().map(|(k, _)| k))
+                .min()
+                .cloned()
+            else {
+                break;
+            };
             if !key.starts_with(prefix) {
                 break;
             }
             let mut newest: Option<Entry> = None;
             for source in sources.iter_mut() {
-                if matches!(source.peek(), Some(Ok((k, _))) if *k == key)
-                    && let Some(Ok((_, entry))) = source.next()
+                if source.head().is_some_and(|(k, _)| *k == key)
+                    && let Some((_, entry)) = source.take()
                     && newest.is_none()
                 {
                     newest = Some(entry);
                 }
             }
-            if start_after.is_some_and(|after| key.as_slice() <= after) {
+            if start_after.is_some_and(|after| key.as_ref() <= after) {
                 continue;
             }
-            if let Some(value) = newest.and_then(|e| self.live(e, now_ms)) {
-                out.push((key, value));
+            if let Some(value) = newest.and_then(|e| inner.live(e, now_ms)) {
+                out.push((key.to_vec(), value));
             }
         }
         Ok(out)
     }
 
     async fn apply(&self, writes: Vec<StateWrite>) -> Result<(), StateError> {
+        let inner = &*self.inner;
         // Make room first, so that a refusal happens before anything is inserted.
-        if let Err(err) = self.flush_immutables().await
-            && self.read().immutables.len() >= self.settings.immutable_memtables_max
+        if let Err(err) = inner.flush_immutables().await
+            && inner.read().immutables.len() >= inner.settings.immutable_memtables_max
         {
             return Err(err);
         }
-        let frozen = {
-            let mut levels = self.write();
+        inner.backpressure().await?;
+        let (frozen, memtable_bytes) = {
+            let mut levels = inner.write();
             for w in writes {
                 let entry = match w.value {
                     Some(value) => Entry::Put {
@@ -457,17 +1019,19 @@ impl Shard for LsmTree {
                 };
                 levels.memtable.insert(w.key, entry);
             }
-            if levels.memtable.bytes() >= self.settings.memtable_bytes_max {
+            if levels.memtable.bytes() >= inner.settings.memtable_bytes_max {
                 let frozen = Arc::new(std::mem::take(&mut levels.memtable));
                 levels.immutables.push(frozen);
-                true
+                (true, 0)
             } else {
-                false
+                (false, levels.memtable.bytes())
             }
         };
-        if frozen && let Err(err) = self.flush_immutables().await {
+        metrics::gauge!("weir_lsm_memtable_bytes", "shard" => inner.label.clone())
+            .set(memtable_bytes as f64);
+        if frozen && let Err(err) = inner.flush_immutables().await {
             // The writes are in; the flush is retried at the next apply.
-            tracing::warn!(shard = %self.label, error = %err, "memtable flush failed; will retry");
+            tracing::warn!(shard = %inner.label, error = %err, "memtable flush failed; will retry");
         }
         Ok(())
     }

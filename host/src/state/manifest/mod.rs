@@ -35,7 +35,7 @@ mod tests;
 /// Magic at the start of every manifest object.
 pub const MAGIC: &[u8; 8] = b"WEIRMAN1";
 /// Manifest format version.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 /// Attempts of one commit when the store answers ambiguously and the version is still absent.
 pub const COMMIT_ATTEMPTS_MAX: usize = 5;
 
@@ -68,21 +68,44 @@ pub struct Manifest {
     pub metadata: BTreeMap<String, String>,
 }
 
-/// An SST referenced by a manifest.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+/// An SST referenced by a manifest, with what a reader needs to route a key to it without
+/// reading it: its size and key range.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SstRef {
     /// Writer epoch in the SST's name.
     pub writer_epoch: u64,
     /// Sequence number in the SST's name.
     pub seq: u64,
+    /// Length of the object, bytes.
+    pub size_bytes: u64,
+    /// The smallest key in the SST (hex in the JSON body).
+    #[serde(with = "hex_bytes")]
+    pub first_key: Vec<u8>,
+    /// The largest key in the SST (hex in the JSON body).
+    #[serde(with = "hex_bytes")]
+    pub last_key: Vec<u8>,
 }
 
-impl From<SstId> for SstRef {
-    fn from(id: SstId) -> Self {
-        Self {
-            writer_epoch: id.writer_epoch,
-            seq: id.seq,
+impl SstRef {
+    /// The SST's name.
+    pub fn id(&self) -> SstId {
+        SstId {
+            writer_epoch: self.writer_epoch,
+            seq: self.seq,
         }
+    }
+}
+
+mod hex_bytes {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(bytes: &[u8], s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&hex::encode(bytes))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
+        let text = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+        hex::decode(text.as_bytes()).map_err(serde::de::Error::custom)
     }
 }
 
@@ -213,6 +236,17 @@ impl ManifestStore {
                 Manifest::decode(version, &bytes)
             }
             Err(object_store::Error::NotFound { .. }) => Err(ManifestError::NotFound(version)),
+            Err(e) => Err(ManifestError::Unavailable(e)),
+        }
+    }
+
+    /// Deletes one version (GC of versions older than every retained checkpoint).
+    ///
+    /// # Errors
+    /// [`ManifestError::Unavailable`]; deleting an absent version succeeds.
+    pub async fn delete(&self, version: u64) -> Result<(), ManifestError> {
+        match self.store.delete(&self.path(version)).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
             Err(e) => Err(ManifestError::Unavailable(e)),
         }
     }

@@ -3,109 +3,7 @@
 //! older owner (also in a slot above it), and corrupt bytes.
 
 use super::*;
-use async_trait::async_trait;
-use futures::stream::BoxStream;
-use object_store::memory::InMemory;
-use object_store::{
-    CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta,
-    PutMultipartOptions, PutResult,
-};
-use std::collections::VecDeque;
-use std::sync::Mutex;
-
-/// What the next `put_opts` does wrong.
-#[derive(Debug, Clone, Copy)]
-enum Fault {
-    /// Answer `AlreadyExists` without writing (a 409 "concurrent operation").
-    ConflictNothingWritten,
-    /// Write, then lose the acknowledgement.
-    LostAck,
-}
-
-/// Wraps the in-memory store, injecting the queued faults into PUTs.
-#[derive(Debug, Default)]
-struct FaultyStore {
-    inner: InMemory,
-    faults: Mutex<VecDeque<Fault>>,
-}
-
-impl FaultyStore {
-    fn inject(&self, fault: Fault) {
-        self.faults.lock().expect("unpoisoned").push_back(fault);
-    }
-}
-
-impl std::fmt::Display for FaultyStore {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "FaultyStore({})", self.inner)
-    }
-}
-
-#[async_trait]
-impl ObjectStore for FaultyStore {
-    async fn put_opts(
-        &self,
-        location: &Path,
-        payload: PutPayload,
-        opts: PutOptions,
-    ) -> object_store::Result<PutResult> {
-        let fault = self.faults.lock().expect("unpoisoned").pop_front();
-        match fault {
-            Some(Fault::ConflictNothingWritten) => Err(object_store::Error::AlreadyExists {
-                path: location.to_string(),
-                source: "409 ConditionalRequestConflict (injected)".into(),
-            }),
-            Some(Fault::LostAck) => {
-                self.inner.put_opts(location, payload, opts).await?;
-                Err(object_store::Error::Generic {
-                    store: "faulty",
-                    source: "connection reset after the PUT (injected)".into(),
-                })
-            }
-            None => self.inner.put_opts(location, payload, opts).await,
-        }
-    }
-
-    async fn put_multipart_opts(
-        &self,
-        location: &Path,
-        opts: PutMultipartOptions,
-    ) -> object_store::Result<Box<dyn MultipartUpload>> {
-        self.inner.put_multipart_opts(location, opts).await
-    }
-
-    async fn get_opts(
-        &self,
-        location: &Path,
-        options: GetOptions,
-    ) -> object_store::Result<GetResult> {
-        self.inner.get_opts(location, options).await
-    }
-
-    fn delete_stream(
-        &self,
-        locations: BoxStream<'static, object_store::Result<Path>>,
-    ) -> BoxStream<'static, object_store::Result<Path>> {
-        self.inner.delete_stream(locations)
-    }
-
-    fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
-        self.inner.list(prefix)
-    }
-
-    async fn list_with_delimiter(&self, prefix: Option<&Path>) -> object_store::Result<ListResult> {
-        self.inner.list_with_delimiter(prefix).await
-    }
-
-    async fn copy_opts(
-        &self,
-        from: &Path,
-        to: &Path,
-        options: CopyOptions,
-    ) -> object_store::Result<()> {
-        self.inner.copy_opts(from, to, options).await
-    }
-}
+use crate::state::faulty_store::{Fault, FaultyStore};
 
 fn checkpoint(base: &Manifest, version: u64, offset: &str) -> Manifest {
     Manifest {
@@ -117,6 +15,9 @@ fn checkpoint(base: &Manifest, version: u64, offset: &str) -> Manifest {
         levels: vec![vec![SstRef {
             writer_epoch: base.writer_epoch,
             seq: version,
+            size_bytes: 100,
+            first_key: b"a".to_vec(),
+            last_key: b"k".to_vec(),
         }]],
         metadata: [("offset.0".to_owned(), offset.to_owned())].into(),
     }
@@ -284,10 +185,16 @@ fn the_encoded_manifest_is_frozen() {
             SstRef {
                 writer_epoch: 2,
                 seq: 0,
+                size_bytes: 4096,
+                first_key: vec![0, 1],
+                last_key: vec![0, 9, 0xff],
             },
             SstRef {
                 writer_epoch: 2,
                 seq: 1,
+                size_bytes: 812,
+                first_key: b"a".to_vec(),
+                last_key: b"b".to_vec(),
             },
         ]],
         metadata: [("offset.0".to_owned(), "4000".to_owned())].into(),

@@ -12,6 +12,7 @@ pub struct SstBuilder {
     compress: bool,
     out: Vec<u8>,
     block: Vec<u8>,
+    first_key: Option<Vec<u8>>,
     last_key: Option<Vec<u8>>,
     index: Vec<(Vec<u8>, BlockHandle)>,
     hashes: Vec<u64>,
@@ -32,6 +33,7 @@ impl SstBuilder {
             compress,
             out: Vec::new(),
             block: Vec::new(),
+            first_key: None,
             last_key: None,
             index: Vec::new(),
             hashes: Vec::new(),
@@ -48,6 +50,9 @@ impl SstBuilder {
         }
         encode_entry(&mut self.block, key, entry);
         self.hashes.push(filter::hash(key));
+        if self.first_key.is_none() {
+            self.first_key = Some(key.to_vec());
+        }
         self.last_key = Some(key.to_vec());
         if self.block.len() >= self.block_size_bytes {
             self.finish_block();
@@ -63,6 +68,16 @@ impl SstBuilder {
     /// Whether no entry was added.
     pub fn is_empty(&self) -> bool {
         self.hashes.is_empty()
+    }
+
+    /// The first and last key added, or `None` when empty.
+    pub fn key_range(&self) -> Option<(&[u8], &[u8])> {
+        Some((self.first_key.as_deref()?, self.last_key.as_deref()?))
+    }
+
+    /// Bytes the file would have if finished now, excluding filter, index and footer.
+    pub fn data_bytes(&self) -> usize {
+        self.out.len() + self.block.len()
     }
 
     fn finish_block(&mut self) {

@@ -32,7 +32,7 @@ pub mod format;
 pub mod reader;
 
 pub use builder::SstBuilder;
-pub use reader::SstReader;
+pub use reader::{SstIndex, SstReader};
 
 use bytes::Bytes;
 

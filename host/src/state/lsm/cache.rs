@@ -1,0 +1,398 @@
+//! Where an SST's bytes come from: [`SstFiles`] reads SST metadata and data blocks through two
+//! cache tiers shared by every shard of a host, then the object store.
+//!
+//! ```text
+//! read_block ─▶ memory block cache (moka, weighed in bytes, holds opened blocks)
+//!            ─▶ local disk cache (bounded bytes, sealed blocks re-verified on read,
+//!               evicting deletes the file)
+//!            ─▶ object store: one range GET of the block
+//! ```
+//! Concurrent misses of one block share a single fetch (moka's `try_get_with`). Either tier may
+//! be sized 0, which turns it off. Metadata (footer, filter, index) is read with one range GET
+//! of the file's last [`TAIL_READ_BYTES`] (a second one when it is larger) and is held by the
+//! tree for as long as the SST is live, so it is not in these caches.
+//!
+//! Metrics: `weir_lsm_cache_hits_total` / `weir_lsm_cache_misses_total` by `tier`
+//! (`memory`, `disk`); `weir_object_store_requests_total` / `weir_object_store_bytes_total` by
+//! `op` (`get`, `put`, `delete`).
+
+use super::sst::SstError;
+use super::sst::format::BlockHandle;
+use super::sst::reader::{SstIndex, TAIL_READ_BYTES, open_block};
+use bytes::Bytes;
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Sizes of the cache tiers.
+#[derive(Debug, Clone, Default)]
+pub struct CacheSettings {
+    /// Memory block cache capacity, bytes of opened (decompressed) blocks; 0 turns it off
+    /// (as RocksDB's `block_cache` size).
+    pub block_cache_bytes: u64,
+    /// Local disk cache capacity, bytes of sealed blocks; 0 turns it off.
+    pub disk_cache_bytes: u64,
+    /// Directory under which the disk cache makes its own fresh subdirectory (removed when the
+    /// caches are dropped); the system temporary directory when `None`.
+    pub disk_cache_dir: Option<PathBuf>,
+}
+
+/// Why a block or SST metadata could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum FetchError {
+    /// The object does not exist: a manifest names an SST that is gone.
+    #[error("sst object is missing. path=`{path}`")]
+    Missing {
+        /// The object path.
+        path: String,
+        /// The store's error.
+        #[source]
+        source: object_store::Error,
+    },
+    /// The store failed: retry later.
+    #[error("object store read failed. path=`{path}`")]
+    Store {
+        /// The object path.
+        path: String,
+        /// The store's error.
+        #[source]
+        source: object_store::Error,
+    },
+    /// The bytes fail verification.
+    #[error("sst is corrupt. path=`{path}`")]
+    Corrupt {
+        /// The object path.
+        path: String,
+        /// What failed.
+        #[source]
+        source: SstError,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct BlockKey {
+    sst: Arc<str>,
+    offset: u64,
+}
+
+/// One block in the disk cache; its file is deleted when the entry leaves the cache.
+#[derive(Debug)]
+struct DiskEntry {
+    file: PathBuf,
+    len: u32,
+}
+
+#[derive(Debug)]
+struct DiskCache {
+    /// Owns the directory: removed with everything in it when the cache is dropped.
+    dir: tempfile::TempDir,
+    entries: moka::sync::Cache<BlockKey, Arc<DiskEntry>>,
+    next_file: AtomicU64,
+}
+
+impl DiskCache {
+    fn new(capacity_bytes: u64, parent: Option<&std::path::Path>) -> std::io::Result<Self> {
+        let dir = match parent {
+            Some(parent) => {
+                std::fs::create_dir_all(parent)?;
+                tempfile::Builder::new()
+                    .prefix("weir-block-cache-")
+                    .tempdir_in(parent)?
+            }
+            None => tempfile::Builder::new()
+                .prefix("weir-block-cache-")
+                .tempdir()?,
+        };
+        let entries = moka::sync::Cache::builder()
+            .max_capacity(capacity_bytes)
+            .weigher(|_key, entry: &Arc<DiskEntry>| entry.len)
+            .eviction_listener(|_key, entry: Arc<DiskEntry>, _cause| {
+                // Every insert has a file of its own, so whatever the cause, this file is
+                // no longer referenced. A failed delete only leaks until the directory goes.
+                let _ = std::fs::remove_file(&entry.file);
+            })
+            .build();
+        Ok(Self {
+            dir,
+            entries,
+            next_file: AtomicU64::new(0),
+        })
+    }
+
+    async fn get(&self, key: &BlockKey) -> Option<Bytes> {
+        let entry = self.entries.get(key)?;
+        match tokio::fs::read(&entry.file).await {
+            Ok(bytes) => Some(Bytes::from(bytes)),
+            Err(_) => {
+                self.entries.invalidate(key);
+                None
+            }
+        }
+    }
+
+    async fn insert(&self, key: BlockKey, sealed: &Bytes) {
+        let n = self.next_file.fetch_add(1, Ordering::Relaxed);
+        let file = self.dir.path().join(format!("{n:016x}.block"));
+        match tokio::fs::write(&file, sealed).await {
+            Ok(()) => {
+                let len = u32::try_from(sealed.len()).unwrap_or(u32::MAX);
+                self.entries.insert(key, Arc::new(DiskEntry { file, len }));
+            }
+            Err(error) => {
+                tracing::warn!(%error, file = %file.display(), "disk cache write failed; block not cached");
+                let _ = tokio::fs::remove_file(&file).await;
+            }
+        }
+    }
+
+    fn invalidate(&self, key: &BlockKey) {
+        self.entries.invalidate(key);
+    }
+}
+
+/// The cache tiers of one host, shared by its shards.
+#[derive(Debug)]
+pub struct BlockCaches {
+    memory: Option<moka::future::Cache<BlockKey, Bytes>>,
+    disk: Option<DiskCache>,
+}
+
+impl BlockCaches {
+    /// Builds the tiers `settings` sizes.
+    ///
+    /// # Errors
+    /// When the disk cache directory cannot be created.
+    pub fn new(settings: &CacheSettings) -> std::io::Result<Self> {
+        let memory = (settings.block_cache_bytes > 0).then(|| {
+            moka::future::Cache::builder()
+                .max_capacity(settings.block_cache_bytes)
+                .weigher(|key: &BlockKey, block: &Bytes| {
+                    u32::try_from(block.len() + key.sst.len() + 64).unwrap_or(u32::MAX)
+                })
+                .build()
+        });
+        let disk = if settings.disk_cache_bytes > 0 {
+            Some(DiskCache::new(
+                settings.disk_cache_bytes,
+                settings.disk_cache_dir.as_deref(),
+            )?)
+        } else {
+            None
+        };
+        Ok(Self { memory, disk })
+    }
+
+    /// No caching at all.
+    pub fn none() -> Self {
+        Self {
+            memory: None,
+            disk: None,
+        }
+    }
+
+    /// Bytes held by the memory tier and the disk tier (after pending evictions run).
+    pub fn weighted_bytes(&self) -> (u64, u64) {
+        if let Some(disk) = &self.disk {
+            disk.entries.run_pending_tasks();
+        }
+        (
+            self.memory.as_ref().map_or(0, |m| m.weighted_size()),
+            self.disk.as_ref().map_or(0, |d| d.entries.weighted_size()),
+        )
+    }
+
+    /// Files currently in the disk tier's directory.
+    pub fn disk_files(&self) -> usize {
+        self.disk.as_ref().map_or(0, |d| {
+            d.entries.run_pending_tasks();
+            std::fs::read_dir(d.dir.path()).map_or(0, |rd| rd.count())
+        })
+    }
+}
+
+/// Reads SST objects of one store through the host's [`BlockCaches`].
+#[derive(Debug, Clone)]
+pub struct SstFiles {
+    store: Arc<dyn ObjectStore>,
+    caches: Arc<BlockCaches>,
+}
+
+impl SstFiles {
+    /// Reads from `store` through `caches`.
+    pub fn new(store: Arc<dyn ObjectStore>, caches: Arc<BlockCaches>) -> Self {
+        Self { store, caches }
+    }
+
+    /// The object store.
+    pub fn store(&self) -> &Arc<dyn ObjectStore> {
+        &self.store
+    }
+
+    async fn get_range(
+        &self,
+        path: &str,
+        range: std::ops::Range<u64>,
+    ) -> Result<Bytes, FetchError> {
+        let location = Path::from(path);
+        let got = self
+            .store
+            .get_range(&location, range)
+            .await
+            .map_err(|source| match source {
+                object_store::Error::NotFound { .. } => FetchError::Missing {
+                    path: path.to_owned(),
+                    source,
+                },
+                source => FetchError::Store {
+                    path: path.to_owned(),
+                    source,
+                },
+            })?;
+        count_request("get", got.len());
+        Ok(got)
+    }
+
+    /// Reads the whole object at `path` (one GET).
+    ///
+    /// # Errors
+    /// [`FetchError::Missing`] or [`FetchError::Store`].
+    pub async fn get_whole(&self, path: &str) -> Result<Bytes, FetchError> {
+        let location = Path::from(path);
+        let result = async { self.store.get(&location).await?.bytes().await }.await;
+        let bytes = result.map_err(|source| match source {
+            object_store::Error::NotFound { .. } => FetchError::Missing {
+                path: path.to_owned(),
+                source,
+            },
+            source => FetchError::Store {
+                path: path.to_owned(),
+                source,
+            },
+        })?;
+        count_request("get", bytes.len());
+        Ok(bytes)
+    }
+
+    /// Reads and verifies the metadata of the SST at `path`, `file_len` bytes long: one range
+    /// GET of the tail, and a second when the filter and index are larger than the tail.
+    ///
+    /// # Errors
+    /// [`FetchError`] of the reads, or [`FetchError::Corrupt`].
+    pub async fn open_index(&self, path: &str, file_len: u64) -> Result<SstIndex, FetchError> {
+        let corrupt = |source| FetchError::Corrupt {
+            path: path.to_owned(),
+            source,
+        };
+        let tail_start = file_len.saturating_sub(TAIL_READ_BYTES);
+        let tail = self.get_range(path, tail_start..file_len).await?;
+        if tail.len() as u64 != file_len - tail_start {
+            return Err(corrupt(SstError::malformed(format!(
+                "object is shorter than the {file_len} bytes its manifest records"
+            ))));
+        }
+        let footer = SstIndex::footer(&tail).map_err(corrupt)?;
+        let metadata_start = SstIndex::metadata_start(&footer);
+        if metadata_start >= tail_start {
+            return SstIndex::open(tail, tail_start).map_err(corrupt);
+        }
+        let head = self.get_range(path, metadata_start..tail_start).await?;
+        let mut joined = Vec::with_capacity(head.len() + tail.len());
+        joined.extend_from_slice(&head);
+        joined.extend_from_slice(&tail);
+        SstIndex::open(Bytes::from(joined), metadata_start).map_err(corrupt)
+    }
+
+    /// The opened (verified, decompressed) data block at `handle` of the SST at `sst`.
+    ///
+    /// # Errors
+    /// [`FetchError`]; a block whose disk-cache copy fails verification is fetched again.
+    pub async fn read_block(
+        &self,
+        sst: &Arc<str>,
+        handle: BlockHandle,
+    ) -> Result<Bytes, Arc<FetchError>> {
+        let key = BlockKey {
+            sst: sst.clone(),
+            offset: handle.offset,
+        };
+        match &self.caches.memory {
+            None => self
+                .read_block_uncached(&key, handle)
+                .await
+                .map_err(Arc::new),
+            Some(memory) => {
+                if let Some(block) = memory.get(&key).await {
+                    hit("memory");
+                    return Ok(block);
+                }
+                memory
+                    .try_get_with(key.clone(), async {
+                        miss("memory");
+                        self.read_block_uncached(&key, handle).await
+                    })
+                    .await
+            }
+        }
+    }
+
+    async fn read_block_uncached(
+        &self,
+        key: &BlockKey,
+        handle: BlockHandle,
+    ) -> Result<Bytes, FetchError> {
+        if let Some(disk) = &self.caches.disk {
+            if let Some(sealed) = disk.get(key).await {
+                if let Ok(block) = open_block(&sealed) {
+                    hit("disk");
+                    return Ok(block);
+                }
+                tracing::warn!(sst = %key.sst, offset = key.offset, "disk cache block failed verification; refetching");
+                disk.invalidate(key);
+            }
+            miss("disk");
+        }
+        let end = handle.offset + u64::from(handle.len);
+        let sealed = self.get_range(&key.sst, handle.offset..end).await?;
+        let block = open_block(&sealed).map_err(|source| FetchError::Corrupt {
+            path: key.sst.to_string(),
+            source,
+        })?;
+        if let Some(disk) = &self.caches.disk {
+            disk.insert(key.clone(), &sealed).await;
+        }
+        Ok(block)
+    }
+
+    /// Puts an opened block into the memory tier (used to warm the cache with blocks just
+    /// flushed, as RocksDB's `prepopulate_block_cache = kFlushOnly`).
+    pub async fn prepopulate(&self, sst: &Arc<str>, handle: BlockHandle, block: Bytes) {
+        if let Some(memory) = &self.caches.memory {
+            let key = BlockKey {
+                sst: sst.clone(),
+                offset: handle.offset,
+            };
+            memory.insert(key, block).await;
+        }
+    }
+
+    /// Whether the memory tier is on.
+    pub fn has_memory_cache(&self) -> bool {
+        self.caches.memory.is_some()
+    }
+}
+
+fn hit(tier: &'static str) {
+    metrics::counter!("weir_lsm_cache_hits_total", "tier" => tier).increment(1);
+}
+
+fn miss(tier: &'static str) {
+    metrics::counter!("weir_lsm_cache_misses_total", "tier" => tier).increment(1);
+}
+
+/// Counts one object-store request of `op` moving `bytes`.
+pub fn count_request(op: &'static str, bytes: usize) {
+    metrics::counter!("weir_object_store_requests_total", "op" => op).increment(1);
+    metrics::counter!("weir_object_store_bytes_total", "op" => op).increment(bytes as u64);
+}

@@ -1,0 +1,140 @@
+//! Garbage collection of a shard's objects, run by the shard's owner (DESIGN.md, checkpoint
+//! protocol step 5).
+//!
+//! Kept: every manifest version from the oldest of the last `retained_checkpoints` checkpoint
+//! versions upwards (claims and uncommitted versions do not count towards the number, but
+//! those newer than the oldest retained checkpoint are kept), every pinned version, and every
+//! SST that one of those, or the live tree, references. Never deleted besides: an SST of a
+//! newer writer epoch than the live one (that writer owns the shard now), an SST the live
+//! writer wrote at or after its last committed checkpoint (it may be in flight to a manifest),
+//! and any object younger than the grace period (a slow writer may still be about to reference
+//! it). Everything else under `sst/` — compacted-away inputs, the orphans of interrupted
+//! flushes, a dead writer's leftovers (recognised by their older epoch) — is deleted, after
+//! the manifests older than the kept ones, so that no surviving manifest ever names a deleted
+//! SST.
+
+use super::tree::{LsmTree, SstId};
+use crate::state::manifest::{ManifestError, ManifestKind, ManifestStore};
+use futures::TryStreamExt;
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt};
+use std::collections::{BTreeSet, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// GC settings.
+#[derive(Debug, Clone)]
+pub struct GcSettings {
+    /// Committed checkpoints to keep (as Flink's `state.checkpoints.num-retained`).
+    pub retained_checkpoints: usize,
+    /// Objects younger than this are never deleted.
+    pub grace: Duration,
+}
+
+impl Default for GcSettings {
+    fn default() -> Self {
+        Self {
+            retained_checkpoints: 3,
+            grace: Duration::from_secs(600),
+        }
+    }
+}
+
+/// What a GC run did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GcReport {
+    /// Manifest versions deleted.
+    pub manifests_deleted: usize,
+    /// SST objects deleted.
+    pub ssts_deleted: usize,
+    /// SST objects kept because something references or protects them.
+    pub ssts_kept: usize,
+}
+
+/// Runs one GC pass over the shard under `root`, owned by `live`.
+///
+/// # Errors
+/// [`ManifestError`] when listing, reading a kept manifest, or deleting fails; a run that
+/// fails part-way has deleted only unreferenced objects and can simply be repeated.
+pub async fn collect_garbage(
+    store: &Arc<dyn ObjectStore>,
+    root: &Path,
+    live: &LsmTree,
+    pinned: &BTreeSet<u64>,
+    settings: &GcSettings,
+    now_ms: u64,
+) -> Result<GcReport, ManifestError> {
+    let manifests = ManifestStore::new(store.clone(), root.clone());
+    let versions = manifests.versions().await?;
+    let mut kept = Vec::new();
+    let mut checkpoints = 0;
+    for &version in versions.iter().rev() {
+        let manifest = manifests.read(version).await?;
+        let is_checkpoint = manifest.kind == ManifestKind::Checkpoint;
+        kept.push(manifest);
+        if is_checkpoint {
+            checkpoints += 1;
+            if checkpoints >= settings.retained_checkpoints.max(1) {
+                break;
+            }
+        }
+    }
+    let oldest_kept = match kept.last() {
+        Some(m) if checkpoints >= settings.retained_checkpoints.max(1) => m.version,
+        _ => versions.first().copied().unwrap_or(0),
+    };
+    for &version in pinned.iter().filter(|v| **v < oldest_kept) {
+        match manifests.read(version).await {
+            Ok(m) => kept.push(m),
+            Err(ManifestError::NotFound(_)) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    let mut referenced: HashSet<SstId> = kept
+        .iter()
+        .flat_map(|m| m.levels.iter().flatten().map(|r| r.id()))
+        .collect();
+    referenced.extend(live.live_ssts());
+
+    let mut report = GcReport::default();
+    for &version in versions
+        .iter()
+        .filter(|v| **v < oldest_kept && !pinned.contains(v))
+    {
+        manifests.delete(version).await?;
+        report.manifests_deleted += 1;
+    }
+
+    let grace_ms = u64::try_from(settings.grace.as_millis()).unwrap_or(u64::MAX);
+    let prefix = Path::from(format!("{root}/sst"));
+    let objects: Vec<_> = store
+        .list(Some(&prefix))
+        .try_collect()
+        .await
+        .map_err(ManifestError::Unavailable)?;
+    for object in objects {
+        let Some(id) = object.location.filename().and_then(SstId::parse_file_name) else {
+            continue;
+        };
+        let modified_ms = u64::try_from(object.last_modified.timestamp_millis()).unwrap_or(0);
+        let protected = referenced.contains(&id)
+            || id.writer_epoch > live.writer_epoch()
+            || (id.writer_epoch == live.writer_epoch() && id.seq >= live.checkpoint_seq())
+            || modified_ms.saturating_add(grace_ms) > now_ms;
+        if protected {
+            report.ssts_kept += 1;
+            continue;
+        }
+        match store.delete(&object.location).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+            Err(e) => return Err(ManifestError::Unavailable(e)),
+        }
+        super::cache::count_request("delete", 0);
+        report.ssts_deleted += 1;
+    }
+    metrics::counter!("weir_lsm_gc_deleted_total", "kind" => "sst")
+        .increment(report.ssts_deleted as u64);
+    metrics::counter!("weir_lsm_gc_deleted_total", "kind" => "manifest")
+        .increment(report.manifests_deleted as u64);
+    Ok(report)
+}
