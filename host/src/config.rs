@@ -135,6 +135,8 @@ impl Default for RuntimeSettings {
 pub struct StateSettings {
     /// The backend.
     pub backend: StateBackendKind,
+    /// Settings of the `lsm` backend (ignored by `memory`).
+    pub lsm: LsmStateSettings,
 }
 
 /// State backends.
@@ -145,6 +147,46 @@ pub enum StateBackendKind {
     /// exist a restarted pipeline rebuilds it by re-reading its input from the beginning.
     #[default]
     Memory,
+    /// The disaggregated LSM tree: SSTs in object storage, RAM and local disk as caches (as
+    /// Flink 2.0's ForSt backend).
+    Lsm,
+}
+
+/// The `lsm` backend: where state lives and how much RAM and disk cache it.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LsmStateSettings {
+    /// The object store: `file:///absolute/dir`, `s3://bucket/prefix` or `memory:///`.
+    /// Required with `backend = "lsm"`.
+    pub url: Option<String>,
+    /// `object_store` options for the URL's scheme, e.g. `aws_endpoint`,
+    /// `aws_allow_http`, `aws_access_key_id`, `aws_secret_access_key`, `aws_region`.
+    pub options: BTreeMap<String, String>,
+    /// Memtable size that triggers a flush, bytes (as RocksDB's `write_buffer_size`).
+    pub memtable_bytes_max: usize,
+    /// Target raw size of a data block, bytes (as RocksDB's `block_size`).
+    pub block_size_bytes: usize,
+    /// Memory block cache shared by every shard of the host, bytes; 0 turns it off.
+    pub block_cache_bytes: u64,
+    /// Local disk cache shared by every shard of the host, bytes; 0 turns it off.
+    pub disk_cache_bytes: u64,
+    /// Where the disk cache keeps its files (a fresh subdirectory, removed at exit); the
+    /// system temporary directory when unset.
+    pub disk_cache_dir: Option<PathBuf>,
+}
+
+impl Default for LsmStateSettings {
+    fn default() -> Self {
+        Self {
+            url: None,
+            options: BTreeMap::new(),
+            memtable_bytes_max: 64 << 20,
+            block_size_bytes: 64 << 10,
+            block_cache_bytes: 256 << 20,
+            disk_cache_bytes: 1 << 30,
+            disk_cache_dir: None,
+        }
+    }
 }
 
 /// Why settings could not be loaded.
@@ -253,6 +295,22 @@ impl Settings {
         }
         if self.kafka.bootstrap_servers.trim().is_empty() {
             problems.push("kafka.bootstrap_servers is empty".to_owned());
+        }
+        if self.state.backend == StateBackendKind::Lsm {
+            let lsm = &self.state.lsm;
+            match lsm.url.as_deref().map(url::Url::parse) {
+                None => {
+                    problems.push("state.lsm.url is required with backend = \"lsm\"".to_owned())
+                }
+                Some(Err(e)) => problems.push(format!("state.lsm.url is not a URL: {e}")),
+                Some(Ok(_)) => {}
+            }
+            if lsm.memtable_bytes_max < 1024 {
+                problems.push("state.lsm.memtable_bytes_max must be at least 1024".to_owned());
+            }
+            if !(64..=(4 << 20)).contains(&lsm.block_size_bytes) {
+                problems.push("state.lsm.block_size_bytes must be 64..=4194304".to_owned());
+            }
         }
         let r = &self.runtime;
         if !(1..=65_536).contains(&r.batch_records_max) {

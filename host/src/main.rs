@@ -5,9 +5,9 @@ use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 use std::sync::Arc;
 use weir_host::clock::{SharedClock, SystemClock};
-use weir_host::config::{Settings, StateBackendKind};
+use weir_host::config::Settings;
 use weir_host::pipeline::{self, PipelineStats};
-use weir_host::state::memory::MemoryBackend;
+use weir_host::state::configured::ConfiguredBackend;
 
 /// Weir: WebAssembly operators over Kafka with keyed state.
 #[derive(Debug, Parser)]
@@ -122,9 +122,10 @@ async fn run(config: PathBuf) -> anyhow::Result<()> {
     let settings = Settings::load(&config)?;
     let clock: SharedClock = Arc::new(SystemClock);
     let stats = Arc::new(PipelineStats::default());
-    let backend = match settings.state.backend {
-        StateBackendKind::Memory => Arc::new(MemoryBackend::new(clock.clone())),
-    };
+    let backend = Arc::new(
+        ConfiguredBackend::from_settings(&settings.state, clock.clone())
+            .context("cannot set up the state backend")?,
+    );
     let shutdown = async {
         if let Err(err) = tokio::signal::ctrl_c().await {
             tracing::error!(error = %err, "cannot listen for Ctrl-C; running until killed");

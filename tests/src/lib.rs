@@ -16,11 +16,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use weir_host::clock::{SharedClock, SystemClock};
 use weir_host::config::{
-    KafkaSettings, PipelineSettings, RuntimeSettings, Settings, StateSettings,
+    KafkaSettings, LsmStateSettings, PipelineSettings, RuntimeSettings, Settings, StateBackendKind,
+    StateSettings,
 };
 use weir_host::pipeline::{self, PipelineError, PipelineStats};
 use weir_host::state::StateBackend;
-use weir_host::state::memory::MemoryBackend;
+use weir_host::state::configured::ConfiguredBackend;
 
 /// The real Kafka broker (`WEIR_KAFKA_BOOTSTRAP`, default `127.0.0.1:9092`).
 pub fn kafka_bootstrap() -> String {
@@ -30,6 +31,63 @@ pub fn kafka_bootstrap() -> String {
 /// The real S3-compatible server (`WEIR_S3_ENDPOINT`, default `http://127.0.0.1:9000`).
 pub fn s3_endpoint() -> String {
     std::env::var("WEIR_S3_ENDPOINT").unwrap_or_else(|_| "http://127.0.0.1:9000".into())
+}
+
+/// Creates a fresh bucket on the local S3 server with a plain `CreateBucket` (`object_store`
+/// cannot create buckets) and returns its name.
+///
+/// # Errors
+/// When the server is down or refuses.
+pub async fn create_s3_bucket() -> anyhow::Result<String> {
+    // One process-wide TLS provider for reqwest (unused on plain HTTP, but required to build).
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let name = unique("weir-test").to_lowercase();
+    let status = reqwest::Client::new()
+        .put(format!("{}/{name}", s3_endpoint()))
+        .send()
+        .await?
+        .status();
+    anyhow::ensure!(
+        status.is_success(),
+        "CreateBucket answered {status}; is deploy/local/s3.sh up?"
+    );
+    Ok(name)
+}
+
+/// `object_store` options that reach the local S3 server.
+pub fn s3_options() -> BTreeMap<String, String> {
+    [
+        ("aws_endpoint", s3_endpoint()),
+        ("aws_region", "us-east-1".to_owned()),
+        ("aws_access_key_id", "test".to_owned()),
+        ("aws_secret_access_key", "test".to_owned()),
+        ("aws_allow_http", "true".to_owned()),
+        ("aws_virtual_hosted_style_request", "false".to_owned()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect()
+}
+
+/// `lsm` state on a fresh bucket of the local S3 server, with a memtable of
+/// `memtable_bytes_max` and small caches, so that a test's state really goes through SSTs.
+///
+/// # Errors
+/// When the bucket cannot be created.
+pub async fn lsm_state_on_s3(memtable_bytes_max: usize) -> anyhow::Result<StateSettings> {
+    let bucket = create_s3_bucket().await?;
+    Ok(StateSettings {
+        backend: StateBackendKind::Lsm,
+        lsm: LsmStateSettings {
+            url: Some(format!("s3://{bucket}/weir")),
+            options: s3_options(),
+            memtable_bytes_max,
+            block_size_bytes: 4 << 10,
+            block_cache_bytes: 8 << 20,
+            disk_cache_bytes: 16 << 20,
+            disk_cache_dir: None,
+        },
+    })
 }
 
 /// The workspace root.
@@ -201,7 +259,7 @@ pub fn settings(
     }
 }
 
-/// A pipeline running in this process on the `memory` backend.
+/// A pipeline running in this process.
 #[derive(Debug)]
 pub struct RunningPipeline {
     /// Live counters.
@@ -211,10 +269,12 @@ pub struct RunningPipeline {
 }
 
 impl RunningPipeline {
-    /// Starts `settings` in the background.
+    /// Starts `settings` in the background on the backend `settings.state` names.
     pub fn start(settings: Settings) -> Self {
         let clock: SharedClock = Arc::new(SystemClock);
-        Self::start_on(settings, Arc::new(MemoryBackend::new(clock.clone())), clock)
+        let backend = ConfiguredBackend::from_settings(&settings.state, clock.clone())
+            .expect("the state backend sets up");
+        Self::start_on(settings, Arc::new(backend), clock)
     }
 
     /// Starts `settings` in the background on `backend`.

@@ -5,7 +5,7 @@ use rdkafka::Message;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
-use weir_host::config::RuntimeSettings;
+use weir_host::config::{RuntimeSettings, Settings, StateSettings};
 use weir_tests::*;
 
 const FLIGHTS: usize = 336_776;
@@ -60,6 +60,46 @@ fn expected_from_csv(path: &PathBuf) -> anyhow::Result<BTreeMap<String, Expected
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn flight_delays_match_an_independent_computation_over_all_flights() -> anyhow::Result<()> {
+    run_all_flights(StateSettings::default(), "memory").await
+}
+
+/// The same run with state in the `lsm` backend on the local S3 server, with a 4 KiB memtable
+/// so that the state really goes through hundreds of SSTs, compactions and block reads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flight_delays_match_with_state_in_the_lsm_backend_on_s3() -> anyhow::Result<()> {
+    let state = lsm_state_on_s3(4 << 10).await?;
+    run_all_flights(state.clone(), "lsm on S3").await?;
+    // The state went through the object store: SSTs of every partition's shard are there.
+    let backend = weir_host::state::lsm::backend::LsmBackend::from_settings(
+        &state.lsm,
+        std::sync::Arc::new(weir_host::clock::SystemClock),
+    )?;
+    let objects: Vec<_> = futures::TryStreamExt::try_collect(backend.store().list(None)).await?;
+    let ssts = objects
+        .iter()
+        .filter(|o| o.location.as_ref().ends_with(".sst"))
+        .count();
+    let shards: std::collections::BTreeSet<_> = objects
+        .iter()
+        .filter_map(|o| {
+            o.location
+                .as_ref()
+                .split("/shards/")
+                .nth(1)?
+                .split('/')
+                .next()
+        })
+        .collect();
+    println!(
+        "lsm on S3: {ssts} SST objects across {} shards",
+        shards.len()
+    );
+    assert_eq!(shards.len(), 4, "{shards:?}");
+    assert!(ssts >= 20, "only {ssts} SSTs: the memtable never flushed?");
+    Ok(())
+}
+
+async fn run_all_flights(state: StateSettings, backend: &str) -> anyhow::Result<()> {
     init_tracing();
     let csv = flights_csv();
     assert!(
@@ -84,19 +124,22 @@ async fn flight_delays_match_an_independent_computation_over_all_flights() -> an
     weir_host::flights::produce(&kafka_bootstrap(), &input, &flights).await?;
 
     let started = Instant::now();
-    let pipeline = RunningPipeline::start(settings(
-        guest("flight_delays"),
-        &input,
-        &output,
-        &dlq,
-        RuntimeSettings::default(),
-    ));
+    let pipeline = RunningPipeline::start(Settings {
+        state,
+        ..settings(
+            guest("flight_delays"),
+            &input,
+            &output,
+            &dlq,
+            RuntimeSettings::default(),
+        )
+    });
     pipeline
         .wait_done(FLIGHTS as u64, Duration::from_secs(900))
         .await?;
     let elapsed = started.elapsed();
     println!(
-        "flights end-to-end: {FLIGHTS} records in {elapsed:.2?} = {:.0} records/s (debug-profile host, real broker)",
+        "flights end-to-end ({backend}): {FLIGHTS} records in {elapsed:.2?} = {:.0} records/s (debug-profile host, real broker)",
         FLIGHTS as f64 / elapsed.as_secs_f64()
     );
     let out = read_exactly(

@@ -6,22 +6,10 @@ use object_store::aws::AmazonS3Builder;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, UpdateVersion};
 use std::sync::Arc;
-use weir_tests::{s3_endpoint, unique};
+use weir_tests::{create_s3_bucket, s3_endpoint};
 
 async fn bucket() -> anyhow::Result<Arc<dyn ObjectStore>> {
-    // One process-wide TLS provider for reqwest (unused on plain HTTP, but required to build).
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let name = unique("weir-test").to_lowercase();
-    // Create the bucket with a plain S3 `CreateBucket` (object_store cannot create buckets).
-    let status = reqwest::Client::new()
-        .put(format!("{}/{name}", s3_endpoint()))
-        .send()
-        .await?
-        .status();
-    anyhow::ensure!(
-        status.is_success(),
-        "CreateBucket answered {status}; is deploy/local/s3.sh up?"
-    );
+    let name = create_s3_bucket().await?;
     let store = AmazonS3Builder::new()
         .with_endpoint(s3_endpoint())
         .with_bucket_name(name)

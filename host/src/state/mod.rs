@@ -9,6 +9,7 @@
 //! Invariant: a shard only ever sees writes of records whose call succeeded, applied in input
 //! offset order.
 
+pub mod configured;
 #[cfg(test)]
 pub(crate) mod faulty_store;
 pub mod key;

@@ -1,6 +1,7 @@
 //! The disaggregated LSM tree (ForSt-style): memtable → immutable memtables → SST files written
 //! through to object storage, organised by a manifest, read through memory and disk caches.
 //!
+//! - [`backend`]    the `lsm` state backend: a tree per shard, claimed at open;
 //! - [`sst`]        the on-disk table format (v1) with its builder and reader;
 //! - [`memtable`]   the sorted, byte-bounded in-memory write buffer;
 //! - [`cache`]      where SST bytes come from: memory block cache → disk cache → range GET;
@@ -12,6 +13,7 @@
 //! The manifest (create-only versions, read-back commits, fencing) is in
 //! [`crate::state::manifest`].
 
+pub mod backend;
 pub mod cache;
 pub mod compaction;
 pub mod gc;

@@ -1,0 +1,90 @@
+//! [`ConfiguredBackend`]: the state backend the settings name, behind one type, so that the
+//! binary and the tests run a pipeline the same way whatever `state.backend` says.
+
+use super::lsm::backend::{LsmBackend, LsmSetupError};
+use super::lsm::tree::LsmTree;
+use super::memory::{MemoryBackend, MemoryShard};
+use super::{Shard, ShardId, StateBackend, StateError, StateWrite};
+use crate::clock::SharedClock;
+use crate::config::{StateBackendKind, StateSettings};
+use bytes::Bytes;
+
+/// The backend `state.backend` selects.
+#[derive(Debug, Clone)]
+pub enum ConfiguredBackend {
+    /// `memory`.
+    Memory(MemoryBackend),
+    /// `lsm`.
+    Lsm(LsmBackend),
+}
+
+impl ConfiguredBackend {
+    /// Builds the backend `settings` select.
+    ///
+    /// # Errors
+    /// [`LsmSetupError`] when the `lsm` backend cannot be set up.
+    pub fn from_settings(
+        settings: &StateSettings,
+        clock: SharedClock,
+    ) -> Result<Self, LsmSetupError> {
+        Ok(match settings.backend {
+            StateBackendKind::Memory => Self::Memory(MemoryBackend::new(clock)),
+            StateBackendKind::Lsm => Self::Lsm(LsmBackend::from_settings(&settings.lsm, clock)?),
+        })
+    }
+}
+
+/// A shard of a [`ConfiguredBackend`].
+#[derive(Debug)]
+pub enum ConfiguredShard {
+    /// A `memory` shard.
+    Memory(MemoryShard),
+    /// An `lsm` shard.
+    Lsm(LsmTree),
+}
+
+impl StateBackend for ConfiguredBackend {
+    type Shard = ConfiguredShard;
+
+    async fn open_shard(&self, id: &ShardId) -> Result<ConfiguredShard, StateError> {
+        Ok(match self {
+            Self::Memory(b) => ConfiguredShard::Memory(b.open_shard(id).await?),
+            Self::Lsm(b) => ConfiguredShard::Lsm(b.open_shard(id).await?),
+        })
+    }
+}
+
+impl Shard for ConfiguredShard {
+    async fn get(&self, key: &[u8]) -> Result<Option<Bytes>, StateError> {
+        match self {
+            Self::Memory(s) => s.get(key).await,
+            Self::Lsm(s) => s.get(key).await,
+        }
+    }
+
+    async fn get_many(&self, keys: &[Vec<u8>]) -> Result<Vec<Option<Bytes>>, StateError> {
+        match self {
+            Self::Memory(s) => s.get_many(keys).await,
+            Self::Lsm(s) => s.get_many(keys).await,
+        }
+    }
+
+    async fn scan(
+        &self,
+        prefix: &[u8],
+        start_after: Option<&[u8]>,
+        limit: usize,
+    ) -> Result<Vec<(Vec<u8>, Bytes)>, StateError> {
+        match self {
+            Self::Memory(s) => s.scan(prefix, start_after, limit).await,
+            Self::Lsm(s) => s.scan(prefix, start_after, limit).await,
+        }
+    }
+
+    async fn apply(&self, writes: Vec<StateWrite>) -> Result<(), StateError> {
+        match self {
+            Self::Memory(s) => s.apply(writes).await,
+            Self::Lsm(s) => s.apply(writes).await,
+        }
+    }
+}

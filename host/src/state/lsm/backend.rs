@@ -1,0 +1,182 @@
+//! [`LsmBackend`]: the `lsm` state backend — one [`LsmTree`] per shard, all of a host's
+//! shards sharing one object store and one set of [`BlockCaches`].
+//!
+//! A shard lives under `{url prefix}/pipelines/{pipeline}/shards/{partition:05}/`. Opening it
+//! finds the newest checkpoint manifest, claims the shard (a new manifest version with the
+//! next writer epoch, which fences any previous owner) and opens the tree there, reading
+//! nothing else. Until checkpoints are written (issue 4) there is no checkpoint to resume
+//! from, so a shard starts empty at every open, like the `memory` backend.
+
+use super::cache::{BlockCaches, CacheSettings, SstFiles};
+use super::tree::{LsmSettings, LsmTree};
+use crate::clock::SharedClock;
+use crate::config::LsmStateSettings;
+use crate::state::manifest::{ManifestError, ManifestKind, ManifestStore};
+use crate::state::{ShardId, StateBackend, StateError};
+use object_store::ObjectStore;
+use object_store::path::Path;
+use std::sync::Arc;
+
+/// Why the backend could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum LsmSetupError {
+    /// The URL does not parse.
+    #[error("state.lsm.url is not a URL. url=`{url}`")]
+    Url {
+        /// The URL.
+        url: String,
+        /// The parse error.
+        #[source]
+        source: url::ParseError,
+    },
+    /// `object_store` refused the URL or its options.
+    #[error("cannot open the object store. url=`{url}`")]
+    Store {
+        /// The URL.
+        url: String,
+        /// The store's error.
+        #[source]
+        source: object_store::Error,
+    },
+    /// The disk cache directory cannot be created.
+    #[error("cannot create the disk cache directory")]
+    DiskCache(#[source] std::io::Error),
+}
+
+/// The `lsm` state backend.
+#[derive(Debug, Clone)]
+pub struct LsmBackend {
+    files: SstFiles,
+    prefix: Path,
+    settings: LsmSettings,
+    clock: SharedClock,
+    writer_token: String,
+}
+
+impl LsmBackend {
+    /// A backend over `store` under `prefix`, reading through `caches`.
+    pub fn new(
+        store: Arc<dyn ObjectStore>,
+        prefix: Path,
+        caches: Arc<BlockCaches>,
+        settings: LsmSettings,
+        clock: SharedClock,
+    ) -> Self {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        Self {
+            files: SstFiles::new(store, caches),
+            prefix,
+            settings,
+            clock,
+            writer_token: format!("weir-{}-{nanos:x}", std::process::id()),
+        }
+    }
+
+    /// Builds the backend `settings` describe.
+    ///
+    /// # Errors
+    /// [`LsmSetupError`] for a bad URL or options, or an uncreatable disk cache directory.
+    pub fn from_settings(
+        settings: &LsmStateSettings,
+        clock: SharedClock,
+    ) -> Result<Self, LsmSetupError> {
+        let url_text = settings.url.clone().unwrap_or_default();
+        let url = url::Url::parse(&url_text).map_err(|source| LsmSetupError::Url {
+            url: url_text.clone(),
+            source,
+        })?;
+        let (store, prefix) =
+            object_store::parse_url_opts(&url, settings.options.iter()).map_err(|source| {
+                LsmSetupError::Store {
+                    url: url_text,
+                    source,
+                }
+            })?;
+        let caches = BlockCaches::new(&CacheSettings {
+            block_cache_bytes: settings.block_cache_bytes,
+            disk_cache_bytes: settings.disk_cache_bytes,
+            disk_cache_dir: settings.disk_cache_dir.clone(),
+        })
+        .map_err(LsmSetupError::DiskCache)?;
+        let tree = LsmSettings {
+            memtable_bytes_max: settings.memtable_bytes_max,
+            block_size_bytes: settings.block_size_bytes,
+            ..LsmSettings::default()
+        };
+        Ok(Self::new(
+            Arc::from(store),
+            prefix,
+            Arc::new(caches),
+            tree,
+            clock,
+        ))
+    }
+
+    /// Where the shard `id` lives.
+    pub fn shard_root(&self, id: &ShardId) -> Path {
+        let shard = format!("pipelines/{}/shards/{:05}", id.pipeline, id.partition);
+        if self.prefix.as_ref().is_empty() {
+            Path::from(shard)
+        } else {
+            Path::from(format!("{}/{shard}", self.prefix))
+        }
+    }
+
+    /// The object store.
+    pub fn store(&self) -> &Arc<dyn ObjectStore> {
+        self.files.store()
+    }
+}
+
+fn manifest_error(shard: &Path, error: ManifestError) -> StateError {
+    let shard = shard.to_string();
+    match error {
+        ManifestError::Corrupt { .. } => StateError::Corrupt {
+            shard,
+            source: Box::new(error),
+        },
+        other => StateError::Unavailable {
+            shard,
+            source: Box::new(other),
+        },
+    }
+}
+
+impl StateBackend for LsmBackend {
+    type Shard = LsmTree;
+
+    async fn open_shard(&self, id: &ShardId) -> Result<LsmTree, StateError> {
+        let root = self.shard_root(id);
+        let manifests = ManifestStore::new(self.files.store().clone(), root.clone());
+        let versions = manifests
+            .versions()
+            .await
+            .map_err(|e| manifest_error(&root, e))?;
+        let mut base = None;
+        for &version in versions.iter().rev() {
+            let manifest = manifests
+                .read(version)
+                .await
+                .map_err(|e| manifest_error(&root, e))?;
+            if manifest.kind == ManifestKind::Checkpoint {
+                base = Some(manifest);
+                break;
+            }
+        }
+        let claim = manifests
+            .claim(&self.writer_token, base.as_ref())
+            .await
+            .map_err(|e| manifest_error(&root, e))?;
+        tracing::info!(shard = %root, version = claim.version, writer_epoch = claim.writer_epoch, from_checkpoint = ?base.as_ref().map(|b| b.version), "claimed shard");
+        LsmTree::open(
+            self.files.clone(),
+            root,
+            &claim,
+            claim.writer_epoch,
+            self.settings.clone(),
+            self.clock.clone(),
+        )
+    }
+}
