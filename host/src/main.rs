@@ -52,6 +52,37 @@ enum Command {
         #[arg(long, default_value = "127.0.0.1:9092")]
         bootstrap_servers: String,
     },
+    /// Measure the LSM backend: puts, gets and scans with 0/10/100 % caches on a store with
+    /// injected latency, and open time by store size (see host/src/lsm_bench.rs).
+    BenchLsm {
+        /// Scratch directory for the store (emptied first, removed after).
+        #[arg(long, default_value = "target/bench-lsm")]
+        dir: PathBuf,
+        /// Keys to load.
+        #[arg(long, default_value_t = 1_000_000)]
+        keys: u64,
+        /// Value size, bytes.
+        #[arg(long, default_value_t = 100)]
+        value_bytes: usize,
+        /// Latency added to every object-store request, ms.
+        #[arg(long, default_value_t = 30)]
+        latency_ms: u64,
+        /// Cache sizes, as fractions of the data.
+        #[arg(long, value_delimiter = ',', default_value = "0,0.1,1")]
+        cache: Vec<f64>,
+        /// Keys per apply / get_many.
+        #[arg(long, default_value_t = 512)]
+        batch: usize,
+        /// Keys per get pass.
+        #[arg(long, default_value_t = 20_000)]
+        sample: usize,
+        /// Store sizes for the open measurement, MiB.
+        #[arg(long, value_delimiter = ',', default_value = "10,1024")]
+        open_sizes_mb: Vec<u64>,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Measure the per-record cost of the Wasm call (prefetch + call + apply), in process.
     BenchCall {
         /// The component to measure.
@@ -106,6 +137,35 @@ async fn main() -> anyhow::Result<()> {
             let flights = weir_host::flights::read_csv(&csv)?;
             let n = weir_host::flights::produce(&bootstrap_servers, &topic, &flights).await?;
             println!("produced {n} flights to `{topic}`");
+            Ok(())
+        }
+        Command::BenchLsm {
+            dir,
+            keys,
+            value_bytes,
+            latency_ms,
+            cache,
+            batch,
+            sample,
+            open_sizes_mb,
+            json,
+        } => {
+            let report = weir_host::lsm_bench::run(&weir_host::lsm_bench::LsmBenchOptions {
+                dir,
+                keys,
+                value_bytes,
+                latency_ms,
+                cache_fractions: cache,
+                batch,
+                sample,
+                open_sizes_mb,
+            })
+            .await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                println!("{}", weir_host::lsm_bench::table(&report));
+            }
             Ok(())
         }
         Command::BenchCall {

@@ -152,11 +152,36 @@ impl DiskCache {
     }
 }
 
+/// Hits and misses per tier since the caches were built.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CacheStats {
+    /// Block reads the memory tier served.
+    pub memory_hits: u64,
+    /// Block reads the memory tier did not hold (when it is on).
+    pub memory_misses: u64,
+    /// Block reads the disk tier served.
+    pub disk_hits: u64,
+    /// Block reads the disk tier did not hold (when it is on).
+    pub disk_misses: u64,
+    /// Range GETs of data blocks from the object store.
+    pub block_gets: u64,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    memory_hits: AtomicU64,
+    memory_misses: AtomicU64,
+    disk_hits: AtomicU64,
+    disk_misses: AtomicU64,
+    block_gets: AtomicU64,
+}
+
 /// The cache tiers of one host, shared by its shards.
 #[derive(Debug)]
 pub struct BlockCaches {
     memory: Option<moka::future::Cache<BlockKey, Bytes>>,
     disk: Option<DiskCache>,
+    counters: Counters,
 }
 
 impl BlockCaches {
@@ -181,7 +206,11 @@ impl BlockCaches {
         } else {
             None
         };
-        Ok(Self { memory, disk })
+        Ok(Self {
+            memory,
+            disk,
+            counters: Counters::default(),
+        })
     }
 
     /// No caching at all.
@@ -189,6 +218,19 @@ impl BlockCaches {
         Self {
             memory: None,
             disk: None,
+            counters: Counters::default(),
+        }
+    }
+
+    /// Hits and misses so far.
+    pub fn stats(&self) -> CacheStats {
+        let c = &self.counters;
+        CacheStats {
+            memory_hits: c.memory_hits.load(Ordering::Relaxed),
+            memory_misses: c.memory_misses.load(Ordering::Relaxed),
+            disk_hits: c.disk_hits.load(Ordering::Relaxed),
+            disk_misses: c.disk_misses.load(Ordering::Relaxed),
+            block_gets: c.block_gets.load(Ordering::Relaxed),
         }
     }
 
@@ -324,12 +366,20 @@ impl SstFiles {
                 .map_err(Arc::new),
             Some(memory) => {
                 if let Some(block) = memory.get(&key).await {
-                    hit("memory");
+                    self.count(
+                        &self.caches.counters.memory_hits,
+                        "weir_lsm_cache_hits_total",
+                        "memory",
+                    );
                     return Ok(block);
                 }
                 memory
                     .try_get_with(key.clone(), async {
-                        miss("memory");
+                        self.count(
+                            &self.caches.counters.memory_misses,
+                            "weir_lsm_cache_misses_total",
+                            "memory",
+                        );
                         self.read_block_uncached(&key, handle).await
                     })
                     .await
@@ -345,14 +395,26 @@ impl SstFiles {
         if let Some(disk) = &self.caches.disk {
             if let Some(sealed) = disk.get(key).await {
                 if let Ok(block) = open_block(&sealed) {
-                    hit("disk");
+                    self.count(
+                        &self.caches.counters.disk_hits,
+                        "weir_lsm_cache_hits_total",
+                        "disk",
+                    );
                     return Ok(block);
                 }
                 tracing::warn!(sst = %key.sst, offset = key.offset, "disk cache block failed verification; refetching");
                 disk.invalidate(key);
             }
-            miss("disk");
+            self.count(
+                &self.caches.counters.disk_misses,
+                "weir_lsm_cache_misses_total",
+                "disk",
+            );
         }
+        self.caches
+            .counters
+            .block_gets
+            .fetch_add(1, Ordering::Relaxed);
         let end = handle.offset + u64::from(handle.len);
         let sealed = self.get_range(&key.sst, handle.offset..end).await?;
         let block = open_block(&sealed).map_err(|source| FetchError::Corrupt {
@@ -377,18 +439,20 @@ impl SstFiles {
         }
     }
 
+    fn count(&self, counter: &AtomicU64, metric: &'static str, tier: &'static str) {
+        counter.fetch_add(1, Ordering::Relaxed);
+        metrics::counter!(metric, "tier" => tier).increment(1);
+    }
+
+    /// The caches this reads through.
+    pub fn caches(&self) -> &Arc<BlockCaches> {
+        &self.caches
+    }
+
     /// Whether the memory tier is on.
     pub fn has_memory_cache(&self) -> bool {
         self.caches.memory.is_some()
     }
-}
-
-fn hit(tier: &'static str) {
-    metrics::counter!("weir_lsm_cache_hits_total", "tier" => tier).increment(1);
-}
-
-fn miss(tier: &'static str) {
-    metrics::counter!("weir_lsm_cache_misses_total", "tier" => tier).increment(1);
 }
 
 /// Counts one object-store request of `op` moving `bytes`.

@@ -233,6 +233,7 @@ impl ManifestStore {
         match self.store.get(&self.path(version)).await {
             Ok(got) => {
                 let bytes = got.bytes().await.map_err(ManifestError::Unavailable)?;
+                crate::state::lsm::cache::count_request("get", bytes.len());
                 Manifest::decode(version, &bytes)
             }
             Err(object_store::Error::NotFound { .. }) => Err(ManifestError::NotFound(version)),
@@ -269,7 +270,10 @@ impl ManifestStore {
                 .put_opts(&path, PutPayload::from(bytes.clone()), opts)
                 .await
             {
-                Ok(_) => return self.check_not_fenced(manifest).await,
+                Ok(_) => {
+                    crate::state::lsm::cache::count_request("put", bytes.len());
+                    return self.check_not_fenced(manifest).await;
+                }
                 Err(err) => {
                     // 409, 412, a timeout or a lost acknowledgement: what is stored decides.
                     match self.read(manifest.version).await {

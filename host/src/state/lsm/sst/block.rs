@@ -133,6 +133,51 @@ impl Iterator for BlockIter {
     }
 }
 
+/// The entry of `key` in the raw block `raw`, if present. Walks the entries without building
+/// any of them but the match (no reference-count traffic per entry), stopping at the first key
+/// past `key`.
+///
+/// # Errors
+/// [`SstError::Malformed`] when the block does not decode up to the key.
+pub fn find(raw: &Bytes, key: &[u8]) -> Result<Option<Entry>, SstError> {
+    let bytes: &[u8] = raw;
+    let mut pos = 0;
+    while pos < bytes.len() {
+        let key_len = get_varint(bytes, &mut pos)? as usize;
+        let k = take(bytes, &mut pos, key_len)?;
+        let kind = *take(bytes, &mut pos, 1)?.first().expect("one byte taken");
+        let expires_at_ms = match kind {
+            KIND_TOMBSTONE | KIND_PUT => None,
+            KIND_PUT_EXPIRING => Some(u64::from_le_bytes(
+                take(bytes, &mut pos, 8)?.try_into().expect("8 bytes"),
+            )),
+            other => return Err(SstError::malformed(format!("unknown entry kind {other}"))),
+        };
+        let value = if kind == KIND_TOMBSTONE {
+            None
+        } else {
+            let value_len = get_varint(bytes, &mut pos)? as usize;
+            let start = pos;
+            take(bytes, &mut pos, value_len)?;
+            Some(start..pos)
+        };
+        match k.cmp(key) {
+            std::cmp::Ordering::Less => continue,
+            std::cmp::Ordering::Greater => return Ok(None),
+            std::cmp::Ordering::Equal => {
+                return Ok(Some(match value {
+                    None => Entry::Tombstone,
+                    Some(range) => Entry::Put {
+                        value: raw.slice(range),
+                        expires_at_ms,
+                    },
+                }));
+            }
+        }
+    }
+    Ok(None)
+}
+
 /// Seals a raw block for disk: lz4 when `compress` and it helps, then the checksum.
 pub fn seal(raw: &[u8], compress: bool) -> Vec<u8> {
     let compressed = compress.then(|| lz4_flex::block::compress_prepend_size(raw));

@@ -136,15 +136,7 @@ pub fn open_block(sealed: &Bytes) -> Result<Bytes, SstError> {
 /// # Errors
 /// [`SstError::Malformed`] when the block does not decode.
 pub fn find_in_block(raw: Bytes, key: &[u8]) -> Result<Option<Entry>, SstError> {
-    for item in BlockIter::new(raw) {
-        let (k, entry) = item?;
-        match k.as_ref().cmp(key) {
-            std::cmp::Ordering::Less => continue,
-            std::cmp::Ordering::Equal => return Ok(Some(entry)),
-            std::cmp::Ordering::Greater => return Ok(None),
-        }
-    }
-    Ok(None)
+    super::block::find(&raw, key)
 }
 
 /// An open SST held whole in memory.
