@@ -348,8 +348,9 @@ impl RunningPipeline {
             }
             if Instant::now() > deadline {
                 bail!(
-                    "{} of {n} records done after {timeout:?}",
-                    self.stats.records_done()
+                    "{} of {n} records done after {timeout:?}; stats: {:?}",
+                    self.stats.records_done(),
+                    self.stats
                 );
             }
             tokio::time::sleep(Duration::from_millis(10)).await;

@@ -118,11 +118,17 @@ fn an_interrupted_flush_leaves_only_orphans_that_gc_later_removes() {
             f.clock.clone(),
         );
         // The first SST upload is written but its acknowledgement is lost; the second fails
-        // outright. Both flushes are retried under fresh names at later writes.
+        // outright. Both flushes are retried under fresh names; a write that finds the
+        // immutable memtables full meanwhile is refused whole and retried, as a worker does.
         f.faulty.inject_on("/sst/", Fault::LostAck);
         f.faulty.inject_on("/sst/", Fault::PutFails);
+        let mut refusals = 0;
         for i in 0..40 {
-            tree.apply(vec![write(i)]).await.expect("apply");
+            while let Err(err) = tree.apply(vec![write(i)]).await {
+                assert!(matches!(err, StateError::Unavailable { .. }), "{err}");
+                refusals += 1;
+                assert!(refusals <= 2, "one refusal per injected fault at most");
+            }
         }
         let cp = checkpoint(&f, &tree, &claim).await;
         let live: HashSet<SstId> = tree.live_ssts().into_iter().collect();

@@ -13,8 +13,10 @@
 //! A tree opened from a manifest reads nothing up front.
 //!
 //! Invariants: `apply` is atomic — it inserts every write into the memtable or none (refused
-//! when flushing keeps failing with the immutable memtables at their limit, or on a stall). A
-//! failed flush keeps its immutable memtable readable and is retried at the next `apply`. The
+//! when flushing keeps failing with the immutable memtables at their limit, or on a stall).
+//! Flushes run in a background task; `apply` waits for one only when `immutable_memtables_max`
+//! frozen memtables are waiting. A failed flush keeps its immutable memtable readable and is
+//! retried. The
 //! SST set is swapped whole under a lock, so a reader sees one consistent version; SSTs a
 //! compaction replaced stay in the store until GC (see [`super::gc`]) finds no reference.
 
@@ -172,6 +174,7 @@ struct Inner {
     /// Seq of this writer below which SSTs were recorded by a committed checkpoint.
     checkpoint_seq: AtomicU64,
     compaction_wanted: Notify,
+    flush_wanted: Notify,
     l0_shrank: Notify,
     compactions: AtomicU64,
 }
@@ -181,11 +184,13 @@ struct Inner {
 pub struct LsmTree {
     inner: Arc<Inner>,
     compactor: tokio::task::JoinHandle<()>,
+    flusher: tokio::task::JoinHandle<()>,
 }
 
 impl Drop for LsmTree {
     fn drop(&mut self) {
         self.compactor.abort();
+        self.flusher.abort();
     }
 }
 
@@ -233,11 +238,17 @@ impl LsmTree {
             next_seq: AtomicU64::new(0),
             checkpoint_seq: AtomicU64::new(0),
             compaction_wanted: Notify::new(),
+            flush_wanted: Notify::new(),
             l0_shrank: Notify::new(),
             compactions: AtomicU64::new(0),
         });
         let compactor = tokio::spawn(compact_in_background(inner.clone()));
-        Self { inner, compactor }
+        let flusher = tokio::spawn(flush_in_background(inner.clone()));
+        Self {
+            inner,
+            compactor,
+            flusher,
+        }
     }
 
     /// Opens the tree recorded in `manifest` for writer `writer_epoch` (the epoch of the claim
@@ -720,7 +731,7 @@ impl Inner {
             };
             let merged = tokio::task::spawn_blocking(move || merge(readers, settings))
                 .await
-                .expect("the merge does not panic")
+                .map_err(|e| self.corrupt_msg(&format!("the compaction merge failed: {e}")))?
                 .map_err(|e| self.corrupt(e))?;
             let mut outputs = Vec::with_capacity(merged.files.len());
             let mut written_bytes = 0;
@@ -744,11 +755,17 @@ impl Inner {
             let out = &mut version.levels[job.output_level];
             out.extend(outputs);
             out.sort_by(|a, b| a.meta.first_key.cmp(&b.meta.first_key));
-            debug_assert!(
-                out.windows(2)
-                    .all(|w| w[0].meta.last_key < w[1].meta.first_key),
-                "a level below L0 must keep disjoint key ranges"
-            );
+            if !out
+                .windows(2)
+                .all(|w| w[0].meta.last_key < w[1].meta.first_key)
+            {
+                // Never install a version that would route keys wrongly; the outputs become
+                // orphans for GC and the caller logs the error.
+                return Err(self.corrupt_msg(&format!(
+                    "compaction into level {} would overlap key ranges; not installed",
+                    job.output_level
+                )));
+            }
             if job.input_level > 0 {
                 levels.compact_pointer[job.input_level] = job.inputs[0].meta.last_key.clone();
             }
@@ -801,6 +818,21 @@ async fn compact_in_background(inner: Arc<Inner>) {
                 }
             }
         }
+    }
+}
+
+/// The background flush loop: writes frozen memtables to SSTs as they appear; after a failure
+/// it retries with backoff (100 ms doubling to 2 s) while the data stays readable in memory.
+async fn flush_in_background(inner: Arc<Inner>) {
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        inner.flush_wanted.notified().await;
+        while let Err(error) = inner.flush_immutables().await {
+            tracing::warn!(shard = %inner.label, %error, "memtable flush failed; retrying");
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_secs(2));
+        }
+        backoff = Duration::from_millis(100);
     }
 }
 
@@ -1000,8 +1032,11 @@ impl Shard for LsmTree {
 
     async fn apply(&self, writes: Vec<StateWrite>) -> Result<(), StateError> {
         let inner = &*self.inner;
-        // Make room first, so that a refusal happens before anything is inserted.
-        if let Err(err) = inner.flush_immutables().await
+        // Make room first, so that a refusal happens before anything is inserted: with the
+        // immutable memtables at their limit, this write waits for a flush (and is refused if
+        // it fails). Otherwise flushes run in the background.
+        if inner.read().immutables.len() >= inner.settings.immutable_memtables_max
+            && let Err(err) = inner.flush_immutables().await
             && inner.read().immutables.len() >= inner.settings.immutable_memtables_max
         {
             return Err(err);
@@ -1029,9 +1064,8 @@ impl Shard for LsmTree {
         };
         metrics::gauge!("weir_lsm_memtable_bytes", "shard" => inner.label.clone())
             .set(memtable_bytes as f64);
-        if frozen && let Err(err) = inner.flush_immutables().await {
-            // The writes are in; the flush is retried at the next apply.
-            tracing::warn!(shard = %inner.label, error = %err, "memtable flush failed; will retry");
+        if frozen {
+            inner.flush_wanted.notify_one();
         }
         Ok(())
     }
