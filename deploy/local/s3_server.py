@@ -16,6 +16,7 @@ sys.setswitchinterval (tiny values make races easy to reproduce).
 """
 
 import argparse
+import io
 import os
 import signal
 import sys
@@ -49,6 +50,18 @@ def main():
         lock = threading.Lock()
 
         def served(environ, start_response):
+            # Read the request body before taking the lock: a client that sends
+            # headers and then stalls (or drops the request mid-upload and keeps
+            # the connection) must not hold every other request up.
+            length = environ.get("CONTENT_LENGTH")
+            stream = environ["wsgi.input"]
+            if length:
+                body = stream.read(int(length))
+            elif environ.get("wsgi.input_terminated"):
+                body = stream.read()
+            else:
+                body = b""
+            environ["wsgi.input"] = io.BytesIO(body)
             # moto builds the whole response inside the app call (the body
             # iterable is only streamed afterwards), so holding the lock for
             # the call covers check + store of a conditional PUT.
@@ -62,7 +75,11 @@ def main():
     signal.signal(signal.SIGTERM, stop)
     print(f"s3_server: moto on http://{args.host}:{args.port} "
           f"(serialized={'no' if args.no_serialize else 'yes'})", flush=True)
-    run_simple(args.host, args.port, served, threaded=True, request_handler=MotoRequestHandler)
+    class Handler(MotoRequestHandler):
+        # A connection silent for this long is closed instead of kept forever.
+        timeout = 120
+
+    run_simple(args.host, args.port, served, threaded=True, request_handler=Handler)
 
 
 if __name__ == "__main__":
