@@ -16,6 +16,7 @@ use crate::state::{ShardId, StateBackend, StateError};
 use object_store::ObjectStore;
 use object_store::path::Path;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Why the backend could not be set up.
 #[derive(Debug, thiserror::Error)]
@@ -50,7 +51,10 @@ pub struct LsmBackend {
     prefix: Path,
     settings: LsmSettings,
     clock: SharedClock,
-    writer_token: String,
+    /// Unique per process; a claim's writer token adds a per-claim counter, so that two claims
+    /// of one process (a partition reassigned while its old tree lives) never share a token.
+    process_token: String,
+    claims: Arc<AtomicU64>,
 }
 
 impl LsmBackend {
@@ -70,7 +74,8 @@ impl LsmBackend {
             prefix,
             settings,
             clock,
-            writer_token: format!("weir-{}-{nanos:x}", std::process::id()),
+            process_token: format!("weir-{}-{nanos:x}", std::process::id()),
+            claims: Arc::new(AtomicU64::new(0)),
         }
     }
 
@@ -165,8 +170,13 @@ impl StateBackend for LsmBackend {
                 break;
             }
         }
+        let token = format!(
+            "{}-{}",
+            self.process_token,
+            self.claims.fetch_add(1, Ordering::Relaxed)
+        );
         let claim = manifests
-            .claim(&self.writer_token, base.as_ref())
+            .claim(&token, base.as_ref())
             .await
             .map_err(|e| manifest_error(&root, e))?;
         tracing::info!(shard = %root, version = claim.version, writer_epoch = claim.writer_epoch, from_checkpoint = ?base.as_ref().map(|b| b.version), "claimed shard");

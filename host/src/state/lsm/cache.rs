@@ -132,19 +132,23 @@ impl DiskCache {
         }
     }
 
-    async fn insert(&self, key: BlockKey, sealed: &Bytes) {
+    /// Writes the block's file and registers it in one blocking task, which runs to the end
+    /// even when the read that asked is cancelled: no file is ever left unregistered.
+    async fn insert(self: &Arc<Self>, key: BlockKey, sealed: &Bytes) {
         let n = self.next_file.fetch_add(1, Ordering::Relaxed);
         let file = self.dir.path().join(format!("{n:016x}.block"));
-        match tokio::fs::write(&file, sealed).await {
+        let (cache, sealed) = (self.clone(), sealed.clone());
+        let _ = tokio::task::spawn_blocking(move || match std::fs::write(&file, &sealed) {
             Ok(()) => {
                 let len = u32::try_from(sealed.len()).unwrap_or(u32::MAX);
-                self.entries.insert(key, Arc::new(DiskEntry { file, len }));
+                cache.entries.insert(key, Arc::new(DiskEntry { file, len }));
             }
             Err(error) => {
                 tracing::warn!(%error, file = %file.display(), "disk cache write failed; block not cached");
-                let _ = tokio::fs::remove_file(&file).await;
+                let _ = std::fs::remove_file(&file);
             }
-        }
+        })
+        .await;
     }
 
     fn invalidate(&self, key: &BlockKey) {
@@ -180,7 +184,7 @@ struct Counters {
 #[derive(Debug)]
 pub struct BlockCaches {
     memory: Option<moka::future::Cache<BlockKey, Bytes>>,
-    disk: Option<DiskCache>,
+    disk: Option<Arc<DiskCache>>,
     counters: Counters,
 }
 
@@ -199,10 +203,10 @@ impl BlockCaches {
                 .build()
         });
         let disk = if settings.disk_cache_bytes > 0 {
-            Some(DiskCache::new(
+            Some(Arc::new(DiskCache::new(
                 settings.disk_cache_bytes,
                 settings.disk_cache_dir.as_deref(),
-            )?)
+            )?))
         } else {
             None
         };

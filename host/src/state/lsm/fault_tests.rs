@@ -110,11 +110,18 @@ fn an_interrupted_flush_leaves_only_orphans_that_gc_later_removes() {
     runtime().block_on(async {
         let f = fixture();
         let claim = f.manifests.claim("a", None).await.expect("claims");
+        // No compaction here: every SST not in the tree is then an orphan of a failed flush.
+        let no_compaction = LsmSettings {
+            l0_compaction_trigger: 100,
+            l0_slowdown_trigger: 200,
+            l0_stop_trigger: 300,
+            ..settings()
+        };
         let tree = LsmTree::new(
             f.files.clone(),
             Path::from("s"),
             claim.writer_epoch,
-            settings(),
+            no_compaction,
             f.clock.clone(),
         );
         // The first SST upload is written but its acknowledgement is lost; the second fails
@@ -482,6 +489,134 @@ fn the_disk_cache_stays_within_its_bytes_and_serves_repeated_reads() {
         assert_eq!(
             reopened.get(&399u32.to_be_bytes()).await.expect("disk hit"),
             write(399).value
+        );
+    });
+}
+
+#[test]
+fn gc_keeps_what_compaction_retired_within_the_grace_period_for_readers_of_older_versions() {
+    runtime().block_on(async {
+        let f = fixture();
+        let manual = ManualClock::new(0);
+        let clock: SharedClock = Arc::new(manual.clone());
+        let claim = f.manifests.claim("a", None).await.expect("claims");
+        let tree = LsmTree::new(
+            f.files.clone(),
+            Path::from("s"),
+            claim.writer_epoch,
+            settings(),
+            clock,
+        );
+        let before: HashSet<SstId> = {
+            for i in 0..30 {
+                tree.apply(vec![write(i)]).await.expect("apply");
+            }
+            tree.flush().await.expect("flush");
+            tree.live_ssts().into_iter().collect()
+        };
+        for i in 30..60 {
+            tree.apply(vec![write(i)]).await.expect("apply");
+        }
+        tree.flush().await.expect("flush");
+        tree.compact_until_settled().await.expect("compacts");
+        checkpoint(&f, &tree, &claim).await;
+        let retired: Vec<SstId> = before
+            .iter()
+            .filter(|id| !tree.live_ssts().contains(id))
+            .copied()
+            .collect();
+        assert!(
+            !retired.is_empty(),
+            "compaction retired some of the first SSTs"
+        );
+        // An hour from now by the store's clock every object is older than the grace period,
+        // but the tree retired these only now (by its clock): a reader may still use them.
+        let gc = GcSettings {
+            retained_checkpoints: 3,
+            grace: Duration::from_secs(600),
+        };
+        let later = crate::clock::Clock::now_ms(&crate::clock::SystemClock) + 3_600_000;
+        collect_garbage(
+            &f.store,
+            &Path::from("s"),
+            &tree,
+            &BTreeSet::new(),
+            &gc,
+            later,
+        )
+        .await
+        .expect("gc");
+        let stored = sst_objects(&f.store).await;
+        assert!(
+            retired.iter().all(|id| stored.contains(id)),
+            "retired SSTs kept within the grace period"
+        );
+        manual.advance_ms(601_000);
+        collect_garbage(
+            &f.store,
+            &Path::from("s"),
+            &tree,
+            &BTreeSet::new(),
+            &gc,
+            later,
+        )
+        .await
+        .expect("gc");
+        let stored = sst_objects(&f.store).await;
+        assert!(
+            retired.iter().all(|id| !stored.contains(id)),
+            "and deleted after it"
+        );
+    });
+}
+
+#[test]
+fn corruption_found_by_compaction_stops_it_and_stalled_writes_report_corruption() {
+    runtime().block_on(async {
+        let f = fixture();
+        let stalling = LsmSettings {
+            memtable_bytes_max: 1 << 20,
+            l0_compaction_trigger: 3,
+            l0_slowdown_trigger: 3,
+            l0_stop_trigger: 3,
+            stall_timeout: Duration::from_secs(30),
+            ..settings()
+        };
+        let tree = LsmTree::new(
+            f.files.clone(),
+            Path::from("s"),
+            1,
+            stalling,
+            f.clock.clone(),
+        );
+        // Two L0 SSTs (explicit flushes only), then damage the first in the store.
+        for round in 0..2 {
+            for i in 0..20 {
+                tree.apply(vec![write(round * 100 + i)])
+                    .await
+                    .expect("apply");
+            }
+            tree.flush().await.expect("flush");
+        }
+        assert_eq!(tree.level_counts()[0], 2);
+        let first = tree.l0_ssts()[0];
+        let path = Path::from(format!("s/{}", first.object_name()));
+        let garbage = object_store::PutPayload::from_static(&[7u8; 100]);
+        object_store::ObjectStoreExt::put(&f.faulty.inner, &path, garbage)
+            .await
+            .expect("overwrites");
+        // The third SST triggers a compaction, which reads the damaged one whole.
+        tree.apply(vec![write(500)]).await.expect("apply");
+        tree.flush().await.expect("flush");
+        let err = tree
+            .apply(vec![write(501)])
+            .await
+            .expect_err("L0 is at its stop trigger and compaction has stopped");
+        assert!(matches!(err, StateError::Corrupt { .. }), "{err}");
+        assert_eq!(
+            tree.get(&501u32.to_be_bytes()).await.expect("get"),
+            None,
+            "not applied"
         );
     });
 }

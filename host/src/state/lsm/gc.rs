@@ -4,14 +4,15 @@
 //! Kept: every manifest version from the oldest of the last `retained_checkpoints` checkpoint
 //! versions upwards (claims and uncommitted versions do not count towards the number, but
 //! those newer than the oldest retained checkpoint are kept), every pinned version, and every
-//! SST that one of those, or the live tree, references. Never deleted besides: an SST of a
-//! newer writer epoch than the live one (that writer owns the shard now), an SST the live
-//! writer wrote at or after its last committed checkpoint (it may be in flight to a manifest),
-//! and any object younger than the grace period (a slow writer may still be about to reference
-//! it). Everything else under `sst/` — compacted-away inputs, the orphans of interrupted
-//! flushes, a dead writer's leftovers (recognised by their older epoch) — is deleted, after
-//! the manifests older than the kept ones, so that no surviving manifest ever names a deleted
-//! SST.
+//! SST that one of those or the live tree references. Never deleted besides: an SST compaction
+//! retired from the live tree less than a grace period ago (a reader may still hold a version
+//! naming it), an SST of a newer writer epoch than the live one (that writer owns the shard
+//! now), an SST the live writer wrote at or after its last committed checkpoint (it may be in
+//! flight to a manifest), and any object younger than the grace period (a slow writer may
+//! still be about to reference it). Everything else under `sst/` — compacted-away inputs, the
+//! orphans of interrupted flushes, a dead writer's leftovers (recognised by their older epoch)
+//! — is deleted, after the manifests older than the kept ones, so that no surviving manifest
+//! ever names a deleted SST.
 
 use super::tree::{LsmTree, SstId};
 use crate::state::manifest::{ManifestError, ManifestKind, ManifestStore};
@@ -95,6 +96,10 @@ pub async fn collect_garbage(
         .flat_map(|m| m.levels.iter().flatten().map(|r| r.id()))
         .collect();
     referenced.extend(live.live_ssts());
+    let grace_ms = u64::try_from(settings.grace.as_millis()).unwrap_or(u64::MAX);
+    // Retired by compaction less than a grace period ago: a reader may still hold a version
+    // naming them (the objects' own age says nothing about that).
+    referenced.extend(live.recently_retired(grace_ms));
 
     let mut report = GcReport::default();
     for &version in versions
@@ -105,7 +110,6 @@ pub async fn collect_garbage(
         report.manifests_deleted += 1;
     }
 
-    let grace_ms = u64::try_from(settings.grace.as_millis()).unwrap_or(u64::MAX);
     let prefix = Path::from(format!("{root}/sst"));
     let objects: Vec<_> = store
         .list(Some(&prefix))

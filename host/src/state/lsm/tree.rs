@@ -177,6 +177,11 @@ struct Inner {
     flush_wanted: Notify,
     l0_shrank: Notify,
     compactions: AtomicU64,
+    /// SSTs compaction removed from the tree, with when (processing time, ms): readers holding
+    /// an older version may still read them, so GC keeps them for its grace period.
+    retired: std::sync::Mutex<Vec<(SstId, u64)>>,
+    /// Set when compaction hit corruption: compaction stops and stalled writes report it.
+    compaction_failure: std::sync::Mutex<Option<String>>,
 }
 
 /// One shard's LSM tree on an object store. Dropping it stops its background compaction.
@@ -241,6 +246,8 @@ impl LsmTree {
             flush_wanted: Notify::new(),
             l0_shrank: Notify::new(),
             compactions: AtomicU64::new(0),
+            retired: std::sync::Mutex::new(Vec::new()),
+            compaction_failure: std::sync::Mutex::new(None),
         });
         let compactor = tokio::spawn(compact_in_background(inner.clone()));
         let flusher = tokio::spawn(flush_in_background(inner.clone()));
@@ -388,6 +395,16 @@ impl LsmTree {
         self.inner.flush_immutables().await
     }
 
+    /// SSTs compaction removed from the tree within the last `within_ms` (processing time):
+    /// a reader may still hold a version that names them, so GC must keep them. Forgets older
+    /// ones.
+    pub fn recently_retired(&self, within_ms: u64) -> Vec<SstId> {
+        let now = self.inner.clock.now_ms();
+        let mut retired = self.inner.retired.lock().unwrap_or_else(|e| e.into_inner());
+        retired.retain(|(_, at)| now.saturating_sub(*at) < within_ms);
+        retired.iter().map(|(id, _)| *id).collect()
+    }
+
     /// Compactions this tree has run (trivial moves included).
     pub fn compactions(&self) -> u64 {
         self.inner.compactions.load(Ordering::Relaxed)
@@ -513,23 +530,34 @@ impl Inner {
             let Some(oldest) = self.read().immutables.first().cloned() else {
                 return Ok(());
             };
-            let mut builder =
-                SstBuilder::new(self.settings.block_size_bytes, self.settings.compress);
-            for (key, entry) in oldest.iter() {
-                builder
-                    .add(key, entry)
-                    .expect("memtable iteration is in strictly increasing key order");
-            }
-            let (first, last) = builder
-                .key_range()
-                .map(|(f, l)| (f.to_vec(), l.to_vec()))
-                .expect("only non-empty memtables are frozen");
-            let file = builder.finish();
+            let (block_size, compress) = (self.settings.block_size_bytes, self.settings.compress);
+            let memtable = oldest.clone();
+            // Encoding and compressing up to `memtable_bytes_max` is CPU work: keep it off the
+            // runtime's worker threads.
+            let built = tokio::task::spawn_blocking(move || {
+                let mut builder = SstBuilder::new(block_size, compress);
+                for (key, entry) in memtable.iter() {
+                    builder
+                        .add(key, entry)
+                        .expect("memtable iteration is in strictly increasing key order");
+                }
+                let (first, last) = builder
+                    .key_range()
+                    .map(|(f, l)| (f.to_vec(), l.to_vec()))
+                    .expect("only non-empty memtables are frozen");
+                (builder.finish(), first, last)
+            })
+            .await;
+            let (file, first, last) =
+                built.map_err(|e| self.corrupt_msg(&format!("building an SST failed: {e}")))?;
             let sst = self.upload(file.clone(), first, last).await?;
             if self.settings.prepopulate_block_cache && self.files.has_memory_cache() {
                 let index = sst.index.get().expect("uploaded SSTs carry their index");
                 for (_, handle) in index.blocks() {
                     if let Ok(block) = open_block(&file.slice(handle.range())) {
+                        // An uncompressed block is a slice of the whole file: copy it, so that
+                        // the cache holds (and weighs) only the block.
+                        let block = Bytes::copy_from_slice(&block);
                         self.files.prepopulate(&sst.path, *handle, block).await;
                     }
                 }
@@ -637,6 +665,16 @@ impl Inner {
                 shrank.as_mut().enable();
                 if self.read().version.levels[0].len() < s.l0_stop_trigger {
                     break;
+                }
+                if let Some(failure) = self
+                    .compaction_failure
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .clone()
+                {
+                    return Err(self.corrupt_msg(&format!(
+                        "writes stalled on L0 and compaction stopped on corrupt state: {failure}"
+                    )));
                 }
                 if tokio::time::timeout_at(deadline.into(), shrank)
                     .await
@@ -769,6 +807,13 @@ impl Inner {
             if job.input_level > 0 {
                 levels.compact_pointer[job.input_level] = job.inputs[0].meta.last_key.clone();
             }
+            if !job.trivial_move {
+                let now = self.clock.now_ms();
+                self.retired
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .extend(gone.iter().map(|id| (*id, now)));
+            }
             levels.version = Arc::new(version);
             levels.version.levels[0].len()
         };
@@ -806,6 +851,16 @@ async fn compact_in_background(inner: Arc<Inner>) {
             match inner.compact_once().await {
                 Ok(true) => backoff = Duration::from_millis(100),
                 Ok(false) => break,
+                Err(error @ StateError::Corrupt { .. }) => {
+                    // Retrying cannot help: stop compacting; writes that stall on L0 report it.
+                    tracing::error!(shard = %inner.label, error = ?error, "compaction hit corrupt state; compaction stopped");
+                    *inner
+                        .compaction_failure
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner()) = Some(format!("{error:?}"));
+                    inner.l0_shrank.notify_waiters();
+                    return;
+                }
                 Err(error) => {
                     tracing::warn!(shard = %inner.label, %error, "compaction failed; retrying later");
                     // A writer stalled on L0 asks again at once rather than waiting out the
@@ -997,6 +1052,8 @@ impl Shard for LsmTree {
         }
         let mut out = Vec::new();
         while out.len() < limit {
+            // Cached blocks never suspend; let other tasks (and call deadlines) run.
+            tokio::task::consume_budget().await;
             for source in sources.iter_mut() {
                 source.fill(inner, start, end.as_deref()).await?;
             }

@@ -59,8 +59,10 @@ impl SstIndex {
             let start = (handle.offset - tail_start) as usize;
             unseal(&tail.slice(start..start + handle.len as usize), part)
         };
-        let filter = part(footer.filter, "filter")?;
-        let raw_index = part(footer.index, "index")?;
+        // Copies: the metadata lives as long as the SST is in the tree and must not pin the
+        // buffer it was read from (a whole file, for SSTs this process wrote).
+        let filter = Bytes::copy_from_slice(&part(footer.filter, "filter")?);
+        let raw_index = Bytes::copy_from_slice(&part(footer.index, "index")?);
         let mut index = Vec::new();
         let mut pos = 0;
         while pos < raw_index.len() {
