@@ -90,6 +90,9 @@ struct DiskCache {
     dir: tempfile::TempDir,
     entries: moka::sync::Cache<BlockKey, Arc<DiskEntry>>,
     next_file: AtomicU64,
+    /// Block writes started and not yet registered.
+    writes_pending: AtomicU64,
+    writes_done: tokio::sync::Notify,
 }
 
 impl DiskCache {
@@ -118,6 +121,8 @@ impl DiskCache {
             dir,
             entries,
             next_file: AtomicU64::new(0),
+            writes_pending: AtomicU64::new(0),
+            writes_done: tokio::sync::Notify::new(),
         })
     }
 
@@ -132,23 +137,40 @@ impl DiskCache {
         }
     }
 
-    /// Writes the block's file and registers it in one blocking task, which runs to the end
-    /// even when the read that asked is cancelled: no file is ever left unregistered.
-    async fn insert(self: &Arc<Self>, key: BlockKey, sealed: &Bytes) {
+    /// Writes the block's file and registers it in one blocking task, off the read's path
+    /// (the read does not wait for it), which runs to the end even when the read that asked
+    /// is cancelled: no file is ever left unregistered.
+    fn insert(self: &Arc<Self>, key: BlockKey, sealed: &Bytes) {
         let n = self.next_file.fetch_add(1, Ordering::Relaxed);
         let file = self.dir.path().join(format!("{n:016x}.block"));
         let (cache, sealed) = (self.clone(), sealed.clone());
-        let _ = tokio::task::spawn_blocking(move || match std::fs::write(&file, &sealed) {
-            Ok(()) => {
-                let len = u32::try_from(sealed.len()).unwrap_or(u32::MAX);
-                cache.entries.insert(key, Arc::new(DiskEntry { file, len }));
+        self.writes_pending.fetch_add(1, Ordering::SeqCst);
+        drop(tokio::task::spawn_blocking(move || {
+            match std::fs::write(&file, &sealed) {
+                Ok(()) => {
+                    let len = u32::try_from(sealed.len()).unwrap_or(u32::MAX);
+                    cache.entries.insert(key, Arc::new(DiskEntry { file, len }));
+                }
+                Err(error) => {
+                    tracing::warn!(%error, file = %file.display(), "disk cache write failed; block not cached");
+                    let _ = std::fs::remove_file(&file);
+                }
             }
-            Err(error) => {
-                tracing::warn!(%error, file = %file.display(), "disk cache write failed; block not cached");
-                let _ = std::fs::remove_file(&file);
+            cache.writes_pending.fetch_sub(1, Ordering::SeqCst);
+            cache.writes_done.notify_waiters();
+        }));
+    }
+
+    async fn wait_for_writes(&self) {
+        loop {
+            let done = self.writes_done.notified();
+            tokio::pin!(done);
+            done.as_mut().enable();
+            if self.writes_pending.load(Ordering::SeqCst) == 0 {
+                return;
             }
-        })
-        .await;
+            done.await;
+        }
     }
 
     fn invalidate(&self, key: &BlockKey) {
@@ -247,6 +269,13 @@ impl BlockCaches {
             self.memory.as_ref().map_or(0, |m| m.weighted_size()),
             self.disk.as_ref().map_or(0, |d| d.entries.weighted_size()),
         )
+    }
+
+    /// Waits until every block write the disk tier has started is registered (or failed).
+    pub async fn wait_for_disk_writes(&self) {
+        if let Some(disk) = &self.disk {
+            disk.wait_for_writes().await;
+        }
     }
 
     /// Files currently in the disk tier's directory.
@@ -426,7 +455,7 @@ impl SstFiles {
             source,
         })?;
         if let Some(disk) = &self.caches.disk {
-            disk.insert(key.clone(), &sealed).await;
+            disk.insert(key.clone(), &sealed);
         }
         Ok(block)
     }

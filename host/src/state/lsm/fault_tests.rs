@@ -473,6 +473,7 @@ fn the_disk_cache_stays_within_its_bytes_and_serves_repeated_reads() {
                 write(i).value
             );
         }
+        caches.wait_for_disk_writes().await;
         let (_, disk_bytes) = caches.weighted_bytes();
         assert!(disk_bytes <= 4 << 10, "{disk_bytes} bytes on disk");
         assert!(
@@ -480,7 +481,8 @@ fn the_disk_cache_stays_within_its_bytes_and_serves_repeated_reads() {
             "{} files",
             caches.disk_files()
         );
-        // A block read twice in a row comes from disk the second time: no GET may fail it.
+        // The last block read is on disk now: reading it again needs no GET (an injected GET
+        // failure would show).
         f.faulty.inject_on("/sst/", Fault::GetFails);
         assert_eq!(
             reopened.get(&399u32.to_be_bytes()).await.expect("get"),

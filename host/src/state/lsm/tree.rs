@@ -911,7 +911,16 @@ struct SstCursor {
     index: Arc<SstIndex>,
     next_block: usize,
     block: Option<BlockIter>,
+    /// Blocks fetched ahead, in order.
+    ready: VecDeque<Bytes>,
+    /// Blocks the next fetch asks for at once: 1, doubling per fetch up to
+    /// [`SCAN_READAHEAD_BLOCKS_MAX`] (as RocksDB's automatic readahead), so that a short scan
+    /// reads one block and a long one keeps several requests in flight.
+    readahead: usize,
 }
+
+/// Most blocks one scan cursor fetches concurrently.
+pub const SCAN_READAHEAD_BLOCKS_MAX: usize = 8;
 
 /// One input of a scan, newest first.
 #[derive(Debug)]
@@ -939,15 +948,11 @@ impl ScanSource {
         }
     }
 
-    /// Makes sure `head` holds the next entry `>= start` (or the source is exhausted).
-    async fn fill(
-        &mut self,
-        tree: &Inner,
-        start: &[u8],
-        end: Option<&[u8]>,
-    ) -> Result<(), StateError> {
+    /// Moves the next entry `>= start` into `head` from what is already in memory; returns
+    /// whether the source needs a fetch to go on.
+    fn fill_buffered(&mut self, tree: &Inner, start: &[u8]) -> Result<bool, StateError> {
         let ScanSource::Sst { cursor, head, done } = self else {
-            return Ok(());
+            return Ok(false);
         };
         while head.is_none() && !*done {
             if let Some(item) = cursor.block.as_mut().and_then(Iterator::next) {
@@ -957,23 +962,68 @@ impl ScanSource {
                 }
                 continue;
             }
-            let blocks = cursor.index.blocks();
-            let past_end = cursor.next_block > 0
-                && end.is_some_and(|end| blocks[cursor.next_block - 1].0.as_ref() >= end);
-            if past_end || cursor.next_block >= blocks.len() {
-                *done = true;
-                break;
+            match cursor.ready.pop_front() {
+                Some(raw) => cursor.block = Some(BlockIter::new(raw)),
+                None => return Ok(true),
             }
-            let (_, handle) = blocks[cursor.next_block];
-            cursor.next_block += 1;
-            let raw = tree
-                .files
-                .read_block(&cursor.sst.path, handle)
-                .await
-                .map_err(|e| tree.fetch_error(e))?;
-            cursor.block = Some(BlockIter::new(raw));
         }
+        Ok(false)
+    }
+
+    /// Fetches the next blocks (as many as the cursor's readahead) that can hold keys before
+    /// `end`, concurrently; marks the source done when there are none.
+    async fn fetch(&mut self, tree: &Inner, end: Option<&[u8]>) -> Result<(), StateError> {
+        let ScanSource::Sst { cursor, done, .. } = self else {
+            return Ok(());
+        };
+        let blocks = cursor.index.blocks();
+        // Block j can hold keys of the range unless the block before it already ends at or
+        // past the range's end.
+        let wanted = |j: usize| {
+            j < blocks.len() && (j == 0 || end.is_none_or(|end| blocks[j - 1].0.as_ref() < end))
+        };
+        let first = cursor.next_block;
+        let mut last = first;
+        while last < first + cursor.readahead && wanted(last) {
+            last += 1;
+        }
+        if last == first {
+            *done = true;
+            return Ok(());
+        }
+        let fetched = futures::future::try_join_all(
+            blocks[first..last]
+                .iter()
+                .map(|(_, handle)| tree.files.read_block(&cursor.sst.path, *handle)),
+        )
+        .await
+        .map_err(|e| tree.fetch_error(e))?;
+        cursor.next_block = last;
+        cursor.ready.extend(fetched);
+        cursor.readahead = (cursor.readahead * 2).min(SCAN_READAHEAD_BLOCKS_MAX);
         Ok(())
+    }
+}
+
+/// Makes every source's `head` hold its next entry `>= start` (or exhausts it); sources that
+/// need blocks fetch them concurrently.
+async fn fill_all(
+    sources: &mut [ScanSource],
+    tree: &Inner,
+    start: &[u8],
+    end: Option<&[u8]>,
+) -> Result<(), StateError> {
+    loop {
+        let mut waiting = Vec::new();
+        for source in sources.iter_mut() {
+            if source.fill_buffered(tree, start)? {
+                waiting.push(source);
+            }
+        }
+        if waiting.is_empty() {
+            return Ok(());
+        }
+        futures::future::try_join_all(waiting.into_iter().map(|s| s.fetch(tree, end))).await?;
     }
 }
 
@@ -1045,6 +1095,8 @@ impl Shard for LsmTree {
                     sst: sst.clone(),
                     index,
                     block: None,
+                    ready: VecDeque::new(),
+                    readahead: 1,
                 },
                 head: None,
                 done: false,
@@ -1054,9 +1106,7 @@ impl Shard for LsmTree {
         while out.len() < limit {
             // Cached blocks never suspend; let other tasks (and call deadlines) run.
             tokio::task::consume_budget().await;
-            for source in sources.iter_mut() {
-                source.fill(inner, start, end.as_deref()).await?;
-            }
+            fill_all(&mut sources, inner, start, end.as_deref()).await?;
             let Some(key) = sources
                 .iter()
                 .filter_map(|s| s.head().map(|(k, _)| k))
