@@ -328,15 +328,7 @@ async fn load(
     tree.compact_until_settled().await?;
     let settle_s = settle.elapsed().as_secs_f64();
     let levels = tree.levels();
-    let checkpoint = Manifest {
-        version: claim.version + 1,
-        parent: Some(claim.version),
-        kind: ManifestKind::Checkpoint,
-        writer_epoch: claim.writer_epoch,
-        writer_token: claim.writer_token.clone(),
-        levels: levels.clone(),
-        metadata: Default::default(),
-    };
+    let checkpoint = claim.next_checkpoint(levels.clone(), Default::default());
     manifests.commit(&checkpoint).await?;
     let data_bytes = levels.iter().flatten().map(|r| r.size_bytes).sum();
     Ok((
@@ -479,15 +471,7 @@ async fn bulk_load(
         local.put(&path, PutPayload::from(file)).await?;
         refs.push(r);
     }
-    let checkpoint = Manifest {
-        version: claim.version + 1,
-        parent: Some(claim.version),
-        kind: ManifestKind::Checkpoint,
-        writer_epoch: claim.writer_epoch,
-        writer_token: claim.writer_token.clone(),
-        levels: vec![Vec::new(), refs],
-        metadata: Default::default(),
-    };
+    let checkpoint = claim.next_checkpoint(vec![Vec::new(), refs], Default::default());
     manifests.commit(&checkpoint).await?;
     Ok(keys)
 }

@@ -71,6 +71,18 @@ pub enum FetchError {
     },
 }
 
+impl FetchError {
+    /// A failed read of `path`: a missing object is [`FetchError::Missing`], anything else
+    /// [`FetchError::Store`].
+    fn of_read(path: &str, source: object_store::Error) -> Self {
+        let path = path.to_owned();
+        match source {
+            object_store::Error::NotFound { .. } => FetchError::Missing { path, source },
+            source => FetchError::Store { path, source },
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct BlockKey {
     sst: Arc<str>,
@@ -315,16 +327,7 @@ impl SstFiles {
             .store
             .get_range(&location, range)
             .await
-            .map_err(|source| match source {
-                object_store::Error::NotFound { .. } => FetchError::Missing {
-                    path: path.to_owned(),
-                    source,
-                },
-                source => FetchError::Store {
-                    path: path.to_owned(),
-                    source,
-                },
-            })?;
+            .map_err(|source| FetchError::of_read(path, source))?;
         count_request("get", got.len());
         Ok(got)
     }
@@ -336,16 +339,7 @@ impl SstFiles {
     pub async fn get_whole(&self, path: &str) -> Result<Bytes, FetchError> {
         let location = Path::from(path);
         let result = async { self.store.get(&location).await?.bytes().await }.await;
-        let bytes = result.map_err(|source| match source {
-            object_store::Error::NotFound { .. } => FetchError::Missing {
-                path: path.to_owned(),
-                source,
-            },
-            source => FetchError::Store {
-                path: path.to_owned(),
-                source,
-            },
-        })?;
+        let bytes = result.map_err(|source| FetchError::of_read(path, source))?;
         count_request("get", bytes.len());
         Ok(bytes)
     }

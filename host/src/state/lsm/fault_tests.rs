@@ -8,7 +8,7 @@ use super::gc::{GcSettings, collect_garbage};
 use super::tree::{LsmSettings, LsmTree, SstId};
 use crate::clock::{ManualClock, SharedClock};
 use crate::state::faulty_store::{Fault, FaultyStore};
-use crate::state::manifest::{Manifest, ManifestKind, ManifestStore};
+use crate::state::manifest::{Manifest, ManifestStore};
 use crate::state::{Shard, StateError, StateWrite};
 use bytes::Bytes;
 use futures::TryStreamExt;
@@ -19,16 +19,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 fn settings() -> LsmSettings {
-    LsmSettings {
-        memtable_bytes_max: 400,
-        block_size_bytes: 64,
-        target_file_bytes: 256,
-        l0_compaction_trigger: 2,
-        level_base_bytes: 512,
-        level_size_ratio: 2,
-        levels_max: 4,
-        ..LsmSettings::default()
-    }
+    super::tests::small_settings()
 }
 
 fn runtime() -> tokio::runtime::Runtime {
@@ -58,6 +49,54 @@ fn fixture() -> Fixture {
     }
 }
 
+/// A new tree of writer `epoch` in the fixture's store.
+fn new_tree(f: &Fixture, epoch: u64, settings: LsmSettings) -> LsmTree {
+    LsmTree::new(
+        f.files.clone(),
+        Path::from("s"),
+        epoch,
+        settings,
+        f.clock.clone(),
+    )
+}
+
+/// The tree recorded in `manifest`, opened for writer `epoch`.
+fn open_at(f: &Fixture, manifest: &Manifest, epoch: u64) -> LsmTree {
+    LsmTree::open(
+        f.files.clone(),
+        Path::from("s"),
+        manifest,
+        epoch,
+        settings(),
+        f.clock.clone(),
+    )
+    .expect("opens")
+}
+
+/// One GC pass over the fixture's shard.
+async fn run_gc(
+    f: &Fixture,
+    live: &LsmTree,
+    pinned: &BTreeSet<u64>,
+    gc: &GcSettings,
+    now_ms: u64,
+) -> super::gc::GcReport {
+    collect_garbage(&f.store, &Path::from("s"), live, pinned, gc, now_ms)
+        .await
+        .expect("gc")
+}
+
+/// Asserts that every key of `keys` reads back the value [`write`] gave it.
+async fn assert_reads_back(tree: &LsmTree, keys: std::ops::Range<u32>) {
+    for i in keys {
+        assert_eq!(
+            tree.get(&i.to_be_bytes()).await.expect("get"),
+            write(i).value,
+            "key {i}"
+        );
+    }
+}
+
 fn write(i: u32) -> StateWrite {
     StateWrite {
         key: i.to_be_bytes().to_vec(),
@@ -80,15 +119,7 @@ async fn sst_objects(store: &Arc<dyn ObjectStore>) -> HashSet<SstId> {
 async fn checkpoint(f: &Fixture, tree: &LsmTree, parent: &Manifest) -> Manifest {
     tree.flush().await.expect("flush");
     let seq = tree.next_seq();
-    let manifest = Manifest {
-        version: parent.version + 1,
-        parent: Some(parent.version),
-        kind: ManifestKind::Checkpoint,
-        writer_epoch: parent.writer_epoch,
-        writer_token: parent.writer_token.clone(),
-        levels: tree.levels(),
-        metadata: Default::default(),
-    };
+    let manifest = parent.next_checkpoint(tree.levels(), Default::default());
     f.manifests.commit(&manifest).await.expect("commits");
     tree.checkpoint_committed(seq);
     manifest
@@ -117,13 +148,7 @@ fn an_interrupted_flush_leaves_only_orphans_that_gc_later_removes() {
             l0_stop_trigger: 300,
             ..settings()
         };
-        let tree = LsmTree::new(
-            f.files.clone(),
-            Path::from("s"),
-            claim.writer_epoch,
-            no_compaction,
-            f.clock.clone(),
-        );
+        let tree = new_tree(&f, claim.writer_epoch, no_compaction);
         // The first SST upload is written but its acknowledgement is lost; the second fails
         // outright. Both flushes are retried under fresh names; a write that finds the
         // immutable memtables full meanwhile is refused whole and retried, as a worker does.
@@ -148,33 +173,11 @@ fn an_interrupted_flush_leaves_only_orphans_that_gc_later_removes() {
         );
 
         let (gc, now) = gc_now(Duration::ZERO);
-        let report = collect_garbage(
-            &f.store,
-            &Path::from("s"),
-            &tree,
-            &BTreeSet::new(),
-            &gc,
-            now,
-        )
-        .await
-        .expect("gc");
+        let report = run_gc(&f, &tree, &BTreeSet::new(), &gc, now).await;
         assert_eq!(report.ssts_deleted, 1);
         assert_eq!(sst_objects(&f.store).await, live, "only the orphan went");
-        let reopened = LsmTree::open(
-            f.files.clone(),
-            Path::from("s"),
-            &cp,
-            9,
-            settings(),
-            f.clock.clone(),
-        )
-        .expect("opens");
-        for i in 0u32..40 {
-            assert_eq!(
-                reopened.get(&i.to_be_bytes()).await.expect("get"),
-                write(i).value
-            );
-        }
+        let reopened = open_at(&f, &cp, 9);
+        assert_reads_back(&reopened, 0u32..40).await;
     });
 }
 
@@ -183,13 +186,7 @@ fn gc_never_deletes_an_sst_that_a_retained_checkpoint_or_the_live_tree_reference
     runtime().block_on(async {
         let f = fixture();
         let claim = f.manifests.claim("a", None).await.expect("claims");
-        let tree = LsmTree::new(
-            f.files.clone(),
-            Path::from("s"),
-            claim.writer_epoch,
-            settings(),
-            f.clock.clone(),
-        );
+        let tree = new_tree(&f, claim.writer_epoch, settings());
         let mut checkpoints = Vec::new();
         let mut parent = claim;
         for round in 0..6u32 {
@@ -209,9 +206,7 @@ fn gc_never_deletes_an_sst_that_a_retained_checkpoint_or_the_live_tree_reference
 
         let pinned: BTreeSet<u64> = [checkpoints[0].version].into();
         let (gc, now) = gc_now(Duration::from_secs(600));
-        let young = collect_garbage(&f.store, &Path::from("s"), &tree, &pinned, &gc, now)
-            .await
-            .expect("gc");
+        let young = run_gc(&f, &tree, &pinned, &gc, now).await;
         assert_eq!(
             young.ssts_deleted, 0,
             "no SST is older than the grace period"
@@ -228,9 +223,7 @@ fn gc_never_deletes_an_sst_that_a_retained_checkpoint_or_the_live_tree_reference
             ]
         );
         let (gc, now) = gc_now(Duration::ZERO);
-        let report = collect_garbage(&f.store, &Path::from("s"), &tree, &pinned, &gc, now)
-            .await
-            .expect("gc");
+        let report = run_gc(&f, &tree, &pinned, &gc, now).await;
         assert!(
             report.ssts_deleted > 0,
             "compacted-away SSTs went: {report:?}"
@@ -253,15 +246,7 @@ fn gc_never_deletes_an_sst_that_a_retained_checkpoint_or_the_live_tree_reference
                     cp.version
                 );
             }
-            let reader = LsmTree::open(
-                f.files.clone(),
-                Path::from("s"),
-                cp,
-                99,
-                settings(),
-                f.clock.clone(),
-            )
-            .expect("opens");
+            let reader = open_at(&f, cp, 99);
             reader
                 .scan(b"", None, usize::MAX)
                 .await
@@ -275,36 +260,15 @@ fn gc_by_a_zombie_keeps_what_the_newer_writer_wrote() {
     runtime().block_on(async {
         let f = fixture();
         let claim_a = f.manifests.claim("a", None).await.expect("a claims");
-        let zombie = LsmTree::new(
-            f.files.clone(),
-            Path::from("s"),
-            claim_a.writer_epoch,
-            settings(),
-            f.clock.clone(),
-        );
+        let zombie = new_tree(&f, claim_a.writer_epoch, settings());
         let claim_b = f.manifests.claim("b", None).await.expect("b claims");
-        let owner = LsmTree::new(
-            f.files.clone(),
-            Path::from("s"),
-            claim_b.writer_epoch,
-            settings(),
-            f.clock.clone(),
-        );
+        let owner = new_tree(&f, claim_b.writer_epoch, settings());
         for i in 0..40 {
             owner.apply(vec![write(i)]).await.expect("apply");
         }
         owner.flush().await.expect("flush");
         let (gc, now) = gc_now(Duration::ZERO);
-        collect_garbage(
-            &f.store,
-            &Path::from("s"),
-            &zombie,
-            &BTreeSet::new(),
-            &gc,
-            now,
-        )
-        .await
-        .expect("gc");
+        run_gc(&f, &zombie, &BTreeSet::new(), &gc, now).await;
         let stored = sst_objects(&f.store).await;
         for id in owner.live_ssts() {
             assert!(
@@ -320,26 +284,12 @@ fn a_failed_block_read_is_an_outage_and_the_retry_reads_the_value() {
     runtime().block_on(async {
         let f = fixture();
         let claim = f.manifests.claim("a", None).await.expect("claims");
-        let tree = LsmTree::new(
-            f.files.clone(),
-            Path::from("s"),
-            claim.writer_epoch,
-            settings(),
-            f.clock.clone(),
-        );
+        let tree = new_tree(&f, claim.writer_epoch, settings());
         for i in 0..40 {
             tree.apply(vec![write(i)]).await.expect("apply");
         }
         let cp = checkpoint(&f, &tree, &claim).await;
-        let reopened = LsmTree::open(
-            f.files.clone(),
-            Path::from("s"),
-            &cp,
-            2,
-            settings(),
-            f.clock.clone(),
-        )
-        .expect("opens");
+        let reopened = open_at(&f, &cp, 2);
         f.faulty.set_latency(Duration::from_millis(5));
         f.faulty.inject_on("/sst/", Fault::GetFails);
         let err = reopened
@@ -364,13 +314,7 @@ fn a_failed_block_read_is_an_outage_and_the_retry_reads_the_value() {
 fn a_flush_that_keeps_failing_refuses_writes_without_applying_any() {
     runtime().block_on(async {
         let f = fixture();
-        let tree = LsmTree::new(
-            f.files.clone(),
-            Path::from("s"),
-            1,
-            settings(),
-            f.clock.clone(),
-        );
+        let tree = new_tree(&f, 1, settings());
         for _ in 0..100 {
             f.faulty.inject_on("/sst/", Fault::PutFails);
         }
@@ -406,13 +350,7 @@ fn writes_stall_at_the_l0_stop_trigger_until_compaction_catches_up() {
             stall_timeout: Duration::from_secs(2),
             ..settings()
         };
-        let tree = LsmTree::new(
-            f.files.clone(),
-            Path::from("s"),
-            1,
-            stalling,
-            f.clock.clone(),
-        );
+        let tree = new_tree(&f, 1, stalling);
         // Compaction reads its inputs whole; make every such read fail for a while.
         for _ in 0..1000 {
             f.faulty.inject_on("/sst/", Fault::GetFails);
@@ -467,12 +405,7 @@ fn the_disk_cache_stays_within_its_bytes_and_serves_repeated_reads() {
         let cp = checkpoint(&f, &tree, &claim).await;
         let reopened = LsmTree::open(files, Path::from("s"), &cp, 2, settings(), f.clock.clone())
             .expect("opens");
-        for i in 0u32..400 {
-            assert_eq!(
-                reopened.get(&i.to_be_bytes()).await.expect("get"),
-                write(i).value
-            );
-        }
+        assert_reads_back(&reopened, 0u32..400).await;
         caches.wait_for_disk_writes().await;
         let (_, disk_bytes) = caches.weighted_bytes();
         assert!(disk_bytes <= 4 << 10, "{disk_bytes} bytes on disk");
@@ -538,32 +471,14 @@ fn gc_keeps_what_compaction_retired_within_the_grace_period_for_readers_of_older
             grace: Duration::from_secs(600),
         };
         let later = crate::clock::Clock::now_ms(&crate::clock::SystemClock) + 3_600_000;
-        collect_garbage(
-            &f.store,
-            &Path::from("s"),
-            &tree,
-            &BTreeSet::new(),
-            &gc,
-            later,
-        )
-        .await
-        .expect("gc");
+        run_gc(&f, &tree, &BTreeSet::new(), &gc, later).await;
         let stored = sst_objects(&f.store).await;
         assert!(
             retired.iter().all(|id| stored.contains(id)),
             "retired SSTs kept within the grace period"
         );
         manual.advance_ms(601_000);
-        collect_garbage(
-            &f.store,
-            &Path::from("s"),
-            &tree,
-            &BTreeSet::new(),
-            &gc,
-            later,
-        )
-        .await
-        .expect("gc");
+        run_gc(&f, &tree, &BTreeSet::new(), &gc, later).await;
         let stored = sst_objects(&f.store).await;
         assert!(
             retired.iter().all(|id| !stored.contains(id)),
@@ -584,13 +499,7 @@ fn corruption_found_by_compaction_stops_it_and_stalled_writes_report_corruption(
             stall_timeout: Duration::from_secs(30),
             ..settings()
         };
-        let tree = LsmTree::new(
-            f.files.clone(),
-            Path::from("s"),
-            1,
-            stalling,
-            f.clock.clone(),
-        );
+        let tree = new_tree(&f, 1, stalling);
         // Two L0 SSTs (explicit flushes only), then damage the first in the store.
         for round in 0..2 {
             for i in 0..20 {

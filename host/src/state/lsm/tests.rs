@@ -61,7 +61,7 @@ fn op() -> impl Strategy<Value = Op> {
 /// A memtable of a few hundred bytes, 64-byte blocks, compaction from two L0 SSTs and level
 /// targets of a few hundred bytes, so that flushes, multi-block SSTs and compactions into
 /// several levels happen within a few dozen writes.
-fn small_settings() -> LsmSettings {
+pub(super) fn small_settings() -> LsmSettings {
     LsmSettings {
         memtable_bytes_max: 400,
         block_size_bytes: 64,
@@ -144,7 +144,7 @@ async fn run(store: Arc<dyn ObjectStore>, caches: u8, ops: Vec<Op>) -> Result<()
     let mut model = Model::new();
     let mut checkpoints: Vec<(Manifest, Model)> = Vec::new();
     let mut compactions = 0;
-    let mut last_version = owner.version;
+    let mut last = owner.clone();
     for op in ops {
         let now = clock.now_ms_for_test();
         match op {
@@ -200,18 +200,10 @@ async fn run(store: Arc<dyn ObjectStore>, caches: u8, ops: Vec<Op>) -> Result<()
             Op::Checkpoint => {
                 tree.flush().await.expect("flush");
                 let seq = tree.next_seq();
-                let checkpoint = Manifest {
-                    version: last_version + 1,
-                    parent: Some(last_version),
-                    kind: ManifestKind::Checkpoint,
-                    writer_epoch: owner.writer_epoch,
-                    writer_token: owner.writer_token.clone(),
-                    levels: tree.levels(),
-                    metadata: Default::default(),
-                };
+                let checkpoint = last.next_checkpoint(tree.levels(), Default::default());
                 manifests.commit(&checkpoint).await.expect("commits");
                 tree.checkpoint_committed(seq);
-                last_version = checkpoint.version;
+                last = checkpoint.clone();
                 checkpoints.push((checkpoint, model.clone()));
             }
             Op::ReopenAt(i) => {
@@ -223,7 +215,7 @@ async fn run(store: Arc<dyn ObjectStore>, caches: u8, ops: Vec<Op>) -> Result<()
                 compactions += tree.compactions();
                 let token = format!("owner-{}", owner.writer_epoch);
                 owner = manifests.claim(&token, Some(&base)).await.expect("claims");
-                last_version = owner.version;
+                last = owner.clone();
                 tree = LsmTree::open(
                     files.clone(),
                     root.clone(),
@@ -384,15 +376,10 @@ fn a_tree_reopened_from_a_checkpoint_manifest_reads_lazily_and_sees_everything()
             tree.apply(vec![w]).await.expect("apply");
         }
         tree.flush().await.expect("flush");
-        let checkpoint = Manifest {
-            version: claim.version + 1,
-            parent: Some(claim.version),
-            kind: ManifestKind::Checkpoint,
-            writer_epoch: claim.writer_epoch,
-            writer_token: claim.writer_token.clone(),
-            levels: tree.levels(),
-            metadata: [("offset.0".to_owned(), "60".to_owned())].into(),
-        };
+        let checkpoint = claim.next_checkpoint(
+            tree.levels(),
+            [("offset.0".to_owned(), "60".to_owned())].into(),
+        );
         manifests.commit(&checkpoint).await.expect("commits");
 
         let b = manifests

@@ -140,6 +140,24 @@ pub enum ManifestError {
 }
 
 impl Manifest {
+    /// The checkpoint that follows this version, by the same writer: version + 1, this one as
+    /// parent, with `levels` and the input offsets (or other caller pairs) in `metadata`.
+    pub fn next_checkpoint(
+        &self,
+        levels: Vec<Vec<SstRef>>,
+        metadata: BTreeMap<String, String>,
+    ) -> Manifest {
+        Manifest {
+            version: self.version + 1,
+            parent: Some(self.version),
+            kind: ManifestKind::Checkpoint,
+            writer_epoch: self.writer_epoch,
+            writer_token: self.writer_token.clone(),
+            levels,
+            metadata,
+        }
+    }
+
     /// Encodes the manifest object: magic, format version, checksum, JSON body.
     pub fn encode(&self) -> Bytes {
         let body = serde_json::to_vec(self).expect("a manifest of plain fields serialises");
