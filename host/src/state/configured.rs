@@ -2,7 +2,7 @@
 //! binary and the tests run a pipeline the same way whatever `state.backend` says.
 
 use super::lsm::backend::{LsmBackend, LsmSetupError};
-use super::lsm::tree::LsmTree;
+use super::lsm::shard::LsmShard;
 use super::memory::{MemoryBackend, MemoryShard};
 use super::{Shard, ShardId, StateBackend, StateError, StateWrite};
 use crate::clock::SharedClock;
@@ -15,7 +15,7 @@ pub enum ConfiguredBackend {
     /// `memory`.
     Memory(MemoryBackend),
     /// `lsm`.
-    Lsm(LsmBackend),
+    Lsm(Box<LsmBackend>),
 }
 
 impl ConfiguredBackend {
@@ -29,7 +29,9 @@ impl ConfiguredBackend {
     ) -> Result<Self, LsmSetupError> {
         Ok(match settings.backend {
             StateBackendKind::Memory => Self::Memory(MemoryBackend::new(clock)),
-            StateBackendKind::Lsm => Self::Lsm(LsmBackend::from_settings(&settings.lsm, clock)?),
+            StateBackendKind::Lsm => {
+                Self::Lsm(Box::new(LsmBackend::from_settings(&settings.lsm, clock)?))
+            }
         })
     }
 }
@@ -40,7 +42,7 @@ pub enum ConfiguredShard {
     /// A `memory` shard.
     Memory(MemoryShard),
     /// An `lsm` shard.
-    Lsm(LsmTree),
+    Lsm(Box<LsmShard>),
 }
 
 impl StateBackend for ConfiguredBackend {
@@ -49,7 +51,7 @@ impl StateBackend for ConfiguredBackend {
     async fn open_shard(&self, id: &ShardId) -> Result<ConfiguredShard, StateError> {
         Ok(match self {
             Self::Memory(b) => ConfiguredShard::Memory(b.open_shard(id).await?),
-            Self::Lsm(b) => ConfiguredShard::Lsm(b.open_shard(id).await?),
+            Self::Lsm(b) => ConfiguredShard::Lsm(Box::new(b.open_shard(id).await?)),
         })
     }
 }

@@ -2,16 +2,18 @@
 //! shards sharing one object store and one set of [`BlockCaches`].
 //!
 //! A shard lives under `{url prefix}/pipelines/{pipeline}/shards/{partition:05}/`. Opening it
-//! finds the newest checkpoint manifest, claims the shard (a new manifest version with the
-//! next writer epoch, which fences any previous owner) and opens the tree there, reading
-//! nothing else. Until checkpoints are written (issue 4) there is no checkpoint to resume
-//! from, so a shard starts empty at every open, like the `memory` backend.
+//! finds the checkpoint to resume from ([`recover`]), claims the shard (a new manifest version
+//! with the next writer epoch, which fences any previous owner) and opens the tree there,
+//! reading nothing else. The pipeline does not take checkpoints yet (issue 4), so today a
+//! shard starts empty at every open, like the `memory` backend.
 
 use super::cache::{BlockCaches, CacheSettings, SstFiles};
+use super::gc::GcSettings;
+use super::shard::{LsmShard, recover};
 use super::tree::{LsmSettings, LsmTree};
 use crate::clock::SharedClock;
 use crate::config::LsmStateSettings;
-use crate::state::manifest::{ManifestError, ManifestKind, ManifestStore};
+use crate::state::manifest::{ManifestError, ManifestStore};
 use crate::state::{ShardId, StateBackend, StateError};
 use object_store::ObjectStore;
 use object_store::path::Path;
@@ -55,6 +57,7 @@ pub struct LsmBackend {
     /// of one process (a partition reassigned while its old tree lives) never share a token.
     process_token: String,
     claims: Arc<AtomicU64>,
+    gc: GcSettings,
 }
 
 impl LsmBackend {
@@ -76,6 +79,7 @@ impl LsmBackend {
             clock,
             process_token: format!("weir-{}-{nanos:x}", std::process::id()),
             claims: Arc::new(AtomicU64::new(0)),
+            gc: GcSettings::default(),
         }
     }
 
@@ -150,43 +154,37 @@ fn manifest_error(shard: &Path, error: ManifestError) -> StateError {
 }
 
 impl StateBackend for LsmBackend {
-    type Shard = LsmTree;
+    type Shard = LsmShard;
 
-    async fn open_shard(&self, id: &ShardId) -> Result<LsmTree, StateError> {
+    async fn open_shard(&self, id: &ShardId) -> Result<LsmShard, StateError> {
         let root = self.shard_root(id);
-        let manifests = ManifestStore::new(self.files.store().clone(), root.clone());
-        let versions = manifests
-            .versions()
-            .await
-            .map_err(|e| manifest_error(&root, e))?;
-        let mut base = None;
-        for &version in versions.iter().rev() {
-            let manifest = manifests
-                .read(version)
-                .await
-                .map_err(|e| manifest_error(&root, e))?;
-            if manifest.kind == ManifestKind::Checkpoint {
-                base = Some(manifest);
-                break;
-            }
-        }
+        let store = self.files.store().clone();
+        let base = recover(&store, &root).await?;
         let token = format!(
             "{}-{}",
             self.process_token,
             self.claims.fetch_add(1, Ordering::Relaxed)
         );
-        let claim = manifests
+        let claim = ManifestStore::new(store.clone(), root.clone())
             .claim(&token, base.as_ref())
             .await
             .map_err(|e| manifest_error(&root, e))?;
         tracing::info!(shard = %root, version = claim.version, writer_epoch = claim.writer_epoch, from_checkpoint = ?base.as_ref().map(|b| b.version), "claimed shard");
-        LsmTree::open(
+        let tree = LsmTree::open(
             self.files.clone(),
-            root,
+            root.clone(),
             &claim,
             claim.writer_epoch,
             self.settings.clone(),
             self.clock.clone(),
-        )
+        )?;
+        Ok(LsmShard::new(
+            tree,
+            store,
+            root,
+            claim,
+            base,
+            self.gc.clone(),
+        ))
     }
 }

@@ -8,6 +8,8 @@
 //! - [`tree`]       one shard's tree: write path, read path, background compaction and write
 //!   backpressure;
 //! - [`compaction`] leveled compaction: the choice (with its justification) and the merge;
+//! - [`shard`]      a shard as its owner holds it: recovery from the newest valid checkpoint,
+//!   and checkpoints (flush, create-only manifest with the input offsets, GC);
 //! - [`gc`]         deleting SSTs and manifests no retained checkpoint references.
 //!
 //! The manifest (create-only versions, read-back commits, fencing) is in
@@ -18,10 +20,11 @@ pub mod cache;
 pub mod compaction;
 pub mod gc;
 pub mod memtable;
+pub mod shard;
 pub mod sst;
 pub mod tree;
 
 #[cfg(test)]
 mod fault_tests;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

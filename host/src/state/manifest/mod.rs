@@ -336,6 +336,20 @@ impl ManifestStore {
         Ok(())
     }
 
+    /// The writer epoch of the newest version that decodes, skipping corrupt ones above it: a
+    /// corrupt version was written by a writer whose own (older, readable) claim carries its
+    /// epoch, so the claim that follows still fences it.
+    async fn newest_readable_epoch(&self, versions: &[u64]) -> Result<u64, ManifestError> {
+        for &version in versions.iter().rev() {
+            match self.read(version).await {
+                Ok(m) => return Ok(m.writer_epoch),
+                Err(ManifestError::Corrupt { .. } | ManifestError::NotFound(_)) => continue,
+                Err(other) => return Err(other),
+            }
+        }
+        Ok(0)
+    }
+
     /// Claims the shard for `writer_token`: writes a [`ManifestKind::Claim`] version above
     /// every existing one with the next writer epoch, starting from `base` (the checkpoint to
     /// resume from, or none for a new shard). Retries when another claimer wins a slot first.
@@ -352,10 +366,7 @@ impl ManifestStore {
         for _ in 0..COMMIT_ATTEMPTS_MAX {
             let versions = self.versions().await?;
             let top = versions.last().copied();
-            let top_epoch = match top {
-                Some(v) => self.read(v).await?.writer_epoch,
-                None => 0,
-            };
+            let top_epoch = self.newest_readable_epoch(&versions).await?;
             let claim = Manifest {
                 version: top.map_or(1, |v| v + 1),
                 parent: base.map(|b| b.version),
