@@ -125,16 +125,47 @@ fn timestamp_ms((year, month, day, hhmm): (i64, i64, i64, i64)) -> i64 {
 /// Produces `flights` to `topic` on `bootstrap_servers`, keyed by route, and waits until all
 /// are acknowledged. Returns the number produced.
 ///
+/// The records carry their 2013 departure times as timestamps, which time-based retention
+/// (the local broker keeps 24 h) would delete at its next check, so the topic is created if
+/// missing (4 partitions) and set to `retention.ms = -1` first.
+///
 /// # Errors
-/// [`FlightsError::Kafka`] when the producer cannot be created or a delivery fails.
+/// [`FlightsError::Kafka`] when the topic cannot be prepared, the producer cannot be created
+/// or a delivery fails.
 pub async fn produce(
     bootstrap_servers: &str,
     topic: &str,
     flights: &[FlightRecord],
 ) -> Result<u64, FlightsError> {
+    keep_forever(bootstrap_servers, topic).await?;
     Loader::new(bootstrap_servers)?
         .produce(topic, flights)
         .await
+}
+
+/// Creates `topic` if missing and turns off its time-based retention.
+async fn keep_forever(bootstrap_servers: &str, topic: &str) -> Result<(), FlightsError> {
+    use rdkafka::admin::{AdminClient, AdminOptions, AlterConfig, ResourceSpecifier};
+    use rdkafka::client::DefaultClientContext;
+    crate::dev::ensure_topics(bootstrap_servers, &[(topic, 4)])
+        .await
+        .map_err(FlightsError::Kafka)?;
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap_servers)
+        .create()
+        .map_err(FlightsError::Kafka)?;
+    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
+    let config = AlterConfig::new(ResourceSpecifier::Topic(topic)).set("retention.ms", "-1");
+    for result in admin
+        .alter_configs(&[config], &opts)
+        .await
+        .map_err(FlightsError::Kafka)?
+    {
+        if let Err((_, code)) = result {
+            return Err(FlightsError::Kafka(KafkaError::AdminOp(code)));
+        }
+    }
+    Ok(())
 }
 
 /// A producer for replaying flights in several steps (one librdkafka client for all of them).

@@ -254,8 +254,16 @@ fn tree_settings() -> LsmSettings {
 /// # Errors
 /// When the scratch directory or the store fails.
 pub async fn run(opts: &LsmBenchOptions) -> anyhow::Result<LsmBenchReport> {
-    let _ = std::fs::remove_dir_all(&opts.dir);
-    std::fs::create_dir_all(&opts.dir)?;
+    anyhow::ensure!(opts.keys > 0, "--keys must be at least 1");
+    anyhow::ensure!(opts.batch > 0, "--batch must be at least 1");
+    anyhow::ensure!(opts.sample > 0, "--sample must be at least 1");
+    anyhow::ensure!(
+        opts.cache_fractions
+            .iter()
+            .all(|f| f.is_finite() && (0.0..=1.0).contains(f)),
+        "--cache takes fractions of the data between 0 and 1, e.g. 0,0.1,1"
+    );
+    prepare_scratch(&opts.dir)?;
     let local: Arc<dyn ObjectStore> = Arc::new(LocalFileSystem::new_with_prefix(&opts.dir)?);
     let store = throttled(local.clone(), opts.latency_ms);
     let clock: SharedClock = Arc::new(SystemClock);
@@ -290,6 +298,27 @@ pub async fn run(opts: &LsmBenchOptions) -> anyhow::Result<LsmBenchReport> {
         reads,
         open,
     })
+}
+
+/// Marks a scratch directory as the benchmark's own.
+const SCRATCH_MARKER: &str = ".weir-bench-lsm";
+
+/// Empties `dir` for a run — only when it is absent, empty, or marked as a previous run's —
+/// and marks it.
+fn prepare_scratch(dir: &std::path::Path) -> anyhow::Result<()> {
+    if dir.exists() {
+        let ours = dir.join(SCRATCH_MARKER).exists();
+        let empty = std::fs::read_dir(dir)?.next().is_none();
+        anyhow::ensure!(
+            ours || empty,
+            "--dir {} holds files this benchmark did not write; give an empty or new directory",
+            dir.display()
+        );
+        std::fs::remove_dir_all(dir)?;
+    }
+    std::fs::create_dir_all(dir)?;
+    std::fs::write(dir.join(SCRATCH_MARKER), b"")?;
+    Ok(())
 }
 
 async fn load(

@@ -55,7 +55,8 @@ enum Command {
     /// Measure the LSM backend: puts, gets and scans with 0/10/100 % caches on a store with
     /// injected latency, and open time by store size (see host/src/lsm_bench.rs).
     BenchLsm {
-        /// Scratch directory for the store (emptied first, removed after).
+        /// Scratch directory for the store: must be new, empty or a previous run's; emptied
+        /// first, removed after.
         #[arg(long, default_value = "target/bench-lsm")]
         dir: PathBuf,
         /// Keys to load.

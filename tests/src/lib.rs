@@ -23,6 +23,21 @@ use weir_host::pipeline::{self, PipelineError, PipelineStats};
 use weir_host::state::StateBackend;
 use weir_host::state::configured::ConfiguredBackend;
 
+/// The flights CSV of `deploy/local/flights.sh`: `WEIR_FLIGHTS_CSV`, else
+/// `$WEIR_DATA_DIR/flights.csv` (default `~/.cache/weir/data`).
+pub fn flights_csv() -> PathBuf {
+    if let Ok(path) = std::env::var("WEIR_FLIGHTS_CSV") {
+        return PathBuf::from(path);
+    }
+    let data = std::env::var("WEIR_DATA_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| {
+            PathBuf::from(std::env::var("HOME").unwrap_or_else(|_| "/root".into()))
+                .join(".cache/weir/data")
+        });
+    data.join("flights.csv")
+}
+
 /// The real Kafka broker (`WEIR_KAFKA_BOOTSTRAP`, default `127.0.0.1:9092`).
 pub fn kafka_bootstrap() -> String {
     std::env::var("WEIR_KAFKA_BOOTSTRAP").unwrap_or_else(|_| "127.0.0.1:9092".into())

@@ -10,19 +10,6 @@ use weir_tests::*;
 
 const FLIGHTS: usize = 336_776;
 
-fn flights_csv() -> PathBuf {
-    if let Ok(path) = std::env::var("WEIR_FLIGHTS_CSV") {
-        return PathBuf::from(path);
-    }
-    let data = std::env::var("WEIR_DATA_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| {
-            PathBuf::from(std::env::var("HOME").unwrap_or_else(|_| "/root".into()))
-                .join(".cache/weir/data")
-        });
-    data.join("flights.csv")
-}
-
 #[derive(Debug, Default, PartialEq)]
 struct Expected {
     flights: u64,

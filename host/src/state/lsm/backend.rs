@@ -91,6 +91,9 @@ impl LsmBackend {
         settings: &LsmStateSettings,
         clock: SharedClock,
     ) -> Result<Self, LsmSetupError> {
+        // object_store's HTTP client (reqwest with rustls, no default provider) needs a process
+        // crypto provider even for plain-HTTP endpoints; install ring's unless one is set.
+        let _ = rustls::crypto::ring::default_provider().install_default();
         let url_text = settings.url.clone().unwrap_or_default();
         let url = url::Url::parse(&url_text).map_err(|source| LsmSetupError::Url {
             url: url_text.clone(),
