@@ -16,6 +16,8 @@ pub mod key;
 pub mod lsm;
 pub mod manifest;
 pub mod memory;
+#[cfg(test)]
+pub(crate) mod test_support;
 
 use bytes::Bytes;
 use std::future::Future;

@@ -9,6 +9,7 @@ use super::tree::{LsmSettings, LsmTree, SstId};
 use crate::clock::{ManualClock, SharedClock};
 use crate::state::faulty_store::{Fault, FaultyStore};
 use crate::state::manifest::{Manifest, ManifestStore};
+use crate::state::test_support::block_on;
 use crate::state::{Shard, StateError, StateWrite};
 use bytes::Bytes;
 use futures::TryStreamExt;
@@ -20,13 +21,6 @@ use std::time::Duration;
 
 fn settings() -> LsmSettings {
     super::tests::small_settings()
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime")
 }
 
 struct Fixture {
@@ -138,7 +132,7 @@ fn gc_now(grace: Duration) -> (GcSettings, u64) {
 
 #[test]
 fn an_interrupted_flush_leaves_only_orphans_that_gc_later_removes() {
-    runtime().block_on(async {
+    block_on(async {
         let f = fixture();
         let claim = f.manifests.claim("a", None).await.expect("claims");
         // No compaction here: every SST not in the tree is then an orphan of a failed flush.
@@ -183,7 +177,7 @@ fn an_interrupted_flush_leaves_only_orphans_that_gc_later_removes() {
 
 #[test]
 fn gc_never_deletes_an_sst_that_a_retained_checkpoint_or_the_live_tree_references() {
-    runtime().block_on(async {
+    block_on(async {
         let f = fixture();
         let claim = f.manifests.claim("a", None).await.expect("claims");
         let tree = new_tree(&f, claim.writer_epoch, settings());
@@ -257,7 +251,7 @@ fn gc_never_deletes_an_sst_that_a_retained_checkpoint_or_the_live_tree_reference
 
 #[test]
 fn gc_by_a_zombie_keeps_what_the_newer_writer_wrote() {
-    runtime().block_on(async {
+    block_on(async {
         let f = fixture();
         let claim_a = f.manifests.claim("a", None).await.expect("a claims");
         let zombie = new_tree(&f, claim_a.writer_epoch, settings());
@@ -281,7 +275,7 @@ fn gc_by_a_zombie_keeps_what_the_newer_writer_wrote() {
 
 #[test]
 fn a_failed_block_read_is_an_outage_and_the_retry_reads_the_value() {
-    runtime().block_on(async {
+    block_on(async {
         let f = fixture();
         let claim = f.manifests.claim("a", None).await.expect("claims");
         let tree = new_tree(&f, claim.writer_epoch, settings());
@@ -312,7 +306,7 @@ fn a_failed_block_read_is_an_outage_and_the_retry_reads_the_value() {
 
 #[test]
 fn a_flush_that_keeps_failing_refuses_writes_without_applying_any() {
-    runtime().block_on(async {
+    block_on(async {
         let f = fixture();
         let tree = new_tree(&f, 1, settings());
         for _ in 0..100 {
@@ -341,7 +335,7 @@ fn a_flush_that_keeps_failing_refuses_writes_without_applying_any() {
 
 #[test]
 fn writes_stall_at_the_l0_stop_trigger_until_compaction_catches_up() {
-    runtime().block_on(async {
+    block_on(async {
         let f = fixture();
         let stalling = LsmSettings {
             l0_compaction_trigger: 2,
@@ -380,7 +374,7 @@ fn writes_stall_at_the_l0_stop_trigger_until_compaction_catches_up() {
 
 #[test]
 fn the_disk_cache_stays_within_its_bytes_and_serves_repeated_reads() {
-    runtime().block_on(async {
+    block_on(async {
         let f = fixture();
         let caches = Arc::new(
             BlockCaches::new(&CacheSettings {
@@ -430,7 +424,7 @@ fn the_disk_cache_stays_within_its_bytes_and_serves_repeated_reads() {
 
 #[test]
 fn gc_keeps_what_compaction_retired_within_the_grace_period_for_readers_of_older_versions() {
-    runtime().block_on(async {
+    block_on(async {
         let f = fixture();
         let manual = ManualClock::new(0);
         let clock: SharedClock = Arc::new(manual.clone());
@@ -489,7 +483,7 @@ fn gc_keeps_what_compaction_retired_within_the_grace_period_for_readers_of_older
 
 #[test]
 fn corruption_found_by_compaction_stops_it_and_stalled_writes_report_corruption() {
-    runtime().block_on(async {
+    block_on(async {
         let f = fixture();
         let stalling = LsmSettings {
             memtable_bytes_max: 1 << 20,

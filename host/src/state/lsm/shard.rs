@@ -274,6 +274,7 @@ mod tests {
     use crate::state::faulty_store::{Fault, FaultyStore};
     use crate::state::lsm::backend::LsmBackend;
     use crate::state::lsm::cache::BlockCaches;
+    use crate::state::test_support::block_on;
     use crate::state::{ShardId, StateBackend};
     use object_store::{ObjectStoreExt, PutPayload};
 
@@ -317,14 +318,6 @@ mod tests {
             .await
             .expect("checkpoint")
             .version
-    }
-
-    fn block_on<F: std::future::Future>(f: F) -> F::Output {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime")
-            .block_on(f)
     }
 
     #[test]

@@ -7,6 +7,7 @@ use super::gc::{GcSettings, collect_garbage};
 use super::tree::{LsmSettings, LsmTree};
 use crate::clock::{ManualClock, SharedClock};
 use crate::state::manifest::{Manifest, ManifestKind, ManifestStore};
+use crate::state::test_support::block_on;
 use crate::state::{Shard, StateWrite};
 use bytes::Bytes;
 use object_store::local::LocalFileSystem;
@@ -284,14 +285,6 @@ impl ManualClock {
     fn now_ms_for_test(&self) -> u64 {
         crate::clock::Clock::now_ms(self)
     }
-}
-
-fn block_on<F: std::future::Future>(f: F) -> F::Output {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a current-thread runtime builds")
-        .block_on(f)
 }
 
 proptest! {

@@ -4,6 +4,7 @@
 
 use super::*;
 use crate::state::faulty_store::{Fault, FaultyStore};
+use crate::state::test_support::block_on;
 
 fn checkpoint(base: &Manifest, version: u64, offset: &str) -> Manifest {
     Manifest {
@@ -21,14 +22,6 @@ fn checkpoint(base: &Manifest, version: u64, offset: &str) -> Manifest {
         }]],
         metadata: [("offset.0".to_owned(), offset.to_owned())].into(),
     }
-}
-
-fn block_on<F: std::future::Future>(f: F) -> F::Output {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime")
-        .block_on(f)
 }
 
 fn setup() -> (Arc<FaultyStore>, ManifestStore) {
