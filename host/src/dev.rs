@@ -141,6 +141,7 @@ pub async fn run(opts: DevOptions) -> Result<(), DevError> {
             output_topic: output.clone(),
             dead_letter_topic: dlq.clone(),
             group_id: Some(format!("weir-dev-{run_id}")),
+            checkpoint_interval: std::time::Duration::from_secs(10),
         },
         kafka: KafkaSettings {
             bootstrap_servers: bootstrap.clone(),

@@ -19,6 +19,7 @@ pub mod clock;
 pub mod config;
 pub mod dev;
 pub mod error;
+pub mod fail_points;
 pub mod flights;
 pub mod lsm_bench;
 pub mod pipeline;

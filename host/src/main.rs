@@ -113,6 +113,9 @@ async fn main() -> anyhow::Result<()> {
         )
         .with_writer(std::io::stderr)
         .init();
+    // Arms the named fail points listed in `FAILPOINTS`, if set (crash tests; see
+    // weir_host::fail_points).
+    let _fail_points = fail::FailScenario::setup();
     match Cli::parse().command {
         Command::Run { config } => run(config).await,
         Command::Dev {

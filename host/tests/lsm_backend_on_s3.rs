@@ -3,12 +3,12 @@
 //! provider object_store's client needs must come from the backend itself). Checkpoints, then a
 //! second owner resumes from the checkpoint with its offsets.
 
-use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};
 use std::sync::Arc;
 use weir_host::clock::{SharedClock, SystemClock};
 use weir_host::config::LsmStateSettings;
 use weir_host::state::lsm::backend::LsmBackend;
+use weir_host::state::checkpoint::InputOffsets;
 use weir_host::state::{Shard, ShardId, StateBackend, StateWrite};
 
 fn endpoint() -> String {
@@ -74,19 +74,22 @@ async fn an_s3_backend_from_settings_checkpoints_and_a_new_owner_resumes() {
         };
         a.apply(vec![write]).await.expect("apply");
     }
-    let offsets: BTreeMap<String, String> = [("in/0".to_owned(), "200".to_owned())].into();
-    let info = a
-        .checkpoint(offsets.clone(), &BTreeSet::new(), 0)
+    let mut offsets = InputOffsets::new();
+    offsets.advance("in", 199);
+    let report = a
+        .checkpoint(&offsets)
         .await
-        .expect("checkpoint");
-    assert!(info.ssts > 1, "{info:?}");
+        .expect("checkpoint")
+        .expect("lsm checkpoints are durable");
+    assert!(report.uploaded_bytes > 0, "{report:?}");
+    assert_eq!(report.uploaded_bytes, report.state_bytes, "the first one");
 
     let b = LsmBackend::from_settings(&settings, clock)
         .expect("sets up")
         .open_shard(&id)
         .await
         .expect("a new owner opens");
-    assert_eq!(b.recovered_metadata(), offsets);
+    assert_eq!(b.recovered_offsets().expect("decodes"), Some(offsets));
     for i in [0u32, 99, 199] {
         assert_eq!(
             b.get(&i.to_be_bytes()).await.expect("get"),

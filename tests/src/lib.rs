@@ -263,6 +263,7 @@ pub fn settings(
             output_topic: output.to_owned(),
             dead_letter_topic: dlq.to_owned(),
             group_id: Some(unique("group")),
+            checkpoint_interval: std::time::Duration::from_secs(10),
         },
         kafka: KafkaSettings {
             bootstrap_servers: kafka_bootstrap(),
@@ -395,4 +396,88 @@ pub fn init_tracing() {
         )
         .with_test_writer()
         .try_init();
+}
+
+/// The `count` of each output record of the `counter` test operator, per key, in the order
+/// read (`read_committed`, from the beginning): reads until every key of `expected` has shown
+/// its expected count, failing after `timeout` with what was seen.
+///
+/// # Errors
+/// When a key's expected count does not show up in time, or an output is not counter JSON.
+pub async fn read_counts(
+    topic: &str,
+    expected: &BTreeMap<String, u64>,
+    timeout: Duration,
+) -> anyhow::Result<BTreeMap<String, Vec<u64>>> {
+    let consumer: StreamConsumer = ClientConfig::new()
+        .set("bootstrap.servers", kafka_bootstrap())
+        .set("group.id", unique("reader"))
+        .set("auto.offset.reset", "earliest")
+        .set("enable.auto.commit", "false")
+        .set("isolation.level", "read_committed")
+        .create()?;
+    consumer.subscribe(&[topic])?;
+    let mut counts: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+    let mut missing: std::collections::BTreeSet<&String> = expected.keys().collect();
+    let deadline = Instant::now() + timeout;
+    while !missing.is_empty() {
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        let msg = match tokio::time::timeout(remaining, consumer.recv()).await {
+            Ok(msg) => msg?,
+            Err(_) => {
+                let last: BTreeMap<&String, Option<&u64>> = missing
+                    .iter()
+                    .map(|k| (*k, counts.get(*k).and_then(|c| c.last())))
+                    .collect();
+                bail!(
+                    "after {timeout:?}, {} keys of `{topic}` never showed their expected count; last counts seen: {last:?}",
+                    missing.len()
+                );
+            }
+        };
+        let key = String::from_utf8_lossy(msg.key().unwrap_or_default()).into_owned();
+        let value: serde_json::Value = serde_json::from_slice(msg.payload().unwrap_or_default())
+            .context("counter output is JSON")?;
+        let count = value["count"]
+            .as_u64()
+            .context("counter output has a count")?;
+        if expected.get(&key) == Some(&count) {
+            missing.remove(&key);
+        }
+        counts.entry(key).or_default().push(count);
+    }
+    Ok(counts)
+}
+
+/// A record's key and value.
+pub type KeyValue = (Vec<u8>, Vec<u8>);
+
+/// Produces records `from..to` for the `counter` operator to `topic`: record `i` has key
+/// `key{i % keys}` and goes to partition `(i % keys) % partitions`, so a key lives in one shard;
+/// adds each to `expected` (key → number of records).
+///
+/// # Errors
+/// When a delivery fails.
+pub async fn produce_counter(
+    topic: &str,
+    partitions: i32,
+    (from, to): (u64, u64),
+    keys: u64,
+    expected: &mut BTreeMap<String, u64>,
+) -> anyhow::Result<()> {
+    let mut by_partition: BTreeMap<i32, Vec<KeyValue>> = BTreeMap::new();
+    for i in from..to {
+        let k = i % keys;
+        let key = format!("key{k}");
+        *expected.entry(key.clone()).or_default() += 1;
+        let partition = i32::try_from(k % u64::try_from(partitions)?)?;
+        by_partition
+            .entry(partition)
+            .or_default()
+            .push((key.into_bytes(), format!("record {i}").into_bytes()));
+    }
+    for (partition, records) in by_partition {
+        produce(topic, partition, &records).await?;
+    }
+    Ok(())
 }

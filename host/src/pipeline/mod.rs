@@ -3,9 +3,10 @@
 //!
 //! Records of a partition are handled in offset order by that partition's worker, one batch at
 //! a time; partitions run concurrently. Co-partitioned input topics share the worker (and shard)
-//! of their partition number. On revoke, a partition's worker is aborted and its queued records
-//! are dropped, offsets and state untouched (the `memory` shard goes with it; a later
-//! assignment rebuilds it from the earliest offset).
+//! of their partition number. A shard is recovered from its newest checkpoint when its
+//! partition's first record arrives, and the consumer is seeked to that checkpoint's offsets;
+//! workers checkpoint every `pipeline.checkpoint_interval`; on revoke a worker drops its queued
+//! records, checkpoints and closes the shard. docs/checkpoints.md is the protocol.
 
 pub mod worker;
 
@@ -14,9 +15,11 @@ use crate::config::Settings;
 use crate::runtime::{InputRecord, Operator, Runtime, RuntimeError};
 use crate::sink::{self, Sink};
 use crate::source::{self, SourceConsumer, SourceContext};
-use crate::state::{ShardId, StateBackend, StateError};
+use crate::state::checkpoint::InputOffsets;
+use crate::state::{Shard, ShardId, StateBackend, StateError};
 use futures::FutureExt;
-use rdkafka::consumer::Consumer;
+use rdkafka::Offset;
+use rdkafka::consumer::{CommitMode, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::BorrowedMessage;
 use rdkafka::topic_partition_list::TopicPartitionList;
@@ -24,7 +27,7 @@ use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use worker::{PartitionWorker, WorkerError};
@@ -52,12 +55,52 @@ pub struct PipelineStats {
     pub calls_aborted: AtomicU64,
     /// Times a partition was paused at the consumer because its worker was stalled.
     pub partition_pauses: AtomicU64,
+    /// Fetched records dropped because the shard's checkpoint already reflects them.
+    pub records_skipped: AtomicU64,
+    /// Checkpoints committed.
+    pub checkpoints: AtomicU64,
+    /// Checkpoints that failed on a store error (retried at the next interval).
+    pub checkpoint_failures: AtomicU64,
+    /// Checkpoints refused because another owner had claimed the shard.
+    pub checkpoints_fenced: AtomicU64,
+    /// Total time of committed checkpoints (drain deliveries, flush, manifest), ns.
+    pub checkpoint_ns_total: AtomicU64,
+    /// Longest committed checkpoint, ns.
+    pub checkpoint_ns_max: AtomicU64,
+    /// Bytes the committed checkpoints uploaded (SSTs new since the previous checkpoint).
+    pub checkpoint_uploaded_bytes: AtomicU64,
+    /// Shards opened (recovered from their checkpoint, or new).
+    pub shards_opened: AtomicU64,
+    /// Shards whose first record was processed after opening: the count behind
+    /// `recovery_ns_*`.
+    pub recoveries: AtomicU64,
+    /// Total time from starting to open a shard to its first processed record, ns.
+    pub recovery_ns_total: AtomicU64,
+    /// Longest such time, ns.
+    pub recovery_ns_max: AtomicU64,
 }
 
 impl PipelineStats {
     /// Records that reached a final disposition (ok or dead-lettered).
     pub fn records_done(&self) -> u64 {
         self.records_ok.load(Ordering::Relaxed) + self.dead_lettered.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn record_checkpoint(&self, took: Duration, uploaded_bytes: u64) {
+        let ns = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
+        self.checkpoints.fetch_add(1, Ordering::Relaxed);
+        self.checkpoint_ns_total.fetch_add(ns, Ordering::Relaxed);
+        self.checkpoint_ns_max.fetch_max(ns, Ordering::Relaxed);
+        self.checkpoint_uploaded_bytes
+            .fetch_add(uploaded_bytes, Ordering::Relaxed);
+    }
+
+    pub(crate) fn record_recovery(&self, took: Duration) {
+        let ns = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
+        self.recoveries.fetch_add(1, Ordering::Relaxed);
+        self.recovery_ns_total.fetch_add(ns, Ordering::Relaxed);
+        self.recovery_ns_max.fetch_max(ns, Ordering::Relaxed);
+        metrics::histogram!("weir_recovery_duration_seconds").record(took.as_secs_f64());
     }
 }
 
@@ -85,21 +128,46 @@ pub enum PipelineError {
     WorkerPanicked(i32),
 }
 
-/// How often a paused partition's pending records are offered to its worker again.
+/// How often a paused partition's pending records are offered to its worker again, and how
+/// often the loop looks at shards being opened or closed while it has nothing else to do.
 const PAUSED_RETRY_INTERVAL: Duration = Duration::from_millis(5);
 
 /// How often the consumer loop, waiting for room in a worker's queue, checks whether the
 /// worker is stalled by an outage (and the partition should be paused instead).
 const STALL_CHECK_INTERVAL: Duration = Duration::from_millis(50);
 
+/// How long a partition whose shard another owner claimed stays paused before this host tries
+/// to open it again (a rebalance that revokes it ends the wait sooner).
+const FENCED_HOLD: Duration = Duration::from_secs(10);
+
+/// How long after a failed shard open (store unavailable) it is tried again.
+const OPEN_RETRY_DELAY: Duration = Duration::from_secs(1);
+
+/// How long a seek may wait for librdkafka to accept it.
+const SEEK_TIMEOUT: Duration = Duration::from_secs(5);
+
 struct WorkerHandle {
     tx: mpsc::Sender<Vec<InputRecord>>,
     /// Set by the worker while it backs off from a state outage.
     stalled: Arc<AtomicBool>,
+    /// Set by the loop when the partition is revoked.
+    revoked: Arc<AtomicBool>,
     task: JoinHandle<Result<(), WorkerError>>,
 }
 
+/// A shard being opened (recovered and claimed) in the background; its partition is paused.
+struct Opening<S> {
+    task: JoinHandle<Result<S, StateError>>,
+    started: Instant,
+}
+
 /// Everything a running pipeline holds.
+///
+/// A partition's life on this host (docs/checkpoints.md, "Recovery" and "Rebalance"): its first
+/// fetched record finds no worker → the partition is paused and its shard opened in the
+/// background ([`Opening`]) → the consumer is seeked to the checkpoint's offsets, the worker
+/// starts and the partition resumes → on revoke the worker drops what is queued, checkpoints
+/// and ends ([`Running::closing`]); the partition is not opened again here before that ends.
 struct Running<B: StateBackend> {
     settings: Settings,
     backend: Arc<B>,
@@ -107,14 +175,23 @@ struct Running<B: StateBackend> {
     producer: rdkafka::producer::FutureProducer,
     stats: Arc<PipelineStats>,
     workers: HashMap<i32, WorkerHandle>,
+    opening: HashMap<i32, Opening<B::Shard>>,
+    /// Workers of revoked partitions, finishing their last checkpoint.
+    closing: HashMap<i32, JoinHandle<Result<(), WorkerError>>>,
+    /// Partitions not to open before the instant (fenced, or a failed open).
+    hold: HashMap<i32, Instant>,
     /// Records fetched but not yet handed to their partition's worker.
     pending: HashMap<i32, Vec<InputRecord>>,
-    /// Partitions paused at the consumer because their worker's queue is full.
+    /// Partitions paused at the consumer: their worker's queue is full, or it is not running
+    /// yet.
     paused: HashSet<i32>,
+    /// Offsets of committed checkpoints, from the workers, to commit to Kafka.
+    checkpointed_tx: mpsc::UnboundedSender<(i32, InputOffsets)>,
+    checkpointed_rx: mpsc::UnboundedReceiver<(i32, InputOffsets)>,
 }
 
 /// Runs the pipeline until `shutdown` completes or a fatal error occurs, then drains the
-/// workers (every queued batch processed and delivered) and returns the stats.
+/// workers (every queued batch processed and delivered, a last checkpoint) and returns.
 ///
 /// # Errors
 /// [`PipelineError`] for an unloadable operator, a Kafka setup failure or a failed worker.
@@ -144,6 +221,7 @@ pub async fn run<B: StateBackend>(
         .collect();
     consumer.subscribe(&topics).map_err(PipelineError::Kafka)?;
     let producer = sink::producer(&settings).map_err(PipelineError::Kafka)?;
+    let (checkpointed_tx, checkpointed_rx) = mpsc::unbounded_channel();
     let mut running = Running {
         settings,
         backend,
@@ -151,8 +229,13 @@ pub async fn run<B: StateBackend>(
         producer,
         stats,
         workers: HashMap::new(),
+        opening: HashMap::new(),
+        closing: HashMap::new(),
+        hold: HashMap::new(),
         pending: HashMap::new(),
         paused: HashSet::new(),
+        checkpointed_tx,
+        checkpointed_rx,
     };
     let result = running.consume(&consumer, &context, shutdown).await;
     let drained = running.drain().await;
@@ -169,8 +252,8 @@ impl<B: StateBackend> Running<B> {
         let batch_max = self.settings.runtime.batch_records_max;
         let mut shutdown = std::pin::pin!(shutdown);
         loop {
-            // While a partition is paused, wake up now and then to hand its records over.
-            let retry = !self.paused.is_empty();
+            // While a partition is paused or a shard is changing hands, wake up now and then.
+            let retry = !self.paused.is_empty() || !self.closing.is_empty();
             let first = tokio::select! {
                 biased;
                 () = &mut shutdown => return Ok(()),
@@ -189,6 +272,7 @@ impl<B: StateBackend> Running<B> {
                 }
             }
             self.drop_revoked(context);
+            self.tend_shards(consumer).await?;
             let partitions: Vec<i32> = self.pending.keys().copied().collect();
             for partition in partitions {
                 self.send_pending(partition, Some(consumer)).await?;
@@ -227,34 +311,219 @@ impl<B: StateBackend> Running<B> {
         Ok(())
     }
 
+    /// Forgets revoked partitions: fetched records dropped, a shard being opened abandoned, a
+    /// running worker told to drop its queue, checkpoint and end (it moves to `closing`).
     fn drop_revoked(&mut self, context: &SourceContext) {
         for partition in context.take_revoked() {
             self.pending.remove(&partition);
             self.paused.remove(&partition);
+            self.hold.remove(&partition);
+            if let Some(opening) = self.opening.remove(&partition) {
+                opening.task.abort();
+            }
             if let Some(worker) = self.workers.remove(&partition) {
-                worker.task.abort();
+                worker.revoked.store(true, Ordering::Relaxed);
+                drop(worker.tx);
+                if let Some(older) = self.closing.insert(partition, worker.task) {
+                    older.abort();
+                }
             }
         }
     }
 
+    /// Moves shards along their life: reaps closed and failed workers, starts opening shards
+    /// for paused partitions that have none, finishes opens (seek, start the worker, resume),
+    /// and commits checkpointed offsets to Kafka.
+    async fn tend_shards(&mut self, consumer: &SourceConsumer) -> Result<(), PipelineError> {
+        let closed: Vec<i32> = self
+            .closing
+            .iter()
+            .filter(|(_, task)| task.is_finished())
+            .map(|(p, _)| *p)
+            .collect();
+        for partition in closed {
+            if let Some(task) = self.closing.remove(&partition) {
+                match task.await {
+                    Ok(Ok(())) => tracing::info!(partition, "revoked partition closed"),
+                    Ok(Err(err)) => {
+                        tracing::warn!(partition, error = %err, "revoked partition closed with an error; the next owner resumes from its last checkpoint")
+                    }
+                    Err(_) => return Err(PipelineError::WorkerPanicked(partition)),
+                }
+            }
+        }
+        let ended: Vec<i32> = self
+            .workers
+            .iter()
+            .filter(|(_, w)| w.task.is_finished())
+            .map(|(p, _)| *p)
+            .collect();
+        for partition in ended {
+            self.worker_ended(partition, consumer).await?;
+        }
+        let now = Instant::now();
+        self.hold.retain(|_, until| *until > now);
+        let waiting: Vec<i32> = self
+            .paused
+            .iter()
+            .copied()
+            .filter(|p| {
+                !self.workers.contains_key(p)
+                    && !self.opening.contains_key(p)
+                    && !self.closing.contains_key(p)
+                    && !self.hold.contains_key(p)
+            })
+            .collect();
+        for partition in waiting {
+            self.start_opening(partition);
+        }
+        let opened: Vec<i32> = self
+            .opening
+            .iter()
+            .filter(|(_, o)| o.task.is_finished())
+            .map(|(p, _)| *p)
+            .collect();
+        for partition in opened {
+            self.finish_opening(partition, consumer).await?;
+        }
+        self.commit_checkpointed(consumer);
+        Ok(())
+    }
+
+    /// Opens `partition`'s shard in the background (recovery and claim read the store).
+    fn start_opening(&mut self, partition: i32) {
+        let id = ShardId {
+            pipeline: self.settings.pipeline.name.clone(),
+            partition,
+        };
+        let backend = self.backend.clone();
+        let task = tokio::spawn(async move { backend.open_shard(&id).await });
+        self.opening.insert(
+            partition,
+            Opening {
+                task,
+                started: Instant::now(),
+            },
+        );
+    }
+
+    /// Takes an opened shard: seeks the consumer to its checkpoint's offsets (dropping what
+    /// was fetched before), starts its worker and resumes the partition.
+    async fn finish_opening(
+        &mut self,
+        partition: i32,
+        consumer: &SourceConsumer,
+    ) -> Result<(), PipelineError> {
+        let Some(opening) = self.opening.remove(&partition) else {
+            return Ok(());
+        };
+        let shard = match opening.task.await {
+            Ok(Ok(shard)) => shard,
+            Ok(Err(err)) if err.kind() == crate::error::ErrorKind::Corrupt => {
+                return Err(PipelineError::State(err));
+            }
+            Ok(Err(err)) => {
+                tracing::warn!(partition, error = %err, retry_in = ?OPEN_RETRY_DELAY, "cannot open shard; retrying");
+                self.hold
+                    .insert(partition, Instant::now() + OPEN_RETRY_DELAY);
+                return Ok(());
+            }
+            Err(_) => return Err(PipelineError::WorkerPanicked(partition)),
+        };
+        self.stats.shards_opened.fetch_add(1, Ordering::Relaxed);
+        let offsets = shard.recovered_offsets().map_err(PipelineError::State)?;
+        let offsets = match offsets {
+            Some(offsets) => {
+                if let Err(err) = self.seek(consumer, partition, &offsets) {
+                    tracing::warn!(partition, error = %err, retry_in = ?OPEN_RETRY_DELAY, "cannot seek to the checkpoint's offsets; reopening");
+                    self.hold
+                        .insert(partition, Instant::now() + OPEN_RETRY_DELAY);
+                    return Ok(());
+                }
+                // Fetched from wherever the group started: the seek fetches them again.
+                self.pending.remove(&partition);
+                offsets
+            }
+            // No checkpoint: start where the consumer group starts (committed offset, else
+            // `auto.offset.reset`); the records fetched so far are the first ones.
+            None => InputOffsets::new(),
+        };
+        tracing::info!(
+            partition,
+            ms = opening.started.elapsed().as_millis() as u64,
+            ?offsets,
+            "shard opened; partition resumes"
+        );
+        self.start_worker(partition, shard, offsets, opening.started);
+        if self.paused.remove(&partition) {
+            self.set_paused(consumer, partition, false);
+        }
+        Ok(())
+    }
+
+    /// Seeks every input topic's `partition` to its offset in `offsets` (topics without one
+    /// stay where they are).
+    fn seek(
+        &self,
+        consumer: &SourceConsumer,
+        partition: i32,
+        offsets: &InputOffsets,
+    ) -> Result<(), KafkaError> {
+        for topic in &self.settings.pipeline.input_topics {
+            if let Some(next) = offsets.next(topic) {
+                consumer.seek(topic, partition, Offset::Offset(next), SEEK_TIMEOUT)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Commits (asynchronously) the offsets of checkpoints committed since the last call, for
+    /// partitions still owned. Informational — lag and tooling read them; recovery reads the
+    /// checkpoint — so a failure is only logged.
+    fn commit_checkpointed(&mut self, consumer: &SourceConsumer) {
+        let mut tpl = TopicPartitionList::new();
+        while let Ok((partition, offsets)) = self.checkpointed_rx.try_recv() {
+            if !self.workers.contains_key(&partition) {
+                continue;
+            }
+            for (topic, next) in offsets.iter() {
+                if let Err(err) = tpl.add_partition_offset(topic, partition, Offset::Offset(next)) {
+                    tracing::warn!(partition, error = %err, "cannot list offset to commit");
+                }
+            }
+        }
+        if tpl.count() > 0
+            && let Err(err) = consumer.commit(&tpl, CommitMode::Async)
+        {
+            tracing::warn!(error = %err, "cannot commit checkpointed offsets to Kafka");
+        }
+    }
+
     /// Hands the partition's pending records to its worker in batches of at most
-    /// `batch_records_max`. A busy worker gets plain backpressure (this waits for room); a
-    /// worker backing off from a state outage gets its partition paused at the consumer instead,
-    /// the records stay pending and the other partitions go on; it is resumed once everything is
-    /// handed over. Without `consumer` (when draining), waits for room as long as it takes.
+    /// `batch_records_max`. A partition without a running worker is paused and keeps its
+    /// records until its shard is open. A busy worker gets plain backpressure (this waits for
+    /// room); a worker backing off from a state outage gets its partition paused at the
+    /// consumer instead, the records stay pending and the other partitions go on; it is resumed
+    /// once everything is handed over. Without `consumer` (when draining), waits for room as
+    /// long as it takes.
     async fn send_pending(
         &mut self,
         partition: i32,
         consumer: Option<&SourceConsumer>,
     ) -> Result<(), PipelineError> {
+        let Some(worker) = self.workers.get(&partition) else {
+            if let Some(consumer) = consumer
+                && self.paused.insert(partition)
+            {
+                self.set_paused(consumer, partition, true);
+            }
+            return Ok(());
+        };
+        let (tx, stalled) = (worker.tx.clone(), worker.stalled.clone());
         let Some(mut records) = self.pending.remove(&partition) else {
             return Ok(());
         };
         let batch_max = self.settings.runtime.batch_records_max;
-        let (tx, stalled) = {
-            let worker = self.worker(partition).await?;
-            (worker.tx.clone(), worker.stalled.clone())
-        };
         while !records.is_empty() {
             let permit = match consumer {
                 None => tx.reserve().await.ok(),
@@ -280,8 +549,11 @@ impl<B: StateBackend> Running<B> {
                 },
             };
             let Some(permit) = permit else {
-                // The worker's queue is closed: it ended with an error. Report it.
-                return Err(self.worker_failure(partition).await);
+                // The worker's queue is closed: it ended. Find out why.
+                return match consumer {
+                    Some(consumer) => self.worker_ended(partition, consumer).await,
+                    None => Err(self.worker_failure(partition).await),
+                };
             };
             let rest = records.split_off(records.len().min(batch_max));
             permit.send(std::mem::replace(&mut records, rest));
@@ -292,6 +564,27 @@ impl<B: StateBackend> Running<B> {
             self.set_paused(consumer, partition, false);
         }
         Ok(())
+    }
+
+    /// A worker ended on its own. Fenced: another owner claimed the shard, so this host drops
+    /// the partition's records and pauses it for [`FENCED_HOLD`] (a rebalance will normally
+    /// revoke it meanwhile). Anything else stops the pipeline.
+    async fn worker_ended(
+        &mut self,
+        partition: i32,
+        consumer: &SourceConsumer,
+    ) -> Result<(), PipelineError> {
+        match self.worker_failure(partition).await {
+            PipelineError::Worker(WorkerError::Fenced { .. }) => {
+                self.pending.remove(&partition);
+                self.hold.insert(partition, Instant::now() + FENCED_HOLD);
+                if self.paused.insert(partition) {
+                    self.set_paused(consumer, partition, true);
+                }
+                Ok(())
+            }
+            other => Err(other),
+        }
     }
 
     /// Pauses or resumes fetching of `partition` of every input topic.
@@ -309,50 +602,54 @@ impl<B: StateBackend> Running<B> {
             self.stats.partition_pauses.fetch_add(1, Ordering::Relaxed);
         }
         match result {
-            Ok(()) => tracing::info!(partition, paused, "partition fetch state changed"),
+            Ok(()) => tracing::debug!(partition, paused, "partition fetch state changed"),
             Err(err) => {
                 tracing::warn!(partition, paused, error = %err, "cannot change partition fetch state")
             }
         }
     }
 
-    async fn worker(&mut self, partition: i32) -> Result<&WorkerHandle, PipelineError> {
-        if !self.workers.contains_key(&partition) {
-            let id = ShardId {
-                pipeline: self.settings.pipeline.name.clone(),
-                partition,
-            };
-            let shard = Arc::new(
-                self.backend
-                    .open_shard(&id)
-                    .await
-                    .map_err(PipelineError::State)?,
-            );
-            let (tx, rx) = mpsc::channel(self.settings.runtime.partition_queue_batches_max);
-            let stalled = Arc::new(AtomicBool::new(false));
-            let worker = PartitionWorker {
-                partition,
-                operator: self.operator.clone(),
-                shard,
-                sink: Sink::new(
-                    self.producer.clone(),
-                    self.settings.pipeline.output_topic.clone(),
-                    self.settings.pipeline.dead_letter_topic.clone(),
-                ),
-                settings: self.settings.runtime.clone(),
-                stats: self.stats.clone(),
-                source: format!("{}/{}", self.settings.pipeline.name, partition).into(),
-                instance: None,
-                stalled: stalled.clone(),
-            };
-            let task = tokio::spawn(worker.run(rx));
-            self.workers
-                .insert(partition, WorkerHandle { tx, stalled, task });
-        }
-        Ok(self
-            .workers
-            .get(&partition)
-            .expect("the worker was inserted just above"))
+    fn start_worker(
+        &mut self,
+        partition: i32,
+        shard: B::Shard,
+        offsets: InputOffsets,
+        opened_at: Instant,
+    ) {
+        let (tx, rx) = mpsc::channel(self.settings.runtime.partition_queue_batches_max);
+        let stalled = Arc::new(AtomicBool::new(false));
+        let revoked = Arc::new(AtomicBool::new(false));
+        let worker = PartitionWorker {
+            partition,
+            operator: self.operator.clone(),
+            shard: Arc::new(shard),
+            sink: Sink::new(
+                self.producer.clone(),
+                self.settings.pipeline.output_topic.clone(),
+                self.settings.pipeline.dead_letter_topic.clone(),
+            ),
+            settings: self.settings.runtime.clone(),
+            stats: self.stats.clone(),
+            source: format!("{}/{}", self.settings.pipeline.name, partition).into(),
+            instance: None,
+            stalled: stalled.clone(),
+            revoked: revoked.clone(),
+            offsets,
+            dirty: false,
+            checkpoint_interval: self.settings.pipeline.checkpoint_interval,
+            opened_at: Some(opened_at),
+            checkpointed: self.checkpointed_tx.clone(),
+        };
+        let task = tokio::spawn(worker.run(rx));
+        self.workers.insert(
+            partition,
+            WorkerHandle {
+                tx,
+                stalled,
+                revoked,
+                task,
+            },
+        );
     }
 
     async fn worker_failure(&mut self, partition: i32) -> PipelineError {
@@ -365,8 +662,12 @@ impl<B: StateBackend> Running<B> {
         }
     }
 
-    /// Closes every worker's queue and waits for it to finish its batches and deliveries.
+    /// Closes every worker's queue and waits for it to finish its batches, deliveries and last
+    /// checkpoint; waits for revoked partitions' workers too.
     async fn drain(&mut self) -> Result<(), PipelineError> {
+        for (_, opening) in self.opening.drain() {
+            opening.task.abort();
+        }
         let deadline = tokio::time::Instant::now() + self.settings.runtime.shutdown_drain_max;
         match tokio::time::timeout_at(deadline, self.drain_all()).await {
             Ok(result) => result,
@@ -377,6 +678,9 @@ impl<B: StateBackend> Running<B> {
                 tracing::warn!(?partitions, max = ?self.settings.runtime.shutdown_drain_max, "shutdown: workers still busy; stopping them without finishing");
                 for (_, worker) in self.workers.drain() {
                     worker.task.abort();
+                }
+                for (_, task) in self.closing.drain() {
+                    task.abort();
                 }
                 Err(PipelineError::DrainTimedOut(partitions))
             }
@@ -401,12 +705,22 @@ impl<B: StateBackend> Running<B> {
             let (closed, _) = mpsc::channel(1);
             drop(std::mem::replace(&mut worker.tx, closed));
             let outcome = match (&mut worker.task).await {
-                Ok(Ok(())) => Ok(()),
+                Ok(Ok(()) | Err(WorkerError::Fenced { .. })) => Ok(()),
                 Ok(Err(err)) => Err(PipelineError::Worker(err)),
                 Err(_) => Err(PipelineError::WorkerPanicked(partition)),
             };
             self.workers.remove(&partition);
             result = result.and(outcome);
+        }
+        let partitions: Vec<i32> = self.closing.keys().copied().collect();
+        for partition in partitions {
+            let Some(task) = self.closing.get_mut(&partition) else {
+                continue;
+            };
+            if let Err(_panicked) = task.await {
+                result = result.and(Err(PipelineError::WorkerPanicked(partition)));
+            }
+            self.closing.remove(&partition);
         }
         result
     }

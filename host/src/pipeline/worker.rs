@@ -14,11 +14,18 @@
 //! same records, which pauses the partition (its queue fills and the consumer loop pauses that
 //! partition's fetching; other partitions go on) but never dead-letters a good record. Invariant: effects of a record are applied at most once and only
 //! after its call succeeded, in input order.
+//!
+//! Checkpoints (docs/checkpoints.md): every `checkpoint_interval`, between batches, the worker
+//! waits for every output delivery, then checkpoints its shard with the offsets after the last
+//! processed record. Records below those offsets (already in the state it resumed from) are
+//! skipped. When its queue closes — shutdown, or the partition was revoked — it checkpoints once
+//! more and ends; after a revoke it drops the batches still queued, unprocessed.
 
 use super::PipelineStats;
 use crate::config::RuntimeSettings;
 use crate::runtime::{BatchCtx, CallError, Disposition, InputRecord, Instance, Operator};
 use crate::sink::{DeadLetterKind, Sink, SinkError};
+use crate::state::checkpoint::{CheckpointError, InputOffsets};
 use crate::state::{Shard, StateError, key};
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -49,6 +56,13 @@ pub enum WorkerError {
         /// The failure.
         #[source]
         source: StateError,
+    },
+    /// Another owner claimed the shard (its checkpoint was refused): this host must stop
+    /// writing it. Not a pipeline failure: the partition has moved.
+    #[error("partition {partition}: fenced by a newer owner of the shard")]
+    Fenced {
+        /// The partition.
+        partition: i32,
     },
     /// A fresh instance could not be created.
     #[error("partition {partition}: cannot instantiate the operator")]
@@ -109,21 +123,142 @@ pub(crate) struct PartitionWorker<S: Shard> {
     pub instance: Option<Instance<S>>,
     /// Raised while backing off from an outage, so the consumer loop pauses the partition.
     pub stalled: Arc<AtomicBool>,
+    /// Raised by the consumer loop when the partition is revoked: queued batches are dropped,
+    /// unprocessed, and the worker checkpoints and ends.
+    pub revoked: Arc<AtomicBool>,
+    /// The input position the shard's state reflects (the checkpoint it resumed from, then
+    /// every processed record).
+    pub offsets: InputOffsets,
+    /// Records were processed since the last checkpoint.
+    pub dirty: bool,
+    /// How often to checkpoint.
+    pub checkpoint_interval: Duration,
+    /// When the partition's shard began to open: the first processed record reports the
+    /// recovery time from it.
+    pub opened_at: Option<Instant>,
+    /// Where committed checkpoints' offsets go, for the consumer loop to commit to Kafka.
+    pub checkpointed: mpsc::UnboundedSender<(i32, InputOffsets)>,
 }
 
 impl<S: Shard> PartitionWorker<S> {
-    /// Processes batches until the queue closes, then waits for every delivery.
+    /// Processes batches and checkpoints every `checkpoint_interval` until the queue closes,
+    /// then checkpoints a last time (which waits for every delivery).
     pub async fn run(
         mut self,
         mut batches: mpsc::Receiver<Vec<InputRecord>>,
     ) -> Result<(), WorkerError> {
-        while let Some(records) = batches.recv().await {
-            self.process(Arc::new(records)).await?;
+        let start = tokio::time::Instant::now() + self.checkpoint_interval;
+        let mut ticks = tokio::time::interval_at(start, self.checkpoint_interval);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                // The tick first: a partition with a full queue must still checkpoint.
+                biased;
+                _ = ticks.tick() => self.checkpoint(false).await?,
+                batch = batches.recv() => match batch {
+                    Some(_) if self.revoked.load(Ordering::Relaxed) => {}
+                    Some(records) => {
+                        let records = self.unprocessed(records);
+                        if !records.is_empty() {
+                            self.process(Arc::new(records)).await?;
+                        }
+                    }
+                    None => break,
+                },
+            }
         }
-        self.sink.drain().await.map_err(|source| WorkerError::Sink {
-            partition: self.partition,
-            source,
-        })
+        self.checkpoint(true).await
+    }
+
+    /// Drops the records the state already reflects (below the offsets it resumed from): a
+    /// consumer can deliver some again around a seek.
+    fn unprocessed(&self, mut records: Vec<InputRecord>) -> Vec<InputRecord> {
+        let before = records.len();
+        records.retain(|r| {
+            self.offsets
+                .next(&r.topic)
+                .is_none_or(|next| r.offset >= next)
+        });
+        let skipped = before - records.len();
+        if skipped > 0 {
+            self.stats
+                .records_skipped
+                .fetch_add(skipped as u64, Ordering::Relaxed);
+        }
+        records
+    }
+
+    /// Checkpoints the shard if records were processed since the last checkpoint (docs/
+    /// checkpoints.md steps 2–6). A failed checkpoint leaves the previous one current and is
+    /// retried at the next tick; at the `last` one (queue closed) it is only logged: the
+    /// records since the previous checkpoint will be read again by the next owner.
+    async fn checkpoint(&mut self, last: bool) -> Result<(), WorkerError> {
+        if !self.dirty {
+            return Ok(());
+        }
+        let started = Instant::now();
+        // At-least-once output: every output of the records the checkpoint covers is
+        // acknowledged before the checkpoint commits their offsets.
+        self.sink
+            .drain()
+            .await
+            .map_err(|source| WorkerError::Sink {
+                partition: self.partition,
+                source,
+            })?;
+        match self.shard.checkpoint(&self.offsets).await {
+            Ok(report) => {
+                // docs/checkpoints.md step 6: the manifest is written, Kafka not yet told.
+                fail::fail_point!("checkpoint-after-manifest", |_| {
+                    crate::fail_points::crash("checkpoint-after-manifest")
+                });
+                self.dirty = false;
+                let Some(report) = report else {
+                    return Ok(()); // the shard keeps no durable state
+                };
+                let elapsed = started.elapsed();
+                self.stats.record_checkpoint(elapsed, report.uploaded_bytes);
+                metrics::histogram!("weir_checkpoint_duration_seconds")
+                    .record(elapsed.as_secs_f64());
+                metrics::counter!("weir_checkpoint_uploaded_bytes_total")
+                    .increment(report.uploaded_bytes);
+                tracing::debug!(
+                    partition = self.partition,
+                    version = report.version,
+                    ms = elapsed.as_millis() as u64,
+                    uploaded_bytes = report.uploaded_bytes,
+                    state_bytes = report.state_bytes,
+                    "checkpoint committed"
+                );
+                // The consumer loop may be gone at shutdown; Kafka's copy is informational.
+                let _ = self
+                    .checkpointed
+                    .send((self.partition, self.offsets.clone()));
+                Ok(())
+            }
+            Err(CheckpointError::Fenced { shard }) => {
+                self.stats
+                    .checkpoints_fenced
+                    .fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(partition = self.partition, %shard, "checkpoint refused: another owner claimed the shard; closing it");
+                Err(WorkerError::Fenced {
+                    partition: self.partition,
+                })
+            }
+            Err(CheckpointError::State(err)) if err.kind() == crate::error::ErrorKind::Corrupt => {
+                Err(WorkerError::Corrupt {
+                    partition: self.partition,
+                    source: err,
+                })
+            }
+            Err(CheckpointError::State(err)) => {
+                self.stats
+                    .checkpoint_failures
+                    .fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(partition = self.partition, error = %err, last, "checkpoint failed; the previous one stays current");
+                Ok(())
+            }
+        }
     }
 
     async fn process(&mut self, records: Arc<Vec<InputRecord>>) -> Result<(), WorkerError> {
@@ -143,6 +278,7 @@ impl<S: Shard> PartitionWorker<S> {
             match self.attempt(records.clone(), deadline, n > 1).await? {
                 Ok(()) => {
                     self.stalled.store(false, Ordering::Relaxed);
+                    self.processed(&records);
                     return Ok(());
                 }
                 Err(Attempt::Unavailable(err)) => self.pause(err, &mut backoff).await?,
@@ -164,7 +300,19 @@ impl<S: Shard> PartitionWorker<S> {
             }
         }
         self.stalled.store(false, Ordering::Relaxed);
+        self.processed(&records);
         Ok(())
+    }
+
+    /// Moves the offsets past `records`, whose effects are now applied.
+    fn processed(&mut self, records: &[InputRecord]) {
+        for record in records {
+            self.offsets.advance(&record.topic, record.offset);
+        }
+        self.dirty = true;
+        if let Some(opened_at) = self.opened_at.take() {
+            self.stats.record_recovery(opened_at.elapsed());
+        }
     }
 
     async fn pause(&mut self, err: StateError, backoff: &mut Duration) -> Result<(), WorkerError> {

@@ -1,6 +1,7 @@
 //! [`ConfiguredBackend`]: the state backend the settings name, behind one type, so that the
 //! binary and the tests run a pipeline the same way whatever `state.backend` says.
 
+use super::checkpoint::{CheckpointError, CheckpointReport, InputOffsets};
 use super::lsm::backend::{LsmBackend, LsmSetupError};
 use super::lsm::shard::LsmShard;
 use super::memory::{MemoryBackend, MemoryShard};
@@ -87,6 +88,23 @@ impl Shard for ConfiguredShard {
         match self {
             Self::Memory(s) => s.apply(writes).await,
             Self::Lsm(s) => s.apply(writes).await,
+        }
+    }
+
+    fn recovered_offsets(&self) -> Result<Option<InputOffsets>, StateError> {
+        match self {
+            Self::Memory(s) => s.recovered_offsets(),
+            Self::Lsm(s) => s.recovered_offsets(),
+        }
+    }
+
+    async fn checkpoint(
+        &self,
+        offsets: &InputOffsets,
+    ) -> Result<Option<CheckpointReport>, CheckpointError> {
+        match self {
+            Self::Memory(s) => s.checkpoint(offsets).await,
+            Self::Lsm(s) => s.checkpoint(offsets).await,
         }
     }
 }

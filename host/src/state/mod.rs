@@ -9,6 +9,7 @@
 //! Invariant: a shard only ever sees writes of records whose call succeeded, applied in input
 //! offset order.
 
+pub mod checkpoint;
 pub mod configured;
 #[cfg(test)]
 pub(crate) mod faulty_store;
@@ -20,6 +21,7 @@ pub mod memory;
 pub(crate) mod test_support;
 
 use bytes::Bytes;
+use checkpoint::{CheckpointError, CheckpointReport, InputOffsets};
 use std::future::Future;
 
 /// Identifies a shard: pipeline name and input partition.
@@ -132,4 +134,32 @@ pub trait Shard: Send + Sync + 'static {
     /// [`StateError::Unavailable`]; nothing was applied.
     fn apply(&self, writes: Vec<StateWrite>)
     -> impl Future<Output = Result<(), StateError>> + Send;
+
+    /// The input offsets of the checkpoint this shard was opened from: where the consumer must
+    /// resume. `None` for a shard without a checkpoint (new, or a backend that keeps none).
+    ///
+    /// The default is for shards that keep no durable state (`memory`, a bare LSM tree).
+    ///
+    /// # Errors
+    /// [`StateError::Corrupt`] when the checkpoint's offsets do not decode.
+    fn recovered_offsets(&self) -> Result<Option<InputOffsets>, StateError> {
+        Ok(None)
+    }
+
+    /// Makes the state written so far durable together with `offsets`, in one atomic commit
+    /// (docs/checkpoints.md). The caller applies no writes meanwhile, so the checkpoint holds
+    /// exactly the effects of the records before `offsets`. `Ok(None)` when the shard keeps no
+    /// durable state (the default: `memory`, a bare LSM tree); such a shard is rebuilt by
+    /// re-reading its input from the consumer group's start position.
+    ///
+    /// # Errors
+    /// [`CheckpointError::State`] (retry at the next interval) or [`CheckpointError::Fenced`]
+    /// (another owner claimed the shard: close it).
+    fn checkpoint(
+        &self,
+        offsets: &InputOffsets,
+    ) -> impl Future<Output = Result<Option<CheckpointReport>, CheckpointError>> + Send {
+        let _ = offsets;
+        async { Ok(None) }
+    }
 }

@@ -142,7 +142,7 @@ impl LsmBackend {
     }
 }
 
-fn manifest_error(shard: &Path, error: ManifestError) -> StateError {
+pub(crate) fn manifest_error(shard: &Path, error: ManifestError) -> StateError {
     let shard = shard.to_string();
     match error {
         ManifestError::Corrupt { .. } => StateError::Corrupt {
@@ -188,6 +188,7 @@ impl StateBackend for LsmBackend {
             claim,
             base,
             self.gc.clone(),
+            self.clock.clone(),
         ))
     }
 }

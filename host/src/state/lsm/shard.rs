@@ -6,14 +6,16 @@
 //!   one only when the newer is *provably* corrupt (a checksum or format failure, or an SST it
 //!   names is missing), never on a transient error, with an audit log line per fallback — and
 //!   claim the shard from it.
-//! - [`LsmShard::checkpoint`]: flush the memtable, commit the next manifest version create-only
-//!   with the caller's metadata (the input offsets), then collect garbage.
+//! - [`LsmShard::commit_checkpoint`]: flush the memtable, commit the next manifest version
+//!   create-only with the caller's metadata (the input offsets), then collect garbage.
 //!
-//! Wiring checkpoints into the pipeline (intervals, draining, seeking the consumer to the
-//! recovered offsets, Kafka transactions) is issue 4's next step.
+//! The pipeline drives both through [`Shard::checkpoint`] and [`Shard::recovered_offsets`];
+//! docs/checkpoints.md is the whole protocol, step by step.
 
 use super::gc::{GcReport, GcSettings, collect_garbage};
 use super::tree::{LsmTree, SstId};
+use crate::clock::SharedClock;
+use crate::state::checkpoint::{self, CheckpointReport, InputOffsets};
 use crate::state::manifest::{Manifest, ManifestError, ManifestKind, ManifestStore};
 use crate::state::{Shard, StateError, StateWrite};
 use bytes::Bytes;
@@ -51,6 +53,9 @@ pub struct CheckpointInfo {
     pub ssts: usize,
     /// Bytes of those SSTs.
     pub bytes: u64,
+    /// Bytes of the SSTs it references that the previous version written by this owner (its
+    /// claim or last checkpoint) did not: what this checkpoint interval uploaded.
+    pub uploaded_bytes: u64,
     /// What GC did afterwards, or `None` when it failed (logged; it runs again next time).
     pub gc: Option<GcReport>,
 }
@@ -67,6 +72,7 @@ pub struct LsmShard {
     /// The checkpoint the shard was recovered from.
     recovered: Option<Manifest>,
     gc: GcSettings,
+    clock: SharedClock,
 }
 
 impl LsmShard {
@@ -78,6 +84,7 @@ impl LsmShard {
         claim: Manifest,
         recovered: Option<Manifest>,
         gc: GcSettings,
+        clock: SharedClock,
     ) -> Self {
         Self {
             manifests: ManifestStore::new(store.clone(), root.clone()),
@@ -87,6 +94,7 @@ impl LsmShard {
             last: tokio::sync::Mutex::new(claim),
             recovered,
             gc,
+            clock,
         }
     }
 
@@ -116,7 +124,7 @@ impl LsmShard {
     ///
     /// # Errors
     /// [`CheckpointError`]; after [`CheckpointError::is_fenced`] the shard must be closed.
-    pub async fn checkpoint(
+    pub async fn commit_checkpoint(
         &self,
         metadata: BTreeMap<String, String>,
         pinned: &BTreeSet<u64>,
@@ -127,13 +135,25 @@ impl LsmShard {
         let seq = self.tree.next_seq();
         let levels = self.tree.levels();
         let checkpoint = last.next_checkpoint(levels, metadata);
+        // docs/checkpoints.md step 4: the SSTs are uploaded, the manifest is not written yet.
+        fail::fail_point!("checkpoint-before-manifest", |_| crate::fail_points::crash(
+            "checkpoint-before-manifest"
+        ));
         self.manifests
             .commit(&checkpoint)
             .await
             .map_err(CheckpointError::Commit)?;
         self.tree.checkpoint_committed(seq);
+        let previous: HashSet<SstId> = last.levels.iter().flatten().map(|r| r.id()).collect();
         let refs = checkpoint.levels.iter().flatten();
-        let (ssts, bytes) = refs.fold((0, 0), |(n, b), r| (n + 1, b + r.size_bytes));
+        let (ssts, bytes, uploaded_bytes) = refs.fold((0, 0, 0), |(n, b, u), r| {
+            let new = if previous.contains(&r.id()) {
+                0
+            } else {
+                r.size_bytes
+            };
+            (n + 1, b + r.size_bytes, u + new)
+        });
         *last = checkpoint;
         let gc = match collect_garbage(
             &self.store,
@@ -155,6 +175,7 @@ impl LsmShard {
             version: last.version,
             ssts,
             bytes,
+            uploaded_bytes,
             gc,
         })
     }
@@ -189,6 +210,7 @@ pub async fn recover(
             Err(error @ ManifestError::Corrupt { .. }) => {
                 // A claim or a checkpoint, we cannot tell: skip it; only checkpoints count.
                 tracing::warn!(audit = true, shard = %root, version, %error, "manifest version is corrupt; looking at older versions");
+                metrics::counter!("weir_checkpoint_fallbacks_total").increment(1);
                 corrupt_seen += 1;
                 continue;
             }
@@ -217,6 +239,7 @@ pub async fn recover(
             return Ok(Some(manifest));
         }
         tracing::warn!(audit = true, shard = %root, version, missing = missing.len(), first_missing = %missing[0].object_name(), "checkpoint names missing SSTs; falling back to the previous retained checkpoint");
+        metrics::counter!("weir_checkpoint_fallbacks_total").increment(1);
         corrupt_seen += 1;
     }
     if corrupt_seen > 0 {
@@ -245,6 +268,42 @@ async fn list_ssts(
 }
 
 impl Shard for LsmShard {
+    fn recovered_offsets(&self) -> Result<Option<InputOffsets>, StateError> {
+        let Some(recovered) = &self.recovered else {
+            return Ok(None);
+        };
+        InputOffsets::from_metadata(&recovered.metadata)
+            .map(Some)
+            .map_err(|reason| StateError::Corrupt {
+                shard: self.root.to_string(),
+                source: reason.into(),
+            })
+    }
+
+    async fn checkpoint(
+        &self,
+        offsets: &InputOffsets,
+    ) -> Result<Option<CheckpointReport>, checkpoint::CheckpointError> {
+        let now_ms = self.clock.now_ms();
+        match self
+            .commit_checkpoint(offsets.to_metadata(), &BTreeSet::new(), now_ms)
+            .await
+        {
+            Ok(info) => Ok(Some(CheckpointReport {
+                version: info.version,
+                state_bytes: info.bytes,
+                uploaded_bytes: info.uploaded_bytes,
+            })),
+            Err(err) if err.is_fenced() => Err(checkpoint::CheckpointError::Fenced {
+                shard: self.root.to_string(),
+            }),
+            Err(CheckpointError::Flush(err)) => Err(checkpoint::CheckpointError::State(err)),
+            Err(CheckpointError::Commit(err)) => Err(checkpoint::CheckpointError::State(
+                super::backend::manifest_error(&self.root, err),
+            )),
+        }
+    }
+
     async fn get(&self, key: &[u8]) -> Result<Option<Bytes>, StateError> {
         self.tree.get(key).await
     }
@@ -314,7 +373,7 @@ mod tests {
             shard.apply(vec![write(i, value)]).await.expect("apply");
         }
         shard
-            .checkpoint(offsets(u64::from(to)), &BTreeSet::new(), 0)
+            .commit_checkpoint(offsets(u64::from(to)), &BTreeSet::new(), 0)
             .await
             .expect("checkpoint")
             .version
@@ -340,7 +399,7 @@ mod tests {
             }
             assert_eq!(b.get(&1000u32.to_be_bytes()).await.expect("get"), None);
             let err = a
-                .checkpoint(offsets(41), &BTreeSet::new(), 0)
+                .commit_checkpoint(offsets(41), &BTreeSet::new(), 0)
                 .await
                 .expect_err("a was fenced by b's claim");
             assert!(err.is_fenced(), "{err:?}");

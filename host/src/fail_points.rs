@@ -1,0 +1,20 @@
+//! Named fail points for crash tests (the `fail` crate, as TiKV uses it). They are compiled in
+//! and inert: only a `FAILPOINTS` environment variable set when the `weir` binary starts arms
+//! them, e.g. `FAILPOINTS='checkpoint-before-manifest=20%return'` crashes the process at one
+//! checkpoint in five just before its manifest write.
+//!
+//! Points (docs/checkpoints.md names the steps):
+//! - `checkpoint-before-manifest`: the memtable's SSTs are uploaded, the manifest is not written.
+//! - `checkpoint-after-manifest`: the manifest is written, the offsets are not yet committed to
+//!   Kafka (nor, in exactly-once mode, the transaction).
+
+use std::io::Write as _;
+
+/// Ends the process at once, as SIGKILL would: no destructor, no flush, no goodbye to the
+/// broker. Prints `weir fail point hit: {name}` to stderr first so that a test can count hits.
+pub fn crash(name: &str) -> ! {
+    let mut stderr = std::io::stderr().lock();
+    let _ = writeln!(stderr, "weir fail point hit: {name}");
+    let _ = stderr.flush();
+    std::process::abort()
+}

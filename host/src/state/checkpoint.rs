@@ -1,0 +1,129 @@
+//! What a shard checkpoint records and reports, independent of the backend: the input offsets
+//! the state reflects ([`InputOffsets`]), what a checkpoint did ([`CheckpointReport`]) and why
+//! one did not commit ([`CheckpointError`]). The protocol itself is docs/checkpoints.md.
+
+use super::StateError;
+use std::collections::BTreeMap;
+
+/// Prefix of the manifest metadata keys that hold input offsets: `offset/{topic}` → decimal.
+const OFFSET_KEY_PREFIX: &str = "offset/";
+
+/// The input position a shard's state reflects: for each input topic, the offset of the next
+/// record to read from the shard's partition (Kafka's committed-offset convention: last
+/// processed + 1). A topic that is absent has had no record processed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct InputOffsets(BTreeMap<String, i64>);
+
+impl InputOffsets {
+    /// No offsets: nothing processed yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Records that the record at `offset` of `topic` was processed (the next to read is
+    /// `offset + 1`). Offsets only move forward.
+    pub fn advance(&mut self, topic: &str, offset: i64) {
+        let next = offset + 1;
+        match self.0.get_mut(topic) {
+            Some(current) => *current = (*current).max(next),
+            None => {
+                self.0.insert(topic.to_owned(), next);
+            }
+        }
+    }
+
+    /// The next offset to read from `topic`, if any record of it was processed.
+    pub fn next(&self, topic: &str) -> Option<i64> {
+        self.0.get(topic).copied()
+    }
+
+    /// `(topic, next offset)` pairs in topic order.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, i64)> {
+        self.0.iter().map(|(t, o)| (t.as_str(), *o))
+    }
+
+    /// Whether no offset is recorded.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The offsets as manifest metadata pairs (`offset/{topic}` → decimal).
+    pub fn to_metadata(&self) -> BTreeMap<String, String> {
+        self.0
+            .iter()
+            .map(|(t, o)| (format!("{OFFSET_KEY_PREFIX}{t}"), o.to_string()))
+            .collect()
+    }
+
+    /// Reads the offsets back from manifest metadata; other keys are ignored.
+    ///
+    /// # Errors
+    /// The key whose value is not a decimal `i64`.
+    pub fn from_metadata(metadata: &BTreeMap<String, String>) -> Result<Self, String> {
+        let mut offsets = BTreeMap::new();
+        for (k, v) in metadata {
+            if let Some(topic) = k.strip_prefix(OFFSET_KEY_PREFIX) {
+                let offset = v
+                    .parse::<i64>()
+                    .map_err(|_| format!("metadata `{k}` is not an offset: `{v}`"))?;
+                offsets.insert(topic.to_owned(), offset);
+            }
+        }
+        Ok(Self(offsets))
+    }
+}
+
+/// What one committed checkpoint did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckpointReport {
+    /// The committed version (the manifest version for `lsm`).
+    pub version: u64,
+    /// Bytes of state the checkpoint references.
+    pub state_bytes: u64,
+    /// Bytes this checkpoint added to the store since the previous one: SSTs flushed or
+    /// compacted since then (for `lsm`), the snapshot (for a full-snapshot backend).
+    pub uploaded_bytes: u64,
+}
+
+/// Why a checkpoint did not commit. Nothing is half-committed: the previous checkpoint stays
+/// the one recovery uses.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    /// The store failed (flush, upload or manifest write): try again at the next interval.
+    #[error("checkpoint failed; the previous checkpoint stays current")]
+    State(#[source] StateError),
+    /// Another owner claimed the shard (a newer writer epoch): this owner must stop writing it
+    /// and close it. Nothing it wrote after its last checkpoint is reachable from a manifest.
+    #[error("checkpoint refused: the shard was claimed by another owner. shard=`{shard}`")]
+    Fenced {
+        /// The shard, as its store prefix.
+        shard: String,
+    },
+}
+
+impl CheckpointError {
+    /// Whether another owner holds the shard now.
+    pub fn is_fenced(&self) -> bool {
+        matches!(self, CheckpointError::Fenced { .. })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn offsets_round_trip_through_metadata_and_only_move_forward() {
+        let mut offsets = InputOffsets::new();
+        offsets.advance("flights", 41);
+        offsets.advance("flights", 7);
+        offsets.advance("other.topic", 0);
+        assert_eq!(offsets.next("flights"), Some(42));
+        let mut metadata = offsets.to_metadata();
+        assert_eq!(metadata["offset/other.topic"], "1");
+        metadata.insert("unrelated".into(), "x".into());
+        assert_eq!(InputOffsets::from_metadata(&metadata).expect("decodes"), offsets);
+        metadata.insert("offset/bad".into(), "x".into());
+        assert!(InputOffsets::from_metadata(&metadata).is_err());
+    }
+}

@@ -1,0 +1,152 @@
+//! Checkpoints and recovery through the pipeline, in process, against the real broker and the
+//! S3 server: a restarted pipeline resumes from its checkpoints (state and offsets together),
+//! and a corrupt newest checkpoint falls back to the previous one *with that one's offsets*.
+
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt};
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+use weir_host::config::Settings;
+use weir_tests::*;
+
+const PARTITIONS: i32 = 2;
+const KEYS: u64 = 20;
+
+async fn setup() -> anyhow::Result<(Settings, String)> {
+    init_tracing();
+    let (input, output, dlq) = (unique("cp-in"), unique("cp-out"), unique("cp-dlq"));
+    create_topics(&[(&input, PARTITIONS), (&output, PARTITIONS), (&dlq, 1)]).await?;
+    let mut settings = settings(
+        guest("weir_test_counter"),
+        &input,
+        &output,
+        &dlq,
+        Default::default(),
+    );
+    settings.state = lsm_state_on_s3(4 << 10).await?;
+    settings.pipeline.checkpoint_interval = Duration::from_millis(200);
+    Ok((settings, output))
+}
+
+/// Runs the pipeline until `n` records are done, then stops it (a last checkpoint).
+async fn run_until_done(settings: &Settings, n: u64) -> anyhow::Result<RunningStats> {
+    let running = RunningPipeline::start(settings.clone());
+    running.wait_done(n, Duration::from_secs(60)).await?;
+    let stats = running.stats.clone();
+    running.stop().await?;
+    Ok(RunningStats {
+        records_in: stats.records_in.load(Ordering::Relaxed),
+        checkpoints: stats.checkpoints.load(Ordering::Relaxed),
+        shards_opened: stats.shards_opened.load(Ordering::Relaxed),
+        recoveries: stats.recoveries.load(Ordering::Relaxed),
+    })
+}
+
+#[derive(Debug)]
+struct RunningStats {
+    records_in: u64,
+    checkpoints: u64,
+    shards_opened: u64,
+    recoveries: u64,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_pipeline_resumes_from_its_checkpoint_and_reprocesses_nothing()
+-> anyhow::Result<()> {
+    let (settings, output) = setup().await?;
+    let input = settings.pipeline.input_topics[0].clone();
+    let mut expected = BTreeMap::new();
+    produce_counter(&input, PARTITIONS, (0, 300), KEYS, &mut expected).await?;
+    let first = run_until_done(&settings, 300).await?;
+    assert!(
+        first.checkpoints >= 2,
+        "each shard checkpointed at least at stop: {first:?}"
+    );
+
+    produce_counter(&input, PARTITIONS, (300, 400), KEYS, &mut expected).await?;
+    let second = run_until_done(&settings, 100).await?;
+    assert_eq!(
+        second.records_in, 100,
+        "only the new records: the checkpoint's offsets were the starting point"
+    );
+    assert_eq!(second.shards_opened, 2);
+    assert_eq!(second.recoveries, 2);
+
+    let counts = read_counts(&output, &expected, Duration::from_secs(30)).await?;
+    for (key, n) in &expected {
+        let want: Vec<u64> = (1..=*n).collect();
+        assert_eq!(
+            counts.get(key),
+            Some(&want),
+            "key {key}: one output per record, counting on across the restart"
+        );
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_corrupt_newest_checkpoint_resumes_from_the_previous_one_with_its_offsets()
+-> anyhow::Result<()> {
+    let (mut settings, output) = setup().await?;
+    // Only the checkpoints taken at each stop, so that which one is "previous" is known.
+    settings.pipeline.checkpoint_interval = Duration::from_secs(3600);
+    let input = settings.pipeline.input_topics[0].clone();
+    let mut expected = BTreeMap::new();
+    produce_counter(&input, PARTITIONS, (0, 200), KEYS, &mut expected).await?;
+    run_until_done(&settings, 200).await?;
+    produce_counter(&input, PARTITIONS, (200, 300), KEYS, &mut expected).await?;
+    run_until_done(&settings, 100).await?;
+
+    // Truncate partition 0's newest manifest: recovery must fall back to the checkpoint
+    // before it, and read partition 0 again from that checkpoint's offsets (behind the
+    // offsets committed to Kafka).
+    let lsm = &settings.state.lsm;
+    let url = url::Url::parse(lsm.url.as_deref().expect("lsm url"))?;
+    let (store, prefix) = object_store::parse_url_opts(&url, lsm.options.iter())?;
+    let manifests = Path::from(format!(
+        "{prefix}/pipelines/{}/shards/00000/manifest",
+        settings.pipeline.name
+    ));
+    let mut versions: Vec<Path> =
+        futures::TryStreamExt::try_collect::<Vec<_>>(store.list(Some(&manifests)))
+            .await?
+            .into_iter()
+            .map(|m| m.location)
+            .collect();
+    versions.sort();
+    let newest = versions.last().expect("partition 0 has manifests").clone();
+    let bytes = store.get(&newest).await?.bytes().await?;
+    store
+        .put(&newest, bytes.slice(..bytes.len() / 2).into())
+        .await?;
+
+    produce_counter(&input, PARTITIONS, (300, 400), KEYS, &mut expected).await?;
+    let partition0_second_run = expected_in_partition(200, 300, 0);
+    let third = run_until_done(&settings, 100 + partition0_second_run).await?;
+    assert_eq!(
+        third.records_in,
+        100 + partition0_second_run,
+        "partition 0 re-read the records of the checkpoint that was lost, nothing else"
+    );
+
+    let counts = read_counts(&output, &expected, Duration::from_secs(30)).await?;
+    for (key, n) in &expected {
+        let seen = &counts[key];
+        assert_eq!(seen.iter().max(), Some(n), "key {key}: exact final count");
+        for want in 1..=*n {
+            assert!(
+                seen.contains(&want),
+                "key {key}: count {want} was emitted (at least once): {seen:?}"
+            );
+        }
+    }
+    Ok(())
+}
+
+/// How many of records `from..to` go to `partition` (see [`produce_counter`]).
+fn expected_in_partition(from: u64, to: u64, partition: u64) -> u64 {
+    (from..to)
+        .filter(|i| (i % KEYS) % PARTITIONS as u64 == partition)
+        .count() as u64
+}
