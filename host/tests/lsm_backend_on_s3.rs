@@ -7,8 +7,8 @@ use std::io::{Read, Write};
 use std::sync::Arc;
 use weir_host::clock::{SharedClock, SystemClock};
 use weir_host::config::LsmStateSettings;
-use weir_host::state::lsm::backend::LsmBackend;
 use weir_host::state::checkpoint::InputOffsets;
+use weir_host::state::lsm::backend::LsmBackend;
 use weir_host::state::{Shard, ShardId, StateBackend, StateWrite};
 
 fn endpoint() -> String {

@@ -169,15 +169,22 @@ pub async fn produce(
     partition: i32,
     records: &[(Vec<u8>, Vec<u8>)],
 ) -> anyhow::Result<()> {
+    let records: Vec<_> = records.iter().map(|r| (partition, r)).collect();
+    produce_to_partitions(topic, &records).await
+}
+
+/// Produces `(partition, (key, value))` records to `topic` with one producer, waiting for
+/// every ack.
+async fn produce_to_partitions(topic: &str, records: &[(i32, &KeyValue)]) -> anyhow::Result<()> {
     let producer: FutureProducer = ClientConfig::new()
         .set("bootstrap.servers", kafka_bootstrap())
         .set("enable.idempotence", "true")
         .set("linger.ms", "5")
         .create()?;
     let mut deliveries = Vec::with_capacity(records.len());
-    for (key, value) in records {
+    for (partition, (key, value)) in records {
         let record = FutureRecord::to(topic)
-            .partition(partition)
+            .partition(*partition)
             .key(key.as_slice())
             .payload(value.as_slice());
         match producer.send_result(record) {
@@ -465,19 +472,17 @@ pub async fn produce_counter(
     keys: u64,
     expected: &mut BTreeMap<String, u64>,
 ) -> anyhow::Result<()> {
-    let mut by_partition: BTreeMap<i32, Vec<KeyValue>> = BTreeMap::new();
+    let mut records: Vec<(i32, KeyValue)> = Vec::new();
     for i in from..to {
         let k = i % keys;
         let key = format!("key{k}");
         *expected.entry(key.clone()).or_default() += 1;
         let partition = i32::try_from(k % u64::try_from(partitions)?)?;
-        by_partition
-            .entry(partition)
-            .or_default()
-            .push((key.into_bytes(), format!("record {i}").into_bytes()));
+        records.push((
+            partition,
+            (key.into_bytes(), format!("record {i}").into_bytes()),
+        ));
     }
-    for (partition, records) in by_partition {
-        produce(topic, partition, &records).await?;
-    }
-    Ok(())
+    let records: Vec<(i32, &KeyValue)> = records.iter().map(|(p, r)| (*p, r)).collect();
+    produce_to_partitions(topic, &records).await
 }

@@ -122,7 +122,10 @@ mod tests {
         let mut metadata = offsets.to_metadata();
         assert_eq!(metadata["offset/other.topic"], "1");
         metadata.insert("unrelated".into(), "x".into());
-        assert_eq!(InputOffsets::from_metadata(&metadata).expect("decodes"), offsets);
+        assert_eq!(
+            InputOffsets::from_metadata(&metadata).expect("decodes"),
+            offsets
+        );
         metadata.insert("offset/bad".into(), "x".into());
         assert!(InputOffsets::from_metadata(&metadata).is_err());
     }
