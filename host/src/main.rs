@@ -112,6 +112,8 @@ async fn main() -> anyhow::Result<()> {
                 .unwrap_or_else(|_| "info,rdkafka=warn".into()),
         )
         .with_writer(std::io::stderr)
+        // Colour codes only for a terminal, not in log files.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     // Arms the named fail points listed in `FAILPOINTS`, if set (crash tests; see
     // weir_host::fail_points).

@@ -4,6 +4,8 @@
 //! The services are started by the test command (`deploy/test.sh`) through
 //! `deploy/local/kafka.sh` and `deploy/local/s3.sh`; these helpers only connect.
 
+pub mod process;
+
 use anyhow::{Context as _, bail};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{Consumer, StreamConsumer};
@@ -485,4 +487,23 @@ pub async fn produce_counter(
     }
     let records: Vec<(i32, &KeyValue)> = records.iter().map(|(p, r)| (*p, r)).collect();
     produce_to_partitions(topic, &records).await
+}
+
+/// Asserts what at-least-once output of the `counter` operator over exactly-once state
+/// shows: each key's highest count is its number of input records (none lost, none counted
+/// twice) and every count from 1 up was emitted.
+///
+/// # Panics
+/// When a key's counts say otherwise.
+pub fn assert_counts_exact(expected: &BTreeMap<String, u64>, counts: &BTreeMap<String, Vec<u64>>) {
+    for (key, n) in expected {
+        let seen = &counts[key];
+        assert_eq!(seen.iter().max(), Some(n), "key {key}: final count");
+        for want in 1..=*n {
+            assert!(
+                seen.contains(&want),
+                "key {key}: count {want} never emitted"
+            );
+        }
+    }
 }

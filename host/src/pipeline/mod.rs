@@ -176,8 +176,9 @@ struct Running<B: StateBackend> {
     stats: Arc<PipelineStats>,
     workers: HashMap<i32, WorkerHandle>,
     opening: HashMap<i32, Opening<B::Shard>>,
-    /// Workers of revoked partitions, finishing their last checkpoint.
-    closing: HashMap<i32, JoinHandle<Result<(), WorkerError>>>,
+    /// Workers of revoked partitions, finishing their last checkpoint, and when they were
+    /// revoked.
+    closing: HashMap<i32, (Instant, JoinHandle<Result<(), WorkerError>>)>,
     /// Partitions not to open before the instant (fenced, or a failed open).
     hold: HashMap<i32, Instant>,
     /// Records fetched but not yet handed to their partition's worker.
@@ -324,7 +325,10 @@ impl<B: StateBackend> Running<B> {
             if let Some(worker) = self.workers.remove(&partition) {
                 worker.revoked.store(true, Ordering::Relaxed);
                 drop(worker.tx);
-                if let Some(older) = self.closing.insert(partition, worker.task) {
+                if let Some((_, older)) = self
+                    .closing
+                    .insert(partition, (Instant::now(), worker.task))
+                {
                     older.abort();
                 }
             }
@@ -338,15 +342,16 @@ impl<B: StateBackend> Running<B> {
         let closed: Vec<i32> = self
             .closing
             .iter()
-            .filter(|(_, task)| task.is_finished())
+            .filter(|(_, (_, task))| task.is_finished())
             .map(|(p, _)| *p)
             .collect();
         for partition in closed {
-            if let Some(task) = self.closing.remove(&partition) {
+            if let Some((revoked_at, task)) = self.closing.remove(&partition) {
+                let ms = revoked_at.elapsed().as_millis() as u64;
                 match task.await {
-                    Ok(Ok(())) => tracing::info!(partition, "revoked partition closed"),
+                    Ok(Ok(())) => tracing::info!(partition, ms, "revoked partition closed"),
                     Ok(Err(err)) => {
-                        tracing::warn!(partition, error = %err, "revoked partition closed with an error; the next owner resumes from its last checkpoint")
+                        tracing::warn!(partition, ms, error = %err, "revoked partition closed with an error; the next owner resumes from its last checkpoint")
                     }
                     Err(_) => return Err(PipelineError::WorkerPanicked(partition)),
                 }
@@ -679,7 +684,7 @@ impl<B: StateBackend> Running<B> {
                 for (_, worker) in self.workers.drain() {
                     worker.task.abort();
                 }
-                for (_, task) in self.closing.drain() {
+                for (_, (_, task)) in self.closing.drain() {
                     task.abort();
                 }
                 Err(PipelineError::DrainTimedOut(partitions))
@@ -714,7 +719,7 @@ impl<B: StateBackend> Running<B> {
         }
         let partitions: Vec<i32> = self.closing.keys().copied().collect();
         for partition in partitions {
-            let Some(task) = self.closing.get_mut(&partition) else {
+            let Some((_, task)) = self.closing.get_mut(&partition) else {
                 continue;
             };
             if let Err(_panicked) = task.await {

@@ -189,7 +189,7 @@ impl<S: Shard> PartitionWorker<S> {
     }
 
     /// Checkpoints the shard if records were processed since the last checkpoint (docs/
-    /// checkpoints.md steps 2–6). A failed checkpoint leaves the previous one current and is
+    /// checkpoints.md steps 1–7). A failed checkpoint leaves the previous one current and is
     /// retried at the next tick; at the `last` one (queue closed) it is only logged: the
     /// records since the previous checkpoint will be read again by the next owner.
     async fn checkpoint(&mut self, last: bool) -> Result<(), WorkerError> {
@@ -208,7 +208,7 @@ impl<S: Shard> PartitionWorker<S> {
             })?;
         match self.shard.checkpoint(&self.offsets).await {
             Ok(report) => {
-                // docs/checkpoints.md step 6: the manifest is written, Kafka not yet told.
+                // docs/checkpoints.md step 7: the manifest is written, Kafka not yet told.
                 fail::fail_point!("checkpoint-after-manifest", |_| {
                     crate::fail_points::crash("checkpoint-after-manifest")
                 });
@@ -311,7 +311,13 @@ impl<S: Shard> PartitionWorker<S> {
         }
         self.dirty = true;
         if let Some(opened_at) = self.opened_at.take() {
-            self.stats.record_recovery(opened_at.elapsed());
+            let took = opened_at.elapsed();
+            self.stats.record_recovery(took);
+            tracing::info!(
+                partition = self.partition,
+                ms = took.as_millis() as u64,
+                "first records processed after opening the shard"
+            );
         }
     }
 

@@ -1,0 +1,105 @@
+//! Rescale 1 → 2 → 1 (issue 4, docs/checkpoints.md "Rebalance"): two `weir` processes share a
+//! pipeline through the consumer group while input keeps arriving. The second host joins (the
+//! first checkpoints and closes the partitions it loses, the second opens them from those
+//! checkpoints), then leaves with Ctrl-C (a last checkpoint; the first opens them again). Every
+//! key's count is exact at the end; each handover is reported from the hosts' logs.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+use weir_tests::process::{CounterConfig, WeirProcess, log_field, log_lines};
+use weir_tests::*;
+
+const PARTITIONS: i32 = 4;
+const KEYS: u64 = 64;
+const OPENED: &str = "first records processed after opening the shard";
+const CLOSED: &str = "revoked partition closed";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_to_two_to_one_hosts_keeps_every_count_exact() -> anyhow::Result<()> {
+    init_tracing();
+    let (input, output, dlq) = (
+        unique("rescale-in"),
+        unique("rescale-out"),
+        unique("rescale-dlq"),
+    );
+    create_topics(&[(&input, PARTITIONS), (&output, PARTITIONS), (&dlq, 1)]).await?;
+    let dir = tempfile::tempdir()?;
+    let config = CounterConfig::new(&input, &output, &dlq).await?;
+    let config_path = dir.path().join("weir.toml");
+    config.write(&config_path)?;
+    let bin = Path::new(env!("CARGO_BIN_EXE_weir"));
+
+    // Input arrives all along: 100 records every 50 ms until told to stop.
+    let stop = Arc::new(AtomicBool::new(false));
+    let producer = tokio::spawn({
+        let (input, stop) = (input.clone(), stop.clone());
+        async move {
+            let mut expected = BTreeMap::new();
+            let mut next = 0;
+            while !stop.load(Ordering::Relaxed) {
+                produce_counter(&input, PARTITIONS, (next, next + 100), KEYS, &mut expected)
+                    .await?;
+                next += 100;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            anyhow::Ok(expected)
+        }
+    });
+
+    let mut a = WeirProcess::spawn(bin, &config_path, dir.path().join("a.log"), &[])?;
+    a.wait_for_log(OPENED, PARTITIONS as usize, Duration::from_secs(60))
+        .await?;
+
+    // 1 → 2: b takes some partitions over.
+    let mut b = WeirProcess::spawn(bin, &config_path, dir.path().join("b.log"), &[])?;
+    // The range assignor gives each of two members half of the partitions.
+    let b_opened = PARTITIONS as usize / 2;
+    b.wait_for_log(OPENED, b_opened, Duration::from_secs(60))
+        .await?;
+    a.wait_for_log(
+        OPENED,
+        PARTITIONS as usize + b_opened,
+        Duration::from_secs(60),
+    )
+    .await?;
+    let a_opened = log_lines(&a.log_text(), OPENED).len();
+
+    // 2 → 1: b leaves; a opens b's partitions again.
+    b.signal("INT").await?;
+    let status = b.wait(Duration::from_secs(60)).await?;
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "b stops cleanly on Ctrl-C ({status:?}):\n{}",
+        b.tail()
+    );
+    a.wait_for_log(OPENED, a_opened + b_opened, Duration::from_secs(60))
+        .await?;
+
+    stop.store(true, Ordering::Relaxed);
+    let expected = producer.await??;
+    let counts = read_counts(&output, &expected, Duration::from_secs(120)).await;
+    a.kill().await?;
+    let counts = counts.map_err(|e| e.context(a.tail()))?;
+    assert_counts_exact(&expected, &counts);
+
+    let (a_log, b_log) = (a.log_text(), b.log_text());
+    let ms = |log: &str, what: &str| -> Vec<u64> {
+        log_lines(log, what)
+            .iter()
+            .filter_map(|l| log_field(l, "ms"))
+            .collect()
+    };
+    eprintln!(
+        "rescale: {} records; 1→2: a closed revoked partitions in {:?} ms, b opened {} in {:?} ms; 2→1: b closed in {:?} ms, a reopened in {:?} ms",
+        expected.values().sum::<u64>(),
+        ms(&a_log, CLOSED),
+        b_opened,
+        ms(&b_log, OPENED),
+        ms(&b_log, CLOSED),
+        &ms(&a_log, OPENED)[PARTITIONS as usize..],
+    );
+    Ok(())
+}
