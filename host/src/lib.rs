@@ -15,6 +15,7 @@
 //! - [`clock`]     the injected clock seam (processing time for TTL)
 
 pub mod bench;
+pub mod checkpoint_bench;
 pub mod clock;
 pub mod config;
 pub mod dev;

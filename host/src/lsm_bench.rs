@@ -138,7 +138,7 @@ pub fn value(i: u64, len: usize) -> Bytes {
     Bytes::from(out)
 }
 
-fn throttled(inner: Arc<dyn ObjectStore>, latency_ms: u64) -> Arc<dyn ObjectStore> {
+pub(crate) fn throttled(inner: Arc<dyn ObjectStore>, latency_ms: u64) -> Arc<dyn ObjectStore> {
     Arc::new(LatencyStore {
         inner,
         wait: Duration::from_millis(latency_ms),
@@ -305,7 +305,7 @@ const SCRATCH_MARKER: &str = ".weir-bench-lsm";
 
 /// Empties `dir` for a run — only when it is absent, empty, or marked as a previous run's —
 /// and marks it.
-fn prepare_scratch(dir: &std::path::Path) -> anyhow::Result<()> {
+pub(crate) fn prepare_scratch(dir: &std::path::Path) -> anyhow::Result<()> {
     if dir.exists() {
         let ours = dir.join(SCRATCH_MARKER).exists();
         let empty = std::fs::read_dir(dir)?.next().is_none();
@@ -451,13 +451,15 @@ fn hit_ratio(before: CacheStats, after: CacheStats) -> f64 {
     hits as f64 / (hits + gets) as f64
 }
 
-/// Writes a store of about `size_mb` MiB as bottom-level SSTs of 64 MiB straight into the
-/// store (no throttling), with a checkpoint manifest; returns the key count.
-async fn bulk_load(
+/// Writes a store of about `size_mb` MiB as SSTs of 64 MiB in level `in_level` straight into the
+/// store (no throttling), with a checkpoint manifest; returns the key count. Key `n` is
+/// `n.to_be_bytes()`, its value [`value`]`(n, value_bytes)`.
+pub(crate) async fn bulk_load(
     local: &Arc<dyn ObjectStore>,
     root: &Path,
     size_mb: u64,
     value_bytes: usize,
+    in_level: usize,
 ) -> anyhow::Result<u64> {
     let manifests = ManifestStore::new(local.clone(), root.clone());
     let claim = manifests.claim("bulk", None).await?;
@@ -500,7 +502,9 @@ async fn bulk_load(
         local.put(&path, PutPayload::from(file)).await?;
         refs.push(r);
     }
-    let checkpoint = claim.next_checkpoint(vec![Vec::new(), refs], Default::default());
+    let mut levels = vec![Vec::new(); in_level + 1];
+    levels[in_level] = refs;
+    let checkpoint = claim.next_checkpoint(levels, Default::default());
     manifests.commit(&checkpoint).await?;
     Ok(keys)
 }
@@ -513,7 +517,7 @@ async fn measure_open(
     clock: &SharedClock,
 ) -> anyhow::Result<OpenResult> {
     let root = Path::from(format!("open-{size_mb}"));
-    let keys = bulk_load(local, &root, size_mb, opts.value_bytes).await?;
+    let keys = bulk_load(local, &root, size_mb, opts.value_bytes, 1).await?;
     let mut open_ms = Vec::new();
     let mut first_get_ms = Vec::new();
     for attempt in 0..5u64 {
@@ -554,7 +558,7 @@ async fn measure_open(
     })
 }
 
-fn median(xs: &mut [f64]) -> f64 {
+pub(crate) fn median(xs: &mut [f64]) -> f64 {
     xs.sort_by(f64::total_cmp);
     xs[xs.len() / 2]
 }

@@ -84,6 +84,35 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Measure checkpoint duration, bytes uploaded and recovery time of one shard by state size,
+    /// on a store with injected latency (see host/src/checkpoint_bench.rs).
+    BenchCheckpoint {
+        /// Scratch directory for the store: must be new, empty or a previous run's; emptied
+        /// first, removed after.
+        #[arg(long, default_value = "target/bench-checkpoint")]
+        dir: PathBuf,
+        /// State sizes, MiB.
+        #[arg(long, value_delimiter = ',', default_value = "100,1024,5120")]
+        sizes_mb: Vec<u64>,
+        /// Value size, bytes.
+        #[arg(long, default_value_t = 1000)]
+        value_bytes: usize,
+        /// Latency added to every object-store request, ms.
+        #[arg(long, default_value_t = 30)]
+        latency_ms: u64,
+        /// Updates per second between checkpoints (the same for every size).
+        #[arg(long, default_value_t = 10_000)]
+        rate: u64,
+        /// Time between checkpoints, ms.
+        #[arg(long, default_value_t = 2000)]
+        interval_ms: u64,
+        /// Checkpoints, and recoveries, per size.
+        #[arg(long, default_value_t = 5)]
+        rounds: usize,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Measure the per-record cost of the Wasm call (prefetch + call + apply), in process.
     BenchCall {
         /// The component to measure.
@@ -171,6 +200,35 @@ async fn main() -> anyhow::Result<()> {
                 println!("{}", serde_json::to_string_pretty(&report)?);
             } else {
                 println!("{}", weir_host::lsm_bench::table(&report));
+            }
+            Ok(())
+        }
+        Command::BenchCheckpoint {
+            dir,
+            sizes_mb,
+            value_bytes,
+            latency_ms,
+            rate,
+            interval_ms,
+            rounds,
+            json,
+        } => {
+            let report = weir_host::checkpoint_bench::run(
+                &weir_host::checkpoint_bench::CheckpointBenchOptions {
+                    dir,
+                    sizes_mb,
+                    value_bytes,
+                    latency_ms,
+                    rate,
+                    interval: std::time::Duration::from_millis(interval_ms),
+                    rounds,
+                },
+            )
+            .await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                println!("{}", weir_host::checkpoint_bench::table(&report));
             }
             Ok(())
         }

@@ -4,7 +4,7 @@
 //! references, and it does delete the orphans of interrupted flushes.
 
 use super::cache::{BlockCaches, CacheSettings, SstFiles};
-use super::gc::{GcSettings, collect_garbage};
+use super::gc::{GcSettings, LiveWriter, collect_garbage};
 use super::tree::{LsmSettings, LsmTree, SstId};
 use crate::clock::{ManualClock, SharedClock};
 use crate::state::faulty_store::{Fault, FaultyStore};
@@ -75,9 +75,16 @@ async fn run_gc(
     gc: &GcSettings,
     now_ms: u64,
 ) -> super::gc::GcReport {
-    collect_garbage(&f.store, &Path::from("s"), live, pinned, gc, now_ms)
-        .await
-        .expect("gc")
+    collect_garbage(
+        &f.store,
+        &Path::from("s"),
+        &LiveWriter::of(live, gc),
+        pinned,
+        gc,
+        now_ms,
+    )
+    .await
+    .expect("gc")
 }
 
 /// Asserts that every key of `keys` reads back the value [`write`] gave it.

@@ -52,7 +52,36 @@ pub struct GcReport {
     pub ssts_kept: usize,
 }
 
-/// Runs one GC pass over the shard under `root`, owned by `live`.
+/// What GC must know of the shard's live writer, taken at one moment (so that GC can run in
+/// the background while the writer goes on): SSTs it flushed after the snapshot have a higher
+/// sequence number, or are younger than the grace period, and are protected either way.
+#[derive(Debug, Clone)]
+pub struct LiveWriter {
+    /// The writer's epoch.
+    pub writer_epoch: u64,
+    /// Its SSTs with this epoch and a sequence number at or above this are not yet in a
+    /// checkpoint.
+    pub checkpoint_seq: u64,
+    /// SSTs its current version references, and those compaction retired within the grace
+    /// period (a reader may still hold a version naming them).
+    pub referenced: HashSet<SstId>,
+}
+
+impl LiveWriter {
+    /// The snapshot of `tree` now, with retirements younger than `settings.grace`.
+    pub fn of(tree: &LsmTree, settings: &GcSettings) -> Self {
+        let grace_ms = u64::try_from(settings.grace.as_millis()).unwrap_or(u64::MAX);
+        let mut referenced: HashSet<SstId> = tree.live_ssts().into_iter().collect();
+        referenced.extend(tree.recently_retired(grace_ms));
+        Self {
+            writer_epoch: tree.writer_epoch(),
+            checkpoint_seq: tree.checkpoint_seq(),
+            referenced,
+        }
+    }
+}
+
+/// Runs one GC pass over the shard under `root`, whose live writer is `live`.
 ///
 /// # Errors
 /// [`ManifestError`] when listing, reading a kept manifest, or deleting fails; a run that
@@ -60,7 +89,7 @@ pub struct GcReport {
 pub async fn collect_garbage(
     store: &Arc<dyn ObjectStore>,
     root: &Path,
-    live: &LsmTree,
+    live: &LiveWriter,
     pinned: &BTreeSet<u64>,
     settings: &GcSettings,
     now_ms: u64,
@@ -95,11 +124,8 @@ pub async fn collect_garbage(
         .iter()
         .flat_map(|m| m.levels.iter().flatten().map(|r| r.id()))
         .collect();
-    referenced.extend(live.live_ssts());
+    referenced.extend(live.referenced.iter().copied());
     let grace_ms = u64::try_from(settings.grace.as_millis()).unwrap_or(u64::MAX);
-    // Retired by compaction less than a grace period ago: a reader may still hold a version
-    // naming them (the objects' own age says nothing about that).
-    referenced.extend(live.recently_retired(grace_ms));
 
     let mut report = GcReport::default();
     for &version in versions
@@ -122,8 +148,8 @@ pub async fn collect_garbage(
         };
         let modified_ms = u64::try_from(object.last_modified.timestamp_millis()).unwrap_or(0);
         let protected = referenced.contains(&id)
-            || id.writer_epoch > live.writer_epoch()
-            || (id.writer_epoch == live.writer_epoch() && id.seq >= live.checkpoint_seq())
+            || id.writer_epoch > live.writer_epoch
+            || (id.writer_epoch == live.writer_epoch && id.seq >= live.checkpoint_seq)
             || modified_ms.saturating_add(grace_ms) > now_ms;
         if protected {
             report.ssts_kept += 1;

@@ -7,12 +7,14 @@
 //!   names is missing), never on a transient error, with an audit log line per fallback — and
 //!   claim the shard from it.
 //! - [`LsmShard::commit_checkpoint`]: flush the memtable, commit the next manifest version
-//!   create-only with the caller's metadata (the input offsets), then collect garbage.
+//!   create-only with the caller's metadata (the input offsets), then start collecting garbage
+//!   in the background (off the checkpoint's critical path: the partition is paused only for
+//!   the flush and the manifest).
 //!
 //! The pipeline drives both through [`Shard::checkpoint`] and [`Shard::recovered_offsets`];
 //! docs/checkpoints.md is the whole protocol, step by step.
 
-use super::gc::{GcReport, GcSettings, collect_garbage};
+use super::gc::{GcSettings, LiveWriter, collect_garbage};
 use super::tree::{LsmTree, SstId};
 use crate::clock::SharedClock;
 use crate::state::checkpoint::{self, CheckpointReport, InputOffsets};
@@ -56,8 +58,6 @@ pub struct CheckpointInfo {
     /// Bytes of the SSTs it references that the previous version written by this owner (its
     /// claim or last checkpoint) did not: what this checkpoint interval uploaded.
     pub uploaded_bytes: u64,
-    /// What GC did afterwards, or `None` when it failed (logged; it runs again next time).
-    pub gc: Option<GcReport>,
 }
 
 /// A shard of the `lsm` backend, owned by this process under one claim.
@@ -73,6 +73,8 @@ pub struct LsmShard {
     recovered: Option<Manifest>,
     gc: GcSettings,
     clock: SharedClock,
+    /// The background GC started by the last checkpoint; at most one runs at a time.
+    gc_task: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 impl LsmShard {
@@ -95,6 +97,7 @@ impl LsmShard {
             recovered,
             gc,
             clock,
+            gc_task: std::sync::Mutex::new(None),
         }
     }
 
@@ -155,29 +158,45 @@ impl LsmShard {
             (n + 1, b + r.size_bytes, u + new)
         });
         *last = checkpoint;
-        let gc = match collect_garbage(
-            &self.store,
-            &self.root,
-            &self.tree,
-            pinned,
-            &self.gc,
-            now_ms,
-        )
-        .await
-        {
-            Ok(report) => Some(report),
-            Err(error) => {
-                tracing::warn!(shard = %self.root, %error, "GC after checkpoint failed; it runs again at the next one");
-                None
-            }
-        };
+        self.start_gc(pinned.clone(), now_ms);
         Ok(CheckpointInfo {
             version: last.version,
             ssts,
             bytes,
             uploaded_bytes,
-            gc,
         })
+    }
+
+    /// Starts a GC pass in the background (DESIGN.md checkpoint step 5) unless the previous
+    /// one is still running; a failed pass is logged and the next checkpoint's runs again.
+    fn start_gc(&self, pinned: BTreeSet<u64>, now_ms: u64) {
+        let mut slot = self.gc_task.lock().unwrap_or_else(|e| e.into_inner());
+        if slot.as_ref().is_some_and(|task| !task.is_finished()) {
+            tracing::debug!(shard = %self.root, "GC still running; skipped this checkpoint's");
+            return;
+        }
+        let live = LiveWriter::of(&self.tree, &self.gc);
+        let (store, root, settings) = (self.store.clone(), self.root.clone(), self.gc.clone());
+        *slot = Some(tokio::spawn(async move {
+            match collect_garbage(&store, &root, &live, &pinned, &settings, now_ms).await {
+                Ok(report) => tracing::debug!(shard = %root, ?report, "GC done"),
+                Err(error) => {
+                    tracing::warn!(shard = %root, %error, "GC failed; it runs again after the next checkpoint")
+                }
+            }
+        }));
+    }
+
+    /// Waits for the GC pass the last checkpoint started, if any.
+    pub async fn gc_settled(&self) {
+        let task = self
+            .gc_task
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(task) = task {
+            let _ = task.await;
+        }
     }
 }
 
@@ -488,6 +507,7 @@ mod tests {
             let mut versions = Vec::new();
             for round in 0..5 {
                 versions.push(write_and_checkpoint(&a, 0, 10 + round, "v").await);
+                a.gc_settled().await;
             }
             let left =
                 ManifestStore::new(store.clone(), Path::from("p/pipelines/counts/shards/00003"))

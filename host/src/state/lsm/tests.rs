@@ -3,7 +3,7 @@
 //! (into several levels) and GC really happen; plus reopening at any retained checkpoint.
 
 use super::cache::{BlockCaches, CacheSettings, SstFiles};
-use super::gc::{GcSettings, collect_garbage};
+use super::gc::{GcSettings, LiveWriter, collect_garbage};
 use super::tree::{LsmSettings, LsmTree};
 use crate::clock::{ManualClock, SharedClock};
 use crate::state::manifest::{Manifest, ManifestKind, ManifestStore};
@@ -235,9 +235,16 @@ async fn run(store: Arc<dyn ObjectStore>, caches: u8, ops: Vec<Op>) -> Result<()
                     grace: Duration::ZERO,
                 };
                 let now_ms = crate::clock::Clock::now_ms(&crate::clock::SystemClock) + 1;
-                collect_garbage(&store, &root, &tree, &BTreeSet::new(), &gc, now_ms)
-                    .await
-                    .expect("gc");
+                collect_garbage(
+                    &store,
+                    &root,
+                    &LiveWriter::of(&tree, &gc),
+                    &BTreeSet::new(),
+                    &gc,
+                    now_ms,
+                )
+                .await
+                .expect("gc");
             }
         }
     }
