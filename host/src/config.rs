@@ -47,6 +47,24 @@ pub struct PipelineSettings {
     /// re-read after a crash and more manifests written.
     #[serde(default = "default_checkpoint_interval", with = "humantime_serde")]
     pub checkpoint_interval: Duration,
+    /// What the output guarantees after a failure (as Kafka Streams' `processing.guarantee`);
+    /// state is exactly-once either way.
+    #[serde(default)]
+    pub delivery: Delivery,
+}
+
+/// The output's guarantee after crashes and rebalances (docs/checkpoints.md).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Delivery {
+    /// Every output is delivered; the outputs of records after the last checkpoint are sent
+    /// again after a failure. The manifest write commits a checkpoint.
+    #[default]
+    AtLeastOnce,
+    /// A `read_committed` consumer sees every output once: one transactional producer per
+    /// shard, whose transaction commits the interval's outputs and the input offsets together
+    /// (naming the checkpoint's manifest). Needs `state.backend = "lsm"`.
+    ExactlyOnce,
 }
 
 fn default_checkpoint_interval() -> Duration {
@@ -281,6 +299,17 @@ impl Settings {
         if p.checkpoint_interval < Duration::from_millis(10) {
             problems.push(format!(
                 "pipeline.checkpoint_interval must be at least 10ms. checkpoint_interval={:?}",
+                p.checkpoint_interval
+            ));
+        }
+        if p.delivery == Delivery::ExactlyOnce && self.state.backend != StateBackendKind::Lsm {
+            problems.push(
+                "pipeline.delivery = \"exactly_once\" needs state.backend = \"lsm\" (the memory backend keeps no checkpoint)".to_owned(),
+            );
+        }
+        if p.delivery == Delivery::ExactlyOnce && p.checkpoint_interval > Duration::from_secs(300) {
+            problems.push(format!(
+                "pipeline.checkpoint_interval must be at most 5min with exactly_once (a transaction stays open that long). checkpoint_interval={:?}",
                 p.checkpoint_interval
             ));
         }

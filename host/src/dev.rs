@@ -142,6 +142,7 @@ pub async fn run(opts: DevOptions) -> Result<(), DevError> {
             dead_letter_topic: dlq.clone(),
             group_id: Some(format!("weir-dev-{run_id}")),
             checkpoint_interval: std::time::Duration::from_secs(10),
+            delivery: Default::default(),
         },
         kafka: KafkaSettings {
             bootstrap_servers: bootstrap.clone(),

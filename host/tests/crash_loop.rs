@@ -32,6 +32,18 @@ enum Kill {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_and_restarted_fifty_times_every_count_is_exact() -> anyhow::Result<()> {
+    crash_loop(false).await
+}
+
+/// The same in exactly-once mode, where the second fail point sits between the manifest write
+/// and the transaction commit, and a `read_committed` consumer sees each update exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exactly_once_killed_and_restarted_fifty_times_outputs_each_update_once()
+-> anyhow::Result<()> {
+    crash_loop(true).await
+}
+
+async fn crash_loop(exactly_once: bool) -> anyhow::Result<()> {
     init_tracing();
     let (input, output, dlq) = (unique("crash-in"), unique("crash-out"), unique("crash-dlq"));
     create_topics(&[(&input, PARTITIONS), (&output, PARTITIONS), (&dlq, 1)]).await?;
@@ -39,6 +51,7 @@ async fn killed_and_restarted_fifty_times_every_count_is_exact() -> anyhow::Resu
     let mut config = CounterConfig::new(&input, &output, &dlq).await?;
     config.instance_id = Some("crash-loop-host".to_owned());
     config.session_timeout_ms = 10_000;
+    config.exactly_once = exactly_once;
     let config_path = dir.path().join("weir.toml");
     config.write(&config_path)?;
     let bin = Path::new(env!("CARGO_BIN_EXE_weir"));
@@ -113,7 +126,7 @@ async fn killed_and_restarted_fifty_times_every_count_is_exact() -> anyhow::Resu
     let counts = counts.map_err(|e| e.context(weir.tail()))?;
 
     eprintln!(
-        "crash loop: {kills} kills, fail point hits {hits:?}, {produced} records, {} outputs",
+        "crash loop (exactly_once={exactly_once}): {kills} kills, fail point hits {hits:?}, {produced} records, {} outputs",
         counts.values().map(Vec::len).sum::<usize>()
     );
     assert!(kills >= 50, "{kills} kills");
@@ -124,5 +137,14 @@ async fn killed_and_restarted_fifty_times_every_count_is_exact() -> anyhow::Resu
         );
     }
     assert_counts_exact(&expected, &counts);
+    if exactly_once {
+        for (key, n) in &expected {
+            let once: Vec<u64> = (1..=*n).collect();
+            assert_eq!(
+                counts[key], once,
+                "key {key}: each update exactly once, in order"
+            );
+        }
+    }
     Ok(())
 }

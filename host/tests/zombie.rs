@@ -1,8 +1,10 @@
-//! Zombie (issue 4, docs/checkpoints.md "Fencing"), at-least-once mode: host `a` owns the
-//! partition and holds processed records it has not checkpointed when it is frozen with SIGSTOP
-//! past its session timeout. Host `b` takes the partition over, claims the shard and
-//! checkpoints. When `a` is resumed it still attempts its checkpoint — and the manifest write is
-//! refused as fenced: no checkpoint of `a`'s writer epoch exists, and every count is exact.
+//! Zombie (issue 4, docs/checkpoints.md "Fencing"): host `a` owns the partition and holds
+//! processed records it has not checkpointed when it is frozen with SIGSTOP past its session
+//! timeout. Host `b` takes the partition over, claims the shard and checkpoints. When `a` is
+//! resumed it still attempts its checkpoint — and the manifest write is refused as fenced: no
+//! checkpoint of `a`'s writer epoch exists, and every count is exact. In exactly-once mode `b`'s
+//! `init_transactions` has also fenced `a`'s producer and aborted its open transaction, so a
+//! `read_committed` consumer sees none of `a`'s outputs: each update exactly once.
 
 use object_store::path::Path as StorePath;
 use std::collections::BTreeMap;
@@ -21,6 +23,16 @@ const COMMITTED: &str = "checkpoint committed";
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_host_frozen_past_its_session_timeout_is_fenced_when_it_checkpoints() -> anyhow::Result<()>
 {
+    zombie(false).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exactly_once_a_frozen_host_is_fenced_and_none_of_its_outputs_are_committed()
+-> anyhow::Result<()> {
+    zombie(true).await
+}
+
+async fn zombie(exactly_once: bool) -> anyhow::Result<()> {
     init_tracing();
     let (input, output, dlq) = (
         unique("zombie-in"),
@@ -31,9 +43,10 @@ async fn a_host_frozen_past_its_session_timeout_is_fenced_when_it_checkpoints() 
     let dir = tempfile::tempdir()?;
     let bin = Path::new(env!("CARGO_BIN_EXE_weir"));
     let mut config = CounterConfig::new(&input, &output, &dlq).await?;
+    config.exactly_once = exactly_once;
     // `a` never checkpoints on its own: everything it processes is uncommitted when frozen.
     config.instance_id = Some("zombie-a".to_owned());
-    config.checkpoint_interval = "1h".to_owned();
+    config.checkpoint_interval = "5min".to_owned();
     let a_config = dir.path().join("a.toml");
     config.write(&a_config)?;
     config.instance_id = Some("zombie-b".to_owned());
@@ -96,5 +109,11 @@ async fn a_host_frozen_past_its_session_timeout_is_fenced_when_it_checkpoints() 
     b.kill().await?;
     let counts = counts.map_err(|e| e.context(format!("a:\n{}\nb:\n{}", a.tail(), b.tail())))?;
     assert_counts_exact(&expected, &counts);
+    if exactly_once {
+        for (key, n) in &expected {
+            let once: Vec<u64> = (1..=*n).collect();
+            assert_eq!(counts[key], once, "key {key}: each update exactly once");
+        }
+    }
     Ok(())
 }

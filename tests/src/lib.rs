@@ -273,6 +273,7 @@ pub fn settings(
             dead_letter_topic: dlq.to_owned(),
             group_id: Some(unique("group")),
             checkpoint_interval: std::time::Duration::from_secs(10),
+            delivery: Default::default(),
         },
         kafka: KafkaSettings {
             bootstrap_servers: kafka_bootstrap(),

@@ -31,6 +31,8 @@ pub struct CounterConfig {
     pub session_timeout_ms: u32,
     /// The `s3://` URL of the state.
     pub state_url: String,
+    /// `pipeline.delivery = "exactly_once"` (else at-least-once).
+    pub exactly_once: bool,
 }
 
 impl CounterConfig {
@@ -51,6 +53,7 @@ impl CounterConfig {
             instance_id: None,
             session_timeout_ms: 6000,
             state_url: format!("s3://{bucket}/weir"),
+            exactly_once: false,
         })
     }
 
@@ -78,6 +81,7 @@ output_topic = "{output}"
 dead_letter_topic = "{dlq}"
 group_id = "{group}"
 checkpoint_interval = "{interval}"
+delivery = "{delivery}"
 
 [kafka]
 bootstrap_servers = "{bootstrap}"
@@ -104,6 +108,11 @@ disk_cache_bytes = 16777216
             bootstrap = kafka_bootstrap(),
             session = self.session_timeout_ms,
             url = self.state_url,
+            delivery = if self.exactly_once {
+                "exactly_once"
+            } else {
+                "at_least_once"
+            },
         );
         std::fs::write(path, config).with_context(|| format!("writing {}", path.display()))
     }

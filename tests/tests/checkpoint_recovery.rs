@@ -141,3 +141,47 @@ fn expected_in_partition(from: u64, to: u64, partition: u64) -> u64 {
         .filter(|i| (i % KEYS) % PARTITIONS as u64 == partition)
         .count() as u64
 }
+
+/// A revoke arrives inside the consumer's poll, which returns only with a record: the loop
+/// must still act on it at once — checkpoint and close the shard — when no record follows. (It
+/// used to wait for one, so a zombie in exactly-once mode, whose committed offsets leave it
+/// nothing to fetch, never attempted its fenced commit.) Exactly-once here because its
+/// checkpoints commit the offsets to Kafka: after the rebalance there is nothing to fetch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_partition_is_closed_even_when_no_record_follows() -> anyhow::Result<()> {
+    let (mut settings, _output) = setup().await?;
+    settings.pipeline.delivery = weir_host::config::Delivery::ExactlyOnce;
+    let input = settings.pipeline.input_topics[0].clone();
+    let mut expected = BTreeMap::new();
+    produce_counter(&input, PARTITIONS, (0, 100), KEYS, &mut expected).await?;
+    let running = RunningPipeline::start(settings.clone());
+    running.wait_done(100, Duration::from_secs(60)).await?;
+    running
+        .wait_until("a checkpoint per shard", Duration::from_secs(60), |s| {
+            s.checkpoints.load(Ordering::Relaxed) >= PARTITIONS as u64
+        })
+        .await?;
+
+    // Another member joins the group: the eager protocol revokes every partition of the
+    // pipeline; no further record is produced.
+    let member: rdkafka::consumer::StreamConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", kafka_bootstrap())
+        .set("group.id", settings.pipeline.group_id())
+        .set("enable.auto.commit", "false")
+        .set("isolation.level", "read_committed")
+        .create()?;
+    rdkafka::consumer::Consumer::subscribe(&member, &[input.as_str()])?;
+    let polling = tokio::spawn(async move {
+        loop {
+            let _ = member.recv().await;
+        }
+    });
+    let closed = running
+        .wait_until("both revoked shards closed", Duration::from_secs(60), |s| {
+            s.shards_closed.load(Ordering::Relaxed) >= PARTITIONS as u64
+        })
+        .await;
+    polling.abort();
+    closed?;
+    running.stop().await
+}

@@ -11,7 +11,7 @@
 pub mod worker;
 
 use crate::clock::SharedClock;
-use crate::config::Settings;
+use crate::config::{Delivery, Settings};
 use crate::runtime::{InputRecord, Operator, Runtime, RuntimeError};
 use crate::sink::{self, Sink};
 use crate::source::{self, SourceConsumer, SourceContext};
@@ -22,6 +22,7 @@ use rdkafka::Offset;
 use rdkafka::consumer::{CommitMode, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::BorrowedMessage;
+use rdkafka::producer::{FutureProducer, Producer};
 use rdkafka::topic_partition_list::TopicPartitionList;
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
@@ -30,7 +31,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
-use worker::{PartitionWorker, WorkerError};
+use worker::{Decision, PartitionWorker, WorkerError};
 
 /// Counters of one pipeline run; read them any time (relaxed atomics).
 #[derive(Debug, Default)]
@@ -71,6 +72,8 @@ pub struct PipelineStats {
     pub checkpoint_uploaded_bytes: AtomicU64,
     /// Shards opened (recovered from their checkpoint, or new).
     pub shards_opened: AtomicU64,
+    /// Shards of revoked partitions closed (after their last checkpoint, or its failure).
+    pub shards_closed: AtomicU64,
     /// Shards whose first record was processed after opening: the count behind
     /// `recovery_ns_*`.
     pub recoveries: AtomicU64,
@@ -157,9 +160,28 @@ struct WorkerHandle {
 
 /// A shard being opened (recovered and claimed) in the background; its partition is paused.
 struct Opening<S> {
-    task: JoinHandle<Result<S, StateError>>,
+    task: JoinHandle<Result<Opened<S>, OpenError>>,
     started: Instant,
 }
+
+/// An opened shard, with its transactional producer in exactly-once mode (transactions
+/// initialised, one begun).
+struct Opened<S> {
+    shard: S,
+    producer: Option<FutureProducer>,
+}
+
+/// Why opening a shard failed.
+#[derive(Debug, thiserror::Error)]
+enum OpenError {
+    #[error(transparent)]
+    State(#[from] StateError),
+    #[error("kafka transactions")]
+    Kafka(#[from] KafkaError),
+}
+
+/// How long opening a shard may wait for each Kafka transaction step.
+const TRANSACTION_SETUP_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Everything a running pipeline holds.
 ///
@@ -174,6 +196,7 @@ struct Running<B: StateBackend> {
     operator: Arc<Operator<B::Shard>>,
     producer: rdkafka::producer::FutureProducer,
     stats: Arc<PipelineStats>,
+    consumer: Arc<SourceConsumer>,
     workers: HashMap<i32, WorkerHandle>,
     opening: HashMap<i32, Opening<B::Shard>>,
     /// Workers of revoked partitions, finishing their last checkpoint, and when they were
@@ -189,6 +212,8 @@ struct Running<B: StateBackend> {
     /// Offsets of committed checkpoints, from the workers, to commit to Kafka.
     checkpointed_tx: mpsc::UnboundedSender<(i32, InputOffsets)>,
     checkpointed_rx: mpsc::UnboundedReceiver<(i32, InputOffsets)>,
+    /// Received from `checkpointed_rx`, not yet committed.
+    checkpointed: Vec<(i32, InputOffsets)>,
 }
 
 /// Runs the pipeline until `shutdown` completes or a fatal error occurs, then drains the
@@ -221,6 +246,7 @@ pub async fn run<B: StateBackend>(
         .map(String::as_str)
         .collect();
     consumer.subscribe(&topics).map_err(PipelineError::Kafka)?;
+    let consumer = Arc::new(consumer);
     let producer = sink::producer(&settings).map_err(PipelineError::Kafka)?;
     let (checkpointed_tx, checkpointed_rx) = mpsc::unbounded_channel();
     let mut running = Running {
@@ -229,6 +255,7 @@ pub async fn run<B: StateBackend>(
         operator,
         producer,
         stats,
+        consumer: consumer.clone(),
         workers: HashMap::new(),
         opening: HashMap::new(),
         closing: HashMap::new(),
@@ -237,6 +264,7 @@ pub async fn run<B: StateBackend>(
         paused: HashSet::new(),
         checkpointed_tx,
         checkpointed_rx,
+        checkpointed: Vec::new(),
     };
     let result = running.consume(&consumer, &context, shutdown).await;
     let drained = running.drain().await;
@@ -259,6 +287,13 @@ impl<B: StateBackend> Running<B> {
                 biased;
                 () = &mut shutdown => return Ok(()),
                 msg = consumer.recv() => Some(msg),
+                // librdkafka runs the revoke inside `recv`, which returns only with a record.
+                () = context.revoked() => None,
+                // A checkpoint's offsets, to commit to Kafka while the input is quiet.
+                Some(done) = self.checkpointed_rx.recv() => {
+                    self.checkpointed.push(done);
+                    None
+                }
                 () = tokio::time::sleep(PAUSED_RETRY_INTERVAL), if retry => None,
             };
             if let Some(msg) = first {
@@ -348,6 +383,7 @@ impl<B: StateBackend> Running<B> {
         for partition in closed {
             if let Some((revoked_at, task)) = self.closing.remove(&partition) {
                 let ms = revoked_at.elapsed().as_millis() as u64;
+                self.stats.shards_closed.fetch_add(1, Ordering::Relaxed);
                 match task.await {
                     Ok(Ok(())) => tracing::info!(partition, ms, "revoked partition closed"),
                     Ok(Err(err)) => {
@@ -395,14 +431,41 @@ impl<B: StateBackend> Running<B> {
         Ok(())
     }
 
-    /// Opens `partition`'s shard in the background (recovery and claim read the store).
+    /// Opens `partition`'s shard in the background (recovery and claim read the store). In
+    /// exactly-once mode, first fences the previous owner's producer (`init_transactions`) and
+    /// reads the committed offsets' metadata, which names the checkpoint to open
+    /// (docs/checkpoints.md, "Recovery" step 3).
     fn start_opening(&mut self, partition: i32) {
         let id = ShardId {
             pipeline: self.settings.pipeline.name.clone(),
             partition,
         };
         let backend = self.backend.clone();
-        let task = tokio::spawn(async move { backend.open_shard(&id).await });
+        let task = match self.settings.pipeline.delivery {
+            Delivery::AtLeastOnce => tokio::spawn(async move {
+                Ok(Opened {
+                    shard: backend.open_shard(&id).await?,
+                    producer: None,
+                })
+            }),
+            Delivery::ExactlyOnce => {
+                let (settings, consumer) = (self.settings.clone(), self.consumer.clone());
+                tokio::spawn(async move {
+                    let producer = sink::transactional_producer(&settings, partition)?;
+                    let version =
+                        init_transactions(&settings, partition, &producer, consumer).await?;
+                    let shard = backend.open_shard_at(&id, version).await?;
+                    let begin = producer.clone();
+                    tokio::task::spawn_blocking(move || begin.begin_transaction())
+                        .await
+                        .unwrap_or(Err(KafkaError::Canceled))?;
+                    Ok(Opened {
+                        shard,
+                        producer: Some(producer),
+                    })
+                })
+            }
+        };
         self.opening.insert(
             partition,
             Opening {
@@ -422,9 +485,9 @@ impl<B: StateBackend> Running<B> {
         let Some(opening) = self.opening.remove(&partition) else {
             return Ok(());
         };
-        let shard = match opening.task.await {
-            Ok(Ok(shard)) => shard,
-            Ok(Err(err)) if err.kind() == crate::error::ErrorKind::Corrupt => {
+        let Opened { shard, producer } = match opening.task.await {
+            Ok(Ok(opened)) => opened,
+            Ok(Err(OpenError::State(err))) if err.kind() == crate::error::ErrorKind::Corrupt => {
                 return Err(PipelineError::State(err));
             }
             Ok(Err(err)) => {
@@ -459,7 +522,7 @@ impl<B: StateBackend> Running<B> {
             ?offsets,
             "shard opened; partition resumes"
         );
-        self.start_worker(partition, shard, offsets, opening.started);
+        self.start_worker(partition, shard, offsets, opening.started, producer);
         if self.paused.remove(&partition) {
             self.set_paused(consumer, partition, false);
         }
@@ -487,7 +550,10 @@ impl<B: StateBackend> Running<B> {
     /// checkpoint — so a failure is only logged.
     fn commit_checkpointed(&mut self, consumer: &SourceConsumer) {
         let mut tpl = TopicPartitionList::new();
-        while let Ok((partition, offsets)) = self.checkpointed_rx.try_recv() {
+        while let Ok(done) = self.checkpointed_rx.try_recv() {
+            self.checkpointed.push(done);
+        }
+        for (partition, offsets) in std::mem::take(&mut self.checkpointed) {
             if !self.workers.contains_key(&partition) {
                 continue;
             }
@@ -573,16 +639,24 @@ impl<B: StateBackend> Running<B> {
 
     /// A worker ended on its own. Fenced: another owner claimed the shard, so this host drops
     /// the partition's records and pauses it for [`FENCED_HOLD`] (a rebalance will normally
-    /// revoke it meanwhile). Anything else stops the pipeline.
+    /// revoke it meanwhile). A failed transaction: the same, for [`OPEN_RETRY_DELAY`], then the
+    /// shard is reopened from its decided checkpoint. Anything else stops the pipeline.
     async fn worker_ended(
         &mut self,
         partition: i32,
         consumer: &SourceConsumer,
     ) -> Result<(), PipelineError> {
         match self.worker_failure(partition).await {
-            PipelineError::Worker(WorkerError::Fenced { .. }) => {
+            PipelineError::Worker(
+                ref err @ (WorkerError::Fenced { .. } | WorkerError::Transaction { .. }),
+            ) => {
+                let hold = if matches!(err, WorkerError::Fenced { .. }) {
+                    FENCED_HOLD
+                } else {
+                    OPEN_RETRY_DELAY
+                };
                 self.pending.remove(&partition);
-                self.hold.insert(partition, Instant::now() + FENCED_HOLD);
+                self.hold.insert(partition, Instant::now() + hold);
                 if self.paused.insert(partition) {
                     self.set_paused(consumer, partition, true);
                 }
@@ -620,8 +694,19 @@ impl<B: StateBackend> Running<B> {
         shard: B::Shard,
         offsets: InputOffsets,
         opened_at: Instant,
+        transactional: Option<FutureProducer>,
     ) {
         let (tx, rx) = mpsc::channel(self.settings.runtime.partition_queue_batches_max);
+        let (producer, decision) = match transactional {
+            Some(producer) => (
+                producer.clone(),
+                Decision::Transaction {
+                    producer,
+                    consumer: self.consumer.clone(),
+                },
+            ),
+            None => (self.producer.clone(), Decision::Manifest),
+        };
         let stalled = Arc::new(AtomicBool::new(false));
         let revoked = Arc::new(AtomicBool::new(false));
         let worker = PartitionWorker {
@@ -629,7 +714,7 @@ impl<B: StateBackend> Running<B> {
             operator: self.operator.clone(),
             shard: Arc::new(shard),
             sink: Sink::new(
-                self.producer.clone(),
+                producer,
                 self.settings.pipeline.output_topic.clone(),
                 self.settings.pipeline.dead_letter_topic.clone(),
             ),
@@ -644,6 +729,7 @@ impl<B: StateBackend> Running<B> {
             checkpoint_interval: self.settings.pipeline.checkpoint_interval,
             opened_at: Some(opened_at),
             checkpointed: self.checkpointed_tx.clone(),
+            decision,
         };
         let task = tokio::spawn(worker.run(rx));
         self.workers.insert(
@@ -710,7 +796,10 @@ impl<B: StateBackend> Running<B> {
             let (closed, _) = mpsc::channel(1);
             drop(std::mem::replace(&mut worker.tx, closed));
             let outcome = match (&mut worker.task).await {
-                Ok(Ok(()) | Err(WorkerError::Fenced { .. })) => Ok(()),
+                // The partition's next owner resumes from its last decided checkpoint.
+                Ok(Ok(()) | Err(WorkerError::Fenced { .. } | WorkerError::Transaction { .. })) => {
+                    Ok(())
+                }
                 Ok(Err(err)) => Err(PipelineError::Worker(err)),
                 Err(_) => Err(PipelineError::WorkerPanicked(partition)),
             };
@@ -729,4 +818,42 @@ impl<B: StateBackend> Running<B> {
         }
         result
     }
+}
+
+/// Exactly-once recovery, steps 1–2 (docs/checkpoints.md): `init_transactions` on the shard's
+/// producer — which fences the previous owner's producer and aborts its open transaction —
+/// then the committed offsets of the partition, whose metadata names the decided checkpoint
+/// (`None`: nothing was ever committed, the shard starts empty). Blocking librdkafka calls run
+/// on the blocking pool.
+async fn init_transactions(
+    settings: &Settings,
+    partition: i32,
+    producer: &FutureProducer,
+    consumer: Arc<SourceConsumer>,
+) -> Result<Option<u64>, KafkaError> {
+    let init = producer.clone();
+    tokio::task::spawn_blocking(move || init.init_transactions(TRANSACTION_SETUP_TIMEOUT))
+        .await
+        .unwrap_or(Err(KafkaError::Canceled))?;
+    let mut wanted = TopicPartitionList::new();
+    for topic in &settings.pipeline.input_topics {
+        wanted.add_partition(topic, partition);
+    }
+    // With `isolation.level = read_committed` librdkafka asks for stable offsets: the fetch
+    // waits until no transaction is pending for them.
+    let committed = tokio::task::spawn_blocking(move || {
+        consumer.committed_offsets(wanted, TRANSACTION_SETUP_TIMEOUT)
+    })
+    .await
+    .unwrap_or(Err(KafkaError::Canceled))?;
+    let version = committed
+        .elements()
+        .iter()
+        .find_map(|e| crate::state::checkpoint::parse_manifest_metadata(e.metadata()));
+    tracing::info!(
+        partition,
+        ?version,
+        "transactions initialised; committed checkpoint read"
+    );
+    Ok(version)
 }

@@ -25,8 +25,13 @@ use super::PipelineStats;
 use crate::config::RuntimeSettings;
 use crate::runtime::{BatchCtx, CallError, Disposition, InputRecord, Instance, Operator};
 use crate::sink::{DeadLetterKind, Sink, SinkError};
-use crate::state::checkpoint::{CheckpointError, InputOffsets};
+use crate::source::SourceConsumer;
+use crate::state::checkpoint::{CheckpointError, InputOffsets, manifest_metadata};
 use crate::state::{Shard, StateError, key};
+use rdkafka::consumer::Consumer;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::producer::{FutureProducer, Producer};
+use rdkafka::{Offset, TopicPartitionList};
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -35,6 +40,23 @@ use tokio::sync::mpsc;
 
 /// Longest retry delay after an outage.
 const BACKOFF_MAX: Duration = Duration::from_secs(5);
+
+/// How long committing a checkpoint's Kafka transaction may take.
+const TRANSACTION_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// What decides a worker's checkpoints (docs/checkpoints.md, "Delivery guarantees").
+pub(crate) enum Decision {
+    /// At-least-once: outputs acknowledged, then the manifest write decides.
+    Manifest,
+    /// Exactly-once: the shard's transactional producer (a transaction is open) commits the
+    /// interval's outputs with the input offsets, naming the manifest; that commit decides.
+    Transaction {
+        /// The shard's producer (also the sink's).
+        producer: FutureProducer,
+        /// The pipeline's consumer, for its group metadata (which fences a stale generation).
+        consumer: Arc<SourceConsumer>,
+    },
+}
 
 /// Why a worker stopped.
 #[derive(Debug, thiserror::Error)]
@@ -63,6 +85,17 @@ pub enum WorkerError {
     Fenced {
         /// The partition.
         partition: i32,
+    },
+    /// The checkpoint's Kafka transaction did not commit (exactly-once mode): the state holds
+    /// effects whose outputs are not committed, so the shard must be reopened from its last
+    /// decided checkpoint.
+    #[error("partition {partition}: the checkpoint's transaction failed")]
+    Transaction {
+        /// The partition.
+        partition: i32,
+        /// librdkafka's error.
+        #[source]
+        source: KafkaError,
     },
     /// A fresh instance could not be created.
     #[error("partition {partition}: cannot instantiate the operator")]
@@ -136,8 +169,11 @@ pub(crate) struct PartitionWorker<S: Shard> {
     /// When the partition's shard began to open: the first processed record reports the
     /// recovery time from it.
     pub opened_at: Option<Instant>,
-    /// Where committed checkpoints' offsets go, for the consumer loop to commit to Kafka.
+    /// Where committed checkpoints' offsets go, for the consumer loop to commit to Kafka
+    /// (at-least-once mode).
     pub checkpointed: mpsc::UnboundedSender<(i32, InputOffsets)>,
+    /// What decides a checkpoint.
+    pub decision: Decision,
 }
 
 impl<S: Shard> PartitionWorker<S> {
@@ -197,25 +233,41 @@ impl<S: Shard> PartitionWorker<S> {
             return Ok(());
         }
         let started = Instant::now();
+        tracing::debug!(partition = self.partition, last, "checkpoint starting");
         // At-least-once output: every output of the records the checkpoint covers is
-        // acknowledged before the checkpoint commits their offsets.
-        self.sink
-            .drain()
-            .await
-            .map_err(|source| WorkerError::Sink {
-                partition: self.partition,
-                source,
-            })?;
+        // acknowledged before the checkpoint commits their offsets. (Exactly-once: the
+        // transaction commit flushes them; waiting here could hang on a fenced producer whose
+        // deliveries only fail at `message.timeout.ms`.)
+        if matches!(self.decision, Decision::Manifest) {
+            self.drain_sink().await?;
+        }
         match self.shard.checkpoint(&self.offsets).await {
             Ok(report) => {
                 // docs/checkpoints.md step 7: the manifest is written, Kafka not yet told.
                 fail::fail_point!("checkpoint-after-manifest", |_| {
                     crate::fail_points::crash("checkpoint-after-manifest")
                 });
-                self.dirty = false;
                 let Some(report) = report else {
+                    self.dirty = false;
                     return Ok(()); // the shard keeps no durable state
                 };
+                if let Decision::Transaction { producer, consumer } = &self.decision {
+                    // Handles cloned: no borrow of `self` (its instance is not `Sync`) may
+                    // live across the await.
+                    commit_transaction(
+                        self.partition,
+                        &self.offsets,
+                        self.stats.clone(),
+                        producer.clone(),
+                        consumer.clone(),
+                        report.version,
+                    )
+                    .await?;
+                    // Committed: every delivery has completed; forget them.
+                    self.drain_sink().await?;
+                }
+                self.dirty = false;
+                self.shard.checkpoint_decided(report.version);
                 let elapsed = started.elapsed();
                 self.stats.record_checkpoint(elapsed, report.uploaded_bytes);
                 metrics::histogram!("weir_checkpoint_duration_seconds")
@@ -230,10 +282,12 @@ impl<S: Shard> PartitionWorker<S> {
                     state_bytes = report.state_bytes,
                     "checkpoint committed"
                 );
-                // The consumer loop may be gone at shutdown; Kafka's copy is informational.
-                let _ = self
-                    .checkpointed
-                    .send((self.partition, self.offsets.clone()));
+                if matches!(self.decision, Decision::Manifest) {
+                    // The consumer loop may be gone at shutdown; Kafka's copy is informational.
+                    let _ = self
+                        .checkpointed
+                        .send((self.partition, self.offsets.clone()));
+                }
                 Ok(())
             }
             Err(CheckpointError::Fenced { shard }) => {
@@ -302,6 +356,13 @@ impl<S: Shard> PartitionWorker<S> {
         self.stalled.store(false, Ordering::Relaxed);
         self.processed(&records);
         Ok(())
+    }
+
+    async fn drain_sink(&mut self) -> Result<(), WorkerError> {
+        self.sink.drain().await.map_err(|source| WorkerError::Sink {
+            partition: self.partition,
+            source,
+        })
     }
 
     /// Moves the offsets past `records`, whose effects are now applied.
@@ -477,5 +538,75 @@ impl<S: Shard> PartitionWorker<S> {
                 partition: self.partition,
                 source,
             })
+    }
+}
+
+/// Whether a transactional producer's error means another owner took over (its producer
+/// fenced ours, or the consumer group moved on to a newer generation).
+fn is_fenced(error: &KafkaError) -> bool {
+    let code = match error {
+        KafkaError::Transaction(e) => e.code(),
+        other => match other.rdkafka_error_code() {
+            Some(code) => code,
+            None => return false,
+        },
+    };
+    matches!(
+        code,
+        RDKafkaErrorCode::ProducerFenced
+            | RDKafkaErrorCode::InvalidProducerEpoch
+            | RDKafkaErrorCode::Fenced
+            | RDKafkaErrorCode::FencedInstanceId
+            | RDKafkaErrorCode::IllegalGeneration
+            | RDKafkaErrorCode::UnknownMemberId
+    )
+}
+
+/// Exactly-once (docs/checkpoints.md step 8): commits the open transaction — the outputs
+/// since the last checkpoint — with the input offsets and `version` in their metadata, then
+/// begins the next one. Any failure ends the worker: fenced when another producer took the
+/// `transactional.id` over, else the shard must be reopened from its decided checkpoint.
+async fn commit_transaction(
+    partition: i32,
+    input: &InputOffsets,
+    stats: Arc<PipelineStats>,
+    producer: FutureProducer,
+    consumer: Arc<SourceConsumer>,
+    version: u64,
+) -> Result<(), WorkerError> {
+    let mut offsets = TopicPartitionList::new();
+    for (topic, next) in input.iter() {
+        offsets
+            .add_partition_offset(topic, partition, Offset::Offset(next))
+            .and_then(|()| {
+                offsets
+                    .find_partition(topic, partition)
+                    .map(|mut e| e.set_metadata(manifest_metadata(version)))
+                    .ok_or(KafkaError::Global(RDKafkaErrorCode::UnknownPartition))
+            })
+            .map_err(|source| WorkerError::Transaction { partition, source })?;
+    }
+    let committed = tokio::task::spawn_blocking(move || {
+        let group = consumer
+            .group_metadata()
+            .ok_or(KafkaError::Global(RDKafkaErrorCode::State))?;
+        producer.send_offsets_to_transaction(&offsets, &group, TRANSACTION_TIMEOUT)?;
+        producer.commit_transaction(TRANSACTION_TIMEOUT)?;
+        producer.begin_transaction()
+    })
+    .await
+    .unwrap_or(Err(KafkaError::Canceled));
+    match committed {
+        Ok(()) => Ok(()),
+        Err(source) if is_fenced(&source) => {
+            stats.checkpoints_fenced.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(partition, error = %source, "transaction refused: another producer owns the shard's transactional.id; closing it");
+            Err(WorkerError::Fenced { partition })
+        }
+        Err(source) => {
+            stats.checkpoint_failures.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(partition, error = %source, "checkpoint transaction failed; reopening the shard from its last decided checkpoint");
+            Err(WorkerError::Transaction { partition, source })
+        }
     }
 }

@@ -80,6 +80,40 @@ pub fn producer(settings: &Settings) -> Result<FutureProducer, KafkaError> {
     config.create()
 }
 
+/// The stable `transactional.id` of a shard's producer in exactly-once mode:
+/// `weir.{pipeline}.{partition}`. The same on every host, so that the next owner's
+/// `init_transactions` fences the previous owner's producer and aborts its open transaction.
+/// (Tenants are not modelled yet; their id will join the pipeline's here.)
+pub fn transactional_id(settings: &Settings, partition: i32) -> String {
+    format!("weir.{}.{partition}", settings.pipeline.name)
+}
+
+/// Creates the transactional producer of one shard (exactly-once mode): the defaults of
+/// [`producer`], `transactional.id` from [`transactional_id`] and a transaction timeout of
+/// three checkpoint intervals (at least 60 s, at most 15 min — the broker's default cap).
+/// `init_transactions` is the caller's to run (it blocks).
+///
+/// # Errors
+/// [`KafkaError`] when librdkafka rejects the configuration.
+pub fn transactional_producer(
+    settings: &Settings,
+    partition: i32,
+) -> Result<FutureProducer, KafkaError> {
+    let interval_ms = settings.pipeline.checkpoint_interval.as_millis() as u64;
+    let timeout_ms = interval_ms.saturating_mul(3).clamp(60_000, 900_000);
+    let mut config = ClientConfig::new();
+    config
+        .set("bootstrap.servers", &settings.kafka.bootstrap_servers)
+        .set("linger.ms", "5")
+        .set("compression.type", "lz4")
+        .set("transactional.id", transactional_id(settings, partition))
+        .set("transaction.timeout.ms", timeout_ms.to_string());
+    for (k, v) in &settings.kafka.producer {
+        config.set(k, v);
+    }
+    config.create()
+}
+
 /// One worker's handle on the producer.
 pub struct Sink {
     producer: FutureProducer,

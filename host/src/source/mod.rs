@@ -14,16 +14,25 @@ use rdkafka::error::KafkaError;
 use rdkafka::message::{BorrowedMessage, Headers, Message};
 use std::sync::{Arc, Mutex};
 
-/// The consumer's context: collects partitions revoked by rebalances for the pipeline loop.
+/// The consumer's context: collects partitions revoked by rebalances for the pipeline loop,
+/// and wakes it (a revoke must be acted on — the shard checkpointed and closed — even when no
+/// record follows it).
 #[derive(Debug, Default, Clone)]
 pub struct SourceContext {
     revoked: Arc<Mutex<Vec<i32>>>,
+    wake: Arc<tokio::sync::Notify>,
 }
 
 impl SourceContext {
     /// Takes the partitions revoked since the last call.
     pub fn take_revoked(&self) -> Vec<i32> {
         std::mem::take(&mut *self.revoked.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Completes once partitions were revoked since the last wake-up (at once if some were
+    /// revoked while nobody waited).
+    pub async fn revoked(&self) {
+        self.wake.notified().await;
     }
 }
 
@@ -51,6 +60,7 @@ impl ConsumerContext for SourceContext {
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
                     .extend(parts);
+                self.wake.notify_one();
             }
             Rebalance::Assign(tpl) => {
                 let parts: Vec<(String, i32)> = tpl

@@ -73,6 +73,23 @@ impl InputOffsets {
     }
 }
 
+/// Prefix of the committed Kafka offsets' metadata that names a shard's checkpoint in
+/// exactly-once mode: `weir.manifest={version}`.
+const MANIFEST_METADATA_PREFIX: &str = "weir.manifest=";
+
+/// The committed-offset metadata naming checkpoint `version` (exactly-once mode).
+pub fn manifest_metadata(version: u64) -> String {
+    format!("{MANIFEST_METADATA_PREFIX}{version}")
+}
+
+/// The checkpoint version named by committed-offset metadata, if it names one.
+pub fn parse_manifest_metadata(metadata: &str) -> Option<u64> {
+    metadata
+        .strip_prefix(MANIFEST_METADATA_PREFIX)?
+        .parse()
+        .ok()
+}
+
 /// What one committed checkpoint did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CheckpointReport {
@@ -111,6 +128,13 @@ impl CheckpointError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn manifest_metadata_round_trips_and_ignores_other_metadata() {
+        assert_eq!(parse_manifest_metadata(&manifest_metadata(17)), Some(17));
+        assert_eq!(parse_manifest_metadata(""), None);
+        assert_eq!(parse_manifest_metadata("weir.manifest=x"), None);
+    }
 
     #[test]
     fn offsets_round_trip_through_metadata_and_only_move_forward() {

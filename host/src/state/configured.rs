@@ -55,6 +55,17 @@ impl StateBackend for ConfiguredBackend {
             Self::Lsm(b) => ConfiguredShard::Lsm(Box::new(b.open_shard(id).await?)),
         })
     }
+
+    async fn open_shard_at(
+        &self,
+        id: &ShardId,
+        version: Option<u64>,
+    ) -> Result<ConfiguredShard, StateError> {
+        Ok(match self {
+            Self::Memory(b) => ConfiguredShard::Memory(b.open_shard_at(id, version).await?),
+            Self::Lsm(b) => ConfiguredShard::Lsm(Box::new(b.open_shard_at(id, version).await?)),
+        })
+    }
 }
 
 impl Shard for ConfiguredShard {
@@ -88,6 +99,13 @@ impl Shard for ConfiguredShard {
         match self {
             Self::Memory(s) => s.apply(writes).await,
             Self::Lsm(s) => s.apply(writes).await,
+        }
+    }
+
+    fn checkpoint_decided(&self, version: u64) {
+        match self {
+            Self::Memory(s) => s.checkpoint_decided(version),
+            Self::Lsm(s) => s.checkpoint_decided(version),
         }
     }
 

@@ -92,6 +92,23 @@ pub trait StateBackend: Send + Sync + 'static {
         &self,
         id: &ShardId,
     ) -> impl Future<Output = Result<Self::Shard, StateError>> + Send;
+
+    /// Opens the state of one shard at the checkpoint `version` that an outside commit decided
+    /// (exactly-once mode: the manifest named in the committed Kafka offsets' metadata), or
+    /// empty when `None`; newer versions were prepared but never decided and are ignored. The
+    /// default opens as [`StateBackend::open_shard`] does, which is right for backends that keep
+    /// no checkpoint.
+    ///
+    /// # Errors
+    /// As [`StateBackend::open_shard`].
+    fn open_shard_at(
+        &self,
+        id: &ShardId,
+        version: Option<u64>,
+    ) -> impl Future<Output = Result<Self::Shard, StateError>> + Send {
+        let _ = version;
+        self.open_shard(id)
+    }
 }
 
 /// The state of one shard: an ordered map from encoded state key to value bytes.
@@ -139,6 +156,7 @@ pub trait Shard: Send + Sync + 'static {
     /// resume. `None` for a shard without a checkpoint (new, or a backend that keeps none).
     ///
     /// The default is for shards that keep no durable state (`memory`, a bare LSM tree).
+    /// Its version is [`CheckpointReport::version`]; see [`Shard::checkpoint_decided`].
     ///
     /// # Errors
     /// [`StateError::Corrupt`] when the checkpoint's offsets do not decode.
@@ -161,5 +179,12 @@ pub trait Shard: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Option<CheckpointReport>, CheckpointError>> + Send {
         let _ = offsets;
         async { Ok(None) }
+    }
+
+    /// Tells the shard that checkpoint `version` is decided: recovery would resume from it
+    /// now (at-least-once: its manifest write; exactly-once: the Kafka transaction naming it
+    /// committed). The shard keeps it from GC until a later one is decided.
+    fn checkpoint_decided(&self, version: u64) {
+        let _ = version;
     }
 }

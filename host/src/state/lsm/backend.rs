@@ -9,11 +9,11 @@
 
 use super::cache::{BlockCaches, CacheSettings, SstFiles};
 use super::gc::GcSettings;
-use super::shard::{LsmShard, recover};
+use super::shard::{LsmShard, recover, recover_at_most};
 use super::tree::{LsmSettings, LsmTree};
 use crate::clock::SharedClock;
 use crate::config::LsmStateSettings;
-use crate::state::manifest::{ManifestError, ManifestStore};
+use crate::state::manifest::{Manifest, ManifestError, ManifestStore};
 use crate::state::{ShardId, StateBackend, StateError};
 use object_store::ObjectStore;
 use object_store::path::Path;
@@ -161,8 +161,28 @@ impl StateBackend for LsmBackend {
 
     async fn open_shard(&self, id: &ShardId) -> Result<LsmShard, StateError> {
         let root = self.shard_root(id);
+        let base = recover(self.files.store(), &root).await?;
+        self.open_from(root, base).await
+    }
+
+    async fn open_shard_at(
+        &self,
+        id: &ShardId,
+        version: Option<u64>,
+    ) -> Result<LsmShard, StateError> {
+        let root = self.shard_root(id);
+        let base = match version {
+            Some(version) => recover_at_most(self.files.store(), &root, Some(version)).await?,
+            None => None,
+        };
+        self.open_from(root, base).await
+    }
+}
+
+impl LsmBackend {
+    /// Claims the shard under `root` from checkpoint `base` (empty when `None`) and opens it.
+    async fn open_from(&self, root: Path, base: Option<Manifest>) -> Result<LsmShard, StateError> {
         let store = self.files.store().clone();
-        let base = recover(&store, &root).await?;
         let token = format!(
             "{}-{}",
             self.process_token,

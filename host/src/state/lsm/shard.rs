@@ -75,6 +75,10 @@ pub struct LsmShard {
     clock: SharedClock,
     /// The background GC started by the last checkpoint; at most one runs at a time.
     gc_task: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// The checkpoint recovery would use now (the one resumed from, then each decided one):
+    /// GC never deletes it, even when newer prepared but undecided versions outnumber the
+    /// retained count (exactly-once mode, where a Kafka transaction decides).
+    decided: std::sync::Mutex<Option<u64>>,
 }
 
 impl LsmShard {
@@ -94,10 +98,11 @@ impl LsmShard {
             store,
             root,
             last: tokio::sync::Mutex::new(claim),
-            recovered,
             gc,
             clock,
             gc_task: std::sync::Mutex::new(None),
+            decided: std::sync::Mutex::new(recovered.as_ref().map(|m| m.version)),
+            recovered,
         }
     }
 
@@ -158,7 +163,9 @@ impl LsmShard {
             (n + 1, b + r.size_bytes, u + new)
         });
         *last = checkpoint;
-        self.start_gc(pinned.clone(), now_ms);
+        let mut pinned = pinned.clone();
+        pinned.extend(*self.decided.lock().unwrap_or_else(|e| e.into_inner()));
+        self.start_gc(pinned, now_ms);
         Ok(CheckpointInfo {
             version: last.version,
             ssts,
@@ -211,6 +218,21 @@ pub async fn recover(
     store: &Arc<dyn ObjectStore>,
     root: &Path,
 ) -> Result<Option<Manifest>, StateError> {
+    recover_at_most(store, root, None).await
+}
+
+/// As [`recover`], among the versions up to `limit` (all when `None`): in exactly-once mode
+/// the limit is the checkpoint the committed Kafka transaction names, and newer versions were
+/// prepared but never decided. A missing or corrupt `limit` version falls back like a corrupt
+/// newest one, with an audit line.
+///
+/// # Errors
+/// As [`recover`].
+pub async fn recover_at_most(
+    store: &Arc<dyn ObjectStore>,
+    root: &Path,
+    limit: Option<u64>,
+) -> Result<Option<Manifest>, StateError> {
     let manifests = ManifestStore::new(store.clone(), root.clone());
     let label = root.to_string();
     let unavailable = |source: Box<dyn std::error::Error + Send + Sync>| StateError::Unavailable {
@@ -223,7 +245,18 @@ pub async fn recover(
         .map_err(|e| unavailable(Box::new(e)))?;
     let mut existing: Option<HashSet<SstId>> = None;
     let mut corrupt_seen = 0;
-    for &version in versions.iter().rev() {
+    if let Some(limit) = limit
+        && !versions.contains(&limit)
+    {
+        tracing::warn!(audit = true, shard = %root, version = limit, "the committed checkpoint is missing; falling back to an older one");
+        metrics::counter!("weir_checkpoint_fallbacks_total").increment(1);
+        corrupt_seen += 1;
+    }
+    let below_limit = versions
+        .iter()
+        .rev()
+        .filter(|v| limit.is_none_or(|l| **v <= l));
+    for &version in below_limit {
         let manifest = match manifests.read(version).await {
             Ok(m) => m,
             Err(error @ ManifestError::Corrupt { .. }) => {
@@ -287,6 +320,10 @@ async fn list_ssts(
 }
 
 impl Shard for LsmShard {
+    fn checkpoint_decided(&self, version: u64) {
+        *self.decided.lock().unwrap_or_else(|e| e.into_inner()) = Some(version);
+    }
+
     fn recovered_offsets(&self) -> Result<Option<InputOffsets>, StateError> {
         let Some(recovered) = &self.recovered else {
             return Ok(None);
