@@ -20,6 +20,7 @@
 //!    directly), then time claim + open at the checkpoint, and claim + open + one get.
 
 use crate::clock::{SharedClock, SystemClock};
+use crate::state::hooked_store::{HookedStore, Latency};
 use crate::state::lsm::cache::{BlockCaches, CacheSettings, CacheStats, SstFiles};
 use crate::state::lsm::sst::Entry;
 use crate::state::lsm::sst::SstBuilder;
@@ -27,7 +28,6 @@ use crate::state::lsm::tree::{LsmSettings, LsmTree, SstId};
 use crate::state::manifest::{Manifest, ManifestKind, ManifestStore, SstRef};
 use crate::state::{Shard, StateWrite};
 use bytes::Bytes;
-use futures::StreamExt;
 use object_store::local::LocalFileSystem;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
@@ -138,106 +138,12 @@ pub fn value(i: u64, len: usize) -> Bytes {
     Bytes::from(out)
 }
 
+/// `inner` with `latency_ms` added to every request ([`Latency`]).
 pub(crate) fn throttled(inner: Arc<dyn ObjectStore>, latency_ms: u64) -> Arc<dyn ObjectStore> {
-    Arc::new(LatencyStore {
+    Arc::new(HookedStore::new(
         inner,
-        wait: Duration::from_millis(latency_ms),
-    })
-}
-
-/// Adds a fixed wait before every request, concurrent requests waiting in parallel (as
-/// `object_store`'s `ThrottledStore` per call, which panics on a whole-object GET from the
-/// local filesystem store).
-#[derive(Debug)]
-struct LatencyStore {
-    inner: Arc<dyn ObjectStore>,
-    wait: Duration,
-}
-
-impl std::fmt::Display for LatencyStore {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "LatencyStore({:?}, {})", self.wait, self.inner)
-    }
-}
-
-#[async_trait::async_trait]
-impl ObjectStore for LatencyStore {
-    async fn put_opts(
-        &self,
-        location: &Path,
-        payload: PutPayload,
-        opts: object_store::PutOptions,
-    ) -> object_store::Result<object_store::PutResult> {
-        tokio::time::sleep(self.wait).await;
-        self.inner.put_opts(location, payload, opts).await
-    }
-
-    async fn put_multipart_opts(
-        &self,
-        location: &Path,
-        opts: object_store::PutMultipartOptions,
-    ) -> object_store::Result<Box<dyn object_store::MultipartUpload>> {
-        tokio::time::sleep(self.wait).await;
-        self.inner.put_multipart_opts(location, opts).await
-    }
-
-    async fn get_opts(
-        &self,
-        location: &Path,
-        options: object_store::GetOptions,
-    ) -> object_store::Result<object_store::GetResult> {
-        tokio::time::sleep(self.wait).await;
-        self.inner.get_opts(location, options).await
-    }
-
-    async fn get_ranges(
-        &self,
-        location: &Path,
-        ranges: &[std::ops::Range<u64>],
-    ) -> object_store::Result<Vec<Bytes>> {
-        tokio::time::sleep(self.wait).await;
-        self.inner.get_ranges(location, ranges).await
-    }
-
-    fn delete_stream(
-        &self,
-        locations: futures::stream::BoxStream<'static, object_store::Result<Path>>,
-    ) -> futures::stream::BoxStream<'static, object_store::Result<Path>> {
-        self.inner.delete_stream(locations)
-    }
-
-    fn list(
-        &self,
-        prefix: Option<&Path>,
-    ) -> futures::stream::BoxStream<'static, object_store::Result<object_store::ObjectMeta>> {
-        let wait = self.wait;
-        let inner = self.inner.list(prefix);
-        Box::pin(
-            futures::stream::once(async move {
-                tokio::time::sleep(wait).await;
-                inner
-            })
-            .flatten(),
-        )
-    }
-
-    async fn list_with_delimiter(
-        &self,
-        prefix: Option<&Path>,
-    ) -> object_store::Result<object_store::ListResult> {
-        tokio::time::sleep(self.wait).await;
-        self.inner.list_with_delimiter(prefix).await
-    }
-
-    async fn copy_opts(
-        &self,
-        from: &Path,
-        to: &Path,
-        options: object_store::CopyOptions,
-    ) -> object_store::Result<()> {
-        tokio::time::sleep(self.wait).await;
-        self.inner.copy_opts(from, to, options).await
-    }
+        Arc::new(Latency(Duration::from_millis(latency_ms))),
+    ))
 }
 
 fn tree_settings() -> LsmSettings {

@@ -204,6 +204,20 @@ async fn produce_to_partitions(topic: &str, records: &[(i32, &KeyValue)]) -> any
     Ok(())
 }
 
+/// A consumer of `topic` from the beginning, in a group of its own, that sees only committed
+/// records (`read_committed`).
+fn committed_reader(topic: &str) -> anyhow::Result<StreamConsumer> {
+    let consumer: StreamConsumer = ClientConfig::new()
+        .set("bootstrap.servers", kafka_bootstrap())
+        .set("group.id", unique("reader"))
+        .set("auto.offset.reset", "earliest")
+        .set("enable.auto.commit", "false")
+        .set("isolation.level", "read_committed")
+        .create()?;
+    consumer.subscribe(&[topic])?;
+    Ok(consumer)
+}
+
 /// Reads exactly `expected` records of `topic` from the beginning (read_committed), failing
 /// after `timeout`; then waits `settle` more and fails if any further record arrives.
 ///
@@ -215,14 +229,7 @@ pub async fn read_exactly(
     timeout: Duration,
     settle: Duration,
 ) -> anyhow::Result<Vec<OwnedMessage>> {
-    let consumer: StreamConsumer = ClientConfig::new()
-        .set("bootstrap.servers", kafka_bootstrap())
-        .set("group.id", unique("reader"))
-        .set("auto.offset.reset", "earliest")
-        .set("enable.auto.commit", "false")
-        .set("isolation.level", "read_committed")
-        .create()?;
-    consumer.subscribe(&[topic])?;
+    let consumer = committed_reader(topic)?;
     let mut out = Vec::with_capacity(expected);
     let deadline = Instant::now() + timeout;
     while out.len() < expected {
@@ -419,14 +426,7 @@ pub async fn read_counts(
     expected: &BTreeMap<String, u64>,
     timeout: Duration,
 ) -> anyhow::Result<BTreeMap<String, Vec<u64>>> {
-    let consumer: StreamConsumer = ClientConfig::new()
-        .set("bootstrap.servers", kafka_bootstrap())
-        .set("group.id", unique("reader"))
-        .set("auto.offset.reset", "earliest")
-        .set("enable.auto.commit", "false")
-        .set("isolation.level", "read_committed")
-        .create()?;
-    consumer.subscribe(&[topic])?;
+    let consumer = committed_reader(topic)?;
     let mut counts: BTreeMap<String, Vec<u64>> = BTreeMap::new();
     let mut missing: std::collections::BTreeSet<&String> = expected.keys().collect();
     let deadline = Instant::now() + timeout;
@@ -507,4 +507,32 @@ pub fn assert_counts_exact(expected: &BTreeMap<String, u64>, counts: &BTreeMap<S
             );
         }
     }
+}
+
+/// Settings of a `counter` pipeline over new topics `{prefix}-in` (`partitions` partitions),
+/// `-out` and `-dlq`, with `lsm` state on a new bucket of the S3 server (4 KiB memtable, so
+/// state goes through SSTs); returns them with the output topic.
+///
+/// # Errors
+/// When the topics or the bucket cannot be created.
+pub async fn counter_pipeline_on_s3(
+    prefix: &str,
+    partitions: i32,
+) -> anyhow::Result<(Settings, String)> {
+    init_tracing();
+    let (input, output, dlq) = (
+        unique(&format!("{prefix}-in")),
+        unique(&format!("{prefix}-out")),
+        unique(&format!("{prefix}-dlq")),
+    );
+    create_topics(&[(&input, partitions), (&output, partitions), (&dlq, 1)]).await?;
+    let mut settings = settings(
+        guest("weir_test_counter"),
+        &input,
+        &output,
+        &dlq,
+        RuntimeSettings::default(),
+    );
+    settings.state = lsm_state_on_s3(4 << 10).await?;
+    Ok((settings, output))
 }

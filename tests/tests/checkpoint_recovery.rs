@@ -14,17 +14,7 @@ const PARTITIONS: i32 = 2;
 const KEYS: u64 = 20;
 
 async fn setup() -> anyhow::Result<(Settings, String)> {
-    init_tracing();
-    let (input, output, dlq) = (unique("cp-in"), unique("cp-out"), unique("cp-dlq"));
-    create_topics(&[(&input, PARTITIONS), (&output, PARTITIONS), (&dlq, 1)]).await?;
-    let mut settings = settings(
-        guest("weir_test_counter"),
-        &input,
-        &output,
-        &dlq,
-        Default::default(),
-    );
-    settings.state = lsm_state_on_s3(4 << 10).await?;
+    let (mut settings, output) = counter_pipeline_on_s3("cp", PARTITIONS).await?;
     settings.pipeline.checkpoint_interval = Duration::from_millis(200);
     Ok((settings, output))
 }

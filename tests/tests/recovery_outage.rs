@@ -4,15 +4,15 @@
 //! would re-read input. (The corrupt case — a truncated newest manifest falls back together
 //! with the previous checkpoint's offsets — is in `checkpoint_recovery.rs`.)
 
-use bytes::Bytes;
 use futures::StreamExt;
+use object_store::ObjectStore;
 use object_store::path::Path;
-use object_store::{ObjectStore, PutPayload};
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use weir_host::clock::{SharedClock, SystemClock};
+use weir_host::state::hooked_store::{HookedStore, Request, RequestHook};
 use weir_host::state::lsm::backend::LsmBackend;
 use weir_host::state::lsm::cache::BlockCaches;
 use weir_host::state::lsm::tree::LsmSettings;
@@ -26,109 +26,31 @@ const OUTAGE: Duration = Duration::from_secs(30);
 /// `until`; everything else goes through.
 #[derive(Debug)]
 struct FailingGets {
-    inner: Arc<dyn ObjectStore>,
     failing: HashSet<Path>,
     until: Instant,
     failed: AtomicU64,
 }
 
-impl std::fmt::Display for FailingGets {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "FailingGets({})", self.inner)
-    }
-}
-
 #[async_trait::async_trait]
-impl ObjectStore for FailingGets {
-    async fn put_opts(
-        &self,
-        location: &Path,
-        payload: PutPayload,
-        opts: object_store::PutOptions,
-    ) -> object_store::Result<object_store::PutResult> {
-        self.inner.put_opts(location, payload, opts).await
-    }
-
-    async fn put_multipart_opts(
-        &self,
-        location: &Path,
-        opts: object_store::PutMultipartOptions,
-    ) -> object_store::Result<Box<dyn object_store::MultipartUpload>> {
-        self.inner.put_multipart_opts(location, opts).await
-    }
-
-    async fn get_opts(
-        &self,
-        location: &Path,
-        options: object_store::GetOptions,
-    ) -> object_store::Result<object_store::GetResult> {
-        if self.failing.contains(location) && Instant::now() < self.until {
+impl RequestHook for FailingGets {
+    async fn before(&self, request: Request, location: Option<&Path>) -> object_store::Result<()> {
+        let failing = location.is_some_and(|l| self.failing.contains(l));
+        if request == Request::Get && failing && Instant::now() < self.until {
             self.failed.fetch_add(1, Ordering::Relaxed);
             return Err(object_store::Error::Generic {
                 store: "test",
                 source: "503 Slow Down (injected)".into(),
             });
         }
-        self.inner.get_opts(location, options).await
-    }
-
-    async fn get_ranges(
-        &self,
-        location: &Path,
-        ranges: &[std::ops::Range<u64>],
-    ) -> object_store::Result<Vec<Bytes>> {
-        self.inner.get_ranges(location, ranges).await
-    }
-
-    fn delete_stream(
-        &self,
-        locations: futures::stream::BoxStream<'static, object_store::Result<Path>>,
-    ) -> futures::stream::BoxStream<'static, object_store::Result<Path>> {
-        self.inner.delete_stream(locations)
-    }
-
-    fn list(
-        &self,
-        prefix: Option<&Path>,
-    ) -> futures::stream::BoxStream<'static, object_store::Result<object_store::ObjectMeta>> {
-        self.inner.list(prefix)
-    }
-
-    async fn list_with_delimiter(
-        &self,
-        prefix: Option<&Path>,
-    ) -> object_store::Result<object_store::ListResult> {
-        self.inner.list_with_delimiter(prefix).await
-    }
-
-    async fn copy_opts(
-        &self,
-        from: &Path,
-        to: &Path,
-        options: object_store::CopyOptions,
-    ) -> object_store::Result<()> {
-        self.inner.copy_opts(from, to, options).await
+        Ok(())
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn recovery_waits_out_an_outage_reading_the_newest_checkpoint_and_then_uses_it()
 -> anyhow::Result<()> {
-    init_tracing();
-    let (input, output, dlq) = (
-        unique("outage-in"),
-        unique("outage-out"),
-        unique("outage-dlq"),
-    );
-    create_topics(&[(&input, PARTITIONS), (&output, PARTITIONS), (&dlq, 1)]).await?;
-    let mut settings = settings(
-        guest("weir_test_counter"),
-        &input,
-        &output,
-        &dlq,
-        Default::default(),
-    );
-    settings.state = lsm_state_on_s3(4 << 10).await?;
+    let (mut settings, output) = counter_pipeline_on_s3("outage", PARTITIONS).await?;
+    let input = settings.pipeline.input_topics[0].clone();
     // Only the checkpoints taken at each stop: two per shard, the second the newest.
     settings.pipeline.checkpoint_interval = Duration::from_secs(3600);
     let mut expected = BTreeMap::new();
@@ -164,15 +86,14 @@ async fn recovery_waits_out_an_outage_reading_the_newest_checkpoint_and_then_use
             .expect("the shard has manifests");
         failing.insert(newest);
     }
-    let faulty = Arc::new(FailingGets {
-        inner: store,
+    let outage = Arc::new(FailingGets {
         failing,
         until: Instant::now() + OUTAGE,
         failed: AtomicU64::new(0),
     });
     let clock: SharedClock = Arc::new(SystemClock);
     let backend = LsmBackend::new(
-        faulty.clone(),
+        Arc::new(HookedStore::new(store, outage.clone())),
         prefix,
         Arc::new(BlockCaches::none()),
         LsmSettings {
@@ -190,7 +111,7 @@ async fn recovery_waits_out_an_outage_reading_the_newest_checkpoint_and_then_use
     let stats = running.stats.clone();
     running.stop().await?;
     assert!(
-        faulty.failed.load(Ordering::Relaxed) >= 2 * PARTITIONS as u64,
+        outage.failed.load(Ordering::Relaxed) >= 2 * PARTITIONS as u64,
         "recovery hit the outage and tried again"
     );
     assert_eq!(

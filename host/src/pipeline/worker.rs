@@ -359,10 +359,10 @@ impl<S: Shard> PartitionWorker<S> {
     }
 
     async fn drain_sink(&mut self) -> Result<(), WorkerError> {
-        self.sink.drain().await.map_err(|source| WorkerError::Sink {
-            partition: self.partition,
-            source,
-        })
+        match self.sink.drain().await {
+            Ok(()) => Ok(()),
+            Err(source) => Err(self.sink_failed(source)),
+        }
     }
 
     /// Moves the offsets past `records`, whose effects are now applied.
@@ -498,13 +498,9 @@ impl<S: Shard> PartitionWorker<S> {
                 return Ok(Err(err));
             }
             for emit in &emits {
-                self.sink
-                    .emit(emit)
-                    .await
-                    .map_err(|source| WorkerError::Sink {
-                        partition: self.partition,
-                        source,
-                    })?;
+                if let Err(source) = self.sink.emit(emit).await {
+                    return Err(self.sink_failed(source));
+                }
             }
             self.stats
                 .emitted
@@ -531,13 +527,24 @@ impl<S: Shard> PartitionWorker<S> {
         error: &str,
     ) -> Result<(), WorkerError> {
         self.stats.dead_lettered.fetch_add(1, Ordering::Relaxed);
-        self.sink
-            .dead_letter(record, kind, error)
-            .await
-            .map_err(|source| WorkerError::Sink {
-                partition: self.partition,
-                source,
-            })
+        match self.sink.dead_letter(record, kind, error).await {
+            Ok(()) => Ok(()),
+            Err(source) => Err(self.sink_failed(source)),
+        }
+    }
+
+    /// The worker's error for a failed delivery. Exactly-once: the transactional producer is
+    /// unusable (fenced, or a fatal error) and the open transaction lost, so the shard is
+    /// reopened from its decided checkpoint, as after a failed commit — not a pipeline failure.
+    fn sink_failed(&self, source: SinkError) -> WorkerError {
+        let partition = self.partition;
+        match (&self.decision, source) {
+            (Decision::Transaction { .. }, SinkError::Delivery { source, .. }) => {
+                tracing::warn!(partition, error = %source, "output failed in the open transaction; reopening the shard from its last decided checkpoint");
+                WorkerError::Transaction { partition, source }
+            }
+            (Decision::Manifest, source) => WorkerError::Sink { partition, source },
+        }
     }
 }
 

@@ -13,6 +13,7 @@ pub mod checkpoint;
 pub mod configured;
 #[cfg(test)]
 pub(crate) mod faulty_store;
+pub mod hooked_store;
 pub mod key;
 pub mod lsm;
 pub mod manifest;
