@@ -164,14 +164,29 @@ pub struct StateSettings {
     pub backend: StateBackendKind,
     /// Settings of the `lsm` backend (ignored by `memory`).
     pub lsm: LsmStateSettings,
+    /// Settings of the `memory` backend (ignored by `lsm`).
+    pub memory: MemoryStateSettings,
+}
+
+/// The `memory` backend's checkpoint storage (as Flink's `state.checkpoints.dir` for its
+/// HashMapStateBackend): each checkpoint writes a full snapshot of the shard there.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MemoryStateSettings {
+    /// The object store for snapshots: `file:///absolute/dir`, `s3://bucket/prefix` or
+    /// `memory:///`. Unset: no checkpoints; a restarted pipeline rebuilds its state from the
+    /// consumer group's start position.
+    pub url: Option<String>,
+    /// `object_store` options for the URL's scheme (as `state.lsm.options`).
+    pub options: BTreeMap<String, String>,
 }
 
 /// State backends.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum StateBackendKind {
-    /// A map per shard in RAM, as Flink's HashMapStateBackend. Not durable: until checkpoints
-    /// exist a restarted pipeline rebuilds it by re-reading its input from the beginning.
+    /// A map per shard in RAM, as Flink's HashMapStateBackend; durable when `state.memory.url`
+    /// names checkpoint storage (a full snapshot per checkpoint).
     #[default]
     Memory,
     /// The disaggregated LSM tree: SSTs in object storage, RAM and local disk as caches (as
@@ -302,10 +317,16 @@ impl Settings {
                 p.checkpoint_interval
             ));
         }
-        if p.delivery == Delivery::ExactlyOnce && self.state.backend != StateBackendKind::Lsm {
+        if p.delivery == Delivery::ExactlyOnce
+            && self.state.backend == StateBackendKind::Memory
+            && self.state.memory.url.is_none()
+        {
             problems.push(
-                "pipeline.delivery = \"exactly_once\" needs state.backend = \"lsm\" (the memory backend keeps no checkpoint)".to_owned(),
+                "pipeline.delivery = \"exactly_once\" needs checkpoints: state.backend = \"lsm\", or state.memory.url for the memory backend's snapshots".to_owned(),
             );
+        }
+        if let Some(Err(e)) = self.state.memory.url.as_deref().map(url::Url::parse) {
+            problems.push(format!("state.memory.url is not a URL: {e}"));
         }
         if p.delivery == Delivery::ExactlyOnce && p.checkpoint_interval > Duration::from_secs(300) {
             problems.push(format!(

@@ -104,6 +104,24 @@ pub async fn lsm_state_on_s3(memtable_bytes_max: usize) -> anyhow::Result<StateS
             disk_cache_bytes: 16 << 20,
             disk_cache_dir: None,
         },
+        memory: Default::default(),
+    })
+}
+
+/// `memory` state whose checkpoints (full snapshots) go to a fresh bucket of the local S3
+/// server.
+///
+/// # Errors
+/// When the bucket cannot be created.
+pub async fn memory_state_on_s3() -> anyhow::Result<StateSettings> {
+    let bucket = create_s3_bucket().await?;
+    Ok(StateSettings {
+        backend: StateBackendKind::Memory,
+        lsm: Default::default(),
+        memory: weir_host::config::MemoryStateSettings {
+            url: Some(format!("s3://{bucket}/weir")),
+            options: s3_options(),
+        },
     })
 }
 

@@ -45,6 +45,19 @@ struct RunningStats {
 async fn a_restarted_pipeline_resumes_from_its_checkpoint_and_reprocesses_nothing()
 -> anyhow::Result<()> {
     let (settings, output) = setup().await?;
+    restart_resumes(settings, output).await
+}
+
+/// The same with the `memory` backend writing a full snapshot per checkpoint.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_pipeline_resumes_from_its_memory_snapshot_and_reprocesses_nothing()
+-> anyhow::Result<()> {
+    let (mut settings, output) = setup().await?;
+    settings.state = memory_state_on_s3().await?;
+    restart_resumes(settings, output).await
+}
+
+async fn restart_resumes(settings: Settings, output: String) -> anyhow::Result<()> {
     let input = settings.pipeline.input_topics[0].clone();
     let mut expected = BTreeMap::new();
     produce_counter(&input, PARTITIONS, (0, 300), KEYS, &mut expected).await?;

@@ -2,7 +2,7 @@
 //! binary and the tests run a pipeline the same way whatever `state.backend` says.
 
 use super::checkpoint::{CheckpointError, CheckpointReport, InputOffsets};
-use super::lsm::backend::{LsmBackend, LsmSetupError};
+use super::lsm::backend::{LsmBackend, LsmSetupError, object_store_from_url};
 use super::lsm::shard::LsmShard;
 use super::memory::{MemoryBackend, MemoryShard};
 use super::{Shard, ShardId, StateBackend, StateError, StateWrite};
@@ -29,7 +29,13 @@ impl ConfiguredBackend {
         clock: SharedClock,
     ) -> Result<Self, LsmSetupError> {
         Ok(match settings.backend {
-            StateBackendKind::Memory => Self::Memory(MemoryBackend::new(clock)),
+            StateBackendKind::Memory => match &settings.memory.url {
+                None => Self::Memory(MemoryBackend::new(clock)),
+                Some(url) => {
+                    let (store, prefix) = object_store_from_url(url, &settings.memory.options)?;
+                    Self::Memory(MemoryBackend::durable(store, prefix, clock))
+                }
+            },
             StateBackendKind::Lsm => {
                 Self::Lsm(Box::new(LsmBackend::from_settings(&settings.lsm, clock)?))
             }
@@ -41,7 +47,7 @@ impl ConfiguredBackend {
 #[derive(Debug)]
 pub enum ConfiguredShard {
     /// A `memory` shard.
-    Memory(MemoryShard),
+    Memory(Box<MemoryShard>),
     /// An `lsm` shard.
     Lsm(Box<LsmShard>),
 }
@@ -51,7 +57,7 @@ impl StateBackend for ConfiguredBackend {
 
     async fn open_shard(&self, id: &ShardId) -> Result<ConfiguredShard, StateError> {
         Ok(match self {
-            Self::Memory(b) => ConfiguredShard::Memory(b.open_shard(id).await?),
+            Self::Memory(b) => ConfiguredShard::Memory(Box::new(b.open_shard(id).await?)),
             Self::Lsm(b) => ConfiguredShard::Lsm(Box::new(b.open_shard(id).await?)),
         })
     }
@@ -62,7 +68,9 @@ impl StateBackend for ConfiguredBackend {
         version: Option<u64>,
     ) -> Result<ConfiguredShard, StateError> {
         Ok(match self {
-            Self::Memory(b) => ConfiguredShard::Memory(b.open_shard_at(id, version).await?),
+            Self::Memory(b) => {
+                ConfiguredShard::Memory(Box::new(b.open_shard_at(id, version).await?))
+            }
             Self::Lsm(b) => ConfiguredShard::Lsm(Box::new(b.open_shard_at(id, version).await?)),
         })
     }

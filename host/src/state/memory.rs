@@ -1,39 +1,122 @@
 //! The `memory` state backend: one ordered map per shard in RAM, as Flink's
 //! HashMapStateBackend (but ordered, so map states are prefix scans).
 //!
-//! Not durable: dropping the shard drops its state. Until checkpoints exist, a pipeline that
-//! restarts or loses a partition rebuilds it by re-reading the input from the beginning.
+//! Durable only with checkpoint storage (`state.memory.url`): then each checkpoint writes the
+//! whole map as one snapshot object and commits it with a manifest ([`super::snapshot`]), and
+//! a shard opens from its newest checkpoint. Without it, dropping the shard drops its state and
+//! a restarted pipeline rebuilds it from the consumer group's start position.
 //! Expired entries (TTL) read as absent; they are dropped only when overwritten or deleted
 //! (the memory backend has no compaction; the LSM backend drops them in compaction).
 
+use super::checkpoint::{CheckpointError, CheckpointReport, InputOffsets};
+use super::manifest::ManifestError;
+use super::snapshot::{self, RecoverFrom, SnapshotShard};
 use super::{Shard, ShardId, StateBackend, StateError, StateWrite};
 use crate::clock::SharedClock;
 use bytes::Bytes;
+use object_store::ObjectStore;
+use object_store::path::Path;
 use std::collections::BTreeMap;
 use std::ops::Bound;
-use std::sync::RwLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
 
 /// Creates [`MemoryShard`]s.
 #[derive(Debug, Clone)]
 pub struct MemoryBackend {
     clock: SharedClock,
+    storage: Option<CheckpointStorage>,
+}
+
+/// Where a durable memory backend keeps its snapshots.
+#[derive(Debug, Clone)]
+struct CheckpointStorage {
+    store: Arc<dyn ObjectStore>,
+    prefix: Path,
+    process_token: String,
+    claims: Arc<AtomicU64>,
 }
 
 impl MemoryBackend {
-    /// A backend whose TTLs are measured on `clock`.
+    /// A backend whose TTLs are measured on `clock`, keeping no checkpoint.
     pub fn new(clock: SharedClock) -> Self {
-        Self { clock }
+        Self {
+            clock,
+            storage: None,
+        }
+    }
+
+    /// A backend that checkpoints full snapshots to `store` under `prefix` (shard `p` of
+    /// pipeline `x` under `{prefix}/pipelines/{x}/shards/{p:05}`, as the `lsm` backend).
+    pub fn durable(store: Arc<dyn ObjectStore>, prefix: Path, clock: SharedClock) -> Self {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        Self {
+            clock,
+            storage: Some(CheckpointStorage {
+                store,
+                prefix,
+                process_token: format!("weir-{}-{nanos:x}", std::process::id()),
+                claims: Arc::new(AtomicU64::new(0)),
+            }),
+        }
+    }
+
+    async fn open(&self, id: &ShardId, from: RecoverFrom) -> Result<MemoryShard, StateError> {
+        let Some(storage) = &self.storage else {
+            return Ok(MemoryShard {
+                clock: self.clock.clone(),
+                entries: RwLock::new(BTreeMap::new()),
+                snapshots: None,
+            });
+        };
+        let shard = format!("pipelines/{}/shards/{:05}", id.pipeline, id.partition);
+        let root = if storage.prefix.as_ref().is_empty() {
+            Path::from(shard)
+        } else {
+            Path::from(format!("{}/{shard}", storage.prefix))
+        };
+        let token = format!(
+            "{}-{}",
+            storage.process_token,
+            storage.claims.fetch_add(1, Ordering::Relaxed)
+        );
+        let (snapshots, entries) =
+            SnapshotShard::open(storage.store.clone(), root, &token, from).await?;
+        let entries = entries
+            .into_iter()
+            .map(|(k, (value, expires_at_ms))| {
+                (
+                    k,
+                    Entry {
+                        value,
+                        expires_at_ms,
+                    },
+                )
+            })
+            .collect();
+        Ok(MemoryShard {
+            clock: self.clock.clone(),
+            entries: RwLock::new(entries),
+            snapshots: Some(snapshots),
+        })
     }
 }
 
 impl StateBackend for MemoryBackend {
     type Shard = MemoryShard;
 
-    async fn open_shard(&self, _id: &ShardId) -> Result<MemoryShard, StateError> {
-        Ok(MemoryShard {
-            clock: self.clock.clone(),
-            entries: RwLock::new(BTreeMap::new()),
-        })
+    async fn open_shard(&self, id: &ShardId) -> Result<MemoryShard, StateError> {
+        self.open(id, RecoverFrom::Newest).await
+    }
+
+    async fn open_shard_at(
+        &self,
+        id: &ShardId,
+        version: Option<u64>,
+    ) -> Result<MemoryShard, StateError> {
+        self.open(id, RecoverFrom::Decided(version)).await
     }
 }
 
@@ -54,6 +137,8 @@ impl Entry {
 pub struct MemoryShard {
     clock: SharedClock,
     entries: RwLock<BTreeMap<Vec<u8>, Entry>>,
+    /// Checkpoint storage and this owner's claim, when durable.
+    snapshots: Option<SnapshotShard>,
 }
 
 impl MemoryShard {
@@ -132,6 +217,49 @@ impl Shard for MemoryShard {
             }
         }
         Ok(())
+    }
+
+    fn recovered_offsets(&self) -> Result<Option<InputOffsets>, StateError> {
+        let Some(snapshots) = &self.snapshots else {
+            return Ok(None);
+        };
+        let Some(metadata) = snapshots.recovered_metadata() else {
+            return Ok(None);
+        };
+        InputOffsets::from_metadata(metadata)
+            .map(Some)
+            .map_err(|reason| StateError::Corrupt {
+                shard: snapshots.root().to_string(),
+                source: reason.into(),
+            })
+    }
+
+    async fn checkpoint(
+        &self,
+        offsets: &InputOffsets,
+    ) -> Result<Option<CheckpointReport>, CheckpointError> {
+        let Some(snapshots) = &self.snapshots else {
+            return Ok(None);
+        };
+        let object = {
+            let map = self.read();
+            snapshot::encode(map.iter().map(|(k, e)| (k, &e.value, e.expires_at_ms)))
+        };
+        let bytes = object.len() as u64;
+        match snapshots.commit(object, offsets.to_metadata()).await {
+            Ok(version) => Ok(Some(CheckpointReport {
+                version,
+                state_bytes: bytes,
+                uploaded_bytes: bytes,
+            })),
+            Err(ManifestError::Fenced { .. }) => Err(CheckpointError::Fenced {
+                shard: snapshots.root().to_string(),
+            }),
+            Err(other) => Err(CheckpointError::State(StateError::Unavailable {
+                shard: snapshots.root().to_string(),
+                source: Box::new(other),
+            })),
+        }
     }
 }
 
@@ -242,5 +370,120 @@ mod tests {
                 Ok(())
             })?;
         }
+    }
+
+    fn durable(store: &Arc<object_store::memory::InMemory>) -> MemoryBackend {
+        MemoryBackend::durable(
+            store.clone(),
+            Path::from("w"),
+            Arc::new(ManualClock::new(1_000)),
+        )
+    }
+
+    fn id() -> ShardId {
+        ShardId {
+            pipeline: "p".into(),
+            partition: 2,
+        }
+    }
+
+    fn offsets(next: i64) -> InputOffsets {
+        let mut offsets = InputOffsets::new();
+        offsets.advance("in", next - 1);
+        offsets
+    }
+
+    #[test]
+    fn a_durable_shard_resumes_from_its_snapshot_and_fences_the_previous_owner() {
+        crate::state::test_support::block_on(async {
+            let store = Arc::new(object_store::memory::InMemory::new());
+            let a = durable(&store).open_shard(&id()).await.expect("opens");
+            assert_eq!(a.recovered_offsets().expect("decodes"), None, "new");
+            a.apply(vec![put(b"k", b"v1", None), put(b"t", b"ttl", Some(9_000))])
+                .await
+                .expect("apply");
+            let first = a.checkpoint(&offsets(10)).await.expect("checkpoint");
+            let first = first.expect("durable").version;
+            a.apply(vec![put(b"k", b"v2", None)]).await.expect("apply");
+            a.checkpoint(&offsets(20)).await.expect("checkpoint");
+            a.apply(vec![put(b"k", b"late", None)])
+                .await
+                .expect("apply");
+
+            let b = durable(&store).open_shard(&id()).await.expect("b opens");
+            assert_eq!(b.recovered_offsets().expect("decodes"), Some(offsets(20)));
+            assert_eq!(
+                b.get(b"k").await.expect("get"),
+                Some(Bytes::from_static(b"v2"))
+            );
+            assert_eq!(
+                b.get(b"t").await.expect("get"),
+                Some(Bytes::from_static(b"ttl")),
+                "expiry kept"
+            );
+            let err = a
+                .checkpoint(&offsets(30))
+                .await
+                .expect_err("b's claim fenced a");
+            assert!(err.is_fenced(), "{err:?}");
+
+            // Exactly-once: the decided version, not the newest; none decided → empty.
+            let c = durable(&store)
+                .open_shard_at(&id(), Some(first))
+                .await
+                .expect("opens at the decided version");
+            assert_eq!(c.recovered_offsets().expect("decodes"), Some(offsets(10)));
+            assert_eq!(
+                c.get(b"k").await.expect("get"),
+                Some(Bytes::from_static(b"v1"))
+            );
+            let d = durable(&store)
+                .open_shard_at(&id(), None)
+                .await
+                .expect("opens empty");
+            assert!(d.is_empty());
+        });
+    }
+
+    #[test]
+    fn a_corrupt_newest_snapshot_falls_back_to_the_previous_checkpoint() {
+        use object_store::ObjectStoreExt;
+        crate::state::test_support::block_on(async {
+            let store = Arc::new(object_store::memory::InMemory::new());
+            let a = durable(&store).open_shard(&id()).await.expect("opens");
+            a.apply(vec![put(b"k", b"old", None)]).await.expect("apply");
+            a.checkpoint(&offsets(5)).await.expect("checkpoint");
+            a.apply(vec![put(b"k", b"new", None)]).await.expect("apply");
+            a.checkpoint(&offsets(9)).await.expect("checkpoint");
+            let snapshots: Vec<_> = futures::TryStreamExt::try_collect::<Vec<_>>(
+                store.list(Some(&Path::from("w/pipelines/p/shards/00002/snapshot"))),
+            )
+            .await
+            .expect("list");
+            let newest = snapshots
+                .iter()
+                .map(|m| m.location.clone())
+                .max()
+                .expect("two snapshots");
+            let bytes = store
+                .get(&newest)
+                .await
+                .expect("get")
+                .bytes()
+                .await
+                .expect("bytes");
+            let mut bad = bytes.to_vec();
+            bad[10] ^= 1;
+            store
+                .put(&newest, object_store::PutPayload::from(bad))
+                .await
+                .expect("put");
+            let b = durable(&store).open_shard(&id()).await.expect("falls back");
+            assert_eq!(b.recovered_offsets().expect("decodes"), Some(offsets(5)));
+            assert_eq!(
+                b.get(b"k").await.expect("get"),
+                Some(Bytes::from_static(b"old"))
+            );
+        });
     }
 }

@@ -18,6 +18,7 @@ pub mod key;
 pub mod lsm;
 pub mod manifest;
 pub mod memory;
+pub mod snapshot;
 #[cfg(test)]
 pub(crate) mod test_support;
 

@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 #[derive(Debug, thiserror::Error)]
 pub enum LsmSetupError {
     /// The URL does not parse.
-    #[error("state.lsm.url is not a URL. url=`{url}`")]
+    #[error("the state store URL is not a URL. url=`{url}`")]
     Url {
         /// The URL.
         url: String,
@@ -44,6 +44,30 @@ pub enum LsmSetupError {
     /// The disk cache directory cannot be created.
     #[error("cannot create the disk cache directory")]
     DiskCache(#[source] std::io::Error),
+}
+
+/// The object store a state URL names (`file:///dir`, `s3://bucket/prefix`, `memory:///`) with
+/// `object_store` options, and the prefix inside it. Installs the process's TLS crypto provider
+/// if none is (object_store's HTTP client needs one even for plain HTTP).
+///
+/// # Errors
+/// [`LsmSetupError::Url`] or [`LsmSetupError::Store`].
+pub fn object_store_from_url(
+    url_text: &str,
+    options: &std::collections::BTreeMap<String, String>,
+) -> Result<(Arc<dyn ObjectStore>, Path), LsmSetupError> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let url = url::Url::parse(url_text).map_err(|source| LsmSetupError::Url {
+        url: url_text.to_owned(),
+        source,
+    })?;
+    let (store, prefix) = object_store::parse_url_opts(&url, options.iter()).map_err(|source| {
+        LsmSetupError::Store {
+            url: url_text.to_owned(),
+            source,
+        }
+    })?;
+    Ok((Arc::from(store), prefix))
 }
 
 /// The `lsm` state backend.
@@ -91,21 +115,10 @@ impl LsmBackend {
         settings: &LsmStateSettings,
         clock: SharedClock,
     ) -> Result<Self, LsmSetupError> {
-        // object_store's HTTP client (reqwest with rustls, no default provider) needs a process
-        // crypto provider even for plain-HTTP endpoints; install ring's unless one is set.
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        let url_text = settings.url.clone().unwrap_or_default();
-        let url = url::Url::parse(&url_text).map_err(|source| LsmSetupError::Url {
-            url: url_text.clone(),
-            source,
-        })?;
-        let (store, prefix) =
-            object_store::parse_url_opts(&url, settings.options.iter()).map_err(|source| {
-                LsmSetupError::Store {
-                    url: url_text,
-                    source,
-                }
-            })?;
+        let (store, prefix) = object_store_from_url(
+            settings.url.as_deref().unwrap_or_default(),
+            &settings.options,
+        )?;
         let caches = BlockCaches::new(&CacheSettings {
             block_cache_bytes: settings.block_cache_bytes,
             disk_cache_bytes: settings.disk_cache_bytes,
@@ -117,13 +130,7 @@ impl LsmBackend {
             block_size_bytes: settings.block_size_bytes,
             ..LsmSettings::default()
         };
-        Ok(Self::new(
-            Arc::from(store),
-            prefix,
-            Arc::new(caches),
-            tree,
-            clock,
-        ))
+        Ok(Self::new(store, prefix, Arc::new(caches), tree, clock))
     }
 
     /// Where the shard `id` lives.
