@@ -19,7 +19,7 @@
 
 use crate::clock::{SharedClock, SystemClock};
 use crate::lsm_bench::{bulk_load, median, prepare_scratch, throttled, value};
-use crate::state::checkpoint::InputOffsets;
+use crate::state::checkpoint::{DecidedBy, InputOffsets};
 use crate::state::lsm::backend::LsmBackend;
 use crate::state::lsm::cache::{BlockCaches, CacheSettings};
 use crate::state::lsm::tree::LsmSettings;
@@ -216,7 +216,7 @@ async fn one_size(
         offsets.advance("bench", step as i64);
         let started = Instant::now();
         let report = shard
-            .checkpoint(&offsets)
+            .checkpoint(&offsets, DecidedBy::Manifest)
             .await?
             .ok_or_else(|| anyhow::anyhow!("an lsm shard checkpoints durably"))?;
         checkpoint_ms.push(started.elapsed().as_secs_f64() * 1000.0);

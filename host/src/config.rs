@@ -325,6 +325,33 @@ impl Settings {
                 "pipeline.delivery = \"exactly_once\" needs checkpoints: state.backend = \"lsm\", or state.memory.url for the memory backend's snapshots".to_owned(),
             );
         }
+        let consumer = &self.kafka.consumer;
+        if consumer
+            .get("enable.auto.commit")
+            .is_some_and(|v| v == "true")
+        {
+            problems.push(
+                "kafka.consumer.\"enable.auto.commit\" must stay false: offsets are committed with the state, at checkpoints".to_owned(),
+            );
+        }
+        if p.delivery == Delivery::ExactlyOnce
+            && consumer
+                .get("isolation.level")
+                .is_some_and(|v| v != "read_committed")
+        {
+            problems.push(
+                "kafka.consumer.\"isolation.level\" must stay read_committed with exactly_once (recovery reads stable committed offsets, and uncommitted input would be processed)".to_owned(),
+            );
+        }
+        if let Some(timeout) = self.kafka.producer.get("transaction.timeout.ms") {
+            let at_least = 2 * p.checkpoint_interval.as_millis();
+            match timeout.parse::<u128>() {
+                Ok(ms) if ms >= at_least => {}
+                _ => problems.push(format!(
+                    "kafka.producer.\"transaction.timeout.ms\" must be at least twice pipeline.checkpoint_interval ({at_least} ms): a transaction stays open for an interval. value=`{timeout}`"
+                )),
+            }
+        }
         if let Some(Err(e)) = self.state.memory.url.as_deref().map(url::Url::parse) {
             problems.push(format!("state.memory.url is not a URL: {e}"));
         }
@@ -487,6 +514,37 @@ mod tests {
         let s = Settings::from_toml(&good).expect("valid");
         assert_eq!(s.state.backend, StateBackendKind::Lsm);
         assert_eq!(s.state.lsm.block_cache_bytes, 256 << 20);
+    }
+
+    #[test]
+    fn settings_that_would_break_checkpoints_are_refused() {
+        let bad = GOOD
+            .replace(
+                r#"dead_letter_topic = "flights-dlq""#,
+                "dead_letter_topic = \"flights-dlq\"\ndelivery = \"exactly_once\"\ncheckpoint_interval = \"10s\"",
+            )
+            .replace(
+                r#"bootstrap_servers = "127.0.0.1:9092""#,
+                "bootstrap_servers = \"127.0.0.1:9092\"\nconsumer = { \"enable.auto.commit\" = \"true\", \"isolation.level\" = \"read_uncommitted\" }\nproducer = { \"transaction.timeout.ms\" = \"15000\" }",
+            );
+        let Err(ConfigError::Invalid { problems }) = Settings::from_toml(&bad) else {
+            panic!("expected invalid settings");
+        };
+        assert_eq!(problems.len(), 4, "{problems:?}");
+        assert!(problems[0].contains("needs checkpoints"), "{problems:?}");
+        assert!(problems[1].contains("enable.auto.commit"));
+        assert!(problems[2].contains("isolation.level"));
+        assert!(problems[3].contains("transaction.timeout.ms"));
+        let good = format!("{bad}\n[state.memory]\nurl = \"file:///tmp/weir\"\n")
+            .replace(
+                r#""enable.auto.commit" = "true", "isolation.level" = "read_uncommitted""#,
+                "",
+            )
+            .replace(
+                r#""transaction.timeout.ms" = "15000""#,
+                r#""transaction.timeout.ms" = "20000""#,
+            );
+        Settings::from_toml(&good).expect("exactly-once on the memory backend with snapshots");
     }
 
     #[test]

@@ -214,6 +214,9 @@ struct Running<B: StateBackend> {
     checkpointed_rx: mpsc::UnboundedReceiver<(i32, InputOffsets)>,
     /// Received from `checkpointed_rx`, not yet committed.
     checkpointed: Vec<(i32, InputOffsets)>,
+    /// Notified when a worker ends, so that the loop reacts (a fenced or failed shard is
+    /// reopened) without waiting for a record.
+    worker_ended: Arc<tokio::sync::Notify>,
 }
 
 /// Runs the pipeline until `shutdown` completes or a fatal error occurs, then drains the
@@ -265,6 +268,7 @@ pub async fn run<B: StateBackend>(
         checkpointed_tx,
         checkpointed_rx,
         checkpointed: Vec::new(),
+        worker_ended: Arc::new(tokio::sync::Notify::new()),
     };
     let result = running.consume(&consumer, &context, shutdown).await;
     let drained = running.drain().await;
@@ -289,6 +293,7 @@ impl<B: StateBackend> Running<B> {
                 msg = consumer.recv() => Some(msg),
                 // librdkafka runs the revoke inside `recv`, which returns only with a record.
                 () = context.revoked() => None,
+                () = self.worker_ended.notified() => None,
                 // A checkpoint's offsets, to commit to Kafka while the input is quiet.
                 Some(done) = self.checkpointed_rx.recv() => {
                     self.checkpointed.push(done);
@@ -308,6 +313,7 @@ impl<B: StateBackend> Running<B> {
                 }
             }
             self.drop_revoked(context);
+            self.pause_assigned(context, consumer);
             self.tend_shards(consumer).await?;
             let partitions: Vec<i32> = self.pending.keys().copied().collect();
             for partition in partitions {
@@ -366,6 +372,19 @@ impl<B: StateBackend> Running<B> {
                 {
                     older.abort();
                 }
+            }
+        }
+    }
+
+    /// Pauses newly assigned partitions that have no shard yet: `tend_shards` opens their
+    /// shards right away (recovery does not wait for a first record) and resumes them after
+    /// the seek.
+    fn pause_assigned(&mut self, context: &SourceContext, consumer: &SourceConsumer) {
+        for partition in context.take_assigned() {
+            let busy =
+                self.workers.contains_key(&partition) || self.opening.contains_key(&partition);
+            if !busy && self.paused.insert(partition) {
+                self.set_paused(consumer, partition, true);
             }
         }
     }
@@ -441,30 +460,36 @@ impl<B: StateBackend> Running<B> {
             partition,
         };
         let backend = self.backend.clone();
+        let (settings, consumer) = (self.settings.clone(), self.consumer.clone());
         let task = match self.settings.pipeline.delivery {
             Delivery::AtLeastOnce => tokio::spawn(async move {
+                // Kafka names a checkpoint only if an exactly-once run committed one (the
+                // pipeline switched modes); manifest-decided ones count anyway.
+                let committed = committed_checkpoint(&settings, partition, consumer).await?;
                 Ok(Opened {
-                    shard: backend.open_shard(&id).await?,
+                    shard: backend.open_shard_at(&id, committed).await?,
                     producer: None,
                 })
             }),
-            Delivery::ExactlyOnce => {
-                let (settings, consumer) = (self.settings.clone(), self.consumer.clone());
-                tokio::spawn(async move {
-                    let producer = sink::transactional_producer(&settings, partition)?;
-                    let version =
-                        init_transactions(&settings, partition, &producer, consumer).await?;
-                    let shard = backend.open_shard_at(&id, version).await?;
-                    let begin = producer.clone();
-                    tokio::task::spawn_blocking(move || begin.begin_transaction())
-                        .await
-                        .unwrap_or(Err(KafkaError::Canceled))?;
-                    Ok(Opened {
-                        shard,
-                        producer: Some(producer),
-                    })
+            Delivery::ExactlyOnce => tokio::spawn(async move {
+                let producer = sink::transactional_producer(&settings, partition)?;
+                let init = producer.clone();
+                tokio::task::spawn_blocking(move || {
+                    init.init_transactions(TRANSACTION_SETUP_TIMEOUT)
                 })
-            }
+                .await
+                .unwrap_or(Err(KafkaError::Canceled))?;
+                let committed = committed_checkpoint(&settings, partition, consumer).await?;
+                let shard = backend.open_shard_at(&id, committed).await?;
+                let begin = producer.clone();
+                tokio::task::spawn_blocking(move || begin.begin_transaction())
+                    .await
+                    .unwrap_or(Err(KafkaError::Canceled))?;
+                Ok(Opened {
+                    shard,
+                    producer: Some(producer),
+                })
+            }),
         };
         self.opening.insert(
             partition,
@@ -499,23 +524,18 @@ impl<B: StateBackend> Running<B> {
             Err(_) => return Err(PipelineError::WorkerPanicked(partition)),
         };
         self.stats.shards_opened.fetch_add(1, Ordering::Relaxed);
-        let offsets = shard.recovered_offsets().map_err(PipelineError::State)?;
-        let offsets = match offsets {
-            Some(offsets) => {
-                if let Err(err) = self.seek(consumer, partition, &offsets) {
-                    tracing::warn!(partition, error = %err, retry_in = ?OPEN_RETRY_DELAY, "cannot seek to the checkpoint's offsets; reopening");
-                    self.hold
-                        .insert(partition, Instant::now() + OPEN_RETRY_DELAY);
-                    return Ok(());
-                }
-                // Fetched from wherever the group started: the seek fetches them again.
-                self.pending.remove(&partition);
-                offsets
-            }
-            // No checkpoint: start where the consumer group starts (committed offset, else
-            // `auto.offset.reset`); the records fetched so far are the first ones.
-            None => InputOffsets::new(),
-        };
+        let offsets = shard
+            .recovered_offsets()
+            .map_err(PipelineError::State)?
+            .unwrap_or_default();
+        if let Err(err) = self.seek(consumer, partition, &offsets) {
+            tracing::warn!(partition, error = %err, retry_in = ?OPEN_RETRY_DELAY, "cannot seek to the checkpoint's offsets; reopening");
+            self.hold
+                .insert(partition, Instant::now() + OPEN_RETRY_DELAY);
+            return Ok(());
+        }
+        // Fetched from wherever the consumer was: the seek fetches what counts again.
+        self.pending.remove(&partition);
         tracing::info!(
             partition,
             ms = opening.started.elapsed().as_millis() as u64,
@@ -529,18 +549,30 @@ impl<B: StateBackend> Running<B> {
         Ok(())
     }
 
-    /// Seeks every input topic's `partition` to its offset in `offsets` (topics without one
-    /// stay where they are).
+    /// Seeks every input topic's `partition` to its offset in `offsets`; a topic without one
+    /// (the checkpoint saw none of its records, or there is no checkpoint) to where
+    /// `auto.offset.reset` says a new group starts — never left where the consumer happens to
+    /// be, which may be past records the state does not reflect (a shard reopened after a
+    /// failed transaction, or records fetched and dropped meanwhile).
     fn seek(
         &self,
         consumer: &SourceConsumer,
         partition: i32,
         offsets: &InputOffsets,
     ) -> Result<(), KafkaError> {
+        let reset = match self
+            .settings
+            .kafka
+            .consumer
+            .get("auto.offset.reset")
+            .map(String::as_str)
+        {
+            Some("latest" | "largest" | "end") => Offset::End,
+            _ => Offset::Beginning,
+        };
         for topic in &self.settings.pipeline.input_topics {
-            if let Some(next) = offsets.next(topic) {
-                consumer.seek(topic, partition, Offset::Offset(next), SEEK_TIMEOUT)?;
-            }
+            let to = offsets.next(topic).map_or(reset, Offset::Offset);
+            consumer.seek(topic, partition, to, SEEK_TIMEOUT)?;
         }
         Ok(())
     }
@@ -731,7 +763,12 @@ impl<B: StateBackend> Running<B> {
             checkpointed: self.checkpointed_tx.clone(),
             decision,
         };
-        let task = tokio::spawn(worker.run(rx));
+        let ended = self.worker_ended.clone();
+        let task = tokio::spawn(async move {
+            let result = worker.run(rx).await;
+            ended.notify_one();
+            result
+        });
         self.workers.insert(
             partition,
             WorkerHandle {
@@ -820,21 +857,15 @@ impl<B: StateBackend> Running<B> {
     }
 }
 
-/// Exactly-once recovery, steps 1–2 (docs/checkpoints.md): `init_transactions` on the shard's
-/// producer — which fences the previous owner's producer and aborts its open transaction —
-/// then the committed offsets of the partition, whose metadata names the decided checkpoint
-/// (`None`: nothing was ever committed, the shard starts empty). Blocking librdkafka calls run
-/// on the blocking pool.
-async fn init_transactions(
+/// The checkpoint version the partition's committed Kafka offsets name in their metadata
+/// (docs/checkpoints.md, "Recovery" step 3), if any. Exactly-once calls it after
+/// `init_transactions`, which fenced the previous owner's producer and aborted its open
+/// transaction. A blocking librdkafka call, run on the blocking pool.
+async fn committed_checkpoint(
     settings: &Settings,
     partition: i32,
-    producer: &FutureProducer,
     consumer: Arc<SourceConsumer>,
 ) -> Result<Option<u64>, KafkaError> {
-    let init = producer.clone();
-    tokio::task::spawn_blocking(move || init.init_transactions(TRANSACTION_SETUP_TIMEOUT))
-        .await
-        .unwrap_or(Err(KafkaError::Canceled))?;
     let mut wanted = TopicPartitionList::new();
     for topic in &settings.pipeline.input_topics {
         wanted.add_partition(topic, partition);
@@ -850,10 +881,6 @@ async fn init_transactions(
         .elements()
         .iter()
         .find_map(|e| crate::state::checkpoint::parse_manifest_metadata(e.metadata()));
-    tracing::info!(
-        partition,
-        ?version,
-        "transactions initialised; committed checkpoint read"
-    );
+    tracing::info!(partition, ?version, "committed offsets read");
     Ok(version)
 }

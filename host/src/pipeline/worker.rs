@@ -26,7 +26,7 @@ use crate::config::RuntimeSettings;
 use crate::runtime::{BatchCtx, CallError, Disposition, InputRecord, Instance, Operator};
 use crate::sink::{DeadLetterKind, Sink, SinkError};
 use crate::source::SourceConsumer;
-use crate::state::checkpoint::{CheckpointError, InputOffsets, manifest_metadata};
+use crate::state::checkpoint::{CheckpointError, DecidedBy, InputOffsets, manifest_metadata};
 use crate::state::{Shard, StateError, key};
 use rdkafka::consumer::Consumer;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
@@ -241,7 +241,11 @@ impl<S: Shard> PartitionWorker<S> {
         if matches!(self.decision, Decision::Manifest) {
             self.drain_sink().await?;
         }
-        match self.shard.checkpoint(&self.offsets).await {
+        let decided_by = match self.decision {
+            Decision::Manifest => DecidedBy::Manifest,
+            Decision::Transaction { .. } => DecidedBy::Transaction,
+        };
+        match self.shard.checkpoint(&self.offsets, decided_by).await {
             Ok(report) => {
                 // docs/checkpoints.md step 7: the manifest is written, Kafka not yet told.
                 fail::fail_point!("checkpoint-after-manifest", |_| {

@@ -20,6 +20,7 @@ use std::sync::{Arc, Mutex};
 #[derive(Debug, Default, Clone)]
 pub struct SourceContext {
     revoked: Arc<Mutex<Vec<i32>>>,
+    assigned: Arc<Mutex<Vec<i32>>>,
     wake: Arc<tokio::sync::Notify>,
 }
 
@@ -29,7 +30,13 @@ impl SourceContext {
         std::mem::take(&mut *self.revoked.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
-    /// Completes once partitions were revoked since the last wake-up (at once if some were
+    /// Takes the partitions assigned since the last call (their shards are opened at once,
+    /// not when their first record arrives).
+    pub fn take_assigned(&self) -> Vec<i32> {
+        std::mem::take(&mut *self.assigned.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Completes once partitions were revoked or assigned since the last wake-up (at once if some were
     /// revoked while nobody waited).
     pub async fn revoked(&self) {
         self.wake.notified().await;
@@ -69,6 +76,11 @@ impl ConsumerContext for SourceContext {
                     .map(|e| (e.topic().to_owned(), e.partition()))
                     .collect();
                 tracing::info!(partitions = ?parts, "partitions assigned");
+                self.assigned
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .extend(parts.iter().map(|(_, p)| *p));
+                self.wake.notify_one();
             }
             Rebalance::Error(err) => tracing::warn!(error = %err, "rebalance error"),
         }

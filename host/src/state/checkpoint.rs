@@ -73,6 +73,56 @@ impl InputOffsets {
     }
 }
 
+/// Manifest metadata key saying what decides the checkpoint: `manifest` or `transaction`.
+const DECIDED_BY_KEY: &str = "decided_by";
+
+/// What makes a checkpoint version the one recovery resumes from (docs/checkpoints.md,
+/// "Delivery guarantees").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DecidedBy {
+    /// At-least-once: writing the manifest decides it.
+    Manifest,
+    /// Exactly-once: only the Kafka transaction that names it in the committed offsets'
+    /// metadata decides it; until then it is prepared.
+    Transaction,
+}
+
+impl DecidedBy {
+    fn as_str(self) -> &'static str {
+        match self {
+            DecidedBy::Manifest => "manifest",
+            DecidedBy::Transaction => "transaction",
+        }
+    }
+}
+
+/// The manifest metadata of a checkpoint: the offsets and what decides it.
+pub fn checkpoint_metadata(
+    offsets: &InputOffsets,
+    decided_by: DecidedBy,
+) -> BTreeMap<String, String> {
+    let mut metadata = offsets.to_metadata();
+    metadata.insert(DECIDED_BY_KEY.to_owned(), decided_by.as_str().to_owned());
+    metadata
+}
+
+/// Whether checkpoint `version` with `metadata` is decided, given the version the committed
+/// Kafka offsets name (`committed`, exactly-once): a manifest-decided checkpoint always is
+/// (whatever mode the pipeline runs in now — switching modes keeps state), a
+/// transaction-decided one only when Kafka names it. Recovery resumes from the newest decided
+/// checkpoint.
+pub fn is_decided(
+    version: u64,
+    metadata: &BTreeMap<String, String>,
+    committed: Option<u64>,
+) -> bool {
+    match metadata.get(DECIDED_BY_KEY).map(String::as_str) {
+        Some("transaction") => committed == Some(version),
+        // `manifest`, or written before the key existed (at-least-once only then).
+        _ => true,
+    }
+}
+
 /// Prefix of the committed Kafka offsets' metadata that names a shard's checkpoint in
 /// exactly-once mode: `weir.manifest={version}`.
 const MANIFEST_METADATA_PREFIX: &str = "weir.manifest=";
@@ -128,6 +178,18 @@ impl CheckpointError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_prepared_transaction_checkpoint_counts_only_when_kafka_names_it() {
+        let offsets = InputOffsets::new();
+        let prepared = checkpoint_metadata(&offsets, DecidedBy::Transaction);
+        assert!(!is_decided(7, &prepared, None));
+        assert!(!is_decided(7, &prepared, Some(6)));
+        assert!(is_decided(7, &prepared, Some(7)));
+        let written = checkpoint_metadata(&offsets, DecidedBy::Manifest);
+        assert!(is_decided(7, &written, None));
+        assert!(is_decided(7, &written, Some(3)));
+    }
 
     #[test]
     fn manifest_metadata_round_trips_and_ignores_other_metadata() {

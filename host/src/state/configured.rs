@@ -1,7 +1,7 @@
 //! [`ConfiguredBackend`]: the state backend the settings name, behind one type, so that the
 //! binary and the tests run a pipeline the same way whatever `state.backend` says.
 
-use super::checkpoint::{CheckpointError, CheckpointReport, InputOffsets};
+use super::checkpoint::{CheckpointError, CheckpointReport, DecidedBy, InputOffsets};
 use super::lsm::backend::{LsmBackend, LsmSetupError, object_store_from_url};
 use super::lsm::shard::LsmShard;
 use super::memory::{MemoryBackend, MemoryShard};
@@ -127,10 +127,11 @@ impl Shard for ConfiguredShard {
     async fn checkpoint(
         &self,
         offsets: &InputOffsets,
+        decided_by: DecidedBy,
     ) -> Result<Option<CheckpointReport>, CheckpointError> {
         match self {
-            Self::Memory(s) => s.checkpoint(offsets).await,
-            Self::Lsm(s) => s.checkpoint(offsets).await,
+            Self::Memory(s) => s.checkpoint(offsets, decided_by).await,
+            Self::Lsm(s) => s.checkpoint(offsets, decided_by).await,
         }
     }
 }

@@ -8,9 +8,9 @@
 //! Expired entries (TTL) read as absent; they are dropped only when overwritten or deleted
 //! (the memory backend has no compaction; the LSM backend drops them in compaction).
 
-use super::checkpoint::{CheckpointError, CheckpointReport, InputOffsets};
+use super::checkpoint::{CheckpointError, CheckpointReport, DecidedBy, InputOffsets};
 use super::manifest::ManifestError;
-use super::snapshot::{self, RecoverFrom, SnapshotShard};
+use super::snapshot::{self, SnapshotShard};
 use super::{Shard, ShardId, StateBackend, StateError, StateWrite};
 use crate::clock::SharedClock;
 use bytes::Bytes;
@@ -63,7 +63,7 @@ impl MemoryBackend {
         }
     }
 
-    async fn open(&self, id: &ShardId, from: RecoverFrom) -> Result<MemoryShard, StateError> {
+    async fn open(&self, id: &ShardId, committed: Option<u64>) -> Result<MemoryShard, StateError> {
         let Some(storage) = &self.storage else {
             return Ok(MemoryShard {
                 clock: self.clock.clone(),
@@ -83,7 +83,7 @@ impl MemoryBackend {
             storage.claims.fetch_add(1, Ordering::Relaxed)
         );
         let (snapshots, entries) =
-            SnapshotShard::open(storage.store.clone(), root, &token, from).await?;
+            SnapshotShard::open(storage.store.clone(), root, &token, committed).await?;
         let entries = entries
             .into_iter()
             .map(|(k, (value, expires_at_ms))| {
@@ -108,15 +108,15 @@ impl StateBackend for MemoryBackend {
     type Shard = MemoryShard;
 
     async fn open_shard(&self, id: &ShardId) -> Result<MemoryShard, StateError> {
-        self.open(id, RecoverFrom::Newest).await
+        self.open(id, None).await
     }
 
     async fn open_shard_at(
         &self,
         id: &ShardId,
-        version: Option<u64>,
+        committed: Option<u64>,
     ) -> Result<MemoryShard, StateError> {
-        self.open(id, RecoverFrom::Decided(version)).await
+        self.open(id, committed).await
     }
 }
 
@@ -237,6 +237,7 @@ impl Shard for MemoryShard {
     async fn checkpoint(
         &self,
         offsets: &InputOffsets,
+        decided_by: DecidedBy,
     ) -> Result<Option<CheckpointReport>, CheckpointError> {
         let Some(snapshots) = &self.snapshots else {
             return Ok(None);
@@ -246,7 +247,8 @@ impl Shard for MemoryShard {
             snapshot::encode(map.iter().map(|(k, e)| (k, &e.value, e.expires_at_ms)))
         };
         let bytes = object.len() as u64;
-        match snapshots.commit(object, offsets.to_metadata()).await {
+        let metadata = super::checkpoint::checkpoint_metadata(offsets, decided_by);
+        match snapshots.commit(object, metadata).await {
             Ok(version) => Ok(Some(CheckpointReport {
                 version,
                 state_bytes: bytes,
@@ -402,10 +404,15 @@ mod tests {
             a.apply(vec![put(b"k", b"v1", None), put(b"t", b"ttl", Some(9_000))])
                 .await
                 .expect("apply");
-            let first = a.checkpoint(&offsets(10)).await.expect("checkpoint");
+            let first = a
+                .checkpoint(&offsets(10), DecidedBy::Transaction)
+                .await
+                .expect("checkpoint");
             let first = first.expect("durable").version;
             a.apply(vec![put(b"k", b"v2", None)]).await.expect("apply");
-            a.checkpoint(&offsets(20)).await.expect("checkpoint");
+            a.checkpoint(&offsets(20), DecidedBy::Manifest)
+                .await
+                .expect("checkpoint");
             a.apply(vec![put(b"k", b"late", None)])
                 .await
                 .expect("apply");
@@ -422,7 +429,7 @@ mod tests {
                 "expiry kept"
             );
             let err = a
-                .checkpoint(&offsets(30))
+                .checkpoint(&offsets(30), DecidedBy::Manifest)
                 .await
                 .expect_err("b's claim fenced a");
             assert!(err.is_fenced(), "{err:?}");
@@ -452,9 +459,13 @@ mod tests {
             let store = Arc::new(object_store::memory::InMemory::new());
             let a = durable(&store).open_shard(&id()).await.expect("opens");
             a.apply(vec![put(b"k", b"old", None)]).await.expect("apply");
-            a.checkpoint(&offsets(5)).await.expect("checkpoint");
+            a.checkpoint(&offsets(5), DecidedBy::Manifest)
+                .await
+                .expect("checkpoint");
             a.apply(vec![put(b"k", b"new", None)]).await.expect("apply");
-            a.checkpoint(&offsets(9)).await.expect("checkpoint");
+            a.checkpoint(&offsets(9), DecidedBy::Manifest)
+                .await
+                .expect("checkpoint");
             let snapshots: Vec<_> = futures::TryStreamExt::try_collect::<Vec<_>>(
                 store.list(Some(&Path::from("w/pipelines/p/shards/00002/snapshot"))),
             )

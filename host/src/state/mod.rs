@@ -23,7 +23,7 @@ pub mod snapshot;
 pub(crate) mod test_support;
 
 use bytes::Bytes;
-use checkpoint::{CheckpointError, CheckpointReport, InputOffsets};
+use checkpoint::{CheckpointError, CheckpointReport, DecidedBy, InputOffsets};
 use std::future::Future;
 
 /// Identifies a shard: pipeline name and input partition.
@@ -95,9 +95,9 @@ pub trait StateBackend: Send + Sync + 'static {
         id: &ShardId,
     ) -> impl Future<Output = Result<Self::Shard, StateError>> + Send;
 
-    /// Opens the state of one shard at the checkpoint `version` that an outside commit decided
-    /// (exactly-once mode: the manifest named in the committed Kafka offsets' metadata), or
-    /// empty when `None`; newer versions were prepared but never decided and are ignored. The
+    /// Opens the state of one shard at its newest *decided* checkpoint
+    /// ([`checkpoint::is_decided`]), where `committed` is the version the committed Kafka
+    /// offsets' metadata names, if any; prepared but undecided versions are ignored. The
     /// default opens as [`StateBackend::open_shard`] does, which is right for backends that keep
     /// no checkpoint.
     ///
@@ -106,9 +106,9 @@ pub trait StateBackend: Send + Sync + 'static {
     fn open_shard_at(
         &self,
         id: &ShardId,
-        version: Option<u64>,
+        committed: Option<u64>,
     ) -> impl Future<Output = Result<Self::Shard, StateError>> + Send {
-        let _ = version;
+        let _ = committed;
         self.open_shard(id)
     }
 }
@@ -167,7 +167,7 @@ pub trait Shard: Send + Sync + 'static {
     }
 
     /// Makes the state written so far durable together with `offsets`, in one atomic commit
-    /// (docs/checkpoints.md). The caller applies no writes meanwhile, so the checkpoint holds
+    /// (docs/checkpoints.md), marked as decided by `decided_by`. The caller applies no writes meanwhile, so the checkpoint holds
     /// exactly the effects of the records before `offsets`. `Ok(None)` when the shard keeps no
     /// durable state (the default: `memory`, a bare LSM tree); such a shard is rebuilt by
     /// re-reading its input from the consumer group's start position.
@@ -178,8 +178,9 @@ pub trait Shard: Send + Sync + 'static {
     fn checkpoint(
         &self,
         offsets: &InputOffsets,
+        decided_by: DecidedBy,
     ) -> impl Future<Output = Result<Option<CheckpointReport>, CheckpointError>> + Send {
-        let _ = offsets;
+        let _ = (offsets, decided_by);
         async { Ok(None) }
     }
 

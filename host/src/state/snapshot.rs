@@ -10,6 +10,7 @@
 //! (u32 LE), value, expiry ms (u64 LE, `u64::MAX` for none) · CRC-32C (LE) of all before it.
 
 use super::StateError;
+use super::checkpoint::is_decided;
 use super::manifest::{Manifest, ManifestError, ManifestKind, ManifestStore};
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use futures::TryStreamExt;
@@ -27,16 +28,6 @@ const RETAINED_CHECKPOINTS: usize = 3;
 /// A snapshot no kept manifest names is deleted only once older than this (a writer may be
 /// about to commit it).
 const GRACE_MS: u64 = 600_000;
-
-/// Which checkpoint [`SnapshotShard::open`] resumes from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RecoverFrom {
-    /// The newest intact checkpoint (at-least-once).
-    Newest,
-    /// The checkpoint an outside commit decided, or none (exactly-once); newer versions were
-    /// never decided.
-    Decided(Option<u64>),
-}
 
 /// One entry of a snapshot: key → (value, expiry ms).
 pub type SnapshotEntries = BTreeMap<Vec<u8>, (Bytes, Option<u64>)>;
@@ -117,10 +108,10 @@ pub struct SnapshotShard {
 }
 
 impl SnapshotShard {
-    /// Recovers the shard under `root` — the newest checkpoint whose manifest and snapshot
-    /// are intact, among the versions `from` allows, falling back past provable corruption with
-    /// an audit line — and claims it under `token`. Returns the shard and the recovered
-    /// entries.
+    /// Recovers the shard under `root` — the newest decided checkpoint
+    /// ([`is_decided`], `committed` being the version the committed Kafka offsets name) whose
+    /// manifest and snapshot are intact, falling back past provable corruption with an audit
+    /// line — and claims it under `token`. Returns the shard and the recovered entries.
     ///
     /// # Errors
     /// [`StateError::Unavailable`] on any transient store error (never a fallback);
@@ -129,16 +120,10 @@ impl SnapshotShard {
         store: Arc<dyn ObjectStore>,
         root: Path,
         token: &str,
-        from: RecoverFrom,
+        committed: Option<u64>,
     ) -> Result<(Self, SnapshotEntries), StateError> {
         let manifests = ManifestStore::new(store.clone(), root.clone());
-        let (recovered, entries) = match from {
-            RecoverFrom::Newest => recover(&store, &manifests, &root, None).await?,
-            RecoverFrom::Decided(Some(version)) => {
-                recover(&store, &manifests, &root, Some(version)).await?
-            }
-            RecoverFrom::Decided(None) => (None, SnapshotEntries::new()),
-        };
+        let (recovered, entries) = recover(&store, &manifests, &root, committed).await?;
         let claim = manifests
             .claim(token, recovered.as_ref())
             .await
@@ -219,7 +204,7 @@ async fn recover(
     store: &Arc<dyn ObjectStore>,
     manifests: &ManifestStore,
     root: &Path,
-    limit: Option<u64>,
+    committed: Option<u64>,
 ) -> Result<(Option<Manifest>, SnapshotEntries), StateError> {
     let unavailable = |source: Box<dyn std::error::Error + Send + Sync>| StateError::Unavailable {
         shard: root.to_string(),
@@ -230,11 +215,7 @@ async fn recover(
         .await
         .map_err(|e| unavailable(Box::new(e)))?;
     let mut corrupt_seen = 0;
-    for &version in versions
-        .iter()
-        .rev()
-        .filter(|v| limit.is_none_or(|l| **v <= l))
-    {
+    for &version in versions.iter().rev() {
         let manifest = match manifests.read(version).await {
             Ok(m) => m,
             Err(error @ ManifestError::Corrupt { .. }) => {
@@ -246,7 +227,9 @@ async fn recover(
             Err(ManifestError::NotFound(_)) => continue,
             Err(other) => return Err(unavailable(Box::new(other))),
         };
-        if manifest.kind != ManifestKind::Checkpoint {
+        if manifest.kind != ManifestKind::Checkpoint
+            || !is_decided(version, &manifest.metadata, committed)
+        {
             continue;
         }
         let why = match manifest.metadata.get(SNAPSHOT_KEY) {

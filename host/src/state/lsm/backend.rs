@@ -9,7 +9,7 @@
 
 use super::cache::{BlockCaches, CacheSettings, SstFiles};
 use super::gc::GcSettings;
-use super::shard::{LsmShard, recover, recover_at_most};
+use super::shard::{LsmShard, recover, recover_decided};
 use super::tree::{LsmSettings, LsmTree};
 use crate::clock::SharedClock;
 use crate::config::LsmStateSettings;
@@ -175,13 +175,10 @@ impl StateBackend for LsmBackend {
     async fn open_shard_at(
         &self,
         id: &ShardId,
-        version: Option<u64>,
+        committed: Option<u64>,
     ) -> Result<LsmShard, StateError> {
         let root = self.shard_root(id);
-        let base = match version {
-            Some(version) => recover_at_most(self.files.store(), &root, Some(version)).await?,
-            None => None,
-        };
+        let base = recover_decided(self.files.store(), &root, committed).await?;
         self.open_from(root, base).await
     }
 }

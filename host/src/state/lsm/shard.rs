@@ -17,7 +17,7 @@
 use super::gc::{GcSettings, LiveWriter, collect_garbage};
 use super::tree::{LsmTree, SstId};
 use crate::clock::SharedClock;
-use crate::state::checkpoint::{self, CheckpointReport, InputOffsets};
+use crate::state::checkpoint::{self, CheckpointReport, DecidedBy, InputOffsets, is_decided};
 use crate::state::manifest::{Manifest, ManifestError, ManifestKind, ManifestStore};
 use crate::state::{Shard, StateError, StateWrite};
 use bytes::Bytes;
@@ -218,20 +218,20 @@ pub async fn recover(
     store: &Arc<dyn ObjectStore>,
     root: &Path,
 ) -> Result<Option<Manifest>, StateError> {
-    recover_at_most(store, root, None).await
+    recover_decided(store, root, None).await
 }
 
-/// As [`recover`], among the versions up to `limit` (all when `None`): in exactly-once mode
-/// the limit is the checkpoint the committed Kafka transaction names, and newer versions were
-/// prepared but never decided. A missing or corrupt `limit` version falls back like a corrupt
-/// newest one, with an audit line.
+/// As [`recover`], among the *decided* checkpoints ([`is_decided`]) given the version the
+/// committed Kafka offsets name (`committed`): a checkpoint prepared for a transaction that
+/// never committed is skipped. A missing `committed` version falls back like a corrupt one,
+/// with an audit line.
 ///
 /// # Errors
 /// As [`recover`].
-pub async fn recover_at_most(
+pub async fn recover_decided(
     store: &Arc<dyn ObjectStore>,
     root: &Path,
-    limit: Option<u64>,
+    committed: Option<u64>,
 ) -> Result<Option<Manifest>, StateError> {
     let manifests = ManifestStore::new(store.clone(), root.clone());
     let label = root.to_string();
@@ -245,18 +245,14 @@ pub async fn recover_at_most(
         .map_err(|e| unavailable(Box::new(e)))?;
     let mut existing: Option<HashSet<SstId>> = None;
     let mut corrupt_seen = 0;
-    if let Some(limit) = limit
-        && !versions.contains(&limit)
+    if let Some(committed) = committed
+        && !versions.contains(&committed)
     {
-        tracing::warn!(audit = true, shard = %root, version = limit, "the committed checkpoint is missing; falling back to an older one");
+        tracing::warn!(audit = true, shard = %root, version = committed, "the committed checkpoint is missing; falling back to an older one");
         metrics::counter!("weir_checkpoint_fallbacks_total").increment(1);
         corrupt_seen += 1;
     }
-    let below_limit = versions
-        .iter()
-        .rev()
-        .filter(|v| limit.is_none_or(|l| **v <= l));
-    for &version in below_limit {
+    for &version in versions.iter().rev() {
         let manifest = match manifests.read(version).await {
             Ok(m) => m,
             Err(error @ ManifestError::Corrupt { .. }) => {
@@ -269,7 +265,9 @@ pub async fn recover_at_most(
             Err(ManifestError::NotFound(_)) => continue, // deleted by GC meanwhile
             Err(other) => return Err(unavailable(Box::new(other))),
         };
-        if manifest.kind != ManifestKind::Checkpoint {
+        if manifest.kind != ManifestKind::Checkpoint
+            || !is_decided(version, &manifest.metadata, committed)
+        {
             continue;
         }
         if existing.is_none() {
@@ -339,10 +337,12 @@ impl Shard for LsmShard {
     async fn checkpoint(
         &self,
         offsets: &InputOffsets,
+        decided_by: DecidedBy,
     ) -> Result<Option<CheckpointReport>, checkpoint::CheckpointError> {
         let now_ms = self.clock.now_ms();
+        let metadata = checkpoint::checkpoint_metadata(offsets, decided_by);
         match self
-            .commit_checkpoint(offsets.to_metadata(), &BTreeSet::new(), now_ms)
+            .commit_checkpoint(metadata, &BTreeSet::new(), now_ms)
             .await
         {
             Ok(info) => Ok(Some(CheckpointReport {
