@@ -396,7 +396,7 @@ mod tests {
     }
 
     #[test]
-    fn a_durable_shard_resumes_from_its_snapshot_and_fences_the_previous_owner() {
+    fn a_durable_shard_resumes_from_its_decided_snapshot_and_fences_the_previous_owner() {
         crate::state::test_support::block_on(async {
             let store = Arc::new(object_store::memory::InMemory::new());
             let a = durable(&store).open_shard(&id()).await.expect("opens");
@@ -404,20 +404,21 @@ mod tests {
             a.apply(vec![put(b"k", b"v1", None), put(b"t", b"ttl", Some(9_000))])
                 .await
                 .expect("apply");
-            let first = a
-                .checkpoint(&offsets(10), DecidedBy::Transaction)
-                .await
-                .expect("checkpoint");
-            let first = first.expect("durable").version;
+            let (ten, twenty) = (offsets(10), offsets(20));
+            let first = a.checkpoint(&ten, DecidedBy::Transaction).await;
+            let first = first.expect("checkpoint").expect("durable");
             a.apply(vec![put(b"k", b"v2", None)]).await.expect("apply");
-            a.checkpoint(&offsets(20), DecidedBy::Manifest)
-                .await
-                .expect("checkpoint");
+            let second = a.checkpoint(&twenty, DecidedBy::Transaction).await;
+            let second = second.expect("checkpoint").expect("durable");
             a.apply(vec![put(b"k", b"late", None)])
                 .await
                 .expect("apply");
 
-            let b = durable(&store).open_shard(&id()).await.expect("b opens");
+            // Kafka names the second: it is decided.
+            let b = durable(&store)
+                .open_shard_at(&id(), Some(second.version))
+                .await
+                .expect("b opens");
             assert_eq!(b.recovered_offsets().expect("decodes"), Some(offsets(20)));
             assert_eq!(
                 b.get(b"k").await.expect("get"),
@@ -429,21 +430,22 @@ mod tests {
                 "expiry kept"
             );
             let err = a
-                .checkpoint(&offsets(30), DecidedBy::Manifest)
+                .checkpoint(&offsets(30), DecidedBy::Transaction)
                 .await
                 .expect_err("b's claim fenced a");
             assert!(err.is_fenced(), "{err:?}");
 
-            // Exactly-once: the decided version, not the newest; none decided → empty.
+            // Kafka names the first: the second was only prepared.
             let c = durable(&store)
-                .open_shard_at(&id(), Some(first))
+                .open_shard_at(&id(), Some(first.version))
                 .await
-                .expect("opens at the decided version");
+                .expect("opens");
             assert_eq!(c.recovered_offsets().expect("decodes"), Some(offsets(10)));
             assert_eq!(
                 c.get(b"k").await.expect("get"),
                 Some(Bytes::from_static(b"v1"))
             );
+            // Kafka names none: nothing is decided.
             let d = durable(&store)
                 .open_shard_at(&id(), None)
                 .await
