@@ -10,8 +10,10 @@
 //! (u32 LE), value, expiry ms (u64 LE, `u64::MAX` for none) · CRC-32C (LE) of all before it.
 
 use super::StateError;
-use super::checkpoint::is_decided;
-use super::manifest::{Manifest, ManifestError, ManifestKind, ManifestStore};
+use super::manifest::{
+    Manifest, ManifestError, ManifestKind, ManifestStore, RecoveryRead, audit_fallback,
+    audit_missing_committed,
+};
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use futures::TryStreamExt;
 use object_store::path::Path;
@@ -127,7 +129,7 @@ impl SnapshotShard {
         let claim = manifests
             .claim(token, recovered.as_ref())
             .await
-            .map_err(|e| manifest_error(&root, e))?;
+            .map_err(|e| e.into_state_error(&root))?;
         tracing::info!(shard = %root, version = claim.version, writer_epoch = claim.writer_epoch, from_checkpoint = ?recovered.as_ref().map(|m| m.version), entries = entries.len(), "claimed shard (memory, from snapshot)");
         Ok((
             Self {
@@ -186,20 +188,6 @@ impl SnapshotShard {
     }
 }
 
-fn manifest_error(root: &Path, error: ManifestError) -> StateError {
-    let shard = root.to_string();
-    match error {
-        ManifestError::Corrupt { .. } => StateError::Corrupt {
-            shard,
-            source: Box::new(error),
-        },
-        other => StateError::Unavailable {
-            shard,
-            source: Box::new(other),
-        },
-    }
-}
-
 async fn recover(
     store: &Arc<dyn ObjectStore>,
     manifests: &ManifestStore,
@@ -214,24 +202,20 @@ async fn recover(
         .versions()
         .await
         .map_err(|e| unavailable(Box::new(e)))?;
-    let mut corrupt_seen = 0;
+    let mut corrupt_seen = audit_missing_committed(root, &versions, committed);
     for &version in versions.iter().rev() {
-        let manifest = match manifests.read(version).await {
-            Ok(m) => m,
-            Err(error @ ManifestError::Corrupt { .. }) => {
-                tracing::warn!(audit = true, shard = %root, version, %error, "manifest version is corrupt; looking at older versions");
-                metrics::counter!("weir_checkpoint_fallbacks_total").increment(1);
+        let manifest = match manifests
+            .read_for_recovery(version, committed)
+            .await
+            .map_err(|e| unavailable(Box::new(e)))?
+        {
+            RecoveryRead::Decided(m) => m,
+            RecoveryRead::Skip => continue,
+            RecoveryRead::Corrupt => {
                 corrupt_seen += 1;
                 continue;
             }
-            Err(ManifestError::NotFound(_)) => continue,
-            Err(other) => return Err(unavailable(Box::new(other))),
         };
-        if manifest.kind != ManifestKind::Checkpoint
-            || !is_decided(version, &manifest.metadata, committed)
-        {
-            continue;
-        }
         let why = match manifest.metadata.get(SNAPSHOT_KEY) {
             None => "names no snapshot".to_owned(),
             Some(name) => match store.get(&Path::from(format!("{root}/{name}"))).await {
@@ -248,8 +232,7 @@ async fn recover(
                 Err(other) => return Err(unavailable(Box::new(other))),
             },
         };
-        tracing::warn!(audit = true, shard = %root, version, problem = %why, "checkpoint unusable; falling back to the previous retained checkpoint");
-        metrics::counter!("weir_checkpoint_fallbacks_total").increment(1);
+        audit_fallback(root, version, &why);
         corrupt_seen += 1;
     }
     if corrupt_seen > 0 {

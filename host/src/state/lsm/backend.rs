@@ -13,7 +13,7 @@ use super::shard::{LsmShard, recover, recover_decided};
 use super::tree::{LsmSettings, LsmTree};
 use crate::clock::SharedClock;
 use crate::config::LsmStateSettings;
-use crate::state::manifest::{Manifest, ManifestError, ManifestStore};
+use crate::state::manifest::{Manifest, ManifestStore};
 use crate::state::{ShardId, StateBackend, StateError};
 use object_store::ObjectStore;
 use object_store::path::Path;
@@ -149,20 +149,6 @@ impl LsmBackend {
     }
 }
 
-pub(crate) fn manifest_error(shard: &Path, error: ManifestError) -> StateError {
-    let shard = shard.to_string();
-    match error {
-        ManifestError::Corrupt { .. } => StateError::Corrupt {
-            shard,
-            source: Box::new(error),
-        },
-        other => StateError::Unavailable {
-            shard,
-            source: Box::new(other),
-        },
-    }
-}
-
 impl StateBackend for LsmBackend {
     type Shard = LsmShard;
 
@@ -195,7 +181,7 @@ impl LsmBackend {
         let claim = ManifestStore::new(store.clone(), root.clone())
             .claim(&token, base.as_ref())
             .await
-            .map_err(|e| manifest_error(&root, e))?;
+            .map_err(|e| e.into_state_error(&root))?;
         tracing::info!(shard = %root, version = claim.version, writer_epoch = claim.writer_epoch, from_checkpoint = ?base.as_ref().map(|b| b.version), "claimed shard");
         let tree = LsmTree::open(
             self.files.clone(),

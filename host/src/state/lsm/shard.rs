@@ -17,8 +17,10 @@
 use super::gc::{GcSettings, LiveWriter, collect_garbage};
 use super::tree::{LsmTree, SstId};
 use crate::clock::SharedClock;
-use crate::state::checkpoint::{self, CheckpointReport, DecidedBy, InputOffsets, is_decided};
-use crate::state::manifest::{Manifest, ManifestError, ManifestKind, ManifestStore};
+use crate::state::checkpoint::{self, CheckpointReport, DecidedBy, InputOffsets};
+use crate::state::manifest::{
+    Manifest, ManifestError, ManifestStore, RecoveryRead, audit_fallback, audit_missing_committed,
+};
 use crate::state::{Shard, StateError, StateWrite};
 use bytes::Bytes;
 use futures::TryStreamExt;
@@ -244,32 +246,20 @@ pub async fn recover_decided(
         .await
         .map_err(|e| unavailable(Box::new(e)))?;
     let mut existing: Option<HashSet<SstId>> = None;
-    let mut corrupt_seen = 0;
-    if let Some(committed) = committed
-        && !versions.contains(&committed)
-    {
-        tracing::warn!(audit = true, shard = %root, version = committed, "the committed checkpoint is missing; falling back to an older one");
-        metrics::counter!("weir_checkpoint_fallbacks_total").increment(1);
-        corrupt_seen += 1;
-    }
+    let mut corrupt_seen = audit_missing_committed(root, &versions, committed);
     for &version in versions.iter().rev() {
-        let manifest = match manifests.read(version).await {
-            Ok(m) => m,
-            Err(error @ ManifestError::Corrupt { .. }) => {
-                // A claim or a checkpoint, we cannot tell: skip it; only checkpoints count.
-                tracing::warn!(audit = true, shard = %root, version, %error, "manifest version is corrupt; looking at older versions");
-                metrics::counter!("weir_checkpoint_fallbacks_total").increment(1);
+        let manifest = match manifests
+            .read_for_recovery(version, committed)
+            .await
+            .map_err(|e| unavailable(Box::new(e)))?
+        {
+            RecoveryRead::Decided(m) => m,
+            RecoveryRead::Skip => continue,
+            RecoveryRead::Corrupt => {
                 corrupt_seen += 1;
                 continue;
             }
-            Err(ManifestError::NotFound(_)) => continue, // deleted by GC meanwhile
-            Err(other) => return Err(unavailable(Box::new(other))),
         };
-        if manifest.kind != ManifestKind::Checkpoint
-            || !is_decided(version, &manifest.metadata, committed)
-        {
-            continue;
-        }
         if existing.is_none() {
             existing = Some(
                 list_ssts(store, root)
@@ -288,8 +278,12 @@ pub async fn recover_decided(
         if missing.is_empty() {
             return Ok(Some(manifest));
         }
-        tracing::warn!(audit = true, shard = %root, version, missing = missing.len(), first_missing = %missing[0].object_name(), "checkpoint names missing SSTs; falling back to the previous retained checkpoint");
-        metrics::counter!("weir_checkpoint_fallbacks_total").increment(1);
+        let problem = format!(
+            "{} SSTs it names are missing, first {}",
+            missing.len(),
+            missing[0].object_name()
+        );
+        audit_fallback(root, version, &problem);
         corrupt_seen += 1;
     }
     if corrupt_seen > 0 {
@@ -355,7 +349,7 @@ impl Shard for LsmShard {
             }),
             Err(CheckpointError::Flush(err)) => Err(checkpoint::CheckpointError::State(err)),
             Err(CheckpointError::Commit(err)) => Err(checkpoint::CheckpointError::State(
-                super::backend::manifest_error(&self.root, err),
+                err.into_state_error(&self.root),
             )),
         }
     }

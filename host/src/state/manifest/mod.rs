@@ -206,6 +206,90 @@ pub struct ManifestStore {
     root: Path,
 }
 
+impl ManifestError {
+    /// As a state error of the shard under `root`: a corrupt manifest stays corrupt, anything
+    /// else is an outage to retry.
+    pub fn into_state_error(self, root: &Path) -> crate::state::StateError {
+        let shard = root.to_string();
+        match self {
+            ManifestError::Corrupt { .. } => crate::state::StateError::Corrupt {
+                shard,
+                source: Box::new(self),
+            },
+            other => crate::state::StateError::Unavailable {
+                shard,
+                source: Box::new(other),
+            },
+        }
+    }
+}
+
+/// Logs recovery falling back past a provably unusable checkpoint `version` of the shard under
+/// `root` (an `audit = true` line, docs/checkpoints.md "Recovery" step 3) and counts it in
+/// `weir_checkpoint_fallbacks_total`.
+pub(crate) fn audit_fallback(root: &Path, version: u64, problem: &dyn std::fmt::Display) {
+    tracing::warn!(audit = true, shard = %root, version, %problem, "checkpoint unusable; falling back to an older one");
+    metrics::counter!("weir_checkpoint_fallbacks_total").increment(1);
+}
+
+/// One manifest version as recovery sees it.
+#[derive(Debug)]
+pub(crate) enum RecoveryRead {
+    /// A decided checkpoint ([`crate::state::checkpoint::is_decided`]): a candidate.
+    Decided(Manifest),
+    /// A claim, an undecided checkpoint, or a version GC deleted meanwhile.
+    Skip,
+    /// Unreadable as a manifest: audited; recovery looks at older versions.
+    Corrupt,
+}
+
+impl ManifestStore {
+    /// Reads `version` for recovery, `committed` being the version the committed Kafka
+    /// offsets name; audits it when it is corrupt.
+    ///
+    /// # Errors
+    /// [`ManifestError`] for a transient failure (never a reason to fall back).
+    pub(crate) async fn read_for_recovery(
+        &self,
+        version: u64,
+        committed: Option<u64>,
+    ) -> Result<RecoveryRead, ManifestError> {
+        let manifest = match self.read(version).await {
+            Ok(m) => m,
+            Err(error @ ManifestError::Corrupt { .. }) => {
+                // A claim or a checkpoint, we cannot tell: only checkpoints count.
+                audit_fallback(&self.root, version, &error);
+                return Ok(RecoveryRead::Corrupt);
+            }
+            Err(ManifestError::NotFound(_)) => return Ok(RecoveryRead::Skip),
+            Err(other) => return Err(other),
+        };
+        let decided = manifest.kind == ManifestKind::Checkpoint
+            && crate::state::checkpoint::is_decided(version, &manifest.metadata, committed);
+        Ok(if decided {
+            RecoveryRead::Decided(manifest)
+        } else {
+            RecoveryRead::Skip
+        })
+    }
+}
+
+/// Audits a `committed` version (named by Kafka) that is not among `versions`: 1 when it is
+/// missing (counts as a corrupt version), else 0.
+pub(crate) fn audit_missing_committed(
+    root: &Path,
+    versions: &[u64],
+    committed: Option<u64>,
+) -> usize {
+    match committed {
+        Some(v) if !versions.contains(&v) => {
+            audit_fallback(root, v, &"the committed checkpoint is missing");
+            1
+        }
+        _ => 0,
+    }
+}
+
 impl ManifestStore {
     /// Manifests under `{root}/manifest/`.
     pub fn new(store: Arc<dyn ObjectStore>, root: Path) -> Self {
