@@ -51,6 +51,13 @@ pub struct PipelineSettings {
     /// state is exactly-once either way.
     #[serde(default)]
     pub delivery: Delivery,
+    /// Most records of one partition admitted and not finished (as Flink's
+    /// `execution.async-state.in-flight-records-limit`); default 4096. Records with the same
+    /// key run one after another in input order; records with other keys run in other batches
+    /// while one waits for state (the execution controller, docs/checkpoints.md). A checkpoint
+    /// waits for them all to finish.
+    #[serde(default = "default_in_flight_max")]
+    pub in_flight_max: usize,
 }
 
 /// The output's guarantee after crashes and rebalances (docs/checkpoints.md).
@@ -69,6 +76,13 @@ pub enum Delivery {
 
 fn default_checkpoint_interval() -> Duration {
     Duration::from_secs(10)
+}
+
+/// `pipeline.in_flight_max` when not set.
+pub const DEFAULT_IN_FLIGHT_MAX: usize = 4096;
+
+fn default_in_flight_max() -> usize {
+    DEFAULT_IN_FLIGHT_MAX
 }
 
 impl PipelineSettings {
@@ -134,6 +148,11 @@ pub struct RuntimeSettings {
     pub log_lines_per_second_max: u32,
     /// Batches queued per partition between the consumer and the partition's worker.
     pub partition_queue_batches_max: usize,
+    /// Operator instances per partition, so that many batches (of different keys) run at once
+    /// while others wait for state; 1..=64, default 4. Created on demand from the pooling
+    /// allocator, which holds 256 per host: a partition that cannot get another one runs with
+    /// those it has.
+    pub partition_instances_max: usize,
 }
 
 impl Default for RuntimeSettings {
@@ -152,6 +171,7 @@ impl Default for RuntimeSettings {
             state_map_key_bytes_max: 4 << 10,
             log_lines_per_second_max: 100,
             partition_queue_batches_max: 4,
+            partition_instances_max: 4,
         }
     }
 }
@@ -311,6 +331,12 @@ impl Settings {
                 p.name
             ));
         }
+        if !(1..=1_000_000).contains(&p.in_flight_max) {
+            problems.push(format!(
+                "pipeline.in_flight_max must be 1..=1000000. value={}",
+                p.in_flight_max
+            ));
+        }
         if p.checkpoint_interval < Duration::from_millis(10) {
             problems.push(format!(
                 "pipeline.checkpoint_interval must be at least 10ms. checkpoint_interval={:?}",
@@ -433,6 +459,12 @@ impl Settings {
         if r.partition_queue_batches_max == 0 {
             problems.push("runtime.partition_queue_batches_max must be at least 1".to_owned());
         }
+        if !(1..=64).contains(&r.partition_instances_max) {
+            problems.push(format!(
+                "runtime.partition_instances_max must be 1..=64. value={}",
+                r.partition_instances_max
+            ));
+        }
         if problems.is_empty() {
             Ok(())
         } else {
@@ -478,6 +510,27 @@ mod tests {
         assert_eq!(s.runtime.record_deadline, Duration::from_millis(250));
         assert_eq!(s.runtime.batch_records_max, 512);
         assert_eq!(s.state.backend, StateBackendKind::Memory);
+        assert_eq!(s.pipeline.in_flight_max, 4096);
+        assert_eq!(s.runtime.partition_instances_max, 4);
+    }
+
+    #[test]
+    fn execution_limits_must_allow_one_record_and_one_instance() {
+        let bad = GOOD
+            .replace(
+                r#"dead_letter_topic = "flights-dlq""#,
+                "dead_letter_topic = \"flights-dlq\"\nin_flight_max = 0",
+            )
+            .replace(
+                r#"record_deadline = "250ms""#,
+                "partition_instances_max = 65",
+            );
+        let Err(ConfigError::Invalid { problems }) = Settings::from_toml(&bad) else {
+            panic!("expected invalid settings");
+        };
+        assert_eq!(problems.len(), 2, "{problems:?}");
+        assert!(problems[0].contains("pipeline.in_flight_max"));
+        assert!(problems[1].contains("runtime.partition_instances_max"));
     }
 
     #[test]

@@ -143,6 +143,7 @@ pub async fn run(opts: DevOptions) -> Result<(), DevError> {
             group_id: Some(format!("weir-dev-{run_id}")),
             checkpoint_interval: std::time::Duration::from_secs(10),
             delivery: Default::default(),
+            in_flight_max: crate::config::DEFAULT_IN_FLIGHT_MAX,
         },
         kafka: KafkaSettings {
             bootstrap_servers: bootstrap.clone(),

@@ -18,6 +18,7 @@ pub mod bench;
 pub mod checkpoint_bench;
 pub mod clock;
 pub mod config;
+pub mod controller_bench;
 pub mod dev;
 pub mod error;
 pub mod fail_points;

@@ -113,6 +113,41 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Measure what the execution controller buys when state reads wait: records/s of the
+    /// whole pipeline with every state read delayed, for several in-flight / instance settings
+    /// (see host/src/controller_bench.rs).
+    BenchController {
+        /// A keyed operator.
+        #[arg(
+            long,
+            default_value = "target/wasm32-wasip2/guest/weir_test_counter.wasm"
+        )]
+        operator: PathBuf,
+        /// A real broker (`host:port`); without it, librdkafka's mock cluster runs in process.
+        #[arg(long)]
+        bootstrap_servers: Option<String>,
+        /// Records per run.
+        #[arg(long, default_value_t = 100_000)]
+        records: u64,
+        /// Distinct keys.
+        #[arg(long, default_value_t = 10_000)]
+        keys: u64,
+        /// Input partitions.
+        #[arg(long, default_value_t = 2)]
+        partitions: i32,
+        /// Delays of every state read to measure, ms.
+        #[arg(long, value_delimiter = ',', default_value = "0,10")]
+        read_delay_ms: Vec<u64>,
+        /// `in_flight_max:instances` settings to compare.
+        #[arg(long, value_delimiter = ',', default_value = "512:1,4096:4,4096:16")]
+        settings: Vec<String>,
+        /// Records per guest call at most.
+        #[arg(long, default_value_t = 512)]
+        batch_records_max: usize,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Measure the per-record cost of the Wasm call (prefetch + call + apply), in process.
     BenchCall {
         /// The component to measure.
@@ -229,6 +264,46 @@ async fn main() -> anyhow::Result<()> {
                 println!("{}", serde_json::to_string_pretty(&report)?);
             } else {
                 println!("{}", weir_host::checkpoint_bench::table(&report));
+            }
+            Ok(())
+        }
+        Command::BenchController {
+            operator,
+            bootstrap_servers,
+            records,
+            keys,
+            partitions,
+            read_delay_ms,
+            settings,
+            batch_records_max,
+            json,
+        } => {
+            let settings = settings
+                .iter()
+                .map(|s| {
+                    let (in_flight, instances) = s
+                        .split_once(':')
+                        .context("--settings takes in_flight_max:instances pairs")?;
+                    Ok((in_flight.parse()?, instances.parse()?))
+                })
+                .collect::<anyhow::Result<Vec<(usize, usize)>>>()?;
+            let runs = weir_host::controller_bench::run(
+                &weir_host::controller_bench::ControllerBenchOptions {
+                    operator,
+                    bootstrap_servers,
+                    records,
+                    keys,
+                    partitions,
+                    read_delays_ms: read_delay_ms,
+                    settings,
+                    batch_records_max,
+                },
+            )
+            .await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&runs)?);
+            } else {
+                print!("{}", weir_host::controller_bench::table(&runs));
             }
             Ok(())
         }

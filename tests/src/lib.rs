@@ -299,6 +299,7 @@ pub fn settings(
             group_id: Some(unique("group")),
             checkpoint_interval: std::time::Duration::from_secs(10),
             delivery: Default::default(),
+            in_flight_max: weir_host::config::DEFAULT_IN_FLIGHT_MAX,
         },
         kafka: KafkaSettings {
             bootstrap_servers: kafka_bootstrap(),
@@ -554,3 +555,5 @@ pub async fn counter_pipeline_on_s3(
     settings.state = lsm_state_on_s3(4 << 10).await?;
     Ok((settings, output))
 }
+
+pub use weir_host::state::delayed::splitmix64;

@@ -44,14 +44,6 @@ impl FlakyShard {
     }
 }
 
-/// SplitMix64 (Steele, Lea, Flood 2014): a fixed, well-mixed sequence from a counter.
-fn splitmix64(n: u64) -> u64 {
-    let mut z = n.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
 impl StateBackend for FlakyBackend {
     type Shard = FlakyShard;
     async fn open_shard(&self, id: &ShardId) -> Result<FlakyShard, StateError> {

@@ -1,13 +1,15 @@
 //! Runs one pipeline: the consumer loop that batches records per partition and the
 //! per-partition workers ([`worker`]) that call the operator.
 //!
-//! Records of a partition are handled in offset order by that partition's worker, one batch at
-//! a time; partitions run concurrently. Co-partitioned input topics share the worker (and shard)
-//! of their partition number. A shard is recovered from its newest checkpoint when its
-//! partition's first record arrives, and the consumer is seeked to that checkpoint's offsets;
+//! Records of a partition go to that partition's worker in offset order; its execution
+//! controller runs batches of different keys at once, each key's records in offset order;
+//! partitions run concurrently. Co-partitioned input topics share the worker (and shard)
+//! of their partition number. A shard is recovered from its newest decided checkpoint when its
+//! partition is assigned, and the consumer is seeked to that checkpoint's offsets;
 //! workers checkpoint every `pipeline.checkpoint_interval`; on revoke a worker drops its queued
 //! records, checkpoints and closes the shard. docs/checkpoints.md is the protocol.
 
+pub mod controller;
 pub mod worker;
 
 use crate::clock::SharedClock;
@@ -81,6 +83,12 @@ pub struct PipelineStats {
     pub recovery_ns_total: AtomicU64,
     /// Longest such time, ns.
     pub recovery_ns_max: AtomicU64,
+    /// Records admitted by the partitions' execution controllers and not finished.
+    pub records_in_flight: AtomicU64,
+    /// Most records one partition had in flight at once.
+    pub records_in_flight_peak: AtomicU64,
+    /// Most batches one partition ran at once (each on its own instance).
+    pub batches_in_flight_peak: AtomicU64,
 }
 
 impl PipelineStats {
@@ -753,9 +761,13 @@ impl<B: StateBackend> Running<B> {
             settings: self.settings.runtime.clone(),
             stats: self.stats.clone(),
             source: format!("{}/{}", self.settings.pipeline.name, partition).into(),
-            instance: None,
+            execution: worker::Execution::new(
+                self.settings.pipeline.in_flight_max,
+                &self.settings.runtime,
+            ),
             stalled: stalled.clone(),
             revoked: revoked.clone(),
+            admitted: offsets.clone(),
             offsets,
             dirty: false,
             checkpoint_interval: self.settings.pipeline.checkpoint_interval,

@@ -1,4 +1,13 @@
-//! The worker of one partition: batches in → prefetch → guest call → apply state → emit.
+//! The worker of one partition: records in → execution controller → batches → prefetch →
+//! guest call → apply state → emit.
+//!
+//! Execution (as Flink 2.0's asynchronous execution, FLIP-425): records are admitted up to
+//! `pipeline.in_flight_max`; the [`ExecutionController`] forms batches in which no key is in
+//! another unfinished batch, and the worker runs up to `runtime.partition_instances_max` of
+//! them at once, each on its own instance, so records with other keys proceed while one batch
+//! waits for state. A batch's effects are applied by the worker, one batch at a time, as its
+//! call ends; a key's next batch starts only after that, so each key sees its records in input
+//! order and its outputs leave in input order.
 //!
 //! Batch semantics (see the WIT `process-batch` docs):
 //! 1. Prefetch the declared value states of every distinct key in the batch (one `get_many`).
@@ -12,27 +21,33 @@
 //!
 //! A state backend outage aborts the call from the host; the worker backs off and retries the
 //! same records, which pauses the partition (its queue fills and the consumer loop pauses that
-//! partition's fetching; other partitions go on) but never dead-letters a good record. Invariant: effects of a record are applied at most once and only
-//! after its call succeeded, in input order.
+//! partition's fetching; other partitions go on) but never dead-letters a good record.
+//! Invariant: effects of a record are applied at most once and only after its call succeeded;
+//! effects of records with the same key are applied in input order.
 //!
-//! Checkpoints (docs/checkpoints.md): every `checkpoint_interval`, between batches, the worker
-//! waits for every output delivery, then checkpoints its shard with the offsets after the last
-//! processed record. Records below those offsets (already in the state it resumed from) are
-//! skipped. When its queue closes — shutdown, or the partition was revoked — it checkpoints once
-//! more and ends; after a revoke it drops the batches still queued, unprocessed.
+//! Checkpoints (docs/checkpoints.md): every `checkpoint_interval` the worker stops admitting,
+//! lets every admitted record finish, waits for every output delivery, then checkpoints its
+//! shard with the offsets after the last processed record. Records below those offsets
+//! (already in the state it resumed from) are skipped. When its queue closes — shutdown, or the
+//! partition was revoked — it finishes what it admitted, checkpoints once more and ends; after
+//! a revoke it drops the records not yet admitted, unprocessed.
 
 use super::PipelineStats;
+use super::controller::ExecutionController;
 use crate::config::RuntimeSettings;
 use crate::runtime::{BatchCtx, CallError, Disposition, InputRecord, Instance, Operator};
 use crate::sink::{DeadLetterKind, Sink, SinkError};
 use crate::source::SourceConsumer;
 use crate::state::checkpoint::{CheckpointError, DecidedBy, InputOffsets, manifest_metadata};
 use crate::state::{Shard, StateError, key};
+use futures::StreamExt;
+use futures::future::BoxFuture;
+use futures::stream::FuturesUnordered;
 use rdkafka::consumer::Consumer;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{FutureProducer, Producer};
 use rdkafka::{Offset, TopicPartitionList};
-use std::collections::HashSet;
+use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -108,14 +123,6 @@ pub enum WorkerError {
     },
 }
 
-/// Outcome of one attempt that did not complete.
-enum Attempt {
-    /// The state backend failed: back off and retry the same records (or stop if corrupt).
-    Unavailable(StateError),
-    /// The batch must be re-run one record at a time.
-    Split,
-}
-
 /// Builds the staging area of a call over `records`, with the value states `value_states` of
 /// every distinct key prefetched from `shard` in one `get_many`.
 ///
@@ -144,6 +151,165 @@ pub async fn prefetch<S: Shard>(
     Ok(batch)
 }
 
+/// A batch handed out by the execution controller, being run.
+struct Task {
+    /// The batch's records, in input order.
+    records: Arc<Vec<InputRecord>>,
+    /// Hashes of its keys, given back to the controller when it finishes.
+    keys: Vec<u64>,
+    /// `None` while the batch runs whole; `Some(i)` once it is re-run one record at a time
+    /// (after a trap, or a rejection with staged effects), at record `i`.
+    single: Option<usize>,
+    /// Wait before the next attempt (after an outage).
+    delay: Duration,
+    /// The delay after the next outage.
+    backoff: Duration,
+}
+
+impl Task {
+    /// The records of the next call: the whole batch, or record `i` alone.
+    fn call_records(&self) -> Arc<Vec<InputRecord>> {
+        match self.single {
+            None => self.records.clone(),
+            Some(i) => Arc::new(vec![self.records[i].clone()]),
+        }
+    }
+
+    /// Switches to re-running the records one at a time, from the first.
+    fn split(&mut self, backoff_min: Duration) {
+        self.single = Some(0);
+        self.delay = Duration::ZERO;
+        self.backoff = backoff_min;
+    }
+}
+
+/// Why an attempt did not produce dispositions.
+enum Failure {
+    /// The prefetch failed: back off and retry (or stop if the state is corrupt).
+    Unavailable(StateError),
+    /// The host aborted the call because a state read failed: as `Unavailable`.
+    Aborted(StateError),
+    /// The guest trapped or hit its deadline.
+    Fault(CallError),
+    /// No instance could be created.
+    Instantiate(crate::runtime::RuntimeError),
+}
+
+/// An attempt that ended, handed back to the worker.
+struct Attempted<S: Shard> {
+    task: Task,
+    /// The records the call was given.
+    records: Arc<Vec<InputRecord>>,
+    /// The instance, unless the call left it unusable (a trap, an abort) or none was created.
+    instance: Option<Instance<S>>,
+    /// Time inside the guest call, if one was made.
+    call_time: Option<Duration>,
+    result: Result<(Vec<Disposition>, BatchCtx), Failure>,
+}
+
+/// The worker's running attempts.
+type Running<S> = FuturesUnordered<BoxFuture<'static, Attempted<S>>>;
+
+/// One attempt of `task`: wait its delay, get an instance (`instance`, or a new one),
+/// prefetch, call. Owns all it uses, so that many run at once within the worker's task.
+async fn attempt<S: Shard>(
+    shard: Arc<S>,
+    operator: Arc<Operator<S>>,
+    source: Arc<str>,
+    instance: Option<Instance<S>>,
+    task: Task,
+    deadline: Duration,
+) -> Attempted<S> {
+    if !task.delay.is_zero() {
+        tokio::time::sleep(task.delay).await;
+    }
+    let records = task.call_records();
+    let mut instance = match instance {
+        Some(instance) => instance,
+        None => match operator.instantiate(Some(shard.clone()), source).await {
+            Ok(instance) => instance,
+            Err(err) => {
+                return Attempted {
+                    task,
+                    records,
+                    instance: None,
+                    call_time: None,
+                    result: Err(Failure::Instantiate(err)),
+                };
+            }
+        },
+    };
+    let batch = match prefetch(&*shard, &operator.meta().value_states, records.clone()).await {
+        Ok(batch) => batch,
+        Err(err) => {
+            return Attempted {
+                task,
+                records,
+                instance: Some(instance),
+                call_time: None,
+                result: Err(Failure::Unavailable(err)),
+            };
+        }
+    };
+    let started = Instant::now();
+    let result = instance.call_batch(batch, deadline).await;
+    let call_time = Some(started.elapsed());
+    // An error out of a call leaves the store unusable (wasmtime marks it trapped), so the
+    // instance goes even when the guest did nothing wrong (a host abort).
+    let (instance, result) = match result {
+        Ok(ok) => (Some(instance), Ok(ok)),
+        Err(CallError::Aborted(crate::runtime::HostAbort::State(err))) => {
+            (None, Err(Failure::Aborted(err)))
+        }
+        Err(fault) => (None, Err(Failure::Fault(fault))),
+    };
+    Attempted {
+        task,
+        records,
+        instance,
+        call_time,
+        result,
+    }
+}
+
+/// The CPU deadline of a call over `n` records: `record_deadline × n`, capped at
+/// `batch_deadline_max`.
+fn batch_deadline(settings: &RuntimeSettings, n: usize) -> Duration {
+    settings
+        .record_deadline
+        .saturating_mul(u32::try_from(n).unwrap_or(u32::MAX))
+        .min(settings.batch_deadline_max.max(settings.record_deadline))
+}
+
+/// The worker's execution state: admission and batching ([`ExecutionController`]), the tasks
+/// waiting for an instance, and the instances.
+pub(crate) struct Execution<S: Shard> {
+    controller: ExecutionController,
+    /// Tasks to attempt again (after an outage, or the next record of a one-by-one re-run),
+    /// before any new batch.
+    ready: VecDeque<Task>,
+    /// Instances not in a call.
+    idle: Vec<Instance<S>>,
+    /// Instances that exist or are being created (idle plus those in attempts).
+    live: usize,
+    /// Most instances: `runtime.partition_instances_max`, lowered when creating one fails while
+    /// others exist (the host's pool is exhausted).
+    instances_max: usize,
+}
+
+impl<S: Shard> Execution<S> {
+    /// Execution for a partition: `in_flight_max` records admitted at most (at least 1).
+    pub fn new(in_flight_max: usize, settings: &RuntimeSettings) -> Self {
+        Self {
+            controller: ExecutionController::new(in_flight_max, settings.batch_records_max),
+            ready: VecDeque::new(),
+            idle: Vec::new(),
+            live: 0,
+            instances_max: settings.partition_instances_max.max(1),
+        }
+    }
+}
+
 /// One partition's worker.
 pub(crate) struct PartitionWorker<S: Shard> {
     pub partition: i32,
@@ -153,15 +319,18 @@ pub(crate) struct PartitionWorker<S: Shard> {
     pub settings: RuntimeSettings,
     pub stats: Arc<PipelineStats>,
     pub source: Arc<str>,
-    pub instance: Option<Instance<S>>,
+    /// The execution controller and the instances.
+    pub execution: Execution<S>,
     /// Raised while backing off from an outage, so the consumer loop pauses the partition.
     pub stalled: Arc<AtomicBool>,
     /// Raised by the consumer loop when the partition is revoked: queued batches are dropped,
     /// unprocessed, and the worker checkpoints and ends.
     pub revoked: Arc<AtomicBool>,
     /// The input position the shard's state reflects (the checkpoint it resumed from, then
-    /// every processed record).
+    /// every finished record). Valid as a checkpoint's offsets only when nothing is in flight.
     pub offsets: InputOffsets,
+    /// The position after the last admitted record: records below it are not admitted again.
+    pub admitted: InputOffsets,
     /// Records were processed since the last checkpoint.
     pub dirty: bool,
     /// How often to checkpoint.
@@ -183,45 +352,263 @@ impl<S: Shard> PartitionWorker<S> {
         mut self,
         mut batches: mpsc::Receiver<Vec<InputRecord>>,
     ) -> Result<(), WorkerError> {
+        let result = self.run_until_closed(&mut batches).await;
+        // Records that will never finish (the worker failed) leave the in-flight count.
+        self.left_flight(self.execution.controller.in_flight());
+        result
+    }
+
+    async fn run_until_closed(
+        &mut self,
+        batches: &mut mpsc::Receiver<Vec<InputRecord>>,
+    ) -> Result<(), WorkerError> {
         let start = tokio::time::Instant::now() + self.checkpoint_interval;
         let mut ticks = tokio::time::interval_at(start, self.checkpoint_interval);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut running: Running<S> = FuturesUnordered::new();
+        // Records received from the queue and not admitted yet (in-flight limit).
+        let mut backlog: VecDeque<InputRecord> = VecDeque::new();
+        let mut closed = false;
+        // A checkpoint is due: admit nothing until every admitted record finished (step 1).
+        let mut checkpoint_due = false;
         loop {
+            if !checkpoint_due {
+                self.admit(&mut backlog);
+            }
+            self.dispatch(&mut running);
+            if running.is_empty() && self.execution.controller.is_idle() {
+                if checkpoint_due {
+                    self.checkpoint(false).await?;
+                    checkpoint_due = false;
+                    continue;
+                }
+                if closed {
+                    break;
+                }
+            }
+            let intake = !closed && backlog.is_empty() && !checkpoint_due;
             tokio::select! {
                 // The tick first: a partition with a full queue must still checkpoint.
                 biased;
-                _ = ticks.tick() => self.checkpoint(false).await?,
-                batch = batches.recv() => match batch {
-                    Some(_) if self.revoked.load(Ordering::Relaxed) => {}
-                    Some(records) => {
-                        let records = self.unprocessed(records);
-                        if !records.is_empty() {
-                            self.process(Arc::new(records)).await?;
-                        }
-                    }
-                    None => break,
+                _ = ticks.tick(), if !checkpoint_due => checkpoint_due = true,
+                Some(attempted) = running.next() => self.attempted(attempted).await?,
+                batch = batches.recv(), if intake => match batch {
+                    Some(records) => backlog.extend(records),
+                    None => closed = true,
                 },
             }
         }
         self.checkpoint(true).await
     }
 
-    /// Drops the records the state already reflects (below the offsets it resumed from): a
-    /// consumer can deliver some again around a seek.
-    fn unprocessed(&self, mut records: Vec<InputRecord>) -> Vec<InputRecord> {
-        let before = records.len();
-        records.retain(|r| {
-            self.offsets
-                .next(&r.topic)
-                .is_none_or(|next| r.offset >= next)
-        });
-        let skipped = before - records.len();
+    /// Admits records from `backlog` while the controller has room; drops them all once the
+    /// partition is revoked, and drops those the state already reflects (below the offsets it
+    /// resumed from: a consumer can deliver some again around a seek).
+    fn admit(&mut self, backlog: &mut VecDeque<InputRecord>) {
+        if self.revoked.load(Ordering::Relaxed) {
+            backlog.clear();
+            return;
+        }
+        let (mut admitted, mut skipped) = (0u64, 0u64);
+        while self.execution.controller.has_room()
+            && let Some(record) = backlog.pop_front()
+        {
+            if self
+                .admitted
+                .next(&record.topic)
+                .is_some_and(|next| record.offset < next)
+            {
+                skipped += 1;
+                continue;
+            }
+            self.admitted.advance(&record.topic, record.offset);
+            self.execution.controller.admit(record);
+            admitted += 1;
+        }
         if skipped > 0 {
             self.stats
                 .records_skipped
-                .fetch_add(skipped as u64, Ordering::Relaxed);
+                .fetch_add(skipped, Ordering::Relaxed);
         }
-        records
+        if admitted > 0 {
+            self.stats.records_in.fetch_add(admitted, Ordering::Relaxed);
+            self.stats
+                .records_in_flight
+                .fetch_add(admitted, Ordering::Relaxed);
+            self.stats.records_in_flight_peak.fetch_max(
+                self.execution.controller.in_flight() as u64,
+                Ordering::Relaxed,
+            );
+            metrics::gauge!("weir_records_in_flight").increment(admitted as f64);
+        }
+    }
+
+    /// `n` records finished, or will never finish.
+    fn left_flight(&self, n: usize) {
+        self.stats
+            .records_in_flight
+            .fetch_sub(n as u64, Ordering::Relaxed);
+        metrics::gauge!("weir_records_in_flight").decrement(n as f64);
+    }
+
+    /// Starts attempts while an instance is free: retries and re-runs first, then new batches
+    /// from the controller.
+    fn dispatch(&mut self, running: &mut Running<S>) {
+        let exec = &mut self.execution;
+        while !exec.idle.is_empty() || exec.live < exec.instances_max {
+            let task = match exec.ready.pop_front() {
+                Some(task) => task,
+                None => match exec.controller.next_batch() {
+                    Some(batch) => Task {
+                        records: Arc::new(batch.records),
+                        keys: batch.keys,
+                        single: None,
+                        delay: Duration::ZERO,
+                        backoff: self.settings.outage_backoff_min,
+                    },
+                    None => break,
+                },
+            };
+            let instance = exec.idle.pop();
+            if instance.is_none() {
+                exec.live += 1;
+            }
+            let deadline = match task.single {
+                Some(_) => self.settings.record_deadline,
+                None => batch_deadline(&self.settings, task.records.len()),
+            };
+            running.push(Box::pin(attempt(
+                self.shard.clone(),
+                self.operator.clone(),
+                self.source.clone(),
+                instance,
+                task,
+                deadline,
+            )));
+        }
+        self.stats
+            .batches_in_flight_peak
+            .fetch_max(running.len() as u64, Ordering::Relaxed);
+    }
+
+    /// Handles an ended attempt: applies a successful call's effects (module docs, steps 3–4),
+    /// or schedules what comes next — a retry after an outage, a one-by-one re-run, a dead
+    /// letter.
+    async fn attempted(&mut self, attempted: Attempted<S>) -> Result<(), WorkerError> {
+        let Attempted {
+            mut task,
+            records,
+            instance,
+            call_time,
+            result,
+        } = attempted;
+        match instance {
+            Some(instance) => self.execution.idle.push(instance),
+            None => self.execution.live -= 1,
+        }
+        if let Some(took) = call_time {
+            self.stats.guest_calls.fetch_add(1, Ordering::Relaxed);
+            self.stats
+                .guest_call_ns
+                .fetch_add(took.as_nanos() as u64, Ordering::Relaxed);
+        }
+        let may_split = task.single.is_none() && task.records.len() > 1;
+        match result {
+            Err(Failure::Instantiate(source)) => {
+                if self.execution.live == 0 {
+                    return Err(WorkerError::Instantiate {
+                        partition: self.partition,
+                        source,
+                    });
+                }
+                // The host's instance pool is exhausted (or instantiation fails for now): go
+                // on with the instances this partition has.
+                tracing::debug!(partition = self.partition, error = %source, instances = self.execution.live, "no further instance; running with those there are");
+                self.execution.instances_max = self.execution.live;
+                self.execution.ready.push_front(task);
+            }
+            Err(Failure::Unavailable(err)) => self.retry_later(task, err)?,
+            Err(Failure::Aborted(err)) => {
+                self.stats.calls_aborted.fetch_add(1, Ordering::Relaxed);
+                self.retry_later(task, err)?;
+            }
+            Err(Failure::Fault(fault)) => {
+                self.stats.traps.fetch_add(1, Ordering::Relaxed);
+                if may_split {
+                    tracing::debug!(partition = self.partition, error = %fault, "batch trapped; re-running one record at a time");
+                    task.split(self.settings.outage_backoff_min);
+                    self.execution.ready.push_front(task);
+                    return Ok(());
+                }
+                let kind = match &fault {
+                    CallError::Trap { deadline: true, .. } => DeadLetterKind::Deadline,
+                    _ => DeadLetterKind::Trapped,
+                };
+                tracing::warn!(partition = self.partition, offset = records[0].offset, error = %fault, "record dead-lettered");
+                self.dead_letter(&records[0], kind, &fault.to_string())
+                    .await?;
+                self.step(task);
+            }
+            Ok((dispositions, batch)) => {
+                let rejected_with_effects = dispositions
+                    .iter()
+                    .enumerate()
+                    .any(|(i, d)| matches!(d, Disposition::Reject(_)) && batch.touched(i));
+                if rejected_with_effects && may_split {
+                    task.split(self.settings.outage_backoff_min);
+                    self.execution.ready.push_front(task);
+                    return Ok(());
+                }
+                match self
+                    .commit(&records, &dispositions, batch, !rejected_with_effects)
+                    .await?
+                {
+                    Ok(()) => {
+                        self.stalled.store(false, Ordering::Relaxed);
+                        self.step(task);
+                    }
+                    Err(err) => self.retry_later(task, err)?,
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Schedules `task` again after its backoff (the state backend failed; nothing of it was
+    /// applied), raising `stalled` so the consumer loop pauses the partition; a corrupt state
+    /// ends the worker instead.
+    fn retry_later(&mut self, mut task: Task, err: StateError) -> Result<(), WorkerError> {
+        if err.kind() == crate::error::ErrorKind::Corrupt {
+            return Err(WorkerError::Corrupt {
+                partition: self.partition,
+                source: err,
+            });
+        }
+        tracing::warn!(partition = self.partition, error = %err, retry_in = ?task.backoff, "state backend unavailable; partition paused");
+        self.stats.outage_retries.fetch_add(1, Ordering::Relaxed);
+        self.stalled.store(true, Ordering::Relaxed);
+        task.delay = task.backoff;
+        task.backoff = (task.backoff * 2).min(BACKOFF_MAX);
+        self.execution.ready.push_back(task);
+        Ok(())
+    }
+
+    /// The call of `task` is done: next record of a one-by-one re-run, or the batch finishes.
+    fn step(&mut self, mut task: Task) {
+        if let Some(i) = task.single
+            && i + 1 < task.records.len()
+        {
+            task.single = Some(i + 1);
+            task.delay = Duration::ZERO;
+            task.backoff = self.settings.outage_backoff_min;
+            self.execution.ready.push_front(task);
+            return;
+        }
+        self.execution
+            .controller
+            .finish(&task.keys, task.records.len());
+        self.left_flight(task.records.len());
+        self.processed(&task.records);
     }
 
     /// Checkpoints the shard if records were processed since the last checkpoint (docs/
@@ -319,49 +706,6 @@ impl<S: Shard> PartitionWorker<S> {
         }
     }
 
-    async fn process(&mut self, records: Arc<Vec<InputRecord>>) -> Result<(), WorkerError> {
-        let n = records.len();
-        self.stats.records_in.fetch_add(n as u64, Ordering::Relaxed);
-        let deadline = self
-            .settings
-            .record_deadline
-            .saturating_mul(u32::try_from(n).unwrap_or(u32::MAX))
-            .min(
-                self.settings
-                    .batch_deadline_max
-                    .max(self.settings.record_deadline),
-            );
-        let mut backoff = self.settings.outage_backoff_min;
-        loop {
-            match self.attempt(records.clone(), deadline, n > 1).await? {
-                Ok(()) => {
-                    self.stalled.store(false, Ordering::Relaxed);
-                    self.processed(&records);
-                    return Ok(());
-                }
-                Err(Attempt::Unavailable(err)) => self.pause(err, &mut backoff).await?,
-                Err(Attempt::Split) => break,
-            }
-        }
-        for record in records.iter() {
-            let single = Arc::new(vec![record.clone()]);
-            let mut backoff = self.settings.outage_backoff_min;
-            loop {
-                match self
-                    .attempt(single.clone(), self.settings.record_deadline, false)
-                    .await?
-                {
-                    Ok(()) => break,
-                    Err(Attempt::Unavailable(err)) => self.pause(err, &mut backoff).await?,
-                    Err(Attempt::Split) => unreachable!("a single-record attempt never splits"),
-                }
-            }
-        }
-        self.stalled.store(false, Ordering::Relaxed);
-        self.processed(&records);
-        Ok(())
-    }
-
     async fn drain_sink(&mut self) -> Result<(), WorkerError> {
         match self.sink.drain().await {
             Ok(()) => Ok(()),
@@ -384,105 +728,6 @@ impl<S: Shard> PartitionWorker<S> {
                 "first records processed after opening the shard"
             );
         }
-    }
-
-    async fn pause(&mut self, err: StateError, backoff: &mut Duration) -> Result<(), WorkerError> {
-        if err.kind() == crate::error::ErrorKind::Corrupt {
-            return Err(WorkerError::Corrupt {
-                partition: self.partition,
-                source: err,
-            });
-        }
-        tracing::warn!(partition = self.partition, error = %err, retry_in = ?*backoff, "state backend unavailable; partition paused");
-        self.stats.outage_retries.fetch_add(1, Ordering::Relaxed);
-        self.stalled.store(true, Ordering::Relaxed);
-        tokio::time::sleep(*backoff).await;
-        *backoff = (*backoff * 2).min(BACKOFF_MAX);
-        Ok(())
-    }
-
-    /// One call over `records`. `may_split`: on a guest fault, ask for a one-by-one re-run
-    /// instead of dead-lettering (true for batches of more than one record).
-    async fn attempt(
-        &mut self,
-        records: Arc<Vec<InputRecord>>,
-        deadline: Duration,
-        may_split: bool,
-    ) -> Result<Result<(), Attempt>, WorkerError> {
-        // Clone the handles so no borrow of `self` (which holds the non-`Sync` instance) lives
-        // across the await.
-        let (shard, operator) = (self.shard.clone(), self.operator.clone());
-        let batch = match prefetch(&*shard, &operator.meta().value_states, records.clone()).await {
-            Ok(batch) => batch,
-            Err(err) => return Ok(Err(Attempt::Unavailable(err))),
-        };
-        let instance = self.instance().await?;
-        let started = Instant::now();
-        let result = instance.call_batch(batch, deadline).await;
-        self.stats.guest_calls.fetch_add(1, Ordering::Relaxed);
-        self.stats
-            .guest_call_ns
-            .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        let (dispositions, batch) = match result {
-            Ok(ok) => ok,
-            Err(CallError::Aborted(crate::runtime::HostAbort::State(err))) => {
-                // An error out of a call leaves the store unusable (wasmtime marks it trapped),
-                // so the instance goes even though the guest did nothing wrong.
-                self.instance = None;
-                self.stats.calls_aborted.fetch_add(1, Ordering::Relaxed);
-                return Ok(Err(Attempt::Unavailable(err)));
-            }
-            Err(fault) => {
-                // The instance is unusable after a trap: drop it, never reuse it.
-                self.instance = None;
-                self.stats.traps.fetch_add(1, Ordering::Relaxed);
-                if may_split {
-                    tracing::debug!(partition = self.partition, error = %fault, "batch trapped; re-running one record at a time");
-                    return Ok(Err(Attempt::Split));
-                }
-                let kind = match &fault {
-                    CallError::Trap { deadline: true, .. } => DeadLetterKind::Deadline,
-                    _ => DeadLetterKind::Trapped,
-                };
-                tracing::warn!(partition = self.partition, offset = records[0].offset, error = %fault, "record dead-lettered");
-                self.dead_letter(&records[0], kind, &fault.to_string())
-                    .await?;
-                return Ok(Ok(()));
-            }
-        };
-        let rejected_with_effects = dispositions
-            .iter()
-            .enumerate()
-            .any(|(i, d)| matches!(d, Disposition::Reject(_)) && batch.touched(i));
-        if rejected_with_effects && may_split {
-            return Ok(Err(Attempt::Split));
-        }
-        let apply_effects = !rejected_with_effects;
-        if let Err(err) = self
-            .commit(&records, &dispositions, batch, apply_effects)
-            .await?
-        {
-            return Ok(Err(Attempt::Unavailable(err)));
-        }
-        Ok(Ok(()))
-    }
-
-    async fn instance(&mut self) -> Result<&mut Instance<S>, WorkerError> {
-        if self.instance.is_none() {
-            let instance = self
-                .operator
-                .instantiate(Some(self.shard.clone()), self.source.clone())
-                .await
-                .map_err(|source| WorkerError::Instantiate {
-                    partition: self.partition,
-                    source,
-                })?;
-            self.instance = Some(instance);
-        }
-        Ok(self
-            .instance
-            .as_mut()
-            .expect("the instance was created just above"))
     }
 
     /// Applies a successful call: state writes, emits, dead letters for rejections. Returns

@@ -11,6 +11,7 @@
 
 pub mod checkpoint;
 pub mod configured;
+pub mod delayed;
 #[cfg(test)]
 pub(crate) mod faulty_store;
 pub mod hooked_store;

@@ -1,0 +1,129 @@
+//! [`DelayedReads`]: a state backend whose reads wait first, as reads that miss the caches and
+//! go to object storage do. For the execution-controller benchmark and tests: the delay is
+//! the only thing it adds; writes and checkpoints pass straight through.
+
+use super::checkpoint::{CheckpointError, CheckpointReport, DecidedBy, InputOffsets};
+use super::{Shard, ShardId, StateBackend, StateError, StateWrite};
+use bytes::Bytes;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+/// How long each read (`get`, `get_many`, `scan`) waits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReadDelay {
+    /// The same delay every time.
+    Fixed(Duration),
+    /// A pseudo-random delay of 0..=max ms (whole milliseconds), the same sequence every run
+    /// (SplitMix64 of a per-shard counter).
+    UpTo(Duration),
+}
+
+/// `inner` with every read delayed by `delay`.
+#[derive(Debug)]
+pub struct DelayedReads<B> {
+    inner: B,
+    delay: ReadDelay,
+}
+
+impl<B> DelayedReads<B> {
+    /// Wraps `inner`.
+    pub fn new(inner: B, delay: ReadDelay) -> Self {
+        Self { inner, delay }
+    }
+}
+
+/// A shard of [`DelayedReads`].
+#[derive(Debug)]
+pub struct DelayedShard<S> {
+    inner: S,
+    delay: ReadDelay,
+    reads: AtomicU64,
+}
+
+impl<S> DelayedShard<S> {
+    async fn wait(&self) {
+        let delay = match self.delay {
+            ReadDelay::Fixed(delay) => delay,
+            ReadDelay::UpTo(max) => {
+                let n = self.reads.fetch_add(1, Ordering::Relaxed);
+                let max_ms = u64::try_from(max.as_millis()).unwrap_or(u64::MAX);
+                Duration::from_millis(splitmix64(n) % max_ms.saturating_add(1))
+            }
+        };
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
+    }
+}
+
+/// SplitMix64 (Steele, Lea, Flood 2014): a fixed, well-mixed pseudo-random sequence from a
+/// counter, for injected faults and latencies that are irregular yet the same every run.
+pub fn splitmix64(n: u64) -> u64 {
+    let mut z = n.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+impl<B: StateBackend> StateBackend for DelayedReads<B> {
+    type Shard = DelayedShard<B::Shard>;
+
+    async fn open_shard(&self, id: &ShardId) -> Result<Self::Shard, StateError> {
+        self.open_shard_at(id, None).await
+    }
+
+    async fn open_shard_at(
+        &self,
+        id: &ShardId,
+        committed: Option<u64>,
+    ) -> Result<Self::Shard, StateError> {
+        Ok(DelayedShard {
+            inner: self.inner.open_shard_at(id, committed).await?,
+            delay: self.delay,
+            // Each partition its own sequence.
+            reads: AtomicU64::new(u64::from(id.partition.unsigned_abs()) << 32),
+        })
+    }
+}
+
+impl<S: Shard> Shard for DelayedShard<S> {
+    async fn get(&self, key: &[u8]) -> Result<Option<Bytes>, StateError> {
+        self.wait().await;
+        self.inner.get(key).await
+    }
+
+    async fn get_many(&self, keys: &[Vec<u8>]) -> Result<Vec<Option<Bytes>>, StateError> {
+        self.wait().await;
+        self.inner.get_many(keys).await
+    }
+
+    async fn scan(
+        &self,
+        prefix: &[u8],
+        start_after: Option<&[u8]>,
+        limit: usize,
+    ) -> Result<Vec<(Vec<u8>, Bytes)>, StateError> {
+        self.wait().await;
+        self.inner.scan(prefix, start_after, limit).await
+    }
+
+    async fn apply(&self, writes: Vec<StateWrite>) -> Result<(), StateError> {
+        self.inner.apply(writes).await
+    }
+
+    fn recovered_offsets(&self) -> Result<Option<InputOffsets>, StateError> {
+        self.inner.recovered_offsets()
+    }
+
+    async fn checkpoint(
+        &self,
+        offsets: &InputOffsets,
+        decided_by: DecidedBy,
+    ) -> Result<Option<CheckpointReport>, CheckpointError> {
+        self.inner.checkpoint(offsets, decided_by).await
+    }
+
+    fn checkpoint_decided(&self, version: u64) {
+        self.inner.checkpoint_decided(version);
+    }
+}
