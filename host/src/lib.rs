@@ -14,6 +14,7 @@
 //! - [`dev`]       `weir dev`: the whole job on embedded defaults (librdkafka's mock cluster)
 //! - [`clock`]     the injected clock seam (processing time for TTL)
 
+pub mod api;
 pub mod bench;
 pub mod checkpoint_bench;
 pub mod clock;

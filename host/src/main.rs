@@ -113,6 +113,12 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Serve the multi-tenant HTTP API (admin key in `WEIR_ADMIN_KEY`).
+    Serve {
+        /// The config file (see deploy/config/serve.toml).
+        #[arg(long)]
+        config: PathBuf,
+    },
     /// Measure what the execution controller buys when state reads wait: records/s of the
     /// whole pipeline with every state read delayed, for several in-flight / instance settings
     /// (see host/src/controller_bench.rs).
@@ -267,6 +273,7 @@ async fn main() -> anyhow::Result<()> {
             }
             Ok(())
         }
+        Command::Serve { config } => serve(config).await,
         Command::BenchController {
             operator,
             bootstrap_servers,
@@ -315,6 +322,41 @@ async fn main() -> anyhow::Result<()> {
             json,
         } => bench_call(operator, flights, records, batch, json).await,
     }
+}
+
+async fn serve(config: PathBuf) -> anyhow::Result<()> {
+    use weir_host::api;
+    let text = std::fs::read_to_string(&config)
+        .with_context(|| format!("cannot read {}", config.display()))?;
+    let settings: api::ServeSettings =
+        toml::from_str(&text).with_context(|| format!("cannot parse {}", config.display()))?;
+    let admin_key = std::env::var("WEIR_ADMIN_KEY").unwrap_or_default();
+    anyhow::ensure!(
+        admin_key.len() >= api::ADMIN_KEY_BYTES_MIN,
+        "set WEIR_ADMIN_KEY to an admin key of at least {} bytes (e.g. `openssl rand -hex 32`)",
+        api::ADMIN_KEY_BYTES_MIN
+    );
+    let (store, prefix) = weir_host::state::lsm::backend::object_store_from_url(
+        &settings.store_url,
+        &settings.store_options,
+    )
+    .context("cannot open the catalog store")?;
+    let state = api::ApiState::new(
+        api::catalog::Catalog::new(store, prefix),
+        api::ApiSettings {
+            operator_bytes_max: settings.operator_bytes_max,
+            admin_key_sha256: api::sha256(admin_key.as_bytes()),
+            runtime: settings.runtime.clone(),
+        },
+    )?;
+    let listener = tokio::net::TcpListener::bind(&settings.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", settings.listen))?;
+    api::serve(listener, state, async {
+        let _ = tokio::signal::ctrl_c().await;
+    })
+    .await?;
+    Ok(())
 }
 
 async fn run(config: PathBuf) -> anyhow::Result<()> {

@@ -1,0 +1,369 @@
+//! The API's records in object storage: tenants, API keys (hashed), operator versions and
+//! their components. Every `weir serve` host sharing the store sees the same catalog; there is
+//! no other shared state.
+//!
+//! Layout under the configured prefix:
+//! - `tenants/{tenant}/tenant.json` — a [`Tenant`];
+//! - `api-keys/{sha256 of the key, hex}.json` — an [`ApiKeyRecord`] (the key itself is never
+//!   stored);
+//! - `tenants/{tenant}/blobs/{sha256}.wasm` — an uploaded component, content-addressed;
+//! - `tenants/{tenant}/operators/{name}/versions/{version:010}.json` — an
+//!   [`OperatorVersion`], created once (`PutMode::Create`) and never changed: versions are
+//!   immutable, and two hosts uploading at once get different version numbers.
+
+use super::problem::ApiError;
+use bytes::Bytes;
+use futures::TryStreamExt;
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
+use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+use utoipa::ToSchema;
+
+/// A tenant: the owner of operators and pipelines, isolated from every other tenant.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Tenant {
+    /// The tenant id, 1..=32 bytes of `[a-z0-9-]`, used in paths.
+    pub id: String,
+    /// A display name.
+    pub name: String,
+    /// Creation time, ms since the Unix epoch.
+    pub created_ms: u64,
+}
+
+/// What the store keeps of an API key: whose it is, never the key.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ApiKeyRecord {
+    /// A short public id of the key (the first 12 hex digits of its SHA-256).
+    pub key_id: String,
+    /// The tenant the key acts for.
+    pub tenant: String,
+    /// Creation time, ms since the Unix epoch.
+    pub created_ms: u64,
+}
+
+/// A state an operator declared in `describe`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct StateDescription {
+    /// The state's name.
+    pub name: String,
+    /// `value` or `map`.
+    pub kind: String,
+    /// Time to live of an entry since its last write, ms; none for no expiry.
+    pub ttl_ms: Option<u64>,
+}
+
+/// One immutable version of a tenant's operator.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct OperatorVersion {
+    /// The operator's name in the API (chosen at upload), 1..=64 bytes of `[a-z0-9_-]`.
+    pub name: String,
+    /// The version number, from 1, one more than the newest at upload.
+    pub version: u64,
+    /// SHA-256 of the component, hex.
+    pub sha256: String,
+    /// Size of the component, bytes.
+    pub size_bytes: u64,
+    /// Upload time, ms since the Unix epoch.
+    pub created_ms: u64,
+    /// The name the component gives itself in `describe`.
+    pub declared_name: String,
+    /// The version the component gives itself in `describe` (free text).
+    pub declared_version: String,
+    /// The states it declared.
+    pub states: Vec<StateDescription>,
+}
+
+/// A tenant's operator and its versions.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct OperatorSummary {
+    /// The operator's name.
+    pub name: String,
+    /// Its versions, ascending.
+    pub versions: Vec<u64>,
+}
+
+/// The catalog on one object store.
+#[derive(Debug, Clone)]
+pub struct Catalog {
+    store: Arc<dyn ObjectStore>,
+    prefix: Path,
+}
+
+/// Whether `id` is a valid tenant id: 1..=32 bytes of `[a-z0-9-]`, not starting with `-`.
+pub fn valid_tenant_id(id: &str) -> bool {
+    (1..=32).contains(&id.len())
+        && !id.starts_with('-')
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+}
+
+/// Whether `name` is a valid operator name: 1..=64 bytes of `[a-z0-9_-]`, not starting with
+/// `-` or `_`.
+pub fn valid_operator_name(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && !name.starts_with(['-', '_'])
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
+}
+
+impl Catalog {
+    /// The catalog under `prefix` of `store`.
+    pub fn new(store: Arc<dyn ObjectStore>, prefix: Path) -> Self {
+        Self { store, prefix }
+    }
+
+    fn path(&self, rest: &str) -> Path {
+        Path::from(format!("{}/{rest}", self.prefix).trim_start_matches('/'))
+    }
+
+    async fn get_json<T: for<'de> Deserialize<'de>>(
+        &self,
+        path: &Path,
+    ) -> Result<Option<T>, ApiError> {
+        match self.store.get(path).await {
+            Ok(got) => {
+                let bytes = got.bytes().await?;
+                serde_json::from_slice(&bytes).map(Some).map_err(|e| {
+                    ApiError::Unavailable(format!("unreadable catalog record `{path}`: {e}"))
+                })
+            }
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(err) => Err(err.into()),
+        }
+    }
+
+    /// Writes `value` at `path` only if nothing is there; `Ok(false)` if something is.
+    async fn create_json<T: Serialize>(&self, path: &Path, value: &T) -> Result<bool, ApiError> {
+        let body = serde_json::to_vec(value).expect("catalog records serialize");
+        let opts = PutOptions {
+            mode: PutMode::Create,
+            ..PutOptions::default()
+        };
+        match self
+            .store
+            .put_opts(path, PutPayload::from(body), opts)
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(object_store::Error::AlreadyExists { .. }) => Ok(false),
+            Err(err) => Err(err.into()),
+        }
+    }
+
+    /// Creates `tenant`.
+    ///
+    /// # Errors
+    /// [`ApiError::Conflict`] if it exists; [`ApiError::Unavailable`] on a store error.
+    pub async fn create_tenant(&self, tenant: &Tenant) -> Result<(), ApiError> {
+        let path = self.path(&format!("tenants/{}/tenant.json", tenant.id));
+        if self.create_json(&path, tenant).await? {
+            Ok(())
+        } else {
+            Err(ApiError::Conflict(format!("tenant `{}` exists", tenant.id)))
+        }
+    }
+
+    /// The tenant `id`, if it exists.
+    ///
+    /// # Errors
+    /// [`ApiError::Unavailable`] on a store error.
+    pub async fn tenant(&self, id: &str) -> Result<Option<Tenant>, ApiError> {
+        self.get_json(&self.path(&format!("tenants/{id}/tenant.json")))
+            .await
+    }
+
+    /// Every tenant, by id.
+    ///
+    /// # Errors
+    /// [`ApiError::Unavailable`] on a store error.
+    pub async fn tenants(&self) -> Result<Vec<Tenant>, ApiError> {
+        let listed = self
+            .store
+            .list_with_delimiter(Some(&self.path("tenants")))
+            .await?;
+        let mut tenants = Vec::new();
+        for dir in listed.common_prefixes {
+            if let Some(id) = dir.filename()
+                && let Some(tenant) = self.tenant(id).await?
+            {
+                tenants.push(tenant);
+            }
+        }
+        tenants.sort_by(|a, b| a.id.cmp(&b.id));
+        Ok(tenants)
+    }
+
+    /// Records an API key by the SHA-256 (hex) of its text.
+    ///
+    /// # Errors
+    /// [`ApiError::Conflict`] if that hash is recorded (a 256-bit collision: a bug);
+    /// [`ApiError::Unavailable`] on a store error.
+    pub async fn create_key(&self, hash: &str, record: &ApiKeyRecord) -> Result<(), ApiError> {
+        if self
+            .create_json(&self.path(&format!("api-keys/{hash}.json")), record)
+            .await?
+        {
+            Ok(())
+        } else {
+            Err(ApiError::Conflict("API key exists".into()))
+        }
+    }
+
+    /// The key whose text hashes to `hash`, if any.
+    ///
+    /// # Errors
+    /// [`ApiError::Unavailable`] on a store error.
+    pub async fn key(&self, hash: &str) -> Result<Option<ApiKeyRecord>, ApiError> {
+        self.get_json(&self.path(&format!("api-keys/{hash}.json")))
+            .await
+    }
+
+    /// Stores a component under its SHA-256 (idempotent).
+    ///
+    /// # Errors
+    /// [`ApiError::Unavailable`] on a store error.
+    pub async fn put_blob(&self, tenant: &str, sha256: &str, bytes: Bytes) -> Result<(), ApiError> {
+        self.store
+            .put(
+                &self.path(&format!("tenants/{tenant}/blobs/{sha256}.wasm")),
+                PutPayload::from(bytes),
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// The component with SHA-256 `sha256`.
+    ///
+    /// # Errors
+    /// [`ApiError::NotFound`] when it is missing; [`ApiError::Unavailable`] on a store error.
+    pub async fn blob(&self, tenant: &str, sha256: &str) -> Result<Bytes, ApiError> {
+        let path = self.path(&format!("tenants/{tenant}/blobs/{sha256}.wasm"));
+        match self.store.get(&path).await {
+            Ok(got) => Ok(got.bytes().await?),
+            Err(object_store::Error::NotFound { .. }) => {
+                Err(ApiError::NotFound(format!("component {sha256} is missing")))
+            }
+            Err(err) => Err(err.into()),
+        }
+    }
+
+    fn versions_dir(&self, tenant: &str, name: &str) -> Path {
+        self.path(&format!("tenants/{tenant}/operators/{name}/versions"))
+    }
+
+    /// The version numbers of operator `name`, ascending (empty if it has none).
+    ///
+    /// # Errors
+    /// [`ApiError::Unavailable`] on a store error.
+    pub async fn version_numbers(&self, tenant: &str, name: &str) -> Result<Vec<u64>, ApiError> {
+        let dir = self.versions_dir(tenant, name);
+        let metas: Vec<_> = self.store.list(Some(&dir)).try_collect().await?;
+        let mut versions: Vec<u64> = metas
+            .iter()
+            .filter_map(|m| m.location.filename()?.strip_suffix(".json")?.parse().ok())
+            .collect();
+        versions.sort_unstable();
+        Ok(versions)
+    }
+
+    /// Records `version` as the next version of its operator: tries `newest + 1`, and the next
+    /// number again when another host took that one meanwhile. Returns the version as stored.
+    ///
+    /// # Errors
+    /// [`ApiError::Conflict`] after 16 lost races; [`ApiError::Unavailable`] on a store error.
+    pub async fn create_version(
+        &self,
+        tenant: &str,
+        mut version: OperatorVersion,
+    ) -> Result<OperatorVersion, ApiError> {
+        let mut next = self
+            .version_numbers(tenant, &version.name)
+            .await?
+            .last()
+            .map_or(1, |v| v + 1);
+        for _ in 0..16 {
+            version.version = next;
+            let path = self
+                .versions_dir(tenant, &version.name)
+                .join(format!("{next:010}.json"));
+            if self.create_json(&path, &version).await? {
+                return Ok(version);
+            }
+            next += 1;
+        }
+        Err(ApiError::Conflict(format!(
+            "too many concurrent uploads of operator `{}`; try again",
+            version.name
+        )))
+    }
+
+    /// Version `version` of operator `name`, if it exists.
+    ///
+    /// # Errors
+    /// [`ApiError::Unavailable`] on a store error.
+    pub async fn version(
+        &self,
+        tenant: &str,
+        name: &str,
+        version: u64,
+    ) -> Result<Option<OperatorVersion>, ApiError> {
+        self.get_json(
+            &self
+                .versions_dir(tenant, name)
+                .join(format!("{version:010}.json")),
+        )
+        .await
+    }
+
+    /// Deletes version `version` of operator `name`; `false` if it did not exist. The component
+    /// stays (another version may share it).
+    ///
+    /// # Errors
+    /// [`ApiError::Unavailable`] on a store error.
+    pub async fn delete_version(
+        &self,
+        tenant: &str,
+        name: &str,
+        version: u64,
+    ) -> Result<bool, ApiError> {
+        if self.version(tenant, name, version).await?.is_none() {
+            return Ok(false);
+        }
+        self.store
+            .delete(
+                &self
+                    .versions_dir(tenant, name)
+                    .join(format!("{version:010}.json")),
+            )
+            .await?;
+        Ok(true)
+    }
+
+    /// The tenant's operators with their versions, by name; operators whose versions were all
+    /// deleted are left out.
+    ///
+    /// # Errors
+    /// [`ApiError::Unavailable`] on a store error.
+    pub async fn operators(&self, tenant: &str) -> Result<Vec<OperatorSummary>, ApiError> {
+        let dir = self.path(&format!("tenants/{tenant}/operators"));
+        let listed = self.store.list_with_delimiter(Some(&dir)).await?;
+        let mut out = Vec::new();
+        for prefix in listed.common_prefixes {
+            let Some(name) = prefix.filename() else {
+                continue;
+            };
+            let versions = self.version_numbers(tenant, name).await?;
+            if !versions.is_empty() {
+                out.push(OperatorSummary {
+                    name: name.to_owned(),
+                    versions,
+                });
+            }
+        }
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(out)
+    }
+}

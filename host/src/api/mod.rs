@@ -1,0 +1,651 @@
+//! `weir serve`: the multi-tenant HTTP API (axum). Tenants upload operators; every resource is
+//! scoped to the tenant whose API key the request carries, and another tenant's resource
+//! answers 404. An admin key (from the environment, never stored) creates tenants and their
+//! keys. Records live in object storage ([`catalog`]), so every host sharing the store serves
+//! the same catalog. Errors are RFC 9457 problem details ([`problem`]); the OpenAPI document,
+//! generated from this code (utoipa), is served at `/openapi.json`.
+//!
+//! Routes (`/v1`): `POST/GET /tenants`, `POST /tenants/{tenant}/api-keys` (admin);
+//! `GET /operators`, `POST/GET /operators/{name}`, `GET/DELETE
+//! /operators/{name}/versions/{version}` (tenant).
+
+pub mod catalog;
+pub mod problem;
+
+use crate::clock::SystemClock;
+use crate::config::RuntimeSettings;
+use crate::runtime::{Operator, Runtime};
+use crate::state::configured::ConfiguredShard;
+use axum::body::{Body, Bytes};
+use axum::extract::{FromRequestParts, Path as UrlPath, State};
+use axum::http::request::Parts;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use catalog::{
+    ApiKeyRecord, Catalog, OperatorSummary, OperatorVersion, StateDescription, Tenant,
+    valid_operator_name, valid_tenant_id,
+};
+use problem::{ApiError, Problem};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tower_http::trace::TraceLayer;
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::{Modify, OpenApi, ToSchema};
+
+/// Largest JSON request body, bytes.
+const JSON_BODY_BYTES_MAX: usize = 64 << 10;
+
+/// How long a verified API key is trusted without reading the store again.
+const KEY_CACHE_TTL: Duration = Duration::from_secs(60);
+
+/// The config file of `weir serve` (TOML; see deploy/config/serve.toml). The admin key is not
+/// in it: `weir serve` reads it from the `WEIR_ADMIN_KEY` environment variable.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServeSettings {
+    /// `host:port` to listen on.
+    pub listen: String,
+    /// The object store holding the catalog (and, later, pipelines): `file:///absolute/dir`,
+    /// `s3://bucket/prefix` or `memory:///`.
+    pub store_url: String,
+    /// `object_store` options for the URL's scheme (as `state.lsm.options`).
+    #[serde(default)]
+    pub store_options: std::collections::BTreeMap<String, String>,
+    /// Largest operator component accepted, bytes; default 32 MiB.
+    #[serde(default = "default_operator_bytes_max")]
+    pub operator_bytes_max: usize,
+    /// Limits operators are checked with.
+    #[serde(default)]
+    pub runtime: RuntimeSettings,
+}
+
+fn default_operator_bytes_max() -> usize {
+    32 << 20
+}
+
+/// Shortest admin key accepted, bytes.
+pub const ADMIN_KEY_BYTES_MIN: usize = 32;
+
+/// Settings of the API handlers.
+#[derive(Debug, Clone)]
+pub struct ApiSettings {
+    /// Largest operator component accepted, bytes.
+    pub operator_bytes_max: usize,
+    /// SHA-256 of the admin key.
+    pub admin_key_sha256: [u8; 32],
+    /// Limits the operators are checked (and later run) with.
+    pub runtime: RuntimeSettings,
+}
+
+/// Shared state of the handlers.
+#[derive(Clone)]
+pub struct ApiState {
+    catalog: Catalog,
+    runtime: Arc<Runtime<ConfiguredShard>>,
+    /// Compiled operators by component SHA-256: a component is compiled once per host.
+    compiled: moka::future::Cache<String, Arc<Operator<ConfiguredShard>>>,
+    /// Verified keys by SHA-256: the tenant they act for.
+    keys: moka::future::Cache<String, String>,
+    settings: Arc<ApiSettings>,
+}
+
+impl std::fmt::Debug for ApiState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ApiState")
+            .field("catalog", &self.catalog)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ApiState {
+    /// State over `catalog`, with an operator runtime configured by `settings.runtime`.
+    ///
+    /// # Errors
+    /// [`crate::runtime::RuntimeError`] when the engine cannot be configured.
+    pub fn new(
+        catalog: Catalog,
+        settings: ApiSettings,
+    ) -> Result<Self, crate::runtime::RuntimeError> {
+        let runtime = Runtime::new(&settings.runtime, Arc::new(SystemClock))?;
+        Ok(Self {
+            catalog,
+            runtime: Arc::new(runtime),
+            compiled: moka::future::Cache::builder().max_capacity(256).build(),
+            keys: moka::future::Cache::builder()
+                .max_capacity(100_000)
+                .time_to_live(KEY_CACHE_TTL)
+                .build(),
+            settings: Arc::new(settings),
+        })
+    }
+}
+
+/// SHA-256 of `bytes`.
+pub fn sha256(bytes: &[u8]) -> [u8; 32] {
+    Sha256::digest(bytes).into()
+}
+
+/// Hex SHA-256 of `bytes`.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    hex::encode(sha256(bytes))
+}
+
+/// Who a request acts as, from its `Authorization: Bearer …` header.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Principal {
+    /// The admin key.
+    Admin,
+    /// A tenant's key.
+    Tenant(String),
+}
+
+impl FromRequestParts<ApiState> for Principal {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &ApiState) -> Result<Self, ApiError> {
+        let header = parts
+            .headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .ok_or_else(|| {
+                ApiError::Unauthorized("send `Authorization: Bearer <API key>`".into())
+            })?;
+        let key = header
+            .strip_prefix("Bearer ")
+            .map(str::trim)
+            .filter(|k| !k.is_empty())
+            .ok_or_else(|| {
+                ApiError::Unauthorized("the Authorization header must be `Bearer <API key>`".into())
+            })?;
+        let digest: [u8; 32] = Sha256::digest(key.as_bytes()).into();
+        if digest == state.settings.admin_key_sha256 {
+            tracing::Span::current().record("tenant", "(admin)");
+            return Ok(Principal::Admin);
+        }
+        let hash = hex::encode(digest);
+        let tenant = match state.keys.get(&hash).await {
+            Some(tenant) => tenant,
+            None => {
+                let record = state
+                    .catalog
+                    .key(&hash)
+                    .await?
+                    .ok_or_else(|| ApiError::Unauthorized("unknown API key".into()))?;
+                state.keys.insert(hash, record.tenant.clone()).await;
+                record.tenant
+            }
+        };
+        tracing::Span::current().record("tenant", tenant.as_str());
+        Ok(Principal::Tenant(tenant))
+    }
+}
+
+impl Principal {
+    fn admin(&self) -> Result<(), ApiError> {
+        match self {
+            Principal::Admin => Ok(()),
+            Principal::Tenant(_) => {
+                Err(ApiError::Forbidden("this route needs the admin key".into()))
+            }
+        }
+    }
+
+    fn tenant(&self) -> Result<&str, ApiError> {
+        match self {
+            Principal::Tenant(t) => Ok(t),
+            Principal::Admin => Err(ApiError::Forbidden(
+                "this route acts for a tenant: use one of the tenant's API keys".into(),
+            )),
+        }
+    }
+}
+
+/// Reads a whole body of at most `limit` bytes.
+async fn read_body(body: Body, limit: usize) -> Result<Bytes, ApiError> {
+    axum::body::to_bytes(body, limit).await.map_err(|err| {
+        // `to_bytes` reports an over-long body as a length-limit error in its source chain.
+        let text = format!("{err:#}");
+        let mut source: Option<&dyn std::error::Error> = Some(&err);
+        while let Some(e) = source {
+            if e.is::<http_body_util::LengthLimitError>() {
+                return ApiError::PayloadTooLarge {
+                    limit_bytes: limit as u64,
+                };
+            }
+            source = e.source();
+        }
+        ApiError::BadRequest(format!("cannot read the request body: {text}"))
+    })
+}
+
+/// Reads a JSON body of at most [`JSON_BODY_BYTES_MAX`].
+async fn read_json<T: for<'de> Deserialize<'de>>(body: Body) -> Result<T, ApiError> {
+    let bytes = read_body(body, JSON_BODY_BYTES_MAX).await?;
+    serde_json::from_slice(&bytes)
+        .map_err(|e| ApiError::BadRequest(format!("invalid JSON body: {e}")))
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// A tenant to create.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct NewTenant {
+    /// 1..=32 bytes of `[a-z0-9-]`, not starting with `-`.
+    pub id: String,
+    /// A display name; the id when absent.
+    #[serde(default)]
+    pub name: Option<String>,
+}
+
+/// A new API key: `key` is shown this once and never stored.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct NewApiKey {
+    /// The key, to send as `Authorization: Bearer <key>`.
+    pub key: String,
+    /// What is stored of it.
+    #[serde(flatten)]
+    pub record: ApiKeyRecord,
+}
+
+/// Creates a tenant (admin).
+#[utoipa::path(post, path = "/v1/tenants", tag = "tenants",
+    request_body = NewTenant,
+    responses(
+        (status = 201, description = "Created", body = Tenant),
+        (status = 400, description = "Bad id or body", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "No or unknown key", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "Not the admin key", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Exists", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = [])))]
+async fn create_tenant(
+    State(state): State<ApiState>,
+    principal: Principal,
+    body: Body,
+) -> Result<(StatusCode, Json<Tenant>), ApiError> {
+    principal.admin()?;
+    let new: NewTenant = read_json(body).await?;
+    if !valid_tenant_id(&new.id) {
+        return Err(ApiError::BadRequest(format!(
+            "tenant id must be 1..=32 bytes of [a-z0-9-], not starting with `-`. id=`{}`",
+            new.id
+        )));
+    }
+    let tenant = Tenant {
+        name: new.name.unwrap_or_else(|| new.id.clone()),
+        id: new.id,
+        created_ms: now_ms(),
+    };
+    state.catalog.create_tenant(&tenant).await?;
+    tracing::info!(tenant = %tenant.id, "tenant created");
+    Ok((StatusCode::CREATED, Json(tenant)))
+}
+
+/// Lists the tenants (admin).
+#[utoipa::path(get, path = "/v1/tenants", tag = "tenants",
+    responses(
+        (status = 200, description = "The tenants", body = [Tenant]),
+        (status = 401, description = "No or unknown key", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "Not the admin key", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = [])))]
+async fn list_tenants(
+    State(state): State<ApiState>,
+    principal: Principal,
+) -> Result<Json<Vec<Tenant>>, ApiError> {
+    principal.admin()?;
+    Ok(Json(state.catalog.tenants().await?))
+}
+
+/// Creates an API key for a tenant (admin). The key is in this answer only.
+#[utoipa::path(post, path = "/v1/tenants/{tenant}/api-keys", tag = "tenants",
+    params(("tenant" = String, Path, description = "Tenant id")),
+    responses(
+        (status = 201, description = "Created; the key is shown once", body = NewApiKey),
+        (status = 401, description = "No or unknown key", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "Not the admin key", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such tenant", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = [])))]
+async fn create_api_key(
+    State(state): State<ApiState>,
+    principal: Principal,
+    UrlPath(tenant): UrlPath<String>,
+) -> Result<(StatusCode, Json<NewApiKey>), ApiError> {
+    principal.admin()?;
+    if !valid_tenant_id(&tenant) || state.catalog.tenant(&tenant).await?.is_none() {
+        return Err(ApiError::NotFound(format!("no tenant `{tenant}`")));
+    }
+    let mut secret = [0u8; 32];
+    rand::RngCore::fill_bytes(&mut rand::rngs::OsRng, &mut secret);
+    let key = format!("weir_{}", hex::encode(secret));
+    let hash = sha256_hex(key.as_bytes());
+    let record = ApiKeyRecord {
+        key_id: hash[..12].to_owned(),
+        tenant: tenant.clone(),
+        created_ms: now_ms(),
+    };
+    state.catalog.create_key(&hash, &record).await?;
+    tracing::info!(%tenant, key_id = %record.key_id, "API key created");
+    Ok((StatusCode::CREATED, Json(NewApiKey { key, record })))
+}
+
+/// Lists the caller's operators with their versions.
+#[utoipa::path(get, path = "/v1/operators", tag = "operators",
+    responses(
+        (status = 200, description = "The operators", body = [OperatorSummary]),
+        (status = 401, description = "No or unknown key", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "Not a tenant key", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = [])))]
+async fn list_operators(
+    State(state): State<ApiState>,
+    principal: Principal,
+) -> Result<Json<Vec<OperatorSummary>>, ApiError> {
+    let tenant = principal.tenant()?;
+    Ok(Json(state.catalog.operators(tenant).await?))
+}
+
+fn check_operator_name(name: &str) -> Result<(), ApiError> {
+    if valid_operator_name(name) {
+        Ok(())
+    } else {
+        Err(ApiError::BadRequest(format!(
+            "operator name must be 1..=64 bytes of [a-z0-9_-], not starting with `-` or `_`. name=`{name}`"
+        )))
+    }
+}
+
+/// Uploads a new version of an operator: the body is a `wasm32-wasip2` component
+/// implementing the `weir:operator` world (`Content-Type: application/wasm`). It is compiled
+/// and its `describe` called before it is stored; versions are immutable.
+#[utoipa::path(post, path = "/v1/operators/{name}", tag = "operators",
+    params(("name" = String, Path, description = "Operator name, 1..=64 bytes of [a-z0-9_-]")),
+    request_body(content = Vec<u8>, content_type = "application/wasm", description = "The component"),
+    responses(
+        (status = 201, description = "Stored as the next version", body = OperatorVersion),
+        (status = 400, description = "Bad name or empty body", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "No or unknown key", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "Not a tenant key", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Larger than the limit", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Not a component of the weir:operator world", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = [])))]
+async fn upload_operator(
+    State(state): State<ApiState>,
+    principal: Principal,
+    UrlPath(name): UrlPath<String>,
+    body: Body,
+) -> Result<(StatusCode, Json<OperatorVersion>), ApiError> {
+    let tenant = principal.tenant()?.to_owned();
+    check_operator_name(&name)?;
+    let bytes = read_body(body, state.settings.operator_bytes_max).await?;
+    if bytes.is_empty() {
+        return Err(ApiError::BadRequest(
+            "the body is empty: send the component's bytes (Content-Type: application/wasm)".into(),
+        ));
+    }
+    let sha256 = sha256_hex(&bytes);
+    let operator = match state.compiled.get(&sha256).await {
+        Some(operator) => operator,
+        None => {
+            let operator = state
+                .runtime
+                .load_operator_bytes(&bytes)
+                .await
+                .map_err(|err| ApiError::InvalidOperator(operator_error(&bytes, &err)))?;
+            let operator = Arc::new(operator);
+            state
+                .compiled
+                .insert(sha256.clone(), operator.clone())
+                .await;
+            operator
+        }
+    };
+    let meta = operator.meta();
+    let mut states: Vec<StateDescription> = meta
+        .states
+        .values()
+        .map(|s| StateDescription {
+            name: s.name.clone(),
+            kind: match s.kind {
+                crate::runtime::bindings::StateKind::Value => "value".into(),
+                crate::runtime::bindings::StateKind::Map => "map".into(),
+            },
+            ttl_ms: s.ttl_ms,
+        })
+        .collect();
+    states.sort_by(|a, b| a.name.cmp(&b.name));
+    state
+        .catalog
+        .put_blob(&tenant, &sha256, bytes.clone())
+        .await?;
+    let version = state
+        .catalog
+        .create_version(
+            &tenant,
+            OperatorVersion {
+                name: name.clone(),
+                version: 0,
+                sha256,
+                size_bytes: bytes.len() as u64,
+                created_ms: now_ms(),
+                declared_name: meta.name.clone(),
+                declared_version: meta.version.clone(),
+                states,
+            },
+        )
+        .await?;
+    tracing::info!(%tenant, operator = %name, version = version.version, size_bytes = version.size_bytes, "operator uploaded");
+    Ok((StatusCode::CREATED, Json(version)))
+}
+
+/// The message of a refused upload of `bytes`: what they are, and what is wrong or missing.
+fn operator_error(bytes: &[u8], err: &crate::runtime::RuntimeError) -> String {
+    use crate::runtime::RuntimeError as E;
+    match err {
+        E::InvalidComponent { .. } if !bytes.starts_with(b"\0asm") => {
+            "not WebAssembly: the body does not start with the `\\0asm` magic number; upload a component built with `--target wasm32-wasip2`".into()
+        }
+        E::InvalidComponent { .. } if bytes.get(4..8) == Some(&[1, 0, 0, 0]) => {
+            "a core WebAssembly module, not a component: build with `--target wasm32-wasip2` (or wrap the module with `wasm-tools component new`)".into()
+        }
+        E::InvalidComponent { reason } => {
+            format!("not a valid WebAssembly component: {reason}")
+        }
+        E::WrongWorld { reason } => format!(
+            "the component does not implement the `weir:operator` world (missing or mismatched imports/exports): {reason}"
+        ),
+        other => format!("{other:#}"),
+    }
+}
+
+/// Lists the versions of one of the caller's operators.
+#[utoipa::path(get, path = "/v1/operators/{name}", tag = "operators",
+    params(("name" = String, Path, description = "Operator name")),
+    responses(
+        (status = 200, description = "Its versions, ascending", body = [OperatorVersion]),
+        (status = 401, description = "No or unknown key", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "Not a tenant key", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such operator", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = [])))]
+async fn get_operator(
+    State(state): State<ApiState>,
+    principal: Principal,
+    UrlPath(name): UrlPath<String>,
+) -> Result<Json<Vec<OperatorVersion>>, ApiError> {
+    let tenant = principal.tenant()?;
+    let not_found = || ApiError::NotFound(format!("no operator `{name}`"));
+    if !valid_operator_name(&name) {
+        return Err(not_found());
+    }
+    let mut versions = Vec::new();
+    for v in state.catalog.version_numbers(tenant, &name).await? {
+        if let Some(version) = state.catalog.version(tenant, &name, v).await? {
+            versions.push(version);
+        }
+    }
+    if versions.is_empty() {
+        return Err(not_found());
+    }
+    Ok(Json(versions))
+}
+
+/// Parses a version path segment; anything else is a 404 (no such version).
+fn version_number(name: &str, version: &str) -> Result<u64, ApiError> {
+    version
+        .parse()
+        .ok()
+        .filter(|v| *v > 0 && valid_operator_name(name))
+        .ok_or_else(|| ApiError::NotFound(format!("no version `{version}` of operator `{name}`")))
+}
+
+/// One version of one of the caller's operators.
+#[utoipa::path(get, path = "/v1/operators/{name}/versions/{version}", tag = "operators",
+    params(("name" = String, Path, description = "Operator name"),
+           ("version" = u64, Path, description = "Version number")),
+    responses(
+        (status = 200, description = "The version", body = OperatorVersion),
+        (status = 401, description = "No or unknown key", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "Not a tenant key", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such version", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = [])))]
+async fn get_operator_version(
+    State(state): State<ApiState>,
+    principal: Principal,
+    UrlPath((name, version)): UrlPath<(String, String)>,
+) -> Result<Json<OperatorVersion>, ApiError> {
+    let tenant = principal.tenant()?;
+    let number = version_number(&name, &version)?;
+    state
+        .catalog
+        .version(tenant, &name, number)
+        .await?
+        .map(Json)
+        .ok_or_else(|| ApiError::NotFound(format!("no version {number} of operator `{name}`")))
+}
+
+/// Deletes one version of one of the caller's operators.
+#[utoipa::path(delete, path = "/v1/operators/{name}/versions/{version}", tag = "operators",
+    params(("name" = String, Path, description = "Operator name"),
+           ("version" = u64, Path, description = "Version number")),
+    responses(
+        (status = 204, description = "Deleted"),
+        (status = 401, description = "No or unknown key", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "Not a tenant key", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such version", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = [])))]
+async fn delete_operator_version(
+    State(state): State<ApiState>,
+    principal: Principal,
+    UrlPath((name, version)): UrlPath<(String, String)>,
+) -> Result<StatusCode, ApiError> {
+    let tenant = principal.tenant()?;
+    let number = version_number(&name, &version)?;
+    if state.catalog.delete_version(tenant, &name, number).await? {
+        tracing::info!(%tenant, operator = %name, version = number, "operator version deleted");
+        Ok(StatusCode::NO_CONTENT)
+    } else {
+        Err(ApiError::NotFound(format!(
+            "no version {number} of operator `{name}`"
+        )))
+    }
+}
+
+/// Adds the bearer security scheme.
+struct BearerAuth;
+
+impl Modify for BearerAuth {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .description(Some("An API key: the admin key, or a tenant's key"))
+                    .build(),
+            ),
+        );
+    }
+}
+
+/// The OpenAPI document of the API.
+#[derive(Debug, OpenApi)]
+#[openapi(
+    info(title = "Weir API", description = "Upload WebAssembly operators and run them over Kafka, per tenant."),
+    paths(create_tenant, list_tenants, create_api_key, list_operators, upload_operator,
+          get_operator, get_operator_version, delete_operator_version),
+    components(schemas(Problem, Tenant, NewTenant, NewApiKey, ApiKeyRecord, OperatorVersion,
+                       OperatorSummary, StateDescription)),
+    modifiers(&BearerAuth),
+    tags((name = "tenants", description = "Tenants and their API keys (admin key)"),
+         (name = "operators", description = "A tenant's operator components (tenant key)")),
+)]
+pub struct ApiDoc;
+
+async fn openapi_json() -> Response {
+    Json(ApiDoc::openapi()).into_response()
+}
+
+async fn not_found() -> ApiError {
+    ApiError::NotFound("no such route".into())
+}
+
+/// The API's router over `state`.
+pub fn router(state: ApiState) -> Router {
+    let trace = TraceLayer::new_for_http().make_span_with(|request: &axum::http::Request<Body>| {
+        tracing::info_span!(
+            "request",
+            method = %request.method(),
+            path = %request.uri().path(),
+            tenant = tracing::field::Empty,
+        )
+    });
+    Router::new()
+        .route("/openapi.json", get(openapi_json))
+        .route("/v1/tenants", post(create_tenant).get(list_tenants))
+        .route("/v1/tenants/{tenant}/api-keys", post(create_api_key))
+        .route("/v1/operators", get(list_operators))
+        .route(
+            "/v1/operators/{name}",
+            post(upload_operator).get(get_operator),
+        )
+        .route(
+            "/v1/operators/{name}/versions/{version}",
+            get(get_operator_version).delete(delete_operator_version),
+        )
+        .fallback(not_found)
+        // Bodies are read and limited by the handlers (so the limit answers with a problem).
+        .layer(axum::extract::DefaultBodyLimit::disable())
+        .layer(trace)
+        .with_state(state)
+}
+
+/// Serves the API on `listener` until `shutdown` completes.
+///
+/// # Errors
+/// The server's I/O error.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    state: ApiState,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let addr: Option<SocketAddr> = listener.local_addr().ok();
+    tracing::info!(?addr, "weir serve listening");
+    axum::serve(listener, router(state))
+        .with_graceful_shutdown(shutdown)
+        .await
+}

@@ -1,0 +1,124 @@
+//! Errors of the HTTP API as RFC 9457 problem details (`application/problem+json`), mapped from
+//! error kinds in one place: [`ApiError`]'s `IntoResponse`.
+
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+use utoipa::ToSchema;
+
+/// An RFC 9457 problem detail, as every error response of the API carries it.
+#[derive(Debug, Clone, Serialize, serde::Deserialize, ToSchema)]
+pub struct Problem {
+    /// A URI naming the problem kind (`urn:weir:problem:{kind}`).
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// A short, fixed summary of the kind.
+    pub title: String,
+    /// The HTTP status code.
+    pub status: u16,
+    /// What went wrong with this request, for a person.
+    pub detail: String,
+}
+
+/// Why a request failed. Each variant is one problem kind and one status code.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// No usable bearer token (401).
+    #[error("{0}")]
+    Unauthorized(String),
+    /// The caller's key may not do this (403): a tenant key on an admin route or the reverse.
+    #[error("{0}")]
+    Forbidden(String),
+    /// No such resource for this caller (404). Another tenant's resources answer this too.
+    #[error("{0}")]
+    NotFound(String),
+    /// The resource exists already, or is in use (409).
+    #[error("{0}")]
+    Conflict(String),
+    /// The body is larger than the route allows (413).
+    #[error("the request body is larger than {limit_bytes} bytes")]
+    PayloadTooLarge {
+        /// The route's limit, bytes.
+        limit_bytes: u64,
+    },
+    /// The request is malformed: bad JSON, a bad name, an empty body (400).
+    #[error("{0}")]
+    BadRequest(String),
+    /// An uploaded operator was refused: not a component, another world, a bad `describe`
+    /// (422).
+    #[error("{0}")]
+    InvalidOperator(String),
+    /// Object storage failed; retrying may help (503).
+    #[error("storage unavailable: {0}")]
+    Unavailable(String),
+}
+
+impl ApiError {
+    fn parts(&self) -> (StatusCode, &'static str, &'static str) {
+        match self {
+            ApiError::Unauthorized(_) => (
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "Missing or unknown API key",
+            ),
+            ApiError::Forbidden(_) => (StatusCode::FORBIDDEN, "forbidden", "Not allowed"),
+            ApiError::NotFound(_) => (StatusCode::NOT_FOUND, "not-found", "Not found"),
+            ApiError::Conflict(_) => (StatusCode::CONFLICT, "conflict", "Conflict"),
+            ApiError::PayloadTooLarge { .. } => (
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "payload-too-large",
+                "Request body too large",
+            ),
+            ApiError::BadRequest(_) => (StatusCode::BAD_REQUEST, "bad-request", "Bad request"),
+            ApiError::InvalidOperator(_) => (
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid-operator",
+                "Not a valid Weir operator",
+            ),
+            ApiError::Unavailable(_) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable",
+                "Storage unavailable",
+            ),
+        }
+    }
+
+    /// The problem detail this error answers with.
+    pub fn problem(&self) -> Problem {
+        let (status, kind, title) = self.parts();
+        Problem {
+            kind: format!("urn:weir:problem:{kind}"),
+            title: title.to_owned(),
+            status: status.as_u16(),
+            detail: self.to_string(),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let problem = self.problem();
+        if matches!(self, ApiError::Unavailable(_)) {
+            tracing::warn!(detail = %problem.detail, "storage unavailable");
+        }
+        let status =
+            StatusCode::from_u16(problem.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let mut response = (status, axum::Json(problem)).into_response();
+        response.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        );
+        if status == StatusCode::UNAUTHORIZED {
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        response
+    }
+}
+
+impl From<object_store::Error> for ApiError {
+    fn from(err: object_store::Error) -> Self {
+        ApiError::Unavailable(format!("{err}"))
+    }
+}

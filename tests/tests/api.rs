@@ -1,0 +1,349 @@
+//! The multi-tenant HTTP API (`weir serve`) against the S3 server: two tenants' whole
+//! lifecycle, every cross-tenant attempt answering 404, bad uploads answering 4xx problems that
+//! name what is wrong, and the OpenAPI document.
+
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+use std::net::SocketAddr;
+use weir_host::api::catalog::Catalog;
+use weir_host::api::{ApiSettings, ApiState, sha256};
+use weir_host::config::RuntimeSettings;
+use weir_host::state::lsm::backend::object_store_from_url;
+use weir_tests::*;
+
+const ADMIN_KEY: &str = "test-admin-key-0123456789abcdef0123456789";
+
+/// Largest component the test server accepts: above the counter guest, far below 4 MiB.
+const OPERATOR_BYTES_MAX: usize = 4 << 20;
+
+/// A `weir serve` on a new bucket of the S3 server, on a free local port.
+async fn start_server() -> anyhow::Result<SocketAddr> {
+    init_tracing();
+    let bucket = create_s3_bucket().await?;
+    let (store, prefix) = object_store_from_url(&format!("s3://{bucket}/weir"), &s3_options())?;
+    let state = ApiState::new(
+        Catalog::new(store, prefix),
+        ApiSettings {
+            operator_bytes_max: OPERATOR_BYTES_MAX,
+            admin_key_sha256: sha256(ADMIN_KEY.as_bytes()),
+            runtime: RuntimeSettings::default(),
+        },
+    )?;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    tokio::spawn(weir_host::api::serve(
+        listener,
+        state,
+        std::future::pending(),
+    ));
+    Ok(addr)
+}
+
+/// One request: `key` as bearer token, `body` as given; returns the status, the content type
+/// and the JSON body (`Null` when empty).
+async fn call(
+    addr: SocketAddr,
+    method: Method,
+    path: &str,
+    key: Option<&str>,
+    body: Option<(&str, Vec<u8>)>,
+) -> anyhow::Result<(StatusCode, String, Value)> {
+    let mut request = reqwest::Client::new().request(method, format!("http://{addr}{path}"));
+    if let Some(key) = key {
+        request = request.bearer_auth(key);
+    }
+    if let Some((content_type, bytes)) = body {
+        request = request.header("content-type", content_type).body(bytes);
+    }
+    let response = request.send().await?;
+    let status = response.status();
+    let content_type = response
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    let bytes = response.bytes().await?;
+    let value = if bytes.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_slice(&bytes)?
+    };
+    Ok((status, content_type, value))
+}
+
+fn json_body(value: &Value) -> Option<(&'static str, Vec<u8>)> {
+    Some(("application/json", serde_json::to_vec(value).expect("json")))
+}
+
+/// Creates tenant `id` and returns a key of it.
+async fn tenant_with_key(addr: SocketAddr, id: &str) -> anyhow::Result<String> {
+    let (status, _, tenant) = call(
+        addr,
+        Method::POST,
+        "/v1/tenants",
+        Some(ADMIN_KEY),
+        json_body(&json!({"id": id, "name": format!("Tenant {id}")})),
+    )
+    .await?;
+    assert_eq!(status, StatusCode::CREATED, "{tenant}");
+    let (status, _, key) = call(
+        addr,
+        Method::POST,
+        &format!("/v1/tenants/{id}/api-keys"),
+        Some(ADMIN_KEY),
+        None,
+    )
+    .await?;
+    assert_eq!(status, StatusCode::CREATED, "{key}");
+    assert_eq!(key["tenant"], id);
+    Ok(key["key"].as_str().expect("a key").to_owned())
+}
+
+fn counter_component() -> Vec<u8> {
+    std::fs::read(guest("weir_test_counter")).expect("the counter guest is built")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_tenants_each_see_only_their_own_operators() -> anyhow::Result<()> {
+    let addr = start_server().await?;
+    let acme = tenant_with_key(addr, "acme").await?;
+    let globex = tenant_with_key(addr, "globex").await?;
+    let wasm = counter_component();
+
+    // acme uploads two versions of `counter`.
+    for expected_version in [1, 2] {
+        let (status, _, version) = call(
+            addr,
+            Method::POST,
+            "/v1/operators/counter",
+            Some(&acme),
+            Some(("application/wasm", wasm.clone())),
+        )
+        .await?;
+        assert_eq!(status, StatusCode::CREATED, "{version}");
+        assert_eq!(version["version"], expected_version);
+        assert_eq!(version["declared_name"], "counter");
+        assert_eq!(version["size_bytes"], wasm.len());
+        assert_eq!(version["states"][0]["name"], "count");
+        assert_eq!(version["states"][0]["kind"], "value");
+    }
+    let (status, _, list) = call(addr, Method::GET, "/v1/operators", Some(&acme), None).await?;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(list, json!([{"name": "counter", "versions": [1, 2]}]));
+
+    // globex sees none of it, and every attempt at acme's operator is a 404.
+    let (status, _, list) = call(addr, Method::GET, "/v1/operators", Some(&globex), None).await?;
+    assert_eq!((status, list), (StatusCode::OK, json!([])));
+    for (method, path) in [
+        (Method::GET, "/v1/operators/counter"),
+        (Method::GET, "/v1/operators/counter/versions/1"),
+        (Method::DELETE, "/v1/operators/counter/versions/1"),
+    ] {
+        let (status, content_type, problem) =
+            call(addr, method.clone(), path, Some(&globex), None).await?;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{method} {path}: {problem}");
+        assert_eq!(content_type, "application/problem+json");
+        assert_eq!(problem["status"], 404);
+    }
+    // globex's own `counter` is its version 1, independent of acme's.
+    let (status, _, version) = call(
+        addr,
+        Method::POST,
+        "/v1/operators/counter",
+        Some(&globex),
+        Some(("application/wasm", wasm.clone())),
+    )
+    .await?;
+    assert_eq!(
+        (status, version["version"].clone()),
+        (StatusCode::CREATED, json!(1))
+    );
+
+    // acme reads and deletes its version 1; version 2 stays.
+    let (status, _, version) = call(
+        addr,
+        Method::GET,
+        "/v1/operators/counter/versions/2",
+        Some(&acme),
+        None,
+    )
+    .await?;
+    assert_eq!(
+        (status, version["version"].clone()),
+        (StatusCode::OK, json!(2))
+    );
+    let (status, _, _) = call(
+        addr,
+        Method::DELETE,
+        "/v1/operators/counter/versions/1",
+        Some(&acme),
+        None,
+    )
+    .await?;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    let (status, _, versions) = call(
+        addr,
+        Method::GET,
+        "/v1/operators/counter",
+        Some(&acme),
+        None,
+    )
+    .await?;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(versions.as_array().map(Vec::len), Some(1));
+    assert_eq!(versions[0]["version"], 2);
+
+    // Keys and roles.
+    let (status, _, _) = call(addr, Method::GET, "/v1/operators", None, None).await?;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    let (status, _, _) = call(
+        addr,
+        Method::GET,
+        "/v1/operators",
+        Some("weir_not-a-key"),
+        None,
+    )
+    .await?;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    let (status, _, _) = call(addr, Method::GET, "/v1/tenants", Some(&acme), None).await?;
+    assert_eq!(
+        status,
+        StatusCode::FORBIDDEN,
+        "a tenant key is not the admin key"
+    );
+    let (status, _, _) = call(addr, Method::GET, "/v1/operators", Some(ADMIN_KEY), None).await?;
+    assert_eq!(
+        status,
+        StatusCode::FORBIDDEN,
+        "the admin key acts for no tenant"
+    );
+    let (status, _, tenants) =
+        call(addr, Method::GET, "/v1/tenants", Some(ADMIN_KEY), None).await?;
+    assert_eq!(status, StatusCode::OK);
+    let ids: Vec<&str> = tenants
+        .as_array()
+        .expect("a list")
+        .iter()
+        .filter_map(|t| t["id"].as_str())
+        .collect();
+    assert_eq!(ids, ["acme", "globex"]);
+    let (status, _, _) = call(
+        addr,
+        Method::POST,
+        "/v1/tenants",
+        Some(ADMIN_KEY),
+        json_body(&json!({"id": "acme"})),
+    )
+    .await?;
+    assert_eq!(status, StatusCode::CONFLICT);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_uploads_answer_4xx_naming_the_problem() -> anyhow::Result<()> {
+    let addr = start_server().await?;
+    let key = tenant_with_key(addr, "initech").await?;
+    let cases: [(&str, Vec<u8>, StatusCode, &str); 5] = [
+        (
+            "not wasm",
+            b"#!/bin/sh\necho hello\n".to_vec(),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "not WebAssembly",
+        ),
+        (
+            "a core module",
+            b"\0asm\x01\0\0\0".to_vec(),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "core WebAssembly module, not a component",
+        ),
+        (
+            "a component of another world",
+            b"\0asm\x0d\0\x01\0".to_vec(),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "weir:operator",
+        ),
+        (
+            "an oversized file",
+            vec![0u8; OPERATOR_BYTES_MAX + 1],
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "larger than 4194304 bytes",
+        ),
+        (
+            "an empty body",
+            Vec::new(),
+            StatusCode::BAD_REQUEST,
+            "empty",
+        ),
+    ];
+    for (what, bytes, want_status, want_detail) in cases {
+        let (status, content_type, problem) = call(
+            addr,
+            Method::POST,
+            "/v1/operators/bad",
+            Some(&key),
+            Some(("application/wasm", bytes)),
+        )
+        .await?;
+        assert_eq!(status, want_status, "{what}: {problem}");
+        assert_eq!(content_type, "application/problem+json", "{what}");
+        let detail = problem["detail"].as_str().unwrap_or_default();
+        assert!(
+            detail.contains(want_detail),
+            "{what}: detail `{detail}` should name `{want_detail}`"
+        );
+    }
+    // Nothing was stored.
+    let (_, _, list) = call(addr, Method::GET, "/v1/operators", Some(&key), None).await?;
+    assert_eq!(list, json!([]));
+    // A bad operator name and bad JSON are 400s too.
+    let (status, _, _) = call(
+        addr,
+        Method::POST,
+        "/v1/operators/Bad%20Name",
+        Some(&key),
+        Some(("application/wasm", counter_component())),
+    )
+    .await?;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    let (status, _, problem) = call(
+        addr,
+        Method::POST,
+        "/v1/tenants",
+        Some(ADMIN_KEY),
+        Some(("application/json", b"{not json".to_vec())),
+    )
+    .await?;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{problem}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_openapi_document_describes_every_route() -> anyhow::Result<()> {
+    let addr = start_server().await?;
+    let (status, _, doc) = call(addr, Method::GET, "/openapi.json", None, None).await?;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        doc["openapi"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("3.")
+    );
+    for path in [
+        "/v1/tenants",
+        "/v1/tenants/{tenant}/api-keys",
+        "/v1/operators",
+        "/v1/operators/{name}",
+        "/v1/operators/{name}/versions/{version}",
+    ] {
+        assert!(doc["paths"][path].is_object(), "{path} is documented");
+    }
+    assert_eq!(
+        doc["components"]["securitySchemes"]["bearer"]["scheme"],
+        "bearer"
+    );
+    let (status, content_type, _) = call(addr, Method::GET, "/no/such/route", None, None).await?;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(content_type, "application/problem+json");
+    Ok(())
+}
