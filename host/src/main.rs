@@ -336,11 +336,10 @@ async fn serve(config: PathBuf) -> anyhow::Result<()> {
         "set WEIR_ADMIN_KEY to an admin key of at least {} bytes (e.g. `openssl rand -hex 32`)",
         api::ADMIN_KEY_BYTES_MIN
     );
-    let (store, prefix) = weir_host::state::lsm::backend::object_store_from_url(
-        &settings.store_url,
-        &settings.store_options,
-    )
-    .context("cannot open the catalog store")?;
+    let options = settings.store_options_with_env(|var| std::env::var(var).ok());
+    let (store, prefix) =
+        weir_host::state::lsm::backend::object_store_from_url(&settings.store_url, &options)
+            .context("cannot open the catalog store")?;
     let state = api::ApiState::new(
         api::catalog::Catalog::new(store, prefix),
         api::ApiSettings {

@@ -557,3 +557,30 @@ pub async fn counter_pipeline_on_s3(
 }
 
 pub use weir_host::state::delayed::splitmix64;
+
+/// A command installed by `deploy/local/py-tool.sh NAME … COMMAND` (the test command runs it):
+/// the path in `env_var`, else its default place under `WEIR_SERVICES_DIR`.
+///
+/// # Panics
+/// When the command is not installed.
+pub fn py_tool(env_var: &str, name: &str, command: &str) -> PathBuf {
+    let path = std::env::var_os(env_var).map_or_else(
+        || {
+            let services = std::env::var_os("WEIR_SERVICES_DIR").map_or_else(
+                || {
+                    PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
+                        .join(".cache/weir/services")
+                },
+                PathBuf::from,
+            );
+            services.join(name).join("venv/bin").join(command)
+        },
+        PathBuf::from,
+    );
+    assert!(
+        path.exists(),
+        "{} is missing: run `bash deploy/local/py-tool.sh {name} <spec> {command}` (deploy/test.sh does)",
+        path.display()
+    );
+    path
+}

@@ -366,12 +366,7 @@ fn schemathesis() -> std::path::PathBuf {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn schemathesis_finds_no_server_error_and_no_response_breaking_the_schema()
 -> anyhow::Result<()> {
-    let st = schemathesis();
-    assert!(
-        st.exists(),
-        "{} is missing: run `bash deploy/local/schemathesis.sh` (deploy/test.sh does)",
-        st.display()
-    );
+    let st = py_tool("WEIR_SCHEMATHESIS", "schemathesis", "st");
     let addr = start_server().await?;
     let key = tenant_with_key(addr, "fuzz").await?;
     // One operator, so that reads of existing resources are exercised too.

@@ -68,6 +68,35 @@ fn default_operator_bytes_max() -> usize {
     32 << 20
 }
 
+impl ServeSettings {
+    /// `store_options`, plus, for an `s3://` store, the standard `AWS_ACCESS_KEY_ID`,
+    /// `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`, `AWS_REGION` and `AWS_ENDPOINT` from
+    /// `env` for options the file does not set (so credentials can come from a Kubernetes
+    /// Secret).
+    pub fn store_options_with_env(
+        &self,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> std::collections::BTreeMap<String, String> {
+        let mut options = self.store_options.clone();
+        if self.store_url.starts_with("s3://") {
+            for (var, key) in [
+                ("AWS_ACCESS_KEY_ID", "aws_access_key_id"),
+                ("AWS_SECRET_ACCESS_KEY", "aws_secret_access_key"),
+                ("AWS_SESSION_TOKEN", "aws_session_token"),
+                ("AWS_REGION", "aws_region"),
+                ("AWS_ENDPOINT", "aws_endpoint"),
+            ] {
+                if !options.contains_key(key)
+                    && let Some(value) = env(var)
+                {
+                    options.insert(key.to_owned(), value);
+                }
+            }
+        }
+        options
+    }
+}
+
 /// Shortest admin key accepted, bytes.
 pub const ADMIN_KEY_BYTES_MIN: usize = 32;
 
