@@ -113,6 +113,20 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Manage your operators through the API (`WEIR_API`, `WEIR_API_KEY`).
+    Operator {
+        #[command(subcommand)]
+        command: OperatorCommand,
+        #[command(flatten)]
+        api: ApiArgs,
+    },
+    /// Create tenants and their API keys through the API (admin key in `WEIR_API_KEY`).
+    Tenant {
+        #[command(subcommand)]
+        command: TenantCommand,
+        #[command(flatten)]
+        api: ApiArgs,
+    },
     /// Serve the multi-tenant HTTP API (admin key in `WEIR_ADMIN_KEY`).
     Serve {
         /// The config file (see deploy/config/serve.toml).
@@ -171,6 +185,71 @@ enum Command {
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
+    },
+}
+
+/// Where the API is and which key to use.
+#[derive(Debug, clap::Args)]
+struct ApiArgs {
+    /// The API's base URL.
+    #[arg(
+        long,
+        env = "WEIR_API",
+        default_value = "http://127.0.0.1:8080",
+        global = true
+    )]
+    api: String,
+    /// An API key (a tenant's, or the admin key for `weir tenant`).
+    #[arg(
+        long,
+        env = "WEIR_API_KEY",
+        hide_env_values = true,
+        global = true,
+        default_value = ""
+    )]
+    key: String,
+    /// Print JSON instead of a table.
+    #[arg(long, global = true)]
+    json: bool,
+}
+
+#[derive(Debug, Subcommand)]
+enum OperatorCommand {
+    /// Upload a component as the next version of an operator.
+    Push {
+        /// The operator's name.
+        name: String,
+        /// The `.wasm` component.
+        file: PathBuf,
+    },
+    /// List your operators, or one operator's versions.
+    Ls {
+        /// Show this operator's versions.
+        name: Option<String>,
+    },
+    /// Delete one version of an operator.
+    Rm {
+        /// The operator's name.
+        name: String,
+        /// The version.
+        version: u64,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum TenantCommand {
+    /// Create a tenant.
+    Create {
+        /// The tenant id (1..=32 bytes of [a-z0-9-]).
+        id: String,
+        /// A display name.
+        #[arg(long)]
+        name: Option<String>,
+    },
+    /// Create an API key for a tenant; it is printed once.
+    Key {
+        /// The tenant id.
+        id: String,
     },
 }
 
@@ -274,6 +353,8 @@ async fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Serve { config } => serve(config).await,
+        Command::Operator { command, api } => operator_command(command, api).await,
+        Command::Tenant { command, api } => tenant_command(command, api).await,
         Command::BenchController {
             operator,
             bootstrap_servers,
@@ -322,6 +403,73 @@ async fn main() -> anyhow::Result<()> {
             json,
         } => bench_call(operator, flights, records, batch, json).await,
     }
+}
+
+async fn operator_command(command: OperatorCommand, args: ApiArgs) -> anyhow::Result<()> {
+    use weir_host::api::client::{ApiClient, operators_table, versions_table};
+    let client = ApiClient::new(&args.api, &args.key);
+    match command {
+        OperatorCommand::Push { name, file } => {
+            let bytes =
+                std::fs::read(&file).with_context(|| format!("cannot read {}", file.display()))?;
+            let version = client.push_operator(&name, bytes).await?;
+            if args.json {
+                println!("{}", serde_json::to_string_pretty(&version)?);
+            } else {
+                print!("{}", versions_table(std::slice::from_ref(&version)));
+            }
+        }
+        OperatorCommand::Ls { name: None } => {
+            let operators = client.operators().await?;
+            if args.json {
+                println!("{}", serde_json::to_string_pretty(&operators)?);
+            } else {
+                print!("{}", operators_table(&operators));
+            }
+        }
+        OperatorCommand::Ls { name: Some(name) } => {
+            let versions = client.operator_versions(&name).await?;
+            if args.json {
+                println!("{}", serde_json::to_string_pretty(&versions)?);
+            } else {
+                print!("{}", versions_table(&versions));
+            }
+        }
+        OperatorCommand::Rm { name, version } => {
+            client.delete_operator_version(&name, version).await?;
+            if !args.json {
+                println!("deleted {name} version {version}");
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn tenant_command(command: TenantCommand, args: ApiArgs) -> anyhow::Result<()> {
+    let client = weir_host::api::client::ApiClient::new(&args.api, &args.key);
+    match command {
+        TenantCommand::Create { id, name } => {
+            let tenant = client.create_tenant(&id, name.as_deref()).await?;
+            if args.json {
+                println!("{}", serde_json::to_string_pretty(&tenant)?);
+            } else {
+                println!("created tenant {} ({})", tenant.id, tenant.name);
+            }
+        }
+        TenantCommand::Key { id } => {
+            let key = client.create_api_key(&id).await?;
+            if args.json {
+                println!("{}", serde_json::to_string_pretty(&key)?);
+            } else {
+                println!("{}", key.key);
+                eprintln!(
+                    "API key {} for tenant {id}; it is shown only now",
+                    key.record.key_id
+                );
+            }
+        }
+    }
+    Ok(())
 }
 
 async fn serve(config: PathBuf) -> anyhow::Result<()> {

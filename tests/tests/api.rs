@@ -348,21 +348,6 @@ async fn the_openapi_document_describes_every_route() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The `st` command of deploy/local/schemathesis.sh: `WEIR_SCHEMATHESIS`, else its default place.
-fn schemathesis() -> std::path::PathBuf {
-    if let Some(st) = std::env::var_os("WEIR_SCHEMATHESIS") {
-        return st.into();
-    }
-    let services = std::env::var_os("WEIR_SERVICES_DIR").map_or_else(
-        || {
-            std::path::PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
-                .join(".cache/weir/services")
-        },
-        std::path::PathBuf::from,
-    );
-    services.join("schemathesis/venv/bin/st")
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn schemathesis_finds_no_server_error_and_no_response_breaking_the_schema()
 -> anyhow::Result<()> {
@@ -414,5 +399,55 @@ async fn schemathesis_finds_no_server_error_and_no_response_breaking_the_schema(
         "no test cases ran: {generated}"
     );
     eprintln!("schemathesis: {generated}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_client_pushes_lists_and_removes_and_reports_problems() -> anyhow::Result<()> {
+    use weir_host::api::client::{ApiClient, ClientError, operators_table, versions_table};
+    let addr = start_server().await?;
+    let base = format!("http://{addr}");
+    let admin = ApiClient::new(&base, ADMIN_KEY);
+    admin.create_tenant("hooli", Some("Hooli")).await?;
+    let key = admin.create_api_key("hooli").await?;
+    let client = ApiClient::new(&base, &key.key);
+
+    let pushed = client.push_operator("counter", counter_component()).await?;
+    assert_eq!(pushed.version, 1);
+    let table = versions_table(&client.operator_versions("counter").await?);
+    assert!(table.contains("counter 0.1.0"), "{table}");
+    assert!(table.contains("count:value"), "{table}");
+    let table = operators_table(&client.operators().await?);
+    assert_eq!(
+        table
+            .lines()
+            .nth(1)
+            .map(str::split_whitespace)
+            .map(Iterator::collect::<Vec<_>>),
+        Some(vec!["counter", "1"])
+    );
+
+    client.delete_operator_version("counter", 1).await?;
+    assert!(client.operators().await?.is_empty());
+    match client.operator_versions("counter").await {
+        Err(ClientError::Problem {
+            status: 404,
+            detail,
+            ..
+        }) => {
+            assert!(detail.contains("counter"), "{detail}");
+        }
+        other => panic!("expected a 404 problem, got {other:?}"),
+    }
+    match client.push_operator("bad", b"not wasm".to_vec()).await {
+        Err(ClientError::Problem {
+            status: 422,
+            detail,
+            ..
+        }) => {
+            assert!(detail.contains("not WebAssembly"), "{detail}");
+        }
+        other => panic!("expected a 422 problem, got {other:?}"),
+    }
     Ok(())
 }

@@ -10,6 +10,7 @@
 //! /operators/{name}/versions/{version}` (tenant).
 
 pub mod catalog;
+pub mod client;
 pub mod problem;
 
 use crate::clock::SystemClock;
