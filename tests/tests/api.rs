@@ -379,6 +379,8 @@ async fn schemathesis_finds_no_server_error_and_no_response_breaking_the_schema(
             "30",
         ])
         .env("NO_COLOR", "1")
+        // Its cache directory (`.schemathesis/`) goes there, not into the repository.
+        .current_dir(std::env::temp_dir())
         .output()
         .await?;
     let report = String::from_utf8_lossy(&output.stdout);

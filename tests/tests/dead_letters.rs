@@ -168,6 +168,39 @@ async fn memory_bomb_is_stopped_by_the_memory_cap_and_dead_lettered() -> anyhow:
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deep_recursion_exhausts_the_wasm_stack_and_is_dead_lettered() -> anyhow::Result<()> {
+    let (kind, error, _) =
+        run_counter_with_poison(b"poison:recurse", RuntimeSettings::default()).await?;
+    assert_eq!(kind, "trapped");
+    // Rust's wasm32 frames live on a shadow stack in linear memory: running off its end is an
+    // out-of-bounds access; small frames would exhaust wasmtime's call stack first. Either
+    // way the error leads with the trap's cause, not the wasm backtrace after it.
+    let cause = error.strip_prefix("operator trapped: ").unwrap_or_default();
+    assert!(
+        cause.starts_with("wasm trap: out of bounds memory access")
+            || cause.starts_with("wasm trap: call stack exhausted"),
+        "{error}"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_100_mb_emit_flood_is_stopped_by_the_emit_limit_and_dead_lettered() -> anyhow::Result<()>
+{
+    // 1 MiB pieces from one reused buffer: guest memory stays small, so the emit limit (1 MiB
+    // per record), not the 64 MiB memory cap, must stop it.
+    let (kind, error, traps) =
+        run_counter_with_poison(b"poison:emit-flood", RuntimeSettings::default()).await?;
+    assert_eq!(kind, "rejected");
+    assert!(
+        error.contains("1048576"),
+        "the error names the limit: {error}"
+    );
+    assert_eq!(traps, 0, "refused by the limit, not by a trap");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn guest_blocked_in_a_wasi_timer_is_ended_by_the_wall_clock_cap() -> anyhow::Result<()> {
     let runtime = RuntimeSettings {
         batch_records_max: 100,

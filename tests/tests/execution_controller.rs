@@ -1,7 +1,9 @@
 //! The asynchronous execution controller (FLIP-425) against the real broker: with thousands of
 //! records in flight per partition and every state read taking a random 0–20 ms, each key's
 //! outputs still come in input order, each exactly once, and batches of other keys really ran
-//! while one waited (the in-flight peaks prove it).
+//! while one waited (the in-flight peaks prove it). Partitions share the host's pool of
+//! instances without failing when it runs out, and a rebalance in mid-flight loses and doubles
+//! nothing.
 
 use rdkafka::Message;
 use std::collections::BTreeMap;
@@ -94,5 +96,120 @@ async fn each_keys_outputs_come_in_input_order_with_thousands_in_flight() -> any
         "{RECORDS} records over {KEYS} keys: up to {records_peak} records and {batches_peak} batches in flight per partition; {} guest calls; {checkpoints} checkpoints",
         stats.guest_calls.load(Ordering::Relaxed)
     );
+    Ok(())
+}
+
+/// Six partitions that each may run 64 instances want 384 of the host's 256: the partitions
+/// that cannot get one wait for one (and give back their extra instances at each checkpoint)
+/// instead of failing the pipeline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partitions_wanting_more_instances_than_the_host_has_wait_instead_of_failing()
+-> anyhow::Result<()> {
+    pool_run(6, 3_000, 64, 1).await
+}
+
+/// Runs `records` records, each its own key, over `partitions` partitions with
+/// `instances` instances per partition and batches of `batch`, every state read taking 20 ms.
+async fn pool_run(
+    partitions: i32,
+    records: u64,
+    instances: usize,
+    batch: usize,
+) -> anyhow::Result<()> {
+    init_tracing();
+    let (input, output, dlq) = (unique("in"), unique("out"), unique("dlq"));
+    create_topics(&[(&input, partitions), (&output, 1), (&dlq, 1)]).await?;
+    let mut expected = BTreeMap::new();
+    // Every record its own key: many batches at once.
+    produce_counter(&input, partitions, (0, records), records, &mut expected).await?;
+    let runtime = RuntimeSettings {
+        batch_records_max: batch,
+        partition_instances_max: instances,
+        ..RuntimeSettings::default()
+    };
+    let settings = settings(guest("weir_test_counter"), &input, &output, &dlq, runtime);
+    let clock: SharedClock = Arc::new(SystemClock);
+    let backend = Arc::new(DelayedReads::new(
+        ConfiguredBackend::from_settings(&settings.state, clock.clone())?,
+        ReadDelay::Fixed(Duration::from_millis(20)),
+    ));
+    let pipeline = RunningPipeline::start_on(settings, backend, clock);
+    let done = pipeline.wait_done(records, Duration::from_secs(120)).await;
+    let stats = pipeline.stats.clone();
+    let stopped = pipeline.stop().await;
+    done?;
+    stopped?;
+    let unavailable = stats.instances_unavailable.load(Ordering::Relaxed);
+    assert!(
+        unavailable > 0,
+        "the precondition: the host's instance pool ran out"
+    );
+    eprintln!(
+        "{partitions} partitions × {instances} instances: the pool ran out {unavailable} times; up to {} batches at once in a partition",
+        stats.batches_in_flight_peak.load(Ordering::Relaxed)
+    );
+    Ok(())
+}
+
+/// A rebalance while thousands of records are in flight per partition (state reads wait
+/// 0–20 ms): the revoked worker finishes what it admitted, checkpoints and closes; the new
+/// owner resumes there. Every key's final count must equal its records (none lost, none
+/// counted twice), whichever host processed them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rebalance_with_thousands_in_flight_loses_and_doubles_nothing() -> anyhow::Result<()> {
+    init_tracing();
+    const PARTITIONS: i32 = 4;
+    const KEYS: u64 = 400;
+    let (input, output, dlq) = (unique("in"), unique("out"), unique("dlq"));
+    create_topics(&[(&input, PARTITIONS), (&output, PARTITIONS), (&dlq, 1)]).await?;
+    let mut expected = BTreeMap::new();
+    produce_counter(&input, PARTITIONS, (0, 20_000), KEYS, &mut expected).await?;
+    let runtime = RuntimeSettings {
+        batch_records_max: 32,
+        partition_instances_max: 8,
+        ..RuntimeSettings::default()
+    };
+    let mut settings = settings(guest("weir_test_counter"), &input, &output, &dlq, runtime);
+    settings.pipeline.checkpoint_interval = Duration::from_millis(300);
+    settings.state = memory_state_on_s3().await?;
+    let start = |settings: &weir_host::config::Settings| -> anyhow::Result<RunningPipeline> {
+        let clock: SharedClock = Arc::new(SystemClock);
+        let backend = Arc::new(DelayedReads::new(
+            ConfiguredBackend::from_settings(&settings.state, clock.clone())?,
+            ReadDelay::UpTo(Duration::from_millis(20)),
+        ));
+        Ok(RunningPipeline::start_on(settings.clone(), backend, clock))
+    };
+    let first = start(&settings)?;
+    first
+        .wait_until("records in flight", Duration::from_secs(60), |s| {
+            s.records_in_flight.load(Ordering::Relaxed) >= 2_000
+        })
+        .await?;
+    // A second host joins: half the partitions are revoked from the first mid-flight.
+    let second = start(&settings)?;
+    produce_counter(&input, PARTITIONS, (20_000, 40_000), KEYS, &mut expected).await?;
+    let counts = read_counts(&output, &expected, Duration::from_secs(180)).await;
+    let (s1, s2) = (first.stats.clone(), second.stats.clone());
+    eprintln!(
+        "first: done {} skipped {} in-flight {} closed {} fenced {}; second: done {} skipped {} in-flight {} opened {}",
+        s1.records_done(),
+        s1.records_skipped.load(Ordering::Relaxed),
+        s1.records_in_flight.load(Ordering::Relaxed),
+        s1.shards_closed.load(Ordering::Relaxed),
+        s1.checkpoints_fenced.load(Ordering::Relaxed),
+        s2.records_done(),
+        s2.records_skipped.load(Ordering::Relaxed),
+        s2.records_in_flight.load(Ordering::Relaxed),
+        s2.shards_opened.load(Ordering::Relaxed),
+    );
+    first.stop().await?;
+    second.stop().await?;
+    assert_counts_exact(&expected, &counts?);
+    // The precondition: partitions really moved while records were in flight.
+    assert!(s1.shards_closed.load(Ordering::Relaxed) >= 1);
+    assert!(s2.records_done() > 0, "the second host processed records");
+    assert_eq!(s1.records_in_flight.load(Ordering::Relaxed), 0);
+    assert_eq!(s2.records_in_flight.load(Ordering::Relaxed), 0);
     Ok(())
 }

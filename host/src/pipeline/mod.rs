@@ -56,6 +56,9 @@ pub struct PipelineStats {
     pub outage_retries: AtomicU64,
     /// Guest calls aborted by the host because the state backend failed mid-call.
     pub calls_aborted: AtomicU64,
+    /// Times a partition could not get another operator instance (the host's pool was
+    /// exhausted): it ran with those it had, or waited for one.
+    pub instances_unavailable: AtomicU64,
     /// Times a partition was paused at the consumer because its worker was stalled.
     pub partition_pauses: AtomicU64,
     /// Fetched records dropped because the shard's checkpoint already reflects them.
@@ -764,6 +767,7 @@ impl<B: StateBackend> Running<B> {
             execution: worker::Execution::new(
                 self.settings.pipeline.in_flight_max,
                 &self.settings.runtime,
+                self.stats.clone(),
             ),
             stalled: stalled.clone(),
             revoked: revoked.clone(),

@@ -112,15 +112,6 @@ pub enum WorkerError {
         #[source]
         source: KafkaError,
     },
-    /// A fresh instance could not be created.
-    #[error("partition {partition}: cannot instantiate the operator")]
-    Instantiate {
-        /// The partition.
-        partition: i32,
-        /// The failure.
-        #[source]
-        source: crate::runtime::RuntimeError,
-    },
 }
 
 /// Builds the staging area of a call over `records`, with the value states `value_states` of
@@ -292,21 +283,62 @@ pub(crate) struct Execution<S: Shard> {
     idle: Vec<Instance<S>>,
     /// Instances that exist or are being created (idle plus those in attempts).
     live: usize,
-    /// Most instances: `runtime.partition_instances_max`, lowered when creating one fails while
-    /// others exist (the host's pool is exhausted).
+    /// Most instances now: `runtime.partition_instances_max`, lowered to those it has when
+    /// creating one fails (the host's pool of instances is exhausted by other partitions), and
+    /// restored after the next checkpoint.
     instances_max: usize,
+    /// `runtime.partition_instances_max`.
+    instances_configured: usize,
+    /// Tasks waiting out a backoff (outage, or no instance to be had): the partition is
+    /// stalled while there is one.
+    backing_off: usize,
+    /// Where records in flight are counted.
+    stats: Arc<PipelineStats>,
 }
 
 impl<S: Shard> Execution<S> {
     /// Execution for a partition: `in_flight_max` records admitted at most (at least 1).
-    pub fn new(in_flight_max: usize, settings: &RuntimeSettings) -> Self {
+    pub fn new(
+        in_flight_max: usize,
+        settings: &RuntimeSettings,
+        stats: Arc<PipelineStats>,
+    ) -> Self {
+        let instances = settings.partition_instances_max.max(1);
         Self {
             controller: ExecutionController::new(in_flight_max, settings.batch_records_max),
             ready: VecDeque::new(),
             idle: Vec::new(),
             live: 0,
-            instances_max: settings.partition_instances_max.max(1),
+            instances_max: instances,
+            instances_configured: instances,
+            backing_off: 0,
+            stats,
         }
+    }
+
+    /// `n` records finished, or will never finish.
+    fn left_flight(&self, n: usize) {
+        self.stats
+            .records_in_flight
+            .fetch_sub(n as u64, Ordering::Relaxed);
+        metrics::gauge!("weir_records_in_flight").decrement(n as f64);
+    }
+
+    /// With nothing running: gives the instances beyond one back to the host's pool (other
+    /// partitions may be waiting for one) and lifts a lowered instance limit.
+    fn release_instances(&mut self) {
+        debug_assert_eq!(self.live, self.idle.len(), "nothing is running");
+        self.idle.truncate(1);
+        self.live = self.idle.len();
+        self.instances_max = self.instances_configured;
+    }
+}
+
+impl<S: Shard> Drop for Execution<S> {
+    /// Records that will never finish (the worker failed, or its task was aborted) leave the
+    /// in-flight count.
+    fn drop(&mut self) {
+        self.left_flight(self.controller.in_flight());
     }
 }
 
@@ -352,10 +384,7 @@ impl<S: Shard> PartitionWorker<S> {
         mut self,
         mut batches: mpsc::Receiver<Vec<InputRecord>>,
     ) -> Result<(), WorkerError> {
-        let result = self.run_until_closed(&mut batches).await;
-        // Records that will never finish (the worker failed) leave the in-flight count.
-        self.left_flight(self.execution.controller.in_flight());
-        result
+        self.run_until_closed(&mut batches).await
     }
 
     async fn run_until_closed(
@@ -380,6 +409,7 @@ impl<S: Shard> PartitionWorker<S> {
                 if checkpoint_due {
                     self.checkpoint(false).await?;
                     checkpoint_due = false;
+                    self.execution.release_instances();
                     continue;
                 }
                 if closed {
@@ -443,14 +473,6 @@ impl<S: Shard> PartitionWorker<S> {
         }
     }
 
-    /// `n` records finished, or will never finish.
-    fn left_flight(&self, n: usize) {
-        self.stats
-            .records_in_flight
-            .fetch_sub(n as u64, Ordering::Relaxed);
-        metrics::gauge!("weir_records_in_flight").decrement(n as f64);
-    }
-
     /// Starts attempts while an instance is free: retries and re-runs first, then new batches
     /// from the controller.
     fn dispatch(&mut self, running: &mut Running<S>) {
@@ -506,6 +528,12 @@ impl<S: Shard> PartitionWorker<S> {
             Some(instance) => self.execution.idle.push(instance),
             None => self.execution.live -= 1,
         }
+        if !task.delay.is_zero() {
+            // A retry after a backoff ended (it may back off again below).
+            self.execution.backing_off -= 1;
+            self.stalled
+                .store(self.execution.backing_off > 0, Ordering::Relaxed);
+        }
         if let Some(took) = call_time {
             self.stats.guest_calls.fetch_add(1, Ordering::Relaxed);
             self.stats
@@ -515,17 +543,20 @@ impl<S: Shard> PartitionWorker<S> {
         let may_split = task.single.is_none() && task.records.len() > 1;
         match result {
             Err(Failure::Instantiate(source)) => {
-                if self.execution.live == 0 {
-                    return Err(WorkerError::Instantiate {
-                        partition: self.partition,
-                        source,
-                    });
+                // The host's pool of instances is exhausted by other partitions (or
+                // instantiation fails for now): go on with the instances this partition has
+                // until its next checkpoint; with none, wait and try again, as after an outage.
+                self.stats
+                    .instances_unavailable
+                    .fetch_add(1, Ordering::Relaxed);
+                self.execution.instances_max = self.execution.live.max(1);
+                if self.execution.live > 0 {
+                    tracing::debug!(partition = self.partition, error = %source, instances = self.execution.live, "no further instance; running with those there are");
+                    self.execution.ready.push_front(task);
+                } else {
+                    tracing::warn!(partition = self.partition, error = %source, retry_in = ?task.backoff, "cannot instantiate the operator; partition paused");
+                    self.back_off(task);
                 }
-                // The host's instance pool is exhausted (or instantiation fails for now): go
-                // on with the instances this partition has.
-                tracing::debug!(partition = self.partition, error = %source, instances = self.execution.live, "no further instance; running with those there are");
-                self.execution.instances_max = self.execution.live;
-                self.execution.ready.push_front(task);
             }
             Err(Failure::Unavailable(err)) => self.retry_later(task, err)?,
             Err(Failure::Aborted(err)) => {
@@ -563,10 +594,7 @@ impl<S: Shard> PartitionWorker<S> {
                     .commit(&records, &dispositions, batch, !rejected_with_effects)
                     .await?
                 {
-                    Ok(()) => {
-                        self.stalled.store(false, Ordering::Relaxed);
-                        self.step(task);
-                    }
+                    Ok(()) => self.step(task),
                     Err(err) => self.retry_later(task, err)?,
                 }
             }
@@ -577,7 +605,7 @@ impl<S: Shard> PartitionWorker<S> {
     /// Schedules `task` again after its backoff (the state backend failed; nothing of it was
     /// applied), raising `stalled` so the consumer loop pauses the partition; a corrupt state
     /// ends the worker instead.
-    fn retry_later(&mut self, mut task: Task, err: StateError) -> Result<(), WorkerError> {
+    fn retry_later(&mut self, task: Task, err: StateError) -> Result<(), WorkerError> {
         if err.kind() == crate::error::ErrorKind::Corrupt {
             return Err(WorkerError::Corrupt {
                 partition: self.partition,
@@ -586,11 +614,18 @@ impl<S: Shard> PartitionWorker<S> {
         }
         tracing::warn!(partition = self.partition, error = %err, retry_in = ?task.backoff, "state backend unavailable; partition paused");
         self.stats.outage_retries.fetch_add(1, Ordering::Relaxed);
-        self.stalled.store(true, Ordering::Relaxed);
+        self.back_off(task);
+        Ok(())
+    }
+
+    /// Schedules `task` after its backoff (doubling the next one), counting it as backing off:
+    /// the consumer loop pauses the partition while any task is.
+    fn back_off(&mut self, mut task: Task) {
         task.delay = task.backoff;
         task.backoff = (task.backoff * 2).min(BACKOFF_MAX);
+        self.execution.backing_off += 1;
+        self.stalled.store(true, Ordering::Relaxed);
         self.execution.ready.push_back(task);
-        Ok(())
     }
 
     /// The call of `task` is done: next record of a one-by-one re-run, or the batch finishes.
@@ -607,7 +642,7 @@ impl<S: Shard> PartitionWorker<S> {
         self.execution
             .controller
             .finish(&task.keys, task.records.len());
-        self.left_flight(task.records.len());
+        self.execution.left_flight(task.records.len());
         self.processed(&task.records);
     }
 

@@ -477,14 +477,23 @@ impl<S: Shard> Instance<S> {
 }
 
 /// Turns a wasmtime error into a [`CallError`]: a host abort stays a host abort; a trap's
-/// message leads with what the guest last wrote to stderr (a Rust panic message), then the trap.
+/// message leads with what the guest last wrote to stderr (a Rust panic message), then the
+/// trap's cause, then its context.
 fn classify_trap(err: wasmtime::Error, stderr: &[String]) -> CallError {
     let err = match err.downcast::<HostAbort>() {
         Ok(abort) => return CallError::Aborted(abort),
         Err(err) => err,
     };
     let deadline = err.downcast_ref::<DeadlineExceeded>().is_some();
-    let trap = format!("{err:#}");
+    // The cause first ("wasm trap: call stack exhausted"): the context wasmtime adds (a wasm
+    // backtrace) can be long, and the message is cut to one log line.
+    let cause = err.root_cause().to_string();
+    let full = format!("{err:#}");
+    let trap = if full.starts_with(&cause) {
+        full
+    } else {
+        format!("{cause}; {full}")
+    };
     let mut message = if stderr.is_empty() {
         trap
     } else {

@@ -7,6 +7,9 @@
 //! - `poison:alloc` allocates 1 GiB (hits the instance memory cap);
 //! - `poison:sleep` sleeps for an hour in a WASI timer (outside wasm, so only the host's
 //!   wall-clock cap can end it);
+//! - `poison:recurse` recurses without end (exhausts the wasm stack: a trap);
+//! - `poison:emit-flood` emits 100 MB for one record in 1 MiB pieces (the host's emit limit
+//!   refuses it, long before memory runs out: the piece is reused);
 //! - `probe:sandbox` emits what the guest can see of its environment, as JSON.
 
 use serde::Serialize;
@@ -51,6 +54,17 @@ impl Operator for Counter {
                 let big = vec![1u8; 1 << 30];
                 return Err(Reject::new(format!("allocated {} bytes", big.len())));
             }
+            b"poison:recurse" => {
+                let depth = recurse(std::hint::black_box(u64::MAX));
+                return Err(Reject::new(format!("recursed {depth} deep")));
+            }
+            b"poison:emit-flood" => {
+                let piece = vec![b'x'; 1 << 20];
+                for _ in 0..100 {
+                    ctx.emit(record.key(), &piece)?;
+                }
+                return Err(Reject::new("emitted 100 MB"));
+            }
             b"probe:sandbox" => return probe_sandbox(ctx, record),
             _ => {}
         }
@@ -67,6 +81,15 @@ impl Operator for Counter {
 }
 
 weir_sdk::export_operator!(Counter);
+
+/// Recurses `n` deep, each frame holding 256 bytes the optimiser cannot remove.
+fn recurse(n: u64) -> u64 {
+    if n == 0 {
+        return 0;
+    }
+    let frame = std::hint::black_box([n as u8; 256]);
+    recurse(n - 1) + u64::from(frame[n as usize % 256])
+}
 
 /// Emits what the sandbox shows: environment, arguments, clock, filesystem and network.
 fn probe_sandbox(ctx: &mut Context, record: &Record) -> Result<(), Reject> {
