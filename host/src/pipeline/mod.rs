@@ -48,7 +48,8 @@ pub struct PipelineStats {
     pub emitted: AtomicU64,
     /// Guest calls made (batch calls and one-record re-runs).
     pub guest_calls: AtomicU64,
-    /// Wall time spent inside guest calls, ns.
+    /// Time spent running guest calls, ns: inside their polls, so calls of one partition that
+    /// overlap (the execution controller) are not counted twice.
     pub guest_call_ns: AtomicU64,
     /// Guest calls that trapped.
     pub traps: AtomicU64,

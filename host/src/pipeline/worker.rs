@@ -193,7 +193,7 @@ struct Attempted<S: Shard> {
     records: Arc<Vec<InputRecord>>,
     /// The instance, unless the call left it unusable (a trap, an abort) or none was created.
     instance: Option<Instance<S>>,
-    /// Time inside the guest call, if one was made.
+    /// Time spent polling the guest call (see [`time_polls`]), if one was made.
     call_time: Option<Duration>,
     result: Result<(Vec<Disposition>, BatchCtx), Failure>,
 }
@@ -242,9 +242,9 @@ async fn attempt<S: Shard>(
             };
         }
     };
-    let started = Instant::now();
-    let result = instance.call_batch(batch, deadline).await;
-    let call_time = Some(started.elapsed());
+    let mut busy = Duration::ZERO;
+    let result = time_polls(instance.call_batch(batch, deadline), &mut busy).await;
+    let call_time = Some(busy);
     // An error out of a call leaves the store unusable (wasmtime marks it trapped), so the
     // instance goes even when the guest did nothing wrong (a host abort).
     let (instance, result) = match result {
@@ -270,6 +270,19 @@ fn batch_deadline(settings: &RuntimeSettings, n: usize) -> Duration {
         .record_deadline
         .saturating_mul(u32::try_from(n).unwrap_or(u32::MAX))
         .min(settings.batch_deadline_max.max(settings.record_deadline))
+}
+
+/// Runs `future`, adding the time spent inside its polls to `busy`: what a guest call costs,
+/// without the time other calls of the partition ran while it waited.
+async fn time_polls<F: std::future::Future>(future: F, busy: &mut Duration) -> F::Output {
+    let mut future = std::pin::pin!(future);
+    std::future::poll_fn(|cx| {
+        let started = Instant::now();
+        let poll = future.as_mut().poll(cx);
+        *busy += started.elapsed();
+        poll
+    })
+    .await
 }
 
 /// The worker's execution state: admission and batching ([`ExecutionController`]), the tasks
