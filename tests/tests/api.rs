@@ -342,6 +342,14 @@ async fn the_openapi_document_describes_every_route() -> anyhow::Result<()> {
         doc["components"]["securitySchemes"]["bearer"]["scheme"],
         "bearer"
     );
+    // Every authenticated route documents its 401 and 403 problems.
+    let operators = &doc["paths"]["/v1/operators"]["get"]["responses"];
+    for status in ["401", "403"] {
+        assert!(
+            operators[status]["content"]["application/problem+json"].is_object(),
+            "{status}: {operators}"
+        );
+    }
     let (status, content_type, _) = call(addr, Method::GET, "/no/such/route", None, None).await?;
     assert_eq!(status, StatusCode::NOT_FOUND);
     assert_eq!(content_type, "application/problem+json");

@@ -266,6 +266,29 @@ fn now_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
+/// The problems of every authenticated route, documented once.
+#[derive(Debug, utoipa::IntoResponses)]
+#[allow(
+    dead_code,
+    reason = "a documentation type: its variants are never built"
+)]
+enum AuthProblems {
+    /// No key, or an unknown one.
+    #[response(
+        status = 401,
+        description = "No or unknown API key",
+        content_type = "application/problem+json"
+    )]
+    Unauthorized(Problem),
+    /// A tenant key on an admin route, or the admin key on a tenant route.
+    #[response(
+        status = 403,
+        description = "This key may not use this route",
+        content_type = "application/problem+json"
+    )]
+    Forbidden(Problem),
+}
+
 /// A tenant to create.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct NewTenant {
@@ -293,9 +316,8 @@ pub struct NewApiKey {
     responses(
         (status = 201, description = "Created", body = Tenant),
         (status = 400, description = "Bad id or body", body = Problem, content_type = "application/problem+json"),
-        (status = 401, description = "No or unknown key", body = Problem, content_type = "application/problem+json"),
-        (status = 403, description = "Not the admin key", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "Exists", body = Problem, content_type = "application/problem+json"),
+        AuthProblems,
     ),
     security(("bearer" = [])))]
 async fn create_tenant(
@@ -325,8 +347,7 @@ async fn create_tenant(
 #[utoipa::path(get, path = "/v1/tenants", tag = "tenants",
     responses(
         (status = 200, description = "The tenants", body = [Tenant]),
-        (status = 401, description = "No or unknown key", body = Problem, content_type = "application/problem+json"),
-        (status = 403, description = "Not the admin key", body = Problem, content_type = "application/problem+json"),
+        AuthProblems,
     ),
     security(("bearer" = [])))]
 async fn list_tenants(
@@ -342,9 +363,8 @@ async fn list_tenants(
     params(("tenant" = String, Path, description = "Tenant id", pattern = "^[a-z0-9][a-z0-9-]{0,31}$")),
     responses(
         (status = 201, description = "Created; the key is shown once", body = NewApiKey),
-        (status = 401, description = "No or unknown key", body = Problem, content_type = "application/problem+json"),
-        (status = 403, description = "Not the admin key", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such tenant", body = Problem, content_type = "application/problem+json"),
+        AuthProblems,
     ),
     security(("bearer" = [])))]
 async fn create_api_key(
@@ -374,8 +394,7 @@ async fn create_api_key(
 #[utoipa::path(get, path = "/v1/operators", tag = "operators",
     responses(
         (status = 200, description = "The operators", body = [OperatorSummary]),
-        (status = 401, description = "No or unknown key", body = Problem, content_type = "application/problem+json"),
-        (status = 403, description = "Not a tenant key", body = Problem, content_type = "application/problem+json"),
+        AuthProblems,
     ),
     security(("bearer" = [])))]
 async fn list_operators(
@@ -406,10 +425,9 @@ fn check_operator_name(name: &str) -> Result<(), ApiError> {
     responses(
         (status = 201, description = "Stored as the next version", body = OperatorVersion),
         (status = 400, description = "Bad name or empty body", body = Problem, content_type = "application/problem+json"),
-        (status = 401, description = "No or unknown key", body = Problem, content_type = "application/problem+json"),
-        (status = 403, description = "Not a tenant key", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Larger than the limit", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Not a component of the weir:operator world", body = Problem, content_type = "application/problem+json"),
+        AuthProblems,
     ),
     security(("bearer" = [])))]
 async fn upload_operator(
@@ -506,9 +524,8 @@ fn operator_error(bytes: &[u8], err: &crate::runtime::RuntimeError) -> String {
     params(("name" = String, Path, description = "Operator name", pattern = "^[a-z0-9][a-z0-9_-]{0,63}$")),
     responses(
         (status = 200, description = "Its versions, ascending", body = [OperatorVersion]),
-        (status = 401, description = "No or unknown key", body = Problem, content_type = "application/problem+json"),
-        (status = 403, description = "Not a tenant key", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such operator", body = Problem, content_type = "application/problem+json"),
+        AuthProblems,
     ),
     security(("bearer" = [])))]
 async fn get_operator(
@@ -548,9 +565,8 @@ fn version_number(name: &str, version: &str) -> Result<u64, ApiError> {
            ("version" = u64, Path, description = "Version number")),
     responses(
         (status = 200, description = "The version", body = OperatorVersion),
-        (status = 401, description = "No or unknown key", body = Problem, content_type = "application/problem+json"),
-        (status = 403, description = "Not a tenant key", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such version", body = Problem, content_type = "application/problem+json"),
+        AuthProblems,
     ),
     security(("bearer" = [])))]
 async fn get_operator_version(
@@ -574,9 +590,8 @@ async fn get_operator_version(
            ("version" = u64, Path, description = "Version number")),
     responses(
         (status = 204, description = "Deleted"),
-        (status = 401, description = "No or unknown key", body = Problem, content_type = "application/problem+json"),
-        (status = 403, description = "Not a tenant key", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such version", body = Problem, content_type = "application/problem+json"),
+        AuthProblems,
     ),
     security(("bearer" = [])))]
 async fn delete_operator_version(
