@@ -58,10 +58,34 @@ pub struct PipelineSettings {
     /// waits for them all to finish.
     #[serde(default = "default_in_flight_max")]
     pub in_flight_max: usize,
+    /// What a record whose call fails for good does (it trapped, broke a limit or ran past its
+    /// deadline, alone in its call): default `dead_letter`. Records the operator rejects are
+    /// dead-lettered whatever this says.
+    #[serde(default)]
+    pub failure_policy: FailurePolicy,
+}
+
+/// What happens to a record whose call fails for good (as Kafka Streams'
+/// `default.deserialization.exception.handler` / `processing.exception.handler`: continue or
+/// fail). The record has been re-run alone first, so the failure is its own.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, serde::Serialize, utoipa::ToSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum FailurePolicy {
+    /// Send it to the dead-letter topic with the reason, and go on.
+    #[default]
+    DeadLetter,
+    /// Drop it (counted in `records_skipped_failed`), and go on.
+    Skip,
+    /// Stop the pipeline: nothing after the record is committed; it fails again on restart.
+    Fail,
 }
 
 /// The output's guarantee after crashes and rebalances (docs/checkpoints.md).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, serde::Serialize, utoipa::ToSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum Delivery {
     /// Every output is delivered; the outputs of records after the last checkpoint are sent

@@ -144,6 +144,7 @@ pub async fn run(
                     checkpoint_interval: Duration::from_secs(10),
                     delivery: Default::default(),
                     in_flight_max,
+                    failure_policy: Default::default(),
                 },
                 kafka: KafkaSettings {
                     bootstrap_servers: bootstrap.clone(),

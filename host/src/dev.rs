@@ -144,6 +144,7 @@ pub async fn run(opts: DevOptions) -> Result<(), DevError> {
             checkpoint_interval: std::time::Duration::from_secs(10),
             delivery: Default::default(),
             in_flight_max: crate::config::DEFAULT_IN_FLIGHT_MAX,
+            failure_policy: Default::default(),
         },
         kafka: KafkaSettings {
             bootstrap_servers: bootstrap.clone(),

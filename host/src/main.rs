@@ -489,21 +489,60 @@ async fn serve(config: PathBuf) -> anyhow::Result<()> {
         weir_host::state::lsm::backend::object_store_from_url(&settings.store_url, &options)
             .context("cannot open the catalog store")?;
     let state = api::ApiState::new(
-        api::catalog::Catalog::new(store, prefix),
+        api::catalog::Catalog::new(store.clone(), prefix.clone()),
         api::ApiSettings {
             operator_bytes_max: settings.operator_bytes_max,
             admin_key_sha256: api::sha256(admin_key.as_bytes()),
             runtime: settings.runtime.clone(),
+            pipelines_per_tenant_max: settings.pipelines_per_tenant_max,
         },
     )?;
     let listener = tokio::net::TcpListener::bind(&settings.listen)
         .await
         .with_context(|| format!("cannot listen on {}", settings.listen))?;
-    api::serve(listener, state, async {
-        let _ = tokio::signal::ctrl_c().await;
-    })
-    .await?;
+    // SIGINT or SIGTERM (Kubernetes) stops the API and drains the pipelines run here.
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        tracing::info!("shutting down: draining the pipelines run here");
+        let _ = stop_tx.send(true);
+    });
+    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|stop| *stop).await;
+    };
+    let runner = match &settings.pipelines {
+        Some(config) => {
+            let runner = api::runner::Runner::new(
+                api::catalog::Catalog::new(store.clone(), prefix.clone()),
+                config.clone(),
+                settings.runtime.clone(),
+            )
+            .context("cannot set up the pipeline runner")?;
+            Some(tokio::spawn(runner.run(stopped(stop_rx.clone()))))
+        }
+        None => None,
+    };
+    api::serve(listener, state, stopped(stop_rx)).await?;
+    if let Some(runner) = runner {
+        runner.await.context("the pipeline runner panicked")?;
+    }
     Ok(())
+}
+
+/// Completes at SIGINT (Ctrl-C) or SIGTERM.
+async fn shutdown_signal() {
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(term) => term,
+        Err(err) => {
+            tracing::error!(error = %err, "cannot listen for SIGTERM; Ctrl-C only");
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
 }
 
 async fn run(config: PathBuf) -> anyhow::Result<()> {

@@ -4,6 +4,7 @@
 //! The services are started by the test command (`deploy/test.sh`) through
 //! `deploy/local/kafka.sh` and `deploy/local/s3.sh`; these helpers only connect.
 
+pub mod api;
 pub mod process;
 
 use anyhow::{Context as _, bail};
@@ -300,6 +301,7 @@ pub fn settings(
             checkpoint_interval: std::time::Duration::from_secs(10),
             delivery: Default::default(),
             in_flight_max: weir_host::config::DEFAULT_IN_FLIGHT_MAX,
+            failure_policy: Default::default(),
         },
         kafka: KafkaSettings {
             bootstrap_servers: kafka_bootstrap(),

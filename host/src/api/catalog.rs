@@ -115,11 +115,17 @@ impl Catalog {
         Self { store, prefix }
     }
 
-    fn path(&self, rest: &str) -> Path {
+    /// The object store.
+    pub(crate) fn store(&self) -> &Arc<dyn ObjectStore> {
+        &self.store
+    }
+
+    /// `rest` under the catalog's prefix.
+    pub(crate) fn path(&self, rest: &str) -> Path {
         Path::from(format!("{}/{rest}", self.prefix).trim_start_matches('/'))
     }
 
-    async fn get_json<T: for<'de> Deserialize<'de>>(
+    pub(crate) async fn get_json<T: for<'de> Deserialize<'de>>(
         &self,
         path: &Path,
     ) -> Result<Option<T>, ApiError> {
@@ -136,7 +142,11 @@ impl Catalog {
     }
 
     /// Writes `value` at `path` only if nothing is there; `Ok(false)` if something is.
-    async fn create_json<T: Serialize>(&self, path: &Path, value: &T) -> Result<bool, ApiError> {
+    pub(crate) async fn create_json<T: Serialize>(
+        &self,
+        path: &Path,
+        value: &T,
+    ) -> Result<bool, ApiError> {
         let body = serde_json::to_vec(value).expect("catalog records serialize");
         let opts = PutOptions {
             mode: PutMode::Create,

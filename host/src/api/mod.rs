@@ -7,11 +7,16 @@
 //!
 //! Routes (`/v1`): `POST/GET /tenants`, `POST /tenants/{tenant}/api-keys` (admin);
 //! `GET /operators`, `POST/GET /operators/{name}`, `GET/DELETE
-//! /operators/{name}/versions/{version}` (tenant).
+//! /operators/{name}/versions/{version}`, `GET /pipelines`, `POST/GET/DELETE
+//! /pipelines/{name}`, `POST /pipelines/{name}/start|stop`, `PUT /pipelines/{name}/operator`,
+//! `POST/GET /pipelines/{name}/checkpoints` (tenant). Pipelines are run by the hosts whose
+//! config has a `[pipelines]` section ([`runner`]).
 
 pub mod catalog;
 pub mod client;
+pub mod pipelines;
 pub mod problem;
+pub mod runner;
 
 use crate::clock::SystemClock;
 use crate::config::RuntimeSettings;
@@ -60,9 +65,21 @@ pub struct ServeSettings {
     /// Largest operator component accepted, bytes; default 32 MiB.
     #[serde(default = "default_operator_bytes_max")]
     pub operator_bytes_max: usize,
-    /// Limits operators are checked with.
+    /// Limits operators are checked and run with: each pipeline's defaults and the most it
+    /// may ask for.
     #[serde(default)]
     pub runtime: RuntimeSettings,
+    /// Most pipelines one tenant may have; default 16.
+    #[serde(default = "default_pipelines_per_tenant_max")]
+    pub pipelines_per_tenant_max: usize,
+    /// Run pipelines on this host (Kafka, state caches); without it the host serves the API
+    /// only.
+    #[serde(default)]
+    pub pipelines: Option<runner::RunnerConfig>,
+}
+
+fn default_pipelines_per_tenant_max() -> usize {
+    16
 }
 
 fn default_operator_bytes_max() -> usize {
@@ -108,8 +125,10 @@ pub struct ApiSettings {
     pub operator_bytes_max: usize,
     /// SHA-256 of the admin key.
     pub admin_key_sha256: [u8; 32],
-    /// Limits the operators are checked (and later run) with.
+    /// Limits the operators are checked and run with (each pipeline's defaults and caps).
     pub runtime: RuntimeSettings,
+    /// Most pipelines one tenant may have.
+    pub pipelines_per_tenant_max: usize,
 }
 
 /// Shared state of the handlers.
@@ -256,7 +275,8 @@ async fn read_body(body: Body, limit: usize) -> Result<Bytes, ApiError> {
 /// Reads a JSON body of at most [`JSON_BODY_BYTES_MAX`].
 async fn read_json<T: for<'de> Deserialize<'de>>(body: Body) -> Result<T, ApiError> {
     let bytes = read_body(body, JSON_BODY_BYTES_MAX).await?;
-    serde_json::from_slice(&bytes)
+    // The error names the field: `failure_policy: unknown variant …`.
+    serde_path_to_error::deserialize(&mut serde_json::Deserializer::from_slice(&bytes))
         .map_err(|e| ApiError::BadRequest(format!("invalid JSON body: {e}")))
 }
 
@@ -591,6 +611,7 @@ async fn get_operator_version(
     responses(
         (status = 204, description = "Deleted"),
         (status = 404, description = "No such version", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "A pipeline uses it", body = Problem, content_type = "application/problem+json"),
         AuthProblems,
     ),
     security(("bearer" = [])))]
@@ -601,6 +622,12 @@ async fn delete_operator_version(
 ) -> Result<StatusCode, ApiError> {
     let tenant = principal.tenant()?;
     let number = version_number(&name, &version)?;
+    let users = pipelines::pipelines_using(&state, tenant, &name, number).await?;
+    if !users.is_empty() {
+        return Err(ApiError::Conflict(format!(
+            "version {number} of operator `{name}` is used by pipelines {users:?}: switch or delete them first"
+        )));
+    }
     if state.catalog.delete_version(tenant, &name, number).await? {
         tracing::info!(%tenant, operator = %name, version = number, "operator version deleted");
         Ok(StatusCode::NO_CONTENT)
@@ -634,12 +661,21 @@ impl Modify for BearerAuth {
 #[openapi(
     info(title = "Weir API", description = "Upload WebAssembly operators and run them over Kafka, per tenant."),
     paths(create_tenant, list_tenants, create_api_key, list_operators, upload_operator,
-          get_operator, get_operator_version, delete_operator_version),
+          get_operator, get_operator_version, delete_operator_version,
+          pipelines::create_pipeline, pipelines::list_pipelines, pipelines::get_pipeline,
+          pipelines::start_pipeline, pipelines::stop_pipeline, pipelines::switch_operator,
+          pipelines::trigger_checkpoint, pipelines::list_checkpoints,
+          pipelines::delete_pipeline),
     components(schemas(Problem, Tenant, NewTenant, NewApiKey, ApiKeyRecord, OperatorVersion,
-                       OperatorSummary, StateDescription)),
+                       OperatorSummary, StateDescription, pipelines::PipelineSpec,
+                       pipelines::PipelineLimits, pipelines::PipelineRecord,
+                       pipelines::PipelineView, pipelines::PipelineStatus,
+                       pipelines::HostSummary, pipelines::OperatorSwitch,
+                       pipelines::CheckpointRequested)),
     modifiers(&BearerAuth),
     tags((name = "tenants", description = "Tenants and their API keys (admin key)"),
-         (name = "operators", description = "A tenant's operator components (tenant key)")),
+         (name = "operators", description = "A tenant's operator components (tenant key)"),
+         (name = "pipelines", description = "A tenant's pipelines (tenant key)")),
 )]
 pub struct ApiDoc;
 
@@ -659,6 +695,7 @@ pub fn router(state: ApiState) -> Router {
             method = %request.method(),
             path = %request.uri().path(),
             tenant = tracing::field::Empty,
+            pipeline = tracing::field::Empty,
         )
     });
     Router::new()
@@ -673,6 +710,26 @@ pub fn router(state: ApiState) -> Router {
         .route(
             "/v1/operators/{name}/versions/{version}",
             get(get_operator_version).delete(delete_operator_version),
+        )
+        .route("/v1/pipelines", get(pipelines::list_pipelines))
+        .route(
+            "/v1/pipelines/{name}",
+            post(pipelines::create_pipeline)
+                .get(pipelines::get_pipeline)
+                .delete(pipelines::delete_pipeline),
+        )
+        .route(
+            "/v1/pipelines/{name}/start",
+            post(pipelines::start_pipeline),
+        )
+        .route("/v1/pipelines/{name}/stop", post(pipelines::stop_pipeline))
+        .route(
+            "/v1/pipelines/{name}/operator",
+            axum::routing::put(pipelines::switch_operator),
+        )
+        .route(
+            "/v1/pipelines/{name}/checkpoints",
+            post(pipelines::trigger_checkpoint).get(pipelines::list_checkpoints),
         )
         .fallback(not_found)
         // Bodies are read and limited by the handlers (so the limit answers with a problem).

@@ -26,12 +26,12 @@ use rdkafka::error::KafkaError;
 use rdkafka::message::BorrowedMessage;
 use rdkafka::producer::{FutureProducer, Producer};
 use rdkafka::topic_partition_list::TopicPartitionList;
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::future::Future;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use worker::{Decision, PartitionWorker, WorkerError};
 
@@ -93,6 +93,69 @@ pub struct PipelineStats {
     pub records_in_flight_peak: AtomicU64,
     /// Most batches one partition ran at once (each on its own instance).
     pub batches_in_flight_peak: AtomicU64,
+    /// Records whose call failed for good and that `failure_policy = "skip"` dropped.
+    pub records_skipped_failed: AtomicU64,
+    /// Where each partition run here stands, by partition.
+    pub partitions: Mutex<BTreeMap<i32, PartitionProgress>>,
+    /// The newest committed checkpoints of this run, oldest first, at most
+    /// [`CHECKPOINT_HISTORY_MAX`].
+    pub checkpoint_history: Mutex<VecDeque<CheckpointRecord>>,
+}
+
+/// Checkpoints kept in [`PipelineStats::checkpoint_history`].
+pub const CHECKPOINT_HISTORY_MAX: usize = 64;
+
+/// Where one partition (its shard) stands on this host.
+#[derive(
+    Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize, utoipa::ToSchema,
+)]
+pub struct PartitionProgress {
+    /// The partition (shard) number.
+    pub partition: i32,
+    /// Next offset to read per input topic as of the last committed checkpoint (what a new
+    /// owner resumes from; as a consumer group's committed offsets).
+    pub checkpointed_offsets: BTreeMap<String, i64>,
+    /// Each input topic's high watermark as the consumer last saw it (-1: not known yet).
+    pub high_watermarks: BTreeMap<String, i64>,
+    /// Records behind the high watermarks (summed over input topics) from the checkpointed
+    /// offsets: records a crash now would read again, or that wait to be processed.
+    pub lag: i64,
+    /// Bytes of state the last checkpoint references.
+    pub state_bytes: u64,
+    /// Version of the last committed checkpoint (the manifest version for `lsm`).
+    pub checkpoint_version: Option<u64>,
+}
+
+impl PartitionProgress {
+    fn update_lag(&mut self) {
+        self.lag = self
+            .high_watermarks
+            .iter()
+            .filter(|(_, high)| **high >= 0)
+            .map(|(topic, high)| {
+                (high - self.checkpointed_offsets.get(topic).copied().unwrap_or(0)).max(0)
+            })
+            .sum();
+    }
+}
+
+/// One committed checkpoint of one partition.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
+pub struct CheckpointRecord {
+    /// The partition (shard).
+    pub partition: i32,
+    /// The checkpoint's version (the manifest version for `lsm`).
+    pub version: u64,
+    /// When it committed, ms since the Unix epoch.
+    pub committed_ms: u64,
+    /// How long it took (drain, flush, manifest, transaction), ms.
+    pub duration_ms: u64,
+    /// Bytes it uploaded.
+    pub uploaded_bytes: u64,
+    /// Bytes of state it references.
+    pub state_bytes: u64,
+    /// Next offset per input topic it recorded.
+    pub offsets: BTreeMap<String, i64>,
 }
 
 impl PipelineStats {
@@ -108,6 +171,41 @@ impl PipelineStats {
         self.checkpoint_ns_max.fetch_max(ns, Ordering::Relaxed);
         self.checkpoint_uploaded_bytes
             .fetch_add(uploaded_bytes, Ordering::Relaxed);
+    }
+
+    /// Records a committed checkpoint of `partition` in the history and its progress.
+    pub(crate) fn record_checkpoint_of(&self, record: CheckpointRecord) {
+        {
+            let mut partitions = self.partitions.lock().expect("progress lock");
+            let progress = partitions.entry(record.partition).or_default();
+            progress.partition = record.partition;
+            progress.checkpointed_offsets = record.offsets.clone();
+            progress.state_bytes = record.state_bytes;
+            progress.checkpoint_version = Some(record.version);
+            progress.update_lag();
+        }
+        let mut history = self.checkpoint_history.lock().expect("history lock");
+        if history.len() == CHECKPOINT_HISTORY_MAX {
+            history.pop_front();
+        }
+        history.push_back(record);
+    }
+
+    /// Records the input topics' high watermarks of `partition`.
+    pub(crate) fn record_high_watermarks(&self, partition: i32, highs: BTreeMap<String, i64>) {
+        let mut partitions = self.partitions.lock().expect("progress lock");
+        let progress = partitions.entry(partition).or_default();
+        progress.partition = partition;
+        progress.high_watermarks = highs;
+        progress.update_lag();
+    }
+
+    /// Forgets `partition`: it is no longer run here.
+    pub(crate) fn forget_partition(&self, partition: i32) {
+        self.partitions
+            .lock()
+            .expect("progress lock")
+            .remove(&partition);
     }
 
     pub(crate) fn record_recovery(&self, took: Duration) {
@@ -157,6 +255,9 @@ const FENCED_HOLD: Duration = Duration::from_secs(10);
 
 /// How long after a failed shard open (store unavailable) it is tried again.
 const OPEN_RETRY_DELAY: Duration = Duration::from_secs(1);
+
+/// How often the partitions' high watermarks are read for their progress (lag).
+const WATERMARKS_INTERVAL: Duration = Duration::from_secs(1);
 
 /// How long a seek may wait for librdkafka to accept it.
 const SEEK_TIMEOUT: Duration = Duration::from_secs(5);
@@ -229,6 +330,9 @@ struct Running<B: StateBackend> {
     /// Notified when a worker ends, so that the loop reacts (a fenced or failed shard is
     /// reopened) without waiting for a record.
     worker_ended: Arc<tokio::sync::Notify>,
+    control: PipelineControl,
+    /// When the input's high watermarks were last copied into the partitions' progress.
+    watermarks_read: Instant,
 }
 
 /// Runs the pipeline until `shutdown` completes or a fatal error occurs, then drains the
@@ -241,6 +345,44 @@ pub async fn run<B: StateBackend>(
     backend: Arc<B>,
     clock: SharedClock,
     stats: Arc<PipelineStats>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), PipelineError> {
+    let (_requests, control) = PipelineControl::new();
+    run_controlled(settings, backend, clock, stats, control, shutdown).await
+}
+
+/// What a running pipeline can be asked to do besides stopping.
+#[derive(Debug, Clone)]
+pub struct PipelineControl {
+    /// Each change of the value asks every partition for a checkpoint now, besides the
+    /// interval's (as Flink's `POST /jobs/{id}/checkpoints`). A partition with nothing new
+    /// since its last checkpoint has nothing to write.
+    pub checkpoint_requests: watch::Receiver<u64>,
+}
+
+impl PipelineControl {
+    /// A control and the sender that drives it.
+    pub fn new() -> (watch::Sender<u64>, Self) {
+        let (tx, rx) = watch::channel(0);
+        (
+            tx,
+            Self {
+                checkpoint_requests: rx,
+            },
+        )
+    }
+}
+
+/// [`run`], with `control` to ask the running pipeline for checkpoints.
+///
+/// # Errors
+/// As [`run`].
+pub async fn run_controlled<B: StateBackend>(
+    settings: Settings,
+    backend: Arc<B>,
+    clock: SharedClock,
+    stats: Arc<PipelineStats>,
+    control: PipelineControl,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), PipelineError> {
     let runtime =
@@ -281,6 +423,8 @@ pub async fn run<B: StateBackend>(
         checkpointed_rx,
         checkpointed: Vec::new(),
         worker_ended: Arc::new(tokio::sync::Notify::new()),
+        control,
+        watermarks_read: Instant::now(),
     };
     let result = running.consume(&consumer, &context, shutdown).await;
     let drained = running.drain().await;
@@ -312,6 +456,8 @@ impl<B: StateBackend> Running<B> {
                     None
                 }
                 () = tokio::time::sleep(PAUSED_RETRY_INTERVAL), if retry => None,
+                // Now and then, to refresh the partitions' lag while the input is quiet.
+                () = tokio::time::sleep_until((self.watermarks_read + WATERMARKS_INTERVAL).into()) => None,
             };
             if let Some(msg) = first {
                 self.take(msg, consumer, context).await?;
@@ -327,6 +473,10 @@ impl<B: StateBackend> Running<B> {
             self.drop_revoked(context);
             self.pause_assigned(context, consumer);
             self.tend_shards(consumer).await?;
+            if self.watermarks_read.elapsed() >= WATERMARKS_INTERVAL {
+                self.watermarks_read = Instant::now();
+                self.read_high_watermarks(context);
+            }
             let partitions: Vec<i32> = self.pending.keys().copied().collect();
             for partition in partitions {
                 self.send_pending(partition, Some(consumer)).await?;
@@ -415,6 +565,7 @@ impl<B: StateBackend> Running<B> {
             if let Some((revoked_at, task)) = self.closing.remove(&partition) {
                 let ms = revoked_at.elapsed().as_millis() as u64;
                 self.stats.shards_closed.fetch_add(1, Ordering::Relaxed);
+                self.stats.forget_partition(partition);
                 match task.await {
                     Ok(Ok(())) => tracing::info!(partition, ms, "revoked partition closed"),
                     Ok(Err(err)) => {
@@ -460,6 +611,24 @@ impl<B: StateBackend> Running<B> {
         }
         self.commit_checkpointed(consumer);
         Ok(())
+    }
+
+    /// Copies the input topics' high watermarks of the partitions run here into their
+    /// progress (from librdkafka's statistics: no request is made).
+    fn read_high_watermarks(&self, context: &SourceContext) {
+        for &partition in self.workers.keys() {
+            let highs = self
+                .settings
+                .pipeline
+                .input_topics
+                .iter()
+                .map(|topic| {
+                    let high = context.high_watermark(topic, partition).unwrap_or(-1);
+                    (topic.clone(), high)
+                })
+                .collect();
+            self.stats.record_high_watermarks(partition, highs);
+        }
     }
 
     /// Opens `partition`'s shard in the background (recovery and claim read the store). In
@@ -779,6 +948,8 @@ impl<B: StateBackend> Running<B> {
             opened_at: Some(opened_at),
             checkpointed: self.checkpointed_tx.clone(),
             decision,
+            failure_policy: self.settings.pipeline.failure_policy,
+            checkpoint_requests: self.control.checkpoint_requests.clone(),
         };
         let ended = self.worker_ended.clone();
         let task = tokio::spawn(async move {

@@ -32,9 +32,10 @@
 //! partition was revoked — it finishes what it admitted, checkpoints once more and ends; after
 //! a revoke it drops the records not yet admitted, unprocessed.
 
-use super::PipelineStats;
 use super::controller::ExecutionController;
-use crate::config::RuntimeSettings;
+use super::{CheckpointRecord, PipelineStats};
+use crate::clock::{Clock, SystemClock};
+use crate::config::{FailurePolicy, RuntimeSettings};
 use crate::runtime::{BatchCtx, CallError, Disposition, InputRecord, Instance, Operator};
 use crate::sink::{DeadLetterKind, Sink, SinkError};
 use crate::source::SourceConsumer;
@@ -51,7 +52,7 @@ use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 
 /// Longest retry delay after an outage.
 const BACKOFF_MAX: Duration = Duration::from_secs(5);
@@ -100,6 +101,19 @@ pub enum WorkerError {
     Fenced {
         /// The partition.
         partition: i32,
+    },
+    /// A record's call failed for good and `failure_policy = "fail"`: the pipeline stops
+    /// before committing anything after it.
+    #[error("partition {partition}: the record at offset {offset} of `{topic}` failed: {reason}")]
+    RecordFailed {
+        /// The partition.
+        partition: i32,
+        /// The record's topic.
+        topic: String,
+        /// The record's offset.
+        offset: i64,
+        /// Why its call failed.
+        reason: String,
     },
     /// The checkpoint's Kafka transaction did not commit (exactly-once mode): the state holds
     /// effects whose outputs are not committed, so the shard must be reopened from its last
@@ -388,6 +402,10 @@ pub(crate) struct PartitionWorker<S: Shard> {
     pub checkpointed: mpsc::UnboundedSender<(i32, InputOffsets)>,
     /// What decides a checkpoint.
     pub decision: Decision,
+    /// What a record whose call fails for good does.
+    pub failure_policy: FailurePolicy,
+    /// Each change asks for a checkpoint now, besides the interval's.
+    pub checkpoint_requests: watch::Receiver<u64>,
 }
 
 impl<S: Shard> PartitionWorker<S> {
@@ -413,6 +431,11 @@ impl<S: Shard> PartitionWorker<S> {
         let mut closed = false;
         // A checkpoint is due: admit nothing until every admitted record finished (step 1).
         let mut checkpoint_due = false;
+        // The due checkpoint was asked for: it is written even with nothing new.
+        let mut checkpoint_requested = false;
+        let mut requests = self.checkpoint_requests.clone();
+        requests.mark_unchanged();
+        let mut requests_open = true;
         loop {
             if !checkpoint_due {
                 self.admit(&mut backlog);
@@ -420,8 +443,9 @@ impl<S: Shard> PartitionWorker<S> {
             self.dispatch(&mut running);
             if running.is_empty() && self.execution.controller.is_idle() {
                 if checkpoint_due {
-                    self.checkpoint(false).await?;
+                    self.checkpoint(false, checkpoint_requested).await?;
                     checkpoint_due = false;
+                    checkpoint_requested = false;
                     self.execution.release_instances();
                     continue;
                 }
@@ -434,6 +458,10 @@ impl<S: Shard> PartitionWorker<S> {
                 // The tick first: a partition with a full queue must still checkpoint.
                 biased;
                 _ = ticks.tick(), if !checkpoint_due => checkpoint_due = true,
+                changed = requests.changed(), if !checkpoint_due && requests_open => match changed {
+                    Ok(()) => (checkpoint_due, checkpoint_requested) = (true, true),
+                    Err(_) => requests_open = false,
+                },
                 Some(attempted) = running.next() => self.attempted(attempted).await?,
                 batch = batches.recv(), if intake => match batch {
                     Some(records) => backlog.extend(records),
@@ -441,7 +469,7 @@ impl<S: Shard> PartitionWorker<S> {
                 },
             }
         }
-        self.checkpoint(true).await
+        self.checkpoint(true, false).await
     }
 
     /// Admits records from `backlog` while the controller has room; drops them all once the
@@ -588,9 +616,28 @@ impl<S: Shard> PartitionWorker<S> {
                     CallError::Trap { deadline: true, .. } => DeadLetterKind::Deadline,
                     _ => DeadLetterKind::Trapped,
                 };
-                tracing::warn!(partition = self.partition, offset = records[0].offset, error = %fault, "record dead-lettered");
-                self.dead_letter(&records[0], kind, &fault.to_string())
-                    .await?;
+                match self.failure_policy {
+                    FailurePolicy::DeadLetter => {
+                        tracing::warn!(partition = self.partition, offset = records[0].offset, error = %fault, "record dead-lettered");
+                        self.dead_letter(&records[0], kind, &fault.to_string())
+                            .await?;
+                    }
+                    FailurePolicy::Skip => {
+                        tracing::warn!(partition = self.partition, offset = records[0].offset, error = %fault, "record skipped (failure_policy = skip)");
+                        self.stats
+                            .records_skipped_failed
+                            .fetch_add(1, Ordering::Relaxed);
+                    }
+                    FailurePolicy::Fail => {
+                        tracing::error!(partition = self.partition, offset = records[0].offset, error = %fault, "record failed; stopping the pipeline (failure_policy = fail)");
+                        return Err(WorkerError::RecordFailed {
+                            partition: self.partition,
+                            topic: records[0].topic.to_string(),
+                            offset: records[0].offset,
+                            reason: fault.to_string(),
+                        });
+                    }
+                }
                 self.step(task);
             }
             Ok((dispositions, batch)) => {
@@ -659,12 +706,12 @@ impl<S: Shard> PartitionWorker<S> {
         self.processed(&task.records);
     }
 
-    /// Checkpoints the shard if records were processed since the last checkpoint (docs/
-    /// checkpoints.md steps 1–7). A failed checkpoint leaves the previous one current and is
+    /// Checkpoints the shard if records were processed since the last checkpoint, or if the
+    /// checkpoint was `requested` (through the API) (docs/checkpoints.md steps 1–7). A failed checkpoint leaves the previous one current and is
     /// retried at the next tick; at the `last` one (queue closed) it is only logged: the
     /// records since the previous checkpoint will be read again by the next owner.
-    async fn checkpoint(&mut self, last: bool) -> Result<(), WorkerError> {
-        if !self.dirty {
+    async fn checkpoint(&mut self, last: bool, requested: bool) -> Result<(), WorkerError> {
+        if !self.dirty && !requested {
             return Ok(());
         }
         let started = Instant::now();
@@ -709,6 +756,19 @@ impl<S: Shard> PartitionWorker<S> {
                 self.shard.checkpoint_decided(report.version);
                 let elapsed = started.elapsed();
                 self.stats.record_checkpoint(elapsed, report.uploaded_bytes);
+                self.stats.record_checkpoint_of(CheckpointRecord {
+                    partition: self.partition,
+                    version: report.version,
+                    committed_ms: SystemClock.now_ms(),
+                    duration_ms: elapsed.as_millis() as u64,
+                    uploaded_bytes: report.uploaded_bytes,
+                    state_bytes: report.state_bytes,
+                    offsets: self
+                        .offsets
+                        .iter()
+                        .map(|(t, o)| (t.to_owned(), o))
+                        .collect(),
+                });
                 metrics::histogram!("weir_checkpoint_duration_seconds")
                     .record(elapsed.as_secs_f64());
                 metrics::counter!("weir_checkpoint_uploaded_bytes_total")

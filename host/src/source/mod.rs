@@ -8,10 +8,12 @@
 use crate::config::Settings;
 use crate::runtime::{Header, InputRecord};
 use rdkafka::ClientContext;
+use rdkafka::Statistics;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance, StreamConsumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::{BorrowedMessage, Headers, Message};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 /// The consumer's context: collects partitions revoked by rebalances for the pipeline loop,
@@ -22,6 +24,9 @@ pub struct SourceContext {
     revoked: Arc<Mutex<Vec<i32>>>,
     assigned: Arc<Mutex<Vec<i32>>>,
     wake: Arc<tokio::sync::Notify>,
+    /// Last stable offset (the high watermark a `read_committed` consumer reads up to) by topic
+    /// and partition, from librdkafka's statistics (every `statistics.interval.ms`).
+    high_watermarks: Arc<Mutex<HashMap<(String, i32), i64>>>,
 }
 
 impl SourceContext {
@@ -43,7 +48,40 @@ impl SourceContext {
     }
 }
 
-impl ClientContext for SourceContext {}
+impl SourceContext {
+    /// The high watermark (last stable offset) of `topic` `partition` as librdkafka's last
+    /// statistics gave it, if they covered it.
+    pub fn high_watermark(&self, topic: &str, partition: i32) -> Option<i64> {
+        self.high_watermarks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&(topic.to_owned(), partition))
+            .copied()
+    }
+}
+
+impl ClientContext for SourceContext {
+    /// Keeps the fetched partitions' high watermarks (for lag), nothing else.
+    fn stats(&self, statistics: Statistics) {
+        let mut highs = self
+            .high_watermarks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        for (name, topic) in statistics.topics {
+            for (partition, p) in topic.partitions {
+                // -1 is librdkafka's "internal" partition, and offsets not yet known.
+                let high = if p.ls_offset >= 0 {
+                    p.ls_offset
+                } else {
+                    p.hi_offset
+                };
+                if partition >= 0 && high >= 0 {
+                    highs.insert((name.clone(), partition), high);
+                }
+            }
+        }
+    }
+}
 
 impl ConsumerContext for SourceContext {
     /// Resumes every newly assigned partition: a pause set by the application outlives a
@@ -93,7 +131,7 @@ pub type SourceConsumer = StreamConsumer<SourceContext>;
 /// Creates the consumer (not yet subscribed).
 ///
 /// Defaults: auto-commit and offset store off, `auto.offset.reset=earliest`,
-/// `isolation.level=read_committed`; `kafka.consumer` settings override them.
+/// `isolation.level=read_committed`, statistics every second (for lag); `kafka.consumer` settings override them.
 ///
 /// # Errors
 /// [`KafkaError`] when librdkafka rejects the configuration.
@@ -106,7 +144,9 @@ pub fn consumer(settings: &Settings) -> Result<(SourceConsumer, SourceContext), 
         .set("enable.auto.offset.store", "false")
         .set("auto.offset.reset", "earliest")
         .set("isolation.level", "read_committed")
-        .set("enable.partition.eof", "false");
+        .set("enable.partition.eof", "false")
+        // Per-partition high watermarks for the pipeline's lag (SourceContext::stats).
+        .set("statistics.interval.ms", "1000");
     for (k, v) in &settings.kafka.consumer {
         config.set(k, v);
     }

@@ -1,0 +1,142 @@
+//! Helpers of the API tests: a `weir serve` in process on a new bucket of the S3 server, one
+//! call with a bearer key, a tenant with a key.
+
+use crate::{create_s3_bucket, guest, init_tracing, s3_options};
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use weir_host::api::catalog::Catalog;
+use weir_host::api::runner::{Runner, RunnerConfig};
+use weir_host::api::{ApiSettings, ApiState, sha256};
+use weir_host::config::RuntimeSettings;
+use weir_host::state::lsm::backend::object_store_from_url;
+
+/// The admin key of the test servers.
+pub const ADMIN_KEY: &str = "test-admin-key-0123456789abcdef0123456789";
+
+/// Largest component the test server accepts: above the counter guest, far below 4 MiB.
+pub const OPERATOR_BYTES_MAX: usize = 4 << 20;
+
+/// A `weir serve` on a new bucket of the S3 server, on a free local port.
+pub async fn start_server() -> anyhow::Result<SocketAddr> {
+    Ok(start_server_with(None).await?.0)
+}
+
+/// A tenant id unique to this test run: `{prefix}-{pid}-{hex}`, at most 32 bytes (`prefix`
+/// is cut to 12).
+pub fn tenant_id(prefix: &str) -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::from(d.subsec_nanos()));
+    let n = NEXT.fetch_add(1, Ordering::Relaxed) & 0xff;
+    format!(
+        "{}-{}-{:x}",
+        &prefix[..prefix.len().min(12)],
+        std::process::id(),
+        (nanos << 8) | n
+    )
+}
+
+/// A `weir serve` on a new bucket of the S3 server, on a free local port, that also runs
+/// pipelines when `runner` is given (its `[pipelines]` section); returns its address and the
+/// store's URL (`s3://{bucket}/weir`).
+pub async fn start_server_with(
+    runner: Option<RunnerConfig>,
+) -> anyhow::Result<(SocketAddr, String)> {
+    init_tracing();
+    let bucket = create_s3_bucket().await?;
+    let store_url = format!("s3://{bucket}/weir");
+    let (store, prefix) = object_store_from_url(&store_url, &s3_options())?;
+    if let Some(config) = runner {
+        let runner = Runner::new(
+            Catalog::new(store.clone(), prefix.clone()),
+            config,
+            RuntimeSettings::default(),
+        )?;
+        tokio::spawn(runner.run(std::future::pending()));
+    }
+    let state = ApiState::new(
+        Catalog::new(store, prefix),
+        ApiSettings {
+            operator_bytes_max: OPERATOR_BYTES_MAX,
+            admin_key_sha256: sha256(ADMIN_KEY.as_bytes()),
+            runtime: RuntimeSettings::default(),
+            pipelines_per_tenant_max: 16,
+        },
+    )?;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    tokio::spawn(weir_host::api::serve(
+        listener,
+        state,
+        std::future::pending(),
+    ));
+    Ok((addr, store_url))
+}
+
+/// One request: `key` as bearer token, `body` as given; returns the status, the content type
+/// and the JSON body (`Null` when empty).
+pub async fn call(
+    addr: SocketAddr,
+    method: Method,
+    path: &str,
+    key: Option<&str>,
+    body: Option<(&str, Vec<u8>)>,
+) -> anyhow::Result<(StatusCode, String, Value)> {
+    let mut request = reqwest::Client::new().request(method, format!("http://{addr}{path}"));
+    if let Some(key) = key {
+        request = request.bearer_auth(key);
+    }
+    if let Some((content_type, bytes)) = body {
+        request = request.header("content-type", content_type).body(bytes);
+    }
+    let response = request.send().await?;
+    let status = response.status();
+    let content_type = response
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    let bytes = response.bytes().await?;
+    let value = if bytes.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_slice(&bytes)?
+    };
+    Ok((status, content_type, value))
+}
+
+pub fn json_body(value: &Value) -> Option<(&'static str, Vec<u8>)> {
+    Some(("application/json", serde_json::to_vec(value).expect("json")))
+}
+
+/// Creates tenant `id` and returns a key of it.
+pub async fn tenant_with_key(addr: SocketAddr, id: &str) -> anyhow::Result<String> {
+    let (status, _, tenant) = call(
+        addr,
+        Method::POST,
+        "/v1/tenants",
+        Some(ADMIN_KEY),
+        json_body(&json!({"id": id, "name": format!("Tenant {id}")})),
+    )
+    .await?;
+    assert_eq!(status, StatusCode::CREATED, "{tenant}");
+    let (status, _, key) = call(
+        addr,
+        Method::POST,
+        &format!("/v1/tenants/{id}/api-keys"),
+        Some(ADMIN_KEY),
+        None,
+    )
+    .await?;
+    assert_eq!(status, StatusCode::CREATED, "{key}");
+    assert_eq!(key["tenant"], id);
+    Ok(key["key"].as_str().expect("a key").to_owned())
+}
+
+pub fn counter_component() -> Vec<u8> {
+    std::fs::read(guest("weir_test_counter")).expect("the counter guest is built")
+}
