@@ -139,9 +139,23 @@ impl WeirProcess {
         log: PathBuf,
         env: &[(&str, &str)],
     ) -> anyhow::Result<Self> {
+        Self::spawn_command(bin, "run", config, log, env)
+    }
+
+    /// Starts `bin {subcommand} --config config` (e.g. `serve`), as [`WeirProcess::spawn`].
+    ///
+    /// # Errors
+    /// When the process cannot start.
+    pub fn spawn_command(
+        bin: &Path,
+        subcommand: &str,
+        config: &Path,
+        log: PathBuf,
+        env: &[(&str, &str)],
+    ) -> anyhow::Result<Self> {
         let mut command = Command::new(bin);
         command
-            .arg("run")
+            .arg(subcommand)
             .arg("--config")
             .arg(config)
             .env("RUST_LOG", "info,rdkafka=warn")

@@ -6,7 +6,7 @@
 use rdkafka::Message;
 use std::collections::BTreeMap;
 use std::time::Duration;
-use weir_host::config::RuntimeSettings;
+use weir_host::config::{FailurePolicy, RuntimeSettings};
 use weir_host::sink::{
     HEADER_ERROR, HEADER_ERROR_KIND, HEADER_SOURCE_OFFSET, HEADER_SOURCE_PARTITION,
 };
@@ -254,5 +254,73 @@ async fn malformed_flight_is_rejected_by_the_operator_and_dead_lettered() -> any
     assert_eq!(last["delay_max"], 10);
     assert_eq!(last["delay_mean"], 3.0);
     pipeline.stop().await?;
+    Ok(())
+}
+
+/// 1000 records over 10 keys on one partition with a trapping record at offset 500, run
+/// with `failure_policy`; returns the pipeline, the output and dead-letter topics.
+async fn run_trap_with_policy(
+    policy: FailurePolicy,
+) -> anyhow::Result<(RunningPipeline, String, String)> {
+    init_tracing();
+    let (input, output, dlq) = (unique("in"), unique("out"), unique("dlq"));
+    create_topics(&[(&input, 1), (&output, 1), (&dlq, 1)]).await?;
+    let records: Vec<(Vec<u8>, Vec<u8>)> = (0..1000)
+        .map(|i| {
+            let value = if i == 500 {
+                b"poison:trap".to_vec()
+            } else {
+                format!("v{i}").into_bytes()
+            };
+            (format!("k{}", i % 10).into_bytes(), value)
+        })
+        .collect();
+    produce(&input, 0, &records).await?;
+    let mut settings = settings(
+        guest("weir_test_counter"),
+        &input,
+        &output,
+        &dlq,
+        RuntimeSettings::default(),
+    );
+    settings.pipeline.failure_policy = policy;
+    Ok((RunningPipeline::start(settings), output, dlq))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failure_policy_skip_drops_the_failed_record_without_a_dead_letter() -> anyhow::Result<()> {
+    let (pipeline, output, dlq) = run_trap_with_policy(FailurePolicy::Skip).await?;
+    pipeline.wait_done(1000, TIMEOUT).await?;
+    let skipped = pipeline
+        .stats
+        .records_skipped_failed
+        .load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(skipped, 1, "the trapping record is skipped");
+    read_exactly(&output, 999, TIMEOUT, SETTLE).await?;
+    read_exactly(&dlq, 0, TIMEOUT, SETTLE).await?;
+    assert!(!pipeline.is_finished(), "the pipeline goes on");
+    pipeline.stop().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failure_policy_fail_stops_the_pipeline_naming_the_record() -> anyhow::Result<()> {
+    let (pipeline, _output, dlq) = run_trap_with_policy(FailurePolicy::Fail).await?;
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    while !pipeline.is_finished() {
+        anyhow::ensure!(
+            std::time::Instant::now() < deadline,
+            "the pipeline did not stop"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let error = format!(
+        "{:#}",
+        pipeline.stop().await.expect_err("the pipeline failed")
+    );
+    assert!(
+        error.contains("the record at offset 500") && error.contains("poison record"),
+        "the error names the record and the cause: {error}"
+    );
+    read_exactly(&dlq, 0, TIMEOUT, SETTLE).await?;
     Ok(())
 }

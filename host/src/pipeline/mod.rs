@@ -159,9 +159,12 @@ pub struct CheckpointRecord {
 }
 
 impl PipelineStats {
-    /// Records that reached a final disposition (ok or dead-lettered).
+    /// Records that reached a final disposition (ok, dead-lettered, or skipped by
+    /// `failure_policy = "skip"`).
     pub fn records_done(&self) -> u64 {
-        self.records_ok.load(Ordering::Relaxed) + self.dead_lettered.load(Ordering::Relaxed)
+        self.records_ok.load(Ordering::Relaxed)
+            + self.dead_lettered.load(Ordering::Relaxed)
+            + self.records_skipped_failed.load(Ordering::Relaxed)
     }
 
     pub(crate) fn record_checkpoint(&self, took: Duration, uploaded_bytes: u64) {

@@ -1,0 +1,203 @@
+//! Two `weir serve` processes on one store (the S3 server) and one broker share a pipeline
+//! created through the API: Kafka's consumer group divides its partitions between them, both
+//! report on it, and when one is stopped (SIGTERM: it drains and checkpoints) the other runs
+//! every partition. Every key's count is exact throughout.
+
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::{Duration, Instant};
+use weir_tests::api::{ADMIN_KEY, call, counter_component, json_body, tenant_id, tenant_with_key};
+use weir_tests::process::WeirProcess;
+use weir_tests::*;
+
+const PARTITIONS: i32 = 4;
+const KEYS: u64 = 40;
+
+/// A free local port (bound, then released for the server to take).
+fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+/// Writes serve.toml for host `host` listening on `port`, over `store_url`.
+fn write_serve_config(path: &Path, host: &str, port: u16, store_url: &str) -> anyhow::Result<()> {
+    let options: String = s3_options()
+        .iter()
+        .map(|(k, v)| format!("{k} = \"{v}\"\n"))
+        .collect();
+    let config = format!(
+        r#"listen = "127.0.0.1:{port}"
+store_url = "{store_url}"
+[store_options]
+{options}
+[pipelines]
+host_id = "{host}"
+bootstrap_servers = "{bootstrap}"
+reconcile_interval = "250ms"
+memtable_bytes_max = 16384
+block_cache_bytes = 8388608
+disk_cache_bytes = 16777216
+[pipelines.consumer]
+"session.timeout.ms" = "6000"
+"#,
+        bootstrap = kafka_bootstrap(),
+    );
+    std::fs::write(path, config)?;
+    Ok(())
+}
+
+/// Polls the pipeline until `done` holds, failing after `timeout` with the last answer.
+async fn wait_for(
+    addr: SocketAddr,
+    key: &str,
+    timeout: Duration,
+    what: &str,
+    done: impl Fn(&Value) -> bool,
+) -> anyhow::Result<Value> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let (status, _, view) =
+            call(addr, Method::GET, "/v1/pipelines/counts", Some(key), None).await?;
+        if status == StatusCode::OK && done(&view) {
+            return Ok(view);
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "{what}: not after {timeout:?}: {status} {view:#}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The partitions each running host reports, by host.
+fn partitions_by_host(view: &Value) -> BTreeMap<String, BTreeSet<i64>> {
+    view["status"]["hosts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|h| h["phase"] == "running")
+        .map(|h| {
+            let parts = h["partitions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_i64)
+                .collect();
+            (h["host"].as_str().unwrap_or_default().to_owned(), parts)
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_serve_hosts_share_a_pipelines_partitions_and_one_takes_all_when_the_other_stops()
+-> anyhow::Result<()> {
+    init_tracing();
+    let bucket = create_s3_bucket().await?;
+    let store_url = format!("s3://{bucket}/weir");
+    let dir = tempfile::tempdir()?;
+    let bin = Path::new(env!("CARGO_BIN_EXE_weir"));
+    let env = [("WEIR_ADMIN_KEY", ADMIN_KEY)];
+    let mut hosts = Vec::new();
+    for name in ["host-a", "host-b"] {
+        let port = free_port()?;
+        let config = dir.path().join(format!("{name}.toml"));
+        write_serve_config(&config, name, port, &store_url)?;
+        let mut process = WeirProcess::spawn_command(
+            bin,
+            "serve",
+            &config,
+            dir.path().join(format!("{name}.log")),
+            &env,
+        )?;
+        process
+            .wait_for_log("weir serve listening", 1, Duration::from_secs(30))
+            .await?;
+        hosts.push((process, SocketAddr::from(([127, 0, 0, 1], port))));
+    }
+    let (a, b) = (hosts[0].1, hosts[1].1);
+
+    // Through host a: a tenant, its counter, its topics and a pipeline.
+    let tenant = tenant_id("shared");
+    let key = tenant_with_key(a, &tenant).await?;
+    let (status, _, version) = call(
+        a,
+        Method::POST,
+        "/v1/operators/counter",
+        Some(&key),
+        Some(("application/wasm", counter_component())),
+    )
+    .await?;
+    assert_eq!(status, StatusCode::CREATED, "{version}");
+    let input = format!("{tenant}.in");
+    let output = format!("{tenant}.out");
+    create_topics(&[
+        (&input, PARTITIONS),
+        (&output, PARTITIONS),
+        (&format!("{tenant}.dlq"), 1),
+    ])
+    .await?;
+    let spec = json!({
+        "operator": "counter", "operator_version": 1,
+        "input_topics": ["in"], "output_topic": "out", "dead_letter_topic": "dlq",
+        "checkpoint_interval_ms": 500, "delivery": "exactly_once",
+    });
+    let (status, _, created) = call(
+        a,
+        Method::POST,
+        "/v1/pipelines/counts",
+        Some(&key),
+        json_body(&spec),
+    )
+    .await?;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
+
+    // Both hosts run it, each some of the partitions; host b answers about it too.
+    let shared = wait_for(b, &key, Duration::from_secs(60), "both hosts run it", |v| {
+        let by_host = partitions_by_host(v);
+        by_host.len() == 2
+            && by_host.values().all(|p| !p.is_empty())
+            && by_host.values().flatten().collect::<BTreeSet<_>>().len() == PARTITIONS as usize
+    })
+    .await?;
+    let mut expected = BTreeMap::new();
+    produce_counter(&input, PARTITIONS, (0, 2_000), KEYS, &mut expected).await?;
+    let counts = read_counts(&output, &expected, Duration::from_secs(60)).await?;
+    assert_counts_exact(&expected, &counts);
+
+    // Host b stops (SIGTERM): it drains, checkpoints and leaves; host a takes every partition.
+    let (mut b_process, _) = hosts.remove(1);
+    b_process.signal("TERM").await?;
+    let exit = b_process.wait(Duration::from_secs(60)).await?;
+    assert!(
+        exit.is_some_and(|s| s.success()),
+        "host b exits cleanly on SIGTERM: {exit:?}\n{}",
+        b_process.tail()
+    );
+    let alone = wait_for(
+        a,
+        &key,
+        Duration::from_secs(60),
+        "host a runs every partition",
+        |v| {
+            let by_host = partitions_by_host(v);
+            by_host.len() == 1
+                && by_host
+                    .get("host-a")
+                    .is_some_and(|p| p.len() == PARTITIONS as usize)
+        },
+    )
+    .await?;
+    produce_counter(&input, PARTITIONS, (2_000, 4_000), KEYS, &mut expected).await?;
+    let counts = read_counts(&output, &expected, Duration::from_secs(60)).await?;
+    assert_counts_exact(&expected, &counts);
+    println!(
+        "shared: {:?}\nafter host b stopped: {:?}",
+        partitions_by_host(&shared),
+        partitions_by_host(&alone)
+    );
+    Ok(())
+}
