@@ -120,6 +120,13 @@ enum Command {
         #[command(flatten)]
         api: ApiArgs,
     },
+    /// Manage your pipelines through the API (`WEIR_API`, `WEIR_API_KEY`).
+    Pipeline {
+        #[command(subcommand)]
+        command: PipelineCommand,
+        #[command(flatten)]
+        api: ApiArgs,
+    },
     /// Create tenants and their API keys through the API (admin key in `WEIR_API_KEY`).
     Tenant {
         #[command(subcommand)]
@@ -233,6 +240,76 @@ enum OperatorCommand {
         name: String,
         /// The version.
         version: u64,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum PipelineCommand {
+    /// Create a pipeline and start it: your topic names (the API scopes them to you).
+    Create {
+        /// The pipeline's name.
+        name: String,
+        /// `operator:version`, e.g. `counter:1`.
+        #[arg(long)]
+        operator: String,
+        /// An input topic (repeat for co-partitioned topics).
+        #[arg(long = "input", required = true)]
+        inputs: Vec<String>,
+        /// The output topic.
+        #[arg(long)]
+        output: String,
+        /// The dead-letter topic.
+        #[arg(long)]
+        dead_letter: String,
+        /// Checkpoint interval, ms.
+        #[arg(long, default_value_t = 10_000)]
+        checkpoint_interval_ms: u64,
+        /// Records of one partition in flight at once.
+        #[arg(long, default_value_t = 4096)]
+        in_flight_max: u64,
+        /// `dead_letter`, `skip` or `fail`.
+        #[arg(long, default_value = "dead_letter")]
+        failure_policy: String,
+        /// `at_least_once` or `exactly_once`.
+        #[arg(long, default_value = "at_least_once")]
+        delivery: String,
+    },
+    /// List your pipelines.
+    Ls,
+    /// One pipeline's status: state, counters, last checkpoint, per-partition offsets and lag.
+    Status {
+        /// The pipeline's name.
+        name: String,
+    },
+    /// Start a stopped pipeline from its last checkpoint.
+    Start {
+        /// The pipeline's name.
+        name: String,
+    },
+    /// Stop a pipeline (drained, checkpointed; state kept).
+    Stop {
+        /// The pipeline's name.
+        name: String,
+    },
+    /// Ask for a checkpoint now, or with `--list` show the newest ones.
+    Checkpoint {
+        /// The pipeline's name.
+        name: String,
+        /// List the newest checkpoints instead.
+        #[arg(long)]
+        list: bool,
+    },
+    /// Switch a pipeline to another version of its operator, keeping its state.
+    Switch {
+        /// The pipeline's name.
+        name: String,
+        /// The operator version.
+        version: u64,
+    },
+    /// Delete a stopped pipeline with its state.
+    Rm {
+        /// The pipeline's name.
+        name: String,
     },
 }
 
@@ -355,6 +432,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Serve { config } => serve(config).await,
         Command::Operator { command, api } => operator_command(command, api).await,
         Command::Tenant { command, api } => tenant_command(command, api).await,
+        Command::Pipeline { command, api } => pipeline_command(command, api).await,
         Command::BenchController {
             operator,
             bootstrap_servers,
@@ -439,6 +517,104 @@ async fn operator_command(command: OperatorCommand, args: ApiArgs) -> anyhow::Re
             client.delete_operator_version(&name, version).await?;
             if !args.json {
                 println!("deleted {name} version {version}");
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn pipeline_command(command: PipelineCommand, args: ApiArgs) -> anyhow::Result<()> {
+    use weir_host::api::client::{ApiClient, pipeline_status_text, pipelines_table};
+    let client = ApiClient::new(&args.api, &args.key);
+    let show = |view: &weir_host::api::pipelines::PipelineView| -> anyhow::Result<()> {
+        if args.json {
+            println!("{}", serde_json::to_string_pretty(view)?);
+        } else {
+            print!("{}", pipeline_status_text(view));
+        }
+        Ok(())
+    };
+    match command {
+        PipelineCommand::Create {
+            name,
+            operator,
+            inputs,
+            output,
+            dead_letter,
+            checkpoint_interval_ms,
+            in_flight_max,
+            failure_policy,
+            delivery,
+        } => {
+            let (operator, version) = operator
+                .split_once(':')
+                .context("--operator takes `name:version`, e.g. `counter:1`")?;
+            // The enums parse as the API's JSON does, with its messages.
+            let spec = serde_json::from_value(serde_json::json!({
+                "operator": operator,
+                "operator_version": version.parse::<u64>().context("the operator version is a number")?,
+                "input_topics": inputs,
+                "output_topic": output,
+                "dead_letter_topic": dead_letter,
+                "checkpoint_interval_ms": checkpoint_interval_ms,
+                "in_flight_max": in_flight_max,
+                "failure_policy": failure_policy,
+                "delivery": delivery,
+            }))
+            .context("bad --failure-policy or --delivery")?;
+            show(&client.create_pipeline(&name, &spec).await?)?;
+        }
+        PipelineCommand::Ls => {
+            let pipelines = client.pipelines().await?;
+            if args.json {
+                println!("{}", serde_json::to_string_pretty(&pipelines)?);
+            } else {
+                print!("{}", pipelines_table(&pipelines));
+            }
+        }
+        PipelineCommand::Status { name } => show(&client.pipeline(&name).await?)?,
+        PipelineCommand::Start { name } => show(&client.pipeline_action(&name, "start").await?)?,
+        PipelineCommand::Stop { name } => show(&client.pipeline_action(&name, "stop").await?)?,
+        PipelineCommand::Switch { name, version } => {
+            show(&client.switch_operator(&name, version).await?)?
+        }
+        PipelineCommand::Checkpoint { name, list: false } => {
+            let requested = client.trigger_checkpoint(&name).await?;
+            if args.json {
+                println!("{}", serde_json::to_string_pretty(&requested)?);
+            } else {
+                println!(
+                    "checkpoint {} of {name} requested at {} ms; `weir pipeline checkpoint {name} --list` shows it when committed",
+                    requested.request, requested.requested_ms
+                );
+            }
+        }
+        PipelineCommand::Checkpoint { name, list: true } => {
+            let checkpoints = client.checkpoints(&name).await?;
+            if args.json {
+                println!("{}", serde_json::to_string_pretty(&checkpoints)?);
+            } else {
+                println!(
+                    "{:>9} {:>8} {:>15} {:>8} {:>12} {:>12}",
+                    "PARTITION", "VERSION", "COMMITTED MS", "TOOK MS", "UPLOADED", "STATE BYTES"
+                );
+                for c in checkpoints {
+                    println!(
+                        "{:>9} {:>8} {:>15} {:>8} {:>12} {:>12}",
+                        c.partition,
+                        c.version,
+                        c.committed_ms,
+                        c.duration_ms,
+                        c.uploaded_bytes,
+                        c.state_bytes
+                    );
+                }
+            }
+        }
+        PipelineCommand::Rm { name } => {
+            client.delete_pipeline(&name).await?;
+            if !args.json {
+                println!("deleted pipeline {name} and its state");
             }
         }
     }

@@ -1,7 +1,8 @@
 //! Two `weir serve` processes on one store (the S3 server) and one broker share a pipeline
 //! created through the API: Kafka's consumer group divides its partitions between them, both
 //! report on it, and when one is stopped (SIGTERM: it drains and checkpoints) the other runs
-//! every partition. Every key's count is exact throughout.
+//! every partition. Every key's count is exact throughout. Then the `weir pipeline` CLI
+//! shows, checkpoints, stops and deletes it.
 
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
@@ -194,6 +195,43 @@ async fn two_serve_hosts_share_a_pipelines_partitions_and_one_takes_all_when_the
     produce_counter(&input, PARTITIONS, (2_000, 4_000), KEYS, &mut expected).await?;
     let counts = read_counts(&output, &expected, Duration::from_secs(60)).await?;
     assert_counts_exact(&expected, &counts);
+
+    // The CLI over the same API: status as text, the list as JSON, a checkpoint on request.
+    let cli = |args: &[&str]| {
+        let output = std::process::Command::new(bin)
+            .args(args)
+            .env("WEIR_API", format!("http://{a}"))
+            .env("WEIR_API_KEY", &key)
+            .output()
+            .expect("weir runs");
+        assert!(
+            output.status.success(),
+            "weir {args:?}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8(output.stdout).expect("UTF-8")
+    };
+    let status = cli(&["pipeline", "status", "counts"]);
+    assert!(status.contains("state      running"), "{status}");
+    assert!(
+        status.contains("host-a (running, partitions [0, 1, 2, 3])"),
+        "{status}"
+    );
+    let listed: Value = serde_json::from_str(&cli(&["pipeline", "ls", "--json"]))?;
+    assert_eq!(listed[0]["definition"]["name"], "counts", "{listed:#}");
+    let requested = cli(&["pipeline", "checkpoint", "counts"]);
+    assert!(
+        requested.contains("checkpoint 1 of counts requested"),
+        "{requested}"
+    );
+    let stopped = cli(&["pipeline", "stop", "counts"]);
+    assert!(stopped.contains("state      stopp"), "{stopped}");
+    wait_for(a, &key, Duration::from_secs(60), "stopped", |v| {
+        v["status"]["state"] == "stopped"
+    })
+    .await?;
+    let deleted = cli(&["pipeline", "rm", "counts"]);
+    assert!(deleted.contains("deleted pipeline counts"), "{deleted}");
     println!(
         "shared: {:?}\nafter host b stopped: {:?}",
         partitions_by_host(&shared),

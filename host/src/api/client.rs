@@ -1,9 +1,11 @@
-//! A client of the HTTP API, for the `weir operator …` and `weir tenant …` commands: each call
+//! A client of the HTTP API, for the `weir operator|pipeline|tenant …` commands: each call
 //! returns the answer's JSON, or the API's problem detail as the error.
 
 use super::NewApiKey;
 use super::catalog::{OperatorSummary, OperatorVersion, Tenant};
+use super::pipelines::{CheckpointRequested, PipelineSpec, PipelineView};
 use super::problem::Problem;
+use crate::pipeline::CheckpointRecord;
 use serde::de::DeserializeOwned;
 
 /// Why a call failed.
@@ -187,6 +189,190 @@ impl ApiClient {
         let url = format!("{}/v1/tenants/{tenant}/api-keys", self.base);
         self.expect(self.http.post(&url), &url).await
     }
+}
+
+impl ApiClient {
+    /// Creates and starts pipeline `name`.
+    ///
+    /// # Errors
+    /// [`ClientError`].
+    pub async fn create_pipeline(
+        &self,
+        name: &str,
+        spec: &PipelineSpec,
+    ) -> Result<PipelineView, ClientError> {
+        let url = format!("{}/v1/pipelines/{name}", self.base);
+        let request = self
+            .http
+            .post(&url)
+            .header("content-type", "application/json")
+            .body(serde_json::to_vec(spec).expect("a spec serializes"));
+        self.expect(request, &url).await
+    }
+
+    /// The caller's pipelines.
+    ///
+    /// # Errors
+    /// [`ClientError`].
+    pub async fn pipelines(&self) -> Result<Vec<PipelineView>, ClientError> {
+        let url = format!("{}/v1/pipelines", self.base);
+        self.expect(self.http.get(&url), &url).await
+    }
+
+    /// Pipeline `name`.
+    ///
+    /// # Errors
+    /// [`ClientError`].
+    pub async fn pipeline(&self, name: &str) -> Result<PipelineView, ClientError> {
+        let url = format!("{}/v1/pipelines/{name}", self.base);
+        self.expect(self.http.get(&url), &url).await
+    }
+
+    /// `POST /v1/pipelines/{name}/{action}` (`start` or `stop`).
+    ///
+    /// # Errors
+    /// [`ClientError`].
+    pub async fn pipeline_action(
+        &self,
+        name: &str,
+        action: &str,
+    ) -> Result<PipelineView, ClientError> {
+        let url = format!("{}/v1/pipelines/{name}/{action}", self.base);
+        self.expect(self.http.post(&url), &url).await
+    }
+
+    /// Switches pipeline `name` to version `version` of its operator.
+    ///
+    /// # Errors
+    /// [`ClientError`].
+    pub async fn switch_operator(
+        &self,
+        name: &str,
+        version: u64,
+    ) -> Result<PipelineView, ClientError> {
+        let url = format!("{}/v1/pipelines/{name}/operator", self.base);
+        let body = serde_json::json!({ "operator_version": version });
+        let request = self
+            .http
+            .put(&url)
+            .header("content-type", "application/json")
+            .body(body.to_string());
+        self.expect(request, &url).await
+    }
+
+    /// Asks for a checkpoint of pipeline `name`.
+    ///
+    /// # Errors
+    /// [`ClientError`].
+    pub async fn trigger_checkpoint(&self, name: &str) -> Result<CheckpointRequested, ClientError> {
+        let url = format!("{}/v1/pipelines/{name}/checkpoints", self.base);
+        self.expect(self.http.post(&url), &url).await
+    }
+
+    /// The newest checkpoints of pipeline `name`.
+    ///
+    /// # Errors
+    /// [`ClientError`].
+    pub async fn checkpoints(&self, name: &str) -> Result<Vec<CheckpointRecord>, ClientError> {
+        let url = format!("{}/v1/pipelines/{name}/checkpoints", self.base);
+        self.expect(self.http.get(&url), &url).await
+    }
+
+    /// Deletes stopped pipeline `name` with its state.
+    ///
+    /// # Errors
+    /// [`ClientError`].
+    pub async fn delete_pipeline(&self, name: &str) -> Result<(), ClientError> {
+        let url = format!("{}/v1/pipelines/{name}", self.base);
+        self.send::<serde_json::Value>(self.http.delete(&url), &url)
+            .await
+            .map(|_| ())
+    }
+}
+
+/// `pipelines` as a table: name, state, operator and version, records/s, lag, hosts.
+pub fn pipelines_table(pipelines: &[PipelineView]) -> String {
+    let mut out = format!(
+        "{:<24} {:<9} {:<24} {:>10} {:>8} {:>5}\n",
+        "NAME", "STATE", "OPERATOR", "RECORDS/S", "LAG", "HOSTS"
+    );
+    for p in pipelines {
+        let lag: i64 = p.status.partitions.iter().map(|p| p.lag).sum();
+        out.push_str(&format!(
+            "{:<24} {:<9} {:<24} {:>10.0} {:>8} {:>5}\n",
+            p.definition.name,
+            format!("{:?}", p.status.state).to_lowercase(),
+            format!(
+                "{}:{}",
+                p.definition.spec.operator, p.definition.spec.operator_version
+            ),
+            p.status.records_per_s,
+            lag,
+            p.status.hosts.len()
+        ));
+    }
+    out
+}
+
+/// One pipeline's status, for a person: state and reason, counters, last checkpoint, then
+/// one line per partition.
+pub fn pipeline_status_text(p: &PipelineView) -> String {
+    let (d, s) = (&p.definition, &p.status);
+    let mut out = format!(
+        "pipeline   {} ({}:{}, {:?} delivery, failure policy {:?})\n",
+        d.name, d.spec.operator, d.spec.operator_version, d.spec.delivery, d.spec.failure_policy
+    );
+    out.push_str(&format!(
+        "state      {}{}\n",
+        format!("{:?}", s.state).to_lowercase(),
+        s.reason
+            .as_deref()
+            .map(|r| format!(": {r}"))
+            .unwrap_or_default()
+    ));
+    out.push_str(&format!(
+        "records    {} done, {:.0}/s, {} emitted, {} dead-lettered, {} skipped\n",
+        s.records_done, s.records_per_s, s.emitted, s.dead_lettered, s.skipped_failed
+    ));
+    out.push_str(&format!(
+        "state      {} bytes, cache hit rate {}\n",
+        s.state_bytes,
+        s.cache_hit_rate
+            .map_or("-".to_owned(), |r| format!("{:.1} %", r * 100.0))
+    ));
+    if let Some(c) = &s.last_checkpoint {
+        out.push_str(&format!(
+            "checkpoint partition {} version {} at {} ms, took {} ms, uploaded {} bytes\n",
+            c.partition, c.version, c.committed_ms, c.duration_ms, c.uploaded_bytes
+        ));
+    }
+    let hosts: Vec<String> = s
+        .hosts
+        .iter()
+        .map(|h| {
+            format!("{} ({:?}, partitions {:?})", h.host, h.phase, h.partitions).to_lowercase()
+        })
+        .collect();
+    out.push_str(&format!("hosts      {}\n", hosts.join(", ")));
+    out.push_str(&format!(
+        "{:>9} {:>12} {:>12} {:>8} {:>12} {:>10}\n",
+        "PARTITION", "CHECKPOINTED", "HIGH", "LAG", "STATE BYTES", "CHECKPOINT"
+    ));
+    for part in &s.partitions {
+        let checkpointed: i64 = part.checkpointed_offsets.values().sum();
+        let high: i64 = part.high_watermarks.values().filter(|h| **h >= 0).sum();
+        out.push_str(&format!(
+            "{:>9} {:>12} {:>12} {:>8} {:>12} {:>10}\n",
+            part.partition,
+            checkpointed,
+            high,
+            part.lag,
+            part.state_bytes,
+            part.checkpoint_version
+                .map_or("-".to_owned(), |v| v.to_string())
+        ));
+    }
+    out
 }
 
 /// `operators` as a table: name, versions.
