@@ -36,8 +36,13 @@ use utoipa::ToSchema;
 /// Revisions of a definition kept in the store (older ones are deleted after a change).
 const REVISIONS_KEPT: u64 = 4;
 
-/// A host's status older than this is ignored: the host is gone (killed, or cut off).
+/// A host's status older than this (or than its `stale_after_ms`, if longer) is ignored: the
+/// host is gone (killed, or cut off).
 pub const HOST_STATUS_STALE: Duration = Duration::from_secs(15);
+
+fn default_stale_after_ms() -> u64 {
+    HOST_STATUS_STALE.as_millis() as u64
+}
 
 /// Longest topic name a tenant may use, bytes (Kafka's limit is 249 with the tenant prefix).
 const TOPIC_BYTES_MAX: usize = 200;
@@ -283,6 +288,10 @@ pub struct HostStatus {
     pub reason: Option<String>,
     /// When this report was written, ms since the Unix epoch.
     pub updated_ms: u64,
+    /// Age after which the report no longer counts (the host is gone), ms: a few of the
+    /// host's reconcile intervals, at least [`HOST_STATUS_STALE`].
+    #[serde(default = "default_stale_after_ms")]
+    pub stale_after_ms: u64,
     /// Times this host restarted the pipeline after a failure.
     pub restarts: u64,
     /// Records processed (ok or dead-lettered) by this host's current run.
@@ -402,7 +411,7 @@ pub fn merge_status(record: &PipelineRecord, reports: &[(HostStatus, u64)]) -> P
         .iter()
         .filter(|(r, age)| {
             r.uid == record.uid
-                && *age <= HOST_STATUS_STALE.as_millis() as u64
+                && *age <= r.stale_after_ms.max(default_stale_after_ms())
                 && r.phase != HostPhase::Stopped
         })
         .map(|(r, _)| r)
@@ -1107,4 +1116,158 @@ pub(super) async fn pipelines_using(
         .filter(|p| p.spec.operator == operator && p.spec.operator_version == version)
         .map(|p| p.name)
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(desired: DesiredState) -> PipelineRecord {
+        PipelineRecord {
+            name: "p".into(),
+            uid: "u1".into(),
+            spec: PipelineSpec {
+                operator: "op".into(),
+                operator_version: 1,
+                input_topics: vec!["in".into()],
+                output_topic: "out".into(),
+                dead_letter_topic: "dlq".into(),
+                checkpoint_interval_ms: 1000,
+                in_flight_max: 16,
+                limits: PipelineLimits::default(),
+                failure_policy: FailurePolicy::DeadLetter,
+                delivery: Delivery::AtLeastOnce,
+            },
+            desired,
+            run_generation: 2,
+            checkpoint_requests: 0,
+            revision: 3,
+            created_ms: 0,
+            updated_ms: 0,
+        }
+    }
+
+    fn report(host: &str, phase: HostPhase, partitions: &[i32]) -> HostStatus {
+        HostStatus {
+            host: host.into(),
+            uid: "u1".into(),
+            run_generation: 2,
+            phase,
+            reason: (phase == HostPhase::Failed).then(|| "topic `in` does not exist".into()),
+            updated_ms: 0,
+            stale_after_ms: 15_000,
+            restarts: 0,
+            records_done: 10,
+            records_per_s: 5.0,
+            dead_lettered: 1,
+            skipped_failed: 0,
+            emitted: 9,
+            checkpoints: 1,
+            cache_hits: 3,
+            cache_misses: 1,
+            partitions: partitions
+                .iter()
+                .map(|&p| PartitionProgress {
+                    partition: p,
+                    state_bytes: 100,
+                    ..PartitionProgress::default()
+                })
+                .collect(),
+            recent_checkpoints: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn status_merges_fresh_reports_and_ignores_stale_ones_and_other_uids() {
+        let mut other_uid = report("c", HostPhase::Running, &[5]);
+        other_uid.uid = "u0".into();
+        let reports = vec![
+            (report("a", HostPhase::Running, &[0, 1]), 1_000),
+            (report("b", HostPhase::Running, &[2, 3]), 2_000),
+            (report("gone", HostPhase::Failed, &[4]), 16_000),
+            (other_uid, 0),
+        ];
+        let status = merge_status(&record(DesiredState::Running), &reports);
+        assert_eq!(status.state, PipelineState::Running);
+        assert_eq!(status.reason, None);
+        let hosts: Vec<&str> = status.hosts.iter().map(|h| h.host.as_str()).collect();
+        assert_eq!(hosts, ["a", "b"]);
+        let partitions: Vec<i32> = status.partitions.iter().map(|p| p.partition).collect();
+        assert_eq!(partitions, [0, 1, 2, 3]);
+        assert_eq!(status.records_done, 20);
+        assert_eq!(status.dead_lettered, 2);
+        assert_eq!(status.state_bytes, 400);
+        assert_eq!(status.records_per_s, 10.0);
+        assert_eq!(status.cache_hit_rate, Some(0.75));
+    }
+
+    #[test]
+    fn a_failed_host_makes_the_pipeline_failed_with_its_reason() {
+        let reports = vec![
+            (report("a", HostPhase::Running, &[0]), 0),
+            (report("b", HostPhase::Failed, &[]), 0),
+        ];
+        let status = merge_status(&record(DesiredState::Running), &reports);
+        assert_eq!(status.state, PipelineState::Failed);
+        assert_eq!(status.reason.as_deref(), Some("topic `in` does not exist"));
+    }
+
+    #[test]
+    fn a_stopped_pipeline_is_stopping_while_a_host_still_runs_it() {
+        let record = record(DesiredState::Stopped);
+        let draining = vec![(report("a", HostPhase::Stopping, &[0]), 0)];
+        assert_eq!(
+            merge_status(&record, &draining).state,
+            PipelineState::Stopping
+        );
+        let done = vec![(report("a", HostPhase::Stopped, &[]), 0)];
+        assert_eq!(merge_status(&record, &done).state, PipelineState::Stopped);
+        // A killed host's report goes stale: it does not hold the pipeline in `stopping`.
+        let killed = vec![(report("a", HostPhase::Running, &[0]), 60_000)];
+        assert_eq!(merge_status(&record, &killed).state, PipelineState::Stopped);
+    }
+
+    #[test]
+    fn a_running_pipeline_is_starting_until_a_host_runs_its_current_generation() {
+        let mut old = report("a", HostPhase::Running, &[0]);
+        old.run_generation = 1;
+        let status = merge_status(&record(DesiredState::Running), &[(old, 0)]);
+        assert_eq!(status.state, PipelineState::Starting);
+        assert_eq!(
+            merge_status(&record(DesiredState::Running), &[]).state,
+            PipelineState::Starting
+        );
+    }
+
+    #[test]
+    fn limits_above_the_hosts_are_refused_naming_the_limit() {
+        let host = RuntimeSettings::default();
+        let limits = PipelineLimits {
+            record_deadline_ms: Some(host.record_deadline.as_millis() as u64 + 1),
+            ..PipelineLimits::default()
+        };
+        let err = limits.apply(&host).expect_err("above the host's deadline");
+        assert!(err.contains("limits.record_deadline_ms"), "{err}");
+        let limits = PipelineLimits {
+            instance_memory_bytes_max: Some(1 << 20),
+            ..PipelineLimits::default()
+        };
+        assert_eq!(
+            limits
+                .apply(&host)
+                .expect("within")
+                .instance_memory_bytes_max,
+            1 << 20
+        );
+    }
+
+    #[test]
+    fn tenant_topics_cannot_name_another_tenants_topic() {
+        assert_eq!(kafka_topic("acme", "orders"), "acme.orders");
+        assert!(!valid_topic("../globex.orders"));
+        assert!(!valid_topic("a/b"));
+        assert!(!valid_topic(".."));
+        assert!(valid_topic("globex.orders"), "stays under acme's prefix");
+        assert_eq!(kafka_topic("acme", "globex.orders"), "acme.globex.orders");
+    }
 }

@@ -140,7 +140,7 @@ impl Run {
         }
     }
 
-    fn report(&mut self, host: &str) -> HostStatus {
+    fn report(&mut self, host: &str, stale_after: Duration) -> HostStatus {
         let stats = &self.stats;
         let done = stats.records_done();
         let elapsed = self.sample.0.elapsed().as_secs_f64();
@@ -157,6 +157,7 @@ impl Run {
             phase: self.phase,
             reason: self.reason.clone(),
             updated_ms: now_ms(),
+            stale_after_ms: stale_after.as_millis() as u64,
             restarts: self.restarts,
             records_done: done,
             records_per_s: self.records_per_s,
@@ -259,6 +260,12 @@ impl Runner {
             }
         }
         self.stop_all().await;
+    }
+
+    /// Age after which this host's reports no longer count: five reconcile intervals, at
+    /// least [`HOST_STATUS_STALE`](super::pipelines::HOST_STATUS_STALE).
+    fn stale_after(&self) -> Duration {
+        (self.config.reconcile_interval * 5).max(super::pipelines::HOST_STATUS_STALE)
     }
 
     /// One pass: definitions read, runs started, stopped or restarted, reports written.
@@ -429,8 +436,9 @@ impl Runner {
     /// (and removes the report of a deleted pipeline).
     async fn report(&mut self) {
         let mut done = Vec::new();
+        let stale_after = self.stale_after();
         for (key, run) in &mut self.runs {
-            let status = run.report(&self.host);
+            let status = run.report(&self.host, stale_after);
             if let Err(err) = self
                 .catalog
                 .put_host_status(&run.tenant, &key.1, &status)
@@ -460,6 +468,7 @@ impl Runner {
         for run in self.runs.values_mut() {
             run.stopping();
         }
+        let stale_after = self.stale_after();
         for (key, run) in &mut self.runs {
             if let Some(task) = run.task.take() {
                 match task.await {
@@ -473,7 +482,7 @@ impl Runner {
                 }
             }
             run.phase = HostPhase::Stopped;
-            let status = run.report(&self.host);
+            let status = run.report(&self.host, stale_after);
             if let Err(err) = self
                 .catalog
                 .put_host_status(&run.tenant, &key.1, &status)
@@ -562,7 +571,13 @@ impl RunJob {
                 spec.operator, spec.operator_version
             ));
         }
-        let partial = path.with_extension(format!("partial-{}", std::process::id()));
+        // A name of its own per write: two runs of this host may fetch the same component.
+        static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let partial = path.with_extension(format!(
+            "partial-{}-{}",
+            std::process::id(),
+            WRITES.fetch_add(1, Ordering::Relaxed)
+        ));
         tokio::fs::write(&partial, &bytes)
             .await
             .and(tokio::fs::rename(&partial, &path).await)
