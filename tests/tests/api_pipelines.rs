@@ -239,6 +239,36 @@ async fn a_pipeline_runs_checkpoints_switches_version_keeping_state_stops_and_is
     assert_eq!(status, StatusCode::OK, "{switched}");
     assert_eq!(switched["definition"]["spec"]["operator_version"], 2);
     assert_eq!(switched["definition"]["run_generation"], 2);
+    // The new run reports the offsets it resumed from before any new record or checkpoint.
+    wait_for_pipeline(addr, &acme, "counts", Duration::from_secs(30), |v| {
+        let partitions = v["status"]["partitions"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        v["status"]["hosts"][0]["phase"] == "running"
+            && v["status"]["records_done"] == 0
+            && partitions.len() == 4
+            && partitions
+                .iter()
+                .map(|p| p["checkpointed_offsets"][&input].as_i64().unwrap_or(0))
+                .sum::<i64>()
+                == 2_400
+    })
+    .await?;
+    // Switching to the version it runs changes nothing (no new revision).
+    let (status, _, again) = call(
+        addr,
+        Method::PUT,
+        "/v1/pipelines/counts/operator",
+        Some(&acme),
+        json_body(&json!({"operator_version": 2})),
+    )
+    .await?;
+    assert_eq!(status, StatusCode::OK, "{again}");
+    assert_eq!(
+        again["definition"]["revision"], switched["definition"]["revision"],
+        "a no-op writes no revision"
+    );
     produce_counter(&input, partitions, (2_400, 3_000), 50, &mut expected).await?;
     let counts = read_counts(&output, &expected, Duration::from_secs(60)).await?;
     assert_counts_exact(&expected, &counts);
@@ -290,6 +320,42 @@ async fn a_pipeline_runs_checkpoints_switches_version_keeping_state_stops_and_is
     assert_eq!(status, StatusCode::NO_CONTENT);
     let (status, _, _) = call(addr, Method::GET, "/v1/pipelines/counts", Some(&acme), None).await?;
     assert_eq!(status, StatusCode::NOT_FOUND);
+    let (status, _, _) = call(
+        addr,
+        Method::POST,
+        "/v1/pipelines/counts/start",
+        Some(&acme),
+        None,
+    )
+    .await?;
+    assert_eq!(
+        status,
+        StatusCode::NOT_FOUND,
+        "a deleted pipeline cannot be started"
+    );
+
+    // Its name can be used again: a new pipeline, with a new uid (so new state).
+    let (status, _, again) = call(
+        addr,
+        Method::POST,
+        "/v1/pipelines/counts",
+        Some(&acme),
+        json_body(&json!({
+            "operator": "counter", "operator_version": 2,
+            "input_topics": ["clicks"], "output_topic": "counts", "dead_letter_topic": "dlq",
+        })),
+    )
+    .await?;
+    assert_eq!(status, StatusCode::CREATED, "{again}");
+    assert_ne!(again["definition"]["uid"], created["definition"]["uid"]);
+    call(
+        addr,
+        Method::POST,
+        "/v1/pipelines/counts/stop",
+        Some(&acme),
+        None,
+    )
+    .await?;
     Ok(())
 }
 
@@ -334,8 +400,61 @@ async fn topics_are_the_tenants_own_and_a_missing_one_fails_the_pipeline_naming_
         "the reason names the topic: {view:#}"
     );
 
+    // Co-partitioned input topics must have as many partitions each.
+    create_topics(&[
+        (&kafka_topic_of(&initech_id, "one"), 1),
+        (&kafka_topic_of(&initech_id, "two"), 2),
+    ])
+    .await?;
+    let spec = json!({
+        "operator": "counter", "operator_version": 1,
+        "input_topics": ["one", "two"], "output_topic": "out", "dead_letter_topic": "dlq",
+    });
+    let (status, _, created) = call(
+        addr,
+        Method::POST,
+        "/v1/pipelines/mixed",
+        Some(&initech),
+        json_body(&spec),
+    )
+    .await?;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
+    let view = wait_for_pipeline(addr, &initech, "mixed", Duration::from_secs(30), |v| {
+        state_of(v) == "failed"
+    })
+    .await?;
+    let reason = view["status"]["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("`one` has 1") && reason.contains("`two` has 2"),
+        "the reason names the topics and their partitions: {view:#}"
+    );
+    for name in ["orders", "mixed"] {
+        call(
+            addr,
+            Method::POST,
+            &format!("/v1/pipelines/{name}/stop"),
+            Some(&initech),
+            None,
+        )
+        .await?;
+    }
+
+    // A JSON array is not a spec.
+    let (status, _, problem) = call(
+        addr,
+        Method::POST,
+        "/v1/pipelines/bad",
+        Some(&initech),
+        json_body(&json!(["counter", 1, ["a"], "o", "d"])),
+    )
+    .await?;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{problem}");
     // Bad specs answer 400 naming the field.
     for (spec, needle) in [
+        (
+            json!({"operator": "counter", "operator_version": 1, "input_topics": ["a"], "output_topic": "o", "dead_letter_topic": "o"}),
+            "must differ",
+        ),
         (
             json!({"operator": "counter", "operator_version": 1, "input_topics": ["a/b"], "output_topic": "o", "dead_letter_topic": "d"}),
             "topic names",
@@ -599,5 +718,46 @@ async fn hostile_guests_are_dead_lettered_and_another_tenants_pipeline_keeps_run
         ms(percentile(&beside, 0.99)),
         ms(percentile(&beside, 1.0)),
     );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_creates_never_exceed_the_per_tenant_pipeline_limit() -> anyhow::Result<()> {
+    // No runner: only the definitions matter here.
+    let addr = start_server().await?;
+    let key = tenant_with_key(addr, &tenant_id("busy")).await?;
+    upload_counter(addr, &key, 1).await?;
+    let creates = (0..24).map(|i| {
+        let key = key.clone();
+        async move {
+            let spec = json!({
+                "operator": "counter", "operator_version": 1,
+                "input_topics": ["in"], "output_topic": "out", "dead_letter_topic": "dlq",
+            });
+            call(
+                addr,
+                Method::POST,
+                &format!("/v1/pipelines/p{i}"),
+                Some(&key),
+                json_body(&spec),
+            )
+            .await
+            .map(|(status, _, _)| status)
+        }
+    });
+    let statuses = futures::future::try_join_all(creates).await?;
+    let created = statuses
+        .iter()
+        .filter(|s| **s == StatusCode::CREATED)
+        .count();
+    let refused = statuses
+        .iter()
+        .filter(|s| **s == StatusCode::CONFLICT)
+        .count();
+    let (_, _, list) = call(addr, Method::GET, "/v1/pipelines", Some(&key), None).await?;
+    let listed = list.as_array().map_or(0, Vec::len);
+    assert_eq!(created + refused, 24, "{statuses:?}");
+    assert_eq!(listed, created, "every 201 is a pipeline that exists");
+    assert!(listed <= 16, "{listed} pipelines, above the limit of 16");
     Ok(())
 }

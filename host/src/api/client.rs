@@ -290,6 +290,14 @@ impl ApiClient {
     }
 }
 
+/// How the API spells `value` (an enum variant): `exactly_once`, `dead_letter`, ….
+fn wire_name<T: serde::Serialize>(value: &T) -> String {
+    match serde_json::to_value(value) {
+        Ok(serde_json::Value::String(name)) => name,
+        other => format!("{other:?}"),
+    }
+}
+
 /// `pipelines` as a table: name, state, operator and version, records/s, lag, hosts.
 pub fn pipelines_table(pipelines: &[PipelineView]) -> String {
     let mut out = format!(
@@ -301,7 +309,7 @@ pub fn pipelines_table(pipelines: &[PipelineView]) -> String {
         out.push_str(&format!(
             "{:<24} {:<9} {:<24} {:>10.0} {:>8} {:>5}\n",
             p.definition.name,
-            format!("{:?}", p.status.state).to_lowercase(),
+            wire_name(&p.status.state),
             format!(
                 "{}:{}",
                 p.definition.spec.operator, p.definition.spec.operator_version
@@ -319,12 +327,16 @@ pub fn pipelines_table(pipelines: &[PipelineView]) -> String {
 pub fn pipeline_status_text(p: &PipelineView) -> String {
     let (d, s) = (&p.definition, &p.status);
     let mut out = format!(
-        "pipeline   {} ({}:{}, {:?} delivery, failure policy {:?})\n",
-        d.name, d.spec.operator, d.spec.operator_version, d.spec.delivery, d.spec.failure_policy
+        "pipeline   {} ({}:{}, {} delivery, failure policy {})\n",
+        d.name,
+        d.spec.operator,
+        d.spec.operator_version,
+        wire_name(&d.spec.delivery),
+        wire_name(&d.spec.failure_policy)
     );
     out.push_str(&format!(
         "state      {}{}\n",
-        format!("{:?}", s.state).to_lowercase(),
+        wire_name(&s.state),
         s.reason
             .as_deref()
             .map(|r| format!(": {r}"))
@@ -341,16 +353,22 @@ pub fn pipeline_status_text(p: &PipelineView) -> String {
             .map_or("-".to_owned(), |r| format!("{:.1} %", r * 100.0))
     ));
     if let Some(c) = &s.last_checkpoint {
+        let age_s = super::now_ms().saturating_sub(c.committed_ms) as f64 / 1000.0;
         out.push_str(&format!(
-            "checkpoint partition {} version {} at {} ms, took {} ms, uploaded {} bytes\n",
-            c.partition, c.version, c.committed_ms, c.duration_ms, c.uploaded_bytes
+            "checkpoint partition {} version {}, {age_s:.1} s ago, took {} ms, uploaded {} bytes\n",
+            c.partition, c.version, c.duration_ms, c.uploaded_bytes
         ));
     }
     let hosts: Vec<String> = s
         .hosts
         .iter()
         .map(|h| {
-            format!("{} ({:?}, partitions {:?})", h.host, h.phase, h.partitions).to_lowercase()
+            format!(
+                "{} ({}, partitions {:?})",
+                h.host,
+                wire_name(&h.phase),
+                h.partitions
+            )
         })
         .collect();
     out.push_str(&format!("hosts      {}\n", hosts.join(", ")));

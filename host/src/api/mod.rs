@@ -275,6 +275,12 @@ async fn read_body(body: Body, limit: usize) -> Result<Bytes, ApiError> {
 /// Reads a JSON body of at most [`JSON_BODY_BYTES_MAX`].
 async fn read_json<T: for<'de> Deserialize<'de>>(body: Body) -> Result<T, ApiError> {
     let bytes = read_body(body, JSON_BODY_BYTES_MAX).await?;
+    // serde would take an array for a struct, field by field in order: not what anyone means.
+    if !bytes.trim_ascii_start().starts_with(b"{") {
+        return Err(ApiError::BadRequest(
+            "the body must be a JSON object".into(),
+        ));
+    }
     // The error names the field: `failure_policy: unknown variant …`.
     serde_path_to_error::deserialize(&mut serde_json::Deserializer::from_slice(&bytes))
         .map_err(|e| ApiError::BadRequest(format!("invalid JSON body: {e}")))

@@ -194,6 +194,12 @@ impl PipelineSpec {
                 ));
             }
         }
+        if self.output_topic == self.dead_letter_topic {
+            return Err(format!(
+                "output_topic and dead_letter_topic must differ. topic=`{}`",
+                self.output_topic
+            ));
+        }
         for topic in &self.input_topics {
             if !seen.insert(topic) {
                 return Err(format!("input topic `{topic}` is listed twice"));
@@ -255,6 +261,10 @@ pub struct PipelineRecord {
     pub created_ms: u64,
     /// Time of this revision, ms since the Unix epoch.
     pub updated_ms: u64,
+    /// This revision is the tombstone of a deleted pipeline (never shown by the API).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    #[schema(ignore)]
+    pub deleted: bool,
 }
 
 /// What one host does with a pipeline.
@@ -516,11 +526,23 @@ impl Catalog {
             .join(format!("{revision:010}.json"))
     }
 
-    /// The newest definition of pipeline `name`, if it exists.
+    /// The newest definition of pipeline `name`, if it exists (and is not deleted).
     ///
     /// # Errors
     /// [`ApiError::Unavailable`] on a store error.
     pub async fn pipeline(
+        &self,
+        tenant: &str,
+        name: &str,
+    ) -> Result<Option<PipelineRecord>, ApiError> {
+        Ok(self
+            .newest_revision(tenant, name)
+            .await?
+            .filter(|r| !r.deleted))
+    }
+
+    /// The newest revision of pipeline `name`, a deletion's tombstone included.
+    async fn newest_revision(
         &self,
         tenant: &str,
         name: &str,
@@ -561,18 +583,19 @@ impl Catalog {
         Ok(true)
     }
 
-    /// Creates pipeline `record.name` at revision 1.
+    /// Creates pipeline `record.name`: revision 1, or the one after a deleted pipeline's
+    /// tombstone (set in `record`).
     ///
     /// # Errors
     /// [`ApiError::Conflict`] if it exists; [`ApiError::Unavailable`] on a store error.
     pub async fn create_pipeline(
         &self,
         tenant: &str,
-        record: &PipelineRecord,
+        record: &mut PipelineRecord,
     ) -> Result<(), ApiError> {
-        if self.pipeline(tenant, &record.name).await?.is_some()
-            || !self.write_revision(tenant, record).await?
-        {
+        let newest = self.newest_revision(tenant, &record.name).await?;
+        record.revision = newest.as_ref().map_or(1, |r| r.revision + 1);
+        if newest.is_some_and(|r| !r.deleted) || !self.write_revision(tenant, record).await? {
             return Err(ApiError::Conflict(format!(
                 "pipeline `{}` exists",
                 record.name
@@ -597,7 +620,11 @@ impl Catalog {
             .pipeline(tenant, name)
             .await?
             .ok_or_else(|| ApiError::NotFound(format!("no pipeline `{name}`")))?;
+        let before = record.clone();
         change(&mut record)?;
+        if record == before {
+            return Ok(record); // nothing to change: no revision, no conflict with others
+        }
         record.revision += 1;
         record.updated_ms = now_ms();
         if self.write_revision(tenant, &record).await? {
@@ -710,21 +737,38 @@ impl Catalog {
         Ok(out)
     }
 
-    /// Deletes pipeline `record.name`: its definitions, reports and state.
+    /// Deletes pipeline `record.name`: writes a tombstone as its next revision (so a change
+    /// racing with the deletion fails instead of bringing it back), then deletes its older
+    /// revisions, reports and state. The tombstone stays.
     ///
     /// # Errors
-    /// [`ApiError::Unavailable`] on a store error.
+    /// [`ApiError::Conflict`] if it changed meanwhile; [`ApiError::Unavailable`] on a store
+    /// error.
     pub async fn delete_pipeline(
         &self,
         tenant: &str,
         record: &PipelineRecord,
     ) -> Result<(), ApiError> {
+        let tombstone = PipelineRecord {
+            deleted: true,
+            desired: DesiredState::Stopped,
+            revision: record.revision + 1,
+            updated_ms: now_ms(),
+            ..record.clone()
+        };
+        if !self.write_revision(tenant, &tombstone).await? {
+            return Err(ApiError::Conflict(format!(
+                "pipeline `{}` was changed by another request at the same time; read it and try again",
+                record.name
+            )));
+        }
+        let keep = self.revision_path(tenant, &record.name, tombstone.revision);
         for dir in [
             self.pipeline_dir(tenant, &record.name),
             self.pipeline_state_prefix(tenant, &record.uid),
         ] {
             let metas: Vec<_> = self.store().list(Some(&dir)).try_collect().await?;
-            for meta in metas {
+            for meta in metas.into_iter().filter(|m| m.location != keep) {
                 match self.store().delete(&meta.location).await {
                     Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
                     Err(err) => return Err(err.into()),
@@ -825,7 +869,7 @@ pub(super) async fn create_pipeline(
     let mut uid = [0u8; 8];
     rand::RngCore::fill_bytes(&mut rand::rngs::OsRng, &mut uid);
     let now = now_ms();
-    let record = PipelineRecord {
+    let mut record = PipelineRecord {
         name: name.clone(),
         uid: hex::encode(uid),
         spec,
@@ -835,8 +879,24 @@ pub(super) async fn create_pipeline(
         revision: 1,
         created_ms: now,
         updated_ms: now,
+        deleted: false,
     };
-    state.catalog.create_pipeline(&tenant, &record).await?;
+    state.catalog.create_pipeline(&tenant, &mut record).await?;
+    // Creates racing past the count above: the oldest `max` stay, the others are undone.
+    let mut all = state.catalog.pipelines(&tenant).await?;
+    if all.len() > state.settings.pipelines_per_tenant_max {
+        all.sort_by(|a, b| (a.created_ms, &a.uid).cmp(&(b.created_ms, &b.uid)));
+        if all[state.settings.pipelines_per_tenant_max..]
+            .iter()
+            .any(|p| p.uid == record.uid)
+        {
+            state.catalog.delete_pipeline(&tenant, &record).await?;
+            return Err(ApiError::Conflict(format!(
+                "you have {} pipelines, the most this service allows per tenant; delete one first",
+                state.settings.pipelines_per_tenant_max
+            )));
+        }
+    }
     tracing::info!(%tenant, pipeline = %name, uid = %record.uid, "pipeline created");
     Ok((
         StatusCode::CREATED,
@@ -1144,6 +1204,7 @@ mod tests {
             revision: 3,
             created_ms: 0,
             updated_ms: 0,
+            deleted: false,
         }
     }
 

@@ -42,6 +42,23 @@ const RESTART_BACKOFF_MIN: Duration = Duration::from_secs(1);
 /// Longest delay between restarts of a failing run.
 const RESTART_BACKOFF_MAX: Duration = Duration::from_secs(60);
 
+/// A run that fails after running this long starts again after [`RESTART_BACKOFF_MIN`].
+const BACKOFF_RESET_AFTER: Duration = Duration::from_secs(600);
+
+/// Longest failure reason reported, bytes.
+const REASON_BYTES_MAX: usize = 1000;
+
+/// The first line of `reason` (a wasm backtrace follows a trap's cause), at most
+/// [`REASON_BYTES_MAX`] bytes.
+fn one_line(reason: &str) -> String {
+    let line = reason.lines().next().unwrap_or_default();
+    let mut end = line.len().min(REASON_BYTES_MAX);
+    while !line.is_char_boundary(end) {
+        end -= 1;
+    }
+    line[..end].to_owned()
+}
+
 /// How long a metadata request for the topics may take.
 const METADATA_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -49,8 +66,9 @@ const METADATA_TIMEOUT: Duration = Duration::from_secs(10);
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RunnerConfig {
-    /// This host's name in pipeline reports, unique among the hosts; default `$HOSTNAME`
-    /// (the pod name on Kubernetes), else `weir-{pid}`.
+    /// This host's name in pipeline reports, unique among the hosts (`[A-Za-z0-9._-]`);
+    /// default `$HOSTNAME` (the pod name on Kubernetes), else the kernel's host name. Set it
+    /// when several hosts run on one machine.
     #[serde(default)]
     pub host_id: Option<String>,
     /// The Kafka cluster: `host:port[,host:port…]`.
@@ -96,11 +114,19 @@ fn default_disk_cache_bytes() -> u64 {
 }
 
 impl RunnerConfig {
-    /// `host_id`, else `$HOSTNAME`, else `weir-{pid}`.
+    /// `host_id`, else `$HOSTNAME`, else the kernel's host name, else `weir-{pid}`. Several
+    /// hosts on one machine need a `host_id` each.
     pub fn host_id(&self) -> String {
         self.host_id
             .clone()
-            .or_else(|| std::env::var("HOSTNAME").ok().filter(|h| !h.is_empty()))
+            .or_else(|| std::env::var("HOSTNAME").ok())
+            .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok())
+            .map(|h| h.trim().to_owned())
+            .filter(|h| {
+                !h.is_empty()
+                    && h.bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+            })
             .unwrap_or_else(|| format!("weir-{}", std::process::id()))
     }
 }
@@ -125,6 +151,8 @@ struct Run {
     restarts: u64,
     retry_at: Option<Instant>,
     backoff: Duration,
+    /// When the run was started.
+    launched: Instant,
     /// Records done at the previous report, and when.
     sample: (Instant, u64),
     records_per_s: f64,
@@ -228,6 +256,17 @@ impl Runner {
         config: RunnerConfig,
         runtime: RuntimeSettings,
     ) -> std::io::Result<Self> {
+        if let Some(id) = &config.host_id
+            && (id.is_empty()
+                || !id
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-')))
+        {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("pipelines.host_id must be [A-Za-z0-9._-]+. host_id=`{id}`"),
+            ));
+        }
         let host = config.host_id();
         let work_dir = config
             .work_dir
@@ -315,6 +354,11 @@ impl Runner {
                     run.reason = None;
                 }
                 Err(reason) => {
+                    let reason = one_line(&reason);
+                    if run.launched.elapsed() >= BACKOFF_RESET_AFTER {
+                        // It ran well for a long time: this is a new failure, not a loop.
+                        run.backoff = RESTART_BACKOFF_MIN;
+                    }
                     tracing::warn!(tenant = %key.0, pipeline = %key.1, %reason, retry_in = ?run.backoff, "pipeline run failed");
                     run.phase = HostPhase::Failed;
                     run.reason = Some(reason);
@@ -342,8 +386,11 @@ impl Runner {
                     run.checkpoints.send_replace(record.checkpoint_requests);
                 }
                 run.record = record;
-                if run.phase == HostPhase::Starting && run.started.load(Ordering::Relaxed) {
+                if matches!(run.phase, HostPhase::Starting | HostPhase::Failed)
+                    && run.started.load(Ordering::Relaxed)
+                {
                     run.phase = HostPhase::Running;
+                    run.reason = None;
                 }
             }
             return;
@@ -366,7 +413,11 @@ impl Runner {
             let reason = if restart { None } else { run.reason.clone() };
             let mut next = self.launch(&key.0, record, restarts);
             next.backoff = backoff;
-            next.reason = reason;
+            if reason.is_some() {
+                // Retrying: still failed (with the reason) until the new run gets going.
+                next.phase = HostPhase::Failed;
+                next.reason = reason;
+            }
             self.runs.insert(key.clone(), next);
         }
     }
@@ -427,6 +478,7 @@ impl Runner {
             restarts,
             retry_at: None,
             backoff: RESTART_BACKOFF_MIN,
+            launched: Instant::now(),
             sample: (Instant::now(), 0),
             records_per_s: 0.0,
         }
@@ -517,10 +569,7 @@ impl RunJob {
     ) -> RunResult {
         let operator = self.operator_file().await?;
         let settings = self.settings(operator)?;
-        let mut topics = settings.pipeline.input_topics.clone();
-        topics.push(settings.pipeline.output_topic.clone());
-        topics.push(settings.pipeline.dead_letter_topic.clone());
-        check_topics(&settings.kafka, &self.tenant, topics).await?;
+        check_topics(&settings, &self.tenant).await?;
         let backend = Arc::new(LsmBackend::new(
             self.catalog.store().clone(),
             self.catalog
@@ -621,32 +670,60 @@ impl RunJob {
     }
 }
 
-/// Fails, naming it, when one of `topics` does not exist in the cluster.
-async fn check_topics(kafka: &KafkaSettings, tenant: &str, topics: Vec<String>) -> RunResult {
+/// Fails, naming it, when one of the pipeline's topics does not exist in the cluster, or
+/// when its input topics (co-partitioned: partition `p` of each is shard `p`) do not all have
+/// the same number of partitions.
+async fn check_topics(settings: &Settings, tenant: &str) -> RunResult {
     let mut config = ClientConfig::new();
-    config.set("bootstrap.servers", &kafka.bootstrap_servers);
-    for (k, v) in &kafka.consumer {
+    config.set("bootstrap.servers", &settings.kafka.bootstrap_servers);
+    for (k, v) in &settings.kafka.consumer {
         config.set(k, v);
     }
-    let tenant = tenant.to_owned();
+    let p = &settings.pipeline;
+    let inputs = p.input_topics.clone();
+    let mut topics = inputs.clone();
+    topics.push(p.output_topic.clone());
+    topics.push(p.dead_letter_topic.clone());
+    let prefix = format!("{tenant}.");
     tokio::task::spawn_blocking(move || {
+        let name = |topic: &str| topic.strip_prefix(&prefix).unwrap_or(topic).to_owned();
         let consumer: BaseConsumer = config
             .create()
             .map_err(|e| format!("cannot create a Kafka client: {e}"))?;
+        let mut input_partitions = Vec::new();
         for topic in topics {
             let metadata = consumer
                 .fetch_metadata(Some(&topic), METADATA_TIMEOUT)
-                .map_err(|e| format!("cannot read the metadata of topic `{topic}`: {e}"))?;
-            let missing = metadata
+                .map_err(|e| {
+                    format!("cannot read the metadata of topic `{}`: {e}", name(&topic))
+                })?;
+            let partitions = metadata
                 .topics()
                 .iter()
-                .all(|t| t.name() != topic || t.error().is_some() || t.partitions().is_empty());
-            if missing {
-                let name = topic.strip_prefix(&format!("{tenant}.")).unwrap_or(&topic);
+                .find(|t| t.name() == topic && t.error().is_none())
+                .map_or(0, |t| t.partitions().len());
+            if partitions == 0 {
                 return Err(format!(
-                    "topic `{name}` (Kafka topic `{topic}`) does not exist; create it first"
+                    "topic `{}` (Kafka topic `{topic}`) does not exist; create it first",
+                    name(&topic)
                 ));
             }
+            if inputs.contains(&topic) {
+                input_partitions.push((name(&topic), partitions));
+            }
+        }
+        if input_partitions
+            .iter()
+            .any(|(_, n)| *n != input_partitions[0].1)
+        {
+            let each: Vec<String> = input_partitions
+                .iter()
+                .map(|(topic, n)| format!("`{topic}` has {n}"))
+                .collect();
+            return Err(format!(
+                "the input topics are co-partitioned and must have as many partitions each: {}",
+                each.join(", ")
+            ));
         }
         Ok(())
     })

@@ -203,6 +203,16 @@ impl PipelineStats {
         progress.update_lag();
     }
 
+    /// Records that `partition` resumed from a checkpoint with `offsets` (its progress until
+    /// its next checkpoint here).
+    pub(crate) fn record_resumed(&self, partition: i32, offsets: &InputOffsets) {
+        let mut partitions = self.partitions.lock().expect("progress lock");
+        let progress = partitions.entry(partition).or_default();
+        progress.partition = partition;
+        progress.checkpointed_offsets = offsets.iter().map(|(t, o)| (t.to_owned(), o)).collect();
+        progress.update_lag();
+    }
+
     /// Forgets `partition`: it is no longer run here.
     pub(crate) fn forget_partition(&self, partition: i32) {
         self.partitions
@@ -726,6 +736,7 @@ impl<B: StateBackend> Running<B> {
             ?offsets,
             "shard opened; partition resumes"
         );
+        self.stats.record_resumed(partition, &offsets);
         self.start_worker(partition, shard, offsets, opening.started, producer);
         if self.paused.remove(&partition) {
             self.set_paused(consumer, partition, false);
