@@ -15,13 +15,9 @@ use weir_tests::*;
 const TIMEOUT: Duration = Duration::from_secs(120);
 const SETTLE: Duration = Duration::from_secs(2);
 
-/// Produces 1000 records over 10 keys to one partition, with `poison` at offset 500, runs the
-/// counter, and checks outputs and dead letters. Returns the dead-letter record's error kind
-/// and error, and the number of trapped calls.
-async fn run_counter_with_poison(
-    poison: &[u8],
-    runtime: RuntimeSettings,
-) -> anyhow::Result<(String, String, u64)> {
+/// New input, output and dead-letter topics (one partition each), the input holding 1000
+/// records over 10 keys with `poison` at offset 500.
+async fn poisoned_input(poison: &[u8]) -> anyhow::Result<(String, String, String)> {
     init_tracing();
     let (input, output, dlq) = (unique("in"), unique("out"), unique("dlq"));
     create_topics(&[(&input, 1), (&output, 1), (&dlq, 1)]).await?;
@@ -36,7 +32,17 @@ async fn run_counter_with_poison(
         })
         .collect();
     produce(&input, 0, &records).await?;
+    Ok((input, output, dlq))
+}
 
+/// Produces 1000 records over 10 keys to one partition, with `poison` at offset 500, runs the
+/// counter, and checks outputs and dead letters. Returns the dead-letter record's error kind
+/// and error, and the number of trapped calls.
+async fn run_counter_with_poison(
+    poison: &[u8],
+    runtime: RuntimeSettings,
+) -> anyhow::Result<(String, String, u64)> {
+    let (input, output, dlq) = poisoned_input(poison).await?;
     let pipeline = RunningPipeline::start(settings(
         guest("weir_test_counter"),
         &input,
@@ -262,20 +268,7 @@ async fn malformed_flight_is_rejected_by_the_operator_and_dead_lettered() -> any
 async fn run_trap_with_policy(
     policy: FailurePolicy,
 ) -> anyhow::Result<(RunningPipeline, String, String)> {
-    init_tracing();
-    let (input, output, dlq) = (unique("in"), unique("out"), unique("dlq"));
-    create_topics(&[(&input, 1), (&output, 1), (&dlq, 1)]).await?;
-    let records: Vec<(Vec<u8>, Vec<u8>)> = (0..1000)
-        .map(|i| {
-            let value = if i == 500 {
-                b"poison:trap".to_vec()
-            } else {
-                format!("v{i}").into_bytes()
-            };
-            (format!("k{}", i % 10).into_bytes(), value)
-        })
-        .collect();
-    produce(&input, 0, &records).await?;
+    let (input, output, dlq) = poisoned_input(b"poison:trap").await?;
     let mut settings = settings(
         guest("weir_test_counter"),
         &input,

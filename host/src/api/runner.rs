@@ -21,8 +21,10 @@ use crate::config::{
     StateSettings,
 };
 use crate::pipeline::{self, PipelineControl, PipelineStats};
+use crate::runtime::{Operator, Runtime};
 use crate::state::lsm::backend::LsmBackend;
 use crate::state::lsm::cache::{BlockCaches, CacheSettings};
+use crate::state::lsm::shard::LsmShard;
 use crate::state::lsm::tree::LsmSettings;
 use rdkafka::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -221,6 +223,7 @@ pub struct Runner {
     runtime: RuntimeSettings,
     work_dir: PathBuf,
     clock: SharedClock,
+    compiled: CompiledOperators,
     runs: HashMap<(String, String), Run>,
 }
 
@@ -281,6 +284,7 @@ impl Runner {
             runtime,
             work_dir,
             clock: Arc::new(SystemClock),
+            compiled: CompiledOperators::new(),
             runs: HashMap::new(),
         })
     }
@@ -444,6 +448,7 @@ impl Runner {
                     runtime: self.runtime.clone(),
                     work_dir: self.work_dir.clone(),
                     clock: self.clock.clone(),
+                    compiled: self.compiled.clone(),
                     tenant: tenant.to_owned(),
                     record: record.clone(),
                     caches: caches.clone(),
@@ -547,6 +552,81 @@ impl Runner {
     }
 }
 
+/// The operators this host compiled, by tenant, component SHA-256 and limits, with the runtime
+/// (engine and its pool of instances) of each tenant and set of limits: a component is
+/// compiled once per host, tenant and limits, however many runs (restarts, switches back,
+/// pipelines sharing it) use it. Tenants never share an engine, so one tenant cannot take
+/// another's pooled instances.
+#[derive(Clone)]
+pub struct CompiledOperators {
+    runtimes: moka::future::Cache<(String, String), Arc<Runtime<LsmShard>>>,
+    operators: moka::future::Cache<(String, String, String), Arc<Operator<LsmShard>>>,
+}
+
+impl std::fmt::Debug for CompiledOperators {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CompiledOperators")
+            .field("operators", &self.operators.entry_count())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for CompiledOperators {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl CompiledOperators {
+    /// An empty cache: at most 64 runtimes and 256 operators.
+    pub fn new() -> Self {
+        Self {
+            runtimes: moka::future::Cache::builder().max_capacity(64).build(),
+            operators: moka::future::Cache::builder().max_capacity(256).build(),
+        }
+    }
+
+    /// `tenant`'s operator of component `sha256` (the file at `path`) compiled with
+    /// `runtime`'s limits: from the cache, or compiled now (once, however many ask at the same
+    /// time).
+    ///
+    /// # Errors
+    /// Why the runtime cannot be configured or the component cannot be loaded.
+    pub async fn operator(
+        &self,
+        tenant: &str,
+        sha256: &str,
+        path: &std::path::Path,
+        runtime: &RuntimeSettings,
+        clock: SharedClock,
+    ) -> Result<Arc<Operator<LsmShard>>, String> {
+        // Every field of the limits matters to the engine or the instances: all of them key.
+        let limits = format!("{runtime:?}");
+        let engine = self
+            .runtimes
+            .try_get_with((tenant.to_owned(), limits.clone()), async {
+                Runtime::new(runtime, clock).map(Arc::new)
+            })
+            .await
+            .map_err(|e| {
+                format!(
+                    "cannot configure the operator runtime: {}",
+                    error_chain(&*e)
+                )
+            })?;
+        self.operators
+            .try_get_with((tenant.to_owned(), sha256.to_owned(), limits), async {
+                let operator = engine.load_operator(path).await.map(Arc::new);
+                if operator.is_ok() {
+                    tracing::info!(%sha256, "operator compiled");
+                }
+                operator
+            })
+            .await
+            .map_err(|e| format!("cannot load the operator: {}", error_chain(&*e)))
+    }
+}
+
 /// What a run's task needs.
 struct RunJob {
     catalog: Catalog,
@@ -554,6 +634,7 @@ struct RunJob {
     runtime: RuntimeSettings,
     work_dir: PathBuf,
     clock: SharedClock,
+    compiled: CompiledOperators,
     tenant: String,
     record: PipelineRecord,
     caches: Arc<BlockCaches>,
@@ -567,9 +648,19 @@ impl RunJob {
         control: PipelineControl,
         stop: impl std::future::Future<Output = ()>,
     ) -> RunResult {
-        let operator = self.operator_file().await?;
-        let settings = self.settings(operator)?;
+        let (path, sha256) = self.operator_file().await?;
+        let settings = self.settings(path.clone())?;
         check_topics(&settings, &self.tenant).await?;
+        let operator = self
+            .compiled
+            .operator(
+                &self.tenant,
+                &sha256,
+                &path,
+                &settings.runtime,
+                self.clock.clone(),
+            )
+            .await?;
         let backend = Arc::new(LsmBackend::new(
             self.catalog.store().clone(),
             self.catalog
@@ -582,14 +673,14 @@ impl RunJob {
             self.clock.clone(),
         ));
         self.started.store(true, Ordering::Relaxed);
-        pipeline::run_controlled(settings, backend, self.clock, self.stats, control, stop)
+        pipeline::run_operator(settings, backend, operator, self.stats, control, stop)
             .await
             .map_err(|err| error_chain(&err))
     }
 
     /// The operator's component in the work directory, fetched from the catalog and checked
     /// against its SHA-256 the first time.
-    async fn operator_file(&self) -> Result<PathBuf, String> {
+    async fn operator_file(&self) -> Result<(PathBuf, String), String> {
         let spec = &self.record.spec;
         let version = self
             .catalog
@@ -607,7 +698,7 @@ impl RunJob {
             .join("operators")
             .join(format!("{}.wasm", version.sha256));
         if path.exists() {
-            return Ok(path);
+            return Ok((path, version.sha256));
         }
         let bytes = self
             .catalog
@@ -631,7 +722,7 @@ impl RunJob {
             .await
             .and(tokio::fs::rename(&partial, &path).await)
             .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
-        Ok(path)
+        Ok((path, version.sha256))
     }
 
     /// The settings of `pipeline::run` for this definition.
@@ -729,4 +820,46 @@ async fn check_topics(settings: &Settings, tenant: &str) -> RunResult {
     })
     .await
     .unwrap_or_else(|e| Err(format!("the topic check panicked: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_component_is_compiled_once_per_tenant_and_set_of_limits() {
+        let path = weir_tests::guest("weir_test_counter");
+        let compiled = CompiledOperators::new();
+        let clock: SharedClock = Arc::new(SystemClock);
+        let limits = RuntimeSettings::default();
+        let first = compiled
+            .operator("t1", "sha-a", &path, &limits, clock.clone())
+            .await
+            .expect("compiles");
+        let again = compiled
+            .operator("t1", "sha-a", &path, &limits, clock.clone())
+            .await
+            .expect("cached");
+        assert!(
+            Arc::ptr_eq(&first, &again),
+            "the same limits reuse the compiled operator"
+        );
+        let smaller = RuntimeSettings {
+            instance_memory_bytes_max: 32 << 20,
+            ..limits
+        };
+        let other = compiled
+            .operator("t1", "sha-a", &path, &smaller, clock.clone())
+            .await
+            .expect("compiles");
+        assert!(!Arc::ptr_eq(&first, &other), "other limits compile again");
+        let other_tenant = compiled
+            .operator("t2", "sha-a", &path, &limits, clock)
+            .await
+            .expect("compiles");
+        assert!(
+            !Arc::ptr_eq(&first, &other_tenant),
+            "tenants never share an engine"
+        );
+    }
 }

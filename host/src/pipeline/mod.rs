@@ -406,6 +406,23 @@ pub async fn run_controlled<B: StateBackend>(
             .await
             .map_err(PipelineError::Operator)?,
     );
+    run_operator(settings, backend, operator, stats, control, shutdown).await
+}
+
+/// [`run_controlled`] with an operator already compiled (with `settings.runtime`'s limits;
+/// `settings.pipeline.operator` is not read): a host running many pipelines compiles each
+/// component once.
+///
+/// # Errors
+/// As [`run`].
+pub async fn run_operator<B: StateBackend>(
+    settings: Settings,
+    backend: Arc<B>,
+    operator: Arc<Operator<B::Shard>>,
+    stats: Arc<PipelineStats>,
+    control: PipelineControl,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), PipelineError> {
     let meta = operator.meta();
     tracing::info!(pipeline = %settings.pipeline.name, operator = %meta.name, version = %meta.version, states = meta.states.len(), "operator loaded");
     let (consumer, context) = source::consumer(&settings).map_err(PipelineError::Kafka)?;

@@ -165,7 +165,7 @@ pub struct Runtime<S: Shard> {
     linker: Linker<HostCtx<S>>,
     settings: RuntimeSettings,
     clock: SharedClock,
-    _ticker: EpochTicker,
+    ticker: Arc<EpochTicker>,
 }
 
 impl<S: Shard> std::fmt::Debug for Runtime<S> {
@@ -206,7 +206,7 @@ impl<S: Shard> Runtime<S> {
             linker,
             settings: settings.clone(),
             clock,
-            _ticker: ticker,
+            ticker: Arc::new(ticker),
         })
     }
 
@@ -245,6 +245,7 @@ impl<S: Shard> Runtime<S> {
         })?;
         let mut operator = Operator {
             engine: self.engine.clone(),
+            _ticker: self.ticker.clone(),
             pre,
             meta: None,
             settings: self.settings.clone(),
@@ -319,6 +320,9 @@ fn check_description(
 /// A compiled, pre-instantiated operator; cheap to instantiate many times.
 pub struct Operator<S: Shard> {
     engine: Engine,
+    /// Keeps the engine's epoch ticking (CPU deadlines) while the operator lives, even after
+    /// the runtime that compiled it is dropped.
+    _ticker: Arc<EpochTicker>,
     pre: OperatorWorldPre<HostCtx<S>>,
     meta: Option<Arc<OperatorMeta>>,
     settings: RuntimeSettings,
