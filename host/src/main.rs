@@ -306,6 +306,20 @@ enum PipelineCommand {
         /// The operator version.
         version: u64,
     },
+    /// Change a pipeline's settings, keeping its state (hosts drain, checkpoint and resume).
+    Set {
+        /// The pipeline's name.
+        name: String,
+        /// `dead_letter`, `skip` or `fail`.
+        #[arg(long)]
+        failure_policy: Option<String>,
+        /// Checkpoint interval, ms.
+        #[arg(long)]
+        checkpoint_interval_ms: Option<u64>,
+        /// Records of one partition in flight at once.
+        #[arg(long)]
+        in_flight_max: Option<u64>,
+    },
     /// Delete a stopped pipeline with its state.
     Rm {
         /// The pipeline's name.
@@ -610,6 +624,20 @@ async fn pipeline_command(command: PipelineCommand, args: ApiArgs) -> anyhow::Re
                     );
                 }
             }
+        }
+        PipelineCommand::Set {
+            name,
+            failure_policy,
+            checkpoint_interval_ms,
+            in_flight_max,
+        } => {
+            let change = serde_json::from_value(serde_json::json!({
+                "failure_policy": failure_policy,
+                "checkpoint_interval_ms": checkpoint_interval_ms,
+                "in_flight_max": in_flight_max,
+            }))
+            .context("bad --failure-policy")?;
+            show(&client.change_pipeline(&name, &change).await?)?;
         }
         PipelineCommand::Rm { name } => {
             client.delete_pipeline(&name).await?;

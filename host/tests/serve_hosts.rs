@@ -224,6 +224,8 @@ async fn two_serve_hosts_share_a_pipelines_partitions_and_one_takes_all_when_the
         requested.contains("checkpoint 1 of counts requested"),
         "{requested}"
     );
+    let set = cli(&["pipeline", "set", "counts", "--failure-policy", "skip"]);
+    assert!(set.contains("failure policy skip"), "{set}");
     let stopped = cli(&["pipeline", "stop", "counts"]);
     assert!(stopped.contains("state      stopp"), "{stopped}");
     wait_for(a, &key, Duration::from_secs(60), "stopped", |v| {

@@ -1,6 +1,6 @@
 //! Pipelines through the API (`weir serve` with a `[pipelines]` section) on the real broker
-//! and S3 server: the whole lifecycle (create, status, checkpoint, switch version keeping
-//! state, stop, delete) for one tenant while another tenant's every attempt on it answers
+//! and S3 server: the whole lifecycle (create, status, checkpoint, switch version and change
+//! settings keeping state, stop, delete) for one tenant while another tenant's every attempt on it answers
 //! 404, topics scoped per tenant, a missing topic reported as the reason of a failed
 //! pipeline, and an operator version in use refused deletion.
 
@@ -163,6 +163,11 @@ async fn a_pipeline_runs_checkpoints_switches_version_keeping_state_stops_and_is
             "/v1/pipelines/counts/operator",
             json_body(&json!({"operator_version": 2})),
         ),
+        (
+            Method::PATCH,
+            "/v1/pipelines/counts",
+            json_body(&json!({"failure_policy": "skip"})),
+        ),
         (Method::DELETE, "/v1/pipelines/counts", None),
     ] {
         let (status, _, problem) = call(addr, method.clone(), path, Some(&globex), body).await?;
@@ -285,6 +290,35 @@ async fn a_pipeline_runs_checkpoints_switches_version_keeping_state_stops_and_is
         StatusCode::NO_CONTENT,
         "version 1 is no longer used"
     );
+
+    // Settings change keeping state: a new run generation with the new failure policy.
+    let (status, _, changed) = call(
+        addr,
+        Method::PATCH,
+        "/v1/pipelines/counts",
+        Some(&acme),
+        json_body(&json!({"failure_policy": "skip", "checkpoint_interval_ms": 400})),
+    )
+    .await?;
+    assert_eq!(status, StatusCode::OK, "{changed}");
+    assert_eq!(changed["definition"]["spec"]["failure_policy"], "skip");
+    assert_eq!(changed["definition"]["run_generation"], 3);
+    let (status, _, problem) = call(
+        addr,
+        Method::PATCH,
+        "/v1/pipelines/counts",
+        Some(&acme),
+        json_body(&json!({"input_topics": ["other"]})),
+    )
+    .await?;
+    assert_eq!(
+        status,
+        StatusCode::BAD_REQUEST,
+        "topics cannot change: {problem}"
+    );
+    produce_counter(&input, partitions, (3_000, 3_200), 50, &mut expected).await?;
+    let counts = read_counts(&output, &expected, Duration::from_secs(60)).await?;
+    assert_counts_exact(&expected, &counts);
 
     // Running: delete refused. Stopped: deleted with its state.
     let (status, _, problem) = call(

@@ -3,7 +3,7 @@
 
 use super::NewApiKey;
 use super::catalog::{OperatorSummary, OperatorVersion, Tenant};
-use super::pipelines::{CheckpointRequested, PipelineSpec, PipelineView};
+use super::pipelines::{CheckpointRequested, PipelineChange, PipelineSpec, PipelineView};
 use super::problem::Problem;
 use crate::pipeline::CheckpointRecord;
 use serde::de::DeserializeOwned;
@@ -257,6 +257,24 @@ impl ApiClient {
             .put(&url)
             .header("content-type", "application/json")
             .body(body.to_string());
+        self.expect(request, &url).await
+    }
+
+    /// Changes the settings of pipeline `name` (a restart keeping state).
+    ///
+    /// # Errors
+    /// [`ClientError`].
+    pub async fn change_pipeline(
+        &self,
+        name: &str,
+        change: &PipelineChange,
+    ) -> Result<PipelineView, ClientError> {
+        let url = format!("{}/v1/pipelines/{name}", self.base);
+        let request = self
+            .http
+            .patch(&url)
+            .header("content-type", "application/json")
+            .body(serde_json::to_vec(change).expect("a change serializes"));
         self.expect(request, &url).await
     }
 

@@ -7,7 +7,7 @@
 //!
 //! Routes (`/v1`): `POST/GET /tenants`, `POST /tenants/{tenant}/api-keys` (admin);
 //! `GET /operators`, `POST/GET /operators/{name}`, `GET/DELETE
-//! /operators/{name}/versions/{version}`, `GET /pipelines`, `POST/GET/DELETE
+//! /operators/{name}/versions/{version}`, `GET /pipelines`, `POST/GET/PATCH/DELETE
 //! /pipelines/{name}`, `POST /pipelines/{name}/start|stop`, `PUT /pipelines/{name}/operator`,
 //! `POST/GET /pipelines/{name}/checkpoints` (tenant). Pipelines are run by the hosts whose
 //! config has a `[pipelines]` section ([`runner`]).
@@ -670,6 +670,7 @@ impl Modify for BearerAuth {
           get_operator, get_operator_version, delete_operator_version,
           pipelines::create_pipeline, pipelines::list_pipelines, pipelines::get_pipeline,
           pipelines::start_pipeline, pipelines::stop_pipeline, pipelines::switch_operator,
+          pipelines::change_pipeline,
           pipelines::trigger_checkpoint, pipelines::list_checkpoints,
           pipelines::delete_pipeline),
     components(schemas(Problem, Tenant, NewTenant, NewApiKey, ApiKeyRecord, OperatorVersion,
@@ -677,6 +678,7 @@ impl Modify for BearerAuth {
                        pipelines::PipelineLimits, pipelines::PipelineRecord,
                        pipelines::PipelineView, pipelines::PipelineStatus,
                        pipelines::HostSummary, pipelines::OperatorSwitch,
+                       pipelines::PipelineChange,
                        pipelines::CheckpointRequested)),
     modifiers(&BearerAuth),
     tags((name = "tenants", description = "Tenants and their API keys (admin key)"),
@@ -722,6 +724,7 @@ pub fn router(state: ApiState) -> Router {
             "/v1/pipelines/{name}",
             post(pipelines::create_pipeline)
                 .get(pipelines::get_pipeline)
+                .patch(pipelines::change_pipeline)
                 .delete(pipelines::delete_pipeline),
         )
         .route(

@@ -405,6 +405,26 @@ pub struct OperatorSwitch {
     pub operator_version: u64,
 }
 
+/// The body of `PATCH /v1/pipelines/{name}`: the settings that can change while keeping
+/// the pipeline's state. Absent fields stay; topics and delivery cannot change (the state and
+/// its offsets belong to them).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PipelineChange {
+    /// How often each partition checkpoints, ms.
+    #[serde(default)]
+    pub checkpoint_interval_ms: Option<u64>,
+    /// Records of one partition in flight at once.
+    #[serde(default)]
+    pub in_flight_max: Option<u64>,
+    /// The limits, replacing the current ones.
+    #[serde(default)]
+    pub limits: Option<PipelineLimits>,
+    /// What a record whose call fails for good does.
+    #[serde(default)]
+    pub failure_policy: Option<FailurePolicy>,
+}
+
 /// A checkpoint asked for.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct CheckpointRequested {
@@ -1055,6 +1075,60 @@ pub(super) async fn switch_operator(
         })
         .await?;
     tracing::info!(%tenant, pipeline = %name, version = switch.operator_version, "pipeline operator switched");
+    Ok(Json(view(&state, tenant, record).await?))
+}
+
+/// Changes a pipeline's checkpoint interval, in-flight limit, limits or failure policy,
+/// keeping its state: a new run generation, so every host drains its run, checkpoints and
+/// resumes with the new settings.
+#[utoipa::path(patch, path = "/v1/pipelines/{name}", tag = "pipelines",
+    params(("name" = String, Path, description = "Pipeline name", pattern = "^[a-z0-9][a-z0-9_-]{0,63}$")),
+    request_body = PipelineChange,
+    responses(
+        (status = 200, description = "Changed; hosts restart it with the settings", body = PipelineView),
+        (status = 400, description = "A bad value, or a field that cannot change", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such pipeline", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Changed concurrently", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
+        AuthProblems,
+    ),
+    security(("bearer" = [])))]
+pub(super) async fn change_pipeline(
+    State(state): State<ApiState>,
+    principal: Principal,
+    UrlPath(name): UrlPath<String>,
+    body: Body,
+) -> Result<Json<PipelineView>, ApiError> {
+    let tenant = principal.tenant()?;
+    tracing::Span::current().record("pipeline", name.as_str());
+    existing(&state, tenant, &name).await?;
+    let change: PipelineChange = read_json(body).await?;
+    let host = state.settings.runtime.clone();
+    let record = state
+        .catalog
+        .update_pipeline(tenant, &name, |record| {
+            let mut spec = record.spec.clone();
+            if let Some(v) = change.checkpoint_interval_ms {
+                spec.checkpoint_interval_ms = v;
+            }
+            if let Some(v) = change.in_flight_max {
+                spec.in_flight_max = v;
+            }
+            if let Some(v) = change.limits {
+                spec.limits = v;
+            }
+            if let Some(v) = change.failure_policy {
+                spec.failure_policy = v;
+            }
+            spec.validate(&host).map_err(ApiError::BadRequest)?;
+            if spec != record.spec {
+                record.spec = spec;
+                record.run_generation += 1;
+            }
+            Ok(())
+        })
+        .await?;
+    tracing::info!(%tenant, pipeline = %name, generation = record.run_generation, "pipeline settings changed");
     Ok(Json(view(&state, tenant, record).await?))
 }
 
