@@ -186,9 +186,31 @@ async fn a_rebalance_with_thousands_in_flight_loses_and_doubles_nothing() -> any
             s.records_in_flight.load(Ordering::Relaxed) >= 2_000
         })
         .await?;
-    // A second host joins: half the partitions are revoked from the first mid-flight.
+    // A second host joins: half the partitions are revoked from the first mid-flight. Input
+    // keeps arriving until the second owns some (so the first still has thousands in flight
+    // when the group rebalances, and the second has records to process).
     let second = start(&settings)?;
-    produce_counter(&input, PARTITIONS, (20_000, 40_000), KEYS, &mut expected).await?;
+    let mut next = 20_000;
+    while second.stats.shards_opened.load(Ordering::Relaxed) == 0 {
+        anyhow::ensure!(next < 400_000, "the second host never opened a shard");
+        produce_counter(
+            &input,
+            PARTITIONS,
+            (next, next + 2_000),
+            KEYS,
+            &mut expected,
+        )
+        .await?;
+        next += 2_000;
+    }
+    produce_counter(
+        &input,
+        PARTITIONS,
+        (next, next + 20_000),
+        KEYS,
+        &mut expected,
+    )
+    .await?;
     let counts = read_counts(&output, &expected, Duration::from_secs(180)).await;
     let (s1, s2) = (first.stats.clone(), second.stats.clone());
     eprintln!(
