@@ -64,6 +64,38 @@ fn state_of(view: &Value) -> &str {
     view["status"]["state"].as_str().unwrap_or_default()
 }
 
+/// Creates pipeline `name` with `spec` through the API, asserting 201; returns its view.
+async fn create_pipeline(
+    addr: SocketAddr,
+    key: &str,
+    name: &str,
+    spec: &Value,
+) -> anyhow::Result<Value> {
+    let (status, _, created) = call(
+        addr,
+        Method::POST,
+        &format!("/v1/pipelines/{name}"),
+        Some(key),
+        json_body(spec),
+    )
+    .await?;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
+    Ok(created)
+}
+
+/// Waits until pipeline `name` is failed and returns its view and reason.
+async fn failure_of(addr: SocketAddr, key: &str, name: &str) -> anyhow::Result<(Value, String)> {
+    let view = wait_for_pipeline(addr, key, name, Duration::from_secs(30), |v| {
+        state_of(v) == "failed"
+    })
+    .await?;
+    let reason = view["status"]["reason"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    Ok((view, reason))
+}
+
 /// Uploads the counter component as operator `counter` of the tenant `times` times.
 async fn upload_counter(addr: SocketAddr, key: &str, times: u64) -> anyhow::Result<()> {
     for _ in 0..times {
@@ -106,15 +138,7 @@ async fn a_pipeline_runs_checkpoints_switches_version_keeping_state_stops_and_is
         "checkpoint_interval_ms": 500, "delivery": "exactly_once",
         "limits": {"record_deadline_ms": 50},
     });
-    let (status, _, created) = call(
-        addr,
-        Method::POST,
-        "/v1/pipelines/counts",
-        Some(&acme),
-        json_body(&spec),
-    )
-    .await?;
-    assert_eq!(status, StatusCode::CREATED, "{created}");
+    let created = create_pipeline(addr, &acme, "counts", &spec).await?;
     assert_eq!(created["definition"]["desired"], "running");
     assert_eq!(
         created["definition"]["spec"]["failure_policy"],
@@ -415,20 +439,8 @@ async fn topics_are_the_tenants_own_and_a_missing_one_fails_the_pipeline_naming_
         "operator": "counter", "operator_version": 1,
         "input_topics": ["orders"], "output_topic": "out", "dead_letter_topic": "dlq",
     });
-    let (status, _, created) = call(
-        addr,
-        Method::POST,
-        "/v1/pipelines/orders",
-        Some(&initech),
-        json_body(&spec),
-    )
-    .await?;
-    assert_eq!(status, StatusCode::CREATED, "{created}");
-    let view = wait_for_pipeline(addr, &initech, "orders", Duration::from_secs(30), |v| {
-        state_of(v) == "failed"
-    })
-    .await?;
-    let reason = view["status"]["reason"].as_str().unwrap_or_default();
+    create_pipeline(addr, &initech, "orders", &spec).await?;
+    let (view, reason) = failure_of(addr, &initech, "orders").await?;
     assert!(
         reason.contains("`orders`") && reason.contains(&format!("`{initech_id}.orders`")),
         "the reason names the topic: {view:#}"
@@ -444,20 +456,8 @@ async fn topics_are_the_tenants_own_and_a_missing_one_fails_the_pipeline_naming_
         "operator": "counter", "operator_version": 1,
         "input_topics": ["one", "two"], "output_topic": "out", "dead_letter_topic": "dlq",
     });
-    let (status, _, created) = call(
-        addr,
-        Method::POST,
-        "/v1/pipelines/mixed",
-        Some(&initech),
-        json_body(&spec),
-    )
-    .await?;
-    assert_eq!(status, StatusCode::CREATED, "{created}");
-    let view = wait_for_pipeline(addr, &initech, "mixed", Duration::from_secs(30), |v| {
-        state_of(v) == "failed"
-    })
-    .await?;
-    let reason = view["status"]["reason"].as_str().unwrap_or_default();
+    create_pipeline(addr, &initech, "mixed", &spec).await?;
+    let (view, reason) = failure_of(addr, &initech, "mixed").await?;
     assert!(
         reason.contains("`one` has 1") && reason.contains("`two` has 2"),
         "the reason names the topics and their partitions: {view:#}"
@@ -670,15 +670,7 @@ async fn hostile_guests_are_dead_lettered_and_another_tenants_pipeline_keeps_run
             "input_topics": ["in"], "output_topic": "out", "dead_letter_topic": "dlq",
             "checkpoint_interval_ms": 1000,
         });
-        let (status, _, created) = call(
-            addr,
-            Method::POST,
-            "/v1/pipelines/counts",
-            Some(key),
-            json_body(&spec),
-        )
-        .await?;
-        assert_eq!(status, StatusCode::CREATED, "{created}");
+        create_pipeline(addr, key, "counts", &spec).await?;
     }
     for key in [&good, &evil] {
         wait_for_pipeline(addr, key, "counts", Duration::from_secs(60), |v| {
