@@ -13,6 +13,7 @@
 //! - [`lsm_bench`] `weir bench-lsm`: the LSM backend on a store with injected latency
 //! - [`dev`]       `weir dev`: the whole job on embedded defaults (librdkafka's mock cluster)
 //! - [`clock`]     the injected clock seam (processing time for TTL)
+//! - [`telemetry`] Prometheus metrics: the recorder and the labelled handles of a pipeline run
 
 pub mod api;
 pub mod bench;
@@ -30,3 +31,4 @@ pub mod runtime;
 pub mod sink;
 pub mod source;
 pub mod state;
+pub mod telemetry;

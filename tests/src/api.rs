@@ -109,6 +109,28 @@ pub async fn call(
     Ok((status, content_type, value))
 }
 
+/// `GET /metrics` with `key`: the status and the Prometheus text.
+pub async fn metrics_page(
+    addr: SocketAddr,
+    key: Option<&str>,
+) -> anyhow::Result<(StatusCode, String)> {
+    let mut request = reqwest::Client::new().get(format!("http://{addr}/metrics"));
+    if let Some(key) = key {
+        request = request.bearer_auth(key);
+    }
+    let response = request.send().await?;
+    Ok((response.status(), response.text().await?))
+}
+
+/// The value of the sample `name{labels}` in a Prometheus text `page`, its labels given in
+/// the order the exporter writes them (`tenant="t",pipeline="p"`).
+pub fn sample(page: &str, name: &str, labels: &str) -> Option<f64> {
+    let prefix = format!("{name}{{{labels}}} ");
+    page.lines()
+        .find_map(|line| line.strip_prefix(&prefix))
+        .and_then(|value| value.trim().parse().ok())
+}
+
 pub fn json_body(value: &Value) -> Option<(&'static str, Vec<u8>)> {
     Some(("application/json", serde_json::to_vec(value).expect("json")))
 }

@@ -197,6 +197,80 @@ async fn a_pipeline_runs_checkpoints_switches_version_keeping_state_stops_and_is
         let (status, _, problem) = call(addr, method.clone(), path, Some(&globex), body).await?;
         assert_eq!(status, StatusCode::NOT_FOUND, "{method} {path}: {problem}");
     }
+    // Its figures are in /metrics: for its tenant, and for the admin, never for another tenant.
+    let run = format!(r#"tenant="{acme_id}",pipeline="counts""#);
+    let (status, page) = metrics_page(addr, Some(&acme)).await?;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        sample(&page, "weir_records_in_total", &run),
+        Some(2_000.0),
+        "{page}"
+    );
+    assert_eq!(
+        sample(&page, "weir_records_out_total", &run),
+        Some(2_000.0),
+        "{page}"
+    );
+    assert_eq!(
+        sample(&page, "weir_records_dead_lettered_total", &run),
+        Some(0.0)
+    );
+    for histogram in [
+        "weir_batch_processing_seconds_count",
+        "weir_state_get_seconds_count",
+        "weir_state_put_seconds_count",
+        "weir_checkpoint_duration_seconds_count",
+        "weir_checkpoint_uploaded_bytes_count",
+        "weir_recovery_duration_seconds_count",
+    ] {
+        assert!(
+            sample(&page, histogram, &run) >= Some(1.0),
+            "{histogram} of the run: {page}"
+        );
+    }
+    assert!(
+        sample(
+            &page,
+            "weir_object_store_requests_total",
+            &format!(r#"{run},op="put""#)
+        ) >= Some(1.0),
+        "{page}"
+    );
+    assert!(
+        sample(
+            &page,
+            "weir_object_store_bytes_total",
+            &format!(r#"{run},op="put""#)
+        ) > Some(0.0),
+        "{page}"
+    );
+    for partition in 0..4 {
+        assert_eq!(
+            sample(
+                &page,
+                "weir_consumer_lag_records",
+                &format!(r#"{run},partition="{partition}""#)
+            ),
+            Some(0.0),
+            "{page}"
+        );
+    }
+    assert!(page.contains(r#"weir_lsm_cache_hits_total{"#), "{page}");
+    assert!(
+        page.lines()
+            .filter(|l| !l.starts_with('#'))
+            .all(|l| l.contains(&format!(r#"tenant="{acme_id}""#))),
+        "a tenant sees only its own series: {page}"
+    );
+    let (_, other) = metrics_page(addr, Some(&globex)).await?;
+    assert!(
+        !other.contains(&acme_id),
+        "another tenant sees none of them: {other}"
+    );
+    let (_, host) = metrics_page(addr, Some(ADMIN_KEY)).await?;
+    assert_eq!(sample(&host, "weir_records_in_total", &run), Some(2_000.0));
+    assert_eq!(metrics_page(addr, None).await?.0, StatusCode::UNAUTHORIZED);
+
     let (_, _, list) = call(addr, Method::GET, "/v1/pipelines", Some(&globex), None).await?;
     assert_eq!(list, json!([]));
 

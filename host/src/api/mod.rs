@@ -17,6 +17,7 @@ pub mod client;
 pub mod pipelines;
 pub mod problem;
 pub mod runner;
+pub mod status;
 
 use crate::clock::SystemClock;
 use crate::config::RuntimeSettings;
@@ -160,6 +161,8 @@ impl ApiState {
         catalog: Catalog,
         settings: ApiSettings,
     ) -> Result<Self, crate::runtime::RuntimeError> {
+        // Before any run registers its series: handles taken earlier would record nowhere.
+        crate::telemetry::prometheus();
         let runtime = Runtime::new(&settings.runtime, Arc::new(SystemClock))?;
         Ok(Self {
             catalog,
@@ -672,7 +675,7 @@ impl Modify for BearerAuth {
           pipelines::start_pipeline, pipelines::stop_pipeline, pipelines::switch_operator,
           pipelines::change_pipeline,
           pipelines::trigger_checkpoint, pipelines::list_checkpoints,
-          pipelines::delete_pipeline),
+          pipelines::delete_pipeline, status::metrics_page),
     components(schemas(Problem, Tenant, NewTenant, NewApiKey, ApiKeyRecord, OperatorVersion,
                        OperatorSummary, StateDescription, pipelines::PipelineSpec,
                        pipelines::PipelineLimits, pipelines::PipelineRecord,
@@ -683,7 +686,8 @@ impl Modify for BearerAuth {
     modifiers(&BearerAuth),
     tags((name = "tenants", description = "Tenants and their API keys (admin key)"),
          (name = "operators", description = "A tenant's operator components (tenant key)"),
-         (name = "pipelines", description = "A tenant's pipelines (tenant key)")),
+         (name = "pipelines", description = "A tenant's pipelines (tenant key)"),
+         (name = "metrics", description = "Prometheus metrics (admin key: the host; tenant key: its own series)")),
 )]
 pub struct ApiDoc;
 
@@ -708,6 +712,7 @@ pub fn router(state: ApiState) -> Router {
     });
     Router::new()
         .route("/openapi.json", get(openapi_json))
+        .route("/metrics", get(status::metrics_page))
         .route("/v1/tenants", post(create_tenant).get(list_tenants))
         .route("/v1/tenants/{tenant}/api-keys", post(create_api_key))
         .route("/v1/operators", get(list_operators))
@@ -747,7 +752,17 @@ pub fn router(state: ApiState) -> Router {
         .with_state(state)
 }
 
-/// Serves the API on `listener` until `shutdown` completes.
+/// Aborts a background task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Serves the API on `listener` until `shutdown` completes. Installs the process's Prometheus
+/// recorder ([`crate::telemetry::prometheus`]) if it is not yet.
 ///
 /// # Errors
 /// The server's I/O error.
@@ -757,6 +772,8 @@ pub async fn serve(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let addr: Option<SocketAddr> = listener.local_addr().ok();
+    let upkeep = crate::telemetry::spawn_upkeep();
+    let _upkeep = AbortOnDrop(upkeep);
     tracing::info!(?addr, "weir serve listening");
     axum::serve(listener, router(state))
         .with_graceful_shutdown(shutdown)

@@ -22,6 +22,7 @@ use crate::config::{
 };
 use crate::pipeline::{self, PipelineControl, PipelineStats};
 use crate::runtime::{Operator, Runtime};
+use crate::state::hooked_store::{HookedStore, Metering};
 use crate::state::lsm::backend::LsmBackend;
 use crate::state::lsm::cache::{BlockCaches, CacheSettings};
 use crate::state::lsm::shard::LsmShard;
@@ -277,6 +278,8 @@ impl Runner {
             .unwrap_or_else(|| std::env::temp_dir().join(format!("weir-serve-{host}")));
         std::fs::create_dir_all(work_dir.join("operators"))?;
         std::fs::create_dir_all(work_dir.join("cache"))?;
+        // Runs register their series when they start: the recorder must exist by then.
+        crate::telemetry::prometheus();
         Ok(Self {
             catalog,
             config,
@@ -429,7 +432,7 @@ impl Runner {
     /// Starts running `record` of `tenant` here.
     fn launch(&self, tenant: &str, record: PipelineRecord, restarts: u64) -> Run {
         tracing::info!(%tenant, pipeline = %record.name, uid = %record.uid, generation = record.run_generation, version = record.spec.operator_version, "starting pipeline run");
-        let stats = Arc::new(PipelineStats::default());
+        let stats = Arc::new(PipelineStats::labelled(tenant, &record.name));
         let (checkpoints, control) = PipelineControl::new();
         checkpoints.send_replace(record.checkpoint_requests);
         let (stop, stopped) = oneshot::channel::<()>();
@@ -439,7 +442,7 @@ impl Runner {
             disk_cache_bytes: self.config.disk_cache_bytes,
             disk_cache_dir: Some(self.work_dir.join("cache")),
         })
-        .map(Arc::new);
+        .map(|caches| Arc::new(caches.labelled(&stats.metrics)));
         let (caches, task) = match caches {
             Ok(caches) => {
                 let job = RunJob {
@@ -661,8 +664,13 @@ impl RunJob {
                 self.clock.clone(),
             )
             .await?;
-        let backend = Arc::new(LsmBackend::new(
+        // Every request of the run's state is counted under its labels.
+        let store: Arc<dyn object_store::ObjectStore> = Arc::new(HookedStore::new(
             self.catalog.store().clone(),
+            Arc::new(Metering::new(&self.stats.metrics)),
+        ));
+        let backend = Arc::new(LsmBackend::new(
+            store,
             self.catalog
                 .pipeline_state_prefix(&self.tenant, &self.record.uid),
             self.caches.clone(),

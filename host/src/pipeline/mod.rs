@@ -19,6 +19,7 @@ use crate::sink::{self, Sink};
 use crate::source::{self, SourceConsumer, SourceContext};
 use crate::state::checkpoint::InputOffsets;
 use crate::state::{Shard, ShardId, StateBackend, StateError};
+use crate::telemetry::RunMetrics;
 use futures::FutureExt;
 use rdkafka::Offset;
 use rdkafka::consumer::{CommitMode, Consumer};
@@ -100,6 +101,8 @@ pub struct PipelineStats {
     /// The newest committed checkpoints of this run, oldest first, at most
     /// [`CHECKPOINT_HISTORY_MAX`].
     pub checkpoint_history: Mutex<VecDeque<CheckpointRecord>>,
+    /// The run's exported series (records nothing unless built by [`PipelineStats::labelled`]).
+    pub metrics: RunMetrics,
 }
 
 /// Checkpoints kept in [`PipelineStats::checkpoint_history`].
@@ -159,6 +162,15 @@ pub struct CheckpointRecord {
 }
 
 impl PipelineStats {
+    /// Stats whose figures are also exported as pipeline `pipeline` of `tenant`
+    /// ([`RunMetrics::new`]).
+    pub fn labelled(tenant: &str, pipeline: &str) -> Self {
+        Self {
+            metrics: RunMetrics::new(tenant, pipeline),
+            ..Self::default()
+        }
+    }
+
     /// Records that reached a final disposition (ok, dead-lettered, or skipped by
     /// `failure_policy = "skip"`).
     pub fn records_done(&self) -> u64 {
@@ -174,6 +186,8 @@ impl PipelineStats {
         self.checkpoint_ns_max.fetch_max(ns, Ordering::Relaxed);
         self.checkpoint_uploaded_bytes
             .fetch_add(uploaded_bytes, Ordering::Relaxed);
+        self.metrics.checkpoint_duration.record(took.as_secs_f64());
+        self.metrics.checkpoint_bytes.record(uploaded_bytes as f64);
     }
 
     /// Records a committed checkpoint of `partition` in the history and its progress.
@@ -186,6 +200,9 @@ impl PipelineStats {
             progress.state_bytes = record.state_bytes;
             progress.checkpoint_version = Some(record.version);
             progress.update_lag();
+            self.metrics
+                .consumer_lag(record.partition)
+                .set(progress.lag as f64);
         }
         let mut history = self.checkpoint_history.lock().expect("history lock");
         if history.len() == CHECKPOINT_HISTORY_MAX {
@@ -201,6 +218,9 @@ impl PipelineStats {
         progress.partition = partition;
         progress.high_watermarks = highs;
         progress.update_lag();
+        self.metrics
+            .consumer_lag(partition)
+            .set(progress.lag as f64);
     }
 
     /// Records that `partition` resumed from a checkpoint with `offsets` (its progress until
@@ -211,10 +231,15 @@ impl PipelineStats {
         progress.partition = partition;
         progress.checkpointed_offsets = offsets.iter().map(|(t, o)| (t.to_owned(), o)).collect();
         progress.update_lag();
+        self.metrics
+            .consumer_lag(partition)
+            .set(progress.lag as f64);
     }
 
     /// Forgets `partition`: it is no longer run here.
     pub(crate) fn forget_partition(&self, partition: i32) {
+        // Its new owner reports its lag: summed over hosts, the figure stays right.
+        self.metrics.consumer_lag(partition).set(0.0);
         self.partitions
             .lock()
             .expect("progress lock")
@@ -226,7 +251,7 @@ impl PipelineStats {
         self.recoveries.fetch_add(1, Ordering::Relaxed);
         self.recovery_ns_total.fetch_add(ns, Ordering::Relaxed);
         self.recovery_ns_max.fetch_max(ns, Ordering::Relaxed);
-        metrics::histogram!("weir_recovery_duration_seconds").record(took.as_secs_f64());
+        self.metrics.recovery.record(took.as_secs_f64());
     }
 }
 

@@ -209,6 +209,10 @@ struct Attempted<S: Shard> {
     instance: Option<Instance<S>>,
     /// Time spent polling the guest call (see [`time_polls`]), if one was made.
     call_time: Option<Duration>,
+    /// When the attempt started (after its delay): the start of its processing latency.
+    started: Instant,
+    /// Time the prefetch of the batch's declared states took, if one was made.
+    prefetch_time: Option<Duration>,
     result: Result<(Vec<Disposition>, BatchCtx), Failure>,
 }
 
@@ -228,6 +232,7 @@ async fn attempt<S: Shard>(
     if !task.delay.is_zero() {
         tokio::time::sleep(task.delay).await;
     }
+    let started = Instant::now();
     let records = task.call_records();
     let mut instance = match instance {
         Some(instance) => instance,
@@ -239,12 +244,18 @@ async fn attempt<S: Shard>(
                     records,
                     instance: None,
                     call_time: None,
+                    started,
+                    prefetch_time: None,
                     result: Err(Failure::Instantiate(err)),
                 };
             }
         },
     };
-    let batch = match prefetch(&*shard, &operator.meta().value_states, records.clone()).await {
+    let value_states = &operator.meta().value_states;
+    let prefetch_time = (!value_states.is_empty()).then(Instant::now);
+    let prefetched = prefetch(&*shard, value_states, records.clone()).await;
+    let prefetch_time = prefetch_time.map(|t| t.elapsed());
+    let batch = match prefetched {
         Ok(batch) => batch,
         Err(err) => {
             return Attempted {
@@ -252,6 +263,8 @@ async fn attempt<S: Shard>(
                 records,
                 instance: Some(instance),
                 call_time: None,
+                started,
+                prefetch_time,
                 result: Err(Failure::Unavailable(err)),
             };
         }
@@ -273,6 +286,8 @@ async fn attempt<S: Shard>(
         records,
         instance,
         call_time,
+        started,
+        prefetch_time,
         result,
     }
 }
@@ -503,6 +518,7 @@ impl<S: Shard> PartitionWorker<S> {
         }
         if admitted > 0 {
             self.stats.records_in.fetch_add(admitted, Ordering::Relaxed);
+            self.stats.metrics.records_in.increment(admitted);
             self.stats
                 .records_in_flight
                 .fetch_add(admitted, Ordering::Relaxed);
@@ -563,8 +579,13 @@ impl<S: Shard> PartitionWorker<S> {
             records,
             instance,
             call_time,
+            started,
+            prefetch_time,
             result,
         } = attempted;
+        if let Some(took) = prefetch_time {
+            self.stats.metrics.state_get.record(took.as_secs_f64());
+        }
         match instance {
             Some(instance) => self.execution.idle.push(instance),
             None => self.execution.live -= 1,
@@ -654,7 +675,13 @@ impl<S: Shard> PartitionWorker<S> {
                     .commit(&records, &dispositions, batch, !rejected_with_effects)
                     .await?
                 {
-                    Ok(()) => self.step(task),
+                    Ok(()) => {
+                        self.stats
+                            .metrics
+                            .batch_processing
+                            .record(started.elapsed().as_secs_f64());
+                        self.step(task)
+                    }
                     Err(err) => self.retry_later(task, err)?,
                 }
             }
@@ -769,10 +796,6 @@ impl<S: Shard> PartitionWorker<S> {
                         .map(|(t, o)| (t.to_owned(), o))
                         .collect(),
                 });
-                metrics::histogram!("weir_checkpoint_duration_seconds")
-                    .record(elapsed.as_secs_f64());
-                metrics::counter!("weir_checkpoint_uploaded_bytes_total")
-                    .increment(report.uploaded_bytes);
                 tracing::debug!(
                     partition = self.partition,
                     version = report.version,
@@ -849,10 +872,16 @@ impl<S: Shard> PartitionWorker<S> {
     ) -> Result<Result<(), StateError>, WorkerError> {
         let (writes, emits) = batch.into_effects();
         if apply_effects {
-            if !writes.is_empty()
-                && let Err(err) = self.shard.apply(writes).await
-            {
-                return Ok(Err(err));
+            if !writes.is_empty() {
+                let started = Instant::now();
+                let applied = self.shard.apply(writes).await;
+                self.stats
+                    .metrics
+                    .state_put
+                    .record(started.elapsed().as_secs_f64());
+                if let Err(err) = applied {
+                    return Ok(Err(err));
+                }
             }
             for emit in &emits {
                 if let Err(source) = self.sink.emit(emit).await {
@@ -862,6 +891,7 @@ impl<S: Shard> PartitionWorker<S> {
             self.stats
                 .emitted
                 .fetch_add(emits.len() as u64, Ordering::Relaxed);
+            self.stats.metrics.records_out.increment(emits.len() as u64);
         }
         let mut ok = 0u64;
         for (record, disposition) in records.iter().zip(dispositions) {
@@ -884,6 +914,7 @@ impl<S: Shard> PartitionWorker<S> {
         error: &str,
     ) -> Result<(), WorkerError> {
         self.stats.dead_lettered.fetch_add(1, Ordering::Relaxed);
+        self.stats.metrics.dead_lettered.increment(1);
         match self.sink.dead_letter(record, kind, error).await {
             Ok(()) => Ok(()),
             Err(source) => Err(self.sink_failed(source)),

@@ -1,5 +1,6 @@
-//! [`HookedStore`]: an object store that runs a [`RequestHook`] before every request of the
-//! store it wraps — to add latency (the benchmarks) or to fail chosen requests (outage tests).
+//! [`HookedStore`]: an object store that runs a [`RequestHook`] before (and after) every request
+//! of the store it wraps — to add latency (the benchmarks), to fail chosen requests (outage
+//! tests) or to count requests and bytes ([`Metering`], a pipeline run's metrics).
 //! `object_store`'s own `ThrottledStore` covers latency only, and panics on a whole-object GET
 //! from the local filesystem store.
 
@@ -24,6 +25,21 @@ pub enum Request {
     List,
     /// A COPY.
     Copy,
+    /// A DELETE (seen by [`RequestHook::after`] only, once per deleted object).
+    Delete,
+}
+
+impl Request {
+    /// The request's name in metrics: `put`, `get`, `list`, `copy`, `delete`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Request::Put => "put",
+            Request::Get => "get",
+            Request::List => "list",
+            Request::Copy => "copy",
+            Request::Delete => "delete",
+        }
+    }
 }
 
 /// Runs before a request of a [`HookedStore`]; an error fails the request without reaching
@@ -32,6 +48,12 @@ pub enum Request {
 pub trait RequestHook: std::fmt::Debug + Send + Sync + 'static {
     /// Called before `request` on `location` (the prefix, for a LIST).
     async fn before(&self, request: Request, location: Option<&Path>) -> object_store::Result<()>;
+
+    /// Called after `request` succeeded, with the bytes it moved (a PUT's payload, a GET's
+    /// body; 0 for the others). A multipart upload counts its start only.
+    fn after(&self, request: Request, bytes: u64) {
+        let _ = (request, bytes);
+    }
 }
 
 /// `inner` with `hook` run before each request.
@@ -63,7 +85,10 @@ impl<H: RequestHook> ObjectStore for HookedStore<H> {
         opts: PutOptions,
     ) -> object_store::Result<PutResult> {
         self.hook.before(Request::Put, Some(location)).await?;
-        self.inner.put_opts(location, payload, opts).await
+        let bytes = payload.content_length() as u64;
+        let result = self.inner.put_opts(location, payload, opts).await?;
+        self.hook.after(Request::Put, bytes);
+        Ok(result)
     }
 
     async fn put_multipart_opts(
@@ -72,7 +97,9 @@ impl<H: RequestHook> ObjectStore for HookedStore<H> {
         opts: PutMultipartOptions,
     ) -> object_store::Result<Box<dyn MultipartUpload>> {
         self.hook.before(Request::Put, Some(location)).await?;
-        self.inner.put_multipart_opts(location, opts).await
+        let upload = self.inner.put_multipart_opts(location, opts).await?;
+        self.hook.after(Request::Put, 0);
+        Ok(upload)
     }
 
     async fn get_opts(
@@ -81,7 +108,10 @@ impl<H: RequestHook> ObjectStore for HookedStore<H> {
         options: GetOptions,
     ) -> object_store::Result<GetResult> {
         self.hook.before(Request::Get, Some(location)).await?;
-        self.inner.get_opts(location, options).await
+        let result = self.inner.get_opts(location, options).await?;
+        self.hook
+            .after(Request::Get, result.range.end - result.range.start);
+        Ok(result)
     }
 
     async fn get_ranges(
@@ -90,14 +120,27 @@ impl<H: RequestHook> ObjectStore for HookedStore<H> {
         ranges: &[std::ops::Range<u64>],
     ) -> object_store::Result<Vec<Bytes>> {
         self.hook.before(Request::Get, Some(location)).await?;
-        self.inner.get_ranges(location, ranges).await
+        let got = self.inner.get_ranges(location, ranges).await?;
+        // object_store may coalesce the ranges; count them as the caller asked.
+        for bytes in &got {
+            self.hook.after(Request::Get, bytes.len() as u64);
+        }
+        Ok(got)
     }
 
     fn delete_stream(
         &self,
         locations: BoxStream<'static, object_store::Result<Path>>,
     ) -> BoxStream<'static, object_store::Result<Path>> {
-        self.inner.delete_stream(locations)
+        let hook = self.hook.clone();
+        self.inner
+            .delete_stream(locations)
+            .inspect(move |deleted| {
+                if deleted.is_ok() {
+                    hook.after(Request::Delete, 0);
+                }
+            })
+            .boxed()
     }
 
     fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
@@ -105,7 +148,10 @@ impl<H: RequestHook> ObjectStore for HookedStore<H> {
         let prefix = prefix.cloned();
         futures::stream::once(async move {
             match hook.before(Request::List, prefix.as_ref()).await {
-                Ok(()) => inner.list(prefix.as_ref()),
+                Ok(()) => {
+                    hook.after(Request::List, 0);
+                    inner.list(prefix.as_ref())
+                }
                 Err(e) => futures::stream::once(async move { Err(e) }).boxed(),
             }
         })
@@ -115,7 +161,9 @@ impl<H: RequestHook> ObjectStore for HookedStore<H> {
 
     async fn list_with_delimiter(&self, prefix: Option<&Path>) -> object_store::Result<ListResult> {
         self.hook.before(Request::List, prefix).await?;
-        self.inner.list_with_delimiter(prefix).await
+        let listed = self.inner.list_with_delimiter(prefix).await?;
+        self.hook.after(Request::List, 0);
+        Ok(listed)
     }
 
     async fn copy_opts(
@@ -125,7 +173,9 @@ impl<H: RequestHook> ObjectStore for HookedStore<H> {
         options: CopyOptions,
     ) -> object_store::Result<()> {
         self.hook.before(Request::Copy, Some(to)).await?;
-        self.inner.copy_opts(from, to, options).await
+        self.inner.copy_opts(from, to, options).await?;
+        self.hook.after(Request::Copy, 0);
+        Ok(())
     }
 }
 
@@ -139,5 +189,55 @@ impl RequestHook for Latency {
     async fn before(&self, _: Request, _: Option<&Path>) -> object_store::Result<()> {
         tokio::time::sleep(self.0).await;
         Ok(())
+    }
+}
+
+/// A hook that counts each request and its bytes into a pipeline run's
+/// `weir_object_store_requests_total{op}` and `weir_object_store_bytes_total{op}` (and reads
+/// them back, for `weir bench`). A LIST counts once per call, not per page.
+#[derive(Debug)]
+pub struct Metering {
+    requests: [metrics::Counter; 5],
+    bytes: [metrics::Counter; 5],
+    totals: [std::sync::atomic::AtomicU64; 5],
+}
+
+const REQUESTS: [Request; 5] = [
+    Request::Put,
+    Request::Get,
+    Request::List,
+    Request::Copy,
+    Request::Delete,
+];
+
+impl Metering {
+    /// Counts into `metrics`' series (nothing is exported for unlabelled metrics).
+    pub fn new(metrics: &crate::telemetry::RunMetrics) -> Self {
+        Self {
+            requests: REQUESTS
+                .map(|r| metrics.counter("weir_object_store_requests_total", &[("op", r.name())])),
+            bytes: REQUESTS
+                .map(|r| metrics.counter("weir_object_store_bytes_total", &[("op", r.name())])),
+            totals: Default::default(),
+        }
+    }
+
+    /// Requests of `request`'s kind counted so far.
+    pub fn requests(&self, request: Request) -> u64 {
+        self.totals[request as usize].load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+#[async_trait::async_trait]
+impl RequestHook for Metering {
+    async fn before(&self, _: Request, _: Option<&Path>) -> object_store::Result<()> {
+        Ok(())
+    }
+
+    fn after(&self, request: Request, bytes: u64) {
+        let i = request as usize;
+        self.totals[i].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.requests[i].increment(1);
+        self.bytes[i].increment(bytes);
     }
 }

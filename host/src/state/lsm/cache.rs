@@ -13,8 +13,8 @@
 //! tree for as long as the SST is live, so it is not in these caches.
 //!
 //! Metrics: `weir_lsm_cache_hits_total` / `weir_lsm_cache_misses_total` by `tier`
-//! (`memory`, `disk`); `weir_object_store_requests_total` / `weir_object_store_bytes_total` by
-//! `op` (`get`, `put`, `delete`).
+//! (`memory`, `disk`), with the run's labels once [`BlockCaches::labelled`]; object-store
+//! requests are counted by the run's store ([`crate::state::hooked_store::Metering`]).
 
 use super::sst::SstError;
 use super::sst::format::BlockHandle;
@@ -205,12 +205,39 @@ pub struct CacheStats {
     pub block_gets: u64,
 }
 
+/// One count, kept here (for [`BlockCaches::stats`]) and exported (once labelled).
+#[derive(Debug)]
+struct Tally {
+    total: AtomicU64,
+    exported: metrics::Counter,
+}
+
+impl Default for Tally {
+    fn default() -> Self {
+        Self {
+            total: AtomicU64::new(0),
+            exported: metrics::Counter::noop(),
+        }
+    }
+}
+
+impl Tally {
+    fn add(&self) {
+        self.total.fetch_add(1, Ordering::Relaxed);
+        self.exported.increment(1);
+    }
+
+    fn get(&self) -> u64 {
+        self.total.load(Ordering::Relaxed)
+    }
+}
+
 #[derive(Debug, Default)]
 struct Counters {
-    memory_hits: AtomicU64,
-    memory_misses: AtomicU64,
-    disk_hits: AtomicU64,
-    disk_misses: AtomicU64,
+    memory_hits: Tally,
+    memory_misses: Tally,
+    disk_hits: Tally,
+    disk_misses: Tally,
     block_gets: AtomicU64,
 }
 
@@ -251,6 +278,26 @@ impl BlockCaches {
         })
     }
 
+    /// These caches with their hits and misses exported under `metrics`' labels (the
+    /// caches of one pipeline run): `weir_lsm_cache_hits_total{tier}`,
+    /// `weir_lsm_cache_misses_total{tier}`.
+    pub fn labelled(mut self, metrics: &crate::telemetry::RunMetrics) -> Self {
+        let c = &mut self.counters;
+        for (tally, name, tier) in [
+            (&mut c.memory_hits, "weir_lsm_cache_hits_total", "memory"),
+            (
+                &mut c.memory_misses,
+                "weir_lsm_cache_misses_total",
+                "memory",
+            ),
+            (&mut c.disk_hits, "weir_lsm_cache_hits_total", "disk"),
+            (&mut c.disk_misses, "weir_lsm_cache_misses_total", "disk"),
+        ] {
+            tally.exported = metrics.counter(name, &[("tier", tier)]);
+        }
+        self
+    }
+
     /// No caching at all.
     pub fn none() -> Self {
         Self {
@@ -264,10 +311,10 @@ impl BlockCaches {
     pub fn stats(&self) -> CacheStats {
         let c = &self.counters;
         CacheStats {
-            memory_hits: c.memory_hits.load(Ordering::Relaxed),
-            memory_misses: c.memory_misses.load(Ordering::Relaxed),
-            disk_hits: c.disk_hits.load(Ordering::Relaxed),
-            disk_misses: c.disk_misses.load(Ordering::Relaxed),
+            memory_hits: c.memory_hits.get(),
+            memory_misses: c.memory_misses.get(),
+            disk_hits: c.disk_hits.get(),
+            disk_misses: c.disk_misses.get(),
             block_gets: c.block_gets.load(Ordering::Relaxed),
         }
     }
@@ -328,7 +375,6 @@ impl SstFiles {
             .get_range(&location, range)
             .await
             .map_err(|source| FetchError::of_read(path, source))?;
-        count_request("get", got.len());
         Ok(got)
     }
 
@@ -340,7 +386,6 @@ impl SstFiles {
         let location = Path::from(path);
         let result = async { self.store.get(&location).await?.bytes().await }.await;
         let bytes = result.map_err(|source| FetchError::of_read(path, source))?;
-        count_request("get", bytes.len());
         Ok(bytes)
     }
 
@@ -393,20 +438,12 @@ impl SstFiles {
                 .map_err(Arc::new),
             Some(memory) => {
                 if let Some(block) = memory.get(&key).await {
-                    self.count(
-                        &self.caches.counters.memory_hits,
-                        "weir_lsm_cache_hits_total",
-                        "memory",
-                    );
+                    self.caches.counters.memory_hits.add();
                     return Ok(block);
                 }
                 memory
                     .try_get_with(key.clone(), async {
-                        self.count(
-                            &self.caches.counters.memory_misses,
-                            "weir_lsm_cache_misses_total",
-                            "memory",
-                        );
+                        self.caches.counters.memory_misses.add();
                         self.read_block_uncached(&key, handle).await
                     })
                     .await
@@ -422,21 +459,13 @@ impl SstFiles {
         if let Some(disk) = &self.caches.disk {
             if let Some(sealed) = disk.get(key).await {
                 if let Ok(block) = open_block(&sealed) {
-                    self.count(
-                        &self.caches.counters.disk_hits,
-                        "weir_lsm_cache_hits_total",
-                        "disk",
-                    );
+                    self.caches.counters.disk_hits.add();
                     return Ok(block);
                 }
                 tracing::warn!(sst = %key.sst, offset = key.offset, "disk cache block failed verification; refetching");
                 disk.invalidate(key);
             }
-            self.count(
-                &self.caches.counters.disk_misses,
-                "weir_lsm_cache_misses_total",
-                "disk",
-            );
+            self.caches.counters.disk_misses.add();
         }
         self.caches
             .counters
@@ -466,11 +495,6 @@ impl SstFiles {
         }
     }
 
-    fn count(&self, counter: &AtomicU64, metric: &'static str, tier: &'static str) {
-        counter.fetch_add(1, Ordering::Relaxed);
-        metrics::counter!(metric, "tier" => tier).increment(1);
-    }
-
     /// The caches this reads through.
     pub fn caches(&self) -> &Arc<BlockCaches> {
         &self.caches
@@ -480,10 +504,4 @@ impl SstFiles {
     pub fn has_memory_cache(&self) -> bool {
         self.caches.memory.is_some()
     }
-}
-
-/// Counts one object-store request of `op` moving `bytes`.
-pub fn count_request(op: &'static str, bytes: usize) {
-    metrics::counter!("weir_object_store_requests_total", "op" => op).increment(1);
-    metrics::counter!("weir_object_store_bytes_total", "op" => op).increment(bytes as u64);
 }

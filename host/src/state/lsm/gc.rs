@@ -159,7 +159,6 @@ pub async fn collect_garbage(
             Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
             Err(e) => return Err(ManifestError::Unavailable(e)),
         }
-        super::cache::count_request("delete", 0);
         report.ssts_deleted += 1;
     }
     metrics::counter!("weir_lsm_gc_deleted_total", "kind" => "sst")

@@ -20,7 +20,7 @@
 //! SST set is swapped whole under a lock, so a reader sees one consistent version; SSTs a
 //! compaction replaced stay in the store until GC (see [`super::gc`]) finds no reference.
 
-use super::cache::{FetchError, SstFiles, count_request};
+use super::cache::{FetchError, SstFiles};
 use super::compaction::{MergeSettings, merge};
 use super::memtable::Memtable;
 use super::sst::block::BlockIter;
@@ -516,7 +516,6 @@ impl Inner {
             )
             .await
             .map_err(|e| self.unavailable(e))?;
-        count_request("put", file.len());
         sst.index
             .set(Arc::new(index))
             .expect("a fresh OpenSst has no index yet");

@@ -335,7 +335,6 @@ impl ManifestStore {
         match self.store.get(&self.path(version)).await {
             Ok(got) => {
                 let bytes = got.bytes().await.map_err(ManifestError::Unavailable)?;
-                crate::state::lsm::cache::count_request("get", bytes.len());
                 Manifest::decode(version, &bytes)
             }
             Err(object_store::Error::NotFound { .. }) => Err(ManifestError::NotFound(version)),
@@ -373,7 +372,6 @@ impl ManifestStore {
                 .await
             {
                 Ok(_) => {
-                    crate::state::lsm::cache::count_request("put", bytes.len());
                     return self.check_not_fenced(manifest).await;
                 }
                 Err(err) => {

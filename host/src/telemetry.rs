@@ -1,0 +1,269 @@
+//! Prometheus metrics: the process's recorder, and the labelled handles of one pipeline run.
+//!
+//! Every metric is named, with its unit and labels, in `docs/metrics.md`. A pipeline run's
+//! series carry `tenant` and `pipeline` labels (`weir run` and `weir dev` use an empty tenant);
+//! its handles are registered once, when the run starts, so the per-batch cost is an atomic
+//! add, never a registry lookup. Histograms are exported as Prometheus histograms (buckets,
+//! not client-side quantiles) so that hosts can be summed.
+
+use metrics::{Counter, Gauge, Histogram, Label};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+/// Buckets of every `*_seconds` histogram: 100 µs to 60 s.
+const SECONDS_BUCKETS: &[f64] = &[
+    0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    5.0, 10.0, 30.0, 60.0,
+];
+
+/// Buckets of every `*_bytes` histogram: 1 KiB to 1 GiB, by 4×.
+const BYTES_BUCKETS: &[f64] = &[
+    1024.0,
+    4096.0,
+    16384.0,
+    65536.0,
+    262_144.0,
+    1_048_576.0,
+    4_194_304.0,
+    16_777_216.0,
+    67_108_864.0,
+    268_435_456.0,
+    1_073_741_824.0,
+];
+
+/// A series not updated for this long is dropped from the output (a deleted pipeline's).
+const IDLE_TIMEOUT: Duration = Duration::from_secs(3600);
+
+/// The process's Prometheus recorder, installed as the global `metrics` recorder on first use.
+/// When another recorder was installed first (a test harness), the handle renders a recorder
+/// that nothing records into: an empty page, not a panic.
+pub fn prometheus() -> &'static PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE.get_or_init(|| {
+        let builder = || {
+            PrometheusBuilder::new()
+                .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), SECONDS_BUCKETS)
+                .and_then(|b| {
+                    b.set_buckets_for_metric(Matcher::Suffix("_bytes".into()), BYTES_BUCKETS)
+                })
+                .expect("bucket lists are non-empty")
+                .idle_timeout(metrics_util::MetricKindMask::ALL, Some(IDLE_TIMEOUT))
+        };
+        match builder().install_recorder() {
+            Ok(handle) => handle,
+            Err(err) => {
+                tracing::warn!(error = %err, "another metrics recorder is installed; /metrics will be empty");
+                builder().build_recorder().handle()
+            }
+        }
+    })
+}
+
+/// Runs the recorder's upkeep (drains histogram samples, drops idle series) every 5 s, as
+/// `metrics-exporter-prometheus` asks of a recorder installed without its HTTP listener.
+pub fn spawn_upkeep() -> tokio::task::JoinHandle<()> {
+    let handle = prometheus();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(5));
+        loop {
+            tick.tick().await;
+            handle.run_upkeep();
+        }
+    })
+}
+
+/// Keeps, of a Prometheus text page, the samples whose `label` is `value` and the `# HELP` /
+/// `# TYPE` lines of the families that keep a sample: what a tenant may see of the host's page.
+pub fn filter_by_label(page: &str, label: &str, value: &str) -> String {
+    let wanted = format!("{label}=\"{}\"", escape_label_value(value));
+    let mut out = String::new();
+    let mut header = String::new();
+    for line in page.lines() {
+        if line.starts_with('#') {
+            // A family's header comes before its samples; keep it only if one of them is kept.
+            if line.starts_with("# HELP") || line.starts_with("# TYPE") {
+                if !header.is_empty() && !header_family_matches(&header, line) {
+                    header.clear();
+                }
+                header.push_str(line);
+                header.push('\n');
+            }
+            continue;
+        }
+        let labels = line
+            .find('{')
+            .and_then(|start| line[start..].find('}').map(|end| &line[start..start + end]));
+        if labels.is_some_and(|l| label_set_has(l, &wanted)) {
+            out.push_str(&header);
+            header.clear();
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    out
+}
+
+/// Whether `header` (lines already gathered) belongs to the family `line` describes.
+fn header_family_matches(header: &str, line: &str) -> bool {
+    let family = |l: &str| l.split_whitespace().nth(2).map(str::to_owned);
+    header.lines().next().and_then(family) == family(line)
+}
+
+/// Whether the `{…}` label set (without its closing brace) holds exactly `pair`.
+fn label_set_has(labels: &str, pair: &str) -> bool {
+    let inner = labels.trim_start_matches('{');
+    // Label values are escaped, so `",` only ends a pair: split on it.
+    inner
+        .split("\",")
+        .map(|p| p.trim_end_matches('"'))
+        .any(|p| format!("{p}\"") == pair)
+}
+
+/// A label value escaped as in the text format (`\`, `"` and newline).
+fn escape_label_value(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+/// The handles of one pipeline run's labelled series (`tenant`, `pipeline`). `Default` gives
+/// handles that record nothing (unit tests, benchmarks that read [`crate::pipeline::PipelineStats`]).
+#[derive(Debug, Clone)]
+pub struct RunMetrics {
+    labels: Vec<Label>,
+    /// `weir_records_in_total`: records admitted by the partitions' workers.
+    pub records_in: Counter,
+    /// `weir_records_out_total`: records emitted to the output topic.
+    pub records_out: Counter,
+    /// `weir_records_dead_lettered_total`: records sent to the dead-letter topic.
+    pub dead_lettered: Counter,
+    /// `weir_batch_processing_seconds`: from the start of a batch's attempt (instance,
+    /// prefetch, call) until its effects are applied and its emits handed to the producer.
+    pub batch_processing: Histogram,
+    /// `weir_state_get_seconds`: one batch's prefetch of its keys' declared states (a
+    /// multi-get through memtable, caches and object store).
+    pub state_get: Histogram,
+    /// `weir_state_put_seconds`: applying one batch's state writes to the shard.
+    pub state_put: Histogram,
+    /// `weir_checkpoint_duration_seconds`: one committed checkpoint of one shard.
+    pub checkpoint_duration: Histogram,
+    /// `weir_checkpoint_uploaded_bytes`: bytes one committed checkpoint uploaded.
+    pub checkpoint_bytes: Histogram,
+    /// `weir_recovery_duration_seconds`: opening a shard until its first processed record.
+    pub recovery: Histogram,
+}
+
+impl Default for RunMetrics {
+    fn default() -> Self {
+        Self {
+            labels: Vec::new(),
+            records_in: Counter::noop(),
+            records_out: Counter::noop(),
+            dead_lettered: Counter::noop(),
+            batch_processing: Histogram::noop(),
+            state_get: Histogram::noop(),
+            state_put: Histogram::noop(),
+            checkpoint_duration: Histogram::noop(),
+            checkpoint_bytes: Histogram::noop(),
+            recovery: Histogram::noop(),
+        }
+    }
+}
+
+impl RunMetrics {
+    /// Registers the series of pipeline `pipeline` of `tenant` (empty for `weir run`).
+    pub fn new(tenant: &str, pipeline: &str) -> Self {
+        let labels = vec![
+            Label::new("tenant", tenant.to_owned()),
+            Label::new("pipeline", pipeline.to_owned()),
+        ];
+        let l = || labels.clone();
+        Self {
+            records_in: metrics::counter!("weir_records_in_total", l()),
+            records_out: metrics::counter!("weir_records_out_total", l()),
+            dead_lettered: metrics::counter!("weir_records_dead_lettered_total", l()),
+            batch_processing: metrics::histogram!("weir_batch_processing_seconds", l()),
+            state_get: metrics::histogram!("weir_state_get_seconds", l()),
+            state_put: metrics::histogram!("weir_state_put_seconds", l()),
+            checkpoint_duration: metrics::histogram!("weir_checkpoint_duration_seconds", l()),
+            checkpoint_bytes: metrics::histogram!("weir_checkpoint_uploaded_bytes", l()),
+            recovery: metrics::histogram!("weir_recovery_duration_seconds", l()),
+            labels,
+        }
+    }
+
+    /// The run's labels (`tenant`, `pipeline`).
+    pub fn labels(&self) -> &[Label] {
+        &self.labels
+    }
+
+    /// `weir_consumer_lag_records{partition}`: records of `partition` behind the high
+    /// watermarks from the checkpointed offsets (summed over input topics). Registered on
+    /// use: it changes about once a second.
+    pub fn consumer_lag(&self, partition: i32) -> Gauge {
+        if self.labels.is_empty() {
+            return Gauge::noop();
+        }
+        let mut labels = self.labels.clone();
+        labels.push(Label::new("partition", partition.to_string()));
+        metrics::gauge!("weir_consumer_lag_records", labels)
+    }
+
+    /// A counter of this run named `name` with the run's labels and `extra` ones (the object
+    /// store's and caches' counters).
+    pub fn counter(&self, name: &'static str, extra: &[(&'static str, &'static str)]) -> Counter {
+        if self.labels.is_empty() {
+            return Counter::noop();
+        }
+        let mut labels = self.labels.clone();
+        labels.extend(extra.iter().map(|(k, v)| Label::new(*k, *v)));
+        metrics::counter!(name, labels)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PAGE: &str = "# HELP weir_records_in_total records in\n\
+# TYPE weir_records_in_total counter\n\
+weir_records_in_total{tenant=\"acme\",pipeline=\"a\"} 5\n\
+weir_records_in_total{tenant=\"acme-2\",pipeline=\"b\"} 7\n\
+# TYPE weir_records_out_total counter\n\
+weir_records_out_total{tenant=\"other\",pipeline=\"acme\"} 1\n\
+# TYPE weir_lsm_flushes_total counter\n\
+weir_lsm_flushes_total 3\n\
+# TYPE weir_state_get_seconds histogram\n\
+weir_state_get_seconds_bucket{tenant=\"acme\",pipeline=\"a\",le=\"0.001\"} 2\n\
+weir_state_get_seconds_count{tenant=\"acme\",pipeline=\"a\"} 2\n";
+
+    #[test]
+    fn a_tenant_sees_only_its_own_series_with_their_headers() {
+        let page = filter_by_label(PAGE, "tenant", "acme");
+        assert_eq!(
+            page,
+            "# HELP weir_records_in_total records in\n\
+# TYPE weir_records_in_total counter\n\
+weir_records_in_total{tenant=\"acme\",pipeline=\"a\"} 5\n\
+# TYPE weir_state_get_seconds histogram\n\
+weir_state_get_seconds_bucket{tenant=\"acme\",pipeline=\"a\",le=\"0.001\"} 2\n\
+weir_state_get_seconds_count{tenant=\"acme\",pipeline=\"a\"} 2\n"
+        );
+    }
+
+    #[test]
+    fn a_label_value_that_is_another_tenants_prefix_or_pipeline_does_not_match() {
+        assert_eq!(filter_by_label(PAGE, "tenant", "acm"), "");
+        assert!(!filter_by_label(PAGE, "tenant", "other").contains("acme-2"));
+    }
+
+    #[test]
+    fn run_metrics_without_labels_record_nothing_and_do_not_register() {
+        let metrics = RunMetrics::default();
+        metrics.records_in.increment(1);
+        metrics.consumer_lag(3).set(1.0);
+        assert!(metrics.labels().is_empty());
+    }
+}
