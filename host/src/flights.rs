@@ -206,51 +206,79 @@ impl Loader {
         topic: &str,
         flights: &[FlightRecord],
     ) -> Result<u64, FlightsError> {
-        let mut pending = VecDeque::new();
+        let mut deliveries = Deliveries::default();
         for flight in flights {
-            let mut record = FutureRecord::to(topic)
+            let record = FutureRecord::to(topic)
                 .key(flight.route.as_bytes())
                 .payload(flight.json.as_slice())
                 .timestamp(flight.timestamp_ms);
-            loop {
-                match self.producer.send_result(record) {
-                    Ok(delivery) => {
-                        pending.push_back(delivery);
-                        break;
-                    }
-                    Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
-                        record = back;
-                        match pending.pop_front() {
-                            Some(delivery) => check(delivery.await)?,
-                            None => tokio::time::sleep(Duration::from_millis(1)).await,
-                        }
-                    }
-                    Err((err, _)) => return Err(FlightsError::Kafka(err)),
-                }
-            }
-            if pending.len() > 50_000
-                && let Some(delivery) = pending.pop_front()
-            {
-                check(delivery.await)?;
-            }
+            deliveries
+                .send(&self.producer, record)
+                .await
+                .map_err(FlightsError::Kafka)?;
         }
-        for delivery in pending {
-            check(delivery.await)?;
-        }
+        deliveries.finish().await.map_err(FlightsError::Kafka)?;
         Ok(flights.len() as u64)
     }
 }
 
-fn check(
+/// The deliveries a bulk producer waits for: when librdkafka's queue is full it waits for the
+/// oldest, and it keeps at most 50,000 unacknowledged.
+#[derive(Default)]
+pub(crate) struct Deliveries {
+    pending: VecDeque<rdkafka::producer::DeliveryFuture>,
+}
+
+impl Deliveries {
+    /// Sends `record`, waiting for room.
+    pub(crate) async fn send(
+        &mut self,
+        producer: &FutureProducer,
+        mut record: FutureRecord<'_, [u8], [u8]>,
+    ) -> Result<(), KafkaError> {
+        loop {
+            match producer.send_result(record) {
+                Ok(delivery) => {
+                    self.pending.push_back(delivery);
+                    break;
+                }
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
+                    record = back;
+                    match self.pending.pop_front() {
+                        Some(delivery) => delivered(delivery.await)?,
+                        None => tokio::time::sleep(Duration::from_millis(1)).await,
+                    }
+                }
+                Err((err, _)) => return Err(err),
+            }
+        }
+        if self.pending.len() > 50_000
+            && let Some(delivery) = self.pending.pop_front()
+        {
+            delivered(delivery.await)?;
+        }
+        Ok(())
+    }
+
+    /// Waits for every delivery.
+    pub(crate) async fn finish(self) -> Result<(), KafkaError> {
+        for delivery in self.pending {
+            delivered(delivery.await)?;
+        }
+        Ok(())
+    }
+}
+
+fn delivered(
     delivery: Result<
         rdkafka::producer::future_producer::OwnedDeliveryResult,
         futures::channel::oneshot::Canceled,
     >,
-) -> Result<(), FlightsError> {
+) -> Result<(), KafkaError> {
     match delivery {
         Ok(Ok(_)) => Ok(()),
-        Ok(Err((err, _))) => Err(FlightsError::Kafka(err)),
-        Err(_) => Err(FlightsError::Kafka(KafkaError::Canceled)),
+        Ok(Err((err, _))) => Err(err),
+        Err(_) => Err(KafkaError::Canceled),
     }
 }
 

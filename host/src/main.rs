@@ -404,10 +404,16 @@ enum TenantCommand {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    // A benchmark's progress bar and table, not every shard's opening, unless RUST_LOG asks.
+    let default_filter = match cli.command {
+        Command::Bench { .. } => "warn",
+        _ => "info,rdkafka=warn",
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info,rdkafka=warn".into()),
+                .unwrap_or_else(|_| default_filter.into()),
         )
         .with_writer(std::io::stderr)
         // Colour codes only for a terminal, not in log files.
@@ -416,7 +422,7 @@ async fn main() -> anyhow::Result<()> {
     // Arms the named fail points listed in `FAILPOINTS`, if set (crash tests; see
     // weir_host::fail_points).
     let _fail_points = fail::FailScenario::setup();
-    match Cli::parse().command {
+    match cli.command {
         Command::Run { config } => run(config).await,
         Command::Dev {
             operator,

@@ -34,11 +34,11 @@ use object_store::path::Path as StorePath;
 use rdkafka::Message;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{Consumer, StreamConsumer};
-use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::error::KafkaError;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -370,7 +370,7 @@ async fn produce(
     rate: Option<u64>,
 ) -> Result<(), KafkaError> {
     let started = Instant::now();
-    let mut pending = VecDeque::new();
+    let mut deliveries = crate::flights::Deliveries::default();
     for (i, event) in events.iter().enumerate() {
         if let Some(rate) = rate {
             let due = started + Duration::from_secs_f64(i as f64 / rate.max(1) as f64);
@@ -381,49 +381,13 @@ async fn produce(
         let now_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as i64);
-        let mut record = FutureRecord::to(topic)
+        let record = FutureRecord::to(topic)
             .key(event.key.as_slice())
             .payload(event.value.as_slice())
             .timestamp(now_ms);
-        loop {
-            match producer.send_result(record) {
-                Ok(delivery) => {
-                    pending.push_back(delivery);
-                    break;
-                }
-                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
-                    record = back;
-                    match pending.pop_front() {
-                        Some(delivery) => delivered(delivery.await)?,
-                        None => tokio::time::sleep(Duration::from_millis(1)).await,
-                    }
-                }
-                Err((err, _)) => return Err(err),
-            }
-        }
-        if pending.len() > 50_000
-            && let Some(delivery) = pending.pop_front()
-        {
-            delivered(delivery.await)?;
-        }
+        deliveries.send(producer, record).await?;
     }
-    for delivery in pending {
-        delivered(delivery.await)?;
-    }
-    Ok(())
-}
-
-fn delivered(
-    delivery: Result<
-        rdkafka::producer::future_producer::OwnedDeliveryResult,
-        futures::channel::oneshot::Canceled,
-    >,
-) -> Result<(), KafkaError> {
-    match delivery {
-        Ok(Ok(_)) => Ok(()),
-        Ok(Err((err, _))) => Err(err),
-        Err(_) => Err(KafkaError::Canceled),
-    }
+    deliveries.finish().await
 }
 
 /// Records in `topic` now: the sum of its partitions' high watermarks.
