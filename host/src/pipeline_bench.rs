@@ -682,7 +682,16 @@ impl Phases<'_> {
 /// it is read minus its timestamp (its input's produce time), ms.
 struct OutputReader {
     task: tokio::task::JoinHandle<Vec<u64>>,
-    stop: tokio::sync::watch::Sender<Option<(i64, usize)>>,
+    stop: tokio::sync::watch::Sender<Option<Target>>,
+}
+
+/// When the reader stops: `wanted` outputs of events produced since `since_ms` read, or
+/// `deadline` passed.
+#[derive(Debug, Clone, Copy)]
+struct Target {
+    since_ms: i64,
+    wanted: usize,
+    deadline: tokio::time::Instant,
 }
 
 impl OutputReader {
@@ -699,13 +708,21 @@ impl OutputReader {
             assignment.add_partition_offset(topic, partition, Offset::Offset(high))?;
         }
         consumer.assign(&assignment)?;
-        let (stop, mut stopped) = tokio::sync::watch::channel(None::<(i64, usize)>);
+        let (stop, mut stopped) = tokio::sync::watch::channel(None::<Target>);
         let task = tokio::spawn(async move {
             let mut seen: Vec<(i64, u64)> = Vec::new();
+            let (mut counted, mut targeted) = (0usize, false);
             loop {
-                let target = *stopped.borrow();
-                if let Some((since, wanted)) = target
-                    && seen.iter().filter(|(ts, _)| *ts >= since).count() >= wanted
+                let target = *stopped.borrow_and_update();
+                if let Some(t) = target
+                    && !targeted
+                {
+                    targeted = true;
+                    counted = seen.iter().filter(|(ts, _)| *ts >= t.since_ms).count();
+                }
+                let deadline = target.map(|t| t.deadline);
+                if let Some(t) = target
+                    && counted >= t.wanted
                 {
                     break;
                 }
@@ -717,6 +734,9 @@ impl OutputReader {
                             .map_or(0, |d| d.as_millis() as i64);
                         if let Some(ts) = message.timestamp().to_millis() {
                             seen.push((ts, now_ms.saturating_sub(ts).max(0) as u64));
+                            if target.is_some_and(|t| ts >= t.since_ms) {
+                                counted += 1;
+                            }
                         }
                     }
                     changed = stopped.changed() => {
@@ -724,9 +744,15 @@ impl OutputReader {
                             break;
                         }
                     }
+                    () = async {
+                        match deadline {
+                            Some(d) => tokio::time::sleep_until(d).await,
+                            None => std::future::pending().await,
+                        }
+                    } => break,
                 }
             }
-            let since = stopped.borrow().map_or(0, |(since, _)| since);
+            let since = stopped.borrow().map_or(0, |t| t.since_ms);
             seen.into_iter()
                 .filter(|(ts, _)| *ts >= since)
                 .map(|(_, latency)| latency)
@@ -736,17 +762,14 @@ impl OutputReader {
     }
 
     /// The latencies of the outputs of events produced since `since_ms`, once `wanted` are
-    /// read or `grace` has passed.
+    /// read or `grace` has passed (then those read by then).
     async fn finish(self, since_ms: i64, wanted: usize, grace: Duration) -> Vec<u64> {
-        let _ = self.stop.send(Some((since_ms, wanted)));
-        let abort = self.task.abort_handle();
-        match tokio::time::timeout(grace, self.task).await {
-            Ok(Ok(latencies)) => latencies,
-            _ => {
-                abort.abort();
-                Vec::new()
-            }
-        }
+        let _ = self.stop.send(Some(Target {
+            since_ms,
+            wanted,
+            deadline: tokio::time::Instant::now() + grace,
+        }));
+        self.task.await.unwrap_or_default()
     }
 }
 

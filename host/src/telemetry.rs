@@ -32,9 +32,6 @@ const BYTES_BUCKETS: &[f64] = &[
     1_073_741_824.0,
 ];
 
-/// A series not updated for this long is dropped from the output (a deleted pipeline's).
-const IDLE_TIMEOUT: Duration = Duration::from_secs(3600);
-
 /// The process's Prometheus recorder, installed as the global `metrics` recorder on first use.
 /// When another recorder was installed first (a test harness), the handle renders a recorder
 /// that nothing records into: an empty page, not a panic.
@@ -48,7 +45,8 @@ pub fn prometheus() -> &'static PrometheusHandle {
                     b.set_buckets_for_metric(Matcher::Suffix("_bytes".into()), BYTES_BUCKETS)
                 })
                 .expect("bucket lists are non-empty")
-                .idle_timeout(metrics_util::MetricKindMask::ALL, Some(IDLE_TIMEOUT))
+            // No idle timeout: a run holds its handles, and a series dropped while idle (a
+            // quiet pipeline) would never come back for that run.
         };
         match builder().install_recorder() {
             Ok(handle) => handle,
