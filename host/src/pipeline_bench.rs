@@ -124,8 +124,13 @@ pub struct PipelineBenchOptions {
     pub latency_duration: Duration,
     /// `pipeline.checkpoint_interval`.
     pub checkpoint_interval: Duration,
-    /// Directory of the local object store the state and checkpoints go to.
+    /// Directory under which the runs' local object store (state, checkpoints) goes, in a
+    /// subdirectory `weir-bench-{pid}` removed at the end.
     pub store_dir: PathBuf,
+    /// Keep the topics and consumer groups the runs created (deleted at the end otherwise).
+    pub keep_topics: bool,
+    /// Runs of each configuration; the median (by events/s) is reported, with the range.
+    pub repeats: u32,
     /// Draw a progress bar on stderr.
     pub progress: bool,
 }
@@ -143,6 +148,16 @@ pub struct BenchRun {
     pub events: u64,
     /// Events/s from the first processed event to the last (throughput phase).
     pub events_per_s: f64,
+    /// True when the run was too short to see its first event being processed (most events
+    /// were done at the first look): then events/s counts from the pipeline's start, group
+    /// join included. Use more events.
+    pub includes_start: bool,
+    /// Runs of this configuration (this one has the median events/s).
+    pub repeats: u32,
+    /// Lowest events/s of them.
+    pub events_per_s_min: f64,
+    /// Highest events/s of them.
+    pub events_per_s_max: f64,
     /// Guest (or native) call time per event, ns (throughput phase).
     pub call_ns_per_event: f64,
     /// Latency-phase events whose output was read.
@@ -185,6 +200,17 @@ pub enum PipelineBenchError {
     /// The flights could not be read.
     #[error("cannot read the flights")]
     Flights(#[from] crate::flights::FlightsError),
+    /// No broker answers at the address.
+    #[error(
+        "no Kafka broker answers at {bootstrap} (start one with `bash deploy/local/kafka.sh start`)"
+    )]
+    NoBroker {
+        /// The address.
+        bootstrap: String,
+        /// Why.
+        #[source]
+        source: KafkaError,
+    },
     /// The `aggregate` workload needs the flights table.
     #[error(
         "the aggregate workload needs --flights (bash deploy/local/flights.sh prints its path)"
@@ -221,7 +247,19 @@ struct Event {
 /// # Errors
 /// [`PipelineBenchError`] when Kafka, a pipeline or its set-up fails, or a phase times out.
 pub async fn run(opts: &PipelineBenchOptions) -> Result<Vec<BenchRun>, PipelineBenchError> {
-    let total = (opts.workloads.len() * opts.implementations.len() * opts.backends.len()) as u64;
+    check_broker(&opts.bootstrap_servers)?;
+    // State goes to a directory of this process's own inside `store_dir`, removed at the end;
+    // nothing else in `store_dir` is touched.
+    let own_dir = opts
+        .store_dir
+        .join(format!("weir-bench-{}", std::process::id()));
+    let opts = &PipelineBenchOptions {
+        store_dir: own_dir.clone(),
+        ..opts.clone()
+    };
+    let repeats = opts.repeats.max(1);
+    let total = (opts.workloads.len() * opts.implementations.len() * opts.backends.len()) as u64
+        * u64::from(repeats);
     let bar = if opts.progress {
         indicatif::ProgressBar::new(total)
     } else {
@@ -234,6 +272,69 @@ pub async fn run(opts: &PipelineBenchOptions) -> Result<Vec<BenchRun>, PipelineB
         .expect("a valid template")
         .progress_chars("=> "),
     );
+    let mut created = Created::default();
+    let result = run_all(opts, repeats, &bar, &mut created).await;
+    bar.finish_and_clear();
+    if !opts.keep_topics {
+        created.delete(&opts.bootstrap_servers).await;
+    }
+    let _ = std::fs::remove_dir_all(&own_dir);
+    result
+}
+
+/// Fails fast, naming the address, when no broker answers there.
+fn check_broker(bootstrap: &str) -> Result<(), PipelineBenchError> {
+    let consumer: rdkafka::consumer::BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()?;
+    consumer
+        .fetch_metadata(None, Duration::from_secs(10))
+        .map(|_| ())
+        .map_err(|source| PipelineBenchError::NoBroker {
+            bootstrap: bootstrap.to_owned(),
+            source,
+        })
+}
+
+/// The topics and consumer groups the runs created, deleted at the end.
+#[derive(Debug, Default)]
+struct Created {
+    topics: Vec<String>,
+    groups: Vec<String>,
+}
+
+impl Created {
+    async fn delete(&self, bootstrap: &str) {
+        use rdkafka::admin::{AdminClient, AdminOptions};
+        use rdkafka::client::DefaultClientContext;
+        let Ok(admin) = ClientConfig::new()
+            .set("bootstrap.servers", bootstrap)
+            .create::<AdminClient<DefaultClientContext>>()
+        else {
+            return;
+        };
+        let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
+        let groups: Vec<&str> = self.groups.iter().map(String::as_str).collect();
+        if !groups.is_empty()
+            && let Err(err) = admin.delete_groups(&groups, &opts).await
+        {
+            tracing::warn!(error = %err, "cannot delete the benchmark's consumer groups");
+        }
+        let topics: Vec<&str> = self.topics.iter().map(String::as_str).collect();
+        if !topics.is_empty()
+            && let Err(err) = admin.delete_topics(&topics, &opts).await
+        {
+            tracing::warn!(error = %err, "cannot delete the benchmark's topics");
+        }
+    }
+}
+
+async fn run_all(
+    opts: &PipelineBenchOptions,
+    repeats: u32,
+    bar: &indicatif::ProgressBar,
+    created: &mut Created,
+) -> Result<Vec<BenchRun>, PipelineBenchError> {
     let mut runs = Vec::new();
     for &workload in &opts.workloads {
         bar.set_message(format!("{workload:?}: loading the input"));
@@ -243,40 +344,64 @@ pub async fn run(opts: &PipelineBenchOptions) -> Result<Vec<BenchRun>, PipelineB
         };
         let prefix = format!("weir-bench-{}-{workload:?}", std::process::id()).to_lowercase();
         let input = format!("{prefix}-in");
+        created.topics.push(input.clone());
         crate::dev::ensure_topics(&opts.bootstrap_servers, &[(&input, opts.partitions)]).await?;
         let producer = producer(&opts.bootstrap_servers)?;
         produce(&producer, &input, &events, None).await?;
-        let mut latency_round = 0u64;
-        for &implementation in &opts.implementations {
-            for &backend in &opts.backends {
-                bar.set_message(format!("{workload:?} {implementation:?} {backend}"));
-                let name = format!("{prefix}-{implementation:?}-{backend}")
-                    .to_lowercase()
-                    .replace(' ', "");
-                let latency_events = latency_events(opts, workload, &events, latency_round);
-                latency_round += 1;
-                let run = measure(
-                    opts,
-                    &producer,
-                    &input,
-                    &name,
-                    workload,
-                    implementation,
-                    backend,
-                    &latency_events,
-                )
-                .await?;
-                bar.inc(1);
-                bar.println(format!(
-                    "{workload:?} {implementation:?} {backend}: {:.0} events/s, p99 {:.1} ms",
-                    run.events_per_s, run.latency_p99_ms
-                ));
-                runs.push(run);
+        // The same for every run: each run has its own latency topic.
+        let latency_events = latency_events(opts, workload, &events);
+        // Wasm and native of one backend run back to back, so that both see the same machine.
+        for &backend in &opts.backends {
+            for &implementation in &opts.implementations {
+                let mut measured = Vec::new();
+                for repeat in 0..repeats {
+                    bar.set_message(format!("{workload:?} {implementation:?} {backend}"));
+                    let name = format!("{prefix}-{implementation:?}-{backend}-{repeat}")
+                        .to_lowercase()
+                        .replace(' ', "");
+                    for suffix in ["out", "dlq", "latency"] {
+                        created.topics.push(format!("{name}-{suffix}"));
+                    }
+                    created.groups.push(format!("weir-{name}"));
+                    created.groups.push(format!("{name}-out-latency-reader"));
+                    let run = measure(
+                        opts,
+                        &producer,
+                        &input,
+                        &name,
+                        workload,
+                        implementation,
+                        backend,
+                        &latency_events,
+                    )
+                    .await?;
+                    bar.inc(1);
+                    bar.println(format!(
+                        "{workload:?} {implementation:?} {backend}: {:.0} events/s, p99 {:.1} ms",
+                        run.events_per_s, run.latency_p99_ms
+                    ));
+                    measured.push(run);
+                }
+                runs.push(median_run(measured));
             }
         }
     }
-    bar.finish_and_clear();
     Ok(runs)
+}
+
+/// Of repeated runs of one configuration, the one with the median events/s, with the range.
+fn median_run(mut runs: Vec<BenchRun>) -> BenchRun {
+    runs.sort_by(|a, b| a.events_per_s.total_cmp(&b.events_per_s));
+    let (min, max) = (
+        runs.first().map_or(0.0, |r| r.events_per_s),
+        runs.last().map_or(0.0, |r| r.events_per_s),
+    );
+    let n = runs.len();
+    let mut median = runs.swap_remove(n / 2);
+    median.repeats = n as u32;
+    median.events_per_s_min = min;
+    median.events_per_s_max = max;
+    median
 }
 
 /// `n` Nexmark bids over `keys` auctions (key: the auction id), from bid `first`. The value is
@@ -328,21 +453,15 @@ fn flights(opts: &PipelineBenchOptions) -> Result<Vec<Event>, PipelineBenchError
         .collect())
 }
 
-/// The events of one latency phase: new bids (`counter`) or flights again (`aggregate`).
-fn latency_events(
-    opts: &PipelineBenchOptions,
-    workload: Workload,
-    events: &[Event],
-    round: u64,
-) -> Vec<Event> {
+/// The events of a latency phase: new bids (`counter`) or flights again (`aggregate`).
+fn latency_events(opts: &PipelineBenchOptions, workload: Workload, events: &[Event]) -> Vec<Event> {
     // One more second: the warm-up.
     let n = opts.latency_rate * (opts.latency_duration.as_secs().max(1) + 1);
     match workload {
-        Workload::Counter => nexmark_bids(n, opts.keys, opts.events + round * n),
+        Workload::Counter => nexmark_bids(n, opts.keys, opts.events),
         Workload::Aggregate => events
             .iter()
             .cycle()
-            .skip((round * n) as usize % events.len().max(1))
             .take(n as usize)
             .map(|e| Event {
                 key: e.key.clone(),
@@ -420,9 +539,16 @@ async fn measure(
 ) -> Result<BenchRun, PipelineBenchError> {
     let output = format!("{name}-out");
     let dlq = format!("{name}-dlq");
+    // The latency phase's events go to a topic of the run's own, co-partitioned with the
+    // input: every run's throughput phase reads exactly the preloaded events.
+    let latency_input = format!("{name}-latency");
     crate::dev::ensure_topics(
         &opts.bootstrap_servers,
-        &[(&output, opts.partitions), (&dlq, 1)],
+        &[
+            (&output, opts.partitions),
+            (&dlq, 1),
+            (&latency_input, opts.partitions),
+        ],
     )
     .await?;
     let settings = Settings {
@@ -432,7 +558,7 @@ async fn measure(
                 Workload::Counter => opts.counter_operator.clone(),
                 Workload::Aggregate => opts.aggregate_operator.clone(),
             },
-            input_topics: vec![input.to_owned()],
+            input_topics: vec![input.to_owned(), latency_input.clone()],
             output_topic: output.clone(),
             dead_letter_topic: dlq,
             group_id: None,
@@ -462,6 +588,7 @@ async fn measure(
         opts,
         producer,
         input,
+        latency_input: &latency_input,
         output: &output,
         latency_events,
     };
@@ -540,6 +667,7 @@ struct Phases<'a> {
     opts: &'a PipelineBenchOptions,
     producer: &'a FutureProducer,
     input: &'a str,
+    latency_input: &'a str,
     output: &'a str,
     latency_events: &'a [Event],
 }
@@ -599,17 +727,16 @@ impl Phases<'_> {
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
         let done = stats.records_done();
-        let (events_per_s, call_ns_per_event) = first.map_or((0.0, 0.0), |(at, n, ns)| {
-            let events = done.saturating_sub(n).max(1) as f64;
-            (
-                events / at.elapsed().as_secs_f64().max(1e-9),
-                stats
-                    .guest_call_ns
-                    .load(Ordering::Relaxed)
-                    .saturating_sub(ns) as f64
-                    / events,
-            )
-        });
+        let call_ns = stats.guest_call_ns.load(Ordering::Relaxed);
+        // Measured from the first look that saw records done, unless most were done by then
+        // (a run too short to measure so): then from the start.
+        let (from, done_before, ns_before, includes_start) = match first {
+            Some((at, n, ns)) if n.saturating_mul(2) < done => (at, n, ns, false),
+            _ => (started, 0, 0, true),
+        };
+        let events = done.saturating_sub(done_before).max(1) as f64;
+        let events_per_s = events / from.elapsed().as_secs_f64().max(1e-9);
+        let call_ns_per_event = call_ns.saturating_sub(ns_before) as f64 / events;
         if done < expected {
             let _ = stop_tx.send(());
             (&mut pipeline).await.ok();
@@ -626,11 +753,11 @@ impl Phases<'_> {
         let warm_up = (self.opts.latency_rate as usize).min(self.latency_events.len() / 2);
         let (warming, measured) = self.latency_events.split_at(warm_up);
         let rate = Some(self.opts.latency_rate);
-        produce(self.producer, self.input, warming, rate).await?;
+        produce(self.producer, self.latency_input, warming, rate).await?;
         let latency_started_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as i64);
-        produce(self.producer, self.input, measured, rate).await?;
+        produce(self.producer, self.latency_input, measured, rate).await?;
         let wanted = expected + self.latency_events.len() as u64;
         let deadline = Instant::now() + PHASE_LIMIT;
         while stats.records_done() < wanted && Instant::now() < deadline && !pipeline.is_finished()
@@ -661,6 +788,10 @@ impl Phases<'_> {
             backend: Backend::Memory,
             events: expected,
             events_per_s,
+            includes_start,
+            repeats: 1,
+            events_per_s_min: events_per_s,
+            events_per_s_max: events_per_s,
             call_ns_per_event,
             latency_samples: latencies.len() as u64,
             latency_p50_ms: percentile_u64(&latencies, 0.5),
@@ -898,15 +1029,66 @@ impl NativeOperator for NativeFlightDelays {
     }
 }
 
-/// The runs as a table, with the Wasm/native and memory/lsm ratios of events/s.
+/// One ratio of events/s between two runs of the table.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Ratio {
+    /// What is compared, e.g. `wasm / native, counter on memory`.
+    pub what: String,
+    /// The first run's events/s over the second's.
+    pub ratio: f64,
+}
+
+/// The Wasm/native ratios (same workload and backend) and the memory/lsm ratios (same
+/// workload and implementation) of events/s.
+pub fn ratios(runs: &[BenchRun]) -> Vec<Ratio> {
+    let name = |w: Workload| format!("{w:?}").to_lowercase();
+    let mut out = Vec::new();
+    for r in runs
+        .iter()
+        .filter(|r| r.implementation == Implementation::Wasm)
+    {
+        if let Some(native) = runs.iter().find(|n| {
+            n.workload == r.workload
+                && n.implementation == Implementation::Native
+                && n.backend == r.backend
+        }) {
+            out.push(Ratio {
+                what: format!("wasm / native, {} on {}", name(r.workload), r.backend),
+                ratio: r.events_per_s / native.events_per_s.max(1e-9),
+            });
+        }
+    }
+    for r in runs.iter().filter(|r| r.backend == Backend::Memory) {
+        for lsm in runs.iter().filter(|l| {
+            l.workload == r.workload
+                && l.implementation == r.implementation
+                && matches!(l.backend, Backend::Lsm { .. })
+        }) {
+            out.push(Ratio {
+                what: format!(
+                    "memory / {}, {} {}",
+                    lsm.backend,
+                    name(r.workload),
+                    format!("{:?}", r.implementation).to_lowercase()
+                ),
+                ratio: r.events_per_s / lsm.events_per_s.max(1e-9),
+            });
+        }
+    }
+    out
+}
+
+/// The runs as a table, then their [`ratios`]. With repeats, events/s is the median and the
+/// range follows it; `*` marks a run too short to measure from its first processed event.
 pub fn table(runs: &[BenchRun]) -> String {
     let mut out = format!(
-        "{:<9} {:<6} {:<12} {:>8} {:>10} {:>8} {:>7} {:>7} {:>6} {:>8} {:>8} {:>9} {:>10}\n",
+        "{:<9} {:<6} {:<12} {:>8} {:>10} {:>17} {:>8} {:>7} {:>7} {:>6} {:>8} {:>8} {:>9} {:>10}\n",
         "workload",
         "impl",
         "backend",
         "events",
         "events/s",
+        "range",
         "call ns",
         "p50 ms",
         "p99 ms",
@@ -917,13 +1099,23 @@ pub fn table(runs: &[BenchRun]) -> String {
         "$/month"
     );
     for r in runs {
+        let range = if r.repeats > 1 {
+            format!(
+                "{:.0}–{:.0} ×{}",
+                r.events_per_s_min, r.events_per_s_max, r.repeats
+            )
+        } else {
+            String::new()
+        };
         out.push_str(&format!(
-            "{:<9} {:<6} {:<12} {:>8} {:>10.0} {:>8.0} {:>7.1} {:>7.1} {:>6} {:>8.0} {:>8.0} {:>9.1} {:>10.2}\n",
+            "{:<9} {:<6} {:<12} {:>8} {:>9.0}{} {:>17} {:>8.0} {:>7.1} {:>7.1} {:>6} {:>8.0} {:>8.0} {:>9.1} {:>10.2}\n",
             format!("{:?}", r.workload).to_lowercase(),
             format!("{:?}", r.implementation).to_lowercase(),
             r.backend.to_string(),
             r.events,
             r.events_per_s,
+            if r.includes_start { '*' } else { ' ' },
+            range,
             r.call_ns_per_event,
             r.latency_p50_ms,
             r.latency_p99_ms,
@@ -934,38 +1126,12 @@ pub fn table(runs: &[BenchRun]) -> String {
             r.request_cost_per_month_usd
         ));
     }
-    out.push('\n');
-    let find = |w: Workload, i: Implementation, b: Backend| {
-        runs.iter()
-            .find(|r| r.workload == w && r.implementation == i && r.backend == b)
-    };
-    for r in runs
-        .iter()
-        .filter(|r| r.implementation == Implementation::Wasm)
-    {
-        if let Some(native) = find(r.workload, Implementation::Native, r.backend) {
-            out.push_str(&format!(
-                "wasm / native, {:?} on {}: {:.2} of the events/s\n",
-                r.workload,
-                r.backend,
-                r.events_per_s / native.events_per_s.max(1e-9)
-            ));
-        }
+    if runs.iter().any(|r| r.includes_start) {
+        out.push_str("* too few events to measure from the first one processed: counted from the pipeline's start (group join included); use more --events\n");
     }
-    for r in runs.iter().filter(|r| r.backend == Backend::Memory) {
-        for lsm in runs.iter().filter(|l| {
-            l.workload == r.workload
-                && l.implementation == r.implementation
-                && matches!(l.backend, Backend::Lsm { .. })
-        }) {
-            out.push_str(&format!(
-                "memory / {}, {:?} {:?}: {:.2}× the events/s\n",
-                lsm.backend,
-                r.workload,
-                r.implementation,
-                r.events_per_s / lsm.events_per_s.max(1e-9)
-            ));
-        }
+    out.push('\n');
+    for ratio in ratios(runs) {
+        out.push_str(&format!("{}: {:.2}\n", ratio.what, ratio.ratio));
     }
     out
 }

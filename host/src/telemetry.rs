@@ -32,6 +32,15 @@ const BYTES_BUCKETS: &[f64] = &[
     1_073_741_824.0,
 ];
 
+/// The host-wide counters without labels (docs/metrics.md, "Per host").
+const HOST_COUNTERS: &[&str] = &[
+    "weir_checkpoint_fallbacks_total",
+    "weir_lsm_flushes_total",
+    "weir_lsm_compactions_total",
+    "weir_lsm_write_stall_micros_total",
+    "weir_guest_log_lines_dropped_total",
+];
+
 /// The process's Prometheus recorder, installed as the global `metrics` recorder on first use.
 /// When another recorder was installed first (a test harness), the handle renders a recorder
 /// that nothing records into: an empty page, not a panic.
@@ -49,7 +58,20 @@ pub fn prometheus() -> &'static PrometheusHandle {
             // quiet pipeline) would never come back for that run.
         };
         match builder().install_recorder() {
-            Ok(handle) => handle,
+            Ok(handle) => {
+                // Host-wide counters exist from the start at 0, so that their first increment
+                // shows in `increase()` (an alert on the first checkpoint fallback fires).
+                for name in HOST_COUNTERS {
+                    metrics::counter!(*name).increment(0);
+                }
+                for (label, value) in [("direction", "read"), ("direction", "written")] {
+                    metrics::counter!("weir_lsm_compaction_bytes_total", label => value).increment(0);
+                }
+                for (label, value) in [("kind", "sst"), ("kind", "manifest")] {
+                    metrics::counter!("weir_lsm_gc_deleted_total", label => value).increment(0);
+                }
+                handle
+            }
             Err(err) => {
                 tracing::warn!(error = %err, "another metrics recorder is installed; /metrics will be empty");
                 builder().build_recorder().handle()

@@ -168,6 +168,11 @@ async fn a_pipeline_runs_checkpoints_switches_version_keeping_state_stops_and_is
     );
     let (_, host) = metrics_page(addr, Some(ADMIN_KEY)).await?;
     assert_eq!(sample(&host, "weir_records_in_total", &run), Some(2_000.0));
+    assert!(
+        host.lines()
+            .any(|l| l == "weir_checkpoint_fallbacks_total 0"),
+        "host-wide counters exist from the start, at 0: {host}"
+    );
     assert_eq!(metrics_page(addr, None).await?.0, StatusCode::UNAUTHORIZED);
 
     let (_, _, list) = call(addr, Method::GET, "/v1/pipelines", Some(&globex), None).await?;

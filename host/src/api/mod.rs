@@ -224,6 +224,14 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(sha256(bytes))
 }
 
+/// The token of an `Authorization` header's `Bearer` credentials (the scheme name is
+/// case-insensitive, RFC 9110 §11.1); `None` for another scheme or an empty token.
+pub(crate) fn bearer_token(header: &str) -> Option<&str> {
+    let (scheme, token) = header.split_once(' ')?;
+    let token = token.trim();
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
+}
+
 /// Who a request acts as, from its `Authorization: Bearer …` header.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Principal {
@@ -244,13 +252,9 @@ impl FromRequestParts<ApiState> for Principal {
             .ok_or_else(|| {
                 ApiError::Unauthorized("send `Authorization: Bearer <API key>`".into())
             })?;
-        let key = header
-            .strip_prefix("Bearer ")
-            .map(str::trim)
-            .filter(|k| !k.is_empty())
-            .ok_or_else(|| {
-                ApiError::Unauthorized("the Authorization header must be `Bearer <API key>`".into())
-            })?;
+        let key = bearer_token(header).ok_or_else(|| {
+            ApiError::Unauthorized("the Authorization header must be `Bearer <API key>`".into())
+        })?;
         let principal = state.principal_of(key).await?;
         let name = match &principal {
             Principal::Admin => "(admin)",

@@ -30,8 +30,12 @@ const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
 /// How far back the page's charts reach.
 pub const HISTORY_WINDOW: Duration = Duration::from_secs(600);
 
-/// Most entries in the page's "recent errors".
-const ERRORS_MAX: usize = 50;
+/// Most entries per tenant in the page's "recent errors" (one tenant's noisy pipeline cannot
+/// push another tenant's errors out).
+const ERRORS_PER_TENANT_MAX: usize = 50;
+
+/// Largest sign-in form body, bytes.
+const LOGIN_BODY_BYTES_MAX: usize = 16 << 10;
 
 /// The cookie the sign-in form sets.
 const KEY_COOKIE: &str = "weir_key";
@@ -87,7 +91,8 @@ struct ErrorEntry {
 #[derive(Debug, Default)]
 pub struct StatusBoard {
     pipelines: Mutex<BTreeMap<(String, String), Tracked>>,
-    errors: Mutex<VecDeque<ErrorEntry>>,
+    /// Recent errors by tenant, oldest first.
+    errors: Mutex<BTreeMap<String, VecDeque<ErrorEntry>>>,
 }
 
 impl StatusBoard {
@@ -142,11 +147,16 @@ impl StatusBoard {
                 }
             }
             tracked.reasons = reasons;
-            // The count restarts with a host's run: only a rise is news.
-            if status.dead_lettered > tracked.dead_lettered {
+            // The count restarts with a host's run: below the previous sample's, all of it is
+            // new.
+            let new_dead = if status.dead_lettered >= tracked.dead_lettered {
+                status.dead_lettered - tracked.dead_lettered
+            } else {
+                status.dead_lettered
+            };
+            if new_dead > 0 {
                 error(format!(
-                    "{} records dead-lettered since the previous sample ({} by the current runs)",
-                    status.dead_lettered - tracked.dead_lettered,
+                    "{new_dead} records dead-lettered since the previous sample ({} by the current runs)",
                     status.dead_lettered
                 ));
             }
@@ -186,10 +196,11 @@ impl StatusBoard {
         drop(pipelines);
         let mut recent = self.errors.lock().expect("errors lock");
         for entry in errors {
-            if recent.len() == ERRORS_MAX {
-                recent.pop_front();
+            let mine = recent.entry(entry.tenant.clone()).or_default();
+            if mine.len() == ERRORS_PER_TENANT_MAX {
+                mine.pop_front();
             }
-            recent.push_back(entry);
+            mine.push_back(entry);
         }
         Ok(())
     }
@@ -321,7 +332,12 @@ impl StatusBoard {
         drop(pipelines);
         html.push_str(r#"<section id="errors"><h2>Recent errors</h2>"#);
         let errors = self.errors.lock().expect("errors lock");
-        let mine: Vec<&ErrorEntry> = errors.iter().rev().filter(|e| visible(&e.tenant)).collect();
+        let mut mine: Vec<&ErrorEntry> = errors
+            .iter()
+            .filter(|(tenant, _)| visible(tenant))
+            .flat_map(|(_, entries)| entries.iter())
+            .collect();
+        mine.sort_by_key(|e| std::cmp::Reverse(e.at_ms));
         if mine.is_empty() {
             html.push_str(r#"<p class="empty">None in this host's memory.</p>"#);
         } else {
@@ -471,9 +487,9 @@ fn page_key(headers: &HeaderMap) -> Option<String> {
     if let Some(key) = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
+        .and_then(super::bearer_token)
     {
-        return Some(key.trim().to_owned());
+        return Some(key.to_owned());
     }
     headers
         .get_all(header::COOKIE)
@@ -482,7 +498,12 @@ fn page_key(headers: &HeaderMap) -> Option<String> {
         .flat_map(|v| v.split(';'))
         .filter_map(|pair| pair.trim().split_once('='))
         .find(|(name, _)| *name == KEY_COOKIE)
-        .map(|(_, value)| value.to_owned())
+        .and_then(|(_, value)| {
+            percent_encoding::percent_decode_str(value)
+                .decode_utf8()
+                .ok()
+                .map(|v| v.into_owned())
+        })
 }
 
 fn html_response(status: StatusCode, html: String) -> Response {
@@ -530,20 +551,14 @@ pub(super) async fn status_page(State(state): State<ApiState>, headers: HeaderMa
 
 /// `POST /login` (form field `key`): checks the key and keeps it in the page's cookie.
 pub(super) async fn login(State(state): State<ApiState>, body: Body) -> Response {
-    let bytes = match super::read_body(body, 4096).await {
-        Ok(bytes) => bytes,
-        Err(err) => return err.into_response(),
+    let Ok(bytes) = super::read_body(body, LOGIN_BODY_BYTES_MAX).await else {
+        return login_page(StatusCode::PAYLOAD_TOO_LARGE, Some("That key is too long."));
     };
     let key = url::form_urlencoded::parse(&bytes)
         .find(|(name, _)| name == "key")
         .map(|(_, value)| value.trim().to_owned())
         .unwrap_or_default();
-    // A cookie value holds no `;`, `,`, space or quote; no key we issue does.
-    if key.is_empty()
-        || !key
-            .bytes()
-            .all(|b| b.is_ascii_graphic() && !b";,\"\\".contains(&b))
-    {
+    if key.is_empty() {
         return login_page(StatusCode::BAD_REQUEST, Some("Enter an API key."));
     }
     match state.principal_of(&key).await {
@@ -553,7 +568,14 @@ pub(super) async fn login(State(state): State<ApiState>, body: Body) -> Response
                 (header::LOCATION, "/".to_owned()),
                 (
                     header::SET_COOKIE,
-                    format!("{KEY_COOKIE}={key}; Path=/; HttpOnly; SameSite=Strict"),
+                    // Percent-encoded: any key the API takes (spaces, `;`…) fits in a cookie.
+                    format!(
+                        "{KEY_COOKIE}={}; Path=/; HttpOnly; SameSite=Strict",
+                        percent_encoding::utf8_percent_encode(
+                            &key,
+                            percent_encoding::NON_ALPHANUMERIC
+                        )
+                    ),
                 ),
             ],
         )
@@ -605,15 +627,13 @@ mod tests {
     #[test]
     fn the_page_key_comes_from_the_header_or_the_cookie() {
         let mut headers = HeaderMap::new();
-        headers.insert(
-            header::COOKIE,
-            "a=1; weir_key=weir_abc".parse().expect("header"),
-        );
+        let cookie = |v: &str| v.parse().expect("header");
+        headers.insert(header::COOKIE, cookie("a=1; weir_key=weir_abc"));
         assert_eq!(page_key(&headers).as_deref(), Some("weir_abc"));
-        headers.insert(
-            header::AUTHORIZATION,
-            "Bearer weir_def".parse().expect("header"),
-        );
+        // A key with spaces and `;` travels percent-encoded.
+        headers.insert(header::COOKIE, cookie("weir_key=my%20admin%3Bkey"));
+        assert_eq!(page_key(&headers).as_deref(), Some("my admin;key"));
+        headers.insert(header::AUTHORIZATION, cookie("bearer weir_def"));
         assert_eq!(page_key(&headers).as_deref(), Some("weir_def"));
     }
 }
