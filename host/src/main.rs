@@ -186,7 +186,8 @@ enum Command {
         /// Workloads to run.
         #[arg(long, value_delimiter = ',', default_value = "counter,aggregate")]
         workloads: Vec<weir_host::pipeline_bench::Workload>,
-        /// Implementations to run.
+        /// Implementations to run: wasm, native, python (the Python port of the aggregation;
+        /// `bash deploy/bench.sh` builds it).
         #[arg(long = "impl", value_delimiter = ',', default_value = "wasm,native")]
         implementations: Vec<weir_host::pipeline_bench::Implementation>,
         /// Memory block cache sizes of the `lsm` backend to run, MiB (0: no cache).
@@ -217,6 +218,12 @@ enum Command {
         /// The aggregation component.
         #[arg(long, default_value = "target/wasm32-wasip2/guest/flight_delays.wasm")]
         aggregate_operator: PathBuf,
+        /// The aggregation component in Python, for `--impl python`.
+        #[arg(
+            long,
+            default_value = "target/wasm32-wasip2/guest/flight_delays_py.wasm"
+        )]
+        aggregate_python_operator: PathBuf,
         /// Events/s of the latency phase.
         #[arg(long, default_value_t = 2_000)]
         latency_rate: u64,
@@ -570,6 +577,7 @@ async fn main() -> anyhow::Result<()> {
             flights,
             counter_operator,
             aggregate_operator,
+            aggregate_python_operator,
             latency_rate,
             latency_secs,
             checkpoint_interval_ms,
@@ -591,6 +599,7 @@ async fn main() -> anyhow::Result<()> {
                 bootstrap_servers,
                 counter_operator,
                 aggregate_operator,
+                aggregate_python_operator,
                 flights_csv: flights,
                 workloads,
                 implementations,
@@ -931,20 +940,25 @@ async fn bench_call(
             .collect(),
     };
     let results = weir_host::bench::call_cost(&operator, &inputs, &batch).await?;
-    let instantiate_us = weir_host::bench::instantiate_cost(&operator, 200).await?;
+    let start = weir_host::bench::start_cost(&operator, 200).await?;
     let size_bytes = std::fs::metadata(&operator)?.len();
     if json {
         let report = serde_json::json!({
             "operator": operator.display().to_string(),
             "component_bytes": size_bytes,
-            "instantiate_us": instantiate_us,
+            "load_ms": start.load_ms,
+            "load_compiled_ms": start.load_compiled_ms,
+            "instantiate_us": start.instantiate_us,
             "batches": results,
         });
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         println!(
-            "{}: {size_bytes} bytes, {instantiate_us:.1} µs to instantiate (mean of 200)",
-            operator.display()
+            "{}: {size_bytes} bytes, {:.0} ms to load (compile, check, describe), {:.0} ms compiled (a restarted host), {:.1} µs to instantiate (mean of 200)",
+            operator.display(),
+            start.load_ms,
+            start.load_compiled_ms,
+            start.instantiate_us
         );
         println!(
             "{:>8} {:>10} {:>14} {:>14}",

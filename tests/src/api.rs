@@ -17,8 +17,9 @@ use weir_host::state::lsm::backend::object_store_from_url;
 /// The admin key of the test servers.
 pub const ADMIN_KEY: &str = "test-admin-key-0123456789abcdef0123456789";
 
-/// Largest component the test server accepts: above the counter guest, far below 4 MiB.
-pub const OPERATOR_BYTES_MAX: usize = 4 << 20;
+/// Largest component the test server accepts: the server's default, 32 MiB, room for a Python
+/// component (~18 MiB, CPython included).
+pub const OPERATOR_BYTES_MAX: usize = 32 << 20;
 
 /// A `weir serve` on a new bucket of the S3 server, on a free local port.
 pub async fn start_server() -> anyhow::Result<SocketAddr> {

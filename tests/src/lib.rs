@@ -147,7 +147,7 @@ pub fn guest(name: &str) -> PathBuf {
         .join(format!("{name}.wasm"));
     assert!(
         path.exists(),
-        "guest component missing: {}; build guests with `cargo build --profile guest --target wasm32-wasip2 -p flight-delays -p word-count -p weir-test-counter`",
+        "guest component missing: {}; build guests with `cargo build --profile guest --target wasm32-wasip2 -p flight-delays -p word-count -p weir-test-counter` and the Python one with `bash guest-sdk/python/componentize.sh examples/flight-delays-py flight_delays target/wasm32-wasip2/guest/flight_delays_py.wasm`",
         path.display()
     );
     path

@@ -170,7 +170,7 @@ async fn bad_uploads_answer_4xx_naming_the_problem() -> anyhow::Result<()> {
             "an oversized file",
             vec![0u8; OPERATOR_BYTES_MAX + 1],
             StatusCode::PAYLOAD_TOO_LARGE,
-            "larger than 4194304 bytes",
+            "larger than 33554432 bytes",
         ),
         (
             "an empty body",
@@ -362,5 +362,32 @@ async fn the_cli_client_pushes_lists_and_removes_and_reports_problems() -> anyho
         }
         other => panic!("expected a 422 problem, got {other:?}"),
     }
+    Ok(())
+}
+
+/// The README's Python path: a component built by componentize-py from the Python SDK uploads
+/// like a Rust one (compiled and described by the server), states and all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_python_operator_uploads_like_a_rust_one() -> anyhow::Result<()> {
+    let addr = start_server().await?;
+    let acme = tenant_with_key(addr, "acme").await?;
+    let wasm = std::fs::read(guest("flight_delays_py"))?;
+    let (status, _, version) = call(
+        addr,
+        Method::POST,
+        "/v1/operators/flights-py",
+        Some(&acme),
+        Some(("application/wasm", wasm.clone())),
+    )
+    .await?;
+    assert_eq!(status, StatusCode::CREATED, "{version}");
+    assert_eq!(version["version"], 1);
+    assert_eq!(version["declared_name"], "flight-delays");
+    assert_eq!(version["declared_version"], "0.1.0");
+    assert_eq!(version["size_bytes"], wasm.len());
+    assert_eq!(
+        version["states"],
+        json!([{"name": "route-stats", "kind": "value", "ttl_ms": null}])
+    );
     Ok(())
 }

@@ -39,9 +39,15 @@ async fn bench_runs_measure_every_event_and_native_computes_what_wasm_computes()
         bootstrap_servers: kafka_bootstrap(),
         counter_operator: guest("weir_test_counter"),
         aggregate_operator: guest("flight_delays"),
+        aggregate_python_operator: guest("flight_delays_py"),
         flights_csv: None,
         workloads: vec![Workload::Counter],
-        implementations: vec![Implementation::Wasm, Implementation::Native],
+        // The counter has no Python port: `python` runs only the aggregate workload.
+        implementations: vec![
+            Implementation::Wasm,
+            Implementation::Native,
+            Implementation::Python,
+        ],
         backends: vec![
             Backend::Memory,
             Backend::Lsm {

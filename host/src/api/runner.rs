@@ -85,8 +85,9 @@ pub struct RunnerConfig {
     /// How often definitions are read and reports written; default 2 s.
     #[serde(default = "default_reconcile_interval", with = "humantime_serde")]
     pub reconcile_interval: Duration,
-    /// Where operator components and the state disk caches are kept; default a directory
-    /// under the system temporary directory.
+    /// Where operator components (`operators/`), their compiled forms (`compiled/`, so that a
+    /// restarted host does not compile them again) and the state disk caches (`cache/`) are
+    /// kept; default a directory under the system temporary directory.
     #[serde(default)]
     pub work_dir: Option<PathBuf>,
     /// Memtable size of each shard, bytes; default 64 MiB.
@@ -278,6 +279,7 @@ impl Runner {
             .unwrap_or_else(|| std::env::temp_dir().join(format!("weir-serve-{host}")));
         std::fs::create_dir_all(work_dir.join("operators"))?;
         std::fs::create_dir_all(work_dir.join("cache"))?;
+        std::fs::create_dir_all(work_dir.join("compiled"))?;
         // Runs register their series when they start: the recorder must exist by then.
         crate::telemetry::prometheus();
         Ok(Self {
@@ -285,9 +287,9 @@ impl Runner {
             config,
             host,
             runtime,
+            compiled: CompiledOperators::with_compiled_dir(work_dir.join("compiled")),
             work_dir,
             clock: Arc::new(SystemClock),
-            compiled: CompiledOperators::new(),
             runs: HashMap::new(),
         })
     }
@@ -564,6 +566,7 @@ impl Runner {
 pub struct CompiledOperators {
     runtimes: moka::future::Cache<(String, String), Arc<Runtime<LsmShard>>>,
     operators: moka::future::Cache<(String, String, String), Arc<Operator<LsmShard>>>,
+    compiled_dir: Option<PathBuf>,
 }
 
 impl std::fmt::Debug for CompiledOperators {
@@ -586,6 +589,16 @@ impl CompiledOperators {
         Self {
             runtimes: moka::future::Cache::builder().max_capacity(64).build(),
             operators: moka::future::Cache::builder().max_capacity(256).build(),
+            compiled_dir: None,
+        }
+    }
+
+    /// The same, keeping compiled components in `dir` as well, so that a restarted host does
+    /// not compile them again (see [`Runtime::with_compiled_dir`]).
+    pub fn with_compiled_dir(dir: PathBuf) -> Self {
+        Self {
+            compiled_dir: Some(dir),
+            ..Self::new()
         }
     }
 
@@ -608,7 +621,11 @@ impl CompiledOperators {
         let engine = self
             .runtimes
             .try_get_with((tenant.to_owned(), limits.clone()), async {
-                Runtime::new(runtime, clock).map(Arc::new)
+                let runtime = Runtime::new(runtime, clock)?;
+                Ok::<_, crate::runtime::RuntimeError>(Arc::new(match &self.compiled_dir {
+                    Some(dir) => runtime.with_compiled_dir(dir.clone()),
+                    None => runtime,
+                }))
             })
             .await
             .map_err(|e| {
@@ -620,8 +637,12 @@ impl CompiledOperators {
         self.operators
             .try_get_with((tenant.to_owned(), sha256.to_owned(), limits), async {
                 let operator = engine.load_operator(path).await.map(Arc::new);
-                if operator.is_ok() {
-                    tracing::info!(%sha256, "operator compiled");
+                if let Ok(operator) = &operator {
+                    if operator.from_compiled_dir() {
+                        tracing::info!(%sha256, "operator loaded compiled");
+                    } else {
+                        tracing::info!(%sha256, "operator compiled");
+                    }
                 }
                 operator
             })

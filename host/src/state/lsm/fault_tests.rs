@@ -415,8 +415,15 @@ fn the_disk_cache_stays_within_its_bytes_and_serves_repeated_reads() {
             "{} files",
             caches.disk_files()
         );
-        // The last block read is on disk now: reading it again needs no GET (an injected GET
-        // failure would show).
+        // Read the last key once more: the disk tier admits by frequency (moka's TinyLFU), so a
+        // block seen once may lose its place to those already there; seen twice, it is admitted.
+        assert_eq!(
+            reopened.get(&399u32.to_be_bytes()).await.expect("get"),
+            write(399).value
+        );
+        caches.wait_for_disk_writes().await;
+        // Its blocks are on disk now: reading it again needs no GET (an injected GET failure
+        // would show).
         f.faulty.inject_on("/sst/", Fault::GetFails);
         assert_eq!(
             reopened.get(&399u32.to_be_bytes()).await.expect("get"),

@@ -1,0 +1,258 @@
+"""Unit-test an operator in plain CPython (pytest, no component, no host), as Flink's operator
+test harnesses do: state in memory, batches processed with the host's rules.
+
+    from weir.testing import Harness
+
+    def test_counts_per_key():
+        h = Harness(Counter)
+        h.send(b"a", b"{}")
+        out = h.send(b"a", b"{}")
+        assert out.ok and out.emitted[0].value == b'{"count":2}'
+        assert h.value(b"a", COUNT) == 2
+
+What it keeps of the host: state scoped to each record's key; a record's state writes and emits
+applied only if it is processed (a `Reject` or any exception discards them); undeclared states,
+the wrong kind, values over 1 MiB, map keys over 4 KiB and output over 1 MiB per record refused
+with the host's reasons; map iteration in ascending byte order of encoded keys. What it does
+not: TTL expiry, durability, and the Wasm sandbox itself (memory and CPU caps) — build the
+component and run it in Weir for those.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+import bisect
+from typing import Any, TypeVar
+
+from ._context import Reject
+from ._operator import Driver, Operator
+from ._state import MapState, ValueState
+
+T = TypeVar("T")
+
+VALUE_BYTES_MAX = 1 << 20
+"""The host's default limit on a state value, bytes."""
+MAP_KEY_BYTES_MAX = 4 << 10
+"""The host's default limit on a map key, bytes."""
+EMIT_BYTES_MAX = 1 << 20
+"""The host's default limit on the output of one input record, bytes (keys, values and headers,
+plus 64 per emit and 64 per header)."""
+MAP_PAGE_MAX = 1024
+"""The host's cap on a map page."""
+LEVELS = ("trace", "debug", "info", "warn", "error")
+
+
+@dataclass
+class Header:
+    """A Kafka header of a test record."""
+
+    name: str
+    value: bytes
+
+
+@dataclass
+class TestRecord:
+    """An input record as the host passes it (see `weir.Record`)."""
+
+    key: bytes
+    value: bytes
+    timestamp_ms: int = -1
+    headers: list[Header] = field(default_factory=list)
+    topic: str = "input"
+    partition: int = 0
+    offset: int = 0
+
+
+@dataclass
+class Output:
+    """A record the operator emitted."""
+
+    key: bytes
+    value: bytes
+    headers: list[tuple[str, bytes]]
+
+
+@dataclass
+class Outcome:
+    """What became of one input record: `reason` is None when it was processed, else the
+    dead-letter reason; `emitted` holds its outputs (empty when rejected)."""
+
+    reason: str | None
+    emitted: list[Output]
+
+    @property
+    def ok(self) -> bool:
+        """Whether the record was processed (not dead-lettered)."""
+        return self.reason is None
+
+
+_ABSENT = object()
+
+
+class _MemoryHost:
+    """The host imports over dictionaries, with an undo log per record."""
+
+    def __init__(self, states: Sequence[ValueState[Any] | MapState[Any, Any]]) -> None:
+        self.kinds = {s.name: s.kind for s in states}
+        self.values: dict[tuple[bytes, str], bytes] = {}
+        self.maps: dict[tuple[bytes, str], dict[bytes, bytes]] = {}
+        self.keys: list[bytes] = []
+        self.undo: list[tuple[dict[Any, Any], Any, Any]] = []
+        self.emitted: list[Output] = []
+        self.emitted_bytes = 0
+        self.logs: list[tuple[str, str]] = []
+
+    def _slot(self, record: int, name: str, kind: str) -> tuple[bytes, str]:
+        if not 0 <= record < len(self.keys):
+            raise Reject(f"state error: invalid record index {record}")
+        declared = self.kinds.get(name)
+        if declared is None:
+            raise Reject(f"state error: undeclared state `{name}`")
+        if declared != kind:
+            raise Reject(f"state error: state `{name}` is of the other kind")
+        return (self.keys[record], name)
+
+    def _write(self, table: dict[Any, Any], key: Any, value: Any) -> None:
+        self.undo.append((table, key, table.get(key, _ABSENT)))
+        if value is _ABSENT:
+            table.pop(key, None)
+        else:
+            table[key] = value
+
+    def _map(self, record: int, name: str, key: bytes) -> dict[bytes, bytes]:
+        slot = self._slot(record, name, "map")
+        if len(key) > MAP_KEY_BYTES_MAX:
+            raise Reject(f"state error: larger than the limit of {MAP_KEY_BYTES_MAX} bytes")
+        entries = self.maps.get(slot)
+        if entries is None:
+            entries = {}
+            self._write(self.maps, slot, entries)
+        return entries
+
+    def value_get(self, record: int, name: str) -> bytes | None:
+        return self.values.get(self._slot(record, name, "value"))
+
+    def get_many(self, record: int, names: list[str]) -> list[bytes | None]:
+        return [self.value_get(record, n) for n in names]
+
+    def value_set(self, record: int, name: str, value: bytes) -> None:
+        slot = self._slot(record, name, "value")
+        if len(value) > VALUE_BYTES_MAX:
+            raise Reject(f"state error: larger than the limit of {VALUE_BYTES_MAX} bytes")
+        self._write(self.values, slot, bytes(value))
+
+    def value_clear(self, record: int, name: str) -> None:
+        self._write(self.values, self._slot(record, name, "value"), _ABSENT)
+
+    def map_get(self, record: int, name: str, key: bytes) -> bytes | None:
+        return self._map(record, name, key).get(key)
+
+    def map_put(self, record: int, name: str, key: bytes, value: bytes) -> None:
+        entries = self._map(record, name, key)
+        if len(value) > VALUE_BYTES_MAX:
+            raise Reject(f"state error: larger than the limit of {VALUE_BYTES_MAX} bytes")
+        self._write(entries, bytes(key), bytes(value))
+
+    def map_remove(self, record: int, name: str, key: bytes) -> None:
+        self._write(self._map(record, name, key), key, _ABSENT)
+
+    def map_iterate(
+        self, record: int, name: str, start_after: bytes | None, page_size: int
+    ) -> tuple[list[tuple[bytes, bytes]], bytes | None]:
+        entries = self.maps.get(self._slot(record, name, "map"), {})
+        keys = sorted(entries)
+        start = 0 if start_after is None else bisect.bisect_right(keys, start_after)
+        page = keys[start : start + min(max(page_size, 1), MAP_PAGE_MAX)]
+        more = start + len(page) < len(keys)
+        return [(k, entries[k]) for k in page], (page[-1] if more and page else None)
+
+    def emit(
+        self, record: int, key: bytes, value: bytes, headers: Sequence[tuple[str, bytes]]
+    ) -> None:
+        if not 0 <= record < len(self.keys):
+            raise Reject(f"emit error: invalid record index {record}")
+        size = len(key) + len(value) + 64 + sum(64 + len(n) + len(v) for n, v in headers)
+        if self.emitted_bytes + size > EMIT_BYTES_MAX:
+            raise Reject(
+                f"emit error: output for this record exceeds the limit of {EMIT_BYTES_MAX} bytes"
+            )
+        self.emitted_bytes += size
+        self.emitted.append(Output(bytes(key), bytes(value), [(n, bytes(v)) for n, v in headers]))
+
+    def log(self, level: int, message: str) -> None:
+        self.logs.append((LEVELS[level], message[:4096]))
+
+
+class Harness:
+    """Runs `operator` over records you give it, one record per batch (a batch of several
+    behaves the same, since each record's writes are visible to the next at once)."""
+
+    def __init__(self, operator: type[Operator]) -> None:
+        self._host = _MemoryHost(operator.states)
+        self._driver = Driver(operator, self._host)
+        self.outputs: list[Output] = []
+        """Every record emitted by processed records, in order."""
+        self.dead_letters: list[tuple[TestRecord, str]] = []
+        """Every rejected record with its reason, in order."""
+        self._offset = 0
+
+    @property
+    def logs(self) -> list[tuple[str, str]]:
+        """Every (level, line) the operator logged."""
+        return self._host.logs
+
+    def process(self, record: TestRecord) -> Outcome:
+        """Processes one record and says what became of it."""
+        host = self._host
+        host.keys = [record.key]
+        host.undo.clear()
+        host.emitted = []
+        host.emitted_bytes = 0
+        [disposition] = self._driver.process_batch([record], None, lambda reason: reason)
+        if disposition is None:
+            self.outputs.extend(host.emitted)
+            return Outcome(None, host.emitted)
+        for table, key, previous in reversed(host.undo):
+            if previous is _ABSENT:
+                table.pop(key, None)
+            else:
+                table[key] = previous
+        self.dead_letters.append((record, disposition))
+        return Outcome(disposition, [])
+
+    def send(
+        self,
+        key: bytes | str,
+        value: bytes | str,
+        *,
+        timestamp_ms: int = -1,
+        headers: Iterable[tuple[str, bytes]] = (),
+        partition: int = 0,
+    ) -> Outcome:
+        """Processes a record made of these parts (`str` encoded as UTF-8), at the next offset."""
+        record = TestRecord(
+            key.encode() if isinstance(key, str) else key,
+            value.encode() if isinstance(value, str) else value,
+            timestamp_ms,
+            [Header(n, v) for n, v in headers],
+            partition=partition,
+            offset=self._offset,
+        )
+        self._offset += 1
+        return self.process(record)
+
+    def value(self, key: bytes | str, state: ValueState[T]) -> T | None:
+        """The stored value of `state` for `key`, decoded; None when absent."""
+        k = key.encode() if isinstance(key, str) else key
+        data = self._host.values.get((k, state.name))
+        return None if data is None else state.codec.decode(data)
+
+    def map(self, key: bytes | str, state: MapState[Any, Any]) -> dict[Any, Any]:
+        """The stored entries of `state` for `key`, decoded, in iteration order."""
+        k = key.encode() if isinstance(key, str) else key
+        entries = self._host.maps.get((k, state.name), {})
+        return {
+            state.key_codec.decode(mk): state.value_codec.decode(entries[mk])
+            for mk in sorted(entries)
+        }

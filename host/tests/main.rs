@@ -1,0 +1,8 @@
+//! Tests of the host against the real broker and S3 server, most of them running `weir` as
+//! separate processes (killed, frozen, rescaled, side by side); one module per scenario.
+
+mod crash_loop;
+mod lsm_backend_on_s3;
+mod rescale;
+mod serve_hosts;
+mod zombie;
