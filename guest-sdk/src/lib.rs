@@ -25,7 +25,13 @@
 //!
 //! **Atomicity.** A record's state writes and emits take effect only if the record is
 //! processed: returning `Err(Reject)` or panicking discards them. A panic traps the instance;
-//! the host re-runs the batch one record at a time and dead-letters only the record that panics.
+//! the host re-runs the batch in halves until the record that panics stands alone, applying
+//! the others' effects once, in order, and dead-letters only that record.
+//!
+//! **No clock.** The guest's clocks read 0: `SystemTime::now()` is the Unix epoch and `Instant`
+//! never advances (the sandbox grants no time). An operator that waits for time to pass spins
+//! until its CPU deadline ends the call and the record is dead-lettered as `deadline`; take time
+//! from the records' timestamps ([`Record::timestamp_ms`]).
 //!
 //! # A whole operator
 //! ```

@@ -141,8 +141,9 @@ pub struct RuntimeSettings {
     /// CPU deadline per record; a batch call gets this times its record count.
     #[serde(with = "humantime_serde")]
     pub record_deadline: Duration,
-    /// Cap on a batch call's CPU deadline; a batch that hits it is re-run one record at a time,
-    /// each with the full `record_deadline`, so the cap delays good records but never fails them.
+    /// Cap on a batch call's CPU deadline; a batch (or part of one) that hits it is re-run one
+    /// record at a time, each with the full `record_deadline`, so the cap delays good records
+    /// but never fails them.
     #[serde(with = "humantime_serde")]
     pub batch_deadline_max: Duration,
     /// Wall-clock time a call may take beyond twice its CPU deadline, for state reads that wait
@@ -161,7 +162,10 @@ pub struct RuntimeSettings {
     pub shutdown_drain_max: Duration,
     /// Linear memory cap per instance, bytes.
     pub instance_memory_bytes_max: usize,
-    /// Bytes (keys, values, headers) one input record may emit.
+    /// Bytes (keys, values, headers, plus 64 bytes per entry) one input record may emit in
+    /// all; default 1,000,000, librdkafka's default `message.max.bytes`. Each emit must also
+    /// fit the output topic as Kafka counts it: the smaller of the producer's
+    /// `message.max.bytes` and the topic's `max.message.bytes`, read when the pipeline starts.
     pub emit_bytes_per_record_max: u64,
     /// Largest state value, bytes.
     pub state_value_bytes_max: u64,
@@ -190,7 +194,7 @@ impl Default for RuntimeSettings {
             shutdown_drain_max: Duration::from_secs(30),
             batch_staged_bytes_max: 64 << 20,
             instance_memory_bytes_max: 64 << 20,
-            emit_bytes_per_record_max: 1 << 20,
+            emit_bytes_per_record_max: crate::sink::limits::PRODUCER_MESSAGE_BYTES_DEFAULT,
             state_value_bytes_max: 1 << 20,
             state_map_key_bytes_max: 4 << 10,
             log_lines_per_second_max: 100,
@@ -259,6 +263,11 @@ pub struct LsmStateSettings {
     /// Where the disk cache keeps its files (a fresh subdirectory, removed at exit); the
     /// system temporary directory when unset.
     pub disk_cache_dir: Option<PathBuf>,
+    /// Pace of the scrub that reads every block a recovered checkpoint handed on, once, in
+    /// the background, bytes per second; 0 turns it off (GC then keeps every checkpoint that
+    /// existed at the claim for as long as the shard is open). docs/checkpoints.md,
+    /// "Corruption".
+    pub scrub_bytes_per_second: u64,
 }
 
 impl Default for LsmStateSettings {
@@ -271,6 +280,7 @@ impl Default for LsmStateSettings {
             block_cache_bytes: 256 << 20,
             disk_cache_bytes: 1 << 30,
             disk_cache_dir: None,
+            scrub_bytes_per_second: 16 << 20,
         }
     }
 }

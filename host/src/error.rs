@@ -19,3 +19,20 @@ pub enum ErrorKind {
     /// A bug in Weir.
     Internal,
 }
+
+/// Displays an error and its sources on one line, `: `-separated (for a status reason or a
+/// log field, where the chain is what the reader needs).
+#[derive(Debug)]
+pub struct Chain<'a>(pub &'a (dyn std::error::Error + 'static));
+
+impl std::fmt::Display for Chain<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)?;
+        let mut next = self.0.source();
+        while let Some(cause) = next {
+            write!(f, ": {cause}")?;
+            next = cause.source();
+        }
+        Ok(())
+    }
+}

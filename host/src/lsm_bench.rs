@@ -234,7 +234,7 @@ async fn load(
     clock: &SharedClock,
 ) -> anyhow::Result<(Manifest, LoadResult)> {
     let manifests = ManifestStore::new(store.clone(), root.clone());
-    let claim = manifests.claim("bench", None).await?;
+    let claim = manifests.claim("bench", None, &[]).await?;
     let files = SstFiles::new(store.clone(), Arc::new(BlockCaches::none()));
     let tree = LsmTree::new(
         files,
@@ -368,7 +368,7 @@ pub(crate) async fn bulk_load(
     in_level: usize,
 ) -> anyhow::Result<u64> {
     let manifests = ManifestStore::new(local.clone(), root.clone());
-    let claim = manifests.claim("bulk", None).await?;
+    let claim = manifests.claim("bulk", None, &[]).await?;
     let keys = (size_mb << 20) / (value_bytes as u64 + 16);
     let mut level = Vec::new();
     let mut builder = SstBuilder::new(64 << 10, true);
@@ -438,7 +438,7 @@ async fn measure_open(
                 break;
             }
         }
-        let claim = manifests.claim("bench-open", base.as_ref()).await?;
+        let claim = manifests.claim("bench-open", base.as_ref(), &[]).await?;
         let files = SstFiles::new(store.clone(), Arc::new(BlockCaches::none()));
         let tree = LsmTree::open(
             files,

@@ -243,6 +243,10 @@ enum Command {
         /// Keep the topics and consumer groups the runs created (to look at the outputs).
         #[arg(long)]
         keep_topics: bool,
+        /// Fractions of the counter's input that trap (`poison:trap`), comma-separated, each
+        /// a run of its own (Wasm only above 0), e.g. `0,0.001,0.01,0.1`.
+        #[arg(long, value_delimiter = ',', default_value = "0", value_parser = trap_rate)]
+        trap_rates: Vec<f64>,
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
@@ -584,6 +588,7 @@ async fn main() -> anyhow::Result<()> {
             store_dir,
             repeats,
             keep_topics,
+            trap_rates,
             json,
         } => {
             use weir_host::pipeline_bench::{self, Backend, PipelineBenchOptions};
@@ -613,6 +618,7 @@ async fn main() -> anyhow::Result<()> {
                 store_dir,
                 repeats,
                 keep_topics,
+                trap_rates,
                 progress: !json,
             })
             .await?;
@@ -637,6 +643,14 @@ async fn main() -> anyhow::Result<()> {
             batch,
             json,
         } => bench_call(operator, flights, records, batch, json).await,
+    }
+}
+
+/// A trap rate of `weir bench --trap-rates`: a fraction in `[0, 1]`.
+fn trap_rate(text: &str) -> Result<f64, String> {
+    match text.trim().parse::<f64>() {
+        Ok(rate) if (0.0..=1.0).contains(&rate) => Ok(rate),
+        _ => Err(format!("`{text}` is not a fraction between 0 and 1")),
     }
 }
 

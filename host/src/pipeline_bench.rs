@@ -144,6 +144,9 @@ pub struct PipelineBenchOptions {
     pub keep_topics: bool,
     /// Runs of each configuration; the median (by events/s) is reported, with the range.
     pub repeats: u32,
+    /// Fractions of the `counter` input (0 ≤ rate ≤ 1) that make the guest trap
+    /// (`poison:trap`, spread evenly); each rate is a run of its own, Wasm only above 0.
+    pub trap_rates: Vec<f64>,
     /// Draw a progress bar on stderr.
     pub progress: bool,
 }
@@ -157,6 +160,9 @@ pub struct BenchRun {
     pub implementation: Implementation,
     /// The state backend.
     pub backend: Backend,
+    /// The fraction of the input that traps (dead-lettered).
+    #[serde(default)]
+    pub trap_rate: f64,
     /// Events of the throughput phase.
     pub events: u64,
     /// Events/s from the first processed event to the last (throughput phase).
@@ -356,55 +362,97 @@ async fn run_all(
     let mut runs = Vec::new();
     for &workload in &opts.workloads {
         bar.set_message(format!("{workload:?}: loading the input"));
-        let events = match workload {
+        let clean = match workload {
             Workload::Counter => nexmark_bids(opts.events, opts.keys, 0),
             Workload::Aggregate => flights(opts)?,
         };
-        let prefix = format!("weir-bench-{}-{workload:?}", std::process::id()).to_lowercase();
-        let input = format!("{prefix}-in");
-        created.topics.push(input.clone());
-        crate::dev::ensure_topics(&opts.bootstrap_servers, &[(&input, opts.partitions)]).await?;
-        let producer = producer(&opts.bootstrap_servers)?;
-        produce(&producer, &input, &events, None).await?;
-        // The same for every run: each run has its own latency topic.
-        let latency_events = latency_events(opts, workload, &events);
-        // Wasm and native of one backend run back to back, so that both see the same machine.
-        for &backend in &opts.backends {
-            for &implementation in opts.implementations.iter().filter(|i| i.runs(workload)) {
-                let mut measured = Vec::new();
-                for repeat in 0..repeats {
-                    bar.set_message(format!("{workload:?} {implementation:?} {backend}"));
-                    let name = format!("{prefix}-{implementation:?}-{backend}-{repeat}")
-                        .to_lowercase()
-                        .replace(' ', "");
-                    for suffix in ["out", "dlq", "latency"] {
-                        created.topics.push(format!("{name}-{suffix}"));
+        let trap_rates = match workload {
+            Workload::Counter => opts.trap_rates.clone(),
+            Workload::Aggregate => vec![0.0],
+        };
+        for trap_rate in trap_rates {
+            let events = with_traps(&clean, trap_rate);
+            let prefix = format!(
+                "weir-bench-{}-{workload:?}-t{}",
+                std::process::id(),
+                (trap_rate * 1e6).round() as u64
+            )
+            .to_lowercase();
+            let input = format!("{prefix}-in");
+            created.topics.push(input.clone());
+            crate::dev::ensure_topics(&opts.bootstrap_servers, &[(&input, opts.partitions)])
+                .await?;
+            let producer = producer(&opts.bootstrap_servers)?;
+            produce(&producer, &input, &events, None).await?;
+            // The same for every run: each run has its own latency topic.
+            let latency_events = latency_events(opts, workload, &clean);
+            // Wasm and native of one backend run back to back, so that both see the same
+            // machine. Only a component can trap.
+            for &backend in &opts.backends {
+                let implementations = opts.implementations.iter().filter(|i| {
+                    i.runs(workload) && (trap_rate == 0.0 || **i == Implementation::Wasm)
+                });
+                for &implementation in implementations {
+                    let mut measured = Vec::new();
+                    for repeat in 0..repeats {
+                        bar.set_message(format!("{workload:?} {implementation:?} {backend}"));
+                        let name = format!("{prefix}-{implementation:?}-{backend}-{repeat}")
+                            .to_lowercase()
+                            .replace(' ', "");
+                        for suffix in ["out", "dlq", "latency"] {
+                            created.topics.push(format!("{name}-{suffix}"));
+                        }
+                        created.groups.push(format!("weir-{name}"));
+                        created.groups.push(format!("{name}-out-latency-reader"));
+                        let mut run = measure(
+                            opts,
+                            &producer,
+                            &input,
+                            &name,
+                            workload,
+                            implementation,
+                            backend,
+                            &latency_events,
+                        )
+                        .await?;
+                        run.trap_rate = trap_rate;
+                        bar.inc(1);
+                        bar.println(format!(
+                            "{workload:?} {implementation:?} {backend} traps {:.1} %: {:.0} events/s, p99 {:.1} ms",
+                            trap_rate * 100.0,
+                            run.events_per_s,
+                            run.latency_p99_ms
+                        ));
+                        measured.push(run);
                     }
-                    created.groups.push(format!("weir-{name}"));
-                    created.groups.push(format!("{name}-out-latency-reader"));
-                    let run = measure(
-                        opts,
-                        &producer,
-                        &input,
-                        &name,
-                        workload,
-                        implementation,
-                        backend,
-                        &latency_events,
-                    )
-                    .await?;
-                    bar.inc(1);
-                    bar.println(format!(
-                        "{workload:?} {implementation:?} {backend}: {:.0} events/s, p99 {:.1} ms",
-                        run.events_per_s, run.latency_p99_ms
-                    ));
-                    measured.push(run);
+                    runs.push(median_run(measured));
                 }
-                runs.push(median_run(measured));
             }
         }
     }
     Ok(runs)
+}
+
+/// `events` with the fraction `trap_rate` of their values replaced by `poison:trap` (the
+/// `counter` guest panics on it), spread evenly: event `i` traps when `⌊(i+1)·rate⌋` passes
+/// `⌊i·rate⌋`, so exactly `⌊n·rate⌋` of `n` do.
+fn with_traps(events: &[Event], trap_rate: f64) -> Vec<Event> {
+    let rate = trap_rate.clamp(0.0, 1.0);
+    events
+        .iter()
+        .enumerate()
+        .map(|(i, event)| {
+            let traps = ((i + 1) as f64 * rate).floor() > (i as f64 * rate).floor();
+            Event {
+                key: event.key.clone(),
+                value: if traps {
+                    b"poison:trap".to_vec()
+                } else {
+                    event.value.clone()
+                },
+            }
+        })
+        .collect()
 }
 
 /// Of repeated runs of one configuration, the one with the median events/s, with the range.
@@ -819,6 +867,7 @@ impl Phases<'_> {
             latency_samples: latencies.len() as u64,
             latency_p50_ms: percentile_u64(&latencies, 0.5),
             latency_p99_ms: percentile_u64(&latencies, 0.99),
+            trap_rate: 0.0,
             checkpoints: 0,
             checkpoint_p50_ms: 0.0,
             checkpoint_max_ms: 0.0,
@@ -1081,7 +1130,10 @@ pub fn ratios(runs: &[BenchRun]) -> Vec<Ratio> {
     for (top, bottom, label) in pairs {
         for r in runs.iter().filter(|r| r.implementation == top) {
             if let Some(other) = runs.iter().find(|n| {
-                n.workload == r.workload && n.implementation == bottom && n.backend == r.backend
+                n.workload == r.workload
+                    && n.implementation == bottom
+                    && n.backend == r.backend
+                    && n.trap_rate == r.trap_rate
             }) {
                 out.push(Ratio {
                     what: format!("{label}, {} on {}", name(r.workload), r.backend),
@@ -1094,6 +1146,7 @@ pub fn ratios(runs: &[BenchRun]) -> Vec<Ratio> {
         for lsm in runs.iter().filter(|l| {
             l.workload == r.workload
                 && l.implementation == r.implementation
+                && l.trap_rate == r.trap_rate
                 && matches!(l.backend, Backend::Lsm { .. })
         }) {
             out.push(Ratio {
@@ -1107,6 +1160,25 @@ pub fn ratios(runs: &[BenchRun]) -> Vec<Ratio> {
             });
         }
     }
+    for r in runs.iter().filter(|r| r.trap_rate > 0.0) {
+        if let Some(clean) = runs.iter().find(|c| {
+            c.workload == r.workload
+                && c.implementation == r.implementation
+                && c.backend == r.backend
+                && c.trap_rate == 0.0
+        }) {
+            out.push(Ratio {
+                what: format!(
+                    "{} % traps / none, {} {} on {}",
+                    r.trap_rate * 100.0,
+                    name(r.workload),
+                    format!("{:?}", r.implementation).to_lowercase(),
+                    r.backend
+                ),
+                ratio: r.events_per_s / clean.events_per_s.max(1e-9),
+            });
+        }
+    }
     out
 }
 
@@ -1114,10 +1186,11 @@ pub fn ratios(runs: &[BenchRun]) -> Vec<Ratio> {
 /// range follows it; `*` marks a run too short to measure from its first processed event.
 pub fn table(runs: &[BenchRun]) -> String {
     let mut out = format!(
-        "{:<9} {:<6} {:<12} {:>8} {:>10} {:>17} {:>8} {:>7} {:>7} {:>6} {:>8} {:>8} {:>9} {:>10}\n",
+        "{:<9} {:<6} {:<12} {:>6} {:>8} {:>10} {:>17} {:>8} {:>7} {:>7} {:>6} {:>8} {:>8} {:>9} {:>10}\n",
         "workload",
         "impl",
         "backend",
+        "traps",
         "events",
         "events/s",
         "range",
@@ -1140,10 +1213,11 @@ pub fn table(runs: &[BenchRun]) -> String {
             String::new()
         };
         out.push_str(&format!(
-            "{:<9} {:<6} {:<12} {:>8} {:>9.0}{} {:>17} {:>8.0} {:>7.1} {:>7.1} {:>6} {:>8.0} {:>8.0} {:>9.1} {:>10.2}\n",
+            "{:<9} {:<6} {:<12} {:>6} {:>8} {:>9.0}{} {:>17} {:>8.0} {:>7.1} {:>7.1} {:>6} {:>8.0} {:>8.0} {:>9.1} {:>10.2}\n",
             format!("{:?}", r.workload).to_lowercase(),
             format!("{:?}", r.implementation).to_lowercase(),
             r.backend.to_string(),
+            format!("{}%", r.trap_rate * 100.0),
             r.events,
             r.events_per_s,
             if r.includes_start { '*' } else { ' ' },
@@ -1177,6 +1251,7 @@ mod tests {
             workload: Workload::Aggregate,
             implementation,
             backend,
+            trap_rate: 0.0,
             events: 1,
             events_per_s,
             includes_start: false,
@@ -1221,6 +1296,29 @@ mod tests {
         );
         assert!(Implementation::Python.runs(Workload::Aggregate));
         assert!(!Implementation::Python.runs(Workload::Counter));
+    }
+
+    #[test]
+    fn traps_are_spread_evenly_at_their_rate() {
+        let events: Vec<Event> = (0..1000)
+            .map(|i| Event {
+                key: vec![i as u8],
+                value: b"bid".to_vec(),
+            })
+            .collect();
+        let poisoned = |rate| {
+            with_traps(&events, rate)
+                .iter()
+                .enumerate()
+                .filter(|(_, e)| e.value == b"poison:trap")
+                .map(|(i, _)| i)
+                .collect::<Vec<_>>()
+        };
+        assert!(poisoned(0.0).is_empty());
+        assert_eq!(poisoned(0.01).len(), 10);
+        assert_eq!(poisoned(0.01)[..3], [99, 199, 299]);
+        assert_eq!(poisoned(0.1).len(), 100);
+        assert_eq!(poisoned(1.0).len(), 1000);
     }
 
     #[test]

@@ -6,6 +6,7 @@
 //! add, never a registry lookup. Histograms are exported as Prometheus histograms (buckets,
 //! not client-side quantiles) so that hosts can be summed.
 
+use crate::sink::DeadLetterKind;
 use metrics::{Counter, Gauge, Histogram, Label};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use std::sync::OnceLock;
@@ -157,8 +158,9 @@ pub struct RunMetrics {
     pub records_in: Counter,
     /// `weir_records_out_total`: records emitted to the output topic.
     pub records_out: Counter,
-    /// `weir_records_dead_lettered_total`: records sent to the dead-letter topic.
-    pub dead_lettered: Counter,
+    /// `weir_records_dead_lettered_total{kind}`: records sent to the dead-letter topic, one
+    /// series per [`DeadLetterKind`] (index [`DeadLetterKind::index`]).
+    dead_lettered: [Counter; DeadLetterKind::ALL.len()],
     /// `weir_batch_processing_seconds`: from the start of a batch's attempt (instance,
     /// prefetch, call) until its effects are applied and its emits handed to the producer.
     pub batch_processing: Histogram,
@@ -181,7 +183,7 @@ impl Default for RunMetrics {
             labels: Vec::new(),
             records_in: Counter::noop(),
             records_out: Counter::noop(),
-            dead_lettered: Counter::noop(),
+            dead_lettered: std::array::from_fn(|_| Counter::noop()),
             batch_processing: Histogram::noop(),
             state_get: Histogram::noop(),
             state_put: Histogram::noop(),
@@ -203,7 +205,11 @@ impl RunMetrics {
         Self {
             records_in: metrics::counter!("weir_records_in_total", l()),
             records_out: metrics::counter!("weir_records_out_total", l()),
-            dead_lettered: metrics::counter!("weir_records_dead_lettered_total", l()),
+            dead_lettered: DeadLetterKind::ALL.map(|kind| {
+                let mut labels = l();
+                labels.push(Label::new("kind", kind.as_str()));
+                metrics::counter!("weir_records_dead_lettered_total", labels)
+            }),
             batch_processing: metrics::histogram!("weir_batch_processing_seconds", l()),
             state_get: metrics::histogram!("weir_state_get_seconds", l()),
             state_put: metrics::histogram!("weir_state_put_seconds", l()),
@@ -212,6 +218,11 @@ impl RunMetrics {
             recovery: metrics::histogram!("weir_recovery_duration_seconds", l()),
             labels,
         }
+    }
+
+    /// `weir_records_dead_lettered_total{kind}` of `kind`.
+    pub fn dead_lettered(&self, kind: DeadLetterKind) -> &Counter {
+        &self.dead_lettered[kind.index()]
     }
 
     /// The run's labels (`tenant`, `pipeline`).
@@ -240,6 +251,52 @@ impl RunMetrics {
         let mut labels = self.labels.clone();
         labels.extend(extra.iter().map(|(k, v)| Label::new(*k, *v)));
         metrics::counter!(name, labels)
+    }
+}
+
+/// A log line budget: lets at most `lines_per_second_max` lines through per second and
+/// counts the ones it holds back, so that a storm of failures (every record of a topic
+/// trapping) logs a bounded number of lines while metrics count every one.
+#[derive(Debug)]
+pub struct LogBudget {
+    lines_per_second_max: u32,
+    /// (window start, lines let through in it, lines held back since the last one let
+    /// through).
+    window: std::sync::Mutex<(Option<std::time::Instant>, u32, u64)>,
+}
+
+impl LogBudget {
+    /// A budget of `lines_per_second_max` lines per second.
+    pub fn new(lines_per_second_max: u32) -> Self {
+        Self {
+            lines_per_second_max,
+            window: std::sync::Mutex::new((None, 0, 0)),
+        }
+    }
+
+    /// Whether a line may be written now: `Some(n)` with the `n` lines held back since the
+    /// last one let through (for the line to say so), or `None` to hold this one back.
+    pub fn admit(&self) -> Option<u64> {
+        let now = std::time::Instant::now();
+        let mut window = self.window.lock().unwrap_or_else(|e| e.into_inner());
+        let (start, used, held) = &mut *window;
+        if start.is_none_or(|s| now.duration_since(s) >= std::time::Duration::from_secs(1)) {
+            *start = Some(now);
+            *used = 0;
+        }
+        if *used >= self.lines_per_second_max {
+            *held += 1;
+            return None;
+        }
+        *used += 1;
+        Some(std::mem::take(held))
+    }
+}
+
+impl Default for LogBudget {
+    /// 10 lines per second.
+    fn default() -> Self {
+        Self::new(10)
     }
 }
 
@@ -277,6 +334,17 @@ weir_state_get_seconds_count{tenant=\"acme\",pipeline=\"a\"} 2\n"
     fn a_label_value_that_is_another_tenants_prefix_or_pipeline_does_not_match() {
         assert_eq!(filter_by_label(PAGE, "tenant", "acm"), "");
         assert!(!filter_by_label(PAGE, "tenant", "other").contains("acme-2"));
+    }
+
+    #[test]
+    fn a_log_budget_lets_its_lines_per_second_through_and_counts_the_rest() {
+        let budget = LogBudget::new(3);
+        let admitted: Vec<Option<u64>> = (0..5).map(|_| budget.admit()).collect();
+        assert_eq!(admitted, vec![Some(0), Some(0), Some(0), None, None]);
+        // The next window's first line says how many were held back.
+        budget.window.lock().expect("lock").0 =
+            Some(std::time::Instant::now() - std::time::Duration::from_secs(2));
+        assert_eq!(budget.admit(), Some(2));
     }
 
     #[test]

@@ -104,6 +104,7 @@ pub async fn lsm_state_on_s3(memtable_bytes_max: usize) -> anyhow::Result<StateS
             block_cache_bytes: 8 << 20,
             disk_cache_bytes: 16 << 20,
             disk_cache_dir: None,
+            ..LsmStateSettings::default()
         },
         memory: Default::default(),
     })
@@ -179,6 +180,130 @@ pub async fn create_topics(topics: &[(&str, i32)]) -> anyhow::Result<()> {
                 kafka_bootstrap()
             )
         })
+}
+
+/// Creates topic `name` with `partitions` partitions and the topic configuration `config`
+/// (for example `max.message.bytes`).
+///
+/// # Errors
+/// When the broker is unreachable or refuses.
+pub async fn create_topic_with(
+    name: &str,
+    partitions: i32,
+    config: &[(&str, &str)],
+) -> anyhow::Result<()> {
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    let admin: AdminClient<rdkafka::client::DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", kafka_bootstrap())
+        .create()?;
+    let mut topic = NewTopic::new(name, partitions, TopicReplication::Fixed(1));
+    for (k, v) in config {
+        topic = topic.set(k, v);
+    }
+    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
+    for result in admin.create_topics([&topic], &opts).await? {
+        if let Err((topic, code)) = result {
+            bail!("cannot create topic `{topic}`: {code:?}");
+        }
+    }
+    Ok(())
+}
+
+/// A topic's configuration entry `name`, as the broker describes it.
+///
+/// # Errors
+/// When the broker is unreachable or does not describe the topic.
+pub async fn topic_config(topic: &str, name: &str) -> anyhow::Result<Option<String>> {
+    use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
+    let admin: AdminClient<rdkafka::client::DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", kafka_bootstrap())
+        .create()?;
+    let described = admin
+        .describe_configs(&[ResourceSpecifier::Topic(topic)], &AdminOptions::new())
+        .await?;
+    let resource = described
+        .into_iter()
+        .next()
+        .context("one resource described")?
+        .map_err(|code| anyhow::anyhow!("describe `{topic}`: {code:?}"))?;
+    Ok(resource.get(name).and_then(|e| e.value.clone()))
+}
+
+/// The offsets consumer group `group` has committed for `topic`'s `partitions`
+/// (`None`: nothing committed for a partition), read without joining the group.
+///
+/// # Errors
+/// When the broker is unreachable.
+pub fn committed_offsets(
+    group: &str,
+    topic: &str,
+    partitions: i32,
+) -> anyhow::Result<Vec<Option<i64>>> {
+    use rdkafka::consumer::BaseConsumer;
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", kafka_bootstrap())
+        .set("group.id", group)
+        .set("enable.auto.commit", "false")
+        .create()?;
+    let mut wanted = rdkafka::TopicPartitionList::new();
+    for p in 0..partitions {
+        wanted.add_partition(topic, p);
+    }
+    let committed = consumer.committed_offsets(wanted, Duration::from_secs(10))?;
+    Ok((0..partitions)
+        .map(
+            |p| match committed.find_partition(topic, p).map(|e| e.offset()) {
+                Some(rdkafka::Offset::Offset(o)) => Some(o),
+                _ => None,
+            },
+        )
+        .collect())
+}
+
+/// Each partition's high watermark (the offset the next record gets) of `topic`.
+///
+/// # Errors
+/// When the broker is unreachable.
+pub fn high_watermarks(topic: &str, partitions: i32) -> anyhow::Result<Vec<i64>> {
+    use rdkafka::consumer::BaseConsumer;
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", kafka_bootstrap())
+        .create()?;
+    (0..partitions)
+        .map(|p| {
+            let (_, high) = consumer.fetch_watermarks(topic, p, Duration::from_secs(10))?;
+            Ok(high)
+        })
+        .collect()
+}
+
+/// Produces `(key, value)` records to partition `partition` of `topic` with a producer whose
+/// `message.max.bytes` is `message_bytes_max` (records larger than librdkafka's default).
+///
+/// # Errors
+/// When a delivery fails.
+pub async fn produce_large(
+    topic: &str,
+    partition: i32,
+    records: &[KeyValue],
+    message_bytes_max: usize,
+) -> anyhow::Result<()> {
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", kafka_bootstrap())
+        .set("message.max.bytes", message_bytes_max.to_string())
+        .set("batch.size", "1000000")
+        .create()?;
+    for (key, value) in records {
+        let record = FutureRecord::to(topic)
+            .partition(partition)
+            .key(key.as_slice())
+            .payload(value.as_slice());
+        match producer.send(record, Duration::from_secs(30)).await {
+            Ok(_) => {}
+            Err((err, _)) => bail!("delivery failed: {err}"),
+        }
+    }
+    Ok(())
 }
 
 /// Produces `(key, value)` records to partition `partition` of `topic`, waiting for each ack.
@@ -337,13 +462,25 @@ impl RunningPipeline {
         backend: Arc<B>,
         clock: SharedClock,
     ) -> Self {
+        let (_requests, control) = pipeline::PipelineControl::new();
+        Self::start_controlled(settings, backend, clock, control)
+    }
+
+    /// Starts `settings` in the background on `backend`, asked for checkpoints by `control`.
+    pub fn start_controlled<B: StateBackend>(
+        settings: Settings,
+        backend: Arc<B>,
+        clock: SharedClock,
+        control: pipeline::PipelineControl,
+    ) -> Self {
         let stats = Arc::new(PipelineStats::default());
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let task = tokio::spawn(pipeline::run(
+        let task = tokio::spawn(pipeline::run_controlled(
             settings,
             backend,
             clock,
             stats.clone(),
+            control,
             async move {
                 let _ = stopped.await;
             },
@@ -380,6 +517,13 @@ impl RunningPipeline {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         Ok(())
+    }
+
+    /// Kills the pipeline as SIGKILL would a process: no drain, no last checkpoint (its
+    /// consumer and producers are dropped).
+    pub async fn kill(self) {
+        self.task.abort();
+        let _ = self.task.await;
     }
 
     /// Whether the pipeline task has ended (it should not, until stopped).

@@ -110,10 +110,17 @@ async fn a_pipeline_runs_checkpoints_switches_version_keeping_state_stops_and_is
         Some(2_000.0),
         "{page}"
     );
-    assert_eq!(
-        sample(&page, "weir_records_dead_lettered_total", &run),
-        Some(0.0)
-    );
+    for kind in ["rejected", "trapped", "deadline", "output-refused"] {
+        assert_eq!(
+            sample(
+                &page,
+                "weir_records_dead_lettered_total",
+                &format!(r#"{run},kind="{kind}""#)
+            ),
+            Some(0.0),
+            "{kind}"
+        );
+    }
     for histogram in [
         "weir_batch_processing_seconds_count",
         "weir_state_get_seconds_count",

@@ -64,6 +64,7 @@ async fn bench_runs_measure_every_event_and_native_computes_what_wasm_computes()
         repeats: 1,
         // Kept to compare the outputs below.
         keep_topics: true,
+        trap_rates: vec![0.0, 0.1],
         progress: false,
     };
     let runs = pipeline_bench::run(&opts).await?;
@@ -71,7 +72,23 @@ async fn bench_runs_measure_every_event_and_native_computes_what_wasm_computes()
         store.path().read_dir()?.next().is_none(),
         "the store directory is left as it was (the runs' own subdirectory removed)"
     );
+    // Trap-free, the four runs; with 10 % of the input trapping, the component alone.
+    let (trapping, runs): (Vec<_>, Vec<_>) = runs.into_iter().partition(|r| r.trap_rate > 0.0);
     assert_eq!(runs.len(), 4);
+    assert_eq!(trapping.len(), 2, "Wasm on each backend");
+    for run in &trapping {
+        assert_eq!(run.implementation, Implementation::Wasm);
+        assert_eq!(
+            run.events, 3_000,
+            "every event, trapping or not, is measured: {run:?}"
+        );
+    }
+    let all: Vec<_> = runs.iter().chain(&trapping).cloned().collect();
+    assert!(
+        pipeline_bench::table(&all).contains("10 % traps / none, counter wasm on memory: "),
+        "{}",
+        pipeline_bench::table(&all)
+    );
     // Every run reads exactly the preloaded bids, then its own latency phase (a warm-up
     // second and a measured one, 500 events each).
     for run in &runs {

@@ -7,6 +7,7 @@ mod bench;
 mod checkpoint_recovery;
 mod dead_letters;
 mod execution_controller;
+mod failure_handling;
 mod flights_end_to_end;
 mod flights_loader;
 mod k8s_manifests;

@@ -10,15 +10,16 @@
 //! records, checkpoints and closes the shard. docs/checkpoints.md is the protocol.
 
 pub mod controller;
+mod isolation;
 pub mod worker;
 
 use crate::clock::SharedClock;
 use crate::config::{Delivery, Settings};
 use crate::runtime::{InputRecord, Operator, Runtime, RuntimeError};
-use crate::sink::{self, Sink};
+use crate::sink::{self, DeliveryGuard, Sink};
 use crate::source::{self, SourceConsumer, SourceContext};
 use crate::state::checkpoint::InputOffsets;
-use crate::state::{Shard, ShardId, StateBackend, StateError};
+use crate::state::{Recovery, Shard, ShardId, StateBackend, StateError};
 use crate::telemetry::RunMetrics;
 use futures::FutureExt;
 use rdkafka::Offset;
@@ -103,6 +104,8 @@ pub struct PipelineStats {
     pub checkpoint_history: Mutex<VecDeque<CheckpointRecord>>,
     /// The run's exported series (records nothing unless built by [`PipelineStats::labelled`]).
     pub metrics: RunMetrics,
+    /// The budget of the run's log lines about failed records (dead-lettered or skipped).
+    pub failure_log: crate::telemetry::LogBudget,
 }
 
 /// Checkpoints kept in [`PipelineStats::checkpoint_history`].
@@ -127,6 +130,32 @@ pub struct PartitionProgress {
     pub state_bytes: u64,
     /// Version of the last committed checkpoint (the manifest version for `lsm`).
     pub checkpoint_version: Option<u64>,
+    /// What holds the partition back, if anything (absent while it runs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub problem: Option<PartitionProblem>,
+}
+
+/// What holds a partition back on its host.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
+pub struct PartitionProblem {
+    /// `paused`: it waits and tries again on its own (a dead-letter topic that refuses
+    /// records, a fallback to an older checkpoint under way); `failed`: it needs a person
+    /// (no usable checkpoint is left) and is retried with backoff meanwhile.
+    pub state: PartitionState,
+    /// Why, one line.
+    pub reason: String,
+}
+
+/// The state of a [`PartitionProblem`].
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, utoipa::ToSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum PartitionState {
+    /// It waits and tries again on its own.
+    Paused,
+    /// It cannot go on without a person; retried with backoff.
+    Failed,
 }
 
 impl PartitionProgress {
@@ -230,10 +259,19 @@ impl PipelineStats {
         let progress = partitions.entry(partition).or_default();
         progress.partition = partition;
         progress.checkpointed_offsets = offsets.iter().map(|(t, o)| (t.to_owned(), o)).collect();
+        progress.problem = None;
         progress.update_lag();
         self.metrics
             .consumer_lag(partition)
             .set(progress.lag as f64);
+    }
+
+    /// Records what holds `partition` back (`None`: nothing, it runs).
+    pub(crate) fn set_problem(&self, partition: i32, problem: Option<PartitionProblem>) {
+        let mut partitions = self.partitions.lock().expect("progress lock");
+        let progress = partitions.entry(partition).or_default();
+        progress.partition = partition;
+        progress.problem = problem;
     }
 
     /// Forgets `partition`: it is no longer run here.
@@ -294,6 +332,13 @@ const FENCED_HOLD: Duration = Duration::from_secs(10);
 /// How long after a failed shard open (store unavailable) it is tried again.
 const OPEN_RETRY_DELAY: Duration = Duration::from_secs(1);
 
+/// First wait before a shard with no usable checkpoint left is tried again; doubles up to
+/// [`NO_CHECKPOINT_RETRY_MAX`].
+const NO_CHECKPOINT_RETRY_MIN: Duration = Duration::from_secs(5);
+
+/// Longest wait between tries of a shard with no usable checkpoint left.
+const NO_CHECKPOINT_RETRY_MAX: Duration = Duration::from_secs(300);
+
 /// How often the partitions' high watermarks are read for their progress (lag).
 const WATERMARKS_INTERVAL: Duration = Duration::from_secs(1);
 
@@ -346,6 +391,8 @@ struct Running<B: StateBackend> {
     backend: Arc<B>,
     operator: Arc<Operator<B::Shard>>,
     producer: rdkafka::producer::FutureProducer,
+    /// The largest record each output topic takes (read at start).
+    limits: sink::limits::RecordLimits,
     stats: Arc<PipelineStats>,
     consumer: Arc<SourceConsumer>,
     workers: HashMap<i32, WorkerHandle>,
@@ -371,6 +418,11 @@ struct Running<B: StateBackend> {
     control: PipelineControl,
     /// When the input's high watermarks were last copied into the partitions' progress.
     watermarks_read: Instant,
+    /// What each partition's last worker here found corrupt: its next open falls back past
+    /// the checkpoints it makes unusable (docs/checkpoints.md, "Corruption").
+    corruption: HashMap<i32, crate::state::KnownCorruption>,
+    /// The next wait of partitions whose open found no usable checkpoint.
+    open_backoff: HashMap<i32, Duration>,
 }
 
 /// Runs the pipeline until `shutdown` completes or a fatal error occurs, then drains the
@@ -459,13 +511,15 @@ pub async fn run_operator<B: StateBackend>(
         .collect();
     consumer.subscribe(&topics).map_err(PipelineError::Kafka)?;
     let consumer = Arc::new(consumer);
-    let producer = sink::producer(&settings).map_err(PipelineError::Kafka)?;
+    let limits = sink::limits::read_limits(&settings).await;
+    let producer = sink::producer(&settings, &limits).map_err(PipelineError::Kafka)?;
     let (checkpointed_tx, checkpointed_rx) = mpsc::unbounded_channel();
     let mut running = Running {
         settings,
         backend,
         operator,
         producer,
+        limits,
         stats,
         consumer: consumer.clone(),
         workers: HashMap::new(),
@@ -480,9 +534,11 @@ pub async fn run_operator<B: StateBackend>(
         worker_ended: Arc::new(tokio::sync::Notify::new()),
         control,
         watermarks_read: Instant::now(),
+        corruption: HashMap::new(),
+        open_backoff: HashMap::new(),
     };
     let result = running.consume(&consumer, &context, shutdown).await;
-    let drained = running.drain().await;
+    let drained = running.drain(&consumer).await;
     result.and(drained)
 }
 
@@ -577,6 +633,7 @@ impl<B: StateBackend> Running<B> {
             self.pending.remove(&partition);
             self.paused.remove(&partition);
             self.hold.remove(&partition);
+            self.open_backoff.remove(&partition);
             if let Some(opening) = self.opening.remove(&partition) {
                 opening.task.abort();
             }
@@ -697,18 +754,24 @@ impl<B: StateBackend> Running<B> {
         };
         let backend = self.backend.clone();
         let (settings, consumer) = (self.settings.clone(), self.consumer.clone());
+        let known_corruption = self.corruption.get(&partition).cloned().unwrap_or_default();
+        let limits = self.limits;
         let task = match self.settings.pipeline.delivery {
             Delivery::AtLeastOnce => tokio::spawn(async move {
                 // Kafka names a checkpoint only if an exactly-once run committed one (the
                 // pipeline switched modes); manifest-decided ones count anyway.
                 let committed = committed_checkpoint(&settings, partition, consumer).await?;
+                let recovery = Recovery {
+                    committed,
+                    known_corruption,
+                };
                 Ok(Opened {
-                    shard: backend.open_shard_at(&id, committed).await?,
+                    shard: backend.open_shard_at(&id, &recovery).await?,
                     producer: None,
                 })
             }),
             Delivery::ExactlyOnce => tokio::spawn(async move {
-                let producer = sink::transactional_producer(&settings, partition)?;
+                let producer = sink::transactional_producer(&settings, partition, &limits)?;
                 let init = producer.clone();
                 tokio::task::spawn_blocking(move || {
                     init.init_transactions(TRANSACTION_SETUP_TIMEOUT)
@@ -716,7 +779,11 @@ impl<B: StateBackend> Running<B> {
                 .await
                 .unwrap_or(Err(KafkaError::Canceled))?;
                 let committed = committed_checkpoint(&settings, partition, consumer).await?;
-                let shard = backend.open_shard_at(&id, committed).await?;
+                let recovery = Recovery {
+                    committed,
+                    known_corruption,
+                };
+                let shard = backend.open_shard_at(&id, &recovery).await?;
                 let begin = producer.clone();
                 tokio::task::spawn_blocking(move || begin.begin_transaction())
                     .await
@@ -749,7 +816,25 @@ impl<B: StateBackend> Running<B> {
         let Opened { shard, producer } = match opening.task.await {
             Ok(Ok(opened)) => opened,
             Ok(Err(OpenError::State(err))) if err.kind() == crate::error::ErrorKind::Corrupt => {
-                return Err(PipelineError::State(err));
+                // No usable checkpoint is left: starting empty would lose the state. The
+                // partition stays assigned and paused, failed in its status; the others go on.
+                let wait = self
+                    .open_backoff
+                    .get(&partition)
+                    .copied()
+                    .unwrap_or(NO_CHECKPOINT_RETRY_MIN);
+                self.open_backoff
+                    .insert(partition, (wait * 2).min(NO_CHECKPOINT_RETRY_MAX));
+                tracing::error!(partition, error = %err, retry_in = ?wait, "no usable checkpoint is left for the shard; the partition stays paused");
+                self.stats.set_problem(
+                    partition,
+                    Some(PartitionProblem {
+                        state: PartitionState::Failed,
+                        reason: format!("{}", crate::error::Chain(&err)),
+                    }),
+                );
+                self.hold.insert(partition, Instant::now() + wait);
+                return Ok(());
             }
             Ok(Err(err)) => {
                 tracing::warn!(partition, error = %err, retry_in = ?OPEN_RETRY_DELAY, "cannot open shard; retrying");
@@ -760,6 +845,9 @@ impl<B: StateBackend> Running<B> {
             Err(_) => return Err(PipelineError::WorkerPanicked(partition)),
         };
         self.stats.shards_opened.fetch_add(1, Ordering::Relaxed);
+        self.open_backoff.remove(&partition);
+        // The fallback is recorded in the claim: what was found corrupt is known durably.
+        self.corruption.remove(&partition);
         let offsets = shard
             .recovered_offsets()
             .map_err(PipelineError::State)?
@@ -772,6 +860,12 @@ impl<B: StateBackend> Running<B> {
         }
         // Fetched from wherever the consumer was: the seek fetches what counts again.
         self.pending.remove(&partition);
+        if self.settings.pipeline.delivery == Delivery::AtLeastOnce && !offsets.is_empty() {
+            // The group's committed offsets follow the owner: the previous one committed
+            // nothing after its revoke, so what it checkpointed last reaches the group here
+            // (lag dashboards and autoscalers read it; recovery reads the checkpoint).
+            self.checkpointed.push((partition, offsets.clone()));
+        }
         tracing::info!(
             partition,
             ms = opening.started.elapsed().as_millis() as u64,
@@ -815,25 +909,41 @@ impl<B: StateBackend> Running<B> {
     }
 
     /// Commits (asynchronously) the offsets of checkpoints committed since the last call, for
-    /// partitions still owned. Informational — lag and tooling read them; recovery reads the
-    /// checkpoint — so a failure is only logged.
+    /// partitions still owned — never one whose revoke reached this loop: its next owner
+    /// commits what it recovers (S1). Informational — lag and tooling read them; recovery reads
+    /// the checkpoint — so a failure is only logged.
     fn commit_checkpointed(&mut self, consumer: &SourceConsumer) {
-        let mut tpl = TopicPartitionList::new();
+        let owned: HashSet<i32> = self.workers.keys().copied().collect();
+        self.commit_offsets(consumer, &owned, CommitMode::Async);
+    }
+
+    /// Commits the newest checkpointed offsets received for the `owned` partitions (later
+    /// checkpoints replace earlier ones) and forgets the others'.
+    fn commit_offsets(
+        &mut self,
+        consumer: &SourceConsumer,
+        owned: &HashSet<i32>,
+        mode: CommitMode,
+    ) {
         while let Ok(done) = self.checkpointed_rx.try_recv() {
             self.checkpointed.push(done);
         }
+        let mut newest: BTreeMap<(String, i32), i64> = BTreeMap::new();
         for (partition, offsets) in std::mem::take(&mut self.checkpointed) {
-            if !self.workers.contains_key(&partition) {
-                continue;
-            }
-            for (topic, next) in offsets.iter() {
-                if let Err(err) = tpl.add_partition_offset(topic, partition, Offset::Offset(next)) {
-                    tracing::warn!(partition, error = %err, "cannot list offset to commit");
+            if owned.contains(&partition) {
+                for (topic, next) in offsets.iter() {
+                    newest.insert((topic.to_owned(), partition), next);
                 }
             }
         }
+        let mut tpl = TopicPartitionList::new();
+        for ((topic, partition), next) in &newest {
+            if let Err(err) = tpl.add_partition_offset(topic, *partition, Offset::Offset(*next)) {
+                tracing::warn!(partition, error = %err, "cannot list offset to commit");
+            }
+        }
         if tpl.count() > 0
-            && let Err(err) = consumer.commit(&tpl, CommitMode::Async)
+            && let Err(err) = consumer.commit(&tpl, mode)
         {
             tracing::warn!(error = %err, "cannot commit checkpointed offsets to Kafka");
         }
@@ -909,13 +1019,40 @@ impl<B: StateBackend> Running<B> {
     /// A worker ended on its own. Fenced: another owner claimed the shard, so this host drops
     /// the partition's records and pauses it for [`FENCED_HOLD`] (a rebalance will normally
     /// revoke it meanwhile). A failed transaction: the same, for [`OPEN_RETRY_DELAY`], then the
-    /// shard is reopened from its decided checkpoint. Anything else stops the pipeline.
+    /// shard is reopened from its decided checkpoint. Corrupt state: the same, and the shard is
+    /// reopened from a checkpoint that does not reference what was found corrupt. Anything
+    /// else stops the pipeline.
     async fn worker_ended(
         &mut self,
         partition: i32,
         consumer: &SourceConsumer,
     ) -> Result<(), PipelineError> {
         match self.worker_failure(partition).await {
+            PipelineError::Worker(WorkerError::Corrupt {
+                opened_from,
+                source,
+                ..
+            }) => {
+                let known = self.corruption.entry(partition).or_default();
+                known.add(&source, opened_from);
+                self.stats.set_problem(
+                    partition,
+                    Some(PartitionProblem {
+                        state: PartitionState::Paused,
+                        reason: format!(
+                            "falling back to an older checkpoint: {}",
+                            crate::error::Chain(&source)
+                        ),
+                    }),
+                );
+                self.pending.remove(&partition);
+                self.hold
+                    .insert(partition, Instant::now() + OPEN_RETRY_DELAY);
+                if self.paused.insert(partition) {
+                    self.set_paused(consumer, partition, true);
+                }
+                Ok(())
+            }
             PipelineError::Worker(
                 ref err @ (WorkerError::Fenced { .. } | WorkerError::Transaction { .. }),
             ) => {
@@ -966,6 +1103,7 @@ impl<B: StateBackend> Running<B> {
         transactional: Option<FutureProducer>,
     ) {
         let (tx, rx) = mpsc::channel(self.settings.runtime.partition_queue_batches_max);
+        let is_transactional = transactional.is_some();
         let (producer, decision) = match transactional {
             Some(producer) => (
                 producer.clone(),
@@ -978,6 +1116,7 @@ impl<B: StateBackend> Running<B> {
         };
         let stalled = Arc::new(AtomicBool::new(false));
         let revoked = Arc::new(AtomicBool::new(false));
+        let (stall_flag, stall_stats) = (stalled.clone(), self.stats.clone());
         let worker = PartitionWorker {
             partition,
             operator: self.operator.clone(),
@@ -986,6 +1125,23 @@ impl<B: StateBackend> Running<B> {
                 producer,
                 self.settings.pipeline.output_topic.clone(),
                 self.settings.pipeline.dead_letter_topic.clone(),
+                self.limits,
+                is_transactional,
+                DeliveryGuard {
+                    on_stall: Box::new(move |reason| {
+                        // A refused delivery pauses the partition (its worker waits) and says
+                        // why in its status.
+                        stall_flag.store(reason.is_some(), Ordering::Relaxed);
+                        stall_stats.set_problem(
+                            partition,
+                            reason.map(|reason| PartitionProblem {
+                                state: PartitionState::Paused,
+                                reason,
+                            }),
+                        );
+                    }),
+                    give_up: revoked.clone(),
+                },
             ),
             settings: self.settings.runtime.clone(),
             stats: self.stats.clone(),
@@ -1035,14 +1191,22 @@ impl<B: StateBackend> Running<B> {
     }
 
     /// Closes every worker's queue and waits for it to finish its batches, deliveries and last
-    /// checkpoint; waits for revoked partitions' workers too.
-    async fn drain(&mut self) -> Result<(), PipelineError> {
+    /// checkpoint; waits for revoked partitions' workers too. Then commits the last
+    /// checkpoints of the partitions it still owns to the group, synchronously, before the
+    /// consumer closes (at-least-once: exactly-once committed them in their transactions).
+    async fn drain(&mut self, consumer: &SourceConsumer) -> Result<(), PipelineError> {
         for (_, opening) in self.opening.drain() {
             opening.task.abort();
         }
+        let owned: HashSet<i32> = self.workers.keys().copied().collect();
         let deadline = tokio::time::Instant::now() + self.settings.runtime.shutdown_drain_max;
         match tokio::time::timeout_at(deadline, self.drain_all()).await {
-            Ok(result) => result,
+            Ok(result) => {
+                // The partitions it still owns: their last checkpoints reach the group before
+                // the consumer leaves it.
+                self.commit_offsets(consumer, &owned, CommitMode::Sync);
+                result
+            }
             Err(_) => {
                 // A worker stuck in an outage would keep shutdown waiting forever. Nothing is
                 // lost by stopping it: no offset is committed for records it did not finish.
@@ -1078,9 +1242,14 @@ impl<B: StateBackend> Running<B> {
             drop(std::mem::replace(&mut worker.tx, closed));
             let outcome = match (&mut worker.task).await {
                 // The partition's next owner resumes from its last decided checkpoint.
-                Ok(Ok(()) | Err(WorkerError::Fenced { .. } | WorkerError::Transaction { .. })) => {
+                Ok(
                     Ok(())
-                }
+                    | Err(
+                        WorkerError::Fenced { .. }
+                        | WorkerError::Transaction { .. }
+                        | WorkerError::Corrupt { .. },
+                    ),
+                ) => Ok(()),
                 Ok(Err(err)) => Err(PipelineError::Worker(err)),
                 Err(_) => Err(PipelineError::WorkerPanicked(partition)),
             };

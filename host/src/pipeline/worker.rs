@@ -15,9 +15,10 @@
 //!    (capped at `batch_deadline_max`).
 //! 3. On success, apply the batch's staged writes to the shard, produce its emits in order and
 //!    dead-letter the rejected records — unless a rejected record had staged effects, in which
-//!    case fall through to step 4 so that exactly its effects are discarded.
-//! 4. On a trap (or step 3's exception), discard everything and re-run the records one at a
-//!    time with the per-record deadline; a record that traps alone is dead-lettered.
+//!    case the batch is run again around it so that exactly its effects are discarded.
+//! 4. On a trap, discard everything and isolate the failing record ([`super::isolation`]):
+//!    halves of halves, each part's effects applied before the next runs (one record at a
+//!    time after a CPU deadline); a record that traps alone is dead-lettered.
 //!
 //! A state backend outage aborts the call from the host; the worker backs off and retries the
 //! same records, which pauses the partition (its queue fills and the consumer loop pauses that
@@ -33,6 +34,7 @@
 //! a revoke it drops the records not yet admitted, unprocessed.
 
 use super::controller::ExecutionController;
+use super::isolation::{Isolation, Outcome, Verdict};
 use super::{CheckpointRecord, PipelineStats};
 use crate::clock::{Clock, SystemClock};
 use crate::config::{FailurePolicy, RuntimeSettings};
@@ -86,11 +88,15 @@ pub enum WorkerError {
         #[source]
         source: SinkError,
     },
-    /// The shard's stored state is corrupt: retrying cannot help, so the partition stops.
+    /// The shard's stored state is corrupt: retrying cannot help. The shard is reopened from
+    /// a checkpoint that does not reference what was found corrupt (docs/checkpoints.md,
+    /// "Corruption"); the other partitions go on.
     #[error("partition {partition}: state is corrupt")]
     Corrupt {
         /// The partition.
         partition: i32,
+        /// The checkpoint the shard was opened from (blamed when no object is named).
+        opened_from: Option<u64>,
         /// The failure.
         #[source]
         source: StateError,
@@ -162,9 +168,9 @@ struct Task {
     records: Arc<Vec<InputRecord>>,
     /// Hashes of its keys, given back to the controller when it finishes.
     keys: Vec<u64>,
-    /// `None` while the batch runs whole; `Some(i)` once it is re-run one record at a time
-    /// (after a trap, or a rejection with staged effects), at record `i`.
-    single: Option<usize>,
+    /// Which of its records the next call covers: all of them, until a call fails
+    /// ([`Isolation`]).
+    isolation: Isolation,
     /// Wait before the next attempt (after an outage).
     delay: Duration,
     /// The delay after the next outage.
@@ -172,17 +178,23 @@ struct Task {
 }
 
 impl Task {
-    /// The records of the next call: the whole batch, or record `i` alone.
+    /// The records of the next call: the whole batch, or the range isolation is at.
     fn call_records(&self) -> Arc<Vec<InputRecord>> {
-        match self.single {
-            None => self.records.clone(),
-            Some(i) => Arc::new(vec![self.records[i].clone()]),
+        match self.isolation.current() {
+            Some(range) if !self.isolation.is_whole(self.records.len()) => {
+                Arc::new(self.records[range].to_vec())
+            }
+            _ => self.records.clone(),
         }
     }
 
-    /// Switches to re-running the records one at a time, from the first.
-    fn split(&mut self, backoff_min: Duration) {
-        self.single = Some(0);
+    /// Where the next call's records start in the batch.
+    fn call_start(&self) -> usize {
+        self.isolation.current().map_or(0, |r| r.start)
+    }
+
+    /// The next call is a new attempt, not a retry after an outage.
+    fn reset_backoff(&mut self, backoff_min: Duration) {
         self.delay = Duration::ZERO;
         self.backoff = backoff_min;
     }
@@ -228,6 +240,7 @@ async fn attempt<S: Shard>(
     instance: Option<Instance<S>>,
     task: Task,
     deadline: Duration,
+    emit_record_bytes_max: u64,
 ) -> Attempted<S> {
     if !task.delay.is_zero() {
         tokio::time::sleep(task.delay).await;
@@ -256,7 +269,10 @@ async fn attempt<S: Shard>(
     let prefetched = prefetch(&*shard, value_states, records.clone()).await;
     let prefetch_time = prefetch_time.map(|t| t.elapsed());
     let batch = match prefetched {
-        Ok(batch) => batch,
+        Ok(mut batch) => {
+            batch.set_emit_record_bytes_max(emit_record_bytes_max);
+            batch
+        }
         Err(err) => {
             return Attempted {
                 task,
@@ -539,9 +555,9 @@ impl<S: Shard> PartitionWorker<S> {
                 Some(task) => task,
                 None => match exec.controller.next_batch() {
                     Some(batch) => Task {
+                        isolation: Isolation::whole(batch.records.len()),
                         records: Arc::new(batch.records),
                         keys: batch.keys,
-                        single: None,
                         delay: Duration::ZERO,
                         backoff: self.settings.outage_backoff_min,
                     },
@@ -552,10 +568,8 @@ impl<S: Shard> PartitionWorker<S> {
             if instance.is_none() {
                 exec.live += 1;
             }
-            let deadline = match task.single {
-                Some(_) => self.settings.record_deadline,
-                None => batch_deadline(&self.settings, task.records.len()),
-            };
+            let calling = task.isolation.current().map_or(0, |r| r.len());
+            let deadline = batch_deadline(&self.settings, calling);
             running.push(Box::pin(attempt(
                 self.shard.clone(),
                 self.operator.clone(),
@@ -563,6 +577,7 @@ impl<S: Shard> PartitionWorker<S> {
                 instance,
                 task,
                 deadline,
+                self.sink.limits().output_bytes_max,
             )));
         }
         self.stats
@@ -602,7 +617,6 @@ impl<S: Shard> PartitionWorker<S> {
                 .guest_call_ns
                 .fetch_add(took.as_nanos() as u64, Ordering::Relaxed);
         }
-        let may_split = task.single.is_none() && task.records.len() > 1;
         match result {
             Err(Failure::Instantiate(source)) => {
                 // The host's pool of instances is exhausted by other partitions (or
@@ -627,52 +641,50 @@ impl<S: Shard> PartitionWorker<S> {
             }
             Err(Failure::Fault(fault)) => {
                 self.stats.traps.fetch_add(1, Ordering::Relaxed);
-                if may_split {
-                    tracing::debug!(partition = self.partition, error = %fault, "batch trapped; re-running one record at a time");
-                    task.split(self.settings.outage_backoff_min);
-                    self.execution.ready.push_front(task);
-                    return Ok(());
-                }
-                let kind = match &fault {
-                    CallError::Trap { deadline: true, .. } => DeadLetterKind::Deadline,
-                    _ => DeadLetterKind::Trapped,
+                let deadline = matches!(fault, CallError::Trap { deadline: true, .. });
+                let outcome = if deadline {
+                    Outcome::Deadline
+                } else {
+                    Outcome::Trapped
                 };
-                match self.failure_policy {
-                    FailurePolicy::DeadLetter => {
-                        tracing::warn!(partition = self.partition, offset = records[0].offset, error = %fault, "record dead-lettered");
-                        self.dead_letter(&records[0], kind, &fault.to_string())
-                            .await?;
-                    }
-                    FailurePolicy::Skip => {
-                        tracing::warn!(partition = self.partition, offset = records[0].offset, error = %fault, "record skipped (failure_policy = skip)");
-                        self.stats
-                            .records_skipped_failed
-                            .fetch_add(1, Ordering::Relaxed);
-                    }
-                    FailurePolicy::Fail => {
-                        tracing::error!(partition = self.partition, offset = records[0].offset, error = %fault, "record failed; stopping the pipeline (failure_policy = fail)");
-                        return Err(WorkerError::RecordFailed {
-                            partition: self.partition,
-                            topic: records[0].topic.to_string(),
-                            offset: records[0].offset,
-                            reason: fault.to_string(),
-                        });
+                tracing::debug!(partition = self.partition, offset = records[0].offset, records = records.len(), error = %fault, "call failed; isolating the failing record");
+                match task.isolation.settle(outcome) {
+                    Verdict::Continue => self.step(task),
+                    Verdict::Isolated(index) => {
+                        let kind = if deadline {
+                            DeadLetterKind::Deadline
+                        } else {
+                            DeadLetterKind::Trapped
+                        };
+                        let record = &task.records[index];
+                        self.failed_alone(record, kind, &fault.to_string()).await?;
+                        task.isolation.record_settled();
+                        self.step(task);
                     }
                 }
-                self.step(task);
             }
             Ok((dispositions, batch)) => {
                 let rejected_with_effects = dispositions
                     .iter()
                     .enumerate()
-                    .any(|(i, d)| matches!(d, Disposition::Reject(_)) && batch.touched(i));
-                if rejected_with_effects && may_split {
-                    task.split(self.settings.outage_backoff_min);
-                    self.execution.ready.push_front(task);
+                    .find(|(i, d)| matches!(d, Disposition::Reject(_)) && batch.touched(*i))
+                    .map(|(i, _)| i);
+                if let Some(i) = rejected_with_effects
+                    && records.len() > 1
+                {
+                    // Run again without it, so that exactly its effects are discarded.
+                    let index = task.call_start() + i;
+                    task.isolation.settle(Outcome::RejectedWithEffects(index));
+                    self.step(task);
                     return Ok(());
                 }
                 match self
-                    .commit(&records, &dispositions, batch, !rejected_with_effects)
+                    .commit(
+                        &records,
+                        &dispositions,
+                        batch,
+                        rejected_with_effects.is_none(),
+                    )
                     .await?
                 {
                     Ok(()) => {
@@ -680,6 +692,7 @@ impl<S: Shard> PartitionWorker<S> {
                             .metrics
                             .batch_processing
                             .record(started.elapsed().as_secs_f64());
+                        task.isolation.settle(Outcome::Done);
                         self.step(task)
                     }
                     Err(err) => self.retry_later(task, err)?,
@@ -689,20 +702,58 @@ impl<S: Shard> PartitionWorker<S> {
         Ok(())
     }
 
+    /// A record failed alone (trapped, or ran out of its deadline): dead-letter it, skip it or
+    /// stop, as `failure_policy` says.
+    async fn failed_alone(
+        &mut self,
+        record: &InputRecord,
+        kind: DeadLetterKind,
+        error: &str,
+    ) -> Result<(), WorkerError> {
+        match self.failure_policy {
+            FailurePolicy::DeadLetter => self.dead_letter(record, kind, error).await,
+            FailurePolicy::Skip => {
+                if let Some(suppressed) = self.stats.failure_log.admit() {
+                    tracing::warn!(partition = self.partition, topic = %record.topic, offset = record.offset, kind = kind.as_str(), cause = first_line(error), suppressed, "record skipped (failure_policy = skip)");
+                }
+                self.stats
+                    .records_skipped_failed
+                    .fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            }
+            FailurePolicy::Fail => {
+                tracing::error!(partition = self.partition, topic = %record.topic, offset = record.offset, error, "record failed; stopping the pipeline (failure_policy = fail)");
+                Err(WorkerError::RecordFailed {
+                    partition: self.partition,
+                    topic: record.topic.to_string(),
+                    offset: record.offset,
+                    reason: error.to_owned(),
+                })
+            }
+        }
+    }
+
     /// Schedules `task` again after its backoff (the state backend failed; nothing of it was
     /// applied), raising `stalled` so the consumer loop pauses the partition; a corrupt state
     /// ends the worker instead.
     fn retry_later(&mut self, task: Task, err: StateError) -> Result<(), WorkerError> {
         if err.kind() == crate::error::ErrorKind::Corrupt {
-            return Err(WorkerError::Corrupt {
-                partition: self.partition,
-                source: err,
-            });
+            return Err(self.corrupt(err));
         }
         tracing::warn!(partition = self.partition, error = %err, retry_in = ?task.backoff, "state backend unavailable; partition paused");
         self.stats.outage_retries.fetch_add(1, Ordering::Relaxed);
         self.back_off(task);
         Ok(())
+    }
+
+    /// The worker's end after finding its shard corrupt.
+    fn corrupt(&self, source: StateError) -> WorkerError {
+        tracing::error!(partition = self.partition, error = %source, "shard state is corrupt; the partition falls back to an older checkpoint");
+        WorkerError::Corrupt {
+            partition: self.partition,
+            opened_from: self.shard.opened_from(),
+            source,
+        }
     }
 
     /// Schedules `task` after its backoff (doubling the next one), counting it as backing off:
@@ -715,14 +766,10 @@ impl<S: Shard> PartitionWorker<S> {
         self.execution.ready.push_back(task);
     }
 
-    /// The call of `task` is done: next record of a one-by-one re-run, or the batch finishes.
+    /// A call of `task` is settled: the next range isolation asks for, or the batch finishes.
     fn step(&mut self, mut task: Task) {
-        if let Some(i) = task.single
-            && i + 1 < task.records.len()
-        {
-            task.single = Some(i + 1);
-            task.delay = Duration::ZERO;
-            task.backoff = self.settings.outage_backoff_min;
+        if !task.isolation.is_finished() {
+            task.reset_backoff(self.settings.outage_backoff_min);
             self.execution.ready.push_front(task);
             return;
         }
@@ -822,10 +869,7 @@ impl<S: Shard> PartitionWorker<S> {
                 })
             }
             Err(CheckpointError::State(err)) if err.kind() == crate::error::ErrorKind::Corrupt => {
-                Err(WorkerError::Corrupt {
-                    partition: self.partition,
-                    source: err,
-                })
+                Err(self.corrupt(err))
             }
             Err(CheckpointError::State(err)) => {
                 self.stats
@@ -884,10 +928,8 @@ impl<S: Shard> PartitionWorker<S> {
                 }
             }
             for emit in &emits {
-                let timestamp_ms = records
-                    .get(emit.record as usize)
-                    .map_or(-1, |r| r.timestamp_ms);
-                if let Err(source) = self.sink.emit(emit, timestamp_ms).await {
+                let source = &records[emit.record as usize];
+                if let Err(source) = self.sink.emit(emit, source).await {
                     return Err(self.sink_failed(source));
                 }
             }
@@ -917,7 +959,18 @@ impl<S: Shard> PartitionWorker<S> {
         error: &str,
     ) -> Result<(), WorkerError> {
         self.stats.dead_lettered.fetch_add(1, Ordering::Relaxed);
-        self.stats.metrics.dead_lettered.increment(1);
+        self.stats.metrics.dead_lettered(kind).increment(1);
+        // One line per dead letter, rate-limited per run (a trap storm must not flood the
+        // log); the whole error (a trap's wasm backtrace) only at debug level.
+        if let Some(suppressed) = self.stats.failure_log.admit() {
+            tracing::warn!(partition = self.partition, topic = %record.topic, offset = record.offset, kind = kind.as_str(), cause = first_line(error), suppressed, "record dead-lettered");
+        }
+        tracing::debug!(
+            partition = self.partition,
+            offset = record.offset,
+            error,
+            "dead-lettered record's error"
+        );
         match self.sink.dead_letter(record, kind, error).await {
             Ok(()) => Ok(()),
             Err(source) => Err(self.sink_failed(source)),
@@ -937,6 +990,11 @@ impl<S: Shard> PartitionWorker<S> {
             (Decision::Manifest, source) => WorkerError::Sink { partition, source },
         }
     }
+}
+
+/// The first line of `text`: a trap's cause, without the wasm backtrace that follows it.
+fn first_line(text: &str) -> &str {
+    text.lines().next().unwrap_or_default()
 }
 
 /// Whether a transactional producer's error means another owner took over (its producer

@@ -57,6 +57,9 @@ pub struct BatchCtx {
     emits: Vec<StagedEmit>,
     /// Bytes staged so far (writes and emits, with [`ENTRY_OVERHEAD_BYTES`] each).
     staged_bytes: u64,
+    /// The largest record the output topic takes, as [`crate::sink::limits::record_bytes`]
+    /// counts it: a larger emit is refused as too large.
+    pub(crate) emit_record_bytes_max: u64,
 }
 
 /// Bytes charged per staged write, emit and header on top of its keys and values, so that
@@ -81,7 +84,14 @@ impl BatchCtx {
             emitted_bytes: vec![0; n],
             emits: Vec::new(),
             staged_bytes: 0,
+            emit_record_bytes_max: u64::MAX,
         }
+    }
+
+    /// Refuses emits larger than `bytes` as the output topic would count them (the sink's
+    /// [`crate::sink::limits::RecordLimits::output_bytes_max`]).
+    pub fn set_emit_record_bytes_max(&mut self, bytes: u64) {
+        self.emit_record_bytes_max = bytes;
     }
 
     /// Bytes staged so far by this call (see [`ENTRY_OVERHEAD_BYTES`]).

@@ -30,9 +30,11 @@ pub enum GuestLevel {
     Error,
 }
 
-/// A per-instance token bucket: `lines_per_second_max` lines per second of processing time.
+/// A token bucket: `lines_per_second_max` lines per second of processing time. Shared by
+/// every instance of one operator in one partition, so that instances replaced after traps do
+/// not each start with a fresh budget.
 #[derive(Debug)]
-struct Limiter {
+pub(crate) struct Limiter {
     lines_per_second_max: u32,
     window_start_ms: u64,
     lines_in_window: u32,
@@ -49,18 +51,34 @@ pub struct GuestLog {
     recent_stderr: Arc<Mutex<VecDeque<String>>>,
 }
 
+impl Limiter {
+    /// A bucket of `lines_per_second_max` lines per second.
+    pub(crate) fn shared(lines_per_second_max: u32) -> Arc<Mutex<Limiter>> {
+        Arc::new(Mutex::new(Limiter {
+            lines_per_second_max,
+            window_start_ms: 0,
+            lines_in_window: 0,
+            dropped: 0,
+        }))
+    }
+}
+
 impl GuestLog {
     /// A log for `source` (for example `flights/3`), at most `lines_per_second_max` lines/s.
     pub fn new(source: Arc<str>, clock: SharedClock, lines_per_second_max: u32) -> Self {
+        Self::with_limiter(source, clock, Limiter::shared(lines_per_second_max))
+    }
+
+    /// A log for `source` drawing on `limiter`, a budget it shares with other instances.
+    pub(crate) fn with_limiter(
+        source: Arc<str>,
+        clock: SharedClock,
+        limiter: Arc<Mutex<Limiter>>,
+    ) -> Self {
         Self {
             source,
             clock,
-            limiter: Arc::new(Mutex::new(Limiter {
-                lines_per_second_max,
-                window_start_ms: 0,
-                lines_in_window: 0,
-                dropped: 0,
-            })),
+            limiter,
             recent_stderr: Arc::new(Mutex::new(VecDeque::new())),
         }
     }

@@ -265,6 +265,7 @@ impl<S: Shard> Runtime<S> {
             settings: self.settings.clone(),
             clock: self.clock.clone(),
             from_compiled_dir: false,
+            log_limiters: Default::default(),
         };
         let probe = operator.instantiate(None, "describe".into()).await?;
         let InstanceKind::Wasm {
@@ -352,6 +353,7 @@ impl<S: Shard> Runtime<S> {
             settings: self.settings.clone(),
             clock: self.clock.clone(),
             from_compiled_dir: false,
+            log_limiters: Default::default(),
         })
     }
 }
@@ -448,6 +450,8 @@ pub struct Operator<S: Shard> {
     settings: RuntimeSettings,
     clock: SharedClock,
     from_compiled_dir: bool,
+    /// The log budget of each source (partition) its instances log as.
+    log_limiters: std::sync::Mutex<HashMap<Arc<str>, Arc<std::sync::Mutex<guest_log::Limiter>>>>,
 }
 
 /// What runs an operator's calls.
@@ -510,11 +514,17 @@ impl<S: Shard> Operator<S> {
                 });
             }
         };
-        let log = GuestLog::new(
-            source,
-            self.clock.clone(),
-            self.settings.log_lines_per_second_max,
-        );
+        let limiter = {
+            let mut limiters = self.log_limiters.lock().unwrap_or_else(|e| e.into_inner());
+            // One budget per source (partition), however often its instances are replaced.
+            limiters
+                .entry(source.clone())
+                .or_insert_with(|| {
+                    guest_log::Limiter::shared(self.settings.log_lines_per_second_max)
+                })
+                .clone()
+        };
+        let log = GuestLog::with_limiter(source, self.clock.clone(), limiter);
         let limits = StoreLimitsBuilder::new()
             .memory_size(self.settings.instance_memory_bytes_max)
             .trap_on_grow_failure(true)

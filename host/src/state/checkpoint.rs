@@ -106,6 +106,15 @@ pub fn checkpoint_metadata(
     metadata
 }
 
+/// What decides the checkpoint whose manifest carries `metadata` (written before the key
+/// existed: the manifest, as at-least-once was all there was then).
+pub fn decided_by(metadata: &BTreeMap<String, String>) -> DecidedBy {
+    match metadata.get(DECIDED_BY_KEY).map(String::as_str) {
+        Some("transaction") => DecidedBy::Transaction,
+        _ => DecidedBy::Manifest,
+    }
+}
+
 /// Whether checkpoint `version` with `metadata` is decided, given the version the committed
 /// Kafka offsets name (`committed`, exactly-once): a manifest-decided checkpoint always is
 /// (whatever mode the pipeline runs in now — switching modes keeps state), a

@@ -5,7 +5,7 @@ use super::checkpoint::{CheckpointError, CheckpointReport, DecidedBy, InputOffse
 use super::lsm::backend::{LsmBackend, LsmSetupError, object_store_from_url};
 use super::lsm::shard::LsmShard;
 use super::memory::{MemoryBackend, MemoryShard};
-use super::{Shard, ShardId, StateBackend, StateError, StateWrite};
+use super::{Recovery, Shard, ShardId, StateBackend, StateError, StateWrite};
 use crate::clock::SharedClock;
 use crate::config::{StateBackendKind, StateSettings};
 use bytes::Bytes;
@@ -65,13 +65,13 @@ impl StateBackend for ConfiguredBackend {
     async fn open_shard_at(
         &self,
         id: &ShardId,
-        version: Option<u64>,
+        recovery: &Recovery,
     ) -> Result<ConfiguredShard, StateError> {
         Ok(match self {
             Self::Memory(b) => {
-                ConfiguredShard::Memory(Box::new(b.open_shard_at(id, version).await?))
+                ConfiguredShard::Memory(Box::new(b.open_shard_at(id, recovery).await?))
             }
-            Self::Lsm(b) => ConfiguredShard::Lsm(Box::new(b.open_shard_at(id, version).await?)),
+            Self::Lsm(b) => ConfiguredShard::Lsm(Box::new(b.open_shard_at(id, recovery).await?)),
         })
     }
 }
@@ -121,6 +121,13 @@ impl Shard for ConfiguredShard {
         match self {
             Self::Memory(s) => s.recovered_offsets(),
             Self::Lsm(s) => s.recovered_offsets(),
+        }
+    }
+
+    fn opened_from(&self) -> Option<u64> {
+        match self {
+            Self::Memory(s) => s.opened_from(),
+            Self::Lsm(s) => s.opened_from(),
         }
     }
 

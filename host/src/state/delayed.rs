@@ -3,7 +3,7 @@
 //! the only thing it adds; writes and checkpoints pass straight through.
 
 use super::checkpoint::{CheckpointError, CheckpointReport, DecidedBy, InputOffsets};
-use super::{Shard, ShardId, StateBackend, StateError, StateWrite};
+use super::{Recovery, Shard, ShardId, StateBackend, StateError, StateWrite};
 use bytes::Bytes;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -69,16 +69,16 @@ impl<B: StateBackend> StateBackend for DelayedReads<B> {
     type Shard = DelayedShard<B::Shard>;
 
     async fn open_shard(&self, id: &ShardId) -> Result<Self::Shard, StateError> {
-        self.open_shard_at(id, None).await
+        self.open_shard_at(id, &Recovery::default()).await
     }
 
     async fn open_shard_at(
         &self,
         id: &ShardId,
-        committed: Option<u64>,
+        recovery: &Recovery,
     ) -> Result<Self::Shard, StateError> {
         Ok(DelayedShard {
-            inner: self.inner.open_shard_at(id, committed).await?,
+            inner: self.inner.open_shard_at(id, recovery).await?,
             delay: self.delay,
             // Each partition its own sequence.
             reads: AtomicU64::new(u64::from(id.partition.unsigned_abs()) << 32),
@@ -113,6 +113,10 @@ impl<S: Shard> Shard for DelayedShard<S> {
 
     fn recovered_offsets(&self) -> Result<Option<InputOffsets>, StateError> {
         self.inner.recovered_offsets()
+    }
+
+    fn opened_from(&self) -> Option<u64> {
+        self.inner.opened_from()
     }
 
     async fn checkpoint(

@@ -11,7 +11,7 @@
 use super::checkpoint::{CheckpointError, CheckpointReport, DecidedBy, InputOffsets};
 use super::manifest::ManifestError;
 use super::snapshot::{self, SnapshotShard};
-use super::{Shard, ShardId, StateBackend, StateError, StateWrite};
+use super::{Recovery, Shard, ShardId, StateBackend, StateError, StateWrite};
 use crate::clock::SharedClock;
 use bytes::Bytes;
 use object_store::ObjectStore;
@@ -63,7 +63,7 @@ impl MemoryBackend {
         }
     }
 
-    async fn open(&self, id: &ShardId, committed: Option<u64>) -> Result<MemoryShard, StateError> {
+    async fn open(&self, id: &ShardId, recovery: &Recovery) -> Result<MemoryShard, StateError> {
         let Some(storage) = &self.storage else {
             return Ok(MemoryShard {
                 clock: self.clock.clone(),
@@ -83,7 +83,7 @@ impl MemoryBackend {
             storage.claims.fetch_add(1, Ordering::Relaxed)
         );
         let (snapshots, entries) =
-            SnapshotShard::open(storage.store.clone(), root, &token, committed).await?;
+            SnapshotShard::open(storage.store.clone(), root, &token, recovery).await?;
         let entries = entries
             .into_iter()
             .map(|(k, (value, expires_at_ms))| {
@@ -108,15 +108,15 @@ impl StateBackend for MemoryBackend {
     type Shard = MemoryShard;
 
     async fn open_shard(&self, id: &ShardId) -> Result<MemoryShard, StateError> {
-        self.open(id, None).await
+        self.open(id, &Recovery::default()).await
     }
 
     async fn open_shard_at(
         &self,
         id: &ShardId,
-        committed: Option<u64>,
+        recovery: &Recovery,
     ) -> Result<MemoryShard, StateError> {
-        self.open(id, committed).await
+        self.open(id, recovery).await
     }
 }
 
@@ -219,6 +219,18 @@ impl Shard for MemoryShard {
         Ok(())
     }
 
+    fn opened_from(&self) -> Option<u64> {
+        self.snapshots
+            .as_ref()
+            .and_then(SnapshotShard::recovered_version)
+    }
+
+    fn checkpoint_decided(&self, version: u64) {
+        if let Some(snapshots) = &self.snapshots {
+            snapshots.decided(version);
+        }
+    }
+
     fn recovered_offsets(&self) -> Result<Option<InputOffsets>, StateError> {
         let Some(snapshots) = &self.snapshots else {
             return Ok(None);
@@ -228,10 +240,7 @@ impl Shard for MemoryShard {
         };
         InputOffsets::from_metadata(metadata)
             .map(Some)
-            .map_err(|reason| StateError::Corrupt {
-                shard: snapshots.root().to_string(),
-                source: reason.into(),
-            })
+            .map_err(|reason| StateError::corrupt(snapshots.root().to_string(), reason))
     }
 
     async fn checkpoint(
@@ -382,6 +391,13 @@ mod tests {
         )
     }
 
+    fn committed(version: Option<u64>) -> Recovery {
+        Recovery {
+            committed: version,
+            ..Recovery::default()
+        }
+    }
+
     fn id() -> ShardId {
         ShardId {
             pipeline: "p".into(),
@@ -416,7 +432,7 @@ mod tests {
 
             // Kafka names the second: it is decided.
             let b = durable(&store)
-                .open_shard_at(&id(), Some(second.version))
+                .open_shard_at(&id(), &committed(Some(second.version)))
                 .await
                 .expect("b opens");
             assert_eq!(b.recovered_offsets().expect("decodes"), Some(offsets(20)));
@@ -437,7 +453,7 @@ mod tests {
 
             // Kafka names the first: the second was only prepared.
             let c = durable(&store)
-                .open_shard_at(&id(), Some(first.version))
+                .open_shard_at(&id(), &committed(Some(first.version)))
                 .await
                 .expect("opens");
             assert_eq!(c.recovered_offsets().expect("decodes"), Some(offsets(10)));
@@ -447,7 +463,7 @@ mod tests {
             );
             // Kafka names none: nothing is decided.
             let d = durable(&store)
-                .open_shard_at(&id(), None)
+                .open_shard_at(&id(), &committed(None))
                 .await
                 .expect("opens empty");
             assert!(d.is_empty());

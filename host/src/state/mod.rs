@@ -25,6 +25,7 @@ pub(crate) mod test_support;
 
 use bytes::Bytes;
 use checkpoint::{CheckpointError, CheckpointReport, DecidedBy, InputOffsets};
+pub use manifest::KnownCorruption;
 use std::future::Future;
 
 /// Identifies a shard: pipeline name and input partition.
@@ -61,11 +62,16 @@ pub enum StateError {
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
-    /// Stored state failed a check (checksum, format): stop and alert; retrying will not help.
-    #[error("state is corrupt. shard=`{shard}`")]
+    /// Stored state failed a check (checksum, format) after a second read from the store:
+    /// retrying will not help. The shard falls back to a checkpoint that does not reference
+    /// `object` (docs/checkpoints.md, "Corruption").
+    #[error("state is corrupt. shard=`{shard}`{}", object.as_deref().map(|o| format!(" object=`{o}`")).unwrap_or_default())]
     Corrupt {
         /// The shard, as `pipeline/partition`.
         shard: String,
+        /// The stored object found corrupt, named relative to the shard's root (an SST:
+        /// `sst/{epoch}-{seq}.sst`; a snapshot), when one object is to blame.
+        object: Option<String>,
         /// What failed.
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
@@ -73,6 +79,18 @@ pub enum StateError {
 }
 
 impl StateError {
+    /// A corruption of the shard `shard` that no single object is to blame for.
+    pub fn corrupt(
+        shard: impl Into<String>,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
+        StateError::Corrupt {
+            shard: shard.into(),
+            object: None,
+            source: source.into(),
+        }
+    }
+
     /// The coarse kind, for callers that branch on what to do.
     pub fn kind(&self) -> crate::error::ErrorKind {
         match self {
@@ -97,21 +115,32 @@ pub trait StateBackend: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Self::Shard, StateError>> + Send;
 
     /// Opens the state of one shard at its newest *decided* checkpoint
-    /// ([`checkpoint::is_decided`]), where `committed` is the version the committed Kafka
-    /// offsets' metadata names, if any; prepared but undecided versions are ignored. The
-    /// default opens as [`StateBackend::open_shard`] does, which is right for backends that keep
-    /// no checkpoint.
+    /// ([`checkpoint::is_decided`]) that is usable: `recovery.committed` is the version the
+    /// committed Kafka offsets' metadata names, if any (prepared but undecided versions are
+    /// ignored), and checkpoints that `recovery.known_corruption` makes unusable are fallen
+    /// back past (docs/checkpoints.md, "Corruption"). The default opens as
+    /// [`StateBackend::open_shard`] does, which is right for backends that keep no checkpoint.
     ///
     /// # Errors
-    /// As [`StateBackend::open_shard`].
+    /// As [`StateBackend::open_shard`]; [`StateError::Corrupt`] when checkpoints exist but
+    /// none is usable.
     fn open_shard_at(
         &self,
         id: &ShardId,
-        committed: Option<u64>,
+        recovery: &Recovery,
     ) -> impl Future<Output = Result<Self::Shard, StateError>> + Send {
-        let _ = committed;
+        let _ = recovery;
         self.open_shard(id)
     }
+}
+
+/// What a shard's open knows besides the store (see [`StateBackend::open_shard_at`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Recovery {
+    /// The checkpoint version the committed Kafka offsets' metadata names (exactly-once).
+    pub committed: Option<u64>,
+    /// What the shard's last owner on this host found corrupt.
+    pub known_corruption: KnownCorruption,
 }
 
 /// The state of one shard: an ordered map from encoded state key to value bytes.
@@ -183,6 +212,12 @@ pub trait Shard: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Option<CheckpointReport>, CheckpointError>> + Send {
         let _ = (offsets, decided_by);
         async { Ok(None) }
+    }
+
+    /// The version of the checkpoint the shard was opened from, if it keeps checkpoints and
+    /// was opened from one: the one blamed for corruption no object is named for.
+    fn opened_from(&self) -> Option<u64> {
+        None
     }
 
     /// Tells the shard that checkpoint `version` is decided: recovery would resume from it

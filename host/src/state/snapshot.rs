@@ -9,11 +9,8 @@
 //! `WEIRSNP1` · entry count (u64 LE) · per entry: key length (u32 LE), key, value length
 //! (u32 LE), value, expiry ms (u64 LE, `u64::MAX` for none) · CRC-32C (LE) of all before it.
 
-use super::StateError;
-use super::manifest::{
-    Manifest, ManifestError, ManifestKind, ManifestStore, RecoveryRead, audit_fallback,
-    audit_missing_committed,
-};
+use super::manifest::{Checked, Manifest, ManifestError, ManifestStore, Walk, retained_versions};
+use super::{Recovery, StateError};
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use futures::TryStreamExt;
 use object_store::path::Path;
@@ -107,13 +104,17 @@ pub struct SnapshotShard {
     /// The newest version this owner wrote (its claim, then each checkpoint).
     last: tokio::sync::Mutex<Manifest>,
     recovered: Option<Manifest>,
+    /// The checkpoint recovery would use now (the one resumed from, then each decided one):
+    /// GC keeps it whatever the number of newer prepared versions (exactly-once).
+    decided: std::sync::Mutex<Option<u64>>,
 }
 
 impl SnapshotShard {
-    /// Recovers the shard under `root` — the newest decided checkpoint
-    /// ([`is_decided`], `committed` being the version the committed Kafka offsets name) whose
-    /// manifest and snapshot are intact, falling back past provable corruption with an audit
-    /// line — and claims it under `token`. Returns the shard and the recovered entries.
+    /// Recovers the shard under `root` — the newest decided checkpoint whose manifest and
+    /// snapshot are intact and that `recovery` does not rule out, falling back past provable
+    /// corruption with an audit line ([`Walk`], shared with the `lsm` backend) —
+    /// and claims it under `token`, recording the versions it fell back past. Returns the
+    /// shard and the recovered entries.
     ///
     /// # Errors
     /// [`StateError::Unavailable`] on any transient store error (never a fallback);
@@ -122,12 +123,27 @@ impl SnapshotShard {
         store: Arc<dyn ObjectStore>,
         root: Path,
         token: &str,
-        committed: Option<u64>,
+        recovery: &Recovery,
     ) -> Result<(Self, SnapshotEntries), StateError> {
         let manifests = ManifestStore::new(store.clone(), root.clone());
-        let (recovered, entries) = recover(&store, &manifests, &root, committed).await?;
+        let mut walk =
+            Walk::start(&manifests, recovery.committed, &recovery.known_corruption).await?;
+        let named = |m: &Manifest| m.metadata.get(SNAPSHOT_KEY).cloned().into_iter().collect();
+        let found = loop {
+            let Some(candidate) = walk.next_candidate(named).await? else {
+                break walk.finish()?;
+            };
+            match read_snapshot(&store, &root, &candidate).await? {
+                Checked::Valid(entries) => break walk.found(candidate, entries),
+                Checked::Invalid(reason) => walk.reject(candidate.version, reason),
+            }
+        };
+        let (recovered, entries) = match found.checkpoint {
+            Some((manifest, entries)) => (Some(manifest), entries),
+            None => (None, SnapshotEntries::new()),
+        };
         let claim = manifests
-            .claim(token, recovered.as_ref())
+            .claim(token, recovered.as_ref(), &found.rejected)
             .await
             .map_err(|e| e.into_state_error(&root))?;
         tracing::info!(shard = %root, version = claim.version, writer_epoch = claim.writer_epoch, from_checkpoint = ?recovered.as_ref().map(|m| m.version), entries = entries.len(), "claimed shard (memory, from snapshot)");
@@ -137,6 +153,7 @@ impl SnapshotShard {
                 root,
                 manifests,
                 last: tokio::sync::Mutex::new(claim),
+                decided: std::sync::Mutex::new(recovered.as_ref().map(|m| m.version)),
                 recovered,
             },
             entries,
@@ -151,6 +168,16 @@ impl SnapshotShard {
     /// The caller metadata (input offsets) of the checkpoint the shard resumed from.
     pub fn recovered_metadata(&self) -> Option<&BTreeMap<String, String>> {
         self.recovered.as_ref().map(|m| &m.metadata)
+    }
+
+    /// The version of the checkpoint the shard resumed from.
+    pub fn recovered_version(&self) -> Option<u64> {
+        self.recovered.as_ref().map(|m| m.version)
+    }
+
+    /// Records that checkpoint `version` is decided: GC keeps it.
+    pub fn decided(&self, version: u64) {
+        *self.decided.lock().unwrap_or_else(|e| e.into_inner()) = Some(version);
     }
 
     /// Writes `snapshot` and commits the next manifest version naming it, with `metadata`;
@@ -179,8 +206,15 @@ impl SnapshotShard {
         self.manifests.commit(&checkpoint).await?;
         *last = checkpoint;
         let (store, root) = (self.store.clone(), self.root.clone());
+        let decided = *self.decided.lock().unwrap_or_else(|e| e.into_inner());
+        let now_ms = u64::try_from(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis()),
+        )
+        .unwrap_or(u64::MAX);
         tokio::spawn(async move {
-            if let Err(error) = collect_garbage(&store, &root).await {
+            if let Err(error) = collect_garbage(&store, &root, decided, now_ms).await {
                 tracing::warn!(shard = %root, %error, "snapshot GC failed; it runs again after the next checkpoint");
             }
         });
@@ -188,98 +222,56 @@ impl SnapshotShard {
     }
 }
 
-async fn recover(
+/// Reads and decodes the snapshot checkpoint `manifest` names: recovery's check of a
+/// candidate.
+async fn read_snapshot(
     store: &Arc<dyn ObjectStore>,
-    manifests: &ManifestStore,
     root: &Path,
-    committed: Option<u64>,
-) -> Result<(Option<Manifest>, SnapshotEntries), StateError> {
-    let unavailable = |source: Box<dyn std::error::Error + Send + Sync>| StateError::Unavailable {
-        shard: root.to_string(),
-        source,
+    manifest: &Manifest,
+) -> Result<Checked<SnapshotEntries>, StateError> {
+    let Some(name) = manifest.metadata.get(SNAPSHOT_KEY) else {
+        return Ok(Checked::Invalid("names no snapshot".to_owned()));
     };
-    let versions = manifests
-        .versions()
-        .await
-        .map_err(|e| unavailable(Box::new(e)))?;
-    let mut corrupt_seen = audit_missing_committed(root, &versions, committed);
-    for &version in versions.iter().rev() {
-        let manifest = match manifests
-            .read_for_recovery(version, committed)
-            .await
-            .map_err(|e| unavailable(Box::new(e)))?
-        {
-            RecoveryRead::Decided(m) => m,
-            RecoveryRead::Skip => continue,
-            RecoveryRead::Corrupt => {
-                corrupt_seen += 1;
-                continue;
-            }
-        };
-        let why = match manifest.metadata.get(SNAPSHOT_KEY) {
-            None => "names no snapshot".to_owned(),
-            Some(name) => match store.get(&Path::from(format!("{root}/{name}"))).await {
-                Ok(object) => {
-                    let bytes = object.bytes().await.map_err(|e| unavailable(Box::new(e)))?;
-                    match decode(&bytes) {
-                        Ok(entries) => return Ok((Some(manifest), entries)),
-                        Err(reason) => format!("snapshot `{name}` is corrupt: {reason}"),
-                    }
-                }
-                Err(object_store::Error::NotFound { .. }) => {
-                    format!("snapshot `{name}` is missing")
-                }
-                Err(other) => return Err(unavailable(Box::new(other))),
-            },
-        };
-        audit_fallback(root, version, &why);
-        corrupt_seen += 1;
+    let unavailable = |source: object_store::Error| StateError::Unavailable {
+        shard: root.to_string(),
+        source: Box::new(source),
+    };
+    match store.get(&Path::from(format!("{root}/{name}"))).await {
+        Ok(object) => {
+            let bytes = object.bytes().await.map_err(unavailable)?;
+            Ok(match decode(&bytes) {
+                Ok(entries) => Checked::Valid(entries),
+                Err(reason) => Checked::Invalid(format!("snapshot `{name}` is corrupt: {reason}")),
+            })
+        }
+        Err(object_store::Error::NotFound { .. }) => {
+            Ok(Checked::Invalid(format!("snapshot `{name}` is missing")))
+        }
+        Err(other) => Err(unavailable(other)),
     }
-    if corrupt_seen > 0 {
-        return Err(StateError::Corrupt {
-            shard: root.to_string(),
-            source: format!(
-                "{corrupt_seen} checkpoint version(s) are corrupt and no valid checkpoint is left"
-            )
-            .into(),
-        });
-    }
-    Ok((None, SnapshotEntries::new()))
 }
 
-/// Keeps the last [`RETAINED_CHECKPOINTS`] checkpoints: deletes older manifest versions, then
-/// snapshots that no remaining manifest names and that are older than the grace period.
-async fn collect_garbage(store: &Arc<dyn ObjectStore>, root: &Path) -> Result<(), ManifestError> {
+/// Keeps what [`retained_versions`] keeps (the rule the `lsm` backend's GC shares; `decided`
+/// pinned): deletes the other manifest versions, then the snapshots no kept manifest names
+/// that are older than the grace period.
+async fn collect_garbage(
+    store: &Arc<dyn ObjectStore>,
+    root: &Path,
+    decided: Option<u64>,
+    now_ms: u64,
+) -> Result<(), ManifestError> {
     let manifests = ManifestStore::new(store.clone(), root.clone());
-    let versions = manifests.versions().await?;
-    let mut kept = BTreeSet::new();
-    let mut named = BTreeSet::new();
-    let mut checkpoints = 0;
-    for &version in versions.iter().rev() {
-        kept.insert(version);
-        let manifest = manifests.read(version).await?;
-        if let Some(name) = manifest.metadata.get(SNAPSHOT_KEY) {
-            named.insert(format!("{root}/{name}"));
-        }
-        if manifest.kind == ManifestKind::Checkpoint {
-            checkpoints += 1;
-            if checkpoints >= RETAINED_CHECKPOINTS {
-                break;
-            }
-        }
-    }
-    if checkpoints < RETAINED_CHECKPOINTS {
-        return Ok(()); // nothing is old enough yet
-    }
-    for &version in versions.iter().filter(|v| !kept.contains(v)) {
+    let pinned: BTreeSet<u64> = decided.into_iter().collect();
+    let kept = retained_versions(&manifests, RETAINED_CHECKPOINTS, &pinned, None, decided).await?;
+    let named: BTreeSet<String> = kept
+        .manifests
+        .iter()
+        .filter_map(|m| m.metadata.get(SNAPSHOT_KEY))
+        .map(|name| format!("{root}/{name}"))
+        .collect();
+    for &version in &kept.delete {
         manifests.delete(version).await?;
     }
-    let now_ms = u64::try_from(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis()),
-    )
-    .unwrap_or(u64::MAX);
     let prefix = Path::from(format!("{root}/snapshot"));
     let objects: Vec<_> = store
         .list(Some(&prefix))
@@ -302,6 +294,8 @@ async fn collect_garbage(store: &Arc<dyn ObjectStore>, root: &Path) -> Result<()
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::state::checkpoint::{DecidedBy, InputOffsets, checkpoint_metadata};
+    use object_store::memory::InMemory;
 
     #[test]
     fn a_snapshot_round_trips_and_any_flipped_byte_is_caught() {
@@ -318,5 +312,101 @@ mod tests {
             assert!(decode(&Bytes::from(bad)).is_err(), "byte {i} flipped");
         }
         assert!(decode(&object.slice(..object.len() - 1)).is_err());
+    }
+
+    fn root() -> Path {
+        Path::from("w/pipelines/p/shards/00000")
+    }
+
+    async fn open(store: &Arc<InMemory>, committed: Option<u64>) -> SnapshotShard {
+        let recovery = Recovery {
+            committed,
+            ..Recovery::default()
+        };
+        static OWNERS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let token = format!(
+            "owner-{}",
+            OWNERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        );
+        SnapshotShard::open(store.clone(), root(), &token, &recovery)
+            .await
+            .expect("opens")
+            .0
+    }
+
+    async fn commit(shard: &SnapshotShard, decided_by: DecidedBy, next: i64) -> u64 {
+        let mut offsets = InputOffsets::new();
+        offsets.advance("in", next - 1);
+        let entries: SnapshotEntries =
+            [(b"k".to_vec(), (Bytes::from(next.to_string()), None))].into();
+        let object = encode(entries.iter().map(|(k, (v, e))| (k, v, *e)));
+        shard
+            .commit(object, checkpoint_metadata(&offsets, decided_by))
+            .await
+            .expect("commits")
+    }
+
+    #[test]
+    fn snapshot_gc_counts_only_decided_checkpoints_and_keeps_the_decided_one() {
+        crate::state::test_support::block_on(async {
+            let store = Arc::new(InMemory::new());
+            let first = open(&store, None).await;
+            let decided = commit(&first, DecidedBy::Transaction, 10).await;
+            // Five owners in turn each prepare a checkpoint whose transaction never commits,
+            // then the next reopens from the decided one.
+            for round in 0..5 {
+                let owner = open(&store, Some(decided)).await;
+                assert_eq!(owner.recovered_version(), Some(decided));
+                commit(&owner, DecidedBy::Transaction, 20 + round).await;
+            }
+            collect_garbage(
+                &(store.clone() as Arc<dyn ObjectStore>),
+                &root(),
+                Some(decided),
+                u64::MAX,
+            )
+            .await
+            .expect("GC");
+            let after = open(&store, Some(decided)).await;
+            assert_eq!(
+                after.recovered_version(),
+                Some(decided),
+                "prepared checkpoints did not push the decided one out"
+            );
+        });
+    }
+
+    #[test]
+    fn snapshot_gc_goes_on_after_a_fallback_past_a_corrupt_manifest() {
+        crate::state::test_support::block_on(async {
+            let store = Arc::new(InMemory::new());
+            let a = open(&store, None).await;
+            for next in [10, 11] {
+                commit(&a, DecidedBy::Manifest, next).await;
+            }
+            let newest = commit(&a, DecidedBy::Manifest, 12).await;
+            let path = Path::from(format!("{}/manifest/{newest:020}.manifest", root()));
+            store
+                .put(&path, PutPayload::from_static(b"WEIRMAN1 torn"))
+                .await
+                .expect("overwrite");
+            let b = open(&store, None).await;
+            assert_eq!(b.recovered_version(), Some(newest - 1));
+            let manifests = ManifestStore::new(store.clone(), root());
+            for next in 20..23 {
+                let version = commit(&b, DecidedBy::Manifest, next).await;
+                collect_garbage(
+                    &(store.clone() as Arc<dyn ObjectStore>),
+                    &root(),
+                    Some(version),
+                    u64::MAX,
+                )
+                .await
+                .expect("GC fails no more");
+            }
+            let left = manifests.versions().await.expect("versions");
+            assert!(!left.contains(&newest), "{left:?}");
+            assert_eq!(left.len(), 3, "{left:?}");
+        });
     }
 }

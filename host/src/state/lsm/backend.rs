@@ -9,12 +9,12 @@
 
 use super::cache::{BlockCaches, CacheSettings, SstFiles};
 use super::gc::GcSettings;
-use super::shard::{LsmShard, recover, recover_decided};
+use super::shard::{LsmShard, Recovered, ScrubSettings, recover};
 use super::tree::{LsmSettings, LsmTree};
 use crate::clock::SharedClock;
 use crate::config::LsmStateSettings;
-use crate::state::manifest::{Manifest, ManifestStore};
-use crate::state::{ShardId, StateBackend, StateError};
+use crate::state::manifest::ManifestStore;
+use crate::state::{Recovery, ShardId, StateBackend, StateError};
 use object_store::ObjectStore;
 use object_store::path::Path;
 use std::sync::Arc;
@@ -44,14 +44,26 @@ pub enum LsmSetupError {
     /// The disk cache directory cannot be created.
     #[error("cannot create the disk cache directory")]
     DiskCache(#[source] std::io::Error),
+    /// A `file://` store's directory cannot be created.
+    #[error("cannot create the store's directory. dir=`{}`", dir.display())]
+    Directory {
+        /// The directory.
+        dir: std::path::PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 /// The object store a state URL names (`file:///dir`, `s3://bucket/prefix`, `memory:///`) with
-/// `object_store` options, and the prefix inside it. Installs the process's TLS crypto provider
-/// if none is (object_store's HTTP client needs one even for plain HTTP).
+/// `object_store` options, and the prefix inside it. A `file://` store is rooted at its
+/// directory (created if missing) with an empty prefix, so that object paths — in log lines
+/// too — are relative to the URL rather than an absolute path without its leading `/`.
+/// Installs the process's TLS crypto provider if none is (object_store's HTTP client needs one
+/// even for plain HTTP).
 ///
 /// # Errors
-/// [`LsmSetupError::Url`] or [`LsmSetupError::Store`].
+/// [`LsmSetupError::Url`], [`LsmSetupError::Store`] or [`LsmSetupError::Directory`].
 pub fn object_store_from_url(
     url_text: &str,
     options: &std::collections::BTreeMap<String, String>,
@@ -61,6 +73,22 @@ pub fn object_store_from_url(
         url: url_text.to_owned(),
         source,
     })?;
+    if url.scheme() == "file"
+        && let Ok(dir) = url.to_file_path()
+    {
+        std::fs::create_dir_all(&dir).map_err(|source| LsmSetupError::Directory {
+            dir: dir.clone(),
+            source,
+        })?;
+        let store =
+            object_store::local::LocalFileSystem::new_with_prefix(&dir).map_err(|source| {
+                LsmSetupError::Store {
+                    url: url_text.to_owned(),
+                    source,
+                }
+            })?;
+        return Ok((Arc::new(store), Path::default()));
+    }
     let (store, prefix) = object_store::parse_url_opts(&url, options.iter()).map_err(|source| {
         LsmSetupError::Store {
             url: url_text.to_owned(),
@@ -82,6 +110,7 @@ pub struct LsmBackend {
     process_token: String,
     claims: Arc<AtomicU64>,
     gc: GcSettings,
+    scrub: ScrubSettings,
 }
 
 impl LsmBackend {
@@ -104,7 +133,14 @@ impl LsmBackend {
             process_token: format!("weir-{}-{nanos:x}", std::process::id()),
             claims: Arc::new(AtomicU64::new(0)),
             gc: GcSettings::default(),
+            scrub: ScrubSettings::default(),
         }
+    }
+
+    /// This backend with the scrub at `scrub`'s pace.
+    pub fn with_scrub(mut self, scrub: ScrubSettings) -> Self {
+        self.scrub = scrub;
+        self
     }
 
     /// Builds the backend `settings` describe.
@@ -130,7 +166,12 @@ impl LsmBackend {
             block_size_bytes: settings.block_size_bytes,
             ..LsmSettings::default()
         };
-        Ok(Self::new(store, prefix, Arc::new(caches), tree, clock))
+        Ok(
+            Self::new(store, prefix, Arc::new(caches), tree, clock).with_scrub(ScrubSettings {
+                bytes_per_second: settings.scrub_bytes_per_second,
+                ..ScrubSettings::default()
+            }),
+        )
     }
 
     /// Where the shard `id` lives.
@@ -153,36 +194,36 @@ impl StateBackend for LsmBackend {
     type Shard = LsmShard;
 
     async fn open_shard(&self, id: &ShardId) -> Result<LsmShard, StateError> {
-        let root = self.shard_root(id);
-        let base = recover(self.files.store(), &root).await?;
-        self.open_from(root, base).await
+        self.open_shard_at(id, &Recovery::default()).await
     }
 
     async fn open_shard_at(
         &self,
         id: &ShardId,
-        committed: Option<u64>,
+        recovery: &Recovery,
     ) -> Result<LsmShard, StateError> {
         let root = self.shard_root(id);
-        let base = recover_decided(self.files.store(), &root, committed).await?;
-        self.open_from(root, base).await
+        let recovered = recover(self.files.store(), &root, recovery).await?;
+        self.open_from(root, recovered).await
     }
 }
 
 impl LsmBackend {
-    /// Claims the shard under `root` from checkpoint `base` (empty when `None`) and opens it.
-    async fn open_from(&self, root: Path, base: Option<Manifest>) -> Result<LsmShard, StateError> {
+    /// Claims the shard under `root` from what recovery found (empty without a checkpoint),
+    /// recording the versions it fell back past, and opens it.
+    async fn open_from(&self, root: Path, recovered: Recovered) -> Result<LsmShard, StateError> {
         let store = self.files.store().clone();
         let token = format!(
             "{}-{}",
             self.process_token,
             self.claims.fetch_add(1, Ordering::Relaxed)
         );
+        let base = recovered.checkpoint;
         let claim = ManifestStore::new(store.clone(), root.clone())
-            .claim(&token, base.as_ref())
+            .claim(&token, base.as_ref(), &recovered.rejected)
             .await
             .map_err(|e| e.into_state_error(&root))?;
-        tracing::info!(shard = %root, version = claim.version, writer_epoch = claim.writer_epoch, from_checkpoint = ?base.as_ref().map(|b| b.version), "claimed shard");
+        tracing::info!(shard = %root, version = claim.version, writer_epoch = claim.writer_epoch, from_checkpoint = ?base.as_ref().map(|b| b.version), rejected = claim.rejected.len(), "claimed shard");
         let tree = LsmTree::open(
             self.files.clone(),
             root.clone(),
@@ -197,8 +238,36 @@ impl LsmBackend {
             root,
             claim,
             base,
+            recovered.oldest_version,
             self.gc.clone(),
+            &self.scrub,
             self.clock.clone(),
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use object_store::ObjectStoreExt;
+
+    #[test]
+    fn a_file_store_is_rooted_at_its_directory_so_paths_read_relative_to_the_url() {
+        crate::state::test_support::block_on(async {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let url = format!("file://{}/state", dir.path().display());
+            let (store, prefix) =
+                object_store_from_url(&url, &Default::default()).expect("a file store");
+            assert_eq!(
+                prefix.as_ref(),
+                "",
+                "no absolute path without its leading `/`"
+            );
+            store
+                .put(&Path::from("pipelines/p/x"), "v".into())
+                .await
+                .expect("put");
+            assert!(dir.path().join("state/pipelines/p/x").exists());
+        });
     }
 }

@@ -391,10 +391,22 @@ impl SstFiles {
 
     /// Reads and verifies the metadata of the SST at `path`, `file_len` bytes long: one range
     /// GET of the tail, and a second when the filter and index are larger than the tail.
+    /// Metadata that fails verification is read once more before it is called corrupt (a
+    /// flipped bit on the way is not damage in the store).
     ///
     /// # Errors
     /// [`FetchError`] of the reads, or [`FetchError::Corrupt`].
     pub async fn open_index(&self, path: &str, file_len: u64) -> Result<SstIndex, FetchError> {
+        match self.open_index_once(path, file_len).await {
+            Err(FetchError::Corrupt { source, .. }) => {
+                tracing::warn!(sst = path, error = %source, "SST metadata failed verification; reading it again from the store");
+                self.open_index_once(path, file_len).await
+            }
+            other => other,
+        }
+    }
+
+    async fn open_index_once(&self, path: &str, file_len: u64) -> Result<SstIndex, FetchError> {
         let corrupt = |source| FetchError::Corrupt {
             path: path.to_owned(),
             source,
@@ -416,6 +428,19 @@ impl SstFiles {
         joined.extend_from_slice(&head);
         joined.extend_from_slice(&tail);
         SstIndex::open(Bytes::from(joined), metadata_start).map_err(corrupt)
+    }
+
+    /// Reads the bytes `range` of the SST at `path` from the store, bypassing the caches (the
+    /// scrub, which must not evict hot blocks with cold ones).
+    ///
+    /// # Errors
+    /// [`FetchError::Missing`] or [`FetchError::Store`].
+    pub async fn read_range_uncached(
+        &self,
+        path: &str,
+        range: std::ops::Range<u64>,
+    ) -> Result<Bytes, FetchError> {
+        self.get_range(path, range).await
     }
 
     /// The opened (verified, decompressed) data block at `handle` of the SST at `sst`.
@@ -472,11 +497,20 @@ impl SstFiles {
             .block_gets
             .fetch_add(1, Ordering::Relaxed);
         let end = handle.offset + u64::from(handle.len);
-        let sealed = self.get_range(&key.sst, handle.offset..end).await?;
-        let block = open_block(&sealed).map_err(|source| FetchError::Corrupt {
-            path: key.sst.to_string(),
-            source,
-        })?;
+        let mut sealed = self.get_range(&key.sst, handle.offset..end).await?;
+        let block = match open_block(&sealed) {
+            Ok(block) => block,
+            Err(error) => {
+                // Read once more from the store before calling it corrupt: damage in transit
+                // is not damage in the store.
+                tracing::warn!(sst = %key.sst, offset = key.offset, %error, "block failed verification; reading it again from the store");
+                sealed = self.get_range(&key.sst, handle.offset..end).await?;
+                open_block(&sealed).map_err(|source| FetchError::Corrupt {
+                    path: key.sst.to_string(),
+                    source,
+                })?
+            }
+        };
         if let Some(disk) = &self.caches.disk {
             disk.insert(key.clone(), &sealed);
         }

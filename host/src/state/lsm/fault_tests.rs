@@ -4,7 +4,7 @@
 //! references, and it does delete the orphans of interrupted flushes.
 
 use super::cache::{BlockCaches, CacheSettings, SstFiles};
-use super::gc::{GcSettings, LiveWriter, collect_garbage};
+use super::gc::{GcSettings, LiveWriter, Protected, collect_garbage};
 use super::tree::{LsmSettings, LsmTree, SstId};
 use crate::clock::{ManualClock, SharedClock};
 use crate::state::faulty_store::{Fault, FaultyStore};
@@ -79,7 +79,10 @@ async fn run_gc(
         &f.store,
         &Path::from("s"),
         &LiveWriter::of(live, gc),
-        pinned,
+        &Protected {
+            pinned: pinned.clone(),
+            ..Protected::default()
+        },
         gc,
         now_ms,
     )
@@ -141,7 +144,7 @@ fn gc_now(grace: Duration) -> (GcSettings, u64) {
 fn an_interrupted_flush_leaves_only_orphans_that_gc_later_removes() {
     block_on(async {
         let f = fixture();
-        let claim = f.manifests.claim("a", None).await.expect("claims");
+        let claim = f.manifests.claim("a", None, &[]).await.expect("claims");
         // No compaction here: every SST not in the tree is then an orphan of a failed flush.
         let no_compaction = LsmSettings {
             l0_compaction_trigger: 100,
@@ -186,7 +189,7 @@ fn an_interrupted_flush_leaves_only_orphans_that_gc_later_removes() {
 fn gc_never_deletes_an_sst_that_a_retained_checkpoint_or_the_live_tree_references() {
     block_on(async {
         let f = fixture();
-        let claim = f.manifests.claim("a", None).await.expect("claims");
+        let claim = f.manifests.claim("a", None, &[]).await.expect("claims");
         let tree = new_tree(&f, claim.writer_epoch, settings());
         let mut checkpoints = Vec::new();
         let mut parent = claim;
@@ -260,9 +263,9 @@ fn gc_never_deletes_an_sst_that_a_retained_checkpoint_or_the_live_tree_reference
 fn gc_by_a_zombie_keeps_what_the_newer_writer_wrote() {
     block_on(async {
         let f = fixture();
-        let claim_a = f.manifests.claim("a", None).await.expect("a claims");
+        let claim_a = f.manifests.claim("a", None, &[]).await.expect("a claims");
         let zombie = new_tree(&f, claim_a.writer_epoch, settings());
-        let claim_b = f.manifests.claim("b", None).await.expect("b claims");
+        let claim_b = f.manifests.claim("b", None, &[]).await.expect("b claims");
         let owner = new_tree(&f, claim_b.writer_epoch, settings());
         for i in 0..40 {
             owner.apply(vec![write(i)]).await.expect("apply");
@@ -284,7 +287,7 @@ fn gc_by_a_zombie_keeps_what_the_newer_writer_wrote() {
 fn a_failed_block_read_is_an_outage_and_the_retry_reads_the_value() {
     block_on(async {
         let f = fixture();
-        let claim = f.manifests.claim("a", None).await.expect("claims");
+        let claim = f.manifests.claim("a", None, &[]).await.expect("claims");
         let tree = new_tree(&f, claim.writer_epoch, settings());
         for i in 0..40 {
             tree.apply(vec![write(i)]).await.expect("apply");
@@ -392,7 +395,7 @@ fn the_disk_cache_stays_within_its_bytes_and_serves_repeated_reads() {
             .expect("caches"),
         );
         let files = SstFiles::new(f.store.clone(), caches.clone());
-        let claim = f.manifests.claim("a", None).await.expect("claims");
+        let claim = f.manifests.claim("a", None, &[]).await.expect("claims");
         let tree = LsmTree::new(
             files.clone(),
             Path::from("s"),
@@ -442,7 +445,7 @@ fn gc_keeps_what_compaction_retired_within_the_grace_period_for_readers_of_older
         let f = fixture();
         let manual = ManualClock::new(0);
         let clock: SharedClock = Arc::new(manual.clone());
-        let claim = f.manifests.claim("a", None).await.expect("claims");
+        let claim = f.manifests.claim("a", None, &[]).await.expect("claims");
         let tree = LsmTree::new(
             f.files.clone(),
             Path::from("s"),

@@ -1,10 +1,11 @@
 //! Garbage collection of a shard's objects, run by the shard's owner (DESIGN.md, checkpoint
 //! protocol step 5).
 //!
-//! Kept: every manifest version from the oldest of the last `retained_checkpoints` checkpoint
-//! versions upwards (claims and uncommitted versions do not count towards the number, but
-//! those newer than the oldest retained checkpoint are kept), every pinned version, and every
-//! SST that one of those or the live tree references. Never deleted besides: an SST compaction
+//! Kept: the manifest versions [`retained_versions`] keeps — every version from the oldest of
+//! the last `retained_checkpoints` usable checkpoints upwards (claims, undecided, rejected and
+//! corrupt versions do not count towards the number; those above it are kept), pinned versions
+//! and, while the owner's scrub runs, every version from `keep_from` up — and every SST that
+//! one of those or the live tree references. Never deleted besides: an SST compaction
 //! retired from the live tree less than a grace period ago (a reader may still hold a version
 //! naming it), an SST of a newer writer epoch than the live one (that writer owns the shard
 //! now), an SST the live writer wrote at or after its last committed checkpoint (it may be in
@@ -15,7 +16,7 @@
 //! ever names a deleted SST.
 
 use super::tree::{LsmTree, SstId};
-use crate::state::manifest::{ManifestError, ManifestKind, ManifestStore};
+use crate::state::manifest::{ManifestError, ManifestStore, retained_versions};
 use futures::TryStreamExt;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt};
@@ -81,7 +82,20 @@ impl LiveWriter {
     }
 }
 
-/// Runs one GC pass over the shard under `root`, whose live writer is `live`.
+/// What GC must keep besides the last retained checkpoints.
+#[derive(Debug, Clone, Default)]
+pub struct Protected {
+    /// Versions kept whatever their age (the decided checkpoint, savepoints).
+    pub pinned: BTreeSet<u64>,
+    /// Every version from this one up is kept (while the owner's scrub of the SSTs it
+    /// recovered has not finished: the checkpoints to fall back to if it finds one corrupt).
+    pub keep_from: Option<u64>,
+    /// The checkpoint the owner knows to be decided.
+    pub decided: Option<u64>,
+}
+
+/// Runs one GC pass over the shard under `root`, whose live writer is `live`. Which manifest
+/// versions stay is [`retained_versions`]' rule, shared with the `memory` backend.
 ///
 /// # Errors
 /// [`ManifestError`] when listing, reading a kept manifest, or deleting fails; a run that
@@ -90,37 +104,21 @@ pub async fn collect_garbage(
     store: &Arc<dyn ObjectStore>,
     root: &Path,
     live: &LiveWriter,
-    pinned: &BTreeSet<u64>,
+    protected: &Protected,
     settings: &GcSettings,
     now_ms: u64,
 ) -> Result<GcReport, ManifestError> {
     let manifests = ManifestStore::new(store.clone(), root.clone());
-    let versions = manifests.versions().await?;
-    let mut kept = Vec::new();
-    let mut checkpoints = 0;
-    for &version in versions.iter().rev() {
-        let manifest = manifests.read(version).await?;
-        let is_checkpoint = manifest.kind == ManifestKind::Checkpoint;
-        kept.push(manifest);
-        if is_checkpoint {
-            checkpoints += 1;
-            if checkpoints >= settings.retained_checkpoints.max(1) {
-                break;
-            }
-        }
-    }
-    let oldest_kept = match kept.last() {
-        Some(m) if checkpoints >= settings.retained_checkpoints.max(1) => m.version,
-        _ => versions.first().copied().unwrap_or(0),
-    };
-    for &version in pinned.iter().filter(|v| **v < oldest_kept) {
-        match manifests.read(version).await {
-            Ok(m) => kept.push(m),
-            Err(ManifestError::NotFound(_)) => {}
-            Err(e) => return Err(e),
-        }
-    }
+    let kept = retained_versions(
+        &manifests,
+        settings.retained_checkpoints,
+        &protected.pinned,
+        protected.keep_from,
+        protected.decided,
+    )
+    .await?;
     let mut referenced: HashSet<SstId> = kept
+        .manifests
         .iter()
         .flat_map(|m| m.levels.iter().flatten().map(|r| r.id()))
         .collect();
@@ -128,10 +126,7 @@ pub async fn collect_garbage(
     let grace_ms = u64::try_from(settings.grace.as_millis()).unwrap_or(u64::MAX);
 
     let mut report = GcReport::default();
-    for &version in versions
-        .iter()
-        .filter(|v| **v < oldest_kept && !pinned.contains(v))
-    {
+    for &version in &kept.delete {
         manifests.delete(version).await?;
         report.manifests_deleted += 1;
     }

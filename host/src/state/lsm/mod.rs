@@ -10,6 +10,7 @@
 //! - [`compaction`] leveled compaction: the choice (with its justification) and the merge;
 //! - [`shard`]      a shard as its owner holds it: recovery from the newest valid checkpoint,
 //!   and checkpoints (flush, create-only manifest with the input offsets, GC);
+//! - [`scrub`]      reading every block a recovered checkpoint handed on, in the background;
 //! - [`gc`]         deleting SSTs and manifests no retained checkpoint references.
 //!
 //! The manifest (create-only versions, read-back commits, fencing) is in
@@ -20,6 +21,7 @@ pub mod cache;
 pub mod compaction;
 pub mod gc;
 pub mod memtable;
+pub mod scrub;
 pub mod shard;
 pub mod sst;
 pub mod tree;

@@ -2,37 +2,46 @@
 //! was opened under, and the two halves of the checkpoint protocol that live in the state layer
 //! (DESIGN.md, "Checkpoint protocol" steps 2, 3 and 5, and "Recovery" steps 2 and 3):
 //!
-//! - [`recover`]: find the checkpoint to resume from — the newest valid one; an older retained
-//!   one only when the newer is *provably* corrupt (a checksum or format failure, or an SST it
-//!   names is missing), never on a transient error, with an audit log line per fallback — and
-//!   claim the shard from it.
+//! - [`recover`]: find the checkpoint to resume from with the walk both backends share
+//!   ([`Walk`]): the newest usable one; an older retained one only past *provable*
+//!   corruption, never past a transient error. This backend's check of a candidate is cheap
+//!   and flat in state size — one LIST of the shard's SSTs: every SST it names must exist
+//!   with the size its manifest records, and its levels must be well formed. Blocks are
+//!   verified when read, and by the scrub.
 //! - [`LsmShard::commit_checkpoint`]: flush the memtable, commit the next manifest version
 //!   create-only with the caller's metadata (the input offsets), then start collecting garbage
 //!   in the background (off the checkpoint's critical path: the partition is paused only for
-//!   the flush and the manifest).
+//!   the flush and the manifest). A tree in which compaction or the scrub found corruption
+//!   never checkpoints again: the shard must fall back.
+//! - the **scrub**: after opening from a checkpoint, a background task reads every block of
+//!   the SSTs that checkpoint handed on, throttled, bypassing the caches. Until it has read
+//!   them all once, GC keeps every manifest version that existed when the shard was claimed
+//!   (the recovered checkpoint and the retained ones before it): later checkpoints keep
+//!   referencing those SSTs, and without the older checkpoints, corruption found late would
+//!   leave nothing to fall back to.
 //!
 //! The pipeline drives both through [`Shard::checkpoint`] and [`Shard::recovered_offsets`];
 //! docs/checkpoints.md is the whole protocol, step by step.
 
-use super::gc::{GcSettings, LiveWriter, collect_garbage};
-use super::tree::{LsmTree, SstId};
+use super::gc::{GcSettings, LiveWriter, Protected, collect_garbage};
+use super::tree::{LsmTree, SstId, check_levels};
 use crate::clock::SharedClock;
 use crate::state::checkpoint::{self, CheckpointReport, DecidedBy, InputOffsets};
-use crate::state::manifest::{
-    Manifest, ManifestError, ManifestStore, RecoveryRead, audit_fallback, audit_missing_committed,
-};
-use crate::state::{Shard, StateError, StateWrite};
+use crate::state::manifest::{Checked, Manifest, ManifestError, ManifestStore, Walk};
+use crate::state::{Recovery, Shard, StateError, StateWrite};
 use bytes::Bytes;
 use futures::TryStreamExt;
 use object_store::ObjectStore;
 use object_store::path::Path;
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Why a checkpoint did not commit.
 #[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {
-    /// The memtable could not be flushed; nothing was committed. Retry later.
+    /// The memtable could not be flushed, or the tree holds corruption that compaction or the
+    /// scrub found; nothing was committed.
     #[error("checkpoint flush failed")]
     Flush(#[source] StateError),
     /// The manifest commit failed or was fenced ([`ManifestError::Fenced`]: another owner
@@ -62,6 +71,25 @@ pub struct CheckpointInfo {
     pub uploaded_bytes: u64,
 }
 
+/// How the scrub reads: the pace and the largest read.
+#[derive(Debug, Clone)]
+pub struct ScrubSettings {
+    /// Bytes read per second at most (0: no scrub; GC then keeps the versions of the claim
+    /// for as long as the shard is open).
+    pub bytes_per_second: u64,
+    /// Largest range read at once, bytes (consecutive blocks are read together up to it).
+    pub read_bytes_max: u64,
+}
+
+impl Default for ScrubSettings {
+    fn default() -> Self {
+        Self {
+            bytes_per_second: 16 << 20,
+            read_bytes_max: 4 << 20,
+        }
+    }
+}
+
 /// A shard of the `lsm` backend, owned by this process under one claim.
 #[derive(Debug)]
 pub struct LsmShard {
@@ -81,19 +109,56 @@ pub struct LsmShard {
     /// GC never deletes it, even when newer prepared but undecided versions outnumber the
     /// retained count (exactly-once mode, where a Kafka transaction decides).
     decided: std::sync::Mutex<Option<u64>>,
+    /// The oldest manifest version that existed at the claim: GC keeps every version from it
+    /// up until the scrub has read the recovered SSTs once (module docs).
+    keep_from: Option<u64>,
+    /// Set when the scrub has read every block of the recovered SSTs.
+    scrubbed: Arc<AtomicBool>,
+    scrub: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for LsmShard {
+    fn drop(&mut self) {
+        if let Some(scrub) = &self.scrub {
+            scrub.abort();
+        }
+    }
 }
 
 impl LsmShard {
-    /// A shard owning `tree` under `claim`, recovered from `recovered`.
+    /// A shard owning `tree` under `claim`, recovered from `recovered`; GC keeps the versions
+    /// from `keep_from` up until the scrub (started here, at `scrub`'s pace, when `recovered`
+    /// names SSTs) has read them.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         tree: LsmTree,
         store: Arc<dyn ObjectStore>,
         root: Path,
         claim: Manifest,
         recovered: Option<Manifest>,
+        keep_from: Option<u64>,
         gc: GcSettings,
+        scrub: &ScrubSettings,
         clock: SharedClock,
     ) -> Self {
+        let scrubbed = Arc::new(AtomicBool::new(false));
+        let handed_on: Vec<_> = recovered
+            .iter()
+            .flat_map(|m| m.levels.iter().flatten().cloned())
+            .collect();
+        let scrub = if handed_on.is_empty() {
+            scrubbed.store(true, Ordering::Relaxed);
+            None
+        } else if scrub.bytes_per_second == 0 {
+            None
+        } else {
+            let (tree, done, settings) = (tree.scrubber(), scrubbed.clone(), scrub.clone());
+            Some(tokio::spawn(async move {
+                if tree.scrub(handed_on, &settings).await {
+                    done.store(true, Ordering::Relaxed);
+                }
+            }))
+        };
         Self {
             manifests: ManifestStore::new(store.clone(), root.clone()),
             tree,
@@ -105,12 +170,27 @@ impl LsmShard {
             gc_task: std::sync::Mutex::new(None),
             decided: std::sync::Mutex::new(recovered.as_ref().map(|m| m.version)),
             recovered,
+            keep_from,
+            scrubbed,
+            scrub,
         }
     }
 
     /// The tree.
     pub fn tree(&self) -> &LsmTree {
         &self.tree
+    }
+
+    /// Whether the scrub has read every block of the SSTs the shard was recovered with.
+    pub fn scrubbed(&self) -> bool {
+        self.scrubbed.load(Ordering::Relaxed)
+    }
+
+    /// Waits for the scrub to end (it has read everything, or found corruption).
+    pub async fn scrub_settled(&mut self) {
+        if let Some(scrub) = self.scrub.take() {
+            let _ = scrub.await;
+        }
     }
 
     /// The caller metadata (input offsets) of the checkpoint this shard resumed from; empty for
@@ -133,7 +213,8 @@ impl LsmShard {
     /// not apply writes concurrently, so that `metadata` describes exactly the state written.
     ///
     /// # Errors
-    /// [`CheckpointError`]; after [`CheckpointError::is_fenced`] the shard must be closed.
+    /// [`CheckpointError`]; after [`CheckpointError::is_fenced`] the shard must be closed; a
+    /// [`CheckpointError::Flush`] of a corrupt state means it must fall back.
     pub async fn commit_checkpoint(
         &self,
         metadata: BTreeMap<String, String>,
@@ -141,6 +222,11 @@ impl LsmShard {
         now_ms: u64,
     ) -> Result<CheckpointInfo, CheckpointError> {
         let mut last = self.last.lock().await;
+        // A tree holding an SST found corrupt must not be checkpointed: its state is not what
+        // the input made it.
+        if let Some(corruption) = self.tree.corruption() {
+            return Err(CheckpointError::Flush(corruption));
+        }
         self.tree.flush().await.map_err(CheckpointError::Flush)?;
         let seq = self.tree.next_seq();
         let levels = self.tree.levels();
@@ -165,9 +251,15 @@ impl LsmShard {
             (n + 1, b + r.size_bytes, u + new)
         });
         *last = checkpoint;
+        let decided = *self.decided.lock().unwrap_or_else(|e| e.into_inner());
         let mut pinned = pinned.clone();
-        pinned.extend(*self.decided.lock().unwrap_or_else(|e| e.into_inner()));
-        self.start_gc(pinned, now_ms);
+        pinned.extend(decided);
+        let protected = Protected {
+            pinned,
+            keep_from: self.keep_from.filter(|_| !self.scrubbed()),
+            decided,
+        };
+        self.start_gc(protected, now_ms);
         Ok(CheckpointInfo {
             version: last.version,
             ssts,
@@ -178,7 +270,7 @@ impl LsmShard {
 
     /// Starts a GC pass in the background (DESIGN.md checkpoint step 5) unless the previous
     /// one is still running; a failed pass is logged and the next checkpoint's runs again.
-    fn start_gc(&self, pinned: BTreeSet<u64>, now_ms: u64) {
+    fn start_gc(&self, protected: Protected, now_ms: u64) {
         let mut slot = self.gc_task.lock().unwrap_or_else(|e| e.into_inner());
         if slot.as_ref().is_some_and(|task| !task.is_finished()) {
             tracing::debug!(shard = %self.root, "GC still running; skipped this checkpoint's");
@@ -187,7 +279,7 @@ impl LsmShard {
         let live = LiveWriter::of(&self.tree, &self.gc);
         let (store, root, settings) = (self.store.clone(), self.root.clone(), self.gc.clone());
         *slot = Some(tokio::spawn(async move {
-            match collect_garbage(&store, &root, &live, &pinned, &settings, now_ms).await {
+            match collect_garbage(&store, &root, &live, &protected, &settings, now_ms).await {
                 Ok(report) => tracing::debug!(shard = %root, ?report, "GC done"),
                 Err(error) => {
                     tracing::warn!(shard = %root, %error, "GC failed; it runs again after the next checkpoint")
@@ -209,105 +301,113 @@ impl LsmShard {
     }
 }
 
-/// Finds the checkpoint to resume the shard under `root` from: the newest checkpoint version
-/// that decodes and whose SSTs all exist, falling back to older ones only past provable
-/// corruption (each fallback logged as an audit line). Claims do not count.
+/// What recovery found for the `lsm` backend: the checkpoint to open from, the versions to
+/// record as rejected, and the oldest version stored (the scrub's `keep_from`).
+#[derive(Debug)]
+pub struct Recovered {
+    /// The checkpoint to resume from; `None`: start empty.
+    pub checkpoint: Option<Manifest>,
+    /// Versions recovery fell back past (or newer versions listed), for the claim.
+    pub rejected: Vec<crate::state::manifest::RejectedVersion>,
+    /// The oldest manifest version stored: GC keeps every version from it up until the scrub
+    /// has read what the checkpoint hands on.
+    pub oldest_version: Option<u64>,
+}
+
+/// Finds the checkpoint to resume the shard under `root` from (module docs), given
+/// `recovery` (the version Kafka's committed offsets name, what the last owner found
+/// corrupt). Claims do not count.
 ///
 /// # Errors
 /// [`StateError::Unavailable`] on any transient store error (never a reason to fall back);
-/// [`StateError::Corrupt`] when checkpoints exist but none is valid.
+/// [`StateError::Corrupt`] when checkpoints exist but none is usable.
 pub async fn recover(
     store: &Arc<dyn ObjectStore>,
     root: &Path,
-) -> Result<Option<Manifest>, StateError> {
-    recover_decided(store, root, None).await
-}
-
-/// As [`recover`], among the *decided* checkpoints ([`is_decided`]) given the version the
-/// committed Kafka offsets name (`committed`): a checkpoint prepared for a transaction that
-/// never committed is skipped. A missing `committed` version falls back like a corrupt one,
-/// with an audit line.
-///
-/// # Errors
-/// As [`recover`].
-pub async fn recover_decided(
-    store: &Arc<dyn ObjectStore>,
-    root: &Path,
-    committed: Option<u64>,
-) -> Result<Option<Manifest>, StateError> {
+    recovery: &Recovery,
+) -> Result<Recovered, StateError> {
     let manifests = ManifestStore::new(store.clone(), root.clone());
-    let label = root.to_string();
-    let unavailable = |source: Box<dyn std::error::Error + Send + Sync>| StateError::Unavailable {
-        shard: label.clone(),
-        source,
-    };
-    let versions = manifests
-        .versions()
-        .await
-        .map_err(|e| unavailable(Box::new(e)))?;
-    let mut existing: Option<HashSet<SstId>> = None;
-    let mut corrupt_seen = audit_missing_committed(root, &versions, committed);
-    for &version in versions.iter().rev() {
-        let manifest = match manifests
-            .read_for_recovery(version, committed)
-            .await
-            .map_err(|e| unavailable(Box::new(e)))?
-        {
-            RecoveryRead::Decided(m) => m,
-            RecoveryRead::Skip => continue,
-            RecoveryRead::Corrupt => {
-                corrupt_seen += 1;
-                continue;
-            }
-        };
-        if existing.is_none() {
-            existing = Some(
-                list_ssts(store, root)
-                    .await
-                    .map_err(|e| unavailable(Box::new(e)))?,
-            );
-        }
-        let present = existing.as_ref().expect("listed above");
-        let missing: Vec<SstId> = manifest
-            .levels
+    let mut walk = Walk::start(&manifests, recovery.committed, &recovery.known_corruption).await?;
+    // One LIST of the SSTs, made for the first candidate and reused for older ones.
+    let mut stored: Option<HashMap<SstId, u64>> = None;
+    let referenced = |m: &Manifest| {
+        m.levels
             .iter()
             .flatten()
-            .map(|r| r.id())
-            .filter(|id| !present.contains(id))
-            .collect();
-        if missing.is_empty() {
-            return Ok(Some(manifest));
+            .map(|r| r.id().object_name())
+            .collect()
+    };
+    let found = loop {
+        let Some(candidate) = walk.next_candidate(referenced).await? else {
+            break walk.finish()?;
+        };
+        if stored.is_none() {
+            stored = Some(
+                list_ssts(store, root)
+                    .await
+                    .map_err(|e| StateError::Unavailable {
+                        shard: root.to_string(),
+                        source: Box::new(e),
+                    })?,
+            );
         }
-        let problem = format!(
-            "{} SSTs it names are missing, first {}",
-            missing.len(),
-            missing[0].object_name()
-        );
-        audit_fallback(root, version, &problem);
-        corrupt_seen += 1;
-    }
-    if corrupt_seen > 0 {
-        return Err(StateError::Corrupt {
-            shard: label,
-            source: format!(
-                "{corrupt_seen} manifest version(s) are corrupt and no valid checkpoint is left"
-            )
-            .into(),
-        });
-    }
-    Ok(None)
+        match check_checkpoint(&candidate, stored.as_ref().expect("listed above")) {
+            Checked::Valid(()) => break walk.found(candidate, ()),
+            Checked::Invalid(reason) => walk.reject(candidate.version, reason),
+        }
+    };
+    Ok(Recovered {
+        checkpoint: found.checkpoint.map(|(m, ())| m),
+        rejected: found.rejected,
+        oldest_version: found.oldest_version,
+    })
 }
 
-/// The SSTs present under `root` (one LIST).
+/// Recovery's check of a candidate: well-formed levels, and every SST it names stored with
+/// the size it records (`stored`: every SST under the shard and its size).
+fn check_checkpoint(manifest: &Manifest, stored: &HashMap<SstId, u64>) -> Checked<()> {
+    if let Err(problem) = check_levels(&manifest.levels) {
+        return Checked::Invalid(problem);
+    }
+    let refs: Vec<_> = manifest.levels.iter().flatten().collect();
+    let missing: Vec<_> = refs
+        .iter()
+        .filter(|r| !stored.contains_key(&r.id()))
+        .collect();
+    if let Some(first) = missing.first() {
+        return Checked::Invalid(format!(
+            "{} SSTs it names are missing, first {}",
+            missing.len(),
+            first.id().object_name()
+        ));
+    }
+    if let Some(r) = refs
+        .iter()
+        .find(|r| stored.get(&r.id()) != Some(&r.size_bytes))
+    {
+        return Checked::Invalid(format!(
+            "SST {} is {} bytes, its manifest records {}",
+            r.id().object_name(),
+            stored.get(&r.id()).copied().unwrap_or_default(),
+            r.size_bytes
+        ));
+    }
+    Checked::Valid(())
+}
+
+/// The SSTs present under `root` with their sizes (one LIST).
 async fn list_ssts(
     store: &Arc<dyn ObjectStore>,
     root: &Path,
-) -> Result<HashSet<SstId>, object_store::Error> {
+) -> Result<HashMap<SstId, u64>, object_store::Error> {
     let prefix = Path::from(format!("{root}/sst"));
     let objects: Vec<_> = store.list(Some(&prefix)).try_collect().await?;
     Ok(objects
         .iter()
-        .filter_map(|m| m.location.filename().and_then(SstId::parse_file_name))
+        .filter_map(|m| {
+            let id = m.location.filename().and_then(SstId::parse_file_name)?;
+            Some((id, m.size))
+        })
         .collect())
 }
 
@@ -316,16 +416,17 @@ impl Shard for LsmShard {
         *self.decided.lock().unwrap_or_else(|e| e.into_inner()) = Some(version);
     }
 
+    fn opened_from(&self) -> Option<u64> {
+        self.recovered_version()
+    }
+
     fn recovered_offsets(&self) -> Result<Option<InputOffsets>, StateError> {
         let Some(recovered) = &self.recovered else {
             return Ok(None);
         };
         InputOffsets::from_metadata(&recovered.metadata)
             .map(Some)
-            .map_err(|reason| StateError::Corrupt {
-                shard: self.root.to_string(),
-                source: reason.into(),
-            })
+            .map_err(|reason| StateError::corrupt(self.root.to_string(), reason))
     }
 
     async fn checkpoint(
@@ -383,7 +484,7 @@ mod tests {
     use crate::state::faulty_store::{Fault, FaultyStore};
     use crate::state::lsm::backend::LsmBackend;
     use crate::state::lsm::cache::BlockCaches;
-    use crate::state::test_support::block_on;
+    use crate::state::test_support::{block_on, observed};
     use crate::state::{ShardId, StateBackend};
     use object_store::{ObjectStoreExt, PutPayload};
 
@@ -546,6 +647,274 @@ mod tests {
                     .await
                     .expect("versions");
             assert_eq!(left, versions[2..].to_vec());
+        });
+    }
+
+    /// The SSTs of the newest checkpoint that no older checkpoint of `shard` names.
+    fn only_in_newest(shard: &LsmShard, before: &HashSet<SstId>) -> Vec<SstId> {
+        shard
+            .tree()
+            .live_ssts()
+            .into_iter()
+            .filter(|id| !before.contains(id))
+            .collect()
+    }
+
+    /// Flips 8 bytes of the object at `path`, keeping its size (so that opening, which checks
+    /// sizes, does not notice).
+    async fn flip_bytes(store: &FaultyStore, path: &Path, at: usize) {
+        let mut bytes = store
+            .inner
+            .get(path)
+            .await
+            .expect("stored")
+            .bytes()
+            .await
+            .expect("read")
+            .to_vec();
+        for b in &mut bytes[at..at + 8] {
+            *b ^= 0xff;
+        }
+        store
+            .inner
+            .put(path, PutPayload::from(bytes))
+            .await
+            .expect("rewritten");
+    }
+
+    fn sst_path(id: SstId) -> Path {
+        Path::from(format!(
+            "p/pipelines/counts/shards/00003/{}",
+            id.object_name()
+        ))
+    }
+
+    fn manifests(store: &Arc<FaultyStore>) -> ManifestStore {
+        ManifestStore::new(store.clone(), Path::from("p/pipelines/counts/shards/00003"))
+    }
+
+    #[test]
+    fn a_flipped_byte_in_an_sst_of_the_newest_checkpoint_makes_the_shard_fall_back_with_its_offsets()
+     {
+        let store = Arc::new(FaultyStore::default());
+        let (known, newest) = block_on(async {
+            let a = backend(&store).open_shard(&id()).await.expect("opens");
+            write_and_checkpoint(&a, 0, 20, "old").await;
+            let before: HashSet<SstId> = a.tree().live_ssts().into_iter().collect();
+            let newest = write_and_checkpoint(&a, 100, 120, "new").await;
+            for id in only_in_newest(&a, &before) {
+                flip_bytes(&store, &sst_path(id), 4).await;
+            }
+            // The next owner opens the newest checkpoint (its SSTs are all there, at their
+            // sizes); the first read of a damaged block finds the corruption, twice.
+            let b = backend(&store).open_shard(&id()).await.expect("opens");
+            assert_eq!(b.recovered_metadata(), offsets(120));
+            let mut found = None;
+            for i in 100..120u32 {
+                if let Err(error) = b.get(&i.to_be_bytes()).await {
+                    found = Some(error);
+                    break;
+                }
+            }
+            let error = found.expect("a read meets the flipped bytes");
+            let StateError::Corrupt { object, .. } = &error else {
+                panic!("corruption, not {error}");
+            };
+            let object = object.clone().expect("the SST is named");
+            assert!(object.starts_with("sst/"), "{object}");
+            let mut known = crate::state::KnownCorruption::default();
+            known.add(&error, b.opened_from());
+            (known, newest)
+        });
+        let (c, seen) = observed(|| {
+            block_on(async {
+                let recovery = Recovery {
+                    committed: None,
+                    known_corruption: known.clone(),
+                };
+                backend(&store)
+                    .open_shard_at(&id(), &recovery)
+                    .await
+                    .expect("falls back")
+            })
+        });
+        assert_eq!(
+            c.recovered_metadata(),
+            offsets(20),
+            "the previous checkpoint, with its offsets"
+        );
+        assert_eq!(seen.audit_lines.len(), 1, "{:?}", seen.audit_lines);
+        assert!(
+            seen.audit_lines[0].contains(&format!("version={newest}"))
+                && seen.audit_lines[0].contains("found corrupt"),
+            "{:?}",
+            seen.audit_lines
+        );
+        assert_eq!(seen.counter("weir_checkpoint_fallbacks_total"), 1.0);
+        block_on(async {
+            assert_eq!(
+                c.get(&5u32.to_be_bytes()).await.expect("get"),
+                Some(Bytes::from("old"))
+            );
+            assert_eq!(c.get(&105u32.to_be_bytes()).await.expect("get"), None);
+            // The claim records the rejected version: a later open skips it without reading
+            // it (a read of it would fail here) and knowing nothing of the corruption.
+            let versions = manifests(&store).versions().await.expect("versions");
+            let claim = manifests(&store)
+                .read(*versions.last().expect("c's claim is the newest"))
+                .await
+                .expect("the claim");
+            assert!(claim.rejects(newest), "{:?}", claim.rejected);
+            store.inject_on(
+                Box::leak(format!("/{newest:020}.manifest").into_boxed_str()),
+                Fault::GetFails,
+            );
+            let d = backend(&store).open_shard(&id()).await.expect("opens");
+            assert_eq!(d.recovered_metadata(), offsets(20));
+            assert!(store.take_any(), "the rejected version was never read");
+        });
+    }
+
+    #[test]
+    fn with_no_usable_checkpoint_left_the_open_fails_as_corrupt_and_claims_nothing() {
+        block_on(async {
+            let store = Arc::new(FaultyStore::default());
+            let a = backend(&store).open_shard(&id()).await.expect("opens");
+            let only = write_and_checkpoint(&a, 0, 20, "old").await;
+            let before = manifests(&store).versions().await.expect("versions");
+            let recovery = Recovery {
+                committed: None,
+                known_corruption: crate::state::KnownCorruption {
+                    versions: [only].into(),
+                    reason: "checksum mismatch".into(),
+                    ..Default::default()
+                },
+            };
+            let err = backend(&store)
+                .open_shard_at(&id(), &recovery)
+                .await
+                .expect_err("nothing to fall back to");
+            assert!(matches!(err, StateError::Corrupt { .. }), "{err}");
+            assert!(err.to_string().contains("corrupt"), "{err}");
+            assert_eq!(
+                manifests(&store).versions().await.expect("versions"),
+                before,
+                "no claim was written"
+            );
+        });
+    }
+
+    #[test]
+    fn gc_goes_on_after_a_fallback_and_deletes_the_corrupt_version_only_below_the_retained_ones() {
+        block_on(async {
+            let store = Arc::new(FaultyStore::default());
+            let a = backend(&store).open_shard(&id()).await.expect("opens");
+            write_and_checkpoint(&a, 0, 10, "v").await;
+            write_and_checkpoint(&a, 0, 11, "v").await;
+            let newest = write_and_checkpoint(&a, 0, 12, "v").await;
+            let path = Path::from(format!(
+                "p/pipelines/counts/shards/00003/manifest/{newest:020}.manifest"
+            ));
+            store
+                .inner
+                .put(&path, PutPayload::from_static(b"WEIRMAN1 torn"))
+                .await
+                .expect("overwrite");
+            let b = backend(&store).open_shard(&id()).await.expect("falls back");
+            assert_eq!(b.recovered_metadata(), offsets(11));
+            let gc = GcSettings {
+                grace: std::time::Duration::ZERO,
+                ..GcSettings::default()
+            };
+            let mut left = Vec::new();
+            for round in 0..3u32 {
+                let version = write_and_checkpoint(&b, 0, 20 + round, "w").await;
+                b.gc_settled().await;
+                let report = collect_garbage(
+                    &(store.clone() as Arc<dyn ObjectStore>),
+                    &Path::from("p/pipelines/counts/shards/00003"),
+                    &LiveWriter::of(b.tree(), &gc),
+                    &Protected {
+                        decided: Some(version),
+                        ..Protected::default()
+                    },
+                    &gc,
+                    u64::MAX,
+                )
+                .await;
+                assert!(report.is_ok(), "GC fails no more: {report:?}");
+                left = manifests(&store).versions().await.expect("versions");
+                if round < 2 {
+                    assert!(left.contains(&newest), "kept while above the retained ones");
+                }
+            }
+            assert!(!left.contains(&newest), "deleted once below them: {left:?}");
+            assert_eq!(left.len(), 3, "the last three checkpoints: {left:?}");
+        });
+    }
+
+    #[test]
+    fn corruption_the_scrub_finds_in_a_cold_sst_stops_the_next_checkpoint() {
+        block_on(async {
+            let store = Arc::new(FaultyStore::default());
+            let a = backend(&store).open_shard(&id()).await.expect("opens");
+            write_and_checkpoint(&a, 0, 40, "cold").await;
+            let ssts = a.tree().live_ssts();
+            flip_bytes(&store, &sst_path(ssts[0]), 4).await;
+            let mut b = backend(&store).open_shard(&id()).await.expect("opens");
+            b.scrub_settled().await;
+            assert!(!b.scrubbed(), "the scrub found the damage");
+            let found = b.tree().corruption().expect("recorded in the tree");
+            let StateError::Corrupt { object, .. } = &found else {
+                panic!("{found}");
+            };
+            assert_eq!(object.as_deref(), Some(ssts[0].object_name().as_str()));
+            let err = b
+                .commit_checkpoint(offsets(41), &BTreeSet::new(), 0)
+                .await
+                .expect_err("a corrupt tree never checkpoints");
+            assert!(matches!(
+                err,
+                CheckpointError::Flush(StateError::Corrupt { .. })
+            ));
+        });
+    }
+
+    #[test]
+    fn until_the_scrub_has_read_the_recovered_ssts_gc_keeps_every_version_of_the_claim() {
+        block_on(async {
+            let store = Arc::new(FaultyStore::default());
+            let a = backend(&store).open_shard(&id()).await.expect("opens");
+            for round in 0..3 {
+                write_and_checkpoint(&a, 0, 10 + round, "v").await;
+                a.gc_settled().await;
+            }
+            let at_claim = manifests(&store).versions().await.expect("versions");
+            let scrubless = backend(&store).with_scrub(ScrubSettings {
+                bytes_per_second: 0,
+                ..ScrubSettings::default()
+            });
+            let b = scrubless.open_shard(&id()).await.expect("opens");
+            for round in 0..4 {
+                write_and_checkpoint(&b, 0, 20 + round, "w").await;
+                b.gc_settled().await;
+            }
+            let left = manifests(&store).versions().await.expect("versions");
+            for version in &at_claim {
+                assert!(left.contains(version), "{version} kept: {left:?}");
+            }
+            // Scrubbed: the next GC keeps only the last three checkpoints.
+            let mut c = backend(&store).open_shard(&id()).await.expect("opens");
+            c.scrub_settled().await;
+            assert!(c.scrubbed());
+            for round in 0..3 {
+                let version = write_and_checkpoint(&c, 0, 30 + round, "x").await;
+                // As the worker does once a checkpoint is decided: the pin moves on.
+                c.checkpoint_decided(version);
+                c.gc_settled().await;
+            }
+            let left = manifests(&store).versions().await.expect("versions");
+            assert_eq!(left.len(), 3, "{left:?}");
         });
     }
 }

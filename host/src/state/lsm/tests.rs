@@ -3,7 +3,7 @@
 //! (into several levels) and GC really happen; plus reopening at any retained checkpoint.
 
 use super::cache::{BlockCaches, CacheSettings, SstFiles};
-use super::gc::{GcSettings, LiveWriter, collect_garbage};
+use super::gc::{GcSettings, LiveWriter, Protected, collect_garbage};
 use super::tree::{LsmSettings, LsmTree};
 use crate::clock::{ManualClock, SharedClock};
 use crate::state::manifest::{Manifest, ManifestKind, ManifestStore};
@@ -15,7 +15,7 @@ use object_store::memory::InMemory;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt};
 use proptest::prelude::*;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -134,7 +134,7 @@ async fn run(store: Arc<dyn ObjectStore>, caches: u8, ops: Vec<Op>) -> Result<()
     let root = Path::from("shard");
     let files = files(store.clone(), caches);
     let manifests = ManifestStore::new(store.clone(), root.clone());
-    let mut owner = manifests.claim("owner-0", None).await.expect("claims");
+    let mut owner = manifests.claim("owner-0", None, &[]).await.expect("claims");
     let mut tree = LsmTree::new(
         files.clone(),
         root.clone(),
@@ -215,7 +215,10 @@ async fn run(store: Arc<dyn ObjectStore>, caches: u8, ops: Vec<Op>) -> Result<()
                 let (base, base_model) = retained[i % retained.len()].clone();
                 compactions += tree.compactions();
                 let token = format!("owner-{}", owner.writer_epoch);
-                owner = manifests.claim(&token, Some(&base)).await.expect("claims");
+                owner = manifests
+                    .claim(&token, Some(&base), &[])
+                    .await
+                    .expect("claims");
                 last = owner.clone();
                 tree = LsmTree::open(
                     files.clone(),
@@ -239,7 +242,7 @@ async fn run(store: Arc<dyn ObjectStore>, caches: u8, ops: Vec<Op>) -> Result<()
                     &store,
                     &root,
                     &LiveWriter::of(&tree, &gc),
-                    &BTreeSet::new(),
+                    &Protected::default(),
                     &gc,
                     now_ms,
                 )
@@ -359,7 +362,10 @@ fn a_tree_reopened_from_a_checkpoint_manifest_reads_lazily_and_sees_everything()
         let clock: SharedClock = Arc::new(ManualClock::new(0));
         let settings = small_settings();
         let manifests = ManifestStore::new(store.clone(), Path::from("s"));
-        let claim = manifests.claim("writer-a", None).await.expect("claims");
+        let claim = manifests
+            .claim("writer-a", None, &[])
+            .await
+            .expect("claims");
         let tree = LsmTree::new(
             memory_files(&store),
             Path::from("s"),
@@ -383,7 +389,7 @@ fn a_tree_reopened_from_a_checkpoint_manifest_reads_lazily_and_sees_everything()
         manifests.commit(&checkpoint).await.expect("commits");
 
         let b = manifests
-            .claim("writer-b", Some(&checkpoint))
+            .claim("writer-b", Some(&checkpoint), &[])
             .await
             .expect("b claims");
         let reopened = LsmTree::open(
@@ -434,6 +440,7 @@ fn a_missing_sst_named_by_the_manifest_is_corruption_not_an_outage() {
                 last_key: b"z".to_vec(),
             }]],
             metadata: Default::default(),
+            rejected: Vec::new(),
         };
         let tree = LsmTree::open(
             memory_files(&store),

@@ -121,6 +121,25 @@ impl SstId {
     }
 }
 
+/// Checks the levels a manifest records: every SST's key range in order, and every level below
+/// L0 sorted with disjoint key ranges (else keys would be routed to the wrong SST).
+///
+/// # Errors
+/// What is wrong, one line.
+pub fn check_levels(levels: &[Vec<SstRef>]) -> Result<(), String> {
+    for (n, level) in levels.iter().enumerate() {
+        if level.iter().any(|r| r.first_key > r.last_key) {
+            return Err("manifest records an SST whose first key is after its last".into());
+        }
+        if n > 0 && level.windows(2).any(|w| w[0].last_key >= w[1].first_key) {
+            return Err(format!(
+                "manifest level {n} is not sorted with disjoint key ranges"
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// An SST of the tree with its metadata, read on first use.
 #[derive(Debug)]
 struct OpenSst {
@@ -180,8 +199,9 @@ struct Inner {
     /// SSTs compaction removed from the tree, with when (processing time, ms): readers holding
     /// an older version may still read them, so GC keeps them for its grace period.
     retired: std::sync::Mutex<Vec<(SstId, u64)>>,
-    /// Set when compaction hit corruption: compaction stops and stalled writes report it.
-    compaction_failure: std::sync::Mutex<Option<String>>,
+    /// Set when compaction or the scrub found corruption: compaction stops, stalled writes
+    /// and the next checkpoint report it (the shard must fall back).
+    corruption: std::sync::Mutex<Option<FoundCorruption>>,
 }
 
 /// One shard's LSM tree on an object store. Dropping it stops its background compaction.
@@ -197,6 +217,64 @@ impl Drop for LsmTree {
         self.compactor.abort();
         self.flusher.abort();
     }
+}
+
+/// What the scrub ([`super::scrub`]) reads a tree's SSTs through.
+#[derive(Debug, Clone)]
+pub struct Scrubber {
+    inner: std::sync::Weak<Inner>,
+}
+
+impl Scrubber {
+    /// The tree's files, label and SST paths, while the tree lives.
+    pub(super) fn files(&self) -> Option<SstFiles> {
+        self.inner.upgrade().map(|i| i.files.clone())
+    }
+
+    /// The object path of SST `id` (`None` once the tree is gone).
+    pub(super) fn sst_path(&self, id: SstId) -> Option<Arc<str>> {
+        self.inner.upgrade().map(|i| i.sst_path(id))
+    }
+
+    /// Whether SST `id` is still in the tree's current version (compaction may have replaced
+    /// it, reading all of it on the way).
+    pub(super) fn is_live(&self, id: SstId) -> bool {
+        self.inner.upgrade().is_some_and(|i| {
+            i.read()
+                .version
+                .levels
+                .iter()
+                .flatten()
+                .any(|s| s.meta.id() == id)
+        })
+    }
+
+    /// The tree's label (its shard).
+    pub(super) fn label(&self) -> String {
+        self.inner
+            .upgrade()
+            .map(|i| i.label.clone())
+            .unwrap_or_default()
+    }
+
+    /// Records corruption found in SST `id`: the tree never checkpoints again.
+    pub(super) fn report(
+        &self,
+        id: SstId,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Option<StateError> {
+        let inner = self.inner.upgrade()?;
+        let error = inner.corrupt_in(id, source);
+        inner.report_corruption(&error);
+        Some(error)
+    }
+}
+
+/// Corruption found in the background, kept until the shard is reopened.
+#[derive(Debug, Clone)]
+struct FoundCorruption {
+    object: Option<String>,
+    reason: String,
 }
 
 /// One compaction: merge `inputs` (newest first) into `output_level`.
@@ -247,7 +325,7 @@ impl LsmTree {
             l0_shrank: Notify::new(),
             compactions: AtomicU64::new(0),
             retired: std::sync::Mutex::new(Vec::new()),
-            compaction_failure: std::sync::Mutex::new(None),
+            corruption: std::sync::Mutex::new(None),
         });
         let compactor = tokio::spawn(compact_in_background(inner.clone()));
         let flusher = tokio::spawn(flush_in_background(inner.clone()));
@@ -277,22 +355,13 @@ impl LsmTree {
             ..settings
         };
         let tree = Self::new(files, root, writer_epoch, settings, clock);
+        if let Err(problem) = check_levels(&manifest.levels) {
+            return Err(tree.inner.corrupt_msg(&problem));
+        }
         let mut version = Version {
             levels: vec![Vec::new(); tree.inner.settings.levels_max],
         };
         for (n, level) in manifest.levels.iter().enumerate() {
-            for r in level {
-                if r.first_key > r.last_key {
-                    return Err(tree
-                        .inner
-                        .corrupt_msg("manifest records an SST whose first key is after its last"));
-                }
-            }
-            if n > 0 && level.windows(2).any(|w| w[0].last_key >= w[1].first_key) {
-                return Err(tree.inner.corrupt_msg(&format!(
-                    "manifest level {n} is not sorted with disjoint key ranges"
-                )));
-            }
             version.levels[n] = level
                 .iter()
                 .map(|r| Arc::new(tree.inner.lazy(r.clone())))
@@ -410,6 +479,20 @@ impl LsmTree {
         self.inner.compactions.load(Ordering::Relaxed)
     }
 
+    /// A handle for the scrub ([`super::scrub`]), which reads the tree's SSTs in the
+    /// background without keeping the tree alive.
+    pub fn scrubber(&self) -> Scrubber {
+        Scrubber {
+            inner: Arc::downgrade(&self.inner),
+        }
+    }
+
+    /// Corruption that compaction or the scrub found in this tree's SSTs, if any: the shard
+    /// must not checkpoint again and falls back at its next open.
+    pub fn corruption(&self) -> Option<StateError> {
+        self.inner.found_corruption()
+    }
+
     /// Runs compactions until none is due (the background task does the same on its own);
     /// returns how many ran.
     ///
@@ -455,30 +538,58 @@ impl Inner {
     }
 
     fn corrupt(&self, source: SstError) -> StateError {
-        StateError::Corrupt {
-            shard: self.label.clone(),
-            source: Box::new(source),
-        }
+        StateError::corrupt(self.label.clone(), source)
     }
 
     fn corrupt_msg(&self, message: &str) -> StateError {
+        StateError::corrupt(self.label.clone(), message.to_owned())
+    }
+
+    /// A corruption found in `sst`: the shard's next open falls back past every checkpoint
+    /// that references it.
+    fn corrupt_in(
+        &self,
+        sst: SstId,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> StateError {
         StateError::Corrupt {
             shard: self.label.clone(),
-            source: message.to_owned().into(),
+            object: Some(sst.object_name()),
+            source: source.into(),
         }
     }
 
-    /// A missing SST that a manifest references is corruption, not an outage.
-    fn fetch_error(&self, error: Arc<FetchError>) -> StateError {
+    /// Records corruption found off the read path (compaction, the scrub).
+    fn report_corruption(&self, error: &StateError) {
+        let StateError::Corrupt { object, source, .. } = error else {
+            return;
+        };
+        let mut slot = self.corruption.lock().unwrap_or_else(|e| e.into_inner());
+        slot.get_or_insert_with(|| FoundCorruption {
+            object: object.clone(),
+            reason: crate::error::Chain(&**source).to_string(),
+        });
+    }
+
+    /// The corruption compaction or the scrub found, as an error of this shard.
+    fn found_corruption(&self) -> Option<StateError> {
+        let slot = self.corruption.lock().unwrap_or_else(|e| e.into_inner());
+        slot.as_ref().map(|found| StateError::Corrupt {
+            shard: self.label.clone(),
+            object: found.object.clone(),
+            source: found.reason.clone().into(),
+        })
+    }
+
+    /// A failed read of `sst`. A missing SST that a manifest references is corruption, not an
+    /// outage.
+    fn fetch_error(&self, sst: SstId, error: Arc<FetchError>) -> StateError {
         match &*error {
             FetchError::Store { .. } => StateError::Unavailable {
                 shard: self.label.clone(),
                 source: Box::new(error),
             },
-            FetchError::Missing { .. } | FetchError::Corrupt { .. } => StateError::Corrupt {
-                shard: self.label.clone(),
-                source: Box::new(error),
-            },
+            FetchError::Missing { .. } | FetchError::Corrupt { .. } => self.corrupt_in(sst, error),
         }
     }
 
@@ -583,7 +694,7 @@ impl Inner {
                     .open_index(&sst.path, sst.meta.size_bytes)
                     .await
                     .map(Arc::new)
-                    .map_err(|e| self.fetch_error(Arc::new(e)))
+                    .map_err(|e| self.fetch_error(sst.meta.id(), Arc::new(e)))
             })
             .await
             .cloned()
@@ -598,8 +709,8 @@ impl Inner {
             .files
             .read_block(&sst.path, handle)
             .await
-            .map_err(|e| self.fetch_error(e))?;
-        find_in_block(block, key).map_err(|e| self.corrupt(e))
+            .map_err(|e| self.fetch_error(sst.meta.id(), e))?;
+        find_in_block(block, key).map_err(|e| self.corrupt_in(sst.meta.id(), e))
     }
 
     async fn lookup(&self, key: &[u8]) -> Result<Option<Entry>, StateError> {
@@ -665,15 +776,8 @@ impl Inner {
                 if self.read().version.levels[0].len() < s.l0_stop_trigger {
                     break;
                 }
-                if let Some(failure) = self
-                    .compaction_failure
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .clone()
-                {
-                    return Err(self.corrupt_msg(&format!(
-                        "writes stalled on L0 and compaction stopped on corrupt state: {failure}"
-                    )));
+                if let Some(found) = self.found_corruption() {
+                    return Err(found);
                 }
                 if tokio::time::timeout_at(deadline.into(), shrank)
                     .await
@@ -755,9 +859,11 @@ impl Inner {
                     .files
                     .get_whole(&sst.path)
                     .await
-                    .map_err(|e| self.fetch_error(Arc::new(e)))?;
+                    .map_err(|e| self.fetch_error(sst.meta.id(), Arc::new(e)))?;
                 read_bytes += file.len() as u64;
-                readers.push(SstReader::open(file).map_err(|e| self.corrupt(e))?);
+                let reader =
+                    SstReader::open(file).map_err(|e| self.corrupt_in(sst.meta.id(), e))?;
+                readers.push(reader);
             }
             let settings = MergeSettings {
                 bottom: job.bottom,
@@ -766,10 +872,28 @@ impl Inner {
                 block_size_bytes: self.settings.block_size_bytes,
                 compress: self.settings.compress,
             };
+            // Kept (cheap clones of the files) to name the corrupt input if the merge fails.
+            let inputs: Vec<(SstId, SstReader)> = job
+                .inputs
+                .iter()
+                .map(|s| s.meta.id())
+                .zip(readers.iter().cloned())
+                .collect();
             let merged = tokio::task::spawn_blocking(move || merge(readers, settings))
                 .await
-                .map_err(|e| self.corrupt_msg(&format!("the compaction merge failed: {e}")))?
-                .map_err(|e| self.corrupt(e))?;
+                .map_err(|e| self.corrupt_msg(&format!("the compaction merge failed: {e}")))?;
+            let merged = match merged {
+                Ok(merged) => merged,
+                Err(error) => {
+                    let culprit = inputs
+                        .iter()
+                        .find_map(|(id, r)| r.verify_blocks().err().map(|e| (*id, e)));
+                    return Err(match culprit {
+                        Some((id, e)) => self.corrupt_in(id, e),
+                        None => self.corrupt(error),
+                    });
+                }
+            };
             let mut outputs = Vec::with_capacity(merged.files.len());
             let mut written_bytes = 0;
             for (file, first, last) in merged.files {
@@ -851,12 +975,10 @@ async fn compact_in_background(inner: Arc<Inner>) {
                 Ok(true) => backoff = Duration::from_millis(100),
                 Ok(false) => break,
                 Err(error @ StateError::Corrupt { .. }) => {
-                    // Retrying cannot help: stop compacting; writes that stall on L0 report it.
-                    tracing::error!(shard = %inner.label, error = ?error, "compaction hit corrupt state; compaction stopped");
-                    *inner
-                        .compaction_failure
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner()) = Some(format!("{error:?}"));
+                    // Retrying cannot help: stop compacting; writes that stall on L0 and the
+                    // next checkpoint report it.
+                    tracing::error!(shard = %inner.label, %error, "compaction hit corrupt state; compaction stopped");
+                    inner.report_corruption(&error);
                     inner.l0_shrank.notify_waiters();
                     return;
                 }
@@ -955,7 +1077,7 @@ impl ScanSource {
         };
         while head.is_none() && !*done {
             if let Some(item) = cursor.block.as_mut().and_then(Iterator::next) {
-                let (key, entry) = item.map_err(|e| tree.corrupt(e))?;
+                let (key, entry) = item.map_err(|e| tree.corrupt_in(cursor.sst.meta.id(), e))?;
                 if key.as_ref() >= start {
                     *head = Some((key, entry));
                 }
@@ -996,7 +1118,7 @@ impl ScanSource {
                 .map(|(_, handle)| tree.files.read_block(&cursor.sst.path, *handle)),
         )
         .await
-        .map_err(|e| tree.fetch_error(e))?;
+        .map_err(|e| tree.fetch_error(cursor.sst.meta.id(), e))?;
         cursor.next_block = last;
         cursor.ready.extend(fetched);
         cursor.readahead = (cursor.readahead * 2).min(SCAN_READAHEAD_BLOCKS_MAX);

@@ -29,8 +29,14 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+mod recovery;
+mod retention;
 #[cfg(test)]
 mod tests;
+
+pub use recovery::KnownCorruption;
+pub(crate) use recovery::{Checked, Walk};
+pub(crate) use retention::retained_versions;
 
 /// Magic at the start of every manifest object.
 pub const MAGIC: &[u8; 8] = b"WEIRMAN1";
@@ -66,6 +72,21 @@ pub struct Manifest {
     pub levels: Vec<Vec<SstRef>>,
     /// Caller-supplied pairs, opaque here (the input offsets of a checkpoint).
     pub metadata: BTreeMap<String, String>,
+    /// Checkpoint versions an owner found unusable and recovered past, with why: written by
+    /// the claim that fell back and carried by every later version of its writer (and by the
+    /// next claims, while the version exists), so that recovery and GC skip them without
+    /// reading them again (docs/checkpoints.md, "Corruption").
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rejected: Vec<RejectedVersion>,
+}
+
+/// A checkpoint version recovery fell back past.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RejectedVersion {
+    /// The version.
+    pub version: u64,
+    /// Why it cannot be used, one line.
+    pub reason: String,
 }
 
 /// An SST referenced by a manifest, with what a reader needs to route a key to it without
@@ -155,7 +176,13 @@ impl Manifest {
             writer_token: self.writer_token.clone(),
             levels,
             metadata,
+            rejected: self.rejected.clone(),
         }
+    }
+
+    /// Whether this version records `version` as rejected.
+    pub fn rejects(&self, version: u64) -> bool {
+        self.rejected.iter().any(|r| r.version == version)
     }
 
     /// Encodes the manifest object: magic, format version, checksum, JSON body.
@@ -212,10 +239,7 @@ impl ManifestError {
     pub fn into_state_error(self, root: &Path) -> crate::state::StateError {
         let shard = root.to_string();
         match self {
-            ManifestError::Corrupt { .. } => crate::state::StateError::Corrupt {
-                shard,
-                source: Box::new(self),
-            },
+            ManifestError::Corrupt { .. } => crate::state::StateError::corrupt(shard, self),
             other => crate::state::StateError::Unavailable {
                 shard,
                 source: Box::new(other),
@@ -224,76 +248,15 @@ impl ManifestError {
     }
 }
 
-/// Logs recovery falling back past a provably unusable checkpoint `version` of the shard under
-/// `root` (an `audit = true` line, docs/checkpoints.md "Recovery" step 3) and counts it in
-/// `weir_checkpoint_fallbacks_total`.
-pub(crate) fn audit_fallback(root: &Path, version: u64, problem: &dyn std::fmt::Display) {
-    tracing::warn!(audit = true, shard = %root, version, %problem, "checkpoint unusable; falling back to an older one");
-    metrics::counter!("weir_checkpoint_fallbacks_total").increment(1);
-}
-
-/// One manifest version as recovery sees it.
-#[derive(Debug)]
-pub(crate) enum RecoveryRead {
-    /// A decided checkpoint ([`crate::state::checkpoint::is_decided`]): a candidate.
-    Decided(Manifest),
-    /// A claim, an undecided checkpoint, or a version GC deleted meanwhile.
-    Skip,
-    /// Unreadable as a manifest: audited; recovery looks at older versions.
-    Corrupt,
-}
-
-impl ManifestStore {
-    /// Reads `version` for recovery, `committed` being the version the committed Kafka
-    /// offsets name; audits it when it is corrupt.
-    ///
-    /// # Errors
-    /// [`ManifestError`] for a transient failure (never a reason to fall back).
-    pub(crate) async fn read_for_recovery(
-        &self,
-        version: u64,
-        committed: Option<u64>,
-    ) -> Result<RecoveryRead, ManifestError> {
-        let manifest = match self.read(version).await {
-            Ok(m) => m,
-            Err(error @ ManifestError::Corrupt { .. }) => {
-                // A claim or a checkpoint, we cannot tell: only checkpoints count.
-                audit_fallback(&self.root, version, &error);
-                return Ok(RecoveryRead::Corrupt);
-            }
-            Err(ManifestError::NotFound(_)) => return Ok(RecoveryRead::Skip),
-            Err(other) => return Err(other),
-        };
-        let decided = manifest.kind == ManifestKind::Checkpoint
-            && crate::state::checkpoint::is_decided(version, &manifest.metadata, committed);
-        Ok(if decided {
-            RecoveryRead::Decided(manifest)
-        } else {
-            RecoveryRead::Skip
-        })
-    }
-}
-
-/// Audits a `committed` version (named by Kafka) that is not among `versions`: 1 when it is
-/// missing (counts as a corrupt version), else 0.
-pub(crate) fn audit_missing_committed(
-    root: &Path,
-    versions: &[u64],
-    committed: Option<u64>,
-) -> usize {
-    match committed {
-        Some(v) if !versions.contains(&v) => {
-            audit_fallback(root, v, &"the committed checkpoint is missing");
-            1
-        }
-        _ => 0,
-    }
-}
-
 impl ManifestStore {
     /// Manifests under `{root}/manifest/`.
     pub fn new(store: Arc<dyn ObjectStore>, root: Path) -> Self {
         Self { store, root }
+    }
+
+    /// Where the shard lives.
+    pub fn root(&self) -> &Path {
+        &self.root
     }
 
     fn path(&self, version: u64) -> Path {
@@ -407,8 +370,15 @@ impl ManifestStore {
             if version <= ours.version {
                 continue;
             }
-            let later = self.read(version).await?;
-            if later.writer_epoch > ours.writer_epoch {
+            let fenced = match self.read(version).await {
+                Ok(later) => later.writer_epoch > ours.writer_epoch,
+                // Only a newer owner writes above our version; one whose write we cannot read
+                // is still a newer owner.
+                Err(ManifestError::Corrupt { .. }) => true,
+                Err(ManifestError::NotFound(_)) => false,
+                Err(other) => return Err(other),
+            };
+            if fenced {
                 return Err(ManifestError::Fenced {
                     version,
                     our_epoch: ours.writer_epoch,
@@ -434,7 +404,9 @@ impl ManifestStore {
 
     /// Claims the shard for `writer_token`: writes a [`ManifestKind::Claim`] version above
     /// every existing one with the next writer epoch, starting from `base` (the checkpoint to
-    /// resume from, or none for a new shard). Retries when another claimer wins a slot first.
+    /// resume from, or none for a new shard) and recording `rejected` (the versions recovery
+    /// fell back past; those no longer stored are left out). Retries when another claimer wins
+    /// a slot first.
     ///
     /// # Errors
     /// [`ManifestError::Unavailable`], [`ManifestError::Corrupt`] for an unreadable newest
@@ -443,6 +415,7 @@ impl ManifestStore {
         &self,
         writer_token: &str,
         base: Option<&Manifest>,
+        rejected: &[RejectedVersion],
     ) -> Result<Manifest, ManifestError> {
         let mut last = None;
         for _ in 0..COMMIT_ATTEMPTS_MAX {
@@ -457,6 +430,11 @@ impl ManifestStore {
                 writer_token: writer_token.to_owned(),
                 levels: base.map(|b| b.levels.clone()).unwrap_or_default(),
                 metadata: base.map(|b| b.metadata.clone()).unwrap_or_default(),
+                rejected: rejected
+                    .iter()
+                    .filter(|r| versions.binary_search(&r.version).is_ok())
+                    .cloned()
+                    .collect(),
             };
             match self.commit(&claim).await {
                 Ok(()) => return Ok(claim),

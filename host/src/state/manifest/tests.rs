@@ -21,6 +21,7 @@ fn checkpoint(base: &Manifest, version: u64, offset: &str) -> Manifest {
             last_key: b"k".to_vec(),
         }]],
         metadata: [("offset.0".to_owned(), offset.to_owned())].into(),
+        rejected: Vec::new(),
     }
 }
 
@@ -34,7 +35,7 @@ fn setup() -> (Arc<FaultyStore>, ManifestStore) {
 fn a_commit_reads_back_what_it_wrote() {
     block_on(async {
         let (_, store) = setup();
-        let claim = store.claim("writer-a", None).await.expect("claims");
+        let claim = store.claim("writer-a", None, &[]).await.expect("claims");
         assert_eq!((claim.version, claim.writer_epoch), (1, 1));
         let cp = checkpoint(&claim, 2, "42");
         store.commit(&cp).await.expect("commits");
@@ -47,7 +48,7 @@ fn a_commit_reads_back_what_it_wrote() {
 fn a_409_with_nothing_written_is_retried_not_fenced() {
     block_on(async {
         let (faulty, store) = setup();
-        let claim = store.claim("writer-a", None).await.expect("claims");
+        let claim = store.claim("writer-a", None, &[]).await.expect("claims");
         faulty.inject(Fault::ConflictNothingWritten);
         store
             .commit(&checkpoint(&claim, 2, "7"))
@@ -64,7 +65,7 @@ fn a_409_with_nothing_written_is_retried_not_fenced() {
 fn a_lost_acknowledgement_is_recognised_by_our_writer_token() {
     block_on(async {
         let (faulty, store) = setup();
-        let claim = store.claim("writer-a", None).await.expect("claims");
+        let claim = store.claim("writer-a", None, &[]).await.expect("claims");
         faulty.inject(Fault::LostAck);
         store
             .commit(&checkpoint(&claim, 2, "9"))
@@ -77,9 +78,9 @@ fn a_lost_acknowledgement_is_recognised_by_our_writer_token() {
 fn a_version_created_by_another_writer_fences_us() {
     block_on(async {
         let (_, store) = setup();
-        let a = store.claim("writer-a", None).await.expect("a claims");
+        let a = store.claim("writer-a", None, &[]).await.expect("a claims");
         let b = store
-            .claim("writer-b", Some(&a))
+            .claim("writer-b", Some(&a), &[])
             .await
             .expect("b claims above a");
         assert_eq!((b.version, b.writer_epoch), (2, 2));
@@ -106,8 +107,11 @@ fn a_version_created_by_another_writer_fences_us() {
 fn a_zombie_writing_into_a_free_slot_is_fenced_by_the_check_after_commit() {
     block_on(async {
         let (_, store) = setup();
-        let a = store.claim("writer-a", None).await.expect("a claims");
-        let b = store.claim("writer-b", Some(&a)).await.expect("b claims");
+        let a = store.claim("writer-a", None, &[]).await.expect("a claims");
+        let b = store
+            .claim("writer-b", Some(&a), &[])
+            .await
+            .expect("b claims");
         // B commits version 4, leaving slot 3 free (as if GC had removed it). A, a zombie,
         // writes into slot 3: its PUT succeeds, but the check after the commit finds version 4
         // written with B's higher epoch.
@@ -136,7 +140,7 @@ fn a_zombie_writing_into_a_free_slot_is_fenced_by_the_check_after_commit() {
 fn a_corrupt_manifest_is_reported_as_corrupt() {
     block_on(async {
         let (faulty, store) = setup();
-        store.claim("writer-a", None).await.expect("claims");
+        store.claim("writer-a", None, &[]).await.expect("claims");
         let path = Path::from("shard/manifest/00000000000000000001.manifest");
         let mut bytes = faulty
             .inner
@@ -191,6 +195,7 @@ fn the_encoded_manifest_is_frozen() {
             },
         ]],
         metadata: [("offset.0".to_owned(), "4000".to_owned())].into(),
+        rejected: Vec::new(),
     };
     let bytes = m.encode();
     assert_eq!(Manifest::decode(3, &bytes).expect("decodes"), m);
