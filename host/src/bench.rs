@@ -4,7 +4,7 @@
 
 use crate::clock::{SharedClock, SystemClock};
 use crate::config::RuntimeSettings;
-use crate::pipeline::worker::prefetch;
+use crate::pipeline::prefetch;
 use crate::runtime::{InputRecord, Runtime, RuntimeError};
 use crate::state::memory::{MemoryBackend, MemoryShard};
 use crate::state::{Shard, ShardId, StateBackend, StateError};

@@ -708,3 +708,58 @@ async fn s5_a_checkpoint_while_a_state_write_is_held_open_then_a_kill_counts_the
     assert_counts_exact(&expected, &counts);
     pipeline.stop().await
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_no_usable_checkpoint_left_only_that_partition_stops_failed_in_its_status()
+-> anyhow::Result<()> {
+    init_tracing();
+    let (input, output, dlq) = (unique("lost-in"), unique("lost-out"), unique("lost-dlq"));
+    create_topics(&[(&input, 2), (&output, 2), (&dlq, 1)]).await?;
+    let dir = tempfile::tempdir()?;
+    let mut base = settings(
+        guest("weir_test_counter"),
+        &input,
+        &output,
+        &dlq,
+        RuntimeSettings::default(),
+    );
+    base.pipeline.checkpoint_interval = Duration::from_millis(300);
+    let settings = lsm_in(&base, dir.path());
+    let mut expected = BTreeMap::new();
+    let first = RunningPipeline::start(settings.clone());
+    produce_counter(&input, 2, (0, 400), 8, &mut expected).await?;
+    first.wait_done(400, TIMEOUT).await?;
+    first.stop().await?;
+    // Every manifest of partition 0 is torn: no checkpoint of it is usable any more.
+    let manifests = dir.path().join("pipelines/test/shards/00000/manifest");
+    for entry in std::fs::read_dir(&manifests)? {
+        std::fs::write(entry?.path(), b"WEIRMAN1 torn")?;
+    }
+    let second = RunningPipeline::start(settings.clone());
+    second
+        .wait_until("partition 0 failed in its status", TIMEOUT, |s| {
+            s.partitions.lock().expect("lock").get(&0).is_some_and(|p| {
+                p.problem.as_ref().is_some_and(|problem| {
+                    problem.state == PartitionState::Failed
+                        && problem.reason.contains("no usable checkpoint")
+                })
+            })
+        })
+        .await?;
+    // Partition 1 goes on: its keys count on exactly.
+    let mut more = BTreeMap::new();
+    produce_counter(&input, 2, (400, 800), 8, &mut more).await?;
+    let odd: BTreeMap<String, u64> = expected
+        .iter()
+        .filter(|(k, _)| {
+            k.trim_start_matches("key")
+                .parse::<u64>()
+                .is_ok_and(|n| n % 2 == 1)
+        })
+        .map(|(k, n)| (k.clone(), n + more[k]))
+        .collect();
+    let counts = read_counts(&output, &odd, TIMEOUT).await?;
+    assert_counts_exact(&odd, &counts);
+    assert!(!second.is_finished(), "the pipeline keeps running");
+    second.stop().await
+}

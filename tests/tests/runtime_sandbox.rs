@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use weir_host::clock::{SharedClock, SystemClock};
 use weir_host::config::RuntimeSettings;
-use weir_host::pipeline::worker::prefetch;
+use weir_host::pipeline::prefetch;
 use weir_host::runtime::{
     CallError, Disposition, InputRecord, Instance, Operator, Runtime, RuntimeError,
 };
@@ -495,7 +495,7 @@ async fn the_python_sdk_reaches_every_host_import() {
     assert_eq!(reason(6), "state error: undeclared state `nope`");
     assert_eq!(
         reason(7),
-        "emit error: output for this record exceeds the limit of 1048576 bytes"
+        "emit error: output for this record exceeds the limit of 1000000 bytes"
     );
     // Nothing is imported at run time: there is no filesystem to import from.
     assert!(

@@ -130,7 +130,7 @@ class Misuse(weir.Operator):
         ("wrong-kind", "state error: state `seen` is of the other kind"),
         ("too-large", "state error: larger than the limit of 1048576 bytes"),
         ("big-key", "state error: larger than the limit of 4096 bytes"),
-        ("big-output", "emit error: output for this record exceeds the limit of 1048576 bytes"),
+        ("big-output", "emit error: output for this record exceeds the limit of 1000000 bytes"),
     ],
 )
 def test_host_refusals_reject_with_the_hosts_reason(what: str, reason: str) -> None:

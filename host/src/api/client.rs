@@ -407,6 +407,14 @@ pub fn pipeline_status_text(p: &PipelineView) -> String {
             part.checkpoint_version
                 .map_or("-".to_owned(), |v| v.to_string())
         ));
+        if let Some(problem) = &part.problem {
+            out.push_str(&format!(
+                "{:>9} {}: {}\n",
+                "",
+                wire_name(&problem.state),
+                problem.reason
+            ));
+        }
     }
     out
 }

@@ -9,6 +9,7 @@
 //! workers checkpoint every `pipeline.checkpoint_interval`; on revoke a worker drops its queued
 //! records, checkpoints and closes the shard. docs/checkpoints.md is the protocol.
 
+mod attempt;
 pub mod controller;
 mod isolation;
 pub mod worker;
@@ -21,6 +22,7 @@ use crate::source::{self, SourceConsumer, SourceContext};
 use crate::state::checkpoint::InputOffsets;
 use crate::state::{Recovery, Shard, ShardId, StateBackend, StateError};
 use crate::telemetry::RunMetrics;
+pub use attempt::prefetch;
 use futures::FutureExt;
 use rdkafka::Offset;
 use rdkafka::consumer::{CommitMode, Consumer};
@@ -1146,7 +1148,7 @@ impl<B: StateBackend> Running<B> {
             settings: self.settings.runtime.clone(),
             stats: self.stats.clone(),
             source: format!("{}/{}", self.settings.pipeline.name, partition).into(),
-            execution: worker::Execution::new(
+            execution: attempt::Execution::new(
                 self.settings.pipeline.in_flight_max,
                 &self.settings.runtime,
                 self.stats.clone(),

@@ -35,9 +35,13 @@ VALUE_BYTES_MAX = 1 << 20
 """The host's default limit on a state value, bytes."""
 MAP_KEY_BYTES_MAX = 4 << 10
 """The host's default limit on a map key, bytes."""
-EMIT_BYTES_MAX = 1 << 20
+EMIT_BYTES_MAX = 1_000_000
 """The host's default limit on the output of one input record, bytes (keys, values and headers,
 plus 64 per emit and 64 per header)."""
+OUTPUT_RECORD_BYTES_MAX = 1_000_000
+"""The largest output record, as Kafka counts it (key, value and headers, plus 97 bytes of
+framing and 10 per header): the producer's default `message.max.bytes`. A pipeline's output
+topic may take less (its `max.message.bytes`)."""
 MAP_PAGE_MAX = 1024
 """The host's cap on a map page."""
 LEVELS = ("trace", "debug", "info", "warn", "error")
@@ -172,6 +176,12 @@ class _MemoryHost:
     ) -> None:
         if not 0 <= record < len(self.keys):
             raise Reject(f"emit error: invalid record index {record}")
+        wire = 97 + len(key) + len(value) + sum(10 + len(n.encode()) + len(v) for n, v in headers)
+        if wire > OUTPUT_RECORD_BYTES_MAX:
+            raise Reject(
+                "emit error: output for this record exceeds the limit of "
+                f"{OUTPUT_RECORD_BYTES_MAX} bytes"
+            )
         size = len(key) + len(value) + 64 + sum(64 + len(n) + len(v) for n, v in headers)
         if self.emitted_bytes + size > EMIT_BYTES_MAX:
             raise Reject(

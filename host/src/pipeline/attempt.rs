@@ -1,0 +1,284 @@
+//! One attempt of a batch, and the execution state of a partition's worker: the batch being
+//! run ([`Task`], with the [`Isolation`] of its records after a failure), the attempt that
+//! gets an instance, prefetches the batch's states and calls the guest ([`attempt`]), and the
+//! controller, tasks and instances of one partition ([`Execution`]). The worker
+//! ([`super::worker`]) decides what an ended attempt leads to.
+
+use super::PipelineStats;
+use super::controller::ExecutionController;
+use super::isolation::Isolation;
+use crate::config::RuntimeSettings;
+use crate::runtime::{BatchCtx, CallError, Disposition, InputRecord, Instance, Operator};
+use crate::state::{Shard, StateError, key};
+use futures::future::BoxFuture;
+use futures::stream::FuturesUnordered;
+use std::collections::{HashSet, VecDeque};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+/// Builds the staging area of a call over `records`, with the value states `value_states` of
+/// every distinct key prefetched from `shard` in one `get_many`.
+///
+/// # Errors
+/// [`StateError::Unavailable`] from the shard.
+pub async fn prefetch<S: Shard>(
+    shard: &S,
+    value_states: &[String],
+    records: Arc<Vec<InputRecord>>,
+) -> Result<BatchCtx, StateError> {
+    let mut batch = BatchCtx::new(records.clone());
+    if value_states.is_empty() {
+        return Ok(batch);
+    }
+    let mut seen: HashSet<&[u8]> = HashSet::with_capacity(records.len());
+    let mut keys = Vec::with_capacity(records.len() * value_states.len());
+    for record in records.iter() {
+        if seen.insert(record.key.as_slice()) {
+            for name in value_states {
+                keys.push(key::value_key(&record.key, name));
+            }
+        }
+    }
+    let values = shard.get_many(&keys).await?;
+    batch.add_prefetched(keys, values);
+    Ok(batch)
+}
+
+/// A batch handed out by the execution controller, being run.
+pub(super) struct Task {
+    /// The batch's records, in input order.
+    pub(super) records: Arc<Vec<InputRecord>>,
+    /// Hashes of its keys, given back to the controller when it finishes.
+    pub(super) keys: Vec<u64>,
+    /// Which of its records the next call covers: all of them, until a call fails
+    /// ([`Isolation`]).
+    pub(super) isolation: Isolation,
+    /// Wait before the next attempt (after an outage).
+    pub(super) delay: Duration,
+    /// The delay after the next outage.
+    pub(super) backoff: Duration,
+}
+
+impl Task {
+    /// The records of the next call: the whole batch, or the range isolation is at.
+    pub(super) fn call_records(&self) -> Arc<Vec<InputRecord>> {
+        match self.isolation.current() {
+            Some(range) if !self.isolation.is_whole(self.records.len()) => {
+                Arc::new(self.records[range].to_vec())
+            }
+            _ => self.records.clone(),
+        }
+    }
+
+    /// Where the next call's records start in the batch.
+    pub(super) fn call_start(&self) -> usize {
+        self.isolation.current().map_or(0, |r| r.start)
+    }
+
+    /// The next call is a new attempt, not a retry after an outage.
+    pub(super) fn reset_backoff(&mut self, backoff_min: Duration) {
+        self.delay = Duration::ZERO;
+        self.backoff = backoff_min;
+    }
+}
+
+/// Why an attempt did not produce dispositions.
+pub(super) enum Failure {
+    /// The prefetch failed: back off and retry (or stop if the state is corrupt).
+    Unavailable(StateError),
+    /// The host aborted the call because a state read failed: as `Unavailable`.
+    Aborted(StateError),
+    /// The guest trapped or hit its deadline.
+    Fault(CallError),
+    /// No instance could be created.
+    Instantiate(crate::runtime::RuntimeError),
+}
+
+/// An attempt that ended, handed back to the worker.
+pub(super) struct Attempted<S: Shard> {
+    pub(super) task: Task,
+    /// The records the call was given.
+    pub(super) records: Arc<Vec<InputRecord>>,
+    /// The instance, unless the call left it unusable (a trap, an abort) or none was created.
+    pub(super) instance: Option<Instance<S>>,
+    /// Time spent polling the guest call (see [`time_polls`]), if one was made.
+    pub(super) call_time: Option<Duration>,
+    /// When the attempt started (after its delay): the start of its processing latency.
+    pub(super) started: Instant,
+    /// Time the prefetch of the batch's declared states took, if one was made.
+    pub(super) prefetch_time: Option<Duration>,
+    pub(super) result: Result<(Vec<Disposition>, BatchCtx), Failure>,
+}
+
+/// The worker's running attempts.
+pub(super) type Running<S> = FuturesUnordered<BoxFuture<'static, Attempted<S>>>;
+
+/// One attempt of `task`: wait its delay, get an instance (`instance`, or a new one),
+/// prefetch, call. Owns all it uses, so that many run at once within the worker's task.
+pub(super) async fn attempt<S: Shard>(
+    shard: Arc<S>,
+    operator: Arc<Operator<S>>,
+    source: Arc<str>,
+    instance: Option<Instance<S>>,
+    task: Task,
+    deadline: Duration,
+    emit_record_bytes_max: u64,
+) -> Attempted<S> {
+    if !task.delay.is_zero() {
+        tokio::time::sleep(task.delay).await;
+    }
+    let started = Instant::now();
+    let records = task.call_records();
+    let mut instance = match instance {
+        Some(instance) => instance,
+        None => match operator.instantiate(Some(shard.clone()), source).await {
+            Ok(instance) => instance,
+            Err(err) => {
+                return Attempted {
+                    task,
+                    records,
+                    instance: None,
+                    call_time: None,
+                    started,
+                    prefetch_time: None,
+                    result: Err(Failure::Instantiate(err)),
+                };
+            }
+        },
+    };
+    let value_states = &operator.meta().value_states;
+    let prefetch_time = (!value_states.is_empty()).then(Instant::now);
+    let prefetched = prefetch(&*shard, value_states, records.clone()).await;
+    let prefetch_time = prefetch_time.map(|t| t.elapsed());
+    let batch = match prefetched {
+        Ok(mut batch) => {
+            batch.set_emit_record_bytes_max(emit_record_bytes_max);
+            batch
+        }
+        Err(err) => {
+            return Attempted {
+                task,
+                records,
+                instance: Some(instance),
+                call_time: None,
+                started,
+                prefetch_time,
+                result: Err(Failure::Unavailable(err)),
+            };
+        }
+    };
+    let mut busy = Duration::ZERO;
+    let result = time_polls(instance.call_batch(batch, deadline), &mut busy).await;
+    let call_time = Some(busy);
+    // An error out of a call leaves the store unusable (wasmtime marks it trapped), so the
+    // instance goes even when the guest did nothing wrong (a host abort).
+    let (instance, result) = match result {
+        Ok(ok) => (Some(instance), Ok(ok)),
+        Err(CallError::Aborted(crate::runtime::HostAbort::State(err))) => {
+            (None, Err(Failure::Aborted(err)))
+        }
+        Err(fault) => (None, Err(Failure::Fault(fault))),
+    };
+    Attempted {
+        task,
+        records,
+        instance,
+        call_time,
+        started,
+        prefetch_time,
+        result,
+    }
+}
+
+/// The CPU deadline of a call over `n` records: `record_deadline × n`, capped at
+/// `batch_deadline_max`.
+pub(super) fn batch_deadline(settings: &RuntimeSettings, n: usize) -> Duration {
+    settings
+        .record_deadline
+        .saturating_mul(u32::try_from(n).unwrap_or(u32::MAX))
+        .min(settings.batch_deadline_max.max(settings.record_deadline))
+}
+
+/// Runs `future`, adding the time spent inside its polls to `busy`: what a guest call costs,
+/// without the time other calls of the partition ran while it waited.
+async fn time_polls<F: std::future::Future>(future: F, busy: &mut Duration) -> F::Output {
+    let mut future = std::pin::pin!(future);
+    std::future::poll_fn(|cx| {
+        let started = Instant::now();
+        let poll = future.as_mut().poll(cx);
+        *busy += started.elapsed();
+        poll
+    })
+    .await
+}
+
+/// The worker's execution state: admission and batching ([`ExecutionController`]), the tasks
+/// waiting for an instance, and the instances.
+pub(crate) struct Execution<S: Shard> {
+    pub(super) controller: ExecutionController,
+    /// Tasks to attempt again (after an outage, or the next record of a one-by-one re-run),
+    /// before any new batch.
+    pub(super) ready: VecDeque<Task>,
+    /// Instances not in a call.
+    pub(super) idle: Vec<Instance<S>>,
+    /// Instances that exist or are being created (idle plus those in attempts).
+    pub(super) live: usize,
+    /// Most instances now: `runtime.partition_instances_max`, lowered to those it has when
+    /// creating one fails (the host's pool of instances is exhausted by other partitions), and
+    /// restored after the next checkpoint.
+    pub(super) instances_max: usize,
+    /// `runtime.partition_instances_max`.
+    pub(super) instances_configured: usize,
+    /// Tasks waiting out a backoff (outage, or no instance to be had): the partition is
+    /// stalled while there is one.
+    pub(super) backing_off: usize,
+    /// Where records in flight are counted.
+    pub(super) stats: Arc<PipelineStats>,
+}
+
+impl<S: Shard> Execution<S> {
+    /// Execution for a partition: `in_flight_max` records admitted at most (at least 1).
+    pub fn new(
+        in_flight_max: usize,
+        settings: &RuntimeSettings,
+        stats: Arc<PipelineStats>,
+    ) -> Self {
+        let instances = settings.partition_instances_max.max(1);
+        Self {
+            controller: ExecutionController::new(in_flight_max, settings.batch_records_max),
+            ready: VecDeque::new(),
+            idle: Vec::new(),
+            live: 0,
+            instances_max: instances,
+            instances_configured: instances,
+            backing_off: 0,
+            stats,
+        }
+    }
+
+    /// `n` records finished, or will never finish.
+    pub(super) fn left_flight(&self, n: usize) {
+        self.stats
+            .records_in_flight
+            .fetch_sub(n as u64, Ordering::Relaxed);
+        metrics::gauge!("weir_records_in_flight").decrement(n as f64);
+    }
+
+    /// With nothing running: gives the instances beyond one back to the host's pool (other
+    /// partitions may be waiting for one) and lifts a lowered instance limit.
+    pub(super) fn release_instances(&mut self) {
+        debug_assert_eq!(self.live, self.idle.len(), "nothing is running");
+        self.idle.truncate(1);
+        self.live = self.idle.len();
+        self.instances_max = self.instances_configured;
+    }
+}
+
+impl<S: Shard> Drop for Execution<S> {
+    /// Records that will never finish (the worker failed, or its task was aborted) leave the
+    /// in-flight count.
+    fn drop(&mut self) {
+        self.left_flight(self.controller.in_flight());
+    }
+}
