@@ -17,6 +17,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
+use tracing_subscriber::Layer as _;
 use weir_host::clock::{SharedClock, SystemClock};
 use weir_host::config::{
     KafkaSettings, LsmStateSettings, PipelineSettings, RuntimeSettings, Settings, StateBackendKind,
@@ -569,15 +570,56 @@ impl RunningPipeline {
     }
 }
 
-/// Installs a test tracing subscriber once (respects `RUST_LOG`).
+/// Installs a test tracing subscriber once (respects `RUST_LOG`), which also keeps every
+/// `audit = true` line for [`audit_lines`].
 pub fn init_tracing() {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "warn,weir_host=info".into()),
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    let _ = tracing_subscriber::registry()
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_test_writer()
+                .with_filter(
+                    tracing_subscriber::EnvFilter::try_from_default_env()
+                        .unwrap_or_else(|_| "warn,weir_host=info".into()),
+                ),
         )
-        .with_test_writer()
+        .with(AuditLines)
         .try_init();
+}
+
+/// The `audit = true` log lines of this process so far (once [`init_tracing`] ran), each as
+/// its fields `name=value` joined by spaces.
+pub fn audit_lines() -> Vec<String> {
+    AUDIT_LINES.lock().expect("unpoisoned").clone()
+}
+
+static AUDIT_LINES: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+/// Keeps the events that carry `audit = true` in [`AUDIT_LINES`].
+struct AuditLines;
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for AuditLines {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        struct Fields(Vec<String>, bool);
+        impl tracing::field::Visit for Fields {
+            fn record_bool(&mut self, field: &tracing::field::Field, value: bool) {
+                self.1 |= field.name() == "audit" && value;
+                self.0.push(format!("{}={value}", field.name()));
+            }
+            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+                self.0.push(format!("{}={value:?}", field.name()));
+            }
+        }
+        let mut fields = Fields(Vec::new(), false);
+        event.record(&mut fields);
+        if fields.1 {
+            AUDIT_LINES
+                .lock()
+                .expect("unpoisoned")
+                .push(fields.0.join(" "));
+        }
+    }
 }
 
 /// The `count` of each output record of the `counter` test operator, per key, in the order

@@ -193,10 +193,12 @@ async fn a_dead_letter_topic_that_refuses_records_pauses_the_partition_and_loses
     );
     settings.pipeline.checkpoint_interval = Duration::from_millis(500);
     // The dead-letter topic does not exist and the producer may not create it: every dead
-    // letter is refused (after 2 s in librdkafka's queue).
+    // letter is refused — after 2 s in librdkafka's queue, then (once librdkafka takes the
+    // topic for missing, after 0.5 s) at once, when it is sent.
     settings.kafka.producer = [
         ("allow.auto.create.topics", "false"),
         ("message.timeout.ms", "2000"),
+        ("topic.metadata.propagation.max.ms", "500"),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_owned(), v.to_owned()))
@@ -358,6 +360,9 @@ async fn a_flipped_byte_in_an_sst_of_the_newest_checkpoint_falls_back_while_the_
         RuntimeSettings::default(),
     );
     base.pipeline.checkpoint_interval = Duration::from_millis(300);
+    // A name of its own, so that its shard's audit lines are told from other tests'.
+    base.pipeline.name = unique("flip");
+    let shard_root = format!("pipelines/{}/shards/00000", base.pipeline.name);
     let settings = lsm_in(&base, dir.path());
     let mut expected = BTreeMap::new();
 
@@ -387,7 +392,7 @@ async fn a_flipped_byte_in_an_sst_of_the_newest_checkpoint_falls_back_while_the_
     let store: Arc<dyn object_store::ObjectStore> = Arc::new(
         object_store::local::LocalFileSystem::new_with_prefix(dir.path())?,
     );
-    let root = object_store::path::Path::from("pipelines/test/shards/00000");
+    let root = object_store::path::Path::from(shard_root.as_str());
     let manifests = ManifestStore::new(store.clone(), root.clone());
     let versions = manifests.versions().await?;
     let mut checkpoints = Vec::new();
@@ -418,10 +423,7 @@ async fn a_flipped_byte_in_an_sst_of_the_newest_checkpoint_falls_back_while_the_
         "the second round flushed SSTs of its own"
     );
     for sst in &damaged {
-        let path = dir
-            .path()
-            .join("pipelines/test/shards/00000")
-            .join(sst.id().object_name());
+        let path = dir.path().join(&shard_root).join(sst.id().object_name());
         let mut bytes = std::fs::read(&path)?;
         for b in &mut bytes[4..12] {
             *b ^= 0xff;
@@ -462,6 +464,16 @@ async fn a_flipped_byte_in_an_sst_of_the_newest_checkpoint_falls_back_while_the_
     assert!(
         fallbacks() > fallbacks_before,
         "weir_checkpoint_fallbacks_total counted it"
+    );
+    let audited: Vec<String> = audit_lines()
+        .into_iter()
+        .filter(|l| l.contains(&format!("shard={shard_root}")))
+        .collect();
+    assert!(
+        audited.iter().any(|l| {
+            l.contains(&format!("version={}", newest.version)) && l.contains("found corrupt")
+        }),
+        "an audit line names the rejected checkpoint: {audited:?}"
     );
     second.stop().await
 }

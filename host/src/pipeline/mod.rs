@@ -341,6 +341,9 @@ const NO_CHECKPOINT_RETRY_MIN: Duration = Duration::from_secs(5);
 /// Longest wait between tries of a shard with no usable checkpoint left.
 const NO_CHECKPOINT_RETRY_MAX: Duration = Duration::from_secs(300);
 
+/// Longest wait before a shard whose transactions keep failing is reopened (exactly-once).
+const TRANSACTION_BACKOFF_MAX: Duration = Duration::from_secs(60);
+
 /// How often the partitions' high watermarks are read for their progress (lag).
 const WATERMARKS_INTERVAL: Duration = Duration::from_secs(1);
 
@@ -351,6 +354,8 @@ struct WorkerHandle {
     tx: mpsc::Sender<Vec<InputRecord>>,
     /// Set by the worker while it backs off from a state outage.
     stalled: Arc<AtomicBool>,
+    /// Set by the worker's sink while it waits to send a refused record again.
+    sink_stalled: Arc<AtomicBool>,
     /// Set by the loop when the partition is revoked.
     revoked: Arc<AtomicBool>,
     task: JoinHandle<Result<(), WorkerError>>,
@@ -425,6 +430,9 @@ struct Running<B: StateBackend> {
     corruption: HashMap<i32, crate::state::KnownCorruption>,
     /// The next wait of partitions whose open found no usable checkpoint.
     open_backoff: HashMap<i32, Duration>,
+    /// The next wait before reopening a partition whose transaction failed, and when it last
+    /// did (exactly-once).
+    transaction_backoff: HashMap<i32, (Duration, Instant)>,
 }
 
 /// Runs the pipeline until `shutdown` completes or a fatal error occurs, then drains the
@@ -538,6 +546,7 @@ pub async fn run_operator<B: StateBackend>(
         watermarks_read: Instant::now(),
         corruption: HashMap::new(),
         open_backoff: HashMap::new(),
+        transaction_backoff: HashMap::new(),
     };
     let result = running.consume(&consumer, &context, shutdown).await;
     let drained = running.drain(&consumer).await;
@@ -805,6 +814,28 @@ impl<B: StateBackend> Running<B> {
         );
     }
 
+    /// No usable checkpoint is left for `partition`'s shard: starting empty would lose its
+    /// state. The partition stays assigned and paused, failed in its status with `err`, and is
+    /// tried again with backoff; the others go on.
+    fn no_usable_checkpoint(&mut self, partition: i32, err: &StateError) {
+        let wait = self
+            .open_backoff
+            .get(&partition)
+            .copied()
+            .unwrap_or(NO_CHECKPOINT_RETRY_MIN);
+        self.open_backoff
+            .insert(partition, (wait * 2).min(NO_CHECKPOINT_RETRY_MAX));
+        tracing::error!(partition, error = %err, retry_in = ?wait, "no usable checkpoint is left for the shard; the partition stays paused");
+        self.stats.set_problem(
+            partition,
+            Some(PartitionProblem {
+                state: PartitionState::Failed,
+                reason: format!("{}", crate::error::Chain(err)),
+            }),
+        );
+        self.hold.insert(partition, Instant::now() + wait);
+    }
+
     /// Takes an opened shard: seeks the consumer to its checkpoint's offsets (dropping what
     /// was fetched before), starts its worker and resumes the partition.
     async fn finish_opening(
@@ -818,24 +849,7 @@ impl<B: StateBackend> Running<B> {
         let Opened { shard, producer } = match opening.task.await {
             Ok(Ok(opened)) => opened,
             Ok(Err(OpenError::State(err))) if err.kind() == crate::error::ErrorKind::Corrupt => {
-                // No usable checkpoint is left: starting empty would lose the state. The
-                // partition stays assigned and paused, failed in its status; the others go on.
-                let wait = self
-                    .open_backoff
-                    .get(&partition)
-                    .copied()
-                    .unwrap_or(NO_CHECKPOINT_RETRY_MIN);
-                self.open_backoff
-                    .insert(partition, (wait * 2).min(NO_CHECKPOINT_RETRY_MAX));
-                tracing::error!(partition, error = %err, retry_in = ?wait, "no usable checkpoint is left for the shard; the partition stays paused");
-                self.stats.set_problem(
-                    partition,
-                    Some(PartitionProblem {
-                        state: PartitionState::Failed,
-                        reason: format!("{}", crate::error::Chain(&err)),
-                    }),
-                );
-                self.hold.insert(partition, Instant::now() + wait);
+                self.no_usable_checkpoint(partition, &err);
                 return Ok(());
             }
             Ok(Err(err)) => {
@@ -850,10 +864,13 @@ impl<B: StateBackend> Running<B> {
         self.open_backoff.remove(&partition);
         // The fallback is recorded in the claim: what was found corrupt is known durably.
         self.corruption.remove(&partition);
-        let offsets = shard
-            .recovered_offsets()
-            .map_err(PipelineError::State)?
-            .unwrap_or_default();
+        let offsets = match shard.recovered_offsets() {
+            Ok(offsets) => offsets.unwrap_or_default(),
+            Err(err) => {
+                self.no_usable_checkpoint(partition, &err);
+                return Ok(());
+            }
+        };
         if let Err(err) = self.seek(consumer, partition, &offsets) {
             tracing::warn!(partition, error = %err, retry_in = ?OPEN_RETRY_DELAY, "cannot seek to the checkpoint's offsets; reopening");
             self.hold
@@ -971,7 +988,11 @@ impl<B: StateBackend> Running<B> {
             }
             return Ok(());
         };
-        let (tx, stalled) = (worker.tx.clone(), worker.stalled.clone());
+        let (tx, stalled, sink_stalled) = (
+            worker.tx.clone(),
+            worker.stalled.clone(),
+            worker.sink_stalled.clone(),
+        );
         let Some(mut records) = self.pending.remove(&partition) else {
             return Ok(());
         };
@@ -990,7 +1011,10 @@ impl<B: StateBackend> Running<B> {
                 Some(consumer) => loop {
                     match tokio::time::timeout(STALL_CHECK_INTERVAL, tx.reserve()).await {
                         Ok(permit) => break permit.ok(),
-                        Err(_still_full) if stalled.load(Ordering::Relaxed) => {
+                        Err(_still_full)
+                            if stalled.load(Ordering::Relaxed)
+                                || sink_stalled.load(Ordering::Relaxed) =>
+                        {
                             self.pending.insert(partition, records);
                             self.paused.insert(partition);
                             self.set_paused(consumer, partition, true);
@@ -1058,10 +1082,36 @@ impl<B: StateBackend> Running<B> {
             PipelineError::Worker(
                 ref err @ (WorkerError::Fenced { .. } | WorkerError::Transaction { .. }),
             ) => {
-                let hold = if matches!(err, WorkerError::Fenced { .. }) {
-                    FENCED_HOLD
-                } else {
-                    OPEN_RETRY_DELAY
+                let hold = match err {
+                    WorkerError::Fenced { .. } => FENCED_HOLD,
+                    _ => {
+                        // A transaction that keeps failing (its outputs refused) reopens the
+                        // shard less and less often, and says so in the partition's status.
+                        let now = Instant::now();
+                        let (wait, last) = self
+                            .transaction_backoff
+                            .get(&partition)
+                            .copied()
+                            .unwrap_or((OPEN_RETRY_DELAY, now));
+                        let wait = if now.duration_since(last) < TRANSACTION_BACKOFF_MAX * 2 {
+                            wait
+                        } else {
+                            OPEN_RETRY_DELAY
+                        };
+                        self.transaction_backoff
+                            .insert(partition, ((wait * 2).min(TRANSACTION_BACKOFF_MAX), now));
+                        self.stats.set_problem(
+                            partition,
+                            Some(PartitionProblem {
+                                state: PartitionState::Paused,
+                                reason: format!(
+                                    "the exactly-once transaction was lost ({}); reopening from the last decided checkpoint in {wait:?}",
+                                    crate::error::Chain(err)
+                                ),
+                            }),
+                        );
+                        wait
+                    }
                 };
                 self.pending.remove(&partition);
                 self.hold.insert(partition, Instant::now() + hold);
@@ -1118,7 +1168,9 @@ impl<B: StateBackend> Running<B> {
         };
         let stalled = Arc::new(AtomicBool::new(false));
         let revoked = Arc::new(AtomicBool::new(false));
-        let (stall_flag, stall_stats) = (stalled.clone(), self.stats.clone());
+        let sink_stalled = Arc::new(AtomicBool::new(false));
+        let (stall_flag, stall_stats) = (sink_stalled.clone(), self.stats.clone());
+        let refused_stats = self.stats.clone();
         let worker = PartitionWorker {
             partition,
             operator: self.operator.clone(),
@@ -1143,6 +1195,13 @@ impl<B: StateBackend> Running<B> {
                         );
                     }),
                     give_up: revoked.clone(),
+                    on_output_refused: Box::new(move || {
+                        refused_stats.dead_lettered.fetch_add(1, Ordering::Relaxed);
+                        refused_stats
+                            .metrics
+                            .dead_lettered(sink::DeadLetterKind::OutputRefused)
+                            .increment(1);
+                    }),
                 },
             ),
             settings: self.settings.runtime.clone(),
@@ -1176,6 +1235,7 @@ impl<B: StateBackend> Running<B> {
             WorkerHandle {
                 tx,
                 stalled,
+                sink_stalled,
                 revoked,
                 task,
             },

@@ -175,6 +175,9 @@ pub struct DeliveryGuard {
     /// Raised when the owner no longer wants the deliveries (its partition was revoked):
     /// retrying stops and the failure is returned.
     pub give_up: Arc<AtomicBool>,
+    /// Called when an output the broker refused as too large is dead-lettered in its place
+    /// (to count it as [`DeadLetterKind::OutputRefused`]).
+    pub on_output_refused: Box<dyn Fn() + Send + Sync>,
 }
 
 impl std::fmt::Debug for DeliveryGuard {
@@ -188,6 +191,7 @@ impl Default for DeliveryGuard {
         Self {
             on_stall: Box::new(|_| {}),
             give_up: Arc::new(AtomicBool::new(false)),
+            on_output_refused: Box::new(|| {}),
         }
     }
 }
@@ -372,19 +376,34 @@ impl Sink {
         if timestamp_ms >= 0 {
             record = record.timestamp(timestamp_ms);
         }
-        let delivery = self.enqueue(record).await?;
-        self.pending.push_back((delivery, destination));
+        match self.enqueue(record).await? {
+            Ok(delivery) => self.pending.push_back((delivery, destination)),
+            // Refused at once (a topic librdkafka knows is missing or forbidden): handled as
+            // a refused delivery, the partition waiting until it goes through.
+            Err((error, message)) => {
+                self.deliver_refused(Refused {
+                    error,
+                    message,
+                    destination,
+                })
+                .await?;
+            }
+        }
         Ok(())
     }
 
-    /// Hands `record` to librdkafka, waiting for room in its queue when it is full.
+    /// Hands `record` to librdkafka, waiting for room in its queue when it is full. A record
+    /// librdkafka refuses at once is returned with the refusal, as an owned message.
+    ///
+    /// # Errors
+    /// [`SinkError`] when waiting for room met a delivery that failed for good.
     async fn enqueue(
         &mut self,
         mut record: FutureRecord<'_, [u8], [u8]>,
-    ) -> Result<DeliveryFuture, SinkError> {
+    ) -> Result<Result<DeliveryFuture, (KafkaError, OwnedMessage)>, SinkError> {
         loop {
             match self.producer.send_result(record) {
-                Ok(delivery) => return Ok(delivery),
+                Ok(delivery) => return Ok(Ok(delivery)),
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
                     // librdkafka's queue is full: wait for a delivery (or briefly) and retry.
                     record = back;
@@ -394,39 +413,49 @@ impl Sink {
                         Box::pin(self.wait_oldest()).await?;
                     }
                 }
-                Err((source, back)) => {
-                    return Err(SinkError::Delivery {
-                        topic: back.topic.to_owned(),
-                        source,
-                    });
+                Err((error, back)) => {
+                    let headers = back.headers.clone();
+                    let message = OwnedMessage::new(
+                        back.payload.map(<[u8]>::to_vec),
+                        back.key.map(<[u8]>::to_vec),
+                        back.topic.to_owned(),
+                        back.timestamp.map_or(
+                            rdkafka::Timestamp::NotAvailable,
+                            rdkafka::Timestamp::CreateTime,
+                        ),
+                        back.partition.unwrap_or(-1),
+                        -1,
+                        headers,
+                    );
+                    return Ok(Err((error, message)));
                 }
             }
         }
     }
 
-    /// Waits for the oldest delivery. A refused one is sent again until it goes through
-    /// (module docs): a record too large for its topic after all (its limit was lowered) is
-    /// cut further (a dead letter) or dead-lettered (an output); any other refusal (a
-    /// missing topic, denied access) is retried with backoff while the guard reports the
-    /// stall, so that the partition pauses instead of losing or skipping the record.
+    /// Waits for the oldest delivery; a refused one is sent again until it goes through
+    /// ([`Sink::deliver_refused`]).
     async fn wait_oldest(&mut self) -> Result<(), SinkError> {
         let Some((delivery, destination)) = self.pending.pop_front() else {
             return Ok(());
         };
-        let mut outcome = self.settle(delivery, destination).await;
+        match self.settle(delivery, destination).await {
+            Ok(()) => Ok(()),
+            Err(Err(failed)) => Err(failed),
+            Err(Ok(refused)) => self.deliver_refused(refused).await,
+        }
+    }
+
+    /// Sends a refused record again until it goes through: a record too large for its topic
+    /// after all (its limit was lowered) is cut further (a dead letter) or dead-lettered (an
+    /// output); any other refusal (a missing topic, denied access) is retried with backoff
+    /// while the guard reports the stall, so that the partition pauses instead of losing or
+    /// skipping the record. A transactional producer's refusal, or one the owner gave up on
+    /// (its partition was revoked), is returned.
+    async fn deliver_refused(&mut self, mut refused: Refused) -> Result<(), SinkError> {
         let mut backoff = RESEND_BACKOFF_MIN;
         let mut stalled = false;
         loop {
-            let refused = match outcome {
-                Ok(()) => {
-                    if stalled {
-                        (self.guard.on_stall)(None);
-                    }
-                    return Ok(());
-                }
-                Err(Err(failed)) => return Err(failed),
-                Err(Ok(refused)) => refused,
-            };
             let topic = self.topic_of(refused.destination).to_owned();
             if self.transactional || self.guard.give_up.load(Ordering::Relaxed) {
                 return Err(SinkError::Delivery {
@@ -443,6 +472,8 @@ impl Sink {
                 if refused.destination == Destination::DeadLetter {
                     self.limits.dead_letter_bytes_max =
                         (self.limits.dead_letter_bytes_max / 2).max(DEAD_LETTER_BYTES_FLOOR);
+                } else {
+                    (self.guard.on_output_refused)();
                 }
                 self.refused_as_dead_letter(&refused)
             } else {
@@ -469,8 +500,24 @@ impl Sink {
             if let Some(ms) = record.timestamp().to_millis() {
                 again = again.timestamp(ms);
             }
-            let delivery = self.enqueue(again).await?;
-            outcome = self.settle(delivery, destination).await;
+            let outcome = match self.enqueue(again).await? {
+                Ok(delivery) => self.settle(delivery, destination).await,
+                Err((error, message)) => Err(Ok(Refused {
+                    error,
+                    message,
+                    destination,
+                })),
+            };
+            match outcome {
+                Ok(()) => {
+                    if stalled {
+                        (self.guard.on_stall)(None);
+                    }
+                    return Ok(());
+                }
+                Err(Err(failed)) => return Err(failed),
+                Err(Ok(again)) => refused = again,
+            }
         }
     }
 

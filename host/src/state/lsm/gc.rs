@@ -4,7 +4,7 @@
 //! Kept: the manifest versions [`retained_versions`] keeps — every version from the oldest of
 //! the last `retained_checkpoints` usable checkpoints upwards (claims, undecided, rejected and
 //! corrupt versions do not count towards the number; those above it are kept), pinned versions
-//! and, while the owner's scrub runs, every version from `keep_from` up — and every SST that
+//! and, while the owner's scrub runs, the versions stored at its claim — and every SST that
 //! one of those or the live tree references. Never deleted besides: an SST compaction
 //! retired from the live tree less than a grace period ago (a reader may still hold a version
 //! naming it), an SST of a newer writer epoch than the live one (that writer owns the shard
@@ -87,9 +87,10 @@ impl LiveWriter {
 pub struct Protected {
     /// Versions kept whatever their age (the decided checkpoint, savepoints).
     pub pinned: BTreeSet<u64>,
-    /// Every version from this one up is kept (while the owner's scrub of the SSTs it
-    /// recovered has not finished: the checkpoints to fall back to if it finds one corrupt).
-    pub keep_from: Option<u64>,
+    /// Every version in this range is kept: those stored when the owner claimed the shard,
+    /// until its scrub of the SSTs it recovered has finished (the checkpoints to fall back to
+    /// if it finds one corrupt).
+    pub keep: Option<std::ops::RangeInclusive<u64>>,
     /// The checkpoint the owner knows to be decided.
     pub decided: Option<u64>,
 }
@@ -113,7 +114,7 @@ pub async fn collect_garbage(
         &manifests,
         settings.retained_checkpoints,
         &protected.pinned,
-        protected.keep_from,
+        protected.keep.clone(),
         protected.decided,
     )
     .await?;

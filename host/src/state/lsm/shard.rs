@@ -109,9 +109,9 @@ pub struct LsmShard {
     /// GC never deletes it, even when newer prepared but undecided versions outnumber the
     /// retained count (exactly-once mode, where a Kafka transaction decides).
     decided: std::sync::Mutex<Option<u64>>,
-    /// The oldest manifest version that existed at the claim: GC keeps every version from it
-    /// up until the scrub has read the recovered SSTs once (module docs).
-    keep_from: Option<u64>,
+    /// The manifest versions stored at the claim (the oldest to the claim): GC keeps them
+    /// until the scrub has read the recovered SSTs once (module docs).
+    keep: Option<std::ops::RangeInclusive<u64>>,
     /// Set when the scrub has read every block of the recovered SSTs.
     scrubbed: Arc<AtomicBool>,
     scrub: Option<tokio::task::JoinHandle<()>>,
@@ -127,8 +127,8 @@ impl Drop for LsmShard {
 
 impl LsmShard {
     /// A shard owning `tree` under `claim`, recovered from `recovered`; GC keeps the versions
-    /// from `keep_from` up until the scrub (started here, at `scrub`'s pace, when `recovered`
-    /// names SSTs) has read them.
+    /// from `oldest_version` to the claim until the scrub (started here, at `scrub`'s pace,
+    /// when `recovered` names SSTs) has read them.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         tree: LsmTree,
@@ -136,7 +136,7 @@ impl LsmShard {
         root: Path,
         claim: Manifest,
         recovered: Option<Manifest>,
-        keep_from: Option<u64>,
+        oldest_version: Option<u64>,
         gc: GcSettings,
         scrub: &ScrubSettings,
         clock: SharedClock,
@@ -159,6 +159,7 @@ impl LsmShard {
                 }
             }))
         };
+        let keep = oldest_version.map(|oldest| oldest..=claim.version);
         Self {
             manifests: ManifestStore::new(store.clone(), root.clone()),
             tree,
@@ -170,7 +171,7 @@ impl LsmShard {
             gc_task: std::sync::Mutex::new(None),
             decided: std::sync::Mutex::new(recovered.as_ref().map(|m| m.version)),
             recovered,
-            keep_from,
+            keep,
             scrubbed,
             scrub,
         }
@@ -256,7 +257,7 @@ impl LsmShard {
         pinned.extend(decided);
         let protected = Protected {
             pinned,
-            keep_from: self.keep_from.filter(|_| !self.scrubbed()),
+            keep: self.keep.clone().filter(|_| !self.scrubbed()),
             decided,
         };
         self.start_gc(protected, now_ms);
@@ -302,15 +303,15 @@ impl LsmShard {
 }
 
 /// What recovery found for the `lsm` backend: the checkpoint to open from, the versions to
-/// record as rejected, and the oldest version stored (the scrub's `keep_from`).
+/// record as rejected, and the oldest version stored (what GC keeps until the scrub is done).
 #[derive(Debug)]
 pub struct Recovered {
     /// The checkpoint to resume from; `None`: start empty.
     pub checkpoint: Option<Manifest>,
     /// Versions recovery fell back past (or newer versions listed), for the claim.
     pub rejected: Vec<crate::state::manifest::RejectedVersion>,
-    /// The oldest manifest version stored: GC keeps every version from it up until the scrub
-    /// has read what the checkpoint hands on.
+    /// The oldest manifest version stored: GC keeps the versions from it to the claim until
+    /// the scrub has read what the checkpoint hands on.
     pub oldest_version: Option<u64>,
 }
 

@@ -581,6 +581,28 @@ impl Inner {
         })
     }
 
+    /// `sst` failed verification as compaction read it: reads it whole once more from the
+    /// store and verifies every block. Still failing: corruption of `sst`; passing now: the
+    /// first read was damaged on the way, an outage (compaction tries again).
+    async fn confirm_corrupt(&self, sst: &OpenSst) -> StateError {
+        let id = sst.meta.id();
+        let file = match self.files.get_whole(&sst.path).await {
+            Ok(file) => file,
+            Err(e) => return self.fetch_error(id, Arc::new(e)),
+        };
+        match SstReader::open(file).and_then(|r| r.verify_blocks()) {
+            Err(e) => self.corrupt_in(id, e),
+            Ok(()) => StateError::Unavailable {
+                shard: self.label.clone(),
+                source: format!(
+                    "{} failed verification once and passed when read again",
+                    id.object_name()
+                )
+                .into(),
+            },
+        }
+    }
+
     /// A failed read of `sst`. A missing SST that a manifest references is corruption, not an
     /// outage.
     fn fetch_error(&self, sst: SstId, error: Arc<FetchError>) -> StateError {
@@ -861,8 +883,10 @@ impl Inner {
                     .await
                     .map_err(|e| self.fetch_error(sst.meta.id(), Arc::new(e)))?;
                 read_bytes += file.len() as u64;
-                let reader =
-                    SstReader::open(file).map_err(|e| self.corrupt_in(sst.meta.id(), e))?;
+                let reader = match SstReader::open(file) {
+                    Ok(reader) => reader,
+                    Err(_) => return Err(self.confirm_corrupt(sst).await),
+                };
                 readers.push(reader);
             }
             let settings = MergeSettings {
@@ -873,24 +897,31 @@ impl Inner {
                 compress: self.settings.compress,
             };
             // Kept (cheap clones of the files) to name the corrupt input if the merge fails.
-            let inputs: Vec<(SstId, SstReader)> = job
-                .inputs
-                .iter()
-                .map(|s| s.meta.id())
-                .zip(readers.iter().cloned())
-                .collect();
+            let copies = readers.clone();
             let merged = tokio::task::spawn_blocking(move || merge(readers, settings))
                 .await
-                .map_err(|e| self.corrupt_msg(&format!("the compaction merge failed: {e}")))?;
+                .map_err(|e| StateError::Unavailable {
+                    shard: self.label.clone(),
+                    source: format!("the compaction merge did not finish: {e}").into(),
+                })?;
             let merged = match merged {
                 Ok(merged) => merged,
                 Err(error) => {
-                    let culprit = inputs
+                    // The input that fails verification, read again before it is blamed.
+                    let culprit = job
+                        .inputs
                         .iter()
-                        .find_map(|(id, r)| r.verify_blocks().err().map(|e| (*id, e)));
+                        .zip(&copies)
+                        .find(|(_, r)| r.verify_blocks().is_err());
                     return Err(match culprit {
-                        Some((id, e)) => self.corrupt_in(id, e),
-                        None => self.corrupt(error),
+                        Some((sst, _)) => self.confirm_corrupt(sst).await,
+                        None => StateError::Unavailable {
+                            shard: self.label.clone(),
+                            source: format!(
+                                "the compaction merge failed on inputs that verify: {error}"
+                            )
+                            .into(),
+                        },
                     });
                 }
             };

@@ -22,7 +22,7 @@
 
 use super::{Manifest, ManifestError, ManifestKind, ManifestStore, RejectedVersion};
 use crate::state::StateError;
-use crate::state::checkpoint::{DecidedBy, decided_by, is_decided};
+use crate::state::checkpoint::{DecidedBy, InputOffsets, decided_by, is_decided};
 use object_store::path::Path;
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 
@@ -34,7 +34,8 @@ pub struct KnownCorruption {
     /// checkpoints that reference one are unusable.
     pub objects: BTreeSet<String>,
     /// Checkpoint versions found unusable as a whole (corruption no single object was blamed
-    /// for, in the checkpoint the shard was opened from).
+    /// for, in the checkpoint the shard was opened from): these and every later checkpoint
+    /// (their writers went on from them) are unusable.
     pub versions: BTreeSet<u64>,
     /// What was found, one line (the first report).
     pub reason: String,
@@ -153,10 +154,6 @@ impl<'a> Walk<'a> {
                 self.unusable += 1;
                 continue;
             }
-            if self.known.versions.contains(&version) {
-                self.reject(version, self.known.reason.clone());
-                continue;
-            }
             let manifest = match self.manifests.read(version).await {
                 Ok(m) => m,
                 Err(ManifestError::NotFound(_)) => continue, // GC deleted it meanwhile
@@ -176,6 +173,19 @@ impl<'a> Walk<'a> {
             if manifest.kind != ManifestKind::Checkpoint
                 || !decided(&manifest, self.committed, &self.parents)
             {
+                continue;
+            }
+            if self
+                .known
+                .versions
+                .first()
+                .is_some_and(|first| version >= *first)
+            {
+                self.reject(version, self.known.reason.clone());
+                continue;
+            }
+            if let Err(problem) = InputOffsets::from_metadata(&manifest.metadata) {
+                self.reject(version, problem);
                 continue;
             }
             if let Some(object) = objects(&manifest)

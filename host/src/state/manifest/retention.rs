@@ -6,7 +6,8 @@
 //! decided or that a later version names as its parent) and not rejected by a later version.
 //! Claims, prepared but undecided checkpoints, rejected versions and versions that do not
 //! decode do not count. Every version from the oldest counted one upwards is kept, as are
-//! `pinned` versions and, while the owner's scrub runs, every version from `keep_from` up. The
+//! `pinned` versions and, while the owner's scrub runs, the versions in `keep` (those stored
+//! when it claimed the shard). The
 //! versions below are deleted — corrupt and rejected ones too, but only there: deleting the
 //! newest version would free its number for a zombie's create-only write (SCENARIOS.md S4).
 //! With fewer than `retained` usable checkpoints nothing is deleted.
@@ -35,7 +36,7 @@ pub(crate) async fn retained_versions(
     manifests: &ManifestStore,
     retained: usize,
     pinned: &BTreeSet<u64>,
-    keep_from: Option<u64>,
+    keep: Option<std::ops::RangeInclusive<u64>>,
     decided: Option<u64>,
 ) -> Result<Kept, ManifestError> {
     let retained = retained.max(1);
@@ -72,7 +73,7 @@ pub(crate) async fn retained_versions(
     let Some(floor) = floor else {
         return Ok(kept); // not enough checkpoints yet: nothing is old enough
     };
-    let protected = |v: u64| pinned.contains(&v) || keep_from.is_some_and(|from| v >= from);
+    let protected = |v: u64| pinned.contains(&v) || keep.as_ref().is_some_and(|r| r.contains(&v));
     for &version in versions.iter().filter(|v| **v < floor) {
         if !protected(version) {
             kept.delete.push(version);
