@@ -261,6 +261,26 @@ pub fn committed_offsets(
         .collect())
 }
 
+/// Sets consumer group `group`'s committed offsets of `topic`'s partitions to `offsets` (as
+/// `kafka-consumer-groups --reset-offsets` does; the group must have no member).
+///
+/// # Errors
+/// When the broker refuses.
+pub fn set_committed_offsets(group: &str, topic: &str, offsets: &[i64]) -> anyhow::Result<()> {
+    use rdkafka::consumer::{BaseConsumer, CommitMode};
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", kafka_bootstrap())
+        .set("group.id", group)
+        .set("enable.auto.commit", "false")
+        .create()?;
+    let mut tpl = rdkafka::TopicPartitionList::new();
+    for (p, o) in offsets.iter().enumerate() {
+        tpl.add_partition_offset(topic, i32::try_from(p)?, rdkafka::Offset::Offset(*o))?;
+    }
+    consumer.commit(&tpl, CommitMode::Sync)?;
+    Ok(())
+}
+
 /// Each partition's high watermark (the offset the next record gets) of `topic`.
 ///
 /// # Errors
@@ -457,6 +477,18 @@ impl RunningPipeline {
         Self::start_on(settings, Arc::new(backend), clock)
     }
 
+    /// Starts `settings` in the background, its figures exported as pipeline `pipeline` of
+    /// `tenant` (in [`weir_host::telemetry::prometheus`]'s recorder).
+    pub fn start_labelled(settings: Settings, tenant: &str, pipeline: &str) -> Self {
+        let _ = weir_host::telemetry::prometheus();
+        let clock: SharedClock = Arc::new(SystemClock);
+        let backend = ConfiguredBackend::from_settings(&settings.state, clock.clone())
+            .expect("the state backend sets up");
+        let (_requests, control) = pipeline::PipelineControl::new();
+        let stats = Arc::new(PipelineStats::labelled(tenant, pipeline));
+        Self::start_with_stats(settings, Arc::new(backend), clock, control, stats)
+    }
+
     /// Starts `settings` in the background on `backend`.
     pub fn start_on<B: StateBackend>(
         settings: Settings,
@@ -474,7 +506,22 @@ impl RunningPipeline {
         clock: SharedClock,
         control: pipeline::PipelineControl,
     ) -> Self {
-        let stats = Arc::new(PipelineStats::default());
+        Self::start_with_stats(
+            settings,
+            backend,
+            clock,
+            control,
+            Arc::new(PipelineStats::default()),
+        )
+    }
+
+    fn start_with_stats<B: StateBackend>(
+        settings: Settings,
+        backend: Arc<B>,
+        clock: SharedClock,
+        control: pipeline::PipelineControl,
+        stats: Arc<PipelineStats>,
+    ) -> Self {
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(pipeline::run_controlled(
             settings,
@@ -584,19 +631,29 @@ pub fn init_tracing() {
                         .unwrap_or_else(|_| "warn,weir_host=info".into()),
                 ),
         )
-        .with(AuditLines)
+        // Only warnings: audit and dead-letter lines are warnings, and a layer that saw every
+        // level would make every `log` record (cranelift's trace lines) be formatted.
+        .with(AuditLines.with_filter(tracing_subscriber::filter::LevelFilter::WARN))
         .try_init();
 }
 
 /// The `audit = true` log lines of this process so far (once [`init_tracing`] ran), each as
 /// its fields `name=value` joined by spaces.
 pub fn audit_lines() -> Vec<String> {
-    AUDIT_LINES.lock().expect("unpoisoned").clone()
+    KEPT.lock().expect("unpoisoned").0.clone()
 }
 
-static AUDIT_LINES: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+/// The "record dead-lettered" log lines of this process so far (once [`init_tracing`] ran),
+/// as [`audit_lines`].
+pub fn dead_letter_lines() -> Vec<String> {
+    KEPT.lock().expect("unpoisoned").1.clone()
+}
 
-/// Keeps the events that carry `audit = true` in [`AUDIT_LINES`].
+/// Audit lines, dead-letter lines.
+static KEPT: std::sync::Mutex<(Vec<String>, Vec<String>)> =
+    std::sync::Mutex::new((Vec::new(), Vec::new()));
+
+/// Keeps the events that carry `audit = true` and the dead-letter lines in [`KEPT`].
 struct AuditLines;
 
 impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for AuditLines {
@@ -613,11 +670,12 @@ impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for AuditLines {
         }
         let mut fields = Fields(Vec::new(), false);
         event.record(&mut fields);
+        let line = fields.0.join(" ");
+        let mut kept = KEPT.lock().expect("unpoisoned");
         if fields.1 {
-            AUDIT_LINES
-                .lock()
-                .expect("unpoisoned")
-                .push(fields.0.join(" "));
+            kept.0.push(line);
+        } else if line.contains("message=record dead-lettered") {
+            kept.1.push(line);
         }
     }
 }

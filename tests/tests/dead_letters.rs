@@ -43,13 +43,12 @@ async fn run_counter_with_poison(
     runtime: RuntimeSettings,
 ) -> anyhow::Result<(String, String, u64)> {
     let (input, output, dlq) = poisoned_input(poison).await?;
-    let pipeline = RunningPipeline::start(settings(
-        guest("weir_test_counter"),
+    // Exported under the input's (unique) name, to read its dead-letter counter.
+    let pipeline = RunningPipeline::start_labelled(
+        settings(guest("weir_test_counter"), &input, &output, &dlq, runtime),
+        "tests",
         &input,
-        &output,
-        &dlq,
-        runtime,
-    ));
+    );
     pipeline.wait_done(1000, TIMEOUT).await?;
     let dead = read_exactly(&dlq, 1, TIMEOUT, SETTLE).await?;
     let out = read_exactly(&output, 999, TIMEOUT, SETTLE).await?;
@@ -57,8 +56,8 @@ async fn run_counter_with_poison(
         !pipeline.is_finished(),
         "the host must keep running after a bad record"
     );
-    // Isolation halves a trapping batch (at most `batch_records_max` = 1000 records) until the
-    // record stands alone: one trap per level at most.
+    // Isolation halves a trapping batch (at most `batch_records_max` records, 1000 here at
+    // most) until the record stands alone: one trap per level at most.
     assert!(
         pipeline
             .stats
@@ -107,6 +106,36 @@ async fn run_counter_with_poison(
     }
     let error = header(&dead[0], HEADER_ERROR).unwrap_or_default();
     let kind = header(&dead[0], HEADER_ERROR_KIND).unwrap_or_default();
+    // Counted under its kind, and logged once: kind, partition, offset and one line of cause.
+    let counted = weir_host::telemetry::prometheus().render();
+    let series = format!(
+        r#"weir_records_dead_lettered_total{{tenant="tests",pipeline="{input}",kind="{kind}"}} "#
+    );
+    assert_eq!(
+        counted
+            .lines()
+            .find_map(|l| l.strip_prefix(&series))
+            .map(str::trim),
+        Some("1"),
+        "{series}"
+    );
+    let logged: Vec<String> = dead_letter_lines()
+        .into_iter()
+        .filter(|l| l.contains(&format!("topic={input}")))
+        .collect();
+    assert_eq!(logged.len(), 1, "{logged:?}");
+    for field in [
+        format!("kind=\"{kind}\""),
+        "partition=0".to_owned(),
+        "offset=500".to_owned(),
+    ] {
+        assert!(logged[0].contains(&field), "{field} in {}", logged[0]);
+    }
+    assert!(
+        logged[0].contains("cause=") && !logged[0].contains("\\n"),
+        "the cause's first line only: {}",
+        logged[0]
+    );
     let traps = pipeline
         .stats
         .traps

@@ -12,7 +12,8 @@ use weir_host::clock::{SharedClock, SystemClock};
 use weir_host::config::{Delivery, RuntimeSettings, Settings, StateBackendKind, StateSettings};
 use weir_host::pipeline::PartitionState;
 use weir_host::sink::limits::{
-    HEADER_ORIGINAL_KEY_BYTES, HEADER_ORIGINAL_VALUE_BYTES, HEADER_TRUNCATED,
+    ERROR_HEADER_BYTES_MAX, HEADER_ORIGINAL_HEADERS_BYTES, HEADER_ORIGINAL_KEY_BYTES,
+    HEADER_ORIGINAL_VALUE_BYTES, HEADER_TRUNCATED,
 };
 use weir_host::sink::{HEADER_ERROR, HEADER_ERROR_KIND, HEADER_SOURCE_OFFSET};
 use weir_tests::*;
@@ -83,10 +84,14 @@ async fn huge_records_are_dead_lettered_in(delivery: Delivery) -> anyhow::Result
         .stats
         .checkpoint_failures
         .load(std::sync::atomic::Ordering::Relaxed);
+    let opened = pipeline
+        .stats
+        .shards_opened
+        .load(std::sync::atomic::Ordering::Relaxed);
     assert_eq!(
-        (fenced, failed),
-        (0, 0),
-        "no delivery failed: no reopen loop"
+        (fenced, failed, opened),
+        (0, 0, 1),
+        "no delivery failed: the shard opened once, no reopen loop"
     );
 
     let by_offset: BTreeMap<String, &rdkafka::message::OwnedMessage> = dead
@@ -115,6 +120,11 @@ async fn huge_records_are_dead_lettered_in(delivery: Delivery) -> anyhow::Result
             Some(format!("record {offset}").len().to_string().as_str())
         );
         assert_eq!(
+            header(letter, HEADER_ORIGINAL_HEADERS_BYTES).as_deref(),
+            Some("0"),
+            "the input record had no headers"
+        );
+        assert_eq!(
             letter.payload(),
             Some(format!("record {offset}").as_bytes()),
             "the value is kept"
@@ -134,6 +144,10 @@ async fn huge_records_are_dead_lettered_in(delivery: Delivery) -> anyhow::Result
         );
         let error = header(letter, HEADER_ERROR).unwrap_or_default();
         assert!(error.contains("exceeds the limit"), "{error}");
+        assert!(
+            error.len() <= ERROR_HEADER_BYTES_MAX,
+            "weir.error is capped"
+        );
     }
     let mut counts: BTreeMap<Vec<u8>, Vec<u64>> = BTreeMap::new();
     for msg in &out {
@@ -251,15 +265,55 @@ async fn a_dead_letter_topic_that_refuses_records_pauses_the_partition_and_loses
 async fn committed_offsets_follow_the_owner_never_decrease_and_show_lag_0_after_a_clean_stop()
 -> anyhow::Result<()> {
     let (mut settings, output) = counter_pipeline_on_s3("handover", 4).await?;
-    settings.pipeline.checkpoint_interval = Duration::from_millis(500);
+    // No checkpoint on the interval: only hand-overs and stops write them.
+    settings.pipeline.checkpoint_interval = Duration::from_secs(3600);
     let input = settings.pipeline.input_topics[0].clone();
     let group = settings
         .pipeline
         .group_id
         .clone()
         .expect("the tests name their group");
-    // Watches the group's committed offsets: none may ever go down.
+    let highs = || -> anyhow::Result<Vec<Option<i64>>> {
+        Ok(high_watermarks(&input, 4)?.into_iter().map(Some).collect())
+    };
+    let mut expected = BTreeMap::new();
+
+    // 1. A clean stop commits the last checkpoints: the drain's checkpoints are the only ones
+    //    this run writes, so only its synchronous commit can leave the group at lag 0.
+    let a = RunningPipeline::start(settings.clone());
+    produce_counter(&input, 4, (0, 2_000), 40, &mut expected).await?;
+    a.wait_done(2_000, TIMEOUT).await?;
+    a.stop().await?;
+    assert_eq!(
+        committed_offsets(&group, &input, 4)?,
+        highs()?,
+        "after a clean stop the group's lag is 0"
+    );
+
+    // 2. The new owner commits the checkpoint it opens: with the group's offsets moved back to
+    //    0 while no host runs, only that commit can bring them to the checkpoints' again.
+    set_committed_offsets(&group, &input, &[0, 0, 0, 0])?;
+    let b = RunningPipeline::start(settings.clone());
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    while committed_offsets(&group, &input, 4)? != highs()? {
+        anyhow::ensure!(
+            std::time::Instant::now() < deadline,
+            "the new owner did not commit the checkpoints it opened: {:?}",
+            committed_offsets(&group, &input, 4)?
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // 3. Hand-overs B → A → B: the group's committed offsets never go down.
     let watching = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    // Stops the watcher however the test ends (a test runtime waits for its blocking tasks).
+    struct StopWatching(Arc<std::sync::atomic::AtomicBool>);
+    impl Drop for StopWatching {
+        fn drop(&mut self) {
+            self.0.store(false, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+    let stop_watching = StopWatching(watching.clone());
     let watcher = {
         let (watching, group, input) = (watching.clone(), group.clone(), input.clone());
         tokio::task::spawn_blocking(move || -> anyhow::Result<usize> {
@@ -280,34 +334,25 @@ async fn committed_offsets_follow_the_owner_never_decrease_and_show_lag_0_after_
             Ok(reads)
         })
     };
-    let mut expected = BTreeMap::new();
     let a = RunningPipeline::start(settings.clone());
-    produce_counter(&input, 4, (0, 2_000), 40, &mut expected).await?;
-    a.wait_done(2_000, TIMEOUT).await?;
-    // B joins: some partitions move A → B.
-    let b = RunningPipeline::start(settings.clone());
-    b.wait_until("B owns partitions", TIMEOUT, |s| {
+    a.wait_until("A owns partitions", TIMEOUT, |s| {
         s.shards_opened.load(std::sync::atomic::Ordering::Relaxed) > 0
     })
     .await?;
     produce_counter(&input, 4, (2_000, 4_000), 40, &mut expected).await?;
     read_counts(&output, &expected, TIMEOUT).await?;
-    // B leaves cleanly: its partitions go back to A.
-    b.stop().await?;
+    a.stop().await?;
     produce_counter(&input, 4, (4_000, 6_000), 40, &mut expected).await?;
     let counts = read_counts(&output, &expected, TIMEOUT).await?;
     assert_counts_exact(&expected, &counts);
-    a.stop().await?;
-    watching.store(false, std::sync::atomic::Ordering::Relaxed);
+    b.stop().await?;
+    drop(stop_watching);
     let reads = watcher.await??;
     assert!(reads > 10, "the offsets were watched ({reads} reads)");
     assert_eq!(
         committed_offsets(&group, &input, 4)?,
-        high_watermarks(&input, 4)?
-            .into_iter()
-            .map(Some)
-            .collect::<Vec<_>>(),
-        "after a clean stop the group's lag is 0"
+        highs()?,
+        "after the last clean stop the group's lag is 0"
     );
     Ok(())
 }
@@ -613,6 +658,10 @@ impl<S: weir_host::state::Shard> weir_host::state::Shard for HeldShard<S> {
     fn opened_from(&self) -> Option<u64> {
         self.inner.opened_from()
     }
+
+    fn corruption(&self) -> Option<weir_host::state::StateError> {
+        self.inner.corruption()
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -692,20 +741,29 @@ async fn s5_a_checkpoint_while_a_state_write_is_held_open_then_a_kill_counts_the
         requests.send_modify(|n| *n += 1);
         if release_before_kill {
             gate.release.add_permits(1);
+            // The checkpoint took its offsets after the write: they include the held batch.
             pipeline
-                .wait_until("the requested checkpoint", TIMEOUT, |s| {
-                    s.checkpoints.load(std::sync::atomic::Ordering::SeqCst) > checkpoints
-                })
+                .wait_until(
+                    "the requested checkpoint, past the held write",
+                    TIMEOUT,
+                    |s| {
+                        s.checkpoints.load(std::sync::atomic::Ordering::SeqCst) > checkpoints
+                            && s.partitions.lock().expect("lock")[&0]
+                                .checkpointed_offsets
+                                .get(&input)
+                                == Some(&(total as i64))
+                    },
+                )
                 .await?;
         } else {
-            assert_eq!(
-                pipeline
-                    .stats
-                    .checkpoints
-                    .load(std::sync::atomic::Ordering::SeqCst),
-                checkpoints,
-                "a checkpoint waits for the held write"
-            );
+            // While the write is held, the requested checkpoint cannot commit: given a
+            // second, nothing is committed (the kill follows).
+            let committed = pipeline
+                .wait_until("a checkpoint", Duration::from_secs(1), |s| {
+                    s.checkpoints.load(std::sync::atomic::Ordering::SeqCst) > checkpoints
+                })
+                .await;
+            assert!(committed.is_err(), "a checkpoint waits for the held write");
         }
         pipeline.kill().await;
     }

@@ -518,6 +518,11 @@ impl<S: Shard> PartitionWorker<S> {
     /// retried at the next tick; at the `last` one (queue closed) it is only logged: the
     /// records since the previous checkpoint will be read again by the next owner.
     async fn checkpoint(&mut self, last: bool, requested: bool) -> Result<(), WorkerError> {
+        // Corruption compaction or the scrub found in the background ends the worker at the
+        // next tick, busy or idle: the shard falls back (docs/checkpoints.md, "Corruption").
+        if let Some(corruption) = self.shard.corruption() {
+            return Err(self.corrupt(corruption));
+        }
         if !self.dirty && !requested {
             return Ok(());
         }

@@ -745,3 +745,82 @@ fn cut_again<'a>(
     }
     (&key[..cut.key_kept], &value[..cut.value_kept], out)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn header<'a>(headers: &'a OwnedHeaders, name: &str) -> Option<&'a [u8]> {
+        headers.iter().find(|h| h.key == name).and_then(|h| h.value)
+    }
+
+    #[test]
+    fn a_dead_letter_keeps_its_weir_headers_with_the_error_capped_at_4_kib() {
+        let source = DeadLetterSource {
+            topic: "in",
+            partition: 3,
+            offset: 42,
+        };
+        let original = [("trace", b"abc".as_slice())];
+        let (key, value, headers) = dead_letter_parts(
+            source,
+            DeadLetterKind::Trapped,
+            &"é".repeat(5_000),
+            &original,
+            b"k",
+            b"v",
+            1_000_000,
+        );
+        assert_eq!((key, value), (b"k".as_slice(), b"v".as_slice()));
+        let error = header(&headers, HEADER_ERROR).expect("weir.error");
+        assert_eq!(
+            error.len(),
+            ERROR_HEADER_BYTES_MAX,
+            "cut at a character boundary"
+        );
+        assert_eq!(
+            header(&headers, HEADER_SOURCE_OFFSET),
+            Some(b"42".as_slice())
+        );
+        assert_eq!(header(&headers, "trace"), Some(b"abc".as_slice()));
+        assert_eq!(header(&headers, HEADER_TRUNCATED), None, "nothing was cut");
+    }
+
+    #[test]
+    fn a_dead_letter_too_large_for_its_topic_says_what_was_cut() {
+        let source = DeadLetterSource {
+            topic: "in",
+            partition: 0,
+            offset: 7,
+        };
+        let key = vec![b'k'; 30_000];
+        let original = [("big", vec![b'h'; 20_000])];
+        let original: Vec<(&str, &[u8])> =
+            original.iter().map(|(n, v)| (*n, v.as_slice())).collect();
+        let (kept_key, value, headers) = dead_letter_parts(
+            source,
+            DeadLetterKind::Rejected,
+            "too big",
+            &original,
+            &key,
+            b"value",
+            10_000,
+        );
+        assert!(kept_key.len() < key.len());
+        assert_eq!(value, b"value", "the value is cut last");
+        assert_eq!(header(&headers, "big"), None, "headers go first");
+        assert_eq!(
+            header(&headers, HEADER_TRUNCATED),
+            Some(b"headers,key".as_slice())
+        );
+        assert_eq!(
+            header(&headers, HEADER_ORIGINAL_KEY_BYTES),
+            Some(b"30000".as_slice())
+        );
+        assert_eq!(
+            header(&headers, HEADER_ORIGINAL_HEADERS_BYTES),
+            Some(b"20003".as_slice())
+        );
+        assert_eq!(header(&headers, HEADER_ERROR), Some(b"too big".as_slice()));
+    }
+}

@@ -131,6 +131,13 @@ impl Shard for ConfiguredShard {
         }
     }
 
+    fn corruption(&self) -> Option<StateError> {
+        match self {
+            Self::Memory(s) => s.corruption(),
+            Self::Lsm(s) => s.corruption(),
+        }
+    }
+
     async fn checkpoint(
         &self,
         offsets: &InputOffsets,

@@ -119,6 +119,10 @@ impl<S: Shard> Shard for DelayedShard<S> {
         self.inner.opened_from()
     }
 
+    fn corruption(&self) -> Option<StateError> {
+        self.inner.corruption()
+    }
+
     async fn checkpoint(
         &self,
         offsets: &InputOffsets,

@@ -214,6 +214,12 @@ pub trait Shard: Send + Sync + 'static {
         async { Ok(None) }
     }
 
+    /// Corruption found in the shard's stored state off the read path (compaction, a
+    /// background scrub), if any: the shard must fall back. `None` by default.
+    fn corruption(&self) -> Option<StateError> {
+        None
+    }
+
     /// The version of the checkpoint the shard was opened from, if it keeps checkpoints and
     /// was opened from one: the one blamed for corruption no object is named for.
     fn opened_from(&self) -> Option<u64> {

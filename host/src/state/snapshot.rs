@@ -377,6 +377,50 @@ mod tests {
     }
 
     #[test]
+    fn snapshot_gc_keeps_the_pinned_decided_checkpoint_below_the_retained_ones() {
+        crate::state::test_support::block_on(async {
+            let store = Arc::new(InMemory::new());
+            let a = open(&store, None).await;
+            let pinned = commit(&a, DecidedBy::Manifest, 10).await;
+            let mut newest = pinned;
+            for next in 11..15 {
+                newest = commit(&a, DecidedBy::Manifest, next).await;
+            }
+            collect_garbage(
+                &(store.clone() as Arc<dyn ObjectStore>),
+                &root(),
+                Some(pinned),
+                u64::MAX,
+            )
+            .await
+            .expect("GC");
+            let left = ManifestStore::new(store.clone(), root())
+                .versions()
+                .await
+                .expect("versions");
+            assert_eq!(
+                left,
+                vec![pinned, newest - 2, newest - 1, newest],
+                "{left:?}"
+            );
+            let recovery = Recovery {
+                committed: None,
+                known_corruption: crate::state::KnownCorruption {
+                    versions: [pinned + 1].into(),
+                    reason: "test".into(),
+                    ..Default::default()
+                },
+            };
+            // Its snapshot was kept with it: it still opens.
+            let (opened, entries) = SnapshotShard::open(store.clone(), root(), "reader", &recovery)
+                .await
+                .expect("opens the pinned checkpoint");
+            assert_eq!(opened.recovered_version(), Some(pinned));
+            assert_eq!(entries[&b"k".to_vec()].0, Bytes::from("10"));
+        });
+    }
+
+    #[test]
     fn snapshot_gc_goes_on_after_a_fallback_past_a_corrupt_manifest() {
         crate::state::test_support::block_on(async {
             let store = Arc::new(InMemory::new());
@@ -403,6 +447,10 @@ mod tests {
                 )
                 .await
                 .expect("GC fails no more");
+                if next < 22 {
+                    let left = manifests.versions().await.expect("versions");
+                    assert!(left.contains(&newest), "kept while above the retained ones");
+                }
             }
             let left = manifests.versions().await.expect("versions");
             assert!(!left.contains(&newest), "{left:?}");

@@ -421,6 +421,10 @@ impl Shard for LsmShard {
         self.recovered_version()
     }
 
+    fn corruption(&self) -> Option<StateError> {
+        self.tree.corruption()
+    }
+
     fn recovered_offsets(&self) -> Result<Option<InputOffsets>, StateError> {
         let Some(recovered) = &self.recovered else {
             return Ok(None);
