@@ -370,10 +370,28 @@ async fn test_topics_keep_records_whatever_their_timestamp() -> anyhow::Result<(
     Ok(())
 }
 
-/// A copy of `settings` with `lsm` state in `dir` (`file://`), a small memtable so that state
-/// goes through SSTs.
-fn lsm_in(settings: &Settings, dir: &std::path::Path) -> Settings {
-    let mut settings = settings.clone();
+/// Settings of a `counter` pipeline over new topics `{prefix}-in` (2 partitions), `-out` and
+/// `-dlq`, checkpointing every 300 ms, with `lsm` state in `dir` (`file://`) and a small
+/// memtable so that state goes through SSTs; with its input and output topics.
+async fn counter_on_lsm_in(
+    prefix: &str,
+    dir: &std::path::Path,
+) -> anyhow::Result<(Settings, String, String)> {
+    init_tracing();
+    let (input, output, dlq) = (
+        unique(&format!("{prefix}-in")),
+        unique(&format!("{prefix}-out")),
+        unique(&format!("{prefix}-dlq")),
+    );
+    create_topics(&[(&input, 2), (&output, 2), (&dlq, 1)]).await?;
+    let mut settings = settings(
+        guest("weir_test_counter"),
+        &input,
+        &output,
+        &dlq,
+        RuntimeSettings::default(),
+    );
+    settings.pipeline.checkpoint_interval = Duration::from_millis(300);
     settings.state = StateSettings {
         backend: StateBackendKind::Lsm,
         lsm: weir_host::config::LsmStateSettings {
@@ -386,29 +404,18 @@ fn lsm_in(settings: &Settings, dir: &std::path::Path) -> Settings {
         },
         memory: Default::default(),
     };
-    settings
+    Ok((settings, input, output))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flipped_byte_in_an_sst_of_the_newest_checkpoint_falls_back_while_the_other_partition_runs()
 -> anyhow::Result<()> {
     use weir_host::state::manifest::ManifestStore;
-    init_tracing();
-    let (input, output, dlq) = (unique("flip-in"), unique("flip-out"), unique("flip-dlq"));
-    create_topics(&[(&input, 2), (&output, 2), (&dlq, 1)]).await?;
     let dir = tempfile::tempdir()?;
-    let mut base = settings(
-        guest("weir_test_counter"),
-        &input,
-        &output,
-        &dlq,
-        RuntimeSettings::default(),
-    );
-    base.pipeline.checkpoint_interval = Duration::from_millis(300);
+    let (mut settings, input, output) = counter_on_lsm_in("flip", dir.path()).await?;
     // A name of its own, so that its shard's audit lines are told from other tests'.
-    base.pipeline.name = unique("flip");
-    let shard_root = format!("pipelines/{}/shards/00000", base.pipeline.name);
-    let settings = lsm_in(&base, dir.path());
+    settings.pipeline.name = unique("flip");
+    let shard_root = format!("pipelines/{}/shards/00000", settings.pipeline.name);
     let mut expected = BTreeMap::new();
 
     // Two checkpointed rounds; then the newest checkpoint of partition 0 gets a flipped byte
@@ -782,19 +789,8 @@ async fn s5_a_checkpoint_while_a_state_write_is_held_open_then_a_kill_counts_the
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_no_usable_checkpoint_left_only_that_partition_stops_failed_in_its_status()
 -> anyhow::Result<()> {
-    init_tracing();
-    let (input, output, dlq) = (unique("lost-in"), unique("lost-out"), unique("lost-dlq"));
-    create_topics(&[(&input, 2), (&output, 2), (&dlq, 1)]).await?;
     let dir = tempfile::tempdir()?;
-    let mut base = settings(
-        guest("weir_test_counter"),
-        &input,
-        &output,
-        &dlq,
-        RuntimeSettings::default(),
-    );
-    base.pipeline.checkpoint_interval = Duration::from_millis(300);
-    let settings = lsm_in(&base, dir.path());
+    let (settings, input, output) = counter_on_lsm_in("lost", dir.path()).await?;
     let mut expected = BTreeMap::new();
     let first = RunningPipeline::start(settings.clone());
     produce_counter(&input, 2, (0, 400), 8, &mut expected).await?;
