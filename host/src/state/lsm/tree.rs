@@ -190,6 +190,11 @@ struct Inner {
     flushing: tokio::sync::Mutex<()>,
     compacting: tokio::sync::Mutex<()>,
     next_seq: AtomicU64,
+    /// Seqs of SSTs being written (flushed or compacted) and not yet installed in the version
+    /// or abandoned: a checkpoint taken meanwhile does not hold them, so GC must not treat them
+    /// as older than it ([`LsmTree::next_seq`]). Its lock also orders allocation against
+    /// readers of `next_seq`.
+    unpublished: std::sync::Mutex<std::collections::BTreeSet<u64>>,
     /// Seq of this writer below which SSTs were recorded by a committed checkpoint.
     checkpoint_seq: AtomicU64,
     compaction_wanted: Notify,
@@ -319,6 +324,7 @@ impl LsmTree {
             flushing: tokio::sync::Mutex::new(()),
             compacting: tokio::sync::Mutex::new(()),
             next_seq: AtomicU64::new(0),
+            unpublished: std::sync::Mutex::default(),
             checkpoint_seq: AtomicU64::new(0),
             compaction_wanted: Notify::new(),
             flush_wanted: Notify::new(),
@@ -431,10 +437,19 @@ impl LsmTree {
         self.inner.writer_epoch
     }
 
-    /// The sequence number the next SST of this writer gets. A checkpointer reads it before
-    /// [`LsmTree::levels`] and hands it to [`LsmTree::checkpoint_committed`] after the commit.
+    /// The sequence number below which every SST of this writer is installed in the tree's
+    /// version (or abandoned): the next SST's, or lower while a flush or compaction has written
+    /// SSTs it has not installed yet. A checkpointer reads it before [`LsmTree::levels`] and
+    /// hands it to [`LsmTree::checkpoint_committed`] after the commit, so that GC never takes
+    /// an output still on its way into the version for one the checkpoint dropped.
     pub fn next_seq(&self) -> u64 {
-        self.inner.next_seq.load(Ordering::SeqCst)
+        let unpublished = self
+            .inner
+            .unpublished
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let next = self.inner.next_seq.load(Ordering::SeqCst);
+        unpublished.first().copied().unwrap_or(next).min(next)
     }
 
     /// Records that a checkpoint holding every SST of this writer below `seq` committed:
@@ -615,16 +630,19 @@ impl Inner {
         }
     }
 
-    fn fresh_id(&self) -> SstId {
-        SstId {
-            writer_epoch: self.writer_epoch,
-            seq: self.next_seq.fetch_add(1, Ordering::SeqCst),
+    /// A guard for the SSTs a flush or compaction writes until it installs them.
+    fn unpublished(&self) -> Unpublished<'_> {
+        Unpublished {
+            inner: self,
+            seqs: Vec::new(),
         }
     }
 
-    /// Writes `file` as a new SST (create-only, fresh name) and returns it opened.
+    /// Writes `file` as a new SST (create-only, fresh name, held in `pending` until its
+    /// caller installs it) and returns it opened.
     async fn upload(
         &self,
+        pending: &mut Unpublished<'_>,
         file: Bytes,
         first_key: Vec<u8>,
         last_key: Vec<u8>,
@@ -632,7 +650,7 @@ impl Inner {
         let index = SstIndex::open(file.clone(), 0).map_err(|e| self.corrupt(e))?;
         // A fresh name per attempt: an attempt whose acknowledgement was lost leaves an orphan
         // for GC instead of a name collision.
-        let id = self.fresh_id();
+        let id = pending.fresh_id();
         let sst = self.lazy(SstRef {
             writer_epoch: id.writer_epoch,
             seq: id.seq,
@@ -682,7 +700,8 @@ impl Inner {
             .await;
             let (file, first, last) =
                 built.map_err(|e| self.corrupt_msg(&format!("building an SST failed: {e}")))?;
-            let sst = self.upload(file.clone(), first, last).await?;
+            let mut pending = self.unpublished();
+            let sst = self.upload(&mut pending, file.clone(), first, last).await?;
             if self.settings.prepopulate_block_cache && self.files.has_memory_cache() {
                 let index = sst.index.get().expect("uploaded SSTs carry their index");
                 for (_, handle) in index.blocks() {
@@ -871,6 +890,8 @@ impl Inner {
         let Some(job) = self.pick() else {
             return Ok(false);
         };
+        // Held until the outputs are installed (or the compaction fails).
+        let mut pending = self.unpublished();
         let outputs = if job.trivial_move {
             job.inputs.clone()
         } else {
@@ -929,7 +950,7 @@ impl Inner {
             let mut written_bytes = 0;
             for (file, first, last) in merged.files {
                 written_bytes += file.len() as u64;
-                outputs.push(self.upload(file, first, last).await?);
+                outputs.push(self.upload(&mut pending, file, first, last).await?);
             }
             metrics::counter!("weir_lsm_compaction_bytes_total", "direction" => "read")
                 .increment(read_bytes);
@@ -976,6 +997,44 @@ impl Inner {
         metrics::gauge!("weir_lsm_l0_files", "shard" => self.label.clone()).set(l0_files as f64);
         self.l0_shrank.notify_waiters();
         Ok(true)
+    }
+}
+
+/// The SSTs a flush or compaction has given sequence numbers to and not installed yet; they
+/// are released (installed, or orphans for GC) when it is dropped.
+struct Unpublished<'a> {
+    inner: &'a Inner,
+    seqs: Vec<u64>,
+}
+
+impl Unpublished<'_> {
+    /// A fresh SST id of this writer, held until the guard is dropped.
+    fn fresh_id(&mut self) -> SstId {
+        let mut unpublished = self
+            .inner
+            .unpublished
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let seq = self.inner.next_seq.fetch_add(1, Ordering::SeqCst);
+        unpublished.insert(seq);
+        self.seqs.push(seq);
+        SstId {
+            writer_epoch: self.inner.writer_epoch,
+            seq,
+        }
+    }
+}
+
+impl Drop for Unpublished<'_> {
+    fn drop(&mut self) {
+        let mut unpublished = self
+            .inner
+            .unpublished
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        for seq in &self.seqs {
+            unpublished.remove(seq);
+        }
     }
 }
 
