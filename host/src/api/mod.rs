@@ -155,6 +155,10 @@ pub struct ApiState {
     settings: Arc<ApiSettings>,
     /// The status page's recent history.
     board: Arc<status::StatusBoard>,
+    /// Held across a pipeline create's count and write, so that this server's concurrent
+    /// creates cannot pass the per-tenant limit together. (Creates through other API servers
+    /// sharing the catalog are undone after the fact: see `create_pipeline`.)
+    pipeline_creates: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl std::fmt::Debug for ApiState {
@@ -187,6 +191,7 @@ impl ApiState {
                 .build(),
             settings: Arc::new(settings),
             board: Arc::default(),
+            pipeline_creates: Arc::default(),
         })
     }
 

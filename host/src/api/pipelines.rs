@@ -880,6 +880,7 @@ pub(super) async fn create_pipeline(
     spec.validate(&state.settings.runtime)
         .map_err(ApiError::BadRequest)?;
     check_operator_version(&state, &tenant, &spec.operator, spec.operator_version).await?;
+    let _one_create_at_a_time = state.pipeline_creates.lock().await;
     let count = state.catalog.pipelines(&tenant).await?.len();
     if count >= state.settings.pipelines_per_tenant_max {
         return Err(ApiError::Conflict(format!(
@@ -902,7 +903,8 @@ pub(super) async fn create_pipeline(
         deleted: false,
     };
     state.catalog.create_pipeline(&tenant, &mut record).await?;
-    // Creates racing past the count above: the oldest `max` stay, the others are undone.
+    // Creates through other API servers racing past the count above: the oldest `max` stay,
+    // the others are undone.
     let mut all = state.catalog.pipelines(&tenant).await?;
     if all.len() > state.settings.pipelines_per_tenant_max {
         all.sort_by(|a, b| (a.created_ms, &a.uid).cmp(&(b.created_ms, &b.uid)));
