@@ -35,45 +35,24 @@
 
 use super::attempt::{Attempted, Execution, Failure, Running, Task, attempt, batch_deadline};
 use super::isolation::{Isolation, Outcome, Verdict};
+use super::ports::{CommitError, DeadLetterKind, ShardSink, SinkError};
 use super::{CheckpointRecord, PipelineStats};
 use crate::clock::{Clock, SystemClock};
 use crate::config::{FailurePolicy, RuntimeSettings};
 use crate::runtime::{BatchCtx, CallError, Disposition, InputRecord, Operator};
-use crate::sink::{DeadLetterKind, Sink, SinkError};
-use crate::source::SourceConsumer;
-use crate::state::checkpoint::{CheckpointError, DecidedBy, InputOffsets, manifest_metadata};
+use crate::state::checkpoint::{CheckpointError, DecidedBy, InputOffsets};
 use crate::state::{Shard, StateError};
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
-use rdkafka::consumer::Consumer;
-use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::producer::{FutureProducer, Producer};
-use rdkafka::{Offset, TopicPartitionList};
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
 
 /// Longest retry delay after an outage.
 const BACKOFF_MAX: Duration = Duration::from_secs(5);
-
-/// How long committing a checkpoint's Kafka transaction may take.
-const TRANSACTION_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// What decides a worker's checkpoints (docs/checkpoints.md, "Delivery guarantees").
-pub(crate) enum Decision {
-    /// At-least-once: outputs acknowledged, then the manifest write decides.
-    Manifest,
-    /// Exactly-once: the shard's transactional producer (a transaction is open) commits the
-    /// interval's outputs with the input offsets, naming the manifest; that commit decides.
-    Transaction {
-        /// The shard's producer (also the sink's).
-        producer: FutureProducer,
-        /// The pipeline's consumer, for its group metadata (which fences a stale generation).
-        consumer: Arc<SourceConsumer>,
-    },
-}
 
 /// Why a worker stopped.
 #[derive(Debug, thiserror::Error)]
@@ -120,25 +99,26 @@ pub enum WorkerError {
         /// Why its call failed.
         reason: String,
     },
-    /// The checkpoint's Kafka transaction did not commit (exactly-once mode): the state holds
-    /// effects whose outputs are not committed, so the shard must be reopened from its last
-    /// decided checkpoint.
+    /// The checkpoint's transaction did not commit, or a delivery in it failed (exactly-once
+    /// mode): the state holds effects whose outputs are not committed, so the shard must be
+    /// reopened from its last decided checkpoint.
     #[error("partition {partition}: the checkpoint's transaction failed")]
     Transaction {
         /// The partition.
         partition: i32,
-        /// librdkafka's error.
+        /// Why.
         #[source]
-        source: KafkaError,
+        source: super::ports::Cause,
     },
 }
 
 /// One partition's worker.
-pub(crate) struct PartitionWorker<S: Shard> {
+pub(crate) struct PartitionWorker<S: Shard, K: ShardSink> {
     pub partition: i32,
     pub operator: Arc<Operator<S>>,
     pub shard: Arc<S>,
-    pub sink: Sink,
+    /// Where outputs and dead letters go; exactly-once, its transaction decides checkpoints.
+    pub sink: K,
     pub settings: RuntimeSettings,
     pub stats: Arc<PipelineStats>,
     pub source: Arc<str>,
@@ -161,18 +141,16 @@ pub(crate) struct PartitionWorker<S: Shard> {
     /// When the partition's shard began to open: the first processed record reports the
     /// recovery time from it.
     pub opened_at: Option<Instant>,
-    /// Where committed checkpoints' offsets go, for the consumer loop to commit to Kafka
-    /// (at-least-once mode).
+    /// Where committed checkpoints' offsets go, for the consumer loop to commit to the
+    /// consumer group (at-least-once mode).
     pub checkpointed: mpsc::UnboundedSender<(i32, InputOffsets)>,
-    /// What decides a checkpoint.
-    pub decision: Decision,
     /// What a record whose call fails for good does.
     pub failure_policy: FailurePolicy,
     /// Each change asks for a checkpoint now, besides the interval's.
     pub checkpoint_requests: watch::Receiver<u64>,
 }
 
-impl<S: Shard> PartitionWorker<S> {
+impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
     /// Processes batches and checkpoints every `checkpoint_interval` until the queue closes,
     /// then checkpoints a last time (which waits for every delivery).
     pub async fn run(
@@ -310,7 +288,7 @@ impl<S: Shard> PartitionWorker<S> {
                 instance,
                 task,
                 deadline,
-                self.sink.limits().output_bytes_max,
+                self.sink.output_bytes_max(),
             )));
         }
         self.stats
@@ -532,12 +510,14 @@ impl<S: Shard> PartitionWorker<S> {
         // acknowledged before the checkpoint commits their offsets. (Exactly-once: the
         // transaction commit flushes them; waiting here could hang on a fenced producer whose
         // deliveries only fail at `message.timeout.ms`.)
-        if matches!(self.decision, Decision::Manifest) {
+        let transactional = self.sink.transactional();
+        if !transactional {
             self.drain_sink().await?;
         }
-        let decided_by = match self.decision {
-            Decision::Manifest => DecidedBy::Manifest,
-            Decision::Transaction { .. } => DecidedBy::Transaction,
+        let decided_by = if transactional {
+            DecidedBy::Transaction
+        } else {
+            DecidedBy::Manifest
         };
         match self.shard.checkpoint(&self.offsets, decided_by).await {
             Ok(report) => {
@@ -549,20 +529,30 @@ impl<S: Shard> PartitionWorker<S> {
                     self.dirty = false;
                     return Ok(()); // the shard keeps no durable state
                 };
-                if let Decision::Transaction { producer, consumer } = &self.decision {
-                    // Handles cloned: no borrow of `self` (its instance is not `Sync`) may
-                    // live across the await.
-                    commit_transaction(
-                        self.partition,
-                        &self.offsets,
-                        self.stats.clone(),
-                        producer.clone(),
-                        consumer.clone(),
-                        report.version,
-                    )
-                    .await?;
-                    // Committed: every delivery has completed; forget them.
-                    self.drain_sink().await?;
+                if transactional {
+                    // docs/checkpoints.md step 8: the transaction decides.
+                    let partition = self.partition;
+                    match self
+                        .sink
+                        .commit(partition, &self.offsets, report.version)
+                        .await
+                    {
+                        Ok(()) => {}
+                        Err(CommitError::Fenced(source)) => {
+                            self.stats
+                                .checkpoints_fenced
+                                .fetch_add(1, Ordering::Relaxed);
+                            tracing::warn!(partition, error = %source, "transaction refused: another owner took the shard's transactional identity over; closing it");
+                            return Err(WorkerError::Fenced { partition });
+                        }
+                        Err(CommitError::Failed(source)) => {
+                            self.stats
+                                .checkpoint_failures
+                                .fetch_add(1, Ordering::Relaxed);
+                            tracing::warn!(partition, error = %source, "checkpoint transaction failed; reopening the shard from its last decided checkpoint");
+                            return Err(WorkerError::Transaction { partition, source });
+                        }
+                    }
                 }
                 self.dirty = false;
                 self.shard.checkpoint_decided(report.version);
@@ -589,8 +579,9 @@ impl<S: Shard> PartitionWorker<S> {
                     state_bytes = report.state_bytes,
                     "checkpoint committed"
                 );
-                if matches!(self.decision, Decision::Manifest) {
-                    // The consumer loop may be gone at shutdown; Kafka's copy is informational.
+                if !transactional {
+                    // The consumer loop may be gone at shutdown; the group's copy is
+                    // informational.
                     let _ = self
                         .checkpointed
                         .send((self.partition, self.offsets.clone()));
@@ -720,12 +711,14 @@ impl<S: Shard> PartitionWorker<S> {
     /// reopened from its decided checkpoint, as after a failed commit — not a pipeline failure.
     fn sink_failed(&self, source: SinkError) -> WorkerError {
         let partition = self.partition;
-        match (&self.decision, source) {
-            (Decision::Transaction { .. }, SinkError::Delivery { source, .. }) => {
-                tracing::warn!(partition, error = %source, "output failed in the open transaction; reopening the shard from its last decided checkpoint");
-                WorkerError::Transaction { partition, source }
+        if self.sink.transactional() {
+            tracing::warn!(partition, error = %source, "output failed in the open transaction; reopening the shard from its last decided checkpoint");
+            WorkerError::Transaction {
+                partition,
+                source: Box::new(source),
             }
-            (Decision::Manifest, source) => WorkerError::Sink { partition, source },
+        } else {
+            WorkerError::Sink { partition, source }
         }
     }
 }
@@ -733,74 +726,4 @@ impl<S: Shard> PartitionWorker<S> {
 /// The first line of `text`: a trap's cause, without the wasm backtrace that follows it.
 fn first_line(text: &str) -> &str {
     text.lines().next().unwrap_or_default()
-}
-
-/// Whether a transactional producer's error means another owner took over (its producer
-/// fenced ours, or the consumer group moved on to a newer generation).
-fn is_fenced(error: &KafkaError) -> bool {
-    let code = match error {
-        KafkaError::Transaction(e) => e.code(),
-        other => match other.rdkafka_error_code() {
-            Some(code) => code,
-            None => return false,
-        },
-    };
-    matches!(
-        code,
-        RDKafkaErrorCode::ProducerFenced
-            | RDKafkaErrorCode::InvalidProducerEpoch
-            | RDKafkaErrorCode::Fenced
-            | RDKafkaErrorCode::FencedInstanceId
-            | RDKafkaErrorCode::IllegalGeneration
-            | RDKafkaErrorCode::UnknownMemberId
-    )
-}
-
-/// Exactly-once (docs/checkpoints.md step 8): commits the open transaction — the outputs
-/// since the last checkpoint — with the input offsets and `version` in their metadata, then
-/// begins the next one. Any failure ends the worker: fenced when another producer took the
-/// `transactional.id` over, else the shard must be reopened from its decided checkpoint.
-async fn commit_transaction(
-    partition: i32,
-    input: &InputOffsets,
-    stats: Arc<PipelineStats>,
-    producer: FutureProducer,
-    consumer: Arc<SourceConsumer>,
-    version: u64,
-) -> Result<(), WorkerError> {
-    let mut offsets = TopicPartitionList::new();
-    for (topic, next) in input.iter() {
-        offsets
-            .add_partition_offset(topic, partition, Offset::Offset(next))
-            .and_then(|()| {
-                offsets
-                    .find_partition(topic, partition)
-                    .map(|mut e| e.set_metadata(manifest_metadata(version)))
-                    .ok_or(KafkaError::Global(RDKafkaErrorCode::UnknownPartition))
-            })
-            .map_err(|source| WorkerError::Transaction { partition, source })?;
-    }
-    let committed = tokio::task::spawn_blocking(move || {
-        let group = consumer
-            .group_metadata()
-            .ok_or(KafkaError::Global(RDKafkaErrorCode::State))?;
-        producer.send_offsets_to_transaction(&offsets, &group, TRANSACTION_TIMEOUT)?;
-        producer.commit_transaction(TRANSACTION_TIMEOUT)?;
-        producer.begin_transaction()
-    })
-    .await
-    .unwrap_or(Err(KafkaError::Canceled));
-    match committed {
-        Ok(()) => Ok(()),
-        Err(source) if is_fenced(&source) => {
-            stats.checkpoints_fenced.fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(partition, error = %source, "transaction refused: another producer owns the shard's transactional.id; closing it");
-            Err(WorkerError::Fenced { partition })
-        }
-        Err(source) => {
-            stats.checkpoint_failures.fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(partition, error = %source, "checkpoint transaction failed; reopening the shard from its last decided checkpoint");
-            Err(WorkerError::Transaction { partition, source })
-        }
-    }
 }

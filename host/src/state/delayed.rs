@@ -1,11 +1,14 @@
 //! [`DelayedReads`]: a state backend whose reads wait first, as reads that miss the caches and
 //! go to object storage do. For the execution-controller benchmark and tests: the delay is
-//! the only thing it adds; writes and checkpoints pass straight through.
+//! the only thing it adds, besides an outage a test can switch on per partition (its reads
+//! fail as unavailable); writes and checkpoints pass straight through.
 
 use super::checkpoint::{CheckpointError, CheckpointReport, DecidedBy, InputOffsets};
 use super::{Recovery, Shard, ShardId, StateBackend, StateError, StateWrite};
 use bytes::Bytes;
+use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// How long each read (`get`, `get_many`, `scan`) waits.
@@ -23,12 +26,29 @@ pub enum ReadDelay {
 pub struct DelayedReads<B> {
     inner: B,
     delay: ReadDelay,
+    /// Partitions whose reads fail as [`StateError::Unavailable`].
+    unavailable: Arc<Mutex<BTreeSet<i32>>>,
 }
 
 impl<B> DelayedReads<B> {
     /// Wraps `inner`.
     pub fn new(inner: B, delay: ReadDelay) -> Self {
-        Self { inner, delay }
+        Self {
+            inner,
+            delay,
+            unavailable: Arc::default(),
+        }
+    }
+
+    /// Makes the reads of `partition`'s shards fail as [`StateError::Unavailable`] (after
+    /// their delay) while `down`, as a store outage does.
+    pub fn set_unavailable(&self, partition: i32, down: bool) {
+        let mut unavailable = self.unavailable.lock().unwrap_or_else(|e| e.into_inner());
+        if down {
+            unavailable.insert(partition);
+        } else {
+            unavailable.remove(&partition);
+        }
     }
 }
 
@@ -38,10 +58,29 @@ pub struct DelayedShard<S> {
     inner: S,
     delay: ReadDelay,
     reads: AtomicU64,
+    partition: i32,
+    unavailable: Arc<Mutex<BTreeSet<i32>>>,
 }
 
 impl<S> DelayedShard<S> {
-    async fn wait(&self) {
+    /// Waits the read's delay, then fails it if the partition is in an outage.
+    async fn wait(&self) -> Result<(), StateError> {
+        self.delay().await;
+        let down = self
+            .unavailable
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(&self.partition);
+        match down {
+            true => Err(StateError::Unavailable {
+                shard: format!("delayed/{}", self.partition),
+                source: "injected outage".into(),
+            }),
+            false => Ok(()),
+        }
+    }
+
+    async fn delay(&self) {
         let delay = match self.delay {
             ReadDelay::Fixed(delay) => delay,
             ReadDelay::UpTo(max) => {
@@ -82,18 +121,20 @@ impl<B: StateBackend> StateBackend for DelayedReads<B> {
             delay: self.delay,
             // Each partition its own sequence.
             reads: AtomicU64::new(u64::from(id.partition.unsigned_abs()) << 32),
+            partition: id.partition,
+            unavailable: self.unavailable.clone(),
         })
     }
 }
 
 impl<S: Shard> Shard for DelayedShard<S> {
     async fn get(&self, key: &[u8]) -> Result<Option<Bytes>, StateError> {
-        self.wait().await;
+        self.wait().await?;
         self.inner.get(key).await
     }
 
     async fn get_many(&self, keys: &[Vec<u8>]) -> Result<Vec<Option<Bytes>>, StateError> {
-        self.wait().await;
+        self.wait().await?;
         self.inner.get_many(keys).await
     }
 
@@ -103,7 +144,7 @@ impl<S: Shard> Shard for DelayedShard<S> {
         start_after: Option<&[u8]>,
         limit: usize,
     ) -> Result<Vec<(Vec<u8>, Bytes)>, StateError> {
-        self.wait().await;
+        self.wait().await?;
         self.inner.scan(prefix, start_after, limit).await
     }
 

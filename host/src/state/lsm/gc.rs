@@ -1,5 +1,5 @@
-//! Garbage collection of a shard's objects, run by the shard's owner (DESIGN.md, checkpoint
-//! protocol step 5).
+//! Garbage collection of a shard's objects, run by the shard's owner (docs/checkpoints.md,
+//! "Taking a checkpoint" step 6).
 //!
 //! Kept: the manifest versions [`retained_versions`] keeps — every version from the oldest of
 //! the last `retained_checkpoints` usable checkpoints upwards (claims, undecided, rejected and

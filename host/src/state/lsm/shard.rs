@@ -1,6 +1,6 @@
 //! [`LsmShard`]: a shard of the `lsm` backend as its owner holds it — the tree, the claim it
 //! was opened under, and the two halves of the checkpoint protocol that live in the state layer
-//! (DESIGN.md, "Checkpoint protocol" steps 2, 3 and 5, and "Recovery" steps 2 and 3):
+//! (docs/checkpoints.md, "Taking a checkpoint" steps 3, 5 and 6, and "Recovery" steps 3 and 4):
 //!
 //! - [`recover`]: find the checkpoint to resume from with the walk both backends share
 //!   ([`Walk`]): the newest usable one; an older retained one only past *provable*
@@ -269,7 +269,7 @@ impl LsmShard {
         })
     }
 
-    /// Starts a GC pass in the background (DESIGN.md checkpoint step 5) unless the previous
+    /// Starts a GC pass in the background (docs/checkpoints.md, checkpoint step 6) unless the previous
     /// one is still running; a failed pass is logged and the next checkpoint's runs again.
     fn start_gc(&self, protected: Protected, now_ms: u64) {
         let mut slot = self.gc_task.lock().unwrap_or_else(|e| e.into_inner());

@@ -7,7 +7,7 @@
 //! the JSON of [`Manifest`] (our own type, versioned by [`FORMAT_VERSION`] and frozen by a
 //! snapshot test). Versions are never overwritten.
 //!
-//! # Commit (see also DESIGN.md, "Checkpoint protocol", step 3)
+//! # Commit (docs/checkpoints.md, "Taking a checkpoint" step 5)
 //! 1. PUT version `v` create-only (`PutMode::Create`).
 //! 2. `object_store` reports both 412 (someone created it) and 409 (a concurrent operation,
 //!    nothing written) as `AlreadyExists`, and an acknowledgement can be lost: on

@@ -15,7 +15,7 @@
 //! Each is logged as an `audit = true` line and counted in `weir_checkpoint_fallbacks_total`,
 //! and returned in [`Found::rejected`] for the claim to record durably.
 //!
-//! Decided (DESIGN.md, "Checkpoint protocol"): a manifest-decided checkpoint always; a
+//! Decided (docs/checkpoints.md, "Delivery guarantees"): a manifest-decided checkpoint always; a
 //! transaction-decided one when Kafka's committed offsets name it, or — after a fallback past
 //! the named one — when it is older than that and a later version names it as its parent (a
 //! writer goes on from a checkpoint, and a claim starts from one, only once it is decided).

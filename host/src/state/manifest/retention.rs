@@ -1,5 +1,5 @@
-//! Which manifest versions of a shard GC keeps: one rule for both backends (DESIGN.md,
-//! "Checkpoint protocol" step 5; docs/checkpoints.md, "Taking a checkpoint" step 6).
+//! Which manifest versions of a shard GC keeps: one rule for both backends
+//! (docs/checkpoints.md, "Taking a checkpoint" step 6).
 //!
 //! Walking from the newest version down, the last `retained` *usable* checkpoints are counted:
 //! decided (a manifest-decided checkpoint; a transaction-decided one that the owner knows is

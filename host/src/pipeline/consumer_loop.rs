@@ -1,0 +1,688 @@
+//! The consumer loop of one pipeline run: takes records and rebalances from the
+//! [`Source`], hands each partition's records to its worker in batches, pauses a partition
+//! whose worker is stalled, opens shards of assigned partitions ([`super::open`]), closes
+//! those of revoked ones, commits checkpointed offsets to the consumer group, and drains at
+//! shutdown (docs/checkpoints.md, "Recovery" and "Rebalance").
+
+use super::attempt;
+use super::open::{Opened, Opening};
+use super::ports::{Fetched, GroupOffsets, Output, Source};
+use super::worker::{PartitionWorker, WorkerError};
+use super::{PartitionProblem, PartitionState, PipelineControl, PipelineError, PipelineStats};
+use crate::config::Settings;
+use crate::runtime::{InputRecord, Operator};
+use crate::state::StateBackend;
+use crate::state::checkpoint::InputOffsets;
+use std::collections::{HashMap, HashSet};
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+/// How often a paused partition's pending records are offered to its worker again, and how
+/// often the loop looks at shards being opened or closed while it has nothing else to do.
+const PAUSED_RETRY_INTERVAL: Duration = Duration::from_millis(5);
+
+/// How often the consumer loop, waiting for room in a worker's queue, checks whether the
+/// worker is stalled by an outage (and the partition should be paused instead).
+const STALL_CHECK_INTERVAL: Duration = Duration::from_millis(50);
+
+/// How long a partition whose shard another owner claimed stays paused before this host tries
+/// to open it again (a rebalance that revokes it ends the wait sooner).
+const FENCED_HOLD: Duration = Duration::from_secs(10);
+
+/// How long after a failed shard open (store unavailable) it is tried again.
+pub(super) const OPEN_RETRY_DELAY: Duration = Duration::from_secs(1);
+
+/// First wait before a shard with no usable checkpoint left is tried again; doubles up to
+/// [`NO_CHECKPOINT_RETRY_MAX`].
+pub(super) const NO_CHECKPOINT_RETRY_MIN: Duration = Duration::from_secs(5);
+
+/// Longest wait between tries of a shard with no usable checkpoint left.
+pub(super) const NO_CHECKPOINT_RETRY_MAX: Duration = Duration::from_secs(300);
+
+/// Longest wait before a shard whose transactions keep failing is reopened (exactly-once).
+const TRANSACTION_BACKOFF_MAX: Duration = Duration::from_secs(60);
+
+/// How often the partitions' high watermarks are read for their progress (lag).
+const WATERMARKS_INTERVAL: Duration = Duration::from_secs(1);
+
+pub(super) struct WorkerHandle {
+    tx: mpsc::Sender<Vec<InputRecord>>,
+    /// Set by the worker while it backs off from a state outage.
+    stalled: Arc<AtomicBool>,
+    /// Set by the worker's sink while it waits to send a refused record again.
+    sink_stalled: Arc<AtomicBool>,
+    /// Set by the loop when the partition is revoked.
+    revoked: Arc<AtomicBool>,
+    task: JoinHandle<Result<(), WorkerError>>,
+}
+
+/// The flags a partition's worker shares with the loop (and its sink's guard).
+#[derive(Debug, Clone, Default)]
+pub(super) struct Flags {
+    /// Set by the worker while it backs off from a state outage.
+    pub stalled: Arc<AtomicBool>,
+    /// Set by the worker's sink while it waits to send a refused record again.
+    pub sink_stalled: Arc<AtomicBool>,
+    /// Set by the loop when the partition is revoked.
+    pub revoked: Arc<AtomicBool>,
+}
+
+/// Everything a running pipeline holds.
+///
+/// A partition's life on this host (docs/checkpoints.md, "Recovery" and "Rebalance"): its first
+/// fetched record finds no worker → the partition is paused and its shard opened in the
+/// background ([`Opening`]) → the consumer is seeked to the checkpoint's offsets, the worker
+/// starts and the partition resumes → on revoke the worker drops what is queued, checkpoints
+/// and ends ([`Running::closing`]); the partition is not opened again here before that ends.
+pub(super) struct Running<B: StateBackend, Src: Source, Out: Output> {
+    pub(super) settings: Settings,
+    pub(super) backend: Arc<B>,
+    pub(super) operator: Arc<Operator<B::Shard>>,
+    pub(super) stats: Arc<PipelineStats>,
+    /// Where records and rebalances come from.
+    pub(super) source: Arc<Src>,
+    /// Where each partition's outputs go.
+    pub(super) output: Arc<Out>,
+    pub(super) workers: HashMap<i32, WorkerHandle>,
+    pub(super) opening: HashMap<i32, Opening<B::Shard, Out::Sink>>,
+    /// Workers of revoked partitions, finishing their last checkpoint, and when they were
+    /// revoked.
+    pub(super) closing: HashMap<i32, (Instant, JoinHandle<Result<(), WorkerError>>)>,
+    /// Partitions not to open before the instant (fenced, or a failed open).
+    pub(super) hold: HashMap<i32, Instant>,
+    /// Records fetched but not yet handed to their partition's worker.
+    pub(super) pending: HashMap<i32, Vec<InputRecord>>,
+    /// Partitions paused at the consumer: their worker's queue is full, or it is not running
+    /// yet.
+    pub(super) paused: HashSet<i32>,
+    /// Offsets of committed checkpoints, from the workers, to commit to Kafka.
+    pub(super) checkpointed_tx: mpsc::UnboundedSender<(i32, InputOffsets)>,
+    pub(super) checkpointed_rx: mpsc::UnboundedReceiver<(i32, InputOffsets)>,
+    /// Received from `checkpointed_rx`, not yet committed.
+    pub(super) checkpointed: Vec<(i32, InputOffsets)>,
+    /// Notified when a worker ends, so that the loop reacts (a fenced or failed shard is
+    /// reopened) without waiting for a record.
+    pub(super) worker_ended: Arc<tokio::sync::Notify>,
+    pub(super) control: PipelineControl,
+    /// When the input's high watermarks were last copied into the partitions' progress.
+    pub(super) watermarks_read: Instant,
+    /// What each partition's last worker here found corrupt: its next open falls back past
+    /// the checkpoints it makes unusable (docs/checkpoints.md, "Corruption").
+    pub(super) corruption: HashMap<i32, crate::state::KnownCorruption>,
+    /// The next wait of partitions whose open found no usable checkpoint.
+    pub(super) open_backoff: HashMap<i32, Duration>,
+    /// The next wait before reopening a partition whose transaction failed, and when it last
+    /// did (exactly-once).
+    pub(super) transaction_backoff: HashMap<i32, (Duration, Instant)>,
+}
+
+impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
+    /// A pipeline run over `source` and `output`, with nothing assigned yet.
+    pub(super) fn new(
+        settings: Settings,
+        backend: Arc<B>,
+        operator: Arc<Operator<B::Shard>>,
+        stats: Arc<PipelineStats>,
+        control: PipelineControl,
+        source: Arc<Src>,
+        output: Arc<Out>,
+    ) -> Self {
+        let (checkpointed_tx, checkpointed_rx) = mpsc::unbounded_channel();
+        Self {
+            settings,
+            backend,
+            operator,
+            stats,
+            source,
+            output,
+            workers: HashMap::new(),
+            opening: HashMap::new(),
+            closing: HashMap::new(),
+            hold: HashMap::new(),
+            pending: HashMap::new(),
+            paused: HashSet::new(),
+            checkpointed_tx,
+            checkpointed_rx,
+            checkpointed: Vec::new(),
+            worker_ended: Arc::new(tokio::sync::Notify::new()),
+            control,
+            watermarks_read: Instant::now(),
+            corruption: HashMap::new(),
+            open_backoff: HashMap::new(),
+            transaction_backoff: HashMap::new(),
+        }
+    }
+}
+
+impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
+    /// Takes records and rebalances from the source until `shutdown` completes or a worker
+    /// fails.
+    pub(super) async fn consume(
+        &mut self,
+        shutdown: impl Future<Output = ()>,
+    ) -> Result<(), PipelineError> {
+        let batch_max = self.settings.runtime.batch_records_max;
+        let mut shutdown = std::pin::pin!(shutdown);
+        let source = self.source.clone();
+        loop {
+            // While a partition is paused or a shard is changing hands, wake up now and then.
+            let retry = !self.paused.is_empty() || !self.closing.is_empty();
+            let first = tokio::select! {
+                biased;
+                () = &mut shutdown => return Ok(()),
+                fetched = source.recv() => Some(fetched),
+                // A rebalance must be acted on even when no record follows it.
+                () = source.rebalanced() => None,
+                () = self.worker_ended.notified() => None,
+                // A checkpoint's offsets, to commit to Kafka while the input is quiet.
+                Some(done) = self.checkpointed_rx.recv() => {
+                    self.checkpointed.push(done);
+                    None
+                }
+                () = tokio::time::sleep(PAUSED_RETRY_INTERVAL), if retry => None,
+                // Now and then, to refresh the partitions' lag while the input is quiet.
+                () = tokio::time::sleep_until(self.watermarks_read + WATERMARKS_INTERVAL) => None,
+            };
+            if let Some(fetched) = first {
+                self.take(fetched).await?;
+                // Take what is already fetched without waiting, then hand out partial batches
+                // so that a quiet partition's records are not held back.
+                for _ in 0..batch_max.saturating_mul(4) {
+                    match source.try_recv() {
+                        Some(fetched) => self.take(fetched).await?,
+                        None => break,
+                    }
+                }
+            }
+            self.drop_revoked();
+            self.pause_assigned();
+            self.tend_shards().await?;
+            if self.watermarks_read.elapsed() >= WATERMARKS_INTERVAL {
+                self.watermarks_read = Instant::now();
+                self.read_high_watermarks();
+            }
+            let partitions: Vec<i32> = self.pending.keys().copied().collect();
+            for partition in partitions {
+                self.send_pending(partition, true).await?;
+            }
+        }
+    }
+
+    /// Queues one fetched record for its partition's worker. Revocations are applied first:
+    /// the source reports a revoke before any record fetched after it, so a record is never
+    /// queued behind a revoked partition's leftovers.
+    async fn take(&mut self, fetched: Fetched) -> Result<(), PipelineError> {
+        self.drop_revoked();
+        let record = match fetched {
+            Fetched::Record(record) => record,
+            Fetched::Error(err) => {
+                // The source reports broker trouble here and keeps retrying on its own.
+                tracing::warn!(error = %err, "consumer error");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                return Ok(());
+            }
+        };
+        let partition = record.partition;
+        let batch = self.pending.entry(partition).or_default();
+        batch.push(record);
+        if batch.len() >= self.settings.runtime.batch_records_max
+            && !self.paused.contains(&partition)
+        {
+            self.send_pending(partition, true).await?;
+        }
+        Ok(())
+    }
+
+    /// Forgets revoked partitions: fetched records dropped, a shard being opened abandoned, a
+    /// running worker told to drop its queue, checkpoint and end (it moves to `closing`).
+    fn drop_revoked(&mut self) {
+        for partition in self.source.take_revoked() {
+            self.pending.remove(&partition);
+            self.paused.remove(&partition);
+            self.hold.remove(&partition);
+            self.open_backoff.remove(&partition);
+            if let Some(opening) = self.opening.remove(&partition) {
+                opening.abort();
+            }
+            if let Some(worker) = self.workers.remove(&partition) {
+                worker.revoked.store(true, Ordering::Relaxed);
+                drop(worker.tx);
+                if let Some((_, older)) = self
+                    .closing
+                    .insert(partition, (Instant::now(), worker.task))
+                {
+                    older.abort();
+                }
+            }
+        }
+    }
+
+    /// Pauses newly assigned partitions that have no shard yet: `tend_shards` opens their
+    /// shards right away (recovery does not wait for a first record) and resumes them after
+    /// the seek.
+    fn pause_assigned(&mut self) {
+        for partition in self.source.take_assigned() {
+            let busy =
+                self.workers.contains_key(&partition) || self.opening.contains_key(&partition);
+            if !busy && self.paused.insert(partition) {
+                self.set_paused(partition, true);
+            }
+        }
+    }
+
+    /// Moves shards along their life: reaps closed and failed workers, starts opening shards
+    /// for paused partitions that have none, finishes opens (seek, start the worker, resume),
+    /// and commits checkpointed offsets to Kafka.
+    async fn tend_shards(&mut self) -> Result<(), PipelineError> {
+        let closed: Vec<i32> = self
+            .closing
+            .iter()
+            .filter(|(_, (_, task))| task.is_finished())
+            .map(|(p, _)| *p)
+            .collect();
+        for partition in closed {
+            if let Some((revoked_at, task)) = self.closing.remove(&partition) {
+                let ms = revoked_at.elapsed().as_millis() as u64;
+                self.stats.shards_closed.fetch_add(1, Ordering::Relaxed);
+                self.stats.forget_partition(partition);
+                match task.await {
+                    Ok(Ok(())) => tracing::info!(partition, ms, "revoked partition closed"),
+                    Ok(Err(err)) => {
+                        tracing::warn!(partition, ms, error = %err, "revoked partition closed with an error; the next owner resumes from its last checkpoint")
+                    }
+                    Err(_) => return Err(PipelineError::WorkerPanicked(partition)),
+                }
+            }
+        }
+        let ended: Vec<i32> = self
+            .workers
+            .iter()
+            .filter(|(_, w)| w.task.is_finished())
+            .map(|(p, _)| *p)
+            .collect();
+        for partition in ended {
+            self.worker_ended(partition).await?;
+        }
+        let now = Instant::now();
+        self.hold.retain(|_, until| *until > now);
+        let waiting: Vec<i32> = self
+            .paused
+            .iter()
+            .copied()
+            .filter(|p| {
+                !self.workers.contains_key(p)
+                    && !self.opening.contains_key(p)
+                    && !self.closing.contains_key(p)
+                    && !self.hold.contains_key(p)
+            })
+            .collect();
+        for partition in waiting {
+            self.start_opening(partition);
+        }
+        let opened: Vec<i32> = self
+            .opening
+            .iter()
+            .filter(|(_, o)| o.is_finished())
+            .map(|(p, _)| *p)
+            .collect();
+        for partition in opened {
+            self.finish_opening(partition).await?;
+        }
+        self.commit_checkpointed();
+        Ok(())
+    }
+
+    /// Copies the input topics' high watermarks of the partitions run here into their
+    /// progress (as the source last saw them: no request is made).
+    fn read_high_watermarks(&self) {
+        for &partition in self.workers.keys() {
+            let highs = self
+                .settings
+                .pipeline
+                .input_topics
+                .iter()
+                .map(|topic| {
+                    let high = self.source.high_watermark(topic, partition).unwrap_or(-1);
+                    (topic.clone(), high)
+                })
+                .collect();
+            self.stats.record_high_watermarks(partition, highs);
+        }
+    }
+
+    /// Commits (asynchronously) the offsets of checkpoints committed since the last call, for
+    /// partitions still owned — never one whose revoke reached this loop: its next owner
+    /// commits what it recovers (S1). Informational — lag and tooling read them; recovery reads
+    /// the checkpoint — so a failure is only logged.
+    fn commit_checkpointed(&mut self) {
+        let owned: HashSet<i32> = self.workers.keys().copied().collect();
+        self.commit_offsets(&owned, false);
+    }
+
+    /// Commits the newest checkpointed offsets received for the `owned` partitions (later
+    /// checkpoints replace earlier ones) and forgets the others'.
+    fn commit_offsets(&mut self, owned: &HashSet<i32>, wait: bool) {
+        while let Ok(done) = self.checkpointed_rx.try_recv() {
+            self.checkpointed.push(done);
+        }
+        let mut newest = GroupOffsets::new();
+        for (partition, offsets) in std::mem::take(&mut self.checkpointed) {
+            if owned.contains(&partition) {
+                for (topic, next) in offsets.iter() {
+                    newest.insert((topic.to_owned(), partition), next);
+                }
+            }
+        }
+        if !newest.is_empty()
+            && let Err(err) = self.source.commit(&newest, wait)
+        {
+            tracing::warn!(error = %err, "cannot commit checkpointed offsets to the consumer group");
+        }
+    }
+
+    /// Hands the partition's pending records to its worker in batches of at most
+    /// `batch_records_max`. A partition without a running worker is paused and keeps its
+    /// records until its shard is open. A busy worker gets plain backpressure (this waits for
+    /// room); a worker backing off from a state outage gets its partition paused at the
+    /// consumer instead, the records stay pending and the other partitions go on; it is resumed
+    /// once everything is handed over. Not `live` (when draining), waits for room as long as
+    /// it takes.
+    async fn send_pending(&mut self, partition: i32, live: bool) -> Result<(), PipelineError> {
+        let Some(worker) = self.workers.get(&partition) else {
+            if live && self.paused.insert(partition) {
+                self.set_paused(partition, true);
+            }
+            return Ok(());
+        };
+        let (tx, stalled, sink_stalled) = (
+            worker.tx.clone(),
+            worker.stalled.clone(),
+            worker.sink_stalled.clone(),
+        );
+        let Some(mut records) = self.pending.remove(&partition) else {
+            return Ok(());
+        };
+        let batch_max = self.settings.runtime.batch_records_max;
+        while !records.is_empty() {
+            let permit = match live {
+                false => tx.reserve().await.ok(),
+                true if self.paused.contains(&partition) => match tx.try_reserve() {
+                    Ok(permit) => Some(permit),
+                    Err(mpsc::error::TrySendError::Full(())) => {
+                        self.pending.insert(partition, records);
+                        return Ok(());
+                    }
+                    Err(mpsc::error::TrySendError::Closed(())) => None,
+                },
+                true => loop {
+                    match tokio::time::timeout(STALL_CHECK_INTERVAL, tx.reserve()).await {
+                        Ok(permit) => break permit.ok(),
+                        Err(_still_full)
+                            if stalled.load(Ordering::Relaxed)
+                                || sink_stalled.load(Ordering::Relaxed) =>
+                        {
+                            self.pending.insert(partition, records);
+                            self.paused.insert(partition);
+                            self.set_paused(partition, true);
+                            return Ok(());
+                        }
+                        Err(_still_full) => {}
+                    }
+                },
+            };
+            let Some(permit) = permit else {
+                // The worker's queue is closed: it ended. Find out why.
+                return if live {
+                    self.worker_ended(partition).await
+                } else {
+                    Err(self.worker_failure(partition).await)
+                };
+            };
+            let rest = records.split_off(records.len().min(batch_max));
+            permit.send(std::mem::replace(&mut records, rest));
+        }
+        if live && self.paused.remove(&partition) {
+            self.set_paused(partition, false);
+        }
+        Ok(())
+    }
+
+    /// A worker ended on its own. Fenced: another owner claimed the shard, so this host drops
+    /// the partition's records and pauses it for [`FENCED_HOLD`] (a rebalance will normally
+    /// revoke it meanwhile). A failed transaction: the same, for [`OPEN_RETRY_DELAY`], then the
+    /// shard is reopened from its decided checkpoint. Corrupt state: the same, and the shard is
+    /// reopened from a checkpoint that does not reference what was found corrupt. Anything
+    /// else stops the pipeline.
+    async fn worker_ended(&mut self, partition: i32) -> Result<(), PipelineError> {
+        match self.worker_failure(partition).await {
+            PipelineError::Worker(WorkerError::Corrupt {
+                opened_from,
+                source,
+                ..
+            }) => {
+                let known = self.corruption.entry(partition).or_default();
+                known.add(&source, opened_from);
+                self.stats.set_problem(
+                    partition,
+                    Some(PartitionProblem {
+                        state: PartitionState::Paused,
+                        reason: format!(
+                            "falling back to an older checkpoint: {}",
+                            crate::error::Chain(&source)
+                        ),
+                    }),
+                );
+                self.pending.remove(&partition);
+                self.hold
+                    .insert(partition, Instant::now() + OPEN_RETRY_DELAY);
+                if self.paused.insert(partition) {
+                    self.set_paused(partition, true);
+                }
+                Ok(())
+            }
+            PipelineError::Worker(
+                ref err @ (WorkerError::Fenced { .. } | WorkerError::Transaction { .. }),
+            ) => {
+                let hold = match err {
+                    WorkerError::Fenced { .. } => FENCED_HOLD,
+                    _ => {
+                        // A transaction that keeps failing (its outputs refused) reopens the
+                        // shard less and less often, and says so in the partition's status.
+                        let now = Instant::now();
+                        let (wait, last) = self
+                            .transaction_backoff
+                            .get(&partition)
+                            .copied()
+                            .unwrap_or((OPEN_RETRY_DELAY, now));
+                        let wait = if now.duration_since(last) < TRANSACTION_BACKOFF_MAX * 2 {
+                            wait
+                        } else {
+                            OPEN_RETRY_DELAY
+                        };
+                        self.transaction_backoff
+                            .insert(partition, ((wait * 2).min(TRANSACTION_BACKOFF_MAX), now));
+                        self.stats.set_problem(
+                            partition,
+                            Some(PartitionProblem {
+                                state: PartitionState::Paused,
+                                reason: format!(
+                                    "the exactly-once transaction was lost ({}); reopening from the last decided checkpoint in {wait:?}",
+                                    crate::error::Chain(err)
+                                ),
+                            }),
+                        );
+                        wait
+                    }
+                };
+                self.pending.remove(&partition);
+                self.hold.insert(partition, Instant::now() + hold);
+                if self.paused.insert(partition) {
+                    self.set_paused(partition, true);
+                }
+                Ok(())
+            }
+            other => Err(other),
+        }
+    }
+
+    /// Pauses or resumes fetching of `partition` of every input topic.
+    pub(super) fn set_paused(&self, partition: i32, paused: bool) {
+        let result = self.source.set_paused(partition, paused);
+        if paused {
+            self.stats.partition_pauses.fetch_add(1, Ordering::Relaxed);
+        }
+        match result {
+            Ok(()) => tracing::debug!(partition, paused, "partition fetch state changed"),
+            Err(err) => {
+                tracing::warn!(partition, paused, error = %err, "cannot change partition fetch state")
+            }
+        }
+    }
+
+    /// Starts the worker of `partition` over its opened `shard` and `sink`, resuming from
+    /// `offsets`, with the `flags` its sink's guard already shares.
+    pub(super) fn start_worker(
+        &mut self,
+        partition: i32,
+        opened: Opened<B::Shard, Out::Sink>,
+        offsets: InputOffsets,
+        opened_at: Instant,
+    ) {
+        let (tx, rx) = mpsc::channel(self.settings.runtime.partition_queue_batches_max);
+        let Opened { shard, sink, flags } = opened;
+        let worker = PartitionWorker {
+            partition,
+            operator: self.operator.clone(),
+            shard: Arc::new(shard),
+            sink,
+            settings: self.settings.runtime.clone(),
+            stats: self.stats.clone(),
+            source: format!("{}/{}", self.settings.pipeline.name, partition).into(),
+            execution: attempt::Execution::new(
+                self.settings.pipeline.in_flight_max,
+                &self.settings.runtime,
+                self.stats.clone(),
+            ),
+            stalled: flags.stalled.clone(),
+            revoked: flags.revoked.clone(),
+            admitted: offsets.clone(),
+            offsets,
+            dirty: false,
+            checkpoint_interval: self.settings.pipeline.checkpoint_interval,
+            opened_at: Some(opened_at),
+            checkpointed: self.checkpointed_tx.clone(),
+            failure_policy: self.settings.pipeline.failure_policy,
+            checkpoint_requests: self.control.checkpoint_requests.clone(),
+        };
+        let ended = self.worker_ended.clone();
+        let task = tokio::spawn(async move {
+            let result = worker.run(rx).await;
+            ended.notify_one();
+            result
+        });
+        self.workers.insert(
+            partition,
+            WorkerHandle {
+                tx,
+                stalled: flags.stalled,
+                sink_stalled: flags.sink_stalled,
+                revoked: flags.revoked,
+                task,
+            },
+        );
+    }
+
+    async fn worker_failure(&mut self, partition: i32) -> PipelineError {
+        match self.workers.remove(&partition) {
+            Some(worker) => match worker.task.await {
+                Ok(Err(err)) => PipelineError::Worker(err),
+                Ok(Ok(())) | Err(_) => PipelineError::WorkerPanicked(partition),
+            },
+            None => PipelineError::WorkerPanicked(partition),
+        }
+    }
+
+    /// Closes every worker's queue and waits for it to finish its batches, deliveries and last
+    /// checkpoint; waits for revoked partitions' workers too. Then commits the last
+    /// checkpoints of the partitions it still owns to the group, synchronously, before the
+    /// consumer closes (at-least-once: exactly-once committed them in their transactions).
+    pub(super) async fn drain(&mut self) -> Result<(), PipelineError> {
+        for (_, opening) in self.opening.drain() {
+            opening.abort();
+        }
+        let owned: HashSet<i32> = self.workers.keys().copied().collect();
+        let deadline = tokio::time::Instant::now() + self.settings.runtime.shutdown_drain_max;
+        match tokio::time::timeout_at(deadline, self.drain_all()).await {
+            Ok(result) => {
+                // The partitions it still owns: their last checkpoints reach the group before
+                // the consumer leaves it.
+                self.commit_offsets(&owned, true);
+                result
+            }
+            Err(_) => {
+                // A worker stuck in an outage would keep shutdown waiting forever. Nothing is
+                // lost by stopping it: no offset is committed for records it did not finish.
+                let partitions: Vec<i32> = self.workers.keys().copied().collect();
+                tracing::warn!(?partitions, max = ?self.settings.runtime.shutdown_drain_max, "shutdown: workers still busy; stopping them without finishing");
+                for (_, worker) in self.workers.drain() {
+                    worker.task.abort();
+                }
+                for (_, (_, task)) in self.closing.drain() {
+                    task.abort();
+                }
+                Err(PipelineError::DrainTimedOut(partitions))
+            }
+        }
+    }
+
+    async fn drain_all(&mut self) -> Result<(), PipelineError> {
+        let partitions: Vec<i32> = self.pending.keys().copied().collect();
+        let mut result = Ok(());
+        for partition in partitions {
+            if let Err(err) = self.send_pending(partition, false).await {
+                result = result.and(Err(err));
+            }
+        }
+        let partitions: Vec<i32> = self.workers.keys().copied().collect();
+        for partition in partitions {
+            let Some(worker) = self.workers.get_mut(&partition) else {
+                continue;
+            };
+            // Close the queue, then wait; the handle stays registered until the worker ends
+            // so that a timeout above can still abort it.
+            let (closed, _) = mpsc::channel(1);
+            drop(std::mem::replace(&mut worker.tx, closed));
+            let outcome = match (&mut worker.task).await {
+                // The partition's next owner resumes from its last decided checkpoint.
+                Ok(
+                    Ok(())
+                    | Err(
+                        WorkerError::Fenced { .. }
+                        | WorkerError::Transaction { .. }
+                        | WorkerError::Corrupt { .. },
+                    ),
+                ) => Ok(()),
+                Ok(Err(err)) => Err(PipelineError::Worker(err)),
+                Err(_) => Err(PipelineError::WorkerPanicked(partition)),
+            };
+            self.workers.remove(&partition);
+            result = result.and(outcome);
+        }
+        let partitions: Vec<i32> = self.closing.keys().copied().collect();
+        for partition in partitions {
+            let Some((_, task)) = self.closing.get_mut(&partition) else {
+                continue;
+            };
+            if let Err(_panicked) = task.await {
+                result = result.and(Err(PipelineError::WorkerPanicked(partition)));
+            }
+            self.closing.remove(&partition);
+        }
+        result
+    }
+}

@@ -1,0 +1,207 @@
+//! Opening a partition's shard (docs/checkpoints.md, "Recovery"): in the background, the sink
+//! is opened (exactly-once: the previous owner fenced, a transaction begun), the committed
+//! offsets' metadata read, the shard recovered from its newest usable decided checkpoint and
+//! claimed; then the source is seeked to the checkpoint's offsets, the worker starts and the
+//! partition resumes. A shard with no usable checkpoint left stays paused, failed in its
+//! status, and is tried again with backoff.
+
+use super::consumer_loop::{
+    Flags, NO_CHECKPOINT_RETRY_MAX, NO_CHECKPOINT_RETRY_MIN, OPEN_RETRY_DELAY, Running,
+};
+use super::ports::{DeadLetterKind, DeliveryGuard, Output, SinkError, Source, SourceError};
+use super::{PartitionProblem, PartitionState, PipelineError};
+use crate::config::Delivery;
+use crate::state::{Recovery, Shard, ShardId, StateBackend, StateError};
+use std::sync::atomic::Ordering;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+/// A shard being opened (recovered and claimed) in the background; its partition is paused.
+pub(super) struct Opening<S, K> {
+    task: JoinHandle<Result<Opened<S, K>, OpenError>>,
+    pub(super) started: Instant,
+}
+
+impl<S, K> Opening<S, K> {
+    /// Whether the open has ended.
+    pub(super) fn is_finished(&self) -> bool {
+        self.task.is_finished()
+    }
+
+    /// Gives the open up (the partition was revoked).
+    pub(super) fn abort(&self) {
+        self.task.abort();
+    }
+}
+
+/// An opened shard with its sink and the flags its worker will share.
+pub(crate) struct Opened<S, K> {
+    pub shard: S,
+    pub sink: K,
+    pub flags: Flags,
+}
+
+/// Why opening a shard failed.
+#[derive(Debug, thiserror::Error)]
+enum OpenError {
+    #[error(transparent)]
+    State(#[from] StateError),
+    #[error(transparent)]
+    Sink(#[from] SinkError),
+    #[error(transparent)]
+    Source(#[from] SourceError),
+}
+
+impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
+    /// Opens `partition`'s shard in the background (recovery and claim read the store): opens
+    /// its sink — exactly-once, fencing the previous owner and beginning a transaction — and
+    /// reads the committed offsets' metadata, which may name the checkpoint to open
+    /// (docs/checkpoints.md, "Recovery" step 3).
+    pub(super) fn start_opening(&mut self, partition: i32) {
+        let id = ShardId {
+            pipeline: self.settings.pipeline.name.clone(),
+            partition,
+        };
+        let (backend, source, output) = (
+            self.backend.clone(),
+            self.source.clone(),
+            self.output.clone(),
+        );
+        let known_corruption = self.corruption.get(&partition).cloned().unwrap_or_default();
+        let transactional = self.settings.pipeline.delivery == Delivery::ExactlyOnce;
+        let flags = Flags::default();
+        let guard = self.delivery_guard(partition, &flags);
+        let task = tokio::spawn(async move {
+            let sink = output.open(partition, transactional, guard).await?;
+            // At-least-once: the group names a checkpoint only if an exactly-once run
+            // committed one (the pipeline switched modes); manifest-decided ones count anyway.
+            let committed = source.committed_checkpoint(partition).await?;
+            let recovery = Recovery {
+                committed,
+                known_corruption,
+            };
+            let shard = backend.open_shard_at(&id, &recovery).await?;
+            Ok(Opened { shard, sink, flags })
+        });
+        self.opening.insert(
+            partition,
+            Opening {
+                task,
+                started: Instant::now(),
+            },
+        );
+    }
+
+    /// The guard of `partition`'s sink: a refused delivery pauses the partition (its worker
+    /// waits) and says why in its status; an output dead-lettered in its place is counted.
+    fn delivery_guard(&self, partition: i32, flags: &Flags) -> DeliveryGuard {
+        let (stall_flag, stall_stats) = (flags.sink_stalled.clone(), self.stats.clone());
+        let refused_stats = self.stats.clone();
+        DeliveryGuard {
+            on_stall: Box::new(move |reason| {
+                stall_flag.store(reason.is_some(), Ordering::Relaxed);
+                stall_stats.set_problem(
+                    partition,
+                    reason.map(|reason| PartitionProblem {
+                        state: PartitionState::Paused,
+                        reason,
+                    }),
+                );
+            }),
+            give_up: flags.revoked.clone(),
+            on_output_refused: Box::new(move || {
+                refused_stats.dead_lettered.fetch_add(1, Ordering::Relaxed);
+                refused_stats
+                    .metrics
+                    .dead_lettered(DeadLetterKind::OutputRefused)
+                    .increment(1);
+            }),
+        }
+    }
+
+    /// No usable checkpoint is left for `partition`'s shard: starting empty would lose its
+    /// state. The partition stays assigned and paused, failed in its status with `err`, and is
+    /// tried again with backoff; the others go on.
+    fn no_usable_checkpoint(&mut self, partition: i32, err: &StateError) {
+        let wait = self
+            .open_backoff
+            .get(&partition)
+            .copied()
+            .unwrap_or(NO_CHECKPOINT_RETRY_MIN);
+        self.open_backoff
+            .insert(partition, (wait * 2).min(NO_CHECKPOINT_RETRY_MAX));
+        tracing::error!(partition, error = %err, retry_in = ?wait, "no usable checkpoint is left for the shard; the partition stays paused");
+        self.stats.set_problem(
+            partition,
+            Some(PartitionProblem {
+                state: PartitionState::Failed,
+                reason: format!("{}", crate::error::Chain(err)),
+            }),
+        );
+        self.hold.insert(partition, Instant::now() + wait);
+    }
+
+    /// Takes an opened shard: seeks the source to its checkpoint's offsets (dropping what was
+    /// fetched before), starts its worker and resumes the partition.
+    pub(super) async fn finish_opening(&mut self, partition: i32) -> Result<(), PipelineError> {
+        let Some(opening) = self.opening.remove(&partition) else {
+            return Ok(());
+        };
+        let opened = match opening.task.await {
+            Ok(Ok(opened)) => opened,
+            Ok(Err(OpenError::State(err))) if err.kind() == crate::error::ErrorKind::Corrupt => {
+                self.no_usable_checkpoint(partition, &err);
+                return Ok(());
+            }
+            Ok(Err(err)) => {
+                tracing::warn!(partition, error = %err, retry_in = ?OPEN_RETRY_DELAY, "cannot open shard; retrying");
+                self.hold
+                    .insert(partition, Instant::now() + OPEN_RETRY_DELAY);
+                return Ok(());
+            }
+            Err(_) => return Err(PipelineError::WorkerPanicked(partition)),
+        };
+        self.stats.shards_opened.fetch_add(1, Ordering::Relaxed);
+        self.open_backoff.remove(&partition);
+        // The fallback is recorded in the claim: what was found corrupt is known durably.
+        self.corruption.remove(&partition);
+        let offsets = match opened.shard.recovered_offsets() {
+            Ok(offsets) => offsets.unwrap_or_default(),
+            Err(err) => {
+                self.no_usable_checkpoint(partition, &err);
+                return Ok(());
+            }
+        };
+        // Every input topic's partition to the checkpoint's offset, a topic without one (the
+        // checkpoint saw none of its records, or there is none) to where a new group starts —
+        // never left where the source happens to be, which may be past records the state does
+        // not reflect (a shard reopened after a failed transaction, records fetched and dropped
+        // meanwhile).
+        if let Err(err) = self.source.seek(partition, &offsets) {
+            tracing::warn!(partition, error = %err, retry_in = ?OPEN_RETRY_DELAY, "cannot seek to the checkpoint's offsets; reopening");
+            self.hold
+                .insert(partition, Instant::now() + OPEN_RETRY_DELAY);
+            return Ok(());
+        }
+        // Fetched from wherever the source was: the seek fetches what counts again.
+        self.pending.remove(&partition);
+        if self.settings.pipeline.delivery == Delivery::AtLeastOnce && !offsets.is_empty() {
+            // The group's committed offsets follow the owner: the previous one committed
+            // nothing after its revoke, so what it checkpointed last reaches the group here
+            // (lag dashboards and autoscalers read it; recovery reads the checkpoint).
+            self.checkpointed.push((partition, offsets.clone()));
+        }
+        tracing::info!(
+            partition,
+            ms = opening.started.elapsed().as_millis() as u64,
+            ?offsets,
+            "shard opened; partition resumes"
+        );
+        self.stats.record_resumed(partition, &offsets);
+        self.start_worker(partition, opened, offsets, opening.started);
+        if self.paused.remove(&partition) {
+            self.set_paused(partition, false);
+        }
+        Ok(())
+    }
+}

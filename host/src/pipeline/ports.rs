@@ -1,0 +1,265 @@
+//! What the pipeline needs from the outside world, as traits: a [`Source`] of records that is
+//! a member of a consumer group (assignments, revokes, pause and resume, seek, committed
+//! offsets with their metadata), and an [`Output`] that opens one [`ShardSink`] per partition
+//! (emits, dead letters, and — exactly-once — a transaction committed with the checkpoint).
+//!
+//! `source/` and `sink/` implement them for Kafka; `source::memory` and `sink::memory`
+//! implement them in memory, so that the pipeline can be tested whole with no broker. Nothing
+//! here names a Kafka client type: the errors carry their cause as a boxed error.
+
+use crate::runtime::{InputRecord, StagedEmit};
+use crate::state::checkpoint::InputOffsets;
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+
+/// A boxed error cause.
+pub type Cause = Box<dyn std::error::Error + Send + Sync>;
+
+/// Offsets to commit to a consumer group: (topic, partition) → the next offset to read.
+pub type GroupOffsets = BTreeMap<(String, i32), i64>;
+
+/// What the source hands the pipeline loop: a record, or an error it reports while it keeps
+/// trying on its own (a broker down).
+#[derive(Debug)]
+pub enum Fetched {
+    /// The next record of some assigned partition (records of a partition in offset order).
+    Record(InputRecord),
+    /// A transient error; the loop logs it and waits a little.
+    Error(Cause),
+}
+
+/// Why a source operation failed.
+#[derive(Debug, thiserror::Error)]
+#[error("source failed: {what}")]
+pub struct SourceError {
+    /// What was being done.
+    pub what: String,
+    /// The cause.
+    #[source]
+    pub source: Cause,
+}
+
+/// A member of the pipeline's consumer group over its input topics (co-partitioned: partition
+/// `p` of every input topic belongs to shard `p`).
+///
+/// Rule the loop relies on: a revoke is reported (by [`Source::take_revoked`], and a wake of
+/// [`Source::rebalanced`]) before any record fetched after it is returned.
+pub trait Source: Send + Sync + 'static {
+    /// Waits for the next fetched record (or an error to report).
+    fn recv(&self) -> impl Future<Output = Fetched> + Send + '_;
+
+    /// The next record already fetched, without waiting.
+    fn try_recv(&self) -> Option<Fetched>;
+
+    /// Completes once partitions were revoked or assigned since the last wake-up.
+    fn rebalanced(&self) -> impl Future<Output = ()> + Send + '_;
+
+    /// The partitions revoked since the last call.
+    fn take_revoked(&self) -> Vec<i32>;
+
+    /// The partitions assigned since the last call.
+    fn take_assigned(&self) -> Vec<i32>;
+
+    /// Stops (or resumes) fetching partition `partition` of every input topic.
+    ///
+    /// # Errors
+    /// [`SourceError`]; the caller logs it.
+    fn set_paused(&self, partition: i32, paused: bool) -> Result<(), SourceError>;
+
+    /// Sets where partition `partition` of each input topic is read next: `offsets`' offset
+    /// for a topic it has one for, else where a new consumer group starts (the source's reset
+    /// policy) — never left where the source happens to be.
+    ///
+    /// # Errors
+    /// [`SourceError`]; the caller reopens the shard.
+    fn seek(&self, partition: i32, offsets: &InputOffsets) -> Result<(), SourceError>;
+
+    /// Commits `offsets` ((topic, partition) → next offset) to the consumer group, waiting
+    /// for the broker when `wait`. Informational in at-least-once mode (lag, tooling).
+    ///
+    /// # Errors
+    /// [`SourceError`]; the caller logs it.
+    fn commit(&self, offsets: &GroupOffsets, wait: bool) -> Result<(), SourceError>;
+
+    /// The checkpoint version the group's committed offsets of `partition` name in their
+    /// metadata (exactly-once; docs/checkpoints.md, "Recovery" step 3), once no transaction is
+    /// pending on them.
+    ///
+    /// # Errors
+    /// [`SourceError`]; the open is retried.
+    fn committed_checkpoint(
+        &self,
+        partition: i32,
+    ) -> impl Future<Output = Result<Option<u64>, SourceError>> + Send;
+
+    /// `topic`'s high watermark (the offset the next record gets) of `partition` as last seen,
+    /// if known.
+    fn high_watermark(&self, topic: &str, partition: i32) -> Option<i64>;
+}
+
+/// Why a record was dead-lettered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeadLetterKind {
+    /// The operator returned `reject`.
+    Rejected,
+    /// The operator trapped on this record alone.
+    Trapped,
+    /// The operator ran past its CPU deadline on this record alone.
+    Deadline,
+    /// The destination refused an output emitted for this record as too large (its limit was
+    /// lowered after the pipeline started): the output is dead-lettered in its place, naming
+    /// the record it was emitted for.
+    OutputRefused,
+}
+
+impl DeadLetterKind {
+    /// Every kind, in [`DeadLetterKind::index`] order.
+    pub const ALL: [DeadLetterKind; 4] = [
+        DeadLetterKind::Rejected,
+        DeadLetterKind::Trapped,
+        DeadLetterKind::Deadline,
+        DeadLetterKind::OutputRefused,
+    ];
+
+    /// The kind's position in [`DeadLetterKind::ALL`].
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
+    /// Its name (the `weir.error.kind` header, the metric's `kind` label).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeadLetterKind::Rejected => "rejected",
+            DeadLetterKind::Trapped => "trapped",
+            DeadLetterKind::Deadline => "deadline",
+            DeadLetterKind::OutputRefused => "output-refused",
+        }
+    }
+}
+
+/// Why producing failed for good.
+#[derive(Debug, thiserror::Error)]
+#[error("delivery failed. topic=`{topic}`")]
+pub struct SinkError {
+    /// The destination.
+    pub topic: String,
+    /// The cause.
+    #[source]
+    pub source: Cause,
+}
+
+/// Why an exactly-once commit did not happen.
+#[derive(Debug, thiserror::Error)]
+pub enum CommitError {
+    /// Another owner took the shard's transactional identity over: stop writing the shard.
+    #[error("the transaction was fenced by another owner")]
+    Fenced(#[source] Cause),
+    /// The transaction is lost (aborted, timed out): reopen the shard from its decided
+    /// checkpoint.
+    #[error("the transaction did not commit")]
+    Failed(#[source] Cause),
+}
+
+/// How a sink tells its owner that deliveries keep failing, and learns that it should stop
+/// retrying.
+pub struct DeliveryGuard {
+    /// Called with the reason while a failed delivery waits to be sent again, and with
+    /// `None` once one goes through.
+    pub on_stall: Box<dyn Fn(Option<String>) + Send + Sync>,
+    /// Raised when the owner no longer wants the deliveries (its partition was revoked):
+    /// retrying stops and the failure is returned.
+    pub give_up: Arc<AtomicBool>,
+    /// Called when an output the destination refused as too large is dead-lettered in its
+    /// place (to count it as [`DeadLetterKind::OutputRefused`]).
+    pub on_output_refused: Box<dyn Fn() + Send + Sync>,
+}
+
+impl std::fmt::Debug for DeliveryGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeliveryGuard").finish_non_exhaustive()
+    }
+}
+
+impl Default for DeliveryGuard {
+    fn default() -> Self {
+        Self {
+            on_stall: Box::new(|_| {}),
+            give_up: Arc::new(AtomicBool::new(false)),
+            on_output_refused: Box::new(|| {}),
+        }
+    }
+}
+
+/// Opens the sink of each partition the pipeline runs.
+pub trait Output: Send + Sync + 'static {
+    /// The sink of one partition.
+    type Sink: ShardSink;
+
+    /// The sink of `partition`, reporting failing deliveries to `guard`. At-least-once: ready
+    /// at once. Exactly-once (`transactional`): the previous owner's transactions fenced
+    /// (Kafka's `init_transactions`) and one begun.
+    ///
+    /// # Errors
+    /// [`SinkError`] when the sink cannot be set up (the open is retried).
+    fn open(
+        &self,
+        partition: i32,
+        transactional: bool,
+        guard: DeliveryGuard,
+    ) -> impl Future<Output = Result<Self::Sink, SinkError>> + Send;
+}
+
+/// One partition's sink: the operator's emits to the output, failed records to the
+/// dead-letter destination.
+pub trait ShardSink: Send + 'static {
+    /// The largest output record, as the destination counts it: an emit over it fails its
+    /// record as too large.
+    fn output_bytes_max(&self) -> u64;
+
+    /// Whether its outputs are transactional (exactly-once): they are committed by
+    /// [`ShardSink::commit`], not acknowledged one by one.
+    fn transactional(&self) -> bool;
+
+    /// Sends an operator emit, with the timestamp of `source`, the input record it was
+    /// emitted for.
+    ///
+    /// # Errors
+    /// [`SinkError`] when an earlier delivery failed for good.
+    fn emit(
+        &mut self,
+        emit: &StagedEmit,
+        source: &InputRecord,
+    ) -> impl Future<Output = Result<(), SinkError>> + Send;
+
+    /// Sends a failed input record to the dead-letter destination with why.
+    ///
+    /// # Errors
+    /// [`SinkError`] when an earlier delivery failed for good.
+    fn dead_letter(
+        &mut self,
+        record: &InputRecord,
+        kind: DeadLetterKind,
+        error: &str,
+    ) -> impl Future<Output = Result<(), SinkError>> + Send;
+
+    /// Waits until everything sent so far is acknowledged.
+    ///
+    /// # Errors
+    /// [`SinkError`] for the first delivery that failed for good.
+    fn drain(&mut self) -> impl Future<Output = Result<(), SinkError>> + Send;
+
+    /// Exactly-once (docs/checkpoints.md step 8): commits the open transaction — the
+    /// outputs since the last checkpoint — with the input `offsets` of `partition` and the
+    /// checkpoint `version` that decides, then begins the next one. At-least-once: nothing.
+    ///
+    /// # Errors
+    /// [`CommitError`].
+    fn commit(
+        &mut self,
+        partition: i32,
+        offsets: &InputOffsets,
+        version: u64,
+    ) -> impl Future<Output = Result<(), CommitError>> + Send;
+}

@@ -1,0 +1,514 @@
+//! The pipeline whole — consumer loop, shard opens, workers, checkpoints — over the in-memory
+//! source and output, the `counter` guest and the memory backend checkpointing to an in-memory
+//! object store. No broker, and tokio's paused time: every run takes the same steps.
+//!
+//! The counter emits `{"count": n, "offset": o}` per record, `n` being how many records of
+//! that key the partition has up to `o`. So an output whose count is not exactly that shows
+//! state and offsets that disagree: a record counted twice or lost, a checkpoint whose state
+//! is ahead of or behind its offsets.
+
+use super::*;
+use crate::clock::SystemClock;
+use crate::config::Settings;
+use crate::runtime::Runtime;
+use crate::sink::memory::{MemoryOutput, Written};
+use crate::source::memory::{MemorySource, MemorySourceHandle};
+use crate::state::delayed::{DelayedReads, ReadDelay};
+use crate::state::memory::MemoryBackend;
+use crate::state::{Recovery, Shard, ShardId};
+use futures::StreamExt;
+use object_store::ObjectStore;
+use object_store::memory::InMemory;
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+use tokio::task::JoinHandle;
+
+const TOPIC: &str = "in";
+
+type Backend = DelayedReads<MemoryBackend>;
+
+/// Settings of the test pipelines: small batches and queues so that records queue up behind
+/// a busy worker, short checkpoint intervals.
+fn settings(delivery: &str) -> Settings {
+    Settings::from_toml(&format!(
+        r#"
+        [pipeline]
+        name = "counter"
+        operator = "counter.wasm"
+        input_topics = ["{TOPIC}"]
+        output_topic = "out"
+        dead_letter_topic = "dlq"
+        checkpoint_interval = "200ms"
+        in_flight_max = 32
+        delivery = "{delivery}"
+
+        [kafka]
+        bootstrap_servers = "in-memory:9092"
+
+        [runtime]
+        batch_records_max = 8
+        partition_queue_batches_max = 2
+        outage_backoff_min = "100ms"
+
+        [state]
+        backend = "memory"
+        memory.url = "memory:///"
+        "#
+    ))
+    .expect("valid test settings")
+}
+
+/// A source with `per_partition` records in each of `partitions`, keys `k0`…`k19`.
+fn source(partitions: i32, per_partition: usize) -> (MemorySource, MemorySourceHandle) {
+    let (source, handle) = MemorySource::new(&[TOPIC]);
+    for partition in 0..partitions {
+        for i in 0..per_partition {
+            let key = format!("k{}", i % 20);
+            handle.produce(TOPIC, partition, key.as_bytes(), b"v", i as i64);
+        }
+    }
+    (source, handle)
+}
+
+/// One pipeline run, and what drives it.
+struct Run {
+    stats: Arc<PipelineStats>,
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: JoinHandle<Result<(), PipelineError>>,
+}
+
+/// Starts a pipeline with `settings` over `source`, `output` and a backend checkpointing to
+/// `store`, each read delayed by `delay`; returns the run and its backend.
+async fn start(
+    settings: Settings,
+    source: MemorySource,
+    output: MemoryOutput,
+    store: Arc<InMemory>,
+    delay: ReadDelay,
+) -> (Run, Arc<Backend>) {
+    let clock: SharedClock = Arc::new(SystemClock);
+    let backend = Arc::new(DelayedReads::new(
+        MemoryBackend::durable(store, "weir".into(), clock.clone()),
+        delay,
+    ));
+    let runtime = Runtime::<<Backend as StateBackend>::Shard>::new(&settings.runtime, clock)
+        .expect("runtime");
+    let operator = Arc::new(
+        runtime
+            .load_operator(&weir_tests::guest("weir_test_counter"))
+            .await
+            .expect("the counter compiles"),
+    );
+    let stats = Arc::new(PipelineStats::default());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let (_requests, control) = PipelineControl::new();
+    let task = tokio::spawn(run_with(
+        settings,
+        backend.clone(),
+        operator,
+        stats.clone(),
+        control,
+        Arc::new(source),
+        Arc::new(output),
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    (Run { stats, stop, task }, backend)
+}
+
+impl Run {
+    /// Shuts the pipeline down (draining) and returns how it ended.
+    async fn stop(self) -> Result<(), PipelineError> {
+        let _ = self.stop.send(());
+        self.task.await.expect("the pipeline does not panic")
+    }
+
+    /// The process dies: nothing is drained, checkpointed or committed.
+    async fn crash(self) {
+        self.task.abort();
+        let _ = self.task.await;
+    }
+}
+
+/// Waits, in paused time, until `done` holds (panics after ten virtual minutes).
+async fn until(what: &str, mut done: impl FnMut() -> bool) {
+    for _ in 0..60_000 {
+        if done() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("gave up waiting until {what}");
+}
+
+/// The offsets of `partition` with outputs, each with how many outputs it has.
+fn outputs_per_offset(output: &MemoryOutput, partition: i32) -> BTreeMap<i64, usize> {
+    let mut seen = BTreeMap::new();
+    for written in output
+        .log()
+        .outputs
+        .iter()
+        .filter(|w| w.partition == partition)
+    {
+        *seen.entry(written.source.1).or_insert(0) += 1;
+    }
+    seen
+}
+
+/// Asserts that every output of `partition` carries the exact running count of its key at its
+/// offset, and returns how many outputs it has.
+fn assert_counts_exact(handle: &MemorySourceHandle, output: &MemoryOutput, partition: i32) {
+    let records = handle.records(TOPIC, partition);
+    let mut running: BTreeMap<&[u8], u64> = BTreeMap::new();
+    let mut expected = Vec::with_capacity(records.len());
+    for record in &records {
+        let count = running.entry(&record.key).or_insert(0);
+        *count += 1;
+        expected.push(*count);
+    }
+    let log = output.log();
+    let written: Vec<&Written> = log
+        .outputs
+        .iter()
+        .filter(|w| w.partition == partition)
+        .collect();
+    for w in written {
+        let value: serde_json::Value = serde_json::from_slice(&w.value).expect("counter JSON");
+        let offset = value["offset"].as_i64().expect("offset");
+        assert_eq!(offset, w.source.1, "an output names its input record");
+        let index = usize::try_from(offset).expect("offsets from 0");
+        assert_eq!(
+            value["count"].as_u64(),
+            Some(expected[index]),
+            "partition {partition} offset {offset}: the count must be the key's running count"
+        );
+    }
+}
+
+fn outputs_of(output: &MemoryOutput, partition: i32) -> usize {
+    output
+        .log()
+        .outputs
+        .iter()
+        .filter(|w| w.partition == partition)
+        .count()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_revoke_in_the_middle_of_batches_drops_the_queued_records_without_changing_state_or_offsets()
+ {
+    let (source, handle) = source(2, 1000);
+    let output = MemoryOutput::new(1 << 20, None);
+    let store = Arc::new(InMemory::new());
+    let (run, backend) = start(
+        settings("at_least_once"),
+        source,
+        output.clone(),
+        store,
+        ReadDelay::Fixed(Duration::from_millis(10)),
+    )
+    .await;
+    handle.assign(&[0, 1]);
+    until("a checkpoint of each partition", || {
+        run.stats.checkpoints.load(Ordering::Relaxed) >= 2
+    })
+    .await;
+    // The worker of partition 0 stuck on a state outage: records pile up in its queue and in
+    // the loop until the partition is paused. Then the revoke, and the outage ends.
+    backend.set_unavailable(0, true);
+    until("partition 0 is paused with records queued", || {
+        handle.paused().contains(&0)
+    })
+    .await;
+    handle.revoke(&[0]);
+    backend.set_unavailable(0, false);
+    until("partition 0's shard is closed", || {
+        run.stats.shards_closed.load(Ordering::Relaxed) == 1
+    })
+    .await;
+    let checkpointed = run
+        .stats
+        .checkpoint_history
+        .lock()
+        .expect("history")
+        .iter()
+        .rev()
+        .find(|c| c.partition == 0)
+        .map(|c| c.offsets[TOPIC])
+        .expect("the revoke's checkpoint");
+    assert!(
+        handle.position(TOPIC, 0) > checkpointed,
+        "records past the last checkpoint were fetched and queued when the revoke came: \
+         fetched to {}, checkpointed to {checkpointed}",
+        handle.position(TOPIC, 0)
+    );
+    let done = outputs_per_offset(&output, 0);
+    assert_eq!(
+        done.keys().copied().collect::<Vec<_>>(),
+        (0..checkpointed).collect::<Vec<_>>(),
+        "the outputs are those of the records the checkpoint covers: the queued ones were dropped"
+    );
+    until("partition 1 is done", || outputs_of(&output, 1) == 1000).await;
+    assert_eq!(
+        outputs_of(&output, 0),
+        done.values().sum::<usize>(),
+        "nothing of a revoked partition runs after its close"
+    );
+    // Assigned back, it resumes from the checkpoint: every record once, counts exact.
+    handle.assign(&[0]);
+    until("partition 0 is done", || outputs_of(&output, 0) >= 1000).await;
+    run.stop().await.expect("clean stop");
+    assert_eq!(
+        run_count(&output, 0),
+        1000,
+        "every record of partition 0 has one output"
+    );
+    assert_counts_exact(&handle, &output, 0);
+    assert_counts_exact(&handle, &output, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_revoke_between_two_fetched_batches_reopens_from_the_checkpoint() {
+    let (source, handle) = source(1, 400);
+    let output = MemoryOutput::new(1 << 20, None);
+    let store = Arc::new(InMemory::new());
+    let (run, _) = start(
+        settings("at_least_once"),
+        source,
+        output.clone(),
+        store,
+        ReadDelay::Fixed(Duration::from_millis(2)),
+    )
+    .await;
+    handle.assign(&[0]);
+    until("a first batch has run", || outputs_of(&output, 0) >= 8).await;
+    // Taken away and given back at once: the second assignment arrives while the first
+    // owner's worker is still closing.
+    handle.revoke(&[0]);
+    handle.assign(&[0]);
+    until("partition 0 is done", || outputs_of(&output, 0) >= 400).await;
+    run.stop().await.expect("clean stop");
+    assert_eq!(run_count(&output, 0), 400, "no record is lost or run twice");
+    assert_counts_exact(&handle, &output, 0);
+}
+
+/// How many distinct offsets of `partition` have exactly one output (panics on duplicates).
+fn run_count(output: &MemoryOutput, partition: i32) -> usize {
+    let seen = outputs_per_offset(output, partition);
+    assert!(
+        seen.values().all(|n| *n == 1),
+        "a record ran twice: {seen:?}"
+    );
+    seen.len()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_checkpoint_drains_in_flight_batches_so_a_crash_resumes_with_exact_state() {
+    let (source, handle) = source(2, 1000);
+    let output = MemoryOutput::new(1 << 20, None);
+    let store = Arc::new(InMemory::new());
+    let (run, _) = start(
+        settings("at_least_once"),
+        source.clone(),
+        output.clone(),
+        store.clone(),
+        // Irregular read times: batches finish out of order.
+        ReadDelay::UpTo(Duration::from_millis(20)),
+    )
+    .await;
+    handle.assign(&[0, 1]);
+    until("a few checkpoints", || {
+        run.stats.checkpoints.load(Ordering::Relaxed) >= 4
+    })
+    .await;
+    assert!(
+        run.stats.batches_in_flight_peak.load(Ordering::Relaxed) > 1,
+        "batches ran concurrently"
+    );
+    run.crash().await;
+    handle.crash();
+    let (run, _) = start(
+        settings("at_least_once"),
+        source,
+        output.clone(),
+        store,
+        ReadDelay::UpTo(Duration::from_millis(20)),
+    )
+    .await;
+    handle.assign(&[0, 1]);
+    until("both partitions are done", || {
+        outputs_per_offset(&output, 0).len() == 1000 && outputs_per_offset(&output, 1).len() == 1000
+    })
+    .await;
+    run.stop().await.expect("clean stop");
+    assert_counts_exact(&handle, &output, 0);
+    assert_counts_exact(&handle, &output, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stalled_sink_pauses_only_its_own_partition() {
+    let (source, handle) = source(2, 1000);
+    let output = MemoryOutput::new(1 << 20, None);
+    output.refuse(0, true);
+    let store = Arc::new(InMemory::new());
+    let (run, _) = start(
+        settings("at_least_once"),
+        source,
+        output.clone(),
+        store,
+        ReadDelay::Fixed(Duration::from_millis(10)),
+    )
+    .await;
+    handle.assign(&[0, 1]);
+    until("partition 1 is done", || outputs_of(&output, 1) == 1000).await;
+    until("partition 0 is paused", || handle.paused().contains(&0)).await;
+    assert!(!handle.paused().contains(&1), "the other partition runs on");
+    assert_eq!(
+        outputs_of(&output, 0),
+        0,
+        "nothing of partition 0 was delivered"
+    );
+    assert!(
+        handle.position(TOPIC, 0) < 1000,
+        "partition 0 stopped fetching while its sink refused deliveries"
+    );
+    output.refuse(0, false);
+    until("partition 0 is done", || outputs_of(&output, 0) == 1000).await;
+    until("partition 0 is resumed", || handle.paused().is_empty()).await;
+    run.stop().await.expect("clean stop");
+    assert_eq!(run_count(&output, 0), 1000);
+    assert_counts_exact(&handle, &output, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_state_outage_backs_off_pausing_only_its_partition_and_loses_nothing() {
+    let (source, handle) = source(2, 300);
+    let output = MemoryOutput::new(1 << 20, None);
+    let store = Arc::new(InMemory::new());
+    let (run, backend) = start(
+        settings("at_least_once"),
+        source,
+        output.clone(),
+        store,
+        ReadDelay::Fixed(Duration::ZERO),
+    )
+    .await;
+    backend.set_unavailable(0, true);
+    handle.assign(&[0, 1]);
+    until("partition 1 is done", || outputs_of(&output, 1) == 300).await;
+    until("partition 0 is paused", || handle.paused().contains(&0)).await;
+    // Thirty seconds of outage: each waiting batch retries with a backoff (100 ms doubling to
+    // 5 s), a dozen times each, instead of every 100 ms.
+    let before = run.stats.outage_retries.load(Ordering::Relaxed);
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    let retries = run.stats.outage_retries.load(Ordering::Relaxed) - before;
+    assert!(
+        (1..=60).contains(&retries),
+        "30 s of outage retried {retries} times; backing off, a few batches retry a dozen times each"
+    );
+    assert_eq!(outputs_of(&output, 0), 0);
+    assert!(!handle.paused().contains(&1));
+    backend.set_unavailable(0, false);
+    until("partition 0 is done", || outputs_of(&output, 0) == 300).await;
+    run.stop().await.expect("clean stop");
+    assert_eq!(run_count(&output, 0), 300, "nothing lost, nothing twice");
+    assert_counts_exact(&handle, &output, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn exactly_once_commits_outputs_offsets_and_the_manifest_version_together() {
+    let (source, handle) = source(2, 1000);
+    let output = MemoryOutput::new(1 << 20, Some(handle.clone()));
+    let store = Arc::new(InMemory::new());
+    let (run, backend) = start(
+        settings("exactly_once"),
+        source.clone(),
+        output.clone(),
+        store.clone(),
+        ReadDelay::Fixed(Duration::from_millis(10)),
+    )
+    .await;
+    handle.assign(&[0, 1]);
+    until("two commits per partition", || {
+        let log = output.log();
+        (0..2).all(|p| log.commits.iter().filter(|c| c.0 == p).count() >= 2)
+    })
+    .await;
+    run.crash().await;
+    handle.crash();
+    // What is visible is exactly what the last commit of each partition covers, and the
+    // group's offsets and the stored checkpoint agree with it.
+    for partition in 0..2 {
+        let (offsets, version) = {
+            let log = output.log();
+            let last = log
+                .commits
+                .iter()
+                .rev()
+                .find(|c| c.0 == partition)
+                .expect("a commit");
+            (last.1.clone(), last.2)
+        };
+        let next = offsets
+            .next(TOPIC)
+            .expect("the commit has the topic's offset");
+        assert_eq!(
+            run_count(&output, partition),
+            usize::try_from(next).expect("offset"),
+            "the visible outputs are those of the committed offsets"
+        );
+        assert_eq!(
+            outputs_per_offset(&output, partition).keys().max().copied(),
+            Some(next - 1)
+        );
+        let (group_next, metadata) = handle.committed()[&(TOPIC.to_owned(), partition)].clone();
+        assert_eq!(group_next, next, "the group's offset is the transaction's");
+        assert_eq!(
+            crate::state::checkpoint::parse_manifest_metadata(&metadata),
+            Some(version),
+            "the group's offset names the checkpoint's version"
+        );
+        let shard = backend
+            .open_shard_at(
+                &ShardId {
+                    pipeline: "counter".to_owned(),
+                    partition,
+                },
+                &Recovery {
+                    committed: Some(version),
+                    ..Recovery::default()
+                },
+            )
+            .await
+            .expect("the committed checkpoint opens");
+        assert_eq!(
+            shard.recovered_offsets().expect("offsets"),
+            Some(offsets),
+            "the checkpoint the offsets name holds the same offsets"
+        );
+    }
+    assert!(
+        store.list(None).next().await.is_some(),
+        "checkpoints are in the store"
+    );
+    let (run, _) = start(
+        settings("exactly_once"),
+        source,
+        output.clone(),
+        store,
+        ReadDelay::Fixed(Duration::from_millis(10)),
+    )
+    .await;
+    handle.assign(&[0, 1]);
+    until("both partitions are committed to the end", || {
+        (0..2).all(|p| outputs_per_offset(&output, p).len() == 1000)
+    })
+    .await;
+    run.stop().await.expect("clean stop");
+    for partition in 0..2 {
+        assert_eq!(run_count(&output, partition), 1000, "every output once");
+        assert_counts_exact(&handle, &output, partition);
+    }
+}

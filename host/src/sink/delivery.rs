@@ -1,0 +1,498 @@
+//! [`KafkaSink`]: one partition's producer handle — emits to the output topic, dead letters
+//! to the dead-letter topic, each sized against its topic's limit — and the deliveries it waits
+//! for, bounded by [`PENDING_DELIVERIES_MAX`]. A refused delivery is sent again until it goes
+//! through ([`KafkaSink::deliver_refused`]); exactly-once, the shard's transaction is
+//! committed with the checkpoint ([`super::transaction`]).
+
+use super::dead_letter::{DeadLetterSource, cut_again, dead_letter_parts};
+use super::limits::RecordLimits;
+use super::{DeadLetterKind, DeliveryGuard, PENDING_DELIVERIES_MAX, SinkError};
+use crate::runtime::{InputRecord, StagedEmit};
+use crate::source::SourceConsumer;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Header as KafkaHeader, Headers, Message, OwnedHeaders, OwnedMessage};
+use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer};
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+/// Where a sent record goes, kept with its delivery until acknowledged.
+#[derive(Debug, Clone, Copy)]
+enum Destination {
+    /// The output topic; emitted for the input record at `offset` of `partition` of the
+    /// input topic `topic` (an index into [`KafkaSink::input_topics`]).
+    Output {
+        topic: u16,
+        partition: i32,
+        offset: i64,
+    },
+    /// The dead-letter topic.
+    DeadLetter,
+}
+
+/// One partition's handle on a producer.
+pub struct KafkaSink {
+    pub(super) producer: FutureProducer,
+    output_topic: String,
+    dead_letter_topic: String,
+    limits: RecordLimits,
+    /// Exactly-once: the pipeline's consumer, whose group metadata goes with the transaction's
+    /// offsets. A failed delivery then loses the open transaction, so it is returned, not
+    /// retried.
+    group: Option<Arc<SourceConsumer>>,
+    guard: DeliveryGuard,
+    /// The input topics of the records emitted for (few: co-partitioned inputs).
+    input_topics: Vec<Arc<str>>,
+    pending: VecDeque<(DeliveryFuture, Destination)>,
+}
+
+impl std::fmt::Debug for KafkaSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KafkaSink")
+            .field("output_topic", &self.output_topic)
+            .field("limits", &self.limits)
+            .field("pending", &self.pending.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// A record that failed delivery with what is needed to send it again.
+struct Refused {
+    error: KafkaError,
+    message: OwnedMessage,
+    destination: Destination,
+}
+
+/// The smallest limit a dead letter is cut to when its topic refuses it as too large: its
+/// `weir.*` headers must fit.
+const DEAD_LETTER_BYTES_FLOOR: u64 = 16 << 10;
+
+/// First wait before a refused record is sent again; doubles up to [`RESEND_BACKOFF_MAX`].
+const RESEND_BACKOFF_MIN: Duration = Duration::from_millis(200);
+/// Longest wait between sends of a refused record.
+const RESEND_BACKOFF_MAX: Duration = Duration::from_secs(10);
+
+impl KafkaSink {
+    /// A sink writing to `output_topic` and `dead_letter_topic`, sizing records by `limits`,
+    /// reporting failing deliveries to `guard`. `group`: the producer is a shard's
+    /// transactional one (exactly-once) and this the pipeline's consumer.
+    pub fn new(
+        producer: FutureProducer,
+        output_topic: String,
+        dead_letter_topic: String,
+        limits: RecordLimits,
+        group: Option<Arc<SourceConsumer>>,
+        guard: DeliveryGuard,
+    ) -> Self {
+        Self {
+            producer,
+            output_topic,
+            dead_letter_topic,
+            limits,
+            group,
+            guard,
+            input_topics: Vec::new(),
+            pending: VecDeque::new(),
+        }
+    }
+
+    /// Exactly-once: the consumer whose group metadata goes with the transaction.
+    pub(super) fn group(&self) -> Option<Arc<SourceConsumer>> {
+        self.group.clone()
+    }
+
+    /// The record size limits the sink sizes by.
+    pub fn limits(&self) -> RecordLimits {
+        self.limits
+    }
+
+    /// Sends an operator emit to the output topic, with the timestamp of the input record it
+    /// was emitted for (`source`; its `timestamp_ms`, ms since the Unix epoch; negative: none,
+    /// the producer's clock), as Kafka Streams gives an output record its input's timestamp.
+    /// The emit import has refused emits over [`RecordLimits::output_bytes_max`].
+    ///
+    /// # Errors
+    /// [`SinkError`] when an earlier delivery failed for good.
+    pub async fn emit(&mut self, emit: &StagedEmit, source: &InputRecord) -> Result<(), SinkError> {
+        let mut headers = OwnedHeaders::new_with_capacity(emit.headers.len());
+        for h in &emit.headers {
+            headers = headers.insert(KafkaHeader {
+                key: &h.name,
+                value: Some(&h.value),
+            });
+        }
+        let key = (!emit.key.is_empty()).then_some(emit.key.as_slice());
+        let topic = match self.input_topics.iter().position(|t| **t == *source.topic) {
+            Some(i) => i,
+            None => {
+                self.input_topics.push(Arc::from(source.topic.as_str()));
+                self.input_topics.len() - 1
+            }
+        };
+        let destination = Destination::Output {
+            topic: u16::try_from(topic).unwrap_or(u16::MAX),
+            partition: source.partition,
+            offset: source.offset,
+        };
+        let output = std::mem::take(&mut self.output_topic);
+        let sent = self
+            .send(
+                &output,
+                key,
+                &emit.value,
+                headers,
+                source.timestamp_ms,
+                destination,
+            )
+            .await;
+        self.output_topic = output;
+        sent
+    }
+
+    /// Sends a failed input record to the dead-letter topic with its original key, value,
+    /// timestamp and headers plus the `weir.*` headers naming the error (at most
+    /// [`ERROR_HEADER_BYTES_MAX`] of it) and the source position — cut to fit the topic when
+    /// it is too large ([`fit_dead_letter`]).
+    ///
+    /// # Errors
+    /// [`SinkError`] when an earlier delivery failed for good.
+    pub async fn dead_letter(
+        &mut self,
+        record: &InputRecord,
+        kind: DeadLetterKind,
+        error: &str,
+    ) -> Result<(), SinkError> {
+        let original: Vec<(&str, &[u8])> = record
+            .headers
+            .iter()
+            .map(|h| (h.name.as_str(), h.value.as_slice()))
+            .collect();
+        let (key, value, headers) = dead_letter_parts(
+            DeadLetterSource {
+                topic: &record.topic,
+                partition: record.partition,
+                offset: record.offset,
+            },
+            kind,
+            error,
+            &original,
+            &record.key,
+            &record.value,
+            self.limits.dead_letter_bytes_max,
+        );
+        let topic = std::mem::take(&mut self.dead_letter_topic);
+        let sent = self
+            .send(
+                &topic,
+                (!key.is_empty()).then_some(key),
+                value,
+                headers,
+                record.timestamp_ms,
+                Destination::DeadLetter,
+            )
+            .await;
+        self.dead_letter_topic = topic;
+        sent
+    }
+
+    async fn send(
+        &mut self,
+        topic: &str,
+        key: Option<&[u8]>,
+        value: &[u8],
+        headers: OwnedHeaders,
+        timestamp_ms: i64,
+        destination: Destination,
+    ) -> Result<(), SinkError> {
+        while self.pending.len() >= PENDING_DELIVERIES_MAX {
+            self.wait_oldest().await?;
+        }
+        let mut record = FutureRecord::<[u8], [u8]>::to(topic)
+            .payload(value)
+            .headers(headers);
+        if let Some(key) = key {
+            record = record.key(key);
+        }
+        if timestamp_ms >= 0 {
+            record = record.timestamp(timestamp_ms);
+        }
+        match self.enqueue(record).await? {
+            Ok(delivery) => self.pending.push_back((delivery, destination)),
+            // Refused at once (a topic librdkafka knows is missing or forbidden): handled as
+            // a refused delivery, the partition waiting until it goes through.
+            Err((error, message)) => {
+                self.deliver_refused(Refused {
+                    error,
+                    message,
+                    destination,
+                })
+                .await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Hands `record` to librdkafka, waiting for room in its queue when it is full. A record
+    /// librdkafka refuses at once is returned with the refusal, as an owned message.
+    ///
+    /// # Errors
+    /// [`SinkError`] when waiting for room met a delivery that failed for good.
+    async fn enqueue(
+        &mut self,
+        mut record: FutureRecord<'_, [u8], [u8]>,
+    ) -> Result<Result<DeliveryFuture, (KafkaError, OwnedMessage)>, SinkError> {
+        loop {
+            match self.producer.send_result(record) {
+                Ok(delivery) => return Ok(Ok(delivery)),
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
+                    // librdkafka's queue is full: wait for a delivery (or briefly) and retry.
+                    record = back;
+                    if self.pending.is_empty() {
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                    } else {
+                        Box::pin(self.wait_oldest()).await?;
+                    }
+                }
+                Err((error, back)) => {
+                    let headers = back.headers.clone();
+                    let message = OwnedMessage::new(
+                        back.payload.map(<[u8]>::to_vec),
+                        back.key.map(<[u8]>::to_vec),
+                        back.topic.to_owned(),
+                        back.timestamp.map_or(
+                            rdkafka::Timestamp::NotAvailable,
+                            rdkafka::Timestamp::CreateTime,
+                        ),
+                        back.partition.unwrap_or(-1),
+                        -1,
+                        headers,
+                    );
+                    return Ok(Err((error, message)));
+                }
+            }
+        }
+    }
+
+    /// Waits for the oldest delivery; a refused one is sent again until it goes through
+    /// ([`KafkaSink::deliver_refused`]).
+    async fn wait_oldest(&mut self) -> Result<(), SinkError> {
+        let Some((delivery, destination)) = self.pending.pop_front() else {
+            return Ok(());
+        };
+        match self.settle(delivery, destination).await {
+            Ok(()) => Ok(()),
+            Err(Err(failed)) => Err(failed),
+            Err(Ok(refused)) => self.deliver_refused(refused).await,
+        }
+    }
+
+    /// Sends a refused record again until it goes through: a record too large for its topic
+    /// after all (its limit was lowered) is cut further (a dead letter) or dead-lettered (an
+    /// output); any other refusal (a missing topic, denied access) is retried with backoff
+    /// while the guard reports the stall, so that the partition pauses instead of losing or
+    /// skipping the record. A transactional producer's refusal, or one the owner gave up on
+    /// (its partition was revoked), is returned.
+    async fn deliver_refused(&mut self, mut refused: Refused) -> Result<(), SinkError> {
+        let mut backoff = RESEND_BACKOFF_MIN;
+        let mut stalled = false;
+        loop {
+            let topic = self.topic_of(refused.destination).to_owned();
+            if self.group.is_some() || self.guard.give_up.load(Ordering::Relaxed) {
+                return Err(SinkError {
+                    topic,
+                    source: Box::new(refused.error),
+                });
+            }
+            let cuttable = self.limits.dead_letter_bytes_max > DEAD_LETTER_BYTES_FLOOR
+                || refused.destination != Destination::DeadLetter;
+            let (record, destination) = if is_too_large(&refused.error) && cuttable {
+                // The topic's limit is lower than when the pipeline started: size dead
+                // letters by half the limit they were cut to, and dead-letter the record.
+                tracing::warn!(topic, error = %refused.error, "a record was too large for its topic after all; dead-lettering it, cut to fit");
+                if refused.destination == Destination::DeadLetter {
+                    self.limits.dead_letter_bytes_max =
+                        (self.limits.dead_letter_bytes_max / 2).max(DEAD_LETTER_BYTES_FLOOR);
+                } else {
+                    (self.guard.on_output_refused)();
+                }
+                self.refused_as_dead_letter(&refused)
+            } else {
+                let reason = format!(
+                    "delivery to `{topic}` failed ({}); retrying in {backoff:?}",
+                    refused.error
+                );
+                tracing::warn!(topic, error = %refused.error, retry_in = ?backoff, "delivery failed; the partition waits and sends the record again");
+                (self.guard.on_stall)(Some(reason));
+                stalled = true;
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(RESEND_BACKOFF_MAX);
+                (refused.message, refused.destination)
+            };
+            let topic = self.topic_of(destination).to_owned();
+            let mut again = FutureRecord::<[u8], [u8]>::to(&topic)
+                .payload(record.payload().unwrap_or_default());
+            if let Some(key) = record.key() {
+                again = again.key(key);
+            }
+            if let Some(headers) = record.headers() {
+                again = again.headers(headers.clone());
+            }
+            if let Some(ms) = record.timestamp().to_millis() {
+                again = again.timestamp(ms);
+            }
+            let outcome = match self.enqueue(again).await? {
+                Ok(delivery) => self.settle(delivery, destination).await,
+                Err((error, message)) => Err(Ok(Refused {
+                    error,
+                    message,
+                    destination,
+                })),
+            };
+            match outcome {
+                Ok(()) => {
+                    if stalled {
+                        (self.guard.on_stall)(None);
+                    }
+                    return Ok(());
+                }
+                Err(Err(failed)) => return Err(failed),
+                Err(Ok(again)) => refused = again,
+            }
+        }
+    }
+
+    /// Awaits one delivery: `Ok`, a refusal to handle, or a failure to return.
+    async fn settle(
+        &self,
+        delivery: DeliveryFuture,
+        destination: Destination,
+    ) -> Result<(), Result<Refused, SinkError>> {
+        match delivery.await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err((error, message))) => Err(Ok(Refused {
+                error,
+                message,
+                destination,
+            })),
+            Err(_canceled) => Err(Err(SinkError {
+                topic: self.topic_of(destination).to_owned(),
+                source: Box::new(KafkaError::Canceled),
+            })),
+        }
+    }
+
+    fn topic_of(&self, destination: Destination) -> &str {
+        match destination {
+            Destination::Output { .. } => &self.output_topic,
+            Destination::DeadLetter => &self.dead_letter_topic,
+        }
+    }
+
+    /// A record the broker refused as too large, as a dead letter cut to the (lowered)
+    /// dead-letter limit: a dead letter is cut further; an output becomes a dead letter of
+    /// kind [`DeadLetterKind::OutputRefused`] naming the input record it was emitted for.
+    fn refused_as_dead_letter(&self, refused: &Refused) -> (OwnedMessage, Destination) {
+        let message = &refused.message;
+        let headers: Vec<(&str, &[u8])> = message
+            .headers()
+            .map(|hs| {
+                hs.iter()
+                    .map(|h| (h.key, h.value.unwrap_or_default()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let key = message.key().unwrap_or_default();
+        let value = message.payload().unwrap_or_default();
+        let (key, value, out_headers) = match refused.destination {
+            Destination::DeadLetter => {
+                // Already a dead letter: keep its weir.* headers, cut the rest further.
+                let (weir, original): (Vec<_>, Vec<_>) = headers
+                    .iter()
+                    .partition(|(name, _)| name.starts_with("weir."));
+                cut_again(
+                    &weir,
+                    &original,
+                    key,
+                    value,
+                    self.limits.dead_letter_bytes_max,
+                )
+            }
+            Destination::Output {
+                topic,
+                partition,
+                offset,
+            } => {
+                let source_topic = self
+                    .input_topics
+                    .get(usize::from(topic))
+                    .map_or("", |t| &**t);
+                dead_letter_parts(
+                    DeadLetterSource {
+                        topic: source_topic,
+                        partition,
+                        offset,
+                    },
+                    DeadLetterKind::OutputRefused,
+                    &format!("output refused by the broker: {}", refused.error),
+                    &headers,
+                    key,
+                    value,
+                    self.limits.dead_letter_bytes_max,
+                )
+            }
+        };
+        let owned = OwnedMessage::new(
+            Some(value.to_vec()),
+            (!key.is_empty()).then(|| key.to_vec()),
+            self.dead_letter_topic.clone(),
+            message.timestamp(),
+            message.partition(),
+            message.offset(),
+            Some(out_headers),
+        );
+        (owned, Destination::DeadLetter)
+    }
+
+    /// Waits until everything sent so far is acknowledged (refused records sent again as
+    /// [`Sink::wait_oldest`] says).
+    ///
+    /// # Errors
+    /// [`SinkError`] for the first delivery that failed for good.
+    pub async fn drain(&mut self) -> Result<(), SinkError> {
+        while !self.pending.is_empty() {
+            self.wait_oldest().await?;
+        }
+        Ok(())
+    }
+
+    /// Flushes the producer's queue (blocking up to `timeout`); used at shutdown.
+    pub fn flush(&self, timeout: Duration) {
+        if let Err(err) = self.producer.flush(timeout) {
+            tracing::warn!(error = %err, "producer flush at shutdown did not complete");
+        }
+    }
+}
+
+impl PartialEq for Destination {
+    fn eq(&self, other: &Self) -> bool {
+        matches!(
+            (self, other),
+            (Destination::DeadLetter, Destination::DeadLetter)
+                | (Destination::Output { .. }, Destination::Output { .. })
+        )
+    }
+}
+
+/// Whether a delivery failed because the record (or its batch) was too large for the
+/// producer or the topic.
+fn is_too_large(error: &KafkaError) -> bool {
+    matches!(
+        error.rdkafka_error_code(),
+        Some(
+            RDKafkaErrorCode::MessageSizeTooLarge
+                | RDKafkaErrorCode::MessageBatchTooLarge
+                | RDKafkaErrorCode::InvalidMessageSize
+        )
+    )
+}

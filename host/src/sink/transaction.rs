@@ -1,0 +1,80 @@
+//! Exactly-once: committing a shard's Kafka transaction with its checkpoint
+//! (docs/checkpoints.md step 8).
+
+use crate::pipeline::ports::CommitError;
+use crate::source::SourceConsumer;
+use crate::state::checkpoint::{InputOffsets, manifest_metadata};
+use rdkafka::consumer::Consumer;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::producer::{FutureProducer, Producer};
+use rdkafka::{Offset, TopicPartitionList};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How long committing a checkpoint's Kafka transaction may take.
+const TRANSACTION_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Commits `producer`'s open transaction — the outputs since the last checkpoint — with the
+/// input offsets of `partition` and `version` in their metadata, then begins the next one. The
+/// consumer's group metadata goes with the offsets, so that a stale generation is refused.
+///
+/// # Errors
+/// [`CommitError::Fenced`] when another producer took the `transactional.id` over (or the
+/// group moved on to a newer generation); [`CommitError::Failed`] for anything else: the
+/// transaction is lost and the shard must be reopened from its decided checkpoint.
+pub(super) async fn commit(
+    producer: FutureProducer,
+    consumer: Arc<SourceConsumer>,
+    partition: i32,
+    input: &InputOffsets,
+    version: u64,
+) -> Result<(), CommitError> {
+    let mut offsets = TopicPartitionList::new();
+    for (topic, next) in input.iter() {
+        offsets
+            .add_partition_offset(topic, partition, Offset::Offset(next))
+            .and_then(|()| {
+                offsets
+                    .find_partition(topic, partition)
+                    .map(|mut e| e.set_metadata(manifest_metadata(version)))
+                    .ok_or(KafkaError::Global(RDKafkaErrorCode::UnknownPartition))
+            })
+            .map_err(|e| CommitError::Failed(Box::new(e)))?;
+    }
+    let committed = tokio::task::spawn_blocking(move || {
+        let group = consumer
+            .group_metadata()
+            .ok_or(KafkaError::Global(RDKafkaErrorCode::State))?;
+        producer.send_offsets_to_transaction(&offsets, &group, TRANSACTION_TIMEOUT)?;
+        producer.commit_transaction(TRANSACTION_TIMEOUT)?;
+        producer.begin_transaction()
+    })
+    .await
+    .unwrap_or(Err(KafkaError::Canceled));
+    match committed {
+        Ok(()) => Ok(()),
+        Err(source) if is_fenced(&source) => Err(CommitError::Fenced(Box::new(source))),
+        Err(source) => Err(CommitError::Failed(Box::new(source))),
+    }
+}
+
+/// Whether a transactional producer's error means another owner took over (its producer
+/// fenced ours, or the consumer group moved on to a newer generation).
+fn is_fenced(error: &KafkaError) -> bool {
+    let code = match error {
+        KafkaError::Transaction(e) => e.code(),
+        other => match other.rdkafka_error_code() {
+            Some(code) => code,
+            None => return false,
+        },
+    };
+    matches!(
+        code,
+        RDKafkaErrorCode::ProducerFenced
+            | RDKafkaErrorCode::InvalidProducerEpoch
+            | RDKafkaErrorCode::Fenced
+            | RDKafkaErrorCode::FencedInstanceId
+            | RDKafkaErrorCode::IllegalGeneration
+            | RDKafkaErrorCode::UnknownMemberId
+    )
+}

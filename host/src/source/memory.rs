@@ -1,0 +1,306 @@
+//! An in-memory [`Source`] for tests of the pipeline without a broker: partitions of input
+//! topics as logs in memory, assignments and revokes made by the test through a
+//! [`MemorySourceHandle`], pause, seek and committed offsets (with their metadata) as a
+//! consumer group member sees them. Deterministic: records of the assigned, unpaused
+//! partitions are handed out round-robin, a record at a time, in each partition's offset
+//! order; a revoke or an assignment is reported before any record handed out after it.
+
+use crate::pipeline::ports::{Fetched, GroupOffsets, Source, SourceError};
+use crate::runtime::InputRecord;
+use crate::state::checkpoint::{InputOffsets, manifest_metadata, parse_manifest_metadata};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+use tokio::sync::Notify;
+
+/// The logs and the member's view of them.
+#[derive(Debug, Default)]
+struct Logs {
+    /// (topic, partition) → records, at their offsets.
+    records: BTreeMap<(String, i32), Vec<InputRecord>>,
+    /// (topic, partition) → the next offset to hand out.
+    positions: BTreeMap<(String, i32), i64>,
+    assigned: BTreeSet<i32>,
+    paused: BTreeSet<i32>,
+    revoked_events: Vec<i32>,
+    assigned_events: Vec<i32>,
+    /// (topic, partition) → committed next offset and its metadata.
+    committed: BTreeMap<(String, i32), (i64, String)>,
+    /// Commits made, in order: (offsets, waited).
+    commits: Vec<(GroupOffsets, bool)>,
+    /// The partition served last (round-robin).
+    cursor: i32,
+}
+
+/// A [`Source`] in memory over `topics` (co-partitioned).
+#[derive(Debug, Clone)]
+pub struct MemorySource {
+    topics: Vec<String>,
+    logs: Arc<Mutex<Logs>>,
+    records_ready: Arc<Notify>,
+    rebalanced: Arc<Notify>,
+}
+
+/// What a test drives a [`MemorySource`] with.
+#[derive(Debug, Clone)]
+pub struct MemorySourceHandle {
+    source: MemorySource,
+}
+
+impl MemorySource {
+    /// A source over `topics` and its handle.
+    pub fn new(topics: &[&str]) -> (Self, MemorySourceHandle) {
+        let source = Self {
+            topics: topics.iter().map(|t| (*t).to_owned()).collect(),
+            logs: Arc::new(Mutex::new(Logs::default())),
+            records_ready: Arc::new(Notify::new()),
+            rebalanced: Arc::new(Notify::new()),
+        };
+        let handle = MemorySourceHandle {
+            source: source.clone(),
+        };
+        (source, handle)
+    }
+
+    fn logs(&self) -> std::sync::MutexGuard<'_, Logs> {
+        self.logs.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The next record of an assigned, unpaused partition, round-robin over partitions.
+    fn take_record(&self) -> Option<InputRecord> {
+        let mut logs = self.logs();
+        let partitions: Vec<i32> = logs
+            .assigned
+            .iter()
+            .copied()
+            .filter(|p| !logs.paused.contains(p))
+            .collect();
+        if partitions.is_empty() {
+            return None;
+        }
+        let start = partitions
+            .iter()
+            .position(|p| *p > logs.cursor)
+            .unwrap_or(0);
+        for i in 0..partitions.len() {
+            let partition = partitions[(start + i) % partitions.len()];
+            for topic in &self.topics {
+                let key = (topic.clone(), partition);
+                let at = logs.positions.get(&key).copied().unwrap_or(0);
+                let record = logs
+                    .records
+                    .get(&key)
+                    .and_then(|r| r.get(usize::try_from(at).ok()?))
+                    .cloned();
+                if let Some(record) = record {
+                    logs.positions.insert(key, at + 1);
+                    logs.cursor = partition;
+                    return Some(record);
+                }
+            }
+        }
+        None
+    }
+}
+
+impl MemorySourceHandle {
+    /// Appends a record with `key` and `value` to `partition` of `topic`; its offset is the
+    /// log's length, its timestamp `timestamp_ms`.
+    pub fn produce(
+        &self,
+        topic: &str,
+        partition: i32,
+        key: &[u8],
+        value: &[u8],
+        timestamp_ms: i64,
+    ) {
+        {
+            let mut logs = self.source.logs();
+            let log = logs
+                .records
+                .entry((topic.to_owned(), partition))
+                .or_default();
+            let offset = log.len() as i64;
+            log.push(InputRecord {
+                key: key.to_vec(),
+                value: value.to_vec(),
+                timestamp_ms,
+                headers: Vec::new(),
+                topic: topic.to_owned(),
+                partition,
+                offset,
+            });
+        }
+        self.source.records_ready.notify_one();
+    }
+
+    /// Assigns `partitions` to the member (an assignment event, reported before any record
+    /// of theirs).
+    pub fn assign(&self, partitions: &[i32]) {
+        {
+            let mut logs = self.source.logs();
+            for &p in partitions {
+                logs.assigned.insert(p);
+                logs.paused.remove(&p);
+                logs.assigned_events.push(p);
+            }
+        }
+        self.source.rebalanced.notify_one();
+        self.source.records_ready.notify_one();
+    }
+
+    /// Revokes `partitions` (a revoke event, reported before any record handed out after it;
+    /// none of theirs is handed out any more).
+    pub fn revoke(&self, partitions: &[i32]) {
+        {
+            let mut logs = self.source.logs();
+            for &p in partitions {
+                logs.assigned.remove(&p);
+                logs.revoked_events.push(p);
+            }
+        }
+        self.source.rebalanced.notify_one();
+    }
+
+    /// The member is gone without a word (its process crashed): its assignment, pauses,
+    /// positions and unreported rebalance events are forgotten; the logs and the group's
+    /// committed offsets stay. A new pipeline can then run over the same source.
+    pub fn crash(&self) {
+        let mut logs = self.source.logs();
+        logs.assigned.clear();
+        logs.paused.clear();
+        logs.positions.clear();
+        logs.revoked_events.clear();
+        logs.assigned_events.clear();
+    }
+
+    /// The records of `topic`'s `partition`, in offset order.
+    pub fn records(&self, topic: &str, partition: i32) -> Vec<InputRecord> {
+        self.source
+            .logs()
+            .records
+            .get(&(topic.to_owned(), partition))
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// The group's committed offsets: (topic, partition) → (next offset, metadata).
+    pub fn committed(&self) -> BTreeMap<(String, i32), (i64, String)> {
+        self.source.logs().committed.clone()
+    }
+
+    /// Every commit made so far, in order, with whether it waited for the broker.
+    pub fn commits(&self) -> Vec<(GroupOffsets, bool)> {
+        self.source.logs().commits.clone()
+    }
+
+    /// Commits `offsets` of `partition` naming checkpoint `version` in their metadata, as an
+    /// exactly-once transaction does (the in-memory sink calls this when it commits).
+    pub fn commit_transaction(&self, partition: i32, offsets: &InputOffsets, version: u64) {
+        let mut logs = self.source.logs();
+        for (topic, next) in offsets.iter() {
+            logs.committed.insert(
+                (topic.to_owned(), partition),
+                (next, manifest_metadata(version)),
+            );
+        }
+    }
+
+    /// The partitions paused now.
+    pub fn paused(&self) -> BTreeSet<i32> {
+        self.source.logs().paused.clone()
+    }
+
+    /// The next offset to hand out of `topic`'s `partition`.
+    pub fn position(&self, topic: &str, partition: i32) -> i64 {
+        self.source
+            .logs()
+            .positions
+            .get(&(topic.to_owned(), partition))
+            .copied()
+            .unwrap_or(0)
+    }
+}
+
+impl Source for MemorySource {
+    async fn recv(&self) -> Fetched {
+        loop {
+            let ready = self.records_ready.notified();
+            tokio::pin!(ready);
+            ready.as_mut().enable();
+            if let Some(record) = self.take_record() {
+                return Fetched::Record(record);
+            }
+            ready.await;
+        }
+    }
+
+    fn try_recv(&self) -> Option<Fetched> {
+        self.take_record().map(Fetched::Record)
+    }
+
+    async fn rebalanced(&self) {
+        self.rebalanced.notified().await;
+    }
+
+    fn take_revoked(&self) -> Vec<i32> {
+        std::mem::take(&mut self.logs().revoked_events)
+    }
+
+    fn take_assigned(&self) -> Vec<i32> {
+        std::mem::take(&mut self.logs().assigned_events)
+    }
+
+    fn set_paused(&self, partition: i32, paused: bool) -> Result<(), SourceError> {
+        {
+            let mut logs = self.logs();
+            if paused {
+                logs.paused.insert(partition);
+            } else {
+                logs.paused.remove(&partition);
+            }
+        }
+        if !paused {
+            self.records_ready.notify_one();
+        }
+        Ok(())
+    }
+
+    fn seek(&self, partition: i32, offsets: &InputOffsets) -> Result<(), SourceError> {
+        let mut logs = self.logs();
+        for topic in &self.topics {
+            let key = (topic.clone(), partition);
+            // A topic the checkpoint has no offset for starts where a new group does: at
+            // the beginning.
+            let to = offsets.next(topic).unwrap_or(0);
+            logs.positions.insert(key, to);
+        }
+        drop(logs);
+        self.records_ready.notify_one();
+        Ok(())
+    }
+
+    fn commit(&self, offsets: &GroupOffsets, wait: bool) -> Result<(), SourceError> {
+        let mut logs = self.logs();
+        for (key, next) in offsets {
+            logs.committed.insert(key.clone(), (*next, String::new()));
+        }
+        logs.commits.push((offsets.clone(), wait));
+        Ok(())
+    }
+
+    async fn committed_checkpoint(&self, partition: i32) -> Result<Option<u64>, SourceError> {
+        let logs = self.logs();
+        Ok(self.topics.iter().find_map(|topic| {
+            logs.committed
+                .get(&(topic.clone(), partition))
+                .and_then(|(_, metadata)| parse_manifest_metadata(metadata))
+        }))
+    }
+
+    fn high_watermark(&self, topic: &str, partition: i32) -> Option<i64> {
+        self.logs()
+            .records
+            .get(&(topic.to_owned(), partition))
+            .map(|r| r.len() as i64)
+    }
+}
