@@ -9,6 +9,11 @@ use weir_host::config::Settings;
 use weir_host::pipeline::{self, PipelineStats};
 use weir_host::state::configured::ConfiguredBackend;
 
+/// mimalloc instead of glibc's malloc: the record path allocates per batch and per record
+/// (inputs, staged writes and emits, produced records); docs/bench.md has the measurement.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Weir: WebAssembly operators over Kafka with keyed state.
 #[derive(Debug, Parser)]
 #[command(version, about)]
