@@ -8,7 +8,7 @@ use super::attempt;
 use super::open::{Opened, Opening};
 use super::ports::{Fetched, GroupOffsets, Output, Source};
 use super::worker::{PartitionWorker, WorkerError};
-use super::{PartitionProblem, PartitionState, PipelineControl, PipelineError, PipelineStats};
+use super::{PipelineControl, PipelineError, PipelineStats};
 use crate::config::Settings;
 use crate::runtime::{InputRecord, Operator};
 use crate::state::StateBackend;
@@ -32,7 +32,7 @@ const STALL_CHECK_INTERVAL: Duration = Duration::from_millis(50);
 
 /// How long a partition whose shard another owner claimed stays paused before this host tries
 /// to open it again (a rebalance that revokes it ends the wait sooner).
-const FENCED_HOLD: Duration = Duration::from_secs(10);
+pub(super) const FENCED_HOLD: Duration = Duration::from_secs(10);
 
 /// How long after a failed shard open (store unavailable) it is tried again.
 pub(super) const OPEN_RETRY_DELAY: Duration = Duration::from_secs(1);
@@ -45,20 +45,20 @@ pub(super) const NO_CHECKPOINT_RETRY_MIN: Duration = Duration::from_secs(5);
 pub(super) const NO_CHECKPOINT_RETRY_MAX: Duration = Duration::from_secs(300);
 
 /// Longest wait before a shard whose transactions keep failing is reopened (exactly-once).
-const TRANSACTION_BACKOFF_MAX: Duration = Duration::from_secs(60);
+pub(super) const TRANSACTION_BACKOFF_MAX: Duration = Duration::from_secs(60);
 
 /// How often the partitions' high watermarks are read for their progress (lag).
 const WATERMARKS_INTERVAL: Duration = Duration::from_secs(1);
 
 pub(super) struct WorkerHandle {
-    tx: mpsc::Sender<Vec<InputRecord>>,
+    pub(super) tx: mpsc::Sender<Vec<InputRecord>>,
     /// Set by the worker while it backs off from a state outage.
-    stalled: Arc<AtomicBool>,
+    pub(super) stalled: Arc<AtomicBool>,
     /// Set by the worker's sink while it waits to send a refused record again.
-    sink_stalled: Arc<AtomicBool>,
+    pub(super) sink_stalled: Arc<AtomicBool>,
     /// Set by the loop when the partition is revoked.
-    revoked: Arc<AtomicBool>,
-    task: JoinHandle<Result<(), WorkerError>>,
+    pub(super) revoked: Arc<AtomicBool>,
+    pub(super) task: JoinHandle<Result<(), WorkerError>>,
 }
 
 /// The flags a partition's worker shares with the loop (and its sink's guard).
@@ -366,7 +366,7 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
 
     /// Commits the newest checkpointed offsets received for the `owned` partitions (later
     /// checkpoints replace earlier ones) and forgets the others'.
-    fn commit_offsets(&mut self, owned: &HashSet<i32>, wait: bool) {
+    pub(super) fn commit_offsets(&mut self, owned: &HashSet<i32>, wait: bool) {
         while let Ok(done) = self.checkpointed_rx.try_recv() {
             self.checkpointed.push(done);
         }
@@ -392,7 +392,11 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
     /// consumer instead, the records stay pending and the other partitions go on; it is resumed
     /// once everything is handed over. Not `live` (when draining), waits for room as long as
     /// it takes.
-    async fn send_pending(&mut self, partition: i32, live: bool) -> Result<(), PipelineError> {
+    pub(super) async fn send_pending(
+        &mut self,
+        partition: i32,
+        live: bool,
+    ) -> Result<(), PipelineError> {
         let Some(worker) = self.workers.get(&partition) else {
             if live && self.paused.insert(partition) {
                 self.set_paused(partition, true);
@@ -450,84 +454,6 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
             self.set_paused(partition, false);
         }
         Ok(())
-    }
-
-    /// A worker ended on its own. Fenced: another owner claimed the shard, so this host drops
-    /// the partition's records and pauses it for [`FENCED_HOLD`] (a rebalance will normally
-    /// revoke it meanwhile). A failed transaction: the same, for [`OPEN_RETRY_DELAY`], then the
-    /// shard is reopened from its decided checkpoint. Corrupt state: the same, and the shard is
-    /// reopened from a checkpoint that does not reference what was found corrupt. Anything
-    /// else stops the pipeline.
-    async fn worker_ended(&mut self, partition: i32) -> Result<(), PipelineError> {
-        match self.worker_failure(partition).await {
-            PipelineError::Worker(WorkerError::Corrupt {
-                opened_from,
-                source,
-                ..
-            }) => {
-                let known = self.corruption.entry(partition).or_default();
-                known.add(&source, opened_from);
-                self.stats.set_problem(
-                    partition,
-                    Some(PartitionProblem {
-                        state: PartitionState::Paused,
-                        reason: format!(
-                            "falling back to an older checkpoint: {}",
-                            crate::error::Chain(&source)
-                        ),
-                    }),
-                );
-                self.pending.remove(&partition);
-                self.hold
-                    .insert(partition, Instant::now() + OPEN_RETRY_DELAY);
-                if self.paused.insert(partition) {
-                    self.set_paused(partition, true);
-                }
-                Ok(())
-            }
-            PipelineError::Worker(
-                ref err @ (WorkerError::Fenced { .. } | WorkerError::Transaction { .. }),
-            ) => {
-                let hold = match err {
-                    WorkerError::Fenced { .. } => FENCED_HOLD,
-                    _ => {
-                        // A transaction that keeps failing (its outputs refused) reopens the
-                        // shard less and less often, and says so in the partition's status.
-                        let now = Instant::now();
-                        let (wait, last) = self
-                            .transaction_backoff
-                            .get(&partition)
-                            .copied()
-                            .unwrap_or((OPEN_RETRY_DELAY, now));
-                        let wait = if now.duration_since(last) < TRANSACTION_BACKOFF_MAX * 2 {
-                            wait
-                        } else {
-                            OPEN_RETRY_DELAY
-                        };
-                        self.transaction_backoff
-                            .insert(partition, ((wait * 2).min(TRANSACTION_BACKOFF_MAX), now));
-                        self.stats.set_problem(
-                            partition,
-                            Some(PartitionProblem {
-                                state: PartitionState::Paused,
-                                reason: format!(
-                                    "the exactly-once transaction was lost ({}); reopening from the last decided checkpoint in {wait:?}",
-                                    crate::error::Chain(err)
-                                ),
-                            }),
-                        );
-                        wait
-                    }
-                };
-                self.pending.remove(&partition);
-                self.hold.insert(partition, Instant::now() + hold);
-                if self.paused.insert(partition) {
-                    self.set_paused(partition, true);
-                }
-                Ok(())
-            }
-            other => Err(other),
-        }
     }
 
     /// Pauses or resumes fetching of `partition` of every input topic.
@@ -595,94 +521,5 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
                 task,
             },
         );
-    }
-
-    async fn worker_failure(&mut self, partition: i32) -> PipelineError {
-        match self.workers.remove(&partition) {
-            Some(worker) => match worker.task.await {
-                Ok(Err(err)) => PipelineError::Worker(err),
-                Ok(Ok(())) | Err(_) => PipelineError::WorkerPanicked(partition),
-            },
-            None => PipelineError::WorkerPanicked(partition),
-        }
-    }
-
-    /// Closes every worker's queue and waits for it to finish its batches, deliveries and last
-    /// checkpoint; waits for revoked partitions' workers too. Then commits the last
-    /// checkpoints of the partitions it still owns to the group, synchronously, before the
-    /// consumer closes (at-least-once: exactly-once committed them in their transactions).
-    pub(super) async fn drain(&mut self) -> Result<(), PipelineError> {
-        for (_, opening) in self.opening.drain() {
-            opening.abort();
-        }
-        let owned: HashSet<i32> = self.workers.keys().copied().collect();
-        let deadline = tokio::time::Instant::now() + self.settings.runtime.shutdown_drain_max;
-        match tokio::time::timeout_at(deadline, self.drain_all()).await {
-            Ok(result) => {
-                // The partitions it still owns: their last checkpoints reach the group before
-                // the consumer leaves it.
-                self.commit_offsets(&owned, true);
-                result
-            }
-            Err(_) => {
-                // A worker stuck in an outage would keep shutdown waiting forever. Nothing is
-                // lost by stopping it: no offset is committed for records it did not finish.
-                let partitions: Vec<i32> = self.workers.keys().copied().collect();
-                tracing::warn!(?partitions, max = ?self.settings.runtime.shutdown_drain_max, "shutdown: workers still busy; stopping them without finishing");
-                for (_, worker) in self.workers.drain() {
-                    worker.task.abort();
-                }
-                for (_, (_, task)) in self.closing.drain() {
-                    task.abort();
-                }
-                Err(PipelineError::DrainTimedOut(partitions))
-            }
-        }
-    }
-
-    async fn drain_all(&mut self) -> Result<(), PipelineError> {
-        let partitions: Vec<i32> = self.pending.keys().copied().collect();
-        let mut result = Ok(());
-        for partition in partitions {
-            if let Err(err) = self.send_pending(partition, false).await {
-                result = result.and(Err(err));
-            }
-        }
-        let partitions: Vec<i32> = self.workers.keys().copied().collect();
-        for partition in partitions {
-            let Some(worker) = self.workers.get_mut(&partition) else {
-                continue;
-            };
-            // Close the queue, then wait; the handle stays registered until the worker ends
-            // so that a timeout above can still abort it.
-            let (closed, _) = mpsc::channel(1);
-            drop(std::mem::replace(&mut worker.tx, closed));
-            let outcome = match (&mut worker.task).await {
-                // The partition's next owner resumes from its last decided checkpoint.
-                Ok(
-                    Ok(())
-                    | Err(
-                        WorkerError::Fenced { .. }
-                        | WorkerError::Transaction { .. }
-                        | WorkerError::Corrupt { .. },
-                    ),
-                ) => Ok(()),
-                Ok(Err(err)) => Err(PipelineError::Worker(err)),
-                Err(_) => Err(PipelineError::WorkerPanicked(partition)),
-            };
-            self.workers.remove(&partition);
-            result = result.and(outcome);
-        }
-        let partitions: Vec<i32> = self.closing.keys().copied().collect();
-        for partition in partitions {
-            let Some((_, task)) = self.closing.get_mut(&partition) else {
-                continue;
-            };
-            if let Err(_panicked) = task.await {
-                result = result.and(Err(PipelineError::WorkerPanicked(partition)));
-            }
-            self.closing.remove(&partition);
-        }
-        result
     }
 }

@@ -16,18 +16,24 @@
 //! - [`ports`]          the traits the pipeline runs over;
 //! - [`consumer_loop`]  the loop: records and rebalances in, batches out, offsets committed;
 //! - [`open`]           a partition's shard opened, recovered and claimed;
-//! - [`worker`]         one partition's worker: admission, attempts' outcomes, checkpoints;
+//! - [`outcome`]        a worker that ended on its own: reopen later, or stop the pipeline;
+//! - [`shutdown`]       the drain at shutdown;
+//! - [`worker`]         one partition's worker: admission, attempts' outcomes;
+//! - [`checkpoint`]     the worker's checkpoint;
 //! - [`attempt`]        one attempt of a batch, and a partition's execution state;
 //! - [`isolation`]      which records of a failed batch to call next;
 //! - [`controller`]     the execution controller (FLIP-425);
 //! - [`stats`]          the figures of a run.
 
 mod attempt;
+mod checkpoint;
 mod consumer_loop;
 pub mod controller;
 mod isolation;
 mod open;
+mod outcome;
 pub mod ports;
+mod shutdown;
 mod stats;
 pub mod worker;
 

@@ -33,14 +33,13 @@
 //! partition was revoked — it finishes what it admitted, checkpoints once more and ends; after
 //! a revoke it drops the records not yet admitted, unprocessed.
 
+use super::PipelineStats;
 use super::attempt::{Attempted, Execution, Failure, Running, Task, attempt, batch_deadline};
 use super::isolation::{Isolation, Outcome, Verdict};
-use super::ports::{CommitError, DeadLetterKind, ShardSink, SinkError};
-use super::{CheckpointRecord, PipelineStats};
-use crate::clock::{Clock, SystemClock};
+use super::ports::{DeadLetterKind, ShardSink, SinkError};
 use crate::config::{FailurePolicy, RuntimeSettings};
 use crate::runtime::{BatchCtx, CallError, Disposition, InputRecord, Operator};
-use crate::state::checkpoint::{CheckpointError, DecidedBy, InputOffsets};
+use crate::state::checkpoint::InputOffsets;
 use crate::state::{Shard, StateError};
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
@@ -458,7 +457,7 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
     }
 
     /// The worker's end after finding its shard corrupt.
-    fn corrupt(&self, source: StateError) -> WorkerError {
+    pub(super) fn corrupt(&self, source: StateError) -> WorkerError {
         tracing::error!(partition = self.partition, error = %source, "shard state is corrupt; the partition falls back to an older checkpoint");
         WorkerError::Corrupt {
             partition: self.partition,
@@ -491,134 +490,8 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
         self.processed(&task.records);
     }
 
-    /// Checkpoints the shard if records were processed since the last checkpoint, or if the
-    /// checkpoint was `requested` (through the API) (docs/checkpoints.md steps 1–7). A failed checkpoint leaves the previous one current and is
-    /// retried at the next tick; at the `last` one (queue closed) it is only logged: the
-    /// records since the previous checkpoint will be read again by the next owner.
-    async fn checkpoint(&mut self, last: bool, requested: bool) -> Result<(), WorkerError> {
-        // Corruption compaction or the scrub found in the background ends the worker at the
-        // next tick, busy or idle: the shard falls back (docs/checkpoints.md, "Corruption").
-        if let Some(corruption) = self.shard.corruption() {
-            return Err(self.corrupt(corruption));
-        }
-        if !self.dirty && !requested {
-            return Ok(());
-        }
-        let started = Instant::now();
-        tracing::debug!(partition = self.partition, last, "checkpoint starting");
-        // At-least-once output: every output of the records the checkpoint covers is
-        // acknowledged before the checkpoint commits their offsets. (Exactly-once: the
-        // transaction commit flushes them; waiting here could hang on a fenced producer whose
-        // deliveries only fail at `message.timeout.ms`.)
-        let transactional = self.sink.transactional();
-        if !transactional {
-            self.drain_sink().await?;
-        }
-        let decided_by = if transactional {
-            DecidedBy::Transaction
-        } else {
-            DecidedBy::Manifest
-        };
-        match self.shard.checkpoint(&self.offsets, decided_by).await {
-            Ok(report) => {
-                // docs/checkpoints.md step 7: the manifest is written, Kafka not yet told.
-                fail::fail_point!("checkpoint-after-manifest", |_| {
-                    crate::fail_points::crash("checkpoint-after-manifest")
-                });
-                let Some(report) = report else {
-                    self.dirty = false;
-                    return Ok(()); // the shard keeps no durable state
-                };
-                if transactional {
-                    // docs/checkpoints.md step 8: the transaction decides.
-                    let partition = self.partition;
-                    match self
-                        .sink
-                        .commit(partition, &self.offsets, report.version)
-                        .await
-                    {
-                        Ok(()) => {}
-                        Err(CommitError::Fenced(source)) => {
-                            self.stats
-                                .checkpoints_fenced
-                                .fetch_add(1, Ordering::Relaxed);
-                            tracing::warn!(partition, error = %source, "transaction refused: another owner took the shard's transactional identity over; closing it");
-                            return Err(WorkerError::Fenced { partition });
-                        }
-                        Err(CommitError::Failed(source)) => {
-                            self.stats
-                                .checkpoint_failures
-                                .fetch_add(1, Ordering::Relaxed);
-                            tracing::warn!(partition, error = %source, "checkpoint transaction failed; reopening the shard from its last decided checkpoint");
-                            return Err(WorkerError::Transaction { partition, source });
-                        }
-                    }
-                }
-                self.dirty = false;
-                self.shard.checkpoint_decided(report.version);
-                let elapsed = started.elapsed();
-                self.stats.record_checkpoint(elapsed, report.uploaded_bytes);
-                self.stats.record_checkpoint_of(CheckpointRecord {
-                    partition: self.partition,
-                    version: report.version,
-                    committed_ms: SystemClock.now_ms(),
-                    duration_ms: elapsed.as_millis() as u64,
-                    uploaded_bytes: report.uploaded_bytes,
-                    state_bytes: report.state_bytes,
-                    offsets: self
-                        .offsets
-                        .iter()
-                        .map(|(t, o)| (t.to_owned(), o))
-                        .collect(),
-                });
-                tracing::debug!(
-                    partition = self.partition,
-                    version = report.version,
-                    ms = elapsed.as_millis() as u64,
-                    uploaded_bytes = report.uploaded_bytes,
-                    state_bytes = report.state_bytes,
-                    "checkpoint committed"
-                );
-                if !transactional {
-                    // The consumer loop may be gone at shutdown; the group's copy is
-                    // informational.
-                    let _ = self
-                        .checkpointed
-                        .send((self.partition, self.offsets.clone()));
-                }
-                Ok(())
-            }
-            Err(CheckpointError::Fenced { shard }) => {
-                self.stats
-                    .checkpoints_fenced
-                    .fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(partition = self.partition, %shard, "checkpoint refused: another owner claimed the shard; closing it");
-                Err(WorkerError::Fenced {
-                    partition: self.partition,
-                })
-            }
-            Err(CheckpointError::State(err)) if err.kind() == crate::error::ErrorKind::Corrupt => {
-                Err(self.corrupt(err))
-            }
-            Err(CheckpointError::State(err)) => {
-                self.stats
-                    .checkpoint_failures
-                    .fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(partition = self.partition, error = %err, last, "checkpoint failed; the previous one stays current");
-                Ok(())
-            }
-        }
-    }
-
-    async fn drain_sink(&mut self) -> Result<(), WorkerError> {
-        match self.sink.drain().await {
-            Ok(()) => Ok(()),
-            Err(source) => Err(self.sink_failed(source)),
-        }
-    }
-
     /// Moves the offsets past `records`, whose effects are now applied.
-    fn processed(&mut self, records: &[InputRecord]) {
+    pub(super) fn processed(&mut self, records: &[InputRecord]) {
         for record in records {
             self.offsets.advance(&record.topic, record.offset);
         }
@@ -709,7 +582,7 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
     /// The worker's error for a failed delivery. Exactly-once: the transactional producer is
     /// unusable (fenced, or a fatal error) and the open transaction lost, so the shard is
     /// reopened from its decided checkpoint, as after a failed commit — not a pipeline failure.
-    fn sink_failed(&self, source: SinkError) -> WorkerError {
+    pub(super) fn sink_failed(&self, source: SinkError) -> WorkerError {
         let partition = self.partition;
         if self.sink.transactional() {
             tracing::warn!(partition, error = %source, "output failed in the open transaction; reopening the shard from its last decided checkpoint");

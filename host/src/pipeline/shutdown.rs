@@ -1,0 +1,93 @@
+//! The pipeline's shutdown: every queued batch handed over and processed, every delivery
+//! acknowledged, a last checkpoint per shard, then the last checkpoints' offsets committed to
+//! the group before the consumer leaves it — or, past `shutdown_drain_max`, the stuck workers
+//! stopped without committing anything they did not finish.
+
+use super::PipelineError;
+use super::consumer_loop::Running;
+use super::ports::{Output, Source};
+use super::worker::WorkerError;
+use crate::state::StateBackend;
+use std::collections::HashSet;
+use tokio::sync::mpsc;
+
+impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
+    /// Closes every worker's queue and waits for it to finish its batches, deliveries and last
+    /// checkpoint; waits for revoked partitions' workers too. Then commits the last
+    /// checkpoints of the partitions it still owns to the group, synchronously, before the
+    /// consumer closes (at-least-once: exactly-once committed them in their transactions).
+    pub(super) async fn drain(&mut self) -> Result<(), PipelineError> {
+        for (_, opening) in self.opening.drain() {
+            opening.abort();
+        }
+        let owned: HashSet<i32> = self.workers.keys().copied().collect();
+        let deadline = tokio::time::Instant::now() + self.settings.runtime.shutdown_drain_max;
+        match tokio::time::timeout_at(deadline, self.drain_all()).await {
+            Ok(result) => {
+                // The partitions it still owns: their last checkpoints reach the group before
+                // the consumer leaves it.
+                self.commit_offsets(&owned, true);
+                result
+            }
+            Err(_) => {
+                // A worker stuck in an outage would keep shutdown waiting forever. Nothing is
+                // lost by stopping it: no offset is committed for records it did not finish.
+                let partitions: Vec<i32> = self.workers.keys().copied().collect();
+                tracing::warn!(?partitions, max = ?self.settings.runtime.shutdown_drain_max, "shutdown: workers still busy; stopping them without finishing");
+                for (_, worker) in self.workers.drain() {
+                    worker.task.abort();
+                }
+                for (_, (_, task)) in self.closing.drain() {
+                    task.abort();
+                }
+                Err(PipelineError::DrainTimedOut(partitions))
+            }
+        }
+    }
+
+    async fn drain_all(&mut self) -> Result<(), PipelineError> {
+        let partitions: Vec<i32> = self.pending.keys().copied().collect();
+        let mut result = Ok(());
+        for partition in partitions {
+            if let Err(err) = self.send_pending(partition, false).await {
+                result = result.and(Err(err));
+            }
+        }
+        let partitions: Vec<i32> = self.workers.keys().copied().collect();
+        for partition in partitions {
+            let Some(worker) = self.workers.get_mut(&partition) else {
+                continue;
+            };
+            // Close the queue, then wait; the handle stays registered until the worker ends
+            // so that a timeout above can still abort it.
+            let (closed, _) = mpsc::channel(1);
+            drop(std::mem::replace(&mut worker.tx, closed));
+            let outcome = match (&mut worker.task).await {
+                // The partition's next owner resumes from its last decided checkpoint.
+                Ok(
+                    Ok(())
+                    | Err(
+                        WorkerError::Fenced { .. }
+                        | WorkerError::Transaction { .. }
+                        | WorkerError::Corrupt { .. },
+                    ),
+                ) => Ok(()),
+                Ok(Err(err)) => Err(PipelineError::Worker(err)),
+                Err(_) => Err(PipelineError::WorkerPanicked(partition)),
+            };
+            self.workers.remove(&partition);
+            result = result.and(outcome);
+        }
+        let partitions: Vec<i32> = self.closing.keys().copied().collect();
+        for partition in partitions {
+            let Some((_, task)) = self.closing.get_mut(&partition) else {
+                continue;
+            };
+            if let Err(_panicked) = task.await {
+                result = result.and(Err(PipelineError::WorkerPanicked(partition)));
+            }
+            self.closing.remove(&partition);
+        }
+        result
+    }
+}
