@@ -59,16 +59,47 @@ fn settings(delivery: &str) -> Settings {
     .expect("valid test settings")
 }
 
-/// A source with `per_partition` records in each of `partitions`, keys `k0`…`k19`.
-fn source(partitions: i32, per_partition: usize) -> (MemorySource, MemorySourceHandle) {
-    let (source, handle) = MemorySource::new(&[TOPIC]);
-    for partition in 0..partitions {
-        for i in 0..per_partition {
-            let key = format!("k{}", i % 20);
-            handle.produce(TOPIC, partition, key.as_bytes(), b"v", i as i64);
+/// What outlives a test pipeline's runs: its input (`per_partition` records in each partition,
+/// keys `k0`…`k19`), its output (exactly-once commits set the source's committed offsets, as
+/// Kafka's transactions do) and the store its checkpoints go to.
+struct World {
+    source: MemorySource,
+    handle: MemorySourceHandle,
+    output: MemoryOutput,
+    store: Arc<InMemory>,
+    delivery: &'static str,
+}
+
+impl World {
+    fn new(partitions: i32, per_partition: usize, delivery: &'static str) -> Self {
+        let (source, handle) = MemorySource::new(&[TOPIC]);
+        for partition in 0..partitions {
+            for i in 0..per_partition {
+                let key = format!("k{}", i % 20);
+                handle.produce(TOPIC, partition, key.as_bytes(), b"v", i as i64);
+            }
+        }
+        Self {
+            source,
+            output: MemoryOutput::new(1 << 20, Some(handle.clone())),
+            handle,
+            store: Arc::new(InMemory::new()),
+            delivery,
         }
     }
-    (source, handle)
+
+    /// Starts a pipeline over this world, each state read delayed by `delay`; returns the
+    /// run and its backend.
+    async fn start(&self, delay: ReadDelay) -> (Run, Arc<Backend>) {
+        start(
+            settings(self.delivery),
+            self.source.clone(),
+            self.output.clone(),
+            self.store.clone(),
+            delay,
+        )
+        .await
+    }
 }
 
 /// One pipeline run, and what drives it.
@@ -199,17 +230,11 @@ fn outputs_of(output: &MemoryOutput, partition: i32) -> usize {
 #[tokio::test(start_paused = true)]
 async fn a_revoke_in_the_middle_of_batches_drops_the_queued_records_without_changing_state_or_offsets()
  {
-    let (source, handle) = source(2, 1000);
-    let output = MemoryOutput::new(1 << 20, None);
-    let store = Arc::new(InMemory::new());
-    let (run, backend) = start(
-        settings("at_least_once"),
-        source,
-        output.clone(),
-        store,
-        ReadDelay::Fixed(Duration::from_millis(10)),
-    )
-    .await;
+    let world = World::new(2, 1000, "at_least_once");
+    let (handle, output) = (&world.handle, &world.output);
+    let (run, backend) = world
+        .start(ReadDelay::Fixed(Duration::from_millis(10)))
+        .await;
     handle.assign(&[0, 1]);
     until("a checkpoint of each partition", || {
         run.stats.checkpoints.load(Ordering::Relaxed) >= 2
@@ -244,54 +269,48 @@ async fn a_revoke_in_the_middle_of_batches_drops_the_queued_records_without_chan
          fetched to {}, checkpointed to {checkpointed}",
         handle.position(TOPIC, 0)
     );
-    let done = outputs_per_offset(&output, 0);
+    let done = outputs_per_offset(output, 0);
     assert_eq!(
         done.keys().copied().collect::<Vec<_>>(),
         (0..checkpointed).collect::<Vec<_>>(),
         "the outputs are those of the records the checkpoint covers: the queued ones were dropped"
     );
-    until("partition 1 is done", || outputs_of(&output, 1) == 1000).await;
+    until("partition 1 is done", || outputs_of(output, 1) == 1000).await;
     assert_eq!(
-        outputs_of(&output, 0),
+        outputs_of(output, 0),
         done.values().sum::<usize>(),
         "nothing of a revoked partition runs after its close"
     );
     // Assigned back, it resumes from the checkpoint: every record once, counts exact.
     handle.assign(&[0]);
-    until("partition 0 is done", || outputs_of(&output, 0) >= 1000).await;
+    until("partition 0 is done", || outputs_of(output, 0) >= 1000).await;
     run.stop().await.expect("clean stop");
     assert_eq!(
-        run_count(&output, 0),
+        run_count(output, 0),
         1000,
         "every record of partition 0 has one output"
     );
-    assert_counts_exact(&handle, &output, 0);
-    assert_counts_exact(&handle, &output, 1);
+    assert_counts_exact(handle, output, 0);
+    assert_counts_exact(handle, output, 1);
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_revoke_between_two_fetched_batches_reopens_from_the_checkpoint() {
-    let (source, handle) = source(1, 400);
-    let output = MemoryOutput::new(1 << 20, None);
-    let store = Arc::new(InMemory::new());
-    let (run, _) = start(
-        settings("at_least_once"),
-        source,
-        output.clone(),
-        store,
-        ReadDelay::Fixed(Duration::from_millis(2)),
-    )
-    .await;
+    let world = World::new(1, 400, "at_least_once");
+    let (handle, output) = (&world.handle, &world.output);
+    let (run, _) = world
+        .start(ReadDelay::Fixed(Duration::from_millis(2)))
+        .await;
     handle.assign(&[0]);
-    until("a first batch has run", || outputs_of(&output, 0) >= 8).await;
+    until("a first batch has run", || outputs_of(output, 0) >= 8).await;
     // Taken away and given back at once: the second assignment arrives while the first
     // owner's worker is still closing.
     handle.revoke(&[0]);
     handle.assign(&[0]);
-    until("partition 0 is done", || outputs_of(&output, 0) >= 400).await;
+    until("partition 0 is done", || outputs_of(output, 0) >= 400).await;
     run.stop().await.expect("clean stop");
-    assert_eq!(run_count(&output, 0), 400, "no record is lost or run twice");
-    assert_counts_exact(&handle, &output, 0);
+    assert_eq!(run_count(output, 0), 400, "no record is lost or run twice");
+    assert_counts_exact(handle, output, 0);
 }
 
 /// How many distinct offsets of `partition` have exactly one output (panics on duplicates).
@@ -306,18 +325,14 @@ fn run_count(output: &MemoryOutput, partition: i32) -> usize {
 
 #[tokio::test(start_paused = true)]
 async fn a_checkpoint_drains_in_flight_batches_so_a_crash_resumes_with_exact_state() {
-    let (source, handle) = source(2, 1000);
-    let output = MemoryOutput::new(1 << 20, None);
-    let store = Arc::new(InMemory::new());
-    let (run, _) = start(
-        settings("at_least_once"),
-        source.clone(),
-        output.clone(),
-        store.clone(),
-        // Irregular read times: batches finish out of order.
-        ReadDelay::UpTo(Duration::from_millis(20)),
-    )
-    .await;
+    let world = World::new(2, 1000, "at_least_once");
+    let (handle, output) = (&world.handle, &world.output);
+    let (run, _) = world
+        .start(
+            // Irregular read times: batches finish out of order.
+            ReadDelay::UpTo(Duration::from_millis(20)),
+        )
+        .await;
     handle.assign(&[0, 1]);
     until("a few checkpoints", || {
         run.stats.checkpoints.load(Ordering::Relaxed) >= 4
@@ -329,44 +344,33 @@ async fn a_checkpoint_drains_in_flight_batches_so_a_crash_resumes_with_exact_sta
     );
     run.crash().await;
     handle.crash();
-    let (run, _) = start(
-        settings("at_least_once"),
-        source,
-        output.clone(),
-        store,
-        ReadDelay::UpTo(Duration::from_millis(20)),
-    )
-    .await;
+    let (run, _) = world
+        .start(ReadDelay::UpTo(Duration::from_millis(20)))
+        .await;
     handle.assign(&[0, 1]);
     until("both partitions are done", || {
-        outputs_per_offset(&output, 0).len() == 1000 && outputs_per_offset(&output, 1).len() == 1000
+        outputs_per_offset(output, 0).len() == 1000 && outputs_per_offset(output, 1).len() == 1000
     })
     .await;
     run.stop().await.expect("clean stop");
-    assert_counts_exact(&handle, &output, 0);
-    assert_counts_exact(&handle, &output, 1);
+    assert_counts_exact(handle, output, 0);
+    assert_counts_exact(handle, output, 1);
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_stalled_sink_pauses_only_its_own_partition() {
-    let (source, handle) = source(2, 1000);
-    let output = MemoryOutput::new(1 << 20, None);
+    let world = World::new(2, 1000, "at_least_once");
+    let (handle, output) = (&world.handle, &world.output);
     output.refuse(0, true);
-    let store = Arc::new(InMemory::new());
-    let (run, _) = start(
-        settings("at_least_once"),
-        source,
-        output.clone(),
-        store,
-        ReadDelay::Fixed(Duration::from_millis(10)),
-    )
-    .await;
+    let (run, _) = world
+        .start(ReadDelay::Fixed(Duration::from_millis(10)))
+        .await;
     handle.assign(&[0, 1]);
-    until("partition 1 is done", || outputs_of(&output, 1) == 1000).await;
+    until("partition 1 is done", || outputs_of(output, 1) == 1000).await;
     until("partition 0 is paused", || handle.paused().contains(&0)).await;
     assert!(!handle.paused().contains(&1), "the other partition runs on");
     assert_eq!(
-        outputs_of(&output, 0),
+        outputs_of(output, 0),
         0,
         "nothing of partition 0 was delivered"
     );
@@ -375,29 +379,21 @@ async fn a_stalled_sink_pauses_only_its_own_partition() {
         "partition 0 stopped fetching while its sink refused deliveries"
     );
     output.refuse(0, false);
-    until("partition 0 is done", || outputs_of(&output, 0) == 1000).await;
+    until("partition 0 is done", || outputs_of(output, 0) == 1000).await;
     until("partition 0 is resumed", || handle.paused().is_empty()).await;
     run.stop().await.expect("clean stop");
-    assert_eq!(run_count(&output, 0), 1000);
-    assert_counts_exact(&handle, &output, 0);
+    assert_eq!(run_count(output, 0), 1000);
+    assert_counts_exact(handle, output, 0);
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_state_outage_backs_off_pausing_only_its_partition_and_loses_nothing() {
-    let (source, handle) = source(2, 300);
-    let output = MemoryOutput::new(1 << 20, None);
-    let store = Arc::new(InMemory::new());
-    let (run, backend) = start(
-        settings("at_least_once"),
-        source,
-        output.clone(),
-        store,
-        ReadDelay::Fixed(Duration::ZERO),
-    )
-    .await;
+    let world = World::new(2, 300, "at_least_once");
+    let (handle, output) = (&world.handle, &world.output);
+    let (run, backend) = world.start(ReadDelay::Fixed(Duration::ZERO)).await;
     backend.set_unavailable(0, true);
     handle.assign(&[0, 1]);
-    until("partition 1 is done", || outputs_of(&output, 1) == 300).await;
+    until("partition 1 is done", || outputs_of(output, 1) == 300).await;
     until("partition 0 is paused", || handle.paused().contains(&0)).await;
     // Thirty seconds of outage: each waiting batch retries with a backoff (100 ms doubling to
     // 5 s), a dozen times each, instead of every 100 ms.
@@ -408,28 +404,22 @@ async fn a_state_outage_backs_off_pausing_only_its_partition_and_loses_nothing()
         (1..=60).contains(&retries),
         "30 s of outage retried {retries} times; backing off, a few batches retry a dozen times each"
     );
-    assert_eq!(outputs_of(&output, 0), 0);
+    assert_eq!(outputs_of(output, 0), 0);
     assert!(!handle.paused().contains(&1));
     backend.set_unavailable(0, false);
-    until("partition 0 is done", || outputs_of(&output, 0) == 300).await;
+    until("partition 0 is done", || outputs_of(output, 0) == 300).await;
     run.stop().await.expect("clean stop");
-    assert_eq!(run_count(&output, 0), 300, "nothing lost, nothing twice");
-    assert_counts_exact(&handle, &output, 0);
+    assert_eq!(run_count(output, 0), 300, "nothing lost, nothing twice");
+    assert_counts_exact(handle, output, 0);
 }
 
 #[tokio::test(start_paused = true)]
 async fn exactly_once_commits_outputs_offsets_and_the_manifest_version_together() {
-    let (source, handle) = source(2, 1000);
-    let output = MemoryOutput::new(1 << 20, Some(handle.clone()));
-    let store = Arc::new(InMemory::new());
-    let (run, backend) = start(
-        settings("exactly_once"),
-        source.clone(),
-        output.clone(),
-        store.clone(),
-        ReadDelay::Fixed(Duration::from_millis(10)),
-    )
-    .await;
+    let world = World::new(2, 1000, "exactly_once");
+    let (handle, output) = (&world.handle, &world.output);
+    let (run, backend) = world
+        .start(ReadDelay::Fixed(Duration::from_millis(10)))
+        .await;
     handle.assign(&[0, 1]);
     until("two commits per partition", || {
         let log = output.log();
@@ -455,12 +445,12 @@ async fn exactly_once_commits_outputs_offsets_and_the_manifest_version_together(
             .next(TOPIC)
             .expect("the commit has the topic's offset");
         assert_eq!(
-            run_count(&output, partition),
+            run_count(output, partition),
             usize::try_from(next).expect("offset"),
             "the visible outputs are those of the committed offsets"
         );
         assert_eq!(
-            outputs_per_offset(&output, partition).keys().max().copied(),
+            outputs_per_offset(output, partition).keys().max().copied(),
             Some(next - 1)
         );
         let (group_next, metadata) = handle.committed()[&(TOPIC.to_owned(), partition)].clone();
@@ -490,25 +480,20 @@ async fn exactly_once_commits_outputs_offsets_and_the_manifest_version_together(
         );
     }
     assert!(
-        store.list(None).next().await.is_some(),
+        world.store.list(None).next().await.is_some(),
         "checkpoints are in the store"
     );
-    let (run, _) = start(
-        settings("exactly_once"),
-        source,
-        output.clone(),
-        store,
-        ReadDelay::Fixed(Duration::from_millis(10)),
-    )
-    .await;
+    let (run, _) = world
+        .start(ReadDelay::Fixed(Duration::from_millis(10)))
+        .await;
     handle.assign(&[0, 1]);
     until("both partitions are committed to the end", || {
-        (0..2).all(|p| outputs_per_offset(&output, p).len() == 1000)
+        (0..2).all(|p| outputs_per_offset(output, p).len() == 1000)
     })
     .await;
     run.stop().await.expect("clean stop");
     for partition in 0..2 {
-        assert_eq!(run_count(&output, partition), 1000, "every output once");
-        assert_counts_exact(&handle, &output, partition);
+        assert_eq!(run_count(output, partition), 1000, "every output once");
+        assert_counts_exact(handle, output, partition);
     }
 }
