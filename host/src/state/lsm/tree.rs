@@ -12,6 +12,10 @@
 //!
 //! A tree opened from a manifest reads nothing up front.
 //!
+//! Files: this one (the tree, its write and read paths, flushes), [`compactor`] (choosing,
+//! merging and installing compactions, and their background loop), [`scan`] (the sources a
+//! prefix scan merges).
+//!
 //! Invariants: `apply` is atomic — it inserts every write into the memtable or none (refused
 //! when flushing keeps failing with the immutable memtables at their limit, or on a stall).
 //! Flushes run in a background task; `apply` waits for one only when `immutable_memtables_max`
@@ -20,10 +24,11 @@
 //! SST set is swapped whole under a lock, so a reader sees one consistent version; SSTs a
 //! compaction replaced stay in the store until GC (see [`super::gc`]) finds no reference.
 
+mod compactor;
+mod scan;
+
 use super::cache::{FetchError, SstFiles};
-use super::compaction::{MergeSettings, merge};
 use super::memtable::Memtable;
-use super::sst::block::BlockIter;
 use super::sst::reader::{find_in_block, open_block};
 use super::sst::{Entry, SstBuilder, SstError, SstIndex, SstReader};
 use crate::clock::SharedClock;
@@ -32,6 +37,7 @@ use crate::state::{Shard, StateError, StateWrite};
 use bytes::Bytes;
 use object_store::path::Path;
 use object_store::{PutMode, PutOptions, PutPayload};
+use scan::{ScanSource, SstCursor, fill_all, prefix_end};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
@@ -282,16 +288,6 @@ struct FoundCorruption {
     reason: String,
 }
 
-/// One compaction: merge `inputs` (newest first) into `output_level`.
-#[derive(Debug)]
-struct Job {
-    input_level: usize,
-    output_level: usize,
-    inputs: Vec<Arc<OpenSst>>,
-    bottom: bool,
-    trivial_move: bool,
-}
-
 impl LsmTree {
     /// An empty tree writing SSTs under `root` as writer `writer_epoch`. Must be called within
     /// a tokio runtime (it spawns the compaction task).
@@ -333,7 +329,7 @@ impl LsmTree {
             retired: std::sync::Mutex::new(Vec::new()),
             corruption: std::sync::Mutex::new(None),
         });
-        let compactor = tokio::spawn(compact_in_background(inner.clone()));
+        let compactor = tokio::spawn(compactor::compact_in_background(inner.clone()));
         let flusher = tokio::spawn(flush_in_background(inner.clone()));
         Self {
             inner,
@@ -835,169 +831,6 @@ impl Inner {
         record_stall(started);
         Ok(())
     }
-
-    /// Chooses the next compaction, if one is due.
-    fn pick(&self) -> Option<Job> {
-        let s = &self.settings;
-        let levels = self.read();
-        let version = &levels.version;
-        let bottom_below = |output: usize| version.levels[output + 1..].iter().all(Vec::is_empty);
-        if version.levels[0].len() >= s.l0_compaction_trigger.max(1) {
-            let inputs: Vec<Arc<OpenSst>> = version.levels[0].iter().rev().cloned().collect();
-            let first = inputs.iter().map(|s| &s.meta.first_key).min()?;
-            let last = inputs.iter().map(|s| &s.meta.last_key).max()?;
-            let overlapping = overlapping(&version.levels[1], first, last);
-            return Some(Job {
-                input_level: 0,
-                output_level: 1,
-                inputs: inputs.into_iter().chain(overlapping).collect(),
-                bottom: bottom_below(1),
-                trivial_move: false,
-            });
-        }
-        let mut target = s.level_base_bytes;
-        for n in 1..s.levels_max - 1 {
-            if version.level_bytes(n) > target {
-                let pointer = &levels.compact_pointer[n];
-                let level = &version.levels[n];
-                let chosen = level
-                    .iter()
-                    .find(|sst| sst.meta.first_key > *pointer)
-                    .or_else(|| level.first())?
-                    .clone();
-                let overlapping = overlapping(
-                    &version.levels[n + 1],
-                    &chosen.meta.first_key,
-                    &chosen.meta.last_key,
-                );
-                let bottom = bottom_below(n + 1);
-                return Some(Job {
-                    input_level: n,
-                    output_level: n + 1,
-                    trivial_move: overlapping.is_empty() && !bottom,
-                    inputs: std::iter::once(chosen).chain(overlapping).collect(),
-                    bottom,
-                });
-            }
-            target = target.saturating_mul(s.level_size_ratio.max(2));
-        }
-        None
-    }
-
-    /// Runs one compaction if one is due; returns whether one ran.
-    async fn compact_once(&self) -> Result<bool, StateError> {
-        let _one_at_a_time = self.compacting.lock().await;
-        let Some(job) = self.pick() else {
-            return Ok(false);
-        };
-        // Held until the outputs are installed (or the compaction fails).
-        let mut pending = self.unpublished();
-        let outputs = if job.trivial_move {
-            job.inputs.clone()
-        } else {
-            let mut readers = Vec::with_capacity(job.inputs.len());
-            let mut read_bytes = 0;
-            for sst in &job.inputs {
-                let file = self
-                    .files
-                    .get_whole(&sst.path)
-                    .await
-                    .map_err(|e| self.fetch_error(sst.meta.id(), Arc::new(e)))?;
-                read_bytes += file.len() as u64;
-                let reader = match SstReader::open(file) {
-                    Ok(reader) => reader,
-                    Err(_) => return Err(self.confirm_corrupt(sst).await),
-                };
-                readers.push(reader);
-            }
-            let settings = MergeSettings {
-                bottom: job.bottom,
-                now_ms: self.clock.now_ms(),
-                target_file_bytes: self.settings.target_file_bytes,
-                block_size_bytes: self.settings.block_size_bytes,
-                compress: self.settings.compress,
-            };
-            // Kept (cheap clones of the files) to name the corrupt input if the merge fails.
-            let copies = readers.clone();
-            let merged = tokio::task::spawn_blocking(move || merge(readers, settings))
-                .await
-                .map_err(|e| StateError::Unavailable {
-                    shard: self.label.clone(),
-                    source: format!("the compaction merge did not finish: {e}").into(),
-                })?;
-            let merged = match merged {
-                Ok(merged) => merged,
-                Err(error) => {
-                    // The input that fails verification, read again before it is blamed.
-                    let culprit = job
-                        .inputs
-                        .iter()
-                        .zip(&copies)
-                        .find(|(_, r)| r.verify_blocks().is_err());
-                    return Err(match culprit {
-                        Some((sst, _)) => self.confirm_corrupt(sst).await,
-                        None => StateError::Unavailable {
-                            shard: self.label.clone(),
-                            source: format!(
-                                "the compaction merge failed on inputs that verify: {error}"
-                            )
-                            .into(),
-                        },
-                    });
-                }
-            };
-            let mut outputs = Vec::with_capacity(merged.files.len());
-            let mut written_bytes = 0;
-            for (file, first, last) in merged.files {
-                written_bytes += file.len() as u64;
-                outputs.push(self.upload(&mut pending, file, first, last).await?);
-            }
-            metrics::counter!("weir_lsm_compaction_bytes_total", "direction" => "read")
-                .increment(read_bytes);
-            metrics::counter!("weir_lsm_compaction_bytes_total", "direction" => "written")
-                .increment(written_bytes);
-            outputs
-        };
-        let l0_files = {
-            let mut levels = self.write();
-            let mut version = (*levels.version).clone();
-            let gone: Vec<SstId> = job.inputs.iter().map(|s| s.meta.id()).collect();
-            for n in [job.input_level, job.output_level] {
-                version.levels[n].retain(|s| !gone.contains(&s.meta.id()));
-            }
-            let out = &mut version.levels[job.output_level];
-            out.extend(outputs);
-            out.sort_by(|a, b| a.meta.first_key.cmp(&b.meta.first_key));
-            if !out
-                .windows(2)
-                .all(|w| w[0].meta.last_key < w[1].meta.first_key)
-            {
-                // Never install a version that would route keys wrongly; the outputs become
-                // orphans for GC and the caller logs the error.
-                return Err(self.corrupt_msg(&format!(
-                    "compaction into level {} would overlap key ranges; not installed",
-                    job.output_level
-                )));
-            }
-            if job.input_level > 0 {
-                levels.compact_pointer[job.input_level] = job.inputs[0].meta.last_key.clone();
-            }
-            if !job.trivial_move {
-                let now = self.clock.now_ms();
-                self.retired
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .extend(gone.iter().map(|id| (*id, now)));
-            }
-            levels.version = Arc::new(version);
-            levels.version.levels[0].len()
-        };
-        self.compactions.fetch_add(1, Ordering::Relaxed);
-        metrics::counter!("weir_lsm_compactions_total").increment(1);
-        metrics::gauge!("weir_lsm_l0_files", "shard" => self.label.clone()).set(l0_files as f64);
-        self.l0_shrank.notify_waiters();
-        Ok(true)
-    }
 }
 
 /// The SSTs a flush or compaction has given sequence numbers to and not installed yet; they
@@ -1044,49 +877,6 @@ fn record_stall(started: Instant) {
         .increment(u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX));
 }
 
-/// The SSTs of a sorted level whose key ranges meet `[first, last]`.
-fn overlapping(level: &[Arc<OpenSst>], first: &[u8], last: &[u8]) -> Vec<Arc<OpenSst>> {
-    level
-        .iter()
-        .filter(|s| s.meta.last_key.as_slice() >= first && s.meta.first_key.as_slice() <= last)
-        .cloned()
-        .collect()
-}
-
-/// The background compaction loop: runs due compactions whenever a flush asks; backs off after
-/// a failure (100 ms doubling to 2 s; an outage is retried, corruption is logged and reads
-/// report it).
-async fn compact_in_background(inner: Arc<Inner>) {
-    let mut backoff = Duration::from_millis(100);
-    loop {
-        inner.compaction_wanted.notified().await;
-        loop {
-            match inner.compact_once().await {
-                Ok(true) => backoff = Duration::from_millis(100),
-                Ok(false) => break,
-                Err(error @ StateError::Corrupt { .. }) => {
-                    // Retrying cannot help: stop compacting; writes that stall on L0 and the
-                    // next checkpoint report it.
-                    tracing::error!(shard = %inner.label, %error, "compaction hit corrupt state; compaction stopped");
-                    inner.report_corruption(&error);
-                    inner.l0_shrank.notify_waiters();
-                    return;
-                }
-                Err(error) => {
-                    tracing::warn!(shard = %inner.label, %error, "compaction failed; retrying later");
-                    // A writer stalled on L0 asks again at once rather than waiting out the
-                    // backoff.
-                    tokio::select! {
-                        () = tokio::time::sleep(backoff) => {}
-                        () = inner.compaction_wanted.notified() => {}
-                    }
-                    backoff = (backoff * 2).min(Duration::from_secs(2));
-                }
-            }
-        }
-    }
-}
-
 /// The background flush loop: writes frozen memtables to SSTs as they appear; after a failure
 /// it retries with backoff (100 ms doubling to 2 s) while the data stays readable in memory.
 async fn flush_in_background(inner: Arc<Inner>) {
@@ -1099,142 +889,6 @@ async fn flush_in_background(inner: Arc<Inner>) {
             backoff = (backoff * 2).min(Duration::from_secs(2));
         }
         backoff = Duration::from_millis(100);
-    }
-}
-
-/// The smallest key greater than every key starting with `prefix`, or `None` when there is
-/// none (the prefix is empty or all `0xff`).
-fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
-    let mut end = prefix.to_vec();
-    while let Some(last) = end.pop() {
-        if last < 0xff {
-            end.push(last + 1);
-            return Some(end);
-        }
-    }
-    None
-}
-
-/// A cursor over the entries of one SST from a start key, fetching blocks as it goes.
-#[derive(Debug)]
-struct SstCursor {
-    sst: Arc<OpenSst>,
-    index: Arc<SstIndex>,
-    next_block: usize,
-    block: Option<BlockIter>,
-    /// Blocks fetched ahead, in order.
-    ready: VecDeque<Bytes>,
-    /// Blocks the next fetch asks for at once: 1, doubling per fetch up to
-    /// [`SCAN_READAHEAD_BLOCKS_MAX`] (as RocksDB's automatic readahead), so that a short scan
-    /// reads one block and a long one keeps several requests in flight.
-    readahead: usize,
-}
-
-/// Most blocks one scan cursor fetches concurrently.
-pub const SCAN_READAHEAD_BLOCKS_MAX: usize = 8;
-
-/// One input of a scan, newest first.
-#[derive(Debug)]
-enum ScanSource {
-    Memory(VecDeque<(Bytes, Entry)>),
-    Sst {
-        cursor: SstCursor,
-        head: Option<(Bytes, Entry)>,
-        done: bool,
-    },
-}
-
-impl ScanSource {
-    fn head(&self) -> Option<&(Bytes, Entry)> {
-        match self {
-            ScanSource::Memory(entries) => entries.front(),
-            ScanSource::Sst { head, .. } => head.as_ref(),
-        }
-    }
-
-    fn take(&mut self) -> Option<(Bytes, Entry)> {
-        match self {
-            ScanSource::Memory(entries) => entries.pop_front(),
-            ScanSource::Sst { head, .. } => head.take(),
-        }
-    }
-
-    /// Moves the next entry `>= start` into `head` from what is already in memory; returns
-    /// whether the source needs a fetch to go on.
-    fn fill_buffered(&mut self, tree: &Inner, start: &[u8]) -> Result<bool, StateError> {
-        let ScanSource::Sst { cursor, head, done } = self else {
-            return Ok(false);
-        };
-        while head.is_none() && !*done {
-            if let Some(item) = cursor.block.as_mut().and_then(Iterator::next) {
-                let (key, entry) = item.map_err(|e| tree.corrupt_in(cursor.sst.meta.id(), e))?;
-                if key.as_ref() >= start {
-                    *head = Some((key, entry));
-                }
-                continue;
-            }
-            match cursor.ready.pop_front() {
-                Some(raw) => cursor.block = Some(BlockIter::new(raw)),
-                None => return Ok(true),
-            }
-        }
-        Ok(false)
-    }
-
-    /// Fetches the next blocks (as many as the cursor's readahead) that can hold keys before
-    /// `end`, concurrently; marks the source done when there are none.
-    async fn fetch(&mut self, tree: &Inner, end: Option<&[u8]>) -> Result<(), StateError> {
-        let ScanSource::Sst { cursor, done, .. } = self else {
-            return Ok(());
-        };
-        let blocks = cursor.index.blocks();
-        // Block j can hold keys of the range unless the block before it already ends at or
-        // past the range's end.
-        let wanted = |j: usize| {
-            j < blocks.len() && (j == 0 || end.is_none_or(|end| blocks[j - 1].0.as_ref() < end))
-        };
-        let first = cursor.next_block;
-        let mut last = first;
-        while last < first + cursor.readahead && wanted(last) {
-            last += 1;
-        }
-        if last == first {
-            *done = true;
-            return Ok(());
-        }
-        let fetched = futures::future::try_join_all(
-            blocks[first..last]
-                .iter()
-                .map(|(_, handle)| tree.files.read_block(&cursor.sst.path, *handle)),
-        )
-        .await
-        .map_err(|e| tree.fetch_error(cursor.sst.meta.id(), e))?;
-        cursor.next_block = last;
-        cursor.ready.extend(fetched);
-        cursor.readahead = (cursor.readahead * 2).min(SCAN_READAHEAD_BLOCKS_MAX);
-        Ok(())
-    }
-}
-
-/// Makes every source's `head` hold its next entry `>= start` (or exhausts it); sources that
-/// need blocks fetch them concurrently.
-async fn fill_all(
-    sources: &mut [ScanSource],
-    tree: &Inner,
-    start: &[u8],
-    end: Option<&[u8]>,
-) -> Result<(), StateError> {
-    loop {
-        let mut waiting = Vec::new();
-        for source in sources.iter_mut() {
-            if source.fill_buffered(tree, start)? {
-                waiting.push(source);
-            }
-        }
-        if waiting.is_empty() {
-            return Ok(());
-        }
-        futures::future::try_join_all(waiting.into_iter().map(|s| s.fetch(tree, end))).await?;
     }
 }
 
