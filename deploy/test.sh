@@ -73,3 +73,8 @@ cargo test "${not_guests[@]}" 2>&1 | tee "$log"
 # One closing line for the whole run (cargo prints one per test binary, the last often "0 passed").
 awk '/^test result:/ { passed += $4; failed += $6 } END { printf "\ntests: %d passed, %d failed\n", passed, failed }' "$log"
 rm -f "$log"
+
+step "Kafka Streams comparison, smoke: 20,000 records, one repeat, every row (bench/kstreams-compare)"
+# With the test build of `weir`: this checks that the comparison runs, not how fast.
+python3 bench/kstreams-compare/run.py --smoke --weir "${CARGO_TARGET_DIR:-target}/debug/weir" \
+  --operator "$guests/weir_test_counter.wasm"

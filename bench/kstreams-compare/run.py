@@ -1,0 +1,304 @@
+#!/usr/bin/env python3
+"""Weir against Kafka Streams on one keyed counter, on the local broker (bench/kstreams-compare).
+
+Produces one input topic (--records records over --keys keys, --partitions partitions, values of
+about 115 bytes of JSON), then runs on it, one after another in each repeat: Kafka Streams' keyed
+counter (Processor API, in-memory and RocksDB store, one and two stream threads) and `weir run`
+with the counter guest (`memory` backend with file:// snapshots, `lsm` on a file:// store), in
+at-least-once and exactly-once mode. Every run starts a fresh consumer group and output topic and
+is measured from outside by the same code (Measure.java): events/s and CPU µs per event of the
+engine process between its first output and its --records-th, and, in the first repeat, its CPU
+over --idle-secs once caught up. Prints the settings of both sides and a Markdown table of the
+medians (also written to --out).
+
+    python3 bench/kstreams-compare/run.py                 # 2,000,000 records, 3 repeats
+    python3 bench/kstreams-compare/run.py --smoke         # ~20 k records, 1 repeat, every row
+
+Needs java >= 17 and mvn (Kafka Streams from Maven Central), cargo; starts the broker with
+deploy/local/kafka.sh. --weir and --operator skip building them (the test command passes its
+debug build: the smoke checks that the comparison runs, not how fast).
+"""
+
+import argparse
+import os
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+HERE = ROOT / "bench" / "kstreams-compare"
+BOOTSTRAP = "127.0.0.1:9092"
+INTERVAL = "10s"
+
+
+@dataclass(frozen=True)
+class Engine:
+    """One row of the table."""
+
+    engine: str  # "kafka-streams" | "weir"
+    store: str  # "memory" | "rocksdb" | "lsm"
+    threads: int  # stream threads (Kafka Streams); 0 for Weir
+    delivery: str  # "at_least_once" | "exactly_once"
+
+    @property
+    def label(self) -> str:
+        threads = f"-{self.threads}t" if self.threads else ""
+        mode = "alo" if self.delivery == "at_least_once" else "eos"
+        return f"{self.engine}-{self.store}{threads}-{mode}"
+
+
+@dataclass
+class Runs:
+    events_per_s: list = field(default_factory=list)
+    cpu_us_per_event: list = field(default_factory=list)
+    idle_cpu_pct: list = field(default_factory=list)
+
+
+def engines() -> list:
+    rows = []
+    for delivery in ("at_least_once", "exactly_once"):
+        for store in ("memory", "rocksdb"):
+            for threads in (1, 2):
+                rows.append(Engine("kafka-streams", store, threads, delivery))
+        for store in ("memory", "lsm"):
+            rows.append(Engine("weir", store, 0, delivery))
+    return rows
+
+
+def log(msg: str) -> None:
+    print(f"kstreams-compare: {msg}", file=sys.stderr, flush=True)
+
+
+def sh(*cmd, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, check=True, **kw)
+
+
+def java_cp() -> str:
+    return f"{HERE / 'target' / 'classes'}:{HERE / 'target' / 'dependency'}/*"
+
+
+def tool(*args, capture=False) -> str:
+    out = sh("java", "-Xmx512m", "-cp", java_cp(), "dev.weir.kscompare.Main", *args,
+             capture_output=capture, text=True)
+    return out.stdout if capture else ""
+
+
+def weir_config(e: Engine, name: str, operator: Path, input_topic: str, state: Path) -> str:
+    store_url = f"file://{state}"
+    table = "memory" if e.store == "memory" else "lsm"
+    return f"""[pipeline]
+name = "{name}"
+operator = "{operator}"
+input_topics = ["{input_topic}"]
+output_topic = "{name}-out"
+dead_letter_topic = "{name}-dlq"
+checkpoint_interval = "{INTERVAL}"
+delivery = "{e.delivery}"
+
+[kafka]
+bootstrap_servers = "{BOOTSTRAP}"
+
+[state]
+backend = "{table}"
+[state.{table}]
+url = "{store_url}"
+"""
+
+
+def start(e: Engine, name: str, args, input_topic: str, work: Path, log_file) -> subprocess.Popen:
+    state = work / name
+    state.mkdir()
+    if e.engine == "weir":
+        config = work / f"{name}.toml"
+        config.write_text(weir_config(e, name, args.operator, input_topic, state))
+        cmd = [str(args.weir), "run", "--config", str(config)]
+    else:
+        guarantee = "at_least_once" if e.delivery == "at_least_once" else "exactly_once_v2"
+        cmd = ["java", "-cp", java_cp(), "dev.weir.kscompare.Main", "counter",
+               "--bootstrap", BOOTSTRAP, "--input", input_topic, "--output", f"{name}-out",
+               "--app-id", name, "--state-dir", str(state), "--store", e.store,
+               "--threads", str(e.threads), "--guarantee", guarantee, "--commit-ms", "10000"]
+    return subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, cwd=ROOT)
+
+
+def stop(e: Engine, proc: subprocess.Popen) -> None:
+    # Weir drains on SIGINT (Ctrl-C); Kafka Streams closes in its SIGTERM shutdown hook.
+    proc.send_signal(signal.SIGINT if e.engine == "weir" else signal.SIGTERM)
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+RESULT = re.compile(r"result (.*)")
+
+
+def measure_one(e: Engine, repeat: int, args, input_topic: str, run_id: str, work: Path) -> dict:
+    name = f"{run_id}-{e.label}-{repeat}"
+    tool("topics", "--bootstrap", BOOTSTRAP, "--create", f"{name}-out,{name}-dlq",
+         "--partitions", str(args.partitions))
+    log_path = work / f"{name}.log"
+    with open(log_path, "w") as log_file:
+        proc = start(e, name, args, input_topic, work, log_file)
+        try:
+            idle = args.idle_secs if repeat == 1 else 0
+            out = tool("measure", "--bootstrap", BOOTSTRAP, "--topic", f"{name}-out",
+                       "--records", str(args.records), "--pid", str(proc.pid),
+                       "--idle-secs", str(idle), capture=True)
+        except subprocess.CalledProcessError:
+            log(f"{name} failed; its log:\n{log_path.read_text()[-4000:]}")
+            raise
+        finally:
+            stop(e, proc)
+    if e.engine == "kafka-streams" and repeat == 1 and e.threads == 1:
+        for line in log_path.read_text().splitlines():
+            if line.startswith(("settings ", "effective ")):
+                args.settings.setdefault(f"{e.store}-{e.delivery}", []).append(line)
+    tool("topics", "--bootstrap", BOOTSTRAP, "--delete-prefix", name)
+    shutil.rmtree(work / name, ignore_errors=True)
+    match = RESULT.search(out)
+    if not match:
+        raise SystemExit(f"measure printed no result for {name}: {out!r}")
+    return dict(kv.split("=", 1) for kv in match.group(1).split())
+
+
+def build(args) -> None:
+    log("building the Kafka Streams side (mvn)")
+    sh("mvn", "-q", "-B", "compile", "dependency:copy-dependencies", cwd=HERE)
+    target = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"))
+    if args.operator is None:
+        log("building the counter guest")
+        sh("rustup", "target", "add", "wasm32-wasip2", capture_output=True)
+        sh("cargo", "build", "--profile", "guest", "--target", "wasm32-wasip2",
+           "-p", "weir-test-counter", cwd=ROOT)
+        args.operator = target / "wasm32-wasip2" / "guest" / "weir_test_counter.wasm"
+    if args.weir is None:
+        log("building weir (release)")
+        sh("cargo", "build", "--release", "-p", "weir-host", "--bin", "weir", cwd=ROOT)
+        args.weir = target / "release" / "weir"
+    args.operator = Path(args.operator).resolve()
+    args.weir = Path(args.weir).resolve()
+
+
+def fmt_int(x: float) -> str:
+    return f"{x:,.0f}"
+
+
+def table(args, results: dict) -> str:
+    rows = ["| engine | store | stream threads | delivery | events/s | CPU µs/event | idle CPU (% of a core) | runs |",
+            "|---|---|---|---|---:|---:|---:|---:|"]
+    medians = {}
+    for e, runs in results.items():
+        eps = statistics.median(runs.events_per_s)
+        cpu = statistics.median(runs.cpu_us_per_event)
+        idle = runs.idle_cpu_pct[0] if runs.idle_cpu_pct else float("nan")
+        medians[e] = (eps, cpu)
+        rows.append(f"| {e.engine} | {e.store} | {e.threads or '–'} | {e.delivery} | "
+                    f"{fmt_int(eps)} | {cpu:.2f} | {idle:.2f} | {len(runs.events_per_s)} |")
+    lines = ["\n".join(rows), "",
+             "Weir against the better (by events/s) of Kafka Streams' 1 and 2 stream threads:", ""]
+    for delivery in ("at_least_once", "exactly_once"):
+        for weir_store, ks_store in (("memory", "memory"), ("lsm", "rocksdb")):
+            w = Engine("weir", weir_store, 0, delivery)
+            ks = [medians[Engine("kafka-streams", ks_store, t, delivery)] for t in (1, 2)]
+            best = max(ks, key=lambda m: m[0])
+            we = medians[w]
+            lines.append(f"- {delivery}, Weir `{weir_store}` / Kafka Streams {ks_store}: "
+                         f"{we[0] / best[0]:.2f}× the events/s, {we[1] / best[1]:.2f}× the CPU µs/event")
+    return "\n".join(lines)
+
+
+def settings_text(args, input_bytes: int) -> str:
+    weir_version = subprocess.run([str(args.weir), "--version"], capture_output=True,
+                                  text=True).stdout.strip()
+    lines = [
+        f"Input: {args.records:,} records over {args.keys:,} keys, {args.partitions} partitions, "
+        f"{input_bytes / args.records:.0f} bytes of key and value per record on average; "
+        f"{args.repeats} repeat(s), medians; idle CPU over {args.idle_secs} s in the first repeat.",
+        f"Broker: deploy/local/kafka.sh (Apache Kafka 4.1.1, one KRaft node) on {BOOTSTRAP}.",
+        f"Both: commit / checkpoint interval {INTERVAL}; producer linger.ms 5, batch.size 1000000, "
+        "compression lz4; consumer fetch.min.bytes 1, fetch wait 500 ms, fetch.max.bytes 52428800, "
+        "max.partition.fetch.bytes 1048576 (librdkafka's and the Java client's defaults).",
+        "Kafka Streams 4.1.1, Processor API, KeyValueStore<Bytes, Long> with changelog and record "
+        "cache on (shipped defaults otherwise, JVM defaults); exactly-once = exactly_once_v2.",
+        f"Weir: {weir_version} ({args.weir}), operator {args.operator}, shipped defaults: "
+        "`memory` snapshots and `lsm` store on file:// in a temporary directory; exactly-once = "
+        "delivery = \"exactly_once\".",
+    ]
+    for key, settings in sorted(args.settings.items()):
+        for line in settings:
+            lines.append(f"Kafka Streams {key}: {line}")
+    return "\n".join(f"- {line}" for line in lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--records", type=int, default=2_000_000)
+    p.add_argument("--keys", type=int, default=100_000)
+    p.add_argument("--partitions", type=int, default=4)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--idle-secs", type=int, default=60)
+    p.add_argument("--only", default="", help="comma-separated labels to run (e.g. weir-memory-alo)")
+    p.add_argument("--weir", help="the weir binary (default: cargo build --release)")
+    p.add_argument("--operator", help="the counter guest (default: built here)")
+    p.add_argument("--out", help="also write the report here")
+    p.add_argument("--smoke", action="store_true",
+                   help="20,000 records over 2,000 keys, 1 repeat, 1 s idle: checks every row runs")
+    args = p.parse_args()
+    if args.smoke:
+        args.records, args.keys, args.repeats, args.idle_secs = 20_000, 2_000, 1, 1
+    args.settings = {}
+
+    sh("bash", str(ROOT / "deploy" / "local" / "kafka.sh"), "start")
+    build(args)
+    rows = [e for e in engines() if not args.only or e.label in args.only.split(",")]
+    run_id = f"kscmp-{int(time.time())}"
+    input_topic = f"{run_id}-in"
+    work = Path(tempfile.mkdtemp(prefix="kstreams-compare-"))
+    try:
+        tool("topics", "--bootstrap", BOOTSTRAP, "--create", input_topic,
+             "--partitions", str(args.partitions))
+        log(f"producing {args.records:,} records to {input_topic}")
+        produced = tool("produce", "--bootstrap", BOOTSTRAP, "--topic", input_topic,
+                        "--records", str(args.records), "--keys", str(args.keys), capture=True)
+        input_bytes = int(produced.split()[-1])
+        results = {e: Runs() for e in rows}
+        for repeat in range(1, args.repeats + 1):
+            for e in rows:
+                log(f"repeat {repeat}/{args.repeats}: {e.label}")
+                r = measure_one(e, repeat, args, input_topic, run_id, work)
+                log(f"  {float(r['events_per_s']):,.0f} events/s, {r['cpu_us_per_event']} µs/event")
+                results[e].events_per_s.append(float(r["events_per_s"]))
+                results[e].cpu_us_per_event.append(float(r["cpu_us_per_event"]))
+                if repeat == 1 and args.idle_secs > 0:
+                    results[e].idle_cpu_pct.append(float(r["idle_cpu_pct"]))
+        complete = all(e in results for e in engines())
+        report = settings_text(args, input_bytes) + "\n\n" + (
+            table(args, results) if complete else partial_table(results))
+        print(report)
+        if args.out:
+            Path(args.out).write_text(report + "\n")
+    finally:
+        tool("topics", "--bootstrap", BOOTSTRAP, "--delete-prefix", run_id)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def partial_table(results: dict) -> str:
+    rows = ["| run | events/s | CPU µs/event | idle CPU % |", "|---|---:|---:|---:|"]
+    for e, runs in results.items():
+        idle = runs.idle_cpu_pct[0] if runs.idle_cpu_pct else float("nan")
+        rows.append(f"| {e.label} | {fmt_int(statistics.median(runs.events_per_s))} | "
+                    f"{statistics.median(runs.cpu_us_per_event):.2f} | {idle:.2f} |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    main()
