@@ -32,7 +32,7 @@ use guest_log::GuestLog;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 use wasmtime::component::{Component, HasSelf, Linker};
 use wasmtime::{
@@ -131,32 +131,68 @@ pub struct StagedBytesExceeded {
 #[error("operator exceeded its CPU deadline")]
 pub struct DeadlineExceeded;
 
-/// Increments the engine's epoch every [`EPOCH_TICK`] from a dedicated OS thread until dropped.
+/// Increments the engine's epoch every [`EPOCH_TICK`] from a dedicated OS thread, while a call
+/// runs, until dropped. With no call running the thread sleeps (an idle host wakes up for
+/// nothing): the epoch only bounds calls, and a call's deadline counts ticks from its start.
 #[derive(Debug)]
 struct EpochTicker {
     stop: Arc<AtomicBool>,
+    /// Calls (and instantiations) running now.
+    calls: Arc<AtomicUsize>,
+    thread: std::thread::Thread,
 }
+
+/// Keeps the epoch ticking while it lives: held for the length of a call.
+struct Ticking<'a>(&'a EpochTicker);
 
 impl EpochTicker {
     fn start(engine: Engine) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
-        let flag = stop.clone();
-        std::thread::Builder::new()
+        let calls = Arc::new(AtomicUsize::new(0));
+        let (flag, running) = (stop.clone(), calls.clone());
+        let thread = std::thread::Builder::new()
             .name("weir-epoch".into())
             .spawn(move || {
                 while !flag.load(Ordering::Relaxed) {
+                    if running.load(Ordering::Acquire) == 0 {
+                        // Woken by the first call (an unpark before the park makes it return
+                        // at once) or by the drop.
+                        std::thread::park();
+                        continue;
+                    }
                     std::thread::sleep(EPOCH_TICK);
                     engine.increment_epoch();
                 }
             })
-            .expect("spawning the epoch thread succeeds unless the OS is out of threads");
-        Self { stop }
+            .expect("spawning the epoch thread succeeds unless the OS is out of threads")
+            .thread()
+            .clone();
+        Self {
+            stop,
+            calls,
+            thread,
+        }
+    }
+
+    /// Ticks until the returned guard is dropped.
+    fn ticking(&self) -> Ticking<'_> {
+        if self.calls.fetch_add(1, Ordering::AcqRel) == 0 {
+            self.thread.unpark();
+        }
+        Ticking(self)
+    }
+}
+
+impl Drop for Ticking<'_> {
+    fn drop(&mut self) {
+        self.0.calls.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
 impl Drop for EpochTicker {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
+        self.thread.unpark();
     }
 }
 
@@ -258,7 +294,7 @@ impl<S: Shard> Runtime<S> {
         let mut operator = Operator {
             logic: Logic::Wasm {
                 engine: self.engine.clone(),
-                _ticker: self.ticker.clone(),
+                ticker: self.ticker.clone(),
                 pre,
             },
             meta: None,
@@ -461,7 +497,7 @@ enum Logic<S: Shard> {
         engine: Engine,
         /// Keeps the engine's epoch ticking (CPU deadlines) while the operator lives, even
         /// after the runtime that compiled it is dropped.
-        _ticker: Arc<EpochTicker>,
+        ticker: Arc<EpochTicker>,
         pre: OperatorWorldPre<HostCtx<S>>,
     },
     /// Logic compiled into the host (benchmark baseline).
@@ -500,8 +536,12 @@ impl<S: Shard> Operator<S> {
         shard: Option<Arc<S>>,
         source: Arc<str>,
     ) -> Result<Instance<S>, RuntimeError> {
-        let (engine, pre) = match &self.logic {
-            Logic::Wasm { engine, pre, .. } => (engine, pre),
+        let (engine, pre, ticker) = match &self.logic {
+            Logic::Wasm {
+                engine,
+                pre,
+                ticker,
+            } => (engine, pre, ticker),
             Logic::Native(logic) => {
                 return Ok(Instance {
                     kind: InstanceKind::Native {
@@ -550,15 +590,18 @@ impl<S: Shard> Operator<S> {
             data.deadline_ticks_left -= 1;
             Ok(UpdateDeadline::Yield(1))
         });
+        let ticking = ticker.ticking();
         let bindings = pre
             .instantiate_async(&mut store)
             .await
             .map_err(RuntimeError::Instantiate)?;
+        drop(ticking);
         Ok(Instance {
             kind: InstanceKind::Wasm {
                 store,
                 bindings,
                 io_allowance: self.settings.call_io_allowance,
+                ticker: ticker.clone(),
             },
         })
     }
@@ -581,6 +624,8 @@ enum InstanceKind<S: Shard> {
         /// Wall-clock time a call may spend beyond twice its CPU deadline (waiting on state
         /// I/O).
         io_allowance: Duration,
+        /// The engine's epoch, ticking while a call runs.
+        ticker: Arc<EpochTicker>,
     },
     Native {
         logic: Arc<dyn native::NativeOperator>,
@@ -608,12 +653,13 @@ impl<S: Shard> Instance<S> {
         batch: BatchCtx,
         deadline: Duration,
     ) -> Result<(Vec<Disposition>, BatchCtx), CallError> {
-        let (store, bindings, io_allowance) = match &mut self.kind {
+        let (store, bindings, io_allowance, ticker) = match &mut self.kind {
             InstanceKind::Wasm {
                 store,
                 bindings,
                 io_allowance,
-            } => (store, bindings, *io_allowance),
+                ticker,
+            } => (store, bindings, *io_allowance, ticker.clone()),
             InstanceKind::Native { logic, meta } => {
                 return Ok(native::call_batch(&**logic, meta, batch));
             }
@@ -631,7 +677,10 @@ impl<S: Shard> Instance<S> {
         let call = bindings
             .weir_operator_operator()
             .call_process_batch(&mut *store, &records);
-        let result = match tokio::time::timeout(wall_clock_max, call).await {
+        let ticking = ticker.ticking();
+        let result = tokio::time::timeout(wall_clock_max, call).await;
+        drop(ticking);
+        let result = match result {
             Ok(result) => result,
             Err(_elapsed) if store.data().waiting_on_state => {
                 // Stuck on storage, not on the guest: an outage, retried, never dead-lettered.
