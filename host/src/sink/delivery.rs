@@ -1,25 +1,26 @@
 //! [`KafkaSink`]: one partition's producer handle — emits to the output topic, dead letters
 //! to the dead-letter topic, each sized against its topic's limit — and the deliveries it waits
-//! for, bounded by [`PENDING_DELIVERIES_MAX`]. A refused delivery is sent again until it goes
-//! through ([`KafkaSink::deliver_refused`]); exactly-once, the shard's transaction is
-//! committed with the checkpoint ([`super::transaction`]).
+//! for, counted ([`super::producer::Deliveries`]) and bounded by [`PENDING_DELIVERIES_MAX`]. A
+//! refused delivery is sent again until it goes through ([`KafkaSink::deliver_refused`]);
+//! exactly-once, the shard's transaction is committed with the checkpoint
+//! ([`super::transaction`]).
 
 use super::dead_letter::{DeadLetterSource, cut_again, dead_letter_parts};
 use super::limits::RecordLimits;
+use super::producer::{Deliveries, KafkaProducer, Record, Refused, Tag, owned};
 use super::{DeadLetterKind, DeliveryGuard, PENDING_DELIVERIES_MAX, SinkError};
 use crate::runtime::{InputRecord, StagedEmit};
 use crate::source::SourceConsumer;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header as KafkaHeader, Headers, Message, OwnedHeaders, OwnedMessage};
-use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer};
-use std::collections::VecDeque;
+use rdkafka::producer::Producer;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 /// Where a sent record goes, kept with its delivery until acknowledged.
 #[derive(Debug, Clone, Copy)]
-enum Destination {
+pub(super) enum Destination {
     /// The output topic; emitted for the input record at `offset` of `partition` of the
     /// input topic `topic` (an index into [`KafkaSink::input_topics`]).
     Output {
@@ -33,7 +34,7 @@ enum Destination {
 
 /// One partition's handle on a producer.
 pub struct KafkaSink {
-    pub(super) producer: FutureProducer,
+    pub(super) producer: KafkaProducer,
     output_topic: String,
     dead_letter_topic: String,
     limits: RecordLimits,
@@ -44,7 +45,8 @@ pub struct KafkaSink {
     guard: DeliveryGuard,
     /// The input topics of the records emitted for (few: co-partitioned inputs).
     input_topics: Vec<Arc<str>>,
-    pending: VecDeque<(DeliveryFuture, Destination)>,
+    /// This sink's deliveries not yet acknowledged, and those refused.
+    deliveries: Arc<Deliveries>,
 }
 
 impl std::fmt::Debug for KafkaSink {
@@ -52,16 +54,9 @@ impl std::fmt::Debug for KafkaSink {
         f.debug_struct("KafkaSink")
             .field("output_topic", &self.output_topic)
             .field("limits", &self.limits)
-            .field("pending", &self.pending.len())
+            .field("outstanding", &self.deliveries.outstanding())
             .finish_non_exhaustive()
     }
-}
-
-/// A record that failed delivery with what is needed to send it again.
-struct Refused {
-    error: KafkaError,
-    message: OwnedMessage,
-    destination: Destination,
 }
 
 /// The smallest limit a dead letter is cut to when its topic refuses it as too large: its
@@ -78,7 +73,7 @@ impl KafkaSink {
     /// reporting failing deliveries to `guard`. `group`: the producer is a shard's
     /// transactional one (exactly-once) and this the pipeline's consumer.
     pub fn new(
-        producer: FutureProducer,
+        producer: KafkaProducer,
         output_topic: String,
         dead_letter_topic: String,
         limits: RecordLimits,
@@ -93,7 +88,7 @@ impl KafkaSink {
             group,
             guard,
             input_topics: Vec::new(),
-            pending: VecDeque::new(),
+            deliveries: Arc::new(Deliveries::new(PENDING_DELIVERIES_MAX)),
         }
     }
 
@@ -205,10 +200,15 @@ impl KafkaSink {
         timestamp_ms: i64,
         destination: Destination,
     ) -> Result<(), SinkError> {
-        while self.pending.len() >= PENDING_DELIVERIES_MAX {
-            self.wait_oldest().await?;
+        while self.deliveries.outstanding() >= PENDING_DELIVERIES_MAX {
+            self.deliveries.settled().await;
+            self.resend_refused().await?;
         }
-        let mut record = FutureRecord::<[u8], [u8]>::to(topic)
+        let tag = Box::new(Tag {
+            deliveries: self.deliveries.clone(),
+            destination,
+        });
+        let mut record = Record::with_opaque_to(topic, tag)
             .payload(value)
             .headers(headers);
         if let Some(key) = key {
@@ -217,74 +217,53 @@ impl KafkaSink {
         if timestamp_ms >= 0 {
             record = record.timestamp(timestamp_ms);
         }
-        match self.enqueue(record).await? {
-            Ok(delivery) => self.pending.push_back((delivery, destination)),
+        if let Err((error, message)) = self.enqueue(record).await {
             // Refused at once (a topic librdkafka knows is missing or forbidden): handled as
             // a refused delivery, the partition waiting until it goes through.
-            Err((error, message)) => {
-                self.deliver_refused(Refused {
-                    error,
-                    message,
-                    destination,
-                })
-                .await?;
-            }
+            self.deliver_refused(Refused {
+                error,
+                message,
+                destination,
+            })
+            .await?;
         }
         Ok(())
     }
 
     /// Hands `record` to librdkafka, waiting for room in its queue when it is full. A record
     /// librdkafka refuses at once is returned with the refusal, as an owned message.
-    ///
-    /// # Errors
-    /// [`SinkError`] when waiting for room met a delivery that failed for good.
-    async fn enqueue(
-        &mut self,
-        mut record: FutureRecord<'_, [u8], [u8]>,
-    ) -> Result<Result<DeliveryFuture, (KafkaError, OwnedMessage)>, SinkError> {
+    async fn enqueue(&self, mut record: Record<'_>) -> Result<(), (KafkaError, OwnedMessage)> {
         loop {
-            match self.producer.send_result(record) {
-                Ok(delivery) => return Ok(Ok(delivery)),
+            match self.producer.send(record) {
+                Ok(()) => return Ok(()),
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
-                    // librdkafka's queue is full: wait for a delivery (or briefly) and retry.
+                    // librdkafka's queue is full (shared by the producer's sinks): let
+                    // deliveries complete and retry.
                     record = back;
-                    if self.pending.is_empty() {
-                        tokio::time::sleep(Duration::from_millis(1)).await;
-                    } else {
-                        Box::pin(self.wait_oldest()).await?;
-                    }
+                    tokio::time::sleep(Duration::from_millis(1)).await;
                 }
-                Err((error, back)) => {
-                    let headers = back.headers.clone();
-                    let message = OwnedMessage::new(
-                        back.payload.map(<[u8]>::to_vec),
-                        back.key.map(<[u8]>::to_vec),
-                        back.topic.to_owned(),
-                        back.timestamp.map_or(
-                            rdkafka::Timestamp::NotAvailable,
-                            rdkafka::Timestamp::CreateTime,
-                        ),
-                        back.partition.unwrap_or(-1),
-                        -1,
-                        headers,
-                    );
-                    return Ok(Err((error, message)));
-                }
+                Err((error, back)) => return Err((error, owned(&back))),
             }
         }
     }
 
-    /// Waits for the oldest delivery; a refused one is sent again until it goes through
-    /// ([`KafkaSink::deliver_refused`]).
-    async fn wait_oldest(&mut self) -> Result<(), SinkError> {
-        let Some((delivery, destination)) = self.pending.pop_front() else {
-            return Ok(());
-        };
-        match self.settle(delivery, destination).await {
-            Ok(()) => Ok(()),
-            Err(Err(failed)) => Err(failed),
-            Err(Ok(refused)) => self.deliver_refused(refused).await,
+    /// Waits until none of this sink's deliveries is outstanding (refused ones not sent again).
+    async fn settle_all(&self) {
+        while self.deliveries.outstanding() > 0 {
+            self.deliveries.settled().await;
         }
+    }
+
+    /// Sends the records refused so far again, each until it goes through
+    /// ([`KafkaSink::deliver_refused`]).
+    async fn resend_refused(&mut self) -> Result<(), SinkError> {
+        let mut refused = self.deliveries.take_refused().into_iter();
+        while let Some(next) = refused.next() {
+            self.deliveries.put_back(refused.collect());
+            self.deliver_refused(next).await?;
+            refused = self.deliveries.take_refused().into_iter();
+        }
+        Ok(())
     }
 
     /// Sends a refused record again until it goes through: a record too large for its topic
@@ -330,8 +309,12 @@ impl KafkaSink {
                 (refused.message, refused.destination)
             };
             let topic = self.topic_of(destination).to_owned();
-            let mut again = FutureRecord::<[u8], [u8]>::to(&topic)
-                .payload(record.payload().unwrap_or_default());
+            let tag = Box::new(Tag {
+                deliveries: self.deliveries.clone(),
+                destination,
+            });
+            let mut again =
+                Record::with_opaque_to(&topic, tag).payload(record.payload().unwrap_or_default());
             if let Some(key) = record.key() {
                 again = again.key(key);
             }
@@ -341,44 +324,29 @@ impl KafkaSink {
             if let Some(ms) = record.timestamp().to_millis() {
                 again = again.timestamp(ms);
             }
-            let outcome = match self.enqueue(again).await? {
-                Ok(delivery) => self.settle(delivery, destination).await,
-                Err((error, message)) => Err(Ok(Refused {
+            refused = match self.enqueue(again).await {
+                Ok(()) => {
+                    // Everything this sink sent has settled: a refusal now may be this
+                    // record's or an earlier one's; either needs sending again, the others
+                    // wait their turn.
+                    self.settle_all().await;
+                    let mut more = self.deliveries.take_refused();
+                    if more.is_empty() {
+                        if stalled {
+                            (self.guard.on_stall)(None);
+                        }
+                        return Ok(());
+                    }
+                    let next = more.remove(0);
+                    self.deliveries.put_back(more);
+                    next
+                }
+                Err((error, message)) => Refused {
                     error,
                     message,
                     destination,
-                })),
+                },
             };
-            match outcome {
-                Ok(()) => {
-                    if stalled {
-                        (self.guard.on_stall)(None);
-                    }
-                    return Ok(());
-                }
-                Err(Err(failed)) => return Err(failed),
-                Err(Ok(again)) => refused = again,
-            }
-        }
-    }
-
-    /// Awaits one delivery: `Ok`, a refusal to handle, or a failure to return.
-    async fn settle(
-        &self,
-        delivery: DeliveryFuture,
-        destination: Destination,
-    ) -> Result<(), Result<Refused, SinkError>> {
-        match delivery.await {
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err((error, message))) => Err(Ok(Refused {
-                error,
-                message,
-                destination,
-            })),
-            Err(_canceled) => Err(Err(SinkError {
-                topic: self.topic_of(destination).to_owned(),
-                source: Box::new(KafkaError::Canceled),
-            })),
         }
     }
 
@@ -454,16 +422,21 @@ impl KafkaSink {
         (owned, Destination::DeadLetter)
     }
 
-    /// Waits until everything sent so far is acknowledged (refused records sent again as
-    /// [`Sink::wait_oldest`] says).
+    /// Waits until everything sent so far is acknowledged (refused records sent again until
+    /// they go through, [`KafkaSink::deliver_refused`]).
     ///
     /// # Errors
     /// [`SinkError`] for the first delivery that failed for good.
     pub async fn drain(&mut self) -> Result<(), SinkError> {
-        while !self.pending.is_empty() {
-            self.wait_oldest().await?;
+        loop {
+            self.settle_all().await;
+            let refused = self.deliveries.take_refused();
+            if refused.is_empty() {
+                return Ok(());
+            }
+            self.deliveries.put_back(refused);
+            self.resend_refused().await?;
         }
-        Ok(())
     }
 
     /// Flushes the producer's queue (blocking up to `timeout`); used at shutdown.

@@ -3,6 +3,7 @@
 //!
 //! - [`limits`]       how large a record each topic takes; dead letters cut to fit;
 //! - [`delivery`]     [`KafkaSink`], one partition's producer handle and its deliveries;
+//! - [`producer`]     the producer: delivery reports counted per sink, served only while due;
 //! - [`dead_letter`]  a dead letter's headers and cutting;
 //! - [`transaction`]  exactly-once: a shard's transaction committed with its checkpoint;
 //! - [`memory`]       an in-memory [`Output`] for tests of the pipeline without a broker.
@@ -14,6 +15,7 @@ mod dead_letter;
 pub mod delivery;
 pub mod limits;
 pub mod memory;
+pub mod producer;
 mod transaction;
 
 pub use crate::pipeline::ports::{DeadLetterKind, DeliveryGuard, SinkError};
@@ -25,9 +27,10 @@ use crate::runtime::{InputRecord, StagedEmit};
 use crate::source::SourceConsumer;
 use crate::state::checkpoint::InputOffsets;
 use limits::RecordLimits;
+use producer::KafkaProducer;
 use rdkafka::config::ClientConfig;
 use rdkafka::error::KafkaError;
-use rdkafka::producer::{FutureProducer, Producer};
+use rdkafka::producer::Producer;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -51,7 +54,7 @@ pub const HEADER_SOURCE_OFFSET: &str = "weir.source.offset";
 ///
 /// # Errors
 /// [`KafkaError`] when librdkafka rejects the configuration.
-pub fn producer(settings: &Settings, limits: &RecordLimits) -> Result<FutureProducer, KafkaError> {
+pub fn producer(settings: &Settings, limits: &RecordLimits) -> Result<KafkaProducer, KafkaError> {
     let mut config = ClientConfig::new();
     config
         .set("bootstrap.servers", &settings.kafka.bootstrap_servers)
@@ -62,7 +65,7 @@ pub fn producer(settings: &Settings, limits: &RecordLimits) -> Result<FutureProd
     for (k, v) in &settings.kafka.producer {
         config.set(k, v);
     }
-    config.create()
+    KafkaProducer::new(&config)
 }
 
 /// The producer's `batch.size`: librdkafka's default (1,000,000) or the smallest topic limit.
@@ -91,7 +94,7 @@ pub fn transactional_producer(
     settings: &Settings,
     partition: i32,
     limits: &RecordLimits,
-) -> Result<FutureProducer, KafkaError> {
+) -> Result<KafkaProducer, KafkaError> {
     let interval_ms = settings.pipeline.checkpoint_interval.as_millis() as u64;
     let timeout_ms = interval_ms.saturating_mul(3).clamp(60_000, 900_000);
     let mut config = ClientConfig::new();
@@ -105,7 +108,7 @@ pub fn transactional_producer(
     for (k, v) in &settings.kafka.producer {
         config.set(k, v);
     }
-    config.create()
+    KafkaProducer::new(&config)
 }
 
 /// How long opening a shard's sink may wait for each Kafka transaction step.
@@ -117,7 +120,7 @@ const TRANSACTION_SETUP_TIMEOUT: Duration = Duration::from_secs(30);
 pub struct KafkaOutput {
     settings: Settings,
     limits: RecordLimits,
-    producer: FutureProducer,
+    producer: KafkaProducer,
     consumer: Arc<SourceConsumer>,
 }
 

@@ -1,12 +1,13 @@
 //! Exactly-once: committing a shard's Kafka transaction with its checkpoint
 //! (docs/checkpoints.md step 8).
 
+use super::producer::KafkaProducer;
 use crate::pipeline::ports::CommitError;
 use crate::source::SourceConsumer;
 use crate::state::checkpoint::{InputOffsets, manifest_metadata};
 use rdkafka::consumer::Consumer;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::producer::{FutureProducer, Producer};
+use rdkafka::producer::Producer;
 use rdkafka::{Offset, TopicPartitionList};
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,7 +24,7 @@ const TRANSACTION_TIMEOUT: Duration = Duration::from_secs(30);
 /// group moved on to a newer generation); [`CommitError::Failed`] for anything else: the
 /// transaction is lost and the shard must be reopened from its decided checkpoint.
 pub(super) async fn commit(
-    producer: FutureProducer,
+    producer: KafkaProducer,
     consumer: Arc<SourceConsumer>,
     partition: i32,
     input: &InputOffsets,
