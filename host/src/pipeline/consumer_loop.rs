@@ -13,7 +13,7 @@ use crate::config::Settings;
 use crate::runtime::{InputRecord, Operator};
 use crate::state::StateBackend;
 use crate::state::checkpoint::InputOffsets;
-use std::collections::{HashMap, HashSet};
+use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

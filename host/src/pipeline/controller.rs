@@ -16,7 +16,8 @@
 //! checkpoint, so a checkpoint's offsets cover exactly the records whose effects the state holds.
 
 use crate::runtime::InputRecord;
-use std::collections::{HashSet, VecDeque};
+use foldhash::HashSet;
+use std::collections::VecDeque;
 
 /// A batch the controller handed out: its records in input order and its distinct key hashes
 /// (to give back to [`ExecutionController::finish`]).
@@ -54,9 +55,9 @@ impl ExecutionController {
         Self {
             pending: VecDeque::new(),
             kept: VecDeque::new(),
-            running: HashSet::new(),
-            passed: HashSet::new(),
-            taking: HashSet::new(),
+            running: HashSet::default(),
+            passed: HashSet::default(),
+            taking: HashSet::default(),
             in_flight: 0,
             in_flight_max: in_flight_max.max(1),
             batch_records_max: batch_records_max.max(1),

@@ -8,7 +8,7 @@ use super::consumer_loop::Running;
 use super::ports::{Output, Source};
 use super::worker::WorkerError;
 use crate::state::StateBackend;
-use std::collections::HashSet;
+use foldhash::HashSet;
 use tokio::sync::mpsc;
 
 impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {

@@ -9,7 +9,8 @@
 use super::bindings::{Header, InputRecord};
 use crate::state::StateWrite;
 use bytes::Bytes;
-use std::collections::{BTreeMap, HashMap};
+use foldhash::{HashMap, HashMapExt};
+use std::collections::BTreeMap;
 use std::ops::Bound;
 use std::sync::Arc;
 

@@ -23,6 +23,7 @@ use rdkafka::error::KafkaError;
 use rdkafka::message::{BorrowedMessage, Headers, Message};
 use rdkafka::topic_partition_list::TopicPartitionList;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -32,6 +33,9 @@ use std::time::Duration;
 #[derive(Debug, Default, Clone)]
 pub struct SourceContext {
     revoked: Arc<Mutex<Vec<i32>>>,
+    /// Set when `revoked` may be non-empty: the loop asks for revokes before every record, and
+    /// this keeps that to one atomic load on the record path.
+    any_revoked: Arc<AtomicBool>,
     assigned: Arc<Mutex<Vec<i32>>>,
     wake: Arc<tokio::sync::Notify>,
     /// Last stable offset (the high watermark a `read_committed` consumer reads up to) by topic
@@ -42,6 +46,9 @@ pub struct SourceContext {
 impl SourceContext {
     /// Takes the partitions revoked since the last call.
     pub fn take_revoked(&self) -> Vec<i32> {
+        if !self.any_revoked.swap(false, Ordering::AcqRel) {
+            return Vec::new();
+        }
         std::mem::take(&mut *self.revoked.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
@@ -115,6 +122,7 @@ impl ConsumerContext for SourceContext {
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
                     .extend(parts);
+                self.any_revoked.store(true, Ordering::Release);
                 self.wake.notify_one();
             }
             Rebalance::Assign(tpl) => {
