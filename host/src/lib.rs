@@ -11,7 +11,8 @@
 //! - [`source`]    the pipeline's source: Kafka consumer group member (rebalances, pause, seek,
 //!   committed offsets), and `source::memory` for tests with no broker
 //! - [`sink`]      the pipeline's output: Kafka producers (output and dead-letter topics,
-//!   exactly-once transactions), and `sink::memory` for tests with no broker
+//!   deliveries counted per partition, exactly-once transactions), and `sink::memory` for
+//!   tests with no broker
 //! - [`clock`]     the injected clock seam (processing time for TTL)
 //! - [`telemetry`] Prometheus metrics: the recorder and the labelled handles of a pipeline run
 //! - [`fail_points`] named points where crash tests make the `weir` binary exit (inert unless armed)
