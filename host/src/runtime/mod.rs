@@ -14,6 +14,7 @@
 
 pub mod batch;
 pub mod bindings;
+mod epoch;
 pub mod guest_log;
 mod host;
 mod imports;
@@ -28,11 +29,11 @@ use crate::clock::SharedClock;
 use crate::config::RuntimeSettings;
 use crate::state::{Shard, StateError};
 use bindings::{OperatorWorld, OperatorWorldPre, StateKind};
+use epoch::EpochTicker;
 use guest_log::GuestLog;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 use wasmtime::component::{Component, HasSelf, Linker};
 use wasmtime::{
@@ -130,71 +131,6 @@ pub struct StagedBytesExceeded {
 #[derive(Debug, thiserror::Error)]
 #[error("operator exceeded its CPU deadline")]
 pub struct DeadlineExceeded;
-
-/// Increments the engine's epoch every [`EPOCH_TICK`] from a dedicated OS thread, while a call
-/// runs, until dropped. With no call running the thread sleeps (an idle host wakes up for
-/// nothing): the epoch only bounds calls, and a call's deadline counts ticks from its start.
-#[derive(Debug)]
-struct EpochTicker {
-    stop: Arc<AtomicBool>,
-    /// Calls (and instantiations) running now.
-    calls: Arc<AtomicUsize>,
-    thread: std::thread::Thread,
-}
-
-/// Keeps the epoch ticking while it lives: held for the length of a call.
-struct Ticking<'a>(&'a EpochTicker);
-
-impl EpochTicker {
-    fn start(engine: Engine) -> Self {
-        let stop = Arc::new(AtomicBool::new(false));
-        let calls = Arc::new(AtomicUsize::new(0));
-        let (flag, running) = (stop.clone(), calls.clone());
-        let thread = std::thread::Builder::new()
-            .name("weir-epoch".into())
-            .spawn(move || {
-                while !flag.load(Ordering::Relaxed) {
-                    if running.load(Ordering::Acquire) == 0 {
-                        // Woken by the first call (an unpark before the park makes it return
-                        // at once) or by the drop.
-                        std::thread::park();
-                        continue;
-                    }
-                    std::thread::sleep(EPOCH_TICK);
-                    engine.increment_epoch();
-                }
-            })
-            .expect("spawning the epoch thread succeeds unless the OS is out of threads")
-            .thread()
-            .clone();
-        Self {
-            stop,
-            calls,
-            thread,
-        }
-    }
-
-    /// Ticks until the returned guard is dropped.
-    fn ticking(&self) -> Ticking<'_> {
-        if self.calls.fetch_add(1, Ordering::AcqRel) == 0 {
-            self.thread.unpark();
-        }
-        Ticking(self)
-    }
-}
-
-impl Drop for Ticking<'_> {
-    fn drop(&mut self) {
-        self.0.calls.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
-impl Drop for EpochTicker {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        self.thread.unpark();
-    }
-}
 
 /// The per-host Wasm runtime, generic over the shard type its instances use.
 pub struct Runtime<S: Shard> {
