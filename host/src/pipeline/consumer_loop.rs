@@ -6,7 +6,7 @@
 
 use super::attempt;
 use super::open::{Opened, Opening};
-use super::ports::{Fetched, GroupOffsets, Output, Source};
+use super::ports::{GroupOffsets, Output, Source};
 use super::worker::{PartitionWorker, WorkerError};
 use super::{PipelineControl, PipelineError, PipelineStats};
 use crate::config::Settings;
@@ -162,6 +162,10 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
 impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
     /// Takes records and rebalances from the source until `shutdown` completes or a worker
     /// fails.
+    ///
+    /// Each round takes at most `batch_records_max` records of every partition from the source
+    /// and hands them to the workers, so that no partition waits behind another's backlog.
+    /// Rebalances the source reports are applied before the records fetched after them.
     pub(super) async fn consume(
         &mut self,
         shutdown: impl Future<Output = ()>,
@@ -169,36 +173,44 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
         let batch_max = self.settings.runtime.batch_records_max;
         let mut shutdown = std::pin::pin!(shutdown);
         let source = self.source.clone();
+        let mut fetched = Vec::with_capacity(batch_max);
+        // Whether the last fetch may have left records behind: fetch again without waiting.
+        let mut more = false;
         loop {
             // While a partition is paused or a shard is changing hands, wake up now and then.
             let retry = !self.paused.is_empty() || !self.closing.is_empty();
-            let first = tokio::select! {
+            tokio::select! {
                 biased;
                 () = &mut shutdown => return Ok(()),
-                fetched = source.recv() => Some(fetched),
-                // A rebalance must be acted on even when no record follows it.
-                () = source.rebalanced() => None,
-                () = self.worker_ended.notified() => None,
+                () = self.worker_ended.notified() => {}
                 // A checkpoint's offsets, to commit to Kafka while the input is quiet.
-                Some(done) = self.checkpointed_rx.recv() => {
-                    self.checkpointed.push(done);
-                    None
-                }
-                () = tokio::time::sleep(PAUSED_RETRY_INTERVAL), if retry => None,
+                Some(done) = self.checkpointed_rx.recv() => self.checkpointed.push(done),
+                () = std::future::ready(()), if more => {}
+                () = source.ready() => {}
+                () = tokio::time::sleep(PAUSED_RETRY_INTERVAL), if retry => {}
                 // Now and then, to refresh the partitions' lag while the input is quiet.
-                () = tokio::time::sleep_until(self.watermarks_read + WATERMARKS_INTERVAL) => None,
-            };
-            if let Some(fetched) = first {
-                self.take(fetched).await?;
-                // Take what is already fetched without waiting, then hand out partial batches
-                // so that a quiet partition's records are not held back.
-                for _ in 0..batch_max.saturating_mul(4) {
-                    match source.try_recv() {
-                        Some(fetched) => self.take(fetched).await?,
-                        None => break,
-                    }
-                }
+                () = tokio::time::sleep_until(self.watermarks_read + WATERMARKS_INTERVAL) => {}
             }
+            // Rebalances reported so far, before the records fetched after them.
+            self.drop_revoked();
+            self.pause_assigned();
+            more = match source.fetch(batch_max, &mut fetched) {
+                Ok(more) => more,
+                Err(err) => {
+                    // The source reports broker trouble here and keeps retrying on its own.
+                    tracing::warn!(error = %err, "consumer error");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    false
+                }
+            };
+            for record in fetched.drain(..) {
+                self.pending
+                    .entry(record.partition)
+                    .or_default()
+                    .push(record);
+            }
+            // A rebalance the fetch came upon: its records fetched before it were queued
+            // above, and a revoke drops them.
             self.drop_revoked();
             self.pause_assigned();
             self.tend_shards().await?;
@@ -211,31 +223,6 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
                 self.send_pending(partition, true).await?;
             }
         }
-    }
-
-    /// Queues one fetched record for its partition's worker. Revocations are applied first:
-    /// the source reports a revoke before any record fetched after it, so a record is never
-    /// queued behind a revoked partition's leftovers.
-    async fn take(&mut self, fetched: Fetched) -> Result<(), PipelineError> {
-        self.drop_revoked();
-        let record = match fetched {
-            Fetched::Record(record) => record,
-            Fetched::Error(err) => {
-                // The source reports broker trouble here and keeps retrying on its own.
-                tracing::warn!(error = %err, "consumer error");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                return Ok(());
-            }
-        };
-        let partition = record.partition;
-        let batch = self.pending.entry(partition).or_default();
-        batch.push(record);
-        if batch.len() >= self.settings.runtime.batch_records_max
-            && !self.paused.contains(&partition)
-        {
-            self.send_pending(partition, true).await?;
-        }
-        Ok(())
     }
 
     /// Forgets revoked partitions: fetched records dropped, a shard being opened abandoned, a

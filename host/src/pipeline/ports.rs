@@ -20,16 +20,6 @@ pub type Cause = Box<dyn std::error::Error + Send + Sync>;
 /// Offsets to commit to a consumer group: (topic, partition) → the next offset to read.
 pub type GroupOffsets = BTreeMap<(String, i32), i64>;
 
-/// What the source hands the pipeline loop: a record, or an error it reports while it keeps
-/// trying on its own (a broker down).
-#[derive(Debug)]
-pub enum Fetched {
-    /// The next record of some assigned partition (records of a partition in offset order).
-    Record(InputRecord),
-    /// A transient error; the loop logs it and waits a little.
-    Error(Cause),
-}
-
 /// Why a source operation failed.
 #[derive(Debug, thiserror::Error)]
 #[error("source failed: {what}")]
@@ -44,17 +34,33 @@ pub struct SourceError {
 /// A member of the pipeline's consumer group over its input topics (co-partitioned: partition
 /// `p` of every input topic belongs to shard `p`).
 ///
-/// Rule the loop relies on: a revoke is reported (by [`Source::take_revoked`], and a wake of
-/// [`Source::rebalanced`]) before any record fetched after it is returned.
+/// Records are taken in rounds, a bounded number per partition each ([`Source::fetch`]), so
+/// that a partition with a large backlog already fetched cannot hold back the others (with
+/// one queue for all partitions, as a Kafka consumer's, a prefetch of 100,000 records of two
+/// partitions kept the other two waiting for seconds).
+///
+/// Rule the loop relies on: a rebalance is reported (by [`Source::take_revoked`] and
+/// [`Source::take_assigned`]) before any record fetched after it is returned.
 pub trait Source: Send + Sync + 'static {
-    /// Waits for the next fetched record (or an error to report).
-    fn recv(&self) -> impl Future<Output = Fetched> + Send + '_;
+    /// Completes when the source may have something new: fetched records, an error, or a
+    /// rebalance. May complete when there is nothing; never misses something that arrived
+    /// after the last [`Source::fetch`] that left nothing behind.
+    fn ready(&self) -> impl Future<Output = ()> + Send + '_;
 
-    /// The next record already fetched, without waiting.
-    fn try_recv(&self) -> Option<Fetched>;
-
-    /// Completes once partitions were revoked or assigned since the last wake-up.
-    fn rebalanced(&self) -> impl Future<Output = ()> + Send + '_;
+    /// Takes records already fetched, without waiting: at most `per_partition_max` of each
+    /// assigned partition that is not paused, each partition's in offset order, appended to
+    /// `records`. Returns early, before taking any record fetched after it, when it comes upon
+    /// a rebalance (the loop applies it first). Returns whether records may have been left
+    /// behind (the loop then calls again without waiting for [`Source::ready`]).
+    ///
+    /// # Errors
+    /// A transient error the source reports while it keeps trying on its own (a broker down);
+    /// `records` keeps what was taken before it.
+    fn fetch(
+        &self,
+        per_partition_max: usize,
+        records: &mut Vec<InputRecord>,
+    ) -> Result<bool, Cause>;
 
     /// The partitions revoked since the last call.
     fn take_revoked(&self) -> Vec<i32>;

@@ -313,6 +313,63 @@ async fn a_revoke_between_two_fetched_batches_reopens_from_the_checkpoint() {
     assert_counts_exact(handle, output, 0);
 }
 
+#[tokio::test(start_paused = true)]
+async fn no_partition_waits_behind_the_backlog_of_others() {
+    // A record in each partition first, so that all four shards are open before the backlog.
+    let world = World::new(4, 1, "at_least_once");
+    let (handle, output) = (&world.handle, &world.output);
+    let (run, _) = world
+        .start(ReadDelay::Fixed(Duration::from_millis(1)))
+        .await;
+    handle.assign(&[0, 1, 2, 3]);
+    until("every shard ran its first record", || {
+        (0..4).all(|p| outputs_of(output, p) == 1)
+    })
+    .await;
+    // A backlog of partitions 0 and 1, all fetched before a few records of 2 and 3 (as a
+    // consumer's prefetch of 100,000 records holds them).
+    let start = output.log().outputs.len();
+    for i in 1..=4000 {
+        let key = format!("k{}", i % 20);
+        for partition in [0, 1] {
+            handle.produce(TOPIC, partition, key.as_bytes(), b"v", i);
+        }
+    }
+    for i in 1..=10 {
+        for partition in [2, 3] {
+            handle.produce(TOPIC, partition, b"k0", b"v", i);
+        }
+    }
+    until("partitions 2 and 3 are done", || {
+        outputs_of(output, 2) == 11 && outputs_of(output, 3) == 11
+    })
+    .await;
+    let in_flight_max = settings("at_least_once").pipeline.in_flight_max;
+    {
+        let log = output.log();
+        let outputs = &log.outputs[start..];
+        for partition in [2, 3] {
+            let first = outputs
+                .iter()
+                .position(|w| w.partition == partition)
+                .expect("an output of the partition");
+            assert!(
+                first <= in_flight_max * 4,
+                "partition {partition} waited while {first} records of others ran (at most in_flight_max × partitions = {})",
+                in_flight_max * 4
+            );
+        }
+    }
+    until("the backlog is done", || {
+        outputs_of(output, 0) == 4001 && outputs_of(output, 1) == 4001
+    })
+    .await;
+    run.stop().await.expect("clean stop");
+    for partition in 0..4 {
+        assert_counts_exact(handle, output, partition);
+    }
+}
+
 /// How many distinct offsets of `partition` have exactly one output (panics on duplicates).
 fn run_count(output: &MemoryOutput, partition: i32) -> usize {
     let seen = outputs_per_offset(output, partition);

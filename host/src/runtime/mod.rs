@@ -23,6 +23,7 @@ pub mod wasi;
 
 pub use batch::{BatchCtx, StagedEmit};
 pub use bindings::{Disposition, Header, InputRecord, OperatorInfo};
+use bindings::{OPERATOR_INTERFACE, PROCESS_BATCH};
 pub use host::{CallLimits, HostCtx, OperatorMeta};
 
 use crate::clock::SharedClock;
@@ -35,7 +36,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
-use wasmtime::component::{Component, HasSelf, Linker};
+use wasmtime::component::{Component, ComponentExportIndex, HasSelf, Linker, TypedFunc};
 use wasmtime::{
     Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store, StoreLimitsBuilder,
     UpdateDeadline,
@@ -227,11 +228,19 @@ impl<S: Shard> Runtime<S> {
         let pre = OperatorWorldPre::new(instance_pre).map_err(|e| RuntimeError::WrongWorld {
             reason: format!("{e:#}"),
         })?;
+        let component = pre.instance_pre().component();
+        let process_batch = component
+            .get_export_index(None, OPERATOR_INTERFACE)
+            .and_then(|interface| component.get_export_index(Some(&interface), PROCESS_BATCH))
+            .ok_or_else(|| RuntimeError::WrongWorld {
+                reason: format!("no `{PROCESS_BATCH}` in `{OPERATOR_INTERFACE}`"),
+            })?;
         let mut operator = Operator {
             logic: Logic::Wasm {
                 engine: self.engine.clone(),
                 ticker: self.ticker.clone(),
                 pre,
+                process_batch,
             },
             meta: None,
             settings: self.settings.clone(),
@@ -435,6 +444,8 @@ enum Logic<S: Shard> {
         /// after the runtime that compiled it is dropped.
         ticker: Arc<EpochTicker>,
         pre: OperatorWorldPre<HostCtx<S>>,
+        /// `process-batch`, called with [`InputRecord`]s rather than the generated type.
+        process_batch: ComponentExportIndex,
     },
     /// Logic compiled into the host (benchmark baseline).
     Native(Arc<dyn native::NativeOperator>),
@@ -472,12 +483,13 @@ impl<S: Shard> Operator<S> {
         shard: Option<Arc<S>>,
         source: Arc<str>,
     ) -> Result<Instance<S>, RuntimeError> {
-        let (engine, pre, ticker) = match &self.logic {
+        let (engine, pre, ticker, process_batch) = match &self.logic {
             Logic::Wasm {
                 engine,
                 pre,
                 ticker,
-            } => (engine, pre, ticker),
+                process_batch,
+            } => (engine, pre, ticker, process_batch),
             Logic::Native(logic) => {
                 return Ok(Instance {
                     kind: InstanceKind::Native {
@@ -527,15 +539,26 @@ impl<S: Shard> Operator<S> {
             Ok(UpdateDeadline::Yield(1))
         });
         let ticking = ticker.ticking();
-        let bindings = pre
+        let instance = pre
+            .instance_pre()
             .instantiate_async(&mut store)
             .await
             .map_err(RuntimeError::Instantiate)?;
         drop(ticking);
+        let bindings =
+            OperatorWorld::new(&mut store, &instance).map_err(RuntimeError::Instantiate)?;
+        let process_batch = instance
+            .get_func(&mut store, process_batch)
+            .ok_or_else(|| {
+                RuntimeError::Instantiate(wasmtime::format_err!("no `{PROCESS_BATCH}` export"))
+            })?
+            .typed(&store)
+            .map_err(RuntimeError::Instantiate)?;
         Ok(Instance {
             kind: InstanceKind::Wasm {
                 store,
                 bindings,
+                process_batch,
                 io_allowance: self.settings.call_io_allowance,
                 ticker: ticker.clone(),
             },
@@ -548,6 +571,10 @@ pub fn ticks(d: Duration) -> u64 {
     (d.as_micros() / EPOCH_TICK.as_micros()).max(1) as u64
 }
 
+/// `process-batch` as typed once per instance: the batch's records shared, not copied, until
+/// the call lowers them into guest memory.
+type ProcessBatch = TypedFunc<(Arc<Vec<InputRecord>>,), (Vec<Disposition>,)>;
+
 /// One live instance with its store.
 pub struct Instance<S: Shard> {
     kind: InstanceKind<S>,
@@ -557,6 +584,7 @@ enum InstanceKind<S: Shard> {
     Wasm {
         store: Store<HostCtx<S>>,
         bindings: OperatorWorld,
+        process_batch: ProcessBatch,
         /// Wall-clock time a call may spend beyond twice its CPU deadline (waiting on state
         /// I/O).
         io_allowance: Duration,
@@ -589,13 +617,14 @@ impl<S: Shard> Instance<S> {
         batch: BatchCtx,
         deadline: Duration,
     ) -> Result<(Vec<Disposition>, BatchCtx), CallError> {
-        let (store, bindings, io_allowance, ticker) = match &mut self.kind {
+        let (store, process_batch, io_allowance, ticker) = match &mut self.kind {
             InstanceKind::Wasm {
                 store,
-                bindings,
+                process_batch,
                 io_allowance,
                 ticker,
-            } => (store, bindings, *io_allowance, ticker.clone()),
+                ..
+            } => (store, process_batch, *io_allowance, ticker.clone()),
             InstanceKind::Native { logic, meta } => {
                 return Ok(native::call_batch(&**logic, meta, batch));
             }
@@ -610,14 +639,12 @@ impl<S: Shard> Instance<S> {
         // Epoch deadlines only fire while guest code runs; a guest parked in a host call (a WASI
         // timer, a state read that never returns) is bounded by this wall-clock cap instead.
         let wall_clock_max = deadline.saturating_mul(2).saturating_add(io_allowance);
-        let call = bindings
-            .weir_operator_operator()
-            .call_process_batch(&mut *store, &records);
+        let call = process_batch.call_async(&mut *store, (records.clone(),));
         let ticking = ticker.ticking();
         let result = tokio::time::timeout(wall_clock_max, call).await;
         drop(ticking);
         let result = match result {
-            Ok(result) => result,
+            Ok(result) => result.map(|(dispositions,)| dispositions),
             Err(_elapsed) if store.data().waiting_on_state => {
                 // Stuck on storage, not on the guest: an outage, retried, never dead-lettered.
                 return Err(CallError::Aborted(HostAbort::State(

@@ -121,7 +121,7 @@ impl KafkaSink {
         let topic = match self.input_topics.iter().position(|t| **t == *source.topic) {
             Some(i) => i,
             None => {
-                self.input_topics.push(Arc::from(source.topic.as_str()));
+                self.input_topics.push(source.topic.clone());
                 self.input_topics.len() - 1
             }
         };

@@ -135,7 +135,7 @@ impl ShardSink for MemorySink {
             partition: self.partition,
             key: emit.key.clone(),
             value: emit.value.clone(),
-            source: (source.topic.clone(), source.offset),
+            source: (source.topic.to_string(), source.offset),
             dead_letter: None,
         });
         Ok(())
@@ -151,7 +151,7 @@ impl ShardSink for MemorySink {
             partition: self.partition,
             key: record.key.clone(),
             value: record.value.clone(),
-            source: (record.topic.clone(), record.offset),
+            source: (record.topic.to_string(), record.offset),
             dead_letter: Some((kind, error.to_owned())),
         });
         Ok(())

@@ -1,11 +1,13 @@
 //! An in-memory [`Source`] for tests of the pipeline without a broker: partitions of input
 //! topics as logs in memory, assignments and revokes made by the test through a
 //! [`MemorySourceHandle`], pause, seek and committed offsets (with their metadata) as a
-//! consumer group member sees them. Deterministic: records of the assigned, unpaused
-//! partitions are handed out round-robin, a record at a time, in each partition's offset
-//! order; a revoke or an assignment is reported before any record handed out after it.
+//! consumer group member sees them. Deterministic: a fetch hands out the records of the
+//! assigned, unpaused partitions in partition order, as many of each as it is asked for, in
+//! each partition's offset order (as a Kafka consumer whose prefetch holds a large chunk of
+//! every partition); a revoke or an assignment is reported before any record handed out after
+//! it.
 
-use crate::pipeline::ports::{Fetched, GroupOffsets, Source, SourceError};
+use crate::pipeline::ports::{Cause, GroupOffsets, Source, SourceError};
 use crate::runtime::InputRecord;
 use crate::state::checkpoint::{InputOffsets, manifest_metadata, parse_manifest_metadata};
 use std::collections::{BTreeMap, BTreeSet};
@@ -27,8 +29,6 @@ struct Logs {
     committed: BTreeMap<(String, i32), (i64, String)>,
     /// Commits made, in order: (offsets, waited).
     commits: Vec<(GroupOffsets, bool)>,
-    /// The partition served last (round-robin).
-    cursor: i32,
 }
 
 /// A [`Source`] in memory over `topics` (co-partitioned).
@@ -36,8 +36,8 @@ struct Logs {
 pub struct MemorySource {
     topics: Vec<String>,
     logs: Arc<Mutex<Logs>>,
-    records_ready: Arc<Notify>,
-    rebalanced: Arc<Notify>,
+    /// Notified when there may be something new to fetch: records, a rebalance, a resume.
+    ready: Arc<Notify>,
 }
 
 /// What a test drives a [`MemorySource`] with.
@@ -52,8 +52,7 @@ impl MemorySource {
         let source = Self {
             topics: topics.iter().map(|t| (*t).to_owned()).collect(),
             logs: Arc::new(Mutex::new(Logs::default())),
-            records_ready: Arc::new(Notify::new()),
-            rebalanced: Arc::new(Notify::new()),
+            ready: Arc::new(Notify::new()),
         };
         let handle = MemorySourceHandle {
             source: source.clone(),
@@ -65,40 +64,33 @@ impl MemorySource {
         self.logs.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The next record of an assigned, unpaused partition, round-robin over partitions.
-    fn take_record(&self) -> Option<InputRecord> {
+    /// Takes at most `per_partition_max` records of each assigned, unpaused partition, in
+    /// partition order, into `records`; returns whether any was left behind. Takes nothing
+    /// while a rebalance is unreported.
+    fn take_records(&self, per_partition_max: usize, records: &mut Vec<InputRecord>) -> bool {
         let mut logs = self.logs();
-        let partitions: Vec<i32> = logs
-            .assigned
-            .iter()
-            .copied()
-            .filter(|p| !logs.paused.contains(p))
-            .collect();
-        if partitions.is_empty() {
-            return None;
+        if !logs.revoked_events.is_empty() || !logs.assigned_events.is_empty() {
+            return false;
         }
-        let start = partitions
-            .iter()
-            .position(|p| *p > logs.cursor)
-            .unwrap_or(0);
-        for i in 0..partitions.len() {
-            let partition = partitions[(start + i) % partitions.len()];
+        let logs = &mut *logs;
+        let mut more = false;
+        for partition in logs.assigned.difference(&logs.paused) {
+            let mut budget = per_partition_max;
             for topic in &self.topics {
-                let key = (topic.clone(), partition);
-                let at = logs.positions.get(&key).copied().unwrap_or(0);
-                let record = logs
-                    .records
-                    .get(&key)
-                    .and_then(|r| r.get(usize::try_from(at).ok()?))
-                    .cloned();
-                if let Some(record) = record {
-                    logs.positions.insert(key, at + 1);
-                    logs.cursor = partition;
-                    return Some(record);
-                }
+                let key = (topic.clone(), *partition);
+                let Some(log) = logs.records.get(&key) else {
+                    continue;
+                };
+                let at = logs.positions.entry(key).or_insert(0);
+                let from = usize::try_from(*at).unwrap_or(usize::MAX).min(log.len());
+                let to = from.saturating_add(budget).min(log.len());
+                records.extend_from_slice(&log[from..to]);
+                budget -= to - from;
+                *at = to as i64;
+                more |= to < log.len();
             }
         }
-        None
+        more
     }
 }
 
@@ -125,12 +117,12 @@ impl MemorySourceHandle {
                 value: value.to_vec(),
                 timestamp_ms,
                 headers: Vec::new(),
-                topic: topic.to_owned(),
+                topic: topic.into(),
                 partition,
                 offset,
             });
         }
-        self.source.records_ready.notify_one();
+        self.source.ready.notify_one();
     }
 
     /// Assigns `partitions` to the member (an assignment event, reported before any record
@@ -144,8 +136,7 @@ impl MemorySourceHandle {
                 logs.assigned_events.push(p);
             }
         }
-        self.source.rebalanced.notify_one();
-        self.source.records_ready.notify_one();
+        self.source.ready.notify_one();
     }
 
     /// Revokes `partitions` (a revoke event, reported before any record handed out after it;
@@ -158,7 +149,7 @@ impl MemorySourceHandle {
                 logs.revoked_events.push(p);
             }
         }
-        self.source.rebalanced.notify_one();
+        self.source.ready.notify_one();
     }
 
     /// The member is gone without a word (its process crashed): its assignment, pauses,
@@ -222,24 +213,16 @@ impl MemorySourceHandle {
 }
 
 impl Source for MemorySource {
-    async fn recv(&self) -> Fetched {
-        loop {
-            let ready = self.records_ready.notified();
-            tokio::pin!(ready);
-            ready.as_mut().enable();
-            if let Some(record) = self.take_record() {
-                return Fetched::Record(record);
-            }
-            ready.await;
-        }
+    async fn ready(&self) {
+        self.ready.notified().await;
     }
 
-    fn try_recv(&self) -> Option<Fetched> {
-        self.take_record().map(Fetched::Record)
-    }
-
-    async fn rebalanced(&self) {
-        self.rebalanced.notified().await;
+    fn fetch(
+        &self,
+        per_partition_max: usize,
+        records: &mut Vec<InputRecord>,
+    ) -> Result<bool, Cause> {
+        Ok(self.take_records(per_partition_max, records))
     }
 
     fn take_revoked(&self) -> Vec<i32> {
@@ -260,7 +243,7 @@ impl Source for MemorySource {
             }
         }
         if !paused {
-            self.records_ready.notify_one();
+            self.ready.notify_one();
         }
         Ok(())
     }
@@ -275,7 +258,7 @@ impl Source for MemorySource {
             logs.positions.insert(key, to);
         }
         drop(logs);
-        self.records_ready.notify_one();
+        self.ready.notify_one();
         Ok(())
     }
 

@@ -9,35 +9,39 @@
 pub mod memory;
 
 use crate::config::Settings;
-use crate::pipeline::ports::{Fetched, GroupOffsets, Source, SourceError};
+use crate::pipeline::ports::{Cause, GroupOffsets, Source, SourceError};
 use crate::runtime::{Header, InputRecord};
 use crate::state::checkpoint::{InputOffsets, parse_manifest_metadata};
-use futures::FutureExt;
 use rdkafka::ClientContext;
 use rdkafka::Offset;
 use rdkafka::Statistics;
 use rdkafka::config::ClientConfig;
-use rdkafka::consumer::CommitMode;
-use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance, StreamConsumer};
-use rdkafka::error::KafkaError;
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
+use rdkafka::consumer::{CommitMode, base_consumer::PartitionQueue};
+use rdkafka::error::{KafkaError, KafkaResult};
 use rdkafka::message::{BorrowedMessage, Headers, Message};
 use rdkafka::topic_partition_list::TopicPartitionList;
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-/// The consumer's context: collects partitions revoked by rebalances for the pipeline loop,
-/// and wakes it (a revoke must be acted on — the shard checkpointed and closed — even when no
-/// record follows it).
+/// The consumer's context: collects the partitions rebalances revoke and assign for the
+/// pipeline loop, and counts the events the consumer's queue served (a fetch serves them
+/// until none is left).
 #[derive(Debug, Default, Clone)]
 pub struct SourceContext {
     revoked: Arc<Mutex<Vec<i32>>>,
-    /// Set when `revoked` may be non-empty: the loop asks for revokes before every record, and
-    /// this keeps that to one atomic load on the record path.
+    /// Set when `revoked` may be non-empty: asking for revokes is one atomic load.
     any_revoked: Arc<AtomicBool>,
     assigned: Arc<Mutex<Vec<i32>>>,
-    wake: Arc<tokio::sync::Notify>,
+    /// Partitions paused by the pipeline: a fetch leaves their queues alone.
+    paused: Arc<Mutex<BTreeSet<i32>>>,
+    /// (topic, partition) assigned whose messages do not yet have a queue of their own.
+    unsplit: Arc<Mutex<Vec<(String, i32)>>>,
+    /// Rebalances served, and every event served (rebalances, statistics, commit results).
+    rebalances: Arc<AtomicU64>,
+    events: Arc<AtomicU64>,
     /// Last stable offset (the high watermark a `read_committed` consumer reads up to) by topic
     /// and partition, from librdkafka's statistics (every `statistics.interval.ms`).
     high_watermarks: Arc<Mutex<HashMap<(String, i32), i64>>>,
@@ -58,10 +62,18 @@ impl SourceContext {
         std::mem::take(&mut *self.assigned.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
-    /// Completes once partitions were revoked or assigned since the last wake-up (at once if some were
-    /// revoked while nobody waited).
-    pub async fn revoked(&self) {
-        self.wake.notified().await;
+    fn set_paused(&self, partition: i32, paused: bool) {
+        let mut set = self.paused.lock().unwrap_or_else(|e| e.into_inner());
+        if paused {
+            set.insert(partition);
+        } else {
+            set.remove(&partition);
+        }
+    }
+
+    /// Takes the (topic, partition)s assigned since the last call.
+    fn take_unsplit(&self) -> Vec<(String, i32)> {
+        std::mem::take(&mut *self.unsplit.lock().unwrap_or_else(|e| e.into_inner()))
     }
 }
 
@@ -80,6 +92,7 @@ impl SourceContext {
 impl ClientContext for SourceContext {
     /// Keeps the fetched partitions' high watermarks (for lag), nothing else.
     fn stats(&self, statistics: Statistics) {
+        self.events.fetch_add(1, Ordering::Relaxed);
         let mut highs = self
             .high_watermarks
             .lock()
@@ -106,14 +119,26 @@ impl ConsumerContext for SourceContext {
     /// on revoke, so without this a partition paused during an outage and then reassigned
     /// would never be fetched again. Resuming a partition that is not paused does nothing.
     fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
-        if let Rebalance::Assign(tpl) = rebalance
-            && let Err(err) = consumer.resume(tpl)
-        {
-            tracing::warn!(error = %err, "cannot resume newly assigned partitions");
+        if let Rebalance::Assign(tpl) = rebalance {
+            for e in tpl.elements() {
+                self.set_paused(e.partition(), false);
+            }
+            if let Err(err) = consumer.resume(tpl) {
+                tracing::warn!(error = %err, "cannot resume newly assigned partitions");
+            }
+        }
+    }
+
+    fn commit_callback(&self, result: KafkaResult<()>, _offsets: &TopicPartitionList) {
+        self.events.fetch_add(1, Ordering::Relaxed);
+        if let Err(err) = result {
+            tracing::debug!(error = %err, "offset commit failed");
         }
     }
 
     fn pre_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        self.events.fetch_add(1, Ordering::Relaxed);
+        self.rebalances.fetch_add(1, Ordering::Relaxed);
         match rebalance {
             Rebalance::Revoke(tpl) => {
                 let parts: Vec<i32> = tpl.elements().iter().map(|e| e.partition()).collect();
@@ -123,7 +148,6 @@ impl ConsumerContext for SourceContext {
                     .unwrap_or_else(|e| e.into_inner())
                     .extend(parts);
                 self.any_revoked.store(true, Ordering::Release);
-                self.wake.notify_one();
             }
             Rebalance::Assign(tpl) => {
                 let parts: Vec<(String, i32)> = tpl
@@ -136,7 +160,10 @@ impl ConsumerContext for SourceContext {
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
                     .extend(parts.iter().map(|(_, p)| *p));
-                self.wake.notify_one();
+                self.unsplit
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .extend(parts);
             }
             Rebalance::Error(err) => tracing::warn!(error = %err, "rebalance error"),
         }
@@ -144,16 +171,21 @@ impl ConsumerContext for SourceContext {
 }
 
 /// The pipeline's consumer type.
-pub type SourceConsumer = StreamConsumer<SourceContext>;
+pub type SourceConsumer = BaseConsumer<SourceContext>;
 
-/// Creates the consumer (not yet subscribed).
+/// Creates the consumer (not yet subscribed); `ready` is notified when its queue of events
+/// (rebalances, errors, statistics, and messages of partitions without a queue of their own)
+/// becomes non-empty.
 ///
 /// Defaults: auto-commit and offset store off, `auto.offset.reset=earliest`,
 /// `isolation.level=read_committed`, statistics every second (for lag); `kafka.consumer` settings override them.
 ///
 /// # Errors
 /// [`KafkaError`] when librdkafka rejects the configuration.
-pub fn consumer(settings: &Settings) -> Result<(SourceConsumer, SourceContext), KafkaError> {
+pub fn consumer(
+    settings: &Settings,
+    ready: Arc<tokio::sync::Notify>,
+) -> Result<(SourceConsumer, SourceContext), KafkaError> {
     let mut config = ClientConfig::new();
     config
         .set("bootstrap.servers", &settings.kafka.bootstrap_servers)
@@ -169,12 +201,14 @@ pub fn consumer(settings: &Settings) -> Result<(SourceConsumer, SourceContext), 
         config.set(k, v);
     }
     let context = SourceContext::default();
-    let consumer = config.create_with_context(context.clone())?;
+    let mut consumer: SourceConsumer = config.create_with_context(context.clone())?;
+    consumer.set_nonempty_callback(move || ready.notify_one());
     Ok((consumer, context))
 }
 
-/// Copies a fetched message into an `input-record` (one copy: the guest call lowers from it).
-pub fn to_input_record(msg: &BorrowedMessage<'_>) -> InputRecord {
+/// Copies a fetched message of `topic` into an `input-record` (one copy: the guest call lowers
+/// from it).
+pub fn to_input_record(msg: &BorrowedMessage<'_>, topic: &Arc<str>) -> InputRecord {
     let headers = msg
         .headers()
         .map(|hs| {
@@ -191,7 +225,7 @@ pub fn to_input_record(msg: &BorrowedMessage<'_>) -> InputRecord {
         value: msg.payload().map(<[u8]>::to_vec).unwrap_or_default(),
         timestamp_ms: msg.timestamp().to_millis().unwrap_or(-1),
         headers,
-        topic: msg.topic().to_owned(),
+        topic: topic.clone(),
         partition: msg.partition(),
         offset: msg.offset(),
     }
@@ -204,14 +238,30 @@ const SEEK_TIMEOUT: Duration = Duration::from_secs(5);
 /// pending on them).
 const COMMITTED_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// The pipeline's [`Source`] over Kafka: a consumer subscribed to the input topics.
+/// Records taken from the consumer's own queue in one fetch at most (messages of partitions
+/// assigned a moment ago, before their queue of their own was split off).
+const CONSUMER_QUEUE_FETCH_MAX: usize = 4096;
+
+/// A partition's queue of one input topic (librdkafka's partition queue).
+type TopicQueue = (Arc<str>, PartitionQueue<SourceContext>);
+
+/// The pipeline's [`Source`] over Kafka: a consumer subscribed to the input topics, each
+/// assigned partition with a queue of its own (librdkafka's partition queues), so that a fetch
+/// takes a bounded number of records of every partition rather than whatever one queue of all
+/// of them holds first. The consumer's own queue (rebalances, errors, statistics) is served
+/// first in every fetch: a revoke is seen before any record fetched after it.
 #[derive(Clone)]
 pub struct KafkaSource {
     consumer: Arc<SourceConsumer>,
     context: SourceContext,
-    topics: Vec<String>,
+    topics: Vec<Arc<str>>,
     /// Where a partition without a checkpoint offset starts (`auto.offset.reset`).
     reset: Offset,
+    /// Partition → the queues of its topics, split off on its first assignment (librdkafka
+    /// keeps a queue the application split off through revokes and assignments).
+    queues: Arc<Mutex<BTreeMap<i32, Vec<TopicQueue>>>>,
+    /// Notified when a queue becomes non-empty.
+    ready: Arc<tokio::sync::Notify>,
 }
 
 impl std::fmt::Debug for KafkaSource {
@@ -229,9 +279,15 @@ impl KafkaSource {
     /// # Errors
     /// [`KafkaError`] when librdkafka rejects the configuration or the subscription.
     pub fn new(settings: &Settings) -> Result<Self, KafkaError> {
-        let (consumer, context) = consumer(settings)?;
-        let topics = settings.pipeline.input_topics.clone();
-        let names: Vec<&str> = topics.iter().map(String::as_str).collect();
+        let ready = Arc::new(tokio::sync::Notify::new());
+        let (consumer, context) = consumer(settings, ready.clone())?;
+        let topics: Vec<Arc<str>> = settings
+            .pipeline
+            .input_topics
+            .iter()
+            .map(|t| Arc::from(t.as_str()))
+            .collect();
+        let names: Vec<&str> = topics.iter().map(|t| &**t).collect();
         consumer.subscribe(&names)?;
         let reset = match settings
             .kafka
@@ -247,6 +303,8 @@ impl KafkaSource {
             context,
             topics,
             reset,
+            queues: Arc::default(),
+            ready,
         })
     }
 
@@ -255,19 +313,69 @@ impl KafkaSource {
         self.consumer.clone()
     }
 
-    fn fetched(msg: Result<BorrowedMessage<'_>, KafkaError>) -> Fetched {
-        match msg {
-            Ok(msg) => Fetched::Record(to_input_record(&msg)),
-            Err(err) => Fetched::Error(Box::new(err)),
-        }
-    }
-
     fn partition_list(&self, partition: i32) -> TopicPartitionList {
         let mut tpl = TopicPartitionList::new();
         for topic in &self.topics {
             tpl.add_partition(topic, partition);
         }
         tpl
+    }
+
+    /// Serves the consumer's own queue until it is empty or a rebalance was served (then
+    /// gives the newly assigned partitions their queues and returns true), taking the messages
+    /// it holds into `records`.
+    fn serve_consumer_queue(&self, records: &mut Vec<InputRecord>) -> Result<bool, Cause> {
+        let rebalances = self.context.rebalances.load(Ordering::Acquire);
+        for _ in 0..CONSUMER_QUEUE_FETCH_MAX {
+            let events = self.context.events.load(Ordering::Acquire);
+            match self.consumer.poll(Duration::ZERO) {
+                Some(Ok(msg)) => records.push(to_input_record(&msg, &self.topic(msg.topic()))),
+                Some(Err(err)) => return Err(Box::new(err)),
+                None if self.context.rebalances.load(Ordering::Acquire) != rebalances => {
+                    self.split_assigned();
+                    return Ok(true);
+                }
+                // Nothing was served: the queue is empty.
+                None if self.context.events.load(Ordering::Acquire) == events => {
+                    return Ok(false);
+                }
+                None => {}
+            }
+        }
+        Ok(true)
+    }
+
+    /// The shared name of input topic `name`.
+    fn topic(&self, name: &str) -> Arc<str> {
+        self.topics
+            .iter()
+            .find(|t| ***t == *name)
+            .cloned()
+            .unwrap_or_else(|| Arc::from(name))
+    }
+
+    /// Splits the queues of newly assigned partitions off the consumer's queue.
+    fn split_assigned(&self) {
+        let mut queues = self.queues.lock().unwrap_or_else(|e| e.into_inner());
+        for (topic, partition) in self.context.take_unsplit() {
+            let of_partition = queues.entry(partition).or_default();
+            if of_partition.iter().any(|(t, _)| **t == *topic) {
+                continue;
+            }
+            let topic = self.topic(&topic);
+            match self.consumer.split_partition_queue(&topic, partition) {
+                Some(mut queue) => {
+                    let ready = self.ready.clone();
+                    queue.set_nonempty_callback(move || ready.notify_one());
+                    of_partition.push((topic, queue));
+                    // What arrived before the callback was set wakes nobody.
+                    self.ready.notify_one();
+                }
+                None => {
+                    tracing::warn!(topic = %topic, partition, "no queue of its own for the partition; its records come through the consumer's queue");
+                }
+            }
+        }
     }
 }
 
@@ -279,18 +387,43 @@ fn source_error(what: impl Into<String>, source: KafkaError) -> SourceError {
 }
 
 impl Source for KafkaSource {
-    async fn recv(&self) -> Fetched {
-        Self::fetched(self.consumer.recv().await)
+    async fn ready(&self) {
+        self.ready.notified().await;
     }
 
-    fn try_recv(&self) -> Option<Fetched> {
-        self.consumer.recv().now_or_never().map(Self::fetched)
-    }
-
-    async fn rebalanced(&self) {
-        // librdkafka runs the rebalance callbacks inside `recv`, which returns only with a
-        // record: the context wakes the loop.
-        self.context.revoked().await;
+    fn fetch(
+        &self,
+        per_partition_max: usize,
+        records: &mut Vec<InputRecord>,
+    ) -> Result<bool, Cause> {
+        if self.serve_consumer_queue(records)? {
+            return Ok(true);
+        }
+        let queues = self.queues.lock().unwrap_or_else(|e| e.into_inner());
+        let paused = self
+            .context
+            .paused
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let mut more = false;
+        for (partition, of_partition) in queues.iter() {
+            if paused.contains(partition) {
+                continue;
+            }
+            let mut budget = per_partition_max;
+            for (topic, queue) in of_partition {
+                while budget > 0 {
+                    match queue.poll(Duration::ZERO) {
+                        Some(Ok(msg)) => records.push(to_input_record(&msg, topic)),
+                        Some(Err(err)) => return Err(Box::new(err)),
+                        None => break,
+                    }
+                    budget -= 1;
+                }
+            }
+            more |= budget == 0;
+        }
+        Ok(more)
     }
 
     fn take_revoked(&self) -> Vec<i32> {
@@ -304,9 +437,14 @@ impl Source for KafkaSource {
     fn set_paused(&self, partition: i32, paused: bool) -> Result<(), SourceError> {
         let tpl = self.partition_list(partition);
         let result = if paused {
+            self.context.set_paused(partition, true);
             self.consumer.pause(&tpl)
         } else {
-            self.consumer.resume(&tpl)
+            let result = self.consumer.resume(&tpl);
+            self.context.set_paused(partition, false);
+            // Records fetched before the pause wait in its queue, which wakes nobody.
+            self.ready.notify_one();
+            result
         };
         result.map_err(|e| source_error(format!("pause partition {partition}"), e))
     }
