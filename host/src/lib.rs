@@ -9,7 +9,8 @@
 //! - [`pipeline`]  the consumer loop, shard opens and per-partition workers (batch → prefetch →
 //!   invoke → emit → checkpoint), over the `Source` and `Output` traits of `pipeline::ports`
 //! - [`source`]    the pipeline's source: Kafka consumer group member (rebalances, pause, seek,
-//!   committed offsets), and `source::memory` for tests with no broker
+//!   committed offsets, a queue per assigned partition), and `source::memory` for tests with no
+//!   broker
 //! - [`sink`]      the pipeline's output: Kafka producers (output and dead-letter topics,
 //!   deliveries counted per partition, exactly-once transactions), and `sink::memory` for
 //!   tests with no broker

@@ -1,0 +1,647 @@
+//! Pipelines of the API: their definitions and the hosts' reports on them, in object storage,
+//! and the routes that manage them.
+//!
+//! A pipeline is a definition ([`PipelineRecord`]) every `weir serve` host that runs pipelines
+//! reads ([`super::runner`]): each host runs the pipeline's consumer-group member, so Kafka
+//! divides the partitions among the hosts, and each writes what it runs into a
+//! [`HostStatus`]. `GET /v1/pipelines/{name}` merges the fresh ones.
+//!
+//! Layout under the catalog prefix (beside [`super::catalog`]'s):
+//! - `tenants/{tenant}/pipelines/{name}/revisions/{revision:010}.json` — the definition; every
+//!   change writes the next revision, created once (`PutMode::Create`), so two hosts changing
+//!   a pipeline at once cannot both win (the loser answers 409) on every store;
+//! - `tenants/{tenant}/pipelines/{name}/hosts/{host}.json` — one host's [`HostStatus`];
+//! - `tenants/{tenant}/state/{uid}/…` — the pipeline's keyed state (LSM shards).
+//!
+//! Topic names are the tenant's own: topic `orders` of tenant `acme` is the Kafka topic
+//! `acme.orders` ([`kafka_topic`]), so no tenant can name another's topic.
+//!
+//! The module's parts: [`spec`] — the definition, its validation and the status types, and
+//! merging hosts' reports; [`store`] — reading and writing them in the catalog's store; this
+//! file — the routes.
+
+mod spec;
+mod store;
+
+pub use spec::*;
+
+use super::catalog::valid_operator_name;
+use super::problem::{ApiError, Problem};
+use super::{ApiState, AuthProblems, Principal, now_ms, read_json};
+use crate::pipeline::CheckpointRecord;
+use axum::Json;
+use axum::body::Body;
+use axum::extract::{Path as UrlPath, State};
+use axum::http::StatusCode;
+
+fn check_pipeline_name(name: &str) -> Result<(), ApiError> {
+    if valid_operator_name(name) {
+        Ok(())
+    } else {
+        Err(ApiError::BadRequest(format!(
+            "pipeline name must be 1..=64 bytes of [a-z0-9_-], not starting with `-` or `_`. name=`{name}`"
+        )))
+    }
+}
+
+/// The pipeline `name` of `tenant`, or a 404.
+async fn existing(state: &ApiState, tenant: &str, name: &str) -> Result<PipelineRecord, ApiError> {
+    let not_found = || ApiError::NotFound(format!("no pipeline `{name}`"));
+    if !valid_operator_name(name) {
+        return Err(not_found());
+    }
+    state
+        .catalog
+        .pipeline(tenant, name)
+        .await?
+        .ok_or_else(not_found)
+}
+
+async fn view(
+    state: &ApiState,
+    tenant: &str,
+    record: PipelineRecord,
+) -> Result<PipelineView, ApiError> {
+    let reports = state.catalog.host_statuses(tenant, &record.name).await?;
+    let status = merge_status(&record, &reports);
+    Ok(PipelineView {
+        definition: record,
+        status,
+    })
+}
+
+/// Checks that the tenant's operator version exists.
+async fn check_operator_version(
+    state: &ApiState,
+    tenant: &str,
+    operator: &str,
+    version: u64,
+) -> Result<(), ApiError> {
+    if state
+        .catalog
+        .version(tenant, operator, version)
+        .await?
+        .is_none()
+    {
+        return Err(ApiError::BadRequest(format!(
+            "you have no version {version} of operator `{operator}`: upload it first (POST /v1/operators/{operator})"
+        )));
+    }
+    Ok(())
+}
+
+/// Creates and starts a pipeline.
+#[utoipa::path(post, path = "/v1/pipelines/{name}", tag = "pipelines",
+    params(("name" = String, Path, description = "Pipeline name, 1..=64 bytes of [a-z0-9_-]", pattern = "^[a-z0-9][a-z0-9_-]{0,63}$")),
+    request_body = PipelineSpec,
+    responses(
+        (status = 201, description = "Created; hosts start it", body = PipelineView),
+        (status = 400, description = "Bad name, spec or operator version", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Exists, or too many pipelines", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
+        AuthProblems,
+    ),
+    security(("bearer" = [])))]
+pub(super) async fn create_pipeline(
+    State(state): State<ApiState>,
+    principal: Principal,
+    UrlPath(name): UrlPath<String>,
+    body: Body,
+) -> Result<(StatusCode, Json<PipelineView>), ApiError> {
+    let tenant = principal.tenant()?.to_owned();
+    tracing::Span::current().record("pipeline", name.as_str());
+    check_pipeline_name(&name)?;
+    let spec: PipelineSpec = read_json(body).await?;
+    spec.validate(&state.settings.runtime)
+        .map_err(ApiError::BadRequest)?;
+    check_operator_version(&state, &tenant, &spec.operator, spec.operator_version).await?;
+    let _one_create_at_a_time = state.pipeline_creates.lock().await;
+    let count = state.catalog.pipelines(&tenant).await?.len();
+    if count >= state.settings.pipelines_per_tenant_max {
+        return Err(ApiError::Conflict(format!(
+            "you have {count} pipelines, the most this service allows per tenant; delete one first"
+        )));
+    }
+    let mut uid = [0u8; 8];
+    rand::RngCore::fill_bytes(&mut rand::rngs::OsRng, &mut uid);
+    let now = now_ms();
+    let mut record = PipelineRecord {
+        name: name.clone(),
+        uid: hex::encode(uid),
+        spec,
+        desired: DesiredState::Running,
+        run_generation: 1,
+        checkpoint_requests: 0,
+        revision: 1,
+        created_ms: now,
+        updated_ms: now,
+        deleted: false,
+    };
+    state.catalog.create_pipeline(&tenant, &mut record).await?;
+    // Creates through other API servers racing past the count above: the oldest `max` stay,
+    // the others are undone.
+    let mut all = state.catalog.pipelines(&tenant).await?;
+    if all.len() > state.settings.pipelines_per_tenant_max {
+        all.sort_by(|a, b| (a.created_ms, &a.uid).cmp(&(b.created_ms, &b.uid)));
+        if all[state.settings.pipelines_per_tenant_max..]
+            .iter()
+            .any(|p| p.uid == record.uid)
+        {
+            state.catalog.delete_pipeline(&tenant, &record).await?;
+            return Err(ApiError::Conflict(format!(
+                "you have {} pipelines, the most this service allows per tenant; delete one first",
+                state.settings.pipelines_per_tenant_max
+            )));
+        }
+    }
+    tracing::info!(%tenant, pipeline = %name, uid = %record.uid, "pipeline created");
+    Ok((
+        StatusCode::CREATED,
+        Json(view(&state, &tenant, record).await?),
+    ))
+}
+
+/// Lists the caller's pipelines with their status.
+#[utoipa::path(get, path = "/v1/pipelines", tag = "pipelines",
+    responses(
+        (status = 200, description = "The pipelines", body = [PipelineView]),
+        AuthProblems,
+    ),
+    security(("bearer" = [])))]
+pub(super) async fn list_pipelines(
+    State(state): State<ApiState>,
+    principal: Principal,
+) -> Result<Json<Vec<PipelineView>>, ApiError> {
+    let tenant = principal.tenant()?;
+    let mut out = Vec::new();
+    for record in state.catalog.pipelines(tenant).await? {
+        out.push(view(&state, tenant, record).await?);
+    }
+    Ok(Json(out))
+}
+
+/// One of the caller's pipelines: definition and status (state, per-partition offsets and
+/// lag, records/s, last checkpoint, state bytes, cache hit rate, dead-lettered count).
+#[utoipa::path(get, path = "/v1/pipelines/{name}", tag = "pipelines",
+    params(("name" = String, Path, description = "Pipeline name", pattern = "^[a-z0-9][a-z0-9_-]{0,63}$")),
+    responses(
+        (status = 200, description = "The pipeline", body = PipelineView),
+        (status = 404, description = "No such pipeline", body = Problem, content_type = "application/problem+json"),
+        AuthProblems,
+    ),
+    security(("bearer" = [])))]
+pub(super) async fn get_pipeline(
+    State(state): State<ApiState>,
+    principal: Principal,
+    UrlPath(name): UrlPath<String>,
+) -> Result<Json<PipelineView>, ApiError> {
+    let tenant = principal.tenant()?;
+    tracing::Span::current().record("pipeline", name.as_str());
+    let record = existing(&state, tenant, &name).await?;
+    Ok(Json(view(&state, tenant, record).await?))
+}
+
+/// Changes the desired state of pipeline `name`; a start of a stopped pipeline is a new run
+/// generation.
+async fn set_desired(
+    state: &ApiState,
+    tenant: &str,
+    name: &str,
+    desired: DesiredState,
+) -> Result<PipelineView, ApiError> {
+    existing(state, tenant, name).await?;
+    let record = state
+        .catalog
+        .update_pipeline(tenant, name, |record| {
+            if record.desired != desired {
+                record.desired = desired;
+                if desired == DesiredState::Running {
+                    record.run_generation += 1;
+                }
+            }
+            Ok(())
+        })
+        .await?;
+    tracing::info!(%tenant, pipeline = %name, ?desired, "pipeline desired state set");
+    view(state, tenant, record).await
+}
+
+/// Starts a stopped pipeline from its last checkpoint (no-op when it should run already).
+#[utoipa::path(post, path = "/v1/pipelines/{name}/start", tag = "pipelines",
+    params(("name" = String, Path, description = "Pipeline name", pattern = "^[a-z0-9][a-z0-9_-]{0,63}$")),
+    responses(
+        (status = 200, description = "It should run; hosts start it", body = PipelineView),
+        (status = 404, description = "No such pipeline", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Changed concurrently", body = Problem, content_type = "application/problem+json"),
+        AuthProblems,
+    ),
+    security(("bearer" = [])))]
+pub(super) async fn start_pipeline(
+    State(state): State<ApiState>,
+    principal: Principal,
+    UrlPath(name): UrlPath<String>,
+) -> Result<Json<PipelineView>, ApiError> {
+    let tenant = principal.tenant()?;
+    tracing::Span::current().record("pipeline", name.as_str());
+    Ok(Json(
+        set_desired(&state, tenant, &name, DesiredState::Running).await?,
+    ))
+}
+
+/// Stops a pipeline: every host drains it (finishes admitted records) and checkpoints; state
+/// and offsets stay for the next start.
+#[utoipa::path(post, path = "/v1/pipelines/{name}/stop", tag = "pipelines",
+    params(("name" = String, Path, description = "Pipeline name", pattern = "^[a-z0-9][a-z0-9_-]{0,63}$")),
+    responses(
+        (status = 200, description = "It should stop; hosts drain it", body = PipelineView),
+        (status = 404, description = "No such pipeline", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Changed concurrently", body = Problem, content_type = "application/problem+json"),
+        AuthProblems,
+    ),
+    security(("bearer" = [])))]
+pub(super) async fn stop_pipeline(
+    State(state): State<ApiState>,
+    principal: Principal,
+    UrlPath(name): UrlPath<String>,
+) -> Result<Json<PipelineView>, ApiError> {
+    let tenant = principal.tenant()?;
+    tracing::Span::current().record("pipeline", name.as_str());
+    Ok(Json(
+        set_desired(&state, tenant, &name, DesiredState::Stopped).await?,
+    ))
+}
+
+/// Switches a pipeline to another version of its operator, keeping its state: every host
+/// drains its run and checkpoints, then resumes from that checkpoint with the new version.
+#[utoipa::path(put, path = "/v1/pipelines/{name}/operator", tag = "pipelines",
+    params(("name" = String, Path, description = "Pipeline name", pattern = "^[a-z0-9][a-z0-9_-]{0,63}$")),
+    request_body = OperatorSwitch,
+    responses(
+        (status = 200, description = "Switched; hosts restart it with the version", body = PipelineView),
+        (status = 400, description = "No such operator version", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such pipeline", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Changed concurrently", body = Problem, content_type = "application/problem+json"),
+        AuthProblems,
+    ),
+    security(("bearer" = [])))]
+pub(super) async fn switch_operator(
+    State(state): State<ApiState>,
+    principal: Principal,
+    UrlPath(name): UrlPath<String>,
+    body: Body,
+) -> Result<Json<PipelineView>, ApiError> {
+    let tenant = principal.tenant()?;
+    tracing::Span::current().record("pipeline", name.as_str());
+    let current = existing(&state, tenant, &name).await?;
+    let switch: OperatorSwitch = read_json(body).await?;
+    check_operator_version(
+        &state,
+        tenant,
+        &current.spec.operator,
+        switch.operator_version,
+    )
+    .await?;
+    let record = state
+        .catalog
+        .update_pipeline(tenant, &name, |record| {
+            if record.spec.operator_version != switch.operator_version {
+                record.spec.operator_version = switch.operator_version;
+                record.run_generation += 1;
+            }
+            Ok(())
+        })
+        .await?;
+    tracing::info!(%tenant, pipeline = %name, version = switch.operator_version, "pipeline operator switched");
+    Ok(Json(view(&state, tenant, record).await?))
+}
+
+/// Changes a pipeline's checkpoint interval, in-flight limit, limits or failure policy,
+/// keeping its state: a new run generation, so every host drains its run, checkpoints and
+/// resumes with the new settings.
+#[utoipa::path(patch, path = "/v1/pipelines/{name}", tag = "pipelines",
+    params(("name" = String, Path, description = "Pipeline name", pattern = "^[a-z0-9][a-z0-9_-]{0,63}$")),
+    request_body = PipelineChange,
+    responses(
+        (status = 200, description = "Changed; hosts restart it with the settings", body = PipelineView),
+        (status = 400, description = "A bad value, or a field that cannot change", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such pipeline", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Changed concurrently", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
+        AuthProblems,
+    ),
+    security(("bearer" = [])))]
+pub(super) async fn change_pipeline(
+    State(state): State<ApiState>,
+    principal: Principal,
+    UrlPath(name): UrlPath<String>,
+    body: Body,
+) -> Result<Json<PipelineView>, ApiError> {
+    let tenant = principal.tenant()?;
+    tracing::Span::current().record("pipeline", name.as_str());
+    existing(&state, tenant, &name).await?;
+    let change: PipelineChange = read_json(body).await?;
+    let host = state.settings.runtime.clone();
+    let record = state
+        .catalog
+        .update_pipeline(tenant, &name, |record| {
+            let mut spec = record.spec.clone();
+            if let Some(v) = change.checkpoint_interval_ms {
+                spec.checkpoint_interval_ms = v;
+            }
+            if let Some(v) = change.in_flight_max {
+                spec.in_flight_max = v;
+            }
+            if let Some(v) = change.limits {
+                spec.limits = v;
+            }
+            if let Some(v) = change.failure_policy {
+                spec.failure_policy = v;
+            }
+            spec.validate(&host).map_err(ApiError::BadRequest)?;
+            if spec != record.spec {
+                record.spec = spec;
+                record.run_generation += 1;
+            }
+            Ok(())
+        })
+        .await?;
+    tracing::info!(%tenant, pipeline = %name, generation = record.run_generation, "pipeline settings changed");
+    Ok(Json(view(&state, tenant, record).await?))
+}
+
+/// Asks every host running the pipeline to checkpoint every partition now.
+#[utoipa::path(post, path = "/v1/pipelines/{name}/checkpoints", tag = "pipelines",
+    params(("name" = String, Path, description = "Pipeline name", pattern = "^[a-z0-9][a-z0-9_-]{0,63}$")),
+    responses(
+        (status = 202, description = "Asked; hosts checkpoint at their next reconcile", body = CheckpointRequested),
+        (status = 404, description = "No such pipeline", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Not running, or changed concurrently", body = Problem, content_type = "application/problem+json"),
+        AuthProblems,
+    ),
+    security(("bearer" = [])))]
+pub(super) async fn trigger_checkpoint(
+    State(state): State<ApiState>,
+    principal: Principal,
+    UrlPath(name): UrlPath<String>,
+) -> Result<(StatusCode, Json<CheckpointRequested>), ApiError> {
+    let tenant = principal.tenant()?;
+    tracing::Span::current().record("pipeline", name.as_str());
+    existing(&state, tenant, &name).await?;
+    let record = state
+        .catalog
+        .update_pipeline(tenant, &name, |record| {
+            if record.desired != DesiredState::Running {
+                return Err(ApiError::Conflict(format!(
+                    "pipeline `{name}` is stopped: start it to checkpoint"
+                )));
+            }
+            record.checkpoint_requests += 1;
+            Ok(())
+        })
+        .await?;
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(CheckpointRequested {
+            request: record.checkpoint_requests,
+            requested_ms: record.updated_ms,
+        }),
+    ))
+}
+
+/// The newest committed checkpoints of the pipeline's partitions, from the hosts that run
+/// them, newest first.
+#[utoipa::path(get, path = "/v1/pipelines/{name}/checkpoints", tag = "pipelines",
+    params(("name" = String, Path, description = "Pipeline name", pattern = "^[a-z0-9][a-z0-9_-]{0,63}$")),
+    responses(
+        (status = 200, description = "The checkpoints", body = [CheckpointRecord]),
+        (status = 404, description = "No such pipeline", body = Problem, content_type = "application/problem+json"),
+        AuthProblems,
+    ),
+    security(("bearer" = [])))]
+pub(super) async fn list_checkpoints(
+    State(state): State<ApiState>,
+    principal: Principal,
+    UrlPath(name): UrlPath<String>,
+) -> Result<Json<Vec<CheckpointRecord>>, ApiError> {
+    let tenant = principal.tenant()?;
+    tracing::Span::current().record("pipeline", name.as_str());
+    let record = existing(&state, tenant, &name).await?;
+    let mut checkpoints: Vec<CheckpointRecord> = state
+        .catalog
+        .host_statuses(tenant, &name)
+        .await?
+        .into_iter()
+        .filter(|(s, _)| s.uid == record.uid)
+        .flat_map(|(s, _)| s.recent_checkpoints)
+        .collect();
+    checkpoints.sort_by(|a, b| {
+        (b.committed_ms, b.partition, b.version).cmp(&(a.committed_ms, a.partition, a.version))
+    });
+    Ok(Json(checkpoints))
+}
+
+/// Deletes a stopped pipeline with its state. A running one answers 409: stop it, and delete
+/// it once no host runs it.
+#[utoipa::path(delete, path = "/v1/pipelines/{name}", tag = "pipelines",
+    params(("name" = String, Path, description = "Pipeline name", pattern = "^[a-z0-9][a-z0-9_-]{0,63}$")),
+    responses(
+        (status = 204, description = "Deleted, with its state"),
+        (status = 404, description = "No such pipeline", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Not stopped yet", body = Problem, content_type = "application/problem+json"),
+        AuthProblems,
+    ),
+    security(("bearer" = [])))]
+pub(super) async fn delete_pipeline(
+    State(state): State<ApiState>,
+    principal: Principal,
+    UrlPath(name): UrlPath<String>,
+) -> Result<StatusCode, ApiError> {
+    let tenant = principal.tenant()?;
+    tracing::Span::current().record("pipeline", name.as_str());
+    let record = existing(&state, tenant, &name).await?;
+    let status = view(&state, tenant, record.clone()).await?.status;
+    if status.state != PipelineState::Stopped {
+        let hosts: Vec<&str> = status.hosts.iter().map(|h| h.host.as_str()).collect();
+        return Err(ApiError::Conflict(format!(
+            "pipeline `{name}` is {:?}, not stopped (hosts still running it: {hosts:?}); stop it, then delete it",
+            status.state
+        )));
+    }
+    state.catalog.delete_pipeline(tenant, &record).await?;
+    tracing::info!(%tenant, pipeline = %name, "pipeline deleted");
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// The caller's pipelines that use version `version` of operator `operator`.
+pub(super) async fn pipelines_using(
+    state: &ApiState,
+    tenant: &str,
+    operator: &str,
+    version: u64,
+) -> Result<Vec<String>, ApiError> {
+    Ok(state
+        .catalog
+        .pipelines(tenant)
+        .await?
+        .into_iter()
+        .filter(|p| p.spec.operator == operator && p.spec.operator_version == version)
+        .map(|p| p.name)
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Delivery, FailurePolicy, RuntimeSettings};
+    use crate::pipeline::PartitionProgress;
+
+    fn record(desired: DesiredState) -> PipelineRecord {
+        PipelineRecord {
+            name: "p".into(),
+            uid: "u1".into(),
+            spec: PipelineSpec {
+                operator: "op".into(),
+                operator_version: 1,
+                input_topics: vec!["in".into()],
+                output_topic: "out".into(),
+                dead_letter_topic: "dlq".into(),
+                checkpoint_interval_ms: 1000,
+                in_flight_max: 16,
+                limits: PipelineLimits::default(),
+                failure_policy: FailurePolicy::DeadLetter,
+                delivery: Delivery::AtLeastOnce,
+            },
+            desired,
+            run_generation: 2,
+            checkpoint_requests: 0,
+            revision: 3,
+            created_ms: 0,
+            updated_ms: 0,
+            deleted: false,
+        }
+    }
+
+    fn report(host: &str, phase: HostPhase, partitions: &[i32]) -> HostStatus {
+        HostStatus {
+            host: host.into(),
+            uid: "u1".into(),
+            run_generation: 2,
+            phase,
+            reason: (phase == HostPhase::Failed).then(|| "topic `in` does not exist".into()),
+            updated_ms: 0,
+            stale_after_ms: 15_000,
+            restarts: 0,
+            records_done: 10,
+            records_per_s: 5.0,
+            dead_lettered: 1,
+            skipped_failed: 0,
+            emitted: 9,
+            checkpoints: 1,
+            cache_hits: 3,
+            cache_misses: 1,
+            partitions: partitions
+                .iter()
+                .map(|&p| PartitionProgress {
+                    partition: p,
+                    state_bytes: 100,
+                    ..PartitionProgress::default()
+                })
+                .collect(),
+            recent_checkpoints: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn status_merges_fresh_reports_and_ignores_stale_ones_and_other_uids() {
+        let mut other_uid = report("c", HostPhase::Running, &[5]);
+        other_uid.uid = "u0".into();
+        let reports = vec![
+            (report("a", HostPhase::Running, &[0, 1]), 1_000),
+            (report("b", HostPhase::Running, &[2, 3]), 2_000),
+            (report("gone", HostPhase::Failed, &[4]), 16_000),
+            (other_uid, 0),
+        ];
+        let status = merge_status(&record(DesiredState::Running), &reports);
+        assert_eq!(status.state, PipelineState::Running);
+        assert_eq!(status.reason, None);
+        let hosts: Vec<&str> = status.hosts.iter().map(|h| h.host.as_str()).collect();
+        assert_eq!(hosts, ["a", "b"]);
+        let partitions: Vec<i32> = status.partitions.iter().map(|p| p.partition).collect();
+        assert_eq!(partitions, [0, 1, 2, 3]);
+        assert_eq!(status.records_done, 20);
+        assert_eq!(status.dead_lettered, 2);
+        assert_eq!(status.state_bytes, 400);
+        assert_eq!(status.records_per_s, 10.0);
+        assert_eq!(status.cache_hit_rate, Some(0.75));
+    }
+
+    #[test]
+    fn a_failed_host_makes_the_pipeline_failed_with_its_reason() {
+        let reports = vec![
+            (report("a", HostPhase::Running, &[0]), 0),
+            (report("b", HostPhase::Failed, &[]), 0),
+        ];
+        let status = merge_status(&record(DesiredState::Running), &reports);
+        assert_eq!(status.state, PipelineState::Failed);
+        assert_eq!(status.reason.as_deref(), Some("topic `in` does not exist"));
+    }
+
+    #[test]
+    fn a_stopped_pipeline_is_stopping_while_a_host_still_runs_it() {
+        let record = record(DesiredState::Stopped);
+        let draining = vec![(report("a", HostPhase::Stopping, &[0]), 0)];
+        assert_eq!(
+            merge_status(&record, &draining).state,
+            PipelineState::Stopping
+        );
+        let done = vec![(report("a", HostPhase::Stopped, &[]), 0)];
+        assert_eq!(merge_status(&record, &done).state, PipelineState::Stopped);
+        // A killed host's report goes stale: it does not hold the pipeline in `stopping`.
+        let killed = vec![(report("a", HostPhase::Running, &[0]), 60_000)];
+        assert_eq!(merge_status(&record, &killed).state, PipelineState::Stopped);
+    }
+
+    #[test]
+    fn a_running_pipeline_is_starting_until_a_host_runs_its_current_generation() {
+        let mut old = report("a", HostPhase::Running, &[0]);
+        old.run_generation = 1;
+        let status = merge_status(&record(DesiredState::Running), &[(old, 0)]);
+        assert_eq!(status.state, PipelineState::Starting);
+        assert_eq!(
+            merge_status(&record(DesiredState::Running), &[]).state,
+            PipelineState::Starting
+        );
+    }
+
+    #[test]
+    fn limits_above_the_hosts_are_refused_naming_the_limit() {
+        let host = RuntimeSettings::default();
+        let limits = PipelineLimits {
+            record_deadline_ms: Some(host.record_deadline.as_millis() as u64 + 1),
+            ..PipelineLimits::default()
+        };
+        let err = limits.apply(&host).expect_err("above the host's deadline");
+        assert!(err.contains("limits.record_deadline_ms"), "{err}");
+        let limits = PipelineLimits {
+            instance_memory_bytes_max: Some(1 << 20),
+            ..PipelineLimits::default()
+        };
+        assert_eq!(
+            limits
+                .apply(&host)
+                .expect("within")
+                .instance_memory_bytes_max,
+            1 << 20
+        );
+    }
+
+    #[test]
+    fn tenant_topics_cannot_name_another_tenants_topic() {
+        assert_eq!(kafka_topic("acme", "orders"), "acme.orders");
+        assert!(!valid_topic("../globex.orders"));
+        assert!(!valid_topic("a/b"));
+        assert!(!valid_topic(".."));
+        assert!(valid_topic("globex.orders"), "stays under acme's prefix");
+        assert_eq!(kafka_topic("acme", "globex.orders"), "acme.globex.orders");
+    }
+}

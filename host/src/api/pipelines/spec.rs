@@ -1,0 +1,494 @@
+//! A pipeline's definition ([`PipelineSpec`], [`PipelineRecord`]) and its validation against
+//! the host's limits, the tenant's topic names, and the status the API shows: each host's
+//! report ([`HostStatus`]) and their merge ([`merge_status`]).
+
+use crate::api::catalog::valid_operator_name;
+use crate::config::{Delivery, FailurePolicy, RuntimeSettings};
+use crate::pipeline::{CheckpointRecord, PartitionProgress};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::time::Duration;
+use utoipa::ToSchema;
+
+/// A host's status older than this (or than its `stale_after_ms`, if longer) is ignored: the
+/// host is gone (killed, or cut off).
+pub const HOST_STATUS_STALE: Duration = Duration::from_secs(15);
+
+fn default_stale_after_ms() -> u64 {
+    HOST_STATUS_STALE.as_millis() as u64
+}
+
+/// Longest topic name a tenant may use, bytes (Kafka's limit is 249 with the tenant prefix).
+const TOPIC_BYTES_MAX: usize = 200;
+
+/// Limits of one pipeline's operator calls. An absent field takes the host's value
+/// (`[runtime]` of serve.toml), which is also the most a pipeline may ask for.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PipelineLimits {
+    /// Linear memory cap per operator instance, bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance_memory_bytes_max: Option<u64>,
+    /// CPU deadline per record, ms (epoch interruption); a record past it is a failure.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub record_deadline_ms: Option<u64>,
+    /// Bytes (keys, values, headers) one input record may emit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub emit_bytes_per_record_max: Option<u64>,
+    /// Largest state value, bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state_value_bytes_max: Option<u64>,
+}
+
+impl PipelineLimits {
+    /// The host's `runtime` with these limits applied.
+    ///
+    /// # Errors
+    /// The first limit above the host's value, naming it.
+    pub fn apply(&self, host: &RuntimeSettings) -> Result<RuntimeSettings, String> {
+        fn within(name: &str, asked: Option<u64>, cap: u64) -> Result<u64, String> {
+            match asked {
+                None => Ok(cap),
+                Some(0) => Err(format!("limits.{name} must be above 0")),
+                Some(v) if v > cap => Err(format!(
+                    "limits.{name} = {v} is above this service's maximum of {cap}"
+                )),
+                Some(v) => Ok(v),
+            }
+        }
+        let mut runtime = host.clone();
+        runtime.instance_memory_bytes_max = within(
+            "instance_memory_bytes_max",
+            self.instance_memory_bytes_max,
+            host.instance_memory_bytes_max as u64,
+        )? as usize;
+        runtime.record_deadline = Duration::from_millis(within(
+            "record_deadline_ms",
+            self.record_deadline_ms,
+            host.record_deadline.as_millis() as u64,
+        )?);
+        runtime.emit_bytes_per_record_max = within(
+            "emit_bytes_per_record_max",
+            self.emit_bytes_per_record_max,
+            host.emit_bytes_per_record_max,
+        )?;
+        runtime.state_value_bytes_max = within(
+            "state_value_bytes_max",
+            self.state_value_bytes_max,
+            host.state_value_bytes_max,
+        )?;
+        Ok(runtime)
+    }
+}
+
+fn default_checkpoint_interval_ms() -> u64 {
+    10_000
+}
+
+fn default_in_flight_max() -> u64 {
+    crate::config::DEFAULT_IN_FLIGHT_MAX as u64
+}
+
+/// What a pipeline runs: the body of `POST /v1/pipelines/{name}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PipelineSpec {
+    /// One of the tenant's operators.
+    pub operator: String,
+    /// Its version.
+    pub operator_version: u64,
+    /// Topics to consume (the tenant's names, see [`kafka_topic`]); co-partitioned when more
+    /// than one. 1..=8 of them.
+    pub input_topics: Vec<String>,
+    /// Topic that receives the operator's emits.
+    pub output_topic: String,
+    /// Topic that receives rejected and failed records, with the reason in `weir.error`.
+    pub dead_letter_topic: String,
+    /// How often each partition checkpoints, ms (100..=3 600 000); default 10 000.
+    #[serde(default = "default_checkpoint_interval_ms")]
+    pub checkpoint_interval_ms: u64,
+    /// Records of one partition in flight at once (1..=65 536); default 4096.
+    #[serde(default = "default_in_flight_max")]
+    pub in_flight_max: u64,
+    /// Limits of the operator's calls.
+    #[serde(default)]
+    pub limits: PipelineLimits,
+    /// What a record whose call fails for good does; default `dead_letter`.
+    #[serde(default)]
+    pub failure_policy: FailurePolicy,
+    /// The output's guarantee; default `at_least_once`.
+    #[serde(default)]
+    pub delivery: Delivery,
+}
+
+/// Whether `topic` is a valid topic name of a tenant: 1..=200 bytes of `[A-Za-z0-9._-]`, not
+/// `.` or `..`.
+pub fn valid_topic(topic: &str) -> bool {
+    (1..=TOPIC_BYTES_MAX).contains(&topic.len())
+        && topic != "."
+        && topic != ".."
+        && topic
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+/// The Kafka topic behind a tenant's topic: `{tenant}.{topic}`. Tenant ids hold no `.`, so
+/// the prefix is unambiguous.
+pub fn kafka_topic(tenant: &str, topic: &str) -> String {
+    format!("{tenant}.{topic}")
+}
+
+impl PipelineSpec {
+    /// Checks the spec against the host's limits.
+    ///
+    /// # Errors
+    /// What is wrong, for a 400.
+    pub fn validate(&self, host: &RuntimeSettings) -> Result<(), String> {
+        if !valid_operator_name(&self.operator) || self.operator_version == 0 {
+            return Err(format!(
+                "operator must name one of your operators and operator_version one of its versions (from 1). operator=`{}` operator_version={}",
+                self.operator, self.operator_version
+            ));
+        }
+        if !(1..=8).contains(&self.input_topics.len()) {
+            return Err(format!(
+                "input_topics must list 1..=8 topics. count={}",
+                self.input_topics.len()
+            ));
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        for topic in self
+            .input_topics
+            .iter()
+            .chain([&self.output_topic, &self.dead_letter_topic])
+        {
+            if !valid_topic(topic) {
+                return Err(format!(
+                    "topic names must be 1..={TOPIC_BYTES_MAX} bytes of [A-Za-z0-9._-]. topic=`{topic}`"
+                ));
+            }
+        }
+        if self.output_topic == self.dead_letter_topic {
+            return Err(format!(
+                "output_topic and dead_letter_topic must differ. topic=`{}`",
+                self.output_topic
+            ));
+        }
+        for topic in &self.input_topics {
+            if !seen.insert(topic) {
+                return Err(format!("input topic `{topic}` is listed twice"));
+            }
+            if *topic == self.output_topic || *topic == self.dead_letter_topic {
+                return Err(format!(
+                    "topic `{topic}` is both an input and the output or dead-letter topic"
+                ));
+            }
+        }
+        if !(100..=3_600_000).contains(&self.checkpoint_interval_ms) {
+            return Err(format!(
+                "checkpoint_interval_ms must be 100..=3600000. value={}",
+                self.checkpoint_interval_ms
+            ));
+        }
+        if !(1..=65_536).contains(&self.in_flight_max) {
+            return Err(format!(
+                "in_flight_max must be 1..=65536. value={}",
+                self.in_flight_max
+            ));
+        }
+        self.limits.apply(host)?;
+        Ok(())
+    }
+}
+
+/// Whether a pipeline should run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum DesiredState {
+    /// Every host that runs pipelines runs it.
+    Running,
+    /// No host runs it; its state and offsets stay for the next start.
+    Stopped,
+}
+
+/// A pipeline's definition, as stored.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct PipelineRecord {
+    /// The pipeline's name, 1..=64 bytes of `[a-z0-9_-]`.
+    pub name: String,
+    /// Random id given at creation: the pipeline's state and consumer group belong to it, so
+    /// a new pipeline of a deleted one's name starts afresh.
+    pub uid: String,
+    /// What it runs.
+    pub spec: PipelineSpec,
+    /// Whether it should run.
+    pub desired: DesiredState,
+    /// Changes whenever the hosts must restart it (start, operator switch): each host stops
+    /// its run (draining it, with a last checkpoint) and starts the new one from that
+    /// checkpoint.
+    pub run_generation: u64,
+    /// Checkpoints asked for through the API; hosts checkpoint every partition when it grows.
+    pub checkpoint_requests: u64,
+    /// This definition's revision, from 1.
+    pub revision: u64,
+    /// Creation time, ms since the Unix epoch.
+    pub created_ms: u64,
+    /// Time of this revision, ms since the Unix epoch.
+    pub updated_ms: u64,
+    /// This revision is the tombstone of a deleted pipeline (never shown by the API).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    #[schema(ignore)]
+    pub deleted: bool,
+}
+
+/// What one host does with a pipeline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum HostPhase {
+    /// Fetching the operator, checking topics, joining the consumer group.
+    Starting,
+    /// Processing its partitions.
+    Running,
+    /// Its run failed (`reason`); the host starts it again after a backoff.
+    Failed,
+    /// Draining: finishing admitted records and checkpointing, before a restart or stop.
+    Stopping,
+    /// Not running it here.
+    Stopped,
+}
+
+/// What one host reports about one pipeline, every reconcile interval.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct HostStatus {
+    /// The host (`pipelines.host_id`).
+    pub host: String,
+    /// The pipeline's uid this report is about.
+    pub uid: String,
+    /// The run generation it runs.
+    pub run_generation: u64,
+    /// What it does with the pipeline.
+    pub phase: HostPhase,
+    /// Why it failed, when it did (the last failure while it restarts).
+    pub reason: Option<String>,
+    /// When this report was written, ms since the Unix epoch.
+    pub updated_ms: u64,
+    /// Age after which the report no longer counts (the host is gone), ms: a few of the
+    /// host's reconcile intervals, at least [`HOST_STATUS_STALE`].
+    #[serde(default = "default_stale_after_ms")]
+    pub stale_after_ms: u64,
+    /// Times this host restarted the pipeline after a failure.
+    pub restarts: u64,
+    /// Records processed (ok or dead-lettered) by this host's current run.
+    pub records_done: u64,
+    /// Records per second over the last reconcile interval.
+    pub records_per_s: f64,
+    /// Records sent to the dead-letter topic by this run.
+    pub dead_lettered: u64,
+    /// Records dropped by `failure_policy = "skip"` in this run.
+    pub skipped_failed: u64,
+    /// Records emitted to the output topic by this run.
+    pub emitted: u64,
+    /// Checkpoints committed by this run.
+    pub checkpoints: u64,
+    /// Block reads served by the state caches (memory or disk).
+    pub cache_hits: u64,
+    /// Block reads fetched from object storage.
+    pub cache_misses: u64,
+    /// The partitions this host runs.
+    pub partitions: Vec<PartitionProgress>,
+    /// Its newest checkpoints, oldest first.
+    pub recent_checkpoints: Vec<CheckpointRecord>,
+}
+
+/// A pipeline's state over all hosts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum PipelineState {
+    /// Should run; no host reports running it yet.
+    Starting,
+    /// Hosts run it.
+    Running,
+    /// A host's run failed (see `reason`); hosts retry with backoff.
+    Failed,
+    /// Stopped, but a host still drains it.
+    Stopping,
+    /// No host runs it.
+    Stopped,
+}
+
+/// One host in a pipeline's status.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct HostSummary {
+    /// The host.
+    pub host: String,
+    /// What it does.
+    pub phase: HostPhase,
+    /// Why it failed, if it did.
+    pub reason: Option<String>,
+    /// The partitions it runs.
+    pub partitions: Vec<i32>,
+    /// Its records per second.
+    pub records_per_s: f64,
+    /// Age of its report, ms.
+    pub report_age_ms: u64,
+}
+
+/// A pipeline's status, merged from the fresh reports of the hosts.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct PipelineStatus {
+    /// Over all hosts.
+    pub state: PipelineState,
+    /// Why, when failed.
+    pub reason: Option<String>,
+    /// The hosts that report on it.
+    pub hosts: Vec<HostSummary>,
+    /// Per partition: checkpointed offsets, high watermarks, lag, state bytes.
+    pub partitions: Vec<PartitionProgress>,
+    /// Records per second, summed over hosts.
+    pub records_per_s: f64,
+    /// Records processed by the hosts' current runs.
+    pub records_done: u64,
+    /// Records dead-lettered by the hosts' current runs.
+    pub dead_lettered: u64,
+    /// Records skipped (`failure_policy = "skip"`) by the hosts' current runs.
+    pub skipped_failed: u64,
+    /// Records emitted by the hosts' current runs.
+    pub emitted: u64,
+    /// The newest committed checkpoint of any partition.
+    pub last_checkpoint: Option<CheckpointRecord>,
+    /// Bytes of state the partitions' last checkpoints reference, summed.
+    pub state_bytes: u64,
+    /// Share of block reads the state caches served (none before any read).
+    pub cache_hit_rate: Option<f64>,
+}
+
+/// A pipeline: its definition and status.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct PipelineView {
+    /// The definition.
+    pub definition: PipelineRecord,
+    /// What the hosts report.
+    pub status: PipelineStatus,
+}
+
+/// The body of `PUT /v1/pipelines/{name}/operator`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct OperatorSwitch {
+    /// The version to run from now on (same operator).
+    pub operator_version: u64,
+}
+
+/// The body of `PATCH /v1/pipelines/{name}`: the settings that can change while keeping
+/// the pipeline's state. Absent fields stay; topics and delivery cannot change (the state and
+/// its offsets belong to them).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PipelineChange {
+    /// How often each partition checkpoints, ms.
+    #[serde(default)]
+    pub checkpoint_interval_ms: Option<u64>,
+    /// Records of one partition in flight at once.
+    #[serde(default)]
+    pub in_flight_max: Option<u64>,
+    /// The limits, replacing the current ones.
+    #[serde(default)]
+    pub limits: Option<PipelineLimits>,
+    /// What a record whose call fails for good does.
+    #[serde(default)]
+    pub failure_policy: Option<FailurePolicy>,
+}
+
+/// A checkpoint asked for.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct CheckpointRequested {
+    /// The request's number: hosts checkpoint every partition they run when they see it.
+    pub request: u64,
+    /// When it was asked for, ms since the Unix epoch: checkpoints committed after it answer
+    /// it (`GET …/checkpoints`).
+    pub requested_ms: u64,
+}
+
+/// Merges `reports` (with their ages) into a status for `record`.
+pub fn merge_status(record: &PipelineRecord, reports: &[(HostStatus, u64)]) -> PipelineStatus {
+    let fresh: Vec<&HostStatus> = reports
+        .iter()
+        .filter(|(r, age)| {
+            r.uid == record.uid
+                && *age <= r.stale_after_ms.max(default_stale_after_ms())
+                && r.phase != HostPhase::Stopped
+        })
+        .map(|(r, _)| r)
+        .collect();
+    let failed = fresh.iter().find(|r| r.phase == HostPhase::Failed);
+    let current = |r: &&&HostStatus| r.run_generation == record.run_generation;
+    let state = match record.desired {
+        DesiredState::Stopped if fresh.is_empty() => PipelineState::Stopped,
+        DesiredState::Stopped => PipelineState::Stopping,
+        DesiredState::Running if failed.is_some() => PipelineState::Failed,
+        DesiredState::Running
+            if fresh
+                .iter()
+                .filter(current)
+                .any(|r| r.phase == HostPhase::Running) =>
+        {
+            PipelineState::Running
+        }
+        DesiredState::Running => PipelineState::Starting,
+    };
+    let mut partitions: BTreeMap<i32, PartitionProgress> = BTreeMap::new();
+    let mut last_checkpoint: Option<CheckpointRecord> = None;
+    let (mut hits, mut misses) = (0u64, 0u64);
+    let mut status = PipelineStatus {
+        state,
+        reason: failed.and_then(|r| r.reason.clone()),
+        hosts: Vec::new(),
+        partitions: Vec::new(),
+        records_per_s: 0.0,
+        records_done: 0,
+        dead_lettered: 0,
+        skipped_failed: 0,
+        emitted: 0,
+        last_checkpoint: None,
+        state_bytes: 0,
+        cache_hit_rate: None,
+    };
+    for (report, age) in reports {
+        if !fresh.iter().any(|r| std::ptr::eq(*r, report)) {
+            continue;
+        }
+        status.hosts.push(HostSummary {
+            host: report.host.clone(),
+            phase: report.phase,
+            reason: report.reason.clone(),
+            partitions: report.partitions.iter().map(|p| p.partition).collect(),
+            records_per_s: report.records_per_s,
+            report_age_ms: *age,
+        });
+        status.records_per_s += report.records_per_s;
+        status.records_done += report.records_done;
+        status.dead_lettered += report.dead_lettered;
+        status.skipped_failed += report.skipped_failed;
+        status.emitted += report.emitted;
+        hits += report.cache_hits;
+        misses += report.cache_misses;
+        for p in &report.partitions {
+            partitions.insert(p.partition, p.clone());
+        }
+        if let Some(newest) = report.recent_checkpoints.last()
+            && last_checkpoint
+                .as_ref()
+                .is_none_or(|c| c.committed_ms < newest.committed_ms)
+        {
+            last_checkpoint = Some(newest.clone());
+        }
+    }
+    status.hosts.sort_by(|a, b| a.host.cmp(&b.host));
+    status.state_bytes = partitions.values().map(|p| p.state_bytes).sum();
+    status.partitions = partitions.into_values().collect();
+    status.last_checkpoint = last_checkpoint;
+    if hits + misses > 0 {
+        status.cache_hit_rate = Some(hits as f64 / (hits + misses) as f64);
+    }
+    status
+}

@@ -1,0 +1,293 @@
+//! Pipelines in the catalog's store: definitions as numbered revisions, each created once, and
+//! the hosts' status reports (layout in the parent module's docs).
+
+use super::spec::*;
+use crate::api::catalog::Catalog;
+use crate::api::now_ms;
+use crate::api::problem::ApiError;
+use futures::TryStreamExt;
+use object_store::ObjectStoreExt;
+use object_store::path::Path;
+
+/// Revisions of a definition kept in the store (older ones are deleted after a change).
+const REVISIONS_KEPT: u64 = 4;
+
+impl Catalog {
+    fn pipeline_dir(&self, tenant: &str, name: &str) -> Path {
+        self.path(&format!("tenants/{tenant}/pipelines/{name}"))
+    }
+
+    /// Where the keyed state of the pipeline with uid `uid` lives.
+    pub fn pipeline_state_prefix(&self, tenant: &str, uid: &str) -> Path {
+        self.path(&format!("tenants/{tenant}/state/{uid}"))
+    }
+
+    async fn revision_numbers(&self, tenant: &str, name: &str) -> Result<Vec<u64>, ApiError> {
+        let dir = self.pipeline_dir(tenant, name).join("revisions");
+        let metas: Vec<_> = self.store().list(Some(&dir)).try_collect().await?;
+        let mut revisions: Vec<u64> = metas
+            .iter()
+            .filter_map(|m| m.location.filename()?.strip_suffix(".json")?.parse().ok())
+            .collect();
+        revisions.sort_unstable();
+        Ok(revisions)
+    }
+
+    fn revision_path(&self, tenant: &str, name: &str, revision: u64) -> Path {
+        self.pipeline_dir(tenant, name)
+            .join("revisions")
+            .join(format!("{revision:010}.json"))
+    }
+
+    /// The newest definition of pipeline `name`, if it exists (and is not deleted).
+    ///
+    /// # Errors
+    /// [`ApiError::Unavailable`] on a store error.
+    pub async fn pipeline(
+        &self,
+        tenant: &str,
+        name: &str,
+    ) -> Result<Option<PipelineRecord>, ApiError> {
+        Ok(self
+            .newest_revision(tenant, name)
+            .await?
+            .filter(|r| !r.deleted))
+    }
+
+    /// The newest revision of pipeline `name`, a deletion's tombstone included.
+    async fn newest_revision(
+        &self,
+        tenant: &str,
+        name: &str,
+    ) -> Result<Option<PipelineRecord>, ApiError> {
+        // A revision can be deleted (pruned, or the pipeline deleted) between list and get.
+        for revision in self.revision_numbers(tenant, name).await?.iter().rev() {
+            if let Some(record) = self
+                .get_json(&self.revision_path(tenant, name, *revision))
+                .await?
+            {
+                return Ok(Some(record));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Stores `record` as revision `record.revision`; `false` if another writer took it.
+    async fn write_revision(
+        &self,
+        tenant: &str,
+        record: &PipelineRecord,
+    ) -> Result<bool, ApiError> {
+        let path = self.revision_path(tenant, &record.name, record.revision);
+        if !self.create_json(&path, record).await? {
+            return Ok(false);
+        }
+        // Older revisions are history nobody reads; a failure to prune costs only space.
+        if record.revision > REVISIONS_KEPT {
+            for old in self.revision_numbers(tenant, &record.name).await? {
+                if old + REVISIONS_KEPT <= record.revision {
+                    let _ = self
+                        .store()
+                        .delete(&self.revision_path(tenant, &record.name, old))
+                        .await;
+                }
+            }
+        }
+        Ok(true)
+    }
+
+    /// Creates pipeline `record.name`: revision 1, or the one after a deleted pipeline's
+    /// tombstone (set in `record`).
+    ///
+    /// # Errors
+    /// [`ApiError::Conflict`] if it exists; [`ApiError::Unavailable`] on a store error.
+    pub async fn create_pipeline(
+        &self,
+        tenant: &str,
+        record: &mut PipelineRecord,
+    ) -> Result<(), ApiError> {
+        let newest = self.newest_revision(tenant, &record.name).await?;
+        record.revision = newest.as_ref().map_or(1, |r| r.revision + 1);
+        if newest.is_some_and(|r| !r.deleted) || !self.write_revision(tenant, record).await? {
+            return Err(ApiError::Conflict(format!(
+                "pipeline `{}` exists",
+                record.name
+            )));
+        }
+        Ok(())
+    }
+
+    /// Changes pipeline `name` with `change` and stores the result as the next revision.
+    ///
+    /// # Errors
+    /// [`ApiError::NotFound`] if it does not exist; `change`'s error; [`ApiError::Conflict`]
+    /// if another request changed it at the same time; [`ApiError::Unavailable`] on a store
+    /// error.
+    pub async fn update_pipeline(
+        &self,
+        tenant: &str,
+        name: &str,
+        change: impl FnOnce(&mut PipelineRecord) -> Result<(), ApiError>,
+    ) -> Result<PipelineRecord, ApiError> {
+        let mut record = self
+            .pipeline(tenant, name)
+            .await?
+            .ok_or_else(|| ApiError::NotFound(format!("no pipeline `{name}`")))?;
+        let before = record.clone();
+        change(&mut record)?;
+        if record == before {
+            return Ok(record); // nothing to change: no revision, no conflict with others
+        }
+        record.revision += 1;
+        record.updated_ms = now_ms();
+        if self.write_revision(tenant, &record).await? {
+            Ok(record)
+        } else {
+            Err(ApiError::Conflict(format!(
+                "pipeline `{name}` was changed by another request at the same time; read it and try again"
+            )))
+        }
+    }
+
+    /// The tenant's pipelines, by name.
+    ///
+    /// # Errors
+    /// [`ApiError::Unavailable`] on a store error.
+    pub async fn pipelines(&self, tenant: &str) -> Result<Vec<PipelineRecord>, ApiError> {
+        let dir = self.path(&format!("tenants/{tenant}/pipelines"));
+        let listed = self.store().list_with_delimiter(Some(&dir)).await?;
+        let mut out = Vec::new();
+        for prefix in listed.common_prefixes {
+            if let Some(name) = prefix.filename()
+                && let Some(record) = self.pipeline(tenant, name).await?
+            {
+                out.push(record);
+            }
+        }
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(out)
+    }
+
+    /// Every tenant's pipelines, as `(tenant, definition)`.
+    ///
+    /// # Errors
+    /// [`ApiError::Unavailable`] on a store error.
+    pub async fn all_pipelines(&self) -> Result<Vec<(String, PipelineRecord)>, ApiError> {
+        let mut out = Vec::new();
+        for tenant in self.tenants().await? {
+            for record in self.pipelines(&tenant.id).await? {
+                out.push((tenant.id.clone(), record));
+            }
+        }
+        Ok(out)
+    }
+
+    fn host_status_path(&self, tenant: &str, name: &str, host: &str) -> Path {
+        self.pipeline_dir(tenant, name)
+            .join("hosts")
+            .join(format!("{host}.json"))
+    }
+
+    /// Writes `status`, this host's report on pipeline `name`.
+    ///
+    /// # Errors
+    /// [`ApiError::Unavailable`] on a store error.
+    pub async fn put_host_status(
+        &self,
+        tenant: &str,
+        name: &str,
+        status: &HostStatus,
+    ) -> Result<(), ApiError> {
+        let body = serde_json::to_vec(status).expect("host status serializes");
+        self.store()
+            .put(
+                &self.host_status_path(tenant, name, &status.host),
+                body.into(),
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// Deletes `host`'s report on pipeline `name`.
+    ///
+    /// # Errors
+    /// [`ApiError::Unavailable`] on a store error.
+    pub async fn delete_host_status(
+        &self,
+        tenant: &str,
+        name: &str,
+        host: &str,
+    ) -> Result<(), ApiError> {
+        match self
+            .store()
+            .delete(&self.host_status_path(tenant, name, host))
+            .await
+        {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(err) => Err(err.into()),
+        }
+    }
+
+    /// Every host's report on pipeline `name`, with its age in ms.
+    ///
+    /// # Errors
+    /// [`ApiError::Unavailable`] on a store error.
+    pub async fn host_statuses(
+        &self,
+        tenant: &str,
+        name: &str,
+    ) -> Result<Vec<(HostStatus, u64)>, ApiError> {
+        let dir = self.pipeline_dir(tenant, name).join("hosts");
+        let metas: Vec<_> = self.store().list(Some(&dir)).try_collect().await?;
+        let now = now_ms();
+        let mut out = Vec::new();
+        for meta in metas {
+            if let Some(status) = self.get_json::<HostStatus>(&meta.location).await? {
+                let age = now.saturating_sub(status.updated_ms);
+                out.push((status, age));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Deletes pipeline `record.name`: writes a tombstone as its next revision (so a change
+    /// racing with the deletion fails instead of bringing it back), then deletes its older
+    /// revisions, reports and state. The tombstone stays.
+    ///
+    /// # Errors
+    /// [`ApiError::Conflict`] if it changed meanwhile; [`ApiError::Unavailable`] on a store
+    /// error.
+    pub async fn delete_pipeline(
+        &self,
+        tenant: &str,
+        record: &PipelineRecord,
+    ) -> Result<(), ApiError> {
+        let tombstone = PipelineRecord {
+            deleted: true,
+            desired: DesiredState::Stopped,
+            revision: record.revision + 1,
+            updated_ms: now_ms(),
+            ..record.clone()
+        };
+        if !self.write_revision(tenant, &tombstone).await? {
+            return Err(ApiError::Conflict(format!(
+                "pipeline `{}` was changed by another request at the same time; read it and try again",
+                record.name
+            )));
+        }
+        let keep = self.revision_path(tenant, &record.name, tombstone.revision);
+        for dir in [
+            self.pipeline_dir(tenant, &record.name),
+            self.pipeline_state_prefix(tenant, &record.uid),
+        ] {
+            let metas: Vec<_> = self.store().list(Some(&dir)).try_collect().await?;
+            for meta in metas.into_iter().filter(|m| m.location != keep) {
+                match self.store().delete(&meta.location).await {
+                    Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+                    Err(err) => return Err(err.into()),
+                }
+            }
+        }
+        Ok(())
+    }
+}
