@@ -489,6 +489,8 @@ fn check_operator_name(name: &str) -> Result<(), ApiError> {
         (status = 400, description = "Bad name or empty body", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Larger than the limit", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Not a component of the weir:operator world", body = Problem, content_type = "application/problem+json"),
+        (status = 500, description = "The host failed to compile it (not the upload's fault)", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Object storage unavailable; retry", body = Problem, content_type = "application/problem+json"),
         AuthProblems,
     ),
     security(("bearer" = [])))]
@@ -514,7 +516,9 @@ async fn upload_operator(
                 .runtime
                 .load_operator_bytes(&bytes)
                 .await
-                .map_err(|err| ApiError::InvalidOperator(operator_error(&bytes, &err)))?;
+                .map_err(|err| {
+                    ApiError::operator_refused(err.kind(), operator_error(&bytes, &err))
+                })?;
             let operator = Arc::new(operator);
             state
                 .compiled

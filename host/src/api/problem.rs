@@ -1,6 +1,7 @@
 //! Errors of the HTTP API as RFC 9457 problem details (`application/problem+json`), mapped from
 //! error kinds in one place: [`ApiError`]'s `IntoResponse`.
 
+use crate::error::ErrorKind;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
@@ -51,6 +52,9 @@ pub enum ApiError {
     /// Object storage failed; retrying may help (503).
     #[error("storage unavailable: {0}")]
     Unavailable(String),
+    /// A fault of the host, not of the request (500); logged.
+    #[error("internal error: {0}")]
+    Internal(String),
 }
 
 impl ApiError {
@@ -80,6 +84,24 @@ impl ApiError {
                 "unavailable",
                 "Storage unavailable",
             ),
+            ApiError::Internal(_) => (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                "Internal error",
+            ),
+        }
+    }
+
+    /// The error for an uploaded operator that failed to load, by the failure's kind: the
+    /// upload's fault ([`ErrorKind::InvalidInput`], [`ErrorKind::GuestFault`]) is 422 with
+    /// `detail`, a dependency's is 503, and anything else is the host's (500).
+    pub fn operator_refused(kind: ErrorKind, detail: String) -> Self {
+        match kind {
+            ErrorKind::InvalidInput | ErrorKind::GuestFault => ApiError::InvalidOperator(detail),
+            ErrorKind::Unavailable => ApiError::Unavailable(detail),
+            ErrorKind::Corrupt | ErrorKind::Fenced | ErrorKind::Internal => {
+                ApiError::Internal(detail)
+            }
         }
     }
 
@@ -98,8 +120,12 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let problem = self.problem();
-        if matches!(self, ApiError::Unavailable(_)) {
-            tracing::warn!(detail = %problem.detail, "storage unavailable");
+        match self {
+            ApiError::Unavailable(_) => {
+                tracing::warn!(detail = %problem.detail, "storage unavailable");
+            }
+            ApiError::Internal(_) => tracing::error!(detail = %problem.detail, "internal error"),
+            _ => {}
         }
         let status =
             StatusCode::from_u16(problem.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
@@ -120,5 +146,28 @@ impl IntoResponse for ApiError {
 impl From<object_store::Error> for ApiError {
     fn from(err: object_store::Error) -> Self {
         ApiError::Unavailable(format!("{err}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refused_operator_answers_by_the_kind_of_its_failure() {
+        let status = |kind| {
+            ApiError::operator_refused(kind, "detail".into())
+                .problem()
+                .status
+        };
+        assert_eq!(status(ErrorKind::InvalidInput), 422);
+        assert_eq!(status(ErrorKind::GuestFault), 422);
+        assert_eq!(status(ErrorKind::Unavailable), 503);
+        assert_eq!(status(ErrorKind::Corrupt), 500);
+        assert_eq!(status(ErrorKind::Fenced), 500);
+        assert_eq!(status(ErrorKind::Internal), 500);
+        let problem = ApiError::operator_refused(ErrorKind::Internal, "no engine".into()).problem();
+        assert_eq!(problem.kind, "urn:weir:problem:internal");
+        assert_eq!(problem.detail, "internal error: no engine");
     }
 }

@@ -31,6 +31,7 @@ use instance::InstanceKind;
 
 use crate::clock::SharedClock;
 use crate::config::RuntimeSettings;
+use crate::error::ErrorKind;
 use crate::state::{Shard, StateError};
 use bindings::{OperatorWorld, OperatorWorldPre, StateKind};
 use epoch::EpochTicker;
@@ -90,6 +91,23 @@ pub enum RuntimeError {
     Instantiate(#[source] wasmtime::Error),
 }
 
+impl RuntimeError {
+    /// What the caller should do: a file or component that is not a valid operator is
+    /// [`ErrorKind::InvalidInput`], a trap or broken limit while instantiating or describing is
+    /// [`ErrorKind::GuestFault`], an engine that cannot be configured is
+    /// [`ErrorKind::Internal`].
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            RuntimeError::Engine(_) => ErrorKind::Internal,
+            RuntimeError::Read { .. }
+            | RuntimeError::InvalidComponent { .. }
+            | RuntimeError::WrongWorld { .. }
+            | RuntimeError::InvalidDescription { .. } => ErrorKind::InvalidInput,
+            RuntimeError::Instantiate(_) => ErrorKind::GuestFault,
+        }
+    }
+}
+
 /// Why a guest call did not return dispositions.
 #[derive(Debug, thiserror::Error)]
 pub enum CallError {
@@ -113,6 +131,18 @@ pub enum CallError {
     /// The host aborted the call (state backend unavailable): not the guest's fault; retry.
     #[error("call aborted by the host")]
     Aborted(#[source] HostAbort),
+}
+
+impl CallError {
+    /// What the caller should do: a trap or a wrong disposition count is the guest's
+    /// ([`ErrorKind::GuestFault`]: isolate and dead-letter), an abort is the state backend's
+    /// (its own kind, usually [`ErrorKind::Unavailable`]: retry after backoff).
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            CallError::Trap { .. } | CallError::DispositionCount { .. } => ErrorKind::GuestFault,
+            CallError::Aborted(HostAbort::State(err)) => err.kind(),
+        }
+    }
 }
 
 /// A host-side reason to abort a guest call; travels through wasmtime as the trap's error.
