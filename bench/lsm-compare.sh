@@ -19,11 +19,11 @@ read -r -a slatedb_args <<< "${SLATEDB_ARGS:-}"
 # The SlateDB crate is not a workspace member: it has its own lock file and target directory.
 slatedb_target="$root/target/slatedb-compare"
 (cd bench/slatedb-compare && CARGO_TARGET_DIR="$slatedb_target" cargo build --release --quiet)
-cargo build --release --quiet -p weir-host
+cargo build --release --quiet -p weir-cli
 
 echo "## Weir"
 echo
-cargo run --release --quiet -p weir-host -- bench-lsm "$@" "${weir_args[@]}"
+cargo run --release --quiet -p weir-cli -- bench-lsm "$@" "${weir_args[@]}"
 echo
 echo "## SlateDB"
 echo

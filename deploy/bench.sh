@@ -13,7 +13,7 @@ guests="${CARGO_TARGET_DIR:-target}/wasm32-wasip2/guest"
 bash guest-sdk/python/componentize.sh examples/flight-delays-py flight_delays \
   "$guests/flight_delays_py.wasm"
 csv="$(bash deploy/local/flights.sh | tail -n 1)"
-cargo run --release -p weir-host --bin weir -- bench --flights "$csv" \
+cargo run --release -p weir-cli --bin weir -- bench --flights "$csv" \
   --counter-operator "$guests/weir_test_counter.wasm" \
   --aggregate-operator "$guests/flight_delays.wasm" \
   --aggregate-python-operator "$guests/flight_delays_py.wasm" --impl wasm,native,python "$@"

@@ -9,4 +9,4 @@ rustup target add wasm32-wasip2
 cargo build --profile guest --target wasm32-wasip2 -p flight-delays
 csv="$(bash deploy/local/flights.sh | tail -n 1)"
 operator="${CARGO_TARGET_DIR:-target}/wasm32-wasip2/guest/flight_delays.wasm"
-cargo run --release -p weir-host --bin weir -- dev --operator "$operator" --flights "$csv" "$@"
+cargo run --release -p weir-cli --bin weir -- dev --operator "$operator" --flights "$csv" "$@"

@@ -182,7 +182,7 @@ def build(args) -> None:
         args.operator = target / "wasm32-wasip2" / "guest" / "weir_test_counter.wasm"
     if args.weir is None:
         log("building weir (release)")
-        sh("cargo", "build", "--release", "-p", "weir-host", "--bin", "weir", cwd=ROOT)
+        sh("cargo", "build", "--release", "-p", "weir-cli", "--bin", "weir", cwd=ROOT)
         args.weir = target / "release" / "weir"
     args.operator = Path(args.operator).resolve()
     args.weir = Path(args.weir).resolve()

@@ -2,15 +2,32 @@
 //! prefetch → guest call → apply state, over batches of several sizes, on the `memory` backend.
 //! Emits are staged and dropped. This isolates the Wasm boundary from the broker.
 
-use crate::clock::{SharedClock, SystemClock};
-use crate::config::RuntimeSettings;
-use crate::pipeline::prefetch;
-use crate::runtime::{InputRecord, Runtime, RuntimeError};
-use crate::state::memory::{MemoryBackend, MemoryShard};
-use crate::state::{Shard, ShardId, StateBackend, StateError};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use weir_host::clock::{SharedClock, SystemClock};
+use weir_host::config::RuntimeSettings;
+use weir_host::pipeline::prefetch;
+use weir_host::runtime::{InputRecord, Runtime, RuntimeError};
+use weir_host::state::memory::{MemoryBackend, MemoryShard};
+use weir_host::state::{Shard, ShardId, StateBackend, StateError};
+
+/// What `weir bench-call` measures (its options).
+#[derive(Debug, Clone, clap::Args)]
+pub struct BenchCallOptions {
+    /// The component to measure.
+    #[arg(long, default_value = "target/wasm32-wasip2/guest/flight_delays.wasm")]
+    pub operator: PathBuf,
+    /// Use the first `--records` flights of this CSV as input (else synthetic flights).
+    #[arg(long)]
+    pub flights: Option<PathBuf>,
+    /// Records per batch size.
+    #[arg(long, default_value_t = 200_000)]
+    pub records: usize,
+    /// Batch sizes to measure.
+    #[arg(long, value_delimiter = ',', default_value = "1,16,128,512")]
+    pub batch: Vec<usize>,
+}
 
 /// One measured batch size.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -159,4 +176,68 @@ pub async fn call_cost(
         });
     }
     Ok(results)
+}
+
+/// Runs `weir bench-call` and prints its report.
+///
+/// # Errors
+/// An operator or flights file that cannot be read or loaded, or a failed call.
+pub async fn command(opts: &BenchCallOptions, output: crate::Output) -> anyhow::Result<()> {
+    let BenchCallOptions {
+        operator,
+        flights,
+        records,
+        batch,
+    } = opts;
+    let (operator, records) = (operator.as_path(), *records);
+    let inputs: Vec<(Vec<u8>, Vec<u8>)> = match flights {
+        Some(csv) => crate::flights::read_csv(csv)?
+            .into_iter()
+            .take(records)
+            .map(|f| (f.route.into_bytes(), f.json))
+            .collect(),
+        None => (0..records)
+            .map(|i| {
+                let (origin, dest) = (["JFK", "LGA", "EWR"][i % 3], format!("D{:02}", i % 97));
+                let value = format!(
+                    r#"{{"origin":"{origin}","dest":"{dest}","arr_delay":{}}}"#,
+                    (i % 120) as i64 - 20
+                );
+                (format!("{origin}-{dest}").into_bytes(), value.into_bytes())
+            })
+            .collect(),
+    };
+    let results = call_cost(operator, &inputs, batch).await?;
+    let start = start_cost(operator, 200).await?;
+    let size_bytes = std::fs::metadata(operator)?.len();
+    if output.json {
+        let report = serde_json::json!({
+            "operator": operator.display().to_string(),
+            "component_bytes": size_bytes,
+            "load_ms": start.load_ms,
+            "load_compiled_ms": start.load_compiled_ms,
+            "instantiate_us": start.instantiate_us,
+            "batches": results,
+        });
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        println!(
+            "{}: {size_bytes} bytes, {:.0} ms to load (compile, check, describe), {:.0} ms compiled (a restarted host), {:.1} µs to instantiate (mean of 200)",
+            operator.display(),
+            start.load_ms,
+            start.load_compiled_ms,
+            start.instantiate_us
+        );
+        println!(
+            "{:>8} {:>10} {:>14} {:>14}",
+            "batch", "records", "ns/record", "records/s"
+        );
+        for r in &results {
+            println!(
+                "{:>8} {:>10} {:>14.0} {:>14.0}",
+                r.batch_records, r.records, r.ns_per_record, r.records_per_s
+            );
+        }
+    }
+    Ok(())
 }

@@ -17,39 +17,47 @@
 //!    `apply` — timed from the start of the open to the end of that batch. Kafka's part
 //!    (rebalance, seek) does not depend on the state size and is not included.
 
-use crate::clock::{SharedClock, SystemClock};
 use crate::lsm_bench::{bulk_load, median, prepare_scratch, throttled, value};
-use crate::state::checkpoint::{DecidedBy, InputOffsets};
-use crate::state::lsm::backend::LsmBackend;
-use crate::state::lsm::cache::{BlockCaches, CacheSettings};
-use crate::state::lsm::tree::LsmSettings;
-use crate::state::{Shard, ShardId, StateBackend, StateWrite};
 use object_store::ObjectStore;
 use object_store::local::LocalFileSystem;
 use object_store::path::Path;
 use serde::Serialize;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use weir_host::clock::{SharedClock, SystemClock};
+use weir_host::state::checkpoint::{DecidedBy, InputOffsets};
+use weir_host::state::lsm::backend::LsmBackend;
+use weir_host::state::lsm::cache::{BlockCaches, CacheSettings};
+use weir_host::state::lsm::tree::LsmSettings;
+use weir_host::state::{Shard, ShardId, StateBackend, StateWrite};
 
 /// Keys per update batch and per recovery batch.
 const BATCH: usize = 512;
 
-/// What to run.
-#[derive(Debug, Clone)]
+/// What to run (`weir bench-checkpoint`'s options).
+#[derive(Debug, Clone, clap::Args)]
 pub struct CheckpointBenchOptions {
-    /// Scratch directory for the store (emptied first, removed after).
+    /// Scratch directory for the store: must be new, empty or a previous run's; emptied first,
+    /// removed after.
+    #[arg(long, default_value = "target/bench-checkpoint")]
     pub dir: std::path::PathBuf,
     /// State sizes, MiB.
+    #[arg(long, value_delimiter = ',', default_value = "100,1024,5120")]
     pub sizes_mb: Vec<u64>,
     /// Bytes per value.
+    #[arg(long, default_value_t = 1000)]
     pub value_bytes: usize,
     /// Latency added to every object-store request, ms.
+    #[arg(long, default_value_t = 30)]
     pub latency_ms: u64,
-    /// Updates per second during the checkpoint rounds.
+    /// Updates per second between checkpoints (the same for every size).
+    #[arg(long, default_value_t = 10_000)]
     pub rate: u64,
-    /// Time between checkpoints.
+    /// Time between checkpoints (`--interval-ms`, milliseconds).
+    #[arg(long = "interval-ms", default_value = "2000", value_parser = crate::millis)]
     pub interval: Duration,
     /// Checkpoints, and recoveries, per size.
+    #[arg(long, default_value_t = 5)]
     pub rounds: usize,
 }
 

@@ -9,12 +9,7 @@
 //! join is excluded. On librdkafka's mock cluster (the default) the broker is in process; pass
 //! `--bootstrap-servers` for a real one.
 
-use crate::clock::{SharedClock, SystemClock};
-use crate::config::{KafkaSettings, PipelineSettings, RuntimeSettings, Settings, StateSettings};
 use crate::dev::ensure_topics;
-use crate::pipeline::{self, PipelineStats};
-use crate::state::delayed::{DelayedReads, ReadDelay};
-use crate::state::memory::MemoryBackend;
 use rdkafka::config::ClientConfig;
 use rdkafka::error::KafkaError;
 use rdkafka::mocking::MockCluster;
@@ -24,26 +19,60 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
+use weir_host::clock::{SharedClock, SystemClock};
+use weir_host::config::{
+    KafkaSettings, PipelineSettings, RuntimeSettings, Settings, StateSettings,
+};
+use weir_host::pipeline::{self, PipelineStats};
+use weir_host::state::delayed::{DelayedReads, ReadDelay};
+use weir_host::state::memory::MemoryBackend;
 
-/// What `weir bench-controller` runs.
-#[derive(Debug, Clone)]
+/// What `weir bench-controller` runs (its options).
+#[derive(Debug, Clone, clap::Args)]
 pub struct ControllerBenchOptions {
-    /// A keyed operator (the `counter` test guest by default).
+    /// A keyed operator.
+    #[arg(
+        long,
+        default_value = "target/wasm32-wasip2/guest/weir_test_counter.wasm"
+    )]
     pub operator: PathBuf,
-    /// A real broker; `None` starts librdkafka's mock cluster.
+    /// A real broker (`host:port`); without it, librdkafka's mock cluster runs in process.
+    #[arg(long)]
     pub bootstrap_servers: Option<String>,
     /// Records per run.
+    #[arg(long, default_value_t = 100_000)]
     pub records: u64,
     /// Distinct keys.
+    #[arg(long, default_value_t = 10_000)]
     pub keys: u64,
     /// Input partitions.
+    #[arg(long, default_value_t = 2)]
     pub partitions: i32,
-    /// Delay of every state read, ms.
+    /// Delays of every state read to measure, ms.
+    #[arg(long = "read-delay-ms", value_delimiter = ',', default_value = "0,10")]
     pub read_delays_ms: Vec<u64>,
-    /// `(in_flight_max, partition_instances_max)` settings to compare.
+    /// `in_flight_max:instances` settings to compare.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "512:1,4096:4,4096:16",
+        value_parser = in_flight_and_instances
+    )]
     pub settings: Vec<(usize, usize)>,
-    /// `runtime.batch_records_max`.
+    /// Records per guest call at most (`runtime.batch_records_max`).
+    #[arg(long, default_value_t = 512)]
     pub batch_records_max: usize,
+}
+
+/// One `--settings` pair, `in_flight_max:instances`.
+fn in_flight_and_instances(text: &str) -> Result<(usize, usize), String> {
+    let pair = text.split_once(':').and_then(|(in_flight, instances)| {
+        Some((
+            in_flight.trim().parse().ok()?,
+            instances.trim().parse().ok()?,
+        ))
+    });
+    pair.ok_or_else(|| format!("`{text}` is not an `in_flight_max:instances` pair of numbers"))
 }
 
 /// One measured run.

@@ -1,11 +1,7 @@
 //! `weir dev`: the whole job on embedded defaults — librdkafka's mock cluster (or a broker you
 //! name), the `flight-delays` operator, the flights table in, a summary out.
 
-use crate::clock::{SharedClock, SystemClock};
-use crate::config::{KafkaSettings, PipelineSettings, RuntimeSettings, Settings, StateSettings};
 use crate::flights;
-use crate::pipeline::{self, PipelineStats};
-use crate::state::memory::MemoryBackend;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
@@ -19,17 +15,27 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use weir_host::clock::{SharedClock, SystemClock};
+use weir_host::config::{
+    KafkaSettings, PipelineSettings, RuntimeSettings, Settings, StateSettings,
+};
+use weir_host::pipeline::{self, PipelineStats};
+use weir_host::state::memory::MemoryBackend;
 
-/// What `weir dev` runs.
-#[derive(Debug, Clone)]
+/// What `weir dev` runs (its options).
+#[derive(Debug, Clone, clap::Args)]
 pub struct DevOptions {
     /// The `flight-delays` component.
+    #[arg(long, default_value = "target/wasm32-wasip2/guest/flight_delays.wasm")]
     pub operator: PathBuf,
-    /// The flights CSV (from `deploy/local/flights.sh`).
+    /// The flights CSV (`deploy/local/flights.sh` prints its path).
+    #[arg(long = "flights")]
     pub flights_csv: PathBuf,
-    /// A real broker; `None` starts librdkafka's mock cluster.
+    /// Use this broker instead of the mock cluster.
+    #[arg(long)]
     pub bootstrap_servers: Option<String>,
-    /// Input partitions.
+    /// Partitions of the input and output topics.
+    #[arg(long, default_value_t = 4)]
     pub partitions: i32,
 }
 
@@ -143,7 +149,7 @@ pub async fn run(opts: DevOptions) -> Result<(), DevError> {
             group_id: Some(format!("weir-dev-{run_id}")),
             checkpoint_interval: std::time::Duration::from_secs(10),
             delivery: Default::default(),
-            in_flight_max: crate::config::DEFAULT_IN_FLIGHT_MAX,
+            in_flight_max: weir_host::config::DEFAULT_IN_FLIGHT_MAX,
             failure_policy: Default::default(),
         },
         kafka: KafkaSettings {

@@ -19,14 +19,6 @@
 //! 3. **Open**: bulk-load a store of each `open_sizes_mb` (bottom-level SSTs of 64 MiB written
 //!    directly), then time claim + open at the checkpoint, and claim + open + one get.
 
-use crate::clock::{SharedClock, SystemClock};
-use crate::state::hooked_store::{HookedStore, Latency};
-use crate::state::lsm::cache::{BlockCaches, CacheSettings, CacheStats, SstFiles};
-use crate::state::lsm::sst::Entry;
-use crate::state::lsm::sst::SstBuilder;
-use crate::state::lsm::tree::{LsmSettings, LsmTree, SstId};
-use crate::state::manifest::{Manifest, ManifestKind, ManifestStore, SstRef};
-use crate::state::{Shard, StateWrite};
 use bytes::Bytes;
 use object_store::local::LocalFileSystem;
 use object_store::path::Path;
@@ -34,25 +26,42 @@ use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use serde::Serialize;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use weir_host::clock::{SharedClock, SystemClock};
+use weir_host::state::hooked_store::{HookedStore, Latency};
+use weir_host::state::lsm::cache::{BlockCaches, CacheSettings, CacheStats, SstFiles};
+use weir_host::state::lsm::sst::Entry;
+use weir_host::state::lsm::sst::SstBuilder;
+use weir_host::state::lsm::tree::{LsmSettings, LsmTree, SstId};
+use weir_host::state::manifest::{Manifest, ManifestKind, ManifestStore, SstRef};
+use weir_host::state::{Shard, StateWrite};
 
-/// What to run.
-#[derive(Debug, Clone)]
+/// What to run (`weir bench-lsm`'s options).
+#[derive(Debug, Clone, clap::Args)]
 pub struct LsmBenchOptions {
-    /// Scratch directory for the local-filesystem store (emptied first).
+    /// Scratch directory for the local-filesystem store: must be new, empty or a previous
+    /// run's; emptied first, removed after.
+    #[arg(long, default_value = "target/bench-lsm")]
     pub dir: std::path::PathBuf,
-    /// Keys loaded.
+    /// Keys to load.
+    #[arg(long, default_value_t = 1_000_000)]
     pub keys: u64,
     /// Value size, bytes.
+    #[arg(long, default_value_t = 100)]
     pub value_bytes: usize,
     /// Latency added to every object-store request, ms.
+    #[arg(long, default_value_t = 30)]
     pub latency_ms: u64,
-    /// Cache sizes as fractions of the loaded bytes.
+    /// Cache sizes, as fractions of the loaded bytes.
+    #[arg(long = "cache", value_delimiter = ',', default_value = "0,0.1,1")]
     pub cache_fractions: Vec<f64>,
     /// Keys per `apply` / `get_many`.
+    #[arg(long, default_value_t = 512)]
     pub batch: usize,
     /// Keys read per get pass.
+    #[arg(long, default_value_t = 20_000)]
     pub sample: usize,
     /// Store sizes for the open measurement, MiB (0 skips it).
+    #[arg(long, value_delimiter = ',', default_value = "10,1024")]
     pub open_sizes_mb: Vec<u64>,
 }
 

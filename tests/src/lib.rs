@@ -173,7 +173,7 @@ pub fn unique(prefix: &str) -> String {
 /// # Errors
 /// When the broker is unreachable or refuses.
 pub async fn create_topics(topics: &[(&str, i32)]) -> anyhow::Result<()> {
-    weir_host::dev::ensure_topics(&kafka_bootstrap(), topics)
+    weir_cli::dev::ensure_topics(&kafka_bootstrap(), topics)
         .await
         .with_context(|| {
             format!(

@@ -1,4 +1,4 @@
-//! `weir bench` (host/src/pipeline_bench.rs) at a small size against the real broker: every
+//! `weir bench` (cli/src/pipeline_bench.rs) at a small size against the real broker: every
 //! run processes all its input and measures what it claims, and the native baseline computes
 //! exactly what the Wasm counter computes (the comparison is of the same logic).
 
@@ -7,7 +7,7 @@ use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use std::collections::BTreeSet;
 use std::time::Duration;
-use weir_host::pipeline_bench::{self, Backend, Implementation, PipelineBenchOptions, Workload};
+use weir_cli::pipeline_bench::{self, Backend, Implementation, PipelineBenchOptions, Workload};
 use weir_tests::*;
 
 /// Every `(key, value)` in `topic` (read from the start until `timeout` passes without one).

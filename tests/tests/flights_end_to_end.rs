@@ -138,9 +138,9 @@ async fn produce_flights() -> anyhow::Result<String> {
     );
     let input = unique("flights");
     create_topics(&[(&input, 4)]).await?;
-    let flights = weir_host::flights::read_csv(&csv)?;
+    let flights = weir_cli::flights::read_csv(&csv)?;
     assert_eq!(flights.len(), FLIGHTS);
-    weir_host::flights::produce(&kafka_bootstrap(), &input, &flights).await?;
+    weir_cli::flights::produce(&kafka_bootstrap(), &input, &flights).await?;
     Ok(input)
 }
 
@@ -264,7 +264,7 @@ async fn a_pipeline_switched_from_rust_to_python_counts_on_from_the_same_state()
     let _one_at_a_time = ONE_AT_A_TIME.lock().await;
     init_tracing();
     let expected = expected_from_csv(&flights_csv())?;
-    let flights = weir_host::flights::read_csv(&flights_csv())?;
+    let flights = weir_cli::flights::read_csv(&flights_csv())?;
     assert_eq!(flights.len(), FLIGHTS);
     let half = FLIGHTS / 2;
     let (input, output, dlq) = (
@@ -284,13 +284,13 @@ async fn a_pipeline_switched_from_rust_to_python_counts_on_from_the_same_state()
         )
     };
 
-    weir_host::flights::produce(&kafka_bootstrap(), &input, &flights[..half]).await?;
+    weir_cli::flights::produce(&kafka_bootstrap(), &input, &flights[..half]).await?;
     let rust = RunningPipeline::start(settings.clone());
     rust.wait_done(half as u64, Duration::from_secs(900))
         .await?;
     rust.stop().await?;
 
-    weir_host::flights::produce(&kafka_bootstrap(), &input, &flights[half..]).await?;
+    weir_cli::flights::produce(&kafka_bootstrap(), &input, &flights[half..]).await?;
     settings.pipeline.operator = guest("flight_delays_py");
     let python = RunningPipeline::start(settings);
     python

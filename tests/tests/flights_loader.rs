@@ -9,13 +9,13 @@ use weir_tests::*;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn loaded_flights_topics_have_no_time_based_retention() -> anyhow::Result<()> {
     let topic = unique("flights-retained");
-    let mut flights = weir_host::flights::read_csv(&flights_csv())?;
+    let mut flights = weir_cli::flights::read_csv(&flights_csv())?;
     flights.truncate(20);
     assert!(
         flights[0].timestamp_ms < 1_400_000_000_000,
         "2013 timestamps"
     );
-    let n = weir_host::flights::produce(&kafka_bootstrap(), &topic, &flights).await?;
+    let n = weir_cli::flights::produce(&kafka_bootstrap(), &topic, &flights).await?;
     assert_eq!(n, 20);
     let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
         .set("bootstrap.servers", kafka_bootstrap())

@@ -1,5 +1,5 @@
 //! A fixed wait before every object-store request, the same wrapper as `LatencyStore` in
-//! `host/src/lsm_bench.rs` (`object_store`'s own `ThrottledStore` panics on a whole-object GET
+//! `cli/src/lsm_bench.rs` (`object_store`'s own `ThrottledStore` panics on a whole-object GET
 //! from the local filesystem store, so it cannot be used here).
 
 use bytes::Bytes;

@@ -1,4 +1,4 @@
-//! `slatedb-compare`: the workload of `weir bench-lsm` (`host/src/lsm_bench.rs`) run on SlateDB
+//! `slatedb-compare`: the workload of `weir bench-lsm` (`cli/src/lsm_bench.rs`) run on SlateDB
 //! 0.18, printed as the same Markdown table so that the two can be quoted side by side.
 //!
 //! Workload (as Weir's, minus the open-size measurement):

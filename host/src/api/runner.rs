@@ -857,7 +857,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_component_is_compiled_once_per_tenant_and_set_of_limits() {
-        let path = weir_tests::guest("weir_test_counter");
+        let path = crate::testing::guest("weir_test_counter");
         let compiled = CompiledOperators::new();
         let clock: SharedClock = Arc::new(SystemClock);
         let limits = RuntimeSettings::default();

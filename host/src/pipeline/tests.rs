@@ -127,7 +127,7 @@ async fn start(
         .expect("runtime");
     let operator = Arc::new(
         runtime
-            .load_operator(&weir_tests::guest("weir_test_counter"))
+            .load_operator(&crate::testing::guest("weir_test_counter"))
             .await
             .expect("the counter compiles"),
     );

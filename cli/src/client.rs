@@ -1,0 +1,349 @@
+//! `weir operator|pipeline|tenant`: the HTTP API's command-line client (tables, or `--json`).
+
+use anyhow::Context as _;
+use clap::Subcommand;
+use std::path::PathBuf;
+use weir_host::api::client::ApiClient;
+
+/// Where the API is and which key to use.
+#[derive(Debug, clap::Args)]
+pub struct ApiArgs {
+    /// The API's base URL.
+    #[arg(
+        long,
+        env = "WEIR_API",
+        default_value = "http://127.0.0.1:8080",
+        global = true
+    )]
+    api: String,
+    /// An API key (a tenant's, or the admin key for `weir tenant`).
+    #[arg(
+        long,
+        env = "WEIR_API_KEY",
+        hide_env_values = true,
+        global = true,
+        default_value = ""
+    )]
+    key: String,
+    /// Print JSON instead of a table.
+    #[arg(long, global = true)]
+    json: bool,
+}
+
+/// `weir operator …`.
+#[derive(Debug, Subcommand)]
+pub enum OperatorCommand {
+    /// Upload a component as the next version of an operator.
+    Push {
+        /// The operator's name.
+        name: String,
+        /// The `.wasm` component.
+        file: PathBuf,
+    },
+    /// List your operators, or one operator's versions.
+    Ls {
+        /// Show this operator's versions.
+        name: Option<String>,
+    },
+    /// Delete one version of an operator.
+    Rm {
+        /// The operator's name.
+        name: String,
+        /// The version.
+        version: u64,
+    },
+}
+
+/// `weir pipeline …`.
+#[derive(Debug, Subcommand)]
+pub enum PipelineCommand {
+    /// Create a pipeline and start it: your topic names (the API scopes them to you).
+    Create {
+        /// The pipeline's name.
+        name: String,
+        /// `operator:version`, e.g. `counter:1`.
+        #[arg(long)]
+        operator: String,
+        /// An input topic (repeat for co-partitioned topics).
+        #[arg(long = "input", required = true)]
+        inputs: Vec<String>,
+        /// The output topic.
+        #[arg(long)]
+        output: String,
+        /// The dead-letter topic.
+        #[arg(long)]
+        dead_letter: String,
+        /// Checkpoint interval, ms.
+        #[arg(long, default_value_t = 10_000)]
+        checkpoint_interval_ms: u64,
+        /// Records of one partition in flight at once.
+        #[arg(long, default_value_t = 4096)]
+        in_flight_max: u64,
+        /// `dead_letter`, `skip` or `fail`.
+        #[arg(long, default_value = "dead_letter")]
+        failure_policy: String,
+        /// `at_least_once` or `exactly_once`.
+        #[arg(long, default_value = "at_least_once")]
+        delivery: String,
+    },
+    /// List your pipelines.
+    Ls,
+    /// One pipeline's status: state, counters, last checkpoint, per-partition offsets and lag.
+    Status {
+        /// The pipeline's name.
+        name: String,
+    },
+    /// Start a stopped pipeline from its last checkpoint.
+    Start {
+        /// The pipeline's name.
+        name: String,
+    },
+    /// Stop a pipeline (drained, checkpointed; state kept).
+    Stop {
+        /// The pipeline's name.
+        name: String,
+    },
+    /// Ask for a checkpoint now, or with `--list` show the newest ones.
+    Checkpoint {
+        /// The pipeline's name.
+        name: String,
+        /// List the newest checkpoints instead.
+        #[arg(long)]
+        list: bool,
+    },
+    /// Switch a pipeline to another version of its operator, keeping its state.
+    Switch {
+        /// The pipeline's name.
+        name: String,
+        /// The operator version.
+        version: u64,
+    },
+    /// Change a pipeline's settings, keeping its state (hosts drain, checkpoint and resume).
+    Set {
+        /// The pipeline's name.
+        name: String,
+        /// `dead_letter`, `skip` or `fail`.
+        #[arg(long)]
+        failure_policy: Option<String>,
+        /// Checkpoint interval, ms.
+        #[arg(long)]
+        checkpoint_interval_ms: Option<u64>,
+        /// Records of one partition in flight at once.
+        #[arg(long)]
+        in_flight_max: Option<u64>,
+    },
+    /// Delete a stopped pipeline with its state.
+    Rm {
+        /// The pipeline's name.
+        name: String,
+    },
+}
+
+/// `weir tenant …`.
+#[derive(Debug, Subcommand)]
+pub enum TenantCommand {
+    /// Create a tenant.
+    Create {
+        /// The tenant id (1..=32 bytes of [a-z0-9-]).
+        id: String,
+        /// A display name.
+        #[arg(long)]
+        name: Option<String>,
+    },
+    /// Create an API key for a tenant; it is printed once.
+    Key {
+        /// The tenant id.
+        id: String,
+    },
+}
+
+/// Runs `weir operator …`.
+///
+/// # Errors
+/// The API's error (its status and message), or a file that cannot be read.
+pub async fn operator(command: OperatorCommand, args: ApiArgs) -> anyhow::Result<()> {
+    use weir_host::api::client::{operators_table, versions_table};
+    let client = ApiClient::new(&args.api, &args.key);
+    match command {
+        OperatorCommand::Push { name, file } => {
+            let bytes =
+                std::fs::read(&file).with_context(|| format!("cannot read {}", file.display()))?;
+            let version = client.push_operator(&name, bytes).await?;
+            if args.json {
+                println!("{}", serde_json::to_string_pretty(&version)?);
+            } else {
+                print!("{}", versions_table(std::slice::from_ref(&version)));
+            }
+        }
+        OperatorCommand::Ls { name: None } => {
+            let operators = client.operators().await?;
+            if args.json {
+                println!("{}", serde_json::to_string_pretty(&operators)?);
+            } else {
+                print!("{}", operators_table(&operators));
+            }
+        }
+        OperatorCommand::Ls { name: Some(name) } => {
+            let versions = client.operator_versions(&name).await?;
+            if args.json {
+                println!("{}", serde_json::to_string_pretty(&versions)?);
+            } else {
+                print!("{}", versions_table(&versions));
+            }
+        }
+        OperatorCommand::Rm { name, version } => {
+            client.delete_operator_version(&name, version).await?;
+            if !args.json {
+                println!("deleted {name} version {version}");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Runs `weir pipeline …`.
+///
+/// # Errors
+/// The API's error (its status and message), or a bad option.
+pub async fn pipeline(command: PipelineCommand, args: ApiArgs) -> anyhow::Result<()> {
+    use weir_host::api::client::{pipeline_status_text, pipelines_table};
+    let client = ApiClient::new(&args.api, &args.key);
+    let show = |view: &weir_host::api::pipelines::PipelineView| -> anyhow::Result<()> {
+        if args.json {
+            println!("{}", serde_json::to_string_pretty(view)?);
+        } else {
+            print!("{}", pipeline_status_text(view));
+        }
+        Ok(())
+    };
+    match command {
+        PipelineCommand::Create {
+            name,
+            operator,
+            inputs,
+            output,
+            dead_letter,
+            checkpoint_interval_ms,
+            in_flight_max,
+            failure_policy,
+            delivery,
+        } => {
+            let (operator, version) = operator
+                .split_once(':')
+                .context("--operator takes `name:version`, e.g. `counter:1`")?;
+            // The enums parse as the API's JSON does, with its messages.
+            let spec = serde_json::from_value(serde_json::json!({
+                "operator": operator,
+                "operator_version": version.parse::<u64>().context("the operator version is a number")?,
+                "input_topics": inputs,
+                "output_topic": output,
+                "dead_letter_topic": dead_letter,
+                "checkpoint_interval_ms": checkpoint_interval_ms,
+                "in_flight_max": in_flight_max,
+                "failure_policy": failure_policy,
+                "delivery": delivery,
+            }))
+            .context("bad --failure-policy or --delivery")?;
+            show(&client.create_pipeline(&name, &spec).await?)?;
+        }
+        PipelineCommand::Ls => {
+            let pipelines = client.pipelines().await?;
+            if args.json {
+                println!("{}", serde_json::to_string_pretty(&pipelines)?);
+            } else {
+                print!("{}", pipelines_table(&pipelines));
+            }
+        }
+        PipelineCommand::Status { name } => show(&client.pipeline(&name).await?)?,
+        PipelineCommand::Start { name } => show(&client.pipeline_action(&name, "start").await?)?,
+        PipelineCommand::Stop { name } => show(&client.pipeline_action(&name, "stop").await?)?,
+        PipelineCommand::Switch { name, version } => {
+            show(&client.switch_operator(&name, version).await?)?
+        }
+        PipelineCommand::Checkpoint { name, list: false } => {
+            let requested = client.trigger_checkpoint(&name).await?;
+            if args.json {
+                println!("{}", serde_json::to_string_pretty(&requested)?);
+            } else {
+                println!(
+                    "checkpoint {} of {name} requested at {} ms; `weir pipeline checkpoint {name} --list` shows it when committed",
+                    requested.request, requested.requested_ms
+                );
+            }
+        }
+        PipelineCommand::Checkpoint { name, list: true } => {
+            let checkpoints = client.checkpoints(&name).await?;
+            if args.json {
+                println!("{}", serde_json::to_string_pretty(&checkpoints)?);
+            } else {
+                println!(
+                    "{:>9} {:>8} {:>15} {:>8} {:>12} {:>12}",
+                    "PARTITION", "VERSION", "COMMITTED MS", "TOOK MS", "UPLOADED", "STATE BYTES"
+                );
+                for c in checkpoints {
+                    println!(
+                        "{:>9} {:>8} {:>15} {:>8} {:>12} {:>12}",
+                        c.partition,
+                        c.version,
+                        c.committed_ms,
+                        c.duration_ms,
+                        c.uploaded_bytes,
+                        c.state_bytes
+                    );
+                }
+            }
+        }
+        PipelineCommand::Set {
+            name,
+            failure_policy,
+            checkpoint_interval_ms,
+            in_flight_max,
+        } => {
+            let change = serde_json::from_value(serde_json::json!({
+                "failure_policy": failure_policy,
+                "checkpoint_interval_ms": checkpoint_interval_ms,
+                "in_flight_max": in_flight_max,
+            }))
+            .context("bad --failure-policy")?;
+            show(&client.change_pipeline(&name, &change).await?)?;
+        }
+        PipelineCommand::Rm { name } => {
+            client.delete_pipeline(&name).await?;
+            if !args.json {
+                println!("deleted pipeline {name} and its state");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Runs `weir tenant …`.
+///
+/// # Errors
+/// The API's error (its status and message).
+pub async fn tenant(command: TenantCommand, args: ApiArgs) -> anyhow::Result<()> {
+    let client = ApiClient::new(&args.api, &args.key);
+    match command {
+        TenantCommand::Create { id, name } => {
+            let tenant = client.create_tenant(&id, name.as_deref()).await?;
+            if args.json {
+                println!("{}", serde_json::to_string_pretty(&tenant)?);
+            } else {
+                println!("created tenant {} ({})", tenant.id, tenant.name);
+            }
+        }
+        TenantCommand::Key { id } => {
+            let key = client.create_api_key(&id).await?;
+            if args.json {
+                println!("{}", serde_json::to_string_pretty(&key)?);
+            } else {
+                println!("{}", key.key);
+                eprintln!(
+                    "API key {} for tenant {id}; it is shown only now",
+                    key.record.key_id
+                );
+            }
+        }
+    }
+    Ok(())
+}

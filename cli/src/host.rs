@@ -1,0 +1,116 @@
+//! `weir run` and `weir serve`: one pipeline from a config file, or the multi-tenant HTTP API
+//! with the pipelines it runs, in this process until SIGINT (or SIGTERM for `serve`).
+
+use anyhow::Context as _;
+use std::path::PathBuf;
+use std::sync::Arc;
+use weir_host::clock::{SharedClock, SystemClock};
+use weir_host::config::Settings;
+use weir_host::pipeline::{self, PipelineStats};
+use weir_host::state::configured::ConfiguredBackend;
+
+/// Runs `weir serve`: the API on `listen`, and the pipeline runner if `[pipelines]` is set,
+/// until SIGINT or SIGTERM, then drains the pipelines run here.
+///
+/// # Errors
+/// An unreadable or invalid config, a missing or short `WEIR_ADMIN_KEY`, a store or listener
+/// that cannot be opened.
+pub async fn serve(config: PathBuf) -> anyhow::Result<()> {
+    use weir_host::api;
+    let text = std::fs::read_to_string(&config)
+        .with_context(|| format!("cannot read {}", config.display()))?;
+    let settings: api::ServeSettings =
+        toml::from_str(&text).with_context(|| format!("cannot parse {}", config.display()))?;
+    let admin_key = std::env::var("WEIR_ADMIN_KEY").unwrap_or_default();
+    anyhow::ensure!(
+        admin_key.len() >= api::ADMIN_KEY_BYTES_MIN,
+        "set WEIR_ADMIN_KEY to an admin key of at least {} bytes (e.g. `openssl rand -hex 32`)",
+        api::ADMIN_KEY_BYTES_MIN
+    );
+    let options = settings.store_options_with_env(|var| std::env::var(var).ok());
+    let (store, prefix) =
+        weir_host::state::lsm::backend::object_store_from_url(&settings.store_url, &options)
+            .context("cannot open the catalog store")?;
+    let state = api::ApiState::new(
+        api::catalog::Catalog::new(store.clone(), prefix.clone()),
+        api::ApiSettings {
+            operator_bytes_max: settings.operator_bytes_max,
+            admin_key_sha256: api::sha256(admin_key.as_bytes()),
+            runtime: settings.runtime.clone(),
+            pipelines_per_tenant_max: settings.pipelines_per_tenant_max,
+            status_sample_interval: settings.status_sample_interval,
+        },
+    )?;
+    let listener = tokio::net::TcpListener::bind(&settings.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", settings.listen))?;
+    // SIGINT or SIGTERM (Kubernetes) stops the API and drains the pipelines run here.
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        tracing::info!("shutting down: draining the pipelines run here");
+        let _ = stop_tx.send(true);
+    });
+    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|stop| *stop).await;
+    };
+    let runner = match &settings.pipelines {
+        Some(config) => {
+            let runner = api::runner::Runner::new(
+                api::catalog::Catalog::new(store.clone(), prefix.clone()),
+                config.clone(),
+                settings.runtime.clone(),
+            )
+            .context("cannot set up the pipeline runner")?;
+            Some(tokio::spawn(runner.run(stopped(stop_rx.clone()))))
+        }
+        None => None,
+    };
+    api::serve(listener, state, stopped(stop_rx)).await?;
+    if let Some(runner) = runner {
+        runner.await.context("the pipeline runner panicked")?;
+    }
+    Ok(())
+}
+
+/// Completes at SIGINT (Ctrl-C) or SIGTERM.
+async fn shutdown_signal() {
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(term) => term,
+        Err(err) => {
+            tracing::error!(error = %err, "cannot listen for SIGTERM; Ctrl-C only");
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}
+
+/// Runs `weir run`: one pipeline from a TOML config until Ctrl-C, then drains it.
+///
+/// # Errors
+/// An invalid config, a state backend that cannot be set up, or the pipeline's failure.
+pub async fn run(config: PathBuf) -> anyhow::Result<()> {
+    let settings = Settings::load(&config)?;
+    let clock: SharedClock = Arc::new(SystemClock);
+    let stats = Arc::new(PipelineStats::default());
+    let backend = Arc::new(
+        ConfiguredBackend::from_settings(&settings.state, clock.clone())
+            .context("cannot set up the state backend")?,
+    );
+    let shutdown = async {
+        if let Err(err) = tokio::signal::ctrl_c().await {
+            tracing::error!(error = %err, "cannot listen for Ctrl-C; running until killed");
+            std::future::pending::<()>().await;
+        }
+        tracing::info!("shutting down: draining partitions");
+    };
+    pipeline::run(settings, backend, clock, stats.clone(), shutdown)
+        .await
+        .context("pipeline failed")?;
+    tracing::info!(records = stats.records_done(), "pipeline stopped");
+    Ok(())
+}
