@@ -163,22 +163,17 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
     /// Takes records and rebalances from the source until `shutdown` completes or a worker
     /// fails.
     ///
-    /// Each round takes at most what a partition's worker queue holds
-    /// (`partition_queue_batches_max` batches of `batch_records_max` records) of every
-    /// partition from the source and hands it to the workers, so that no partition waits behind
-    /// another's backlog, while a worker that has room gets a queue's worth per round (with one
-    /// batch per round, admission could fall behind the workers under load and the in-flight
-    /// window never fill). Rebalances the source reports are applied before the records fetched
-    /// after them.
+    /// Each round takes at most `batch_records_max` records of every partition from the source
+    /// and hands them to the workers, so that no partition waits behind another's backlog.
+    /// Rebalances the source reports are applied before the records fetched after them.
     pub(super) async fn consume(
         &mut self,
         shutdown: impl Future<Output = ()>,
     ) -> Result<(), PipelineError> {
-        let runtime = &self.settings.runtime;
-        let round_max = runtime.batch_records_max * runtime.partition_queue_batches_max;
+        let batch_max = self.settings.runtime.batch_records_max;
         let mut shutdown = std::pin::pin!(shutdown);
         let source = self.source.clone();
-        let mut fetched = Vec::with_capacity(round_max);
+        let mut fetched = Vec::with_capacity(batch_max);
         // Whether the last fetch may have left records behind: fetch again without waiting.
         let mut more = false;
         loop {
@@ -199,7 +194,7 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
             // Rebalances reported so far, before the records fetched after them.
             self.drop_revoked();
             self.pause_assigned();
-            more = match source.fetch(round_max, &mut fetched) {
+            more = match source.fetch(batch_max, &mut fetched) {
                 Ok(more) => more,
                 Err(err) => {
                     // The source reports broker trouble here and keeps retrying on its own.
