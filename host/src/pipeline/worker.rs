@@ -194,6 +194,8 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
                     break;
                 }
             }
+            // Intake only with an empty backlog: what waits for room in flight stays in the
+            // queue (which then fills and pauses the partition).
             let intake = !closed && backlog.is_empty() && !checkpoint_due;
             tokio::select! {
                 // The tick first: a partition with a full queue must still checkpoint.
@@ -203,11 +205,19 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
                     Ok(()) => (checkpoint_due, checkpoint_requested) = (true, true),
                     Err(_) => requests_open = false,
                 },
-                Some(attempted) = running.next() => self.attempted(attempted).await?,
+                // Intake before finished attempts, and the whole queue at once: behind a
+                // steady stream of finishing attempts, one batch at a time only when none had
+                // finished kept the in-flight window from filling under CPU load.
                 batch = batches.recv(), if intake => match batch {
-                    Some(records) => backlog.extend(records),
+                    Some(records) => {
+                        backlog.extend(records);
+                        while let Ok(records) = batches.try_recv() {
+                            backlog.extend(records);
+                        }
+                    }
                     None => closed = true,
                 },
+                Some(attempted) = running.next() => self.attempted(attempted).await?,
             }
         }
         self.checkpoint(true, false).await
