@@ -53,8 +53,13 @@ pub struct CheckpointBenchOptions {
     /// Updates per second between checkpoints (the same for every size).
     #[arg(long, default_value_t = 10_000)]
     pub rate: u64,
-    /// Time between checkpoints (`--interval-ms`, milliseconds).
-    #[arg(long = "interval-ms", default_value = "2000", value_parser = crate::millis)]
+    /// Time between checkpoints, ms.
+    #[arg(
+        long = "interval-ms",
+        value_name = "MS",
+        default_value = "2000",
+        value_parser = crate::millis
+    )]
     pub interval: Duration,
     /// Checkpoints, and recoveries, per size.
     #[arg(long, default_value_t = 5)]

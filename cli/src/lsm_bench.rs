@@ -52,7 +52,12 @@ pub struct LsmBenchOptions {
     #[arg(long, default_value_t = 30)]
     pub latency_ms: u64,
     /// Cache sizes, as fractions of the loaded bytes.
-    #[arg(long = "cache", value_delimiter = ',', default_value = "0,0.1,1")]
+    #[arg(
+        long = "cache",
+        value_name = "FRACTIONS",
+        value_delimiter = ',',
+        default_value = "0,0.1,1"
+    )]
     pub cache_fractions: Vec<f64>,
     /// Keys per `apply` / `get_many`.
     #[arg(long, default_value_t = 512)]
