@@ -205,9 +205,10 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
                     Ok(()) => (checkpoint_due, checkpoint_requested) = (true, true),
                     Err(_) => requests_open = false,
                 },
-                // Intake before finished attempts, and the whole queue at once: behind a
-                // steady stream of finishing attempts, one batch at a time only when none had
-                // finished kept the in-flight window from filling under CPU load.
+                Some(attempted) = running.next() => self.attempted(attempted).await?,
+                // The whole queue at once: behind a steady stream of finishing attempts (served
+                // first), one batch per intake kept the in-flight window from filling under CPU
+                // load.
                 batch = batches.recv(), if intake => match batch {
                     Some(records) => {
                         backlog.extend(records);
@@ -217,7 +218,6 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
                     }
                     None => closed = true,
                 },
-                Some(attempted) = running.next() => self.attempted(attempted).await?,
             }
         }
         self.checkpoint(true, false).await
