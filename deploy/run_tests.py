@@ -43,11 +43,36 @@ def test_binaries(lines):
     return found
 
 
+# A test that returns an `anyhow::Error` prints it with the backtrace captured where it was made,
+# which is long and says less than the message above it: RUST_LIB_BACKTRACE=0 keeps the message
+# last. A panic still prints its backtrace when RUST_BACKTRACE asks for one.
+TEST_ENV = {**os.environ, "RUST_LIB_BACKTRACE": "0"}
+
+# How much of a failed test's output `failure_tails` repeats at the end.
+TAIL_LINES = 30
+LINE_CHARS = 400
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
 def start(name, argv, cwd, shell=False):
     """Starts one process, its output (stdout and stderr) kept in a temporary file."""
     out = tempfile.TemporaryFile()
-    proc = subprocess.Popen(argv, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, shell=shell)
+    proc = subprocess.Popen(
+        argv, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, shell=shell, env=TEST_ENV
+    )
     return (name, proc, out, time.monotonic())
+
+
+def failure_tails(text):
+    """The last lines of each failed test's output in a libtest report, colours removed and long
+    lines cut: repeated at the very end, where a log that keeps only its head and tail shows
+    them, however much the tests printed before."""
+    tails = []
+    for m in re.finditer(r"^---- (\S+) stdout ----\n(.*?)(?=^---- \S+ stdout ----$|^failures:$|\Z)",
+                         text, re.M | re.S):
+        lines = [ANSI.sub("", line)[:LINE_CHARS] for line in m.group(2).rstrip().splitlines()]
+        tails.append((m.group(1), lines[-TAIL_LINES:]))
+    return tails
 
 
 def main():
@@ -64,6 +89,7 @@ def main():
     running = [start(name, [executable, *args], cwd) for name, executable, cwd in binaries]
     passed = failed = 0
     failed_binaries = []
+    tails = []
     while running:
         if beside_last is not None and len(running) <= 1:
             running.append(start(beside_last, beside_last, None, shell=True))
@@ -82,15 +108,16 @@ def main():
                 failed += int(m.group(2))
             if proc.returncode != 0:
                 failed_binaries.append(f"{name}: exit {proc.returncode}")
+                tails.extend(failure_tails(text))
         time.sleep(0.2)
     if beside_last is not None:
         # The last binaries ended in the same round, before it started.
         running.append(start(beside_last, beside_last, None, shell=True))
-        return finish(running, passed, failed, failed_binaries)
-    return report(passed, failed, failed_binaries)
+        return finish(running, passed, failed, failed_binaries, tails)
+    return report(passed, failed, failed_binaries, tails)
 
 
-def finish(running, passed, failed, failed_binaries):
+def finish(running, passed, failed, failed_binaries, tails):
     for name, proc, out, started in running:
         proc.wait()
         out.seek(0)
@@ -98,10 +125,13 @@ def finish(running, passed, failed, failed_binaries):
         sys.stdout.write(out.read().decode("utf-8", "replace"))
         if proc.returncode != 0:
             failed_binaries.append(f"{name}: exit {proc.returncode}")
-    return report(passed, failed, failed_binaries)
+    return report(passed, failed, failed_binaries, tails)
 
 
-def report(passed, failed, failed_binaries):
+def report(passed, failed, failed_binaries, tails):
+    for test, lines in tails:
+        print(f"\n---- the end of {test}'s output", flush=True)
+        print("\n".join(lines), flush=True)
     print(f"\ntest binaries: {passed} passed, {failed} failed", flush=True)
     for line in failed_binaries:
         print(f"FAILED {line}", flush=True)

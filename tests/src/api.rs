@@ -208,10 +208,41 @@ pub async fn wait_for_pipeline(
         }
         anyhow::ensure!(
             Instant::now() < deadline,
-            "pipeline `{name}` did not reach the expected status in {timeout:?}: {view:#}"
+            "pipeline `{name}` did not reach the expected status in {timeout:?}: {view}\n\
+             in short: {}",
+            status_summary(&view)
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// One line of a pipeline view's status: its state and reason, its counts, and each host's
+/// phase and partitions, for a failure message that a log cut to its tail still shows.
+pub fn status_summary(view: &Value) -> String {
+    let status = &view["status"];
+    let hosts: Vec<String> = status["hosts"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+        .iter()
+        .map(|h| {
+            format!(
+                "{} {} partitions {} reason {} report age {} ms",
+                h["host"], h["phase"], h["partitions"], h["reason"], h["report_age_ms"]
+            )
+        })
+        .collect();
+    format!(
+        "state {} (reason {}), {} partitions, records_done {}, dead_lettered {}, emitted {}, \
+         hosts [{}]",
+        status["state"],
+        status["reason"],
+        status["partitions"].as_array().map_or(0, Vec::len),
+        status["records_done"],
+        status["dead_lettered"],
+        status["emitted"],
+        hosts.join("; ")
+    )
 }
 
 pub fn state_of(view: &Value) -> &str {
