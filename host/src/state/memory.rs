@@ -9,7 +9,7 @@
 //! (the memory backend has no compaction; the LSM backend drops them in compaction).
 
 use super::checkpoint::{CheckpointError, CheckpointReport, DecidedBy, InputOffsets};
-use super::manifest::ManifestError;
+use super::manifest::{ManifestError, RetentionPolicy, WriterTokens};
 use super::snapshot::{self, SnapshotShard};
 use super::{Recovery, Shard, ShardId, StateBackend, StateError, StateWrite};
 use crate::clock::SharedClock;
@@ -18,7 +18,6 @@ use object_store::ObjectStore;
 use object_store::path::Path;
 use std::collections::BTreeMap;
 use std::ops::Bound;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 /// Creates [`MemoryShard`]s.
@@ -33,8 +32,8 @@ pub struct MemoryBackend {
 struct CheckpointStorage {
     store: Arc<dyn ObjectStore>,
     prefix: Path,
-    process_token: String,
-    claims: Arc<AtomicU64>,
+    tokens: WriterTokens,
+    retention: RetentionPolicy,
 }
 
 impl MemoryBackend {
@@ -49,16 +48,13 @@ impl MemoryBackend {
     /// A backend that checkpoints full snapshots to `store` under `prefix` (shard `p` of
     /// pipeline `x` under `{prefix}/pipelines/{x}/shards/{p:05}`, as the `lsm` backend).
     pub fn durable(store: Arc<dyn ObjectStore>, prefix: Path, clock: SharedClock) -> Self {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos());
         Self {
             clock,
             storage: Some(CheckpointStorage {
                 store,
                 prefix,
-                process_token: format!("weir-{}-{nanos:x}", std::process::id()),
-                claims: Arc::new(AtomicU64::new(0)),
+                tokens: WriterTokens::new(),
+                retention: RetentionPolicy::default(),
             }),
         }
     }
@@ -71,19 +67,15 @@ impl MemoryBackend {
                 snapshots: None,
             });
         };
-        let shard = format!("pipelines/{}/shards/{:05}", id.pipeline, id.partition);
-        let root = if storage.prefix.as_ref().is_empty() {
-            Path::from(shard)
-        } else {
-            Path::from(format!("{}/{shard}", storage.prefix))
-        };
-        let token = format!(
-            "{}-{}",
-            storage.process_token,
-            storage.claims.fetch_add(1, Ordering::Relaxed)
-        );
-        let (snapshots, entries) =
-            SnapshotShard::open(storage.store.clone(), root, &token, recovery).await?;
+        let (snapshots, entries) = SnapshotShard::open(
+            storage.store.clone(),
+            id.root_under(&storage.prefix),
+            &storage.tokens.next(),
+            recovery,
+            storage.retention.clone(),
+            self.clock.clone(),
+        )
+        .await?;
         let entries = entries
             .into_iter()
             .map(|(k, (value, expires_at_ms))| {

@@ -37,6 +37,19 @@ pub struct ShardId {
     pub partition: i32,
 }
 
+impl ShardId {
+    /// Where this shard's objects live under a backend's `prefix`:
+    /// `{prefix}/pipelines/{pipeline}/shards/{partition:05}` (both backends).
+    pub fn root_under(&self, prefix: &object_store::path::Path) -> object_store::path::Path {
+        let shard = format!("pipelines/{}/shards/{:05}", self.pipeline, self.partition);
+        if prefix.as_ref().is_empty() {
+            object_store::path::Path::from(shard)
+        } else {
+            object_store::path::Path::from(format!("{prefix}/{shard}"))
+        }
+    }
+}
+
 /// One write of a batch: a new value, or a tombstone (`value: None`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StateWrite {

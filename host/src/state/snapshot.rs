@@ -9,8 +9,12 @@
 //! `WEIRSNP1` · entry count (u64 LE) · per entry: key length (u32 LE), key, value length
 //! (u32 LE), value, expiry ms (u64 LE, `u64::MAX` for none) · CRC-32C (LE) of all before it.
 
-use super::manifest::{Checked, Manifest, ManifestError, ManifestStore, Walk, retained_versions};
+use super::manifest::{
+    BackgroundGc, CandidateCheck, Checked, Manifest, ManifestError, ManifestStore, Protected,
+    RetentionPolicy, find_checkpoint, retained_versions,
+};
 use super::{Recovery, StateError};
+use crate::clock::SharedClock;
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use futures::TryStreamExt;
 use object_store::path::Path;
@@ -22,11 +26,6 @@ const MAGIC: &[u8; 8] = b"WEIRSNP1";
 const NO_EXPIRY: u64 = u64::MAX;
 /// Manifest metadata key naming the snapshot object.
 const SNAPSHOT_KEY: &str = "snapshot";
-/// Checkpoints kept (claims do not count), as the `lsm` backend's GC.
-const RETAINED_CHECKPOINTS: usize = 3;
-/// A snapshot no kept manifest names is deleted only once older than this (a writer may be
-/// about to commit it).
-const GRACE_MS: u64 = 600_000;
 
 /// One entry of a snapshot: key → (value, expiry ms).
 pub type SnapshotEntries = BTreeMap<Vec<u8>, (Bytes, Option<u64>)>;
@@ -107,14 +106,19 @@ pub struct SnapshotShard {
     /// The checkpoint recovery would use now (the one resumed from, then each decided one):
     /// GC keeps it whatever the number of newer prepared versions (exactly-once).
     decided: std::sync::Mutex<Option<u64>>,
+    retention: RetentionPolicy,
+    /// GC's time: a snapshot's age is measured on it.
+    clock: SharedClock,
+    gc: BackgroundGc,
 }
 
 impl SnapshotShard {
     /// Recovers the shard under `root` — the newest decided checkpoint whose manifest and
     /// snapshot are intact and that `recovery` does not rule out, falling back past provable
-    /// corruption with an audit line ([`Walk`], shared with the `lsm` backend) —
-    /// and claims it under `token`, recording the versions it fell back past. Returns the
-    /// shard and the recovered entries.
+    /// corruption with an audit line ([`find_checkpoint`], shared with the `lsm` backend) —
+    /// and claims it under `token`, recording the versions it fell back past. Its GC keeps
+    /// what `retention` says, measuring ages on `clock`. Returns the shard and the recovered
+    /// entries.
     ///
     /// # Errors
     /// [`StateError::Unavailable`] on any transient store error (never a fallback);
@@ -124,20 +128,15 @@ impl SnapshotShard {
         root: Path,
         token: &str,
         recovery: &Recovery,
+        retention: RetentionPolicy,
+        clock: SharedClock,
     ) -> Result<(Self, SnapshotEntries), StateError> {
         let manifests = ManifestStore::new(store.clone(), root.clone());
-        let mut walk =
-            Walk::start(&manifests, recovery.committed, &recovery.known_corruption).await?;
-        let named = |m: &Manifest| m.metadata.get(SNAPSHOT_KEY).cloned().into_iter().collect();
-        let found = loop {
-            let Some(candidate) = walk.next_candidate(named).await? else {
-                break walk.finish()?;
-            };
-            match read_snapshot(&store, &root, &candidate).await? {
-                Checked::Valid(entries) => break walk.found(candidate, entries),
-                Checked::Invalid(reason) => walk.reject(candidate.version, reason),
-            }
+        let mut check = SnapshotCheck {
+            store: &store,
+            root: &root,
         };
+        let found = find_checkpoint(&manifests, recovery, &mut check).await?;
         let (recovered, entries) = match found.checkpoint {
             Some((manifest, entries)) => (Some(manifest), entries),
             None => (None, SnapshotEntries::new()),
@@ -155,6 +154,9 @@ impl SnapshotShard {
                 last: tokio::sync::Mutex::new(claim),
                 decided: std::sync::Mutex::new(recovered.as_ref().map(|m| m.version)),
                 recovered,
+                retention,
+                clock,
+                gc: BackgroundGc::default(),
             },
             entries,
         ))
@@ -205,25 +207,53 @@ impl SnapshotShard {
         let checkpoint = last.next_checkpoint(Vec::new(), metadata);
         self.manifests.commit(&checkpoint).await?;
         *last = checkpoint;
-        let (store, root) = (self.store.clone(), self.root.clone());
         let decided = *self.decided.lock().unwrap_or_else(|e| e.into_inner());
-        let now_ms = u64::try_from(
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_millis()),
-        )
-        .unwrap_or(u64::MAX);
-        tokio::spawn(async move {
-            if let Err(error) = collect_garbage(&store, &root, decided, now_ms).await {
-                tracing::warn!(shard = %root, %error, "snapshot GC failed; it runs again after the next checkpoint");
-            }
+        let protected = Protected::decided(decided, &BTreeSet::new());
+        let (store, root, policy) = (
+            self.store.clone(),
+            self.root.clone(),
+            self.retention.clone(),
+        );
+        let now_ms = self.clock.now_ms();
+        self.gc.start(&self.root, async move {
+            collect_garbage(&store, &root, &protected, &policy, now_ms).await
         });
         Ok(version)
     }
+
+    /// Waits for the GC pass the last checkpoint started, if any.
+    pub async fn gc_settled(&self) {
+        self.gc.settled().await;
+    }
 }
 
-/// Reads and decodes the snapshot checkpoint `manifest` names: recovery's check of a
-/// candidate.
+/// Recovery's check of a candidate: the snapshot it names reads and decodes.
+struct SnapshotCheck<'a> {
+    store: &'a Arc<dyn ObjectStore>,
+    root: &'a Path,
+}
+
+impl CandidateCheck for SnapshotCheck<'_> {
+    type Product = SnapshotEntries;
+
+    fn objects(&self, manifest: &Manifest) -> Vec<String> {
+        manifest
+            .metadata
+            .get(SNAPSHOT_KEY)
+            .cloned()
+            .into_iter()
+            .collect()
+    }
+
+    async fn check(
+        &mut self,
+        candidate: &Manifest,
+    ) -> Result<Checked<SnapshotEntries>, StateError> {
+        read_snapshot(self.store, self.root, candidate).await
+    }
+}
+
+/// Reads and decodes the snapshot checkpoint `manifest` names.
 async fn read_snapshot(
     store: &Arc<dyn ObjectStore>,
     root: &Path,
@@ -251,18 +281,28 @@ async fn read_snapshot(
     }
 }
 
-/// Keeps what [`retained_versions`] keeps (the rule the `lsm` backend's GC shares; `decided`
-/// pinned): deletes the other manifest versions, then the snapshots no kept manifest names
-/// that are older than the grace period.
+/// What a snapshot GC pass deleted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SnapshotGcReport {
+    /// Manifest versions deleted.
+    pub manifests_deleted: usize,
+    /// Snapshot objects deleted.
+    pub snapshots_deleted: usize,
+}
+
+/// Keeps what [`retained_versions`] keeps under `policy` (the rule the `lsm` backend's GC
+/// shares) and what `protected` names: deletes the other manifest versions, then the snapshots
+/// no kept manifest names that are older than the policy's grace period at `now_ms`.
 async fn collect_garbage(
     store: &Arc<dyn ObjectStore>,
     root: &Path,
-    decided: Option<u64>,
+    protected: &Protected,
+    policy: &RetentionPolicy,
     now_ms: u64,
-) -> Result<(), ManifestError> {
+) -> Result<SnapshotGcReport, ManifestError> {
     let manifests = ManifestStore::new(store.clone(), root.clone());
-    let pinned: BTreeSet<u64> = decided.into_iter().collect();
-    let kept = retained_versions(&manifests, RETAINED_CHECKPOINTS, &pinned, None, decided).await?;
+    let kept = retained_versions(&manifests, policy, protected).await?;
+    let mut report = SnapshotGcReport::default();
     let named: BTreeSet<String> = kept
         .manifests
         .iter()
@@ -271,6 +311,7 @@ async fn collect_garbage(
         .collect();
     for &version in &kept.delete {
         manifests.delete(version).await?;
+        report.manifests_deleted += 1;
     }
     let prefix = Path::from(format!("{root}/snapshot"));
     let objects: Vec<_> = store
@@ -280,15 +321,16 @@ async fn collect_garbage(
         .map_err(ManifestError::Unavailable)?;
     for object in objects {
         let modified_ms = u64::try_from(object.last_modified.timestamp_millis()).unwrap_or(0);
-        if named.contains(object.location.as_ref()) || modified_ms + GRACE_MS > now_ms {
+        if named.contains(object.location.as_ref()) || policy.in_grace(modified_ms, now_ms) {
             continue;
         }
         match store.delete(&object.location).await {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
             Err(e) => return Err(ManifestError::Unavailable(e)),
         }
+        report.snapshots_deleted += 1;
     }
-    Ok(())
+    Ok(report)
 }
 
 #[cfg(test)]
@@ -328,10 +370,34 @@ mod tests {
             "owner-{}",
             OWNERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
         );
-        SnapshotShard::open(store.clone(), root(), &token, &recovery)
-            .await
-            .expect("opens")
-            .0
+        SnapshotShard::open(
+            store.clone(),
+            root(),
+            &token,
+            &recovery,
+            RetentionPolicy::default(),
+            clock(),
+        )
+        .await
+        .expect("opens")
+        .0
+    }
+
+    fn clock() -> SharedClock {
+        Arc::new(crate::clock::ManualClock::new(1_000))
+    }
+
+    /// One GC pass over the test shard, `decided` pinned, at the end of time (no grace).
+    async fn gc(store: &Arc<InMemory>, decided: Option<u64>) -> SnapshotGcReport {
+        collect_garbage(
+            &(store.clone() as Arc<dyn ObjectStore>),
+            &root(),
+            &Protected::decided(decided, &BTreeSet::new()),
+            &RetentionPolicy::default(),
+            u64::MAX,
+        )
+        .await
+        .expect("GC")
     }
 
     async fn commit(shard: &SnapshotShard, decided_by: DecidedBy, next: i64) -> u64 {
@@ -359,20 +425,72 @@ mod tests {
                 assert_eq!(owner.recovered_version(), Some(decided));
                 commit(&owner, DecidedBy::Transaction, 20 + round).await;
             }
-            collect_garbage(
-                &(store.clone() as Arc<dyn ObjectStore>),
-                &root(),
-                Some(decided),
-                u64::MAX,
-            )
-            .await
-            .expect("GC");
+            gc(&store, Some(decided)).await;
             let after = open(&store, Some(decided)).await;
             assert_eq!(
                 after.recovered_version(),
                 Some(decided),
                 "prepared checkpoints did not push the decided one out"
             );
+        });
+    }
+
+    #[test]
+    fn snapshots_no_kept_version_names_are_deleted_only_past_the_grace_period() {
+        crate::state::test_support::block_on(async {
+            let store = Arc::new(InMemory::new());
+            let a = open(&store, None).await;
+            let mut newest = 0;
+            for next in 10..15 {
+                newest = commit(&a, DecidedBy::Manifest, next).await;
+            }
+            // The shard's own passes measure age on its clock, stopped at 1 s after the epoch:
+            // every snapshot is younger than that, so they delete manifests only.
+            a.gc_settled().await;
+            let policy = RetentionPolicy::default();
+            let written_ms = u64::try_from(
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .expect("after 1970")
+                    .as_millis(),
+            )
+            .expect("fits");
+            let pass = async |now_ms| {
+                collect_garbage(
+                    &(store.clone() as Arc<dyn ObjectStore>),
+                    &root(),
+                    &Protected::decided(Some(newest), &BTreeSet::new()),
+                    &policy,
+                    now_ms,
+                )
+                .await
+                .expect("GC")
+            };
+            let snapshots = async || {
+                let prefix = Path::from(format!("{}/snapshot", root()));
+                store
+                    .list(Some(&prefix))
+                    .try_collect::<Vec<_>>()
+                    .await
+                    .expect("list")
+                    .len()
+            };
+            assert_eq!(snapshots().await, 5);
+            let within = pass(written_ms).await;
+            assert_eq!(within.snapshots_deleted, 0, "{within:?}");
+            assert_eq!(snapshots().await, 5);
+            let past = pass(written_ms + 601_000).await;
+            assert_eq!(past.snapshots_deleted, 2, "{past:?}");
+            assert_eq!(
+                snapshots().await,
+                3,
+                "the retained checkpoints' snapshots stay"
+            );
+            let left = ManifestStore::new(store.clone(), root())
+                .versions()
+                .await
+                .expect("versions");
+            assert_eq!(left, vec![newest - 2, newest - 1, newest]);
         });
     }
 
@@ -386,14 +504,7 @@ mod tests {
             for next in 11..15 {
                 newest = commit(&a, DecidedBy::Manifest, next).await;
             }
-            collect_garbage(
-                &(store.clone() as Arc<dyn ObjectStore>),
-                &root(),
-                Some(pinned),
-                u64::MAX,
-            )
-            .await
-            .expect("GC");
+            gc(&store, Some(pinned)).await;
             let left = ManifestStore::new(store.clone(), root())
                 .versions()
                 .await
@@ -412,9 +523,16 @@ mod tests {
                 },
             };
             // Its snapshot was kept with it: it still opens.
-            let (opened, entries) = SnapshotShard::open(store.clone(), root(), "reader", &recovery)
-                .await
-                .expect("opens the pinned checkpoint");
+            let (opened, entries) = SnapshotShard::open(
+                store.clone(),
+                root(),
+                "reader",
+                &recovery,
+                RetentionPolicy::default(),
+                clock(),
+            )
+            .await
+            .expect("opens the pinned checkpoint");
             assert_eq!(opened.recovered_version(), Some(pinned));
             assert_eq!(entries[&b"k".to_vec()].0, Bytes::from("10"));
         });
@@ -439,14 +557,7 @@ mod tests {
             let manifests = ManifestStore::new(store.clone(), root());
             for next in 20..23 {
                 let version = commit(&b, DecidedBy::Manifest, next).await;
-                collect_garbage(
-                    &(store.clone() as Arc<dyn ObjectStore>),
-                    &root(),
-                    Some(version),
-                    u64::MAX,
-                )
-                .await
-                .expect("GC fails no more");
+                gc(&store, Some(version)).await;
                 if next < 22 {
                     let left = manifests.versions().await.expect("versions");
                     assert!(left.contains(&newest), "kept while above the retained ones");

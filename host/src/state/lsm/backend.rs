@@ -8,17 +8,15 @@
 //! shard starts empty at every open, like the `memory` backend.
 
 use super::cache::{BlockCaches, CacheSettings, SstFiles};
-use super::gc::GcSettings;
 use super::shard::{LsmShard, Recovered, ScrubSettings, recover};
 use super::tree::{LsmSettings, LsmTree};
 use crate::clock::SharedClock;
 use crate::config::LsmStateSettings;
-use crate::state::manifest::ManifestStore;
+use crate::state::manifest::{ManifestStore, RetentionPolicy, WriterTokens};
 use crate::state::{Recovery, ShardId, StateBackend, StateError};
 use object_store::ObjectStore;
 use object_store::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Why the backend could not be set up.
 #[derive(Debug, thiserror::Error)]
@@ -105,11 +103,8 @@ pub struct LsmBackend {
     prefix: Path,
     settings: LsmSettings,
     clock: SharedClock,
-    /// Unique per process; a claim's writer token adds a per-claim counter, so that two claims
-    /// of one process (a partition reassigned while its old tree lives) never share a token.
-    process_token: String,
-    claims: Arc<AtomicU64>,
-    gc: GcSettings,
+    tokens: WriterTokens,
+    retention: RetentionPolicy,
     scrub: ScrubSettings,
 }
 
@@ -122,17 +117,13 @@ impl LsmBackend {
         settings: LsmSettings,
         clock: SharedClock,
     ) -> Self {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos());
         Self {
             files: SstFiles::new(store, caches),
             prefix,
             settings,
             clock,
-            process_token: format!("weir-{}-{nanos:x}", std::process::id()),
-            claims: Arc::new(AtomicU64::new(0)),
-            gc: GcSettings::default(),
+            tokens: WriterTokens::new(),
+            retention: RetentionPolicy::default(),
             scrub: ScrubSettings::default(),
         }
     }
@@ -176,12 +167,7 @@ impl LsmBackend {
 
     /// Where the shard `id` lives.
     pub fn shard_root(&self, id: &ShardId) -> Path {
-        let shard = format!("pipelines/{}/shards/{:05}", id.pipeline, id.partition);
-        if self.prefix.as_ref().is_empty() {
-            Path::from(shard)
-        } else {
-            Path::from(format!("{}/{shard}", self.prefix))
-        }
+        id.root_under(&self.prefix)
     }
 
     /// The object store.
@@ -213,11 +199,7 @@ impl LsmBackend {
     /// recording the versions it fell back past, and opens it.
     async fn open_from(&self, root: Path, recovered: Recovered) -> Result<LsmShard, StateError> {
         let store = self.files.store().clone();
-        let token = format!(
-            "{}-{}",
-            self.process_token,
-            self.claims.fetch_add(1, Ordering::Relaxed)
-        );
+        let token = self.tokens.next();
         let base = recovered.checkpoint;
         let claim = ManifestStore::new(store.clone(), root.clone())
             .claim(&token, base.as_ref(), &recovered.rejected)
@@ -239,7 +221,7 @@ impl LsmBackend {
             claim,
             base,
             recovered.oldest_version,
-            self.gc.clone(),
+            self.retention.clone(),
             &self.scrub,
             self.clock.clone(),
         ))

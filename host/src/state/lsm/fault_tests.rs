@@ -4,11 +4,12 @@
 //! references, and it does delete the orphans of interrupted flushes.
 
 use super::cache::{BlockCaches, CacheSettings, SstFiles};
-use super::gc::{GcSettings, LiveWriter, Protected, collect_garbage};
+use super::gc::{LiveWriter, collect_garbage};
 use super::tree::{LsmSettings, LsmTree, SstId};
 use crate::clock::{ManualClock, SharedClock};
 use crate::state::faulty_store::{Fault, FaultyStore};
 use crate::state::manifest::{Manifest, ManifestStore};
+use crate::state::manifest::{Protected, RetentionPolicy};
 use crate::state::test_support::block_on;
 use crate::state::{Shard, StateError, StateWrite};
 use bytes::Bytes;
@@ -72,7 +73,7 @@ async fn run_gc(
     f: &Fixture,
     live: &LsmTree,
     pinned: &BTreeSet<u64>,
-    gc: &GcSettings,
+    gc: &RetentionPolicy,
     now_ms: u64,
 ) -> super::gc::GcReport {
     collect_garbage(
@@ -129,10 +130,10 @@ async fn checkpoint(f: &Fixture, tree: &LsmTree, parent: &Manifest) -> Manifest 
     manifest
 }
 
-fn gc_now(grace: Duration) -> (GcSettings, u64) {
+fn gc_now(grace: Duration) -> (RetentionPolicy, u64) {
     let now = crate::clock::Clock::now_ms(&crate::clock::SystemClock) + 1;
     (
-        GcSettings {
+        RetentionPolicy {
             retained_checkpoints: 3,
             grace,
         },
@@ -477,7 +478,7 @@ fn gc_keeps_what_compaction_retired_within_the_grace_period_for_readers_of_older
         );
         // An hour from now by the store's clock every object is older than the grace period,
         // but the tree retired these only now (by its clock): a reader may still use them.
-        let gc = GcSettings {
+        let gc = RetentionPolicy {
             retained_checkpoints: 3,
             grace: Duration::from_secs(600),
         };

@@ -16,31 +16,14 @@
 //! ever names a deleted SST.
 
 use super::tree::{LsmTree, SstId};
-use crate::state::manifest::{ManifestError, ManifestStore, retained_versions};
+use crate::state::manifest::{
+    ManifestError, ManifestStore, Protected, RetentionPolicy, retained_versions,
+};
 use futures::TryStreamExt;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt};
-use std::collections::{BTreeSet, HashSet};
+use std::collections::HashSet;
 use std::sync::Arc;
-use std::time::Duration;
-
-/// GC settings.
-#[derive(Debug, Clone)]
-pub struct GcSettings {
-    /// Committed checkpoints to keep (as Flink's `state.checkpoints.num-retained`).
-    pub retained_checkpoints: usize,
-    /// Objects younger than this are never deleted.
-    pub grace: Duration,
-}
-
-impl Default for GcSettings {
-    fn default() -> Self {
-        Self {
-            retained_checkpoints: 3,
-            grace: Duration::from_secs(600),
-        }
-    }
-}
 
 /// What a GC run did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -69,9 +52,9 @@ pub struct LiveWriter {
 }
 
 impl LiveWriter {
-    /// The snapshot of `tree` now, with retirements younger than `settings.grace`.
-    pub fn of(tree: &LsmTree, settings: &GcSettings) -> Self {
-        let grace_ms = u64::try_from(settings.grace.as_millis()).unwrap_or(u64::MAX);
+    /// The snapshot of `tree` now, with retirements younger than `policy.grace`.
+    pub fn of(tree: &LsmTree, policy: &RetentionPolicy) -> Self {
+        let grace_ms = u64::try_from(policy.grace.as_millis()).unwrap_or(u64::MAX);
         let mut referenced: HashSet<SstId> = tree.live_ssts().into_iter().collect();
         referenced.extend(tree.recently_retired(grace_ms));
         Self {
@@ -82,21 +65,9 @@ impl LiveWriter {
     }
 }
 
-/// What GC must keep besides the last retained checkpoints.
-#[derive(Debug, Clone, Default)]
-pub struct Protected {
-    /// Versions kept whatever their age (the decided checkpoint, savepoints).
-    pub pinned: BTreeSet<u64>,
-    /// Every version in this range is kept: those stored when the owner claimed the shard,
-    /// until its scrub of the SSTs it recovered has finished (the checkpoints to fall back to
-    /// if it finds one corrupt).
-    pub keep: Option<std::ops::RangeInclusive<u64>>,
-    /// The checkpoint the owner knows to be decided.
-    pub decided: Option<u64>,
-}
-
-/// Runs one GC pass over the shard under `root`, whose live writer is `live`. Which manifest
-/// versions stay is [`retained_versions`]' rule, shared with the `memory` backend.
+/// Runs one GC pass over the shard under `root`, whose live writer is `live`, under `policy`.
+/// Which manifest versions stay is [`retained_versions`]' rule, shared with the `memory`
+/// backend.
 ///
 /// # Errors
 /// [`ManifestError`] when listing, reading a kept manifest, or deleting fails; a run that
@@ -106,25 +77,17 @@ pub async fn collect_garbage(
     root: &Path,
     live: &LiveWriter,
     protected: &Protected,
-    settings: &GcSettings,
+    policy: &RetentionPolicy,
     now_ms: u64,
 ) -> Result<GcReport, ManifestError> {
     let manifests = ManifestStore::new(store.clone(), root.clone());
-    let kept = retained_versions(
-        &manifests,
-        settings.retained_checkpoints,
-        &protected.pinned,
-        protected.keep.clone(),
-        protected.decided,
-    )
-    .await?;
+    let kept = retained_versions(&manifests, policy, protected).await?;
     let mut referenced: HashSet<SstId> = kept
         .manifests
         .iter()
         .flat_map(|m| m.levels.iter().flatten().map(|r| r.id()))
         .collect();
     referenced.extend(live.referenced.iter().copied());
-    let grace_ms = u64::try_from(settings.grace.as_millis()).unwrap_or(u64::MAX);
 
     let mut report = GcReport::default();
     for &version in &kept.delete {
@@ -146,7 +109,7 @@ pub async fn collect_garbage(
         let protected = referenced.contains(&id)
             || id.writer_epoch > live.writer_epoch
             || (id.writer_epoch == live.writer_epoch && id.seq >= live.checkpoint_seq)
-            || modified_ms.saturating_add(grace_ms) > now_ms;
+            || policy.in_grace(modified_ms, now_ms);
         if protected {
             report.ssts_kept += 1;
             continue;

@@ -3,7 +3,7 @@
 //! (docs/checkpoints.md, "Taking a checkpoint" steps 3, 5 and 6, and "Recovery" steps 3 and 4):
 //!
 //! - [`recover`]: find the checkpoint to resume from with the walk both backends share
-//!   ([`Walk`]): the newest usable one; an older retained one only past *provable*
+//!   ([`find_checkpoint`]): the newest usable one; an older retained one only past *provable*
 //!   corruption, never past a transient error. This backend's check of a candidate is cheap
 //!   and flat in state size — one LIST of the shard's SSTs: every SST it names must exist
 //!   with the size its manifest records, and its levels must be well formed. Blocks are
@@ -23,11 +23,14 @@
 //! The pipeline drives both through [`Shard::checkpoint`] and [`Shard::recovered_offsets`];
 //! docs/checkpoints.md is the whole protocol, step by step.
 
-use super::gc::{GcSettings, LiveWriter, Protected, collect_garbage};
+use super::gc::{LiveWriter, collect_garbage};
 use super::tree::{LsmTree, SstId, check_levels};
 use crate::clock::SharedClock;
 use crate::state::checkpoint::{self, CheckpointReport, DecidedBy, InputOffsets};
-use crate::state::manifest::{Checked, Manifest, ManifestError, ManifestStore, Walk};
+use crate::state::manifest::{
+    BackgroundGc, CandidateCheck, Checked, Manifest, ManifestError, ManifestStore, Protected,
+    RetentionPolicy, find_checkpoint,
+};
 use crate::state::{Recovery, Shard, StateError, StateWrite};
 use bytes::Bytes;
 use futures::TryStreamExt;
@@ -101,10 +104,10 @@ pub struct LsmShard {
     last: tokio::sync::Mutex<Manifest>,
     /// The checkpoint the shard was recovered from.
     recovered: Option<Manifest>,
-    gc: GcSettings,
+    retention: RetentionPolicy,
     clock: SharedClock,
-    /// The background GC started by the last checkpoint; at most one runs at a time.
-    gc_task: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// The background GC started by the last checkpoint.
+    gc: BackgroundGc,
     /// The checkpoint recovery would use now (the one resumed from, then each decided one):
     /// GC never deletes it, even when newer prepared but undecided versions outnumber the
     /// retained count (exactly-once mode, where a Kafka transaction decides).
@@ -137,7 +140,7 @@ impl LsmShard {
         claim: Manifest,
         recovered: Option<Manifest>,
         oldest_version: Option<u64>,
-        gc: GcSettings,
+        retention: RetentionPolicy,
         scrub: &ScrubSettings,
         clock: SharedClock,
     ) -> Self {
@@ -166,9 +169,9 @@ impl LsmShard {
             store,
             root,
             last: tokio::sync::Mutex::new(claim),
-            gc,
+            retention,
             clock,
-            gc_task: std::sync::Mutex::new(None),
+            gc: BackgroundGc::default(),
             decided: std::sync::Mutex::new(recovered.as_ref().map(|m| m.version)),
             recovered,
             keep,
@@ -253,14 +256,20 @@ impl LsmShard {
         });
         *last = checkpoint;
         let decided = *self.decided.lock().unwrap_or_else(|e| e.into_inner());
-        let mut pinned = pinned.clone();
-        pinned.extend(decided);
         let protected = Protected {
-            pinned,
             keep: self.keep.clone().filter(|_| !self.scrubbed()),
-            decided,
+            ..Protected::decided(decided, pinned)
         };
-        self.start_gc(protected, now_ms);
+        let live = LiveWriter::of(&self.tree, &self.retention);
+        let (store, root, policy) = (
+            self.store.clone(),
+            self.root.clone(),
+            self.retention.clone(),
+        );
+        // docs/checkpoints.md, checkpoint step 6.
+        self.gc.start(&self.root, async move {
+            collect_garbage(&store, &root, &live, &protected, &policy, now_ms).await
+        });
         Ok(CheckpointInfo {
             version: last.version,
             ssts,
@@ -269,36 +278,9 @@ impl LsmShard {
         })
     }
 
-    /// Starts a GC pass in the background (docs/checkpoints.md, checkpoint step 6) unless the previous
-    /// one is still running; a failed pass is logged and the next checkpoint's runs again.
-    fn start_gc(&self, protected: Protected, now_ms: u64) {
-        let mut slot = self.gc_task.lock().unwrap_or_else(|e| e.into_inner());
-        if slot.as_ref().is_some_and(|task| !task.is_finished()) {
-            tracing::debug!(shard = %self.root, "GC still running; skipped this checkpoint's");
-            return;
-        }
-        let live = LiveWriter::of(&self.tree, &self.gc);
-        let (store, root, settings) = (self.store.clone(), self.root.clone(), self.gc.clone());
-        *slot = Some(tokio::spawn(async move {
-            match collect_garbage(&store, &root, &live, &protected, &settings, now_ms).await {
-                Ok(report) => tracing::debug!(shard = %root, ?report, "GC done"),
-                Err(error) => {
-                    tracing::warn!(shard = %root, %error, "GC failed; it runs again after the next checkpoint")
-                }
-            }
-        }));
-    }
-
     /// Waits for the GC pass the last checkpoint started, if any.
     pub async fn gc_settled(&self) {
-        let task = self
-            .gc_task
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
-        if let Some(task) = task {
-            let _ = task.await;
-        }
+        self.gc.settled().await;
     }
 }
 
@@ -328,35 +310,12 @@ pub async fn recover(
     recovery: &Recovery,
 ) -> Result<Recovered, StateError> {
     let manifests = ManifestStore::new(store.clone(), root.clone());
-    let mut walk = Walk::start(&manifests, recovery.committed, &recovery.known_corruption).await?;
-    // One LIST of the SSTs, made for the first candidate and reused for older ones.
-    let mut stored: Option<HashMap<SstId, u64>> = None;
-    let referenced = |m: &Manifest| {
-        m.levels
-            .iter()
-            .flatten()
-            .map(|r| r.id().object_name())
-            .collect()
+    let mut check = SstCheck {
+        store,
+        root,
+        stored: None,
     };
-    let found = loop {
-        let Some(candidate) = walk.next_candidate(referenced).await? else {
-            break walk.finish()?;
-        };
-        if stored.is_none() {
-            stored = Some(
-                list_ssts(store, root)
-                    .await
-                    .map_err(|e| StateError::Unavailable {
-                        shard: root.to_string(),
-                        source: Box::new(e),
-                    })?,
-            );
-        }
-        match check_checkpoint(&candidate, stored.as_ref().expect("listed above")) {
-            Checked::Valid(()) => break walk.found(candidate, ()),
-            Checked::Invalid(reason) => walk.reject(candidate.version, reason),
-        }
-    };
+    let found = find_checkpoint(&manifests, recovery, &mut check).await?;
     Ok(Recovered {
         checkpoint: found.checkpoint.map(|(m, ())| m),
         rejected: found.rejected,
@@ -365,7 +324,46 @@ pub async fn recover(
 }
 
 /// Recovery's check of a candidate: well-formed levels, and every SST it names stored with
-/// the size it records (`stored`: every SST under the shard and its size).
+/// the size it records.
+struct SstCheck<'a> {
+    store: &'a Arc<dyn ObjectStore>,
+    root: &'a Path,
+    /// Every SST under the shard and its size: one LIST, made for the first candidate and
+    /// reused for older ones.
+    stored: Option<HashMap<SstId, u64>>,
+}
+
+impl CandidateCheck for SstCheck<'_> {
+    type Product = ();
+
+    fn objects(&self, manifest: &Manifest) -> Vec<String> {
+        manifest
+            .levels
+            .iter()
+            .flatten()
+            .map(|r| r.id().object_name())
+            .collect()
+    }
+
+    async fn check(&mut self, candidate: &Manifest) -> Result<Checked<()>, StateError> {
+        let stored = match &mut self.stored {
+            Some(stored) => stored,
+            empty => {
+                let listed = list_ssts(self.store, self.root).await.map_err(|e| {
+                    StateError::Unavailable {
+                        shard: self.root.to_string(),
+                        source: Box::new(e),
+                    }
+                })?;
+                empty.insert(listed)
+            }
+        };
+        Ok(check_checkpoint(candidate, stored))
+    }
+}
+
+/// Whether `manifest` has well-formed levels and every SST it names is in `stored` (every SST
+/// under the shard and its size) with the size it records.
 fn check_checkpoint(manifest: &Manifest, stored: &HashMap<SstId, u64>) -> Checked<()> {
     if let Err(problem) = check_levels(&manifest.levels) {
         return Checked::Invalid(problem);
@@ -827,9 +825,9 @@ mod tests {
                 .expect("overwrite");
             let b = backend(&store).open_shard(&id()).await.expect("falls back");
             assert_eq!(b.recovered_metadata(), offsets(11));
-            let gc = GcSettings {
+            let gc = RetentionPolicy {
                 grace: std::time::Duration::ZERO,
-                ..GcSettings::default()
+                ..RetentionPolicy::default()
             };
             let mut left = Vec::new();
             for round in 0..3u32 {

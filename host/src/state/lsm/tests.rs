@@ -3,10 +3,11 @@
 //! (into several levels) and GC really happen; plus reopening at any retained checkpoint.
 
 use super::cache::{BlockCaches, CacheSettings, SstFiles};
-use super::gc::{GcSettings, LiveWriter, Protected, collect_garbage};
+use super::gc::{LiveWriter, collect_garbage};
 use super::tree::{LsmSettings, LsmTree};
 use crate::clock::{ManualClock, SharedClock};
 use crate::state::manifest::{Manifest, ManifestKind, ManifestStore};
+use crate::state::manifest::{Protected, RetentionPolicy};
 use crate::state::test_support::block_on;
 use crate::state::{Shard, StateWrite};
 use bytes::Bytes;
@@ -233,7 +234,7 @@ async fn run(store: Arc<dyn ObjectStore>, caches: u8, ops: Vec<Op>) -> Result<()
                 model = base_model;
             }
             Op::Gc => {
-                let gc = GcSettings {
+                let gc = RetentionPolicy {
                     retained_checkpoints: RETAINED,
                     grace: Duration::ZERO,
                 };
@@ -593,7 +594,7 @@ fn gc_keeps_a_compaction_output_written_before_a_checkpoint_and_installed_after_
              installed, seq {first_output}): next_seq {seq}"
         );
         tree.checkpoint_committed(seq);
-        let gc = GcSettings {
+        let gc = RetentionPolicy {
             retained_checkpoints: RETAINED,
             grace: Duration::ZERO,
         };

@@ -35,8 +35,45 @@ mod retention;
 mod tests;
 
 pub use recovery::KnownCorruption;
-pub(crate) use recovery::{Checked, Walk};
-pub(crate) use retention::retained_versions;
+pub(crate) use recovery::{CandidateCheck, Checked, find_checkpoint};
+pub(crate) use retention::{BackgroundGc, retained_versions};
+pub use retention::{Protected, RetentionPolicy};
+
+/// The writer tokens of one process's claims: unique per process (its id and start time),
+/// and per claim within it, so that two claims of one process (a partition reassigned while
+/// its old shard lives) never share a token. Both backends claim with these.
+#[derive(Debug, Clone)]
+pub struct WriterTokens {
+    process: String,
+    claims: std::sync::Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl WriterTokens {
+    /// Tokens `weir-{pid}-{start ns, hex}-{claim}`.
+    pub fn new() -> Self {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        Self {
+            process: format!("weir-{}-{nanos:x}", std::process::id()),
+            claims: Default::default(),
+        }
+    }
+
+    /// The token of the next claim.
+    pub fn next(&self) -> String {
+        let claim = self
+            .claims
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        format!("{}-{claim}", self.process)
+    }
+}
+
+impl Default for WriterTokens {
+    fn default() -> Self {
+        Self::new()
+    }
+}
 
 /// Magic at the start of every manifest object.
 pub const MAGIC: &[u8; 8] = b"WEIRMAN1";

@@ -21,8 +21,8 @@
 //! writer goes on from a checkpoint, and a claim starts from one, only once it is decided).
 
 use super::{Manifest, ManifestError, ManifestKind, ManifestStore, RejectedVersion};
-use crate::state::StateError;
 use crate::state::checkpoint::{DecidedBy, InputOffsets, decided_by, is_decided};
+use crate::state::{Recovery, StateError};
 use object_store::path::Path;
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 
@@ -87,11 +87,56 @@ pub(crate) struct Found<T> {
     pub oldest_version: Option<u64>,
 }
 
+/// A backend's check of a candidate checkpoint during recovery: it reads what the backend needs
+/// to trust the candidate (the `lsm` backend lists its SSTs once, the `memory` backend reads
+/// the snapshot) and says [`Checked::Valid`] with what it read, or [`Checked::Invalid`] with
+/// why.
+pub(crate) trait CandidateCheck {
+    /// What checking a valid candidate produced (the snapshot's entries; nothing).
+    type Product;
+
+    /// What `manifest` references, named as in [`KnownCorruption::objects`].
+    fn objects(&self, manifest: &Manifest) -> Vec<String>;
+
+    /// Checks `candidate`.
+    ///
+    /// # Errors
+    /// [`StateError::Unavailable`] on a transient store error (never a reason to fall back).
+    fn check(
+        &mut self,
+        candidate: &Manifest,
+    ) -> impl Future<Output = Result<Checked<Self::Product>, StateError>> + Send;
+}
+
+/// Recovery of the shard of `manifests` (module docs), one loop for both backends: walks its
+/// versions newest first and returns the first candidate checkpoint that `check` accepts,
+/// falling back past each it refuses.
+///
+/// # Errors
+/// [`StateError::Unavailable`] on a transient store error, `check`'s included (never a reason
+/// to fall back); [`StateError::Corrupt`] when checkpoints exist but none is usable.
+pub(crate) async fn find_checkpoint<C: CandidateCheck>(
+    manifests: &ManifestStore,
+    recovery: &Recovery,
+    check: &mut C,
+) -> Result<Found<C::Product>, StateError> {
+    let mut walk = Walk::start(manifests, recovery.committed, &recovery.known_corruption).await?;
+    loop {
+        let Some(candidate) = walk.next_candidate(|m| check.objects(m)).await? else {
+            return walk.finish();
+        };
+        match check.check(&candidate).await? {
+            Checked::Valid(product) => return Ok(walk.found(candidate, product)),
+            Checked::Invalid(reason) => walk.reject(candidate.version, reason),
+        }
+    }
+}
+
 /// Recovery's walk over the versions of one shard, newest first (module docs). The backend
 /// checks each candidate [`Walk::next_candidate`] yields and says [`Walk::found`] or
 /// [`Walk::reject`]; [`Walk::finish`] ends a walk that found nothing.
 #[derive(Debug)]
-pub(crate) struct Walk<'a> {
+struct Walk<'a> {
     manifests: &'a ManifestStore,
     committed: Option<u64>,
     known: &'a KnownCorruption,

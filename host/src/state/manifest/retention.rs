@@ -1,20 +1,82 @@
-//! Which manifest versions of a shard GC keeps: one rule for both backends
-//! (docs/checkpoints.md, "Taking a checkpoint" step 6).
+//! What a shard's GC keeps: one policy and one rule for both backends (docs/checkpoints.md,
+//! "Taking a checkpoint" step 6).
 //!
-//! Walking from the newest version down, the last `retained` *usable* checkpoints are counted:
-//! decided (a manifest-decided checkpoint; a transaction-decided one that the owner knows is
-//! decided or that a later version names as its parent) and not rejected by a later version.
-//! Claims, prepared but undecided checkpoints, rejected versions and versions that do not
-//! decode do not count. Every version from the oldest counted one upwards is kept, as are
-//! `pinned` versions and, while the owner's scrub runs, the versions in `keep` (those stored
-//! when it claimed the shard). The
-//! versions below are deleted — corrupt and rejected ones too, but only there: deleting the
-//! newest version would free its number for a zombie's create-only write (SCENARIOS.md S4).
-//! With fewer than `retained` usable checkpoints nothing is deleted.
+//! Walking from the newest version down, the last `retained_checkpoints` *usable* checkpoints
+//! are counted: decided (a manifest-decided checkpoint; a transaction-decided one that the
+//! owner knows is decided or that a later version names as its parent) and not rejected by a
+//! later version. Claims, prepared but undecided checkpoints, rejected versions and versions
+//! that do not decode do not count. Every version from the oldest counted one upwards is kept,
+//! as are the [`Protected`] ones: pinned versions (the decided checkpoint, savepoints) and,
+//! while the owner's scrub runs, the versions stored when it claimed the shard. The versions
+//! below are deleted — corrupt and rejected ones too, but only there: deleting the newest
+//! version would free its number for a zombie's create-only write (SCENARIOS.md S4). With
+//! fewer usable checkpoints than retained nothing is deleted.
+//!
+//! The data objects (the `lsm` backend's SSTs, the `memory` backend's snapshots) that no kept
+//! version names go after the versions, and only once older than the policy's grace period
+//! ([`RetentionPolicy::in_grace`]): a slow writer may be about to commit a version naming one.
 
 use super::{Manifest, ManifestError, ManifestKind, ManifestStore};
 use crate::state::checkpoint::{DecidedBy, decided_by};
 use std::collections::{BTreeSet, HashSet};
+use std::ops::RangeInclusive;
+use std::time::Duration;
+
+/// How much of a shard's history GC keeps, for both backends.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RetentionPolicy {
+    /// Usable checkpoints to keep (as Flink's `state.checkpoints.num-retained`); at least 1.
+    pub retained_checkpoints: usize,
+    /// Objects younger than this are never deleted, referenced or not.
+    pub grace: Duration,
+}
+
+impl Default for RetentionPolicy {
+    /// 3 checkpoints, 10 minutes' grace.
+    fn default() -> Self {
+        Self {
+            retained_checkpoints: 3,
+            grace: Duration::from_secs(600),
+        }
+    }
+}
+
+impl RetentionPolicy {
+    /// Whether an object last modified at `modified_ms` is still within the grace period at
+    /// `now_ms` (both ms since the Unix epoch), so GC must leave it.
+    pub fn in_grace(&self, modified_ms: u64, now_ms: u64) -> bool {
+        let grace_ms = u64::try_from(self.grace.as_millis()).unwrap_or(u64::MAX);
+        modified_ms.saturating_add(grace_ms) > now_ms
+    }
+}
+
+/// The versions GC keeps besides the last retained checkpoints, as the owner knows them when
+/// it starts a pass.
+#[derive(Debug, Clone, Default)]
+pub struct Protected {
+    /// Versions kept whatever their age (the decided checkpoint, savepoints).
+    pub pinned: BTreeSet<u64>,
+    /// Every version in this range is kept: those stored when the owner claimed the shard,
+    /// until its scrub of the SSTs it recovered has finished (the checkpoints to fall back to
+    /// if it finds one corrupt).
+    pub keep: Option<RangeInclusive<u64>>,
+    /// The checkpoint the owner knows to be decided (exactly-once: the one Kafka's committed
+    /// offsets name); it is also pinned.
+    pub decided: Option<u64>,
+}
+
+impl Protected {
+    /// `pinned` and the `decided` checkpoint (pinned too), nothing kept by range.
+    pub fn decided(decided: Option<u64>, pinned: &BTreeSet<u64>) -> Self {
+        let mut pinned = pinned.clone();
+        pinned.extend(decided);
+        Self {
+            pinned,
+            keep: None,
+            decided,
+        }
+    }
+}
 
 /// What GC keeps and deletes.
 #[derive(Debug, Default)]
@@ -26,20 +88,19 @@ pub(crate) struct Kept {
     pub delete: Vec<u64>,
 }
 
-/// Plans GC of the shard of `manifests` (module docs). `decided` is the checkpoint the owner
-/// knows to be decided (exactly-once: the one Kafka's committed offsets name).
+/// Plans GC of the shard of `manifests` under `policy`, keeping what `protected` names
+/// (module docs).
 ///
 /// # Errors
 /// [`ManifestError::Unavailable`] when listing or reading fails: GC tries again after the
 /// next checkpoint.
 pub(crate) async fn retained_versions(
     manifests: &ManifestStore,
-    retained: usize,
-    pinned: &BTreeSet<u64>,
-    keep: Option<std::ops::RangeInclusive<u64>>,
-    decided: Option<u64>,
+    policy: &RetentionPolicy,
+    protected: &Protected,
 ) -> Result<Kept, ManifestError> {
-    let retained = retained.max(1);
+    let retained = policy.retained_checkpoints.max(1);
+    let decided = protected.decided;
     let versions = manifests.versions().await?;
     let mut kept = Kept::default();
     let mut rejected: HashSet<u64> = HashSet::new();
@@ -73,7 +134,9 @@ pub(crate) async fn retained_versions(
     let Some(floor) = floor else {
         return Ok(kept); // not enough checkpoints yet: nothing is old enough
     };
-    let protected = |v: u64| pinned.contains(&v) || keep.as_ref().is_some_and(|r| r.contains(&v));
+    let protected = |v: u64| {
+        protected.pinned.contains(&v) || protected.keep.as_ref().is_some_and(|r| r.contains(&v))
+    };
     for &version in versions.iter().filter(|v| **v < floor) {
         if !protected(version) {
             kept.delete.push(version);
@@ -86,4 +149,45 @@ pub(crate) async fn retained_versions(
         }
     }
     Ok(kept)
+}
+
+/// The background GC pass of one shard's owner: at most one runs at a time, a pass asked for
+/// while one runs is skipped (the next checkpoint asks again), and a failed pass is logged and
+/// simply repeated by the next.
+#[derive(Debug, Default)]
+pub(crate) struct BackgroundGc {
+    task: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+impl BackgroundGc {
+    /// Runs `pass` for the shard under `root` in the background unless the previous pass is
+    /// still running.
+    pub fn start<R: std::fmt::Debug>(
+        &self,
+        root: &object_store::path::Path,
+        pass: impl Future<Output = Result<R, ManifestError>> + Send + 'static,
+    ) {
+        let mut slot = self.task.lock().unwrap_or_else(|e| e.into_inner());
+        if slot.as_ref().is_some_and(|task| !task.is_finished()) {
+            tracing::debug!(shard = %root, "GC still running; skipped this checkpoint's");
+            return;
+        }
+        let root = root.clone();
+        *slot = Some(tokio::spawn(async move {
+            match pass.await {
+                Ok(report) => tracing::debug!(shard = %root, ?report, "GC done"),
+                Err(error) => {
+                    tracing::warn!(shard = %root, %error, "GC failed; it runs again after the next checkpoint")
+                }
+            }
+        }));
+    }
+
+    /// Waits for the pass running now, if any.
+    pub async fn settled(&self) {
+        let task = self.task.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(task) = task {
+            let _ = task.await;
+        }
+    }
 }
