@@ -4,8 +4,9 @@
 //! them, naming the checkpoint's version.
 
 use super::CheckpointRecord;
+use super::WorkerError;
 use super::ports::{CommitError, ShardSink};
-use super::worker::{PartitionWorker, WorkerError};
+use super::worker::PartitionWorker;
 use crate::clock::{Clock, SystemClock};
 use crate::state::Shard;
 use crate::state::checkpoint::{CheckpointError, DecidedBy};
@@ -106,11 +107,9 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
                     "checkpoint committed"
                 );
                 if !transactional {
-                    // The consumer loop may be gone at shutdown; the group's copy is
-                    // informational.
-                    let _ = self
-                        .checkpointed
-                        .send((self.partition, self.offsets.clone()));
+                    // For the consumer loop to commit to the group (informational: recovery
+                    // reads the checkpoint).
+                    self.events.checkpointed(self.offsets.clone()).await;
                 }
                 Ok(())
             }

@@ -4,10 +4,12 @@
 //! those of revoked ones, commits checkpointed offsets to the consumer group, and drains at
 //! shutdown (docs/checkpoints.md, "Recovery" and "Rebalance").
 
+use super::WorkerError;
 use super::attempt;
+use super::events::{Assignment, Inbox, ToWorker, WorkerId};
 use super::open::{Opened, Opening};
 use super::ports::{GroupOffsets, Output, Source};
-use super::worker::{PartitionWorker, WorkerError};
+use super::worker::PartitionWorker;
 use super::{PipelineControl, PipelineError, PipelineStats};
 use crate::config::Settings;
 use crate::runtime::{InputRecord, Operator};
@@ -16,7 +18,7 @@ use crate::state::checkpoint::InputOffsets;
 use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -25,10 +27,6 @@ use tokio::time::Instant;
 /// How often a paused partition's pending records are offered to its worker again, and how
 /// often the loop looks at shards being opened or closed while it has nothing else to do.
 const PAUSED_RETRY_INTERVAL: Duration = Duration::from_millis(5);
-
-/// How often the consumer loop, waiting for room in a worker's queue, checks whether the
-/// worker is stalled by an outage (and the partition should be paused instead).
-const STALL_CHECK_INTERVAL: Duration = Duration::from_millis(50);
 
 /// How long a partition whose shard another owner claimed stays paused before this host tries
 /// to open it again (a rebalance that revokes it ends the wait sooner).
@@ -50,26 +48,20 @@ pub(super) const TRANSACTION_BACKOFF_MAX: Duration = Duration::from_secs(60);
 /// How often the partitions' high watermarks are read for their progress (lag).
 const WATERMARKS_INTERVAL: Duration = Duration::from_secs(1);
 
+/// A running worker, as the loop holds it.
 pub(super) struct WorkerHandle {
-    pub(super) tx: mpsc::Sender<Vec<InputRecord>>,
-    /// Set by the worker while it backs off from a state outage.
-    pub(super) stalled: Arc<AtomicBool>,
-    /// Set by the worker's sink while it waits to send a refused record again.
-    pub(super) sink_stalled: Arc<AtomicBool>,
-    /// Set by the loop when the partition is revoked.
-    pub(super) revoked: Arc<AtomicBool>,
+    pub(super) id: WorkerId,
+    /// The loop's end of the partition's queue: dropping it revokes the partition
+    /// ([`Assignment`]).
+    pub(super) tx: mpsc::Sender<ToWorker>,
     pub(super) task: JoinHandle<Result<(), WorkerError>>,
 }
 
-/// The flags a partition's worker shares with the loop (and its sink's guard).
-#[derive(Debug, Clone, Default)]
-pub(super) struct Flags {
-    /// Set by the worker while it backs off from a state outage.
-    pub stalled: Arc<AtomicBool>,
-    /// Set by the worker's sink while it waits to send a refused record again.
-    pub sink_stalled: Arc<AtomicBool>,
-    /// Set by the loop when the partition is revoked.
-    pub revoked: Arc<AtomicBool>,
+/// The worker of a revoked partition, finishing its last checkpoint.
+pub(super) struct Closing {
+    pub(super) revoked_at: Instant,
+    pub(super) id: WorkerId,
+    pub(super) task: JoinHandle<Result<(), WorkerError>>,
 }
 
 /// Everything a running pipeline holds.
@@ -92,7 +84,7 @@ pub(super) struct Running<B: StateBackend, Src: Source, Out: Output> {
     pub(super) opening: HashMap<i32, Opening<B::Shard, Out::Sink>>,
     /// Workers of revoked partitions, finishing their last checkpoint, and when they were
     /// revoked.
-    pub(super) closing: HashMap<i32, (Instant, JoinHandle<Result<(), WorkerError>>)>,
+    pub(super) closing: HashMap<i32, Closing>,
     /// Partitions not to open before the instant (fenced, or a failed open).
     pub(super) hold: HashMap<i32, Instant>,
     /// Records fetched but not yet handed to their partition's worker.
@@ -100,14 +92,11 @@ pub(super) struct Running<B: StateBackend, Src: Source, Out: Output> {
     /// Partitions paused at the consumer: their worker's queue is full, or it is not running
     /// yet.
     pub(super) paused: HashSet<i32>,
-    /// Offsets of committed checkpoints, from the workers, to commit to Kafka.
-    pub(super) checkpointed_tx: mpsc::UnboundedSender<(i32, InputOffsets)>,
-    pub(super) checkpointed_rx: mpsc::UnboundedReceiver<(i32, InputOffsets)>,
-    /// Received from `checkpointed_rx`, not yet committed.
-    pub(super) checkpointed: Vec<(i32, InputOffsets)>,
-    /// Notified when a worker ends, so that the loop reacts (a fenced or failed shard is
-    /// reopened) without waiting for a record.
-    pub(super) worker_ended: Arc<tokio::sync::Notify>,
+    /// What the workers tell the loop: stalls, checkpoints' offsets to commit to the group,
+    /// their ends (so that a fenced or failed shard is reopened without waiting for a record).
+    pub(super) inbox: Inbox,
+    /// The incarnation of the next worker started (or shard opened).
+    pub(super) incarnations: u64,
     pub(super) control: PipelineControl,
     /// When the input's high watermarks were last copied into the partitions' progress.
     pub(super) watermarks_read: Instant,
@@ -132,7 +121,6 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
         source: Arc<Src>,
         output: Arc<Out>,
     ) -> Self {
-        let (checkpointed_tx, checkpointed_rx) = mpsc::unbounded_channel();
         Self {
             settings,
             backend,
@@ -146,10 +134,8 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
             hold: HashMap::new(),
             pending: HashMap::new(),
             paused: HashSet::new(),
-            checkpointed_tx,
-            checkpointed_rx,
-            checkpointed: Vec::new(),
-            worker_ended: Arc::new(tokio::sync::Notify::new()),
+            inbox: Inbox::new(),
+            incarnations: 0,
             control,
             watermarks_read: Instant::now(),
             corruption: HashMap::new(),
@@ -182,9 +168,9 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
             tokio::select! {
                 biased;
                 () = &mut shutdown => return Ok(()),
-                () = self.worker_ended.notified() => {}
-                // A checkpoint's offsets, to commit to Kafka while the input is quiet.
-                Some(done) = self.checkpointed_rx.recv() => self.checkpointed.push(done),
+                // A worker's end, a stall, a checkpoint's offsets to commit to the group while
+                // the input is quiet.
+                () = self.inbox.receive() => {}
                 () = std::future::ready(()), if more => {}
                 () = source.ready() => {}
                 () = tokio::time::sleep(PAUSED_RETRY_INTERVAL), if retry => {}
@@ -237,13 +223,16 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
                 opening.abort();
             }
             if let Some(worker) = self.workers.remove(&partition) {
-                worker.revoked.store(true, Ordering::Relaxed);
+                // The revoke itself (events.rs): the worker and its sink see it at once.
                 drop(worker.tx);
-                if let Some((_, older)) = self
-                    .closing
-                    .insert(partition, (Instant::now(), worker.task))
-                {
-                    older.abort();
+                let closing = Closing {
+                    revoked_at: Instant::now(),
+                    id: worker.id,
+                    task: worker.task,
+                };
+                if let Some(older) = self.closing.insert(partition, closing) {
+                    self.inbox.forget(older.id);
+                    older.task.abort();
                 }
             }
         }
@@ -269,11 +258,17 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
         let closed: Vec<i32> = self
             .closing
             .iter()
-            .filter(|(_, (_, task))| task.is_finished())
+            .filter(|(_, c)| c.task.is_finished() || self.inbox.ended.contains(&c.id))
             .map(|(p, _)| *p)
             .collect();
         for partition in closed {
-            if let Some((revoked_at, task)) = self.closing.remove(&partition) {
+            if let Some(Closing {
+                revoked_at,
+                id,
+                task,
+            }) = self.closing.remove(&partition)
+            {
+                self.inbox.forget(id);
                 let ms = revoked_at.elapsed().as_millis() as u64;
                 self.stats.shards_closed.fetch_add(1, Ordering::Relaxed);
                 self.stats.forget_partition(partition);
@@ -286,10 +281,11 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
                 }
             }
         }
+        // A worker that said it ends is about to: awaiting it is short.
         let ended: Vec<i32> = self
             .workers
             .iter()
-            .filter(|(_, w)| w.task.is_finished())
+            .filter(|(_, w)| w.task.is_finished() || self.inbox.ended.contains(&w.id))
             .map(|(p, _)| *p)
             .collect();
         for partition in ended {
@@ -347,21 +343,19 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
     /// commits what it recovers (S1). Informational — lag and tooling read them; recovery reads
     /// the checkpoint — so a failure is only logged.
     fn commit_checkpointed(&mut self) {
-        let owned: HashSet<i32> = self.workers.keys().copied().collect();
+        let owned: HashSet<WorkerId> = self.workers.values().map(|w| w.id).collect();
         self.commit_offsets(&owned, false);
     }
 
-    /// Commits the newest checkpointed offsets received for the `owned` partitions (later
+    /// Commits the newest checkpointed offsets received from the `owned` workers (later
     /// checkpoints replace earlier ones) and forgets the others'.
-    pub(super) fn commit_offsets(&mut self, owned: &HashSet<i32>, wait: bool) {
-        while let Ok(done) = self.checkpointed_rx.try_recv() {
-            self.checkpointed.push(done);
-        }
+    pub(super) fn commit_offsets(&mut self, owned: &HashSet<WorkerId>, wait: bool) {
+        self.inbox.receive_ready();
         let mut newest = GroupOffsets::new();
-        for (partition, offsets) in std::mem::take(&mut self.checkpointed) {
-            if owned.contains(&partition) {
+        for (worker, offsets) in std::mem::take(&mut self.inbox.checkpointed) {
+            if owned.contains(&worker) {
                 for (topic, next) in offsets.iter() {
-                    newest.insert((topic.to_owned(), partition), next);
+                    newest.insert((topic.to_owned(), worker.partition), next);
                 }
             }
         }
@@ -390,18 +384,20 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
             }
             return Ok(());
         };
-        let (tx, stalled, sink_stalled) = (
-            worker.tx.clone(),
-            worker.stalled.clone(),
-            worker.sink_stalled.clone(),
-        );
+        let (tx, id) = (worker.tx.clone(), worker.id);
         let Some(mut records) = self.pending.remove(&partition) else {
             return Ok(());
         };
         let batch_max = self.settings.runtime.batch_records_max;
         while !records.is_empty() {
             let permit = match live {
-                false => tx.reserve().await.ok(),
+                false => loop {
+                    tokio::select! {
+                        permit = tx.reserve() => break permit.ok(),
+                        // Shutdown: a worker may be sending its last checkpoint's offsets.
+                        () = self.inbox.receive() => {}
+                    }
+                },
                 true if self.paused.contains(&partition) => match tx.try_reserve() {
                     Ok(permit) => Some(permit),
                     Err(mpsc::error::TrySendError::Full(())) => {
@@ -411,18 +407,16 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
                     Err(mpsc::error::TrySendError::Closed(())) => None,
                 },
                 true => loop {
-                    match tokio::time::timeout(STALL_CHECK_INTERVAL, tx.reserve()).await {
-                        Ok(permit) => break permit.ok(),
-                        Err(_still_full)
-                            if stalled.load(Ordering::Relaxed)
-                                || sink_stalled.load(Ordering::Relaxed) =>
-                        {
-                            self.pending.insert(partition, records);
-                            self.paused.insert(partition);
-                            self.set_paused(partition, true);
-                            return Ok(());
-                        }
-                        Err(_still_full) => {}
+                    if self.inbox.is_stalled(id) {
+                        self.pending.insert(partition, records);
+                        self.paused.insert(partition);
+                        self.set_paused(partition, true);
+                        return Ok(());
+                    }
+                    tokio::select! {
+                        permit = tx.reserve() => break permit.ok(),
+                        // A stall of this worker (above) or anything else a worker says.
+                        () = self.inbox.receive() => {}
                     }
                 },
             };
@@ -435,7 +429,7 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
                 };
             };
             let rest = records.split_off(records.len().min(batch_max));
-            permit.send(std::mem::replace(&mut records, rest));
+            permit.send(ToWorker::Records(std::mem::replace(&mut records, rest)));
         }
         if live && self.paused.remove(&partition) {
             self.set_paused(partition, false);
@@ -457,18 +451,21 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
         }
     }
 
-    /// Starts the worker of `partition` over its opened `shard` and `sink`, resuming from
-    /// `offsets`, with the `flags` its sink's guard already shares.
+    /// Starts the worker of `partition` over its opened shard and sink, resuming from
+    /// `offsets`: `worker` is the id and `queue` the queue its sink's guard already knows.
     pub(super) fn start_worker(
         &mut self,
-        partition: i32,
+        worker: WorkerId,
         opened: Opened<B::Shard, Out::Sink>,
+        queue: (mpsc::Sender<ToWorker>, mpsc::Receiver<ToWorker>),
         offsets: InputOffsets,
         opened_at: Instant,
     ) {
-        let (tx, rx) = mpsc::channel(self.settings.runtime.partition_queue_batches_max);
-        let Opened { shard, sink, flags } = opened;
-        let worker = PartitionWorker {
+        let partition = worker.partition;
+        let (tx, rx) = queue;
+        let Opened { shard, sink } = opened;
+        let events = self.inbox.sender(worker);
+        let worker_state = PartitionWorker {
             partition,
             operator: self.operator.clone(),
             shard: Arc::new(shard),
@@ -481,32 +478,38 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
                 &self.settings.runtime,
                 self.stats.clone(),
             ),
-            stalled: flags.stalled.clone(),
-            revoked: flags.revoked.clone(),
+            events: events.clone(),
+            assignment: Assignment::of(&tx),
+            stall_reported: false,
             admitted: offsets.clone(),
             offsets,
             dirty: false,
             checkpoint_interval: self.settings.pipeline.checkpoint_interval,
             opened_at: Some(opened_at),
-            checkpointed: self.checkpointed_tx.clone(),
             failure_policy: self.settings.pipeline.failure_policy,
             checkpoint_requests: self.control.checkpoint_requests.clone(),
         };
-        let ended = self.worker_ended.clone();
         let task = tokio::spawn(async move {
-            let result = worker.run(rx).await;
-            ended.notify_one();
+            let result = worker_state.run(rx).await;
+            events.ended().await;
             result
         });
         self.workers.insert(
             partition,
             WorkerHandle {
+                id: worker,
                 tx,
-                stalled: flags.stalled,
-                sink_stalled: flags.sink_stalled,
-                revoked: flags.revoked,
                 task,
             },
         );
+    }
+
+    /// A new worker id for `partition`.
+    pub(super) fn next_worker(&mut self, partition: i32) -> WorkerId {
+        self.incarnations += 1;
+        WorkerId {
+            partition,
+            incarnation: self.incarnations,
+        }
     }
 }

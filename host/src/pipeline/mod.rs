@@ -15,8 +15,9 @@
 //!
 //! - [`ports`]          the traits the pipeline runs over;
 //! - [`consumer_loop`]  the loop: records and rebalances in, batches out, offsets committed;
+//! - [`events`]         what the loop and a worker tell each other, one channel each way;
 //! - [`open`]           a partition's shard opened, recovered and claimed;
-//! - [`outcome`]        a worker that ended on its own: reopen later, or stop the pipeline;
+//! - [`outcome`]        why a worker ended, and what then: reopen later, or stop the pipeline;
 //! - [`shutdown`]       the drain at shutdown;
 //! - [`worker`]         one partition's worker: admission, attempts' outcomes;
 //! - [`checkpoint`]     the worker's checkpoint;
@@ -29,15 +30,17 @@ mod attempt;
 mod checkpoint;
 mod consumer_loop;
 pub mod controller;
+mod events;
 mod isolation;
 mod open;
 mod outcome;
 pub mod ports;
 mod shutdown;
 mod stats;
-pub mod worker;
+mod worker;
 
 pub use attempt::prefetch;
+pub use outcome::WorkerError;
 pub use ports::{Output, Source};
 pub use stats::{
     CHECKPOINT_HISTORY_MAX, CheckpointRecord, PartitionProblem, PartitionProgress, PartitionState,
@@ -54,7 +57,6 @@ use consumer_loop::Running;
 use std::future::Future;
 use std::sync::Arc;
 use tokio::sync::watch;
-use worker::WorkerError;
 
 /// Why a pipeline stopped with an error.
 #[derive(Debug, thiserror::Error)]

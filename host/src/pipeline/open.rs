@@ -6,20 +6,26 @@
 //! status, and is tried again with backoff.
 
 use super::consumer_loop::{
-    Flags, NO_CHECKPOINT_RETRY_MAX, NO_CHECKPOINT_RETRY_MIN, OPEN_RETRY_DELAY, Running,
+    NO_CHECKPOINT_RETRY_MAX, NO_CHECKPOINT_RETRY_MIN, OPEN_RETRY_DELAY, Running,
 };
-use super::ports::{DeadLetterKind, DeliveryGuard, Output, SinkError, Source, SourceError};
+use super::events::{Assignment, DeliveryGuard, ToWorker, WorkerId};
+use super::ports::{Output, SinkError, Source, SourceError};
 use super::{PartitionProblem, PartitionState, PipelineError};
 use crate::config::Delivery;
 use crate::state::{Recovery, Shard, ShardId, StateBackend, StateError};
 use std::sync::atomic::Ordering;
+use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 /// A shard being opened (recovered and claimed) in the background; its partition is paused.
+/// The worker's id and queue exist already: the sink opened here reports as that worker, and
+/// gives up once that queue is dropped (the partition revoked meanwhile).
 pub(super) struct Opening<S, K> {
     task: JoinHandle<Result<Opened<S, K>, OpenError>>,
     pub(super) started: Instant,
+    worker: WorkerId,
+    queue: (mpsc::Sender<ToWorker>, mpsc::Receiver<ToWorker>),
 }
 
 impl<S, K> Opening<S, K> {
@@ -34,11 +40,10 @@ impl<S, K> Opening<S, K> {
     }
 }
 
-/// An opened shard with its sink and the flags its worker will share.
+/// An opened shard with its sink.
 pub(crate) struct Opened<S, K> {
     pub shard: S,
     pub sink: K,
-    pub flags: Flags,
 }
 
 /// Why opening a shard failed.
@@ -69,8 +74,16 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
         );
         let known_corruption = self.corruption.get(&partition).cloned().unwrap_or_default();
         let transactional = self.settings.pipeline.delivery == Delivery::ExactlyOnce;
-        let flags = Flags::default();
-        let guard = self.delivery_guard(partition, &flags);
+        let worker = self.next_worker(partition);
+        let queue = mpsc::channel(self.settings.runtime.partition_queue_batches_max);
+        // The partition's status says why its sink waits; refused outputs dead-lettered are
+        // counted; the sink gives up once the partition is revoked.
+        let guard = DeliveryGuard::new(
+            partition,
+            self.stats.clone(),
+            self.inbox.sender(worker),
+            Assignment::of(&queue.0),
+        );
         let task = tokio::spawn(async move {
             let sink = output.open(partition, transactional, guard).await?;
             // At-least-once: the group names a checkpoint only if an exactly-once run
@@ -81,42 +94,17 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
                 known_corruption,
             };
             let shard = backend.open_shard_at(&id, &recovery).await?;
-            Ok(Opened { shard, sink, flags })
+            Ok(Opened { shard, sink })
         });
         self.opening.insert(
             partition,
             Opening {
                 task,
                 started: Instant::now(),
+                worker,
+                queue,
             },
         );
-    }
-
-    /// The guard of `partition`'s sink: a refused delivery pauses the partition (its worker
-    /// waits) and says why in its status; an output dead-lettered in its place is counted.
-    fn delivery_guard(&self, partition: i32, flags: &Flags) -> DeliveryGuard {
-        let (stall_flag, stall_stats) = (flags.sink_stalled.clone(), self.stats.clone());
-        let refused_stats = self.stats.clone();
-        DeliveryGuard {
-            on_stall: Box::new(move |reason| {
-                stall_flag.store(reason.is_some(), Ordering::Relaxed);
-                stall_stats.set_problem(
-                    partition,
-                    reason.map(|reason| PartitionProblem {
-                        state: PartitionState::Paused,
-                        reason,
-                    }),
-                );
-            }),
-            give_up: flags.revoked.clone(),
-            on_output_refused: Box::new(move || {
-                refused_stats.dead_lettered.fetch_add(1, Ordering::Relaxed);
-                refused_stats
-                    .metrics
-                    .dead_lettered(DeadLetterKind::OutputRefused)
-                    .increment(1);
-            }),
-        }
     }
 
     /// No usable checkpoint is left for `partition`'s shard: starting empty would lose its
@@ -189,7 +177,9 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
             // The group's committed offsets follow the owner: the previous one committed
             // nothing after its revoke, so what it checkpointed last reaches the group here
             // (lag dashboards and autoscalers read it; recovery reads the checkpoint).
-            self.checkpointed.push((partition, offsets.clone()));
+            self.inbox
+                .checkpointed
+                .push((opening.worker, offsets.clone()));
         }
         tracing::info!(
             partition,
@@ -198,7 +188,13 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
             "shard opened; partition resumes"
         );
         self.stats.record_resumed(partition, &offsets);
-        self.start_worker(partition, opened, offsets, opening.started);
+        self.start_worker(
+            opening.worker,
+            opened,
+            opening.queue,
+            offsets,
+            opening.started,
+        );
         if self.paused.remove(&partition) {
             self.set_paused(partition, false);
         }

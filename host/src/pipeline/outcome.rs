@@ -4,11 +4,70 @@
 //! "Fencing" and "Corruption").
 
 use super::consumer_loop::{FENCED_HOLD, OPEN_RETRY_DELAY, Running, TRANSACTION_BACKOFF_MAX};
+use super::ports::{Cause, SinkError};
 use super::ports::{Output, Source};
-use super::worker::WorkerError;
 use super::{PartitionProblem, PartitionState, PipelineError};
 use crate::state::StateBackend;
+use crate::state::StateError;
 use tokio::time::Instant;
+
+/// Why a worker stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    /// Producing output or dead letters failed for good.
+    #[error("partition {partition}: output failed")]
+    Sink {
+        /// The partition.
+        partition: i32,
+        /// The failure.
+        #[source]
+        source: SinkError,
+    },
+    /// The shard's stored state is corrupt: retrying cannot help. The shard is reopened from
+    /// a checkpoint that does not reference what was found corrupt (docs/checkpoints.md,
+    /// "Corruption"); the other partitions go on.
+    #[error("partition {partition}: state is corrupt")]
+    Corrupt {
+        /// The partition.
+        partition: i32,
+        /// The checkpoint the shard was opened from (blamed when no object is named).
+        opened_from: Option<u64>,
+        /// The failure.
+        #[source]
+        source: StateError,
+    },
+    /// Another owner claimed the shard (its checkpoint was refused): this host must stop
+    /// writing it. Not a pipeline failure: the partition has moved.
+    #[error("partition {partition}: fenced by a newer owner of the shard")]
+    Fenced {
+        /// The partition.
+        partition: i32,
+    },
+    /// A record's call failed for good and `failure_policy = "fail"`: the pipeline stops
+    /// before committing anything after it.
+    #[error("partition {partition}: the record at offset {offset} of `{topic}` failed: {reason}")]
+    RecordFailed {
+        /// The partition.
+        partition: i32,
+        /// The record's topic.
+        topic: String,
+        /// The record's offset.
+        offset: i64,
+        /// Why its call failed.
+        reason: String,
+    },
+    /// The checkpoint's transaction did not commit, or a delivery in it failed (exactly-once
+    /// mode): the state holds effects whose outputs are not committed, so the shard must be
+    /// reopened from its last decided checkpoint.
+    #[error("partition {partition}: the checkpoint's transaction failed")]
+    Transaction {
+        /// The partition.
+        partition: i32,
+        /// Why.
+        #[source]
+        source: Cause,
+    },
+}
 
 impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
     /// A worker ended on its own. Fenced: another owner claimed the shard, so this host drops
@@ -89,13 +148,15 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
         }
     }
 
+    /// Why the worker of `partition` ended: awaits its task (it ended, or is about to).
     pub(super) async fn worker_failure(&mut self, partition: i32) -> PipelineError {
-        match self.workers.remove(&partition) {
-            Some(worker) => match worker.task.await {
-                Ok(Err(err)) => PipelineError::Worker(err),
-                Ok(Ok(())) | Err(_) => PipelineError::WorkerPanicked(partition),
-            },
-            None => PipelineError::WorkerPanicked(partition),
+        let Some(worker) = self.workers.remove(&partition) else {
+            return PipelineError::WorkerPanicked(partition);
+        };
+        self.inbox.forget(worker.id);
+        match worker.task.await {
+            Ok(Err(err)) => PipelineError::Worker(err),
+            Ok(Ok(())) | Err(_) => PipelineError::WorkerPanicked(partition),
         }
     }
 }

@@ -7,12 +7,11 @@
 //! implement them in memory, so that the pipeline can be tested whole with no broker. Nothing
 //! here names a Kafka client type: the errors carry their cause as a boxed error.
 
+pub use super::events::DeliveryGuard;
 use crate::runtime::{InputRecord, StagedEmit};
 use crate::state::checkpoint::InputOffsets;
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
 
 /// A boxed error cause.
 pub type Cause = Box<dyn std::error::Error + Send + Sync>;
@@ -166,36 +165,6 @@ pub enum CommitError {
     /// checkpoint.
     #[error("the transaction did not commit")]
     Failed(#[source] Cause),
-}
-
-/// How a sink tells its owner that deliveries keep failing, and learns that it should stop
-/// retrying.
-pub struct DeliveryGuard {
-    /// Called with the reason while a failed delivery waits to be sent again, and with
-    /// `None` once one goes through.
-    pub on_stall: Box<dyn Fn(Option<String>) + Send + Sync>,
-    /// Raised when the owner no longer wants the deliveries (its partition was revoked):
-    /// retrying stops and the failure is returned.
-    pub give_up: Arc<AtomicBool>,
-    /// Called when an output the destination refused as too large is dead-lettered in its
-    /// place (to count it as [`DeadLetterKind::OutputRefused`]).
-    pub on_output_refused: Box<dyn Fn() + Send + Sync>,
-}
-
-impl std::fmt::Debug for DeliveryGuard {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DeliveryGuard").finish_non_exhaustive()
-    }
-}
-
-impl Default for DeliveryGuard {
-    fn default() -> Self {
-        Self {
-            on_stall: Box::new(|_| {}),
-            give_up: Arc::new(AtomicBool::new(false)),
-            on_output_refused: Box::new(|| {}),
-        }
-    }
 }
 
 /// Opens the sink of each partition the pipeline runs.

@@ -4,23 +4,24 @@
 //! stopped without committing anything they did not finish.
 
 use super::PipelineError;
+use super::WorkerError;
 use super::consumer_loop::Running;
+use super::events::{ToWorker, WorkerId};
 use super::ports::{Output, Source};
-use super::worker::WorkerError;
 use crate::state::StateBackend;
 use foldhash::HashSet;
-use tokio::sync::mpsc;
 
 impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
-    /// Closes every worker's queue and waits for it to finish its batches, deliveries and last
-    /// checkpoint; waits for revoked partitions' workers too. Then commits the last
+    /// Sends every worker [`ToWorker::Finish`] after its last batch and waits for it to finish
+    /// its batches, deliveries and last checkpoint; waits for revoked partitions' workers too,
+    /// taking in what they say meanwhile. Then commits the last
     /// checkpoints of the partitions it still owns to the group, synchronously, before the
     /// consumer closes (at-least-once: exactly-once committed them in their transactions).
     pub(super) async fn drain(&mut self) -> Result<(), PipelineError> {
         for (_, opening) in self.opening.drain() {
             opening.abort();
         }
-        let owned: HashSet<i32> = self.workers.keys().copied().collect();
+        let owned: HashSet<WorkerId> = self.workers.values().map(|w| w.id).collect();
         let deadline = tokio::time::Instant::now() + self.settings.runtime.shutdown_drain_max;
         match tokio::time::timeout_at(deadline, self.drain_all()).await {
             Ok(result) => {
@@ -37,8 +38,8 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
                 for (_, worker) in self.workers.drain() {
                     worker.task.abort();
                 }
-                for (_, (_, task)) in self.closing.drain() {
-                    task.abort();
+                for (_, closing) in self.closing.drain() {
+                    closing.task.abort();
                 }
                 Err(PipelineError::DrainTimedOut(partitions))
             }
@@ -58,11 +59,29 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
             let Some(worker) = self.workers.get_mut(&partition) else {
                 continue;
             };
-            // Close the queue, then wait; the handle stays registered until the worker ends
-            // so that a timeout above can still abort it.
-            let (closed, _) = mpsc::channel(1);
-            drop(std::mem::replace(&mut worker.tx, closed));
-            let outcome = match (&mut worker.task).await {
+            // Finish after what is queued, then wait; the handle (and with it the queue, whose
+            // drop would revoke the partition) stays registered until the worker ends, so
+            // that a timeout above can still abort it.
+            let tx = worker.tx.clone();
+            loop {
+                tokio::select! {
+                    permit = tx.reserve() => {
+                        if let Ok(permit) = permit {
+                            permit.send(ToWorker::Finish);
+                        }
+                        break;
+                    }
+                    () = self.inbox.receive() => {}
+                }
+            }
+            let ended = loop {
+                tokio::select! {
+                    ended = &mut worker.task => break ended,
+                    // Its last checkpoint's offsets, among others.
+                    () = self.inbox.receive() => {}
+                }
+            };
+            let outcome = match ended {
                 // The partition's next owner resumes from its last decided checkpoint.
                 Ok(
                     Ok(())
@@ -80,10 +99,16 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
         }
         let partitions: Vec<i32> = self.closing.keys().copied().collect();
         for partition in partitions {
-            let Some((_, task)) = self.closing.get_mut(&partition) else {
+            let Some(closing) = self.closing.get_mut(&partition) else {
                 continue;
             };
-            if let Err(_panicked) = task.await {
+            let ended = loop {
+                tokio::select! {
+                    ended = &mut closing.task => break ended,
+                    () = self.inbox.receive() => {}
+                }
+            };
+            if let Err(_panicked) = ended {
                 result = result.and(Err(PipelineError::WorkerPanicked(partition)));
             }
             self.closing.remove(&partition);

@@ -444,6 +444,42 @@ async fn a_stalled_sink_pauses_only_its_own_partition() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_revoke_ends_the_retries_of_a_sink_whose_deliveries_are_refused() {
+    let world = World::new(2, 1000, "at_least_once");
+    let (handle, output) = (&world.handle, &world.output);
+    output.refuse(0, true);
+    let (run, _) = world
+        .start(ReadDelay::Fixed(Duration::from_millis(10)))
+        .await;
+    handle.assign(&[0, 1]);
+    until("partition 1 is done", || outputs_of(output, 1) == 1000).await;
+    until("partition 0 is paused", || handle.paused().contains(&0)).await;
+    // The sink retries for as long as the partition is assigned here; the revoke ends that,
+    // and the worker closes without a checkpoint of what its sink could not deliver.
+    handle.revoke(&[0]);
+    until("partition 0's shard is closed", || {
+        run.stats.shards_closed.load(Ordering::Relaxed) == 1
+    })
+    .await;
+    assert_eq!(
+        outputs_of(output, 0),
+        0,
+        "nothing of partition 0 was delivered"
+    );
+    assert!(
+        !run.stats
+            .checkpoint_history
+            .lock()
+            .expect("history")
+            .iter()
+            .any(|c| c.partition == 0 && c.offsets.get(TOPIC).is_some_and(|o| *o > 0)),
+        "no checkpoint of partition 0 covers records whose outputs were refused"
+    );
+    run.stop().await.expect("clean stop");
+    assert_counts_exact(handle, output, 1);
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_state_outage_backs_off_pausing_only_its_partition_and_loses_nothing() {
     let world = World::new(2, 300, "at_least_once");
     let (handle, output) = (&world.handle, &world.output);

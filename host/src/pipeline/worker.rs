@@ -29,13 +29,16 @@
 //! Checkpoints (docs/checkpoints.md): every `checkpoint_interval` the worker stops admitting,
 //! lets every admitted record finish, waits for every output delivery, then checkpoints its
 //! shard with the offsets after the last processed record. Records below those offsets
-//! (already in the state it resumed from) are skipped. When its queue closes — shutdown, or the
-//! partition was revoked — it finishes what it admitted, checkpoints once more and ends; after
-//! a revoke it drops the records not yet admitted, unprocessed.
+//! (already in the state it resumed from) are skipped. At shutdown ([`ToWorker::Finish`]) it
+//! processes everything queued, checkpoints once more and ends; once the partition is revoked
+//! (the loop dropped its queue, [`super::events`]) it drops the records not yet admitted,
+//! finishes what it admitted, checkpoints once more and ends.
 
 use super::PipelineStats;
 use super::attempt::{Attempted, Execution, Failure, Running, Task, attempt, batch_deadline};
+use super::events::{Assignment, EventSender, Stall, ToWorker};
 use super::isolation::{Isolation, Outcome, Verdict};
+use super::outcome::WorkerError;
 use super::ports::{DeadLetterKind, ShardSink, SinkError};
 use crate::config::{FailurePolicy, RuntimeSettings};
 use crate::runtime::{BatchCtx, CallError, Disposition, InputRecord, Operator};
@@ -45,71 +48,13 @@ use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
 /// Longest retry delay after an outage.
 const BACKOFF_MAX: Duration = Duration::from_secs(5);
-
-/// Why a worker stopped.
-#[derive(Debug, thiserror::Error)]
-pub enum WorkerError {
-    /// Producing output or dead letters failed for good.
-    #[error("partition {partition}: output failed")]
-    Sink {
-        /// The partition.
-        partition: i32,
-        /// The failure.
-        #[source]
-        source: SinkError,
-    },
-    /// The shard's stored state is corrupt: retrying cannot help. The shard is reopened from
-    /// a checkpoint that does not reference what was found corrupt (docs/checkpoints.md,
-    /// "Corruption"); the other partitions go on.
-    #[error("partition {partition}: state is corrupt")]
-    Corrupt {
-        /// The partition.
-        partition: i32,
-        /// The checkpoint the shard was opened from (blamed when no object is named).
-        opened_from: Option<u64>,
-        /// The failure.
-        #[source]
-        source: StateError,
-    },
-    /// Another owner claimed the shard (its checkpoint was refused): this host must stop
-    /// writing it. Not a pipeline failure: the partition has moved.
-    #[error("partition {partition}: fenced by a newer owner of the shard")]
-    Fenced {
-        /// The partition.
-        partition: i32,
-    },
-    /// A record's call failed for good and `failure_policy = "fail"`: the pipeline stops
-    /// before committing anything after it.
-    #[error("partition {partition}: the record at offset {offset} of `{topic}` failed: {reason}")]
-    RecordFailed {
-        /// The partition.
-        partition: i32,
-        /// The record's topic.
-        topic: String,
-        /// The record's offset.
-        offset: i64,
-        /// Why its call failed.
-        reason: String,
-    },
-    /// The checkpoint's transaction did not commit, or a delivery in it failed (exactly-once
-    /// mode): the state holds effects whose outputs are not committed, so the shard must be
-    /// reopened from its last decided checkpoint.
-    #[error("partition {partition}: the checkpoint's transaction failed")]
-    Transaction {
-        /// The partition.
-        partition: i32,
-        /// Why.
-        #[source]
-        source: super::ports::Cause,
-    },
-}
 
 /// One partition's worker.
 pub(crate) struct PartitionWorker<S: Shard, K: ShardSink> {
@@ -123,11 +68,13 @@ pub(crate) struct PartitionWorker<S: Shard, K: ShardSink> {
     pub source: Arc<str>,
     /// The execution controller and the instances.
     pub execution: Execution<S>,
-    /// Raised while backing off from an outage, so the consumer loop pauses the partition.
-    pub stalled: Arc<AtomicBool>,
-    /// Raised by the consumer loop when the partition is revoked: queued batches are dropped,
-    /// unprocessed, and the worker checkpoints and ends.
-    pub revoked: Arc<AtomicBool>,
+    /// What it tells the consumer loop: a stall while it backs off from an outage (the loop
+    /// pauses the partition), each checkpoint's offsets.
+    pub events: EventSender,
+    /// Revoked: queued batches are dropped, unprocessed, and the worker checkpoints and ends.
+    pub assignment: Assignment,
+    /// The outage stall the loop was last told of.
+    pub stall_reported: bool,
     /// The input position the shard's state reflects (the checkpoint it resumed from, then
     /// every finished record). Valid as a checkpoint's offsets only when nothing is in flight.
     pub offsets: InputOffsets,
@@ -140,9 +87,6 @@ pub(crate) struct PartitionWorker<S: Shard, K: ShardSink> {
     /// When the partition's shard began to open: the first processed record reports the
     /// recovery time from it.
     pub opened_at: Option<Instant>,
-    /// Where committed checkpoints' offsets go, for the consumer loop to commit to the
-    /// consumer group (at-least-once mode).
-    pub checkpointed: mpsc::UnboundedSender<(i32, InputOffsets)>,
     /// What a record whose call fails for good does.
     pub failure_policy: FailurePolicy,
     /// Each change asks for a checkpoint now, besides the interval's.
@@ -150,18 +94,15 @@ pub(crate) struct PartitionWorker<S: Shard, K: ShardSink> {
 }
 
 impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
-    /// Processes batches and checkpoints every `checkpoint_interval` until the queue closes,
-    /// then checkpoints a last time (which waits for every delivery).
-    pub async fn run(
-        mut self,
-        mut batches: mpsc::Receiver<Vec<InputRecord>>,
-    ) -> Result<(), WorkerError> {
-        self.run_until_closed(&mut batches).await
+    /// Processes batches and checkpoints every `checkpoint_interval` until told to finish or
+    /// revoked, then checkpoints a last time (which waits for every delivery).
+    pub async fn run(mut self, mut queue: mpsc::Receiver<ToWorker>) -> Result<(), WorkerError> {
+        self.run_until_closed(&mut queue).await
     }
 
     async fn run_until_closed(
         &mut self,
-        batches: &mut mpsc::Receiver<Vec<InputRecord>>,
+        queue: &mut mpsc::Receiver<ToWorker>,
     ) -> Result<(), WorkerError> {
         let start = tokio::time::Instant::now() + self.checkpoint_interval;
         let mut ticks = tokio::time::interval_at(start, self.checkpoint_interval);
@@ -178,6 +119,7 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
         requests.mark_unchanged();
         let mut requests_open = true;
         loop {
+            self.report_stall().await;
             if !checkpoint_due {
                 self.admit(&mut backlog);
             }
@@ -209,25 +151,43 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
                 // The whole queue at once: behind a steady stream of finishing attempts (served
                 // first), one batch per intake kept the in-flight window from filling under CPU
                 // load.
-                batch = batches.recv(), if intake => match batch {
-                    Some(records) => {
-                        backlog.extend(records);
-                        while let Ok(records) = batches.try_recv() {
-                            backlog.extend(records);
+                message = queue.recv(), if intake => {
+                    let mut next = message;
+                    loop {
+                        match next {
+                            Some(ToWorker::Records(records)) => backlog.extend(records),
+                            // Finish, or revoked and nothing left queued.
+                            Some(ToWorker::Finish) | None => {
+                                closed = true;
+                                break;
+                            }
+                        }
+                        match queue.try_recv() {
+                            Ok(message) => next = Some(message),
+                            Err(_) => break,
                         }
                     }
-                    None => closed = true,
-                },
+                }
             }
         }
         self.checkpoint(true, false).await
+    }
+
+    /// Tells the consumer loop when the worker starts or stops backing off from an outage: a
+    /// full queue then pauses the partition instead of holding the loop up.
+    async fn report_stall(&mut self) {
+        let stalled = self.execution.backing_off > 0;
+        if stalled != self.stall_reported {
+            self.stall_reported = stalled;
+            self.events.stalled(Stall::StateOutage, stalled).await;
+        }
     }
 
     /// Admits records from `backlog` while the controller has room; drops them all once the
     /// partition is revoked, and drops those the state already reflects (below the offsets it
     /// resumed from: a consumer can deliver some again around a seek).
     fn admit(&mut self, backlog: &mut VecDeque<InputRecord>) {
-        if self.revoked.load(Ordering::Relaxed) {
+        if self.assignment.is_revoked() {
             backlog.clear();
             return;
         }
@@ -328,8 +288,6 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
         if !task.delay.is_zero() {
             // A retry after a backoff ended (it may back off again below).
             self.execution.backing_off -= 1;
-            self.stalled
-                .store(self.execution.backing_off > 0, Ordering::Relaxed);
         }
         if let Some(took) = call_time {
             self.stats.guest_calls.fetch_add(1, Ordering::Relaxed);
@@ -482,7 +440,6 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
         task.delay = task.backoff;
         task.backoff = (task.backoff * 2).min(BACKOFF_MAX);
         self.execution.backing_off += 1;
-        self.stalled.store(true, Ordering::Relaxed);
         self.execution.ready.push_back(task);
     }
 

@@ -15,7 +15,6 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header as KafkaHeader, Headers, Message, OwnedHeaders, OwnedMessage};
 use rdkafka::producer::Producer;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 /// Where a sent record goes, kept with its delivery until acknowledged.
@@ -277,7 +276,7 @@ impl KafkaSink {
         let mut stalled = false;
         loop {
             let topic = self.topic_of(refused.destination).to_owned();
-            if self.group.is_some() || self.guard.give_up.load(Ordering::Relaxed) {
+            if self.group.is_some() || self.guard.given_up() {
                 return Err(SinkError {
                     topic,
                     source: Box::new(refused.error),
@@ -293,7 +292,7 @@ impl KafkaSink {
                     self.limits.dead_letter_bytes_max =
                         (self.limits.dead_letter_bytes_max / 2).max(DEAD_LETTER_BYTES_FLOOR);
                 } else {
-                    (self.guard.on_output_refused)();
+                    self.guard.output_refused();
                 }
                 self.refused_as_dead_letter(&refused)
             } else {
@@ -302,7 +301,7 @@ impl KafkaSink {
                     refused.error
                 );
                 tracing::warn!(topic, error = %refused.error, retry_in = ?backoff, "delivery failed; the partition waits and sends the record again");
-                (self.guard.on_stall)(Some(reason));
+                self.guard.stalled(Some(reason)).await;
                 stalled = true;
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(RESEND_BACKOFF_MAX);
@@ -333,7 +332,7 @@ impl KafkaSink {
                     let mut more = self.deliveries.take_refused();
                     if more.is_empty() {
                         if stalled {
-                            (self.guard.on_stall)(None);
+                            self.guard.stalled(None).await;
                         }
                         return Ok(());
                     }

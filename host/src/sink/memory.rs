@@ -165,13 +165,11 @@ impl ShardSink for MemorySink {
         let mut stalled = false;
         while !self.open.is_empty() && self.output.log().refusing.contains(&self.partition) {
             stalled = true;
-            (self.guard.on_stall)(Some("delivery refused (in-memory output)".to_owned()));
+            self.guard
+                .stalled(Some("delivery refused (in-memory output)".to_owned()))
+                .await;
             tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-            if self
-                .guard
-                .give_up
-                .load(std::sync::atomic::Ordering::Relaxed)
-            {
+            if self.guard.given_up() {
                 return Err(SinkError {
                     topic: "memory".to_owned(),
                     source: "refused, and the partition was revoked".into(),
@@ -179,7 +177,7 @@ impl ShardSink for MemorySink {
             }
         }
         if stalled {
-            (self.guard.on_stall)(None);
+            self.guard.stalled(None).await;
         }
         self.publish();
         Ok(())

@@ -1,0 +1,277 @@
+//! How the consumer loop and a partition's worker talk: one bounded, typed channel each way.
+//!
+//! - **Loop → worker**: the partition's queue of [`ToWorker`] — batches of records in offset
+//!   order and, at shutdown, [`ToWorker::Finish`] after the last — bounded by
+//!   `runtime.partition_queue_batches_max` batches. A full queue is backpressure: the loop waits
+//!   for room, or pauses the partition at the source while the worker is stalled.
+//!   The partition is **revoked** when the loop drops its end of the queue. [`Assignment`]
+//!   tells the worker (which drops what is queued and not yet admitted, checkpoints and ends,
+//!   docs/checkpoints.md "Rebalance") and its sink (which stops retrying refused deliveries)
+//!   at once, without waiting for the queue to drain.
+//! - **Worker → loop**: the [`WorkerEvent`]s of every worker of a run, on one channel of
+//!   [`EVENTS_MAX`]: a stall and its end, each committed checkpoint's offsets (for the consumer
+//!   group) and the worker's end. The loop takes them whenever it waits (for input, for room
+//!   in a queue, for a worker to finish), so a worker never waits long to send one. Each event
+//!   names the worker's [`WorkerId`]: a revoked partition's worker still finishing is not
+//!   taken for its successor.
+
+use super::PipelineStats;
+use super::ports::DeadLetterKind;
+use super::stats::{PartitionProblem, PartitionState};
+use crate::runtime::InputRecord;
+use crate::state::checkpoint::InputOffsets;
+use foldhash::{HashMap, HashMapExt};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use tokio::sync::mpsc;
+
+/// Capacity of the worker → loop channel, in events. A worker sends a handful per checkpoint
+/// interval; the loop takes them whenever it waits.
+pub(super) const EVENTS_MAX: usize = 256;
+
+/// What the consumer loop sends a partition's worker.
+#[derive(Debug)]
+pub(crate) enum ToWorker {
+    /// Records of the partition, in offset order (at most `batch_records_max`).
+    Records(Vec<InputRecord>),
+    /// Shutdown: process everything sent before, checkpoint a last time and end.
+    Finish,
+}
+
+/// One worker of a run: its partition, and which of the partition's workers on this host it
+/// is (a partition revoked and assigned again gets a new one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(super) struct WorkerId {
+    pub partition: i32,
+    pub incarnation: u64,
+}
+
+/// What holds a worker back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Stall {
+    /// It backs off from a state backend outage, retrying the records.
+    StateOutage,
+    /// Its sink waits to send a refused delivery again.
+    DeliveryRefused,
+}
+
+/// What a worker (or its sink) tells the consumer loop.
+#[derive(Debug)]
+pub(super) enum WorkerEvent {
+    /// The worker is held back by `cause` (or no longer, `stalled: false`): while it is, a full
+    /// queue pauses its partition at the source instead of holding up the loop.
+    Stall {
+        worker: WorkerId,
+        cause: Stall,
+        stalled: bool,
+    },
+    /// A checkpoint of the worker's shard committed with these offsets (at-least-once: the
+    /// loop commits them to the consumer group).
+    Checkpointed {
+        worker: WorkerId,
+        offsets: InputOffsets,
+    },
+    /// The worker's task is about to end: the loop finds out why.
+    Ended { worker: WorkerId },
+}
+
+/// A worker's end of the worker → loop channel.
+#[derive(Debug, Clone)]
+pub(crate) struct EventSender {
+    worker: WorkerId,
+    tx: mpsc::Sender<WorkerEvent>,
+}
+
+impl EventSender {
+    async fn send(&self, event: WorkerEvent) {
+        // Only a finished run drops the loop's end; nobody is left to tell.
+        let _ = self.tx.send(event).await;
+    }
+
+    /// The worker is held back by `cause`, or no longer.
+    pub async fn stalled(&self, cause: Stall, stalled: bool) {
+        let worker = self.worker;
+        self.send(WorkerEvent::Stall {
+            worker,
+            cause,
+            stalled,
+        })
+        .await;
+    }
+
+    /// A checkpoint committed with `offsets`.
+    pub async fn checkpointed(&self, offsets: InputOffsets) {
+        let worker = self.worker;
+        self.send(WorkerEvent::Checkpointed { worker, offsets })
+            .await;
+    }
+
+    /// The worker ends.
+    pub async fn ended(&self) {
+        let worker = self.worker;
+        self.send(WorkerEvent::Ended { worker }).await;
+    }
+}
+
+/// Whether a worker's partition is still assigned here: it is revoked once the consumer loop
+/// dropped its end of the partition's queue (module docs).
+#[derive(Debug, Clone)]
+pub(crate) struct Assignment(mpsc::WeakSender<ToWorker>);
+
+impl Assignment {
+    /// The assignment of the partition whose queue `queue` sends to.
+    pub fn of(queue: &mpsc::Sender<ToWorker>) -> Self {
+        Self(queue.downgrade())
+    }
+
+    /// Whether the partition was revoked.
+    pub fn is_revoked(&self) -> bool {
+        self.0.strong_count() == 0
+    }
+}
+
+/// The loop's end of the worker → loop channel, and what it learned from it.
+pub(super) struct Inbox {
+    tx: mpsc::Sender<WorkerEvent>,
+    rx: mpsc::Receiver<WorkerEvent>,
+    /// What holds each worker back now (both causes at once are possible).
+    stalls: HashMap<WorkerId, (bool, bool)>,
+    /// Committed checkpoints' offsets, oldest first, not yet committed to the group.
+    pub checkpointed: Vec<(WorkerId, InputOffsets)>,
+    /// Workers that said they end, not yet reaped.
+    pub ended: Vec<WorkerId>,
+}
+
+impl Inbox {
+    pub fn new() -> Self {
+        let (tx, rx) = mpsc::channel(EVENTS_MAX);
+        Self {
+            tx,
+            rx,
+            stalls: HashMap::new(),
+            checkpointed: Vec::new(),
+            ended: Vec::new(),
+        }
+    }
+
+    /// The sending end for `worker`.
+    pub fn sender(&self, worker: WorkerId) -> EventSender {
+        EventSender {
+            worker,
+            tx: self.tx.clone(),
+        }
+    }
+
+    /// Waits for the next event and takes it in. Never ends on its own (the inbox holds a
+    /// sender): for `select!` beside what the loop waits for.
+    pub async fn receive(&mut self) {
+        if let Some(event) = self.rx.recv().await {
+            self.take(event);
+        }
+    }
+
+    /// Takes in every event already sent.
+    pub fn receive_ready(&mut self) {
+        while let Ok(event) = self.rx.try_recv() {
+            self.take(event);
+        }
+    }
+
+    fn take(&mut self, event: WorkerEvent) {
+        match event {
+            WorkerEvent::Stall {
+                worker,
+                cause,
+                stalled,
+            } => {
+                let stalls = self.stalls.entry(worker).or_default();
+                match cause {
+                    Stall::StateOutage => stalls.0 = stalled,
+                    Stall::DeliveryRefused => stalls.1 = stalled,
+                }
+            }
+            WorkerEvent::Checkpointed { worker, offsets } => {
+                self.checkpointed.push((worker, offsets));
+            }
+            WorkerEvent::Ended { worker } => self.ended.push(worker),
+        }
+    }
+
+    /// Whether `worker` is held back now.
+    pub fn is_stalled(&self, worker: WorkerId) -> bool {
+        self.stalls
+            .get(&worker)
+            .is_some_and(|(outage, refused)| *outage || *refused)
+    }
+
+    /// Forgets what `worker` said: it ended and was reaped.
+    pub fn forget(&mut self, worker: WorkerId) {
+        self.stalls.remove(&worker);
+        self.ended.retain(|w| *w != worker);
+    }
+}
+
+/// How a sink tells its owner that deliveries keep failing, and learns that it should stop
+/// retrying: the partition pauses while a refused delivery waits to be sent again, its status
+/// says why, and a revoke ends the retries.
+#[derive(Debug, Default)]
+pub struct DeliveryGuard {
+    partition: i32,
+    stats: Option<Arc<PipelineStats>>,
+    events: Option<EventSender>,
+    assignment: Option<Assignment>,
+}
+
+impl DeliveryGuard {
+    /// The guard of `partition`'s sink, reporting to `stats` and through `events`, giving up
+    /// once `assignment` is revoked.
+    pub(super) fn new(
+        partition: i32,
+        stats: Arc<PipelineStats>,
+        events: EventSender,
+        assignment: Assignment,
+    ) -> Self {
+        Self {
+            partition,
+            stats: Some(stats),
+            events: Some(events),
+            assignment: Some(assignment),
+        }
+    }
+
+    /// A failed delivery waits to be sent again, for `Some(reason)`; one went through after
+    /// such a wait, for `None`.
+    pub async fn stalled(&self, reason: Option<String>) {
+        let stalled = reason.is_some();
+        if let Some(stats) = &self.stats {
+            stats.set_problem(
+                self.partition,
+                reason.map(|reason| PartitionProblem {
+                    state: PartitionState::Paused,
+                    reason,
+                }),
+            );
+        }
+        if let Some(events) = &self.events {
+            events.stalled(Stall::DeliveryRefused, stalled).await;
+        }
+    }
+
+    /// Whether the owner no longer wants the deliveries (the partition was revoked): retrying
+    /// stops and the failure is returned.
+    pub fn given_up(&self) -> bool {
+        self.assignment.as_ref().is_some_and(Assignment::is_revoked)
+    }
+
+    /// An output the destination refused as too large was dead-lettered in its place (counted
+    /// as [`DeadLetterKind::OutputRefused`]).
+    pub fn output_refused(&self) {
+        if let Some(stats) = &self.stats {
+            stats.dead_lettered.fetch_add(1, Ordering::Relaxed);
+            stats
+                .metrics
+                .dead_lettered(DeadLetterKind::OutputRefused)
+                .increment(1);
+        }
+    }
+}
