@@ -265,14 +265,15 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
             if let Some(Closing {
                 revoked_at,
                 id,
-                task,
+                mut task,
             }) = self.closing.remove(&partition)
             {
+                let ended = self.inbox.join(&mut task).await;
                 self.inbox.forget(id);
                 let ms = revoked_at.elapsed().as_millis() as u64;
                 self.stats.shards_closed.fetch_add(1, Ordering::Relaxed);
                 self.stats.forget_partition(partition);
-                match task.await {
+                match ended {
                     Ok(Ok(())) => tracing::info!(partition, ms, "revoked partition closed"),
                     Ok(Err(err)) => {
                         tracing::warn!(partition, ms, error = %err, "revoked partition closed with an error; the next owner resumes from its last checkpoint")

@@ -170,6 +170,20 @@ impl Inbox {
         }
     }
 
+    /// Waits for a worker's `task` to end, taking in events meanwhile: a worker may be sending
+    /// one as it ends, and must not wait on the loop that waits on it.
+    pub async fn join<T>(
+        &mut self,
+        task: &mut tokio::task::JoinHandle<T>,
+    ) -> Result<T, tokio::task::JoinError> {
+        loop {
+            tokio::select! {
+                ended = &mut *task => return ended,
+                () = self.receive() => {}
+            }
+        }
+    }
+
     /// Takes in every event already sent.
     pub fn receive_ready(&mut self) {
         while let Ok(event) = self.rx.try_recv() {

@@ -150,11 +150,12 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
 
     /// Why the worker of `partition` ended: awaits its task (it ended, or is about to).
     pub(super) async fn worker_failure(&mut self, partition: i32) -> PipelineError {
-        let Some(worker) = self.workers.remove(&partition) else {
+        let Some(mut worker) = self.workers.remove(&partition) else {
             return PipelineError::WorkerPanicked(partition);
         };
+        let ended = self.inbox.join(&mut worker.task).await;
         self.inbox.forget(worker.id);
-        match worker.task.await {
+        match ended {
             Ok(Err(err)) => PipelineError::Worker(err),
             Ok(Ok(())) | Err(_) => PipelineError::WorkerPanicked(partition),
         }

@@ -74,13 +74,8 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
                     () = self.inbox.receive() => {}
                 }
             }
-            let ended = loop {
-                tokio::select! {
-                    ended = &mut worker.task => break ended,
-                    // Its last checkpoint's offsets, among others.
-                    () = self.inbox.receive() => {}
-                }
-            };
+            // Taking in its last checkpoint's offsets, among others.
+            let ended = self.inbox.join(&mut worker.task).await;
             let outcome = match ended {
                 // The partition's next owner resumes from its last decided checkpoint.
                 Ok(
@@ -102,12 +97,7 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
             let Some(closing) = self.closing.get_mut(&partition) else {
                 continue;
             };
-            let ended = loop {
-                tokio::select! {
-                    ended = &mut closing.task => break ended,
-                    () = self.inbox.receive() => {}
-                }
-            };
+            let ended = self.inbox.join(&mut closing.task).await;
             if let Err(_panicked) = ended {
                 result = result.and(Err(PipelineError::WorkerPanicked(partition)));
             }
