@@ -3,8 +3,12 @@
 //! Modules own precise `thiserror` enums; [`ErrorKind`] is the coarse classification that
 //! callers (the pipeline loop, later the HTTP layer) branch on.
 
-/// What the caller should do about an error.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What the caller should do about an error. In the API (a failed pipeline's `reason_kind`)
+/// as its snake_case name.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, utoipa::ToSchema,
+)]
+#[serde(rename_all = "snake_case")]
 pub enum ErrorKind {
     /// The input is wrong (a bad config, a malformed Wasm file): fix it.
     InvalidInput,

@@ -425,6 +425,10 @@ async fn topics_are_the_tenants_own_and_a_missing_one_fails_the_pipeline_naming_
         reason.contains("`orders`") && reason.contains(&format!("`{initech_id}.orders`")),
         "the reason names the topic: {view:#}"
     );
+    assert_eq!(
+        view["status"]["reason_kind"], "invalid_input",
+        "a missing topic is the definition's to fix: {view:#}"
+    );
 
     // Co-partitioned input topics must have as many partitions each.
     create_topics(&[
@@ -442,6 +446,7 @@ async fn topics_are_the_tenants_own_and_a_missing_one_fails_the_pipeline_naming_
         reason.contains("`one` has 1") && reason.contains("`two` has 2"),
         "the reason names the topics and their partitions: {view:#}"
     );
+    assert_eq!(view["status"]["reason_kind"], "invalid_input", "{view:#}");
     for name in ["orders", "mixed"] {
         call(
             addr,

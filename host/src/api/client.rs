@@ -357,7 +357,10 @@ pub fn pipeline_status_text(p: &PipelineView) -> String {
         wire_name(&s.state),
         s.reason
             .as_deref()
-            .map(|r| format!(": {r}"))
+            .map(|r| match s.reason_kind {
+                Some(kind) => format!(" ({}): {r}", wire_name(&kind)),
+                None => format!(": {r}"),
+            })
             .unwrap_or_default()
     ));
     out.push_str(&format!(

@@ -82,6 +82,22 @@ pub enum PipelineError {
     WorkerPanicked(i32),
 }
 
+impl PipelineError {
+    /// What kind of failure ended the run: the runner reports it with the reason, and retries
+    /// every kind with backoff (a topic may be created, a broker come back).
+    pub fn kind(&self) -> crate::error::ErrorKind {
+        use crate::error::ErrorKind;
+        match self {
+            Self::Operator(err) => err.kind(),
+            // A client that cannot be configured or reach the cluster.
+            Self::Setup(_) | Self::DrainTimedOut(_) => ErrorKind::Unavailable,
+            Self::State(err) => err.kind(),
+            Self::Worker(err) => err.kind(),
+            Self::WorkerPanicked(_) => ErrorKind::Internal,
+        }
+    }
+}
+
 /// Runs the pipeline until `shutdown` completes or a fatal error occurs, then drains the
 /// workers (every queued batch processed and delivered, a last checkpoint) and returns.
 ///

@@ -7,6 +7,7 @@ use super::consumer_loop::{FENCED_HOLD, OPEN_RETRY_DELAY, Running, TRANSACTION_B
 use super::ports::{Cause, SinkError};
 use super::ports::{Output, Source};
 use super::{PartitionProblem, PartitionState, PipelineError};
+use crate::error::ErrorKind;
 use crate::state::StateBackend;
 use crate::state::StateError;
 use tokio::time::Instant;
@@ -67,6 +68,19 @@ pub enum WorkerError {
         #[source]
         source: Cause,
     },
+}
+
+impl WorkerError {
+    /// What kind of failure this is: the loop reopens the shard of a fenced, corrupt or
+    /// transaction-lost worker; the others stop the pipeline.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Self::Sink { .. } | Self::Transaction { .. } => ErrorKind::Unavailable,
+            Self::Corrupt { .. } => ErrorKind::Corrupt,
+            Self::Fenced { .. } => ErrorKind::Fenced,
+            Self::RecordFailed { .. } => ErrorKind::GuestFault,
+        }
+    }
 }
 
 impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {

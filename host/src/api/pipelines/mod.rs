@@ -493,6 +493,7 @@ pub(super) async fn pipelines_using(
 mod tests {
     use super::*;
     use crate::config::{Delivery, FailurePolicy, RuntimeSettings};
+    use crate::error::ErrorKind;
     use crate::pipeline::PartitionProgress;
 
     fn record(desired: DesiredState) -> PipelineRecord {
@@ -528,6 +529,7 @@ mod tests {
             run_generation: 2,
             phase,
             reason: (phase == HostPhase::Failed).then(|| "topic `in` does not exist".into()),
+            reason_kind: (phase == HostPhase::Failed).then_some(ErrorKind::InvalidInput),
             updated_ms: 0,
             stale_after_ms: 15_000,
             restarts: 0,
@@ -584,6 +586,11 @@ mod tests {
         let status = merge_status(&record(DesiredState::Running), &reports);
         assert_eq!(status.state, PipelineState::Failed);
         assert_eq!(status.reason.as_deref(), Some("topic `in` does not exist"));
+        assert_eq!(status.reason_kind, Some(ErrorKind::InvalidInput));
+        let host = status.hosts.iter().find(|h| h.host == "b").expect("host b");
+        assert_eq!(host.reason_kind, Some(ErrorKind::InvalidInput));
+        let json = serde_json::to_value(&status).expect("serializes");
+        assert_eq!(json["reason_kind"], "invalid_input");
     }
 
     #[test]

@@ -4,6 +4,7 @@
 
 use crate::api::catalog::valid_operator_name;
 use crate::config::{Delivery, FailurePolicy, RuntimeSettings};
+use crate::error::ErrorKind;
 use crate::pipeline::{CheckpointRecord, PartitionProgress};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -270,6 +271,11 @@ pub struct HostStatus {
     pub phase: HostPhase,
     /// Why it failed, when it did (the last failure while it restarts).
     pub reason: Option<String>,
+    /// What kind of failure `reason` is: `invalid_input` (fix the definition, its operator
+    /// or its topics), `unavailable` (a broker or the object store; it retries), `corrupt`,
+    /// `fenced`, `guest_fault` (a record failed with `failure_policy = "fail"`) or `internal`.
+    #[serde(default)]
+    pub reason_kind: Option<ErrorKind>,
     /// When this report was written, ms since the Unix epoch.
     pub updated_ms: u64,
     /// Age after which the report no longer counts (the host is gone), ms: a few of the
@@ -325,6 +331,8 @@ pub struct HostSummary {
     pub phase: HostPhase,
     /// Why it failed, if it did.
     pub reason: Option<String>,
+    /// What kind of failure `reason` is (as in a host's report).
+    pub reason_kind: Option<ErrorKind>,
     /// The partitions it runs.
     pub partitions: Vec<i32>,
     /// Its records per second.
@@ -340,6 +348,10 @@ pub struct PipelineStatus {
     pub state: PipelineState,
     /// Why, when failed.
     pub reason: Option<String>,
+    /// What kind of failure `reason` is: `invalid_input` (fix the definition, its operator
+    /// or its topics), `unavailable` (a broker or the object store; hosts retry), `corrupt`,
+    /// `fenced`, `guest_fault` or `internal`.
+    pub reason_kind: Option<ErrorKind>,
     /// The hosts that report on it.
     pub hosts: Vec<HostSummary>,
     /// Per partition: checkpointed offsets, high watermarks, lag, state bytes.
@@ -442,6 +454,7 @@ pub fn merge_status(record: &PipelineRecord, reports: &[(HostStatus, u64)]) -> P
     let mut status = PipelineStatus {
         state,
         reason: failed.and_then(|r| r.reason.clone()),
+        reason_kind: failed.and_then(|r| r.reason_kind),
         hosts: Vec::new(),
         partitions: Vec::new(),
         records_per_s: 0.0,
@@ -461,6 +474,7 @@ pub fn merge_status(record: &PipelineRecord, reports: &[(HostStatus, u64)]) -> P
             host: report.host.clone(),
             phase: report.phase,
             reason: report.reason.clone(),
+            reason_kind: report.reason_kind,
             partitions: report.partitions.iter().map(|p| p.partition).collect(),
             records_per_s: report.records_per_s,
             report_age_ms: *age,

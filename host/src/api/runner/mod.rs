@@ -12,23 +12,13 @@
 //! own Kafka clients, so one tenant's pipeline cannot read or evict another's.
 
 use super::catalog::Catalog;
-use super::pipelines::{HostPhase, HostStatus, PipelineRecord, kafka_topic};
-use super::problem::ApiError;
-use super::{now_ms, sha256_hex};
+use super::now_ms;
+use super::pipelines::{HostPhase, HostStatus, PipelineRecord};
 use crate::clock::{SharedClock, SystemClock};
-use crate::config::{
-    KafkaSettings, LsmStateSettings, PipelineSettings, RuntimeSettings, Settings, StateBackendKind,
-    StateSettings,
-};
-use crate::pipeline::{self, PipelineControl, PipelineStats};
-use crate::runtime::{Operator, Runtime};
-use crate::state::hooked_store::{HookedStore, Metering};
-use crate::state::lsm::backend::LsmBackend;
+use crate::config::RuntimeSettings;
+use crate::error::ErrorKind;
+use crate::pipeline::{PipelineControl, PipelineStats};
 use crate::state::lsm::cache::{BlockCaches, CacheSettings};
-use crate::state::lsm::shard::LsmShard;
-use crate::state::lsm::tree::LsmSettings;
-use rdkafka::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, Consumer};
 use serde::Deserialize;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
@@ -37,6 +27,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
+
+mod job;
+
+pub use job::{CompiledOperators, RunFailure};
+use job::{RunJob, RunResult};
 
 /// First delay before a failed run is started again; doubles per failure up to
 /// [`RESTART_BACKOFF_MAX`] (as Flink's exponential-delay restart strategy).
@@ -135,9 +130,6 @@ impl RunnerConfig {
     }
 }
 
-/// Why a run could not start or failed.
-type RunResult = Result<(), String>;
-
 /// One pipeline as this host runs it.
 struct Run {
     tenant: String,
@@ -151,7 +143,8 @@ struct Run {
     /// Set by the task once the operator is fetched and the topics checked.
     started: Arc<AtomicBool>,
     phase: HostPhase,
-    reason: Option<String>,
+    /// Why it failed (its reason cut to one line), while it is failed.
+    reason: Option<RunFailure>,
     restarts: u64,
     retry_at: Option<Instant>,
     backoff: Duration,
@@ -187,7 +180,8 @@ impl Run {
             uid: self.record.uid.clone(),
             run_generation: self.record.run_generation,
             phase: self.phase,
-            reason: self.reason.clone(),
+            reason: self.reason.as_ref().map(|f| f.reason.clone()),
+            reason_kind: self.reason.as_ref().map(|f| f.kind),
             updated_ms: now_ms(),
             stale_after_ms: stale_after.as_millis() as u64,
             restarts: self.restarts,
@@ -236,18 +230,6 @@ impl std::fmt::Debug for Runner {
             .field("runs", &self.runs.len())
             .finish_non_exhaustive()
     }
-}
-
-/// The error and its sources, `: `-separated.
-fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = err.to_string();
-    let mut source = err.source();
-    while let Some(e) = source {
-        text.push_str(": ");
-        text.push_str(&e.to_string());
-        source = e.source();
-    }
-    text
 }
 
 impl Runner {
@@ -355,22 +337,27 @@ impl Runner {
             let task = run.task.take().expect("checked");
             let result = futures::FutureExt::now_or_never(task)
                 .expect("finished")
-                .unwrap_or_else(|panic| Err(format!("the run panicked: {panic}")));
+                .unwrap_or_else(|panic| {
+                    Err(RunFailure::new(
+                        ErrorKind::Internal,
+                        format!("the run panicked: {panic}"),
+                    ))
+                });
             run.stop = None;
             match result {
                 Ok(()) => {
                     run.phase = HostPhase::Stopped;
                     run.reason = None;
                 }
-                Err(reason) => {
-                    let reason = one_line(&reason);
+                Err(failure) => {
+                    let reason = one_line(&failure.reason);
                     if run.launched.elapsed() >= BACKOFF_RESET_AFTER {
                         // It ran well for a long time: this is a new failure, not a loop.
                         run.backoff = RESTART_BACKOFF_MIN;
                     }
-                    tracing::warn!(tenant = %key.0, pipeline = %key.1, %reason, retry_in = ?run.backoff, "pipeline run failed");
+                    tracing::warn!(tenant = %key.0, pipeline = %key.1, kind = ?failure.kind, %reason, retry_in = ?run.backoff, "pipeline run failed");
                     run.phase = HostPhase::Failed;
-                    run.reason = Some(reason);
+                    run.reason = Some(RunFailure::new(failure.kind, reason));
                     run.retry_at = Some(Instant::now() + run.backoff);
                     run.backoff = (run.backoff * 2).min(RESTART_BACKOFF_MAX);
                 }
@@ -470,8 +457,11 @@ impl Runner {
                 (Some(caches), task)
             }
             Err(err) => {
-                let reason = format!("cannot create the state disk cache: {err}");
-                (None, tokio::spawn(async move { Err(reason) }))
+                let failure = RunFailure::new(
+                    ErrorKind::Internal,
+                    format!("cannot create the state disk cache: {err}"),
+                );
+                (None, tokio::spawn(async move { Err(failure) }))
             }
         };
         Run {
@@ -535,8 +525,8 @@ impl Runner {
             if let Some(task) = run.task.take() {
                 match task.await {
                     Ok(Ok(())) => {}
-                    Ok(Err(reason)) => {
-                        tracing::warn!(tenant = %key.0, pipeline = %key.1, %reason, "pipeline run failed while stopping")
+                    Ok(Err(failure)) => {
+                        tracing::warn!(tenant = %key.0, pipeline = %key.1, kind = ?failure.kind, reason = %failure.reason, "pipeline run failed while stopping")
                     }
                     Err(err) => {
                         tracing::error!(tenant = %key.0, pipeline = %key.1, error = %err, "pipeline run panicked")
@@ -555,300 +545,6 @@ impl Runner {
         }
         tracing::info!(host = %self.host, "every pipeline run stopped");
     }
-}
-
-/// The operators this host compiled, by tenant, component SHA-256 and limits, with the runtime
-/// (engine and its pool of instances) of each tenant and set of limits: a component is
-/// compiled once per host, tenant and limits, however many runs (restarts, switches back,
-/// pipelines sharing it) use it. Tenants never share an engine, so one tenant cannot take
-/// another's pooled instances.
-#[derive(Clone)]
-pub struct CompiledOperators {
-    runtimes: moka::future::Cache<(String, String), Arc<Runtime<LsmShard>>>,
-    operators: moka::future::Cache<(String, String, String), Arc<Operator<LsmShard>>>,
-    compiled_dir: Option<PathBuf>,
-}
-
-impl std::fmt::Debug for CompiledOperators {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CompiledOperators")
-            .field("operators", &self.operators.entry_count())
-            .finish_non_exhaustive()
-    }
-}
-
-impl Default for CompiledOperators {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl CompiledOperators {
-    /// An empty cache: at most 64 runtimes and 256 operators.
-    pub fn new() -> Self {
-        Self {
-            runtimes: moka::future::Cache::builder().max_capacity(64).build(),
-            operators: moka::future::Cache::builder().max_capacity(256).build(),
-            compiled_dir: None,
-        }
-    }
-
-    /// The same, keeping compiled components in `dir` as well, so that a restarted host does
-    /// not compile them again (see [`Runtime::with_compiled_dir`]).
-    pub fn with_compiled_dir(dir: PathBuf) -> Self {
-        Self {
-            compiled_dir: Some(dir),
-            ..Self::new()
-        }
-    }
-
-    /// `tenant`'s operator of component `sha256` (the file at `path`) compiled with
-    /// `runtime`'s limits: from the cache, or compiled now (once, however many ask at the same
-    /// time).
-    ///
-    /// # Errors
-    /// Why the runtime cannot be configured or the component cannot be loaded.
-    pub async fn operator(
-        &self,
-        tenant: &str,
-        sha256: &str,
-        path: &std::path::Path,
-        runtime: &RuntimeSettings,
-        clock: SharedClock,
-    ) -> Result<Arc<Operator<LsmShard>>, String> {
-        // Every field of the limits matters to the engine or the instances: all of them key.
-        let limits = format!("{runtime:?}");
-        let engine = self
-            .runtimes
-            .try_get_with((tenant.to_owned(), limits.clone()), async {
-                let runtime = Runtime::new(runtime, clock)?;
-                Ok::<_, crate::runtime::RuntimeError>(Arc::new(match &self.compiled_dir {
-                    Some(dir) => runtime.with_compiled_dir(dir.clone()),
-                    None => runtime,
-                }))
-            })
-            .await
-            .map_err(|e| {
-                format!(
-                    "cannot configure the operator runtime: {}",
-                    error_chain(&*e)
-                )
-            })?;
-        self.operators
-            .try_get_with((tenant.to_owned(), sha256.to_owned(), limits), async {
-                let operator = engine.load_operator(path).await.map(Arc::new);
-                if let Ok(operator) = &operator {
-                    if operator.from_compiled_dir() {
-                        tracing::info!(%sha256, "operator loaded compiled");
-                    } else {
-                        tracing::info!(%sha256, "operator compiled");
-                    }
-                }
-                operator
-            })
-            .await
-            .map_err(|e| format!("cannot load the operator: {}", error_chain(&*e)))
-    }
-}
-
-/// What a run's task needs.
-struct RunJob {
-    catalog: Catalog,
-    config: RunnerConfig,
-    runtime: RuntimeSettings,
-    work_dir: PathBuf,
-    clock: SharedClock,
-    compiled: CompiledOperators,
-    tenant: String,
-    record: PipelineRecord,
-    caches: Arc<BlockCaches>,
-    stats: Arc<PipelineStats>,
-    started: Arc<AtomicBool>,
-}
-
-impl RunJob {
-    async fn run(
-        self,
-        control: PipelineControl,
-        stop: impl std::future::Future<Output = ()>,
-    ) -> RunResult {
-        let (path, sha256) = self.operator_file().await?;
-        let settings = self.settings(path.clone())?;
-        check_topics(&settings, &self.tenant).await?;
-        let operator = self
-            .compiled
-            .operator(
-                &self.tenant,
-                &sha256,
-                &path,
-                &settings.runtime,
-                self.clock.clone(),
-            )
-            .await?;
-        // Every request of the run's state is counted under its labels.
-        let store: Arc<dyn object_store::ObjectStore> = Arc::new(HookedStore::new(
-            self.catalog.store().clone(),
-            Arc::new(Metering::new(&self.stats.metrics)),
-        ));
-        let backend = Arc::new(LsmBackend::new(
-            store,
-            self.catalog
-                .pipeline_state_prefix(&self.tenant, &self.record.uid),
-            self.caches.clone(),
-            LsmSettings {
-                memtable_bytes_max: self.config.memtable_bytes_max,
-                ..LsmSettings::default()
-            },
-            self.clock.clone(),
-        ));
-        self.started.store(true, Ordering::Relaxed);
-        pipeline::run_operator(settings, backend, operator, self.stats, control, stop)
-            .await
-            .map_err(|err| error_chain(&err))
-    }
-
-    /// The operator's component in the work directory, fetched from the catalog and checked
-    /// against its SHA-256 the first time.
-    async fn operator_file(&self) -> Result<(PathBuf, String), String> {
-        let spec = &self.record.spec;
-        let version = self
-            .catalog
-            .version(&self.tenant, &spec.operator, spec.operator_version)
-            .await
-            .map_err(|e| e.to_string())?
-            .ok_or_else(|| {
-                format!(
-                    "operator `{}` has no version {}",
-                    spec.operator, spec.operator_version
-                )
-            })?;
-        let path = self
-            .work_dir
-            .join("operators")
-            .join(format!("{}.wasm", version.sha256));
-        if path.exists() {
-            return Ok((path, version.sha256));
-        }
-        let bytes = self
-            .catalog
-            .blob(&self.tenant, &version.sha256)
-            .await
-            .map_err(|e: ApiError| e.to_string())?;
-        if sha256_hex(&bytes) != version.sha256 {
-            return Err(format!(
-                "the stored component of operator `{}` version {} does not match its SHA-256",
-                spec.operator, spec.operator_version
-            ));
-        }
-        // A name of its own per write: two runs of this host may fetch the same component.
-        static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        let partial = path.with_extension(format!(
-            "partial-{}-{}",
-            std::process::id(),
-            WRITES.fetch_add(1, Ordering::Relaxed)
-        ));
-        tokio::fs::write(&partial, &bytes)
-            .await
-            .and(tokio::fs::rename(&partial, &path).await)
-            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
-        Ok((path, version.sha256))
-    }
-
-    /// The settings of `pipeline::run` for this definition.
-    fn settings(&self, operator: PathBuf) -> Result<Settings, String> {
-        let (tenant, record, spec) = (&self.tenant, &self.record, &self.record.spec);
-        Ok(Settings {
-            pipeline: PipelineSettings {
-                // Tenant ids hold no `.`: no two tenants' pipelines share a name.
-                name: format!("{tenant}.{}", record.name),
-                operator,
-                input_topics: spec
-                    .input_topics
-                    .iter()
-                    .map(|t| kafka_topic(tenant, t))
-                    .collect(),
-                output_topic: kafka_topic(tenant, &spec.output_topic),
-                dead_letter_topic: kafka_topic(tenant, &spec.dead_letter_topic),
-                group_id: Some(format!("weir.{tenant}.{}.{}", record.name, record.uid)),
-                checkpoint_interval: Duration::from_millis(spec.checkpoint_interval_ms),
-                delivery: spec.delivery,
-                in_flight_max: spec.in_flight_max as usize,
-                failure_policy: spec.failure_policy,
-            },
-            kafka: KafkaSettings {
-                bootstrap_servers: self.config.bootstrap_servers.clone(),
-                consumer: self.config.consumer.clone(),
-                producer: self.config.producer.clone(),
-            },
-            runtime: spec.limits.apply(&self.runtime)?,
-            state: StateSettings {
-                backend: StateBackendKind::Lsm,
-                lsm: LsmStateSettings::default(),
-                memory: Default::default(),
-            },
-        })
-    }
-}
-
-/// Fails, naming it, when one of the pipeline's topics does not exist in the cluster, or
-/// when its input topics (co-partitioned: partition `p` of each is shard `p`) do not all have
-/// the same number of partitions.
-async fn check_topics(settings: &Settings, tenant: &str) -> RunResult {
-    let mut config = ClientConfig::new();
-    config.set("bootstrap.servers", &settings.kafka.bootstrap_servers);
-    for (k, v) in &settings.kafka.consumer {
-        config.set(k, v);
-    }
-    let p = &settings.pipeline;
-    let inputs = p.input_topics.clone();
-    let mut topics = inputs.clone();
-    topics.push(p.output_topic.clone());
-    topics.push(p.dead_letter_topic.clone());
-    let prefix = format!("{tenant}.");
-    tokio::task::spawn_blocking(move || {
-        let name = |topic: &str| topic.strip_prefix(&prefix).unwrap_or(topic).to_owned();
-        let consumer: BaseConsumer = config
-            .create()
-            .map_err(|e| format!("cannot create a Kafka client: {e}"))?;
-        let mut input_partitions = Vec::new();
-        for topic in topics {
-            let metadata = consumer
-                .fetch_metadata(Some(&topic), METADATA_TIMEOUT)
-                .map_err(|e| {
-                    format!("cannot read the metadata of topic `{}`: {e}", name(&topic))
-                })?;
-            let partitions = metadata
-                .topics()
-                .iter()
-                .find(|t| t.name() == topic && t.error().is_none())
-                .map_or(0, |t| t.partitions().len());
-            if partitions == 0 {
-                return Err(format!(
-                    "topic `{}` (Kafka topic `{topic}`) does not exist; create it first",
-                    name(&topic)
-                ));
-            }
-            if inputs.contains(&topic) {
-                input_partitions.push((name(&topic), partitions));
-            }
-        }
-        if input_partitions
-            .iter()
-            .any(|(_, n)| *n != input_partitions[0].1)
-        {
-            let each: Vec<String> = input_partitions
-                .iter()
-                .map(|(topic, n)| format!("`{topic}` has {n}"))
-                .collect();
-            return Err(format!(
-                "the input topics are co-partitioned and must have as many partitions each: {}",
-                each.join(", ")
-            ));
-        }
-        Ok(())
-    })
-    .await
-    .unwrap_or_else(|e| Err(format!("the topic check panicked: {e}")))
 }
 
 #[cfg(test)]

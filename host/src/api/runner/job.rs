@@ -1,0 +1,386 @@
+//! One run of a pipeline on this host (what its task does), the operators compiled for runs,
+//! and why a run failed, by kind.
+
+use super::{METADATA_TIMEOUT, RunnerConfig};
+use crate::api::catalog::Catalog;
+use crate::api::pipelines::{PipelineRecord, kafka_topic};
+use crate::api::problem::ApiError;
+use crate::api::sha256_hex;
+use crate::clock::SharedClock;
+use crate::config::{
+    KafkaSettings, LsmStateSettings, PipelineSettings, RuntimeSettings, Settings, StateBackendKind,
+    StateSettings,
+};
+use crate::error::{Chain, ErrorKind};
+use crate::pipeline::{self, PipelineControl, PipelineStats};
+use crate::runtime::{Operator, Runtime};
+use crate::state::hooked_store::{HookedStore, Metering};
+use crate::state::lsm::backend::LsmBackend;
+use crate::state::lsm::cache::BlockCaches;
+use crate::state::lsm::shard::LsmShard;
+use crate::state::lsm::tree::LsmSettings;
+use rdkafka::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+/// Why a run could not start or failed: what kind of failure (what to do about it) and the
+/// reason, one line for the pipeline's status.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunFailure {
+    /// What to do about it.
+    pub kind: ErrorKind,
+    /// What happened.
+    pub reason: String,
+}
+
+impl RunFailure {
+    /// A failure of `kind` for `reason`.
+    pub fn new(kind: ErrorKind, reason: impl Into<String>) -> Self {
+        Self {
+            kind,
+            reason: reason.into(),
+        }
+    }
+
+    /// `context`, then `err` and its sources.
+    fn of(kind: ErrorKind, context: &str, err: &(dyn std::error::Error + 'static)) -> Self {
+        Self::new(kind, format!("{context}: {}", Chain(err)))
+    }
+}
+
+/// How a run ended.
+pub(super) type RunResult = Result<(), RunFailure>;
+
+/// The kind of a catalog error met while fetching a run's operator.
+fn catalog_kind(err: &ApiError) -> ErrorKind {
+    match err {
+        ApiError::Unavailable(_) => ErrorKind::Unavailable,
+        ApiError::NotFound(_) => ErrorKind::InvalidInput,
+        _ => ErrorKind::Internal,
+    }
+}
+
+/// The operators this host compiled, by tenant, component SHA-256 and limits, with the runtime
+/// (engine and its pool of instances) of each tenant and set of limits: a component is
+/// compiled once per host, tenant and limits, however many runs (restarts, switches back,
+/// pipelines sharing it) use it. Tenants never share an engine, so one tenant cannot take
+/// another's pooled instances.
+#[derive(Clone)]
+pub struct CompiledOperators {
+    runtimes: moka::future::Cache<(String, String), Arc<Runtime<LsmShard>>>,
+    operators: moka::future::Cache<(String, String, String), Arc<Operator<LsmShard>>>,
+    compiled_dir: Option<PathBuf>,
+}
+
+impl std::fmt::Debug for CompiledOperators {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CompiledOperators")
+            .field("operators", &self.operators.entry_count())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for CompiledOperators {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl CompiledOperators {
+    /// An empty cache: at most 64 runtimes and 256 operators.
+    pub fn new() -> Self {
+        Self {
+            runtimes: moka::future::Cache::builder().max_capacity(64).build(),
+            operators: moka::future::Cache::builder().max_capacity(256).build(),
+            compiled_dir: None,
+        }
+    }
+
+    /// The same, keeping compiled components in `dir` as well, so that a restarted host does
+    /// not compile them again (see [`Runtime::with_compiled_dir`]).
+    pub fn with_compiled_dir(dir: PathBuf) -> Self {
+        Self {
+            compiled_dir: Some(dir),
+            ..Self::new()
+        }
+    }
+
+    /// `tenant`'s operator of component `sha256` (the file at `path`) compiled with
+    /// `runtime`'s limits: from the cache, or compiled now (once, however many ask at the same
+    /// time).
+    ///
+    /// # Errors
+    /// Why the runtime cannot be configured or the component cannot be loaded.
+    pub async fn operator(
+        &self,
+        tenant: &str,
+        sha256: &str,
+        path: &std::path::Path,
+        runtime: &RuntimeSettings,
+        clock: SharedClock,
+    ) -> Result<Arc<Operator<LsmShard>>, RunFailure> {
+        // Every field of the limits matters to the engine or the instances: all of them key.
+        let limits = format!("{runtime:?}");
+        let engine = self
+            .runtimes
+            .try_get_with((tenant.to_owned(), limits.clone()), async {
+                let runtime = Runtime::new(runtime, clock)?;
+                Ok::<_, crate::runtime::RuntimeError>(Arc::new(match &self.compiled_dir {
+                    Some(dir) => runtime.with_compiled_dir(dir.clone()),
+                    None => runtime,
+                }))
+            })
+            .await
+            .map_err(|e| RunFailure::of(e.kind(), "cannot configure the operator runtime", &*e))?;
+        self.operators
+            .try_get_with((tenant.to_owned(), sha256.to_owned(), limits), async {
+                let operator = engine.load_operator(path).await.map(Arc::new);
+                if let Ok(operator) = &operator {
+                    if operator.from_compiled_dir() {
+                        tracing::info!(%sha256, "operator loaded compiled");
+                    } else {
+                        tracing::info!(%sha256, "operator compiled");
+                    }
+                }
+                operator
+            })
+            .await
+            .map_err(|e| RunFailure::of(e.kind(), "cannot load the operator", &*e))
+    }
+}
+
+/// What a run's task needs.
+pub(super) struct RunJob {
+    pub catalog: Catalog,
+    pub config: RunnerConfig,
+    pub runtime: RuntimeSettings,
+    pub work_dir: PathBuf,
+    pub clock: SharedClock,
+    pub compiled: CompiledOperators,
+    pub tenant: String,
+    pub record: PipelineRecord,
+    pub caches: Arc<BlockCaches>,
+    pub stats: Arc<PipelineStats>,
+    /// Set once the operator is fetched and the topics checked.
+    pub started: Arc<AtomicBool>,
+}
+
+impl RunJob {
+    /// Fetches the operator, checks the topics and runs the pipeline until `stop`.
+    pub async fn run(
+        self,
+        control: PipelineControl,
+        stop: impl std::future::Future<Output = ()>,
+    ) -> RunResult {
+        let (path, sha256) = self.operator_file().await?;
+        let settings = self.settings(path.clone())?;
+        check_topics(&settings, &self.tenant).await?;
+        let operator = self
+            .compiled
+            .operator(
+                &self.tenant,
+                &sha256,
+                &path,
+                &settings.runtime,
+                self.clock.clone(),
+            )
+            .await?;
+        // Every request of the run's state is counted under its labels.
+        let store: Arc<dyn object_store::ObjectStore> = Arc::new(HookedStore::new(
+            self.catalog.store().clone(),
+            Arc::new(Metering::new(&self.stats.metrics)),
+        ));
+        let backend = Arc::new(LsmBackend::new(
+            store,
+            self.catalog
+                .pipeline_state_prefix(&self.tenant, &self.record.uid),
+            self.caches.clone(),
+            LsmSettings {
+                memtable_bytes_max: self.config.memtable_bytes_max,
+                ..LsmSettings::default()
+            },
+            self.clock.clone(),
+        ));
+        self.started.store(true, Ordering::Relaxed);
+        pipeline::run_operator(settings, backend, operator, self.stats, control, stop)
+            .await
+            .map_err(|err| RunFailure::new(err.kind(), Chain(&err).to_string()))
+    }
+
+    /// The operator's component in the work directory, fetched from the catalog and checked
+    /// against its SHA-256 the first time.
+    async fn operator_file(&self) -> Result<(PathBuf, String), RunFailure> {
+        let spec = &self.record.spec;
+        let version = self
+            .catalog
+            .version(&self.tenant, &spec.operator, spec.operator_version)
+            .await
+            .map_err(|e| RunFailure::new(catalog_kind(&e), e.to_string()))?
+            .ok_or_else(|| {
+                RunFailure::new(
+                    ErrorKind::InvalidInput,
+                    format!(
+                        "operator `{}` has no version {}",
+                        spec.operator, spec.operator_version
+                    ),
+                )
+            })?;
+        let path = self
+            .work_dir
+            .join("operators")
+            .join(format!("{}.wasm", version.sha256));
+        if path.exists() {
+            return Ok((path, version.sha256));
+        }
+        let bytes = self
+            .catalog
+            .blob(&self.tenant, &version.sha256)
+            .await
+            .map_err(|e: ApiError| RunFailure::new(catalog_kind(&e), e.to_string()))?;
+        if sha256_hex(&bytes) != version.sha256 {
+            return Err(RunFailure::new(
+                ErrorKind::Corrupt,
+                format!(
+                    "the stored component of operator `{}` version {} does not match its SHA-256",
+                    spec.operator, spec.operator_version
+                ),
+            ));
+        }
+        // A name of its own per write: two runs of this host may fetch the same component.
+        static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let partial = path.with_extension(format!(
+            "partial-{}-{}",
+            std::process::id(),
+            WRITES.fetch_add(1, Ordering::Relaxed)
+        ));
+        tokio::fs::write(&partial, &bytes)
+            .await
+            .and(tokio::fs::rename(&partial, &path).await)
+            .map_err(|e| {
+                RunFailure::new(
+                    ErrorKind::Internal,
+                    format!("cannot write {}: {e}", path.display()),
+                )
+            })?;
+        Ok((path, version.sha256))
+    }
+
+    /// The settings of `pipeline::run` for this definition.
+    fn settings(&self, operator: PathBuf) -> Result<Settings, RunFailure> {
+        let (tenant, record, spec) = (&self.tenant, &self.record, &self.record.spec);
+        Ok(Settings {
+            pipeline: PipelineSettings {
+                // Tenant ids hold no `.`: no two tenants' pipelines share a name.
+                name: format!("{tenant}.{}", record.name),
+                operator,
+                input_topics: spec
+                    .input_topics
+                    .iter()
+                    .map(|t| kafka_topic(tenant, t))
+                    .collect(),
+                output_topic: kafka_topic(tenant, &spec.output_topic),
+                dead_letter_topic: kafka_topic(tenant, &spec.dead_letter_topic),
+                group_id: Some(format!("weir.{tenant}.{}.{}", record.name, record.uid)),
+                checkpoint_interval: Duration::from_millis(spec.checkpoint_interval_ms),
+                delivery: spec.delivery,
+                in_flight_max: spec.in_flight_max as usize,
+                failure_policy: spec.failure_policy,
+            },
+            kafka: KafkaSettings {
+                bootstrap_servers: self.config.bootstrap_servers.clone(),
+                consumer: self.config.consumer.clone(),
+                producer: self.config.producer.clone(),
+            },
+            runtime: spec
+                .limits
+                .apply(&self.runtime)
+                .map_err(|reason| RunFailure::new(ErrorKind::InvalidInput, reason))?,
+            state: StateSettings {
+                backend: StateBackendKind::Lsm,
+                lsm: LsmStateSettings::default(),
+                memory: Default::default(),
+            },
+        })
+    }
+}
+
+/// Fails, naming it, when one of the pipeline's topics does not exist in the cluster, or
+/// when its input topics (co-partitioned: partition `p` of each is shard `p`) do not all have
+/// the same number of partitions.
+async fn check_topics(settings: &Settings, tenant: &str) -> RunResult {
+    let mut config = ClientConfig::new();
+    config.set("bootstrap.servers", &settings.kafka.bootstrap_servers);
+    for (k, v) in &settings.kafka.consumer {
+        config.set(k, v);
+    }
+    let p = &settings.pipeline;
+    let inputs = p.input_topics.clone();
+    let mut topics = inputs.clone();
+    topics.push(p.output_topic.clone());
+    topics.push(p.dead_letter_topic.clone());
+    let prefix = format!("{tenant}.");
+    tokio::task::spawn_blocking(move || {
+        let name = |topic: &str| topic.strip_prefix(&prefix).unwrap_or(topic).to_owned();
+        let consumer: BaseConsumer = config.create().map_err(|e| {
+            RunFailure::new(
+                ErrorKind::InvalidInput,
+                format!("cannot create a Kafka client: {e}"),
+            )
+        })?;
+        let mut input_partitions = Vec::new();
+        for topic in topics {
+            let metadata = consumer
+                .fetch_metadata(Some(&topic), METADATA_TIMEOUT)
+                .map_err(|e| {
+                    RunFailure::new(
+                        ErrorKind::Unavailable,
+                        format!("cannot read the metadata of topic `{}`: {e}", name(&topic)),
+                    )
+                })?;
+            let partitions = metadata
+                .topics()
+                .iter()
+                .find(|t| t.name() == topic && t.error().is_none())
+                .map_or(0, |t| t.partitions().len());
+            if partitions == 0 {
+                return Err(RunFailure::new(
+                    ErrorKind::InvalidInput,
+                    format!(
+                        "topic `{}` (Kafka topic `{topic}`) does not exist; create it first",
+                        name(&topic)
+                    ),
+                ));
+            }
+            if inputs.contains(&topic) {
+                input_partitions.push((name(&topic), partitions));
+            }
+        }
+        if input_partitions
+            .iter()
+            .any(|(_, n)| *n != input_partitions[0].1)
+        {
+            let each: Vec<String> = input_partitions
+                .iter()
+                .map(|(topic, n)| format!("`{topic}` has {n}"))
+                .collect();
+            return Err(RunFailure::new(
+                ErrorKind::InvalidInput,
+                format!(
+                    "the input topics are co-partitioned and must have as many partitions each: {}",
+                    each.join(", ")
+                ),
+            ));
+        }
+        Ok(())
+    })
+    .await
+    .unwrap_or_else(|e| {
+        Err(RunFailure::new(
+            ErrorKind::Internal,
+            format!("the topic check panicked: {e}"),
+        ))
+    })
+}
