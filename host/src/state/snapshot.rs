@@ -32,7 +32,7 @@ pub type SnapshotEntries = BTreeMap<Vec<u8>, (Bytes, Option<u64>)>;
 
 /// Encodes `entries` as a snapshot object.
 pub fn encode<'a>(
-    entries: impl ExactSizeIterator<Item = (&'a Vec<u8>, &'a Bytes, Option<u64>)>,
+    entries: impl ExactSizeIterator<Item = (&'a [u8], &'a Bytes, Option<u64>)>,
 ) -> Bytes {
     let mut out = BytesMut::new();
     out.put_slice(MAGIC);
@@ -346,7 +346,7 @@ mod tests {
             (b"b".to_vec(), (Bytes::from_static(b""), Some(42))),
         ]
         .into();
-        let object = encode(entries.iter().map(|(k, (v, e))| (k, v, *e)));
+        let object = encode(entries.iter().map(|(k, (v, e))| (k.as_slice(), v, *e)));
         assert_eq!(decode(&object).expect("decodes"), entries);
         for i in 0..object.len() {
             let mut bad = object.to_vec();
@@ -405,7 +405,7 @@ mod tests {
         offsets.advance("in", next - 1);
         let entries: SnapshotEntries =
             [(b"k".to_vec(), (Bytes::from(next.to_string()), None))].into();
-        let object = encode(entries.iter().map(|(k, (v, e))| (k, v, *e)));
+        let object = encode(entries.iter().map(|(k, (v, e))| (k.as_slice(), v, *e)));
         shard
             .commit(object, checkpoint_metadata(&offsets, decided_by))
             .await
