@@ -100,6 +100,25 @@ impl World {
         )
         .await
     }
+
+    /// Starts a pipeline over this world's two partitions of 1,000 records with partition 0's
+    /// deliveries refused; returns the run once partition 1 is done and partition 0 paused.
+    async fn start_refusing_partition_0(&self) -> Run {
+        self.output.refuse(0, true);
+        let (run, _) = self
+            .start(ReadDelay::Fixed(Duration::from_millis(10)))
+            .await;
+        self.handle.assign(&[0, 1]);
+        until("partition 1 is done", || {
+            outputs_of(&self.output, 1) == 1000
+        })
+        .await;
+        until("partition 0 is paused", || {
+            self.handle.paused().contains(&0)
+        })
+        .await;
+        run
+    }
 }
 
 /// One pipeline run, and what drives it.
@@ -418,13 +437,7 @@ async fn a_checkpoint_drains_in_flight_batches_so_a_crash_resumes_with_exact_sta
 async fn a_stalled_sink_pauses_only_its_own_partition() {
     let world = World::new(2, 1000, "at_least_once");
     let (handle, output) = (&world.handle, &world.output);
-    output.refuse(0, true);
-    let (run, _) = world
-        .start(ReadDelay::Fixed(Duration::from_millis(10)))
-        .await;
-    handle.assign(&[0, 1]);
-    until("partition 1 is done", || outputs_of(output, 1) == 1000).await;
-    until("partition 0 is paused", || handle.paused().contains(&0)).await;
+    let run = world.start_refusing_partition_0().await;
     assert!(!handle.paused().contains(&1), "the other partition runs on");
     assert_eq!(
         outputs_of(output, 0),
@@ -447,13 +460,7 @@ async fn a_stalled_sink_pauses_only_its_own_partition() {
 async fn a_revoke_ends_the_retries_of_a_sink_whose_deliveries_are_refused() {
     let world = World::new(2, 1000, "at_least_once");
     let (handle, output) = (&world.handle, &world.output);
-    output.refuse(0, true);
-    let (run, _) = world
-        .start(ReadDelay::Fixed(Duration::from_millis(10)))
-        .await;
-    handle.assign(&[0, 1]);
-    until("partition 1 is done", || outputs_of(output, 1) == 1000).await;
-    until("partition 0 is paused", || handle.paused().contains(&0)).await;
+    let run = world.start_refusing_partition_0().await;
     // The sink retries for as long as the partition is assigned here; the revoke ends that,
     // and the worker closes without a checkpoint of what its sink could not deliver.
     handle.revoke(&[0]);
