@@ -408,6 +408,13 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
                     Err(mpsc::error::TrySendError::Closed(())) => None,
                 },
                 true => loop {
+                    match tx.try_reserve() {
+                        Ok(permit) => break Some(permit),
+                        Err(mpsc::error::TrySendError::Closed(())) => break None,
+                        Err(mpsc::error::TrySendError::Full(())) => {}
+                    }
+                    // A full queue: backpressure, unless the worker is held back (an outage,
+                    // a refused delivery), when the partition pauses and the others go on.
                     if self.inbox.is_stalled(id) {
                         self.pending.insert(partition, records);
                         self.paused.insert(partition);

@@ -140,6 +140,10 @@ pub(super) struct Inbox {
     pub checkpointed: Vec<(WorkerId, InputOffsets)>,
     /// Workers that said they end, not yet reaped.
     pub ended: Vec<WorkerId>,
+    /// Per partition, the newest incarnation forgotten: what it and older ones still say (an
+    /// event queued before it was reaped, or sent by an aborted one) is stale. Workers of a
+    /// partition are reaped oldest first (a new one starts only once the last has closed).
+    forgotten: HashMap<i32, u64>,
 }
 
 impl Inbox {
@@ -151,6 +155,7 @@ impl Inbox {
             stalls: HashMap::new(),
             checkpointed: Vec::new(),
             ended: Vec::new(),
+            forgotten: HashMap::new(),
         }
     }
 
@@ -192,6 +197,14 @@ impl Inbox {
     }
 
     fn take(&mut self, event: WorkerEvent) {
+        let worker = match &event {
+            WorkerEvent::Stall { worker, .. }
+            | WorkerEvent::Checkpointed { worker, .. }
+            | WorkerEvent::Ended { worker } => *worker,
+        };
+        if self.is_forgotten(worker) {
+            return;
+        }
         match event {
             WorkerEvent::Stall {
                 worker,
@@ -218,10 +231,28 @@ impl Inbox {
             .is_some_and(|(outage, refused)| *outage || *refused)
     }
 
-    /// Forgets what `worker` said: it ended and was reaped.
+    /// Forgets what `worker` and the older workers of its partition said, and ignores what
+    /// they still say: it ended and was reaped (or aborted). Its checkpoints' offsets go too:
+    /// the partition is no longer its to commit.
     pub fn forget(&mut self, worker: WorkerId) {
-        self.stalls.remove(&worker);
-        self.ended.retain(|w| *w != worker);
+        let floor = self.forgotten.entry(worker.partition).or_default();
+        *floor = (*floor).max(worker.incarnation);
+        self.stalls
+            .retain(|w, _| !Self::stale(*w, worker.partition, *floor));
+        self.ended
+            .retain(|w| !Self::stale(*w, worker.partition, *floor));
+        self.checkpointed
+            .retain(|(w, _)| !Self::stale(*w, worker.partition, *floor));
+    }
+
+    fn is_forgotten(&self, worker: WorkerId) -> bool {
+        self.forgotten
+            .get(&worker.partition)
+            .is_some_and(|floor| Self::stale(worker, worker.partition, *floor))
+    }
+
+    fn stale(worker: WorkerId, partition: i32, floor: u64) -> bool {
+        worker.partition == partition && worker.incarnation <= floor
     }
 }
 
@@ -287,5 +318,45 @@ impl DeliveryGuard {
                 .dead_lettered(DeadLetterKind::OutputRefused)
                 .increment(1);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(partition: i32, incarnation: u64) -> WorkerId {
+        WorkerId {
+            partition,
+            incarnation,
+        }
+    }
+
+    #[tokio::test]
+    async fn what_a_reaped_worker_and_its_elders_still_say_is_ignored() {
+        let mut inbox = Inbox::new();
+        let (old, reaped, next, other) = (id(0, 1), id(0, 2), id(0, 3), id(1, 1));
+        inbox.sender(reaped).stalled(Stall::StateOutage, true).await;
+        inbox
+            .sender(other)
+            .stalled(Stall::DeliveryRefused, true)
+            .await;
+        inbox.receive_ready();
+        assert!(inbox.is_stalled(reaped) && inbox.is_stalled(other));
+        inbox.forget(reaped);
+        assert!(!inbox.is_stalled(reaped), "forgotten");
+        assert!(inbox.is_stalled(other), "another partition's worker is not");
+        // Queued before it was reaped, or sent by an aborted elder: stale.
+        inbox.sender(reaped).ended().await;
+        inbox.sender(old).stalled(Stall::StateOutage, true).await;
+        inbox.sender(reaped).checkpointed(InputOffsets::new()).await;
+        // Its successor is heard.
+        inbox.sender(next).stalled(Stall::StateOutage, true).await;
+        inbox.sender(next).ended().await;
+        inbox.receive_ready();
+        assert!(!inbox.is_stalled(old) && !inbox.is_stalled(reaped));
+        assert!(inbox.is_stalled(next));
+        assert_eq!(inbox.ended, vec![next]);
+        assert!(inbox.checkpointed.is_empty());
     }
 }

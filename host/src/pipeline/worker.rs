@@ -164,7 +164,8 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
                         }
                         match queue.try_recv() {
                             Ok(message) => next = Some(message),
-                            Err(_) => break,
+                            Err(mpsc::error::TryRecvError::Empty) => break,
+                            Err(mpsc::error::TryRecvError::Disconnected) => next = None,
                         }
                     }
                 }
