@@ -213,7 +213,7 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
 
     /// Forgets revoked partitions: fetched records dropped, a shard being opened abandoned, a
     /// running worker told to drop its queue, checkpoint and end (it moves to `closing`).
-    fn drop_revoked(&mut self) {
+    pub(super) fn drop_revoked(&mut self) {
         for partition in self.source.take_revoked() {
             self.pending.remove(&partition);
             self.paused.remove(&partition);

@@ -21,6 +21,9 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
         for (_, opening) in self.opening.drain() {
             opening.abort();
         }
+        // A revoke the source reported before the shutdown reached the loop: that partition
+        // closes as revoked, and nothing of it is committed here (S1).
+        self.drop_revoked();
         let owned: HashSet<WorkerId> = self.workers.values().map(|w| w.id).collect();
         let deadline = tokio::time::Instant::now() + self.settings.runtime.shutdown_drain_max;
         match tokio::time::timeout_at(deadline, self.drain_all()).await {

@@ -434,6 +434,35 @@ async fn a_checkpoint_drains_in_flight_batches_so_a_crash_resumes_with_exact_sta
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_revoke_just_before_shutdown_commits_nothing_of_the_revoked_partition() {
+    let world = World::new(2, 1000, "at_least_once");
+    let handle = &world.handle;
+    let (run, _) = world
+        .start(ReadDelay::Fixed(Duration::from_millis(10)))
+        .await;
+    handle.assign(&[0, 1]);
+    until("a checkpoint of each partition", || {
+        run.stats.checkpoints.load(Ordering::Relaxed) >= 2
+    })
+    .await;
+    // The revoke reaches the source, and the shutdown comes before the loop took it in.
+    handle.revoke(&[0]);
+    run.stop().await.expect("clean stop");
+    // Partition 0's next owner commits what it recovers: a late commit of this host could
+    // move the group backwards (SCENARIOS.md S1).
+    let commits = handle.commits();
+    let (last, _) = commits
+        .iter()
+        .rev()
+        .find(|(_, wait)| *wait)
+        .expect("shutdown commits synchronously");
+    assert!(
+        last.keys().all(|(_, partition)| *partition == 1),
+        "the shutdown's commit names only partition 1: {last:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_stalled_sink_pauses_only_its_own_partition() {
     let world = World::new(2, 1000, "at_least_once");
     let (handle, output) = (&world.handle, &world.output);
