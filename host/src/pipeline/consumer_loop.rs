@@ -433,7 +433,7 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
                 return if live {
                     self.worker_ended(partition).await
                 } else {
-                    Err(self.worker_failure(partition).await)
+                    self.worker_drained(partition).await
                 };
             };
             let rest = records.split_off(records.len().min(batch_max));

@@ -79,19 +79,7 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
             }
             // Taking in its last checkpoint's offsets, among others.
             let ended = self.inbox.join(&mut worker.task).await;
-            let outcome = match ended {
-                // The partition's next owner resumes from its last decided checkpoint.
-                Ok(
-                    Ok(())
-                    | Err(
-                        WorkerError::Fenced { .. }
-                        | WorkerError::Transaction { .. }
-                        | WorkerError::Corrupt { .. },
-                    ),
-                ) => Ok(()),
-                Ok(Err(err)) => Err(PipelineError::Worker(err)),
-                Err(_) => Err(PipelineError::WorkerPanicked(partition)),
-            };
+            let outcome = drained(partition, ended);
             self.workers.remove(&partition);
             result = result.and(outcome);
         }
@@ -107,5 +95,38 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
             self.closing.remove(&partition);
         }
         result
+    }
+
+    /// The shutdown's end of a worker whose queue closed before its last batch was handed
+    /// over: it ended on its own (fenced, say); awaits it and judges it as [`drained`] does.
+    pub(super) async fn worker_drained(&mut self, partition: i32) -> Result<(), PipelineError> {
+        let Some(mut worker) = self.workers.remove(&partition) else {
+            return Ok(());
+        };
+        let ended = self.inbox.join(&mut worker.task).await;
+        self.inbox.forget(worker.id);
+        drained(partition, ended)
+    }
+}
+
+/// What a worker's end means to the shutdown. Finished, fenced by the shard's next owner, its
+/// transaction lost, or its state found corrupt: the partition's next owner resumes from its
+/// last decided checkpoint, and the shutdown goes on. Any other failure, or a panic, is the
+/// run's error.
+fn drained(
+    partition: i32,
+    ended: Result<Result<(), WorkerError>, tokio::task::JoinError>,
+) -> Result<(), PipelineError> {
+    match ended {
+        Ok(
+            Ok(())
+            | Err(
+                WorkerError::Fenced { .. }
+                | WorkerError::Transaction { .. }
+                | WorkerError::Corrupt { .. },
+            ),
+        ) => Ok(()),
+        Ok(Err(err)) => Err(PipelineError::Worker(err)),
+        Err(_) => Err(PipelineError::WorkerPanicked(partition)),
     }
 }
