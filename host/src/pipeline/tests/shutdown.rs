@@ -1,0 +1,79 @@
+//! The pipeline's shutdown: what it commits, and how it takes a worker that ends on its own
+//! while it is handed the last records.
+
+use super::*;
+
+#[tokio::test(start_paused = true)]
+async fn a_revoke_just_before_shutdown_commits_nothing_of_the_revoked_partition() {
+    let world = World::new(2, 1000, "at_least_once");
+    let handle = &world.handle;
+    let (run, _) = world
+        .start(ReadDelay::Fixed(Duration::from_millis(10)))
+        .await;
+    handle.assign(&[0, 1]);
+    until("a checkpoint of each partition", || {
+        run.stats.checkpoints.load(Ordering::Relaxed) >= 2
+    })
+    .await;
+    // The revoke reaches the source, and the shutdown comes before the loop took it in.
+    handle.revoke(&[0]);
+    run.stop().await.expect("clean stop");
+    // Partition 0's next owner commits what it recovers: a late commit of this host could
+    // move the group backwards (SCENARIOS.md S1).
+    let commits = handle.commits();
+    let (last, _) = commits
+        .iter()
+        .rev()
+        .find(|(_, wait)| *wait)
+        .expect("shutdown commits synchronously");
+    assert!(
+        last.keys().all(|(_, partition)| *partition == 1),
+        "the shutdown's commit names only partition 1: {last:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_worker_fenced_while_the_shutdown_hands_it_records_lets_the_shutdown_end_cleanly() {
+    let world = World::new(1, 1000, "at_least_once");
+    let handle = &world.handle;
+    let (run, backend) = world
+        .start(ReadDelay::Fixed(Duration::from_millis(10)))
+        .await;
+    handle.assign(&[0]);
+    until("a first checkpoint", || {
+        run.stats.checkpoints.load(Ordering::Relaxed) >= 1
+    })
+    .await;
+    // A state outage: records pile up in the worker's queue and in the loop, the partition
+    // paused. Meanwhile another host claims the shard (its session outlived ours).
+    backend.set_unavailable(0, true);
+    until("partition 0 is paused with records queued", || {
+        handle.paused().contains(&0)
+    })
+    .await;
+    let clock: SharedClock = Arc::new(SystemClock);
+    let next_owner = MemoryBackend::durable(world.store.clone(), "weir".into(), clock)
+        .open_shard(&ShardId {
+            pipeline: "counter".to_owned(),
+            partition: 0,
+        })
+        .await
+        .expect("the next owner claims the shard");
+    // The shutdown starts handing the held records over and waits for room (a paused
+    // partition's loop wakes every few milliseconds: 1 s of paused time is plenty). Then the
+    // outage ends, and the worker's next checkpoint is refused: it ends with its queue.
+    run.stop.send(()).expect("the run is running");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    backend.set_unavailable(0, false);
+    run.task
+        .await
+        .expect("the run does not panic")
+        .expect("a fenced worker ends its partition, not the shutdown");
+    // The shutdown commits what was decided before the claim: where the next owner resumes.
+    let recovered = next_owner
+        .recovered_offsets()
+        .expect("offsets")
+        .expect("the next owner opened a checkpoint");
+    let (committed, _) = handle.committed()[&(TOPIC.to_owned(), 0)].clone();
+    assert_eq!(Some(committed), recovered.next(TOPIC));
+}
