@@ -20,6 +20,7 @@ debug build: the smoke checks that the comparison runs, not how fast).
 """
 
 import argparse
+import math
 import os
 import re
 import shutil
@@ -276,6 +277,8 @@ def main() -> None:
                 log(f"repeat {repeat}/{args.repeats}: {e.label}")
                 r = measure_one(e, repeat, args, input_topic, run_id, work)
                 log(f"  {float(r['events_per_s']):,.0f} events/s, {r['cpu_us_per_event']} µs/event")
+                if not all(math.isfinite(float(r[k])) for k in ("events_per_s", "cpu_us_per_event")):
+                    raise SystemExit(f"{e.label}: the measurement is not a number: {r}")
                 results[e].events_per_s.append(float(r["events_per_s"]))
                 results[e].cpu_us_per_event.append(float(r["cpu_us_per_event"]))
                 if repeat == 1 and args.idle_secs > 0:
