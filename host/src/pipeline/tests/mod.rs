@@ -122,6 +122,30 @@ impl World {
         .await;
         run
     }
+
+    /// Starts a pipeline over this world with `partitions` assigned; once each has a
+    /// checkpoint, a state outage of partition 0: records pile up in its worker's queue and in
+    /// the loop until the partition is paused. Returns the run then, and its backend (whose
+    /// `set_unavailable(0, false)` ends the outage).
+    async fn start_holding_partition_0_in_an_outage(
+        &self,
+        partitions: &[i32],
+    ) -> (Run, Arc<Backend>) {
+        let (run, backend) = self
+            .start(ReadDelay::Fixed(Duration::from_millis(10)))
+            .await;
+        self.handle.assign(partitions);
+        until("a checkpoint of each partition", || {
+            run.stats.checkpoints.load(Ordering::Relaxed) >= partitions.len() as u64
+        })
+        .await;
+        backend.set_unavailable(0, true);
+        until("partition 0 is paused with records queued", || {
+            self.handle.paused().contains(&0)
+        })
+        .await;
+        (run, backend)
+    }
 }
 
 /// One pipeline run, and what drives it.
@@ -254,21 +278,8 @@ async fn a_revoke_in_the_middle_of_batches_drops_the_queued_records_without_chan
  {
     let world = World::new(2, 1000, "at_least_once");
     let (handle, output) = (&world.handle, &world.output);
-    let (run, backend) = world
-        .start(ReadDelay::Fixed(Duration::from_millis(10)))
-        .await;
-    handle.assign(&[0, 1]);
-    until("a checkpoint of each partition", || {
-        run.stats.checkpoints.load(Ordering::Relaxed) >= 2
-    })
-    .await;
-    // The worker of partition 0 stuck on a state outage: records pile up in its queue and in
-    // the loop until the partition is paused. Then the revoke, and the outage ends.
-    backend.set_unavailable(0, true);
-    until("partition 0 is paused with records queued", || {
-        handle.paused().contains(&0)
-    })
-    .await;
+    // The worker of partition 0 stuck on a state outage. Then the revoke, and the outage ends.
+    let (run, backend) = world.start_holding_partition_0_in_an_outage(&[0, 1]).await;
     handle.revoke(&[0]);
     backend.set_unavailable(0, false);
     until("partition 0's shard is closed", || {

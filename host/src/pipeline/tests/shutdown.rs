@@ -36,21 +36,9 @@ async fn a_revoke_just_before_shutdown_commits_nothing_of_the_revoked_partition(
 async fn a_worker_fenced_while_the_shutdown_hands_it_records_lets_the_shutdown_end_cleanly() {
     let world = World::new(1, 1000, "at_least_once");
     let handle = &world.handle;
-    let (run, backend) = world
-        .start(ReadDelay::Fixed(Duration::from_millis(10)))
-        .await;
-    handle.assign(&[0]);
-    until("a first checkpoint", || {
-        run.stats.checkpoints.load(Ordering::Relaxed) >= 1
-    })
-    .await;
-    // A state outage: records pile up in the worker's queue and in the loop, the partition
-    // paused. Meanwhile another host claims the shard (its session outlived ours).
-    backend.set_unavailable(0, true);
-    until("partition 0 is paused with records queued", || {
-        handle.paused().contains(&0)
-    })
-    .await;
+    // A state outage holds partition 0's records. Meanwhile another host claims the shard
+    // (its session outlived ours).
+    let (run, backend) = world.start_holding_partition_0_in_an_outage(&[0]).await;
     let clock: SharedClock = Arc::new(SystemClock);
     let next_owner = MemoryBackend::durable(world.store.clone(), "weir".into(), clock)
         .open_shard(&ShardId {
