@@ -174,6 +174,7 @@ pub async fn run(
                     delivery: Default::default(),
                     in_flight_max,
                     failure_policy: Default::default(),
+                    max_out_of_orderness: Default::default(),
                 },
                 kafka: KafkaSettings {
                     bootstrap_servers: bootstrap.clone(),

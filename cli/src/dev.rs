@@ -151,6 +151,7 @@ pub async fn run(opts: DevOptions) -> Result<(), DevError> {
             delivery: Default::default(),
             in_flight_max: weir_host::config::DEFAULT_IN_FLIGHT_MAX,
             failure_policy: Default::default(),
+            max_out_of_orderness: Default::default(),
         },
         kafka: KafkaSettings {
             bootstrap_servers: bootstrap.clone(),

@@ -769,6 +769,7 @@ async fn measure(
             delivery: Default::default(),
             in_flight_max: weir_host::config::DEFAULT_IN_FLIGHT_MAX,
             failure_policy: Default::default(),
+            max_out_of_orderness: Default::default(),
         },
         kafka: KafkaSettings {
             bootstrap_servers: opts.bootstrap_servers.clone(),
@@ -1124,6 +1125,7 @@ fn value_state(name: &str) -> StateDescriptor {
         name: name.to_owned(),
         kind: StateKind::Value,
         ttl_ms: None,
+        version: 0,
     }
 }
 

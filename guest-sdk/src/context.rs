@@ -5,6 +5,8 @@ use crate::state::{MapState, ValueState};
 use crate::wit::weir::operator::emit::{self as wit_emit, EmitError};
 use crate::wit::weir::operator::log::{self as wit_log, Level};
 use crate::wit::weir::operator::state::{self as wit_state};
+use crate::wit::weir::operator::timers::{self as wit_timers, TimerError};
+use crate::wit::weir::operator::types::TimeDomain as WitTimeDomain;
 use crate::wit::weir::operator::types::{Header as WitHeader, StateError};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -24,7 +26,41 @@ pub enum LogLevel {
     Error,
 }
 
-/// Access to the current record's keyed state, to emit and to log.
+/// The two kinds of time a timer can be set in (as Flink's `TimeDomain`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TimeDomain {
+    /// Record timestamps, as the shard's watermark tracks them: an event-time timer fires once
+    /// the watermark reaches its time.
+    EventTime,
+    /// The host's clock: a processing-time timer fires once the clock reaches its time, even
+    /// when no record arrives.
+    ProcessingTime,
+}
+
+impl TimeDomain {
+    fn to_wit(self) -> WitTimeDomain {
+        match self {
+            TimeDomain::EventTime => WitTimeDomain::EventTime,
+            TimeDomain::ProcessingTime => WitTimeDomain::ProcessingTime,
+        }
+    }
+}
+
+/// A timer that fired, as [`crate::Operator::on_timer`] receives it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Timer {
+    /// The key it was set for (the context acts for it).
+    pub key: Vec<u8>,
+    /// Its name.
+    pub name: String,
+    /// The time it was set for, ms of its domain.
+    pub time_ms: i64,
+    /// Its domain.
+    pub domain: TimeDomain,
+}
+
+/// Access to the current record's (or fired timer's) keyed state and timers, to emit and to
+/// log.
 ///
 /// Every state call reads or writes the state of the current record's key; writes become
 /// visible to later records at once and durable when the record is processed.
@@ -160,6 +196,56 @@ impl Context {
         }
     }
 
+    /// Sets timer `name` of the current key to fire at `at_ms` in `domain`, replacing any
+    /// timer of that name (as Flink's named timers: at most one per key and name). Staged like
+    /// a state write: it takes effect only if the record is processed. An event-time timer at
+    /// or before the current watermark fires in the next round.
+    ///
+    /// # Errors
+    /// [`Reject`] for a name that is empty or longer than 128 bytes, or a new name beyond the
+    /// host's limit of timers per key (1,024 by default).
+    pub fn set_timer(&mut self, name: &str, at_ms: i64, domain: TimeDomain) -> Result<(), Reject> {
+        wit_timers::set(self.record, name, at_ms, domain.to_wit()).map_err(timer_reject)
+    }
+
+    /// Removes timer `name` of the current key; removing one that is not set is not an error.
+    ///
+    /// # Errors
+    /// [`Reject`] for an invalid name.
+    pub fn clear_timer(&mut self, name: &str) -> Result<(), Reject> {
+        wit_timers::clear(self.record, name).map_err(timer_reject)
+    }
+
+    /// When timer `name` of the current key fires, and in which domain; `None` when it is not
+    /// set.
+    ///
+    /// # Errors
+    /// [`Reject`] for an invalid name.
+    pub fn timer(&mut self, name: &str) -> Result<Option<(i64, TimeDomain)>, Reject> {
+        let found = wit_timers::get(self.record, name).map_err(timer_reject)?;
+        Ok(found.map(|(at, domain)| {
+            (
+                at,
+                match domain {
+                    WitTimeDomain::EventTime => TimeDomain::EventTime,
+                    WitTimeDomain::ProcessingTime => TimeDomain::ProcessingTime,
+                },
+            )
+        }))
+    }
+
+    /// The shard's event-time watermark, ms: records with earlier timestamps are late. `None`
+    /// before the first record with a timestamp. Constant within a call.
+    pub fn watermark(&self) -> Option<i64> {
+        wit_timers::watermark()
+    }
+
+    /// The host's clock at the start of the call, ms since the Unix epoch (as Flink's
+    /// `currentProcessingTime()`); the guest's own clocks read zero.
+    pub fn processing_time(&self) -> i64 {
+        wit_timers::current_processing_time()
+    }
+
     /// Emits a record to the output topic; an empty key is produced as a null key.
     ///
     /// # Errors
@@ -241,6 +327,18 @@ fn emit_reject(err: EmitError) -> Reject {
         EmitError::InvalidRecord(i) => format!("emit error: invalid record index {i}"),
         EmitError::TooLarge(limit) => {
             format!("emit error: output for this record exceeds the limit of {limit} bytes")
+        }
+    })
+}
+
+fn timer_reject(err: TimerError) -> Reject {
+    Reject::new(match err {
+        TimerError::InvalidRecord(i) => format!("timer error: invalid record index {i}"),
+        TimerError::InvalidName(name) => {
+            format!("timer error: names are 1..=128 bytes, not `{name}`")
+        }
+        TimerError::TooManyTimers(limit) => {
+            format!("timer error: a key may have at most {limit} timers")
         }
     })
 }

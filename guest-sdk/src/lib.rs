@@ -43,7 +43,7 @@ mod operator;
 mod record;
 mod state;
 
-pub use context::{Context, LogLevel};
+pub use context::{Context, LogLevel, TimeDomain, Timer};
 pub use operator::{Operator, Reject};
 pub use record::{Header, Record};
 pub use state::{MapState, StateKind, StateSpec, ValueState};
@@ -51,9 +51,9 @@ pub use state::{MapState, StateKind, StateSpec, ValueState};
 #[doc(hidden)]
 pub mod __private {
     //! Used by [`export_operator!`](crate::export_operator); not part of the API.
-    pub use crate::operator::{describe, process_batch};
+    pub use crate::operator::{describe, on_timers, process_batch};
     pub use crate::wit::exports::weir::operator::operator::{
-        Disposition, Guest, InputRecord, OperatorInfo,
+        Disposition, FiredTimer, Guest, InputRecord, OperatorInfo,
     };
 }
 
@@ -63,7 +63,7 @@ pub mod __private {
 pub mod wit {
     wit_bindgen::generate!({
         path: "../wit",
-        world: "weir:operator/operator-world@0.1.0",
+        world: "weir:operator/operator-world@0.2.0",
         pub_export_macro: true,
         export_macro_name: "__export_operator_world",
         default_bindings_module: "weir_sdk::wit",
@@ -84,6 +84,11 @@ macro_rules! export_operator {
                 records: ::std::vec::Vec<$crate::__private::InputRecord>,
             ) -> ::std::vec::Vec<$crate::__private::Disposition> {
                 $crate::__private::process_batch::<$ty>(records)
+            }
+            fn on_timers(
+                timers: ::std::vec::Vec<$crate::__private::FiredTimer>,
+            ) -> ::std::vec::Vec<$crate::__private::Disposition> {
+                $crate::__private::on_timers::<$ty>(timers)
             }
         }
         $crate::wit::__export_operator_world!($ty with_types_in $crate::wit);

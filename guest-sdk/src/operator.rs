@@ -1,9 +1,13 @@
 //! The [`Operator`] trait and the glue that drives it from the exported `process-batch`.
 
 use crate::context::Context;
+use crate::context::{TimeDomain, Timer};
 use crate::record::Record;
 use crate::state::StateSpec;
-use crate::wit::exports::weir::operator::operator::{Disposition, InputRecord, OperatorInfo};
+use crate::wit::exports::weir::operator::operator::{
+    Disposition, FiredTimer, InputRecord, OperatorInfo,
+};
+use crate::wit::weir::operator::types::TimeDomain as WitTimeDomain;
 use std::fmt;
 
 /// A stream operator: called once per input record, in offset order per partition.
@@ -25,6 +29,20 @@ pub trait Operator: 'static {
     /// the reason, and the state writes and emits it made are discarded. State and emit errors
     /// convert into `Reject` with `?`.
     fn process(ctx: &mut Context, record: &Record) -> Result<(), Reject>;
+
+    /// Handles a timer of the key `timer.key` that fired (as Flink's
+    /// `KeyedProcessFunction.onTimer`): `ctx` acts for that key, as for a record, so state,
+    /// emits and timers work the same. The timer is already removed; set it again to re-arm
+    /// it. Timers fire in time order, never before the key's earlier records ran. The default
+    /// does nothing.
+    ///
+    /// # Errors
+    /// As [`Operator::process`]: a [`Reject`] discards the timer's effects and sends it to the
+    /// dead-letter topic (with `weir.timer.*` headers naming it).
+    fn on_timer(ctx: &mut Context, timer: &Timer) -> Result<(), Reject> {
+        let _ = (ctx, timer);
+        Ok(())
+    }
 }
 
 /// The reason an operator refuses a record; the record is dead-lettered with it.
@@ -70,6 +88,30 @@ pub fn describe<O: Operator>() -> OperatorInfo {
             .map(StateSpec::to_descriptor)
             .collect(),
     }
+}
+
+/// Drives [`Operator::on_timer`] over the fired timers of an `on-timers` call, collecting a
+/// disposition per timer. Used by [`export_operator!`](crate::export_operator).
+pub fn on_timers<O: Operator>(timers: Vec<FiredTimer>) -> Vec<Disposition> {
+    let mut dispositions = Vec::with_capacity(timers.len());
+    for (index, fired) in timers.into_iter().enumerate() {
+        let index = u32::try_from(index).expect("the host caps timer batches far below u32::MAX");
+        let mut ctx = Context::for_record(index);
+        let timer = Timer {
+            key: fired.key,
+            name: fired.name,
+            time_ms: fired.time_ms,
+            domain: match fired.domain {
+                WitTimeDomain::EventTime => TimeDomain::EventTime,
+                WitTimeDomain::ProcessingTime => TimeDomain::ProcessingTime,
+            },
+        };
+        dispositions.push(match O::on_timer(&mut ctx, &timer) {
+            Ok(()) => Disposition::Ok,
+            Err(reject) => Disposition::Reject(reject.reason),
+        });
+    }
+    dispositions
 }
 
 /// Runs `O::process` over a batch, one record at a time, collecting a disposition per record.

@@ -35,6 +35,7 @@ impl StateSpec {
                 StateKind::Map => WitStateKind::Map,
             },
             ttl_ms: self.ttl_ms,
+            version: 0,
         }
     }
 }

@@ -63,6 +63,11 @@ pub struct PipelineSettings {
     /// dead-lettered whatever this says.
     #[serde(default)]
     pub failure_policy: FailurePolicy,
+    /// How far behind the highest record timestamp seen the event-time watermark stays (as
+    /// Flink's `WatermarkStrategy.forBoundedOutOfOrderness`); default 0. A record whose
+    /// timestamp is behind the watermark is late (docs/time.md).
+    #[serde(default, with = "humantime_serde")]
+    pub max_out_of_orderness: Duration,
 }
 
 /// What happens to a record whose call fails for good (as Kafka Streams'
@@ -181,6 +186,13 @@ pub struct RuntimeSettings {
     /// allocator, which holds 256 per host: a partition that cannot get another one runs with
     /// those it has.
     pub partition_instances_max: usize,
+    /// Timers one key may have at once (1..=65536, default 1024); a `timers.set` of a new name
+    /// beyond it fails with `too-many-timers` (moving a timer never does).
+    pub timers_per_key_max: u32,
+    /// Most fired timers passed to one `on-timers` call (1..=65536, default 512). Due timers
+    /// fire in rounds of one such call, interleaved with records: a checkpoint waits for at
+    /// most one round, however many timers are due.
+    pub timer_batch_max: usize,
 }
 
 impl Default for RuntimeSettings {
@@ -200,6 +212,8 @@ impl Default for RuntimeSettings {
             log_lines_per_second_max: 100,
             partition_queue_batches_max: 4,
             partition_instances_max: 4,
+            timers_per_key_max: 1024,
+            timer_batch_max: 512,
         }
     }
 }
@@ -371,6 +385,12 @@ impl Settings {
                 p.in_flight_max
             ));
         }
+        if p.max_out_of_orderness > Duration::from_secs(365 * 24 * 3600) {
+            problems.push(format!(
+                "pipeline.max_out_of_orderness must be at most 365 days. max_out_of_orderness={:?}",
+                p.max_out_of_orderness
+            ));
+        }
         if p.checkpoint_interval < Duration::from_millis(10) {
             problems.push(format!(
                 "pipeline.checkpoint_interval must be at least 10ms. checkpoint_interval={:?}",
@@ -488,6 +508,18 @@ impl Settings {
             problems.push(format!(
                 "runtime.batch_staged_bytes_max must hold at least one largest write and one record's emits ({one_record} bytes). value={}",
                 r.batch_staged_bytes_max
+            ));
+        }
+        if !(1..=65_536).contains(&r.timers_per_key_max) {
+            problems.push(format!(
+                "runtime.timers_per_key_max must be 1..=65536. value={}",
+                r.timers_per_key_max
+            ));
+        }
+        if !(1..=65_536).contains(&r.timer_batch_max) {
+            problems.push(format!(
+                "runtime.timer_batch_max must be 1..=65536. value={}",
+                r.timer_batch_max
             ));
         }
         if r.partition_queue_batches_max == 0 {

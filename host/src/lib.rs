@@ -35,3 +35,4 @@ pub mod state;
 pub mod telemetry;
 #[cfg(test)]
 mod testing;
+pub mod time;

@@ -448,6 +448,7 @@ pub fn settings(
             delivery: Default::default(),
             in_flight_max: weir_host::config::DEFAULT_IN_FLIGHT_MAX,
             failure_policy: Default::default(),
+            max_out_of_orderness: Default::default(),
         },
         kafka: KafkaSettings {
             bootstrap_servers: kafka_bootstrap(),

@@ -9,10 +9,11 @@ use super::attempt;
 use super::events::{Assignment, Inbox, ToWorker, WorkerId};
 use super::open::{Opened, Opening};
 use super::ports::{GroupOffsets, Output, Source};
+use super::timers::Timers;
 use super::worker::PartitionWorker;
 use super::{PipelineControl, PipelineError, PipelineStats};
 use crate::config::Settings;
-use crate::runtime::{InputRecord, Operator};
+use crate::runtime::{InputRecord, Operator, WorldVersion};
 use crate::state::StateBackend;
 use crate::state::checkpoint::InputOffsets;
 use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
@@ -496,6 +497,12 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
             opened_at: Some(opened_at),
             failure_policy: self.settings.pipeline.failure_policy,
             checkpoint_requests: self.control.checkpoint_requests.clone(),
+            timers: Timers::new(
+                &self.settings.pipeline.input_topics,
+                self.settings.pipeline.max_out_of_orderness,
+                self.operator.clock().clone(),
+                self.operator.meta().world != WorldVersion::V0_1,
+            ),
         };
         let task = tokio::spawn(async move {
             let result = worker_state.run(rx).await;

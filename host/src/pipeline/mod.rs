@@ -37,6 +37,7 @@ mod outcome;
 pub mod ports;
 mod shutdown;
 mod stats;
+mod timers;
 mod worker;
 
 pub use attempt::prefetch;

@@ -68,6 +68,10 @@ pub struct PipelineStats {
     pub batches_in_flight_peak: AtomicU64,
     /// Records whose call failed for good and that `failure_policy = "skip"` dropped.
     pub records_skipped_failed: AtomicU64,
+    /// Timers that fired (their `on-timers` call ended: applied, rejected or failed).
+    pub timers_fired: AtomicU64,
+    /// Event-time watermark of each partition's shard, as applied, ms.
+    pub watermarks: Mutex<BTreeMap<i32, i64>>,
     /// Where each partition run here stands, by partition.
     pub partitions: Mutex<BTreeMap<i32, PartitionProgress>>,
     /// The newest committed checkpoints of this run, oldest first, at most

@@ -40,6 +40,7 @@ use super::events::{Assignment, EventSender, Stall, ToWorker};
 use super::isolation::{Isolation, Outcome, Verdict};
 use super::outcome::WorkerError;
 use super::ports::{DeadLetterKind, ShardSink, SinkError};
+use super::timers::Timers;
 use crate::config::{FailurePolicy, RuntimeSettings};
 use crate::runtime::{BatchCtx, CallError, Disposition, InputRecord, Operator};
 use crate::state::checkpoint::InputOffsets;
@@ -91,6 +92,8 @@ pub(crate) struct PartitionWorker<S: Shard, K: ShardSink> {
     pub failure_policy: FailurePolicy,
     /// Each change asks for a checkpoint now, besides the interval's.
     pub checkpoint_requests: watch::Receiver<u64>,
+    /// The shard's timers and watermark ([`super::timers`]).
+    pub timers: Timers,
 }
 
 impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
@@ -118,14 +121,23 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
         let mut requests = self.checkpoint_requests.clone();
         requests.mark_unchanged();
         let mut requests_open = true;
+        // A timer round just ran: admit what waits before the next one (docs/time.md).
+        let mut after_round = false;
         loop {
             self.report_stall().await;
-            if !checkpoint_due {
+            // A due timer stops admission, as a due checkpoint does, until every admitted
+            // record finished ([`super::timers`]).
+            let timers_due = self.timers.due();
+            if !checkpoint_due && (!timers_due || after_round) {
                 self.admit(&mut backlog);
+                after_round = false;
             }
             self.dispatch(&mut running);
             if running.is_empty() && self.execution.controller.is_idle() {
                 if checkpoint_due {
+                    if let Err(err) = self.save_watermark().await {
+                        tracing::debug!(partition = self.partition, error = %err, "cannot save the watermark before the checkpoint");
+                    }
                     self.checkpoint(false, checkpoint_requested).await?;
                     checkpoint_due = false;
                     checkpoint_requested = false;
@@ -135,7 +147,18 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
                 if closed {
                     break;
                 }
+                if timers_due && !after_round {
+                    self.timer_round().await?;
+                    after_round = true;
+                }
             }
+            // Looks at the clock again at the next processing-time timer (not while one is
+            // due: then finishing records is what the worker waits for).
+            let wake = if timers_due {
+                None
+            } else {
+                self.timers.next_wake()
+            };
             // Intake only with an empty backlog: what waits for room in flight stays in the
             // queue (which then fills and pauses the partition).
             let intake = !closed && backlog.is_empty() && !checkpoint_due;
@@ -169,7 +192,19 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
                         }
                     }
                 }
+                () = async {
+                    match wake {
+                        Some(at) => tokio::time::sleep_until(at).await,
+                        None => std::future::pending().await,
+                    }
+                } => {}
+                // After a round, once the checkpoint's tick, the finished attempts and the
+                // queue were looked at: admit, then go round again.
+                () = std::future::ready(()), if after_round => {}
             }
+        }
+        if let Err(err) = self.save_watermark().await {
+            tracing::debug!(partition = self.partition, error = %err, "cannot save the watermark before the last checkpoint");
         }
         self.checkpoint(true, false).await
     }
@@ -205,6 +240,9 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
                 continue;
             }
             self.admitted.advance(&record.topic, record.offset);
+            self.timers
+                .watermarks
+                .admitted(&record.topic, record.timestamp_ms);
             self.execution.controller.admit(record);
             admitted += 1;
         }
@@ -383,7 +421,7 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
 
     /// A record failed alone (trapped, or ran out of its deadline): dead-letter it, skip it or
     /// stop, as `failure_policy` says.
-    async fn failed_alone(
+    pub(super) async fn failed_alone(
         &mut self,
         record: &InputRecord,
         kind: DeadLetterKind,
@@ -487,6 +525,12 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
         let (writes, emits) = batch.into_effects();
         if apply_effects {
             if !writes.is_empty() {
+                // Timers set, moved or cleared: the worker's head follows them once applied.
+                let timer_writes: Vec<_> = writes
+                    .iter()
+                    .filter(|w| w.key.starts_with(&crate::time::keys::TIME_INDEX))
+                    .cloned()
+                    .collect();
                 let started = Instant::now();
                 let applied = self.shard.apply(writes).await;
                 self.stats
@@ -496,6 +540,7 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
                 if let Err(err) = applied {
                     return Ok(Err(err));
                 }
+                self.timers.applied(&timer_writes);
             }
             for emit in &emits {
                 let source = &records[emit.record as usize];
@@ -522,7 +567,7 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
         Ok(Ok(()))
     }
 
-    async fn dead_letter(
+    pub(super) async fn dead_letter(
         &mut self,
         record: &InputRecord,
         kind: DeadLetterKind,

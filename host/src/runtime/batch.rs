@@ -6,7 +6,7 @@
 //! (so record 7 sees what record 3 of the same key wrote), then prefetched values, then the
 //! shard.
 
-use super::bindings::{Header, InputRecord};
+use super::bindings::{FiredTimer, Header, InputRecord};
 use crate::state::StateWrite;
 use bytes::Bytes;
 use foldhash::{HashMap, HashMapExt};
@@ -48,7 +48,15 @@ pub(crate) fn emit_size(key: &[u8], value: &[u8], headers: &[Header]) -> u64 {
 /// Staging area of one call. See the module docs.
 #[derive(Debug)]
 pub struct BatchCtx {
+    /// The records of a `process-batch` call (empty for an `on-timers` call).
     pub(crate) records: Arc<Vec<InputRecord>>,
+    /// The fired timers of an `on-timers` call (empty for a `process-batch` call).
+    pub(crate) timers: Arc<Vec<FiredTimer>>,
+    /// The shard's applied event-time watermark, as `timers.watermark` returns it.
+    pub(crate) watermark: Option<i64>,
+    /// The host's clock at the call's start, as `timers.current-processing-time` returns it;
+    /// `None` until the caller sets it (imports then read the clock once and keep it).
+    pub(crate) processing_time_ms: Option<i64>,
     prefetched: HashMap<Vec<u8>, Option<Bytes>>,
     overlay: BTreeMap<Vec<u8>, Staged>,
     /// Per record: whether it staged any write or emit.
@@ -76,9 +84,22 @@ impl Default for BatchCtx {
 impl BatchCtx {
     /// An empty staging area for `records`.
     pub fn new(records: Arc<Vec<InputRecord>>) -> Self {
-        let n = records.len();
+        Self::of(records, Arc::new(Vec::new()))
+    }
+
+    /// An empty staging area for an `on-timers` call over `timers`: index `i` acts for the key
+    /// of `timers[i]`.
+    pub fn for_timers(timers: Arc<Vec<FiredTimer>>) -> Self {
+        Self::of(Arc::new(Vec::new()), timers)
+    }
+
+    fn of(records: Arc<Vec<InputRecord>>, timers: Arc<Vec<FiredTimer>>) -> Self {
+        let n = records.len().max(timers.len());
         Self {
             records,
+            timers,
+            watermark: None,
+            processing_time_ms: None,
             prefetched: HashMap::new(),
             overlay: BTreeMap::new(),
             touched: vec![false; n],
@@ -100,11 +121,22 @@ impl BatchCtx {
         self.staged_bytes
     }
 
-    /// The key of record `index`, or `None` when the index is outside the batch.
+    /// Sets what `timers.watermark` and `timers.current-processing-time` return during the
+    /// call.
+    pub fn set_time(&mut self, watermark: Option<i64>, processing_time_ms: i64) {
+        self.watermark = watermark;
+        self.processing_time_ms = Some(processing_time_ms);
+    }
+
+    /// The key of record (or fired timer) `index`, or `None` when the index is outside the
+    /// call.
     pub(crate) fn record_key(&self, index: u32) -> Option<&[u8]> {
-        self.records
-            .get(usize::try_from(index).ok()?)
-            .map(|r| r.key.as_slice())
+        let index = usize::try_from(index).ok()?;
+        if self.timers.is_empty() {
+            self.records.get(index).map(|r| r.key.as_slice())
+        } else {
+            self.timers.get(index).map(|t| t.key.as_slice())
+        }
     }
 
     /// Records prefetched values of `keys`.
@@ -120,6 +152,19 @@ impl BatchCtx {
             return Some(staged.value.clone());
         }
         self.prefetched.get(key).cloned()
+    }
+
+    /// Stages the removal of `key` on the host's behalf (a fired timer's entries, before its
+    /// `on-timers` call): not counted as the call's effect, and overwritten by whatever the
+    /// call stages under the same key.
+    pub fn stage_removal(&mut self, key: Vec<u8>) {
+        self.overlay.insert(
+            key,
+            Staged {
+                value: None,
+                expires_at_ms: None,
+            },
+        );
     }
 
     /// Stages a write for record `index`.

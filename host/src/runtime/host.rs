@@ -2,7 +2,7 @@
 //! the staging area of the current call.
 
 use super::batch::BatchCtx;
-use super::bindings::{StateDescriptor, StateKind};
+use super::bindings::{StateDescriptor, StateKind, WorldVersion};
 use super::guest_log::GuestLog;
 use crate::clock::SharedClock;
 use crate::state::Shard;
@@ -19,6 +19,9 @@ pub struct OperatorMeta {
     pub name: String,
     /// Declared version.
     pub version: String,
+    /// The `weir:operator` world the component was built against (a native operator: the
+    /// newest).
+    pub world: WorldVersion,
     /// Declared states by name.
     pub states: HashMap<String, StateDescriptor>,
     /// Names of the value states, prefetched for every key of a batch.
@@ -38,6 +41,8 @@ pub struct CallLimits {
     pub emit_bytes_per_record_max: u64,
     /// Bytes of writes and emits one call may stage.
     pub batch_staged_bytes_max: u64,
+    /// Timers one key may have at once.
+    pub timers_per_key_max: u32,
 }
 
 impl OperatorMeta {

@@ -1,9 +1,9 @@
 //! One live operator instance ([`Instance`]) and its call path: `process-batch` on a batch's
-//! records under a CPU deadline and a wall-clock cap, and a failed call turned into a
-//! [`CallError`].
+//! records (or `on-timers` on fired timers) under a CPU deadline and a wall-clock cap, and a
+//! failed call turned into a [`CallError`].
 
 use super::batch::BatchCtx;
-use super::bindings::{Disposition, InputRecord, OperatorWorld};
+use super::bindings::{Disposition, FiredTimer, InputRecord};
 use super::epoch::EpochTicker;
 use super::host::HostCtx;
 use super::{CallError, DeadlineExceeded, HostAbort, OperatorMeta, guest_log, native, ticks};
@@ -17,6 +17,9 @@ use wasmtime::component::TypedFunc;
 /// the call lowers them into guest memory.
 pub(super) type ProcessBatch = TypedFunc<(Arc<Vec<InputRecord>>,), (Vec<Disposition>,)>;
 
+/// `on-timers` as typed once per instance.
+pub(super) type OnTimers = TypedFunc<(Arc<Vec<FiredTimer>>,), (Vec<Disposition>,)>;
+
 /// One live instance with its store.
 pub struct Instance<S: Shard> {
     pub(super) kind: InstanceKind<S>,
@@ -26,8 +29,11 @@ pub struct Instance<S: Shard> {
 pub(super) enum InstanceKind<S: Shard> {
     Wasm {
         store: Store<HostCtx<S>>,
-        bindings: OperatorWorld,
+        /// The component instance (its `describe` is called through the world's bindings).
+        instance: wasmtime::component::Instance,
         process_batch: ProcessBatch,
+        /// `on-timers`; `None` for a 0.1 component, which has no timers.
+        on_timers: Option<OnTimers>,
         /// Wall-clock time a call may spend beyond twice its CPU deadline (waiting on state
         /// I/O).
         io_allowance: Duration,
@@ -60,19 +66,52 @@ impl<S: Shard> Instance<S> {
         batch: BatchCtx,
         deadline: Duration,
     ) -> Result<(Vec<Disposition>, BatchCtx), CallError> {
-        let (store, process_batch, io_allowance, ticker) = match &mut self.kind {
+        if let InstanceKind::Native { logic, meta } = &self.kind {
+            return Ok(native::call_batch(&**logic, meta, batch));
+        }
+        self.call(batch, deadline).await
+    }
+
+    /// Calls `on-timers` on `batch.timers` (a [`BatchCtx::for_timers`]) with a CPU budget of
+    /// `deadline`, as [`Self::call_batch`] does records. An operator without timers (a 0.1
+    /// component, a native operator) cannot have set any; it is given none and answers `ok`.
+    ///
+    /// # Errors
+    /// [`CallError`]; after any error the instance must be dropped.
+    pub async fn call_timers(
+        &mut self,
+        batch: BatchCtx,
+        deadline: Duration,
+    ) -> Result<(Vec<Disposition>, BatchCtx), CallError> {
+        match &self.kind {
             InstanceKind::Wasm {
-                store,
-                process_batch,
-                io_allowance,
-                ticker,
-                ..
-            } => (store, process_batch, *io_allowance, ticker.clone()),
-            InstanceKind::Native { logic, meta } => {
-                return Ok(native::call_batch(&**logic, meta, batch));
-            }
+                on_timers: Some(_), ..
+            } => self.call(batch, deadline).await,
+            _ => Ok((vec![Disposition::Ok; batch.timers.len()], batch)),
+        }
+    }
+
+    /// One guest call: `on-timers` when `batch` holds timers, else `process-batch`.
+    async fn call(
+        &mut self,
+        batch: BatchCtx,
+        deadline: Duration,
+    ) -> Result<(Vec<Disposition>, BatchCtx), CallError> {
+        let InstanceKind::Wasm {
+            store,
+            process_batch,
+            on_timers,
+            io_allowance,
+            ticker,
+            ..
+        } = &mut self.kind
+        else {
+            unreachable!("native calls return before")
         };
+        let (io_allowance, ticker) = (*io_allowance, ticker.clone());
         let records = batch.records.clone();
+        let timers = batch.timers.clone();
+        let expected = records.len().max(timers.len());
         let data = store.data_mut();
         data.log.take_recent_stderr();
         data.waiting_on_state = false;
@@ -82,12 +121,30 @@ impl<S: Shard> Instance<S> {
         // Epoch deadlines only fire while guest code runs; a guest parked in a host call (a WASI
         // timer, a state read that never returns) is bounded by this wall-clock cap instead.
         let wall_clock_max = deadline.saturating_mul(2).saturating_add(io_allowance);
-        let call = process_batch.call_async(&mut *store, (records.clone(),));
+        let call: std::pin::Pin<
+            Box<dyn std::future::Future<Output = wasmtime::Result<Vec<Disposition>>> + Send + '_>,
+        > = match on_timers {
+            Some(on_timers) if !timers.is_empty() => Box::pin(async move {
+                on_timers
+                    .call_async(&mut *store, (timers,))
+                    .await
+                    .map(|(d,)| d)
+            }),
+            _ => Box::pin(async move {
+                process_batch
+                    .call_async(&mut *store, (records,))
+                    .await
+                    .map(|(d,)| d)
+            }),
+        };
         let ticking = ticker.ticking();
         let result = tokio::time::timeout(wall_clock_max, call).await;
         drop(ticking);
+        let InstanceKind::Wasm { store, .. } = &mut self.kind else {
+            unreachable!("matched above")
+        };
         let result = match result {
-            Ok(result) => result.map(|(dispositions,)| dispositions),
+            Ok(result) => result,
             Err(_elapsed) if store.data().waiting_on_state => {
                 // Stuck on storage, not on the guest: an outage, retried, never dead-lettered.
                 return Err(CallError::Aborted(HostAbort::State(
@@ -108,9 +165,9 @@ impl<S: Shard> Instance<S> {
         };
         let batch = std::mem::take(&mut store.data_mut().batch);
         match result {
-            Ok(dispositions) if dispositions.len() == records.len() => Ok((dispositions, batch)),
+            Ok(dispositions) if dispositions.len() == expected => Ok((dispositions, batch)),
             Ok(dispositions) => Err(CallError::DispositionCount {
-                expected: records.len(),
+                expected,
                 got: dispositions.len(),
             }),
             Err(err) => {

@@ -23,8 +23,10 @@ pub mod native;
 pub mod wasi;
 
 pub use batch::{BatchCtx, StagedEmit};
-pub use bindings::{Disposition, Header, InputRecord, OperatorInfo};
-use bindings::{OPERATOR_INTERFACE, PROCESS_BATCH};
+pub use bindings::{
+    Disposition, FiredTimer, Header, InputRecord, OperatorInfo, TimeDomain, WorldVersion,
+};
+use bindings::{ON_TIMERS, PROCESS_BATCH};
 pub use host::{CallLimits, HostCtx, OperatorMeta};
 pub use instance::Instance;
 use instance::InstanceKind;
@@ -33,14 +35,14 @@ use crate::clock::SharedClock;
 use crate::config::RuntimeSettings;
 use crate::error::ErrorKind;
 use crate::state::{Shard, StateError};
-use bindings::{OperatorWorld, OperatorWorldPre, StateKind};
+use bindings::{OperatorWorld, OperatorWorldPre, StateKind, v0_1};
 use epoch::EpochTicker;
 use guest_log::GuestLog;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
-use wasmtime::component::{Component, ComponentExportIndex, HasSelf, Linker};
+use wasmtime::component::{Component, ComponentExportIndex, HasSelf, InstancePre, Linker};
 use wasmtime::{
     Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store, StoreLimitsBuilder,
     UpdateDeadline,
@@ -75,7 +77,7 @@ pub enum RuntimeError {
     },
     /// The component does not implement the `weir:operator` world (missing export, an import
     /// the host does not provide).
-    #[error("operator does not implement the weir:operator@0.1.0 world: {reason}")]
+    #[error("operator does not implement the weir:operator world (0.2.0 or 0.1.0): {reason}")]
     WrongWorld {
         /// What is missing or wrong.
         reason: String,
@@ -206,7 +208,11 @@ impl<S: Shard> Runtime<S> {
         let engine = Engine::new(&config).map_err(RuntimeError::Engine)?;
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(RuntimeError::Engine)?;
+        // Both world versions side by side: their interfaces have distinct names
+        // (`weir:operator/state@0.1.0`, `…@0.2.0`), so a component links whichever it imports.
         OperatorWorld::add_to_linker::<_, HasSelf<HostCtx<S>>>(&mut linker, |ctx| ctx)
+            .map_err(RuntimeError::Engine)?;
+        v0_1::OperatorWorld::add_to_linker::<_, HasSelf<HostCtx<S>>>(&mut linker, |ctx| ctx)
             .map_err(RuntimeError::Engine)?;
         let ticker = EpochTicker::start(engine.clone());
         Ok(Self {
@@ -258,22 +264,45 @@ impl<S: Shard> Runtime<S> {
                 .map_err(|e| RuntimeError::WrongWorld {
                     reason: format!("{e:#}"),
                 })?;
-        let pre = OperatorWorldPre::new(instance_pre).map_err(|e| RuntimeError::WrongWorld {
+        let wrong = |e: wasmtime::Error| RuntimeError::WrongWorld {
             reason: format!("{e:#}"),
-        })?;
-        let component = pre.instance_pre().component();
-        let process_batch = component
-            .get_export_index(None, OPERATOR_INTERFACE)
-            .and_then(|interface| component.get_export_index(Some(&interface), PROCESS_BATCH))
+        };
+        // The newest world the component exports; the generated `…Pre` checks its exports'
+        // types.
+        let world = [WorldVersion::V0_2, WorldVersion::V0_1]
+            .into_iter()
+            .find(|w| component.get_export_index(None, w.operator_interface()).is_some())
             .ok_or_else(|| RuntimeError::WrongWorld {
-                reason: format!("no `{PROCESS_BATCH}` in `{OPERATOR_INTERFACE}`"),
+                reason: "exports neither `weir:operator/operator@0.2.0` nor `weir:operator/operator@0.1.0`".into(),
             })?;
+        match world {
+            WorldVersion::V0_2 => drop(OperatorWorldPre::new(instance_pre.clone()).map_err(wrong)?),
+            WorldVersion::V0_1 => {
+                drop(v0_1::OperatorWorldPre::new(instance_pre.clone()).map_err(wrong)?);
+            }
+        }
+        let interface = component
+            .get_export_index(None, world.operator_interface())
+            .expect("found above");
+        let export = |name: &str| {
+            component
+                .get_export_index(Some(&interface), name)
+                .ok_or_else(|| RuntimeError::WrongWorld {
+                    reason: format!("no `{name}` in `{}`", world.operator_interface()),
+                })
+        };
+        let process_batch = export(PROCESS_BATCH)?;
+        let on_timers = match world {
+            WorldVersion::V0_2 => Some(export(ON_TIMERS)?),
+            WorldVersion::V0_1 => None,
+        };
         let mut operator = Operator {
             logic: Logic::Wasm {
                 engine: self.engine.clone(),
                 ticker: self.ticker.clone(),
-                pre,
+                pre: instance_pre,
                 process_batch,
+                on_timers,
             },
             meta: None,
             settings: self.settings.clone(),
@@ -284,18 +313,29 @@ impl<S: Shard> Runtime<S> {
         let probe = operator.instantiate(None, "describe".into()).await?;
         let InstanceKind::Wasm {
             mut store,
-            bindings,
+            instance,
             ..
         } = probe.kind
         else {
             unreachable!("a Wasm operator makes Wasm instances")
         };
-        let info = bindings
-            .weir_operator_operator()
-            .call_describe(&mut store)
-            .await
-            .map_err(RuntimeError::Instantiate)?;
-        operator.meta = Some(Arc::new(check_description(info, &self.settings)?));
+        let info = match world {
+            WorldVersion::V0_2 => OperatorWorld::new(&mut store, &instance)
+                .map_err(RuntimeError::Instantiate)?
+                .weir_operator_operator()
+                .call_describe(&mut store)
+                .await
+                .map_err(RuntimeError::Instantiate)?,
+            WorldVersion::V0_1 => legacy_info(
+                v0_1::OperatorWorld::new(&mut store, &instance)
+                    .map_err(RuntimeError::Instantiate)?
+                    .weir_operator_operator()
+                    .call_describe(&mut store)
+                    .await
+                    .map_err(RuntimeError::Instantiate)?,
+            ),
+        };
+        operator.meta = Some(Arc::new(check_description(info, world, &self.settings)?));
         operator.from_compiled_dir = from_compiled_dir;
         Ok(operator)
     }
@@ -360,7 +400,7 @@ impl<S: Shard> Runtime<S> {
         &self,
         logic: Arc<dyn native::NativeOperator>,
     ) -> Result<Operator<S>, RuntimeError> {
-        let meta = check_description(logic.describe(), &self.settings)?;
+        let meta = check_description(logic.describe(), WorldVersion::V0_2, &self.settings)?;
         Ok(Operator {
             logic: Logic::Native(logic),
             meta: Some(Arc::new(meta)),
@@ -372,9 +412,32 @@ impl<S: Shard> Runtime<S> {
     }
 }
 
+/// A 0.1 component's description as 0.2 says it: its states at schema version 0.
+fn legacy_info(info: v0_1::exports::weir::operator::operator::OperatorInfo) -> OperatorInfo {
+    use v0_1::weir::operator::types::StateKind as LegacyKind;
+    OperatorInfo {
+        name: info.name,
+        version: info.version,
+        states: info
+            .states
+            .into_iter()
+            .map(|s| bindings::StateDescriptor {
+                name: s.name,
+                kind: match s.kind {
+                    LegacyKind::Value => StateKind::Value,
+                    LegacyKind::Map => StateKind::Map,
+                },
+                ttl_ms: s.ttl_ms,
+                version: 0,
+            })
+            .collect(),
+    }
+}
+
 /// Checks `describe`'s answer and indexes its states.
 fn check_description(
     info: bindings::OperatorInfo,
+    world: WorldVersion,
     settings: &RuntimeSettings,
 ) -> Result<OperatorMeta, RuntimeError> {
     let invalid = |reason: String| RuntimeError::InvalidDescription { reason };
@@ -415,6 +478,7 @@ fn check_description(
     Ok(OperatorMeta {
         name: info.name,
         version: info.version,
+        world,
         states,
         value_states,
         limits: CallLimits {
@@ -422,6 +486,7 @@ fn check_description(
             state_map_key_bytes_max: settings.state_map_key_bytes_max,
             emit_bytes_per_record_max: settings.emit_bytes_per_record_max,
             batch_staged_bytes_max: settings.batch_staged_bytes_max,
+            timers_per_key_max: settings.timers_per_key_max,
         },
     })
 }
@@ -476,9 +541,11 @@ enum Logic<S: Shard> {
         /// Keeps the engine's epoch ticking (CPU deadlines) while the operator lives, even
         /// after the runtime that compiled it is dropped.
         ticker: Arc<EpochTicker>,
-        pre: OperatorWorldPre<HostCtx<S>>,
+        pre: InstancePre<HostCtx<S>>,
         /// `process-batch`, called with [`InputRecord`]s rather than the generated type.
         process_batch: ComponentExportIndex,
+        /// `on-timers` (0.2 and later).
+        on_timers: Option<ComponentExportIndex>,
     },
     /// Logic compiled into the host (benchmark baseline).
     Native(Arc<dyn native::NativeOperator>),
@@ -499,6 +566,11 @@ impl<S: Shard> Operator<S> {
         self.from_compiled_dir
     }
 
+    /// The clock the operator's instances read processing time from.
+    pub fn clock(&self) -> &SharedClock {
+        &self.clock
+    }
+
     /// What the operator declared.
     pub fn meta(&self) -> &OperatorMeta {
         self.meta
@@ -516,13 +588,14 @@ impl<S: Shard> Operator<S> {
         shard: Option<Arc<S>>,
         source: Arc<str>,
     ) -> Result<Instance<S>, RuntimeError> {
-        let (engine, pre, ticker, process_batch) = match &self.logic {
+        let (engine, pre, ticker, process_batch, on_timers) = match &self.logic {
             Logic::Wasm {
                 engine,
                 pre,
                 ticker,
                 process_batch,
-            } => (engine, pre, ticker, process_batch),
+                on_timers,
+            } => (engine, pre, ticker, process_batch, on_timers),
             Logic::Native(logic) => {
                 return Ok(Instance {
                     kind: InstanceKind::Native {
@@ -573,13 +646,22 @@ impl<S: Shard> Operator<S> {
         });
         let ticking = ticker.ticking();
         let instance = pre
-            .instance_pre()
             .instantiate_async(&mut store)
             .await
             .map_err(RuntimeError::Instantiate)?;
         drop(ticking);
-        let bindings =
-            OperatorWorld::new(&mut store, &instance).map_err(RuntimeError::Instantiate)?;
+        let on_timers = match on_timers {
+            Some(index) => Some(
+                instance
+                    .get_func(&mut store, index)
+                    .ok_or_else(|| {
+                        RuntimeError::Instantiate(wasmtime::format_err!("no `{ON_TIMERS}` export"))
+                    })?
+                    .typed(&store)
+                    .map_err(RuntimeError::Instantiate)?,
+            ),
+            None => None,
+        };
         let process_batch = instance
             .get_func(&mut store, process_batch)
             .ok_or_else(|| {
@@ -590,8 +672,9 @@ impl<S: Shard> Operator<S> {
         Ok(Instance {
             kind: InstanceKind::Wasm {
                 store,
-                bindings,
+                instance,
                 process_batch,
+                on_timers,
                 io_allowance: self.settings.call_io_allowance,
                 ticker: ticker.clone(),
             },

@@ -176,5 +176,11 @@ def export(operator: type[Operator]) -> type:
                 raise RuntimeError("not in a component: build the module with componentize-py")
             return driver.process_batch(records, _wit.OK, _wit.reject)
 
+        def on_timers(self, timers: list[Any]) -> list[Any]:
+            # The Python SDK cannot set timers yet (the Rust SDK can): none ever fires here.
+            if _wit is None:
+                raise RuntimeError("not in a component: build the module with componentize-py")
+            return [_wit.OK for _ in timers]
+
     Exported.__name__ = Exported.__qualname__ = "Operator"
     return Exported

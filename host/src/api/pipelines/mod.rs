@@ -357,6 +357,9 @@ pub(super) async fn change_pipeline(
             if let Some(v) = change.failure_policy {
                 spec.failure_policy = v;
             }
+            if let Some(v) = change.max_out_of_orderness_ms {
+                spec.max_out_of_orderness_ms = v;
+            }
             spec.validate(&host).map_err(ApiError::BadRequest)?;
             if spec != record.spec {
                 record.spec = spec;
@@ -511,6 +514,7 @@ mod tests {
                 limits: PipelineLimits::default(),
                 failure_policy: FailurePolicy::DeadLetter,
                 delivery: Delivery::AtLeastOnce,
+                max_out_of_orderness_ms: 0,
             },
             desired,
             run_generation: 2,

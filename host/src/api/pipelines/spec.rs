@@ -120,6 +120,10 @@ pub struct PipelineSpec {
     /// The output's guarantee; default `at_least_once`.
     #[serde(default)]
     pub delivery: Delivery,
+    /// How far the event-time watermark stays behind the highest record timestamp, ms
+    /// (0..=31 536 000 000, a year); default 0 (docs/time.md).
+    #[serde(default)]
+    pub max_out_of_orderness_ms: u64,
 }
 
 /// Whether `topic` is a valid topic name of a tenant: 1..=200 bytes of `[A-Za-z0-9._-]`, not
@@ -195,6 +199,12 @@ impl PipelineSpec {
             return Err(format!(
                 "in_flight_max must be 1..=65536. value={}",
                 self.in_flight_max
+            ));
+        }
+        if self.max_out_of_orderness_ms > 31_536_000_000 {
+            return Err(format!(
+                "max_out_of_orderness_ms must be 0..=31536000000 (a year). value={}",
+                self.max_out_of_orderness_ms
             ));
         }
         self.limits.apply(host)?;
@@ -409,6 +419,10 @@ pub struct PipelineChange {
     /// What a record whose call fails for good does.
     #[serde(default)]
     pub failure_policy: Option<FailurePolicy>,
+    /// How far the event-time watermark stays behind the highest record timestamp, ms. The
+    /// watermark never goes back: a larger value holds it where it is until records catch up.
+    #[serde(default)]
+    pub max_out_of_orderness_ms: Option<u64>,
 }
 
 /// A checkpoint asked for.

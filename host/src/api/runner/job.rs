@@ -288,6 +288,7 @@ impl RunJob {
                 delivery: spec.delivery,
                 in_flight_max: spec.in_flight_max as usize,
                 failure_policy: spec.failure_policy,
+                max_out_of_orderness: Duration::from_millis(spec.max_out_of_orderness_ms),
             },
             kafka: KafkaSettings {
                 bootstrap_servers: self.config.bootstrap_servers.clone(),

@@ -26,6 +26,7 @@ use tokio::task::JoinHandle;
 
 mod shutdown;
 mod stalls;
+mod timers;
 
 const TOPIC: &str = "in";
 
@@ -165,6 +166,24 @@ async fn start(
     delay: ReadDelay,
 ) -> (Run, Arc<Backend>) {
     let clock: SharedClock = Arc::new(SystemClock);
+    start_with(
+        settings,
+        (source, output, store),
+        delay,
+        "weir_test_counter",
+        clock,
+    )
+    .await
+}
+
+/// As [`start`], running the guest component `guest` with processing time from `clock`.
+async fn start_with(
+    settings: Settings,
+    (source, output, store): (MemorySource, MemoryOutput, Arc<InMemory>),
+    delay: ReadDelay,
+    guest: &str,
+    clock: SharedClock,
+) -> (Run, Arc<Backend>) {
     let backend = Arc::new(DelayedReads::new(
         MemoryBackend::durable(store, "weir".into(), clock.clone()),
         delay,
@@ -173,9 +192,9 @@ async fn start(
         .expect("runtime");
     let operator = Arc::new(
         runtime
-            .load_operator(&crate::testing::guest("weir_test_counter"))
+            .load_operator(&crate::testing::guest(guest))
             .await
-            .expect("the counter compiles"),
+            .expect("the guest compiles"),
     );
     let stats = Arc::new(PipelineStats::default());
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();

@@ -98,7 +98,7 @@ impl<S: Shard> HostCtx<S> {
     }
 
     /// Reads one encoded key through the staging area, prefetch and shard.
-    async fn read(&mut self, state_key: &[u8]) -> wasmtime::Result<Option<Bytes>> {
+    pub(super) async fn read(&mut self, state_key: &[u8]) -> wasmtime::Result<Option<Bytes>> {
         if let Some(local) = self.batch.local_get(state_key) {
             return Ok(local);
         }
@@ -113,7 +113,7 @@ impl<S: Shard> HostCtx<S> {
 
     /// Collects up to `page + 1` live entries under `prefix` after `cursor`, merging the shard's
     /// entries with this batch's staged writes (staged wins; staged tombstones hide entries).
-    async fn merged_scan(
+    pub(super) async fn merged_scan(
         &mut self,
         prefix: &[u8],
         mut cursor: Option<Vec<u8>>,
@@ -338,61 +338,16 @@ mod tests {
     mod paging {
         use super::super::*;
         use crate::clock::{ManualClock, SharedClock};
-        use crate::runtime::batch::BatchCtx;
-        use crate::runtime::bindings::{InputRecord, StateDescriptor};
-        use crate::runtime::guest_log::GuestLog;
-        use crate::runtime::host::{CallLimits, OperatorMeta};
-        use crate::runtime::wasi::deny_all_ctx;
         use crate::state::memory::{MemoryBackend, MemoryShard};
         use crate::state::{ShardId, StateBackend, StateWrite};
         use proptest::prelude::*;
-        use std::collections::{BTreeMap, HashMap};
+        use std::collections::BTreeMap;
         use std::sync::Arc;
 
         const MAP: &str = "m";
 
         fn host(shard: Arc<MemoryShard>, clock: SharedClock) -> HostCtx<MemoryShard> {
-            let mut states = HashMap::new();
-            states.insert(
-                MAP.to_owned(),
-                StateDescriptor {
-                    name: MAP.to_owned(),
-                    kind: StateKind::Map,
-                    ttl_ms: None,
-                },
-            );
-            let meta = OperatorMeta {
-                name: "t".into(),
-                version: "0".into(),
-                states,
-                value_states: Vec::new(),
-                limits: CallLimits {
-                    state_value_bytes_max: 1 << 20,
-                    state_map_key_bytes_max: 4 << 10,
-                    emit_bytes_per_record_max: 1 << 20,
-                    batch_staged_bytes_max: 1 << 30,
-                },
-            };
-            let log = GuestLog::new("t/0".into(), clock.clone(), 100);
-            let mut ctx = HostCtx::new(
-                deny_all_ctx(&log),
-                wasmtime::StoreLimits::default(),
-                Some(shard),
-                Some(Arc::new(meta)),
-                clock,
-                log,
-            );
-            let record = InputRecord {
-                key: b"k".to_vec(),
-                value: Vec::new(),
-                timestamp_ms: 0,
-                headers: Vec::new(),
-                topic: "t".into(),
-                partition: 0,
-                offset: 0,
-            };
-            ctx.batch = BatchCtx::new(Arc::new(vec![record]));
-            ctx
+            crate::runtime::imports::test_host(shard, clock, MAP, 1024)
         }
 
         proptest! {

@@ -11,9 +11,17 @@
 //! - `poison:emit-flood` emits 100 MB for one record in 1 MiB pieces (the host's emit limit
 //!   refuses it, long before memory runs out: the piece is reused);
 //! - `probe:sandbox` emits what the guest can see of its environment, as JSON.
+//!
+//! Timers (neither counted nor emitted for):
+//! - `timer:event:NAME:AT` / `timer:processing:NAME:AT` sets timer NAME of the key at AT ms;
+//! - `timer:clear:NAME` clears it.
+//!
+//! A fired timer emits `{"fired": NAME, "time": AT, "domain": …, "watermark": …, "now": …,
+//! "count": n}` under its key; a timer named `trap…` panics instead, one named `reject…` is
+//! rejected, and one named `again…` also sets itself again 1000 ms later.
 
 use serde::Serialize;
-use weir_sdk::{Context, Operator, Record, Reject, StateSpec, ValueState};
+use weir_sdk::{Context, Operator, Record, Reject, StateSpec, TimeDomain, Timer, ValueState};
 
 /// The operator.
 #[derive(Debug)]
@@ -66,6 +74,7 @@ impl Operator for Counter {
                 return Err(Reject::new("emitted 100 MB"));
             }
             b"probe:sandbox" => return probe_sandbox(ctx, record),
+            value if value.starts_with(b"timer:") => return timer_command(ctx, value),
             _ => {}
         }
         let count = ctx.get(&COUNT)?.unwrap_or(0) + 1;
@@ -77,6 +86,10 @@ impl Operator for Counter {
                 offset: record.offset(),
             },
         )
+    }
+
+    fn on_timer(ctx: &mut Context, timer: &Timer) -> Result<(), Reject> {
+        Counter::fired(ctx, timer)
     }
 }
 
@@ -106,4 +119,68 @@ fn probe_sandbox(ctx: &mut Context, record: &Record) -> Result<(), Reject> {
     });
     println!("sandbox probe from the guest's stdout");
     ctx.emit_json(record.key(), &probe)
+}
+
+/// What a fired timer emits.
+#[derive(Serialize)]
+struct Fired<'a> {
+    fired: &'a str,
+    time: i64,
+    domain: &'static str,
+    watermark: Option<i64>,
+    now: i64,
+    count: u64,
+}
+
+impl Counter {
+    fn fired(ctx: &mut Context, timer: &Timer) -> Result<(), Reject> {
+        if timer.name.starts_with("trap") {
+            panic!("timer {} trapped", timer.name);
+        }
+        if timer.name.starts_with("reject") {
+            ctx.set(&COUNT, &1_000_000)?;
+            return Err(Reject::new(format!("timer {} rejected", timer.name)));
+        }
+        if timer.name.starts_with("again") && ctx.timer(&timer.name)?.is_none() {
+            ctx.set_timer(&timer.name, timer.time_ms + 1000, timer.domain)?;
+        }
+        let count = ctx.get(&COUNT)?.unwrap_or(0);
+        let domain = match timer.domain {
+            TimeDomain::EventTime => "event",
+            TimeDomain::ProcessingTime => "processing",
+        };
+        let (watermark, now) = (ctx.watermark(), ctx.processing_time());
+        ctx.emit_json(
+            &timer.key,
+            &Fired {
+                fired: &timer.name,
+                time: timer.time_ms,
+                domain,
+                watermark,
+                now,
+                count,
+            },
+        )
+    }
+}
+
+/// `timer:event:NAME:AT`, `timer:processing:NAME:AT` or `timer:clear:NAME`.
+fn timer_command(ctx: &mut Context, value: &[u8]) -> Result<(), Reject> {
+    let text = std::str::from_utf8(value).map_err(|_| Reject::new("timer command is not UTF-8"))?;
+    let parts: Vec<&str> = text.split(':').collect();
+    match parts.as_slice() {
+        ["timer", "clear", name] => ctx.clear_timer(name),
+        ["timer", domain, name, at] => {
+            let domain = match *domain {
+                "event" => TimeDomain::EventTime,
+                "processing" => TimeDomain::ProcessingTime,
+                other => return Err(Reject::new(format!("unknown time domain `{other}`"))),
+            };
+            let at = at
+                .parse()
+                .map_err(|_| Reject::new(format!("bad timer time `{at}`")))?;
+            ctx.set_timer(name, at, domain)
+        }
+        _ => Err(Reject::new(format!("bad timer command `{text}`"))),
+    }
 }

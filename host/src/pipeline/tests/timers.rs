@@ -1,0 +1,301 @@
+//! Timers and watermarks through the whole pipeline (docs/time.md): the counter guest's timer
+//! commands (`timer:event:NAME:AT`, `timer:processing:NAME:AT`, `timer:clear:NAME`) and the
+//! `{"fired": …}` outputs of its `on_timer`, over the in-memory source and output in paused
+//! time, with processing time from a manual clock.
+
+use super::*;
+use crate::clock::ManualClock;
+
+/// Epoch of the manual clock, ms.
+const T0: u64 = 1_700_000_000_000;
+
+/// The fired-timer outputs of partition 0, in output order, as JSON.
+fn fired(output: &MemoryOutput) -> Vec<serde_json::Value> {
+    output
+        .log()
+        .outputs
+        .iter()
+        .filter(|w| w.partition == 0)
+        .map(|w| serde_json::from_slice::<serde_json::Value>(&w.value).expect("counter JSON"))
+        .filter(|v| v.get("fired").is_some())
+        .collect()
+}
+
+/// A one-partition world with nothing in it yet, and a pipeline over it with processing time
+/// from `clock`, partition 0 assigned.
+async fn timed_world(clock: &ManualClock, delivery: &'static str) -> (World, Run) {
+    let world = World::new(1, 0, delivery);
+    let (run, _) = world.start_timed(clock).await;
+    world.handle.assign(&[0]);
+    (world, run)
+}
+
+impl World {
+    async fn start_timed(&self, clock: &ManualClock) -> (Run, Arc<Backend>) {
+        start_with(
+            settings(self.delivery),
+            (self.source.clone(), self.output.clone(), self.store.clone()),
+            ReadDelay::Fixed(Duration::ZERO),
+            "weir_test_counter",
+            Arc::new(clock.clone()),
+        )
+        .await
+    }
+
+    fn send(&self, key: &str, value: &str, timestamp_ms: i64) {
+        self.handle
+            .produce(TOPIC, 0, key.as_bytes(), value.as_bytes(), timestamp_ms);
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_processing_time_timer_fires_on_a_stream_gone_silent() {
+    let clock = ManualClock::new(T0);
+    let (world, run) = timed_world(&clock, "at_least_once").await;
+    world.send("k", "v", 1);
+    world.send("k", &format!("timer:processing:wake:{}", T0 + 60_000), 2);
+    until("the records are processed", || {
+        run.stats.records_ok.load(Ordering::Relaxed) == 2
+    })
+    .await;
+    // No record arrives any more; a minute of paused time passes without the clock moving.
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    assert!(fired(&world.output).is_empty(), "not due before its time");
+    clock.advance_ms(60_000);
+    until("the timer fires", || !fired(&world.output).is_empty()).await;
+    let fired = fired(&world.output);
+    assert_eq!(fired.len(), 1, "fires once: {fired:?}");
+    assert_eq!(fired[0]["fired"], "wake");
+    assert_eq!(fired[0]["domain"], "processing");
+    assert_eq!(fired[0]["time"], T0 + 60_000);
+    assert_eq!(fired[0]["now"], T0 + 60_000, "the clock at the call");
+    assert_eq!(fired[0]["count"], 1, "it acts for its key's state");
+    assert_eq!(run.stats.timers_fired.load(Ordering::Relaxed), 1);
+    run.stop().await.expect("clean stop");
+}
+
+#[tokio::test(start_paused = true)]
+async fn event_time_timers_fire_in_time_order_once_the_watermark_passes_them() {
+    let clock = ManualClock::new(T0);
+    let (world, run) = timed_world(&clock, "at_least_once").await;
+    world.send("a", "timer:event:close:300", 10);
+    world.send("b", "timer:event:close:100", 11);
+    world.send("c", "timer:event:close:200", 12);
+    world.send("d", "v", 150); // offset 3: the watermark passes 100
+    world.send("d", "v", 250); // offset 4: passes 200
+    until("the records are processed", || {
+        run.stats.records_ok.load(Ordering::Relaxed) == 5
+    })
+    .await;
+    until("two timers fire", || fired(&world.output).len() == 2).await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let times: Vec<i64> = fired(&world.output)
+        .iter()
+        .map(|f| f["time"].as_i64().expect("time"))
+        .collect();
+    assert_eq!(times, [100, 200], "300 is not due at watermark 250");
+    world.send("d", "v", 300);
+    until("the last timer fires", || fired(&world.output).len() == 3).await;
+    let fired = fired(&world.output);
+    let keys: Vec<&str> = fired
+        .iter()
+        .map(|f| f["fired"].as_str().expect("name"))
+        .collect();
+    assert_eq!(keys, ["close"; 3]);
+    for f in &fired {
+        assert!(
+            f["watermark"].as_i64().expect("a watermark") >= f["time"].as_i64().expect("time"),
+            "a timer fires only once the watermark reached it: {f}"
+        );
+        assert_eq!(f["domain"], "event");
+    }
+    // Each fire follows the output of the record whose timestamp let the watermark pass it.
+    {
+        let log = world.output.log();
+        let position = |pred: &dyn Fn(&serde_json::Value) -> bool| {
+            log.outputs
+                .iter()
+                .position(|w| pred(&serde_json::from_slice(&w.value).expect("JSON")))
+                .expect("present")
+        };
+        assert!(position(&|v| v["offset"] == 3) < position(&|v| v["time"] == 100));
+        assert!(position(&|v| v["offset"] == 4) < position(&|v| v["time"] == 200));
+    }
+    run.stop().await.expect("clean stop");
+}
+
+#[tokio::test(start_paused = true)]
+async fn setting_a_timer_again_moves_it_and_clearing_removes_it() {
+    let clock = ManualClock::new(T0);
+    let (world, run) = timed_world(&clock, "at_least_once").await;
+    world.send("k", "timer:event:t:500", 1);
+    world.send("k", "timer:event:t:700", 2);
+    world.send("k", "timer:event:u:600", 3);
+    world.send("k", "timer:clear:u", 4);
+    world.send("k", "timer:processing:t:1", 5); // moved again, and across domains
+    world.send("k", "timer:event:t:800", 6); // and back
+    world.send("x", "v", 1000);
+    until("the records are processed", || {
+        run.stats.records_ok.load(Ordering::Relaxed) == 7
+    })
+    .await;
+    until("a timer fires", || !fired(&world.output).is_empty()).await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let fired = fired(&world.output);
+    assert_eq!(fired.len(), 1, "one timer per (key, name): {fired:?}");
+    assert_eq!(
+        (&fired[0]["fired"], &fired[0]["time"]),
+        (&"t".into(), &800.into())
+    );
+    run.stop().await.expect("clean stop");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_timer_that_traps_or_is_rejected_is_dead_lettered_and_loses_nothing_else() {
+    let clock = ManualClock::new(T0);
+    let (world, run) = timed_world(&clock, "at_least_once").await;
+    world.send("a", "timer:event:trap:100", 1);
+    world.send("b", "timer:event:reject:100", 2);
+    world.send("c", "timer:event:fine:100", 3);
+    world.send("d", "v", 200);
+    until("the timers settle", || {
+        run.stats.timers_fired.load(Ordering::Relaxed) == 3
+    })
+    .await;
+    until("the dead letters are delivered", || {
+        world.output.log().dead_letters.len() == 2
+    })
+    .await;
+    let mut dead: Vec<(Vec<u8>, i64)> = world
+        .output
+        .log()
+        .dead_letters
+        .iter()
+        .map(|w| (w.key.clone(), w.source.1))
+        .collect();
+    dead.sort();
+    assert_eq!(
+        dead,
+        [(b"a".to_vec(), -1), (b"b".to_vec(), -1)],
+        "the two timers, under their keys, with no input offset"
+    );
+    let fired = fired(&world.output);
+    assert_eq!(fired.len(), 1);
+    assert_eq!(fired[0]["fired"], "fine");
+    // The rejected timer's state write was discarded: b's count starts from 0.
+    world.send("b", "v", 300);
+    until("b's record has its output", || {
+        outputs_per_offset(&world.output, 0).contains_key(&4)
+    })
+    .await;
+    let counted = world
+        .output
+        .log()
+        .outputs
+        .iter()
+        .find(|w| w.source.1 == 4)
+        .expect("the output of offset 4")
+        .value
+        .clone();
+    let counted: serde_json::Value = serde_json::from_slice(&counted).expect("JSON");
+    assert_eq!(counted["count"], 1);
+    run.stop().await.expect("clean stop");
+}
+
+#[tokio::test(start_paused = true)]
+async fn pending_timers_and_the_watermark_survive_a_restart_and_fire_once() {
+    let clock = ManualClock::new(T0);
+    let (world, run) = timed_world(&clock, "exactly_once").await;
+    world.send("k", "timer:event:later:1000", 500);
+    world.send("k", &format!("timer:processing:soon:{}", T0 + 1000), 501);
+    until("the records are processed", || {
+        run.stats.records_ok.load(Ordering::Relaxed) == 2
+    })
+    .await;
+    run.stop().await.expect("clean stop");
+    assert!(fired(&world.output).is_empty());
+
+    // A new run restores them from the checkpoint; the restored watermark (501) holds while
+    // earlier timestamps come in.
+    let (run, _) = world.start_timed(&clock).await;
+    world.handle.assign(&[0]);
+    world.send("k", "timer:event:early:499", 10);
+    until("the record is processed", || {
+        run.stats.records_ok.load(Ordering::Relaxed) == 1
+    })
+    .await;
+    until("the timer at 499 fires at the restored watermark", || {
+        fired(&world.output).len() == 1
+    })
+    .await;
+    assert_eq!(fired(&world.output)[0]["watermark"], 501);
+    clock.advance_ms(1000);
+    world.send("x", "v", 1000);
+    until("both restored timers fire", || {
+        fired(&world.output).len() == 3
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    run.stop().await.expect("clean stop");
+    let mut names: Vec<String> = fired(&world.output)
+        .iter()
+        .map(|f| f["fired"].as_str().expect("name").to_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["early", "later", "soon"], "each fires exactly once");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_component_of_the_0_1_world_still_runs_with_the_same_results() {
+    let world = World::new(1, 300, "at_least_once");
+    let (run, _) = start_with(
+        settings(world.delivery),
+        (
+            world.source.clone(),
+            world.output.clone(),
+            world.store.clone(),
+        ),
+        ReadDelay::Fixed(Duration::ZERO),
+        "weir_test_counter_v0_1",
+        Arc::new(SystemClock),
+    )
+    .await;
+    world.handle.assign(&[0]);
+    until("every record has its output", || {
+        outputs_of(&world.output, 0) == 300
+    })
+    .await;
+    run.stop().await.expect("clean stop");
+    // The counter's outputs exactly: the running count of the key at each offset.
+    assert_counts_exact(&world.handle, &world.output, 0);
+    assert_eq!(run_count(&world.output, 0), 300);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_timer_due_during_a_state_outage_waits_for_the_store_and_fires_once() {
+    let clock = ManualClock::new(T0);
+    let world = World::new(1, 0, "at_least_once");
+    let (run, backend) = world.start_timed(&clock).await;
+    world.handle.assign(&[0]);
+    world.send("k", &format!("timer:processing:t:{}", T0 + 1000), 1);
+    until("the record is processed", || {
+        run.stats.records_ok.load(Ordering::Relaxed) == 1
+    })
+    .await;
+    backend.set_unavailable(0, true);
+    clock.advance_ms(1000);
+    until("the round meets the outage and backs off", || {
+        run.stats.outage_retries.load(Ordering::Relaxed) >= 2
+    })
+    .await;
+    assert!(
+        fired(&world.output).is_empty(),
+        "nothing fired while reads fail"
+    );
+    backend.set_unavailable(0, false);
+    until("the timer fires", || !fired(&world.output).is_empty()).await;
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert_eq!(fired(&world.output).len(), 1, "once");
+    assert_eq!(run.stats.timers_fired.load(Ordering::Relaxed), 1);
+    run.stop().await.expect("clean stop");
+}

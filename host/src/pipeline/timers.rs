@@ -1,0 +1,474 @@
+//! Firing timers in a partition's worker (docs/time.md).
+//!
+//! [`Timers`] holds what the worker knows of its shard's time: the head of the next due timers
+//! ([`TimerHead`]), the watermark ([`Watermarks`]) and the clock. The worker asks it after every
+//! step whether a timer is due — a processing-time timer at or before the clock, an event-time
+//! timer at or before the watermark the admitted records allow — and if so stops admitting, lets
+//! every admitted record finish (so that the watermark applies only once every record before it
+//! has finished, as FLIP-425's epochs, and a key's timer never overtakes its earlier records),
+//! applies the watermark and runs **one round**: at most `timer_batch_max` due timers, in time
+//! order, through one `on-timers` call. Then it admits records again; the next round waits for
+//! the next idle moment. A checkpoint due meanwhile goes first, so a backlog of due timers delays
+//! a checkpoint by at most one round.
+//!
+//! A round's effects apply as a batch's do: each fired timer's entries are removed, and its
+//! state writes and emits applied, only together. A rejection with effects, or a trap, re-runs
+//! the round one timer at a time, each timer's effects applied before the next runs; a timer
+//! that is rejected or traps alone is dead-lettered (its entries removed, nothing else of it
+//! applied). A state outage leaves the timers pending and retries the round after a backoff,
+//! while records go on.
+
+use super::attempt::batch_deadline;
+use super::outcome::WorkerError;
+use super::ports::{DeadLetterKind, ShardSink};
+use super::worker::PartitionWorker;
+use crate::clock::SharedClock;
+use crate::runtime::{
+    BatchCtx, CallError, Disposition, FiredTimer, Header, HostAbort, InputRecord, TimeDomain,
+};
+use crate::state::{Shard, StateError, StateWrite};
+use crate::time::head::TimerHead;
+use crate::time::keys::{self, StoredTimer, WATERMARK_KEY};
+use crate::time::watermark::Watermarks;
+use bytes::Bytes;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// Longest wait between two looks at the clock while a processing-time timer is pending (the
+/// clock may jump).
+const CLOCK_LOOK_MAX: Duration = Duration::from_secs(1);
+
+/// Longest retry delay of a round after an outage.
+const ROUND_BACKOFF_MAX: Duration = Duration::from_secs(5);
+
+/// A partition's view of its shard's time. See the module docs.
+#[derive(Debug)]
+pub(crate) struct Timers {
+    head: TimerHead,
+    pub(super) watermarks: Watermarks,
+    clock: SharedClock,
+    /// Whether the head and the saved watermark were read from the shard.
+    loaded: bool,
+    /// The watermark last written to the shard.
+    saved: Option<i64>,
+    /// No round before this (after an outage), and the next backoff.
+    retry_at: Option<Instant>,
+    backoff: Duration,
+    /// The topic a timer's outputs and dead letters name as their source.
+    topic: Arc<str>,
+    /// Whether the operator can have timers (a 0.1 component cannot): when not, nothing here
+    /// reads or writes the shard.
+    enabled: bool,
+}
+
+impl Timers {
+    /// Timers of a shard over `topics`, with `max_out_of_orderness`; `enabled` when the
+    /// operator can set timers.
+    pub fn new(
+        topics: &[String],
+        max_out_of_orderness: Duration,
+        clock: SharedClock,
+        enabled: bool,
+    ) -> Self {
+        Self {
+            head: TimerHead::default(),
+            watermarks: Watermarks::new(topics, max_out_of_orderness, None),
+            clock,
+            loaded: false,
+            saved: None,
+            retry_at: None,
+            backoff: Duration::ZERO,
+            topic: topics.first().map_or("", String::as_str).into(),
+            enabled,
+        }
+    }
+
+    fn now_ms(&self) -> i64 {
+        i64::try_from(self.clock.now_ms()).unwrap_or(i64::MAX)
+    }
+
+    /// Whether a round should run now: the shard's timers are not loaded yet, or a timer is due
+    /// by the clock or by the watermark the admitted records allow — never during a backoff
+    /// after an outage (records go on meanwhile; what they set joins the head, which the next
+    /// load completes).
+    pub fn due(&self) -> bool {
+        if !self.enabled || self.retry_at.is_some_and(|at| Instant::now() < at) {
+            return false;
+        }
+        if !self.loaded {
+            return true;
+        }
+        let by_clock = self
+            .head
+            .next(TimeDomain::ProcessingTime)
+            .is_some_and(|t| t <= self.now_ms());
+        let by_watermark = match (
+            self.head.next(TimeDomain::EventTime),
+            self.watermarks.candidate(),
+        ) {
+            (Some(t), Some(w)) => t <= w,
+            _ => false,
+        };
+        by_clock || by_watermark || self.head.needs_load()
+    }
+
+    /// When the worker should look again without any record arriving: the next
+    /// processing-time timer (at most [`CLOCK_LOOK_MAX`] away), or the end of a backoff.
+    pub fn next_wake(&self) -> Option<Instant> {
+        if !self.enabled {
+            return None;
+        }
+        let by_clock = self.head.next(TimeDomain::ProcessingTime).map(|t| {
+            let wait = u64::try_from(t.saturating_sub(self.now_ms())).unwrap_or(0);
+            Instant::now() + Duration::from_millis(wait).min(CLOCK_LOOK_MAX)
+        });
+        match (by_clock, self.retry_at) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Follows applied writes (timers set, moved, cleared or fired).
+    pub fn applied(&mut self, writes: &[StateWrite]) {
+        if writes.iter().any(|w| w.key.starts_with(&keys::TIME_INDEX)) {
+            self.head.applied(writes);
+        }
+    }
+
+    fn backed_off(&mut self) {
+        self.backoff = (self.backoff * 2).clamp(Duration::from_millis(50), ROUND_BACKOFF_MAX);
+        self.retry_at = Some(Instant::now() + self.backoff);
+    }
+
+    /// The source record a fired timer's emits and dead letter name: its key, no value, the
+    /// time it fired at as timestamp (event time: its own time; processing time: the clock at
+    /// the call), no offset, and the timer in `weir.timer.*` headers.
+    fn source(&self, partition: i32, timer: &FiredTimer, now_ms: i64) -> InputRecord {
+        let domain = match timer.domain {
+            TimeDomain::EventTime => "event-time",
+            TimeDomain::ProcessingTime => "processing-time",
+        };
+        InputRecord {
+            key: timer.key.clone(),
+            value: Vec::new(),
+            timestamp_ms: match timer.domain {
+                TimeDomain::EventTime => timer.time_ms,
+                TimeDomain::ProcessingTime => now_ms,
+            },
+            headers: vec![
+                header("weir.timer.key", timer.key.clone()),
+                header("weir.timer.name", timer.name.clone().into_bytes()),
+                header("weir.timer.time-ms", timer.time_ms.to_string().into_bytes()),
+                header("weir.timer.domain", domain.as_bytes().to_vec()),
+            ],
+            topic: self.topic.clone(),
+            partition,
+            offset: -1,
+        }
+    }
+}
+
+fn header(name: &str, value: Vec<u8>) -> Header {
+    Header {
+        name: name.to_owned(),
+        value,
+    }
+}
+
+/// A fired timer's two entries, removed when it fires.
+fn removals(timer: &FiredTimer) -> [Vec<u8>; 2] {
+    [
+        keys::per_key(&timer.key, &timer.name),
+        keys::time_index(timer.domain, timer.time_ms, &timer.key, &timer.name),
+    ]
+}
+
+fn fired(t: StoredTimer) -> FiredTimer {
+    FiredTimer {
+        key: t.key,
+        name: t.name,
+        time_ms: t.time_ms,
+        domain: t.domain,
+    }
+}
+
+/// How a round's call ended.
+enum Called {
+    /// Dispositions and staged effects.
+    Done(Vec<Disposition>, BatchCtx),
+    /// The guest failed (trap, deadline, wrong disposition count).
+    Fault(CallError),
+    /// The state backend failed.
+    Outage(StateError),
+}
+
+impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
+    /// With nothing in flight: loads the shard's timers and saved watermark once, applies the
+    /// watermark the finished records allow (saving it when it moved), and fires one round of
+    /// due timers. A state outage backs off (records go on meanwhile); a corrupt state ends
+    /// the worker.
+    pub(super) async fn timer_round(&mut self) -> Result<(), WorkerError> {
+        match self.timer_round_inner().await? {
+            Ok(()) => {
+                self.timers.retry_at = None;
+                self.timers.backoff = Duration::ZERO;
+                Ok(())
+            }
+            Err(err) if err.kind() == crate::error::ErrorKind::Corrupt => Err(self.corrupt(err)),
+            Err(err) => {
+                self.timers.backed_off();
+                tracing::warn!(partition = self.partition, error = %err, retry_in = ?self.timers.backoff, "state backend unavailable; timers wait");
+                self.stats.outage_retries.fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            }
+        }
+    }
+
+    async fn timer_round_inner(&mut self) -> Result<Result<(), StateError>, WorkerError> {
+        if !self.timers.loaded {
+            let saved = match self.shard.get(&WATERMARK_KEY).await {
+                Ok(saved) => {
+                    saved.and_then(|v| Some(i64::from_be_bytes(v.as_ref().try_into().ok()?)))
+                }
+                Err(err) => return Ok(Err(err)),
+            };
+            self.timers.watermarks.restore(saved);
+            self.timers.saved = saved;
+            self.timers.loaded = true;
+        }
+        if let Err(err) = self.timers.head.load(&*self.shard).await {
+            return Ok(Err(err));
+        }
+        if let Err(err) = self.save_watermark().await {
+            return Ok(Err(err));
+        }
+        let batch_max = self.settings.timer_batch_max;
+        let now = self.timers.now_ms();
+        let mut due = self
+            .timers
+            .head
+            .due(TimeDomain::ProcessingTime, now, batch_max);
+        if let Some(watermark) = self.timers.watermarks.applied() {
+            let room = batch_max - due.len();
+            due.extend(self.timers.head.due(TimeDomain::EventTime, watermark, room));
+        }
+        if due.is_empty() {
+            return Ok(Ok(()));
+        }
+        let timers: Vec<FiredTimer> = due.into_iter().map(fired).collect();
+        let timers = Arc::new(timers);
+        match self.call_timers(timers.clone(), now).await {
+            Called::Outage(err) => Ok(Err(err)),
+            Called::Done(dispositions, batch)
+                if !dispositions
+                    .iter()
+                    .enumerate()
+                    .any(|(i, d)| matches!(d, Disposition::Reject(_)) && batch.touched(i)) =>
+            {
+                self.settle_timers(&timers, &dispositions, batch, now).await
+            }
+            // A rejection with effects, or a fault: one timer at a time.
+            Called::Done(..) | Called::Fault(_) => {
+                for timer in timers.iter() {
+                    let one = Arc::new(vec![timer.clone()]);
+                    let settled = match self.call_timers(one.clone(), now).await {
+                        Called::Outage(err) => return Ok(Err(err)),
+                        // Rejected with effects: those are discarded, the timer dead-lettered.
+                        Called::Done(dispositions, batch)
+                            if batch.touched(0)
+                                && matches!(dispositions.first(), Some(Disposition::Reject(_))) =>
+                        {
+                            let reason = match dispositions.into_iter().next() {
+                                Some(Disposition::Reject(reason)) => reason,
+                                _ => String::new(),
+                            };
+                            self.timer_failed(timer, DeadLetterKind::Rejected, &reason, now)
+                                .await?
+                        }
+                        Called::Done(dispositions, batch) => {
+                            self.settle_timers(&one, &dispositions, batch, now).await?
+                        }
+                        Called::Fault(fault) => {
+                            let kind = match fault {
+                                CallError::Trap { deadline: true, .. } => DeadLetterKind::Deadline,
+                                _ => DeadLetterKind::Trapped,
+                            };
+                            self.timer_failed(timer, kind, &fault.to_string(), now)
+                                .await?
+                        }
+                    };
+                    if let Err(err) = settled {
+                        return Ok(Err(err));
+                    }
+                }
+                Ok(Ok(()))
+            }
+        }
+    }
+
+    /// Writes the applied watermark to the shard when it moved, so that a checkpoint keeps it.
+    pub(super) async fn save_watermark(&mut self) -> Result<(), StateError> {
+        if !self.timers.enabled || !self.timers.loaded {
+            return Ok(());
+        }
+        let Some(watermark) = self
+            .timers
+            .watermarks
+            .apply()
+            .or(self.timers.watermarks.applied())
+        else {
+            return Ok(());
+        };
+        if self.timers.saved == Some(watermark) {
+            return Ok(());
+        }
+        self.shard
+            .apply(vec![StateWrite {
+                key: WATERMARK_KEY.to_vec(),
+                value: Some(Bytes::copy_from_slice(&watermark.to_be_bytes())),
+                expires_at_ms: None,
+            }])
+            .await?;
+        self.timers.saved = Some(watermark);
+        self.dirty = true;
+        self.stats
+            .watermarks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(self.partition, watermark);
+        Ok(())
+    }
+
+    /// One `on-timers` call over `timers` on an idle (or new) instance, their entries staged
+    /// as removed first.
+    async fn call_timers(&mut self, timers: Arc<Vec<FiredTimer>>, now_ms: i64) -> Called {
+        let mut batch = BatchCtx::for_timers(timers.clone());
+        batch.set_emit_record_bytes_max(self.sink.output_bytes_max());
+        batch.set_time(self.timers.watermarks.applied(), now_ms);
+        for timer in timers.iter() {
+            for key in removals(timer) {
+                batch.stage_removal(key);
+            }
+        }
+        let mut instance = match self.execution.idle.pop() {
+            Some(instance) => instance,
+            None => match self
+                .operator
+                .instantiate(Some(self.shard.clone()), self.source.clone())
+                .await
+            {
+                Ok(instance) => {
+                    self.execution.live += 1;
+                    instance
+                }
+                Err(err) => {
+                    return Called::Outage(StateError::Unavailable {
+                        shard: self.source.to_string(),
+                        source: Box::new(err),
+                    });
+                }
+            },
+        };
+        let deadline = batch_deadline(&self.settings, timers.len());
+        let result = instance.call_timers(batch, deadline).await;
+        self.stats.guest_calls.fetch_add(1, Ordering::Relaxed);
+        match result {
+            Ok((dispositions, batch)) => {
+                self.execution.idle.push(instance);
+                Called::Done(dispositions, batch)
+            }
+            Err(err) => {
+                // The store is unusable after any error.
+                self.execution.live -= 1;
+                match err {
+                    CallError::Aborted(HostAbort::State(err)) => Called::Outage(err),
+                    fault => {
+                        self.stats.traps.fetch_add(1, Ordering::Relaxed);
+                        Called::Fault(fault)
+                    }
+                }
+            }
+        }
+    }
+
+    /// Applies a successful call over `timers`: every timer's removal, the effects (writes and
+    /// emits), and dead letters for the rejected ones (whose effects, if any, the caller made
+    /// sure are not in `batch`).
+    async fn settle_timers(
+        &mut self,
+        timers: &[FiredTimer],
+        dispositions: &[Disposition],
+        batch: BatchCtx,
+        now_ms: i64,
+    ) -> Result<Result<(), StateError>, WorkerError> {
+        let (writes, emits) = batch.into_effects();
+        let follow: Vec<StateWrite> = writes
+            .iter()
+            .filter(|w| w.key.starts_with(&keys::TIME_INDEX))
+            .cloned()
+            .collect();
+        if let Err(err) = self.shard.apply(writes).await {
+            return Ok(Err(err));
+        }
+        self.timers.applied(&follow);
+        self.dirty = true;
+        for emit in &emits {
+            let source = self
+                .timers
+                .source(self.partition, &timers[emit.record as usize], now_ms);
+            if let Err(err) = self.sink.emit(emit, &source).await {
+                return Err(self.sink_failed(err));
+            }
+        }
+        self.stats
+            .emitted
+            .fetch_add(emits.len() as u64, Ordering::Relaxed);
+        self.stats.metrics.records_out.increment(emits.len() as u64);
+        for (timer, disposition) in timers.iter().zip(dispositions) {
+            if let Disposition::Reject(reason) = disposition {
+                let source = self.timers.source(self.partition, timer, now_ms);
+                self.dead_letter(&source, DeadLetterKind::Rejected, reason)
+                    .await?;
+            }
+        }
+        self.stats
+            .timers_fired
+            .fetch_add(timers.len() as u64, Ordering::Relaxed);
+        Ok(Ok(()))
+    }
+
+    /// A timer rejected, or whose call failed, alone: its entries removed, nothing else of it
+    /// applied, and it is dead-lettered — a rejection always, a failure as `failure_policy`
+    /// says (or skipped, or the pipeline stops).
+    async fn timer_failed(
+        &mut self,
+        timer: &FiredTimer,
+        kind: DeadLetterKind,
+        error: &str,
+        now_ms: i64,
+    ) -> Result<Result<(), StateError>, WorkerError> {
+        let writes: Vec<StateWrite> = removals(timer)
+            .into_iter()
+            .map(|key| StateWrite {
+                key,
+                value: None,
+                expires_at_ms: None,
+            })
+            .collect();
+        if let Err(err) = self.shard.apply(writes.clone()).await {
+            return Ok(Err(err));
+        }
+        self.timers.applied(&writes);
+        self.dirty = true;
+        let source = self.timers.source(self.partition, timer, now_ms);
+        self.stats.timers_fired.fetch_add(1, Ordering::Relaxed);
+        if kind == DeadLetterKind::Rejected {
+            self.dead_letter(&source, kind, error).await?;
+        } else {
+            self.failed_alone(&source, kind, error).await?;
+        }
+        Ok(Ok(()))
+    }
+}
