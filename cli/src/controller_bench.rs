@@ -175,6 +175,9 @@ pub async fn run(
                     in_flight_max,
                     failure_policy: Default::default(),
                     max_out_of_orderness: Default::default(),
+                    idle_timeout: None,
+                    idle_advance: false,
+                    late_records: Default::default(),
                 },
                 kafka: KafkaSettings {
                     bootstrap_servers: bootstrap.clone(),

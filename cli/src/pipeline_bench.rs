@@ -770,6 +770,9 @@ async fn measure(
             in_flight_max: weir_host::config::DEFAULT_IN_FLIGHT_MAX,
             failure_policy: Default::default(),
             max_out_of_orderness: Default::default(),
+            idle_timeout: None,
+            idle_advance: false,
+            late_records: Default::default(),
         },
         kafka: KafkaSettings {
             bootstrap_servers: opts.bootstrap_servers.clone(),

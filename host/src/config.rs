@@ -68,6 +68,58 @@ pub struct PipelineSettings {
     /// timestamp is behind the watermark is late (docs/time.md).
     #[serde(default, with = "humantime_serde")]
     pub max_out_of_orderness: Duration,
+    /// A co-partitioned input topic with no record for this long stops holding the shard's
+    /// watermark back (as Flink's `withIdleness`); default none: never idle. A shard Weir
+    /// itself holds back (a full queue, a state outage) never goes idle.
+    #[serde(default, with = "humantime_serde")]
+    pub idle_timeout: Option<Duration>,
+    /// With `idle_timeout`: once every input of a shard is idle, its watermark follows
+    /// processing time less `max_out_of_orderness`, so that the last windows of a stream that
+    /// went silent close. Default false: only records move the watermark.
+    #[serde(default)]
+    pub idle_advance: bool,
+    /// What a record at or before the watermark (late) does; default `process`.
+    #[serde(default)]
+    pub late_records: LateRecords,
+}
+
+/// What a late record (its timestamp at or before the shard's watermark) does (docs/time.md).
+/// Late records are counted in `weir_late_records_total` whatever this says.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, serde::Serialize, utoipa::ToSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum LateRecords {
+    /// Deliver it like any other (the operator can compare its timestamp with the watermark).
+    #[default]
+    Process,
+    /// Send it to the dead-letter topic with `weir.error.kind = late`.
+    DeadLetter,
+    /// Drop it.
+    Drop,
+}
+
+impl LateRecords {
+    /// Every policy, in [`LateRecords::index`] order.
+    pub const ALL: [LateRecords; 3] = [
+        LateRecords::Process,
+        LateRecords::DeadLetter,
+        LateRecords::Drop,
+    ];
+
+    /// Its position in [`LateRecords::ALL`].
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
+    /// Its name, as configured (the metric's `policy` label).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LateRecords::Process => "process",
+            LateRecords::DeadLetter => "dead_letter",
+            LateRecords::Drop => "drop",
+        }
+    }
 }
 
 /// What happens to a record whose call fails for good (as Kafka Streams'
@@ -389,6 +441,17 @@ impl Settings {
             problems.push(format!(
                 "pipeline.max_out_of_orderness must be at most 365 days. max_out_of_orderness={:?}",
                 p.max_out_of_orderness
+            ));
+        }
+        if p.idle_advance && p.idle_timeout.is_none() {
+            problems.push("pipeline.idle_advance needs pipeline.idle_timeout".to_owned());
+        }
+        if p.idle_timeout
+            .is_some_and(|t| t < Duration::from_millis(10))
+        {
+            problems.push(format!(
+                "pipeline.idle_timeout must be at least 10ms. idle_timeout={:?}",
+                p.idle_timeout
             ));
         }
         if p.checkpoint_interval < Duration::from_millis(10) {

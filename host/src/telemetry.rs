@@ -6,6 +6,7 @@
 //! add, never a registry lookup. Histograms are exported as Prometheus histograms (buckets,
 //! not client-side quantiles) so that hosts can be summed.
 
+use crate::config::LateRecords;
 use crate::sink::DeadLetterKind;
 use metrics::{Counter, Gauge, Histogram, Label};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
@@ -175,6 +176,12 @@ pub struct RunMetrics {
     pub checkpoint_bytes: Histogram,
     /// `weir_recovery_duration_seconds`: opening a shard until its first processed record.
     pub recovery: Histogram,
+    /// `weir_timers_fired_total`: timers whose `on-timers` call ended (applied, rejected or
+    /// failed).
+    pub timers_fired: Counter,
+    /// `weir_late_records_total{policy}`: records behind the watermark, one series per
+    /// [`LateRecords`] (index [`LateRecords::index`]).
+    late_records: [Counter; LateRecords::ALL.len()],
 }
 
 impl Default for RunMetrics {
@@ -190,6 +197,8 @@ impl Default for RunMetrics {
             checkpoint_duration: Histogram::noop(),
             checkpoint_bytes: Histogram::noop(),
             recovery: Histogram::noop(),
+            timers_fired: Counter::noop(),
+            late_records: std::array::from_fn(|_| Counter::noop()),
         }
     }
 }
@@ -216,6 +225,12 @@ impl RunMetrics {
             checkpoint_duration: metrics::histogram!("weir_checkpoint_duration_seconds", l()),
             checkpoint_bytes: metrics::histogram!("weir_checkpoint_uploaded_bytes", l()),
             recovery: metrics::histogram!("weir_recovery_duration_seconds", l()),
+            timers_fired: metrics::counter!("weir_timers_fired_total", l()),
+            late_records: LateRecords::ALL.map(|policy| {
+                let mut labels = l();
+                labels.push(Label::new("policy", policy.as_str()));
+                metrics::counter!("weir_late_records_total", labels)
+            }),
             labels,
         }
     }
@@ -223,6 +238,23 @@ impl RunMetrics {
     /// `weir_records_dead_lettered_total{kind}` of `kind`.
     pub fn dead_lettered(&self, kind: DeadLetterKind) -> &Counter {
         &self.dead_lettered[kind.index()]
+    }
+
+    /// `weir_late_records_total{policy}` of `policy`.
+    pub fn late_records(&self, policy: LateRecords) -> &Counter {
+        &self.late_records[policy.index()]
+    }
+
+    /// `weir_watermark_lag_seconds{partition}`: how far `partition`'s applied event-time
+    /// watermark is behind the host's clock, set when it moves and at each checkpoint.
+    /// Registered on use.
+    pub fn watermark_lag(&self, partition: i32) -> Gauge {
+        if self.labels.is_empty() {
+            return Gauge::noop();
+        }
+        let mut labels = self.labels.clone();
+        labels.push(Label::new("partition", partition.to_string()));
+        metrics::gauge!("weir_watermark_lag_seconds", labels)
     }
 
     /// The run's labels (`tenant`, `pipeline`).

@@ -449,6 +449,9 @@ pub fn settings(
             in_flight_max: weir_host::config::DEFAULT_IN_FLIGHT_MAX,
             failure_policy: Default::default(),
             max_out_of_orderness: Default::default(),
+            idle_timeout: None,
+            idle_advance: false,
+            late_records: Default::default(),
         },
         kafka: KafkaSettings {
             bootstrap_servers: kafka_bootstrap(),

@@ -16,6 +16,7 @@ use crate::config::Settings;
 use crate::runtime::{InputRecord, Operator, WorldVersion};
 use crate::state::StateBackend;
 use crate::state::checkpoint::InputOffsets;
+use crate::time::watermark::Idleness;
 use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
 use std::future::Future;
 use std::sync::Arc;
@@ -500,9 +501,14 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
             timers: Timers::new(
                 &self.settings.pipeline.input_topics,
                 self.settings.pipeline.max_out_of_orderness,
+                Idleness {
+                    timeout: self.settings.pipeline.idle_timeout,
+                    advance: self.settings.pipeline.idle_advance,
+                },
                 self.operator.clock().clone(),
                 self.operator.meta().world != WorldVersion::V0_1,
             ),
+            late_records: self.settings.pipeline.late_records,
         };
         let task = tokio::spawn(async move {
             let result = worker_state.run(rx).await;

@@ -117,15 +117,18 @@ pub enum DeadLetterKind {
     /// lowered after the pipeline started): the output is dead-lettered in its place, naming
     /// the record it was emitted for.
     OutputRefused,
+    /// The record is behind the watermark and the pipeline's `late_records` is `dead_letter`.
+    Late,
 }
 
 impl DeadLetterKind {
     /// Every kind, in [`DeadLetterKind::index`] order.
-    pub const ALL: [DeadLetterKind; 4] = [
+    pub const ALL: [DeadLetterKind; 5] = [
         DeadLetterKind::Rejected,
         DeadLetterKind::Trapped,
         DeadLetterKind::Deadline,
         DeadLetterKind::OutputRefused,
+        DeadLetterKind::Late,
     ];
 
     /// The kind's position in [`DeadLetterKind::ALL`].
@@ -140,6 +143,7 @@ impl DeadLetterKind {
             DeadLetterKind::Trapped => "trapped",
             DeadLetterKind::Deadline => "deadline",
             DeadLetterKind::OutputRefused => "output-refused",
+            DeadLetterKind::Late => "late",
         }
     }
 }

@@ -1,6 +1,7 @@
 //! The figures of one pipeline run: counters ([`PipelineStats`]), each partition's progress
 //! and problem, and the committed checkpoints — what the status and the metrics show.
 
+use crate::config::LateRecords;
 use crate::state::checkpoint::InputOffsets;
 use crate::telemetry::RunMetrics;
 use std::collections::{BTreeMap, VecDeque};
@@ -70,6 +71,9 @@ pub struct PipelineStats {
     pub records_skipped_failed: AtomicU64,
     /// Timers that fired (their `on-timers` call ended: applied, rejected or failed).
     pub timers_fired: AtomicU64,
+    /// Records behind the watermark, by [`LateRecords`] policy (index
+    /// [`LateRecords::index`]).
+    pub late_records: [AtomicU64; 3],
     /// Event-time watermark of each partition's shard, as applied, ms.
     pub watermarks: Mutex<BTreeMap<i32, i64>>,
     /// Where each partition run here stands, by partition.
@@ -166,6 +170,18 @@ pub struct CheckpointRecord {
 }
 
 impl PipelineStats {
+    /// A late record met `policy`: counted here and in `weir_late_records_total`.
+    pub(crate) fn late(&self, policy: LateRecords) {
+        self.late_records[policy.index()].fetch_add(1, Ordering::Relaxed);
+        self.metrics.late_records(policy).increment(1);
+    }
+
+    /// `timers` timers fired: counted here and in `weir_timers_fired_total`.
+    pub(crate) fn timers_fired(&self, timers: u64) {
+        self.timers_fired.fetch_add(timers, Ordering::Relaxed);
+        self.metrics.timers_fired.increment(timers);
+    }
+
     /// Stats whose figures are also exported as pipeline `pipeline` of `tenant`
     /// ([`RunMetrics::new`]).
     pub fn labelled(tenant: &str, pipeline: &str) -> Self {

@@ -29,7 +29,7 @@ use crate::runtime::{
 use crate::state::{Shard, StateError, StateWrite};
 use crate::time::head::TimerHead;
 use crate::time::keys::{self, StoredTimer, WATERMARK_KEY};
-use crate::time::watermark::Watermarks;
+use crate::time::watermark::{Idleness, Watermarks};
 use bytes::Bytes;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -64,17 +64,19 @@ pub(crate) struct Timers {
 }
 
 impl Timers {
-    /// Timers of a shard over `topics`, with `max_out_of_orderness`; `enabled` when the
-    /// operator can set timers.
+    /// Timers of a shard over `topics`, with `max_out_of_orderness` and `idleness`; `enabled`
+    /// when the operator can set timers.
     pub fn new(
         topics: &[String],
         max_out_of_orderness: Duration,
+        idleness: Idleness,
         clock: SharedClock,
         enabled: bool,
     ) -> Self {
+        let now = i64::try_from(clock.now_ms()).unwrap_or(i64::MAX);
         Self {
             head: TimerHead::default(),
-            watermarks: Watermarks::new(topics, max_out_of_orderness, None),
+            watermarks: Watermarks::new(topics, max_out_of_orderness, idleness, now),
             clock,
             loaded: false,
             saved: None,
@@ -85,7 +87,8 @@ impl Timers {
         }
     }
 
-    fn now_ms(&self) -> i64 {
+    /// Processing time now, ms since the Unix epoch.
+    pub fn now_ms(&self) -> i64 {
         i64::try_from(self.clock.now_ms()).unwrap_or(i64::MAX)
     }
 
@@ -106,7 +109,7 @@ impl Timers {
             .is_some_and(|t| t <= self.now_ms());
         let by_watermark = match (
             self.head.next(TimeDomain::EventTime),
-            self.watermarks.candidate(),
+            self.watermarks.candidate(self.now_ms()),
         ) {
             (Some(t), Some(w)) => t <= w,
             _ => false,
@@ -115,7 +118,8 @@ impl Timers {
     }
 
     /// When the worker should look again without any record arriving: the next
-    /// processing-time timer (at most [`CLOCK_LOOK_MAX`] away), or the end of a backoff.
+    /// processing-time timer (at most [`CLOCK_LOOK_MAX`] away), within [`CLOCK_LOOK_MAX`]
+    /// while event-time timers wait for an input to go idle, or the end of a backoff.
     pub fn next_wake(&self) -> Option<Instant> {
         if !self.enabled {
             return None;
@@ -124,6 +128,13 @@ impl Timers {
             let wait = u64::try_from(t.saturating_sub(self.now_ms())).unwrap_or(0);
             Instant::now() + Duration::from_millis(wait).min(CLOCK_LOOK_MAX)
         });
+        let by_idleness = (self.watermarks.idles()
+            && self.head.next(TimeDomain::EventTime).is_some())
+        .then(|| Instant::now() + CLOCK_LOOK_MAX);
+        let by_clock = match (by_clock, by_idleness) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
         match (by_clock, self.retry_at) {
             (Some(a), Some(b)) => Some(a.max(b)),
             (a, b) => a.or(b),
@@ -220,26 +231,49 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
             Err(err) => {
                 self.timers.backed_off();
                 tracing::warn!(partition = self.partition, error = %err, retry_in = ?self.timers.backoff, "state backend unavailable; timers wait");
-                self.stats.outage_retries.fetch_add(1, Ordering::Relaxed);
+                // Counted as a record's retry is, once timers run (not for their first load,
+                // which records do not wait for while it backs off).
+                if self.timers.loaded {
+                    self.stats.outage_retries.fetch_add(1, Ordering::Relaxed);
+                }
                 Ok(())
             }
         }
     }
 
     async fn timer_round_inner(&mut self) -> Result<Result<(), StateError>, WorkerError> {
+        // Reads that hang must not hold the worker (nothing else runs meanwhile): bounded as
+        // a call's state reads are, and an outage when they take longer.
+        let io_max = self.settings.call_io_allowance;
+        let hung = |what: &str| StateError::Unavailable {
+            shard: self.source.to_string(),
+            source: format!("{what} still waiting after {io_max:?}").into(),
+        };
         if !self.timers.loaded {
-            let saved = match self.shard.get(&WATERMARK_KEY).await {
-                Ok(saved) => {
+            let saved = match tokio::time::timeout(io_max, self.shard.get(&WATERMARK_KEY)).await {
+                Ok(Ok(saved)) => {
                     saved.and_then(|v| Some(i64::from_be_bytes(v.as_ref().try_into().ok()?)))
                 }
-                Err(err) => return Ok(Err(err)),
+                Ok(Err(err)) => return Ok(Err(err)),
+                Err(_) => return Ok(Err(hung("reading the saved watermark"))),
             };
+            let mut head = TimerHead::default();
+            match tokio::time::timeout(io_max, head.load(&*self.shard)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(err)) => return Ok(Err(err)),
+                Err(_) => return Ok(Err(hung("loading the timers"))),
+            }
+            // Loaded with nothing in flight: timers that records set or cleared while an
+            // outage delayed this are in the store the scan read.
+            self.timers.head = head;
             self.timers.watermarks.restore(saved);
             self.timers.saved = saved;
             self.timers.loaded = true;
         }
-        if let Err(err) = self.timers.head.load(&*self.shard).await {
-            return Ok(Err(err));
+        match tokio::time::timeout(io_max, self.timers.head.load(&*self.shard)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(err)) => return Ok(Err(err)),
+            Err(_) => return Ok(Err(hung("loading the next timers"))),
         }
         if let Err(err) = self.save_watermark().await {
             return Ok(Err(err));
@@ -313,14 +347,19 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
         if !self.timers.enabled || !self.timers.loaded {
             return Ok(());
         }
+        let now = self.timers.now_ms();
         let Some(watermark) = self
             .timers
             .watermarks
-            .apply()
+            .apply(now)
             .or(self.timers.watermarks.applied())
         else {
             return Ok(());
         };
+        self.stats
+            .metrics
+            .watermark_lag(self.partition)
+            .set(now.saturating_sub(watermark) as f64 / 1000.0);
         if self.timers.saved == Some(watermark) {
             return Ok(());
         }
@@ -433,9 +472,7 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
                     .await?;
             }
         }
-        self.stats
-            .timers_fired
-            .fetch_add(timers.len() as u64, Ordering::Relaxed);
+        self.stats.timers_fired(timers.len() as u64);
         Ok(Ok(()))
     }
 
@@ -463,7 +500,7 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
         self.timers.applied(&writes);
         self.dirty = true;
         let source = self.timers.source(self.partition, timer, now_ms);
-        self.stats.timers_fired.fetch_add(1, Ordering::Relaxed);
+        self.stats.timers_fired(1);
         if kind == DeadLetterKind::Rejected {
             self.dead_letter(&source, kind, error).await?;
         } else {

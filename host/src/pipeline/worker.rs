@@ -41,7 +41,7 @@ use super::isolation::{Isolation, Outcome, Verdict};
 use super::outcome::WorkerError;
 use super::ports::{DeadLetterKind, ShardSink, SinkError};
 use super::timers::Timers;
-use crate::config::{FailurePolicy, RuntimeSettings};
+use crate::config::{FailurePolicy, LateRecords, RuntimeSettings};
 use crate::runtime::{BatchCtx, CallError, Disposition, InputRecord, Operator};
 use crate::state::checkpoint::InputOffsets;
 use crate::state::{Shard, StateError};
@@ -94,6 +94,8 @@ pub(crate) struct PartitionWorker<S: Shard, K: ShardSink> {
     pub checkpoint_requests: watch::Receiver<u64>,
     /// The shard's timers and watermark ([`super::timers`]).
     pub timers: Timers,
+    /// What a record behind the watermark does.
+    pub late_records: LateRecords,
 }
 
 impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
@@ -129,8 +131,21 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
             // record finished ([`super::timers`]).
             let timers_due = self.timers.due();
             if !checkpoint_due && (!timers_due || after_round) {
-                self.admit(&mut backlog);
+                for late in self.admit(&mut backlog) {
+                    let watermark = self.timers.watermarks.applied().unwrap_or_default();
+                    let reason = format!(
+                        "late: timestamp {} ms is at or before the watermark {watermark} ms",
+                        late.timestamp_ms
+                    );
+                    self.dead_letter(&late, DeadLetterKind::Late, &reason)
+                        .await?;
+                }
                 after_round = false;
+            }
+            // Weir holding the input back (a state outage, a full queue) is not idleness.
+            if self.execution.backing_off > 0 || queue.len() >= queue.max_capacity() {
+                let now = self.timers.now_ms();
+                self.timers.watermarks.held(now);
             }
             self.dispatch(&mut running);
             if running.is_empty() && self.execution.controller.is_idle() {
@@ -221,12 +236,16 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
 
     /// Admits records from `backlog` while the controller has room; drops them all once the
     /// partition is revoked, and drops those the state already reflects (below the offsets it
-    /// resumed from: a consumer can deliver some again around a seek).
-    fn admit(&mut self, backlog: &mut VecDeque<InputRecord>) {
+    /// resumed from: a consumer can deliver some again around a seek). A late record (at or
+    /// before the applied watermark) is admitted, dropped or returned to be dead-lettered, as
+    /// `late_records` says (docs/time.md).
+    fn admit(&mut self, backlog: &mut VecDeque<InputRecord>) -> Vec<InputRecord> {
+        let mut late_letters = Vec::new();
         if self.assignment.is_revoked() {
             backlog.clear();
-            return;
+            return late_letters;
         }
+        let now = self.timers.now_ms();
         let (mut admitted, mut skipped) = (0u64, 0u64);
         while self.execution.controller.has_room()
             && let Some(record) = backlog.pop_front()
@@ -242,7 +261,27 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
             self.admitted.advance(&record.topic, record.offset);
             self.timers
                 .watermarks
-                .admitted(&record.topic, record.timestamp_ms);
+                .admitted(&record.topic, record.timestamp_ms, now);
+            if self.timers.watermarks.is_late(record.timestamp_ms) {
+                self.stats.late(self.late_records);
+                match self.late_records {
+                    LateRecords::Process => {}
+                    LateRecords::Drop => {
+                        // Nothing of it runs: the state's position moves past it at once
+                        // (offsets only move forward, and a checkpoint waits for every
+                        // earlier record to finish).
+                        self.offsets.advance(&record.topic, record.offset);
+                        self.dirty = true;
+                        continue;
+                    }
+                    LateRecords::DeadLetter => {
+                        self.offsets.advance(&record.topic, record.offset);
+                        self.dirty = true;
+                        late_letters.push(record);
+                        continue;
+                    }
+                }
+            }
             self.execution.controller.admit(record);
             admitted += 1;
         }
@@ -263,6 +302,7 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
             );
             metrics::gauge!("weir_records_in_flight").increment(admitted as f64);
         }
+        late_letters
     }
 
     /// Starts attempts while an instance is free: retries and re-runs first, then new batches

@@ -1,59 +1,124 @@
-//! [`Watermarks`]: a shard's event-time watermark (as Flink's bounded-out-of-orderness
-//! `WatermarkStrategy`): per input topic the highest record timestamp admitted, minus
-//! `max_out_of_orderness`; the shard's is the lowest of its co-partitioned topics'. It is
-//! *applied* (seen by `timers.watermark`, firing event-time timers) only when every record
-//! admitted before it has finished, and never goes backwards, across restarts included.
+//! [`Watermarks`]: a shard's event-time watermark, as Flink's bounded-out-of-orderness
+//! `WatermarkStrategy` with idleness: per input topic the highest record timestamp admitted,
+//! less `max_out_of_orderness` and 1 ms (a watermark `w` says no record at or before `w` is
+//! expected any more); the shard's is the lowest of its co-partitioned topics'. A topic with no
+//! record for `idle_timeout` stops holding it back; with `idle_advance`, once every topic is
+//! idle the watermark follows processing time less `max_out_of_orderness`. The worker reports
+//! when Weir itself holds the shard's input back (a full queue, a state outage): no topic goes
+//! idle meanwhile.
+//!
+//! The watermark is *applied* (seen by `timers.watermark`, firing event-time timers, deciding
+//! lateness) only when every record admitted before it has finished, and never goes
+//! backwards, across restarts included.
 
 use std::time::Duration;
+
+/// How a shard's input goes idle (see the module docs).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Idleness {
+    /// A topic with no record for this long stops holding the watermark back; `None`: never.
+    pub timeout: Option<Duration>,
+    /// Once every topic is idle, the watermark follows processing time.
+    pub advance: bool,
+}
 
 /// A shard's watermark. See the module docs.
 #[derive(Debug)]
 pub struct Watermarks {
     /// Per input topic (in the pipeline's order): the highest timestamp admitted.
     highest: Vec<Option<i64>>,
+    /// Per input topic: processing time (ms) of its last record, or of the last moment Weir
+    /// held the input back, or of the start.
+    active_at: Vec<i64>,
     topics: Vec<String>,
     out_of_orderness_ms: i64,
+    idle_timeout_ms: Option<i64>,
+    idle_advance: bool,
     applied: Option<i64>,
 }
 
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
 impl Watermarks {
-    /// Watermarks over `topics` (at least one), held `max_out_of_orderness` behind, applied
-    /// from `restored` (the value a checkpoint saved).
-    pub fn new(topics: &[String], max_out_of_orderness: Duration, restored: Option<i64>) -> Self {
+    /// Watermarks over `topics` (at least one), held `max_out_of_orderness` behind, going idle
+    /// as `idleness` says; `now_ms` is processing time now.
+    pub fn new(
+        topics: &[String],
+        max_out_of_orderness: Duration,
+        idleness: Idleness,
+        now_ms: i64,
+    ) -> Self {
+        let n = topics.len().max(1);
         Self {
-            highest: vec![None; topics.len().max(1)],
+            highest: vec![None; n],
+            active_at: vec![now_ms; n],
             topics: topics.to_vec(),
-            out_of_orderness_ms: i64::try_from(max_out_of_orderness.as_millis())
-                .unwrap_or(i64::MAX),
-            applied: restored,
+            out_of_orderness_ms: millis(max_out_of_orderness),
+            idle_timeout_ms: idleness.timeout.map(millis),
+            idle_advance: idleness.advance && idleness.timeout.is_some(),
+            applied: None,
         }
     }
 
-    /// A record of `topic` with `timestamp_ms` was admitted (a negative timestamp, none, is
-    /// left out).
-    pub fn admitted(&mut self, topic: &str, timestamp_ms: i64) {
-        if timestamp_ms < 0 {
-            return;
+    /// A record of `topic` with `timestamp_ms` was admitted at processing time `now_ms` (a
+    /// negative timestamp, none, keeps the topic active but moves nothing).
+    pub fn admitted(&mut self, topic: &str, timestamp_ms: i64, now_ms: i64) {
+        let i = if self.topics.len() > 1 {
+            self.topics.iter().position(|t| t == topic).unwrap_or(0)
+        } else {
+            0
+        };
+        self.active_at[i] = now_ms;
+        if timestamp_ms >= 0 {
+            let slot = &mut self.highest[i];
+            *slot = Some(slot.map_or(timestamp_ms, |h| h.max(timestamp_ms)));
         }
-        let i = self.topics.iter().position(|t| t == topic).unwrap_or(0);
-        let slot = &mut self.highest[i];
-        *slot = Some(slot.map_or(timestamp_ms, |h| h.max(timestamp_ms)));
     }
 
-    /// The watermark the admitted records allow: what [`Self::apply`] would make it.
-    pub fn candidate(&self) -> Option<i64> {
-        let lowest = self
-            .highest
-            .iter()
-            .try_fold(i64::MAX, |low, h| h.map(|h| low.min(h)))?;
-        let candidate = lowest.saturating_sub(self.out_of_orderness_ms);
-        Some(self.applied.map_or(candidate, |a| a.max(candidate)))
+    /// Weir holds the shard's input back at `now_ms` (its queue is full, or a state outage
+    /// stalls it): no topic may count as idle, whatever arrived last.
+    pub fn held(&mut self, now_ms: i64) {
+        self.active_at.fill(now_ms);
     }
 
-    /// Applies the candidate (every admitted record has finished); returns the new watermark
-    /// when it moved.
-    pub fn apply(&mut self) -> Option<i64> {
-        let candidate = self.candidate()?;
+    /// Whether some topic may go idle, so the worker must look again without records.
+    pub fn idles(&self) -> bool {
+        self.idle_timeout_ms.is_some()
+    }
+
+    /// The watermark the admitted records allow at processing time `now_ms`: what
+    /// [`Self::apply`] would make it.
+    pub fn candidate(&self, now_ms: i64) -> Option<i64> {
+        let idle = |i: usize| {
+            self.idle_timeout_ms
+                .is_some_and(|t| now_ms.saturating_sub(self.active_at[i]) >= t)
+        };
+        let mut active = (0..self.highest.len()).filter(|i| !idle(*i)).peekable();
+        let computed = if active.peek().is_some() {
+            // The lowest of the active topics; one with no timestamp yet holds it back.
+            let lowest = active.try_fold(i64::MAX, |low, i| self.highest[i].map(|h| low.min(h)));
+            lowest.map(|l| l.saturating_sub(self.out_of_orderness_ms).saturating_sub(1))
+        } else if self.idle_advance {
+            Some(
+                now_ms
+                    .saturating_sub(self.out_of_orderness_ms)
+                    .saturating_sub(1),
+            )
+        } else {
+            None
+        };
+        match (self.applied, computed) {
+            (Some(a), Some(c)) => Some(a.max(c)),
+            (a, c) => a.or(c),
+        }
+    }
+
+    /// Applies the candidate at `now_ms` (every admitted record has finished); returns the new
+    /// watermark when it moved.
+    pub fn apply(&mut self, now_ms: i64) -> Option<i64> {
+        let candidate = self.candidate(now_ms)?;
         if Some(candidate) == self.applied {
             return None;
         }
@@ -73,31 +138,85 @@ impl Watermarks {
     pub fn applied(&self) -> Option<i64> {
         self.applied
     }
+
+    /// Whether a record with `timestamp_ms` is late: at or before the applied watermark.
+    pub fn is_late(&self, timestamp_ms: i64) -> bool {
+        timestamp_ms >= 0 && self.applied.is_some_and(|w| timestamp_ms <= w)
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn topics() -> [String; 2] {
+        ["a".to_owned(), "b".to_owned()]
+    }
+
     #[test]
     fn the_watermark_is_the_slowest_topic_less_the_disorder_and_never_goes_back() {
-        let topics = ["a".to_owned(), "b".to_owned()];
-        let mut w = Watermarks::new(&topics, Duration::from_millis(10), Some(5));
-        w.admitted("a", 100);
-        assert_eq!(w.candidate(), None, "topic b has no timestamp yet");
-        w.admitted("b", 50);
-        w.admitted("b", -1);
-        assert_eq!(w.candidate(), Some(40));
+        let mut w = Watermarks::new(&topics(), Duration::from_millis(10), Idleness::default(), 0);
+        w.restore(Some(5));
+        w.admitted("a", 100, 0);
+        assert_eq!(w.candidate(0), Some(5), "topic b has no timestamp yet");
+        w.admitted("b", 50, 0);
+        w.admitted("b", -1, 0);
+        assert_eq!(w.candidate(0), Some(39), "50 - 10 - 1");
         assert_eq!(w.applied(), Some(5), "not applied until asked");
-        assert_eq!(w.apply(), Some(40));
-        assert_eq!(w.apply(), None, "unchanged");
-        let mut restored = Watermarks::new(&topics, Duration::ZERO, Some(40));
-        restored.admitted("a", 20);
-        restored.admitted("b", 30);
+        assert_eq!(w.apply(0), Some(39));
+        assert_eq!(w.apply(0), None, "unchanged");
+        assert!(w.is_late(39) && !w.is_late(40) && !w.is_late(-1));
+        let mut restored = Watermarks::new(&topics(), Duration::ZERO, Idleness::default(), 0);
+        restored.restore(Some(40));
+        restored.admitted("a", 20, 0);
+        restored.admitted("b", 30, 0);
         assert_eq!(
-            restored.candidate(),
+            restored.candidate(0),
             Some(40),
             "never behind the restored value"
         );
+    }
+
+    #[test]
+    fn an_idle_topic_stops_holding_the_watermark_unless_weir_held_it_back() {
+        let idleness = Idleness {
+            timeout: Some(Duration::from_secs(10)),
+            advance: false,
+        };
+        let mut w = Watermarks::new(&topics(), Duration::ZERO, idleness, 0);
+        w.admitted("a", 1_000, 1);
+        assert_eq!(w.candidate(5_000), None, "b holds it until it is idle");
+        assert_eq!(w.candidate(10_000), Some(999), "b idle since the start");
+        w.held(10_000);
+        assert_eq!(
+            w.candidate(15_000),
+            None,
+            "held back at 10 s: nothing is idle at 15 s"
+        );
+        w.admitted("a", 2_000, 19_000);
+        assert_eq!(
+            w.apply(20_000),
+            Some(1_999),
+            "b idle again 10 s after the hold"
+        );
+        assert_eq!(
+            w.candidate(40_000),
+            Some(1_999),
+            "all idle, no advance: it stays"
+        );
+    }
+
+    #[test]
+    fn with_idle_advance_a_silent_shard_follows_processing_time() {
+        let idleness = Idleness {
+            timeout: Some(Duration::from_secs(1)),
+            advance: true,
+        };
+        let mut w = Watermarks::new(&topics()[..1], Duration::from_millis(100), idleness, 0);
+        w.admitted("a", 5_000, 5_000);
+        assert_eq!(w.candidate(5_500), Some(4_899));
+        assert_eq!(w.candidate(6_000), Some(5_899), "6000 - 100 - 1");
+        w.held(6_000);
+        assert_eq!(w.candidate(6_500), Some(4_899), "not while held back");
     }
 }

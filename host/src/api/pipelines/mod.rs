@@ -360,6 +360,15 @@ pub(super) async fn change_pipeline(
             if let Some(v) = change.max_out_of_orderness_ms {
                 spec.max_out_of_orderness_ms = v;
             }
+            if let Some(v) = change.idle_timeout_ms {
+                spec.idle_timeout_ms = (v > 0).then_some(v);
+            }
+            if let Some(v) = change.idle_advance {
+                spec.idle_advance = v;
+            }
+            if let Some(v) = change.late_records {
+                spec.late_records = v;
+            }
             spec.validate(&host).map_err(ApiError::BadRequest)?;
             if spec != record.spec {
                 record.spec = spec;
@@ -515,6 +524,9 @@ mod tests {
                 failure_policy: FailurePolicy::DeadLetter,
                 delivery: Delivery::AtLeastOnce,
                 max_out_of_orderness_ms: 0,
+                idle_timeout_ms: None,
+                idle_advance: false,
+                late_records: Default::default(),
             },
             desired,
             run_generation: 2,

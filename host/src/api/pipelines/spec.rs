@@ -3,7 +3,7 @@
 //! report ([`HostStatus`]) and their merge ([`merge_status`]).
 
 use crate::api::catalog::valid_operator_name;
-use crate::config::{Delivery, FailurePolicy, RuntimeSettings};
+use crate::config::{Delivery, FailurePolicy, LateRecords, RuntimeSettings};
 use crate::error::ErrorKind;
 use crate::pipeline::{CheckpointRecord, PartitionProgress};
 use serde::{Deserialize, Serialize};
@@ -124,6 +124,17 @@ pub struct PipelineSpec {
     /// (0..=31 536 000 000, a year); default 0 (docs/time.md).
     #[serde(default)]
     pub max_out_of_orderness_ms: u64,
+    /// An input topic with no record for this long stops holding the watermark back, ms
+    /// (10..=86 400 000); default none: never idle.
+    #[serde(default)]
+    pub idle_timeout_ms: Option<u64>,
+    /// Once every input is idle, the watermark follows processing time (needs
+    /// `idle_timeout_ms`); default false.
+    #[serde(default)]
+    pub idle_advance: bool,
+    /// What a record behind the watermark does; default `process`.
+    #[serde(default)]
+    pub late_records: LateRecords,
 }
 
 /// Whether `topic` is a valid topic name of a tenant: 1..=200 bytes of `[A-Za-z0-9._-]`, not
@@ -200,6 +211,18 @@ impl PipelineSpec {
                 "in_flight_max must be 1..=65536. value={}",
                 self.in_flight_max
             ));
+        }
+        if self
+            .idle_timeout_ms
+            .is_some_and(|t| !(10..=86_400_000).contains(&t))
+        {
+            return Err(format!(
+                "idle_timeout_ms must be 10..=86400000. value={:?}",
+                self.idle_timeout_ms
+            ));
+        }
+        if self.idle_advance && self.idle_timeout_ms.is_none() {
+            return Err("idle_advance needs idle_timeout_ms".to_owned());
         }
         if self.max_out_of_orderness_ms > 31_536_000_000 {
             return Err(format!(
@@ -423,6 +446,16 @@ pub struct PipelineChange {
     /// watermark never goes back: a larger value holds it where it is until records catch up.
     #[serde(default)]
     pub max_out_of_orderness_ms: Option<u64>,
+    /// An input topic with no record for this long stops holding the watermark back, ms; 0
+    /// turns idleness off.
+    #[serde(default)]
+    pub idle_timeout_ms: Option<u64>,
+    /// Once every input is idle, the watermark follows processing time.
+    #[serde(default)]
+    pub idle_advance: Option<bool>,
+    /// What a record behind the watermark does.
+    #[serde(default)]
+    pub late_records: Option<LateRecords>,
 }
 
 /// A checkpoint asked for.

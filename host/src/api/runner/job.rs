@@ -289,6 +289,9 @@ impl RunJob {
                 in_flight_max: spec.in_flight_max as usize,
                 failure_policy: spec.failure_policy,
                 max_out_of_orderness: Duration::from_millis(spec.max_out_of_orderness_ms),
+                idle_timeout: spec.idle_timeout_ms.map(Duration::from_millis),
+                idle_advance: spec.idle_advance,
+                late_records: spec.late_records,
             },
             kafka: KafkaSettings {
                 bootstrap_servers: self.config.bootstrap_servers.clone(),

@@ -5,6 +5,8 @@
 
 use super::*;
 use crate::clock::ManualClock;
+use crate::config::LateRecords;
+use crate::pipeline::ports::DeadLetterKind;
 
 /// Epoch of the manual clock, ms.
 const T0: u64 = 1_700_000_000_000;
@@ -28,6 +30,40 @@ async fn timed_world(clock: &ManualClock, delivery: &'static str) -> (World, Run
     let (run, _) = world.start_timed(clock).await;
     world.handle.assign(&[0]);
     (world, run)
+}
+
+/// A one-partition world over `topics` (co-partitioned), with a pipeline over them whose
+/// settings `configure` changes, processing time from `clock`, partition 0 assigned.
+async fn configured_world(
+    clock: &ManualClock,
+    topics: &[&str],
+    configure: impl FnOnce(&mut Settings),
+) -> (World, Run, Arc<Backend>) {
+    let (source, handle) = MemorySource::new(topics);
+    let world = World {
+        source,
+        output: MemoryOutput::new(1 << 20, Some(handle.clone())),
+        handle,
+        store: Arc::new(InMemory::new()),
+        delivery: "at_least_once",
+    };
+    let mut settings = settings(world.delivery);
+    settings.pipeline.input_topics = topics.iter().map(|t| (*t).to_owned()).collect();
+    configure(&mut settings);
+    let (run, backend) = start_with(
+        settings,
+        (
+            world.source.clone(),
+            world.output.clone(),
+            world.store.clone(),
+        ),
+        ReadDelay::Fixed(Duration::ZERO),
+        "weir_test_counter",
+        Arc::new(clock.clone()),
+    )
+    .await;
+    world.handle.assign(&[0]);
+    (world, run, backend)
 }
 
 impl World {
@@ -81,8 +117,8 @@ async fn event_time_timers_fire_in_time_order_once_the_watermark_passes_them() {
     world.send("a", "timer:event:close:300", 10);
     world.send("b", "timer:event:close:100", 11);
     world.send("c", "timer:event:close:200", 12);
-    world.send("d", "v", 150); // offset 3: the watermark passes 100
-    world.send("d", "v", 250); // offset 4: passes 200
+    world.send("d", "v", 150); // offset 3: the watermark (149) passes 100
+    world.send("d", "v", 250); // offset 4: 249 passes 200
     until("the records are processed", || {
         run.stats.records_ok.load(Ordering::Relaxed) == 5
     })
@@ -93,8 +129,8 @@ async fn event_time_timers_fire_in_time_order_once_the_watermark_passes_them() {
         .iter()
         .map(|f| f["time"].as_i64().expect("time"))
         .collect();
-    assert_eq!(times, [100, 200], "300 is not due at watermark 250");
-    world.send("d", "v", 300);
+    assert_eq!(times, [100, 200], "300 is not due at watermark 249");
+    world.send("d", "v", 301);
     until("the last timer fires", || fired(&world.output).len() == 3).await;
     let fired = fired(&world.output);
     let keys: Vec<&str> = fired
@@ -215,7 +251,7 @@ async fn pending_timers_and_the_watermark_survive_a_restart_and_fire_once() {
     run.stop().await.expect("clean stop");
     assert!(fired(&world.output).is_empty());
 
-    // A new run restores them from the checkpoint; the restored watermark (501) holds while
+    // A new run restores them from the checkpoint; the restored watermark (500) holds while
     // earlier timestamps come in.
     let (run, _) = world.start_timed(&clock).await;
     world.handle.assign(&[0]);
@@ -228,9 +264,9 @@ async fn pending_timers_and_the_watermark_survive_a_restart_and_fire_once() {
         fired(&world.output).len() == 1
     })
     .await;
-    assert_eq!(fired(&world.output)[0]["watermark"], 501);
+    assert_eq!(fired(&world.output)[0]["watermark"], 500, "501 - 1");
     clock.advance_ms(1000);
-    world.send("x", "v", 1000);
+    world.send("x", "v", 1001);
     until("both restored timers fire", || {
         fired(&world.output).len() == 3
     })
@@ -297,5 +333,127 @@ async fn a_timer_due_during_a_state_outage_waits_for_the_store_and_fires_once() 
     tokio::time::sleep(Duration::from_secs(10)).await;
     assert_eq!(fired(&world.output).len(), 1, "once");
     assert_eq!(run.stats.timers_fired.load(Ordering::Relaxed), 1);
+    run.stop().await.expect("clean stop");
+}
+
+#[tokio::test(start_paused = true)]
+async fn late_records_are_processed_dead_lettered_or_dropped_as_configured_and_counted() {
+    for policy in LateRecords::ALL {
+        let clock = ManualClock::new(T0);
+        let (world, run, _) =
+            configured_world(&clock, &[TOPIC], |s| s.pipeline.late_records = policy).await;
+        world.send("a", "v", 1000);
+        until("a checkpoint applied the watermark (999)", || {
+            run.stats.checkpoints.load(Ordering::Relaxed) >= 1
+        })
+        .await;
+        world.send("b", "v", 999); // late: at the watermark
+        world.send("c", "v", 1000); // on time
+        until("every record is settled", || {
+            outputs_per_offset(&world.output, 0).contains_key(&2)
+        })
+        .await;
+        let stats = run.stats.clone();
+        run.stop().await.expect("clean stop");
+        let late = &stats.late_records;
+        let counted: Vec<u64> = late.iter().map(|c| c.load(Ordering::Relaxed)).collect();
+        let mut want = [0; 3];
+        want[policy.index()] = 1;
+        assert_eq!(
+            counted, want,
+            "{policy:?}: the late record is counted under its policy"
+        );
+        let log = world.output.log();
+        let outputs: Vec<i64> = log.outputs.iter().map(|w| w.source.1).collect();
+        let dead: Vec<(i64, Option<DeadLetterKind>)> = log
+            .dead_letters
+            .iter()
+            .map(|w| (w.source.1, w.dead_letter.as_ref().map(|d| d.0)))
+            .collect();
+        match policy {
+            LateRecords::Process => {
+                assert_eq!(outputs, [0, 1, 2]);
+                assert!(dead.is_empty());
+            }
+            LateRecords::DeadLetter => {
+                assert_eq!(outputs, [0, 2]);
+                assert_eq!(dead, [(1, Some(DeadLetterKind::Late))]);
+            }
+            LateRecords::Drop => {
+                assert_eq!(outputs, [0, 2]);
+                assert!(dead.is_empty());
+            }
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_idle_co_partitioned_topic_stops_holding_the_watermark_after_idle_timeout() {
+    let clock = ManualClock::new(T0);
+    let (world, run, _) = configured_world(&clock, &[TOPIC, "other"], |s| {
+        s.pipeline.idle_timeout = Some(Duration::from_secs(5));
+    })
+    .await;
+    world.send("k", "timer:event:t:100", 10);
+    world.send("k", "v", 200);
+    until("the records are processed", || {
+        run.stats.records_ok.load(Ordering::Relaxed) == 2
+    })
+    .await;
+    // The clock stands still: `other` is not idle yet and holds the watermark back.
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    assert!(
+        fired(&world.output).is_empty(),
+        "held back by the silent topic"
+    );
+    // Five seconds later `other` is idle; `in` has a record again, so it is not.
+    clock.advance_ms(5_000);
+    world.send("k", "v", 210);
+    until("the timer fires", || !fired(&world.output).is_empty()).await;
+    assert_eq!(fired(&world.output)[0]["watermark"], 209);
+    run.stop().await.expect("clean stop");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_shard_held_back_by_a_state_outage_never_goes_idle() {
+    let clock = ManualClock::new(T0);
+    let (world, run, backend) = configured_world(&clock, &[TOPIC], |s| {
+        s.pipeline.idle_timeout = Some(Duration::from_secs(1));
+        s.pipeline.idle_advance = true;
+    })
+    .await;
+    let at = T0 + 5_000;
+    world.send("k", &format!("timer:event:t:{at}"), T0 as i64);
+    until("the record is processed", || {
+        run.stats.records_ok.load(Ordering::Relaxed) == 1
+    })
+    .await;
+    backend.set_unavailable(0, true);
+    world.send("k", "v", T0 as i64);
+    until("the record backs off", || {
+        run.stats.outage_retries.load(Ordering::Relaxed) >= 1
+    })
+    .await;
+    clock.advance_ms(10_000);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        fired(&world.output).is_empty(),
+        "a shard held back is not idle: its watermark stays"
+    );
+    backend.set_unavailable(0, false);
+    until("the held record is processed", || {
+        run.stats.records_ok.load(Ordering::Relaxed) == 2
+    })
+    .await;
+    assert!(fired(&world.output).is_empty(), "idle only from now on");
+    clock.advance_ms(2_000);
+    until("the silent shard's watermark follows the clock", || {
+        !fired(&world.output).is_empty()
+    })
+    .await;
+    let watermark = fired(&world.output)[0]["watermark"]
+        .as_i64()
+        .expect("a watermark");
+    assert!(watermark >= at as i64, "{watermark}");
     run.stop().await.expect("clean stop");
 }
