@@ -8,7 +8,8 @@ use weir_host::clock::{SharedClock, SystemClock};
 use weir_host::config::RuntimeSettings;
 use weir_host::pipeline::prefetch;
 use weir_host::runtime::{
-    CallError, Disposition, InputRecord, Instance, Operator, Runtime, RuntimeError,
+    BatchCtx, CallError, Disposition, FiredTimer, InputRecord, Instance, Operator, Runtime,
+    RuntimeError, TimeDomain,
 };
 use weir_host::state::memory::{MemoryBackend, MemoryShard};
 use weir_host::state::{Shard, ShardId, StateBackend};
@@ -572,4 +573,59 @@ async fn the_python_sdk_reaches_every_host_import() {
         Err(CallError::Trap { deadline, .. }) => assert!(deadline),
         other => panic!("expected a deadline trap, got {:?}", other.map(|(d, _)| d)),
     }
+    python_timers(&op, &shard).await;
+}
+
+/// Timers through the Python SDK's WIT bindings: `set_timer`, `timer`, `watermark` and
+/// `processing_time` in a record's call, and `on_timer` in an `on-timers` call.
+async fn python_timers(op: &Operator<MemoryShard>, shard: &Arc<MemoryShard>) {
+    let mut inst = op
+        .instantiate(Some(shard.clone()), "t/0".into())
+        .await
+        .expect("instantiates");
+    let records = Arc::new(vec![
+        record("t", "timer 42", 600),
+        record("t", "timer-get", 601),
+    ]);
+    let mut batch = prefetch(&**shard, &op.meta().value_states, records)
+        .await
+        .expect("memory prefetch");
+    batch.set_time(Some(7), 1_000);
+    let (d, batch) = inst
+        .call_batch(batch, Duration::from_secs(5))
+        .await
+        .expect("call succeeds");
+    assert!(d.iter().all(|d| *d == Disposition::Ok), "{d:?}");
+    let (writes, emits) = batch.into_effects();
+    shard.apply(writes).await.expect("memory apply");
+    let seen: serde_json::Value = serde_json::from_slice(&emits[0].value).expect("JSON");
+    assert_eq!(
+        seen,
+        serde_json::json!({"timer": [42, "event-time"], "watermark": 7, "now": 1000})
+    );
+    let fired = FiredTimer {
+        key: b"t".to_vec(),
+        name: "probe".into(),
+        time_ms: 42,
+        domain: TimeDomain::EventTime,
+    };
+    let batch = BatchCtx::for_timers(Arc::new(vec![fired]));
+    let (d, batch) = inst
+        .call_timers(batch, Duration::from_secs(5))
+        .await
+        .expect("call succeeds");
+    assert_eq!(d, [Disposition::Ok]);
+    let (writes, emits) = batch.into_effects();
+    let fired: serde_json::Value = serde_json::from_slice(&emits[0].value).expect("JSON");
+    assert_eq!(
+        fired,
+        serde_json::json!({"fired": "probe", "at": 42, "domain": "event-time", "count": null})
+    );
+    assert_eq!(emits[0].key, b"t");
+    assert!(
+        writes
+            .iter()
+            .any(|w| w.value.is_some() && w.key.ends_with(b"again")),
+        "on_timer set a timer of its own"
+    );
 }

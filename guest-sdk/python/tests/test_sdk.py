@@ -382,3 +382,98 @@ def test_clearing_a_map_removes_every_entry_across_pages() -> None:
     h.send("k", "fill")
     assert json.loads(h.send("k", "clear").emitted[0].value) == {"len": 0}
     assert h.map("k", SEEN) == {}
+
+
+COUNT = weir.ValueState("count", int)
+
+
+class Reminder(weir.Operator):
+    """Counts records per key and, after each, sets an event-time timer `close` at the record's
+    timestamp + 100 and a processing-time timer `idle` 1 s after the call; a fired timer emits
+    its name, time and the key's count. A record `again` re-arms `close` from `on_timer`; a
+    record `boom` makes `close` raise after writing state."""
+
+    name = "reminder"
+    states = [COUNT]
+
+    def process(self, ctx: weir.Context, record: weir.Record) -> None:
+        ctx.set(COUNT, ctx.get(COUNT, 0) + 1)
+        ctx.set_timer("close", record.timestamp_ms + 100)
+        ctx.set_timer("idle", ctx.processing_time() + 1000, weir.PROCESSING_TIME)
+        if record.value == b"clear":
+            ctx.clear_timer("idle")
+        if record.value in (b"again", b"boom"):
+            ctx.set(weir.ValueState("count", int), 1000 if record.value == b"boom" else 0)
+
+    def on_timer(self, ctx: weir.Context, timer: weir.Timer) -> None:
+        assert ctx.timer(timer.name) is None, "a fired timer is already removed"
+        count = ctx.get(COUNT, 0)
+        if timer.name == "close" and count == 1000:
+            ctx.set(COUNT, -1)
+            raise weir.Reject("boom")
+        if timer.name == "close" and count == 0:
+            ctx.set(COUNT, 1)
+            ctx.set_timer("close", timer.time_ms + 50)
+        ctx.emit_json(timer.key, {"fired": timer.name, "at": timer.time_ms, "count": count,
+                                  "watermark": ctx.watermark(), "now": ctx.processing_time()})
+
+
+def test_event_time_timers_fire_in_time_order_when_the_watermark_passes_them() -> None:
+    h = Harness(Reminder)
+    h.send("b", "x", timestamp_ms=300)
+    h.send("a", "x", timestamp_ms=100)
+    h.send("a", "x", timestamp_ms=150)  # moves a's `close` to 250
+    assert h.timers("a")["close"] == (250, weir.EVENT_TIME)
+    assert h.advance_watermark(249) == []
+    fired = h.advance_watermark(400)
+    assert [(t.key, t.time_ms) for t, _ in fired] == [(b"a", 250), (b"b", 400)]
+    assert [json.loads(o.emitted[0].value)["count"] for _, o in fired] == [2, 1]
+    assert json.loads(fired[0][1].emitted[0].value)["watermark"] == 400
+    assert h.advance_watermark(300) == [], "the watermark never goes back"
+    assert h.watermark == 400
+
+
+def test_processing_time_timers_fire_as_time_is_advanced_and_clear_removes_them() -> None:
+    h = Harness(Reminder, processing_time_ms=10_000)
+    h.send("k", "x", timestamp_ms=1)
+    h.send("q", "clear", timestamp_ms=1)
+    assert "idle" not in h.timers("q")
+    assert h.advance_processing_time(999) == []
+    [(timer, outcome)] = h.advance_processing_time(1)
+    assert (timer.key, timer.name, timer.time_ms, timer.domain) == (
+        b"k", "idle", 11_000, weir.PROCESSING_TIME)
+    assert json.loads(outcome.emitted[0].value)["now"] == 11_000
+    assert h.pending_timers() == 2  # both `close` timers
+
+
+def test_a_timer_re_armed_at_or_before_the_watermark_fires_in_the_next_round() -> None:
+    h = Harness(Reminder)
+    h.send("k", "again", timestamp_ms=0)
+    fired = h.advance_watermark(1_000)
+    assert [t.time_ms for t, _ in fired] == [100, 150]
+    assert h.timers("k") == {"idle": (1_000, weir.PROCESSING_TIME)}
+
+
+def test_a_refused_timer_is_dead_lettered_and_its_writes_discarded() -> None:
+    h = Harness(Reminder)
+    h.send("k", "boom", timestamp_ms=0)
+    [(timer, outcome)] = h.advance_watermark(100)
+    assert not outcome.ok and outcome.reason == "boom"
+    assert h.dead_timers == [(timer, "boom")]
+    assert h.value("k", COUNT) == 1000, "its write was undone"
+    assert "close" not in h.timers("k"), "and it is gone"
+
+
+def test_timer_names_and_the_per_key_limit_are_the_hosts() -> None:
+    class Many(weir.Operator):
+        name = "many"
+
+        def process(self, ctx: weir.Context, record: weir.Record) -> None:
+            for i in range(int(record.value)):
+                ctx.set_timer(f"t{i}", i)
+
+    h = Harness(Many)
+    assert h.send("k", "1024").ok
+    out = h.send("j", "1025")
+    assert out.reason == "timer error: a key may have at most 1024 timers"
+    assert h.timers("j") == {}, "nothing of the refused record stays"

@@ -1,6 +1,6 @@
 """A Python test fixture operator: every part of the Python SDK through the real host imports
 (value state, raw bytes, get_many, clear, map state with paging, emit with headers, logging,
-rejections). tests/tests/runtime_sandbox.rs drives it; each record's value is a command."""
+rejections, timers and `on_timer`). tests/tests/runtime_sandbox.rs drives it; each record's value is a command."""
 
 import weir
 
@@ -61,8 +61,29 @@ class Probe(weir.Operator):
         elif command == "spin":
             while True:
                 pass
+        elif command == "timer":
+            ctx.set_timer("probe", int(arg))
+        elif command == "timer-get":
+            found = ctx.timer("probe")
+            ctx.emit_json(
+                record.key,
+                {
+                    "timer": None if found is None else [found[0], found[1].value],
+                    "watermark": ctx.watermark(),
+                    "now": ctx.processing_time(),
+                },
+            )
         else:
             raise weir.Reject(f"unknown command {command!r}")
+
+    def on_timer(self, ctx: weir.Context, timer: weir.Timer) -> None:
+        count = ctx.get(COUNT)
+        ctx.set_timer("again", timer.time_ms + 1, weir.PROCESSING_TIME)
+        ctx.emit_json(
+            timer.key,
+            {"fired": timer.name, "at": timer.time_ms, "domain": timer.domain.value,
+             "count": count},
+        )
 
 
 Operator = weir.export(Probe)

@@ -31,8 +31,10 @@ Linear memory is scratch: keep nothing between records that must persist.
 from ._context import (
     DEBUG,
     ERROR,
+    EVENT_TIME,
     INFO,
     MAP_PAGE_SIZE,
+    PROCESSING_TIME,
     TRACE,
     WARN,
     Context,
@@ -42,6 +44,8 @@ from ._context import (
     MapView,
     Record,
     Reject,
+    TimeDomain,
+    Timer,
 )
 from ._operator import (
     Driver,
@@ -57,8 +61,10 @@ from ._state import RAW, Codec, JsonCodec, MapState, RawCodec, ValueState, dumps
 __all__ = [
     "DEBUG",
     "ERROR",
+    "EVENT_TIME",
     "INFO",
     "MAP_PAGE_SIZE",
+    "PROCESSING_TIME",
     "RAW",
     "TRACE",
     "WARN",
@@ -76,6 +82,8 @@ __all__ = [
     "RawCodec",
     "Record",
     "Reject",
+    "TimeDomain",
+    "Timer",
     "ValueState",
     "dumps",
     "export",

@@ -1,10 +1,12 @@
-"""`Context`: the operator's handle to keyed state, emit and log for the current record."""
+"""`Context`: the operator's handle to keyed state, timers, emit and log for the current record
+(or fired timer)."""
 
 from __future__ import annotations
 
 import enum
 import logging
 from collections.abc import Iterator, ItemsView, Mapping, MutableMapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar, overload
 
 from ._state import MapState, ValueState, dumps
@@ -16,6 +18,35 @@ D = TypeVar("D")
 
 MAP_PAGE_SIZE = 256
 """Entries asked of the host per page when iterating a map state."""
+
+
+class TimeDomain(enum.Enum):
+    """The two kinds of time a timer can be set in (as Flink's `TimeDomain`)."""
+
+    EVENT_TIME = "event-time"
+    """Record timestamps, as the shard's watermark tracks them: an event-time timer fires once
+    the watermark reaches its time."""
+    PROCESSING_TIME = "processing-time"
+    """The host's clock: a processing-time timer fires once the clock reaches its time, even
+    when no record arrives."""
+
+
+EVENT_TIME = TimeDomain.EVENT_TIME
+PROCESSING_TIME = TimeDomain.PROCESSING_TIME
+
+
+@dataclass(frozen=True)
+class Timer:
+    """A timer that fired, as `Operator.on_timer` receives it."""
+
+    key: bytes
+    """The key it was set for (the context acts for it)."""
+    name: str
+    """Its name."""
+    time_ms: int
+    """The time it was set for, ms of its domain."""
+    domain: TimeDomain
+    """Its domain."""
 
 
 class Level(enum.IntEnum):
@@ -103,6 +134,11 @@ class Host(Protocol):
         self, record: int, key: bytes, value: bytes, headers: Sequence[tuple[str, bytes]]
     ) -> None: ...
     def log(self, level: int, message: str) -> None: ...
+    def timer_set(self, record: int, name: str, at_ms: int, domain: TimeDomain) -> None: ...
+    def timer_clear(self, record: int, name: str) -> None: ...
+    def timer_get(self, record: int, name: str) -> tuple[int, TimeDomain] | None: ...
+    def watermark(self) -> int | None: ...
+    def processing_time(self) -> int: ...
 
 
 Data = bytes | bytearray | memoryview | str | None
@@ -227,6 +263,35 @@ class Context:
         """Writes a line to the host's log at `level`: `weir.TRACE` … `weir.ERROR`, or a
         `logging` level (`logging.INFO`); never fails (see `weir.log`)."""
         self._host.log(_level(level), str(message))
+
+    # time
+
+    def set_timer(self, name: str, at_ms: int, domain: TimeDomain = EVENT_TIME) -> None:
+        """Sets timer `name` of the current key to fire at `at_ms` in `domain`, replacing any
+        timer of that name (at most one per key and name, as Flink's named timers). Staged like
+        a state write: it takes effect only if the record is processed. An event-time timer at
+        or before the watermark fires in the next round. Raises `Reject` for a name that is
+        empty or longer than 128 bytes, or a new name beyond the host's limit of timers per key
+        (1,024 by default)."""
+        self._host.timer_set(self._index, name, int(at_ms), domain)
+
+    def clear_timer(self, name: str) -> None:
+        """Removes timer `name` of the current key; removing one that is not set is fine."""
+        self._host.timer_clear(self._index, name)
+
+    def timer(self, name: str) -> tuple[int, TimeDomain] | None:
+        """When timer `name` of the current key fires, and in which domain; None when unset."""
+        return self._host.timer_get(self._index, name)
+
+    def watermark(self) -> int | None:
+        """The shard's event-time watermark, ms: records at or before it are late. None before
+        the first record with a timestamp. Constant within a call."""
+        return self._host.watermark()
+
+    def processing_time(self) -> int:
+        """The host's clock at the start of the call, ms since the Unix epoch (as Flink's
+        `currentProcessingTime()`); the component's own clocks read zero."""
+        return self._host.processing_time()
 
 
 class MapView(MutableMapping[K, V], Generic[K, V]):

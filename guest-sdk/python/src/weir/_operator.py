@@ -9,7 +9,20 @@ import re
 import traceback
 from typing import Any, ClassVar
 
-from ._context import DEBUG, ERROR, INFO, TRACE, WARN, Context, Host, Level, Record, Reject, _level
+from ._context import (
+    DEBUG,
+    ERROR,
+    INFO,
+    TRACE,
+    WARN,
+    Context,
+    Host,
+    Level,
+    Record,
+    Reject,
+    Timer,
+    _level,
+)
 from ._state import MapState, ValueState
 
 
@@ -40,6 +53,14 @@ class Operator:
         with the reason, and its state writes and emits are discarded.
         """
         raise NotImplementedError
+
+    def on_timer(self, ctx: Context, timer: Timer) -> None:
+        """Handles a timer of `timer.key` that fired (as Flink's `onTimer`): `ctx` acts for that
+        key as for a record. The timer is already removed; set it again to re-arm it. Timers
+        fire in time order, never before the key's earlier records. Raising refuses it as
+        `process` does (its effects discarded, the timer dead-lettered). Does nothing unless
+        overridden.
+        """
 
 
 def _check(operator: type[Operator]) -> None:
@@ -140,6 +161,24 @@ class Driver:
                 dispositions.append(ok)
         return dispositions
 
+    def on_timers(self, timers: Sequence[Timer], ok: Any, reject: Any) -> list[Any]:
+        """One disposition per fired timer, as `process_batch` gives per record: index `i` of
+        the context stands for `timers[i]` and its key."""
+        global _host
+        _host = self._ctx._host
+        on_timer = self.operator.on_timer
+        ctx = self._ctx
+        dispositions = []
+        for index, timer in enumerate(timers):
+            ctx._index = index
+            try:
+                on_timer(ctx, timer)
+            except (Exception, SystemExit) as error:
+                dispositions.append(reject(rejection_reason(error)))
+            else:
+                dispositions.append(ok)
+        return dispositions
+
 
 def export(operator: type[Operator]) -> type:
     """The class componentize-py exports as the world's `operator` interface. Bind it to the
@@ -177,10 +216,9 @@ def export(operator: type[Operator]) -> type:
             return driver.process_batch(records, _wit.OK, _wit.reject)
 
         def on_timers(self, timers: list[Any]) -> list[Any]:
-            # The Python SDK cannot set timers yet (the Rust SDK can): none ever fires here.
-            if _wit is None:
+            if driver is None:
                 raise RuntimeError("not in a component: build the module with componentize-py")
-            return [_wit.OK for _ in timers]
+            return driver.on_timers([_wit.timer(t) for t in timers], _wit.OK, _wit.reject)
 
     Exported.__name__ = Exported.__qualname__ = "Operator"
     return Exported

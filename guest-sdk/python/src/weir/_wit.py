@@ -12,9 +12,10 @@ from componentize_py_types import Err
 from wit_world.imports import emit as wit_emit
 from wit_world.imports import log as wit_log
 from wit_world.imports import state as wit_state
+from wit_world.imports import timers as wit_timers
 from wit_world.imports import types as wit_types
 
-from ._context import Reject
+from ._context import EVENT_TIME, PROCESSING_TIME, Reject, TimeDomain, Timer
 
 _LEVELS = list(wit_log.Level)
 
@@ -35,6 +36,30 @@ def _emit_reject(err: Err) -> Reject:  # type: ignore[type-arg]
     if isinstance(e, wit_emit.EmitError_InvalidRecord):
         return Reject(f"emit error: invalid record index {e.value}")
     return Reject(f"emit error: output for this record exceeds the limit of {e.value} bytes")
+
+
+def _timer_reject(err: Err) -> Reject:  # type: ignore[type-arg]
+    e = err.value
+    if isinstance(e, wit_timers.TimerError_InvalidRecord):
+        return Reject(f"timer error: invalid record index {e.value}")
+    if isinstance(e, wit_timers.TimerError_InvalidName):
+        return Reject(f"timer error: names are 1..=128 bytes, not `{e.value}`")
+    return Reject(f"timer error: a key may have at most {e.value} timers")
+
+
+def _domain(domain: wit_types.TimeDomain) -> TimeDomain:
+    return EVENT_TIME if domain == wit_types.TimeDomain.EVENT_TIME else PROCESSING_TIME
+
+
+def _wit_domain(domain: TimeDomain) -> wit_types.TimeDomain:
+    if domain == EVENT_TIME:
+        return wit_types.TimeDomain.EVENT_TIME
+    return wit_types.TimeDomain.PROCESSING_TIME
+
+
+def timer(fired: wit_types.FiredTimer) -> Timer:
+    """A fired timer as `Operator.on_timer` receives it."""
+    return Timer(bytes(fired.key), fired.name, fired.time_ms, _domain(fired.domain))
 
 
 class WitHost:
@@ -103,6 +128,31 @@ class WitHost:
 
     def log(self, level: int, message: str) -> None:
         wit_log.log(_LEVELS[level], message)
+
+    def timer_set(self, record: int, name: str, at_ms: int, domain: TimeDomain) -> None:
+        try:
+            wit_timers.set(record, name, at_ms, _wit_domain(domain))
+        except Err as e:
+            raise _timer_reject(e) from None
+
+    def timer_clear(self, record: int, name: str) -> None:
+        try:
+            wit_timers.clear(record, name)
+        except Err as e:
+            raise _timer_reject(e) from None
+
+    def timer_get(self, record: int, name: str) -> tuple[int, TimeDomain] | None:
+        try:
+            found = wit_timers.get(record, name)
+        except Err as e:
+            raise _timer_reject(e) from None
+        return None if found is None else (found[0], _domain(found[1]))
+
+    def watermark(self) -> int | None:
+        return wit_timers.watermark()
+
+    def processing_time(self) -> int:
+        return wit_timers.current_processing_time()
 
 
 def operator_info(name: str, version: str, states: Sequence[object]) -> wit_types.OperatorInfo:

@@ -13,9 +13,12 @@ test harnesses do: state in memory, batches processed with the host's rules.
 What it keeps of the host: state scoped to each record's key; a record's state writes and emits
 applied only if it is processed (a `Reject` or any exception discards them); undeclared states,
 the wrong kind, values over 1 MiB, map keys over 4 KiB and output over 1 MiB per record refused
-with the host's reasons; map iteration in ascending byte order of encoded keys. What it does
-not: TTL expiry, durability, and the Wasm sandbox itself (memory and CPU caps) — build the
-component and run it in Weir for those.
+with the host's reasons; map iteration in ascending byte order of encoded keys; timers (one per
+key and name, at most 1,024 per key) fired in time order, each removed before its `on_timer`
+runs. Time moves only when the test says: `advance_watermark` and `advance_processing_time`
+fire what becomes due, as the host does between records. What it does not: TTL expiry,
+durability, watermarks from record timestamps, and the Wasm sandbox itself (memory and CPU
+caps) — build the component and run it in Weir for those.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from dataclasses import dataclass, field
 import bisect
 from typing import Any, TypeVar
 
-from ._context import Reject
+from ._context import EVENT_TIME, PROCESSING_TIME, Reject, TimeDomain, Timer
 from ._operator import Driver, Operator
 from ._state import MapState, ValueState
 
@@ -44,6 +47,10 @@ framing and 10 per header): the producer's default `message.max.bytes`. A pipeli
 topic may take less (its `max.message.bytes`)."""
 MAP_PAGE_MAX = 1024
 """The host's cap on a map page."""
+TIMERS_PER_KEY_MAX = 1024
+"""The host's default limit on the timers of one key."""
+TIMER_NAME_BYTES_MAX = 128
+"""The longest timer name, bytes."""
 LEVELS = ("trace", "debug", "info", "warn", "error")
 
 
@@ -106,6 +113,9 @@ class _MemoryHost:
         self.emitted: list[Output] = []
         self.emitted_bytes = 0
         self.logs: list[tuple[str, str]] = []
+        self.timers: dict[tuple[bytes, str], tuple[int, TimeDomain]] = {}
+        self.watermark_ms: int | None = None
+        self.now_ms = 0
 
     def _slot(self, record: int, name: str, kind: str) -> tuple[bytes, str]:
         if not 0 <= record < len(self.keys):
@@ -193,18 +203,47 @@ class _MemoryHost:
     def log(self, level: int, message: str) -> None:
         self.logs.append((LEVELS[level], message[:4096]))
 
+    def _timer(self, record: int, name: str) -> tuple[bytes, str]:
+        if not 0 <= record < len(self.keys):
+            raise Reject(f"timer error: invalid record index {record}")
+        if not 0 < len(name.encode()) <= TIMER_NAME_BYTES_MAX:
+            raise Reject(f"timer error: names are 1..=128 bytes, not `{name}`")
+        return (self.keys[record], name)
+
+    def timer_set(self, record: int, name: str, at_ms: int, domain: TimeDomain) -> None:
+        slot = self._timer(record, name)
+        if slot not in self.timers:
+            if sum(1 for key, _ in self.timers if key == slot[0]) >= TIMERS_PER_KEY_MAX:
+                raise Reject(f"timer error: a key may have at most {TIMERS_PER_KEY_MAX} timers")
+        self._write(self.timers, slot, (int(at_ms), domain))
+
+    def timer_clear(self, record: int, name: str) -> None:
+        self._write(self.timers, self._timer(record, name), _ABSENT)
+
+    def timer_get(self, record: int, name: str) -> tuple[int, TimeDomain] | None:
+        return self.timers.get(self._timer(record, name))
+
+    def watermark(self) -> int | None:
+        return self.watermark_ms
+
+    def processing_time(self) -> int:
+        return self.now_ms
+
 
 class Harness:
     """Runs `operator` over records you give it, one record per batch (a batch of several
     behaves the same, since each record's writes are visible to the next at once)."""
 
-    def __init__(self, operator: type[Operator]) -> None:
+    def __init__(self, operator: type[Operator], *, processing_time_ms: int = 0) -> None:
         self._host = _MemoryHost(operator.states)
+        self._host.now_ms = processing_time_ms
         self._driver = Driver(operator, self._host)
         self.outputs: list[Output] = []
-        """Every record emitted by processed records, in order."""
+        """Every record emitted by processed records and fired timers, in order."""
         self.dead_letters: list[tuple[TestRecord, str]] = []
         """Every rejected record with its reason, in order."""
+        self.dead_timers: list[tuple[Timer, str]] = []
+        """Every fired timer that was refused, with its reason, in order."""
         self._offset = 0
 
     @property
@@ -214,22 +253,89 @@ class Harness:
 
     def process(self, record: TestRecord) -> Outcome:
         """Processes one record and says what became of it."""
+        outcome = self._call(
+            record.key, lambda: self._driver.process_batch([record], None, lambda r: r)
+        )
+        if not outcome.ok:
+            self.dead_letters.append((record, outcome.reason or ""))
+        return outcome
+
+    def _call(self, key: bytes, call: Any) -> Outcome:
+        """One call for `key`: its effects kept if it returns ok, else undone."""
         host = self._host
-        host.keys = [record.key]
+        host.keys = [key]
         host.undo.clear()
         host.emitted = []
         host.emitted_bytes = 0
-        [disposition] = self._driver.process_batch([record], None, lambda reason: reason)
+        [disposition] = call()
         if disposition is None:
             self.outputs.extend(host.emitted)
             return Outcome(None, host.emitted)
-        for table, key, previous in reversed(host.undo):
+        for table, k, previous in reversed(host.undo):
             if previous is _ABSENT:
-                table.pop(key, None)
+                table.pop(k, None)
             else:
-                table[key] = previous
-        self.dead_letters.append((record, disposition))
+                table[k] = previous
         return Outcome(disposition, [])
+
+    # time
+
+    @property
+    def watermark(self) -> int | None:
+        """The event-time watermark operators see, ms (None until advanced)."""
+        return self._host.watermark_ms
+
+    @property
+    def processing_time(self) -> int:
+        """The processing time operators see, ms."""
+        return self._host.now_ms
+
+    def advance_watermark(self, to_ms: int) -> list[tuple[Timer, Outcome]]:
+        """Moves the watermark to `to_ms` (never back) and fires every event-time timer at or
+        before it, in time order; returns each fired timer with what became of it."""
+        if self._host.watermark_ms is None or to_ms > self._host.watermark_ms:
+            self._host.watermark_ms = to_ms
+        return self._fire(EVENT_TIME, self._host.watermark_ms)
+
+    def advance_processing_time(self, ms: int) -> list[tuple[Timer, Outcome]]:
+        """Moves processing time `ms` forward and fires every processing-time timer due by
+        then, in time order; returns each fired timer with what became of it."""
+        self._host.now_ms += ms
+        return self._fire(PROCESSING_TIME, self._host.now_ms)
+
+    def timers(self, key: bytes | str) -> dict[str, tuple[int, TimeDomain]]:
+        """The pending timers of `key`: name → (time, domain)."""
+        k = key.encode() if isinstance(key, str) else key
+        return {name: at for (tk, name), at in sorted(self._host.timers.items()) if tk == k}
+
+    def pending_timers(self) -> int:
+        """How many timers are pending, all keys."""
+        return len(self._host.timers)
+
+    def _fire(self, domain: TimeDomain, up_to: int) -> list[tuple[Timer, Outcome]]:
+        """Rounds of due timers, as the host fires them: each round those due when it starts,
+        in the host's order (time, then key length, key and name); a timer re-armed at or
+        before `up_to` fires in the next round."""
+        fired: list[tuple[Timer, Outcome]] = []
+        while True:
+            due = sorted(
+                (at, len(key), key, name)
+                for (key, name), (at, d) in self._host.timers.items()
+                if d == domain and at <= up_to
+            )
+            if not due:
+                return fired
+            for at, _, key, name in due:
+                if self._host.timers.get((key, name)) != (at, domain):
+                    continue  # moved or cleared by an earlier timer of this round
+                del self._host.timers[(key, name)]
+                timer = Timer(key, name, at, domain)
+                outcome = self._call(
+                    key, lambda t=timer: self._driver.on_timers([t], None, lambda r: r)
+                )
+                if not outcome.ok:
+                    self.dead_timers.append((timer, outcome.reason or ""))
+                fired.append((timer, outcome))
 
     def send(
         self,
