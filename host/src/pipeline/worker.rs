@@ -165,6 +165,9 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
                 if timers_due && !after_round {
                     self.timer_round().await?;
                     after_round = true;
+                    // A backlog of rounds whose calls and writes never wait would hold the
+                    // runtime's thread: let its other tasks (partitions, the consumer loop) in.
+                    tokio::task::yield_now().await;
                 }
             }
             // Looks at the clock again at the next processing-time timer (not while one is

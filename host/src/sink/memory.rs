@@ -35,6 +35,8 @@ pub struct Log {
     pub dead_letters: Vec<Written>,
     /// Exactly-once commits: (partition, offsets, checkpoint version), in order.
     pub commits: Vec<(i32, InputOffsets, u64)>,
+    /// Per commit, in the same order: how many outputs were published once it was made.
+    pub committed_outputs: Vec<usize>,
     /// Partitions whose deliveries are refused (their sinks stall in `drain`, retrying, until
     /// the partition is taken out of the set).
     pub refusing: std::collections::BTreeSet<i32>,
@@ -193,10 +195,12 @@ impl ShardSink for MemorySink {
             return Ok(());
         }
         self.publish();
-        self.output
-            .log()
-            .commits
-            .push((partition, offsets.clone(), version));
+        {
+            let mut log = self.output.log();
+            log.commits.push((partition, offsets.clone(), version));
+            let published = log.outputs.len();
+            log.committed_outputs.push(published);
+        }
         if let Some(source) = &self.output.source {
             source.commit_transaction(partition, offsets, version);
         }

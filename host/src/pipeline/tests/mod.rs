@@ -152,6 +152,8 @@ impl World {
 /// One pipeline run, and what drives it.
 struct Run {
     stats: Arc<PipelineStats>,
+    /// Each change asks every partition for a checkpoint now.
+    requests: tokio::sync::watch::Sender<u64>,
     stop: tokio::sync::oneshot::Sender<()>,
     task: JoinHandle<Result<(), PipelineError>>,
 }
@@ -198,7 +200,7 @@ async fn start_with(
     );
     let stats = Arc::new(PipelineStats::default());
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let (_requests, control) = PipelineControl::new();
+    let (requests, control) = PipelineControl::new();
     let task = tokio::spawn(run_with(
         settings,
         backend.clone(),
@@ -211,7 +213,15 @@ async fn start_with(
             let _ = stopped.await;
         },
     ));
-    (Run { stats, stop, task }, backend)
+    (
+        Run {
+            stats,
+            requests,
+            stop,
+            task,
+        },
+        backend,
+    )
 }
 
 impl Run {

@@ -457,3 +457,64 @@ async fn a_shard_held_back_by_a_state_outage_never_goes_idle() {
     assert!(watermark >= at as i64, "{watermark}");
     run.stop().await.expect("clean stop");
 }
+
+/// A backlog of due timers (every timer of 5,000 keys due at once, fired 16 per round) and a
+/// checkpoint asked for while it fires: the checkpoint is taken after at most one more round,
+/// not after the backlog. Asserted on what the checkpoint's commit published, not on time.
+#[tokio::test(start_paused = true)]
+async fn a_backlog_of_due_timers_delays_a_checkpoint_by_at_most_one_round() {
+    const KEYS: usize = 5_000;
+    const ROUND: u64 = 16;
+    let clock = ManualClock::new(T0);
+    let world = World::new(1, 0, "exactly_once");
+    let mut settings = settings(world.delivery);
+    settings.runtime.timer_batch_max = ROUND as usize;
+    settings.pipeline.checkpoint_interval = Duration::from_secs(60);
+    let (run, _) = start_with(
+        settings,
+        (
+            world.source.clone(),
+            world.output.clone(),
+            world.store.clone(),
+        ),
+        ReadDelay::Fixed(Duration::ZERO),
+        "weir_test_counter",
+        Arc::new(clock.clone()),
+    )
+    .await;
+    world.handle.assign(&[0]);
+    for i in 0..KEYS {
+        world.send(&format!("k{i}"), "timer:event:t:100", 1);
+    }
+    until("the timers are set", || {
+        run.stats.records_ok.load(Ordering::Relaxed) == KEYS as u64
+    })
+    .await;
+    world.send("x", "v", 1_000); // the watermark (999) passes every timer
+    let fired = || run.stats.timers_fired.load(Ordering::Relaxed);
+    while fired() < ROUND {
+        tokio::task::yield_now().await;
+    }
+    let commits_before = world.output.log().commits.len();
+    let fired_at_request = fired();
+    run.requests.send_modify(|r| *r += 1);
+    until("the backlog is fired", || fired() == KEYS as u64).await;
+    run.stop().await.expect("clean stop");
+    let log = world.output.log();
+    let published = log.committed_outputs[commits_before];
+    assert!(
+        published as u64 <= fired_at_request + ROUND,
+        "the checkpoint asked for after {fired_at_request} timers fired published {published} \
+         outputs: it waited for more than one round"
+    );
+    assert!(
+        (published as u64) < KEYS as u64,
+        "it was taken in the middle of the backlog"
+    );
+    let fired_outputs = log
+        .outputs
+        .iter()
+        .filter(|w| w.value.starts_with(b"{\"fired\""))
+        .count();
+    assert_eq!(fired_outputs, KEYS, "every timer fired once");
+}
