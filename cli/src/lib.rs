@@ -29,6 +29,7 @@ pub mod flights;
 pub mod host;
 pub mod lsm_bench;
 pub mod pipeline_bench;
+pub mod timer_bench;
 
 /// `--json`: the benchmarks print their report as JSON instead of a table.
 #[derive(Debug, Clone, Copy, clap::Args)]

@@ -4,7 +4,7 @@ use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 use weir_cli::{
     Output, bench, checkpoint_bench, client, controller_bench, dev, flights, host, lsm_bench,
-    pipeline_bench,
+    pipeline_bench, timer_bench,
 };
 
 /// mimalloc instead of glibc's malloc: the record path allocates per batch and per record
@@ -101,6 +101,14 @@ enum Command {
         #[command(flatten)]
         output: Output,
     },
+    /// Measure what keyed timers cost: timers set and fired per second and CPU per timer, on
+    /// `memory` and `lsm` (see cli/src/timer_bench.rs).
+    BenchTimers {
+        #[command(flatten)]
+        opts: timer_bench::TimerBenchOptions,
+        #[command(flatten)]
+        output: Output,
+    },
 }
 
 #[tokio::main]
@@ -108,7 +116,7 @@ async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     // A benchmark's progress bar and table, not every shard's opening, unless RUST_LOG asks.
     let default_filter = match cli.command {
-        Command::Bench { .. } => "warn",
+        Command::Bench { .. } | Command::BenchTimers { .. } => "warn",
         _ => "info,rdkafka=warn",
     };
     tracing_subscriber::fmt()
@@ -143,6 +151,10 @@ async fn main() -> anyhow::Result<()> {
         Command::BenchController { opts, output } => output
             .print(&controller_bench::run(&opts).await?, |runs: &Vec<_>| {
                 controller_bench::table(runs)
+            }),
+        Command::BenchTimers { opts, output } => output
+            .print(&timer_bench::run(&opts).await?, |runs: &Vec<_>| {
+                timer_bench::table(runs)
             }),
     }
 }

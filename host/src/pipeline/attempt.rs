@@ -29,21 +29,42 @@ pub async fn prefetch<S: Shard>(
     records: Arc<Vec<InputRecord>>,
 ) -> Result<BatchCtx, StateError> {
     let mut batch = BatchCtx::new(records.clone());
+    prefetch_into(
+        shard,
+        value_states,
+        records.iter().map(|r| r.key.as_slice()),
+        &mut batch,
+    )
+    .await?;
+    Ok(batch)
+}
+
+/// Adds to `batch` the value states `value_states` of every distinct key of `keys`, read from
+/// `shard` in one `get_many` (a timer call's keys, as a record batch's).
+///
+/// # Errors
+/// [`StateError::Unavailable`] from the shard.
+pub(super) async fn prefetch_into<'k, S: Shard>(
+    shard: &S,
+    value_states: &[String],
+    keys: impl ExactSizeIterator<Item = &'k [u8]>,
+    batch: &mut BatchCtx,
+) -> Result<(), StateError> {
     if value_states.is_empty() {
-        return Ok(batch);
+        return Ok(());
     }
-    let mut seen: HashSet<&[u8]> = HashSet::with_capacity(records.len());
-    let mut keys = Vec::with_capacity(records.len() * value_states.len());
-    for record in records.iter() {
-        if seen.insert(record.key.as_slice()) {
+    let mut seen: HashSet<&[u8]> = HashSet::with_capacity(keys.len());
+    let mut state_keys = Vec::with_capacity(keys.len() * value_states.len());
+    for key in keys {
+        if seen.insert(key) {
             for name in value_states {
-                keys.push(key::value_key(&record.key, name));
+                state_keys.push(key::value_key(key, name));
             }
         }
     }
-    let values = shard.get_many(&keys).await?;
-    batch.add_prefetched(keys, values);
-    Ok(batch)
+    let values = shard.get_many(&state_keys).await?;
+    batch.add_prefetched(state_keys, values);
+    Ok(())
 }
 
 /// A batch handed out by the execution controller, being run.

@@ -18,7 +18,7 @@
 //! applied). A state outage leaves the timers pending and retries the round after a backoff,
 //! while records go on.
 
-use super::attempt::batch_deadline;
+use super::attempt::{batch_deadline, prefetch_into};
 use super::outcome::WorkerError;
 use super::ports::{DeadLetterKind, ShardSink};
 use super::worker::PartitionWorker;
@@ -386,6 +386,25 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
         let mut batch = BatchCtx::for_timers(timers.clone());
         batch.set_emit_record_bytes_max(self.sink.output_bytes_max());
         batch.set_time(self.timers.watermarks.applied(), now_ms);
+        // The keys' declared value states in one read, as for a batch of records.
+        let keys = timers.iter().map(|t| t.key.as_slice());
+        let value_states = &self.operator.meta().value_states;
+        let io_max = self.settings.call_io_allowance;
+        match tokio::time::timeout(
+            io_max,
+            prefetch_into(&*self.shard, value_states, keys, &mut batch),
+        )
+        .await
+        {
+            Ok(Ok(())) => {}
+            Ok(Err(err)) => return Called::Outage(err),
+            Err(_) => {
+                return Called::Outage(StateError::Unavailable {
+                    shard: self.source.to_string(),
+                    source: format!("prefetch still waiting after {io_max:?}").into(),
+                });
+            }
+        }
         for timer in timers.iter() {
             for key in removals(timer) {
                 batch.stage_removal(key);
