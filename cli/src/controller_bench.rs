@@ -13,7 +13,7 @@ use crate::dev::ensure_topics;
 use rdkafka::config::ClientConfig;
 use rdkafka::error::KafkaError;
 use rdkafka::mocking::MockCluster;
-use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use rdkafka::producer::{DefaultProducerContext, FutureProducer, FutureRecord, Producer};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -127,14 +127,7 @@ const RUN_LIMIT: Duration = Duration::from_secs(600);
 pub async fn run(
     opts: &ControllerBenchOptions,
 ) -> Result<Vec<ControllerRun>, ControllerBenchError> {
-    let mock = match opts.bootstrap_servers {
-        Some(_) => None,
-        None => Some(MockCluster::new(1)?),
-    };
-    let bootstrap = match &mock {
-        Some(mock) => mock.bootstrap_servers(),
-        None => opts.bootstrap_servers.clone().unwrap_or_default(),
-    };
+    let (mock, bootstrap) = cluster(opts.bootstrap_servers.as_deref())?;
     let mut runs = Vec::new();
     for &delay_ms in &opts.read_delays_ms {
         for &(in_flight_max, instances) in &opts.settings {
@@ -152,15 +145,7 @@ pub async fn run(
                 (output.as_str(), opts.partitions),
                 (dlq.as_str(), 1),
             ];
-            match &mock {
-                // The mock cluster does not serve the CreateTopics admin API.
-                Some(mock) => {
-                    for (topic, partitions) in topics {
-                        mock.create_topic(topic, partitions, 1)?;
-                    }
-                }
-                None => ensure_topics(&bootstrap, &topics).await?,
-            }
+            create_topics(mock.as_ref(), &bootstrap, &topics).await?;
             produce(&bootstrap, &input, opts.records, opts.keys).await?;
             let settings = Settings {
                 pipeline: PipelineSettings {
@@ -203,6 +188,45 @@ pub async fn run(
     Ok(runs)
 }
 
+/// The broker a benchmark runs against: `bootstrap_servers`, or else librdkafka's mock cluster
+/// in process (returned, to keep it alive) and its address.
+///
+/// # Errors
+/// [`KafkaError`] when the mock cluster cannot start.
+pub(crate) fn cluster(
+    bootstrap_servers: Option<&str>,
+) -> Result<(Option<MockCluster<'static, DefaultProducerContext>>, String), KafkaError> {
+    match bootstrap_servers {
+        Some(servers) => Ok((None, servers.to_owned())),
+        None => {
+            let mock = MockCluster::new(1)?;
+            let bootstrap = mock.bootstrap_servers();
+            Ok((Some(mock), bootstrap))
+        }
+    }
+}
+
+/// Creates `topics` (name, partitions) on `mock`, or on the broker at `bootstrap`.
+///
+/// # Errors
+/// [`KafkaError`] when a topic cannot be created.
+pub(crate) async fn create_topics(
+    mock: Option<&MockCluster<'static, DefaultProducerContext>>,
+    bootstrap: &str,
+    topics: &[(&str, i32)],
+) -> Result<(), KafkaError> {
+    match mock {
+        // The mock cluster does not serve the CreateTopics admin API.
+        Some(mock) => {
+            for (topic, partitions) in topics {
+                mock.create_topic(topic, *partitions, 1)?;
+            }
+            Ok(())
+        }
+        None => ensure_topics(bootstrap, topics).await,
+    }
+}
+
 /// Produces `records` small records over `keys` keys (key `k{i % keys}`).
 async fn produce(bootstrap: &str, topic: &str, records: u64, keys: u64) -> Result<(), KafkaError> {
     let producer: FutureProducer = ClientConfig::new()
@@ -231,7 +255,13 @@ async fn produce(bootstrap: &str, topic: &str, records: u64, keys: u64) -> Resul
     Ok(())
 }
 
-async fn wait_delivery(delivery: rdkafka::producer::DeliveryFuture) -> Result<(), KafkaError> {
+/// Waits for one produced record's acknowledgement.
+///
+/// # Errors
+/// The delivery's [`KafkaError`].
+pub(crate) async fn wait_delivery(
+    delivery: rdkafka::producer::DeliveryFuture,
+) -> Result<(), KafkaError> {
     match delivery.await {
         Ok(Ok(_)) => Ok(()),
         Ok(Err((err, _))) => Err(err),

@@ -13,11 +13,11 @@
 //! set phase is a record's path plus the timer's two staged entries; compare it with
 //! `weir bench`'s counter to see the timer's share. On librdkafka's mock cluster by default.
 
-use crate::dev::ensure_topics;
+use crate::controller_bench::{cluster, create_topics, wait_delivery};
 use rdkafka::config::ClientConfig;
 use rdkafka::error::KafkaError;
 use rdkafka::mocking::MockCluster;
-use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use rdkafka::producer::{DefaultProducerContext, FutureProducer, FutureRecord, Producer};
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::PathBuf;
@@ -121,14 +121,7 @@ const TIMER_AT: i64 = 10_000;
 /// # Errors
 /// [`TimerBenchError`] when Kafka, the store or a pipeline fails, or a phase does not finish.
 pub async fn run(opts: &TimerBenchOptions) -> Result<Vec<TimerRun>, TimerBenchError> {
-    let mock = match opts.bootstrap_servers {
-        Some(_) => None,
-        None => Some(MockCluster::new(1)?),
-    };
-    let bootstrap = match &mock {
-        Some(mock) => mock.bootstrap_servers(),
-        None => opts.bootstrap_servers.clone().unwrap_or_default(),
-    };
+    let (mock, bootstrap) = cluster(opts.bootstrap_servers.as_deref())?;
     let clock: SharedClock = Arc::new(SystemClock);
     let memory = Arc::new(MemoryBackend::new(clock.clone()));
     let mut runs = vec![measure(opts, &bootstrap, mock.as_ref(), "memory", memory, &clock).await?];
@@ -157,7 +150,7 @@ pub async fn run(opts: &TimerBenchOptions) -> Result<Vec<TimerRun>, TimerBenchEr
 async fn measure<B: StateBackend>(
     opts: &TimerBenchOptions,
     bootstrap: &str,
-    mock: Option<&MockCluster<'_, rdkafka::producer::DefaultProducerContext>>,
+    mock: Option<&MockCluster<'static, DefaultProducerContext>>,
     backend_name: &'static str,
     backend: Arc<B>,
     clock: &SharedClock,
@@ -169,15 +162,7 @@ async fn measure<B: StateBackend>(
         format!("{name}-dlq"),
     );
     let topics = [(input.as_str(), 1), (output.as_str(), 1), (dlq.as_str(), 1)];
-    match mock {
-        // The mock cluster does not serve the CreateTopics admin API.
-        Some(mock) => {
-            for (topic, partitions) in topics {
-                mock.create_topic(topic, partitions, 1)?;
-            }
-        }
-        None => ensure_topics(bootstrap, &topics).await?,
-    }
+    create_topics(mock, bootstrap, &topics).await?;
     let producer: FutureProducer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .set("linger.ms", "5")
@@ -344,14 +329,6 @@ async fn produce(
     }
     producer.flush(Duration::from_secs(30))?;
     Ok(())
-}
-
-async fn wait_delivery(delivery: rdkafka::producer::DeliveryFuture) -> Result<(), KafkaError> {
-    match delivery.await {
-        Ok(Ok(_)) => Ok(()),
-        Ok(Err((err, _))) => Err(err),
-        Err(_) => Err(KafkaError::Canceled),
-    }
 }
 
 /// The runs as a table.

@@ -26,17 +26,16 @@ fn fired(output: &MemoryOutput) -> Vec<serde_json::Value> {
 /// A one-partition world with nothing in it yet, and a pipeline over it with processing time
 /// from `clock`, partition 0 assigned.
 async fn timed_world(clock: &ManualClock, delivery: &'static str) -> (World, Run) {
-    let world = World::new(1, 0, delivery);
-    let (run, _) = world.start_timed(clock).await;
-    world.handle.assign(&[0]);
+    let (world, run, _) = configured_world(clock, &[TOPIC], delivery, |_| {}).await;
     (world, run)
 }
 
-/// A one-partition world over `topics` (co-partitioned), with a pipeline over them whose
-/// settings `configure` changes, processing time from `clock`, partition 0 assigned.
+/// A one-partition world over `topics` (co-partitioned) with `delivery`, and a pipeline over
+/// it whose settings `configure` changes, processing time from `clock`, partition 0 assigned.
 async fn configured_world(
     clock: &ManualClock,
     topics: &[&str],
+    delivery: &'static str,
     configure: impl FnOnce(&mut Settings),
 ) -> (World, Run, Arc<Backend>) {
     let (source, handle) = MemorySource::new(topics);
@@ -45,31 +44,34 @@ async fn configured_world(
         output: MemoryOutput::new(1 << 20, Some(handle.clone())),
         handle,
         store: Arc::new(InMemory::new()),
-        delivery: "at_least_once",
+        delivery,
     };
-    let mut settings = settings(world.delivery);
-    settings.pipeline.input_topics = topics.iter().map(|t| (*t).to_owned()).collect();
-    configure(&mut settings);
-    let (run, backend) = start_with(
-        settings,
-        (
-            world.source.clone(),
-            world.output.clone(),
-            world.store.clone(),
-        ),
-        ReadDelay::Fixed(Duration::ZERO),
-        "weir_test_counter",
-        Arc::new(clock.clone()),
-    )
-    .await;
+    let (run, backend) = world
+        .start_configured(clock, |s| {
+            s.pipeline.input_topics = topics.iter().map(|t| (*t).to_owned()).collect();
+            configure(s);
+        })
+        .await;
     world.handle.assign(&[0]);
     (world, run, backend)
 }
 
 impl World {
+    /// A pipeline over this world (again, after a restart), processing time from `clock`.
     async fn start_timed(&self, clock: &ManualClock) -> (Run, Arc<Backend>) {
+        self.start_configured(clock, |_| {}).await
+    }
+
+    /// As [`Self::start_timed`], with settings `configure` changes.
+    async fn start_configured(
+        &self,
+        clock: &ManualClock,
+        configure: impl FnOnce(&mut Settings),
+    ) -> (Run, Arc<Backend>) {
+        let mut settings = settings(self.delivery);
+        configure(&mut settings);
         start_with(
-            settings(self.delivery),
+            settings,
             (self.source.clone(), self.output.clone(), self.store.clone()),
             ReadDelay::Fixed(Duration::ZERO),
             "weir_test_counter",
@@ -340,8 +342,10 @@ async fn a_timer_due_during_a_state_outage_waits_for_the_store_and_fires_once() 
 async fn late_records_are_processed_dead_lettered_or_dropped_as_configured_and_counted() {
     for policy in LateRecords::ALL {
         let clock = ManualClock::new(T0);
-        let (world, run, _) =
-            configured_world(&clock, &[TOPIC], |s| s.pipeline.late_records = policy).await;
+        let (world, run, _) = configured_world(&clock, &[TOPIC], "at_least_once", |s| {
+            s.pipeline.late_records = policy
+        })
+        .await;
         world.send("a", "v", 1000);
         until("a checkpoint applied the watermark (999)", || {
             run.stats.checkpoints.load(Ordering::Relaxed) >= 1
@@ -390,7 +394,7 @@ async fn late_records_are_processed_dead_lettered_or_dropped_as_configured_and_c
 #[tokio::test(start_paused = true)]
 async fn an_idle_co_partitioned_topic_stops_holding_the_watermark_after_idle_timeout() {
     let clock = ManualClock::new(T0);
-    let (world, run, _) = configured_world(&clock, &[TOPIC, "other"], |s| {
+    let (world, run, _) = configured_world(&clock, &[TOPIC, "other"], "at_least_once", |s| {
         s.pipeline.idle_timeout = Some(Duration::from_secs(5));
     })
     .await;
@@ -417,7 +421,7 @@ async fn an_idle_co_partitioned_topic_stops_holding_the_watermark_after_idle_tim
 #[tokio::test(start_paused = true)]
 async fn a_shard_held_back_by_a_state_outage_never_goes_idle() {
     let clock = ManualClock::new(T0);
-    let (world, run, backend) = configured_world(&clock, &[TOPIC], |s| {
+    let (world, run, backend) = configured_world(&clock, &[TOPIC], "at_least_once", |s| {
         s.pipeline.idle_timeout = Some(Duration::from_secs(1));
         s.pipeline.idle_advance = true;
     })
@@ -466,23 +470,11 @@ async fn a_backlog_of_due_timers_delays_a_checkpoint_by_at_most_one_round() {
     const KEYS: usize = 5_000;
     const ROUND: u64 = 16;
     let clock = ManualClock::new(T0);
-    let world = World::new(1, 0, "exactly_once");
-    let mut settings = settings(world.delivery);
-    settings.runtime.timer_batch_max = ROUND as usize;
-    settings.pipeline.checkpoint_interval = Duration::from_secs(60);
-    let (run, _) = start_with(
-        settings,
-        (
-            world.source.clone(),
-            world.output.clone(),
-            world.store.clone(),
-        ),
-        ReadDelay::Fixed(Duration::ZERO),
-        "weir_test_counter",
-        Arc::new(clock.clone()),
-    )
+    let (world, run, _) = configured_world(&clock, &[TOPIC], "exactly_once", |s| {
+        s.runtime.timer_batch_max = ROUND as usize;
+        s.pipeline.checkpoint_interval = Duration::from_secs(60);
+    })
     .await;
-    world.handle.assign(&[0]);
     for i in 0..KEYS {
         world.send(&format!("k{i}"), "timer:event:t:100", 1);
     }
