@@ -234,8 +234,8 @@ impl Context {
         }))
     }
 
-    /// The shard's event-time watermark, ms: records with earlier timestamps are late. `None`
-    /// before the first record with a timestamp. Constant within a call.
+    /// The shard's applied event-time watermark, ms: records with timestamps at or before it
+    /// are late. `None` until it is first applied (docs/time.md). Constant within a call.
     pub fn watermark(&self) -> Option<i64> {
         wit_timers::watermark()
     }

@@ -137,7 +137,9 @@ pub(super) struct Attempted<S: Shard> {
 pub(super) type Running<S> = FuturesUnordered<BoxFuture<'static, Attempted<S>>>;
 
 /// One attempt of `task`: wait its delay, get an instance (`instance`, or a new one),
-/// prefetch, call. Owns all it uses, so that many run at once within the worker's task.
+/// prefetch, call — with `watermark` (the shard's applied one) and the operator's clock as
+/// the call's time. Owns all it uses, so that many run at once within the worker's task.
+#[allow(clippy::too_many_arguments)]
 pub(super) async fn attempt<S: Shard>(
     shard: Arc<S>,
     operator: Arc<Operator<S>>,
@@ -146,6 +148,7 @@ pub(super) async fn attempt<S: Shard>(
     task: Task,
     deadline: Duration,
     emit_record_bytes_max: u64,
+    watermark: Option<i64>,
 ) -> Attempted<S> {
     if !task.delay.is_zero() {
         tokio::time::sleep(task.delay).await;
@@ -176,6 +179,8 @@ pub(super) async fn attempt<S: Shard>(
     let batch = match prefetched {
         Ok(mut batch) => {
             batch.set_emit_record_bytes_max(emit_record_bytes_max);
+            let now = i64::try_from(operator.clock().now_ms()).unwrap_or(i64::MAX);
+            batch.set_time(watermark, now);
             batch
         }
         Err(err) => {

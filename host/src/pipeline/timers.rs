@@ -284,10 +284,27 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
             .timers
             .head
             .due(TimeDomain::ProcessingTime, now, batch_max);
-        if let Some(watermark) = self.timers.watermarks.applied() {
-            let room = batch_max - due.len();
-            due.extend(self.timers.head.due(TimeDomain::EventTime, watermark, room));
-        }
+        let event = match self.timers.watermarks.applied() {
+            Some(watermark) => self
+                .timers
+                .head
+                .due(TimeDomain::EventTime, watermark, batch_max),
+            None => Vec::new(),
+        };
+        // Both domains share a round half and half when both have a backlog, so that neither
+        // starves the other; either takes the room the other leaves.
+        let processing = due.len().min(
+            batch_max
+                .div_ceil(2)
+                .max(batch_max.saturating_sub(event.len())),
+        );
+        due.truncate(processing);
+        due.extend(event.into_iter().take(batch_max - processing));
+        // At most one timer per key in a round: a timer may clear or move another of its key,
+        // so the next of a key fires in the next round, from the head as that left it (never
+        // a timer its key's earlier timer cleared or moved).
+        let mut keys = std::collections::HashSet::with_capacity(due.len());
+        due.retain(|t| keys.insert(t.key.clone()));
         if due.is_empty() {
             return Ok(Ok(()));
         }
@@ -343,35 +360,34 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
     }
 
     /// Writes the applied watermark to the shard when it moved, so that a checkpoint keeps it.
+    ///
+    /// The new watermark is applied only once written: a watermark operators saw (or that
+    /// decided lateness) is always one the next checkpoint holds, so none goes back after a
+    /// restart.
     pub(super) async fn save_watermark(&mut self) -> Result<(), StateError> {
         if !self.timers.enabled || !self.timers.loaded {
             return Ok(());
         }
         let now = self.timers.now_ms();
-        let Some(watermark) = self
-            .timers
-            .watermarks
-            .apply(now)
-            .or(self.timers.watermarks.applied())
-        else {
+        let Some(watermark) = self.timers.watermarks.candidate(now) else {
             return Ok(());
         };
+        if self.timers.saved != Some(watermark) {
+            self.shard
+                .apply(vec![StateWrite {
+                    key: WATERMARK_KEY.to_vec(),
+                    value: Some(Bytes::copy_from_slice(&watermark.to_be_bytes())),
+                    expires_at_ms: None,
+                }])
+                .await?;
+            self.timers.saved = Some(watermark);
+            self.dirty = true;
+        }
+        self.timers.watermarks.restore(Some(watermark));
         self.stats
             .metrics
             .watermark_lag(self.partition)
             .set(now.saturating_sub(watermark) as f64 / 1000.0);
-        if self.timers.saved == Some(watermark) {
-            return Ok(());
-        }
-        self.shard
-            .apply(vec![StateWrite {
-                key: WATERMARK_KEY.to_vec(),
-                value: Some(Bytes::copy_from_slice(&watermark.to_be_bytes())),
-                expires_at_ms: None,
-            }])
-            .await?;
-        self.timers.saved = Some(watermark);
-        self.dirty = true;
         self.stats
             .watermarks
             .lock()

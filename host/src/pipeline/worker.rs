@@ -127,6 +127,12 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
         let mut after_round = false;
         loop {
             self.report_stall().await;
+            // Records waiting in Weir (queued, or held by an outage) keep every input active:
+            // waiting in Weir is not idleness (their topics are unknown while queued).
+            if self.execution.backing_off > 0 || !queue.is_empty() {
+                let now = self.timers.now_ms();
+                self.timers.watermarks.held(now);
+            }
             // A due timer stops admission, as a due checkpoint does, until every admitted
             // record finished ([`super::timers`]).
             let timers_due = self.timers.due();
@@ -141,11 +147,6 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
                         .await?;
                 }
                 after_round = false;
-            }
-            // Weir holding the input back (a state outage, a full queue) is not idleness.
-            if self.execution.backing_off > 0 || queue.len() >= queue.max_capacity() {
-                let now = self.timers.now_ms();
-                self.timers.watermarks.held(now);
             }
             self.dispatch(&mut running);
             if running.is_empty() && self.execution.controller.is_idle() {
@@ -196,7 +197,14 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
                     let mut next = message;
                     loop {
                         match next {
-                            Some(ToWorker::Records(records)) => backlog.extend(records),
+                            Some(ToWorker::Records(records)) => {
+                                // Arrived: their topics are active, admitted or not.
+                                let now = self.timers.now_ms();
+                                for record in &records {
+                                    self.timers.watermarks.seen(&record.topic, now);
+                                }
+                                backlog.extend(records);
+                            }
                             // Finish, or revoked and nothing left queued.
                             Some(ToWorker::Finish) | None => {
                                 closed = true;
@@ -340,6 +348,8 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
                 task,
                 deadline,
                 self.sink.output_bytes_max(),
+                // Constant while records are in flight: it is applied only with none.
+                self.timers.watermarks.applied(),
             )));
         }
         self.stats

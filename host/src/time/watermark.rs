@@ -70,15 +70,26 @@ impl Watermarks {
         } else {
             0
         };
-        self.active_at[i] = now_ms;
+        self.active_at[i] = self.active_at[i].max(now_ms);
         if timestamp_ms >= 0 {
             let slot = &mut self.highest[i];
             *slot = Some(slot.map_or(timestamp_ms, |h| h.max(timestamp_ms)));
         }
     }
 
-    /// Weir holds the shard's input back at `now_ms` (its queue is full, or a state outage
-    /// stalls it): no topic may count as idle, whatever arrived last.
+    /// A record of `topic` reached the worker at `now_ms` (admitted or waiting): the topic is
+    /// active.
+    pub fn seen(&mut self, topic: &str, now_ms: i64) {
+        let i = if self.topics.len() > 1 {
+            self.topics.iter().position(|t| t == topic).unwrap_or(0)
+        } else {
+            0
+        };
+        self.active_at[i] = self.active_at[i].max(now_ms);
+    }
+
+    /// Weir holds the shard's input back at `now_ms` (records wait in its queue, or a state
+    /// outage stalls it): no topic may count as idle, whatever arrived last.
     pub fn held(&mut self, now_ms: i64) {
         self.active_at.fill(now_ms);
     }
@@ -95,11 +106,22 @@ impl Watermarks {
             self.idle_timeout_ms
                 .is_some_and(|t| now_ms.saturating_sub(self.active_at[i]) >= t)
         };
-        let mut active = (0..self.highest.len()).filter(|i| !idle(*i)).peekable();
-        let computed = if active.peek().is_some() {
-            // The lowest of the active topics; one with no timestamp yet holds it back.
-            let lowest = active.try_fold(i64::MAX, |low, i| self.highest[i].map(|h| low.min(h)));
-            lowest.map(|l| l.saturating_sub(self.out_of_orderness_ms).saturating_sub(1))
+        let topics = 0..self.highest.len();
+        let all_idle = topics.clone().all(idle);
+        let lowest_of = |among: &mut dyn Iterator<Item = usize>| {
+            // One with no timestamp yet holds it back.
+            let mut low = i64::MAX;
+            for i in among {
+                low = low.min(self.highest[i]?);
+            }
+            Some(
+                low.saturating_sub(self.out_of_orderness_ms)
+                    .saturating_sub(1),
+            )
+        };
+        let computed = if !all_idle {
+            // The lowest of the active topics.
+            lowest_of(&mut topics.filter(|i| !idle(*i)))
         } else if self.idle_advance {
             Some(
                 now_ms
@@ -107,7 +129,10 @@ impl Watermarks {
                     .saturating_sub(1),
             )
         } else {
-            None
+            // Every topic idle: what the last ones to go idle allowed (so a timer that came
+            // due while only they were active is not missed between two looks).
+            let latest = self.active_at.iter().copied().max().unwrap_or(i64::MIN);
+            lowest_of(&mut topics.filter(|i| self.active_at[*i] == latest))
         };
         match (self.applied, computed) {
             (Some(a), Some(c)) => Some(a.max(c)),
@@ -202,7 +227,14 @@ mod tests {
         assert_eq!(
             w.candidate(40_000),
             Some(1_999),
-            "all idle, no advance: it stays"
+            "all idle, no advance: what the last active topic allowed"
+        );
+        w.admitted("b", 1_500, 41_000);
+        w.admitted("a", 3_000, 42_000);
+        assert_eq!(
+            w.candidate(60_000),
+            Some(2_999),
+            "a went idle last: b, idle before it, holds nothing back"
         );
     }
 

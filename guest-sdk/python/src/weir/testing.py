@@ -297,10 +297,10 @@ class Harness:
             self._host.watermark_ms = to_ms
         return self._fire(EVENT_TIME, self._host.watermark_ms)
 
-    def advance_processing_time(self, ms: int) -> list[tuple[Timer, Outcome]]:
-        """Moves processing time `ms` forward and fires every processing-time timer due by
-        then, in time order; returns each fired timer with what became of it."""
-        self._host.now_ms += ms
+    def advance_processing_time(self, by_ms: int) -> list[tuple[Timer, Outcome]]:
+        """Moves processing time forward *by* `by_ms` and fires every processing-time timer due
+        by then, in time order; returns each fired timer with what became of it."""
+        self._host.now_ms += by_ms
         return self._fire(PROCESSING_TIME, self._host.now_ms)
 
     def timers(self, key: bytes | str) -> dict[str, tuple[int, TimeDomain]]:
@@ -314,8 +314,8 @@ class Harness:
 
     def _fire(self, domain: TimeDomain, up_to: int) -> list[tuple[Timer, Outcome]]:
         """Rounds of due timers, as the host fires them: each round those due when it starts,
-        in the host's order (time, then key length, key and name); a timer re-armed at or
-        before `up_to` fires in the next round."""
+        at most one per key, in the host's order (time, then key length, key and name); a timer
+        re-armed at or before `up_to`, or the next of a key, fires in the next round."""
         fired: list[tuple[Timer, Outcome]] = []
         while True:
             due = sorted(
@@ -325,9 +325,11 @@ class Harness:
             )
             if not due:
                 return fired
+            keys: set[bytes] = set()
             for at, _, key, name in due:
-                if self._host.timers.get((key, name)) != (at, domain):
-                    continue  # moved or cleared by an earlier timer of this round
+                if key in keys:
+                    continue  # the next of a key fires in the next round
+                keys.add(key)
                 del self._host.timers[(key, name)]
                 timer = Timer(key, name, at, domain)
                 outcome = self._call(

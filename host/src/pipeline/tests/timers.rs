@@ -410,11 +410,12 @@ async fn an_idle_co_partitioned_topic_stops_holding_the_watermark_after_idle_tim
         fired(&world.output).is_empty(),
         "held back by the silent topic"
     );
-    // Five seconds later `other` is idle; `in` has a record again, so it is not.
+    // Five seconds later `other` is idle; `in` has a record again, so it is not. The timer
+    // fires on what `in` allowed so far (200 - 1): due timers run before the new record.
     clock.advance_ms(5_000);
     world.send("k", "v", 210);
     until("the timer fires", || !fired(&world.output).is_empty()).await;
-    assert_eq!(fired(&world.output)[0]["watermark"], 209);
+    assert_eq!(fired(&world.output)[0]["watermark"], 199);
     run.stop().await.expect("clean stop");
 }
 
@@ -509,4 +510,33 @@ async fn a_backlog_of_due_timers_delays_a_checkpoint_by_at_most_one_round() {
         .filter(|w| w.value.starts_with(b"{\"fired\""))
         .count();
     assert_eq!(fired_outputs, KEYS, "every timer fired once");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_record_sees_the_applied_watermark_and_the_clock_at_its_call() {
+    let clock = ManualClock::new(T0);
+    let (world, run) = timed_world(&clock, "at_least_once").await;
+    world.send("k", "v", 1_000);
+    until("a checkpoint applied the watermark (999)", || {
+        run.stats.checkpoints.load(Ordering::Relaxed) >= 1
+    })
+    .await;
+    clock.advance_ms(5);
+    world.send("k", "probe:time", 500);
+    until("the probe's output", || {
+        outputs_per_offset(&world.output, 0).contains_key(&1)
+    })
+    .await;
+    let seen = world
+        .output
+        .log()
+        .outputs
+        .iter()
+        .find(|w| w.source.1 == 1)
+        .expect("the probe's output")
+        .value
+        .clone();
+    let seen: serde_json::Value = serde_json::from_slice(&seen).expect("JSON");
+    assert_eq!(seen, serde_json::json!({"watermark": 999, "now": T0 + 5}));
+    run.stop().await.expect("clean stop");
 }

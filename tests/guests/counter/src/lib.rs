@@ -10,7 +10,8 @@
 //! - `poison:recurse` recurses without end (exhausts the wasm stack: a trap);
 //! - `poison:emit-flood` emits 100 MB for one record in 1 MiB pieces (the host's emit limit
 //!   refuses it, long before memory runs out: the piece is reused);
-//! - `probe:sandbox` emits what the guest can see of its environment, as JSON.
+//! - `probe:sandbox` emits what the guest can see of its environment, as JSON;
+//! - `probe:time` emits `{"watermark": …, "now": …}` as the call sees them.
 //!
 //! Timers (neither counted nor emitted for):
 //! - `timer:event:NAME:AT` / `timer:processing:NAME:AT` sets timer NAME of the key at AT ms;
@@ -74,6 +75,13 @@ impl Operator for Counter {
                 return Err(Reject::new("emitted 100 MB"));
             }
             b"probe:sandbox" => return probe_sandbox(ctx, record),
+            b"probe:time" => {
+                let time = serde_json::json!({
+                    "watermark": ctx.watermark(),
+                    "now": ctx.processing_time(),
+                });
+                return ctx.emit_json(record.key(), &time);
+            }
             value if value.starts_with(b"timer:") => return timer_command(ctx, value),
             _ => {}
         }
