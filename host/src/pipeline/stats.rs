@@ -267,8 +267,14 @@ impl PipelineStats {
 
     /// Forgets `partition`: it is no longer run here.
     pub(crate) fn forget_partition(&self, partition: i32) {
-        // Its new owner reports its lag: summed over hosts, the figure stays right.
+        // Its new owner reports its lag: summed over hosts, the figure stays right. Its
+        // watermark lag likewise (the largest over hosts is the new owner's).
         self.metrics.consumer_lag(partition).set(0.0);
+        self.metrics.watermark_lag(partition).set(0.0);
+        self.watermarks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&partition);
         self.partitions
             .lock()
             .expect("progress lock")
