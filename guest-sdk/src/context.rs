@@ -1,11 +1,11 @@
 //! [`Context`]: the operator's handle to keyed state, emit and log for the current record.
 
+use crate::host::{emit as wit_emit, log as wit_log, state as wit_state, timers as wit_timers};
 use crate::operator::Reject;
 use crate::state::{MapState, ValueState};
-use crate::wit::weir::operator::emit::{self as wit_emit, EmitError};
-use crate::wit::weir::operator::log::{self as wit_log, Level};
-use crate::wit::weir::operator::state::{self as wit_state};
-use crate::wit::weir::operator::timers::{self as wit_timers, TimerError};
+use crate::wit::weir::operator::emit::EmitError;
+use crate::wit::weir::operator::log::Level;
+use crate::wit::weir::operator::timers::TimerError;
 use crate::wit::weir::operator::types::TimeDomain as WitTimeDomain;
 use crate::wit::weir::operator::types::{Header as WitHeader, StateError};
 use serde::Serialize;
@@ -38,7 +38,7 @@ pub enum TimeDomain {
 }
 
 impl TimeDomain {
-    fn to_wit(self) -> WitTimeDomain {
+    pub(crate) fn to_wit(self) -> WitTimeDomain {
         match self {
             TimeDomain::EventTime => WitTimeDomain::EventTime,
             TimeDomain::ProcessingTime => WitTimeDomain::ProcessingTime,

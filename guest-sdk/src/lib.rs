@@ -28,10 +28,22 @@
 //! the host re-runs the batch in halves until the record that panics stands alone, applying
 //! the others' effects once, in order, and dead-letters only that record.
 //!
+//! # Time and windows
+//! [`Context::set_timer`] sets a named timer of the current key in event or processing time and
+//! [`Operator::on_timer`] runs when it fires; [`Context::watermark`] and
+//! [`Context::processing_time`] say where time is (docs/time.md). [`window`] builds tumbling,
+//! hopping and session windows with an allowed lateness on map state and timers, storing the
+//! same bytes as the Python SDK's `weir.windows`.
+//!
+//! # Testing
+//! In a native build (`cargo test`), [`testing::Harness`] runs an operator with state and
+//! timers in memory and the host's rules, and moves time only when the test says.
+//!
 //! **No clock.** The guest's clocks read 0: `SystemTime::now()` is the Unix epoch and `Instant`
 //! never advances (the sandbox grants no time). An operator that waits for time to pass spins
 //! until its CPU deadline ends the call and the record is dead-lettered as `deadline`; take time
-//! from the records' timestamps ([`Record::timestamp_ms`]).
+//! from the records' timestamps ([`Record::timestamp_ms`]) and the host's clock
+//! ([`Context::processing_time`]).
 //!
 //! # A whole operator
 //! This is `examples/counter.rs`, which the README's test command builds for `wasm32-wasip2`.
@@ -39,9 +51,13 @@
 #![deny(missing_docs)]
 
 mod context;
+mod host;
 mod operator;
 mod record;
 mod state;
+#[cfg(not(target_arch = "wasm32"))]
+pub mod testing;
+pub mod window;
 
 pub use context::{Context, LogLevel, TimeDomain, Timer};
 pub use operator::{Operator, Reject};

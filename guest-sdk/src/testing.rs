@@ -1,0 +1,754 @@
+//! Unit-test an operator natively with `cargo test` (no component, no host), as Flink's operator
+//! test harnesses do: state in memory, records processed with the host's rules, and time moved
+//! only when the test says. The Rust twin of the Python SDK's `weir.testing`.
+//!
+//! ```ignore
+//! use weir_sdk::testing::Harness;
+//!
+//! #[test]
+//! fn counts_per_key() {
+//!     let mut h = Harness::<Counter>::new();
+//!     h.send(b"a", b"{}");
+//!     let out = h.send(b"a", b"{}");
+//!     assert!(out.is_ok());
+//!     assert_eq!(out.emitted[0].value, br#"{"count":2}"#);
+//!     assert_eq!(h.value(b"a", &COUNT), Some(2));
+//! }
+//! ```
+//!
+//! What it keeps of the host: state scoped to each record's key; a record's state writes, timer
+//! changes and emits applied only if it is processed (a [`Reject`](crate::Reject) or a panic
+//! discards them); undeclared states, the wrong kind, values over 1 MiB, map keys over 4 KiB and
+//! output over 1,000,000 bytes per record refused with the host's reasons; map iteration in
+//! ascending byte order of encoded keys; timers (one per key and name, at most 1,024 per key)
+//! fired in the host's order, each removed before its [`Operator::on_timer`] runs.
+//! [`Harness::advance_watermark`] and [`Harness::advance_processing_time`] fire what becomes
+//! due, as the host does between records. What it does not: TTL expiry, durability, watermarks
+//! from record timestamps, and the Wasm sandbox (memory and CPU caps): build the component and
+//! run it in Weir for those.
+//!
+//! The harness works in native builds only; in a component the same calls go to the host.
+
+use crate::context::{TimeDomain, Timer};
+use crate::operator::{Operator, on_timers, process_batch};
+use crate::state::{MapState, StateKind, ValueState};
+use crate::wit::exports::weir::operator::operator::{Disposition, FiredTimer, InputRecord};
+use crate::wit::weir::operator::types::Header as WitHeader;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use std::cell::RefCell;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::marker::PhantomData;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+/// The host's default limit on a state value, bytes.
+pub const VALUE_BYTES_MAX: u64 = 1 << 20;
+/// The host's default limit on a map key, bytes.
+pub const MAP_KEY_BYTES_MAX: u64 = 4 << 10;
+/// The host's default limit on the output of one input record, bytes (keys, values and
+/// headers, plus 64 per emit and 64 per header).
+pub const EMIT_BYTES_MAX: u64 = 1_000_000;
+/// The largest output record as Kafka counts it (key, value and headers, plus 97 bytes of
+/// framing and 10 per header): the producer's default `message.max.bytes`.
+pub const OUTPUT_RECORD_BYTES_MAX: u64 = 1_000_000;
+/// The host's cap on a map page.
+pub const MAP_PAGE_MAX: u32 = 1024;
+/// The host's default limit on the timers of one key.
+pub const TIMERS_PER_KEY_MAX: u32 = 1024;
+/// The longest timer name, bytes.
+pub const TIMER_NAME_BYTES_MAX: usize = 128;
+
+/// One record an operator emitted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Output {
+    /// Its key (empty for a null key).
+    pub key: Vec<u8>,
+    /// Its value.
+    pub value: Vec<u8>,
+    /// Its headers as (name, value).
+    pub headers: Vec<(String, Vec<u8>)>,
+}
+
+/// What became of one record or fired timer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outcome {
+    /// Why it was refused (a [`Reject`](crate::Reject)'s reason, or `panic: …`); `None` when
+    /// it was processed.
+    pub reason: Option<String>,
+    /// What it emitted, when processed (a refused call's emits are discarded).
+    pub emitted: Vec<Output>,
+}
+
+impl Outcome {
+    /// Whether it was processed.
+    pub fn is_ok(&self) -> bool {
+        self.reason.is_none()
+    }
+}
+
+/// A record refused by the operator, with the reason.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadLetter {
+    /// The record's key.
+    pub key: Vec<u8>,
+    /// The record's value.
+    pub value: Vec<u8>,
+    /// Why.
+    pub reason: String,
+}
+
+type Slot = (Vec<u8>, String);
+
+/// One write to undo when a call is refused: the table, the slot and what it held.
+#[derive(Debug)]
+enum Undo {
+    Value(Slot, Option<Vec<u8>>),
+    Map(Slot, Vec<u8>, Option<Vec<u8>>),
+    Timer(Slot, Option<(i64, TimeDomain)>),
+}
+
+/// The host's imports over maps, with an undo log per call.
+#[derive(Debug, Default)]
+struct MemoryHost {
+    kinds: HashMap<String, StateKind>,
+    values: BTreeMap<Slot, Vec<u8>>,
+    maps: BTreeMap<Slot, BTreeMap<Vec<u8>, Vec<u8>>>,
+    timers: BTreeMap<Slot, (i64, TimeDomain)>,
+    /// The key the current call acts for (one record or timer per call).
+    key: Vec<u8>,
+    undo: Vec<Undo>,
+    emitted: Vec<Output>,
+    emitted_bytes: u64,
+    logs: Vec<(&'static str, String)>,
+    watermark_ms: Option<i64>,
+    now_ms: i64,
+}
+
+thread_local! {
+    /// The host of the call in progress on this thread, lent by its [`Harness`].
+    static HOST: RefCell<Option<MemoryHost>> = const { RefCell::new(None) };
+}
+
+fn with_host<R>(f: impl FnOnce(&mut MemoryHost) -> R) -> R {
+    HOST.with(|cell| {
+        let mut host = cell.borrow_mut();
+        let host = host.as_mut().expect(
+            "a Weir host call outside a `weir_sdk::testing::Harness` call: a native build has \
+             no host, run the operator through the harness",
+        );
+        f(host)
+    })
+}
+
+/// The WIT imports' signatures over the [`MemoryHost`] of the current call.
+pub(crate) mod imports {
+    use super::{MemoryHost, with_host};
+    use crate::context::TimeDomain;
+    use crate::wit::weir::operator::types::{StateError, TimeDomain as WitTimeDomain};
+
+    fn state_slot(
+        host: &MemoryHost,
+        record: u32,
+        name: &str,
+        kind: crate::state::StateKind,
+    ) -> Result<super::Slot, StateError> {
+        if record != 0 {
+            return Err(StateError::InvalidRecord(record));
+        }
+        match host.kinds.get(name) {
+            None => Err(StateError::UnknownState(name.to_owned())),
+            Some(k) if *k != kind => Err(StateError::WrongKind(name.to_owned())),
+            Some(_) => Ok((host.key.clone(), name.to_owned())),
+        }
+    }
+
+    pub(crate) mod state {
+        use super::super::{MAP_KEY_BYTES_MAX, MAP_PAGE_MAX, Undo, VALUE_BYTES_MAX};
+        use super::{state_slot, with_host};
+        use crate::state::StateKind;
+        use crate::wit::weir::operator::state::MapPage;
+        use crate::wit::weir::operator::types::StateError;
+
+        fn limit(bytes: &[u8], max: u64) -> Result<(), StateError> {
+            if bytes.len() as u64 > max {
+                Err(StateError::TooLarge(max))
+            } else {
+                Ok(())
+            }
+        }
+
+        pub(crate) fn value_get(record: u32, name: &str) -> Result<Option<Vec<u8>>, StateError> {
+            with_host(|h| {
+                let slot = state_slot(h, record, name, StateKind::Value)?;
+                Ok(h.values.get(&slot).cloned())
+            })
+        }
+
+        pub(crate) fn get_many(
+            record: u32,
+            names: &[String],
+        ) -> Result<Vec<Option<Vec<u8>>>, StateError> {
+            names.iter().map(|n| value_get(record, n)).collect()
+        }
+
+        pub(crate) fn value_set(record: u32, name: &str, value: &[u8]) -> Result<(), StateError> {
+            with_host(|h| {
+                let slot = state_slot(h, record, name, StateKind::Value)?;
+                limit(value, VALUE_BYTES_MAX)?;
+                let old = h.values.insert(slot.clone(), value.to_vec());
+                h.undo.push(Undo::Value(slot, old));
+                Ok(())
+            })
+        }
+
+        pub(crate) fn value_clear(record: u32, name: &str) -> Result<(), StateError> {
+            with_host(|h| {
+                let slot = state_slot(h, record, name, StateKind::Value)?;
+                let old = h.values.remove(&slot);
+                h.undo.push(Undo::Value(slot, old));
+                Ok(())
+            })
+        }
+
+        pub(crate) fn map_get(
+            record: u32,
+            name: &str,
+            map_key: &[u8],
+        ) -> Result<Option<Vec<u8>>, StateError> {
+            with_host(|h| {
+                let slot = state_slot(h, record, name, StateKind::Map)?;
+                limit(map_key, MAP_KEY_BYTES_MAX)?;
+                Ok(h.maps.get(&slot).and_then(|m| m.get(map_key)).cloned())
+            })
+        }
+
+        pub(crate) fn map_put(
+            record: u32,
+            name: &str,
+            map_key: &[u8],
+            value: &[u8],
+        ) -> Result<(), StateError> {
+            with_host(|h| {
+                let slot = state_slot(h, record, name, StateKind::Map)?;
+                limit(map_key, MAP_KEY_BYTES_MAX)?;
+                limit(value, VALUE_BYTES_MAX)?;
+                let old = h
+                    .maps
+                    .entry(slot.clone())
+                    .or_default()
+                    .insert(map_key.to_vec(), value.to_vec());
+                h.undo.push(Undo::Map(slot, map_key.to_vec(), old));
+                Ok(())
+            })
+        }
+
+        pub(crate) fn map_remove(
+            record: u32,
+            name: &str,
+            map_key: &[u8],
+        ) -> Result<(), StateError> {
+            with_host(|h| {
+                let slot = state_slot(h, record, name, StateKind::Map)?;
+                limit(map_key, MAP_KEY_BYTES_MAX)?;
+                let old = h.maps.get_mut(&slot).and_then(|m| m.remove(map_key));
+                if h.maps.get(&slot).is_some_and(|m| m.is_empty()) {
+                    h.maps.remove(&slot);
+                }
+                h.undo.push(Undo::Map(slot, map_key.to_vec(), old));
+                Ok(())
+            })
+        }
+
+        pub(crate) fn map_iterate(
+            record: u32,
+            name: &str,
+            start_after: Option<&[u8]>,
+            page_size: u32,
+        ) -> Result<MapPage, StateError> {
+            with_host(|h| {
+                let slot = state_slot(h, record, name, StateKind::Map)?;
+                let Some(map) = h.maps.get(&slot) else {
+                    return Ok(MapPage {
+                        entries: Vec::new(),
+                        next: None,
+                    });
+                };
+                let page = page_size.clamp(1, MAP_PAGE_MAX) as usize;
+                let mut rest: Box<dyn Iterator<Item = (&Vec<u8>, &Vec<u8>)>> = match start_after {
+                    None => Box::new(map.iter()),
+                    Some(after) => Box::new(map.range::<[u8], _>((
+                        std::ops::Bound::Excluded(after),
+                        std::ops::Bound::Unbounded,
+                    ))),
+                };
+                let entries: Vec<(Vec<u8>, Vec<u8>)> = rest
+                    .by_ref()
+                    .take(page)
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect();
+                let next = match rest.next() {
+                    Some(_) => entries.last().map(|(k, _)| k.clone()),
+                    None => None,
+                };
+                Ok(MapPage { entries, next })
+            })
+        }
+    }
+
+    pub(crate) mod emit {
+        use super::super::{EMIT_BYTES_MAX, OUTPUT_RECORD_BYTES_MAX, Output};
+        use super::with_host;
+        use crate::wit::weir::operator::emit::EmitError;
+        use crate::wit::weir::operator::types::Header;
+
+        pub(crate) fn emit(
+            record: u32,
+            key: &[u8],
+            value: &[u8],
+            headers: &[Header],
+        ) -> Result<(), EmitError> {
+            with_host(|h| {
+                if record != 0 {
+                    return Err(EmitError::InvalidRecord(record));
+                }
+                let wire = 97
+                    + key.len()
+                    + value.len()
+                    + headers
+                        .iter()
+                        .map(|x| 10 + x.name.len() + x.value.len())
+                        .sum::<usize>();
+                if wire as u64 > OUTPUT_RECORD_BYTES_MAX {
+                    return Err(EmitError::TooLarge(OUTPUT_RECORD_BYTES_MAX));
+                }
+                let size = 64
+                    + key.len()
+                    + value.len()
+                    + headers
+                        .iter()
+                        .map(|x| 64 + x.name.len() + x.value.len())
+                        .sum::<usize>();
+                if h.emitted_bytes + size as u64 > EMIT_BYTES_MAX {
+                    return Err(EmitError::TooLarge(EMIT_BYTES_MAX));
+                }
+                h.emitted_bytes += size as u64;
+                h.emitted.push(Output {
+                    key: key.to_vec(),
+                    value: value.to_vec(),
+                    headers: headers
+                        .iter()
+                        .map(|x| (x.name.clone(), x.value.clone()))
+                        .collect(),
+                });
+                Ok(())
+            })
+        }
+    }
+
+    pub(crate) mod log {
+        use super::with_host;
+        use crate::wit::weir::operator::log::Level;
+
+        pub(crate) fn log(level: Level, message: &str) {
+            let level = match level {
+                Level::Trace => "trace",
+                Level::Debug => "debug",
+                Level::Info => "info",
+                Level::Warn => "warn",
+                Level::Error => "error",
+            };
+            let mut end = message.len().min(4096);
+            while !message.is_char_boundary(end) {
+                end -= 1;
+            }
+            with_host(|h| h.logs.push((level, message[..end].to_owned())));
+        }
+    }
+
+    pub(crate) mod timers {
+        use super::super::{TIMER_NAME_BYTES_MAX, TIMERS_PER_KEY_MAX, Undo};
+        use super::{TimeDomain, WitTimeDomain, with_host};
+        use crate::wit::weir::operator::timers::TimerError;
+
+        fn slot(key: &[u8], record: u32, name: &str) -> Result<super::super::Slot, TimerError> {
+            if record != 0 {
+                return Err(TimerError::InvalidRecord(record));
+            }
+            if name.is_empty() || name.len() > TIMER_NAME_BYTES_MAX {
+                return Err(TimerError::InvalidName(name.to_owned()));
+            }
+            Ok((key.to_vec(), name.to_owned()))
+        }
+
+        pub(crate) fn set(
+            record: u32,
+            name: &str,
+            at_ms: i64,
+            domain: WitTimeDomain,
+        ) -> Result<(), TimerError> {
+            with_host(|h| {
+                let slot = slot(&h.key, record, name)?;
+                if !h.timers.contains_key(&slot) {
+                    let of_key = h.timers.keys().filter(|(k, _)| *k == slot.0).count();
+                    if of_key >= TIMERS_PER_KEY_MAX as usize {
+                        return Err(TimerError::TooManyTimers(TIMERS_PER_KEY_MAX));
+                    }
+                }
+                let domain = match domain {
+                    WitTimeDomain::EventTime => TimeDomain::EventTime,
+                    WitTimeDomain::ProcessingTime => TimeDomain::ProcessingTime,
+                };
+                let old = h.timers.insert(slot.clone(), (at_ms, domain));
+                h.undo.push(Undo::Timer(slot, old));
+                Ok(())
+            })
+        }
+
+        pub(crate) fn clear(record: u32, name: &str) -> Result<(), TimerError> {
+            with_host(|h| {
+                let slot = slot(&h.key, record, name)?;
+                let old = h.timers.remove(&slot);
+                h.undo.push(Undo::Timer(slot, old));
+                Ok(())
+            })
+        }
+
+        pub(crate) fn get(
+            record: u32,
+            name: &str,
+        ) -> Result<Option<(i64, WitTimeDomain)>, TimerError> {
+            with_host(|h| {
+                let slot = slot(&h.key, record, name)?;
+                Ok(h.timers.get(&slot).map(|(at, d)| (*at, d.to_wit())))
+            })
+        }
+
+        pub(crate) fn watermark() -> Option<i64> {
+            with_host(|h| h.watermark_ms)
+        }
+
+        pub(crate) fn current_processing_time() -> i64 {
+            with_host(|h| h.now_ms)
+        }
+    }
+}
+
+impl MemoryHost {
+    fn rollback(&mut self) {
+        for undo in self.undo.drain(..).rev() {
+            match undo {
+                Undo::Value(slot, old) => match old {
+                    Some(v) => {
+                        self.values.insert(slot, v);
+                    }
+                    None => {
+                        self.values.remove(&slot);
+                    }
+                },
+                Undo::Map(slot, key, old) => {
+                    let map = self.maps.entry(slot.clone()).or_default();
+                    match old {
+                        Some(v) => {
+                            map.insert(key, v);
+                        }
+                        None => {
+                            map.remove(&key);
+                        }
+                    }
+                    if map.is_empty() {
+                        self.maps.remove(&slot);
+                    }
+                }
+                Undo::Timer(slot, old) => match old {
+                    Some(t) => {
+                        self.timers.insert(slot, t);
+                    }
+                    None => {
+                        self.timers.remove(&slot);
+                    }
+                },
+            }
+        }
+    }
+}
+
+/// Runs operator `O` over records and time you give it, one record (or fired timer) per call;
+/// a batch of several behaves the same, since each record's writes are visible to the next at
+/// once.
+#[derive(Debug)]
+pub struct Harness<O: Operator> {
+    host: Option<MemoryHost>,
+    /// Every record emitted by processed records and fired timers, in order.
+    pub outputs: Vec<Output>,
+    /// Every refused record with its reason, in order.
+    pub dead_letters: Vec<DeadLetter>,
+    /// Every fired timer that was refused, with its reason, in order.
+    pub dead_timers: Vec<(Timer, String)>,
+    offset: i64,
+    _operator: PhantomData<fn() -> O>,
+}
+
+impl<O: Operator> Default for Harness<O> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<O: Operator> Harness<O> {
+    /// A harness with empty state, no watermark and processing time 0.
+    pub fn new() -> Self {
+        let host = MemoryHost {
+            kinds: O::STATES
+                .iter()
+                .map(|s| (s.name.to_owned(), s.kind))
+                .collect(),
+            ..MemoryHost::default()
+        };
+        Self {
+            host: Some(host),
+            outputs: Vec::new(),
+            dead_letters: Vec::new(),
+            dead_timers: Vec::new(),
+            offset: 0,
+            _operator: PhantomData,
+        }
+    }
+
+    /// The same harness starting at processing time `now_ms`.
+    pub fn with_processing_time(mut self, now_ms: i64) -> Self {
+        self.host_mut().now_ms = now_ms;
+        self
+    }
+
+    fn host(&self) -> &MemoryHost {
+        self.host
+            .as_ref()
+            .expect("the harness holds its host between calls")
+    }
+
+    fn host_mut(&mut self) -> &mut MemoryHost {
+        self.host
+            .as_mut()
+            .expect("the harness holds its host between calls")
+    }
+
+    /// Processes a record with no timestamp (-1) at the next offset of partition 0.
+    pub fn send(&mut self, key: &[u8], value: &[u8]) -> Outcome {
+        self.send_at(key, value, -1)
+    }
+
+    /// Processes a record with timestamp `timestamp_ms` at the next offset of partition 0.
+    pub fn send_at(&mut self, key: &[u8], value: &[u8], timestamp_ms: i64) -> Outcome {
+        let record = InputRecord {
+            key: key.to_vec(),
+            value: value.to_vec(),
+            timestamp_ms,
+            headers: Vec::<WitHeader>::new(),
+            topic: "test".to_owned(),
+            partition: 0,
+            offset: self.offset,
+        };
+        self.offset += 1;
+        let outcome = self.call(key, move || process_batch::<O>(vec![record]));
+        if let Some(reason) = &outcome.reason {
+            self.dead_letters.push(DeadLetter {
+                key: key.to_vec(),
+                value: value.to_vec(),
+                reason: reason.clone(),
+            });
+        }
+        outcome
+    }
+
+    /// One call for `key`: its effects kept if it returns ok, else undone.
+    fn call(&mut self, key: &[u8], call: impl FnOnce() -> Vec<Disposition>) -> Outcome {
+        let mut host = self.host.take().expect("calls do not nest");
+        host.key = key.to_vec();
+        host.undo.clear();
+        host.emitted.clear();
+        host.emitted_bytes = 0;
+        HOST.with(|cell| *cell.borrow_mut() = Some(host));
+        let result = catch_unwind(AssertUnwindSafe(call));
+        let mut host = HOST
+            .with(|cell| cell.borrow_mut().take())
+            .expect("the call's host is still lent");
+        let reason = match result {
+            Ok(dispositions) => match dispositions.into_iter().next() {
+                Some(Disposition::Ok) => None,
+                Some(Disposition::Reject(reason)) => Some(reason),
+                None => Some("the operator returned no disposition".to_owned()),
+            },
+            Err(panic) => Some(format!(
+                "panic: {}",
+                panic
+                    .downcast_ref::<String>()
+                    .map(String::as_str)
+                    .or_else(|| panic.downcast_ref::<&str>().copied())
+                    .unwrap_or("(no message)")
+            )),
+        };
+        let emitted = std::mem::take(&mut host.emitted);
+        let outcome = match reason {
+            None => {
+                host.undo.clear();
+                self.outputs.extend(emitted.iter().cloned());
+                Outcome {
+                    reason: None,
+                    emitted,
+                }
+            }
+            Some(reason) => {
+                host.rollback();
+                Outcome {
+                    reason: Some(reason),
+                    emitted: Vec::new(),
+                }
+            }
+        };
+        self.host = Some(host);
+        outcome
+    }
+
+    /// The event-time watermark operators see, ms; `None` until advanced.
+    pub fn watermark(&self) -> Option<i64> {
+        self.host().watermark_ms
+    }
+
+    /// The processing time operators see, ms.
+    pub fn processing_time(&self) -> i64 {
+        self.host().now_ms
+    }
+
+    /// Moves the watermark to `to_ms` (never back) and fires every event-time timer at or
+    /// before it, in the host's order; returns each fired timer with what became of it.
+    pub fn advance_watermark(&mut self, to_ms: i64) -> Vec<(Timer, Outcome)> {
+        let host = self.host_mut();
+        let to = host.watermark_ms.map_or(to_ms, |w| w.max(to_ms));
+        host.watermark_ms = Some(to);
+        self.fire(TimeDomain::EventTime, to)
+    }
+
+    /// Moves processing time forward *by* `by_ms` and fires every processing-time timer due by
+    /// then, in the host's order; returns each fired timer with what became of it.
+    pub fn advance_processing_time(&mut self, by_ms: i64) -> Vec<(Timer, Outcome)> {
+        let host = self.host_mut();
+        host.now_ms += by_ms;
+        let now = host.now_ms;
+        self.fire(TimeDomain::ProcessingTime, now)
+    }
+
+    /// Rounds of due timers, as the host fires them: each round those due when it starts, at
+    /// most one per key, ordered by time, then key length, key and name; a timer re-armed at or
+    /// before `up_to`, or the next of a key, fires in a later round.
+    fn fire(&mut self, domain: TimeDomain, up_to: i64) -> Vec<(Timer, Outcome)> {
+        let mut fired = Vec::new();
+        loop {
+            let mut due: Vec<(i64, usize, Vec<u8>, String)> = self
+                .host()
+                .timers
+                .iter()
+                .filter(|(_, (at, d))| *d == domain && *at <= up_to)
+                .map(|((key, name), (at, _))| (*at, key.len(), key.clone(), name.clone()))
+                .collect();
+            if due.is_empty() {
+                return fired;
+            }
+            due.sort();
+            let mut keys = BTreeSet::new();
+            for (at, _, key, name) in due {
+                if !keys.insert(key.clone()) {
+                    continue;
+                }
+                self.host_mut().timers.remove(&(key.clone(), name.clone()));
+                let timer = Timer {
+                    key: key.clone(),
+                    name: name.clone(),
+                    time_ms: at,
+                    domain,
+                };
+                let wit = FiredTimer {
+                    key: key.clone(),
+                    name,
+                    time_ms: at,
+                    domain: domain.to_wit(),
+                };
+                let outcome = self.call(&key, move || on_timers::<O>(vec![wit]));
+                if let Some(reason) = &outcome.reason {
+                    self.dead_timers.push((timer.clone(), reason.clone()));
+                }
+                fired.push((timer, outcome));
+            }
+        }
+    }
+
+    /// The pending timers of `key`: name → (time, domain).
+    pub fn timers(&self, key: &[u8]) -> BTreeMap<String, (i64, TimeDomain)> {
+        self.host()
+            .timers
+            .iter()
+            .filter(|((k, _), _)| k == key)
+            .map(|((_, name), at)| (name.clone(), *at))
+            .collect()
+    }
+
+    /// How many timers are pending, all keys.
+    pub fn pending_timers(&self) -> usize {
+        self.host().timers.len()
+    }
+
+    /// The stored value of `state` for `key`, decoded; `None` when absent.
+    ///
+    /// # Panics
+    /// When the stored bytes do not decode as `T`.
+    pub fn value<T: DeserializeOwned>(&self, key: &[u8], state: &ValueState<T>) -> Option<T> {
+        self.host()
+            .values
+            .get(&(key.to_vec(), state.name().to_owned()))
+            .map(|b| serde_json::from_slice(b).expect("stored value decodes"))
+    }
+
+    /// The stored entries of `state` for `key`, decoded, in iteration order.
+    ///
+    /// # Panics
+    /// When stored bytes do not decode as `K` and `V`.
+    pub fn map<K: DeserializeOwned + Serialize, V: DeserializeOwned>(
+        &self,
+        key: &[u8],
+        state: &MapState<K, V>,
+    ) -> Vec<(K, V)> {
+        self.map_bytes(key, state.name())
+            .into_iter()
+            .map(|(k, v)| {
+                (
+                    serde_json::from_slice(&k).expect("stored map key decodes"),
+                    serde_json::from_slice(&v).expect("stored map value decodes"),
+                )
+            })
+            .collect()
+    }
+
+    /// The stored entries of map state `name` for `key` as bytes, in iteration order: what the
+    /// host would hold, to compare byte for byte.
+    pub fn map_bytes(&self, key: &[u8], name: &str) -> Vec<(Vec<u8>, Vec<u8>)> {
+        self.host()
+            .maps
+            .get(&(key.to_vec(), name.to_owned()))
+            .map(|m| m.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+            .unwrap_or_default()
+    }
+
+    /// The keys that hold an entry of map state `name`, in byte order.
+    pub fn map_keys(&self, name: &str) -> Vec<Vec<u8>> {
+        self.host()
+            .maps
+            .keys()
+            .filter(|(_, n)| n == name)
+            .map(|(k, _)| k.clone())
+            .collect()
+    }
+
+    /// Every (level, line) the operator logged.
+    pub fn logs(&self) -> &[(&'static str, String)] {
+        &self.host().logs
+    }
+}
