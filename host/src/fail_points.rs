@@ -7,6 +7,10 @@
 //! - `checkpoint-before-manifest`: the memtable's SSTs are uploaded, the manifest is not written.
 //! - `checkpoint-after-manifest`: the manifest is written, the offsets are not yet committed to
 //!   Kafka (nor, in exactly-once mode, the transaction).
+//! - `timers-before-apply`: a timer round's `on-timers` call returned; its effects (the timers'
+//!   removal, their state writes and emits) are not applied yet.
+//! - `timers-after-emit`: a timer round's effects are applied to the shard and its emits handed
+//!   to the producer; no checkpoint holds them yet.
 
 use std::io::Write as _;
 

@@ -87,6 +87,19 @@ impl Timers {
         }
     }
 
+    /// Whether an event-time timer is due by the watermark the records admitted so far allow
+    /// (`now_ms` for idleness): admission stops there, so that the round runs before any later
+    /// record and lateness is decided at the watermark of every record before it.
+    pub fn due_by_watermark(&self, now_ms: i64) -> bool {
+        if !self.enabled || !self.loaded {
+            return false;
+        }
+        let Some(next) = self.head.next(TimeDomain::EventTime) else {
+            return false;
+        };
+        self.watermarks.candidate(now_ms).is_some_and(|w| next <= w)
+    }
+
     /// Processing time now, ms since the Unix epoch.
     pub fn now_ms(&self) -> i64 {
         i64::try_from(self.clock.now_ms()).unwrap_or(i64::MAX)
@@ -477,6 +490,9 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
         batch: BatchCtx,
         now_ms: i64,
     ) -> Result<Result<(), StateError>, WorkerError> {
+        fail::fail_point!("timers-before-apply", |_| crate::fail_points::crash(
+            "timers-before-apply"
+        ));
         let (writes, emits) = batch.into_effects();
         let follow: Vec<StateWrite> = writes
             .iter()
@@ -508,6 +524,9 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
             }
         }
         self.stats.timers_fired(timers.len() as u64);
+        fail::fail_point!("timers-after-emit", |_| crate::fail_points::crash(
+            "timers-after-emit"
+        ));
         Ok(Ok(()))
     }
 

@@ -295,6 +295,11 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
             }
             self.execution.controller.admit(record);
             admitted += 1;
+            // A timer this record's timestamp made due fires before any later record runs: the
+            // later ones then see the watermark it allows, and their lateness is decided there.
+            if self.timers.due_by_watermark(now) {
+                break;
+            }
         }
         if skipped > 0 {
             self.stats

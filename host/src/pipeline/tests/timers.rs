@@ -540,3 +540,43 @@ async fn a_record_sees_the_applied_watermark_and_the_clock_at_its_call() {
     assert_eq!(seen, serde_json::json!({"watermark": 999, "now": T0 + 5}));
     run.stop().await.expect("clean stop");
 }
+
+#[tokio::test(start_paused = true)]
+async fn records_after_one_that_makes_a_timer_due_wait_for_its_round_and_see_its_watermark() {
+    let clock = ManualClock::new(T0);
+    let (world, run) = timed_world(&clock, "at_least_once").await;
+    world.send("k", "timer:event:t:1500", 1_000);
+    until("the timer is set", || {
+        run.stats.records_ok.load(Ordering::Relaxed) == 1
+    })
+    .await;
+    // In one batch: the first makes the timer due (watermark 1,999); the second, behind it in
+    // offset order, must run after the round, at that watermark (and so be late).
+    world.send("k", "v", 2_000);
+    world.send("j", "probe:time", 1_800);
+    until("the probe's output", || {
+        outputs_per_offset(&world.output, 0).contains_key(&2)
+    })
+    .await;
+    let probe = world
+        .output
+        .log()
+        .outputs
+        .iter()
+        .find(|w| w.source.1 == 2)
+        .expect("the probe's output")
+        .value
+        .clone();
+    let seen: serde_json::Value = serde_json::from_slice(&probe).expect("JSON");
+    assert_eq!(seen, serde_json::json!({"watermark": 1_999, "now": T0}));
+    assert_eq!(
+        fired(&world.output).len(),
+        1,
+        "the timer fired in the round"
+    );
+    assert_eq!(
+        run.stats.late_records[LateRecords::Process.index()].load(Ordering::Relaxed),
+        1
+    );
+    run.stop().await.expect("clean stop");
+}
