@@ -194,7 +194,7 @@ pub async fn command(opts: &BenchCallOptions, output: crate::Output) -> anyhow::
         Some(csv) => crate::flights::read_csv(csv)?
             .into_iter()
             .take(records)
-            .map(|f| (f.route.into_bytes(), f.json))
+            .map(|f| (f.key.into_bytes(), f.json))
             .collect(),
         None => (0..records)
             .map(|i| {

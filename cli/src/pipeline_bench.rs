@@ -647,7 +647,7 @@ fn flights(opts: &PipelineBenchOptions) -> Result<Vec<Event>, PipelineBenchError
     Ok(crate::flights::read_csv(path)?
         .into_iter()
         .map(|f| Event {
-            key: f.route.into_bytes(),
+            key: f.key.into_bytes(),
             value: f.json,
         })
         .collect())
