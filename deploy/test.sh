@@ -77,20 +77,25 @@ export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 
 step "guest components (wasm32-wasip2), linted"
 cargo build --profile guest --target wasm32-wasip2 -p flight-delays -p word-count -p weir-test-counter \
-  -p weir-test-counter-v0-1
+  -p weir-test-counter-v0-1 -p airport-hours -p airport-sessions
 # The SDK's documentation example (guest-sdk/examples/counter.rs) compiles as a component.
 cargo build --profile guest --target wasm32-wasip2 -p weir-sdk --examples
 
 step "host, weir binary and tests, linted"
-# Guests and the SDK are for wasm32-wasip2 (their export names do not link natively): they are
-# linted above, and their code is exercised through the components the tests load.
+# Guests are for wasm32-wasip2 (their export names do not link natively): they are linted above,
+# and their code is exercised through the components the tests load.
 native=(--workspace --exclude flight-delays --exclude word-count --exclude weir-test-counter
-  --exclude weir-test-counter-v0-1 --exclude weir-sdk)
+  --exclude weir-test-counter-v0-1 --exclude weir-sdk --exclude airport-hours
+  --exclude airport-sessions)
 # The default test targets (not `--all-targets`, which would also build the test harnesses of the
 # targets that have no tests and say `test = false`). No crate here has doc tests (the host and
 # the test helpers say `doctest = false`; the SDK's example is built above).
 cargo test "${native[@]}" --no-run --message-format=json-render-diagnostics \
   >"$jobs_dir/test-binaries.json"
+# The SDK's own tests run natively through its harness (`weir_sdk::testing`): its integration
+# tests only, not its example (a component).
+cargo test -p weir-sdk --tests --no-run --message-format=json-render-diagnostics \
+  >>"$jobs_dir/test-binaries.json"
 
 step "background set-up: results"
 await python

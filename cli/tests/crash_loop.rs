@@ -6,11 +6,18 @@
 //! equals its number of input records: no record lost, none counted twice. Output is
 //! at-least-once here (a restarted shard re-emits what it recomputes), so outputs may repeat
 //! but no count may exceed the key's number of records.
+//!
+//! The same for timers (issue 18): `airport-hours` (hourly windows closed by event-time timers)
+//! exactly-once, also killed at the fail points inside a timer round; every hour is emitted
+//! exactly once and equals an oracle.
 
 use rand::Rng;
+use rand::rngs::ThreadRng;
+use rdkafka::Message;
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
+use weir_cli::flights::{FlightRecord, KeyBy};
 use weir_tests::process::{CounterConfig, WeirProcess};
 use weir_tests::*;
 
@@ -20,6 +27,8 @@ const RECORDS_PER_ROUND: u64 = 300;
 
 const BEFORE_MANIFEST: &str = "checkpoint-before-manifest";
 const AFTER_MANIFEST: &str = "checkpoint-after-manifest";
+const TIMERS_BEFORE_APPLY: &str = "timers-before-apply";
+const TIMERS_AFTER_EMIT: &str = "timers-after-emit";
 
 /// How one round ends the process.
 #[derive(Debug, Clone, Copy)]
@@ -55,16 +64,8 @@ async fn crash_loop(exactly_once: bool) -> anyhow::Result<()> {
     let config_path = dir.path().join("weir.toml");
     config.write(&config_path)?;
     let bin = Path::new(env!("CARGO_BIN_EXE_weir"));
-
-    let mut rounds: Vec<Kill> = std::iter::repeat_n(Kill::Random, 30)
-        .chain(std::iter::repeat_n(Kill::FailPoint(BEFORE_MANIFEST), 12))
-        .chain(std::iter::repeat_n(Kill::FailPoint(AFTER_MANIFEST), 12))
-        .collect();
     let mut rng = rand::thread_rng();
-    for i in (1..rounds.len()).rev() {
-        rounds.swap(i, rng.gen_range(0..=i));
-    }
-
+    let rounds = shuffled_rounds(&[BEFORE_MANIFEST, AFTER_MANIFEST], 12, &mut rng);
     let mut expected = BTreeMap::new();
     let mut produced = 0;
     let mut hits: BTreeMap<&str, usize> = BTreeMap::new();
@@ -80,41 +81,8 @@ async fn crash_loop(exactly_once: bool) -> anyhow::Result<()> {
         .await?;
         produced += RECORDS_PER_ROUND;
         let log = dir.path().join(format!("round-{round:02}.log"));
-        let started = Instant::now();
-        match kill {
-            Kill::Random => {
-                let mut weir = WeirProcess::spawn(bin, &config_path, log, &[])?;
-                let delay = Duration::from_millis(rng.gen_range(200..3000));
-                if let Some(status) = weir.wait(delay).await? {
-                    anyhow::bail!(
-                        "round {round}: weir exited on its own ({status}):\n{}",
-                        weir.tail()
-                    );
-                }
-                weir.kill().await?;
-            }
-            Kill::FailPoint(name) => {
-                let fail_points = format!("{name}=50%return");
-                let mut weir =
-                    WeirProcess::spawn(bin, &config_path, log, &[("FAILPOINTS", &fail_points)])?;
-                let status = weir.wait(Duration::from_secs(10)).await?;
-                if weir
-                    .log_text()
-                    .contains(&format!("weir fail point hit: {name}"))
-                {
-                    *hits.entry(name).or_default() += 1;
-                } else if status.is_some() {
-                    anyhow::bail!(
-                        "round {round}: weir exited ({status:?}) without hitting {name}:\n{}",
-                        weir.tail()
-                    );
-                } else {
-                    weir.kill().await?; // no checkpoint came up heads in time: a plain kill
-                }
-            }
-        }
+        run_and_kill(bin, &config_path, log, round, *kill, &mut rng, &mut hits).await?;
         kills += 1;
-        eprintln!("round {round}: {kill:?} after {:?}", started.elapsed());
     }
 
     // A last run without fail points brings every count up to date.
@@ -143,6 +111,206 @@ async fn crash_loop(exactly_once: bool) -> anyhow::Result<()> {
             assert_eq!(
                 counts[key], once,
                 "key {key}: each update exactly once, in order"
+            );
+        }
+    }
+    Ok(())
+}
+
+/// 30 rounds of SIGKILL at a random moment and `per_point` rounds at each fail point, shuffled.
+fn shuffled_rounds(points: &[&'static str], per_point: usize, rng: &mut ThreadRng) -> Vec<Kill> {
+    let mut rounds: Vec<Kill> = std::iter::repeat_n(Kill::Random, 30)
+        .chain(
+            points
+                .iter()
+                .flat_map(|p| std::iter::repeat_n(Kill::FailPoint(p), per_point)),
+        )
+        .collect();
+    for i in (1..rounds.len()).rev() {
+        rounds.swap(i, rng.gen_range(0..=i));
+    }
+    rounds
+}
+
+/// Starts `weir` on `config_path` and ends it as `kill` says: SIGKILL after a random delay, or
+/// the fail point (armed at one hit in two) aborting it, counted in `hits` (a plain SIGKILL if
+/// it does not come up within 10 s).
+async fn run_and_kill(
+    bin: &Path,
+    config_path: &Path,
+    log: std::path::PathBuf,
+    round: usize,
+    kill: Kill,
+    rng: &mut ThreadRng,
+    hits: &mut BTreeMap<&'static str, usize>,
+) -> anyhow::Result<()> {
+    let started = Instant::now();
+    match kill {
+        Kill::Random => {
+            let mut weir = WeirProcess::spawn(bin, config_path, log, &[])?;
+            let delay = Duration::from_millis(rng.gen_range(200..3000));
+            if let Some(status) = weir.wait(delay).await? {
+                anyhow::bail!(
+                    "round {round}: weir exited on its own ({status}):\n{}",
+                    weir.tail()
+                );
+            }
+            weir.kill().await?;
+        }
+        Kill::FailPoint(name) => {
+            let fail_points = format!("{name}=50%return");
+            let mut weir =
+                WeirProcess::spawn(bin, config_path, log, &[("FAILPOINTS", &fail_points)])?;
+            let status = weir.wait(Duration::from_secs(10)).await?;
+            if weir
+                .log_text()
+                .contains(&format!("weir fail point hit: {name}"))
+            {
+                *hits.entry(name).or_default() += 1;
+            } else if status.is_some() {
+                anyhow::bail!(
+                    "round {round}: weir exited ({status:?}) without hitting {name}:\n{}",
+                    weir.tail()
+                );
+            } else {
+                weir.kill().await?; // the fail point did not come up heads in time: a plain kill
+            }
+        }
+    }
+    eprintln!("round {round}: {kill:?} after {:?}", started.elapsed());
+    Ok(())
+}
+
+/// One (origin, hour) of the windows oracle.
+#[derive(Debug, Default, PartialEq)]
+struct Hour {
+    flights: u64,
+    delay_count: u64,
+    delay_sum: i64,
+    delay_max: Option<i64>,
+}
+
+/// `airport-hours` exactly-once on `lsm` on the S3 server over the first flights of the year,
+/// fed a slice per round while it is killed and restarted at least 50 times — with SIGKILL at
+/// random moments and at the fail points inside a timer round (after the `on-timers` call,
+/// before its effects apply; after they apply and its emits are sent, before a checkpoint holds
+/// them) and around the checkpoint. A last run with `idle_advance` closes the last hours. Every
+/// (origin, hour) is emitted exactly once (read_committed), equal to the oracle.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn windows_killed_and_restarted_fifty_times_close_each_hour_exactly_once()
+-> anyhow::Result<()> {
+    const FLIGHTS_PER_ROUND: usize = 150;
+    init_tracing();
+    let mut rng = rand::thread_rng();
+    let points = [
+        BEFORE_MANIFEST,
+        AFTER_MANIFEST,
+        TIMERS_BEFORE_APPLY,
+        TIMERS_AFTER_EMIT,
+    ];
+    let rounds = shuffled_rounds(&points, 6, &mut rng);
+    let flights: Vec<FlightRecord> =
+        weir_cli::flights::read_csv_keyed(&flights_csv(), KeyBy::Origin)?
+            .into_iter()
+            .take(rounds.len() * FLIGHTS_PER_ROUND)
+            .collect();
+    let mut want: BTreeMap<(String, i64), Hour> = BTreeMap::new();
+    for f in &flights {
+        let start = f.timestamp_ms - f.timestamp_ms.rem_euclid(3_600_000);
+        let v: serde_json::Value = serde_json::from_slice(&f.json)?;
+        let h = want.entry((f.key.clone(), start)).or_default();
+        h.flights += 1;
+        if let Some(d) = v["arr_delay"].as_i64() {
+            h.delay_count += 1;
+            h.delay_sum += d;
+            h.delay_max = Some(h.delay_max.map_or(d, |m| m.max(d)));
+        }
+    }
+
+    let (input, output, dlq) = (unique("hours-in"), unique("hours-out"), unique("hours-dlq"));
+    create_topics(&[(&input, PARTITIONS), (&output, PARTITIONS), (&dlq, 1)]).await?;
+    let dir = tempfile::tempdir()?;
+    let mut config = CounterConfig::new(&input, &output, &dlq).await?;
+    config.operator = guest("airport_hours");
+    config.instance_id = Some("timers-crash-loop-host".to_owned());
+    config.session_timeout_ms = 10_000;
+    config.exactly_once = true;
+    config.pipeline_extra = "late_records = \"process\"\n".to_owned();
+    let config_path = dir.path().join("weir.toml");
+    config.write(&config_path)?;
+    let bin = Path::new(env!("CARGO_BIN_EXE_weir"));
+
+    // The first slice through `produce`, which turns off the topic's time-based retention (the
+    // records carry 2013 timestamps).
+    let loader = weir_cli::flights::Loader::new(&kafka_bootstrap())?;
+    let mut hits: BTreeMap<&str, usize> = BTreeMap::new();
+    for (round, (kill, slice)) in rounds
+        .iter()
+        .zip(flights.chunks(FLIGHTS_PER_ROUND))
+        .enumerate()
+    {
+        if round == 0 {
+            weir_cli::flights::produce(&kafka_bootstrap(), &input, slice).await?;
+        } else {
+            loader.produce(&input, slice).await?;
+        }
+        let log = dir.path().join(format!("round-{round:02}.log"));
+        run_and_kill(bin, &config_path, log, round, *kill, &mut rng, &mut hits).await?;
+    }
+
+    // The last run: once the input is quiet for 2 s the watermark follows the clock and every
+    // hour left closes.
+    config.pipeline_extra += "idle_timeout = \"2s\"\nidle_advance = true\n";
+    config.write(&config_path)?;
+    let started = Instant::now();
+    let mut weir = WeirProcess::spawn(bin, &config_path, dir.path().join("final.log"), &[])?;
+    let out = read_exactly(
+        &output,
+        want.len(),
+        Duration::from_secs(180),
+        Duration::from_secs(5),
+    )
+    .await;
+    eprintln!("final run: {:?}", started.elapsed());
+    weir.kill().await?;
+    let out = out.map_err(|e| e.context(weir.tail()))?;
+    eprintln!(
+        "timers crash loop: {} kills, fail point hits {hits:?}, {} flights, {} hours",
+        rounds.len(),
+        flights.len(),
+        want.len()
+    );
+    assert!(rounds.len() >= 50);
+    for name in points {
+        assert!(
+            hits.get(name).copied().unwrap_or(0) > 0,
+            "fail point {name} was never hit: {hits:?}"
+        );
+    }
+    let mut got: BTreeMap<(String, i64), serde_json::Value> = BTreeMap::new();
+    for msg in &out {
+        let v: serde_json::Value = serde_json::from_slice(msg.payload().unwrap_or_default())?;
+        let key = (
+            v["origin"].as_str().unwrap_or_default().to_owned(),
+            v["hour_start_ms"].as_i64().unwrap_or_default(),
+        );
+        assert_eq!(v["update"], serde_json::Value::Bool(false), "{key:?}");
+        assert!(
+            got.insert(key.clone(), v).is_none(),
+            "{key:?} emitted twice"
+        );
+    }
+    for (key, want) in &want {
+        let v = got.get(key).unwrap_or_else(|| panic!("{key:?} missing"));
+        assert_eq!(v["flights"].as_u64(), Some(want.flights), "{key:?}");
+        assert_eq!(v["delay_count"].as_u64(), Some(want.delay_count), "{key:?}");
+        assert_eq!(v["delay_max"].as_i64(), want.delay_max, "{key:?}");
+        if want.delay_count > 0 {
+            let mean = want.delay_sum as f64 / want.delay_count as f64;
+            let got_mean = v["delay_mean"].as_f64().unwrap_or(f64::NAN);
+            assert!(
+                (got_mean - mean).abs() <= 1e-9,
+                "{key:?}: {got_mean} vs {mean}"
             );
         }
     }

@@ -418,6 +418,41 @@ pub async fn read_exactly(
     Ok(out)
 }
 
+/// Reads `topic` from the beginning (read_committed) until at least `at_least` records came
+/// and then none for `quiet`, failing when fewer than `at_least` arrive within `timeout`.
+///
+/// # Errors
+/// When fewer than `at_least` arrive in time.
+pub async fn read_at_least(
+    topic: &str,
+    at_least: usize,
+    timeout: Duration,
+    quiet: Duration,
+) -> anyhow::Result<Vec<OwnedMessage>> {
+    let consumer = committed_reader(topic)?;
+    let mut out = Vec::with_capacity(at_least);
+    let deadline = Instant::now() + timeout;
+    loop {
+        let wait = if out.len() < at_least {
+            deadline.saturating_duration_since(Instant::now())
+        } else {
+            quiet
+        };
+        match tokio::time::timeout(wait, consumer.recv()).await {
+            Ok(msg) => out.push(msg?.detach()),
+            Err(_) if out.len() >= at_least => return Ok(out),
+            Err(_) => bail!(
+                "read {} of at least {at_least} records of `{topic}` in {timeout:?}",
+                out.len()
+            ),
+        }
+    }
+}
+
+/// The tests that push every flight through a pipeline share the broker, (some) the S3 server
+/// and the cores; run two at once and each starves the other's output reader. One at a time.
+pub static FULL_FLIGHT_RUNS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// The value of header `name` of `msg` as UTF-8, if present.
 pub fn header(msg: &OwnedMessage, name: &str) -> Option<String> {
     let headers = msg.headers()?;

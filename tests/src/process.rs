@@ -10,7 +10,8 @@ use std::process::{ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 use tokio::process::{Child, Command};
 
-/// A `counter` pipeline's topics and settings, written as a `weir run` config.
+/// A pipeline's topics and settings (the `counter` test guest's, unless changed), written as a
+/// `weir run` config.
 #[derive(Debug, Clone)]
 pub struct CounterConfig {
     /// Pipeline name (names the state prefix).
@@ -33,6 +34,10 @@ pub struct CounterConfig {
     pub state_url: String,
     /// `pipeline.delivery = "exactly_once"` (else at-least-once).
     pub exactly_once: bool,
+    /// The component (the `counter` test guest unless changed).
+    pub operator: PathBuf,
+    /// More `[pipeline]` settings, as TOML lines (e.g. `idle_advance = true`).
+    pub pipeline_extra: String,
 }
 
 impl CounterConfig {
@@ -54,10 +59,12 @@ impl CounterConfig {
             session_timeout_ms: 6000,
             state_url: format!("s3://{bucket}/weir"),
             exactly_once: false,
+            operator: guest("weir_test_counter"),
+            pipeline_extra: String::new(),
         })
     }
 
-    /// Writes the config to `path`: the `counter` component, `lsm` state with a 16 KiB
+    /// Writes the config to `path`: the component, `lsm` state with a 16 KiB
     /// memtable (so checkpoints upload SSTs) and small caches.
     ///
     /// # Errors
@@ -82,7 +89,7 @@ dead_letter_topic = "{dlq}"
 group_id = "{group}"
 checkpoint_interval = "{interval}"
 delivery = "{delivery}"
-
+{extra}
 [kafka]
 bootstrap_servers = "{bootstrap}"
 [kafka.consumer]
@@ -99,7 +106,8 @@ disk_cache_bytes = 16777216
 [state.lsm.options]
 {options}"#,
             name = self.name,
-            operator = guest("weir_test_counter").display(),
+            operator = self.operator.display(),
+            extra = self.pipeline_extra,
             input = self.input,
             output = self.output,
             dlq = self.dlq,

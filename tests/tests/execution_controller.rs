@@ -109,7 +109,8 @@ async fn partitions_wanting_more_instances_than_the_host_has_wait_instead_of_fai
 }
 
 /// Runs `records` records, each its own key, over `partitions` partitions with
-/// `instances` instances per partition and batches of `batch`, every state read taking 20 ms.
+/// `instances` instances per partition and batches of `batch`, every state read taking 50 ms
+/// (long enough that the partitions' instances overlap even on a slow, busy machine).
 async fn pool_run(
     partitions: i32,
     records: u64,
@@ -131,7 +132,7 @@ async fn pool_run(
     let clock: SharedClock = Arc::new(SystemClock);
     let backend = Arc::new(DelayedReads::new(
         ConfiguredBackend::from_settings(&settings.state, clock.clone())?,
-        ReadDelay::Fixed(Duration::from_millis(20)),
+        ReadDelay::Fixed(Duration::from_millis(50)),
     ));
     let pipeline = RunningPipeline::start_on(settings, backend, clock);
     let done = pipeline.wait_done(records, Duration::from_secs(120)).await;

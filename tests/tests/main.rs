@@ -1,6 +1,7 @@
 //! The end-to-end and fault-injection tests against the real broker and S3 server, one module
 //! per area (`cargo test -p weir-tests <module>::` runs one area).
 
+mod airport_end_to_end;
 mod api;
 mod api_pipelines;
 mod bench;

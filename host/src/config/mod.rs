@@ -675,5 +675,11 @@ mod tests {
             Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/config/flight-delays.toml");
         let s = Settings::load(&path).expect("deploy/config/flight-delays.toml is valid");
         assert_eq!(s.pipeline.input_topics, vec!["flights".to_owned()]);
+        let path =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/config/airport-hours.toml");
+        let s = Settings::load(&path).expect("deploy/config/airport-hours.toml is valid");
+        assert_eq!(s.pipeline.idle_timeout, Some(Duration::from_secs(5)));
+        assert!(s.pipeline.idle_advance);
+        assert_eq!(s.pipeline.late_records, LateRecords::Process);
     }
 }
