@@ -30,6 +30,7 @@ pub mod host;
 pub mod lsm_bench;
 pub mod pipeline_bench;
 pub mod timer_bench;
+pub mod windows_bench;
 
 /// `--json`: the benchmarks print their report as JSON instead of a table.
 #[derive(Debug, Clone, Copy, clap::Args)]

@@ -4,7 +4,7 @@ use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 use weir_cli::{
     Output, bench, checkpoint_bench, client, controller_bench, dev, flights, host, lsm_bench,
-    pipeline_bench, timer_bench,
+    pipeline_bench, timer_bench, windows_bench,
 };
 
 /// mimalloc instead of glibc's malloc: the record path allocates per batch and per record
@@ -109,6 +109,15 @@ enum Command {
         #[command(flatten)]
         output: Output,
     },
+    /// Measure what event-time windows cost: all the flights through `airport-hours` against
+    /// the plain `flight-delays` job, flights per second and CPU per flight (see
+    /// cli/src/windows_bench.rs).
+    BenchWindows {
+        #[command(flatten)]
+        opts: windows_bench::WindowsBenchOptions,
+        #[command(flatten)]
+        output: Output,
+    },
 }
 
 #[tokio::main]
@@ -116,7 +125,9 @@ async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     // A benchmark's progress bar and table, not every shard's opening, unless RUST_LOG asks.
     let default_filter = match cli.command {
-        Command::Bench { .. } | Command::BenchTimers { .. } => "warn",
+        Command::Bench { .. } | Command::BenchTimers { .. } | Command::BenchWindows { .. } => {
+            "warn"
+        }
         _ => "info,rdkafka=warn",
     };
     tracing_subscriber::fmt()
@@ -155,6 +166,10 @@ async fn main() -> anyhow::Result<()> {
         Command::BenchTimers { opts, output } => output
             .print(&timer_bench::run(&opts).await?, |runs: &Vec<_>| {
                 timer_bench::table(runs)
+            }),
+        Command::BenchWindows { opts, output } => output
+            .print(&windows_bench::run(&opts).await?, |runs: &Vec<_>| {
+                windows_bench::table(runs)
             }),
     }
 }

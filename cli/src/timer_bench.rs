@@ -242,7 +242,7 @@ async fn measure<B: StateBackend>(
 
 /// Runs `start`, then waits until `count` reaches `timers`; returns (per second, CPU µs per
 /// timer), timed from the first one counted to the last.
-async fn phase(
+pub(crate) async fn phase(
     name: &'static str,
     timers: u64,
     pipeline: &tokio::task::JoinHandle<Result<(), pipeline::PipelineError>>,
