@@ -14,8 +14,12 @@
 //!   reaches `end - 1 + L`; a record for it until then (one the host delivers although it is late:
 //!   `late_records = "process"`) is merged in and `add` returns the window's new result at once,
 //!   flagged [`WindowResult::update`].
-//! - **Dropped.** A record whose window is past `end - 1 + L` is not added; `add` counts it in
-//!   [`Added::dropped`]. Once the watermark passes `end - 1 + L` the window's state is gone.
+//! - **Dropped.** Once the watermark reaches `end - 1 + L` the window's state is gone, and a
+//!   record for it is not added: `add` counts it in [`Added::dropped`].
+//! - **Timers.** Each open window, and each closed one kept for its lateness, holds one timer of
+//!   its key: a key can have at most the host's `runtime.timers_per_key_max` (1,024 by default)
+//!   of them, and a record that would open one more is rejected. Mind it with hopping windows
+//!   (`size / slide` windows per record) and long lateness.
 //!
 //! Sessions: a record at `t` opens the window `[t, t + gap)`; windows that overlap merge, so a
 //! session is a run of records whose consecutive timestamps are *less than* `gap` apart (Flink
@@ -120,7 +124,15 @@ impl<A: Aggregate> Windows<A> {
 
     /// Whether `window` is past its allowed lateness (as Flink's `isWindowLate`).
     fn is_late(&self, window: Window, watermark: Option<i64>) -> bool {
-        watermark.is_some_and(|w| window.max_timestamp() + self.allowed_lateness_ms <= w)
+        watermark.is_some_and(|w| self.cleanup(window) <= w)
+    }
+
+    /// When `window`'s allowed lateness ends: `end - 1 + L` (saturating, so that a lateness of
+    /// `i64::MAX` keeps windows for ever rather than wrapping).
+    fn cleanup(&self, window: Window) -> i64 {
+        window
+            .max_timestamp()
+            .saturating_add(self.allowed_lateness_ms)
     }
 
     /// Stores `entry` as the window starting at `start` and points its timer where it must be:
@@ -147,7 +159,7 @@ impl<A: Aggregate> Windows<A> {
                 update: entry.fired,
             });
             entry.fired = true;
-            window.max_timestamp() + self.allowed_lateness_ms
+            self.cleanup(window)
         } else {
             window.max_timestamp()
         };
@@ -175,7 +187,7 @@ impl<A: Aggregate> Windows<A> {
                 Some(mut entry) => {
                     entry.acc.merge(acc.clone());
                     let at = if entry.fired {
-                        window.max_timestamp() + self.allowed_lateness_ms
+                        self.cleanup(window)
                     } else {
                         window.max_timestamp()
                     };
@@ -291,7 +303,7 @@ impl<A: Aggregate> Windows<A> {
             acc: entry.acc.clone(),
             update: entry.fired,
         };
-        let cleanup = window.max_timestamp() + self.allowed_lateness_ms;
+        let cleanup = self.cleanup(window);
         if ctx.watermark().is_none_or(|w| cleanup <= w) {
             ctx.map_remove(&self.state, &start)?;
         } else {

@@ -192,7 +192,7 @@ class _MemoryHost:
                 "emit error: output for this record exceeds the limit of "
                 f"{OUTPUT_RECORD_BYTES_MAX} bytes"
             )
-        size = len(key) + len(value) + 64 + sum(64 + len(n) + len(v) for n, v in headers)
+        size = len(key) + len(value) + 64 + sum(64 + len(n.encode()) + len(v) for n, v in headers)
         if self.emitted_bytes + size > EMIT_BYTES_MAX:
             raise Reject(
                 f"emit error: output for this record exceeds the limit of {EMIT_BYTES_MAX} bytes"
@@ -201,7 +201,7 @@ class _MemoryHost:
         self.emitted.append(Output(bytes(key), bytes(value), [(n, bytes(v)) for n, v in headers]))
 
     def log(self, level: int, message: str) -> None:
-        self.logs.append((LEVELS[level], message[:4096]))
+        self.logs.append((LEVELS[level], message.encode()[:4096].decode(errors="ignore")))
 
     def _timer(self, record: int, name: str) -> tuple[bytes, str]:
         if not 0 <= record < len(self.keys):

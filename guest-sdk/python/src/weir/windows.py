@@ -15,8 +15,14 @@ window that closed. Emitting is up to the operator:
   reaches `end - 1 + L`; a record for it until then (one the host delivers although it is late:
   `late_records = "process"`) is merged in and `add` returns the window's new result at once,
   with `update` set.
-- Dropped: a record whose window is past `end - 1 + L` is not added; `add` counts it in
-  `Added.dropped`. Once the watermark passes `end - 1 + L` the window's state is gone.
+- Dropped: once the watermark reaches `end - 1 + L` the window's state is gone, and a record
+  for it is not added: `add` counts it in `Added.dropped`.
+- Timers: each open window, and each closed one kept for its lateness, holds one timer of its
+  key; a key can have at most the host's `runtime.timers_per_key_max` (1,024 by default), and a
+  record that would open one more is rejected. Mind it with hopping windows and long lateness.
+
+Times are integer ms (`int`); a float or `bool` is refused (`ValueError` at construction,
+`weir.Reject` from `add`), since the stored bytes must be the Rust SDK's.
 
 Sessions: a record at `t` opens `[t, t + gap)`; windows that overlap merge, so a session is a
 run of records whose consecutive timestamps are less than `gap` apart.
@@ -47,10 +53,20 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from ._context import EVENT_TIME, Context, Timer
+from ._context import EVENT_TIME, Context, Reject, Timer
 from ._state import RAW, MapState, _converter, dumps, loads
 
 A = TypeVar("A")
+
+I64_MAX = (1 << 63) - 1
+"""The largest time a timer takes (WIT `s64`)."""
+
+
+def _ms(name: str, value: object) -> int:
+    """`value` if it is an int of ms (not a bool), else `ValueError` naming `name`."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ValueError(f"{name} must be an int of ms, not {value!r}")
+    return value
 
 __all__ = [
     "Added",
@@ -106,7 +122,7 @@ class _Windows(Generic[A]):
         allowed_lateness_ms: int,
         acc_type: type[A] | None,
     ) -> None:
-        if allowed_lateness_ms < 0:
+        if _ms("allowed_lateness_ms", allowed_lateness_ms) < 0:
             raise ValueError("allowed lateness is at least 0 ms")
         self.state: MapState[int, bytes] = MapState(name, int, value_codec=RAW)
         """The map state to list in the operator's `states`."""
@@ -122,8 +138,19 @@ class _Windows(Generic[A]):
     def _timer_name(self, start: int) -> str:
         return f"{self.state.name}:{start}"
 
+    def _cleanup(self, window: Window) -> int:
+        """When `window`'s allowed lateness ends: `end - 1 + L`, at most `I64_MAX` (as the Rust
+        SDK saturates)."""
+        return min(window.max_timestamp + self.allowed_lateness_ms, I64_MAX)
+
     def _is_late(self, window: Window, watermark: int | None) -> bool:
-        return watermark is not None and window.max_timestamp + self.allowed_lateness_ms <= watermark
+        return watermark is not None and self._cleanup(window) <= watermark
+
+    @staticmethod
+    def _timestamp(timestamp_ms: object) -> int:
+        if not isinstance(timestamp_ms, int) or isinstance(timestamp_ms, bool):
+            raise Reject(f"a window timestamp must be an int of ms, not {timestamp_ms!r}")
+        return timestamp_ms
 
     def _decode(self, data: bytes) -> dict[str, Any]:
         entry: dict[str, Any] = loads(data)
@@ -160,7 +187,7 @@ class _Windows(Generic[A]):
         if watermark is not None and window.max_timestamp <= watermark:
             added.updates.append(WindowResult(window, entry["acc"], entry["fired"]))
             entry["fired"] = True
-            at = window.max_timestamp + self.allowed_lateness_ms
+            at = self._cleanup(window)
         else:
             at = window.max_timestamp
         if timer_at != at:
@@ -181,9 +208,7 @@ class _Windows(Generic[A]):
                 timer_at = None
             else:
                 entry["acc"] = self._merge(entry["acc"], acc)
-                timer_at = window.max_timestamp + (
-                    self.allowed_lateness_ms if entry["fired"] else 0
-                )
+                timer_at = self._cleanup(window) if entry["fired"] else window.max_timestamp
             self._settle(ctx, window.start_ms, entry, timer_at, watermark, added)
         return added
 
@@ -208,7 +233,7 @@ class _Windows(Generic[A]):
             del ctx.map(self.state)[start]  # the end of its allowed lateness
             return None
         result = WindowResult(window, entry["acc"], entry["fired"])
-        cleanup = window.max_timestamp + self.allowed_lateness_ms
+        cleanup = self._cleanup(window)
         watermark = ctx.watermark()
         if watermark is None or cleanup <= watermark:
             ctx.map(self.state).discard(start)
@@ -235,7 +260,7 @@ class TumblingWindows(_Windows[A]):
         allowed_lateness_ms: int = 0,
         acc_type: type[A] | None = None,
     ) -> None:
-        if size_ms <= 0:
+        if _ms("size_ms", size_ms) <= 0:
             raise ValueError("a window lasts at least 1 ms")
         super().__init__(name, merge, allowed_lateness_ms, acc_type)
         self.size_ms = size_ms
@@ -249,7 +274,7 @@ class TumblingWindows(_Windows[A]):
         """Adds a record's accumulator to the window of `timestamp_ms` (its event time), or
         counts it dropped when that window is past its allowed lateness. Raises `Reject` when
         state or timers fail (for example more open windows than the host's timer limit)."""
-        return self._add_fixed(ctx, [self.window_of(timestamp_ms)], acc)
+        return self._add_fixed(ctx, [self.window_of(self._timestamp(timestamp_ms))], acc)
 
 
 class HoppingWindows(_Windows[A]):
@@ -267,7 +292,7 @@ class HoppingWindows(_Windows[A]):
         allowed_lateness_ms: int = 0,
         acc_type: type[A] | None = None,
     ) -> None:
-        if size_ms <= 0 or slide_ms <= 0:
+        if _ms("size_ms", size_ms) <= 0 or _ms("slide_ms", slide_ms) <= 0:
             raise ValueError("windows and slides last at least 1 ms")
         super().__init__(name, merge, allowed_lateness_ms, acc_type)
         self.size_ms = size_ms
@@ -283,7 +308,7 @@ class HoppingWindows(_Windows[A]):
     def add(self, ctx: Context, timestamp_ms: int, acc: A) -> Added[A]:
         """Adds a record's accumulator to each window of `timestamp_ms`; windows past their
         allowed lateness are counted dropped."""
-        return self._add_fixed(ctx, self.windows_of(timestamp_ms), acc)
+        return self._add_fixed(ctx, self.windows_of(self._timestamp(timestamp_ms)), acc)
 
 
 class SessionWindows(_Windows[A]):
@@ -302,7 +327,7 @@ class SessionWindows(_Windows[A]):
         allowed_lateness_ms: int = 0,
         acc_type: type[A] | None = None,
     ) -> None:
-        if gap_ms <= 0:
+        if _ms("gap_ms", gap_ms) <= 0:
             raise ValueError("a session gap lasts at least 1 ms")
         super().__init__(name, merge, allowed_lateness_ms, acc_type)
         self.gap_ms = gap_ms
@@ -312,9 +337,10 @@ class SessionWindows(_Windows[A]):
         `[t, t + gap)` and merges with every session that overlaps it (as Flink, lateness is
         judged on the merged session). Counted dropped when that session is past its allowed
         lateness."""
+        timestamp_ms = self._timestamp(timestamp_ms)
         watermark = ctx.watermark()
         added: Added[A] = Added()
-        own = Window(timestamp_ms, timestamp_ms + self.gap_ms)
+        own = Window(timestamp_ms, min(timestamp_ms + self.gap_ms, I64_MAX))
         start = own.start_ms
         merged: dict[str, Any] | None = None
         absorbed: list[int] = []
