@@ -22,6 +22,8 @@ use weir_tests::*;
 const FLIGHTS: usize = 336_776;
 const HOUR_MS: i64 = 3_600_000;
 const MINUTE_MS: i64 = 60_000;
+/// `idle_timeout` of the runs whose last windows `idle_advance` closes.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// One (origin, hour) of the oracle.
 #[derive(Debug, Default, Clone, PartialEq)]
@@ -142,7 +144,10 @@ async fn windowed_settings(
     s.pipeline.delivery = Delivery::ExactlyOnce;
     s.pipeline.checkpoint_interval = Duration::from_secs(2);
     s.pipeline.max_out_of_orderness = max_out_of_orderness;
-    s.pipeline.idle_timeout = Some(Duration::from_secs(2));
+    // Idleness is wall-clock time without records, and `idle_advance` does not yet check that
+    // the consumer has caught up: on a busy machine a consumer can stall for seconds mid-input
+    // (2 s turned a stalled partition idle and closed every hour). Long enough for that.
+    s.pipeline.idle_timeout = Some(IDLE_TIMEOUT);
     s.pipeline.idle_advance = true;
     s.pipeline.late_records = LateRecords::Process;
     Ok(s)
@@ -353,7 +358,7 @@ async fn airport_hours_in_rust_and_switched_to_python_match_the_oracle_once_per_
         .produce(&input, &flights[half..])
         .await?;
     settings.pipeline.operator = guest("airport_hours_py");
-    settings.pipeline.idle_timeout = Some(Duration::from_secs(2));
+    settings.pipeline.idle_timeout = Some(IDLE_TIMEOUT);
     settings.pipeline.idle_advance = true;
     let what = "airport-hours, switched from Rust to Python half way";
     let (out, late) = run_windowed(settings, FLIGHTS - half, want.len(), what).await?;
@@ -668,7 +673,7 @@ async fn open_hours_move_with_a_rescale_from_one_host_to_two_and_back_and_close_
     second.stop().await?;
 
     let mut last = settings.clone();
-    last.pipeline.idle_timeout = Some(Duration::from_secs(2));
+    last.pipeline.idle_timeout = Some(IDLE_TIMEOUT);
     last.pipeline.idle_advance = true;
     let closing = start(&last);
     let out = read_exactly(
