@@ -258,10 +258,9 @@ async fn windows_killed_and_restarted_fifty_times_close_each_hour_exactly_once()
         run_and_kill(bin, &config_path, log, round, *kill, &mut rng, &mut hits).await?;
     }
 
-    // The last run: once the input is quiet for 10 s the watermark follows the clock and every
-    // hour left closes (not less: `idle_advance` does not yet check that the consumer caught
-    // up, and a restarted host's consumer can take seconds to fetch).
-    config.pipeline_extra += "idle_timeout = \"10s\"\nidle_advance = true\n";
+    // The last run: once its consumer has caught up and the input is quiet for 2 s, the
+    // watermark follows the clock and every hour left closes.
+    config.pipeline_extra += "idle_timeout = \"2s\"\nidle_advance = true\n";
     config.write(&config_path)?;
     let started = Instant::now();
     let mut weir = WeirProcess::spawn(bin, &config_path, dir.path().join("final.log"), &[])?;

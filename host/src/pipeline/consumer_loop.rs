@@ -20,7 +20,7 @@ use crate::time::watermark::Idleness;
 use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -57,6 +57,9 @@ pub(super) struct WorkerHandle {
     /// ([`Assignment`]).
     pub(super) tx: mpsc::Sender<ToWorker>,
     pub(super) task: JoinHandle<Result<(), WorkerError>>,
+    /// Whether the partition's consumer is caught up, for the worker (`read_high_watermarks`
+    /// keeps it).
+    pub(super) caught_up: Arc<AtomicBool>,
 }
 
 /// The worker of a revoked partition, finishing its last checkpoint.
@@ -324,9 +327,17 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
     }
 
     /// Copies the input topics' high watermarks of the partitions run here into their
-    /// progress (as the source last saw them: no request is made).
+    /// progress (as the source last saw them: no request is made), and tells each worker
+    /// whether its consumer is caught up ([`Source::at_end`] of every input topic).
     fn read_high_watermarks(&self) {
-        for &partition in self.workers.keys() {
+        for (&partition, worker) in &self.workers {
+            let caught_up = self
+                .settings
+                .pipeline
+                .input_topics
+                .iter()
+                .all(|topic| self.source.at_end(topic, partition));
+            worker.caught_up.store(caught_up, Ordering::Release);
             let highs = self
                 .settings
                 .pipeline
@@ -475,6 +486,7 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
         let (tx, rx) = queue;
         let Opened { shard, sink } = opened;
         let events = self.inbox.sender(worker);
+        let caught_up = Arc::new(AtomicBool::new(false));
         let worker_state = PartitionWorker {
             partition,
             operator: self.operator.clone(),
@@ -509,6 +521,7 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
                 self.operator.meta().world != WorldVersion::V0_1,
             ),
             late_records: self.settings.pipeline.late_records,
+            caught_up: caught_up.clone(),
         };
         let task = tokio::spawn(async move {
             let result = worker_state.run(rx).await;
@@ -521,6 +534,7 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
                 id: worker,
                 tx,
                 task,
+                caught_up,
             },
         );
     }

@@ -102,6 +102,11 @@ pub trait Source: Send + Sync + 'static {
     /// `topic`'s high watermark (the offset the next record gets) of `partition` as last seen,
     /// if known.
     fn high_watermark(&self, topic: &str, partition: i32) -> Option<i64>;
+
+    /// Whether the consumer has handed out every record of `topic` `partition` up to the end
+    /// it last fetched: it is caught up (librdkafka's partition EOF, which steps over
+    /// transaction markers). False until known. `idle_advance` waits for it (docs/time.md).
+    fn at_end(&self, topic: &str, partition: i32) -> bool;
 }
 
 /// Why a record was dead-lettered.

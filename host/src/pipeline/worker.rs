@@ -49,7 +49,7 @@ use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
@@ -96,6 +96,10 @@ pub(crate) struct PartitionWorker<S: Shard, K: ShardSink> {
     pub timers: Timers,
     /// What a record behind the watermark does.
     pub late_records: LateRecords,
+    /// Whether the consumer has handed out every record of the partition's input topics up
+    /// to their end: kept by the consumer loop ([`super::ports::Source::at_end`]); only a
+    /// caught-up shard's watermark follows processing time (`idle_advance`).
+    pub caught_up: Arc<AtomicBool>,
 }
 
 impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
@@ -133,6 +137,9 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
                 let now = self.timers.now_ms();
                 self.timers.watermarks.held(now);
             }
+            self.timers
+                .watermarks
+                .set_caught_up(self.caught_up.load(Ordering::Acquire));
             // A due timer stops admission, as a due checkpoint does, until every admitted
             // record finished ([`super::timers`]).
             let timers_due = self.timers.due();

@@ -23,6 +23,9 @@ struct Logs {
     positions: BTreeMap<(String, i32), i64>,
     assigned: BTreeSet<i32>,
     paused: BTreeSet<i32>,
+    /// Partitions whose fetches hand out nothing though not paused, as a consumer whose
+    /// fetches stall (a slow broker): Weir does not hold them back.
+    stalled: BTreeSet<i32>,
     revoked_events: Vec<i32>,
     assigned_events: Vec<i32>,
     /// (topic, partition) → committed next offset and its metadata.
@@ -75,6 +78,10 @@ impl MemorySource {
         let logs = &mut *logs;
         let mut more = false;
         for partition in logs.assigned.difference(&logs.paused) {
+            if logs.stalled.contains(partition) {
+                // Nothing to fetch until the stall ends (which notifies).
+                continue;
+            }
             let mut budget = per_partition_max;
             for topic in &self.topics {
                 let key = (topic.clone(), *partition);
@@ -201,6 +208,22 @@ impl MemorySourceHandle {
         self.source.logs().paused.clone()
     }
 
+    /// Stalls `partition`'s fetches (they hand out nothing, as a consumer waiting on a slow
+    /// broker) or ends the stall.
+    pub fn stall(&self, partition: i32, stalled: bool) {
+        {
+            let mut logs = self.source.logs();
+            if stalled {
+                logs.stalled.insert(partition);
+            } else {
+                logs.stalled.remove(&partition);
+            }
+        }
+        if !stalled {
+            self.source.ready.notify_one();
+        }
+    }
+
     /// The next offset to hand out of `topic`'s `partition`.
     pub fn position(&self, topic: &str, partition: i32) -> i64 {
         self.source
@@ -285,5 +308,12 @@ impl Source for MemorySource {
             .records
             .get(&(topic.to_owned(), partition))
             .map(|r| r.len() as i64)
+    }
+
+    fn at_end(&self, topic: &str, partition: i32) -> bool {
+        let logs = self.logs();
+        let key = (topic.to_owned(), partition);
+        let len = logs.records.get(&key).map_or(0, Vec::len) as i64;
+        logs.positions.get(&key).copied().unwrap_or(0) >= len
     }
 }

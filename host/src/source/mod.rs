@@ -45,6 +45,10 @@ pub struct SourceContext {
     /// Last stable offset (the high watermark a `read_committed` consumer reads up to) by topic
     /// and partition, from librdkafka's statistics (every `statistics.interval.ms`).
     high_watermarks: Arc<Mutex<HashMap<(String, i32), i64>>>,
+    /// (topic, partition)s the consumer had handed out every record of (its position at or
+    /// past the last stable offset; librdkafka's position steps over transaction markers) as
+    /// of the last statistics.
+    caught_up: Arc<Mutex<BTreeSet<(String, i32)>>>,
 }
 
 impl SourceContext {
@@ -90,13 +94,29 @@ impl SourceContext {
 }
 
 impl ClientContext for SourceContext {
-    /// Keeps the fetched partitions' high watermarks (for lag), nothing else.
+    /// librdkafka's errors, logged as rust-rdkafka does; a partition EOF that reaches the
+    /// error callback (it names no partition) is the end of a partition, not an error.
+    fn error(&self, error: KafkaError, reason: &str) {
+        if matches!(
+            error,
+            KafkaError::Global(rdkafka::types::RDKafkaErrorCode::PartitionEOF)
+        ) {
+            tracing::trace!(reason, "partition end reported without its partition");
+        } else {
+            tracing::error!("librdkafka: {error}: {reason}");
+        }
+    }
+
+    /// Keeps the fetched partitions' high watermarks (for lag) and which ones the consumer
+    /// has caught up with, nothing else.
     fn stats(&self, statistics: Statistics) {
         self.events.fetch_add(1, Ordering::Relaxed);
         let mut highs = self
             .high_watermarks
             .lock()
             .unwrap_or_else(|e| e.into_inner());
+        let mut caught_up = self.caught_up.lock().unwrap_or_else(|e| e.into_inner());
+        caught_up.clear();
         for (name, topic) in statistics.topics {
             for (partition, p) in topic.partitions {
                 // -1 is librdkafka's "internal" partition, and offsets not yet known.
@@ -107,6 +127,11 @@ impl ClientContext for SourceContext {
                 };
                 if partition >= 0 && high >= 0 {
                     highs.insert((name.clone(), partition), high);
+                    // `app_offset` is the position past the last record handed out (negative:
+                    // none yet).
+                    if p.app_offset >= high {
+                        caught_up.insert((name.clone(), partition));
+                    }
                 }
             }
         }
@@ -178,7 +203,8 @@ pub type SourceConsumer = BaseConsumer<SourceContext>;
 /// becomes non-empty.
 ///
 /// Defaults: auto-commit and offset store off, `auto.offset.reset=earliest`,
-/// `isolation.level=read_committed`, statistics every second (for lag); `kafka.consumer` settings override them.
+/// `isolation.level=read_committed`, partition EOF events (for [`Source::at_end`]), statistics
+/// every second (for lag); `kafka.consumer` settings override them.
 ///
 /// # Errors
 /// [`KafkaError`] when librdkafka rejects the configuration.
@@ -194,7 +220,8 @@ pub fn consumer(
         .set("enable.auto.offset.store", "false")
         .set("auto.offset.reset", "earliest")
         .set("isolation.level", "read_committed")
-        .set("enable.partition.eof", "false")
+        // Reaching a partition's end is reported (KafkaSource::at_end: `idle_advance`).
+        .set("enable.partition.eof", "true")
         // Per-partition high watermarks for the pipeline's lag (SourceContext::stats).
         .set("statistics.interval.ms", "1000");
     for (k, v) in &settings.kafka.consumer {
@@ -277,7 +304,13 @@ pub struct KafkaSource {
     queues: Arc<Mutex<PartitionQueues>>,
     /// Notified when a queue becomes non-empty.
     ready: Arc<tokio::sync::Notify>,
+    /// (topic, partition)s whose last event was librdkafka's partition EOF: every record up to
+    /// the end is handed out (a record, or an assignment, takes the partition out).
+    ends: Arc<Mutex<BTreeSet<TopicPartition>>>,
 }
+
+/// An input topic's partition.
+type TopicPartition = (Arc<str>, i32);
 
 impl std::fmt::Debug for KafkaSource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -324,6 +357,7 @@ impl KafkaSource {
             topics,
             reset,
             ready,
+            ends: Arc::default(),
         })
     }
 
@@ -348,7 +382,18 @@ impl KafkaSource {
         for _ in 0..CONSUMER_QUEUE_FETCH_MAX {
             let events = self.context.events.load(Ordering::Acquire);
             match self.consumer.poll(Duration::ZERO) {
-                Some(Ok(msg)) => records.push(to_input_record(&msg, &self.topic(msg.topic()))),
+                Some(Ok(msg)) => {
+                    let topic = self.topic(msg.topic());
+                    self.mark_end(&topic, msg.partition(), false);
+                    records.push(to_input_record(&msg, &topic));
+                }
+                // The event names no topic: with one input topic it is that one's (with more,
+                // the partition counts as caught up after its next record and end).
+                Some(Err(KafkaError::PartitionEOF(partition))) => {
+                    if let [topic] = self.topics.as_slice() {
+                        self.mark_end(topic, partition, true);
+                    }
+                }
                 Some(Err(err)) => return Err(Box::new(err)),
                 None if self.context.rebalances.load(Ordering::Acquire) != rebalances => {
                     self.split_assigned();
@@ -362,6 +407,16 @@ impl KafkaSource {
             }
         }
         Ok(true)
+    }
+
+    /// Records whether `topic` `partition` was last seen at its end.
+    fn mark_end(&self, topic: &Arc<str>, partition: i32, at_end: bool) {
+        let mut ends = self.ends.lock().unwrap_or_else(|e| e.into_inner());
+        if at_end {
+            ends.insert((topic.clone(), partition));
+        } else {
+            ends.remove(&(topic.clone(), partition));
+        }
     }
 
     /// The shared name of input topic `name`.
@@ -431,13 +486,26 @@ impl Source for KafkaSource {
             }
             let mut budget = per_partition_max;
             for (topic, queue) in of_partition {
+                // Whether the last event of the queue was its end (EOF follows the records
+                // before it in the queue).
+                let mut end = None;
                 while budget > 0 {
                     match queue.poll(Duration::ZERO) {
-                        Some(Ok(msg)) => records.push(to_input_record(&msg, topic)),
+                        Some(Ok(msg)) => {
+                            records.push(to_input_record(&msg, topic));
+                            end = Some(false);
+                        }
+                        Some(Err(KafkaError::PartitionEOF(_))) => {
+                            end = Some(true);
+                            continue;
+                        }
                         Some(Err(err)) => return Err(Box::new(err)),
                         None => break,
                     }
                     budget -= 1;
+                }
+                if let Some(end) = end {
+                    self.mark_end(topic, *partition, end);
                 }
             }
             more |= budget == 0;
@@ -450,7 +518,13 @@ impl Source for KafkaSource {
     }
 
     fn take_assigned(&self) -> Vec<i32> {
-        self.context.take_assigned()
+        let assigned = self.context.take_assigned();
+        if !assigned.is_empty() {
+            // A new assignment is caught up only once its fetches say so.
+            let mut ends = self.ends.lock().unwrap_or_else(|e| e.into_inner());
+            ends.retain(|(_, p)| !assigned.contains(p));
+        }
+        assigned
     }
 
     fn set_paused(&self, partition: i32, paused: bool) -> Result<(), SourceError> {
@@ -523,5 +597,23 @@ impl Source for KafkaSource {
 
     fn high_watermark(&self, topic: &str, partition: i32) -> Option<i64> {
         self.context.high_watermark(topic, partition)
+    }
+
+    /// Caught up by the last partition EOF event, or by the last statistics (the EOF of a
+    /// partition fetched before its queue was split off can reach librdkafka's error callback
+    /// instead, which names no partition; a consumer that resumed at the end has no position
+    /// until a record comes, but gets an EOF).
+    fn at_end(&self, topic: &str, partition: i32) -> bool {
+        let shared = self.topic(topic);
+        self.ends
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(&(shared, partition))
+            || self
+                .context
+                .caught_up
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .contains(&(topic.to_owned(), partition))
     }
 }

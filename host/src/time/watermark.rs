@@ -3,7 +3,9 @@
 //! less `max_out_of_orderness` and 1 ms (a watermark `w` says no record at or before `w` is
 //! expected any more); the shard's is the lowest of its co-partitioned topics'. A topic with no
 //! record for `idle_timeout` stops holding it back; with `idle_advance`, once every topic is
-//! idle the watermark follows processing time less `max_out_of_orderness`. The worker reports
+//! idle *and the consumer has caught up* (handed out every record up to the partitions' end)
+//! the watermark follows processing time less `max_out_of_orderness`: a consumer stalled
+//! mid-input (a slow broker, a busy host) is silent without being idle. The worker reports
 //! when Weir itself holds the shard's input back (a full queue, a state outage): no topic goes
 //! idle meanwhile.
 //!
@@ -34,6 +36,9 @@ pub struct Watermarks {
     out_of_orderness_ms: i64,
     idle_timeout_ms: Option<i64>,
     idle_advance: bool,
+    /// Whether the consumer has handed out every record up to the end of the shard's input
+    /// partitions (as last reported).
+    caught_up: bool,
     applied: Option<i64>,
 }
 
@@ -58,6 +63,7 @@ impl Watermarks {
             out_of_orderness_ms: millis(max_out_of_orderness),
             idle_timeout_ms: idleness.timeout.map(millis),
             idle_advance: idleness.advance && idleness.timeout.is_some(),
+            caught_up: false,
             applied: None,
         }
     }
@@ -94,6 +100,12 @@ impl Watermarks {
         self.active_at.fill(now_ms);
     }
 
+    /// Whether the consumer has handed out every record up to the end of the shard's input
+    /// partitions: only then does `idle_advance` move the watermark with processing time.
+    pub fn set_caught_up(&mut self, caught_up: bool) {
+        self.caught_up = caught_up;
+    }
+
     /// Whether some topic may go idle, so the worker must look again without records.
     pub fn idles(&self) -> bool {
         self.idle_timeout_ms.is_some()
@@ -122,7 +134,7 @@ impl Watermarks {
         let computed = if !all_idle {
             // The lowest of the active topics.
             lowest_of(&mut topics.filter(|i| !idle(*i)))
-        } else if self.idle_advance {
+        } else if self.idle_advance && self.caught_up {
             Some(
                 now_ms
                     .saturating_sub(self.out_of_orderness_ms)
@@ -245,10 +257,32 @@ mod tests {
             advance: true,
         };
         let mut w = Watermarks::new(&topics()[..1], Duration::from_millis(100), idleness, 0);
+        w.set_caught_up(true);
         w.admitted("a", 5_000, 5_000);
         assert_eq!(w.candidate(5_500), Some(4_899));
         assert_eq!(w.candidate(6_000), Some(5_899), "6000 - 100 - 1");
         w.held(6_000);
         assert_eq!(w.candidate(6_500), Some(4_899), "not while held back");
+    }
+
+    #[test]
+    fn idle_advance_waits_for_the_consumer_to_catch_up() {
+        let idleness = Idleness {
+            timeout: Some(Duration::from_secs(1)),
+            advance: true,
+        };
+        let mut w = Watermarks::new(&topics()[..1], Duration::from_millis(100), idleness, 0);
+        w.admitted("a", 5_000, 5_000);
+        assert_eq!(
+            w.candidate(60_000),
+            Some(4_899),
+            "silent, but records wait before the partition's end: what they allowed"
+        );
+        w.set_caught_up(true);
+        assert_eq!(
+            w.candidate(60_000),
+            Some(59_899),
+            "caught up: processing time"
+        );
     }
 }

@@ -419,20 +419,27 @@ async fn an_idle_co_partitioned_topic_stops_holding_the_watermark_after_idle_tim
     run.stop().await.expect("clean stop");
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_shard_held_back_by_a_state_outage_never_goes_idle() {
-    let clock = ManualClock::new(T0);
-    let (world, run, backend) = configured_world(&clock, &[TOPIC], "at_least_once", |s| {
+/// A pipeline whose silent shard's watermark follows the clock after 1 s (`idle_advance`),
+/// once a record that set an event-time timer 5 s after `T0` (returned) is processed.
+async fn idle_advancing_with_a_timer(clock: &ManualClock) -> (World, Run, Arc<Backend>, i64) {
+    let (world, run, backend) = configured_world(clock, &[TOPIC], "at_least_once", |s| {
         s.pipeline.idle_timeout = Some(Duration::from_secs(1));
         s.pipeline.idle_advance = true;
     })
     .await;
-    let at = T0 + 5_000;
+    let at = T0 as i64 + 5_000;
     world.send("k", &format!("timer:event:t:{at}"), T0 as i64);
     until("the record is processed", || {
         run.stats.records_ok.load(Ordering::Relaxed) == 1
     })
     .await;
+    (world, run, backend, at)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_shard_held_back_by_a_state_outage_never_goes_idle() {
+    let clock = ManualClock::new(T0);
+    let (world, run, backend, at) = idle_advancing_with_a_timer(&clock).await;
     backend.set_unavailable(0, true);
     world.send("k", "v", T0 as i64);
     until("the record backs off", || {
@@ -459,7 +466,40 @@ async fn a_shard_held_back_by_a_state_outage_never_goes_idle() {
     let watermark = fired(&world.output)[0]["watermark"]
         .as_i64()
         .expect("a watermark");
-    assert!(watermark >= at as i64, "{watermark}");
+    assert!(watermark >= at, "{watermark}");
+    run.stop().await.expect("clean stop");
+}
+
+/// A consumer that stalls with records still before the partition's end (a slow broker, a busy
+/// host) leaves the shard silent but not idle: `idle_advance` waits until it has caught up.
+/// Before, a 2 s stall on a loaded machine closed every hour of a replay at once.
+#[tokio::test(start_paused = true)]
+async fn idle_advance_waits_for_a_stalled_consumer_to_catch_up() {
+    let clock = ManualClock::new(T0);
+    let (world, run, _, at) = idle_advancing_with_a_timer(&clock).await;
+    world.handle.stall(0, true);
+    world.send("k", "v", T0 as i64);
+    clock.advance_ms(10_000);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        fired(&world.output).is_empty(),
+        "a record waits before the partition's end: silent, not idle"
+    );
+    world.handle.stall(0, false);
+    until("the waiting record is processed", || {
+        run.stats.records_ok.load(Ordering::Relaxed) == 2
+    })
+    .await;
+    clock.advance_ms(2_000);
+    until(
+        "caught up and idle, the watermark follows the clock",
+        || !fired(&world.output).is_empty(),
+    )
+    .await;
+    let watermark = fired(&world.output)[0]["watermark"]
+        .as_i64()
+        .expect("a watermark");
+    assert!(watermark >= at, "{watermark}");
     run.stop().await.expect("clean stop");
 }
 
