@@ -13,7 +13,7 @@
 use super::pipelines::{PipelineState, PipelineStatus, merge_status};
 use super::problem::ApiError;
 use super::{ApiState, AuthProblems, Principal, now_ms};
-use crate::pipeline::CheckpointRecord;
+use crate::pipeline::{CheckpointRecord, PartitionProgress};
 use crate::telemetry;
 use axum::body::Body;
 use axum::extract::State;
@@ -239,7 +239,7 @@ impl StatusBoard {
         if shown.is_empty() {
             html.push_str(r#"<p class="empty">No pipelines yet.</p>"#);
         } else {
-            html.push_str("<table><thead><tr><th>tenant</th><th>pipeline</th><th>state</th><th>records/s</th><th>lag (records)</th><th>last checkpoint</th><th>state size</th><th>cache hit rate</th><th>dead-lettered</th></tr></thead><tbody>");
+            html.push_str("<table><thead><tr><th>tenant</th><th>pipeline</th><th>state</th><th>records/s</th><th>lag (records)</th><th>last checkpoint</th><th>state size</th><th>cache hit rate</th><th>dead-lettered</th><th>watermark lag</th></tr></thead><tbody>");
             for ((tenant, name), tracked) in &shown {
                 let s = &tracked.status;
                 let lag: i64 = s.partitions.iter().map(|p| p.lag).sum();
@@ -255,13 +255,14 @@ impl StatusBoard {
                     .map_or("—".to_owned(), |r| format!("{:.1} %", r * 100.0));
                 let _ = write!(
                     html,
-                    r##"<tr data-pipeline="{t}/{n}"><td>{t}</td><td><a href="#p-{t}-{n}">{n}</a></td><td class="state {state}">{state}</td><td class="num">{rps:.0}</td><td class="num">{lag}</td><td>{checkpoint}</td><td class="num">{bytes}</td><td class="num">{hit_rate}</td><td class="num">{dead}</td></tr>"##,
+                    r##"<tr data-pipeline="{t}/{n}"><td>{t}</td><td><a href="#p-{t}-{n}">{n}</a></td><td class="state {state}">{state}</td><td class="num">{rps:.0}</td><td class="num">{lag}</td><td>{checkpoint}</td><td class="num">{bytes}</td><td class="num">{hit_rate}</td><td class="num">{dead}</td><td class="num">{watermark_lag}</td></tr>"##,
                     t = escape(tenant),
                     n = escape(name),
                     state = state_name(s.state),
                     rps = s.records_per_s,
                     bytes = size(s.state_bytes),
                     dead = s.dead_lettered,
+                    watermark_lag = watermark_lag(&s.partitions, now_ms),
                 );
             }
             html.push_str("</tbody></table>");
@@ -452,7 +453,22 @@ fn age(ms: u64) -> String {
     match ms {
         ms if ms < 1_000 => format!("{ms} ms"),
         ms if ms < 120_000 => format!("{} s", ms / 1_000),
-        ms => format!("{} min", ms / 60_000),
+        ms if ms < 7_200_000 => format!("{} min", ms / 60_000),
+        ms if ms < 172_800_000 => format!("{} h", ms / 3_600_000),
+        ms => format!("{} d", ms / 86_400_000),
+    }
+}
+
+/// How far the pipeline's event time is behind the clock at `now_ms`: the lowest watermark
+/// of its partitions (the one holding windows back), or "—" when it has none (no event-time
+/// timers, or nothing read yet).
+fn watermark_lag(partitions: &[PartitionProgress], now_ms: u64) -> String {
+    match partitions.iter().filter_map(|p| p.watermark_ms).min() {
+        Some(w) => {
+            let now = i64::try_from(now_ms).unwrap_or(i64::MAX);
+            age(u64::try_from(now.saturating_sub(w)).unwrap_or(0))
+        }
+        None => "—".to_owned(),
     }
 }
 
@@ -614,6 +630,28 @@ mod tests {
         assert_eq!(nice_ceiling(5.0), 5.0);
         assert_eq!(nice_ceiling(12_000.0), 20_000.0);
         assert_eq!(nice_ceiling(0.07), 0.1);
+    }
+
+    #[test]
+    fn the_watermark_lag_is_the_lowest_partitions_behind_the_clock() {
+        let at = |partition, watermark_ms| PartitionProgress {
+            partition,
+            watermark_ms,
+            ..PartitionProgress::default()
+        };
+        let now = 1_000_000_000;
+        assert_eq!(watermark_lag(&[], now), "—");
+        assert_eq!(watermark_lag(&[at(0, None)], now), "—");
+        let partitions = [
+            at(0, Some(999_990_000)),
+            at(1, Some(999_999_500)),
+            at(2, None),
+        ];
+        assert_eq!(watermark_lag(&partitions, now), "10 s");
+        // A replay of old data: days behind.
+        assert_eq!(watermark_lag(&[at(0, Some(0))], now), "11 d");
+        // A watermark ahead of the clock (records from the future) is no lag.
+        assert_eq!(watermark_lag(&[at(0, Some(2_000_000_000))], now), "0 ms");
     }
 
     #[test]

@@ -107,6 +107,10 @@ pub struct PartitionProgress {
     pub lag: i64,
     /// Bytes of state the last checkpoint references.
     pub state_bytes: u64,
+    /// The shard's applied event-time watermark, ms since the Unix epoch (absent: none yet;
+    /// docs/time.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub watermark_ms: Option<i64>,
     /// Version of the last committed checkpoint (the manifest version for `lsm`).
     pub checkpoint_version: Option<u64>,
     /// What holds the partition back, if anything (absent while it runs).
@@ -263,6 +267,22 @@ impl PipelineStats {
         let progress = partitions.entry(partition).or_default();
         progress.partition = partition;
         progress.problem = problem;
+    }
+
+    /// Records `partition`'s applied event-time watermark at processing time `now_ms`: in
+    /// [`Self::watermarks`], its progress and `weir_watermark_lag_seconds`.
+    pub(crate) fn record_watermark(&self, partition: i32, watermark: i64, now_ms: i64) {
+        self.metrics
+            .watermark_lag(partition)
+            .set(now_ms.saturating_sub(watermark) as f64 / 1000.0);
+        self.watermarks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(partition, watermark);
+        let mut partitions = self.partitions.lock().expect("progress lock");
+        let progress = partitions.entry(partition).or_default();
+        progress.partition = partition;
+        progress.watermark_ms = Some(watermark);
     }
 
     /// Forgets `partition`: it is no longer run here.

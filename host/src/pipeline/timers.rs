@@ -397,15 +397,7 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
             self.dirty = true;
         }
         self.timers.watermarks.restore(Some(watermark));
-        self.stats
-            .metrics
-            .watermark_lag(self.partition)
-            .set(now.saturating_sub(watermark) as f64 / 1000.0);
-        self.stats
-            .watermarks
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(self.partition, watermark);
+        self.stats.record_watermark(self.partition, watermark, now);
         Ok(())
     }
 
