@@ -12,6 +12,7 @@ mod failure_handling;
 mod flights_loader;
 mod idle_advance;
 mod k8s_manifests;
+mod kafka_source;
 mod recovery_outage;
 mod runtime_sandbox;
 mod s3_conditional_put;

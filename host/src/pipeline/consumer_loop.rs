@@ -189,7 +189,7 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
                 Ok(more) => more,
                 Err(err) => {
                     // The source reports broker trouble here and keeps retrying on its own.
-                    tracing::warn!(error = %err, "consumer error");
+                    tracing::warn!(error = %crate::error::Chain(&*err), "consumer error");
                     tokio::time::sleep(Duration::from_millis(100)).await;
                     false
                 }
@@ -376,7 +376,7 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
         if !newest.is_empty()
             && let Err(err) = self.source.commit(&newest, wait)
         {
-            tracing::warn!(error = %err, "cannot commit checkpointed offsets to the consumer group");
+            tracing::warn!(error = %crate::error::Chain(&err), "cannot commit checkpointed offsets to the consumer group");
         }
     }
 
@@ -467,7 +467,7 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
         match result {
             Ok(()) => tracing::debug!(partition, paused, "partition fetch state changed"),
             Err(err) => {
-                tracing::warn!(partition, paused, error = %err, "cannot change partition fetch state")
+                tracing::warn!(partition, paused, error = %crate::error::Chain(&err), "cannot change partition fetch state")
             }
         }
     }

@@ -166,7 +166,7 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
         // not reflect (a shard reopened after a failed transaction, records fetched and dropped
         // meanwhile).
         if let Err(err) = self.source.seek(partition, &offsets) {
-            tracing::warn!(partition, error = %err, retry_in = ?OPEN_RETRY_DELAY, "cannot seek to the checkpoint's offsets; reopening");
+            tracing::warn!(partition, error = %crate::error::Chain(&err), retry_in = ?OPEN_RETRY_DELAY, "cannot seek to the checkpoint's offsets; reopening");
             self.hold
                 .insert(partition, Instant::now() + OPEN_RETRY_DELAY);
             return Ok(());

@@ -18,7 +18,7 @@ use rdkafka::Statistics;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
 use rdkafka::consumer::{CommitMode, base_consumer::PartitionQueue};
-use rdkafka::error::{KafkaError, KafkaResult};
+use rdkafka::error::{KafkaError, KafkaResult, RDKafkaErrorCode};
 use rdkafka::message::{BorrowedMessage, Headers, Message};
 use rdkafka::topic_partition_list::TopicPartitionList;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -258,8 +258,12 @@ pub fn to_input_record(msg: &BorrowedMessage<'_>, topic: &Arc<str>) -> InputReco
     }
 }
 
-/// How long a seek may wait for librdkafka to accept it.
+/// How long a seek may wait for librdkafka to accept it (and for the partition's fetcher to
+/// start).
 const SEEK_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long a seek refused for a fetcher not yet started waits before it is tried again.
+const SEEK_RETRY_DELAY: Duration = Duration::from_millis(5);
 
 /// How long reading the committed offsets may wait (they are read once no transaction is
 /// pending on them).
@@ -307,6 +311,11 @@ pub struct KafkaSource {
     /// (topic, partition)s whose last event was librdkafka's partition EOF: every record up to
     /// the end is handed out (a record, or an assignment, takes the partition out).
     ends: Arc<Mutex<BTreeSet<TopicPartition>>>,
+    /// (topic, partition) → the offset its last seek named: records below it are dropped.
+    /// librdkafka can go back on a seek made while it was still resolving a logical start
+    /// offset (`auto.offset.reset` for a group without committed offsets): the outdated answer
+    /// restarts that lookup, and the fetch resumes at the partition's beginning.
+    floors: Arc<Mutex<HashMap<TopicPartition, i64>>>,
 }
 
 /// An input topic's partition.
@@ -358,6 +367,7 @@ impl KafkaSource {
             reset,
             ready,
             ends: Arc::default(),
+            floors: Arc::default(),
         })
     }
 
@@ -385,7 +395,9 @@ impl KafkaSource {
                 Some(Ok(msg)) => {
                     let topic = self.topic(msg.topic());
                     self.mark_end(&topic, msg.partition(), false);
-                    records.push(to_input_record(&msg, &topic));
+                    if msg.offset() >= self.floor(&topic, msg.partition()) {
+                        records.push(to_input_record(&msg, &topic));
+                    }
                 }
                 // The event names no topic: with one input topic it is that one's (with more,
                 // the partition counts as caught up after its next record and end).
@@ -416,6 +428,42 @@ impl KafkaSource {
             ends.insert((topic.clone(), partition));
         } else {
             ends.remove(&(topic.clone(), partition));
+        }
+    }
+
+    /// The lowest offset of `topic` `partition` handed out: the one its last seek named (none:
+    /// 0).
+    fn floor(&self, topic: &Arc<str>, partition: i32) -> i64 {
+        self.floors
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&(topic.clone(), partition))
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// Seeks `topic` `partition` to `to`, waiting up to [`SEEK_TIMEOUT`] for its fetcher to
+    /// start: librdkafka refuses a seek until then (`Local: Erroneous state`), which it does
+    /// once the group coordinator has answered for the committed offsets of a new assignment.
+    fn seek_started(&self, topic: &str, partition: i32, to: Offset) -> KafkaResult<()> {
+        let deadline = std::time::Instant::now() + SEEK_TIMEOUT;
+        loop {
+            let mut tpl = TopicPartitionList::new();
+            tpl.add_partition_offset(topic, partition, to)?;
+            let result = self
+                .consumer
+                .seek_partitions(tpl, SEEK_TIMEOUT)?
+                .elements()
+                .first()
+                .map_or(Ok(()), |e| e.error());
+            match result {
+                Err(KafkaError::OffsetFetch(
+                    RDKafkaErrorCode::State | RDKafkaErrorCode::PreviousInProgress,
+                )) if std::time::Instant::now() < deadline => {
+                    std::thread::sleep(SEEK_RETRY_DELAY);
+                }
+                result => return result,
+            }
         }
     }
 
@@ -486,13 +534,16 @@ impl Source for KafkaSource {
             }
             let mut budget = per_partition_max;
             for (topic, queue) in of_partition {
+                let floor = self.floor(topic, *partition);
                 // Whether the last event of the queue was its end (EOF follows the records
                 // before it in the queue).
                 let mut end = None;
                 while budget > 0 {
                     match queue.poll(Duration::ZERO) {
                         Some(Ok(msg)) => {
-                            records.push(to_input_record(&msg, topic));
+                            if msg.offset() >= floor {
+                                records.push(to_input_record(&msg, topic));
+                            }
                             end = Some(false);
                         }
                         Some(Err(KafkaError::PartitionEOF(_))) => {
@@ -545,9 +596,13 @@ impl Source for KafkaSource {
     fn seek(&self, partition: i32, offsets: &InputOffsets) -> Result<(), SourceError> {
         for topic in &self.topics {
             let to = offsets.next(topic).map_or(self.reset, Offset::Offset);
-            self.consumer
-                .seek(topic, partition, to, SEEK_TIMEOUT)
+            self.seek_started(topic, partition, to)
                 .map_err(|e| source_error(format!("seek `{topic}` partition {partition}"), e))?;
+            let mut floors = self.floors.lock().unwrap_or_else(|e| e.into_inner());
+            match to {
+                Offset::Offset(next) => floors.insert((topic.clone(), partition), next),
+                _ => floors.remove(&(topic.clone(), partition)),
+            };
         }
         Ok(())
     }
