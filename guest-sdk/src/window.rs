@@ -16,6 +16,10 @@
 //!   flagged [`WindowResult::update`].
 //! - **Dropped.** Once the watermark reaches `end - 1 + L` the window's state is gone, and a
 //!   record for it is not added: `add` counts it in [`Added::dropped`].
+//! - **Refused timers.** When the operator's `on_timer` rejects (or traps) on a window's timer,
+//!   the host dead-letters the timer and discards the call's effects, the window's removal
+//!   included. The window, left without a timer, is removed by the key's next record that opens
+//!   a window (or, for sessions, any next record) once it is past its allowed lateness.
 //! - **Timers.** Each open window, and each closed one kept for its lateness, holds one timer of
 //!   its key: a key can have at most the host's `runtime.timers_per_key_max` (1,024 by default)
 //!   of them, and a record that would open one more is rejected. Mind it with hopping windows
@@ -169,6 +173,40 @@ impl<A: Aggregate> Windows<A> {
         ctx.map_put(&self.state, &start, &entry)
     }
 
+    /// Whether the key's window starting at `start` (of `entry`) was left behind: past its
+    /// allowed lateness with no timer. That happens only when an `on_timer` call that closed or
+    /// ended it was rejected (the host dead-lettered the timer and discarded the call's
+    /// removal of the window); a window past its lateness whose timer is still pending (due,
+    /// not fired yet) is not.
+    fn is_orphan(
+        &self,
+        ctx: &mut Context,
+        start: i64,
+        end: i64,
+        watermark: Option<i64>,
+    ) -> Result<bool, Reject> {
+        let window = Window {
+            start_ms: start,
+            end_ms: end,
+        };
+        Ok(self.is_late(window, watermark) && ctx.timer(&self.timer_name(start))?.is_none())
+    }
+
+    /// Removes the key's windows that were left behind ([`Self::is_orphan`]), so that a
+    /// rejected `on_timer` leaks no state: called when a record opens a new window.
+    fn remove_orphans(&self, ctx: &mut Context, watermark: Option<i64>) -> Result<(), Reject> {
+        if watermark.is_none() {
+            return Ok(());
+        }
+        let entries: Vec<(i64, Entry<A>)> = ctx.map_entries(&self.state)?;
+        for (start, entry) in entries {
+            if self.is_orphan(ctx, start, entry.end, watermark)? {
+                ctx.map_remove(&self.state, &start)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Adds `acc` to each of `windows` (fixed windows: they never merge).
     fn add_fixed(
         &self,
@@ -178,6 +216,7 @@ impl<A: Aggregate> Windows<A> {
     ) -> Result<Added<A>, Reject> {
         let watermark = ctx.watermark();
         let mut added = Added::default();
+        let mut swept = false;
         for window in windows {
             if self.is_late(window, watermark) {
                 added.dropped += 1;
@@ -193,14 +232,20 @@ impl<A: Aggregate> Windows<A> {
                     };
                     (entry, Some(at))
                 }
-                None => (
-                    Entry {
-                        end: window.end_ms,
-                        fired: false,
-                        acc: acc.clone(),
-                    },
-                    None,
-                ),
+                None => {
+                    if !swept {
+                        self.remove_orphans(ctx, watermark)?;
+                        swept = true;
+                    }
+                    (
+                        Entry {
+                            end: window.end_ms,
+                            fired: false,
+                            acc: acc.clone(),
+                        },
+                        None,
+                    )
+                }
             };
             self.settle(ctx, window.start_ms, entry, timer_at, watermark, &mut added)?;
         }
@@ -227,19 +272,25 @@ impl<A: Aggregate> Windows<A> {
         let mut merged: Option<Entry<A>> = None;
         let mut absorbed = Vec::new();
         for (s, entry) in sessions {
-            if s < own.end_ms && own.start_ms < entry.end {
-                start = start.min(s);
-                merged = Some(match merged {
-                    None => entry,
-                    Some(mut m) => {
-                        m.end = m.end.max(entry.end);
-                        m.fired |= entry.fired;
-                        m.acc.merge(entry.acc);
-                        m
-                    }
-                });
-                absorbed.push(s);
+            if !(s < own.end_ms && own.start_ms < entry.end) {
+                // A session left behind by a rejected `on_timer` goes now (one it would merge
+                // with has its timer set again below).
+                if self.is_orphan(ctx, s, entry.end, watermark)? {
+                    ctx.map_remove(&self.state, &s)?;
+                }
+                continue;
             }
+            start = start.min(s);
+            merged = Some(match merged {
+                None => entry,
+                Some(mut m) => {
+                    m.end = m.end.max(entry.end);
+                    m.fired |= entry.fired;
+                    m.acc.merge(entry.acc);
+                    m
+                }
+            });
+            absorbed.push(s);
         }
         let entry = match merged {
             None => Entry {

@@ -447,3 +447,51 @@ fn the_harness_discards_the_effects_of_refused_records_and_fires_processing_time
     assert_eq!(fired[0].1.emitted[0].value, b"fired at 100");
     assert_eq!(h.pending_timers(), 0);
 }
+
+const REFUSED_HOURS: TumblingWindows<Acc> = TumblingWindows::new("w", 10);
+const REFUSED_SESSIONS: SessionWindows<Acc> = SessionWindows::new("s", 10);
+
+/// Windows whose every timer its `on_timer` refuses, after the helpers handled it.
+struct RefusingTimers;
+
+impl Operator for RefusingTimers {
+    const NAME: &'static str = "refusing-timers";
+    const VERSION: &'static str = "1.0.0";
+    const STATES: &'static [StateSpec] = &[REFUSED_HOURS.spec(), REFUSED_SESSIONS.spec()];
+
+    fn process(ctx: &mut Context, record: &Record) -> Result<(), Reject> {
+        let one = Acc { count: 1, sum: 0 };
+        REFUSED_HOURS.add(ctx, record.timestamp_ms(), one.clone())?;
+        REFUSED_SESSIONS.add(ctx, record.timestamp_ms(), one)?;
+        Ok(())
+    }
+
+    fn on_timer(ctx: &mut Context, timer: &Timer) -> Result<(), Reject> {
+        REFUSED_HOURS.on_timer(ctx, timer)?;
+        REFUSED_SESSIONS.on_timer(ctx, timer)?;
+        Err(Reject::new("refused"))
+    }
+}
+
+/// A rejected `on_timer` leaves its window without a timer (the host discards the call's
+/// removal of it): the key's next window, or next session record, removes it.
+#[test]
+fn a_window_whose_timer_was_refused_is_removed_once_past_its_lateness() {
+    let mut h = Harness::<RefusingTimers>::new();
+    assert!(h.send_at(b"k", b"{}", 5).is_ok());
+    let fired = h.advance_watermark(20);
+    assert_eq!(fired.len(), 2);
+    assert!(fired.iter().all(|(_, out)| !out.is_ok()));
+    assert_eq!(h.pending_timers(), 0);
+    assert_eq!(h.map_bytes(b"k", "w").len(), 1, "left behind");
+    assert_eq!(h.map_bytes(b"k", "s").len(), 1, "left behind");
+    assert!(h.send_at(b"k", b"{}", 35).is_ok());
+    let starts = |name: &str| -> Vec<String> {
+        h.map_bytes(b"k", name)
+            .iter()
+            .map(|(k, _)| text(k))
+            .collect()
+    };
+    assert_eq!(starts("w"), ["30"]);
+    assert_eq!(starts("s"), ["35"]);
+}

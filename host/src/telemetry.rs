@@ -257,6 +257,17 @@ impl RunMetrics {
         metrics::gauge!("weir_watermark_lag_seconds", labels)
     }
 
+    /// `weir_timers_pending{partition}`: timers set in `partition`'s shard and not fired or
+    /// cleared, set at each timer round and checkpoint. Registered on use.
+    pub fn timers_pending(&self, partition: i32) -> Gauge {
+        if self.labels.is_empty() {
+            return Gauge::noop();
+        }
+        let mut labels = self.labels.clone();
+        labels.push(Label::new("partition", partition.to_string()));
+        metrics::gauge!("weir_timers_pending", labels)
+    }
+
     /// The run's labels (`tenant`, `pipeline`).
     pub fn labels(&self) -> &[Label] {
         &self.labels

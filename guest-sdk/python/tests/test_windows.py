@@ -225,3 +225,35 @@ def test_times_that_are_not_ints_of_ms_are_refused() -> None:
     out = h.send("k", "{}", timestamp_ms=3)
     assert not out.ok and "int of ms" in (out.reason or "")
     assert h.pending_timers() == 0 and not any(h._host.maps.values())
+
+
+def test_a_window_whose_timer_was_refused_is_removed_once_past_its_lateness() -> None:
+    """A rejected `on_timer` leaves its window without a timer (the host discards the call's
+    removal of it): the key's next window, or next session record, removes it."""
+    hours = TumblingWindows("w", 10, add)
+    sessions = SessionWindows("s", 10, add)
+
+    class RefusingTimers(weir.Operator):
+        name = "refusing-timers"
+        version = "1.0.0"
+        states = [hours.state, sessions.state]
+
+        def process(self, ctx: weir.Context, record: weir.Record) -> None:
+            hours.add(ctx, record.timestamp_ms, {"count": 1, "sum": 0})
+            sessions.add(ctx, record.timestamp_ms, {"count": 1, "sum": 0})
+
+        def on_timer(self, ctx: weir.Context, timer: weir.Timer) -> None:
+            hours.on_timer(ctx, timer)
+            sessions.on_timer(ctx, timer)
+            raise weir.Reject("refused")
+
+    h = Harness(RefusingTimers)
+    assert h.send("k", "{}", timestamp_ms=5).ok
+    fired = h.advance_watermark(20)
+    assert len(fired) == 2 and not any(out.ok for _, out in fired)
+    assert h.pending_timers() == 0
+    maps = h._host.maps
+    assert len(maps[(b"k", "w")]) == 1 and len(maps[(b"k", "s")]) == 1, "left behind"
+    assert h.send("k", "{}", timestamp_ms=35).ok
+    assert sorted(maps[(b"k", "w")]) == [b"30"]
+    assert sorted(maps[(b"k", "s")]) == [b"35"]

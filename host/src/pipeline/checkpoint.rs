@@ -135,6 +135,28 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
         }
     }
 
+    /// Saves the watermark and the timer count to the shard ([`Self::save_time`]), then
+    /// checkpoints as [`Self::checkpoint`] does. When they cannot be saved, no checkpoint is
+    /// taken (it would keep a timer count its timers do not match): counted as a failed
+    /// checkpoint, the previous one stays current.
+    pub(super) async fn checkpoint_with_time(
+        &mut self,
+        last: bool,
+        requested: bool,
+    ) -> Result<(), WorkerError> {
+        if let Err(err) = self.save_time().await {
+            if err.kind() == crate::error::ErrorKind::Corrupt {
+                return Err(self.corrupt(err));
+            }
+            self.stats
+                .checkpoint_failures
+                .fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(partition = self.partition, error = %err, last, "checkpoint failed: the watermark and timer count could not be saved; the previous one stays current");
+            return Ok(());
+        }
+        self.checkpoint(last, requested).await
+    }
+
     pub(super) async fn drain_sink(&mut self) -> Result<(), WorkerError> {
         match self.sink.drain().await {
             Ok(()) => Ok(()),

@@ -111,6 +111,10 @@ pub struct PartitionProgress {
     /// docs/time.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub watermark_ms: Option<i64>,
+    /// Timers pending in the shard (set, not fired or cleared), as of the last timer round or
+    /// checkpoint (absent: the operator has no timers, or they are not loaded yet).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timers_pending: Option<u64>,
     /// Version of the last committed checkpoint (the manifest version for `lsm`).
     pub checkpoint_version: Option<u64>,
     /// What holds the partition back, if anything (absent while it runs).
@@ -285,12 +289,23 @@ impl PipelineStats {
         progress.watermark_ms = Some(watermark);
     }
 
+    /// Records the timers pending in `partition`'s shard (gauge `weir_timers_pending`, and
+    /// its progress).
+    pub(crate) fn record_timers_pending(&self, partition: i32, pending: u64) {
+        self.metrics.timers_pending(partition).set(pending as f64);
+        let mut partitions = self.partitions.lock().expect("progress lock");
+        let progress = partitions.entry(partition).or_default();
+        progress.partition = partition;
+        progress.timers_pending = Some(pending);
+    }
+
     /// Forgets `partition`: it is no longer run here.
     pub(crate) fn forget_partition(&self, partition: i32) {
         // Its new owner reports its lag: summed over hosts, the figure stays right. Its
         // watermark lag likewise (the largest over hosts is the new owner's).
         self.metrics.consumer_lag(partition).set(0.0);
         self.metrics.watermark_lag(partition).set(0.0);
+        self.metrics.timers_pending(partition).set(0.0);
         self.watermarks
             .lock()
             .unwrap_or_else(|e| e.into_inner())

@@ -28,7 +28,7 @@ use crate::runtime::{
 };
 use crate::state::{Shard, StateError, StateWrite};
 use crate::time::head::TimerHead;
-use crate::time::keys::{self, StoredTimer, WATERMARK_KEY};
+use crate::time::keys::{self, StoredTimer, TIMER_COUNT_KEY, WATERMARK_KEY};
 use crate::time::watermark::{Idleness, Watermarks};
 use bytes::Bytes;
 use std::sync::Arc;
@@ -53,6 +53,16 @@ pub(crate) struct Timers {
     loaded: bool,
     /// The watermark last written to the shard.
     saved: Option<i64>,
+    /// Timers added to the shard since it opened (applied writes; negative: removed).
+    added: i64,
+    /// The shard's count of pending timers when loaded, less what had been `added` by then:
+    /// `base + added` timers are pending. `None` until loaded.
+    base: Option<i64>,
+    /// The count last written to the shard ([`TIMER_COUNT_KEY`]).
+    saved_count: Option<i64>,
+    /// The shard's count was deleted because timers changed before it was read (see
+    /// [`PartitionWorker::save_time`]).
+    count_dropped: bool,
     /// No round before this (after an outage), and the next backoff.
     retry_at: Option<Instant>,
     backoff: Duration,
@@ -80,6 +90,10 @@ impl Timers {
             clock,
             loaded: false,
             saved: None,
+            added: 0,
+            base: None,
+            saved_count: None,
+            count_dropped: false,
             retry_at: None,
             backoff: Duration::ZERO,
             topic: topics.first().map_or("", String::as_str).into(),
@@ -154,11 +168,19 @@ impl Timers {
         }
     }
 
-    /// Follows applied writes (timers set, moved, cleared or fired).
-    pub fn applied(&mut self, writes: &[StateWrite]) {
+    /// Follows applied writes (timers set, moved, cleared or fired) that added `added` timers
+    /// to the shard (negative: removed).
+    pub fn applied(&mut self, writes: &[StateWrite], added: i64) {
+        self.added += added;
         if writes.iter().any(|w| w.key.starts_with(&keys::TIME_INDEX)) {
             self.head.applied(writes);
         }
+    }
+
+    /// Timers pending in the shard (set and not fired or cleared), once loaded.
+    pub fn pending(&self) -> Option<u64> {
+        self.base
+            .map(|base| u64::try_from(base + self.added).unwrap_or(0))
     }
 
     fn backed_off(&mut self) {
@@ -218,6 +240,36 @@ fn fired(t: StoredTimer) -> FiredTimer {
     }
 }
 
+/// The timers pending in `shard` (its time-index entries, both domains), counted by a scan of
+/// the whole index in pages, each bounded by `io_max` (`source` names the shard in errors): for
+/// a shard that keeps no count yet ([`TIMER_COUNT_KEY`]).
+async fn count_timers<S: Shard>(
+    shard: &S,
+    source: String,
+    io_max: Duration,
+) -> Result<u64, StateError> {
+    const PAGE: usize = 4096;
+    let mut count = 0u64;
+    let mut after: Option<Vec<u8>> = None;
+    loop {
+        let scan = shard.scan(&keys::TIME_INDEX, after.as_deref(), PAGE);
+        let page = match tokio::time::timeout(io_max, scan).await {
+            Ok(page) => page?,
+            Err(_) => {
+                return Err(StateError::Unavailable {
+                    shard: source,
+                    source: format!("counting the timers still waiting after {io_max:?}").into(),
+                });
+            }
+        };
+        count += page.len() as u64;
+        if page.len() < PAGE {
+            return Ok(count);
+        }
+        after = page.into_iter().next_back().map(|(k, _)| k);
+    }
+}
+
 /// How a round's call ended.
 enum Called {
     /// Dispositions and staged effects.
@@ -270,17 +322,36 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
                 Ok(Err(err)) => return Ok(Err(err)),
                 Err(_) => return Ok(Err(hung("reading the saved watermark"))),
             };
+            let count = match tokio::time::timeout(io_max, self.shard.get(&TIMER_COUNT_KEY)).await {
+                Ok(Ok(count)) => {
+                    count.and_then(|v| Some(i64::from_be_bytes(v.as_ref().try_into().ok()?)))
+                }
+                Ok(Err(err)) => return Ok(Err(err)),
+                Err(_) => return Ok(Err(hung("reading the timer count"))),
+            };
             let mut head = TimerHead::default();
             match tokio::time::timeout(io_max, head.load(&*self.shard)).await {
                 Ok(Ok(())) => {}
                 Ok(Err(err)) => return Ok(Err(err)),
                 Err(_) => return Ok(Err(hung("loading the timers"))),
             }
+            // The count as of the checkpoint the shard opened from; what records applied
+            // since then is in `added`. A shard from before the count was kept is counted
+            // once, with nothing in flight: the store holds every applied write.
+            let base = match count {
+                Some(count) => count,
+                None => match count_timers(&*self.shard, self.source.to_string(), io_max).await {
+                    Ok(count) => i64::try_from(count).unwrap_or(i64::MAX) - self.timers.added,
+                    Err(err) => return Ok(Err(err)),
+                },
+            };
             // Loaded with nothing in flight: timers that records set or cleared while an
             // outage delayed this are in the store the scan read.
             self.timers.head = head;
             self.timers.watermarks.restore(saved);
             self.timers.saved = saved;
+            self.timers.base = Some(base);
+            self.timers.saved_count = count;
             self.timers.loaded = true;
         }
         match tokio::time::timeout(io_max, self.timers.head.load(&*self.shard)).await {
@@ -288,7 +359,7 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
             Ok(Err(err)) => return Ok(Err(err)),
             Err(_) => return Ok(Err(hung("loading the next timers"))),
         }
-        if let Err(err) = self.save_watermark().await {
+        if let Err(err) = self.save_time().await {
             return Ok(Err(err));
         }
         let batch_max = self.settings.timer_batch_max;
@@ -372,32 +443,73 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
         }
     }
 
-    /// Writes the applied watermark to the shard when it moved, so that a checkpoint keeps it.
+    /// Writes the applied watermark to the shard when it moved, and the count of pending
+    /// timers when it changed, so that a checkpoint keeps them (called before each checkpoint
+    /// and each round, with nothing in flight: the count is then the store's).
     ///
     /// The new watermark is applied only once written: a watermark operators saw (or that
     /// decided lateness) is always one the next checkpoint holds, so none goes back after a
     /// restart.
-    pub(super) async fn save_watermark(&mut self) -> Result<(), StateError> {
-        if !self.timers.enabled || !self.timers.loaded {
+    ///
+    /// # Errors
+    /// [`StateError`] from the write: nothing was saved, and a checkpoint must not be taken
+    /// (it would keep a count its timers do not match).
+    pub(super) async fn save_time(&mut self) -> Result<(), StateError> {
+        if !self.timers.enabled {
+            return Ok(());
+        }
+        if !self.timers.loaded {
+            // Records set or cleared timers before the count was read (an outage delayed the
+            // load): a checkpoint must not keep the count it opened with. Without one, the
+            // next load counts the timers by a scan.
+            if self.timers.added != 0 && !self.timers.count_dropped {
+                self.shard
+                    .apply(vec![StateWrite {
+                        key: TIMER_COUNT_KEY.to_vec(),
+                        value: None,
+                        expires_at_ms: None,
+                    }])
+                    .await?;
+                self.timers.count_dropped = true;
+                self.dirty = true;
+            }
             return Ok(());
         }
         let now = self.timers.now_ms();
-        let Some(watermark) = self.timers.watermarks.candidate(now) else {
-            return Ok(());
-        };
-        if self.timers.saved != Some(watermark) {
-            self.shard
-                .apply(vec![StateWrite {
-                    key: WATERMARK_KEY.to_vec(),
-                    value: Some(Bytes::copy_from_slice(&watermark.to_be_bytes())),
-                    expires_at_ms: None,
-                }])
-                .await?;
-            self.timers.saved = Some(watermark);
+        let watermark = self.timers.watermarks.candidate(now);
+        let count = self
+            .timers
+            .pending()
+            .map(|c| i64::try_from(c).unwrap_or(i64::MAX));
+        let mut writes = Vec::new();
+        if let Some(watermark) = watermark.filter(|&w| self.timers.saved != Some(w)) {
+            writes.push(StateWrite {
+                key: WATERMARK_KEY.to_vec(),
+                value: Some(Bytes::copy_from_slice(&watermark.to_be_bytes())),
+                expires_at_ms: None,
+            });
+        }
+        if let Some(count) = count.filter(|&c| self.timers.saved_count != Some(c)) {
+            writes.push(StateWrite {
+                key: TIMER_COUNT_KEY.to_vec(),
+                value: Some(Bytes::copy_from_slice(&count.to_be_bytes())),
+                expires_at_ms: None,
+            });
+        }
+        if !writes.is_empty() {
+            self.shard.apply(writes).await?;
+            self.timers.saved = watermark.or(self.timers.saved);
+            self.timers.saved_count = count;
             self.dirty = true;
         }
-        self.timers.watermarks.restore(Some(watermark));
-        self.stats.record_watermark(self.partition, watermark, now);
+        if let Some(count) = count {
+            self.stats
+                .record_timers_pending(self.partition, u64::try_from(count).unwrap_or(0));
+        }
+        if let Some(watermark) = watermark {
+            self.timers.watermarks.restore(Some(watermark));
+            self.stats.record_watermark(self.partition, watermark, now);
+        }
         Ok(())
     }
 
@@ -485,6 +597,8 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
         fail::fail_point!("timers-before-apply", |_| crate::fail_points::crash(
             "timers-before-apply"
         ));
+        // The fired timers' removals are staged by the host, not counted by the call.
+        let added = batch.timers_added() - timers.len() as i64;
         let (writes, emits) = batch.into_effects();
         let follow: Vec<StateWrite> = writes
             .iter()
@@ -494,7 +608,7 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
         if let Err(err) = self.shard.apply(writes).await {
             return Ok(Err(err));
         }
-        self.timers.applied(&follow);
+        self.timers.applied(&follow, added);
         self.dirty = true;
         for emit in &emits {
             let source = self
@@ -543,7 +657,7 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
         if let Err(err) = self.shard.apply(writes.clone()).await {
             return Ok(Err(err));
         }
-        self.timers.applied(&writes);
+        self.timers.applied(&writes, -1);
         self.dirty = true;
         let source = self.timers.source(self.partition, timer, now_ms);
         self.stats.timers_fired(1);

@@ -158,10 +158,8 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
             self.dispatch(&mut running);
             if running.is_empty() && self.execution.controller.is_idle() {
                 if checkpoint_due {
-                    if let Err(err) = self.save_watermark().await {
-                        tracing::debug!(partition = self.partition, error = %err, "cannot save the watermark before the checkpoint");
-                    }
-                    self.checkpoint(false, checkpoint_requested).await?;
+                    self.checkpoint_with_time(false, checkpoint_requested)
+                        .await?;
                     checkpoint_due = false;
                     checkpoint_requested = false;
                     self.execution.release_instances();
@@ -236,10 +234,7 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
                 () = std::future::ready(()), if after_round => {}
             }
         }
-        if let Err(err) = self.save_watermark().await {
-            tracing::debug!(partition = self.partition, error = %err, "cannot save the watermark before the last checkpoint");
-        }
-        self.checkpoint(true, false).await
+        self.checkpoint_with_time(true, false).await
     }
 
     /// Tells the consumer loop when the worker starts or stops backing off from an outage: a
@@ -587,6 +582,7 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
         batch: BatchCtx,
         apply_effects: bool,
     ) -> Result<Result<(), StateError>, WorkerError> {
+        let added = batch.timers_added();
         let (writes, emits) = batch.into_effects();
         if apply_effects {
             if !writes.is_empty() {
@@ -605,7 +601,7 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
                 if let Err(err) = applied {
                     return Ok(Err(err));
                 }
-                self.timers.applied(&timer_writes);
+                self.timers.applied(&timer_writes, added);
             }
             for emit in &emits {
                 let source = &records[emit.record as usize];

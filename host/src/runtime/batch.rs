@@ -69,6 +69,9 @@ pub struct BatchCtx {
     /// The largest record the output topic takes, as [`crate::sink::limits::record_bytes`]
     /// counts it: a larger emit is refused as too large.
     pub(crate) emit_record_bytes_max: u64,
+    /// Timers the call's `timers` imports added to the shard: +1 per new timer set, −1 per
+    /// timer cleared (a move adds none), as the staged changes leave them.
+    timers_added: i64,
 }
 
 /// Bytes charged per staged write, emit and header on top of its keys and values, so that
@@ -107,6 +110,7 @@ impl BatchCtx {
             emits: Vec::new(),
             staged_bytes: 0,
             emit_record_bytes_max: u64::MAX,
+            timers_added: 0,
         }
     }
 
@@ -137,6 +141,17 @@ impl BatchCtx {
         } else {
             self.timers.get(index).map(|t| t.key.as_slice())
         }
+    }
+
+    /// Timers this call's staged changes add to the shard (negative: remove), not counting
+    /// the fired timers' own removals ([`Self::stage_removal`]).
+    pub fn timers_added(&self) -> i64 {
+        self.timers_added
+    }
+
+    /// Counts `delta` timers added (a `timers.set` of a new name: 1; a `clear`: -1).
+    pub(crate) fn add_timers(&mut self, delta: i64) {
+        self.timers_added += delta;
     }
 
     /// Records prefetched values of `keys`.

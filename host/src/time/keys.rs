@@ -7,6 +7,7 @@
 //! time index      FF FF FF FF 't' ║ u8 domain ║ u64 BE (time XOR 2^63) ║ u32 BE len(key) ║ key ║ name
 //!                 → (empty)
 //! watermark       FF FF FF FF 'w' → i64 BE
+//! timers pending  FF FF FF FF 'c' → u64 BE   (written with the watermark, before a checkpoint)
 //! ```
 //! No state key starts with `FF FF FF FF` (a state key starts with its record key's length, and
 //! record keys are far below 4 GiB), and no declared state is named `!timers` (names are
@@ -26,6 +27,12 @@ pub const TIME_INDEX: [u8; 5] = [0xFF, 0xFF, 0xFF, 0xFF, b't'];
 
 /// The key of the shard's applied watermark.
 pub const WATERMARK_KEY: [u8; 5] = [0xFF, 0xFF, 0xFF, 0xFF, b'w'];
+
+/// The key of the shard's count of pending timers (time-index entries), as of the last
+/// checkpoint: the `weir_timers_pending` gauge starts from it when the shard opens, so that
+/// no open scans the time index. Shards written before it was kept have none and are counted
+/// once by a scan.
+pub const TIMER_COUNT_KEY: [u8; 5] = [0xFF, 0xFF, 0xFF, 0xFF, b'c'];
 
 /// A timer as stored: its key, name, time and domain.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -129,6 +136,8 @@ mod tests {
 
     #[test]
     fn encoding_is_frozen() {
+        assert_eq!(&WATERMARK_KEY, b"\xFF\xFF\xFF\xFFw");
+        assert_eq!(&TIMER_COUNT_KEY, b"\xFF\xFF\xFF\xFFc");
         assert_eq!(
             time_index(TimeDomain::ProcessingTime, 1, b"k", "n"),
             b"\xFF\xFF\xFF\xFFt\x01\x80\0\0\0\0\0\0\x01\0\0\0\x01kn".to_vec()

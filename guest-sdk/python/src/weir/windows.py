@@ -17,6 +17,10 @@ window that closed. Emitting is up to the operator:
   with `update` set.
 - Dropped: once the watermark reaches `end - 1 + L` the window's state is gone, and a record
   for it is not added: `add` counts it in `Added.dropped`.
+- Refused timers: when the operator's `on_timer` rejects (or raises) on a window's timer, the
+  host dead-letters the timer and discards the call's effects, the window's removal included.
+  The window, left without a timer, is removed by the key's next record that opens a window
+  (or, for sessions, any next record) once it is past its allowed lateness.
 - Timers: each open window, and each closed one kept for its lateness, holds one timer of its
   key; a key can have at most the host's `runtime.timers_per_key_max` (1,024 by default), and a
   record that would open one more is rejected. Mind it with hopping windows and long lateness.
@@ -194,9 +198,28 @@ class _Windows(Generic[A]):
             ctx.set_timer(self._timer_name(start), at, EVENT_TIME)
         self._put(ctx, start, entry)
 
+    def _is_orphan(self, ctx: Context, start: int, end: int, watermark: int | None) -> bool:
+        """Whether the key's window at `start` was left behind: past its allowed lateness with
+        no timer (an `on_timer` call that closed or ended it was rejected, and the host discarded
+        its removal with the rest of the call). A window past its lateness whose timer is still
+        pending is not."""
+        if not self._is_late(Window(start, end), watermark):
+            return False
+        return ctx.timer(self._timer_name(start)) is None
+
+    def _remove_orphans(self, ctx: Context, watermark: int | None) -> None:
+        """Removes the key's windows that were left behind: called when a record opens a new
+        window, so that a rejected `on_timer` leaks no state."""
+        if watermark is None:
+            return
+        for start, entry in list(self._entries(ctx)):
+            if self._is_orphan(ctx, start, entry["end"], watermark):
+                ctx.map(self.state).discard(start)
+
     def _add_fixed(self, ctx: Context, windows: list[Window], acc: A) -> Added[A]:
         watermark = ctx.watermark()
         added: Added[A] = Added()
+        swept = False
         for window in windows:
             if self._is_late(window, watermark):
                 added.dropped += 1
@@ -204,6 +227,9 @@ class _Windows(Generic[A]):
             entry = self._get(ctx, window.start_ms)
             timer_at: int | None
             if entry is None:
+                if not swept:
+                    self._remove_orphans(ctx, watermark)
+                    swept = True
                 entry = {"end": window.end_ms, "fired": False, "acc": acc}
                 timer_at = None
             else:
@@ -345,15 +371,20 @@ class SessionWindows(_Windows[A]):
         merged: dict[str, Any] | None = None
         absorbed: list[int] = []
         for s, entry in sorted(self._entries(ctx), key=lambda e: e[0]):
-            if s < own.end_ms and own.start_ms < entry["end"]:
-                start = min(start, s)
-                if merged is None:
-                    merged = entry
-                else:
-                    merged["end"] = max(merged["end"], entry["end"])
-                    merged["fired"] = merged["fired"] or entry["fired"]
-                    merged["acc"] = self._merge(merged["acc"], entry["acc"])
-                absorbed.append(s)
+            if not (s < own.end_ms and own.start_ms < entry["end"]):
+                # A session left behind by a rejected `on_timer` goes now (one it would merge
+                # with has its timer set again below).
+                if self._is_orphan(ctx, s, entry["end"], watermark):
+                    ctx.map(self.state).discard(s)
+                continue
+            start = min(start, s)
+            if merged is None:
+                merged = entry
+            else:
+                merged["end"] = max(merged["end"], entry["end"])
+                merged["fired"] = merged["fired"] or entry["fired"]
+                merged["acc"] = self._merge(merged["acc"], entry["acc"])
+            absorbed.append(s)
         if merged is None:
             merged = {"end": own.end_ms, "fired": False, "acc": acc}
         else:

@@ -82,11 +82,12 @@ impl<S: Shard> Host for HostCtx<S> {
             Ok(found) => found,
             Err(err) => return Ok(Err(err)),
         };
-        match self.timer_get(&per_key).await? {
+        let moved = match self.timer_get(&per_key).await? {
             Some(old) if old == (domain, at_ms) => return Ok(Ok(())),
             Some((old_domain, old_at)) => {
                 let old_index = keys::time_index(old_domain, old_at, &record_key, &name);
                 self.stage_timer_entry(record, old_index, None)?;
+                true
             }
             None => {
                 // A new name: the key's timers, counted up to the limit.
@@ -99,11 +100,15 @@ impl<S: Shard> Host for HostCtx<S> {
                 if existing.len() >= limit as usize {
                     return Ok(Err(TimerError::TooManyTimers(limit)));
                 }
+                false
             }
-        }
+        };
         self.stage_timer_entry(record, per_key, Some(keys::per_key_value(domain, at_ms)))?;
         let index = keys::time_index(domain, at_ms, &record_key, &name);
         self.stage_timer_entry(record, index, Some(Vec::new()))?;
+        if !moved {
+            self.batch.add_timers(1);
+        }
         Ok(Ok(()))
     }
 
@@ -116,6 +121,7 @@ impl<S: Shard> Host for HostCtx<S> {
             self.stage_timer_entry(record, per_key, None)?;
             let index = keys::time_index(domain, at_ms, &record_key, &name);
             self.stage_timer_entry(record, index, None)?;
+            self.batch.add_timers(-1);
         }
         Ok(Ok(()))
     }
@@ -163,7 +169,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_new_name_beyond_the_limit_is_refused_and_moving_one_is_not() {
+    async fn a_new_name_beyond_the_limit_is_refused_and_moving_one_is_not_and_adds_none() {
         let mut ctx = host(2).await;
         for name in ["a", "b"] {
             let set = ctx.set(0, name.into(), 10, TimeDomain::EventTime).await;
@@ -181,6 +187,10 @@ mod tests {
         assert!(matches!(a, Ok(Some((20, TimeDomain::ProcessingTime)))));
         let b = ctx.get(0, "b".into()).await.expect("no trap");
         assert!(matches!(b, Ok(None)));
+        let absent = ctx.clear(0, "zz".into()).await;
+        assert!(matches!(absent, Ok(Ok(()))));
+        // a, b and c set, a moved, b cleared, an unset name cleared: a and c were added.
+        assert_eq!(ctx.batch.timers_added(), 2);
         // One index entry per timer, at its current time, in index order (event time first):
         // c at 30, a at 20 (processing time).
         let (writes, _) = std::mem::take(&mut ctx.batch).into_effects();
