@@ -17,14 +17,25 @@
 //! Standard list prices to the requests per checkpoint at one checkpoint per interval per
 //! partition (it scales with 1 / interval).
 
+mod input;
+mod latency;
+mod native;
+mod report;
+
+use input::{
+    Event, flights, high_watermarks, latency_events, nexmark_bids, produce, producer, with_traps,
+};
+use latency::{OutputReader, percentile_u64};
+
+pub use native::{NativeCounter, NativeFlightDelays};
+pub use report::{Ratio, ratios, table};
+
 use object_store::ObjectStore;
 use object_store::path::Path as StorePath;
-use rdkafka::Message;
 use rdkafka::config::ClientConfig;
-use rdkafka::consumer::{Consumer, StreamConsumer};
+use rdkafka::consumer::Consumer;
 use rdkafka::error::KafkaError;
-use rdkafka::producer::{FutureProducer, FutureRecord};
-use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
+use rdkafka::producer::FutureProducer;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -36,9 +47,7 @@ use weir_host::config::{
     KafkaSettings, PipelineSettings, RuntimeSettings, Settings, StateSettings,
 };
 use weir_host::pipeline::{self, PipelineControl, PipelineStats};
-use weir_host::runtime::bindings::{StateDescriptor, StateKind};
-use weir_host::runtime::native::{NativeContext, NativeOperator};
-use weir_host::runtime::{InputRecord, OperatorInfo, Runtime};
+use weir_host::runtime::Runtime;
 use weir_host::state::StateBackend;
 use weir_host::state::hooked_store::{HookedStore, Metering, Request};
 use weir_host::state::lsm::backend::LsmBackend;
@@ -389,12 +398,6 @@ pub enum PipelineBenchError {
     },
 }
 
-/// One input event.
-struct Event {
-    key: Vec<u8>,
-    value: Vec<u8>,
-}
-
 /// Runs every workload × implementation × backend.
 ///
 /// # Errors
@@ -567,28 +570,6 @@ async fn run_all(
     Ok(runs)
 }
 
-/// `events` with the fraction `trap_rate` of their values replaced by `poison:trap` (the
-/// `counter` guest panics on it), spread evenly: event `i` traps when `⌊(i+1)·rate⌋` passes
-/// `⌊i·rate⌋`, so exactly `⌊n·rate⌋` of `n` do.
-fn with_traps(events: &[Event], trap_rate: f64) -> Vec<Event> {
-    let rate = trap_rate.clamp(0.0, 1.0);
-    events
-        .iter()
-        .enumerate()
-        .map(|(i, event)| {
-            let traps = ((i + 1) as f64 * rate).floor() > (i as f64 * rate).floor();
-            Event {
-                key: event.key.clone(),
-                value: if traps {
-                    b"poison:trap".to_vec()
-                } else {
-                    event.value.clone()
-                },
-            }
-        })
-        .collect()
-}
-
 /// Of repeated runs of one configuration, the one with the median events/s, with the range.
 fn median_run(mut runs: Vec<BenchRun>) -> BenchRun {
     runs.sort_by(|a, b| a.events_per_s.total_cmp(&b.events_per_s));
@@ -602,127 +583,6 @@ fn median_run(mut runs: Vec<BenchRun>) -> BenchRun {
     median.events_per_s_min = min;
     median.events_per_s_max = max;
     median
-}
-
-/// `n` Nexmark bids over `keys` auctions (key: the auction id), from bid `first`. The value is
-/// the bid as CSV (`auction,bidder,price,channel,url,date_time,extra`).
-fn nexmark_bids(n: u64, keys: u64, first: u64) -> Vec<Event> {
-    use nexmark::config::NexmarkConfig;
-    use nexmark::event::{Event as Nexmark, EventType};
-    let config = NexmarkConfig {
-        in_flight_auctions: keys.max(1) as usize,
-        // No hot auctions: bids spread over the `keys` auctions in flight.
-        hot_auction_ratio: 1,
-        ..NexmarkConfig::default()
-    };
-    nexmark::EventGenerator::new(config)
-        .with_type_filter(EventType::Bid)
-        .with_offset(first)
-        .filter_map(|event| match event {
-            Nexmark::Bid(bid) => Some(Event {
-                key: bid.auction.to_string().into_bytes(),
-                value: format!(
-                    "{},{},{},{},{},{},{}",
-                    bid.auction,
-                    bid.bidder,
-                    bid.price,
-                    bid.channel,
-                    bid.url,
-                    bid.date_time,
-                    bid.extra
-                )
-                .into_bytes(),
-            }),
-            _ => None,
-        })
-        .take(n as usize)
-        .collect()
-}
-
-fn flights(opts: &PipelineBenchOptions) -> Result<Vec<Event>, PipelineBenchError> {
-    let path = opts
-        .flights_csv
-        .as_ref()
-        .ok_or(PipelineBenchError::NoFlights)?;
-    Ok(crate::flights::read_csv(path)?
-        .into_iter()
-        .map(|f| Event {
-            key: f.key.into_bytes(),
-            value: f.json,
-        })
-        .collect())
-}
-
-/// The events of a latency phase: new bids (`counter`) or flights again (`aggregate`).
-fn latency_events(opts: &PipelineBenchOptions, workload: Workload, events: &[Event]) -> Vec<Event> {
-    // One more second: the warm-up.
-    let n = opts.latency_rate * (opts.latency_duration.as_secs().max(1) + 1);
-    match workload {
-        Workload::Counter => nexmark_bids(n, opts.keys, opts.events),
-        Workload::Aggregate => events
-            .iter()
-            .cycle()
-            .take(n as usize)
-            .map(|e| Event {
-                key: e.key.clone(),
-                value: e.value.clone(),
-            })
-            .collect(),
-    }
-}
-
-fn producer(bootstrap: &str) -> Result<FutureProducer, KafkaError> {
-    ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .set("enable.idempotence", "true")
-        .set("linger.ms", "1")
-        .set("batch.size", "1000000")
-        .create()
-}
-
-/// Produces `events` with the current time as their timestamps; with `rate`, at that many
-/// events/s (in 1 ms steps), else as fast as the broker takes them. Waits for every delivery.
-async fn produce(
-    producer: &FutureProducer,
-    topic: &str,
-    events: &[Event],
-    rate: Option<u64>,
-) -> Result<(), KafkaError> {
-    let started = Instant::now();
-    let mut deliveries = crate::flights::Deliveries::default();
-    for (i, event) in events.iter().enumerate() {
-        if let Some(rate) = rate {
-            let due = started + Duration::from_secs_f64(i as f64 / rate.max(1) as f64);
-            if due > Instant::now() {
-                tokio::time::sleep_until(due.into()).await;
-            }
-        }
-        let now_ms = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as i64);
-        let record = FutureRecord::to(topic)
-            .key(event.key.as_slice())
-            .payload(event.value.as_slice())
-            .timestamp(now_ms);
-        deliveries.send(producer, record).await?;
-    }
-    deliveries.finish().await
-}
-
-/// Records in `topic` now: the sum of its partitions' high watermarks.
-fn high_watermarks(bootstrap: &str, topic: &str) -> Result<Vec<(i32, i64)>, KafkaError> {
-    let consumer: rdkafka::consumer::BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .create()?;
-    let metadata = consumer.fetch_metadata(Some(topic), Duration::from_secs(10))?;
-    let mut out = Vec::new();
-    for t in metadata.topics() {
-        for p in t.partitions() {
-            let (_, high) = consumer.fetch_watermarks(topic, p.id(), Duration::from_secs(10))?;
-            out.push((p.id(), high));
-        }
-    }
-    Ok(out)
 }
 
 /// One run: a fresh pipeline over the preloaded input, then the latency phase.
@@ -1017,368 +877,6 @@ impl Phases<'_> {
         };
         Ok((run, stats, run_s))
     }
-}
-
-/// Reads the output topic from its current end and measures each record's latency: the time
-/// it is read minus its timestamp (its input's produce time), ms.
-struct OutputReader {
-    task: tokio::task::JoinHandle<Vec<u64>>,
-    stop: tokio::sync::watch::Sender<Option<Target>>,
-}
-
-/// When the reader stops: `wanted` outputs of events produced since `since_ms` read, or
-/// `deadline` passed.
-#[derive(Debug, Clone, Copy)]
-struct Target {
-    since_ms: i64,
-    wanted: usize,
-    deadline: tokio::time::Instant,
-}
-
-impl OutputReader {
-    fn start(bootstrap: &str, topic: &str) -> Result<Self, KafkaError> {
-        let consumer: StreamConsumer = ClientConfig::new()
-            .set("bootstrap.servers", bootstrap)
-            .set("group.id", format!("{topic}-latency-reader"))
-            .set("enable.auto.commit", "false")
-            .set("fetch.wait.max.ms", "5")
-            .set("fetch.min.bytes", "1")
-            .create()?;
-        let mut assignment = TopicPartitionList::new();
-        for (partition, high) in high_watermarks(bootstrap, topic)? {
-            assignment.add_partition_offset(topic, partition, Offset::Offset(high))?;
-        }
-        consumer.assign(&assignment)?;
-        let (stop, mut stopped) = tokio::sync::watch::channel(None::<Target>);
-        let task = tokio::spawn(async move {
-            let mut seen: Vec<(i64, u64)> = Vec::new();
-            let (mut counted, mut targeted) = (0usize, false);
-            loop {
-                let target = *stopped.borrow_and_update();
-                if let Some(t) = target
-                    && !targeted
-                {
-                    targeted = true;
-                    counted = seen.iter().filter(|(ts, _)| *ts >= t.since_ms).count();
-                }
-                let deadline = target.map(|t| t.deadline);
-                if let Some(t) = target
-                    && counted >= t.wanted
-                {
-                    break;
-                }
-                tokio::select! {
-                    message = consumer.recv() => {
-                        let Ok(message) = message else { continue };
-                        let now_ms = std::time::SystemTime::now()
-                            .duration_since(std::time::UNIX_EPOCH)
-                            .map_or(0, |d| d.as_millis() as i64);
-                        if let Some(ts) = message.timestamp().to_millis() {
-                            seen.push((ts, now_ms.saturating_sub(ts).max(0) as u64));
-                            if target.is_some_and(|t| ts >= t.since_ms) {
-                                counted += 1;
-                            }
-                        }
-                    }
-                    changed = stopped.changed() => {
-                        if changed.is_err() {
-                            break;
-                        }
-                    }
-                    () = async {
-                        match deadline {
-                            Some(d) => tokio::time::sleep_until(d).await,
-                            None => std::future::pending().await,
-                        }
-                    } => break,
-                }
-            }
-            let since = stopped.borrow().map_or(0, |t| t.since_ms);
-            seen.into_iter()
-                .filter(|(ts, _)| *ts >= since)
-                .map(|(_, latency)| latency)
-                .collect()
-        });
-        Ok(Self { task, stop })
-    }
-
-    /// The latencies of the outputs of events produced since `since_ms`, once `wanted` are
-    /// read or `grace` has passed (then those read by then).
-    async fn finish(self, since_ms: i64, wanted: usize, grace: Duration) -> Vec<u64> {
-        let _ = self.stop.send(Some(Target {
-            since_ms,
-            wanted,
-            deadline: tokio::time::Instant::now() + grace,
-        }));
-        self.task.await.unwrap_or_default()
-    }
-}
-
-/// The `p` quantile (0..=1) of sorted `values`, nearest rank; 0 when empty.
-fn percentile_u64(sorted: &[u64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    let rank = ((p * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
-    sorted[rank - 1] as f64
-}
-
-fn value_state(name: &str) -> StateDescriptor {
-    StateDescriptor {
-        name: name.to_owned(),
-        kind: StateKind::Value,
-        ttl_ms: None,
-        version: 0,
-    }
-}
-
-/// The `counter` guest's logic (tests/guests/counter, poison values aside) compiled into the
-/// host: `count[key] += 1` as JSON, emitting `{"count": n, "offset": o}`.
-#[derive(Debug)]
-pub struct NativeCounter;
-
-impl NativeOperator for NativeCounter {
-    fn describe(&self) -> OperatorInfo {
-        OperatorInfo {
-            name: "counter".into(),
-            version: "0.1.0".into(),
-            states: vec![value_state("count")],
-        }
-    }
-
-    fn process(&self, ctx: &mut NativeContext<'_>, record: &InputRecord) -> Result<(), String> {
-        let count: u64 = match ctx.value_get("count") {
-            Some(bytes) => serde_json::from_slice(&bytes).map_err(|e| e.to_string())?,
-            None => 0,
-        } + 1;
-        ctx.value_set(
-            "count",
-            serde_json::to_vec(&count).map_err(|e| e.to_string())?,
-        );
-        #[derive(Serialize)]
-        struct Output {
-            count: u64,
-            offset: i64,
-        }
-        let out = serde_json::to_vec(&Output {
-            count,
-            offset: record.offset,
-        })
-        .map_err(|e| e.to_string())?;
-        ctx.emit(&record.key, out);
-        Ok(())
-    }
-}
-
-/// The `flight-delays` example's logic compiled into the host: per route, flights and the
-/// count, sum, maximum and mean of the arrival delay, as JSON state and output.
-#[derive(Debug)]
-pub struct NativeFlightDelays;
-
-#[derive(Debug, Default, Serialize, Deserialize)]
-struct RouteStats {
-    flights: u64,
-    delay_count: u64,
-    delay_sum: i64,
-    delay_max: Option<i64>,
-}
-
-impl NativeOperator for NativeFlightDelays {
-    fn describe(&self) -> OperatorInfo {
-        OperatorInfo {
-            name: "flight-delays".into(),
-            version: "0.1.0".into(),
-            states: vec![value_state("route-stats")],
-        }
-    }
-
-    fn process(&self, ctx: &mut NativeContext<'_>, record: &InputRecord) -> Result<(), String> {
-        #[derive(Deserialize)]
-        struct Flight {
-            origin: String,
-            dest: String,
-            arr_delay: Option<i64>,
-        }
-        #[derive(Serialize)]
-        struct Output<'a> {
-            route: &'a str,
-            flights: u64,
-            delay_count: u64,
-            delay_sum: i64,
-            delay_max: Option<i64>,
-            delay_mean: Option<f64>,
-        }
-        let flight: Flight = serde_json::from_slice(&record.value).map_err(|e| e.to_string())?;
-        let mut stats: RouteStats = match ctx.value_get("route-stats") {
-            Some(bytes) => serde_json::from_slice(&bytes).map_err(|e| e.to_string())?,
-            None => RouteStats::default(),
-        };
-        stats.flights += 1;
-        if let Some(delay) = flight.arr_delay {
-            stats.delay_count += 1;
-            stats.delay_sum += delay;
-            stats.delay_max = Some(stats.delay_max.map_or(delay, |max| max.max(delay)));
-        }
-        ctx.value_set(
-            "route-stats",
-            serde_json::to_vec(&stats).map_err(|e| e.to_string())?,
-        );
-        let route = format!("{}-{}", flight.origin, flight.dest);
-        let mean =
-            (stats.delay_count > 0).then(|| stats.delay_sum as f64 / stats.delay_count as f64);
-        let out = serde_json::to_vec(&Output {
-            route: &route,
-            flights: stats.flights,
-            delay_count: stats.delay_count,
-            delay_sum: stats.delay_sum,
-            delay_max: stats.delay_max,
-            delay_mean: mean,
-        })
-        .map_err(|e| e.to_string())?;
-        ctx.emit(&record.key, out);
-        Ok(())
-    }
-}
-
-/// One ratio of events/s between two runs of the table.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Ratio {
-    /// What is compared, e.g. `wasm / native, counter on memory`.
-    pub what: String,
-    /// The first run's events/s over the second's.
-    pub ratio: f64,
-}
-
-/// The Wasm/native and Python/Wasm ratios (same workload and backend) and the memory/lsm
-/// ratios (same workload and implementation) of events/s.
-pub fn ratios(runs: &[BenchRun]) -> Vec<Ratio> {
-    let name = |w: Workload| format!("{w:?}").to_lowercase();
-    let mut out = Vec::new();
-    let pairs = [
-        (
-            Implementation::Wasm,
-            Implementation::Native,
-            "wasm / native",
-        ),
-        (
-            Implementation::Python,
-            Implementation::Wasm,
-            "python / wasm",
-        ),
-    ];
-    for (top, bottom, label) in pairs {
-        for r in runs.iter().filter(|r| r.implementation == top) {
-            if let Some(other) = runs.iter().find(|n| {
-                n.workload == r.workload
-                    && n.implementation == bottom
-                    && n.backend == r.backend
-                    && n.trap_rate == r.trap_rate
-            }) {
-                out.push(Ratio {
-                    what: format!("{label}, {} on {}", name(r.workload), r.backend),
-                    ratio: r.events_per_s / other.events_per_s.max(1e-9),
-                });
-            }
-        }
-    }
-    for r in runs.iter().filter(|r| r.backend == Backend::Memory) {
-        for lsm in runs.iter().filter(|l| {
-            l.workload == r.workload
-                && l.implementation == r.implementation
-                && l.trap_rate == r.trap_rate
-                && matches!(l.backend, Backend::Lsm { .. })
-        }) {
-            out.push(Ratio {
-                what: format!(
-                    "memory / {}, {} {}",
-                    lsm.backend,
-                    name(r.workload),
-                    format!("{:?}", r.implementation).to_lowercase()
-                ),
-                ratio: r.events_per_s / lsm.events_per_s.max(1e-9),
-            });
-        }
-    }
-    for r in runs.iter().filter(|r| r.trap_rate > 0.0) {
-        if let Some(clean) = runs.iter().find(|c| {
-            c.workload == r.workload
-                && c.implementation == r.implementation
-                && c.backend == r.backend
-                && c.trap_rate == 0.0
-        }) {
-            out.push(Ratio {
-                what: format!(
-                    "{} % traps / none, {} {} on {}",
-                    r.trap_rate * 100.0,
-                    name(r.workload),
-                    format!("{:?}", r.implementation).to_lowercase(),
-                    r.backend
-                ),
-                ratio: r.events_per_s / clean.events_per_s.max(1e-9),
-            });
-        }
-    }
-    out
-}
-
-/// The runs as a table, then their [`ratios`]. With repeats, events/s is the median and the
-/// range follows it; `*` marks a run too short to measure from its first processed event.
-pub fn table(runs: &[BenchRun]) -> String {
-    let mut out = format!(
-        "{:<9} {:<6} {:<12} {:>6} {:>8} {:>10} {:>17} {:>8} {:>7} {:>7} {:>6} {:>8} {:>8} {:>9} {:>10}\n",
-        "workload",
-        "impl",
-        "backend",
-        "traps",
-        "events",
-        "events/s",
-        "range",
-        "call ns",
-        "p50 ms",
-        "p99 ms",
-        "ckpts",
-        "ckpt p50",
-        "ckpt max",
-        "req/ckpt",
-        "$/month"
-    );
-    for r in runs {
-        let range = if r.repeats > 1 {
-            format!(
-                "{:.0}–{:.0} ×{}",
-                r.events_per_s_min, r.events_per_s_max, r.repeats
-            )
-        } else {
-            String::new()
-        };
-        out.push_str(&format!(
-            "{:<9} {:<6} {:<12} {:>6} {:>8} {:>9.0}{} {:>17} {:>8.0} {:>7.1} {:>7.1} {:>6} {:>8.0} {:>8.0} {:>9.1} {:>10.2}\n",
-            format!("{:?}", r.workload).to_lowercase(),
-            format!("{:?}", r.implementation).to_lowercase(),
-            r.backend.to_string(),
-            format!("{}%", r.trap_rate * 100.0),
-            r.events,
-            r.events_per_s,
-            if r.includes_start { '*' } else { ' ' },
-            range,
-            r.call_ns_per_event,
-            r.latency_p50_ms,
-            r.latency_p99_ms,
-            r.checkpoints,
-            r.checkpoint_p50_ms,
-            r.checkpoint_max_ms,
-            r.requests_per_checkpoint,
-            r.request_cost_per_month_usd
-        ));
-    }
-    if runs.iter().any(|r| r.includes_start) {
-        out.push_str("* too few events to measure from the first one processed: counted from the pipeline's start (group join included); use more --events\n");
-    }
-    out.push('\n');
-    for ratio in ratios(runs) {
-        out.push_str(&format!("{}: {:.2}\n", ratio.what, ratio.ratio));
-    }
-    out
 }
 
 #[cfg(test)]
