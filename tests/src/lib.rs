@@ -183,7 +183,9 @@ pub fn settings(
 ) -> Settings {
     Settings {
         pipeline: PipelineSettings {
-            name: "test".into(),
+            // Unique: a shard's transactional.id is named after its pipeline, and two
+            // exactly-once tests running at once under one name fenced each other's producers.
+            name: unique("test"),
             operator,
             input_topics: vec![input.to_owned()],
             output_topic: output.to_owned(),

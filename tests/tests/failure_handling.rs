@@ -797,7 +797,10 @@ async fn with_no_usable_checkpoint_left_only_that_partition_stops_failed_in_its_
     first.wait_done(400, TIMEOUT).await?;
     first.stop().await?;
     // Every manifest of partition 0 is torn: no checkpoint of it is usable any more.
-    let manifests = dir.path().join("pipelines/test/shards/00000/manifest");
+    let manifests = dir.path().join(format!(
+        "pipelines/{}/shards/00000/manifest",
+        settings.pipeline.name
+    ));
     for entry in std::fs::read_dir(&manifests)? {
         std::fs::write(entry?.path(), b"WEIRMAN1 torn")?;
     }

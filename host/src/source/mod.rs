@@ -258,9 +258,11 @@ pub fn to_input_record(msg: &BorrowedMessage<'_>, topic: &Arc<str>) -> InputReco
     }
 }
 
-/// How long a seek may wait for librdkafka to accept it (and for the partition's fetcher to
-/// start).
+/// How long a seek may wait for librdkafka to accept it.
 const SEEK_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long a seek waits for a newly assigned partition's fetcher to start.
+const FETCHER_START_WAIT: Duration = Duration::from_secs(1);
 
 /// How long a seek refused for a fetcher not yet started waits before it is tried again.
 const SEEK_RETRY_DELAY: Duration = Duration::from_millis(5);
@@ -311,11 +313,6 @@ pub struct KafkaSource {
     /// (topic, partition)s whose last event was librdkafka's partition EOF: every record up to
     /// the end is handed out (a record, or an assignment, takes the partition out).
     ends: Arc<Mutex<BTreeSet<TopicPartition>>>,
-    /// (topic, partition) → the offset its last seek named: records below it are dropped.
-    /// librdkafka can go back on a seek made while it was still resolving a logical start
-    /// offset (`auto.offset.reset` for a group without committed offsets): the outdated answer
-    /// restarts that lookup, and the fetch resumes at the partition's beginning.
-    floors: Arc<Mutex<HashMap<TopicPartition, i64>>>,
 }
 
 /// An input topic's partition.
@@ -367,7 +364,6 @@ impl KafkaSource {
             reset,
             ready,
             ends: Arc::default(),
-            floors: Arc::default(),
         })
     }
 
@@ -395,9 +391,7 @@ impl KafkaSource {
                 Some(Ok(msg)) => {
                     let topic = self.topic(msg.topic());
                     self.mark_end(&topic, msg.partition(), false);
-                    if msg.offset() >= self.floor(&topic, msg.partition()) {
-                        records.push(to_input_record(&msg, &topic));
-                    }
+                    records.push(to_input_record(&msg, &topic));
                 }
                 // The event names no topic: with one input topic it is that one's (with more,
                 // the partition counts as caught up after its next record and end).
@@ -431,22 +425,13 @@ impl KafkaSource {
         }
     }
 
-    /// The lowest offset of `topic` `partition` handed out: the one its last seek named (none:
-    /// 0).
-    fn floor(&self, topic: &Arc<str>, partition: i32) -> i64 {
-        self.floors
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&(topic.clone(), partition))
-            .copied()
-            .unwrap_or(0)
-    }
-
-    /// Seeks `topic` `partition` to `to`, waiting up to [`SEEK_TIMEOUT`] for its fetcher to
-    /// start: librdkafka refuses a seek until then (`Local: Erroneous state`), which it does
-    /// once the group coordinator has answered for the committed offsets of a new assignment.
+    /// Seeks `topic` `partition` to `to`, waiting up to [`FETCHER_START_WAIT`] for its fetcher
+    /// to start: librdkafka refuses a seek until then (`Local: Erroneous state`), which it does
+    /// once the group coordinator has answered for the committed offsets of a new assignment
+    /// (a few milliseconds; longer, the pipeline holds the partition and opens it again).
+    /// Blocks the calling thread meanwhile, as librdkafka's seek does.
     fn seek_started(&self, topic: &str, partition: i32, to: Offset) -> KafkaResult<()> {
-        let deadline = std::time::Instant::now() + SEEK_TIMEOUT;
+        let deadline = std::time::Instant::now() + FETCHER_START_WAIT;
         loop {
             let mut tpl = TopicPartitionList::new();
             tpl.add_partition_offset(topic, partition, to)?;
@@ -457,9 +442,9 @@ impl KafkaSource {
                 .first()
                 .map_or(Ok(()), |e| e.error());
             match result {
-                Err(KafkaError::OffsetFetch(
-                    RDKafkaErrorCode::State | RDKafkaErrorCode::PreviousInProgress,
-                )) if std::time::Instant::now() < deadline => {
+                Err(KafkaError::OffsetFetch(RDKafkaErrorCode::State))
+                    if std::time::Instant::now() < deadline =>
+                {
                     std::thread::sleep(SEEK_RETRY_DELAY);
                 }
                 result => return result,
@@ -534,16 +519,13 @@ impl Source for KafkaSource {
             }
             let mut budget = per_partition_max;
             for (topic, queue) in of_partition {
-                let floor = self.floor(topic, *partition);
                 // Whether the last event of the queue was its end (EOF follows the records
                 // before it in the queue).
                 let mut end = None;
                 while budget > 0 {
                     match queue.poll(Duration::ZERO) {
                         Some(Ok(msg)) => {
-                            if msg.offset() >= floor {
-                                records.push(to_input_record(&msg, topic));
-                            }
+                            records.push(to_input_record(&msg, topic));
                             end = Some(false);
                         }
                         Some(Err(KafkaError::PartitionEOF(_))) => {
@@ -598,11 +580,6 @@ impl Source for KafkaSource {
             let to = offsets.next(topic).map_or(self.reset, Offset::Offset);
             self.seek_started(topic, partition, to)
                 .map_err(|e| source_error(format!("seek `{topic}` partition {partition}"), e))?;
-            let mut floors = self.floors.lock().unwrap_or_else(|e| e.into_inner());
-            match to {
-                Offset::Offset(next) => floors.insert((topic.clone(), partition), next),
-                _ => floors.remove(&(topic.clone(), partition)),
-            };
         }
         Ok(())
     }

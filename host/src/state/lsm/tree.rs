@@ -298,16 +298,18 @@ impl LsmTree {
     /// entry and tombstone after the start, for a scan that wanted a few: a timer head's refill
     /// copied every pending timer); past the last key of one cut short, the merge cannot tell
     /// what is live, so the pass stops there and returns that key for the next pass to start
-    /// after. `None`: the scan is complete.
+    /// after. `None`: the scan is complete. A scan of several passes is not one point in time:
+    /// a write applied between two shows only above the fence. Its callers scan what nothing
+    /// writes meanwhile (a record key's map entries; the timer head, with nothing in flight).
     async fn scan_pass(
         &self,
         prefix: &[u8],
         start_after: Option<&[u8]>,
         limit: usize,
+        now_ms: u64,
         out: &mut Vec<(Vec<u8>, Bytes)>,
     ) -> Result<Option<Bytes>, StateError> {
         let inner = &*self.inner;
-        let now_ms = inner.clock.now_ms();
         let start = match start_after {
             Some(after) if after >= prefix => after,
             _ => prefix,
@@ -1031,6 +1033,8 @@ impl Shard for LsmTree {
         limit: usize,
     ) -> Result<Vec<(Vec<u8>, Bytes)>, StateError> {
         let mut out = Vec::new();
+        // One time for every pass: an entry's TTL is judged once.
+        let now_ms = self.inner.clock.now_ms();
         // Where the last pass stopped: the key of a memtable it cut short (keys up to it done).
         let mut resume: Option<Bytes> = None;
         loop {
@@ -1038,7 +1042,9 @@ impl Shard for LsmTree {
                 (Some(a), Some(r)) => Some(a.max(r)),
                 (a, r) => a.or(r),
             };
-            resume = self.scan_pass(prefix, after, limit, &mut out).await?;
+            resume = self
+                .scan_pass(prefix, after, limit, now_ms, &mut out)
+                .await?;
             if resume.is_none() || out.len() >= limit {
                 return Ok(out);
             }
