@@ -165,8 +165,14 @@ EOF
 }
 
 random_cluster_id() {
-  # Kafka Uuid: 16 random bytes, URL-safe base64 without padding (22 chars).
-  head -c 16 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=\n'
+  # Kafka Uuid: 16 random bytes, URL-safe base64 without padding (22 chars). Not one that
+  # starts with '-': the storage tool reads it as an option and fails (1 start in 64 did).
+  local id
+  while :; do
+    id="$(head -c 16 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=\n')"
+    [[ "$id" == -* ]] || break
+  done
+  printf '%s' "$id"
 }
 
 show_log_tail() {
