@@ -62,7 +62,7 @@ enum Command {
     /// Run pipelines end to end through a real broker and measure them: events/s, end-to-end
     /// latency, checkpoints, object-store requests and their cost; a keyed counter (Nexmark
     /// bids) and a keyed aggregation (flights), each as Wasm and compiled into the host, on each
-    /// state backend (see cli/src/pipeline_bench.rs).
+    /// state backend (see cli/src/pipeline_bench/).
     Bench {
         #[command(flatten)]
         args: pipeline_bench::PipelineBenchArgs,

@@ -1,4 +1,4 @@
-//! `weir bench` (cli/src/pipeline_bench.rs) at a small size against the real broker: every
+//! `weir bench` (cli/src/pipeline_bench/) at a small size against the real broker: every
 //! run processes all its input and measures what it claims, and the native baseline computes
 //! exactly what the Wasm counter computes (the comparison is of the same logic).
 

@@ -6,6 +6,7 @@ mod api;
 mod api_pipelines;
 mod bench;
 mod checkpoint_recovery;
+mod corrupt_checkpoints;
 mod dead_letters;
 mod execution_controller;
 mod failure_handling;

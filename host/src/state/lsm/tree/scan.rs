@@ -1,14 +1,130 @@
-//! The pieces of a prefix scan over the tree: one source per memtable and per SST that
-//! may hold keys of the prefix, each yielding entries in key order (an SST's blocks fetched
-//! as the scan reaches them), merged newest first by [`super::LsmTree`]'s `scan`.
+//! A prefix scan over the tree, in passes ([`LsmTree`]'s `scan_pass`), and its pieces: one
+//! source per memtable and per SST that may hold keys of the prefix, each yielding entries in
+//! key order (an SST's blocks fetched as the scan reaches them), merged newest first.
 
-use super::{Inner, OpenSst};
+use super::{Inner, LsmTree, OpenSst};
 use crate::state::StateError;
 use crate::state::lsm::sst::block::BlockIter;
 use crate::state::lsm::sst::{Entry, SstIndex};
 use bytes::Bytes;
 use std::collections::VecDeque;
 use std::sync::Arc;
+
+/// Entries a memtable gives to one pass of a scan (a scan wanting more makes more passes).
+const MEMTABLE_SCAN_CHUNK: usize = if cfg!(test) { 3 } else { 4096 };
+
+impl LsmTree {
+    /// One pass of [`Shard::scan`]: appends to `out` (up to `limit` in all) the live entries of
+    /// `prefix` after `start_after`, merging the memtables and the SSTs. A memtable gives at
+    /// most [`MEMTABLE_SCAN_CHUNK`] entries to a pass (one had copied its whole range, every
+    /// entry and tombstone after the start, for a scan that wanted a few: a timer head's refill
+    /// copied every pending timer); past the last key of one cut short, the merge cannot tell
+    /// what is live, so the pass stops there and returns that key for the next pass to start
+    /// after. `None`: the scan is complete. A scan of several passes is not one point in time:
+    /// a write applied between two shows only above the fence. Its callers scan what nothing
+    /// writes meanwhile (a record key's map entries; the timer head, with nothing in flight).
+    pub(super) async fn scan_pass(
+        &self,
+        prefix: &[u8],
+        start_after: Option<&[u8]>,
+        limit: usize,
+        now_ms: u64,
+        out: &mut Vec<(Vec<u8>, Bytes)>,
+    ) -> Result<Option<Bytes>, StateError> {
+        let inner = &*self.inner;
+        let start = match start_after {
+            Some(after) if after >= prefix => after,
+            _ => prefix,
+        };
+        let end = prefix_end(prefix);
+        let in_range = |k: &[u8]| k >= start && end.as_deref().is_none_or(|end| k < end);
+        let mut fence: Option<Bytes> = None;
+        let (mut sources, version) = {
+            let levels = inner.read();
+            let mut sources = Vec::new();
+            let mems = std::iter::once(&levels.memtable)
+                .chain(levels.immutables.iter().rev().map(|m| &**m));
+            for m in mems {
+                let mut entries: VecDeque<(Bytes, Entry)> = VecDeque::new();
+                for (k, e) in m.range_from(start).take_while(|(k, _)| in_range(k)) {
+                    if entries.len() == MEMTABLE_SCAN_CHUNK {
+                        // Cut short: merged keys are complete only up to its last copied one.
+                        if let Some((last, _)) = entries.back() {
+                            fence =
+                                Some(fence.map_or_else(|| last.clone(), |f| f.min(last.clone())));
+                        }
+                        break;
+                    }
+                    entries.push_back((Bytes::copy_from_slice(k), e.clone()));
+                }
+                sources.push(ScanSource::Memory(entries));
+            }
+            (sources, levels.version.clone())
+        };
+        let overlaps = |s: &OpenSst| {
+            s.meta.last_key.as_slice() >= start
+                && end
+                    .as_deref()
+                    .is_none_or(|end| s.meta.first_key.as_slice() < end)
+        };
+        let ssts = version.levels[0]
+            .iter()
+            .rev()
+            .chain(version.levels[1..].iter().flatten())
+            .filter(|s| overlaps(s));
+        for sst in ssts {
+            let index = inner.index_of(sst).await?;
+            sources.push(ScanSource::Sst {
+                cursor: SstCursor {
+                    next_block: index.first_block_from(start),
+                    sst: sst.clone(),
+                    index,
+                    block: None,
+                    ready: VecDeque::new(),
+                    readahead: 1,
+                },
+                head: None,
+                done: false,
+            });
+        }
+        while out.len() < limit {
+            // Cached blocks never suspend; let other tasks (and call deadlines) run.
+            tokio::task::consume_budget().await;
+            fill_all(&mut sources, inner, start, end.as_deref()).await?;
+            let Some(key) = sources
+                .iter()
+                .filter_map(|s| s.head().map(|(k, _)| k))
+                .min()
+                .cloned()
+            else {
+                break;
+            };
+            if !key.starts_with(prefix) {
+                break;
+            }
+            if fence.as_ref().is_some_and(|fence| key > *fence) {
+                return Ok(fence);
+            }
+            let mut newest: Option<Entry> = None;
+            for source in sources.iter_mut() {
+                if source.head().is_some_and(|(k, _)| *k == key)
+                    && let Some((_, entry)) = source.take()
+                    && newest.is_none()
+                {
+                    newest = Some(entry);
+                }
+            }
+            if start_after.is_some_and(|after| key.as_ref() <= after) {
+                continue;
+            }
+            if let Some(value) = newest.and_then(|e| inner.live(e, now_ms)) {
+                out.push((key.to_vec(), value));
+            }
+        }
+        // Sources exhausted (or the prefix passed): complete, unless a memtable was cut short.
+        Ok(fence)
+    }
+}
 
 /// The smallest key greater than every key starting with `prefix`, or `None` when there is
 /// none (the prefix is empty or all `0xff`).
