@@ -11,7 +11,6 @@ use std::time::{Duration, Instant};
 use weir_host::api::catalog::Catalog;
 use weir_host::api::runner::{Runner, RunnerConfig};
 use weir_host::api::{ApiSettings, ApiState, sha256};
-use weir_host::config::RuntimeSettings;
 use weir_host::state::lsm::backend::object_store_from_url;
 
 /// The admin key of the test servers.
@@ -56,7 +55,7 @@ pub async fn start_server_with(
         let runner = Runner::new(
             Catalog::new(store.clone(), prefix.clone()),
             config,
-            RuntimeSettings::default(),
+            crate::runtime_settings(),
         )?;
         tokio::spawn(runner.run(std::future::pending()));
     }
@@ -65,7 +64,7 @@ pub async fn start_server_with(
         ApiSettings {
             operator_bytes_max: OPERATOR_BYTES_MAX,
             admin_key_sha256: sha256(ADMIN_KEY.as_bytes()),
-            runtime: RuntimeSettings::default(),
+            runtime: crate::runtime_settings(),
             pipelines_per_tenant_max: 16,
             status_sample_interval: Duration::from_millis(500),
         },

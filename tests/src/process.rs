@@ -64,8 +64,9 @@ impl CounterConfig {
         })
     }
 
-    /// Writes the config to `path`: the component, `lsm` state with a 16 KiB
-    /// memtable (so checkpoints upload SSTs) and small caches.
+    /// Writes the config to `path`: the component (compiled once for every test, in
+    /// [`crate::compiled_dir`]), `lsm` state with a 16 KiB memtable (so checkpoints upload SSTs)
+    /// and small caches.
     ///
     /// # Errors
     /// When the file cannot be written.
@@ -95,6 +96,8 @@ bootstrap_servers = "{bootstrap}"
 [kafka.consumer]
 "session.timeout.ms" = "{session}"
 {instance}
+[runtime]
+compiled_dir = "{compiled}"
 [state]
 backend = "lsm"
 [state.lsm]
@@ -116,6 +119,7 @@ disk_cache_bytes = 16777216
             bootstrap = kafka_bootstrap(),
             session = self.session_timeout_ms,
             url = self.state_url,
+            compiled = crate::compiled_dir().display(),
             delivery = if self.exactly_once {
                 "exactly_once"
             } else {

@@ -13,11 +13,17 @@ use weir_host::runtime::{
 };
 use weir_host::state::memory::{MemoryBackend, MemoryShard};
 use weir_host::state::{Shard, ShardId, StateBackend};
-use weir_tests::guest;
+use weir_tests::{guest, runtime_settings};
 
 fn runtime() -> Runtime<MemoryShard> {
     let clock: SharedClock = Arc::new(SystemClock);
     Runtime::new(&RuntimeSettings::default(), clock).expect("engine configures")
+}
+
+/// [`runtime`], with compiled components kept in the tests' shared directory.
+fn cached_runtime() -> Runtime<MemoryShard> {
+    let clock: SharedClock = Arc::new(SystemClock);
+    Runtime::new(&runtime_settings(), clock).expect("engine configures")
 }
 
 async fn shard() -> Arc<MemoryShard> {
@@ -307,7 +313,8 @@ fn compiling_an_operator_leaves_the_async_runtime_free_for_other_tasks() {
 /// only themselves with the exception's type and message and leave the state untouched.
 #[tokio::test]
 async fn a_python_operator_processes_records_and_refuses_those_that_raise() {
-    let rt = runtime();
+    // The component compiled once for every test that loads it.
+    let rt = cached_runtime();
     let op = rt
         .load_operator(&guest("flight_delays_py"))
         .await
@@ -439,7 +446,8 @@ async fn run_batch_emits(
 /// `del` and `discard`, emit with headers, logging, and the host's refusals as rejections.
 #[tokio::test]
 async fn the_python_sdk_reaches_every_host_import() {
-    let rt = runtime();
+    // The component compiled once for every test that loads it.
+    let rt = cached_runtime();
     let op = rt
         .load_operator(&guest("sdk_probe_py"))
         .await

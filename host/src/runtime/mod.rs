@@ -188,7 +188,9 @@ impl<S: Shard> std::fmt::Debug for Runtime<S> {
 
 impl<S: Shard> Runtime<S> {
     /// Configures the engine (async, component model, epoch interruption, pooling allocator
-    /// with `instance_memory_bytes_max` per memory) and links WASI and the Weir imports.
+    /// with `instance_memory_bytes_max` per memory) and links WASI and the Weir imports;
+    /// compiled components are kept in `settings.compiled_dir` when set
+    /// ([`Self::with_compiled_dir`]).
     ///
     /// # Errors
     /// [`RuntimeError::Engine`] when wasmtime rejects the configuration.
@@ -221,7 +223,7 @@ impl<S: Shard> Runtime<S> {
             settings: settings.clone(),
             clock,
             ticker: Arc::new(ticker),
-            compiled_dir: None,
+            compiled_dir: settings.compiled_dir.clone(),
         })
     }
 

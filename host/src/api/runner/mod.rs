@@ -571,7 +571,7 @@ mod tests {
         );
         let smaller = RuntimeSettings {
             instance_memory_bytes_max: 32 << 20,
-            ..limits
+            ..limits.clone()
         };
         let other = compiled
             .operator("t1", "sha-a", &path, &smaller, clock.clone())
