@@ -7,6 +7,7 @@
 use super::PipelineStats;
 use super::controller::ExecutionController;
 use super::isolation::Isolation;
+use super::timers::TimersCalled;
 use crate::config::RuntimeSettings;
 use crate::runtime::{BatchCtx, CallError, Disposition, InputRecord, Instance, Operator};
 use crate::state::{Shard, StateError, key};
@@ -133,8 +134,16 @@ pub(super) struct Attempted<S: Shard> {
     pub(super) result: Result<(Vec<Disposition>, BatchCtx), Failure>,
 }
 
-/// The worker's running attempts.
-pub(super) type Running<S> = FuturesUnordered<BoxFuture<'static, Attempted<S>>>;
+/// What a running task of the worker hands back when it ends.
+pub(super) enum Ended<S: Shard> {
+    /// An attempt of a batch of records.
+    Batch(Attempted<S>),
+    /// The call of a round of fired timers ([`super::timers`]).
+    Timers(TimersCalled<S>),
+}
+
+/// The worker's running tasks: attempts of record batches, and at most one round of timers.
+pub(super) type Running<S> = FuturesUnordered<BoxFuture<'static, Ended<S>>>;
 
 /// One attempt of `task`: wait its delay, get an instance (`instance`, or a new one),
 /// prefetch, call — with `watermark` (the shard's applied one) and the operator's clock as

@@ -121,8 +121,17 @@ impl ExecutionController {
         Some(Dispatch { records, keys })
     }
 
-    /// Ends a batch handed out by [`Self::next_batch`]: its `records` records leave the
-    /// in-flight count and its keys may run again.
+    /// Holds `keys` for a batch that is not made of admitted records (a round of fired timers,
+    /// [`super::timers`]): until [`Self::finish`]ed with 0 records, records of those keys wait
+    /// behind it, as behind an earlier batch of their key. Hold only keys not running (with
+    /// nothing in flight, any).
+    pub fn hold(&mut self, keys: &[u64]) {
+        debug_assert!(keys.iter().all(|k| !self.running.contains(k)));
+        self.running.extend(keys.iter().copied());
+    }
+
+    /// Ends a batch handed out by [`Self::next_batch`] (or held by [`Self::hold`]): its
+    /// `records` records leave the in-flight count and its keys may run again.
     pub fn finish(&mut self, keys: &[u64], records: usize) {
         for key in keys {
             self.running.remove(key);
@@ -132,7 +141,7 @@ impl ExecutionController {
 }
 
 /// The hash a key is ordered by.
-fn key_hash(key: &[u8]) -> u64 {
+pub(crate) fn key_hash(key: &[u8]) -> u64 {
     xxhash_rust::xxh3::xxh3_64(key)
 }
 
@@ -184,6 +193,28 @@ mod tests {
         let offsets: Vec<i64> = third.records.iter().map(|r| r.offset).collect();
         assert_eq!(offsets, [4, 6]);
         assert_eq!(c.in_flight(), 3);
+    }
+
+    /// A round of timers holds its keys: a held key's records wait behind it, as behind an
+    /// earlier batch of their key, while other keys' records run.
+    #[test]
+    fn records_of_a_held_key_wait_for_its_round_and_other_keys_go_on() {
+        let mut c = ExecutionController::new(100, 10);
+        let round = [key_hash(&[1])];
+        c.hold(&round);
+        c.admit(record(1, 0));
+        c.admit(record(2, 1));
+        c.admit(record(1, 2));
+        let other = c.next_batch().expect("key 2 is free");
+        let offsets: Vec<i64> = other.records.iter().map(|r| r.offset).collect();
+        assert_eq!(offsets, [1]);
+        assert!(c.next_batch().is_none(), "key 1 waits for its round");
+        assert!(!c.is_idle());
+        c.finish(&round, 0);
+        let after = c.next_batch().expect("the round ended");
+        let offsets: Vec<i64> = after.records.iter().map(|r| r.offset).collect();
+        assert_eq!(offsets, [0, 2], "key 1's records in input order");
+        assert_eq!(c.in_flight(), 3, "a round holds keys, not records");
     }
 
     #[test]

@@ -5,26 +5,33 @@
 //! step whether a timer is due — a processing-time timer at or before the clock, an event-time
 //! timer at or before the watermark the admitted records allow — and if so stops admitting, lets
 //! every admitted record finish (so that the watermark applies only once every record before it
-//! has finished, as FLIP-425's epochs, and a key's timer never overtakes its earlier records),
-//! applies the watermark and runs **one round**: at most `timer_batch_max` due timers, in time
-//! order, through one `on-timers` call. Then it admits records again; the next round waits for
-//! the next idle moment. A checkpoint due meanwhile goes first, so a backlog of due timers delays
-//! a checkpoint by at most one round.
+//! has finished, as FLIP-425's epochs), applies the watermark and starts **one round**: at most
+//! `timer_batch_max` due timers, in time order and at most one per key, through one `on-timers`
+//! call. The round runs as an entry of the execution controller: its keys are held there
+//! while it runs ([`super::controller::ExecutionController::hold`]), so a key's later records
+//! wait behind its timer — and its earlier ones all finished before — while records of other
+//! keys are admitted and run beside it (as Flink 2.0 puts fired timers in its asynchronous
+//! execution controller's per-key queues). The next round waits for the next idle moment. A
+//! checkpoint due meanwhile goes first, so a backlog of due timers delays a checkpoint by at
+//! most one round.
 //!
 //! A round's effects apply as a batch's do: each fired timer's entries are removed, and its
 //! state writes and emits applied, only together. A rejection with effects, or a trap, re-runs
 //! the round one timer at a time, each timer's effects applied before the next runs; a timer
 //! that is rejected or traps alone is dead-lettered (its entries removed, nothing else of it
-//! applied). A state outage leaves the timers pending and retries the round after a backoff,
-//! while records go on.
+//! applied). A state outage leaves the timers pending (back in the head) and retries the round
+//! after a backoff, while records go on.
 
-use super::attempt::{batch_deadline, prefetch_into};
+use super::PipelineStats;
+use super::attempt::{Ended, Running, batch_deadline, prefetch_into};
+use super::controller::key_hash;
 use super::outcome::WorkerError;
 use super::ports::{DeadLetterKind, ShardSink};
 use super::worker::PartitionWorker;
 use crate::clock::SharedClock;
 use crate::runtime::{
-    BatchCtx, CallError, Disposition, FiredTimer, Header, HostAbort, InputRecord, TimeDomain,
+    BatchCtx, CallError, Disposition, FiredTimer, Header, HostAbort, InputRecord, Instance,
+    Operator, TimeDomain,
 };
 use crate::state::{Shard, StateError, StateWrite};
 use crate::time::head::TimerHead;
@@ -270,8 +277,100 @@ async fn count_timers<S: Shard>(
     }
 }
 
+/// A round of fired timers whose call ended beside the record batches, handed back to the
+/// worker ([`PartitionWorker::timers_called`]).
+pub(super) struct TimersCalled<S: Shard> {
+    timers: Arc<Vec<FiredTimer>>,
+    /// Hashes of their keys, held in the execution controller while the round runs.
+    held: Vec<u64>,
+    now_ms: i64,
+    /// The instance, unless the call left it unusable or none could be created.
+    instance: Option<Instance<S>>,
+    called: Called,
+}
+
+/// An `on-timers` call with all it needs owned, so that it runs beside the worker's record
+/// batches as their attempts do ([`super::attempt::attempt`]).
+struct TimerCall<S: Shard> {
+    timers: Arc<Vec<FiredTimer>>,
+    shard: Arc<S>,
+    operator: Arc<Operator<S>>,
+    source: Arc<str>,
+    stats: Arc<PipelineStats>,
+    /// The call's time: the shard's applied watermark, and the clock.
+    watermark: Option<i64>,
+    now_ms: i64,
+    deadline: Duration,
+    emit_record_bytes_max: u64,
+    /// Longest wait for the prefetch.
+    io_max: Duration,
+}
+
+impl<S: Shard> TimerCall<S> {
+    /// Prefetches the timers' keys' declared value states (as for a batch of records), stages
+    /// every fired timer's entries as removed and calls `on-timers` on `instance` (or a new
+    /// one). Returns the instance unless the call left it unusable or none could be created.
+    async fn run(self, instance: Option<Instance<S>>) -> (Option<Instance<S>>, Called) {
+        let mut batch = BatchCtx::for_timers(self.timers.clone());
+        batch.set_emit_record_bytes_max(self.emit_record_bytes_max);
+        batch.set_time(self.watermark, self.now_ms);
+        let keys = self.timers.iter().map(|t| t.key.as_slice());
+        let value_states = &self.operator.meta().value_states;
+        let io_max = self.io_max;
+        match tokio::time::timeout(
+            io_max,
+            prefetch_into(&*self.shard, value_states, keys, &mut batch),
+        )
+        .await
+        {
+            Ok(Ok(())) => {}
+            Ok(Err(err)) => return (instance, Called::Outage(err)),
+            Err(_) => {
+                let err = StateError::Unavailable {
+                    shard: self.source.to_string(),
+                    source: format!("prefetch still waiting after {io_max:?}").into(),
+                };
+                return (instance, Called::Outage(err));
+            }
+        }
+        for timer in self.timers.iter() {
+            for key in removals(timer) {
+                batch.stage_removal(key);
+            }
+        }
+        let mut instance = match instance {
+            Some(instance) => instance,
+            None => match self
+                .operator
+                .instantiate(Some(self.shard.clone()), self.source.clone())
+                .await
+            {
+                Ok(instance) => instance,
+                Err(err) => {
+                    let err = StateError::Unavailable {
+                        shard: self.source.to_string(),
+                        source: Box::new(err),
+                    };
+                    return (None, Called::Outage(err));
+                }
+            },
+        };
+        let result = instance.call_timers(batch, self.deadline).await;
+        self.stats.guest_calls.fetch_add(1, Ordering::Relaxed);
+        match result {
+            Ok((dispositions, batch)) => (Some(instance), Called::Done(dispositions, batch)),
+            // The store is unusable after any error.
+            Err(CallError::Aborted(HostAbort::State(err))) => (None, Called::Outage(err)),
+            Err(fault) => {
+                self.stats.traps.fetch_add(1, Ordering::Relaxed);
+                (None, Called::Fault(fault))
+            }
+        }
+    }
+}
+
 /// How a round's call ended.
-enum Called {
+pub(super) enum Called {
     /// Dispositions and staged effects.
     Done(Vec<Disposition>, BatchCtx),
     /// The guest failed (trap, deadline, wrong disposition count).
@@ -285,8 +384,29 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
     /// watermark the finished records allow (saving it when it moved), and fires one round of
     /// due timers. A state outage backs off (records go on meanwhile); a corrupt state ends
     /// the worker.
-    pub(super) async fn timer_round(&mut self) -> Result<(), WorkerError> {
-        match self.timer_round_inner().await? {
+    /// With nothing in flight: prepares one round of due timers ([`Self::due_round`]) and
+    /// starts its call in `running`, beside the record batches to come. The round's keys are
+    /// held in the execution controller until it ends, so that a key's later records wait
+    /// behind its timer (as FLIP-425's per-key order), while other keys' records run. A state
+    /// outage backs off (records go on meanwhile); a corrupt state ends the worker.
+    pub(super) async fn timer_round(
+        &mut self,
+        running: &mut Running<S>,
+    ) -> Result<(), WorkerError> {
+        match self.due_round().await {
+            Ok(None) => self.round_ended(Ok(())),
+            Ok(Some((timers, now_ms))) => {
+                self.start_round(timers, now_ms, running);
+                Ok(())
+            }
+            Err(err) => self.round_ended(Err(err)),
+        }
+    }
+
+    /// A round's preparation or call ended: a success ends any backoff; an outage starts or
+    /// lengthens one; a corrupt state ends the worker.
+    fn round_ended(&mut self, result: Result<(), StateError>) -> Result<(), WorkerError> {
+        match result {
             Ok(()) => {
                 self.timers.retry_at = None;
                 self.timers.backoff = Duration::ZERO;
@@ -306,7 +426,10 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
         }
     }
 
-    async fn timer_round_inner(&mut self) -> Result<Result<(), StateError>, WorkerError> {
+    /// With nothing in flight: loads the shard's timers and saved watermark once, applies
+    /// (and saves) the watermark the finished records allow, and picks the next round's due
+    /// timers, in firing order, at most one per key. `None` when none is due.
+    async fn due_round(&mut self) -> Result<Option<(Vec<FiredTimer>, i64)>, StateError> {
         // Reads that hang must not hold the worker (nothing else runs meanwhile): bounded as
         // a call's state reads are, and an outage when they take longer.
         let io_max = self.settings.call_io_allowance;
@@ -319,21 +442,21 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
                 Ok(Ok(saved)) => {
                     saved.and_then(|v| Some(i64::from_be_bytes(v.as_ref().try_into().ok()?)))
                 }
-                Ok(Err(err)) => return Ok(Err(err)),
-                Err(_) => return Ok(Err(hung("reading the saved watermark"))),
+                Ok(Err(err)) => return Err(err),
+                Err(_) => return Err(hung("reading the saved watermark")),
             };
             let count = match tokio::time::timeout(io_max, self.shard.get(&TIMER_COUNT_KEY)).await {
                 Ok(Ok(count)) => {
                     count.and_then(|v| Some(i64::from_be_bytes(v.as_ref().try_into().ok()?)))
                 }
-                Ok(Err(err)) => return Ok(Err(err)),
-                Err(_) => return Ok(Err(hung("reading the timer count"))),
+                Ok(Err(err)) => return Err(err),
+                Err(_) => return Err(hung("reading the timer count")),
             };
             let mut head = TimerHead::default();
             match tokio::time::timeout(io_max, head.load(&*self.shard)).await {
                 Ok(Ok(())) => {}
-                Ok(Err(err)) => return Ok(Err(err)),
-                Err(_) => return Ok(Err(hung("loading the timers"))),
+                Ok(Err(err)) => return Err(err),
+                Err(_) => return Err(hung("loading the timers")),
             }
             // The count as of the checkpoint the shard opened from; what records applied
             // since then is in `added`. A shard from before the count was kept is counted
@@ -342,7 +465,7 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
                 Some(count) => count,
                 None => match count_timers(&*self.shard, self.source.to_string(), io_max).await {
                     Ok(count) => i64::try_from(count).unwrap_or(i64::MAX) - self.timers.added,
-                    Err(err) => return Ok(Err(err)),
+                    Err(err) => return Err(err),
                 },
             };
             // Loaded with nothing in flight: timers that records set or cleared while an
@@ -356,12 +479,10 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
         }
         match tokio::time::timeout(io_max, self.timers.head.load(&*self.shard)).await {
             Ok(Ok(())) => {}
-            Ok(Err(err)) => return Ok(Err(err)),
-            Err(_) => return Ok(Err(hung("loading the next timers"))),
+            Ok(Err(err)) => return Err(err),
+            Err(_) => return Err(hung("loading the next timers")),
         }
-        if let Err(err) = self.save_time().await {
-            return Ok(Err(err));
-        }
+        self.save_time().await?;
         let batch_max = self.settings.timer_batch_max;
         let now = self.timers.now_ms();
         let mut due = self
@@ -390,26 +511,95 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
         let mut keys = std::collections::HashSet::with_capacity(due.len());
         due.retain(|t| keys.insert(t.key.clone()));
         if due.is_empty() {
-            return Ok(Ok(()));
+            return Ok(None);
         }
-        let timers: Vec<FiredTimer> = due.into_iter().map(fired).collect();
-        let timers = Arc::new(timers);
-        match self.call_timers(timers.clone(), now).await {
-            Called::Outage(err) => Ok(Err(err)),
+        Ok(Some((due.into_iter().map(fired).collect(), now)))
+    }
+
+    /// Starts the call of a round over `timers` in `running`: they leave the head while they
+    /// fire and their keys are held in the controller (both given back by
+    /// [`Self::timers_called`]).
+    fn start_round(&mut self, timers: Vec<FiredTimer>, now_ms: i64, running: &mut Running<S>) {
+        for t in &timers {
+            let index = keys::time_index(t.domain, t.time_ms, &t.key, &t.name);
+            self.timers.head.take(t.domain, &index);
+        }
+        // Distinct: a round has at most one timer per key.
+        let held: Vec<u64> = timers.iter().map(|t| key_hash(&t.key)).collect();
+        self.execution.controller.hold(&held);
+        let instance = self.take_instance();
+        let call = self.timer_call(Arc::new(timers), now_ms);
+        running.push(Box::pin(async move {
+            let timers = call.timers.clone();
+            let (instance, called) = call.run(instance).await;
+            Ended::Timers(TimersCalled {
+                timers,
+                held,
+                now_ms,
+                instance,
+                called,
+            })
+        }));
+    }
+
+    /// A round's call ended ([`Self::start_round`]): applies it (or re-runs it one timer at a
+    /// time), lets its keys' records run, and gives the timers that did not fire (an outage)
+    /// back to the head, to fire in a later round.
+    pub(super) async fn timers_called(
+        &mut self,
+        ended: TimersCalled<S>,
+    ) -> Result<(), WorkerError> {
+        let TimersCalled {
+            timers,
+            held,
+            now_ms,
+            instance,
+            called,
+        } = ended;
+        self.give_back_instance(instance);
+        let settled = self.settle_round(&timers, now_ms, called).await?;
+        self.execution.controller.finish(&held, 0);
+        match settled {
+            Ok(()) => self.round_ended(Ok(())),
+            Err((err, pending)) => {
+                for t in &timers[pending..] {
+                    let index = keys::time_index(t.domain, t.time_ms, &t.key, &t.name);
+                    self.timers.head.put_back(t.domain, index);
+                }
+                self.round_ended(Err(err))
+            }
+        }
+    }
+
+    /// Applies a round's call: all of it when it succeeded (rejections without effects are
+    /// dead-lettered); after a rejection with effects or a fault, one timer at a time. On an
+    /// outage, `Err` with the index of the first timer not settled (those before it are).
+    async fn settle_round(
+        &mut self,
+        timers: &Arc<Vec<FiredTimer>>,
+        now: i64,
+        called: Called,
+    ) -> Result<Result<(), (StateError, usize)>, WorkerError> {
+        match called {
+            Called::Outage(err) => Ok(Err((err, 0))),
             Called::Done(dispositions, batch)
                 if !dispositions
                     .iter()
                     .enumerate()
                     .any(|(i, d)| matches!(d, Disposition::Reject(_)) && batch.touched(i)) =>
             {
-                self.settle_timers(&timers, &dispositions, batch, now).await
+                // One write: after an outage nothing of the round was applied.
+                let settled = self
+                    .settle_timers(timers, &dispositions, batch, now)
+                    .await?;
+                Ok(settled.map_err(|err| (err, 0)))
             }
             // A rejection with effects, or a fault: one timer at a time.
             Called::Done(..) | Called::Fault(_) => {
-                for timer in timers.iter() {
+                for (i, timer) in timers.iter().enumerate() {
                     let one = Arc::new(vec![timer.clone()]);
                     let settled = match self.call_timers(one.clone(), now).await {
-                        Called::Outage(err) => return Ok(Err(err)),
+                        Called::Outage(err) => return Ok(Err((err, i))),
                         // Rejected with effects: those are discarded, the timer dead-lettered.
                         Called::Done(dispositions, batch)
                             if batch.touched(0)
@@ -435,7 +625,7 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
                         }
                     };
                     if let Err(err) = settled {
-                        return Ok(Err(err));
+                        return Ok(Err((err, i)));
                     }
                 }
                 Ok(Ok(()))
@@ -513,74 +703,46 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
         Ok(())
     }
 
-    /// One `on-timers` call over `timers` on an idle (or new) instance, their entries staged
-    /// as removed first.
+    /// One `on-timers` call over `timers` on an idle (or new) instance, inline: the re-run
+    /// of a round one timer at a time.
     async fn call_timers(&mut self, timers: Arc<Vec<FiredTimer>>, now_ms: i64) -> Called {
-        let mut batch = BatchCtx::for_timers(timers.clone());
-        batch.set_emit_record_bytes_max(self.sink.output_bytes_max());
-        batch.set_time(self.timers.watermarks.applied(), now_ms);
-        // The keys' declared value states in one read, as for a batch of records.
-        let keys = timers.iter().map(|t| t.key.as_slice());
-        let value_states = &self.operator.meta().value_states;
-        let io_max = self.settings.call_io_allowance;
-        match tokio::time::timeout(
-            io_max,
-            prefetch_into(&*self.shard, value_states, keys, &mut batch),
-        )
-        .await
-        {
-            Ok(Ok(())) => {}
-            Ok(Err(err)) => return Called::Outage(err),
-            Err(_) => {
-                return Called::Outage(StateError::Unavailable {
-                    shard: self.source.to_string(),
-                    source: format!("prefetch still waiting after {io_max:?}").into(),
-                });
-            }
+        let instance = self.take_instance();
+        let (instance, called) = self.timer_call(timers, now_ms).run(instance).await;
+        self.give_back_instance(instance);
+        called
+    }
+
+    /// What a call over `timers` needs, owned (see [`TimerCall::run`]).
+    fn timer_call(&self, timers: Arc<Vec<FiredTimer>>, now_ms: i64) -> TimerCall<S> {
+        TimerCall {
+            deadline: batch_deadline(&self.settings, timers.len()),
+            timers,
+            shard: self.shard.clone(),
+            operator: self.operator.clone(),
+            source: self.source.clone(),
+            stats: self.stats.clone(),
+            watermark: self.timers.watermarks.applied(),
+            now_ms,
+            emit_record_bytes_max: self.sink.output_bytes_max(),
+            io_max: self.settings.call_io_allowance,
         }
-        for timer in timers.iter() {
-            for key in removals(timer) {
-                batch.stage_removal(key);
-            }
+    }
+
+    /// An idle instance, or `None` with one more counted live (the call creates it).
+    fn take_instance(&mut self) -> Option<Instance<S>> {
+        let instance = self.execution.idle.pop();
+        if instance.is_none() {
+            self.execution.live += 1;
         }
-        let mut instance = match self.execution.idle.pop() {
-            Some(instance) => instance,
-            None => match self
-                .operator
-                .instantiate(Some(self.shard.clone()), self.source.clone())
-                .await
-            {
-                Ok(instance) => {
-                    self.execution.live += 1;
-                    instance
-                }
-                Err(err) => {
-                    return Called::Outage(StateError::Unavailable {
-                        shard: self.source.to_string(),
-                        source: Box::new(err),
-                    });
-                }
-            },
-        };
-        let deadline = batch_deadline(&self.settings, timers.len());
-        let result = instance.call_timers(batch, deadline).await;
-        self.stats.guest_calls.fetch_add(1, Ordering::Relaxed);
-        match result {
-            Ok((dispositions, batch)) => {
-                self.execution.idle.push(instance);
-                Called::Done(dispositions, batch)
-            }
-            Err(err) => {
-                // The store is unusable after any error.
-                self.execution.live -= 1;
-                match err {
-                    CallError::Aborted(HostAbort::State(err)) => Called::Outage(err),
-                    fault => {
-                        self.stats.traps.fetch_add(1, Ordering::Relaxed);
-                        Called::Fault(fault)
-                    }
-                }
-            }
+        instance
+    }
+
+    /// An instance back from a call: idle again, or gone (`None`: a failed call left it
+    /// unusable, or none could be created).
+    fn give_back_instance(&mut self, instance: Option<Instance<S>>) {
+        match instance {
+            Some(instance) => self.execution.idle.push(instance),
+            None => self.execution.live -= 1,
         }
     }
 

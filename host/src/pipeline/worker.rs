@@ -35,7 +35,9 @@
 //! finishes what it admitted, checkpoints once more and ends.
 
 use super::PipelineStats;
-use super::attempt::{Attempted, Execution, Failure, Running, Task, attempt, batch_deadline};
+use super::attempt::{
+    Attempted, Ended, Execution, Failure, Running, Task, attempt, batch_deadline,
+};
 use super::events::{Assignment, EventSender, Stall, ToWorker};
 use super::isolation::{Isolation, Outcome, Verdict};
 use super::outcome::WorkerError;
@@ -117,8 +119,10 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
         let mut ticks = tokio::time::interval_at(start, self.checkpoint_interval);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut running: Running<S> = FuturesUnordered::new();
-        // Records received from the queue and not admitted yet (in-flight limit).
+        // Records received from the queue and not admitted yet (in-flight limit), and the
+        // topics of those received since it was last empty.
         let mut backlog: VecDeque<InputRecord> = VecDeque::new();
+        let mut backlog_topics: Vec<Arc<str>> = Vec::new();
         let mut closed = false;
         // A checkpoint is due: admit nothing until every admitted record finished (step 1).
         let mut checkpoint_due = false;
@@ -131,11 +135,20 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
         let mut after_round = false;
         loop {
             self.report_stall().await;
-            // Records waiting in Weir (queued, or held by an outage) keep every input active:
-            // waiting in Weir is not idleness (their topics are unknown while queued).
+            // Records waiting in Weir keep their inputs active: waiting in Weir is not
+            // idleness. Queued or held by an outage: every input (their topics are unknown
+            // while queued); received and waiting for room in flight: theirs.
             if self.execution.backing_off > 0 || !queue.is_empty() {
                 let now = self.timers.now_ms();
                 self.timers.watermarks.held(now);
+            }
+            if backlog.is_empty() {
+                backlog_topics.clear();
+            } else {
+                let now = self.timers.now_ms();
+                for topic in &backlog_topics {
+                    self.timers.watermarks.seen(topic, now);
+                }
             }
             self.timers
                 .watermarks
@@ -169,7 +182,7 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
                     break;
                 }
                 if timers_due && !after_round {
-                    self.timer_round().await?;
+                    self.timer_round(&mut running).await?;
                     after_round = true;
                     // A backlog of rounds whose calls and writes never wait would hold the
                     // runtime's thread: let its other tasks (partitions, the consumer loop) in.
@@ -194,7 +207,10 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
                     Ok(()) => (checkpoint_due, checkpoint_requested) = (true, true),
                     Err(_) => requests_open = false,
                 },
-                Some(attempted) = running.next() => self.attempted(attempted).await?,
+                Some(ended) = running.next() => match ended {
+                    Ended::Batch(attempted) => self.attempted(attempted).await?,
+                    Ended::Timers(called) => self.timers_called(called).await?,
+                },
                 // The whole queue at once: behind a steady stream of finishing attempts (served
                 // first), one batch per intake kept the in-flight window from filling under CPU
                 // load.
@@ -207,6 +223,11 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
                                 let now = self.timers.now_ms();
                                 for record in &records {
                                     self.timers.watermarks.seen(&record.topic, now);
+                                    if !backlog_topics.iter().any(|t| {
+                                        Arc::ptr_eq(t, &record.topic) || *t == record.topic
+                                    }) {
+                                        backlog_topics.push(record.topic.clone());
+                                    }
                                 }
                                 backlog.extend(records);
                             }
@@ -229,9 +250,11 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
                         None => std::future::pending().await,
                     }
                 } => {}
-                // After a round, once the checkpoint's tick, the finished attempts and the
-                // queue were looked at: admit, then go round again.
-                () = std::future::ready(()), if after_round => {}
+                // After a round started, once the checkpoint's tick, the finished attempts and
+                // the queue were looked at: admit, then go round again — unless a checkpoint is
+                // due, which admits nothing and waits for what runs (the round among it):
+                // looping here then would never let it finish.
+                () = std::future::ready(()), if after_round && !checkpoint_due => {}
             }
         }
         self.checkpoint_with_time(true, false).await
@@ -347,7 +370,7 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
             }
             let calling = task.isolation.current().map_or(0, |r| r.len());
             let deadline = batch_deadline(&self.settings, calling);
-            running.push(Box::pin(attempt(
+            let attempt = attempt(
                 self.shard.clone(),
                 self.operator.clone(),
                 self.source.clone(),
@@ -357,7 +380,8 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
                 self.sink.output_bytes_max(),
                 // Constant while records are in flight: it is applied only with none.
                 self.timers.watermarks.applied(),
-            )));
+            );
+            running.push(Box::pin(async move { Ended::Batch(attempt.await) }));
         }
         self.stats
             .batches_in_flight_peak
