@@ -100,3 +100,99 @@ async fn seek_at_assignment(round: usize, commit: bool) -> anyhow::Result<()> {
     );
     Ok(())
 }
+
+/// Under `auto.offset.reset = latest`, a partition seeked without a checkpoint starts at its end
+/// as it is at the seek, and one with a checkpoint at the checkpoint: none of the records
+/// produced after the seeks is missing, and none from before the end where there is no
+/// checkpoint is handed out. The group has no committed offsets, so librdkafka resolves a
+/// start offset itself while Weir seeks; its own reset stays `earliest`, so a lookup that
+/// overtakes a seek can only go back, never past the checkpoint (it had skipped to the end).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_latest_a_partition_starts_at_its_end_or_its_checkpoint_and_misses_nothing()
+-> anyhow::Result<()> {
+    init_tracing();
+    for round in 0..2 {
+        let (input, output, dlq) = (
+            unique("latest-in"),
+            unique("latest-out"),
+            unique("latest-dlq"),
+        );
+        create_topics(&[(&input, PARTITIONS)]).await?;
+        let batch = |from: usize| -> Vec<(Vec<u8>, Vec<u8>)> {
+            (from..from + 20)
+                .map(|i| (format!("k{i}").into_bytes(), format!("v{i}").into_bytes()))
+                .collect()
+        };
+        for partition in 0..PARTITIONS {
+            produce(&input, partition, &batch(0)).await?;
+        }
+        let mut settings = settings(
+            guest("weir_test_counter"),
+            &input,
+            &output,
+            &dlq,
+            RuntimeSettings::default(),
+        );
+        settings
+            .kafka
+            .consumer
+            .insert("auto.offset.reset".to_owned(), "latest".to_owned());
+        let source = KafkaSource::new(&settings)?;
+        let mut fetched: Vec<InputRecord> = Vec::new();
+        let mut got: BTreeMap<i32, BTreeSet<i64>> = BTreeMap::new();
+        let mut seeked = BTreeSet::new();
+        let mut produced = false;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        // Partition 0 has a checkpoint after offset 9; the others have none.
+        let complete = |got: &BTreeMap<i32, BTreeSet<i64>>| {
+            (0..PARTITIONS).all(|p| {
+                let from = if p == 0 { 10 } else { 20 };
+                (from..40).all(|o| got.get(&p).is_some_and(|s| s.contains(&o)))
+            })
+        };
+        while !complete(&got) {
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "round {round}: seeked {seeked:?}, fetched {got:?}"
+            );
+            source
+                .fetch(100, &mut fetched)
+                .map_err(|e| anyhow::anyhow!(e))?;
+            for record in fetched.drain(..) {
+                got.entry(record.partition)
+                    .or_default()
+                    .insert(record.offset);
+            }
+            for partition in source.take_assigned() {
+                let mut offsets = InputOffsets::new();
+                if partition == 0 {
+                    offsets.advance(&input, 9);
+                }
+                source
+                    .seek(partition, &offsets)
+                    .map_err(|e| anyhow::anyhow!("round {round}: {}", Chain(&e)))?;
+                seeked.insert(partition);
+            }
+            if !produced && seeked.len() == PARTITIONS as usize {
+                for partition in 0..PARTITIONS {
+                    produce(&input, partition, &batch(20)).await?;
+                }
+                produced = true;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        for partition in 1..PARTITIONS {
+            let below: Vec<i64> = got[&partition]
+                .iter()
+                .copied()
+                .filter(|o| *o < 20)
+                .collect();
+            assert!(
+                below.is_empty(),
+                "round {round}: partition {partition} had no checkpoint and started at its end, \
+                 yet {below:?} came"
+            );
+        }
+    }
+    Ok(())
+}

@@ -204,7 +204,10 @@ pub type SourceConsumer = BaseConsumer<SourceContext>;
 ///
 /// Defaults: auto-commit and offset store off, `auto.offset.reset=earliest`,
 /// `isolation.level=read_committed`, partition EOF events (for [`Source::at_end`]), statistics
-/// every second (for lag); `kafka.consumer` settings override them.
+/// every second (for lag); `kafka.consumer` settings override them, except
+/// `auto.offset.reset`: Weir applies it itself when it seeks a partition that has no
+/// checkpoint ([`KafkaSource`]), and librdkafka's own stays `earliest`, so that a lookup of it
+/// that overtakes a seek can only go back to records Weir skips, never past records it needs.
 ///
 /// # Errors
 /// [`KafkaError`] when librdkafka rejects the configuration.
@@ -225,7 +228,9 @@ pub fn consumer(
         // Per-partition high watermarks for the pipeline's lag (SourceContext::stats).
         .set("statistics.interval.ms", "1000");
     for (k, v) in &settings.kafka.consumer {
-        config.set(k, v);
+        if k != "auto.offset.reset" {
+            config.set(k, v);
+        }
     }
     let context = SourceContext::default();
     let mut consumer: SourceConsumer = config.create_with_context(context.clone())?;
@@ -305,6 +310,12 @@ pub struct KafkaSource {
     topics: Vec<Arc<str>>,
     /// Where a partition without a checkpoint offset starts (`auto.offset.reset`).
     reset: Offset,
+    /// (topic, partition) → the offset below which nothing is handed out: the end a partition
+    /// without a checkpoint was seeked to under `auto.offset.reset = latest`. librdkafka may
+    /// go back on a seek made while it still resolves a start offset, and fetch from the
+    /// beginning; with a checkpoint the worker skips what comes below it, without one this
+    /// does (see [`Source::seek`]).
+    floors: Arc<Mutex<HashMap<TopicPartition, i64>>>,
     /// Partition → the queues of its topics, split off on its first assignment (librdkafka
     /// keeps a queue the application split off through revokes and assignments).
     queues: Arc<Mutex<PartitionQueues>>,
@@ -362,6 +373,7 @@ impl KafkaSource {
             context,
             topics,
             reset,
+            floors: Arc::default(),
             ready,
             ends: Arc::default(),
         })
@@ -391,7 +403,9 @@ impl KafkaSource {
                 Some(Ok(msg)) => {
                     let topic = self.topic(msg.topic());
                     self.mark_end(&topic, msg.partition(), false);
-                    records.push(to_input_record(&msg, &topic));
+                    if msg.offset() >= self.floor(&topic, msg.partition()) {
+                        records.push(to_input_record(&msg, &topic));
+                    }
                 }
                 // The event names no topic: with one input topic it is that one's (with more,
                 // the partition counts as caught up after its next record and end).
@@ -413,6 +427,16 @@ impl KafkaSource {
             }
         }
         Ok(true)
+    }
+
+    /// The offset of `topic` `partition` below which nothing is handed out (see `floors`).
+    fn floor(&self, topic: &Arc<str>, partition: i32) -> i64 {
+        self.floors
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&(topic.clone(), partition))
+            .copied()
+            .unwrap_or(i64::MIN)
     }
 
     /// Records whether `topic` `partition` was last seen at its end.
@@ -512,6 +536,7 @@ impl Source for KafkaSource {
             .paused
             .lock()
             .unwrap_or_else(|e| e.into_inner());
+        let floors = self.floors.lock().unwrap_or_else(|e| e.into_inner());
         let mut more = false;
         for (partition, of_partition) in &queues.by_partition {
             if paused.contains(partition) {
@@ -519,13 +544,22 @@ impl Source for KafkaSource {
             }
             let mut budget = per_partition_max;
             for (topic, queue) in of_partition {
+                let floor = match floors.is_empty() {
+                    true => i64::MIN,
+                    false => floors
+                        .get(&(topic.clone(), *partition))
+                        .copied()
+                        .unwrap_or(i64::MIN),
+                };
                 // Whether the last event of the queue was its end (EOF follows the records
                 // before it in the queue).
                 let mut end = None;
                 while budget > 0 {
                     match queue.poll(Duration::ZERO) {
                         Some(Ok(msg)) => {
-                            records.push(to_input_record(&msg, topic));
+                            if msg.offset() >= floor {
+                                records.push(to_input_record(&msg, topic));
+                            }
                             end = Some(false);
                         }
                         Some(Err(KafkaError::PartitionEOF(_))) => {
@@ -575,11 +609,31 @@ impl Source for KafkaSource {
         result.map_err(|e| source_error(format!("pause partition {partition}"), e))
     }
 
+    /// Seeks each input topic's `partition` to the checkpoint's next offset; without one, to
+    /// the beginning, or under `auto.offset.reset = latest` to the partition's end as it is
+    /// now (read from the broker), below which nothing is then handed out.
     fn seek(&self, partition: i32, offsets: &InputOffsets) -> Result<(), SourceError> {
         for topic in &self.topics {
-            let to = offsets.next(topic).map_or(self.reset, Offset::Offset);
-            self.seek_started(topic, partition, to)
-                .map_err(|e| source_error(format!("seek `{topic}` partition {partition}"), e))?;
+            let failed = |e| source_error(format!("seek `{topic}` partition {partition}"), e);
+            let (to, floor) = match (offsets.next(topic), self.reset) {
+                (Some(next), _) => (Offset::Offset(next), None),
+                (None, Offset::End) => {
+                    let (_, end) = self
+                        .consumer
+                        .fetch_watermarks(topic, partition, SEEK_TIMEOUT)
+                        .map_err(failed)?;
+                    (Offset::Offset(end), Some(end))
+                }
+                (None, reset) => (reset, None),
+            };
+            {
+                let mut floors = self.floors.lock().unwrap_or_else(|e| e.into_inner());
+                match floor {
+                    Some(floor) => floors.insert((topic.clone(), partition), floor),
+                    None => floors.remove(&(topic.clone(), partition)),
+                };
+            }
+            self.seek_started(topic, partition, to).map_err(failed)?;
         }
         Ok(())
     }
