@@ -19,8 +19,9 @@
 //! state writes and emits applied, only together. A rejection with effects, or a trap, re-runs
 //! the round one timer at a time, each timer's effects applied before the next runs; a timer
 //! that is rejected or traps alone is dead-lettered (its entries removed, nothing else of it
-//! applied). A state outage leaves the timers pending (back in the head) and retries the round
-//! after a backoff, while records go on.
+//! applied). The re-runs are calls of their own beside the records, never inline. A state
+//! outage keeps the round's keys held and its timers taken, and calls again after a backoff, as
+//! a batch of records does; records of other keys go on.
 
 use super::PipelineStats;
 use super::attempt::{Ended, Running, batch_deadline, prefetch_into};
@@ -78,6 +79,8 @@ pub(crate) struct Timers {
     /// Whether the operator can have timers (a 0.1 component cannot): when not, nothing here
     /// reads or writes the shard.
     enabled: bool,
+    /// A round whose next call is to start ([`PartitionWorker::continue_round`]).
+    going_on: Option<Round>,
 }
 
 impl Timers {
@@ -105,6 +108,7 @@ impl Timers {
             backoff: Duration::ZERO,
             topic: topics.first().map_or("", String::as_str).into(),
             enabled,
+            going_on: None,
         }
     }
 
@@ -277,13 +281,43 @@ async fn count_timers<S: Shard>(
     }
 }
 
-/// A round of fired timers whose call ended beside the record batches, handed back to the
-/// worker ([`PartitionWorker::timers_called`]).
-pub(super) struct TimersCalled<S: Shard> {
+/// A round of fired timers in progress: held in the execution controller from its start until
+/// its last timer is settled, whatever happens in between (a re-run one timer at a time, an
+/// outage's backoff), as a batch of records holds its keys.
+#[derive(Debug)]
+pub(super) struct Round {
+    /// Its timers, in firing order, at most one per key.
     timers: Arc<Vec<FiredTimer>>,
-    /// Hashes of their keys, held in the execution controller while the round runs.
+    /// Timers before this one are settled (fired, or dead-lettered).
+    next: usize,
+    /// After a trap or a rejection with effects: one timer per call.
+    one_by_one: bool,
+    /// Hashes of its keys, held in the execution controller.
     held: Vec<u64>,
+    /// Processing time of its calls, ms.
     now_ms: i64,
+    /// Wait before the next call (after an outage), and the wait after the next outage.
+    delay: Duration,
+    backoff: Duration,
+}
+
+impl Round {
+    /// The timers of the next call: the rest of the round, or its next timer alone.
+    fn calling(&self) -> Arc<Vec<FiredTimer>> {
+        match (self.one_by_one, self.next) {
+            (false, 0) => self.timers.clone(),
+            (false, next) => Arc::new(self.timers[next..].to_vec()),
+            (true, next) => Arc::new(vec![self.timers[next].clone()]),
+        }
+    }
+}
+
+/// A call of a round that ended beside the record batches, handed back to the worker
+/// ([`PartitionWorker::timers_called`]).
+pub(super) struct TimersCalled<S: Shard> {
+    round: Round,
+    /// The timers the call was given.
+    calling: Arc<Vec<FiredTimer>>,
     /// The instance, unless the call left it unusable or none could be created.
     instance: Option<Instance<S>>,
     called: Called,
@@ -516,9 +550,9 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
         Ok(Some((due.into_iter().map(fired).collect(), now)))
     }
 
-    /// Starts the call of a round over `timers` in `running`: they leave the head while they
-    /// fire and their keys are held in the controller (both given back by
-    /// [`Self::timers_called`]).
+    /// Starts a round over `timers` in `running`: they leave the head while they fire (they
+    /// are settled or retried, never given back) and their keys are held in the controller
+    /// until the round ends ([`Self::timers_called`]).
     fn start_round(&mut self, timers: Vec<FiredTimer>, now_ms: i64, running: &mut Running<S>) {
         for t in &timers {
             let index = keys::time_index(t.domain, t.time_ms, &t.key, &t.name);
@@ -527,108 +561,137 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
         // Distinct: a round has at most one timer per key.
         let held: Vec<u64> = timers.iter().map(|t| key_hash(&t.key)).collect();
         self.execution.controller.hold(&held);
+        let round = Round {
+            timers: Arc::new(timers),
+            next: 0,
+            one_by_one: false,
+            held,
+            now_ms,
+            delay: Duration::ZERO,
+            backoff: self.settings.outage_backoff_min,
+        };
+        self.call_round(round, running);
+    }
+
+    /// Starts the next call of a round that goes on ([`Self::timers_called`] left it in
+    /// `Timers::going_on`), if there is one: called at the top of the worker's loop, before
+    /// anything looks at what runs.
+    pub(super) fn continue_round(&mut self, running: &mut Running<S>) {
+        if let Some(round) = self.timers.going_on.take() {
+            self.call_round(round, running);
+        }
+    }
+
+    /// Pushes the round's next call (after its delay) into `running`.
+    fn call_round(&mut self, round: Round, running: &mut Running<S>) {
+        let calling = round.calling();
         let instance = self.take_instance();
-        let call = self.timer_call(Arc::new(timers), now_ms);
+        let call = self.timer_call(calling.clone(), round.now_ms);
         running.push(Box::pin(async move {
-            let timers = call.timers.clone();
+            if !round.delay.is_zero() {
+                tokio::time::sleep(round.delay).await;
+            }
             let (instance, called) = call.run(instance).await;
             Ended::Timers(TimersCalled {
-                timers,
-                held,
-                now_ms,
+                round,
+                calling,
                 instance,
                 called,
             })
         }));
     }
 
-    /// A round's call ended ([`Self::start_round`]): applies it (or re-runs it one timer at a
-    /// time), lets its keys' records run, and gives the timers that did not fire (an outage)
-    /// back to the head, to fire in a later round.
+    /// A call of a round ended ([`Self::start_round`]): its effects are applied, or its
+    /// timers dead-lettered, and the round ends — its keys' records may run — once every timer
+    /// is settled; until then it goes on (`Timers::going_on`, started again at the top of the
+    /// worker's loop): one timer at a time after a trap or a rejection with effects, the same
+    /// call again after a backoff on an outage. Nothing of it is ever called inline: record
+    /// calls beside it are left unpolled meanwhile, and their wall-clock caps would run out.
     pub(super) async fn timers_called(
         &mut self,
         ended: TimersCalled<S>,
     ) -> Result<(), WorkerError> {
         let TimersCalled {
-            timers,
-            held,
-            now_ms,
+            mut round,
+            calling,
             instance,
             called,
         } = ended;
         self.give_back_instance(instance);
-        let settled = self.settle_round(&timers, now_ms, called).await?;
-        self.execution.controller.finish(&held, 0);
-        match settled {
-            Ok(()) => self.round_ended(Ok(())),
-            Err((err, pending)) => {
-                for t in &timers[pending..] {
-                    let index = keys::time_index(t.domain, t.time_ms, &t.key, &t.name);
-                    self.timers.head.put_back(t.domain, index);
-                }
-                self.round_ended(Err(err))
-            }
-        }
-    }
-
-    /// Applies a round's call: all of it when it succeeded (rejections without effects are
-    /// dead-lettered); after a rejection with effects or a fault, one timer at a time. On an
-    /// outage, `Err` with the index of the first timer not settled (those before it are).
-    async fn settle_round(
-        &mut self,
-        timers: &Arc<Vec<FiredTimer>>,
-        now: i64,
-        called: Called,
-    ) -> Result<Result<(), (StateError, usize)>, WorkerError> {
-        match called {
-            Called::Outage(err) => Ok(Err((err, 0))),
+        round.delay = Duration::ZERO;
+        let now = round.now_ms;
+        let settled = match called {
+            Called::Outage(err) => Err(err),
             Called::Done(dispositions, batch)
-                if !dispositions
-                    .iter()
-                    .enumerate()
-                    .any(|(i, d)| matches!(d, Disposition::Reject(_)) && batch.touched(i)) =>
+                if !round.one_by_one
+                    && !dispositions
+                        .iter()
+                        .enumerate()
+                        .any(|(i, d)| matches!(d, Disposition::Reject(_)) && batch.touched(i)) =>
             {
-                // One write: after an outage nothing of the round was applied.
+                // One write: on an outage nothing of the call was applied.
                 let settled = self
-                    .settle_timers(timers, &dispositions, batch, now)
+                    .settle_timers(&calling, &dispositions, batch, now)
                     .await?;
-                Ok(settled.map_err(|err| (err, 0)))
+                settled.map(|()| round.next = round.timers.len())
             }
             // A rejection with effects, or a fault: one timer at a time.
-            Called::Done(..) | Called::Fault(_) => {
-                for (i, timer) in timers.iter().enumerate() {
-                    let one = Arc::new(vec![timer.clone()]);
-                    let settled = match self.call_timers(one.clone(), now).await {
-                        Called::Outage(err) => return Ok(Err((err, i))),
-                        // Rejected with effects: those are discarded, the timer dead-lettered.
-                        Called::Done(dispositions, batch)
-                            if batch.touched(0)
-                                && matches!(dispositions.first(), Some(Disposition::Reject(_))) =>
-                        {
-                            let reason = match dispositions.into_iter().next() {
-                                Some(Disposition::Reject(reason)) => reason,
-                                _ => String::new(),
-                            };
-                            self.timer_failed(timer, DeadLetterKind::Rejected, &reason, now)
-                                .await?
-                        }
-                        Called::Done(dispositions, batch) => {
-                            self.settle_timers(&one, &dispositions, batch, now).await?
-                        }
-                        Called::Fault(fault) => {
-                            let kind = match fault {
-                                CallError::Trap { deadline: true, .. } => DeadLetterKind::Deadline,
-                                _ => DeadLetterKind::Trapped,
-                            };
-                            self.timer_failed(timer, kind, &fault.to_string(), now)
-                                .await?
-                        }
-                    };
-                    if let Err(err) = settled {
-                        return Ok(Err((err, i)));
-                    }
-                }
-                Ok(Ok(()))
+            Called::Done(..) | Called::Fault(_) if !round.one_by_one => {
+                round.one_by_one = true;
+                self.timers.going_on = Some(round);
+                return Ok(());
+            }
+            // One timer alone, rejected with effects: those are discarded, it is
+            // dead-lettered.
+            Called::Done(dispositions, batch)
+                if batch.touched(0)
+                    && matches!(dispositions.first(), Some(Disposition::Reject(_))) =>
+            {
+                let reason = match dispositions.into_iter().next() {
+                    Some(Disposition::Reject(reason)) => reason,
+                    _ => String::new(),
+                };
+                let settled = self
+                    .timer_failed(&calling[0], DeadLetterKind::Rejected, &reason, now)
+                    .await?;
+                settled.map(|()| round.next += 1)
+            }
+            Called::Done(dispositions, batch) => {
+                let settled = self
+                    .settle_timers(&calling, &dispositions, batch, now)
+                    .await?;
+                settled.map(|()| round.next += 1)
+            }
+            Called::Fault(fault) => {
+                let kind = match fault {
+                    CallError::Trap { deadline: true, .. } => DeadLetterKind::Deadline,
+                    _ => DeadLetterKind::Trapped,
+                };
+                let settled = self
+                    .timer_failed(&calling[0], kind, &fault.to_string(), now)
+                    .await?;
+                settled.map(|()| round.next += 1)
+            }
+        };
+        match settled {
+            Ok(()) if round.next < round.timers.len() => {
+                round.backoff = self.settings.outage_backoff_min;
+                self.timers.going_on = Some(round);
+                Ok(())
+            }
+            Ok(()) => {
+                self.execution.controller.finish(&round.held, 0);
+                self.round_ended(Ok(()))
+            }
+            Err(err) if err.kind() == crate::error::ErrorKind::Corrupt => Err(self.corrupt(err)),
+            Err(err) => {
+                // Its keys stay held and its timers taken: the same call after a backoff.
+                tracing::warn!(partition = self.partition, error = %err, retry_in = ?round.backoff, "state backend unavailable; timers wait");
+                self.stats.outage_retries.fetch_add(1, Ordering::Relaxed);
+                round.delay = round.backoff;
+                round.backoff = (round.backoff * 2).min(ROUND_BACKOFF_MAX);
+                self.timers.going_on = Some(round);
+                Ok(())
             }
         }
     }
@@ -701,15 +764,6 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
             self.stats.record_watermark(self.partition, watermark, now);
         }
         Ok(())
-    }
-
-    /// One `on-timers` call over `timers` on an idle (or new) instance, inline: the re-run
-    /// of a round one timer at a time.
-    async fn call_timers(&mut self, timers: Arc<Vec<FiredTimer>>, now_ms: i64) -> Called {
-        let instance = self.take_instance();
-        let (instance, called) = self.timer_call(timers, now_ms).run(instance).await;
-        self.give_back_instance(instance);
-        called
     }
 
     /// What a call over `timers` needs, owned (see [`TimerCall::run`]).

@@ -134,6 +134,9 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
         // A timer round just ran: admit what waits before the next one (docs/time.md).
         let mut after_round = false;
         loop {
+            // A round of timers that goes on (one timer at a time, or after an outage) first:
+            // it runs, so nothing below takes the partition for idle.
+            self.continue_round(&mut running);
             self.report_stall().await;
             // Records waiting in Weir keep their inputs active: waiting in Weir is not
             // idleness. Queued or held by an outage: every input (their topics are unknown

@@ -137,20 +137,12 @@ impl TimerHead {
 
     /// Takes the timer at time-index entry `key` of `domain` (one [`Self::due`] gave) out of
     /// the head while it fires beside records (its stored entries stay until the writes that
-    /// remove them are applied), so that it is neither due nor fired again meanwhile. A refill
-    /// never reads it back: a refill scans only past the horizon, and it is not.
+    /// remove them are applied), so that it is neither due nor fired again meanwhile. The
+    /// caller must not [`Self::load`] while a taken timer is still stored: a refill may read it
+    /// back (records beside it can trim the head and move its horizon below it). The worker
+    /// loads only with nothing in flight.
     pub fn take(&mut self, domain: TimeDomain, key: &[u8]) {
         self.domain_mut(domain).entries.remove(key);
-    }
-
-    /// Gives back a timer [`Self::take`]n whose firing did not happen (its entries are still
-    /// stored): it rejoins the head unless the horizon moved back below it meanwhile, and then
-    /// a later refill reads it from the store.
-    pub fn put_back(&mut self, domain: TimeDomain, key: Vec<u8>) {
-        let head = self.domain_mut(domain);
-        if head.covers(&key) {
-            head.entries.insert(key);
-        }
     }
 
     /// Timers in the head, both domains (a lower bound of those pending when a horizon is set).

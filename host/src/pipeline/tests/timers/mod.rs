@@ -340,6 +340,47 @@ async fn a_timer_due_during_a_state_outage_waits_for_the_store_and_fires_once() 
     run.stop().await.expect("clean stop");
 }
 
+/// A round that meets a state outage keeps holding its keys while it backs off: a record of
+/// its timer's key that arrives meanwhile runs after the timer, not before (it could clear or
+/// move it). A review found the round had let its keys go on an outage.
+#[tokio::test(start_paused = true)]
+async fn a_round_held_up_by_an_outage_keeps_its_keys_later_records_wait_for_it() {
+    let clock = ManualClock::new(T0);
+    let world = World::new(1, 0, "at_least_once");
+    let (run, backend) = world.start_timed(&clock).await;
+    world.handle.assign(&[0]);
+    world.send("k", &format!("timer:processing:t:{}", T0 + 1000), 1);
+    until("the timer is set", || {
+        run.stats.records_ok.load(Ordering::Relaxed) == 1
+    })
+    .await;
+    backend.set_unavailable(0, true);
+    clock.advance_ms(1000);
+    until("the round meets the outage", || {
+        run.stats.outage_retries.load(Ordering::Relaxed) >= 1
+    })
+    .await;
+    world.send("k", "v", 2);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    backend.set_unavailable(0, false);
+    until("the record behind the timer is processed", || {
+        run.stats.records_ok.load(Ordering::Relaxed) == 2
+    })
+    .await;
+    let of_k: Vec<serde_json::Value> = world
+        .output
+        .log()
+        .outputs
+        .iter()
+        .filter(|w| w.key == b"k")
+        .map(|w| serde_json::from_slice(&w.value).expect("counter JSON"))
+        .collect();
+    assert_eq!(of_k.len(), 2, "{of_k:?}");
+    assert!(of_k[0].get("fired").is_some(), "the timer first: {of_k:?}");
+    assert_eq!(of_k[1]["offset"], 1, "then the record: {of_k:?}");
+    run.stop().await.expect("clean stop");
+}
+
 #[tokio::test(start_paused = true)]
 async fn late_records_are_processed_dead_lettered_or_dropped_as_configured_and_counted() {
     for policy in LateRecords::ALL {
