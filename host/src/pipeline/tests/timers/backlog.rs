@@ -118,14 +118,7 @@ async fn a_million_due_timers_delay_a_checkpoint_by_at_most_one_round() {
     const TIMERS: u64 = 1_000_000;
     const ROUND: u64 = 512;
     let clock = ManualClock::new(T0);
-    let (source, handle) = MemorySource::new(&[TOPIC]);
-    let world = World {
-        source,
-        output: MemoryOutput::new(1 << 20, Some(handle.clone())),
-        handle,
-        store: Arc::new(InMemory::new()),
-        delivery: "exactly_once",
-    };
+    let world = World::empty(&[TOPIC], "exactly_once");
     // Partition 0's first record, and a checkpoint after it holding the timers (no per-key
     // entries: firing does not read them), decided by the transaction that committed it.
     world.send("x", "v", 1);

@@ -41,14 +41,7 @@ async fn configured_world(
     delivery: &'static str,
     configure: impl FnOnce(&mut Settings),
 ) -> (World, Run, Arc<Backend>) {
-    let (source, handle) = MemorySource::new(topics);
-    let world = World {
-        source,
-        output: MemoryOutput::new(1 << 20, Some(handle.clone())),
-        handle,
-        store: Arc::new(InMemory::new()),
-        delivery,
-    };
+    let world = World::empty(topics, delivery);
     let (run, backend) = world
         .start_configured(clock, |s| {
             s.pipeline.input_topics = topics.iter().map(|t| (*t).to_owned()).collect();
@@ -60,6 +53,18 @@ async fn configured_world(
 }
 
 impl World {
+    /// A world of one partition over `topics` (co-partitioned) with nothing in it yet.
+    fn empty(topics: &[&str], delivery: &'static str) -> Self {
+        let (source, handle) = MemorySource::new(topics);
+        World {
+            source,
+            output: MemoryOutput::new(1 << 20, Some(handle.clone())),
+            handle,
+            store: Arc::new(InMemory::new()),
+            delivery,
+        }
+    }
+
     /// A pipeline over this world (again, after a restart), processing time from `clock`.
     async fn start_timed(&self, clock: &ManualClock) -> (Run, Arc<Backend>) {
         self.start_configured(clock, |_| {}).await
@@ -442,14 +447,7 @@ async fn slow_world(
     read_delay: Duration,
     configure: impl FnOnce(&mut Settings),
 ) -> (World, Run) {
-    let (source, handle) = MemorySource::new(&[TOPIC]);
-    let world = World {
-        source,
-        output: MemoryOutput::new(1 << 20, Some(handle.clone())),
-        handle,
-        store: Arc::new(InMemory::new()),
-        delivery: "at_least_once",
-    };
+    let world = World::empty(&[TOPIC], "at_least_once");
     let mut s = settings("at_least_once");
     configure(&mut s);
     let (run, _) = start_with(
