@@ -6,6 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rustup target add wasm32-wasip2
+bash deploy/local/build-deps.sh
 cargo build --profile guest --target wasm32-wasip2 -p flight-delays
 csv="$(bash deploy/local/flights.sh | tail -n 1)"
 operator="${CARGO_TARGET_DIR:-target}/wasm32-wasip2/guest/flight_delays.wasm"

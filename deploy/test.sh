@@ -40,9 +40,10 @@ await() {
 # result NAME: the last line the (awaited) job printed: the path of the tool it installed.
 result() { tail -n 1 "$jobs_dir/$1.out"; }
 
-step "toolchain: wasm32-wasip2 target, rustfmt, clippy"
+step "toolchain: wasm32-wasip2 target, rustfmt, clippy; Debian's OpenSSL and zstd for librdkafka"
 rustup target add wasm32-wasip2
 rustup component add rustfmt clippy
+bash deploy/local/build-deps.sh
 
 step "set-up in the background: Kafka broker and S3 server, PyPI tools, Chromium, flights data; the Python operators' checks"
 # (and then the Kafka Streams side of the comparison's smoke run: one Maven at a time, since two

@@ -10,19 +10,15 @@
 //! `--bootstrap-servers` for a real one.
 
 use crate::dev::ensure_topics;
-use rdkafka::config::ClientConfig;
 use rdkafka::error::KafkaError;
 use rdkafka::mocking::MockCluster;
 use rdkafka::producer::{DefaultProducerContext, FutureProducer, FutureRecord, Producer};
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 use weir_host::clock::{SharedClock, SystemClock};
-use weir_host::config::{
-    KafkaSettings, PipelineSettings, RuntimeSettings, Settings, StateSettings,
-};
+use weir_host::config::{PipelineSettings, RuntimeSettings, Settings, StateSettings};
 use weir_host::pipeline::{self, PipelineStats};
 use weir_host::state::delayed::{DelayedReads, ReadDelay};
 use weir_host::state::memory::MemoryBackend;
@@ -164,11 +160,7 @@ pub async fn run(
                     idle_advance: false,
                     late_records: Default::default(),
                 },
-                kafka: KafkaSettings {
-                    bootstrap_servers: bootstrap.clone(),
-                    consumer: BTreeMap::new(),
-                    producer: BTreeMap::new(),
-                },
+                kafka: crate::kafka::settings(&bootstrap),
                 runtime: RuntimeSettings {
                     batch_records_max: opts.batch_records_max,
                     partition_instances_max: instances,
@@ -229,8 +221,7 @@ pub(crate) async fn create_topics(
 
 /// Produces `records` small records over `keys` keys (key `k{i % keys}`).
 async fn produce(bootstrap: &str, topic: &str, records: u64, keys: u64) -> Result<(), KafkaError> {
-    let producer: FutureProducer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
+    let producer: FutureProducer = crate::kafka::client(bootstrap)
         .set("linger.ms", "5")
         .create()?;
     let mut deliveries = Vec::with_capacity(records as usize);

@@ -4,7 +4,6 @@
 use crate::flights;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
-use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::Message;
@@ -16,9 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use weir_host::clock::{SharedClock, SystemClock};
-use weir_host::config::{
-    KafkaSettings, PipelineSettings, RuntimeSettings, Settings, StateSettings,
-};
+use weir_host::config::{PipelineSettings, RuntimeSettings, Settings, StateSettings};
 use weir_host::pipeline::{self, PipelineStats};
 use weir_host::state::memory::MemoryBackend;
 
@@ -64,9 +61,8 @@ pub async fn ensure_topics(
     bootstrap_servers: &str,
     topics: &[(&str, i32)],
 ) -> Result<(), KafkaError> {
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap_servers)
-        .create()?;
+    let admin: AdminClient<DefaultClientContext> =
+        crate::kafka::client(bootstrap_servers).create()?;
     let new: Vec<NewTopic<'_>> = topics
         .iter()
         .map(|(name, partitions)| NewTopic::new(name, *partitions, TopicReplication::Fixed(1)))
@@ -156,11 +152,7 @@ pub async fn run(opts: DevOptions) -> Result<(), DevError> {
             idle_advance: false,
             late_records: Default::default(),
         },
-        kafka: KafkaSettings {
-            bootstrap_servers: bootstrap.clone(),
-            consumer: BTreeMap::new(),
-            producer: BTreeMap::new(),
-        },
+        kafka: crate::kafka::settings(&bootstrap),
         runtime: RuntimeSettings::default(),
         state: StateSettings::default(),
     };
@@ -255,8 +247,7 @@ struct OutputReader {
 
 impl OutputReader {
     fn start(bootstrap: &str, topic: &str) -> Result<Self, KafkaError> {
-        let consumer: StreamConsumer = ClientConfig::new()
-            .set("bootstrap.servers", bootstrap)
+        let consumer: StreamConsumer = crate::kafka::client(bootstrap)
             .set(
                 "group.id",
                 format!("weir-dev-reader-{}", std::process::id()),

@@ -3,7 +3,6 @@
 //! scheduled-departure order, each timestamped with its scheduled departure (event time).
 //! `deploy/local/flights.sh` fetches the CSV.
 
-use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use serde_json::{Map, Value};
@@ -234,8 +233,7 @@ async fn keep_forever(bootstrap_servers: &str, topic: &str) -> Result<(), Flight
     crate::dev::ensure_topics(bootstrap_servers, &[(topic, 4)])
         .await
         .map_err(FlightsError::Kafka)?;
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap_servers)
+    let admin: AdminClient<DefaultClientContext> = crate::kafka::client(bootstrap_servers)
         .create()
         .map_err(FlightsError::Kafka)?;
     let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
@@ -269,8 +267,7 @@ impl Loader {
     /// # Errors
     /// [`FlightsError::Kafka`] when librdkafka rejects the configuration.
     pub fn new(bootstrap_servers: &str) -> Result<Self, FlightsError> {
-        let producer = ClientConfig::new()
-            .set("bootstrap.servers", bootstrap_servers)
+        let producer = crate::kafka::client(bootstrap_servers)
             .set("enable.idempotence", "true")
             .set("linger.ms", "5")
             .set("batch.size", "1000000")

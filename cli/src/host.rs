@@ -5,7 +5,7 @@ use anyhow::Context as _;
 use std::path::PathBuf;
 use std::sync::Arc;
 use weir_host::clock::{SharedClock, SystemClock};
-use weir_host::config::Settings;
+use weir_host::config::{EnvVars, Settings};
 use weir_host::pipeline::{self, PipelineStats};
 use weir_host::state::configured::ConfiguredBackend;
 
@@ -17,20 +17,19 @@ use weir_host::state::configured::ConfiguredBackend;
 /// that cannot be opened.
 pub async fn serve(config: PathBuf) -> anyhow::Result<()> {
     use weir_host::api;
-    let text = std::fs::read_to_string(&config)
-        .with_context(|| format!("cannot read {}", config.display()))?;
-    let settings: api::ServeSettings =
-        toml::from_str(&text).with_context(|| format!("cannot parse {}", config.display()))?;
-    let admin_key = std::env::var("WEIR_ADMIN_KEY").unwrap_or_default();
+    let env = EnvVars::from_process();
+    let settings = api::ServeSettings::load(&config, &env)?;
+    let admin_key = env.get("WEIR_ADMIN_KEY").unwrap_or_default().to_owned();
     anyhow::ensure!(
         admin_key.len() >= api::ADMIN_KEY_BYTES_MIN,
         "set WEIR_ADMIN_KEY to an admin key of at least {} bytes (e.g. `openssl rand -hex 32`)",
         api::ADMIN_KEY_BYTES_MIN
     );
-    let options = settings.store_options_with_env(|var| std::env::var(var).ok());
-    let (store, prefix) =
-        weir_host::state::lsm::backend::object_store_from_url(&settings.store_url, &options)
-            .context("cannot open the catalog store")?;
+    let (store, prefix) = weir_host::state::lsm::backend::object_store_from_url(
+        &settings.store_url,
+        &settings.store_options,
+    )
+    .context("cannot open the catalog store")?;
     let state = api::ApiState::new(
         api::catalog::Catalog::new(store.clone(), prefix.clone()),
         api::ApiSettings {
@@ -89,12 +88,24 @@ async fn shutdown_signal() {
     }
 }
 
+/// How long `weir run` waits for the cluster's first metadata answer at start.
+const KAFKA_CHECK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(15);
+
 /// Runs `weir run`: one pipeline from a TOML config until Ctrl-C, then drains it.
 ///
 /// # Errors
 /// An invalid config, a state backend that cannot be set up, or the pipeline's failure.
 pub async fn run(config: PathBuf) -> anyhow::Result<()> {
-    let settings = Settings::load(&config)?;
+    let settings = Settings::load(&config, &EnvVars::from_process())?;
+    // Wrong credentials, an untrusted certificate or an unreachable cluster: said at once, with
+    // the cause librdkafka reported, rather than retried in the logs.
+    let kafka = settings.kafka.clone();
+    tokio::task::spawn_blocking(move || {
+        weir_host::source::broker::check_reachable(&kafka, KAFKA_CHECK_TIMEOUT)
+    })
+    .await
+    .context("the Kafka check panicked")?
+    .map_err(anyhow::Error::msg)?;
     let clock: SharedClock = Arc::new(SystemClock);
     let stats = Arc::new(PipelineStats::default());
     let backend = Arc::new(

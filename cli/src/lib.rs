@@ -5,6 +5,7 @@
 //!   multi-tenant HTTP API and the pipelines it runs)
 //! - [`client`]           `weir operator|pipeline|tenant`: the API's command-line client
 //! - [`dev`]              `weir dev`: the whole job on embedded defaults (librdkafka's mock cluster)
+//! - [`kafka`]            the tools' Kafka clients: security from the environment
 //! - [`flights`]          `weir load-flights`: replays the nycflights13 flights table into a topic
 //!   (the reference data set)
 //! - [`bench`](mod@bench) `weir bench-call`: per-record cost of the Wasm boundary, in process
@@ -27,6 +28,7 @@ pub mod controller_bench;
 pub mod dev;
 pub mod flights;
 pub mod host;
+pub mod kafka;
 pub mod lsm_bench;
 pub mod pipeline_bench;
 pub mod timer_bench;

@@ -3,8 +3,8 @@
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 use weir_cli::{
-    Output, bench, checkpoint_bench, client, controller_bench, dev, flights, host, lsm_bench,
-    pipeline_bench, timer_bench, windows_bench,
+    Output, bench, checkpoint_bench, client, controller_bench, dev, flights, host, kafka,
+    lsm_bench, pipeline_bench, timer_bench, windows_bench,
 };
 
 /// mimalloc instead of glibc's malloc: the record path allocates per batch and per record
@@ -142,6 +142,19 @@ async fn main() -> anyhow::Result<()> {
     // Arms the named fail points listed in `FAILPOINTS`, if set (crash tests; see
     // weir_host::fail_points).
     let _fail_points = fail::FailScenario::setup();
+    // The tools that take their brokers from the command line take TLS and SASL from the
+    // environment, as `weir run` does (WEIR_KAFKA__SECURITY__…).
+    if matches!(
+        cli.command,
+        Command::Dev(_)
+            | Command::LoadFlights(_)
+            | Command::Bench { .. }
+            | Command::BenchController { .. }
+            | Command::BenchTimers { .. }
+            | Command::BenchWindows { .. }
+    ) {
+        kafka::init(&weir_host::config::EnvVars::from_process())?;
+    }
     match cli.command {
         Command::Run { config } => host::run(config).await,
         Command::Serve { config } => host::serve(config).await,

@@ -14,20 +14,16 @@
 //! `weir bench`'s counter to see the timer's share. On librdkafka's mock cluster by default.
 
 use crate::controller_bench::{cluster, create_topics, wait_delivery};
-use rdkafka::config::ClientConfig;
 use rdkafka::error::KafkaError;
 use rdkafka::mocking::MockCluster;
 use rdkafka::producer::{DefaultProducerContext, FutureProducer, FutureRecord, Producer};
-use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 use weir_host::clock::{SharedClock, SystemClock};
-use weir_host::config::{
-    KafkaSettings, PipelineSettings, RuntimeSettings, Settings, StateSettings,
-};
+use weir_host::config::{PipelineSettings, RuntimeSettings, Settings, StateSettings};
 use weir_host::pipeline::{self, PipelineStats};
 use weir_host::state::StateBackend;
 use weir_host::state::lsm::backend::LsmBackend;
@@ -163,8 +159,7 @@ async fn measure<B: StateBackend>(
     );
     let topics = [(input.as_str(), 1), (output.as_str(), 1), (dlq.as_str(), 1)];
     create_topics(mock, bootstrap, &topics).await?;
-    let producer: FutureProducer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
+    let producer: FutureProducer = crate::kafka::client(bootstrap)
         .set("linger.ms", "5")
         .create()?;
     let value = format!("timer:event:t:{TIMER_AT}");
@@ -189,11 +184,7 @@ async fn measure<B: StateBackend>(
             idle_advance: false,
             late_records: Default::default(),
         },
-        kafka: KafkaSettings {
-            bootstrap_servers: bootstrap.to_owned(),
-            consumer: BTreeMap::new(),
-            producer: BTreeMap::new(),
-        },
+        kafka: crate::kafka::settings(bootstrap),
         runtime: RuntimeSettings {
             timer_batch_max: opts.timer_batch_max,
             ..RuntimeSettings::default()

@@ -13,15 +13,12 @@
 use crate::controller_bench::create_topics;
 use crate::flights::{self, KeyBy};
 use crate::timer_bench::{TimerBenchError, phase};
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 use weir_host::clock::{SharedClock, SystemClock};
-use weir_host::config::{
-    KafkaSettings, PipelineSettings, RuntimeSettings, Settings, StateSettings,
-};
+use weir_host::config::{PipelineSettings, RuntimeSettings, Settings, StateSettings};
 use weir_host::pipeline::{self, PipelineStats};
 use weir_host::state::memory::MemoryBackend;
 
@@ -109,11 +106,7 @@ pub async fn run(opts: &WindowsBenchOptions) -> Result<Vec<WindowsRun>, WindowsB
                 idle_advance: false,
                 late_records: Default::default(),
             },
-            kafka: KafkaSettings {
-                bootstrap_servers: bootstrap.to_owned(),
-                consumer: BTreeMap::new(),
-                producer: BTreeMap::new(),
-            },
+            kafka: crate::kafka::settings(bootstrap),
             runtime: RuntimeSettings::default(),
             state: StateSettings::default(),
         };

@@ -4,6 +4,11 @@
 # Runs a single-node KRaft Kafka (combined broker+controller, node.id=1):
 #   client listener      127.0.0.1:9092 (PLAINTEXT)
 #   controller listener  127.0.0.1:9093
+#   secure listener      127.0.0.1:9094 (SASL_SSL: SCRAM-SHA-256, SCRAM-SHA-512 or PLAIN, user
+#                        `weir`, password `weir-secret`, created when the storage is formatted;
+#                        the broker's certificate is signed by a throw-away CA this script
+#                        makes once: $WEIR_SERVICES_DIR/kafka/tls/ca.pem, for 127.0.0.1 and
+#                        localhost)
 # from jars that `mvn dependency:copy-dependencies` of deploy/local/kafka/pom.xml
 # pulls out of Maven Central (needs java >= 17 and mvn on PATH; nothing else).
 #
@@ -22,6 +27,8 @@
 #   $WEIR_SERVICES_DIR/kafka/logs/server.log     broker log (stdout.log: JVM stdout/stderr)
 #   $WEIR_SERVICES_DIR/kafka/server.properties   generated broker config
 #   $WEIR_SERVICES_DIR/kafka/kafka.pid           pid of the broker JVM
+#   $WEIR_SERVICES_DIR/kafka/tls/                the CA (ca.pem, ca.key) and the broker's key
+#                                                and certificate chain (broker.pem)
 #
 # Environment knobs: KAFKA_HEAP_OPTS (default "-Xms256m -Xmx512m"),
 #   KAFKA_START_TIMEOUT (seconds, default 90), KAFKA_KEEP_DATA=1, JAVA_HOME.
@@ -40,6 +47,10 @@ PIDFILE="$KDIR/kafka.pid"
 HOST=127.0.0.1
 PORT=9092
 CONTROLLER_PORT=9093
+SASL_SSL_PORT=9094
+TLS="$KDIR/tls"
+SASL_USER=weir
+SASL_PASSWORD=weir-secret
 BOOTSTRAP="$HOST:$PORT"
 START_TIMEOUT="${KAFKA_START_TIMEOUT:-90}"
 HEAP_OPTS="${KAFKA_HEAP_OPTS:--Xms256m -Xmx512m}"
@@ -131,11 +142,20 @@ write_server_props() {
 process.roles=broker,controller
 node.id=1
 controller.quorum.voters=1@$HOST:$CONTROLLER_PORT
-listeners=PLAINTEXT://$HOST:$PORT,CONTROLLER://$HOST:$CONTROLLER_PORT
-advertised.listeners=PLAINTEXT://$HOST:$PORT
+listeners=PLAINTEXT://$HOST:$PORT,CONTROLLER://$HOST:$CONTROLLER_PORT,SASL_SSL://$HOST:$SASL_SSL_PORT
+advertised.listeners=PLAINTEXT://$HOST:$PORT,SASL_SSL://$HOST:$SASL_SSL_PORT
 controller.listener.names=CONTROLLER
 inter.broker.listener.name=PLAINTEXT
-listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
+listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,SASL_SSL:SASL_SSL
+
+# The secure listener: TLS with the script's CA, SASL with the SCRAM users made at format time
+# (and the same user for PLAIN).
+sasl.enabled.mechanisms=SCRAM-SHA-256,SCRAM-SHA-512,PLAIN
+listener.name.sasl_ssl.scram-sha-256.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;
+listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;
+listener.name.sasl_ssl.plain.sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule required user_$SASL_USER="$SASL_PASSWORD";
+listener.name.sasl_ssl.ssl.keystore.type=PEM
+listener.name.sasl_ssl.ssl.keystore.location=$TLS/broker.pem
 
 log.dirs=$DATA
 metadata.log.dir=$DATA
@@ -162,6 +182,28 @@ num.recovery.threads.per.data.dir=1
 # segments in the middle of a test. Every fresh start wipes the data directory.
 log.retention.ms=-1
 EOF
+}
+
+# The throw-away CA and the broker's certificate (127.0.0.1 and localhost), made once and kept,
+# so that clients can keep trusting ca.pem across restarts.
+ensure_tls() {
+  [[ -s "$TLS/ca.pem" && -s "$TLS/broker.pem" ]] && return 0
+  command -v openssl >/dev/null 2>&1 || die "openssl not found (needed once for the SASL_SSL listener's certificates)"
+  rm -rf "$TLS.tmp" && mkdir -p "$TLS.tmp"
+  (
+    cd "$TLS.tmp"
+    openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj "/CN=weir local test CA" \
+      -keyout ca.key -out ca.pem
+    openssl req -newkey rsa:2048 -nodes -subj "/CN=localhost" -keyout broker.key -out broker.csr
+    printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n' >broker.ext
+    openssl x509 -req -in broker.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 3650 \
+      -extfile broker.ext -out broker.crt
+    # Kafka's PEM key store: the unencrypted PKCS#8 key, then the chain.
+    cat broker.key broker.crt ca.pem >broker.pem
+    rm -f broker.csr broker.ext ca.srl
+  ) >"$LOGS/tls.log" 2>&1 || { cat "$LOGS/tls.log" >&2; die "making the TLS certificates failed"; }
+  rm -rf "$TLS" && mv "$TLS.tmp" "$TLS"
+  log "made a CA and the broker's certificate in $TLS"
 }
 
 random_cluster_id() {
@@ -210,6 +252,8 @@ cmd_start() {
   local pid=""
   pid="$(live_pid || true)"
   if broker_answers; then
+    port_open "$HOST" "$SASL_SSL_PORT" ||
+      die "the broker on $BOOTSTRAP has no SASL_SSL listener on $HOST:$SASL_SSL_PORT (started by an older kafka.sh?): 'kafka.sh stop' and start it again"
     log "already running on $BOOTSTRAP${pid:+ (pid $pid)} - reusing it"
     return 0
   fi
@@ -220,11 +264,12 @@ cmd_start() {
   fi
   # Nothing runs from libs/ now, so it is safe to refresh them if the pom changed.
   ensure_libs
-  if port_open "$HOST" "$PORT" || port_open "$HOST" "$CONTROLLER_PORT"; then
-    die "port $PORT or $CONTROLLER_PORT on $HOST is taken by something that is not a working Kafka broker"
+  if port_open "$HOST" "$PORT" || port_open "$HOST" "$CONTROLLER_PORT" || port_open "$HOST" "$SASL_SSL_PORT"; then
+    die "port $PORT, $CONTROLLER_PORT or $SASL_SSL_PORT on $HOST is taken by something that is not a working Kafka broker"
   fi
 
   mkdir -p "$LOGS"
+  ensure_tls
   write_server_props
   if [[ "${KAFKA_KEEP_DATA:-0}" == 1 && -f "$DATA/meta.properties" ]]; then
     log "keeping existing data in $DATA"
@@ -234,6 +279,8 @@ cmd_start() {
     local cid
     cid="$(random_cluster_id)"
     if ! kafka_tool kafka.tools.StorageTool format --cluster-id "$cid" --config "$PROPS" \
+         --add-scram "SCRAM-SHA-256=[name=$SASL_USER,password=$SASL_PASSWORD]" \
+         --add-scram "SCRAM-SHA-512=[name=$SASL_USER,password=$SASL_PASSWORD]" \
          >"$LOGS/format.log" 2>&1; then
       cat "$LOGS/format.log" >&2
       die "formatting KRaft storage failed"

@@ -172,6 +172,7 @@ pub fn runner_config(host: &str) -> RunnerConfig {
     RunnerConfig {
         host_id: Some(host.to_owned()),
         bootstrap_servers: kafka_bootstrap(),
+        security: Default::default(),
         consumer: BTreeMap::new(),
         producer: BTreeMap::new(),
         reconcile_interval: Duration::from_millis(200),

@@ -9,6 +9,50 @@ use rdkafka::message::{Headers, Message, OwnedMessage};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use std::time::{Duration, Instant};
 
+/// The real broker's SASL_SSL listener (`WEIR_KAFKA_SASL_SSL_BOOTSTRAP`, default
+/// `127.0.0.1:9094`; deploy/local/kafka.sh).
+pub fn kafka_sasl_ssl_bootstrap() -> String {
+    std::env::var("WEIR_KAFKA_SASL_SSL_BOOTSTRAP").unwrap_or_else(|_| "127.0.0.1:9094".into())
+}
+
+/// The CA that signed the local broker's certificate (made by deploy/local/kafka.sh under
+/// `$WEIR_SERVICES_DIR`, default `~/.cache/weir/services`).
+pub fn kafka_ca() -> std::path::PathBuf {
+    let services = std::env::var("WEIR_SERVICES_DIR").map_or_else(
+        |_| {
+            std::path::PathBuf::from(std::env::var("HOME").unwrap_or_else(|_| "/root".into()))
+                .join(".cache/weir/services")
+        },
+        std::path::PathBuf::from,
+    );
+    services.join("kafka/tls/ca.pem")
+}
+
+/// Kafka settings for the local broker's SASL_SSL listener with `mechanism` and the SCRAM
+/// user deploy/local/kafka.sh creates (`weir`), with `password`, trusting the script's CA.
+pub fn kafka_sasl_ssl(
+    mechanism: weir_host::config::SaslMechanism,
+    password: &str,
+) -> weir_host::config::KafkaSettings {
+    use weir_host::config::{KafkaSecurity, KafkaSettings, SecurityProtocol};
+    KafkaSettings {
+        bootstrap_servers: kafka_sasl_ssl_bootstrap(),
+        security: KafkaSecurity {
+            protocol: SecurityProtocol::SaslSsl,
+            sasl_mechanism: Some(mechanism),
+            sasl_username: Some("weir".into()),
+            sasl_password: Some(password.into()),
+            ssl_ca_location: Some(kafka_ca()),
+            ..KafkaSecurity::default()
+        },
+        consumer: Default::default(),
+        producer: Default::default(),
+    }
+}
+
+/// The password of the SCRAM user deploy/local/kafka.sh creates.
+pub const KAFKA_SASL_PASSWORD: &str = "weir-secret";
+
 /// Creates topics on the real broker.
 ///
 /// # Errors

@@ -222,6 +222,7 @@ pub fn settings(
         },
         kafka: KafkaSettings {
             bootstrap_servers: kafka_bootstrap(),
+            security: Default::default(),
             consumer: BTreeMap::new(),
             producer: BTreeMap::new(),
         },

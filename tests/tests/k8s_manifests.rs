@@ -3,6 +3,7 @@
 
 use std::path::PathBuf;
 use weir_host::api::ServeSettings;
+use weir_host::config::EnvVars;
 use weir_tests::*;
 
 fn manifests() -> Vec<PathBuf> {
@@ -82,18 +83,19 @@ fn the_mounted_serve_config_is_valid() {
         .map(|l| l.strip_prefix("    ").unwrap_or(l))
         .map(|l| format!("{l}\n"))
         .collect();
-    let settings: ServeSettings = toml::from_str(&toml).expect("a valid weir serve config");
+    let env = EnvVars::new([("AWS_REGION", "eu-west-1")]);
+    let settings =
+        ServeSettings::from_toml_with_env(&toml, &env).expect("a valid weir serve config");
     assert_eq!(settings.listen, "0.0.0.0:8080");
-    let options =
-        settings.store_options_with_env(|var| (var == "AWS_REGION").then(|| "eu-west-1".into()));
     assert_eq!(
-        options.get("aws_region").map(String::as_str),
+        settings.store_options.get("aws_region").map(String::as_str),
         Some("eu-west-1")
     );
     // The repo's local config parses too.
     let local = std::fs::read_to_string(workspace_root().join("deploy/config/serve.toml"))
         .expect("readable");
-    toml::from_str::<ServeSettings>(&local).expect("deploy/config/serve.toml is valid");
+    ServeSettings::from_toml_with_env(&local, &EnvVars::default())
+        .expect("deploy/config/serve.toml is valid");
 }
 
 /// A fresh directory under the system temporary directory.

@@ -17,5 +17,6 @@ mod kafka_source;
 mod recovery_outage;
 mod runtime_sandbox;
 mod s3_conditional_put;
+mod secure_kafka;
 mod state_outage;
 mod status_page;

@@ -2,7 +2,6 @@
 //! broker.
 
 use super::{PipelineBenchError, PipelineBenchOptions, Workload};
-use rdkafka::config::ClientConfig;
 use rdkafka::consumer::Consumer;
 use rdkafka::error::KafkaError;
 use rdkafka::producer::{FutureProducer, FutureRecord};
@@ -108,8 +107,7 @@ pub(super) fn latency_events(
 }
 
 pub(super) fn producer(bootstrap: &str) -> Result<FutureProducer, KafkaError> {
-    ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
+    crate::kafka::client(bootstrap)
         .set("enable.idempotence", "true")
         .set("linger.ms", "1")
         .set("batch.size", "1000000")
@@ -147,9 +145,7 @@ pub(super) async fn produce(
 
 /// Records in `topic` now: the sum of its partitions' high watermarks.
 pub(super) fn high_watermarks(bootstrap: &str, topic: &str) -> Result<Vec<(i32, i64)>, KafkaError> {
-    let consumer: rdkafka::consumer::BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .create()?;
+    let consumer: rdkafka::consumer::BaseConsumer = crate::kafka::client(bootstrap).create()?;
     let metadata = consumer.fetch_metadata(Some(topic), Duration::from_secs(10))?;
     let mut out = Vec::new();
     for t in metadata.topics() {

@@ -2,7 +2,6 @@
 
 use super::input::high_watermarks;
 use rdkafka::Message;
-use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::error::KafkaError;
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
@@ -26,8 +25,7 @@ struct Target {
 
 impl OutputReader {
     pub(super) fn start(bootstrap: &str, topic: &str) -> Result<Self, KafkaError> {
-        let consumer: StreamConsumer = ClientConfig::new()
-            .set("bootstrap.servers", bootstrap)
+        let consumer: StreamConsumer = crate::kafka::client(bootstrap)
             .set("group.id", format!("{topic}-latency-reader"))
             .set("enable.auto.commit", "false")
             .set("fetch.wait.max.ms", "5")

@@ -34,7 +34,6 @@ pub use report::{Ratio, ratios, table};
 
 use object_store::ObjectStore;
 use object_store::path::Path as StorePath;
-use rdkafka::config::ClientConfig;
 use rdkafka::consumer::Consumer;
 use rdkafka::error::KafkaError;
 use rdkafka::producer::FutureProducer;
@@ -45,9 +44,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 use weir_host::clock::{SharedClock, SystemClock};
-use weir_host::config::{
-    KafkaSettings, PipelineSettings, RuntimeSettings, Settings, StateSettings,
-};
+use weir_host::config::{PipelineSettings, RuntimeSettings, Settings, StateSettings};
 use weir_host::pipeline::{self, PipelineControl, PipelineStats};
 use weir_host::runtime::Runtime;
 use weir_host::state::StateBackend;
@@ -447,9 +444,7 @@ pub async fn run(opts: &PipelineBenchOptions) -> Result<Vec<BenchRun>, PipelineB
 
 /// Fails fast, naming the address, when no broker answers there.
 fn check_broker(bootstrap: &str) -> Result<(), PipelineBenchError> {
-    let consumer: rdkafka::consumer::BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .create()?;
+    let consumer: rdkafka::consumer::BaseConsumer = crate::kafka::client(bootstrap).create()?;
     consumer
         .fetch_metadata(None, Duration::from_secs(10))
         .map(|_| ())
@@ -470,9 +465,8 @@ impl Created {
     async fn delete(&self, bootstrap: &str) {
         use rdkafka::admin::{AdminClient, AdminOptions};
         use rdkafka::client::DefaultClientContext;
-        let Ok(admin) = ClientConfig::new()
-            .set("bootstrap.servers", bootstrap)
-            .create::<AdminClient<DefaultClientContext>>()
+        let Ok(admin) =
+            crate::kafka::client(bootstrap).create::<AdminClient<DefaultClientContext>>()
         else {
             return;
         };

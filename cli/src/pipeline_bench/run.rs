@@ -52,11 +52,7 @@ pub(super) async fn measure(
             idle_advance: false,
             late_records: Default::default(),
         },
-        kafka: KafkaSettings {
-            bootstrap_servers: opts.bootstrap_servers.clone(),
-            consumer: BTreeMap::new(),
-            producer: BTreeMap::new(),
-        },
+        kafka: crate::kafka::settings(&opts.bootstrap_servers),
         runtime: RuntimeSettings::default(),
         state: StateSettings::default(),
     };

@@ -22,7 +22,7 @@ pub mod runner;
 pub mod status;
 
 use crate::clock::SystemClock;
-use crate::config::RuntimeSettings;
+use crate::config::{ConfigError, EnvVars, RuntimeSettings};
 use crate::runtime::{Operator, Runtime};
 use crate::state::configured::ConfiguredShard;
 use axum::body::{Body, Bytes};
@@ -62,8 +62,9 @@ pub struct ServeSettings {
     /// The object store holding the catalog (and, later, pipelines): `file:///absolute/dir`,
     /// `s3://bucket/prefix` or `memory:///`.
     pub store_url: String,
-    /// `object_store` options for the URL's scheme (as `state.lsm.options`).
-    #[serde(default)]
+    /// `object_store` options for the URL's scheme (as `state.lsm.options`); for an `s3://`
+    /// URL the standard `AWS_*` variables fill in the rest.
+    #[serde(default, deserialize_with = "crate::config::string_map")]
     pub store_options: std::collections::BTreeMap<String, String>,
     /// Largest operator component accepted, bytes; default 32 MiB.
     #[serde(default = "default_operator_bytes_max")]
@@ -96,32 +97,53 @@ fn default_operator_bytes_max() -> usize {
     32 << 20
 }
 
+/// The top-level fields of [`ServeSettings`]: the settings environment variables may set
+/// (`WEIR_LISTEN`, `WEIR_STORE_URL`, `WEIR_PIPELINES__BOOTSTRAP_SERVERS`, …; [`crate::config::env`]).
+const SERVE_SECTIONS: &[&str] = &[
+    "listen",
+    "store_url",
+    "store_options",
+    "operator_bytes_max",
+    "runtime",
+    "pipelines_per_tenant_max",
+    "status_sample_interval",
+    "pipelines",
+];
+
 impl ServeSettings {
-    /// `store_options`, plus, for an `s3://` store, the standard `AWS_ACCESS_KEY_ID`,
-    /// `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`, `AWS_REGION` and `AWS_ENDPOINT` from
-    /// `env` for options the file does not set (so credentials can come from a Kubernetes
-    /// Secret).
-    pub fn store_options_with_env(
-        &self,
-        env: impl Fn(&str) -> Option<String>,
-    ) -> std::collections::BTreeMap<String, String> {
-        let mut options = self.store_options.clone();
-        if self.store_url.starts_with("s3://") {
-            for (var, key) in [
-                ("AWS_ACCESS_KEY_ID", "aws_access_key_id"),
-                ("AWS_SECRET_ACCESS_KEY", "aws_secret_access_key"),
-                ("AWS_SESSION_TOKEN", "aws_session_token"),
-                ("AWS_REGION", "aws_region"),
-                ("AWS_ENDPOINT", "aws_endpoint"),
-            ] {
-                if !options.contains_key(key)
-                    && let Some(value) = env(var)
-                {
-                    options.insert(key.to_owned(), value);
-                }
+    /// Reads `weir serve`'s config file with the settings variables of `env` over it, reads
+    /// the secrets files it names, fills `store_options` in from `env`'s `AWS_*` variables
+    /// ([`crate::config::store_options_with_env`]), and checks the Kafka settings.
+    ///
+    /// # Errors
+    /// [`ConfigError`]: an unreadable file, one that does not parse, or a broken rule.
+    pub fn load(path: &std::path::Path, env: &EnvVars) -> Result<Self, ConfigError> {
+        crate::config::env::load::<Self>(path, env, SERVE_SECTIONS)?.resolve(env)
+    }
+
+    /// [`ServeSettings::load`] from TOML text.
+    ///
+    /// # Errors
+    /// As [`ServeSettings::load`].
+    pub fn from_toml_with_env(text: &str, env: &EnvVars) -> Result<Self, ConfigError> {
+        crate::config::env::from_toml::<Self>(text, env, SERVE_SECTIONS)?.resolve(env)
+    }
+
+    fn resolve(mut self, env: &EnvVars) -> Result<Self, ConfigError> {
+        self.store_options =
+            crate::config::store_options_with_env(&self.store_url, &self.store_options, env);
+        let mut problems = Vec::new();
+        if let Some(pipelines) = &mut self.pipelines {
+            if let Err(problem) = pipelines.security.load_secrets("pipelines.security") {
+                problems.push(problem);
             }
+            problems.extend(pipelines.kafka().problems("pipelines"));
         }
-        options
+        if problems.is_empty() {
+            Ok(self)
+        } else {
+            Err(ConfigError::Invalid { problems })
+        }
     }
 }
 

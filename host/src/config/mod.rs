@@ -1,4 +1,5 @@
-//! The settings tree, read from TOML (`weir run --config weir.toml`).
+//! The settings tree, read from TOML (`weir run --config weir.toml`) with environment
+//! variables layered over it ([`env`]: `WEIR_KAFKA__BOOTSTRAP_SERVERS` and so on).
 //!
 //! Settings are passed down as values; nothing reads the environment deep in the code.
 //! [`Settings::validate`] reports every problem at once rather than the first.
@@ -8,7 +9,13 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+pub mod env;
+mod kafka;
+mod lenient;
 mod policy;
+pub use env::EnvVars;
+pub use kafka::{KafkaSecurity, KafkaSettings, SaslMechanism, SecurityProtocol};
+pub(crate) use lenient::{client_properties, string_map};
 pub use policy::{Delivery, FailurePolicy, LateRecords};
 
 /// Everything one `weir run` needs.
@@ -104,20 +111,6 @@ impl PipelineSettings {
             .clone()
             .unwrap_or_else(|| format!("weir-{}", self.name))
     }
-}
-
-/// Kafka connection settings.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct KafkaSettings {
-    /// `host:port[,host:port…]`.
-    pub bootstrap_servers: String,
-    /// Extra librdkafka properties for the consumer (override Weir's defaults).
-    #[serde(default)]
-    pub consumer: BTreeMap<String, String>,
-    /// Extra librdkafka properties for the producer (override Weir's defaults).
-    #[serde(default)]
-    pub producer: BTreeMap<String, String>,
 }
 
 /// Batching and per-call limits of the Wasm runtime.
@@ -231,6 +224,7 @@ pub struct MemoryStateSettings {
     /// consumer group's start position.
     pub url: Option<String>,
     /// `object_store` options for the URL's scheme (as `state.lsm.options`).
+    #[serde(deserialize_with = "lenient::string_map")]
     pub options: BTreeMap<String, String>,
 }
 
@@ -255,7 +249,10 @@ pub struct LsmStateSettings {
     /// Required with `backend = "lsm"`.
     pub url: Option<String>,
     /// `object_store` options for the URL's scheme, e.g. `aws_endpoint`,
-    /// `aws_allow_http`, `aws_access_key_id`, `aws_secret_access_key`, `aws_region`.
+    /// `aws_allow_http`, `aws_access_key_id`, `aws_secret_access_key`, `aws_region`. For an
+    /// `s3://` URL, the standard `AWS_*` variables fill in what this does not set
+    /// ([`store_options_with_env`]).
+    #[serde(deserialize_with = "lenient::string_map")]
     pub options: BTreeMap<String, String>,
     /// Memtable size that triggers a flush, bytes (as RocksDB's `write_buffer_size`).
     pub memtable_bytes_max: usize,
@@ -290,6 +287,42 @@ impl Default for LsmStateSettings {
     }
 }
 
+/// `options` for the object store at `url`, with, for an `s3://` URL, every standard `AWS_*`
+/// variable of `env` that `object_store` knows (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`,
+/// `AWS_SESSION_TOKEN`, `AWS_REGION`, `AWS_ENDPOINT_URL`, `AWS_ALLOW_HTTP`, and the
+/// web-identity role of a Kubernetes service account: `AWS_WEB_IDENTITY_TOKEN_FILE`,
+/// `AWS_ROLE_ARN`) for each option `options` does not set — as `AmazonS3Builder::from_env`,
+/// but passed down as values. Instance and container credentials need no variable.
+pub fn store_options_with_env(
+    url: &str,
+    options: &BTreeMap<String, String>,
+    env: &EnvVars,
+) -> BTreeMap<String, String> {
+    use object_store::aws::AmazonS3ConfigKey;
+    let mut options = options.clone();
+    if url.starts_with("s3://") || url.starts_with("s3a://") {
+        // Compared as keys, not names: `aws_endpoint` in the file and `AWS_ENDPOINT_URL` in
+        // the environment are one option, and the file's wins.
+        let mut set: Vec<AmazonS3ConfigKey> =
+            options.keys().filter_map(|k| k.parse().ok()).collect();
+        let mut vars: Vec<_> = env
+            .iter()
+            .filter(|(name, _)| name.starts_with("AWS_"))
+            .collect();
+        vars.sort();
+        for (name, value) in vars {
+            let key = name.to_ascii_lowercase();
+            if let Ok(parsed) = key.parse::<AmazonS3ConfigKey>()
+                && !set.contains(&parsed)
+            {
+                set.push(parsed);
+                options.insert(key, value.to_owned());
+            }
+        }
+    }
+    options
+}
+
 /// Why settings could not be loaded.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -302,14 +335,14 @@ pub enum ConfigError {
         #[source]
         source: std::io::Error,
     },
-    /// The file is not valid TOML for [`Settings`].
-    #[error("cannot parse config file. path=`{path}`")]
+    /// The file, with the environment's settings over it, does not make the settings.
+    #[error("cannot parse config file. path=`{path}`: {source}")]
     Parse {
         /// The file.
         path: PathBuf,
-        /// The parse error, with line and column.
+        /// The error: the key, and the file or environment variable its value came from.
         #[source]
-        source: Box<toml::de::Error>,
+        source: Box<figment::Error>,
     },
     /// The settings parse but break rules; every problem is listed.
     #[error("invalid settings: {}", problems.join("; "))]
@@ -319,36 +352,54 @@ pub enum ConfigError {
     },
 }
 
+/// The top-level fields of [`Settings`]: the sections environment variables may set.
+const SECTIONS: &[&str] = &["pipeline", "kafka", "runtime", "state"];
+
 impl Settings {
-    /// Reads and validates settings from a TOML file.
+    /// Reads settings from a TOML file with the settings variables of `env` over it ([`env`]),
+    /// reads the secrets files they name, fills the object-store options in from `env`'s
+    /// `AWS_*` variables ([`store_options_with_env`]), and validates them.
     ///
     /// # Errors
-    /// [`ConfigError`] when the file is unreadable, not valid TOML, or breaks a rule.
-    pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-            path: path.to_owned(),
-            source,
-        })?;
-        Self::from_toml(&text).map_err(|err| match err {
-            ConfigError::Parse { source, .. } => ConfigError::Parse {
-                path: path.to_owned(),
-                source,
-            },
-            other => other,
-        })
+    /// [`ConfigError`] when the file is unreadable, does not parse (with the environment), or
+    /// breaks a rule.
+    pub fn load(path: &Path, env: &EnvVars) -> Result<Self, ConfigError> {
+        let settings: Settings = env::load(path, env, SECTIONS)?;
+        settings.resolve(env)
     }
 
-    /// Parses and validates settings from TOML text.
+    /// Parses and validates settings from TOML text, without the environment.
     ///
     /// # Errors
     /// [`ConfigError::Parse`] or [`ConfigError::Invalid`].
     pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
-        let settings: Settings = toml::from_str(text).map_err(|source| ConfigError::Parse {
-            path: PathBuf::new(),
-            source: Box::new(source),
-        })?;
-        settings.validate()?;
-        Ok(settings)
+        Self::from_toml_with_env(text, &EnvVars::default())
+    }
+
+    /// [`Settings::load`] from TOML text.
+    ///
+    /// # Errors
+    /// [`ConfigError::Parse`] or [`ConfigError::Invalid`].
+    pub fn from_toml_with_env(text: &str, env: &EnvVars) -> Result<Self, ConfigError> {
+        let settings: Settings = env::from_toml(text, env, SECTIONS)?;
+        settings.resolve(env)
+    }
+
+    fn resolve(mut self, env: &EnvVars) -> Result<Self, ConfigError> {
+        if let Err(problem) = self.kafka.security.load_secrets("kafka.security") {
+            return Err(ConfigError::Invalid {
+                problems: vec![problem],
+            });
+        }
+        if let Some(url) = &self.state.lsm.url {
+            self.state.lsm.options = store_options_with_env(url, &self.state.lsm.options, env);
+        }
+        if let Some(url) = &self.state.memory.url {
+            self.state.memory.options =
+                store_options_with_env(url, &self.state.memory.options, env);
+        }
+        self.validate()?;
+        Ok(self)
     }
 
     /// Checks every rule and returns all broken ones.
@@ -467,9 +518,7 @@ impl Settings {
         {
             problems.push("an input topic is also the output or dead-letter topic".to_owned());
         }
-        if self.kafka.bootstrap_servers.trim().is_empty() {
-            problems.push("kafka.bootstrap_servers is empty".to_owned());
-        }
+        problems.extend(self.kafka.problems("kafka"));
         if self.state.backend == StateBackendKind::Lsm {
             let lsm = &self.state.lsm;
             match lsm.url.as_deref().map(url::Url::parse) {
@@ -681,13 +730,46 @@ mod tests {
     fn shipped_example_config_is_valid() {
         let path =
             Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/config/flight-delays.toml");
-        let s = Settings::load(&path).expect("deploy/config/flight-delays.toml is valid");
+        let s = Settings::load(&path, &EnvVars::default())
+            .expect("deploy/config/flight-delays.toml is valid");
         assert_eq!(s.pipeline.input_topics, vec!["flights".to_owned()]);
         let path =
             Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/config/airport-hours.toml");
-        let s = Settings::load(&path).expect("deploy/config/airport-hours.toml is valid");
+        let s = Settings::load(&path, &EnvVars::default())
+            .expect("deploy/config/airport-hours.toml is valid");
         assert_eq!(s.pipeline.idle_timeout, Some(Duration::from_secs(5)));
         assert!(s.pipeline.idle_advance);
         assert_eq!(s.pipeline.late_records, LateRecords::Process);
+    }
+
+    #[test]
+    fn aws_variables_fill_in_what_the_file_leaves_out_for_s3_only() {
+        let file: BTreeMap<String, String> = [("aws_endpoint", "http://file:9000")]
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect();
+        let env = EnvVars::new([
+            ("AWS_ACCESS_KEY_ID", "AKID"),
+            ("AWS_SECRET_ACCESS_KEY", "secret"),
+            ("AWS_WEB_IDENTITY_TOKEN_FILE", "/var/run/token"),
+            ("AWS_ROLE_ARN", "arn:aws:iam::1:role/weir"),
+            // The same option as the file's aws_endpoint: the file wins.
+            ("AWS_ENDPOINT_URL", "http://env:9000"),
+            ("AWS_PROFILE", "not-an-object-store-option"),
+            ("HOME", "/root"),
+        ]);
+        let options = store_options_with_env("s3://bucket/prefix", &file, &env);
+        let expected: BTreeMap<String, String> = [
+            ("aws_access_key_id", "AKID"),
+            ("aws_endpoint", "http://file:9000"),
+            ("aws_role_arn", "arn:aws:iam::1:role/weir"),
+            ("aws_secret_access_key", "secret"),
+            ("aws_web_identity_token_file", "/var/run/token"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+        assert_eq!(options, expected);
+        assert_eq!(store_options_with_env("file:///tmp/x", &file, &env), file);
     }
 }

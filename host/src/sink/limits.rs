@@ -13,7 +13,6 @@
 use crate::config::Settings;
 use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
 use rdkafka::client::DefaultClientContext;
-use rdkafka::config::ClientConfig;
 use std::time::Duration;
 
 /// librdkafka's default `message.max.bytes`.
@@ -108,8 +107,7 @@ async fn topics_message_bytes_max(
     settings: &Settings,
     topics: &[&str],
 ) -> Result<Vec<Option<u64>>, rdkafka::error::KafkaError> {
-    let mut config = ClientConfig::new();
-    config.set("bootstrap.servers", &settings.kafka.bootstrap_servers);
+    let mut config = settings.kafka.client_config();
     for (k, v) in &settings.kafka.producer {
         // Only connection settings matter to an admin client; producer tuning would be
         // refused by it.

@@ -28,7 +28,6 @@ use crate::source::SourceConsumer;
 use crate::state::checkpoint::InputOffsets;
 use limits::RecordLimits;
 use producer::KafkaProducer;
-use rdkafka::config::ClientConfig;
 use rdkafka::error::KafkaError;
 use rdkafka::producer::Producer;
 use std::sync::Arc;
@@ -55,9 +54,8 @@ pub const HEADER_SOURCE_OFFSET: &str = "weir.source.offset";
 /// # Errors
 /// [`KafkaError`] when librdkafka rejects the configuration.
 pub fn producer(settings: &Settings, limits: &RecordLimits) -> Result<KafkaProducer, KafkaError> {
-    let mut config = ClientConfig::new();
+    let mut config = settings.kafka.client_config();
     config
-        .set("bootstrap.servers", &settings.kafka.bootstrap_servers)
         .set("enable.idempotence", "true")
         .set("linger.ms", "5")
         .set("compression.type", "lz4")
@@ -97,9 +95,8 @@ pub fn transactional_producer(
 ) -> Result<KafkaProducer, KafkaError> {
     let interval_ms = settings.pipeline.checkpoint_interval.as_millis() as u64;
     let timeout_ms = interval_ms.saturating_mul(3).clamp(60_000, 900_000);
-    let mut config = ClientConfig::new();
+    let mut config = settings.kafka.client_config();
     config
-        .set("bootstrap.servers", &settings.kafka.bootstrap_servers)
         .set("linger.ms", "5")
         .set("compression.type", "lz4")
         .set("batch.size", batch_bytes(limits).to_string())

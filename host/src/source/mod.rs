@@ -6,6 +6,7 @@
 //! Offsets are never committed automatically (auto-commit off): the pipeline commits the
 //! offsets of its checkpoints (docs/checkpoints.md).
 
+pub mod broker;
 pub mod memory;
 
 use crate::config::Settings;
@@ -15,7 +16,6 @@ use crate::state::checkpoint::{InputOffsets, parse_manifest_metadata};
 use rdkafka::ClientContext;
 use rdkafka::Offset;
 use rdkafka::Statistics;
-use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
 use rdkafka::consumer::{CommitMode, base_consumer::PartitionQueue};
 use rdkafka::error::{KafkaError, KafkaResult, RDKafkaErrorCode};
@@ -215,9 +215,8 @@ pub fn consumer(
     settings: &Settings,
     ready: Arc<tokio::sync::Notify>,
 ) -> Result<(SourceConsumer, SourceContext), KafkaError> {
-    let mut config = ClientConfig::new();
+    let mut config = settings.kafka.client_config();
     config
-        .set("bootstrap.servers", &settings.kafka.bootstrap_servers)
         .set("group.id", settings.pipeline.group_id())
         .set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false")

@@ -8,8 +8,7 @@ use crate::api::problem::ApiError;
 use crate::api::sha256_hex;
 use crate::clock::SharedClock;
 use crate::config::{
-    KafkaSettings, LsmStateSettings, PipelineSettings, RuntimeSettings, Settings, StateBackendKind,
-    StateSettings,
+    LsmStateSettings, PipelineSettings, RuntimeSettings, Settings, StateBackendKind, StateSettings,
 };
 use crate::error::{Chain, ErrorKind};
 use crate::pipeline::{self, PipelineControl, PipelineStats};
@@ -19,8 +18,7 @@ use crate::state::lsm::backend::LsmBackend;
 use crate::state::lsm::cache::BlockCaches;
 use crate::state::lsm::shard::LsmShard;
 use crate::state::lsm::tree::LsmSettings;
-use rdkafka::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::consumer::Consumer;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -293,11 +291,7 @@ impl RunJob {
                 idle_advance: spec.idle_advance,
                 late_records: spec.late_records,
             },
-            kafka: KafkaSettings {
-                bootstrap_servers: self.config.bootstrap_servers.clone(),
-                consumer: self.config.consumer.clone(),
-                producer: self.config.producer.clone(),
-            },
+            kafka: self.config.kafka(),
             runtime: spec
                 .limits
                 .apply(&self.runtime)
@@ -315,11 +309,7 @@ impl RunJob {
 /// when its input topics (co-partitioned: partition `p` of each is shard `p`) do not all have
 /// the same number of partitions.
 async fn check_topics(settings: &Settings, tenant: &str) -> RunResult {
-    let mut config = ClientConfig::new();
-    config.set("bootstrap.servers", &settings.kafka.bootstrap_servers);
-    for (k, v) in &settings.kafka.consumer {
-        config.set(k, v);
-    }
+    let kafka = settings.kafka.clone();
     let p = &settings.pipeline;
     let inputs = p.input_topics.clone();
     let mut topics = inputs.clone();
@@ -328,7 +318,7 @@ async fn check_topics(settings: &Settings, tenant: &str) -> RunResult {
     let prefix = format!("{tenant}.");
     tokio::task::spawn_blocking(move || {
         let name = |topic: &str| topic.strip_prefix(&prefix).unwrap_or(topic).to_owned();
-        let consumer: BaseConsumer = config.create().map_err(|e| {
+        let consumer = crate::source::broker::metadata_client(&kafka).map_err(|e| {
             RunFailure::new(
                 ErrorKind::InvalidInput,
                 format!("cannot create a Kafka client: {e}"),
@@ -341,7 +331,11 @@ async fn check_topics(settings: &Settings, tenant: &str) -> RunResult {
                 .map_err(|e| {
                     RunFailure::new(
                         ErrorKind::Unavailable,
-                        format!("cannot read the metadata of topic `{}`: {e}", name(&topic)),
+                        format!(
+                            "cannot read the metadata of topic `{}`: {}",
+                            name(&topic),
+                            crate::source::broker::explain(&consumer, &e)
+                        ),
                     )
                 })?;
             let partitions = metadata

@@ -71,11 +71,15 @@ pub struct RunnerConfig {
     pub host_id: Option<String>,
     /// The Kafka cluster: `host:port[,host:port…]`.
     pub bootstrap_servers: String,
-    /// Extra librdkafka properties for the consumers (security settings, …).
+    /// TLS and SASL of every client (`[pipelines.security]`, as `[kafka.security]` of
+    /// `weir run`: [`crate::config::KafkaSecurity`]).
     #[serde(default)]
+    pub security: crate::config::KafkaSecurity,
+    /// Extra librdkafka properties for the consumers, checked when the config loads.
+    #[serde(default, deserialize_with = "crate::config::client_properties")]
     pub consumer: BTreeMap<String, String>,
-    /// Extra librdkafka properties for the producers.
-    #[serde(default)]
+    /// Extra librdkafka properties for the producers, checked as `consumer`'s.
+    #[serde(default, deserialize_with = "crate::config::client_properties")]
     pub producer: BTreeMap<String, String>,
     /// How often definitions are read and reports written; default 2 s.
     #[serde(default = "default_reconcile_interval", with = "humantime_serde")]
@@ -113,6 +117,16 @@ fn default_disk_cache_bytes() -> u64 {
 }
 
 impl RunnerConfig {
+    /// The Kafka settings every pipeline run here gets.
+    pub fn kafka(&self) -> crate::config::KafkaSettings {
+        crate::config::KafkaSettings {
+            bootstrap_servers: self.bootstrap_servers.clone(),
+            security: self.security.clone(),
+            consumer: self.consumer.clone(),
+            producer: self.producer.clone(),
+        }
+    }
+
     /// `host_id`, else `$HOSTNAME`, else the kernel's host name, else `weir-{pid}`. Several
     /// hosts on one machine need a `host_id` each.
     pub fn host_id(&self) -> String {
