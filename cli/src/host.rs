@@ -88,6 +88,27 @@ async fn shutdown_signal() {
     }
 }
 
+/// Lists the state's object store once, so that wrong credentials or a missing bucket stop
+/// `weir run` at start with the store's own answer (`SignatureDoesNotMatch`,
+/// `InvalidAccessKeyId`, `NoSuchBucket`) rather than fail every shard's opening later.
+async fn check_state_store(settings: &Settings) -> anyhow::Result<()> {
+    use object_store::ObjectStore as _;
+    use weir_host::config::StateBackendKind;
+    let state = &settings.state;
+    let (url, options) = match state.backend {
+        StateBackendKind::Lsm => (state.lsm.url.as_deref(), &state.lsm.options),
+        StateBackendKind::Memory => (state.memory.url.as_deref(), &state.memory.options),
+    };
+    let Some(url) = url else { return Ok(()) };
+    let (store, prefix) = weir_host::state::lsm::backend::object_store_from_url(url, options)
+        .with_context(|| format!("cannot open the state store {url}"))?;
+    store
+        .list_with_delimiter(Some(&prefix))
+        .await
+        .with_context(|| format!("cannot read the state store {url}"))?;
+    Ok(())
+}
+
 /// How long `weir run` waits for the cluster's first metadata answer at start.
 const KAFKA_CHECK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(15);
 
@@ -106,6 +127,7 @@ pub async fn run(config: PathBuf) -> anyhow::Result<()> {
     .await
     .context("the Kafka check panicked")?
     .map_err(anyhow::Error::msg)?;
+    check_state_store(&settings).await?;
     let clock: SharedClock = Arc::new(SystemClock);
     let stats = Arc::new(PipelineStats::default());
     let backend = Arc::new(

@@ -5,4 +5,5 @@ mod crash_loop;
 mod lsm_backend_on_s3;
 mod rescale;
 mod serve_hosts;
+mod settings_from_env;
 mod zombie;

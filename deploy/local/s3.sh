@@ -7,6 +7,8 @@
 # applies requests one at a time so that conditional PUTs (If-None-Match: * and
 # If-Match) are atomic; stock moto_server has a check-then-write race there.
 # State is in memory: a restart starts empty (POST /moto-api/reset also wipes it).
+# s3_server.py --access-key ID --secret-key SECRET runs a second server that accepts only
+# requests signed with that one key pair, as real S3 does (cli/tests/settings_from_env.rs).
 #
 # Usage:
 #   deploy/local/s3.sh start     start (idempotent: reuses a server that already answers

@@ -13,6 +13,12 @@ Started by deploy/local/s3.sh, which runs it with the venv's python:
   $WEIR_SERVICES_DIR/s3/venv/bin/python deploy/local/s3_server.py -H 127.0.0.1 -p 9000
 --no-serialize gives stock moto behaviour; --switch-interval SECONDS sets
 sys.setswitchinterval (tiny values make races easy to reproduce).
+
+--access-key ID --secret-key SECRET: accept only requests signed (AWS Signature
+Version 4) with this one key pair, as real S3 does; anything else gets S3's 403
+(InvalidAccessKeyId, SignatureDoesNotMatch, AccessDenied). Stock moto accepts
+any key. --create-bucket NAME (repeatable) creates buckets before serving, since
+in this mode an unsigned CreateBucket is refused.
 """
 
 import argparse
@@ -23,13 +29,91 @@ import sys
 import threading
 
 
+def sigv4_only(app, access_key, secret_key):
+    """`app` behind a check of each request's AWS Signature Version 4 (header
+    form) against one key pair: S3's 403 error document otherwise."""
+    import hashlib
+    import hmac
+    import urllib.parse
+
+    def deny(start_response, code, message):
+        body = ('<?xml version="1.0" encoding="UTF-8"?>'
+                f"<Error><Code>{code}</Code><Message>{message}</Message></Error>").encode()
+        start_response("403 Forbidden", [("Content-Type", "application/xml"),
+                                         ("Content-Length", str(len(body)))])
+        return [body]
+
+    def enc(text):
+        return urllib.parse.quote(urllib.parse.unquote(text), safe="-_.~")
+
+    def header(environ, name):
+        if name == "content-type":
+            value = environ.get("CONTENT_TYPE", "")
+        elif name == "content-length":
+            value = environ.get("CONTENT_LENGTH", "")
+        else:
+            value = environ.get("HTTP_" + name.upper().replace("-", "_"), "")
+        return " ".join(value.strip().split())
+
+    def checked(environ, start_response):
+        auth = environ.get("HTTP_AUTHORIZATION", "")
+        scheme = "AWS4-HMAC-SHA256 "
+        if not auth.startswith(scheme):
+            return deny(start_response, "AccessDenied",
+                        "Only requests signed with AWS Signature Version 4 are accepted.")
+        try:
+            fields = dict(part.strip().split("=", 1) for part in auth[len(scheme):].split(","))
+            credential = fields["Credential"].split("/")
+            signed = fields["SignedHeaders"].split(";")
+            signature = fields["Signature"]
+        except (KeyError, ValueError):
+            return deny(start_response, "AccessDenied", "Malformed Authorization header.")
+        if credential[0] != access_key:
+            return deny(start_response, "InvalidAccessKeyId",
+                        "The AWS Access Key Id you provided does not exist in our records.")
+        uri = environ.get("RAW_URI") or environ.get("REQUEST_URI") or environ.get("PATH_INFO", "/")
+        path, _, query = uri.partition("?")
+        params = sorted((enc(k), enc(v)) for k, _, v in
+                        (p.partition("=") for p in query.split("&") if p))
+        canonical = "\n".join([
+            environ["REQUEST_METHOD"],
+            path,
+            "&".join(f"{k}={v}" for k, v in params),
+            "".join(f"{h}:{header(environ, h)}\n" for h in signed),
+            ";".join(signed),
+            environ.get("HTTP_X_AMZ_CONTENT_SHA256", "UNSIGNED-PAYLOAD"),
+        ])
+        to_sign = "\n".join([
+            "AWS4-HMAC-SHA256",
+            environ.get("HTTP_X_AMZ_DATE", ""),
+            "/".join(credential[1:]),
+            hashlib.sha256(canonical.encode()).hexdigest(),
+        ])
+        key = ("AWS4" + secret_key).encode()
+        for part in credential[1:]:
+            key = hmac.new(key, part.encode(), hashlib.sha256).digest()
+        expected = hmac.new(key, to_sign.encode(), hashlib.sha256).hexdigest()
+        if not hmac.compare_digest(expected, signature):
+            return deny(start_response, "SignatureDoesNotMatch",
+                        "The request signature we calculated does not match the signature "
+                        "you provided. Check your key and signing method.")
+        return app(environ, start_response)
+
+    return checked
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("-H", "--host", default="127.0.0.1")
     ap.add_argument("-p", "--port", type=int, default=9000)
     ap.add_argument("--no-serialize", action="store_true", help="stock moto: no request lock")
     ap.add_argument("--switch-interval", type=float, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--access-key", help="accept only requests signed with this access key id")
+    ap.add_argument("--secret-key", help="... and this secret key")
+    ap.add_argument("--create-bucket", action="append", default=[], help="create this bucket first")
     args = ap.parse_args()
+    if bool(args.access_key) != bool(args.secret_key):
+        ap.error("--access-key and --secret-key go together")
 
     if args.switch_interval:
         sys.setswitchinterval(args.switch_interval)
@@ -67,6 +151,13 @@ def main():
             # the call covers check + store of a conditional PUT.
             with lock:
                 return app(environ, start_response)
+
+    for bucket in args.create_bucket:
+        from moto.core import DEFAULT_ACCOUNT_ID
+        from moto.s3.models import s3_backends
+        s3_backends[DEFAULT_ACCOUNT_ID]["global"].create_bucket(bucket, "us-east-1")
+    if args.access_key:
+        served = sigv4_only(served, args.access_key, args.secret_key)
 
     def stop(signum, frame):
         sys.exit(0)
