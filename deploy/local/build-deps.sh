@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # Installs the C libraries the `weir` binary links from Debian's packages (headers for the
 # build), once: OpenSSL (librdkafka's TLS and SASL/SCRAM) and zstd (librdkafka's zstd codec),
-# found through pkg-config. Linking Debian's rather than compiling OpenSSL and zstd keeps them
+# found through pkg-config, and the openssl command (deploy/local/kafka.sh makes its test CA with
+# it). Linking Debian's rather than compiling OpenSSL and zstd keeps them
 # out of the cold build (and patched by the distribution); the image script ships the shared
 # libraries beside the binary.
 #
 # Usage: bash deploy/local/build-deps.sh
 set -euo pipefail
 
-packages=(libssl-dev libzstd-dev pkg-config)
+packages=(libssl-dev libzstd-dev pkg-config openssl)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
