@@ -98,6 +98,11 @@ cargo test "${native[@]}" --no-run --message-format=json-render-diagnostics \
 cargo test -p weir-sdk --tests --no-run --message-format=json-render-diagnostics \
   >>"$jobs_dir/test-binaries.json"
 
+# The OCI image, from the weir binary just built (the release image is the same but for the
+# binary): written by the script, unpacked and run with chroot.
+background image python3 deploy/image/build.py --binary "${CARGO_TARGET_DIR:-target}/debug/weir" \
+  --out "$jobs_dir/oci" --verify
+
 step "background set-up: results"
 await python
 await services
@@ -119,3 +124,6 @@ smoke="python3 bench/kstreams-compare/run.py --smoke"
 smoke+=" --weir $(printf %q "${CARGO_TARGET_DIR:-target}/debug/weir")"
 smoke+=" --operator $(printf %q "$guests/weir_test_counter.wasm")"
 python3 deploy/run_tests.py --beside-last "$smoke" <"$jobs_dir/test-binaries.json"
+
+step "the OCI image (deploy/image/build.py)"
+await image
