@@ -54,6 +54,49 @@ pub enum OperatorCommand {
     },
 }
 
+/// `--failure-policy`: what a record whose call fails for good (it trapped, broke a limit or
+/// ran past its deadline, alone in its call) does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[value(rename_all = "snake_case")]
+pub enum FailurePolicyArg {
+    /// Send it to the dead-letter topic with the error, and go on.
+    DeadLetter,
+    /// Drop it (counted), and go on.
+    Skip,
+    /// Stop the pipeline (it is failed, with the record named).
+    Fail,
+}
+
+/// `--delivery`: what the output guarantees after a failure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[value(rename_all = "snake_case")]
+pub enum DeliveryArg {
+    /// Outputs since the last checkpoint may repeat after a failure.
+    AtLeastOnce,
+    /// Kafka transactions: `read_committed` consumers see each output once.
+    ExactlyOnce,
+}
+
+/// The name of a value as the command line and the API spell it.
+fn value_name(value: &impl clap::ValueEnum) -> String {
+    value
+        .to_possible_value()
+        .map(|v| v.get_name().to_owned())
+        .unwrap_or_default()
+}
+
+impl FailurePolicyArg {
+    fn name(self) -> String {
+        value_name(&self)
+    }
+}
+
+impl DeliveryArg {
+    fn name(self) -> String {
+        value_name(&self)
+    }
+}
+
 /// `weir pipeline …`.
 #[derive(Debug, Subcommand)]
 pub enum PipelineCommand {
@@ -79,12 +122,12 @@ pub enum PipelineCommand {
         /// Records of one partition in flight at once.
         #[arg(long, default_value_t = 4096)]
         in_flight_max: u64,
-        /// `dead_letter`, `skip` or `fail`.
-        #[arg(long, default_value = "dead_letter")]
-        failure_policy: String,
-        /// `at_least_once` or `exactly_once`.
-        #[arg(long, default_value = "at_least_once")]
-        delivery: String,
+        /// What a record whose call fails for good does.
+        #[arg(long, value_enum, default_value_t = FailurePolicyArg::DeadLetter)]
+        failure_policy: FailurePolicyArg,
+        /// What the output guarantees after a failure (state is exactly-once either way).
+        #[arg(long, value_enum, default_value_t = DeliveryArg::AtLeastOnce)]
+        delivery: DeliveryArg,
     },
     /// List your pipelines.
     Ls,
@@ -122,9 +165,9 @@ pub enum PipelineCommand {
     Set {
         /// The pipeline's name.
         name: String,
-        /// `dead_letter`, `skip` or `fail`.
-        #[arg(long)]
-        failure_policy: Option<String>,
+        /// What a record whose call fails for good does.
+        #[arg(long, value_enum)]
+        failure_policy: Option<FailurePolicyArg>,
         /// Checkpoint interval, ms.
         #[arg(long)]
         checkpoint_interval_ms: Option<u64>,
@@ -150,6 +193,8 @@ pub enum TenantCommand {
         #[arg(long)]
         name: Option<String>,
     },
+    /// List the tenants.
+    Ls,
     /// Create an API key for a tenant; it is printed once.
     Key {
         /// The tenant id.
@@ -240,8 +285,8 @@ pub async fn pipeline(command: PipelineCommand, args: ApiArgs) -> anyhow::Result
                 "dead_letter_topic": dead_letter,
                 "checkpoint_interval_ms": checkpoint_interval_ms,
                 "in_flight_max": in_flight_max,
-                "failure_policy": failure_policy,
-                "delivery": delivery,
+                "failure_policy": failure_policy.name(),
+                "delivery": delivery.name(),
             }))
             .context("bad --failure-policy or --delivery")?;
             show(&client.create_pipeline(&name, &spec).await?)?;
@@ -300,7 +345,7 @@ pub async fn pipeline(command: PipelineCommand, args: ApiArgs) -> anyhow::Result
             in_flight_max,
         } => {
             let change = serde_json::from_value(serde_json::json!({
-                "failure_policy": failure_policy,
+                "failure_policy": failure_policy.map(FailurePolicyArg::name),
                 "checkpoint_interval_ms": checkpoint_interval_ms,
                 "in_flight_max": in_flight_max,
             }))
@@ -330,6 +375,14 @@ pub async fn tenant(command: TenantCommand, args: ApiArgs) -> anyhow::Result<()>
                 println!("{}", serde_json::to_string_pretty(&tenant)?);
             } else {
                 println!("created tenant {} ({})", tenant.id, tenant.name);
+            }
+        }
+        TenantCommand::Ls => {
+            let tenants = client.tenants().await?;
+            if args.json {
+                println!("{}", serde_json::to_string_pretty(&tenants)?);
+            } else {
+                print!("{}", weir_host::api::client::tenants_table(&tenants));
             }
         }
         TenantCommand::Key { id } => {

@@ -1,5 +1,6 @@
 //! `weir dev`: the whole job on embedded defaults — librdkafka's mock cluster (or a broker you
-//! name), the `flight-delays` operator, the flights table in, a summary out.
+//! name), the `flight-delays` operator, the flights table in, a summary out; or, with
+//! `--input FILE.jsonl`, any operator over a file of records ([`crate::dev_input`]).
 
 use crate::flights;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
@@ -21,13 +22,20 @@ use weir_host::state::memory::MemoryBackend;
 
 /// What `weir dev` runs (its options).
 #[derive(Debug, Clone, clap::Args)]
+#[command(group = clap::ArgGroup::new("records").required(true).args(["flights_csv", "input"]))]
 pub struct DevOptions {
-    /// The `flight-delays` component.
+    /// The operator component (with `--flights`, the `flight-delays` one).
     #[arg(long, default_value = "target/wasm32-wasip2/guest/flight_delays.wasm")]
     pub operator: PathBuf,
-    /// The flights CSV (`deploy/local/flights.sh` prints its path).
+    /// The flights CSV (`deploy/local/flights.sh` prints its path): the flights job, with a
+    /// summary.
     #[arg(long = "flights")]
-    pub flights_csv: PathBuf,
+    pub flights_csv: Option<PathBuf>,
+    /// A JSON-lines file of records, one `{"key", "value", "timestamp_ms", "headers"}` object
+    /// a line (each field optional; a non-string key or value is sent as its JSON text): runs
+    /// `--operator` over them and prints every output and dead letter as JSON lines.
+    #[arg(long)]
+    pub input: Option<PathBuf>,
     /// Use this broker instead of the mock cluster.
     #[arg(long)]
     pub bootstrap_servers: Option<String>,
@@ -51,6 +59,9 @@ pub enum DevError {
     /// The output did not arrive in time.
     #[error("output incomplete after {0:?}: {1}")]
     Timeout(Duration, String),
+    /// The `--input` file cannot be read or has a malformed line.
+    #[error("bad --input: {0}")]
+    Input(String),
 }
 
 /// Creates `topics` (name, partitions) with replication 1; existing topics are left as they are.
@@ -102,6 +113,11 @@ pub struct RouteStats {
 /// # Errors
 /// [`DevError`] when any stage fails.
 pub async fn run(opts: DevOptions) -> Result<(), DevError> {
+    let flights_csv = match (&opts.input, &opts.flights_csv) {
+        (Some(input), _) => return crate::dev_input::run(&opts, input).await,
+        (None, Some(csv)) => csv.clone(),
+        (None, None) => return Err(DevError::Input("give --flights or --input".into())),
+    };
     let run_id = std::process::id();
     let (input, output, dlq) = (
         format!("flights-{run_id}"),
@@ -133,7 +149,7 @@ pub async fn run(opts: DevOptions) -> Result<(), DevError> {
         }
     };
 
-    let flights = flights::read_csv(&opts.flights_csv)?;
+    let flights = flights::read_csv(&flights_csv)?;
     let loaded = flights.len() as u64;
     let settings = Settings {
         pipeline: PipelineSettings {

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use weir_host::clock::{SharedClock, SystemClock};
 use weir_host::config::{EnvVars, Settings};
+use weir_host::health::{KafkaProbe, PROBE_INTERVAL};
 use weir_host::pipeline::{self, PipelineStats};
 use weir_host::state::configured::ConfiguredBackend;
 
@@ -40,6 +41,13 @@ pub async fn serve(config: PathBuf) -> anyhow::Result<()> {
             status_sample_interval: settings.status_sample_interval,
         },
     )?;
+    let state = match &settings.pipelines {
+        Some(pipelines) => state.with_kafka_probe(Arc::new(KafkaProbe::spawn(
+            &pipelines.kafka(),
+            PROBE_INTERVAL,
+        ))),
+        None => state,
+    };
     let listener = tokio::net::TcpListener::bind(&settings.listen)
         .await
         .with_context(|| format!("cannot listen on {}", settings.listen))?;
@@ -88,6 +96,40 @@ async fn shutdown_signal() {
     }
 }
 
+/// Serves `weir run`'s admin endpoints on `address` until the returned task is dropped.
+async fn admin(address: &str, settings: &Settings) -> anyhow::Result<AbortOnDrop> {
+    // The recorder before the pipeline registers its series.
+    weir_host::telemetry::prometheus();
+    let listener = tokio::net::TcpListener::bind(address)
+        .await
+        .with_context(|| format!("cannot listen on {address} (--admin-listen)"))?;
+    tracing::info!(
+        address,
+        "admin endpoints listening: /healthz /readyz /metrics"
+    );
+    let probe = Arc::new(KafkaProbe::spawn(&settings.kafka, PROBE_INTERVAL));
+    let upkeep = weir_host::telemetry::spawn_upkeep();
+    Ok(AbortOnDrop(vec![
+        upkeep,
+        tokio::spawn(async move {
+            if let Err(err) = weir_host::health::serve_admin(listener, probe).await {
+                tracing::error!(error = %err, "the admin listener failed");
+            }
+        }),
+    ]))
+}
+
+/// Aborts its tasks when dropped.
+struct AbortOnDrop(Vec<tokio::task::JoinHandle<()>>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        for task in &self.0 {
+            task.abort();
+        }
+    }
+}
+
 /// Lists the state's object store once, so that wrong credentials or a missing bucket stop
 /// `weir run` at start with the store's own answer (`SignatureDoesNotMatch`,
 /// `InvalidAccessKeyId`, `NoSuchBucket`) rather than fail every shard's opening later.
@@ -112,11 +154,15 @@ async fn check_state_store(settings: &Settings) -> anyhow::Result<()> {
 /// How long `weir run` waits for the cluster's first metadata answer at start.
 const KAFKA_CHECK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(15);
 
-/// Runs `weir run`: one pipeline from a TOML config until Ctrl-C, then drains it.
+/// Runs `weir run`: one pipeline from a TOML config (with the environment's settings over it)
+/// until SIGINT or SIGTERM, then drains it and checkpoints. With `admin_listen`, serves
+/// `/healthz`, `/readyz` (503 while the brokers do not answer) and `/metrics` there.
 ///
 /// # Errors
-/// An invalid config, a state backend that cannot be set up, or the pipeline's failure.
-pub async fn run(config: PathBuf) -> anyhow::Result<()> {
+/// An invalid config, brokers or a state store that cannot be reached at start, a state
+/// backend that cannot be set up, an admin address that cannot be bound, or the pipeline's
+/// failure.
+pub async fn run(config: PathBuf, admin_listen: Option<String>) -> anyhow::Result<()> {
     let settings = Settings::load(&config, &EnvVars::from_process())?;
     // Wrong credentials, an untrusted certificate or an unreachable cluster: said at once, with
     // the cause librdkafka reported, rather than retried in the logs.
@@ -134,12 +180,13 @@ pub async fn run(config: PathBuf) -> anyhow::Result<()> {
         ConfiguredBackend::from_settings(&settings.state, clock.clone())
             .context("cannot set up the state backend")?,
     );
+    let _admin = match admin_listen {
+        Some(address) => Some(admin(&address, &settings).await?),
+        None => None,
+    };
     let shutdown = async {
-        if let Err(err) = tokio::signal::ctrl_c().await {
-            tracing::error!(error = %err, "cannot listen for Ctrl-C; running until killed");
-            std::future::pending::<()>().await;
-        }
-        tracing::info!("shutting down: draining partitions");
+        shutdown_signal().await;
+        tracing::info!("shutting down: draining partitions and checkpointing");
     };
     pipeline::run(settings, backend, clock, stats.clone(), shutdown)
         .await

@@ -26,6 +26,7 @@ pub mod checkpoint_bench;
 pub mod client;
 pub mod controller_bench;
 pub mod dev;
+pub mod dev_input;
 pub mod flights;
 pub mod host;
 pub mod kafka;

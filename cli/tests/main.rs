@@ -1,8 +1,12 @@
 //! Tests of the host against the real broker and S3 server, most of them running `weir` as
 //! separate processes (killed, frozen, rescaled, side by side); one module per scenario.
 
+mod cli_hygiene;
 mod crash_loop;
+mod dev_input;
+mod lifecycle;
 mod lsm_backend_on_s3;
+mod readme_quick_start;
 mod rescale;
 mod serve_hosts;
 mod settings_from_env;

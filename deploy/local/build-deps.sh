@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
-# Installs the C libraries the `weir` binary links from Debian's packages (headers for the
-# build), once: OpenSSL (librdkafka's TLS and SASL/SCRAM) and zstd (librdkafka's zstd codec),
-# found through pkg-config, and the openssl command (deploy/local/kafka.sh makes its test CA with
-# it). Linking Debian's rather than compiling OpenSSL and zstd keeps them
-# out of the cold build (and patched by the distribution); the image script ships the shared
-# libraries beside the binary.
+# Installs from Debian's packages, once: the C libraries the `weir` binary links (with headers,
+# found through pkg-config) — OpenSSL (librdkafka's TLS and SASL/SCRAM) and zstd (librdkafka's
+# zstd codec) —, the openssl command (deploy/local/kafka.sh makes its test CA with it), the CA
+# certificates the image ships, and curl (the README's quick start). Linking Debian's OpenSSL
+# and zstd rather than compiling them keeps them out of the cold build (and patched by the
+# distribution); deploy/image/build.py ships the shared libraries beside the binary.
 #
 # Usage: bash deploy/local/build-deps.sh
 set -euo pipefail
 
-packages=(libssl-dev libzstd-dev pkg-config openssl)
+packages=(libssl-dev libzstd-dev pkg-config openssl ca-certificates curl)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

@@ -9,6 +9,11 @@
 #                        the broker's certificate is signed by a throw-away CA this script
 #                        makes once: $WEIR_SERVICES_DIR/kafka/tls/ca.pem, for 127.0.0.1 and
 #                        localhost)
+#   proxied listener     127.0.0.1:9095 (PLAINTEXT), advertised as 127.0.0.1:9096: nothing
+#                        listens there but a TCP proxy a test starts (forwarding 9096 → 9095)
+#                        to cut a client off from the broker and bring it back without
+#                        stopping the shared broker; every connection of a client that
+#                        bootstraps at 9096 then goes through the proxy
 # from jars that `mvn dependency:copy-dependencies` of deploy/local/kafka/pom.xml
 # pulls out of Maven Central (needs java >= 17 and mvn on PATH; nothing else).
 #
@@ -48,6 +53,8 @@ HOST=127.0.0.1
 PORT=9092
 CONTROLLER_PORT=9093
 SASL_SSL_PORT=9094
+PROXIED_PORT=9095
+PROXIED_ADVERTISED_PORT=9096
 TLS="$KDIR/tls"
 SASL_USER=weir
 SASL_PASSWORD=weir-secret
@@ -142,11 +149,11 @@ write_server_props() {
 process.roles=broker,controller
 node.id=1
 controller.quorum.voters=1@$HOST:$CONTROLLER_PORT
-listeners=PLAINTEXT://$HOST:$PORT,CONTROLLER://$HOST:$CONTROLLER_PORT,SASL_SSL://$HOST:$SASL_SSL_PORT
-advertised.listeners=PLAINTEXT://$HOST:$PORT,SASL_SSL://$HOST:$SASL_SSL_PORT
+listeners=PLAINTEXT://$HOST:$PORT,CONTROLLER://$HOST:$CONTROLLER_PORT,SASL_SSL://$HOST:$SASL_SSL_PORT,PROXIED://$HOST:$PROXIED_PORT
+advertised.listeners=PLAINTEXT://$HOST:$PORT,SASL_SSL://$HOST:$SASL_SSL_PORT,PROXIED://$HOST:$PROXIED_ADVERTISED_PORT
 controller.listener.names=CONTROLLER
 inter.broker.listener.name=PLAINTEXT
-listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,SASL_SSL:SASL_SSL
+listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,SASL_SSL:SASL_SSL,PROXIED:PLAINTEXT
 
 # The secure listener: TLS with the script's CA, SASL with the SCRAM users made at format time
 # (and the same user for PLAIN).
@@ -252,8 +259,8 @@ cmd_start() {
   local pid=""
   pid="$(live_pid || true)"
   if broker_answers; then
-    port_open "$HOST" "$SASL_SSL_PORT" ||
-      die "the broker on $BOOTSTRAP has no SASL_SSL listener on $HOST:$SASL_SSL_PORT (started by an older kafka.sh?): 'kafka.sh stop' and start it again"
+    { port_open "$HOST" "$SASL_SSL_PORT" && port_open "$HOST" "$PROXIED_PORT"; } ||
+      die "the broker on $BOOTSTRAP has no SASL_SSL listener on $HOST:$SASL_SSL_PORT or proxied one on $HOST:$PROXIED_PORT (started by an older kafka.sh?): 'kafka.sh stop' and start it again"
     log "already running on $BOOTSTRAP${pid:+ (pid $pid)} - reusing it"
     return 0
   fi
@@ -264,9 +271,12 @@ cmd_start() {
   fi
   # Nothing runs from libs/ now, so it is safe to refresh them if the pom changed.
   ensure_libs
-  if port_open "$HOST" "$PORT" || port_open "$HOST" "$CONTROLLER_PORT" || port_open "$HOST" "$SASL_SSL_PORT"; then
-    die "port $PORT, $CONTROLLER_PORT or $SASL_SSL_PORT on $HOST is taken by something that is not a working Kafka broker"
-  fi
+  local p
+  for p in "$PORT" "$CONTROLLER_PORT" "$SASL_SSL_PORT" "$PROXIED_PORT"; do
+    if port_open "$HOST" "$p"; then
+      die "port $p on $HOST is taken by something that is not a working Kafka broker"
+    fi
+  done
 
   mkdir -p "$LOGS"
   ensure_tls

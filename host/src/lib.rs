@@ -27,6 +27,7 @@ pub mod clock;
 pub mod config;
 pub mod error;
 pub mod fail_points;
+pub mod health;
 pub mod pipeline;
 pub mod runtime;
 pub mod sink;

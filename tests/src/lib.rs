@@ -7,6 +7,7 @@
 pub mod api;
 mod kafka;
 pub mod process;
+pub mod proxy;
 
 pub use kafka::*;
 use kafka::{committed_reader, produce_to_partitions};

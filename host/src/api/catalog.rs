@@ -115,6 +115,17 @@ impl Catalog {
         Self { store, prefix }
     }
 
+    /// Lists the catalog's prefix once: `Ok` when the store answers (readiness).
+    ///
+    /// # Errors
+    /// The store's error (unreachable, wrong credentials, no such bucket).
+    pub async fn check_readable(&self) -> Result<(), object_store::Error> {
+        self.store
+            .list_with_delimiter(Some(&self.prefix))
+            .await
+            .map(|_| ())
+    }
+
     /// The object store.
     pub(crate) fn store(&self) -> &Arc<dyn ObjectStore> {
         &self.store

@@ -181,6 +181,15 @@ impl ApiClient {
         self.expect(request, &url).await
     }
 
+    /// Every tenant (admin key).
+    ///
+    /// # Errors
+    /// [`ClientError`].
+    pub async fn tenants(&self) -> Result<Vec<Tenant>, ClientError> {
+        let url = format!("{}/v1/tenants", self.base);
+        self.expect(self.http.get(&url), &url).await
+    }
+
     /// Creates an API key for tenant `id` (admin key).
     ///
     /// # Errors
@@ -418,6 +427,18 @@ pub fn pipeline_status_text(p: &PipelineView) -> String {
                 problem.reason
             ));
         }
+    }
+    out
+}
+
+/// `tenants` as a table: id, created (RFC 3339, UTC), name.
+pub fn tenants_table(tenants: &[Tenant]) -> String {
+    let mut out = format!("{:<32} {:<20} {}\n", "ID", "CREATED", "NAME");
+    for t in tenants {
+        let created = humantime_serde::re::humantime::format_rfc3339_seconds(
+            std::time::UNIX_EPOCH + std::time::Duration::from_millis(t.created_ms),
+        );
+        out.push_str(&format!("{:<32} {:<20} {}\n", t.id, created, t.name));
     }
     out
 }

@@ -5,7 +5,8 @@
 //! the same catalog. Errors are RFC 9457 problem details ([`problem`]); the OpenAPI document,
 //! generated from this code (utoipa), is served at `/openapi.json`.
 //!
-//! Besides, `GET /metrics` (Prometheus) and the status page at `/` ([`status`]).
+//! Besides, `GET /metrics` (Prometheus), the status page at `/` ([`status`]), and the probes
+//! `GET /healthz` and `GET /readyz` ([`crate::health`]).
 //!
 //! Routes (`/v1`): `POST/GET /tenants`, `POST /tenants/{tenant}/api-keys` (admin);
 //! `GET /operators`, `POST/GET /operators/{name}`, `GET/DELETE
@@ -181,6 +182,8 @@ pub struct ApiState {
     /// creates cannot pass the per-tenant limit together. (Creates through other API servers
     /// sharing the catalog are undone after the fact: see `create_pipeline`.)
     pipeline_creates: Arc<tokio::sync::Mutex<()>>,
+    /// The brokers' state for `/readyz`, on a host that runs pipelines.
+    kafka: Option<Arc<crate::health::KafkaProbe>>,
 }
 
 impl std::fmt::Debug for ApiState {
@@ -214,7 +217,15 @@ impl ApiState {
             settings: Arc::new(settings),
             board: Arc::default(),
             pipeline_creates: Arc::default(),
+            kafka: None,
         })
+    }
+
+    /// Reports `probe`'s view of the brokers in `/readyz` (a host that runs pipelines).
+    #[must_use]
+    pub fn with_kafka_probe(mut self, probe: Arc<crate::health::KafkaProbe>) -> Self {
+        self.kafka = Some(probe);
+        self
     }
 
     /// Who `key` acts as: the admin, or the tenant whose key it is.
@@ -754,6 +765,28 @@ async fn openapi_json() -> Response {
     Json(ApiDoc::openapi()).into_response()
 }
 
+/// How long `/readyz` waits for the catalog store.
+const READY_STORE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// `/readyz`: ready while the catalog store answers; the brokers' state (a host that runs
+/// pipelines) is reported, not a condition, so that the API and the status page stay up
+/// through a Kafka outage.
+async fn readyz(State(state): State<ApiState>) -> crate::health::Readiness {
+    let store =
+        match tokio::time::timeout(READY_STORE_TIMEOUT, state.catalog.check_readable()).await {
+            Ok(Ok(())) => None,
+            Ok(Err(e)) => Some(format!("cannot read the catalog store: {e}")),
+            Err(_) => Some(format!(
+                "the catalog store did not answer within {READY_STORE_TIMEOUT:?}"
+            )),
+        };
+    crate::health::Readiness {
+        ready: store.is_none(),
+        store: Some(store.unwrap_or_else(|| "ok".to_owned())),
+        kafka: state.kafka.as_ref().and_then(|probe| probe.state()),
+    }
+}
+
 async fn not_found() -> ApiError {
     ApiError::NotFound("no such route".into())
 }
@@ -771,6 +804,8 @@ pub fn router(state: ApiState) -> Router {
     });
     Router::new()
         .route("/openapi.json", get(openapi_json))
+        .route("/healthz", get(crate::health::healthz))
+        .route("/readyz", get(readyz))
         .route("/metrics", get(status::metrics_page))
         .route("/", get(status::status_page))
         .route("/login", post(status::login))

@@ -22,6 +22,11 @@ impl ReasonContext {
         self.last.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
+    /// Forgets the last error (a later request succeeded).
+    pub fn clear(&self) {
+        *self.last.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+
     /// `err`, followed by the last error librdkafka reported when there is one, which is
     /// usually the cause (`SASL authentication error: … invalid credentials`, `SSL handshake
     /// failed: … certificate verify failed`).
