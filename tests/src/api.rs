@@ -51,6 +51,13 @@ pub async fn start_server_with(
     let bucket = create_s3_bucket().await?;
     let store_url = format!("s3://{bucket}/weir");
     let (store, prefix) = object_store_from_url(&store_url, &s3_options())?;
+    // As `weir serve` does: a host that runs pipelines reports its brokers in /readyz.
+    let probe = runner.as_ref().map(|config| {
+        std::sync::Arc::new(weir_host::health::KafkaProbe::spawn(
+            &config.kafka(),
+            weir_host::health::PROBE_INTERVAL,
+        ))
+    });
     if let Some(config) = runner {
         let runner = Runner::new(
             Catalog::new(store.clone(), prefix.clone()),
@@ -69,6 +76,10 @@ pub async fn start_server_with(
             status_sample_interval: Duration::from_millis(500),
         },
     )?;
+    let state = match probe {
+        Some(probe) => state.with_kafka_probe(probe),
+        None => state,
+    };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
     tokio::spawn(weir_host::api::serve(

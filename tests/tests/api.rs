@@ -391,3 +391,51 @@ async fn a_python_operator_uploads_like_a_rust_one() -> anyhow::Result<()> {
     );
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn healthz_and_readyz_answer_and_readiness_reports_but_ignores_the_brokers()
+-> anyhow::Result<()> {
+    // A host that runs pipelines against a broker that is not there: still ready (the catalog
+    // store answers), with the brokers' state and cause in the body.
+    let mut runner = runner_config(&unique("host"));
+    runner.bootstrap_servers = "127.0.0.1:1".into();
+    let (addr, _) = start_server_with(Some(runner)).await?;
+    let healthz = reqwest::get(format!("http://{addr}/healthz")).await?;
+    assert_eq!(healthz.status(), StatusCode::OK);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let (status, _, body) = call(addr, Method::GET, "/readyz", None, None).await?;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert_eq!(body["store"], "ok", "{body}");
+        if body["kafka"]["reachable"] == json!(false) {
+            assert!(
+                body["kafka"]["error"]
+                    .as_str()
+                    .is_some_and(|e| e.contains("127.0.0.1:1")),
+                "the cause names the broker: {body}"
+            );
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no probe result: {body}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    // The real broker: reachable.
+    let (addr, _) = start_server_with(Some(runner_config(&unique("host")))).await?;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let (status, _, body) = call(addr, Method::GET, "/readyz", None, None).await?;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        if body["kafka"]["reachable"] == json!(true) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the broker never reachable: {body}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    Ok(())
+}
