@@ -2,7 +2,7 @@
 //! departure, through the windowed examples on the real broker with exactly-once delivery:
 //! `airport-hours` (tumbling hours: in Rust over a replay with bounded disorder and a few
 //! records beyond it, which checks lateness end to end; then in departure order switched to its
-//! Python port half way) and `airport-sessions` (sessions with a two-hour gap). Every output
+//! Python port for the last flights) and `airport-sessions` (sessions with a two-hour gap). Every output
 //! must equal an oracle computed here from the CSV with nothing of Weir's code, no window may
 //! be emitted twice, and afterwards no timer and no window may be left in the state.
 //!
@@ -291,8 +291,9 @@ fn check_hours(
 }
 
 /// airport-hours in Rust over every flight replayed out of order ([`disordered_hours`]); then
-/// the flights in departure order through a pipeline switched from Rust to the Python port half
-/// way, on the open hours the Rust half left in the state (the window state is the same bytes
+/// the flights in departure order through a pipeline switched from Rust to the Python port for
+/// the last [`PYTHON_FLIGHTS`](super::flights_end_to_end::PYTHON_FLIGHTS), on the open hours the
+/// Rust part left in the state (the window state is the same bytes
 /// in both SDKs). Each run: one final output per (origin, hour) with flights, equal to its
 /// oracle, none twice. The switched run's outputs are byte for byte the disordered Rust run's
 /// for every hour no late flight touched (a window's result does not depend on the order of
@@ -309,8 +310,9 @@ async fn airport_hours_disordered_in_rust_and_switched_to_python_match_the_oracl
     let (rust, touched) = disordered_hours(&rows).await?;
     let flights = weir_cli::flights::read_csv_keyed(&flights_csv(), KeyBy::Origin)?;
 
-    // The first half through Rust, with no idle advance (the hours open at its end stay open).
-    let half = FLIGHTS / 2;
+    // All but the last flights through Rust, with no idle advance (the hours open at its end
+    // stay open).
+    let half = FLIGHTS - super::flights_end_to_end::PYTHON_FLIGHTS;
     let input = produce_by_origin(&flights[..half]).await?;
     let (output, dlq) = (unique("airport-hours"), unique("airport-dlq"));
     create_topics(&[(&output, 4), (&dlq, 1)]).await?;
@@ -336,7 +338,7 @@ async fn airport_hours_disordered_in_rust_and_switched_to_python_match_the_oracl
     settings.pipeline.operator = guest("airport_hours_py");
     settings.pipeline.idle_timeout = Some(IDLE_TIMEOUT);
     settings.pipeline.idle_advance = true;
-    let what = "airport-hours, switched from Rust to Python half way";
+    let what = "airport-hours, switched from Rust to Python for the last flights";
     let (out, late) = run_windowed(settings, FLIGHTS - half, want.len(), what).await?;
     assert_eq!(late, 0, "{what}: in departure order nothing is late");
     let (got, updates) = by_window(&out, "hour_start_ms")?;
