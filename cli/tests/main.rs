@@ -6,6 +6,7 @@ mod crash_loop;
 mod dev_input;
 mod lifecycle;
 mod lsm_backend_on_s3;
+mod operator_project;
 mod readme_quick_start;
 mod rescale;
 mod serve_hosts;

@@ -78,7 +78,8 @@ pub mod __private {
 #[allow(missing_docs, unsafe_code, clippy::all)]
 pub mod wit {
     wit_bindgen::generate!({
-        path: "../wit",
+        // `wit/` is a link to the repository's `wit/` (inside the crate, so that it packages).
+        path: "wit",
         world: "weir:operator/operator-world@0.2.0",
         pub_export_macro: true,
         export_macro_name: "__export_operator_world",
