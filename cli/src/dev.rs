@@ -9,6 +9,7 @@ use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::Message;
 use rdkafka::mocking::MockCluster;
+use rdkafka::producer::DefaultProducerContext;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -108,6 +109,64 @@ pub struct RouteStats {
     pub delay_mean: Option<f64>,
 }
 
+/// The topics of a dev run (name, partitions) on `bootstrap_servers`, created if missing, or on
+/// a new librdkafka mock cluster, which lives as long as the returned handle: `(mock,
+/// bootstrap)`.
+///
+/// # Errors
+/// [`DevError::Kafka`] when the topics cannot be created.
+pub(crate) async fn cluster(
+    bootstrap_servers: Option<&str>,
+    topics: &[(&str, i32)],
+) -> Result<(Option<MockCluster<'static, DefaultProducerContext>>, String), DevError> {
+    match bootstrap_servers {
+        Some(b) => {
+            ensure_topics(b, topics).await?;
+            Ok((None, b.to_owned()))
+        }
+        None => {
+            // The mock cluster does not serve the CreateTopics admin API: create them directly.
+            let mock = MockCluster::new(1)?;
+            for (topic, partitions) in topics {
+                mock.create_topic(topic, *partitions, 1)?;
+            }
+            let bootstrap = mock.bootstrap_servers();
+            Ok((Some(mock), bootstrap))
+        }
+    }
+}
+
+/// A dev run's pipeline `name`: `operator` from `input` to `output`, dead letters to `dlq`,
+/// its own consumer group, Weir's defaults otherwise (the caller gives it heap state).
+pub(crate) fn pipeline_settings(
+    name: &str,
+    operator: &std::path::Path,
+    (input, output, dlq): (&str, &str, &str),
+    bootstrap: &str,
+) -> Settings {
+    Settings {
+        pipeline: PipelineSettings {
+            name: name.into(),
+            operator: operator.to_owned(),
+            input_topics: vec![input.to_owned()],
+            output_topic: output.to_owned(),
+            dead_letter_topic: dlq.to_owned(),
+            group_id: Some(format!("weir-dev-{}", std::process::id())),
+            checkpoint_interval: Duration::from_secs(10),
+            delivery: Default::default(),
+            in_flight_max: weir_host::config::DEFAULT_IN_FLIGHT_MAX,
+            failure_policy: Default::default(),
+            max_out_of_orderness: Default::default(),
+            idle_timeout: None,
+            idle_advance: false,
+            late_records: Default::default(),
+        },
+        kafka: crate::kafka::settings(bootstrap),
+        runtime: RuntimeSettings::default(),
+        state: StateSettings::default(),
+    }
+}
+
 /// Runs the job and prints a summary to stdout.
 ///
 /// # Errors
@@ -129,49 +188,19 @@ pub async fn run(opts: DevOptions) -> Result<(), DevError> {
         (output.as_str(), opts.partitions),
         (dlq.as_str(), 1),
     ];
-    let mock;
-    let bootstrap = match &opts.bootstrap_servers {
-        Some(b) => {
-            ensure_topics(b, &topics).await?;
-            b.clone()
-        }
-        None => {
-            // The mock cluster does not serve the CreateTopics admin API: create them directly.
-            mock = MockCluster::new(1)?;
-            for (topic, partitions) in topics {
-                mock.create_topic(topic, partitions, 1)?;
-            }
-            println!(
-                "started librdkafka's mock cluster at {}",
-                mock.bootstrap_servers()
-            );
-            mock.bootstrap_servers()
-        }
-    };
+    let (mock, bootstrap) = cluster(opts.bootstrap_servers.as_deref(), &topics).await?;
+    if mock.is_some() {
+        println!("started librdkafka's mock cluster at {bootstrap}");
+    }
 
     let flights = flights::read_csv(&flights_csv)?;
     let loaded = flights.len() as u64;
-    let settings = Settings {
-        pipeline: PipelineSettings {
-            name: "flight-delays".into(),
-            operator: opts.operator.clone(),
-            input_topics: vec![input.clone()],
-            output_topic: output.clone(),
-            dead_letter_topic: dlq.clone(),
-            group_id: Some(format!("weir-dev-{run_id}")),
-            checkpoint_interval: std::time::Duration::from_secs(10),
-            delivery: Default::default(),
-            in_flight_max: weir_host::config::DEFAULT_IN_FLIGHT_MAX,
-            failure_policy: Default::default(),
-            max_out_of_orderness: Default::default(),
-            idle_timeout: None,
-            idle_advance: false,
-            late_records: Default::default(),
-        },
-        kafka: crate::kafka::settings(&bootstrap),
-        runtime: RuntimeSettings::default(),
-        state: StateSettings::default(),
-    };
+    let settings = pipeline_settings(
+        "flight-delays",
+        &opts.operator,
+        (&input, &output, &dlq),
+        &bootstrap,
+    );
     let reader = OutputReader::start(&bootstrap, &output)?;
     let clock: SharedClock = Arc::new(SystemClock);
     let stats = Arc::new(PipelineStats::default());

@@ -13,7 +13,6 @@
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Headers, Message};
-use rdkafka::mocking::MockCluster;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{Offset, TopicPartitionList};
 use serde::Deserialize;
@@ -24,12 +23,11 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 use weir_host::clock::{SharedClock, SystemClock};
-use weir_host::config::{PipelineSettings, RuntimeSettings, Settings, StateSettings};
 use weir_host::pipeline::{self, PipelineStats};
 use weir_host::sink::{HEADER_ERROR, HEADER_ERROR_KIND};
 use weir_host::state::memory::MemoryBackend;
 
-use crate::dev::{DevError, DevOptions, ensure_topics};
+use crate::dev::{DevError, DevOptions, cluster, pipeline_settings};
 
 /// One line of the input file.
 #[derive(Debug, Deserialize)]
@@ -94,20 +92,7 @@ pub async fn run(opts: &DevOptions, input: &Path) -> Result<(), DevError> {
         (output.as_str(), opts.partitions),
         (dlq.as_str(), 1),
     ];
-    let mock;
-    let bootstrap = match &opts.bootstrap_servers {
-        Some(b) => {
-            ensure_topics(b, &topics).await?;
-            b.clone()
-        }
-        None => {
-            mock = MockCluster::new(1)?;
-            for (topic, partitions) in topics {
-                mock.create_topic(topic, partitions, 1)?;
-            }
-            mock.bootstrap_servers()
-        }
-    };
+    let (_mock, bootstrap) = cluster(opts.bootstrap_servers.as_deref(), &topics).await?;
 
     let producer: FutureProducer = crate::kafka::client(&bootstrap)
         .set("linger.ms", "5")
@@ -135,27 +120,12 @@ pub async fn run(opts: &DevOptions, input: &Path) -> Result<(), DevError> {
             .map_err(|(e, _)| DevError::Kafka(e))?;
     }
 
-    let settings = Settings {
-        pipeline: PipelineSettings {
-            name: "dev".into(),
-            operator: opts.operator.clone(),
-            input_topics: vec![input_topic.clone()],
-            output_topic: output.clone(),
-            dead_letter_topic: dlq.clone(),
-            group_id: Some(format!("weir-dev-{run_id}")),
-            checkpoint_interval: Duration::from_secs(10),
-            delivery: Default::default(),
-            in_flight_max: weir_host::config::DEFAULT_IN_FLIGHT_MAX,
-            failure_policy: Default::default(),
-            max_out_of_orderness: Default::default(),
-            idle_timeout: None,
-            idle_advance: false,
-            late_records: Default::default(),
-        },
-        kafka: crate::kafka::settings(&bootstrap),
-        runtime: RuntimeSettings::default(),
-        state: StateSettings::default(),
-    };
+    let settings = pipeline_settings(
+        "dev",
+        &opts.operator,
+        (&input_topic, &output, &dlq),
+        &bootstrap,
+    );
     let clock: SharedClock = Arc::new(SystemClock);
     let stats = Arc::new(PipelineStats::default());
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();

@@ -132,6 +132,16 @@ async fn readyz(client: &reqwest::Client, admin: SocketAddr) -> (u16, String) {
     }
 }
 
+/// The status `GET http://{admin}{path}` answers.
+async fn status_of(client: &reqwest::Client, admin: SocketAddr, path: &str) -> anyhow::Result<u16> {
+    Ok(client
+        .get(format!("http://{admin}{path}"))
+        .send()
+        .await?
+        .status()
+        .as_u16())
+}
+
 /// Polls `/readyz` until it answers `status`, failing after `timeout` with the last answer.
 async fn wait_ready(
     client: &reqwest::Client,
@@ -182,23 +192,13 @@ async fn readyz_answers_503_while_the_brokers_are_cut_off_and_200_once_they_are_
     let client = reqwest::Client::new();
     let body = wait_ready(&client, admin, 200, Duration::from_secs(60), &weir).await?;
     assert!(body.contains("\"reachable\":true"), "{body}");
-    let healthz = client
-        .get(format!("http://{admin}/healthz"))
-        .send()
-        .await?
-        .status();
-    assert_eq!(healthz.as_u16(), 200);
+    assert_eq!(status_of(&client, admin, "/healthz").await?, 200);
 
     proxy.cut().await;
     let body = wait_ready(&client, admin, 503, Duration::from_secs(60), &weir).await?;
     assert!(body.contains("\"reachable\":false"), "{body}");
     // Alive all along: only readiness follows the brokers.
-    let healthz = client
-        .get(format!("http://{admin}/healthz"))
-        .send()
-        .await?
-        .status();
-    assert_eq!(healthz.as_u16(), 200);
+    assert_eq!(status_of(&client, admin, "/healthz").await?, 200);
     let metrics = client
         .get(format!("http://{admin}/metrics"))
         .send()
