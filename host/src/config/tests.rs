@@ -1,0 +1,167 @@
+//! The settings tree: parsing, defaults, validation, the shipped configs, the environment.
+use super::*;
+
+const GOOD: &str = r#"
+    [pipeline]
+    name = "flights"
+    operator = "op.wasm"
+    input_topics = ["flights"]
+    output_topic = "route-stats"
+    dead_letter_topic = "flights-dlq"
+
+    [kafka]
+    bootstrap_servers = "127.0.0.1:9092"
+
+    [runtime]
+    record_deadline = "250ms"
+"#;
+
+#[test]
+fn valid_settings_parse_with_defaults() {
+    let s = Settings::from_toml(GOOD).expect("valid settings");
+    assert_eq!(s.pipeline.group_id(), "weir-flights");
+    assert_eq!(s.runtime.record_deadline, Duration::from_millis(250));
+    assert_eq!(s.runtime.batch_records_max, 512);
+    assert_eq!(s.state.backend, StateBackendKind::Memory);
+    assert_eq!(s.pipeline.in_flight_max, 4096);
+    assert_eq!(s.runtime.partition_instances_max, 4);
+}
+
+#[test]
+fn execution_limits_must_allow_one_record_and_one_instance() {
+    let bad = GOOD
+        .replace(
+            r#"dead_letter_topic = "flights-dlq""#,
+            "dead_letter_topic = \"flights-dlq\"\nin_flight_max = 0",
+        )
+        .replace(
+            r#"record_deadline = "250ms""#,
+            "partition_instances_max = 65",
+        );
+    let Err(ConfigError::Invalid { problems }) = Settings::from_toml(&bad) else {
+        panic!("expected invalid settings");
+    };
+    assert_eq!(problems.len(), 2, "{problems:?}");
+    assert!(problems[0].contains("pipeline.in_flight_max"));
+    assert!(problems[1].contains("runtime.partition_instances_max"));
+}
+
+#[test]
+fn validation_reports_every_problem_at_once() {
+    let bad = GOOD
+        .replace(r#"name = "flights""#, r#"name = "bad name!""#)
+        .replace(
+            r#"output_topic = "route-stats""#,
+            r#"output_topic = "flights""#,
+        )
+        .replace(r#"record_deadline = "250ms""#, "batch_records_max = 0");
+    let Err(ConfigError::Invalid { problems }) = Settings::from_toml(&bad) else {
+        panic!("expected invalid settings");
+    };
+    assert_eq!(problems.len(), 3, "{problems:?}");
+    assert!(problems[0].contains("pipeline.name"));
+    assert!(problems[1].contains("also the output"));
+    assert!(problems[2].contains("batch_records_max"));
+}
+
+#[test]
+fn the_lsm_backend_needs_a_url_and_sane_sizes() {
+    let bad = format!("{GOOD}\n[state]\nbackend = \"lsm\"\n[state.lsm]\nmemtable_bytes_max = 10\n");
+    let Err(ConfigError::Invalid { problems }) = Settings::from_toml(&bad) else {
+        panic!("expected invalid settings");
+    };
+    assert_eq!(problems.len(), 2, "{problems:?}");
+    assert!(problems[0].contains("state.lsm.url is required"));
+    assert!(problems[1].contains("memtable_bytes_max"));
+    let good = format!(
+        "{GOOD}\n[state]\nbackend = \"lsm\"\n[state.lsm]\nurl = \"s3://bucket/weir\"\noptions = {{ aws_endpoint = \"http://127.0.0.1:9000\" }}\n"
+    );
+    let s = Settings::from_toml(&good).expect("valid");
+    assert_eq!(s.state.backend, StateBackendKind::Lsm);
+    assert_eq!(s.state.lsm.block_cache_bytes, 256 << 20);
+}
+
+#[test]
+fn settings_that_would_break_checkpoints_are_refused() {
+    let bad = GOOD
+        .replace(
+            r#"dead_letter_topic = "flights-dlq""#,
+            "dead_letter_topic = \"flights-dlq\"\ndelivery = \"exactly_once\"\ncheckpoint_interval = \"10s\"",
+        )
+        .replace(
+            r#"bootstrap_servers = "127.0.0.1:9092""#,
+            "bootstrap_servers = \"127.0.0.1:9092\"\nconsumer = { \"enable.auto.commit\" = \"true\", \"isolation.level\" = \"read_uncommitted\" }\nproducer = { \"transaction.timeout.ms\" = \"15000\" }",
+        );
+    let Err(ConfigError::Invalid { problems }) = Settings::from_toml(&bad) else {
+        panic!("expected invalid settings");
+    };
+    assert_eq!(problems.len(), 4, "{problems:?}");
+    assert!(problems[0].contains("needs checkpoints"), "{problems:?}");
+    assert!(problems[1].contains("enable.auto.commit"));
+    assert!(problems[2].contains("isolation.level"));
+    assert!(problems[3].contains("transaction.timeout.ms"));
+    let good = format!("{bad}\n[state.memory]\nurl = \"file:///tmp/weir\"\n")
+        .replace(
+            r#""enable.auto.commit" = "true", "isolation.level" = "read_uncommitted""#,
+            "",
+        )
+        .replace(
+            r#""transaction.timeout.ms" = "15000""#,
+            r#""transaction.timeout.ms" = "20000""#,
+        );
+    Settings::from_toml(&good).expect("exactly-once on the memory backend with snapshots");
+}
+
+#[test]
+fn unknown_fields_are_refused() {
+    let bad = GOOD.replace("[runtime]", "[runtime]\nbatch_size = 3");
+    assert!(matches!(
+        Settings::from_toml(&bad),
+        Err(ConfigError::Parse { .. })
+    ));
+}
+
+#[test]
+fn shipped_example_config_is_valid() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/config/flight-delays.toml");
+    let s = Settings::load(&path, &EnvVars::default())
+        .expect("deploy/config/flight-delays.toml is valid");
+    assert_eq!(s.pipeline.input_topics, vec!["flights".to_owned()]);
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/config/airport-hours.toml");
+    let s = Settings::load(&path, &EnvVars::default())
+        .expect("deploy/config/airport-hours.toml is valid");
+    assert_eq!(s.pipeline.idle_timeout, Some(Duration::from_secs(5)));
+    assert!(s.pipeline.idle_advance);
+    assert_eq!(s.pipeline.late_records, LateRecords::Process);
+}
+
+#[test]
+fn aws_variables_fill_in_what_the_file_leaves_out_for_s3_only() {
+    let file: BTreeMap<String, String> = [("aws_endpoint", "http://file:9000")]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+    let env = EnvVars::new([
+        ("AWS_ACCESS_KEY_ID", "AKID"),
+        ("AWS_SECRET_ACCESS_KEY", "secret"),
+        ("AWS_WEB_IDENTITY_TOKEN_FILE", "/var/run/token"),
+        ("AWS_ROLE_ARN", "arn:aws:iam::1:role/weir"),
+        // The same option as the file's aws_endpoint: the file wins.
+        ("AWS_ENDPOINT_URL", "http://env:9000"),
+        ("AWS_PROFILE", "not-an-object-store-option"),
+        ("HOME", "/root"),
+    ]);
+    let options = store_options_with_env("s3://bucket/prefix", &file, &env);
+    let expected: BTreeMap<String, String> = [
+        ("aws_access_key_id", "AKID"),
+        ("aws_endpoint", "http://file:9000"),
+        ("aws_role_arn", "arn:aws:iam::1:role/weir"),
+        ("aws_secret_access_key", "secret"),
+        ("aws_web_identity_token_file", "/var/run/token"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+    .collect();
+    assert_eq!(options, expected);
+    assert_eq!(store_options_with_env("file:///tmp/x", &file, &env), file);
+}
