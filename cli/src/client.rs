@@ -175,6 +175,23 @@ pub enum PipelineCommand {
         #[arg(long)]
         in_flight_max: Option<u64>,
     },
+    /// Print the operator's log lines from every host that runs it, oldest first.
+    #[command(
+        after_help = "Examples:\n  weir pipeline logs counts --tail 50\n  weir pipeline logs counts --since 10m --follow"
+    )]
+    Logs {
+        /// The pipeline's name.
+        name: String,
+        /// Keep printing new lines as the hosts write them (about a second behind).
+        #[arg(long, short)]
+        follow: bool,
+        /// Print the last this many lines (the API's default is 1000, its maximum 10,000).
+        #[arg(long)]
+        tail: Option<usize>,
+        /// Only lines logged this long ago or later, e.g. `10m`, `2h`.
+        #[arg(long, value_parser = humantime::parse_duration)]
+        since: Option<std::time::Duration>,
+    },
     /// Delete a stopped pipeline with its state.
     Rm {
         /// The pipeline's name.
@@ -300,6 +317,29 @@ pub async fn pipeline(command: PipelineCommand, args: ApiArgs) -> anyhow::Result
             }
         }
         PipelineCommand::Status { name } => show(&client.pipeline(&name).await?)?,
+        PipelineCommand::Logs {
+            name,
+            follow,
+            tail,
+            since,
+        } => {
+            let since_ms = since.map(|d| {
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap_or_default();
+                now.saturating_sub(d).as_millis() as u64
+            });
+            let json = args.json;
+            client
+                .pipeline_logs(&name, tail, since_ms, follow, |entry| {
+                    if json {
+                        println!("{}", serde_json::to_string(&entry).unwrap_or_default());
+                    } else {
+                        println!("{}", weir_host::api::client::log_line(&entry));
+                    }
+                })
+                .await?;
+        }
         PipelineCommand::Start { name } => show(&client.pipeline_action(&name, "start").await?)?,
         PipelineCommand::Stop { name } => show(&client.pipeline_action(&name, "stop").await?)?,
         PipelineCommand::Switch { name, version } => {

@@ -1,8 +1,10 @@
 //! Two `weir serve` processes on one store (the S3 server) and one broker share a pipeline
 //! created through the API: Kafka's consumer group divides its partitions between them, both
 //! report on it, and when one is stopped (SIGTERM: it drains and checkpoints) the other runs
-//! every partition. Every key's count is exact throughout. Then the `weir pipeline` CLI
-//! shows, checkpoints, stops and deletes it.
+//! every partition. Every key's count is exact throughout. The operator's log lines from both
+//! hosts are read through either host, by the API and by `weir pipeline logs [--follow]`, and
+//! never by another tenant. Then the `weir pipeline` CLI shows, checkpoints, stops and deletes
+//! it.
 
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
@@ -10,6 +12,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
+use tokio::io::AsyncBufReadExt;
 use weir_tests::api::{ADMIN_KEY, call, counter_component, json_body, tenant_id, tenant_with_key};
 use weir_tests::process::WeirProcess;
 use weir_tests::*;
@@ -169,6 +172,8 @@ async fn two_serve_hosts_share_a_pipelines_partitions_and_one_takes_all_when_the
     let counts = read_counts(&output, &expected, Duration::from_secs(60)).await?;
     assert_counts_exact(&expected, &counts);
 
+    operator_logs_from_both_hosts(a, b, &key, &tenant, &input, &shared).await?;
+
     // Host b stops (SIGTERM): it drains, checkpoints and leaves; host a takes every partition.
     let (mut b_process, _) = hosts.remove(1);
     b_process.signal("TERM").await?;
@@ -239,5 +244,176 @@ async fn two_serve_hosts_share_a_pipelines_partitions_and_one_takes_all_when_the
         partitions_by_host(&shared),
         partitions_by_host(&alone)
     );
+    Ok(())
+}
+
+/// The pipeline's log lines (`GET /v1/pipelines/counts/logs` through `addr`), polled until
+/// `done` holds for them.
+async fn wait_for_logs(
+    addr: SocketAddr,
+    key: &str,
+    what: &str,
+    done: impl Fn(&[Value]) -> bool,
+) -> anyhow::Result<Vec<Value>> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let response = reqwest::Client::new()
+            .get(format!("http://{addr}/v1/pipelines/counts/logs"))
+            .bearer_auth(key)
+            .send()
+            .await?;
+        let status = response.status();
+        let content_type = response
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned();
+        let text = response.text().await?;
+        anyhow::ensure!(status == StatusCode::OK, "{status}: {text}");
+        assert_eq!(content_type, "application/x-ndjson");
+        let lines = text
+            .lines()
+            .map(serde_json::from_str)
+            .collect::<Result<Vec<Value>, _>>()?;
+        if done(&lines) {
+            return Ok(lines);
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "{what}: not after 30 s: {lines:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Whether `lines` hold `{tag} p{p}` for every partition, each from the host running `p`.
+fn logged_by_their_hosts(
+    lines: &[Value],
+    tag: &str,
+    hosts: &BTreeMap<String, BTreeSet<i64>>,
+) -> bool {
+    hosts.iter().all(|(host, partitions)| {
+        partitions.iter().all(|p| {
+            lines.iter().any(|l| {
+                l["message"] == format!("{tag} p{p}")
+                    && l["host"] == host.as_str()
+                    && l["partition"] == *p
+                    && l["level"] == "info"
+            })
+        })
+    })
+}
+
+/// One `log:{tag} p{p}` record into each partition `p` of `input`: the counter logs it.
+async fn log_in_each_partition(input: &str, tag: &str) -> anyhow::Result<()> {
+    for p in 0..PARTITIONS {
+        produce(
+            input,
+            p,
+            &[(b"logger".to_vec(), format!("log:{tag} p{p}").into_bytes())],
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+/// Both hosts' operator log lines, through either host: the API (and never for another
+/// tenant), `weir pipeline logs` and `--follow`.
+async fn operator_logs_from_both_hosts(
+    a: SocketAddr,
+    b: SocketAddr,
+    key: &str,
+    tenant: &str,
+    input: &str,
+    shared: &Value,
+) -> anyhow::Result<()> {
+    let hosts = partitions_by_host(shared);
+    log_in_each_partition(input, "first").await?;
+    for addr in [a, b] {
+        wait_for_logs(addr, key, "both hosts' lines", |lines| {
+            logged_by_their_hosts(lines, "first", &hosts)
+        })
+        .await?;
+    }
+
+    // Another tenant has no pipeline of that name: 404 through either host, its lines unseen.
+    let other = tenant_with_key(a, &tenant_id("other")).await?;
+    for addr in [a, b] {
+        let (status, _, problem) = call(
+            addr,
+            Method::GET,
+            "/v1/pipelines/counts/logs",
+            Some(&other),
+            None,
+        )
+        .await?;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{problem}");
+    }
+    assert!(tenant != "other");
+
+    // The CLI through host b: every host's lines as text; then --follow prints new ones.
+    let bin = Path::new(env!("CARGO_BIN_EXE_weir"));
+    let weir = |args: &[&str]| {
+        let mut command = std::process::Command::new(bin);
+        command
+            .args(args)
+            .env("WEIR_API", format!("http://{b}"))
+            .env("WEIR_API_KEY", key);
+        command
+    };
+    let printed = weir(&["pipeline", "logs", "counts"]).output()?;
+    let text = String::from_utf8(printed.stdout)?;
+    assert!(
+        printed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&printed.stderr)
+    );
+    for (host, partitions) in &hosts {
+        for p in partitions {
+            let shown = format!(" {host}/{p} INFO  first p{p}");
+            assert!(
+                text.lines().any(|l| l.ends_with(&shown)),
+                "{shown:?} in:\n{text}"
+            );
+        }
+    }
+    let mut follow = tokio::process::Command::from(weir(&[
+        "pipeline", "logs", "counts", "--follow", "--tail", "0",
+    ]))
+    .stdout(std::process::Stdio::piped())
+    .kill_on_drop(true)
+    .spawn()?;
+    let mut followed = tokio::io::BufReader::new(follow.stdout.take().expect("piped")).lines();
+    log_in_each_partition(input, "second").await?;
+    let mut seen = Vec::new();
+    let all_seen = tokio::time::timeout(Duration::from_secs(30), async {
+        while seen.len() < PARTITIONS as usize {
+            let Some(line) = followed.next_line().await? else {
+                anyhow::bail!("weir pipeline logs --follow ended");
+            };
+            assert!(
+                !line.contains("first p"),
+                "--tail 0 prints no old line: {line}"
+            );
+            seen.push(line);
+        }
+        Ok(())
+    })
+    .await;
+    follow.kill().await?;
+    anyhow::ensure!(
+        matches!(all_seen, Ok(Ok(()))),
+        "{all_seen:?}: followed {seen:#?}"
+    );
+    for (host, partitions) in &hosts {
+        for p in partitions {
+            let shown = format!(" {host}/{p} INFO  second p{p}");
+            assert!(
+                seen.iter().any(|l| l.ends_with(&shown)),
+                "{shown:?} in {seen:#?}"
+            );
+        }
+    }
     Ok(())
 }

@@ -191,6 +191,7 @@ pub fn runner_config(host: &str) -> RunnerConfig {
         memtable_bytes_max: 4 << 10,
         block_cache_bytes: 8 << 20,
         disk_cache_bytes: 16 << 20,
+        logs: Default::default(),
     }
 }
 

@@ -3,6 +3,7 @@
 
 use super::NewApiKey;
 use super::catalog::{OperatorSummary, OperatorVersion, Tenant};
+use super::logs::LogEntry;
 use super::pipelines::{CheckpointRequested, PipelineChange, PipelineSpec, PipelineView};
 use super::problem::Problem;
 use crate::pipeline::CheckpointRecord;
@@ -86,13 +87,7 @@ impl ApiClient {
             reason,
         };
         if !status.is_success() {
-            let problem: Problem = serde_json::from_slice(&bytes)
-                .map_err(|_| unexpected(format!("{status} without a problem detail")))?;
-            return Err(ClientError::Problem {
-                status: problem.status,
-                title: problem.title,
-                detail: problem.detail,
-            });
+            return Err(problem(status, &bytes, url));
         }
         if bytes.is_empty() {
             return Ok(None);
@@ -305,6 +300,64 @@ impl ApiClient {
         self.expect(self.http.get(&url), &url).await
     }
 
+    /// Reads the operator's log of pipeline `name` (`GET /v1/pipelines/{name}/logs`): the last
+    /// `tail` lines (the API's default when `None`) logged at or after `since_ms`, oldest
+    /// first, each given to `each` as it arrives; with `follow`, then new lines until the
+    /// pipeline is deleted (or the caller stops).
+    ///
+    /// # Errors
+    /// [`ClientError`].
+    pub async fn pipeline_logs(
+        &self,
+        name: &str,
+        tail: Option<usize>,
+        since_ms: Option<u64>,
+        follow: bool,
+        mut each: impl FnMut(LogEntry<'static>),
+    ) -> Result<(), ClientError> {
+        let mut url = format!("{}/v1/pipelines/{name}/logs?follow={follow}", self.base);
+        url.extend(tail.map(|t| format!("&tail={t}")));
+        url.extend(since_ms.map(|t| format!("&since_ms={t}")));
+        let connect = |source| ClientError::Connect {
+            url: url.clone(),
+            source,
+        };
+        let mut response = self
+            .http
+            .get(&url)
+            .bearer_auth(&self.key)
+            .send()
+            .await
+            .map_err(connect)?;
+        let status = response.status();
+        if !status.is_success() {
+            let bytes = response.bytes().await.map_err(connect)?;
+            return Err(problem(status, &bytes, &url));
+        }
+        let mut pending = Vec::new();
+        while let Some(chunk) = response.chunk().await.map_err(connect)? {
+            let chunk: bytes::Bytes = chunk;
+            pending.extend_from_slice(&chunk);
+            let complete = pending
+                .iter()
+                .rposition(|b| *b == b'\n')
+                .map_or(0, |i| i + 1);
+            for line in pending[..complete]
+                .split(|b| *b == b'\n')
+                .filter(|l| !l.is_empty())
+            {
+                let entry: LogEntry<'_> =
+                    serde_json::from_slice(line).map_err(|e| ClientError::Unexpected {
+                        url: url.clone(),
+                        reason: format!("a log line that is not a log entry: {e}"),
+                    })?;
+                each(entry.into_owned());
+            }
+            pending.drain(..complete);
+        }
+        Ok(())
+    }
+
     /// Deletes stopped pipeline `name` with its state.
     ///
     /// # Errors
@@ -317,12 +370,41 @@ impl ApiClient {
     }
 }
 
+/// The error of an answer with `status` and body `bytes`: its problem detail.
+fn problem(status: reqwest::StatusCode, bytes: &[u8], url: &str) -> ClientError {
+    match serde_json::from_slice::<Problem>(bytes) {
+        Ok(problem) => ClientError::Problem {
+            status: problem.status,
+            title: problem.title,
+            detail: problem.detail,
+        },
+        Err(_) => ClientError::Unexpected {
+            url: url.to_owned(),
+            reason: format!("{status} without a problem detail"),
+        },
+    }
+}
+
 /// How the API spells `value` (an enum variant): `exactly_once`, `dead_letter`, ….
 fn wire_name<T: serde::Serialize>(value: &T) -> String {
     match serde_json::to_value(value) {
         Ok(serde_json::Value::String(name)) => name,
         other => format!("{other:?}"),
     }
+}
+
+/// `entry` as one line of text: time (UTC, ms), host and partition, level, message; for
+/// example `2026-12-03T17:20:01.123Z host-a/2 INFO counted 10 keys`.
+pub fn log_line(entry: &LogEntry<'_>) -> String {
+    let time = std::time::UNIX_EPOCH + std::time::Duration::from_millis(entry.time_ms);
+    let partition = entry.partition.map(|p| format!("/{p}")).unwrap_or_default();
+    format!(
+        "{} {}{partition} {:<5} {}",
+        humantime::format_rfc3339_millis(time),
+        entry.host,
+        entry.level.to_uppercase(),
+        entry.message
+    )
 }
 
 /// `pipelines` as a table: name, state, operator and version, records/s, lag, hosts.

@@ -17,6 +17,7 @@
 
 pub mod catalog;
 pub mod client;
+pub mod logs;
 pub mod pipelines;
 pub mod problem;
 pub mod runner;
@@ -653,14 +654,14 @@ impl Modify for BearerAuth {
           pipelines::start_pipeline, pipelines::stop_pipeline, pipelines::switch_operator,
           pipelines::change_pipeline,
           pipelines::trigger_checkpoint, pipelines::list_checkpoints,
-          pipelines::delete_pipeline, status::metrics_page),
+          pipelines::delete_pipeline, logs::pipeline_logs, status::metrics_page),
     components(schemas(Problem, Tenant, NewTenant, NewApiKey, ApiKeyRecord, OperatorVersion,
                        OperatorSummary, StateDescription, pipelines::PipelineSpec,
                        pipelines::PipelineLimits, pipelines::PipelineRecord,
                        pipelines::PipelineView, pipelines::PipelineStatus,
                        pipelines::HostSummary, pipelines::OperatorSwitch,
                        pipelines::PipelineChange,
-                       pipelines::CheckpointRequested)),
+                       pipelines::CheckpointRequested, logs::LogEntry)),
     modifiers(&BearerAuth),
     tags((name = "tenants", description = "Tenants and their API keys (admin key)"),
          (name = "operators", description = "A tenant's operator components (tenant key)"),
@@ -746,6 +747,7 @@ pub fn router(state: ApiState) -> Router {
             "/v1/pipelines/{name}/operator",
             axum::routing::put(pipelines::switch_operator),
         )
+        .route("/v1/pipelines/{name}/logs", get(logs::pipeline_logs))
         .route(
             "/v1/pipelines/{name}/checkpoints",
             post(pipelines::trigger_checkpoint).get(pipelines::list_checkpoints),

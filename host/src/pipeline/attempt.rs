@@ -9,6 +9,7 @@ use super::controller::ExecutionController;
 use super::isolation::Isolation;
 use super::timers::TimersCalled;
 use crate::config::RuntimeSettings;
+use crate::runtime::guest_log::LogSource;
 use crate::runtime::{BatchCtx, CallError, Disposition, InputRecord, Instance, Operator};
 use crate::state::{Shard, StateError, key};
 use foldhash::{HashSet, HashSetExt};
@@ -152,7 +153,7 @@ pub(super) type Running<S> = FuturesUnordered<BoxFuture<'static, Ended<S>>>;
 pub(super) async fn attempt<S: Shard>(
     shard: Arc<S>,
     operator: Arc<Operator<S>>,
-    source: Arc<str>,
+    source: LogSource,
     instance: Option<Instance<S>>,
     task: Task,
     deadline: Duration,

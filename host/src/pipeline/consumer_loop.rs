@@ -494,7 +494,11 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
             sink,
             settings: self.settings.runtime.clone(),
             stats: self.stats.clone(),
-            source: format!("{}/{}", self.settings.pipeline.name, partition).into(),
+            source: crate::runtime::guest_log::LogSource::partition(
+                &self.settings.pipeline.name,
+                partition,
+                self.control.log_sink.clone(),
+            ),
             execution: attempt::Execution::new(
                 self.settings.pipeline.in_flight_max,
                 &self.settings.runtime,

@@ -115,13 +115,16 @@ pub async fn run<B: StateBackend>(
     run_controlled(settings, backend, clock, stats, control, shutdown).await
 }
 
-/// What a running pipeline can be asked to do besides stopping.
+/// What a running pipeline can be asked to do besides stopping, and where its operator logs.
 #[derive(Debug, Clone)]
 pub struct PipelineControl {
     /// Each change of the value asks every partition for a checkpoint now, besides the
     /// interval's (as Flink's `POST /jobs/{id}/checkpoints`). A partition with nothing new
     /// since its last checkpoint has nothing to write.
     pub checkpoint_requests: watch::Receiver<u64>,
+    /// Where the operator's log lines go besides the host's log (none by default): `weir
+    /// serve` gives each run the pipeline's log segments.
+    pub log_sink: Option<Arc<dyn crate::runtime::guest_log::LogSink>>,
 }
 
 impl PipelineControl {
@@ -132,6 +135,7 @@ impl PipelineControl {
             tx,
             Self {
                 checkpoint_requests: rx,
+                log_sink: None,
             },
         )
     }

@@ -44,6 +44,7 @@ use super::outcome::WorkerError;
 use super::ports::{DeadLetterKind, ShardSink, SinkError};
 use super::timers::Timers;
 use crate::config::{FailurePolicy, LateRecords, RuntimeSettings};
+use crate::runtime::guest_log::LogSource;
 use crate::runtime::{BatchCtx, CallError, Disposition, InputRecord, Operator};
 use crate::state::checkpoint::InputOffsets;
 use crate::state::{Shard, StateError};
@@ -68,7 +69,8 @@ pub(crate) struct PartitionWorker<S: Shard, K: ShardSink> {
     pub sink: K,
     pub settings: RuntimeSettings,
     pub stats: Arc<PipelineStats>,
-    pub source: Arc<str>,
+    /// How its instances log: label, partition and the pipeline's log sink.
+    pub source: LogSource,
     /// The execution controller and the instances.
     pub execution: Execution<S>,
     /// What it tells the consumer loop: a stall while it backs off from an outage (the loop

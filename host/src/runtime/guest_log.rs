@@ -30,6 +30,86 @@ pub enum GuestLevel {
     Error,
 }
 
+impl GuestLevel {
+    /// The WIT name: `trace`, `debug`, `info`, `warn` or `error`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Trace => "trace",
+            Self::Debug => "debug",
+            Self::Info => "info",
+            Self::Warn => "warn",
+            Self::Error => "error",
+        }
+    }
+}
+
+/// One line an operator logged, as a [`LogSink`] receives it: past the rate limit, at most
+/// [`LINE_BYTES_MAX`] bytes.
+#[derive(Debug, Clone, Copy)]
+pub struct LogLine<'a> {
+    /// When it was logged, ms since the Unix epoch (the operator's processing-time clock).
+    pub time_ms: u64,
+    /// Its severity.
+    pub level: GuestLevel,
+    /// The partition whose instance logged it, if any.
+    pub partition: Option<i32>,
+    /// The text, one line.
+    pub message: &'a str,
+}
+
+/// Where an operator's log lines go besides the host's log: for `weir serve`, the pipeline's
+/// log segments in object storage, which the tenant reads through the API
+/// (`crate::api::logs`).
+pub trait LogSink: Send + Sync + std::fmt::Debug {
+    /// Takes one line. Called on the instance's call path: must not block or fail.
+    fn line(&self, line: LogLine<'_>);
+}
+
+/// Who logs: a label for the host's log (for example `flights/3`), the partition, and the
+/// pipeline's [`LogSink`] if it has one. A string converts to a label alone.
+#[derive(Debug, Clone)]
+pub struct LogSource {
+    /// The label in the host's log; the rate limit's budget is per label.
+    pub label: Arc<str>,
+    /// The partition, given to the sink with each line.
+    pub partition: Option<i32>,
+    /// Where lines go besides the host's log.
+    pub sink: Option<Arc<dyn LogSink>>,
+}
+
+impl LogSource {
+    /// Partition `partition` of pipeline `pipeline`, labelled `{pipeline}/{partition}`.
+    pub fn partition(pipeline: &str, partition: i32, sink: Option<Arc<dyn LogSink>>) -> Self {
+        Self {
+            label: format!("{pipeline}/{partition}").into(),
+            partition: Some(partition),
+            sink,
+        }
+    }
+}
+
+impl std::fmt::Display for LogSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.label)
+    }
+}
+
+impl From<Arc<str>> for LogSource {
+    fn from(label: Arc<str>) -> Self {
+        Self {
+            label,
+            partition: None,
+            sink: None,
+        }
+    }
+}
+
+impl From<&str> for LogSource {
+    fn from(label: &str) -> Self {
+        Arc::<str>::from(label).into()
+    }
+}
+
 /// A token bucket: `lines_per_second_max` lines per second of processing time. Shared by
 /// every instance of one operator in one partition, so that instances replaced after traps do
 /// not each start with a fresh budget.
@@ -38,14 +118,15 @@ pub(crate) struct Limiter {
     lines_per_second_max: u32,
     window_start_ms: u64,
     lines_in_window: u32,
+    dropped_in_window: u64,
     dropped: u64,
 }
 
-/// The log sink of one instance; cheap to clone (shared by the WIT import and the WASI stdout
-/// and stderr streams).
+/// The log of one instance; cheap to clone (shared by the WIT import and the WASI stdout and
+/// stderr streams).
 #[derive(Debug, Clone)]
 pub struct GuestLog {
-    source: Arc<str>,
+    source: LogSource,
     clock: SharedClock,
     limiter: Arc<Mutex<Limiter>>,
     recent_stderr: Arc<Mutex<VecDeque<String>>>,
@@ -58,6 +139,7 @@ impl Limiter {
             lines_per_second_max,
             window_start_ms: 0,
             lines_in_window: 0,
+            dropped_in_window: 0,
             dropped: 0,
         }))
     }
@@ -65,13 +147,13 @@ impl Limiter {
 
 impl GuestLog {
     /// A log for `source` (for example `flights/3`), at most `lines_per_second_max` lines/s.
-    pub fn new(source: Arc<str>, clock: SharedClock, lines_per_second_max: u32) -> Self {
+    pub fn new(source: LogSource, clock: SharedClock, lines_per_second_max: u32) -> Self {
         Self::with_limiter(source, clock, Limiter::shared(lines_per_second_max))
     }
 
     /// A log for `source` drawing on `limiter`, a budget it shares with other instances.
     pub(crate) fn with_limiter(
-        source: Arc<str>,
+        source: LogSource,
         clock: SharedClock,
         limiter: Arc<Mutex<Limiter>>,
     ) -> Self {
@@ -88,27 +170,52 @@ impl GuestLog {
         self.limiter.lock().map_or(0, |l| l.dropped)
     }
 
-    /// Writes one line if the rate limit allows.
+    /// Writes one line if the rate limit allows: to the host's log and to the source's sink.
+    /// The sink learns of lines the limit dropped with the next line let through after them.
     pub fn line(&self, level: GuestLevel, message: &str) {
         let now_ms = self.clock.now_ms();
-        {
+        let dropped_before = {
             let mut l = self.limiter.lock().unwrap_or_else(|e| e.into_inner());
+            let mut dropped_before = 0;
             if now_ms.saturating_sub(l.window_start_ms) >= 1000 {
-                if l.dropped > 0 && l.lines_in_window >= l.lines_per_second_max {
-                    tracing::warn!(operator = %self.source, dropped_total = l.dropped, "operator log lines dropped by the rate limit");
+                if l.dropped_in_window > 0 {
+                    tracing::warn!(operator = %self.source.label, dropped_total = l.dropped, "operator log lines dropped by the rate limit");
                 }
+                dropped_before = std::mem::take(&mut l.dropped_in_window);
                 l.window_start_ms = now_ms;
                 l.lines_in_window = 0;
             }
             if l.lines_in_window >= l.lines_per_second_max {
                 l.dropped += 1;
+                l.dropped_in_window += 1;
                 metrics::counter!("weir_guest_log_lines_dropped_total").increment(1);
                 return;
             }
             l.lines_in_window += 1;
-        }
+            (dropped_before > 0).then_some((dropped_before, l.lines_per_second_max))
+        };
         let message = truncate(message, LINE_BYTES_MAX);
-        let source = &*self.source;
+        if let Some(sink) = &self.source.sink {
+            let partition = self.source.partition;
+            if let Some((dropped, max)) = dropped_before {
+                let notice = format!(
+                    "weir: {dropped} log lines dropped by the rate limit ({max} lines/s per partition)"
+                );
+                sink.line(LogLine {
+                    time_ms: now_ms,
+                    level: GuestLevel::Warn,
+                    partition,
+                    message: &notice,
+                });
+            }
+            sink.line(LogLine {
+                time_ms: now_ms,
+                level,
+                partition,
+                message,
+            });
+        }
+        let source = &*self.source.label;
         match level {
             GuestLevel::Trace => tracing::trace!(operator = source, "{message}"),
             GuestLevel::Debug => tracing::debug!(operator = source, "{message}"),
@@ -278,6 +385,54 @@ mod tests {
         clock.advance_ms(1_000);
         log.line(GuestLevel::Info, "again");
         assert_eq!(log.dropped(), 2);
+    }
+
+    /// A line as the sink saw it: time, level, partition, message.
+    type Seen = (u64, GuestLevel, Option<i32>, String);
+
+    #[derive(Debug, Default)]
+    struct Recorded(Mutex<Vec<Seen>>);
+
+    impl LogSink for Recorded {
+        fn line(&self, line: LogLine<'_>) {
+            let mut lines = self.0.lock().expect("unpoisoned");
+            lines.push((
+                line.time_ms,
+                line.level,
+                line.partition,
+                line.message.to_owned(),
+            ));
+        }
+    }
+
+    #[test]
+    fn the_sink_gets_the_lines_past_the_limit_and_a_notice_of_those_dropped() {
+        let clock = ManualClock::new(10_000);
+        let sink = Arc::new(Recorded::default());
+        let source = LogSource::partition("acme.counts", 3, Some(sink.clone()));
+        assert_eq!(source.to_string(), "acme.counts/3");
+        let log = GuestLog::new(source, Arc::new(clock.clone()), 2);
+        for i in 0..5 {
+            log.line(GuestLevel::Error, &format!("line {i}"));
+        }
+        clock.advance_ms(1_000);
+        log.line(GuestLevel::Info, "next second");
+        let lines = sink.0.lock().expect("unpoisoned").clone();
+        assert_eq!(
+            lines,
+            [
+                (10_000, GuestLevel::Error, Some(3), "line 0".to_owned()),
+                (10_000, GuestLevel::Error, Some(3), "line 1".to_owned()),
+                (
+                    11_000,
+                    GuestLevel::Warn,
+                    Some(3),
+                    "weir: 3 log lines dropped by the rate limit (2 lines/s per partition)"
+                        .to_owned()
+                ),
+                (11_000, GuestLevel::Info, Some(3), "next second".to_owned()),
+            ]
+        );
     }
 
     #[test]

@@ -580,7 +580,8 @@ impl<S: Shard> Operator<S> {
             .expect("load_operator_bytes sets meta before returning the operator")
     }
 
-    /// Creates an instance bound to `shard`, logging as `source` (for example `flights/3`).
+    /// Creates an instance bound to `shard`, logging as `source` (for example `flights/3`, or a
+    /// [`guest_log::LogSource`] with the pipeline's sink).
     ///
     /// # Errors
     /// [`RuntimeError::Instantiate`] when the pool is exhausted or the component's start
@@ -588,7 +589,7 @@ impl<S: Shard> Operator<S> {
     pub async fn instantiate(
         &self,
         shard: Option<Arc<S>>,
-        source: Arc<str>,
+        source: guest_log::LogSource,
     ) -> Result<Instance<S>, RuntimeError> {
         let (engine, pre, ticker, process_batch, on_timers) = match &self.logic {
             Logic::Wasm {
@@ -614,7 +615,7 @@ impl<S: Shard> Operator<S> {
             let mut limiters = self.log_limiters.lock().unwrap_or_else(|e| e.into_inner());
             // One budget per source (partition), however often its instances are replaced.
             limiters
-                .entry(source.clone())
+                .entry(source.label.clone())
                 .or_insert_with(|| {
                     guest_log::Limiter::shared(self.settings.log_lines_per_second_max)
                 })

@@ -11,7 +11,8 @@
 //!   change writes the next revision, created once (`PutMode::Create`), so two hosts changing
 //!   a pipeline at once cannot both win (the loser answers 409) on every store;
 //! - `tenants/{tenant}/pipelines/{name}/hosts/{host}.json` — one host's [`HostStatus`];
-//! - `tenants/{tenant}/state/{uid}/…` — the pipeline's keyed state (LSM shards).
+//! - `tenants/{tenant}/state/{uid}/…` — the pipeline's keyed state (LSM shards);
+//! - `tenants/{tenant}/logs/{uid}/{host}/…` — its operator's log segments ([`super::logs`]).
 //!
 //! Topic names are the tenant's own: topic `orders` of tenant `acme` is the Kafka topic
 //! `acme.orders` ([`kafka_topic`]), so no tenant can name another's topic.
@@ -45,7 +46,12 @@ fn check_pipeline_name(name: &str) -> Result<(), ApiError> {
 }
 
 /// The pipeline `name` of `tenant`, or a 404.
-async fn existing(state: &ApiState, tenant: &str, name: &str) -> Result<PipelineRecord, ApiError> {
+/// Pipeline `name` of `tenant`; 404 when there is none (another tenant's is none).
+pub(super) async fn existing(
+    state: &ApiState,
+    tenant: &str,
+    name: &str,
+) -> Result<PipelineRecord, ApiError> {
     let not_found = || ApiError::NotFound(format!("no pipeline `{name}`"));
     if !valid_operator_name(name) {
         return Err(not_found());

@@ -22,6 +22,12 @@ impl Catalog {
         self.path(&format!("tenants/{tenant}/state/{uid}"))
     }
 
+    /// Where the operator log segments of the pipeline with uid `uid` live
+    /// ([`crate::api::logs`]).
+    pub fn pipeline_logs_prefix(&self, tenant: &str, uid: &str) -> Path {
+        self.path(&format!("tenants/{tenant}/logs/{uid}"))
+    }
+
     async fn revision_numbers(&self, tenant: &str, name: &str) -> Result<Vec<u64>, ApiError> {
         let dir = self.pipeline_dir(tenant, name).join("revisions");
         let metas: Vec<_> = self.store().list(Some(&dir)).try_collect().await?;
@@ -252,7 +258,7 @@ impl Catalog {
 
     /// Deletes pipeline `record.name`: writes a tombstone as its next revision (so a change
     /// racing with the deletion fails instead of bringing it back), then deletes its older
-    /// revisions, reports and state. The tombstone stays.
+    /// revisions, reports, state and logs. The tombstone stays.
     ///
     /// # Errors
     /// [`ApiError::Conflict`] if it changed meanwhile; [`ApiError::Unavailable`] on a store
@@ -279,6 +285,7 @@ impl Catalog {
         for dir in [
             self.pipeline_dir(tenant, &record.name),
             self.pipeline_state_prefix(tenant, &record.uid),
+            self.pipeline_logs_prefix(tenant, &record.uid),
         ] {
             let metas: Vec<_> = self.store().list(Some(&dir)).try_collect().await?;
             for meta in metas.into_iter().filter(|m| m.location != keep) {

@@ -3,6 +3,7 @@
 
 use super::{METADATA_TIMEOUT, RunnerConfig};
 use crate::api::catalog::Catalog;
+use crate::api::logs::SegmentWriter;
 use crate::api::pipelines::{PipelineRecord, kafka_topic};
 use crate::api::problem::ApiError;
 use crate::api::sha256_hex;
@@ -202,10 +203,24 @@ impl RunJob {
             },
             self.clock.clone(),
         ));
+        // The operator's log lines, for the tenant: this host's segments of the pipeline's log.
+        let (log, log_task) = SegmentWriter::spawn(
+            self.catalog.store().clone(),
+            self.catalog
+                .pipeline_logs_prefix(&self.tenant, &self.record.uid),
+            &self.config.host_id(),
+            self.config.logs.clone(),
+        );
+        let control = PipelineControl {
+            log_sink: Some(log),
+            ..control
+        };
         self.started.store(true, Ordering::Relaxed);
-        pipeline::run_operator(settings, backend, operator, self.stats, control, stop)
+        let ran = pipeline::run_operator(settings, backend, operator, self.stats, control, stop)
             .await
-            .map_err(|err| RunFailure::new(err.kind(), Chain(&err).to_string()))
+            .map_err(|err| RunFailure::new(err.kind(), Chain(&err).to_string()));
+        log_task.close().await;
+        ran
     }
 
     /// The operator's component in the work directory, fetched from the catalog and checked

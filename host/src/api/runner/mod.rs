@@ -98,6 +98,9 @@ pub struct RunnerConfig {
     /// Disk cache of each pipeline run, bytes; default 256 MiB.
     #[serde(default = "default_disk_cache_bytes")]
     pub disk_cache_bytes: u64,
+    /// How the operators' log lines are kept for their tenants (`[pipelines.logs]`).
+    #[serde(default)]
+    pub logs: crate::api::logs::OperatorLogSettings,
 }
 
 fn default_reconcile_interval() -> Duration {

@@ -9,6 +9,7 @@ use super::super::outcome::WorkerError;
 use super::super::ports::{DeadLetterKind, ShardSink};
 use super::super::worker::PartitionWorker;
 use super::ROUND_BACKOFF_MAX;
+use crate::runtime::guest_log::LogSource;
 use crate::runtime::{BatchCtx, CallError, Disposition, FiredTimer, HostAbort, Instance, Operator};
 use crate::state::{Shard, StateError, StateWrite};
 use crate::time::keys;
@@ -72,7 +73,7 @@ struct TimerCall<S: Shard> {
     timers: Arc<Vec<FiredTimer>>,
     shard: Arc<S>,
     operator: Arc<Operator<S>>,
-    source: Arc<str>,
+    source: LogSource,
     stats: Arc<PipelineStats>,
     /// The call's time: the shard's applied watermark, and the clock.
     watermark: Option<i64>,
@@ -104,7 +105,7 @@ impl<S: Shard> TimerCall<S> {
             Ok(Err(err)) => return (instance, Called::Outage(err)),
             Err(_) => {
                 let err = StateError::Unavailable {
-                    shard: self.source.to_string(),
+                    shard: self.source.label.to_string(),
                     source: format!("prefetch still waiting after {io_max:?}").into(),
                 };
                 return (instance, Called::Outage(err));
@@ -125,7 +126,7 @@ impl<S: Shard> TimerCall<S> {
                 Ok(instance) => instance,
                 Err(err) => {
                     let err = StateError::Unavailable {
-                        shard: self.source.to_string(),
+                        shard: self.source.label.to_string(),
                         source: Box::new(err),
                     };
                     return (None, Called::Outage(err));

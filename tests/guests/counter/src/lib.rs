@@ -11,7 +11,8 @@
 //! - `poison:emit-flood` emits 100 MB for one record in 1 MiB pieces (the host's emit limit
 //!   refuses it, long before memory runs out: the piece is reused);
 //! - `probe:sandbox` emits what the guest can see of its environment, as JSON;
-//! - `probe:time` emits `{"watermark": …, "now": …}` as the call sees them.
+//! - `probe:time` emits `{"watermark": …, "now": …}` as the call sees them;
+//! - `log:MESSAGE` logs MESSAGE at info level and emits nothing (nor is it counted).
 //!
 //! Timers (neither counted nor emitted for):
 //! - `timer:event:NAME:AT` / `timer:processing:NAME:AT` sets timer NAME of the key at AT ms;
@@ -22,7 +23,9 @@
 //! rejected, and one named `again…` also sets itself again 1000 ms later.
 
 use serde::Serialize;
-use weir_sdk::{Context, Operator, Record, Reject, StateSpec, TimeDomain, Timer, ValueState};
+use weir_sdk::{
+    Context, LogLevel, Operator, Record, Reject, StateSpec, TimeDomain, Timer, ValueState,
+};
 
 /// The operator.
 #[derive(Debug)]
@@ -83,6 +86,10 @@ impl Operator for Counter {
                 return ctx.emit_json(record.key(), &time);
             }
             value if value.starts_with(b"timer:") => return timer_command(ctx, value),
+            value if value.starts_with(b"log:") => {
+                ctx.log(LogLevel::Info, &String::from_utf8_lossy(&value[4..]));
+                return Ok(());
+            }
             _ => {}
         }
         let count = ctx.get(&COUNT)?.unwrap_or(0) + 1;

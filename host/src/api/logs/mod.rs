@@ -1,0 +1,443 @@
+//! Tenants' operator logs. A pipeline's partitions run on several hosts that share only object
+//! storage, so each host writes its operators' log lines (past the per-partition rate limit)
+//! as small JSON-lines segments under the pipeline's log directory ([`writer`]), and any host
+//! serves them: `GET /v1/pipelines/{name}/logs`, newest lines last, `?follow` streaming new
+//! ones as they are written (as `kubectl logs -f` across a Deployment's pods).
+//!
+//! Layout under the catalog prefix (beside [`super::pipelines`]'s):
+//! `tenants/{tenant}/logs/{pipeline uid}/{host}/{written ms:013}-{seq:010}.jsonl`, one
+//! [`LogEntry`] a line. A segment's name is the time it was written, so it holds no line newer
+//! than its name and each host's names sort in writing order; a reader following the log lists
+//! each host's directory after the last name it read. Segments go after the retention period,
+//! or when their host's budget is full ([`OperatorLogSettings`]), and with the pipeline.
+
+mod writer;
+
+pub use writer::{OperatorLogSettings, SegmentWriter, WriterTask};
+
+use super::problem::{ApiError, Problem};
+use super::{ApiState, AuthProblems, Principal};
+use axum::body::Body;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Path as UrlPath, Query, State};
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use futures::{StreamExt, TryStreamExt};
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt};
+use serde::{Deserialize, Serialize};
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+use std::time::Duration;
+use utoipa::{IntoParams, ToSchema};
+
+/// One line of an operator's log, as stored and as served (one JSON object per line).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct LogEntry<'a> {
+    /// When the operator logged it, ms since the Unix epoch.
+    pub time_ms: u64,
+    /// The host whose instance logged it.
+    #[schema(value_type = String)]
+    pub host: Cow<'a, str>,
+    /// The input partition being processed, if any (none for the host's own notices).
+    pub partition: Option<i32>,
+    /// `trace`, `debug`, `info`, `warn` or `error` (stdout is `info`, stderr `warn`).
+    #[schema(value_type = String)]
+    pub level: Cow<'a, str>,
+    /// The line, at most 4 KiB.
+    #[schema(value_type = String)]
+    pub message: Cow<'a, str>,
+}
+
+/// A segment's file name: when it was written and the writing process's count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct SegmentName {
+    time_ms: u64,
+    seq: u64,
+}
+
+impl SegmentName {
+    fn file_name(&self) -> String {
+        format!("{:013}-{:010}.jsonl", self.time_ms, self.seq)
+    }
+
+    fn parse(file_name: &str) -> Option<Self> {
+        let (time, seq) = file_name.strip_suffix(".jsonl")?.split_once('-')?;
+        Some(Self {
+            time_ms: time.parse().ok()?,
+            seq: seq.parse().ok()?,
+        })
+    }
+}
+
+/// Lines returned without `tail`.
+const TAIL_DEFAULT: usize = 1000;
+
+/// Most lines one request returns before following.
+const TAIL_MAX: usize = 10_000;
+
+/// How often `?follow` looks for new segments.
+const FOLLOW_POLL: Duration = Duration::from_millis(500);
+
+/// Polls of `?follow` between checks that the pipeline still exists.
+const FOLLOW_POLLS_PER_CHECK: u32 = 20;
+
+/// Segments fetched at once.
+const FETCHES_IN_FLIGHT: usize = 8;
+
+fn now_ms() -> u64 {
+    super::now_ms()
+}
+
+/// `host_dir`'s segments with their sizes.
+async fn list_segments(
+    store: &dyn ObjectStore,
+    host_dir: &Path,
+) -> object_store::Result<Vec<(SegmentName, u64)>> {
+    let metas: Vec<_> = store.list(Some(host_dir)).try_collect().await?;
+    Ok(metas
+        .into_iter()
+        .filter_map(|m| Some((SegmentName::parse(m.location.filename()?)?, m.size)))
+        .collect())
+}
+
+/// Every host's segments under `dir`: path, name, size.
+async fn list_all_segments(
+    store: &dyn ObjectStore,
+    dir: &Path,
+) -> object_store::Result<Vec<(Path, SegmentName, u64)>> {
+    let metas: Vec<_> = store.list(Some(dir)).try_collect().await?;
+    Ok(metas
+        .into_iter()
+        .filter_map(|m| {
+            let name = SegmentName::parse(m.location.filename()?)?;
+            Some((m.location, name, m.size))
+        })
+        .collect())
+}
+
+/// The lines of `paths`, in the order given, each segment's in its order.
+async fn read_segments(
+    store: &dyn ObjectStore,
+    paths: Vec<Path>,
+) -> object_store::Result<Vec<LogEntry<'static>>> {
+    let bodies: Vec<Option<bytes::Bytes>> = futures::stream::iter(paths)
+        .map(|path| async move {
+            match store.get(&path).await {
+                Ok(got) => got.bytes().await.map(Some),
+                // Expired between the list and the read.
+                Err(object_store::Error::NotFound { .. }) => Ok(None),
+                Err(err) => Err(err),
+            }
+        })
+        .buffered(FETCHES_IN_FLIGHT)
+        .try_collect()
+        .await?;
+    let mut entries = Vec::new();
+    for body in bodies.into_iter().flatten() {
+        entries.extend(
+            body.split(|b| *b == b'\n')
+                .filter(|line| !line.is_empty())
+                .filter_map(|line| serde_json::from_slice::<LogEntry<'_>>(line).ok())
+                .map(LogEntry::into_owned),
+        );
+    }
+    Ok(entries)
+}
+
+impl LogEntry<'_> {
+    /// The same, owning its text.
+    pub fn into_owned(self) -> LogEntry<'static> {
+        LogEntry {
+            time_ms: self.time_ms,
+            host: Cow::Owned(self.host.into_owned()),
+            partition: self.partition,
+            level: Cow::Owned(self.level.into_owned()),
+            message: Cow::Owned(self.message.into_owned()),
+        }
+    }
+}
+
+/// Where a follower has read to: each host's last segment.
+type Cursors = BTreeMap<String, Path>;
+
+/// The last `tail` lines under `dir` logged at or after `since_ms`, oldest first, and where
+/// they end.
+async fn recent(
+    store: &dyn ObjectStore,
+    dir: &Path,
+    since_ms: u64,
+    tail: usize,
+) -> object_store::Result<(Vec<LogEntry<'static>>, Cursors)> {
+    let mut segments = list_all_segments(store, dir).await?;
+    let mut cursors = Cursors::new();
+    for (path, _, _) in &segments {
+        let Some(host) = host_of(dir, path) else {
+            continue;
+        };
+        let cursor = cursors.entry(host).or_insert_with(|| path.clone());
+        if path.as_ref() > cursor.as_ref() {
+            *cursor = path.clone();
+        }
+    }
+    // A segment holds no line newer than its name: older ones cannot have lines since then.
+    segments.retain(|(_, name, _)| name.time_ms >= since_ms);
+    segments.sort_by_key(|(_, name, _)| std::cmp::Reverse(*name));
+    let mut entries = Vec::new();
+    for batch in segments.chunks(FETCHES_IN_FLIGHT) {
+        if entries.len() >= tail {
+            break;
+        }
+        let paths: Vec<Path> = batch.iter().map(|s| s.0.clone()).collect();
+        entries.extend(read_segments(store, paths).await?);
+    }
+    entries.retain(|e| e.time_ms >= since_ms);
+    entries.sort_by_key(|e| e.time_ms);
+    let skip = entries.len().saturating_sub(tail);
+    entries.drain(..skip);
+    Ok((entries, cursors))
+}
+
+/// The host directory of a segment path under `dir`.
+fn host_of(dir: &Path, path: &Path) -> Option<String> {
+    let mut parts = path.prefix_match(dir)?;
+    Some(parts.next()?.as_ref().to_owned())
+}
+
+/// The lines written under `dir` after `cursors`, oldest first; moves the cursors past them.
+async fn newer(
+    store: &dyn ObjectStore,
+    dir: &Path,
+    cursors: &mut Cursors,
+) -> object_store::Result<Vec<LogEntry<'static>>> {
+    let hosts = store.list_with_delimiter(Some(dir)).await?.common_prefixes;
+    let mut paths = Vec::new();
+    for host_dir in hosts {
+        let Some(host) = host_of(dir, &host_dir) else {
+            continue;
+        };
+        let listed: Vec<_> = match cursors.get(&host) {
+            Some(cursor) => store.list_with_offset(Some(&host_dir), cursor),
+            None => store.list(Some(&host_dir)),
+        }
+        .try_collect()
+        .await?;
+        let mut new: Vec<Path> = listed
+            .into_iter()
+            .map(|m| m.location)
+            .filter(|p| p.filename().and_then(SegmentName::parse).is_some())
+            .collect();
+        new.sort();
+        if let Some(last) = new.last() {
+            cursors.insert(host, last.clone());
+        }
+        paths.extend(new);
+    }
+    let mut entries = read_segments(store, paths).await?;
+    entries.sort_by_key(|e| e.time_ms);
+    Ok(entries)
+}
+
+/// `entries` as JSON lines.
+fn json_lines(entries: &[LogEntry<'_>]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for entry in entries {
+        if serde_json::to_writer(&mut out, entry).is_ok() {
+            out.push(b'\n');
+        }
+    }
+    out
+}
+
+/// Query of `GET /v1/pipelines/{name}/logs`.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct LogsQuery {
+    /// The last this many lines (default 1000, at most 10,000); 0 with `follow` for new lines
+    /// only.
+    pub tail: Option<usize>,
+    /// Only lines logged at or after this time, ms since the Unix epoch.
+    pub since_ms: Option<u64>,
+    /// Keep the response open and stream lines as hosts write them (within about a second):
+    /// `?follow`, `?follow=true`.
+    #[param(value_type = Option<bool>)]
+    pub follow: Option<String>,
+}
+
+/// Reads the operator's log lines of pipeline `name` from every host that runs or ran it, as
+/// JSON lines ([`LogEntry`]), oldest first; with `?follow`, then streams new ones.
+#[utoipa::path(get, path = "/v1/pipelines/{name}/logs", tag = "pipelines",
+    params(("name" = String, Path, description = "Pipeline name", pattern = "^[a-z0-9][a-z0-9_-]{0,63}$"),
+           LogsQuery),
+    responses(
+        (status = 200, description = "One log line a line, oldest first", body = LogEntry, content_type = "application/x-ndjson"),
+        (status = 400, description = "A bad query", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such pipeline", body = Problem, content_type = "application/problem+json"),
+        AuthProblems,
+    ),
+    security(("bearer" = [])))]
+pub(super) async fn pipeline_logs(
+    State(state): State<ApiState>,
+    principal: Principal,
+    UrlPath(name): UrlPath<String>,
+    query: Result<Query<LogsQuery>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let tenant = principal.tenant()?.to_owned();
+    let Query(query) = query.map_err(|e| ApiError::BadRequest(e.body_text()))?;
+    tracing::Span::current().record("pipeline", name.as_str());
+    let follow = match query.follow.as_deref() {
+        None | Some("false" | "0") => false,
+        Some("" | "true" | "1") => true,
+        Some(other) => {
+            return Err(ApiError::BadRequest(format!(
+                "follow must be true or false, not `{other}`"
+            )));
+        }
+    };
+    let tail = query.tail.unwrap_or(TAIL_DEFAULT).min(TAIL_MAX);
+    let record = super::pipelines::existing(&state, &tenant, &name).await?;
+    let catalog = state.catalog.clone();
+    let dir = catalog.pipeline_logs_prefix(&tenant, &record.uid);
+    let (entries, cursors) =
+        recent(&**catalog.store(), &dir, query.since_ms.unwrap_or(0), tail).await?;
+    let first = json_lines(&entries);
+    let ndjson = [(header::CONTENT_TYPE, "application/x-ndjson")];
+    if !follow {
+        return Ok((ndjson, first).into_response());
+    }
+    let follower = Follower {
+        catalog,
+        tenant,
+        name,
+        uid: record.uid,
+        dir,
+        cursors,
+        polls: 0,
+    };
+    let rest = futures::stream::unfold(follower, |mut f| async move {
+        let chunk = f.next_chunk().await?;
+        Some((Ok::<_, std::convert::Infallible>(chunk), f))
+    });
+    let body = futures::stream::once(async move { Ok(first) }).chain(rest);
+    Ok((ndjson, Body::from_stream(body)).into_response())
+}
+
+/// A `?follow` response's reader.
+struct Follower {
+    catalog: super::catalog::Catalog,
+    tenant: String,
+    name: String,
+    uid: String,
+    dir: Path,
+    cursors: Cursors,
+    polls: u32,
+}
+
+impl Follower {
+    /// The next lines, waiting for them; `None` once the pipeline is gone (deleted, or
+    /// replaced by a new one of its name).
+    async fn next_chunk(&mut self) -> Option<Vec<u8>> {
+        loop {
+            tokio::time::sleep(FOLLOW_POLL).await;
+            self.polls += 1;
+            if self.polls.is_multiple_of(FOLLOW_POLLS_PER_CHECK) {
+                match self.catalog.pipeline(&self.tenant, &self.name).await {
+                    Ok(Some(record)) if record.uid == self.uid => {}
+                    Ok(_) => return None,
+                    Err(_) => {}
+                }
+            }
+            match newer(&**self.catalog.store(), &self.dir, &mut self.cursors).await {
+                Ok(entries) if !entries.is_empty() => return Some(json_lines(&entries)),
+                Ok(_) => {}
+                Err(err) => {
+                    tracing::debug!(dir = %self.dir, error = %err, "cannot read new log segments; trying again");
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runtime::guest_log::{GuestLevel, LogLine, LogSink};
+    use object_store::memory::InMemory;
+    use std::sync::Arc;
+
+    fn line(time_ms: u64, message: &str) -> LogLine<'_> {
+        LogLine {
+            time_ms,
+            level: GuestLevel::Info,
+            partition: Some(0),
+            message,
+        }
+    }
+
+    #[test]
+    fn segment_names_round_trip_and_sort_in_writing_order() {
+        let a = SegmentName {
+            time_ms: 1_733_240_000_000,
+            seq: 7,
+        };
+        assert_eq!(a.file_name(), "1733240000000-0000000007.jsonl");
+        assert_eq!(SegmentName::parse(&a.file_name()), Some(a));
+        let b = SegmentName { seq: 12, ..a };
+        assert!(a.file_name() < b.file_name());
+        assert_eq!(SegmentName::parse("x.jsonl"), None);
+    }
+
+    #[tokio::test]
+    async fn a_reader_gets_every_hosts_lines_in_time_order_then_only_new_ones() {
+        let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+        let dir = Path::from("tenants/t/logs/uid");
+        let (a, a_task) =
+            SegmentWriter::spawn(store.clone(), dir.clone(), "host-a", Default::default());
+        let (b, b_task) =
+            SegmentWriter::spawn(store.clone(), dir.clone(), "host-b", Default::default());
+        a.line(line(10, "a1"));
+        b.line(line(20, "b1"));
+        a.line(line(30, "a2"));
+        a_task.close().await;
+        b_task.close().await;
+        let (entries, mut cursors) = recent(&*store, &dir, 0, 100).await.expect("read");
+        let seen: Vec<_> = entries
+            .iter()
+            .map(|e| (e.host.as_ref(), e.message.as_ref()))
+            .collect();
+        assert_eq!(seen, [("host-a", "a1"), ("host-b", "b1"), ("host-a", "a2")]);
+        let (last, _) = recent(&*store, &dir, 0, 2).await.expect("read");
+        assert_eq!(
+            last.iter().map(|e| e.message.as_ref()).collect::<Vec<_>>(),
+            ["b1", "a2"]
+        );
+        let (since, _) = recent(&*store, &dir, 20, 100).await.expect("read");
+        assert_eq!(since.len(), 2);
+
+        assert!(
+            newer(&*store, &dir, &mut cursors)
+                .await
+                .expect("read")
+                .is_empty()
+        );
+        let (b, b_task) =
+            SegmentWriter::spawn(store.clone(), dir.clone(), "host-b", Default::default());
+        let (c, c_task) =
+            SegmentWriter::spawn(store.clone(), dir.clone(), "host-c", Default::default());
+        b.line(line(40, "b2"));
+        c.line(line(35, "c1"));
+        b_task.close().await;
+        c_task.close().await;
+        let new = newer(&*store, &dir, &mut cursors).await.expect("read");
+        assert_eq!(
+            new.iter().map(|e| e.message.as_ref()).collect::<Vec<_>>(),
+            ["c1", "b2"]
+        );
+        assert!(
+            newer(&*store, &dir, &mut cursors)
+                .await
+                .expect("read")
+                .is_empty()
+        );
+    }
+}
