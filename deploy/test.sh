@@ -10,7 +10,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-step() { printf '\n==> %s\n' "$*"; }
+step() { printf '\n==> [%d s] %s\n' "$SECONDS" "$*"; }
 
 jobs_dir="$(mktemp -d)"
 # On any exit, let background set-up finish (a broker half-started is worse than a wait).
@@ -127,3 +127,5 @@ python3 deploy/run_tests.py --beside-last "$smoke" <"$jobs_dir/test-binaries.jso
 
 step "the OCI image (deploy/image/build.py)"
 await image
+
+step "done"

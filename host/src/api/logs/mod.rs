@@ -102,6 +102,7 @@ async fn list_segments(
 }
 
 /// Every host's segments under `dir`: path, name, size.
+#[cfg(test)]
 async fn list_all_segments(
     store: &dyn ObjectStore,
     dir: &Path,
@@ -161,6 +162,11 @@ impl LogEntry<'_> {
 /// Where a follower has read to: each host's last segment.
 type Cursors = BTreeMap<String, Path>;
 
+/// How far back a tail read first looks, then looks again, ms: the newest segments are found by
+/// listing each host's directory from that time on (object stores list in ascending order
+/// only), so a chatty pipeline's day of segments is not listed to print its last lines.
+const TAIL_LOOK_BACK_MS: [u64; 2] = [10 * 60_000, 6 * 3_600_000];
+
 /// The last `tail` lines under `dir` logged at or after `since_ms`, oldest first, and where
 /// they end.
 async fn recent(
@@ -169,20 +175,67 @@ async fn recent(
     since_ms: u64,
     tail: usize,
 ) -> object_store::Result<(Vec<LogEntry<'static>>, Cursors)> {
-    let mut segments = list_all_segments(store, dir).await?;
-    let mut cursors = Cursors::new();
-    for (path, _, _) in &segments {
-        let Some(host) = host_of(dir, path) else {
-            continue;
-        };
-        let cursor = cursors.entry(host).or_insert_with(|| path.clone());
-        if path.as_ref() > cursor.as_ref() {
-            *cursor = path.clone();
+    let hosts = host_dirs(store, dir).await?;
+    let now = now_ms();
+    let mut starts: Vec<u64> = TAIL_LOOK_BACK_MS
+        .iter()
+        .map(|back| now.saturating_sub(*back))
+        .filter(|start| *start > since_ms)
+        .collect();
+    starts.push(since_ms);
+    for (attempt, start) in starts.iter().enumerate() {
+        let (entries, cursors) = recent_from(store, &hosts, *start, since_ms, tail).await?;
+        if entries.len() >= tail || attempt + 1 == starts.len() {
+            return Ok((entries, cursors));
         }
     }
-    // A segment holds no line newer than its name: older ones cannot have lines since then.
-    segments.retain(|(_, name, _)| name.time_ms >= since_ms);
-    segments.sort_by_key(|(_, name, _)| std::cmp::Reverse(*name));
+    unreachable!("the last start returns")
+}
+
+/// Host names and their directories.
+type HostDirs = BTreeMap<String, Path>;
+
+/// The directory of each host under `dir`, by host.
+async fn host_dirs(store: &dyn ObjectStore, dir: &Path) -> object_store::Result<HostDirs> {
+    let listed = store.list_with_delimiter(Some(dir)).await?;
+    Ok(listed
+        .common_prefixes
+        .into_iter()
+        .filter_map(|host_dir| Some((host_of(dir, &host_dir)?, host_dir)))
+        .collect())
+}
+
+/// [`recent`] over the segments of `hosts` written at or after `start_ms`.
+async fn recent_from(
+    store: &dyn ObjectStore,
+    hosts: &HostDirs,
+    start_ms: u64,
+    since_ms: u64,
+    tail: usize,
+) -> object_store::Result<(Vec<LogEntry<'static>>, Cursors)> {
+    let mut segments = Vec::new();
+    let mut cursors = Cursors::new();
+    for (host, host_dir) in hosts {
+        // Before every segment written at or after `start_ms` (a prefix of their names).
+        let offset = host_dir.clone().join(format!("{start_ms:013}"));
+        let listed: Vec<_> = store
+            .list_with_offset(Some(host_dir), &offset)
+            .try_collect()
+            .await?;
+        let mut last = offset;
+        for meta in listed {
+            let Some(name) = meta.location.filename().and_then(SegmentName::parse) else {
+                continue;
+            };
+            if meta.location.as_ref() > last.as_ref() {
+                last = meta.location.clone();
+            }
+            segments.push((meta.location, name));
+        }
+        cursors.insert(host.clone(), last);
+    }
+    // Newest first, until there are `tail` lines.
+    segments.sort_by_key(|(_, name)| std::cmp::Reverse(*name));
     let mut entries = Vec::new();
     for batch in segments.chunks(FETCHES_IN_FLIGHT) {
         if entries.len() >= tail {
@@ -210,12 +263,8 @@ async fn newer(
     dir: &Path,
     cursors: &mut Cursors,
 ) -> object_store::Result<Vec<LogEntry<'static>>> {
-    let hosts = store.list_with_delimiter(Some(dir)).await?.common_prefixes;
     let mut paths = Vec::new();
-    for host_dir in hosts {
-        let Some(host) = host_of(dir, &host_dir) else {
-            continue;
-        };
+    for (host, host_dir) in host_dirs(store, dir).await? {
         let listed: Vec<_> = match cursors.get(&host) {
             Some(cursor) => store.list_with_offset(Some(&host_dir), cursor),
             None => store.list(Some(&host_dir)),
@@ -438,6 +487,98 @@ mod tests {
                 .await
                 .expect("read")
                 .is_empty()
+        );
+    }
+
+    /// Puts a segment of `host` named as written at `time_ms`, holding `messages`.
+    async fn put_segment(
+        store: &dyn ObjectStore,
+        dir: &Path,
+        host: &str,
+        time_ms: u64,
+        messages: &[&str],
+    ) {
+        let entries: Vec<LogEntry<'_>> = messages
+            .iter()
+            .map(|m| LogEntry {
+                time_ms,
+                host: host.into(),
+                partition: Some(0),
+                level: "info".into(),
+                message: (*m).into(),
+            })
+            .collect();
+        let name = SegmentName { time_ms, seq: 0 };
+        let path = dir.clone().join(host).join(name.file_name());
+        store
+            .put(&path, json_lines(&entries).into())
+            .await
+            .expect("put");
+    }
+
+    #[tokio::test]
+    async fn a_tail_read_looks_further_back_only_until_it_has_enough_lines() {
+        let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+        let dir = Path::from("tenants/t/logs/uid");
+        let now = now_ms();
+        put_segment(
+            &*store,
+            &dir,
+            "old-host",
+            now - 3 * 86_400_000,
+            &["three days ago"],
+        )
+        .await;
+        put_segment(
+            &*store,
+            &dir,
+            "host-a",
+            now - 2 * 3_600_000,
+            &["two hours ago"],
+        )
+        .await;
+        put_segment(&*store, &dir, "host-a", now - 1_000, &["a second ago"]).await;
+        let messages = |entries: &[LogEntry<'_>]| -> Vec<String> {
+            entries.iter().map(|e| e.message.to_string()).collect()
+        };
+        let (last, mut cursors) = recent(&*store, &dir, 0, 1).await.expect("read");
+        assert_eq!(messages(&last), ["a second ago"]);
+        let (all, _) = recent(&*store, &dir, 0, 100).await.expect("read");
+        assert_eq!(
+            messages(&all),
+            ["three days ago", "two hours ago", "a second ago"]
+        );
+        let (since, _) = recent(&*store, &dir, now - 3 * 3_600_000, 100)
+            .await
+            .expect("read");
+        assert_eq!(messages(&since), ["two hours ago", "a second ago"]);
+        // Following from the narrow read: no old segment comes back as new.
+        assert!(
+            newer(&*store, &dir, &mut cursors)
+                .await
+                .expect("read")
+                .is_empty()
+        );
+        put_segment(&*store, &dir, "old-host", now, &["back"]).await;
+        let new = newer(&*store, &dir, &mut cursors).await.expect("read");
+        assert_eq!(messages(&new), ["back"]);
+    }
+
+    #[tokio::test]
+    async fn the_sweep_deletes_every_hosts_segments_past_the_retention_only() {
+        let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+        let dir = Path::from("tenants/t/logs/uid");
+        let now = now_ms();
+        put_segment(&*store, &dir, "gone-host", now - 2 * 86_400_000, &["old"]).await;
+        put_segment(&*store, &dir, "host-a", now - 2 * 86_400_000, &["old"]).await;
+        put_segment(&*store, &dir, "host-a", now - 3_600_000, &["kept"]).await;
+        writer::sweep_expired(&*store, &dir, Duration::from_secs(86_400)).await;
+        let (all, _) = recent(&*store, &dir, 0, 100).await.expect("read");
+        assert_eq!(
+            all.iter()
+                .map(|e| (e.host.as_ref(), e.message.as_ref()))
+                .collect::<Vec<_>>(),
+            [("host-a", "kept")]
         );
     }
 }

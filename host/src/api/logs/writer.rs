@@ -6,6 +6,7 @@
 use super::{LogEntry, SegmentName, list_segments};
 use crate::runtime::guest_log::{LogLine, LogSink};
 use bytes::Bytes;
+use futures::StreamExt;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use serde::Deserialize;
@@ -304,22 +305,38 @@ impl Kept {
     }
 }
 
-/// Deletes every host's segments under `dir` older than `retention`.
-async fn sweep_expired(store: &dyn ObjectStore, dir: &Path, retention: Duration) {
+/// Deletes every host's segments under `dir` older than `retention` (stores list in no
+/// promised order, so each host's directory is listed whole).
+pub(super) async fn sweep_expired(store: &dyn ObjectStore, dir: &Path, retention: Duration) {
     let oldest_kept_ms = super::now_ms().saturating_sub(retention.as_millis() as u64);
-    let segments = match super::list_all_segments(store, dir).await {
-        Ok(segments) => segments,
+    let hosts = match super::host_dirs(store, dir).await {
+        Ok(hosts) => hosts,
         Err(err) => {
             tracing::debug!(%dir, error = %err, "cannot list log segments to expire");
             return;
         }
     };
-    for (path, name, _) in segments {
-        if name.time_ms < oldest_kept_ms
-            && let Err(err) = store.delete(&path).await
-            && !matches!(err, object_store::Error::NotFound { .. })
-        {
-            tracing::debug!(%path, error = %err, "cannot delete an expired log segment yet");
+    for host_dir in hosts.values() {
+        let mut listed = store.list(Some(host_dir));
+        while let Some(meta) = listed.next().await {
+            let path = match meta {
+                Ok(meta) => meta.location,
+                Err(err) => {
+                    tracing::debug!(%host_dir, error = %err, "cannot list log segments to expire");
+                    break;
+                }
+            };
+            let Some(name) = path.filename().and_then(SegmentName::parse) else {
+                continue;
+            };
+            if name.time_ms >= oldest_kept_ms {
+                continue;
+            }
+            if let Err(err) = store.delete(&path).await
+                && !matches!(err, object_store::Error::NotFound { .. })
+            {
+                tracing::debug!(%path, error = %err, "cannot delete an expired log segment yet");
+            }
         }
     }
 }

@@ -85,8 +85,9 @@ pub struct RunnerConfig {
     #[serde(default = "default_reconcile_interval", with = "humantime_serde")]
     pub reconcile_interval: Duration,
     /// Where operator components (`operators/`), their compiled forms (`compiled/`, so that a
-    /// restarted host does not compile them again) and the state disk caches (`cache/`) are
-    /// kept; default a directory under the system temporary directory.
+    /// restarted host does not compile them again; `[runtime] compiled_dir` instead when set)
+    /// and the state disk caches (`cache/`) are kept; default a directory under the system
+    /// temporary directory.
     #[serde(default)]
     pub work_dir: Option<PathBuf>,
     /// Memtable size of each shard, bytes; default 64 MiB.
@@ -279,6 +280,12 @@ impl Runner {
         std::fs::create_dir_all(work_dir.join("operators"))?;
         std::fs::create_dir_all(work_dir.join("cache"))?;
         std::fs::create_dir_all(work_dir.join("compiled"))?;
+        // `[runtime] compiled_dir` when set, so that the API's check of an upload and the runs
+        // share one compile of each component.
+        let compiled_dir = runtime
+            .compiled_dir
+            .clone()
+            .unwrap_or_else(|| work_dir.join("compiled"));
         // Runs register their series when they start: the recorder must exist by then.
         crate::telemetry::prometheus();
         Ok(Self {
@@ -286,7 +293,7 @@ impl Runner {
             config,
             host,
             runtime,
-            compiled: CompiledOperators::with_compiled_dir(work_dir.join("compiled")),
+            compiled: CompiledOperators::with_compiled_dir(compiled_dir),
             work_dir,
             clock: Arc::new(SystemClock),
             runs: HashMap::new(),
