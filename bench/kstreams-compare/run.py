@@ -13,6 +13,7 @@ medians (also written to --out).
 
     python3 bench/kstreams-compare/run.py                 # 2,000,000 records, 3 repeats
     python3 bench/kstreams-compare/run.py --smoke         # ~20 k records, 1 repeat, every row
+                                                          # (two rows at a time)
 
 Needs java >= 17 and mvn (Kafka Streams from Maven Central), cargo; starts the broker with
 deploy/local/kafka.sh. --weir and --operator skip building them (the test command passes its
@@ -30,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -287,16 +289,22 @@ def main() -> None:
         input_bytes = int(produced.split()[-1])
         results = {e: Runs() for e in rows}
         for repeat in range(1, args.repeats + 1):
-            for e in rows:
+            def run(e: Engine, repeat=repeat) -> None:
                 log(f"repeat {repeat}/{args.repeats}: {e.label}")
                 r = measure_one(e, repeat, args, input_topic, run_id, work)
-                log(f"  {float(r['events_per_s']):,.0f} events/s, {r['cpu_us_per_event']} µs/event")
+                log(f"  {e.label}: {float(r['events_per_s']):,.0f} events/s, "
+                    f"{r['cpu_us_per_event']} µs/event")
                 if not all(math.isfinite(float(r[k])) for k in ("events_per_s", "cpu_us_per_event")):
                     raise SystemExit(f"{e.label}: the measurement is not a number: {r}")
                 results[e].events_per_s.append(float(r["events_per_s"]))
                 results[e].cpu_us_per_event.append(float(r["cpu_us_per_event"]))
                 if repeat == 1 and args.idle_secs > 0:
                     results[e].idle_cpu_pct.append(float(r["idle_cpu_pct"]))
+            # Measured runs one at a time; the smoke's (whose speed means nothing) two at once,
+            # the test command's tail having both cores to itself.
+            with ThreadPoolExecutor(max_workers=2 if args.smoke else 1) as pool:
+                for done in [pool.submit(run, e) for e in rows]:
+                    done.result()
         complete = all(e in results for e in engines())
         report = settings_text(args, input_bytes) + "\n\n" + (
             table(args, results) if complete else partial_table(results))

@@ -2,6 +2,7 @@
 
 use anyhow::Context as _;
 use clap::Subcommand;
+use std::io::Write as _;
 use std::path::PathBuf;
 use weir_host::api::client::ApiClient;
 
@@ -330,15 +331,25 @@ pub async fn pipeline(command: PipelineCommand, args: ApiArgs) -> anyhow::Result
                 now.saturating_sub(d).as_millis() as u64
             });
             let json = args.json;
+            let mut unwritten = None;
             client
                 .pipeline_logs(&name, tail, since_ms, follow, |entry| {
-                    if json {
-                        println!("{}", serde_json::to_string(&entry).unwrap_or_default());
+                    let line = if json {
+                        serde_json::to_string(&entry).unwrap_or_default()
                     } else {
-                        println!("{}", weir_host::api::client::log_line(&entry));
-                    }
+                        weir_host::api::client::log_line(&entry)
+                    };
+                    let written = writeln!(std::io::stdout(), "{line}");
+                    unwritten = written.err();
+                    unwritten.is_none()
                 })
                 .await?;
+            match unwritten {
+                // The reader went away (`weir pipeline logs … | head`): done, as other tools.
+                Some(err) if err.kind() == std::io::ErrorKind::BrokenPipe => {}
+                Some(err) => return Err(anyhow::Error::new(err).context("cannot print the log")),
+                None => {}
+            }
         }
         PipelineCommand::Start { name } => show(&client.pipeline_action(&name, "start").await?)?,
         PipelineCommand::Stop { name } => show(&client.pipeline_action(&name, "stop").await?)?,

@@ -12,7 +12,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
-use tokio::io::AsyncBufReadExt;
+use tokio::io::{AsyncBufReadExt, BufReader, Lines};
+use tokio::process::{Child, ChildStdout};
 use weir_tests::api::{ADMIN_KEY, call, counter_component, json_body, tenant_id, tenant_with_key};
 use weir_tests::process::WeirProcess;
 use weir_tests::*;
@@ -172,7 +173,9 @@ async fn two_serve_hosts_share_a_pipelines_partitions_and_one_takes_all_when_the
     let counts = read_counts(&output, &expected, Duration::from_secs(60)).await?;
     assert_counts_exact(&expected, &counts);
 
-    operator_logs_from_both_hosts(a, b, &key, &tenant, &input, &shared).await?;
+    // A `weir pipeline logs --follow` through host b stays open while b stops.
+    let (mut follower, mut followed) =
+        operator_logs_from_both_hosts(a, b, &key, &tenant, &input, &shared).await?;
 
     // Host b stops (SIGTERM): it drains, checkpoints and leaves; host a takes every partition.
     let (mut b_process, _) = hosts.remove(1);
@@ -182,6 +185,16 @@ async fn two_serve_hosts_share_a_pipelines_partitions_and_one_takes_all_when_the
         exit.is_some_and(|s| s.success()),
         "host b exits cleanly on SIGTERM: {exit:?}\n{}",
         b_process.tail()
+    );
+    // Its open log stream ended with the shutdown, and the CLI with it.
+    let ended = tokio::time::timeout(Duration::from_secs(30), async {
+        while followed.next_line().await?.is_some() {}
+        follower.wait().await
+    })
+    .await;
+    assert!(
+        matches!(ended, Ok(Ok(status)) if status.success()),
+        "weir pipeline logs --follow ends when its host shuts down: {ended:?}"
     );
     let alone = wait_for(
         a,
@@ -319,7 +332,7 @@ async fn log_in_each_partition(input: &str, tag: &str) -> anyhow::Result<()> {
 }
 
 /// Both hosts' operator log lines, through either host: the API (and never for another
-/// tenant), `weir pipeline logs` and `--follow`.
+/// tenant), `weir pipeline logs` and `--follow`; returns the `--follow` process, still running.
 async fn operator_logs_from_both_hosts(
     a: SocketAddr,
     b: SocketAddr,
@@ -327,7 +340,7 @@ async fn operator_logs_from_both_hosts(
     tenant: &str,
     input: &str,
     shared: &Value,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<(Child, Lines<BufReader<ChildStdout>>)> {
     let hosts = partitions_by_host(shared);
     log_in_each_partition(input, "first").await?;
     for addr in [a, b] {
@@ -384,7 +397,7 @@ async fn operator_logs_from_both_hosts(
     .stdout(std::process::Stdio::piped())
     .kill_on_drop(true)
     .spawn()?;
-    let mut followed = tokio::io::BufReader::new(follow.stdout.take().expect("piped")).lines();
+    let mut followed = BufReader::new(follow.stdout.take().expect("piped")).lines();
     log_in_each_partition(input, "second").await?;
     let mut seen = Vec::new();
     let all_seen = tokio::time::timeout(Duration::from_secs(30), async {
@@ -401,7 +414,6 @@ async fn operator_logs_from_both_hosts(
         Ok(())
     })
     .await;
-    follow.kill().await?;
     anyhow::ensure!(
         matches!(all_seen, Ok(Ok(()))),
         "{all_seen:?}: followed {seen:#?}"
@@ -415,5 +427,5 @@ async fn operator_logs_from_both_hosts(
             );
         }
     }
-    Ok(())
+    Ok((follow, followed))
 }

@@ -303,7 +303,7 @@ impl ApiClient {
     /// Reads the operator's log of pipeline `name` (`GET /v1/pipelines/{name}/logs`): the last
     /// `tail` lines (the API's default when `None`) logged at or after `since_ms`, oldest
     /// first, each given to `each` as it arrives; with `follow`, then new lines until the
-    /// pipeline is deleted (or the caller stops).
+    /// pipeline is deleted or the host shuts down. Stops early when `each` returns `false`.
     ///
     /// # Errors
     /// [`ClientError`].
@@ -313,7 +313,7 @@ impl ApiClient {
         tail: Option<usize>,
         since_ms: Option<u64>,
         follow: bool,
-        mut each: impl FnMut(LogEntry<'static>),
+        mut each: impl FnMut(LogEntry<'static>) -> bool,
     ) -> Result<(), ClientError> {
         let mut url = format!("{}/v1/pipelines/{name}/logs?follow={follow}", self.base);
         url.extend(tail.map(|t| format!("&tail={t}")));
@@ -351,7 +351,9 @@ impl ApiClient {
                         url: url.clone(),
                         reason: format!("a log line that is not a log entry: {e}"),
                     })?;
-                each(entry.into_owned());
+                if !each(entry.into_owned()) {
+                    return Ok(());
+                }
             }
             pending.drain(..complete);
         }
@@ -394,17 +396,35 @@ fn wire_name<T: serde::Serialize>(value: &T) -> String {
 }
 
 /// `entry` as one line of text: time (UTC, ms), host and partition, level, message; for
-/// example `2026-12-03T17:20:01.123Z host-a/2 INFO counted 10 keys`.
+/// example `2026-12-03T17:20:01.123Z host-a/2 INFO  counted 10 keys`. Control characters in
+/// the message are escaped (`\n`, `\u{1b}`), so that an operator cannot print a line that
+/// looks like another, or drive the terminal.
 pub fn log_line(entry: &LogEntry<'_>) -> String {
     let time = std::time::UNIX_EPOCH + std::time::Duration::from_millis(entry.time_ms);
     let partition = entry.partition.map(|p| format!("/{p}")).unwrap_or_default();
     format!(
         "{} {}{partition} {:<5} {}",
         humantime::format_rfc3339_millis(time),
-        entry.host,
-        entry.level.to_uppercase(),
-        entry.message
+        escape_controls(&entry.host),
+        escape_controls(&entry.level).to_uppercase(),
+        escape_controls(&entry.message)
     )
+}
+
+/// `text` with its control characters escaped as Rust escapes them.
+fn escape_controls(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text.chars().any(char::is_control) {
+        return text.into();
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out.into()
 }
 
 /// `pipelines` as a table: name, state, operator and version, records/s, lag, hosts.
@@ -557,4 +577,24 @@ pub fn versions_table(versions: &[OperatorVersion]) -> String {
         ));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_log_line_escapes_control_characters_so_it_cannot_forge_another() {
+        let entry = LogEntry {
+            time_ms: 1_764_782_401_123,
+            host: "host-a".into(),
+            partition: Some(2),
+            level: "info".into(),
+            message: "first\n2026-12-03T00:00:00.000Z host-a/0 ERROR forged \u{1b}[31m".into(),
+        };
+        assert_eq!(
+            log_line(&entry),
+            "2025-12-03T17:20:01.123Z host-a/2 INFO  first\\n2026-12-03T00:00:00.000Z host-a/0 ERROR forged \\u{1b}[31m"
+        );
+    }
 }

@@ -93,6 +93,10 @@ pub struct ApiState {
     pipeline_creates: Arc<tokio::sync::Mutex<()>>,
     /// The brokers' state for `/readyz`, on a host that runs pipelines.
     kafka: Option<Arc<crate::health::KafkaProbe>>,
+    /// Turns `true` when [`serve`]'s shutdown starts: open `?follow` streams end then.
+    shutting_down: Arc<tokio::sync::watch::Sender<bool>>,
+    /// Open `?follow` streams by tenant ([`logs::FOLLOWS_PER_TENANT_MAX`] each).
+    follows: logs::Follows,
 }
 
 impl std::fmt::Debug for ApiState {
@@ -127,6 +131,8 @@ impl ApiState {
             board: Arc::default(),
             pipeline_creates: Arc::default(),
             kafka: None,
+            shutting_down: Arc::new(tokio::sync::watch::Sender::new(false)),
+            follows: logs::Follows::default(),
         })
     }
 
@@ -786,8 +792,13 @@ pub async fn serve(
     let _sampler = AbortOnDrop(tokio::spawn(async move {
         board.run(sampled, interval).await;
     }));
+    let shutting_down = state.shutting_down.clone();
     tracing::info!(?addr, "weir serve listening");
     axum::serve(listener, router(state))
-        .with_graceful_shutdown(shutdown)
+        .with_graceful_shutdown(async move {
+            shutdown.await;
+            // Streams that would otherwise never end (`?follow`) end now.
+            shutting_down.send_replace(true);
+        })
         .await
 }

@@ -49,6 +49,9 @@ pub enum ApiError {
     /// (422).
     #[error("{0}")]
     InvalidOperator(String),
+    /// The caller has too many of something open at once, such as `?follow` streams (429).
+    #[error("{0}")]
+    TooManyRequests(String),
     /// Object storage failed; retrying may help (503).
     #[error("storage unavailable: {0}")]
     Unavailable(String),
@@ -78,6 +81,11 @@ impl ApiError {
                 StatusCode::UNPROCESSABLE_ENTITY,
                 "invalid-operator",
                 "Not a valid Weir operator",
+            ),
+            ApiError::TooManyRequests(_) => (
+                StatusCode::TOO_MANY_REQUESTS,
+                "too-many-requests",
+                "Too many requests",
             ),
             ApiError::Unavailable(_) => (
                 StatusCode::SERVICE_UNAVAILABLE,

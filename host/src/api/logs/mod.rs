@@ -13,7 +13,7 @@
 
 mod writer;
 
-pub use writer::{OperatorLogSettings, SegmentWriter, WriterTask};
+pub use writer::{OperatorLogSettings, SWEEP_INTERVAL, SegmentWriter, WriterTask, sweep_expired};
 
 use super::problem::{ApiError, Problem};
 use super::{ApiState, AuthProblems, Principal};
@@ -27,7 +27,8 @@ use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt};
 use serde::{Deserialize, Serialize};
 use std::borrow::Cow;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use utoipa::{IntoParams, ToSchema};
 
@@ -84,6 +85,14 @@ const FOLLOW_POLLS_PER_CHECK: u32 = 20;
 
 /// Segments fetched at once.
 const FETCHES_IN_FLIGHT: usize = 8;
+
+/// Most `?follow` streams one tenant keeps open on one host; more answer 429.
+pub const FOLLOWS_PER_TENANT_MAX: usize = 8;
+
+/// How far behind its cursor a follower lists each host's directory again, ms: a segment
+/// whose write took longer than another's named after it (two runs of a pipeline on one host
+/// while one drains) is still found, once.
+const FOLLOW_RELIST_MS: u64 = 30_000;
 
 fn now_ms() -> u64 {
     super::now_ms()
@@ -159,8 +168,22 @@ impl LogEntry<'_> {
     }
 }
 
-/// Where a follower has read to: each host's last segment.
-type Cursors = BTreeMap<String, Path>;
+/// Where a follower has read to: segments named before `floor_ms` are never new; each host's
+/// newest segment read, by its name's time; the segments read whose names are recent enough to
+/// be listed again.
+#[derive(Debug, Default)]
+struct Cursors {
+    floor_ms: u64,
+    last_ms: BTreeMap<String, u64>,
+    seen: std::collections::BTreeSet<Path>,
+}
+
+/// The time in a segment path's name.
+fn name_ms(path: &Path) -> Option<u64> {
+    path.filename()
+        .and_then(SegmentName::parse)
+        .map(|name| name.time_ms)
+}
 
 /// How far back a tail read first looks, then looks again, ms: the newest segments are found by
 /// listing each host's directory from that time on (object stores list in ascending order
@@ -214,7 +237,10 @@ async fn recent_from(
     tail: usize,
 ) -> object_store::Result<(Vec<LogEntry<'static>>, Cursors)> {
     let mut segments = Vec::new();
-    let mut cursors = Cursors::new();
+    let mut cursors = Cursors {
+        floor_ms: start_ms,
+        ..Cursors::default()
+    };
     for (host, host_dir) in hosts {
         // Before every segment written at or after `start_ms` (a prefix of their names).
         let offset = host_dir.clone().join(format!("{start_ms:013}"));
@@ -222,28 +248,32 @@ async fn recent_from(
             .list_with_offset(Some(host_dir), &offset)
             .try_collect()
             .await?;
-        let mut last = offset;
+        let mut last_ms = start_ms;
         for meta in listed {
             let Some(name) = meta.location.filename().and_then(SegmentName::parse) else {
                 continue;
             };
-            if meta.location.as_ref() > last.as_ref() {
-                last = meta.location.clone();
-            }
+            last_ms = last_ms.max(name.time_ms);
+            cursors.seen.insert(meta.location.clone());
             segments.push((meta.location, name));
         }
-        cursors.insert(host.clone(), last);
+        cursors.last_ms.insert(host.clone(), last_ms);
     }
-    // Newest first, until there are `tail` lines.
+    // The newest segments until there are `tail` lines, then read in writing order, so that
+    // lines of one time keep the order they were logged in.
     segments.sort_by_key(|(_, name)| std::cmp::Reverse(*name));
-    let mut entries = Vec::new();
+    let mut batches = Vec::new();
+    let mut lines = 0;
     for batch in segments.chunks(FETCHES_IN_FLIGHT) {
-        if entries.len() >= tail {
+        if lines >= tail {
             break;
         }
-        let paths: Vec<Path> = batch.iter().map(|s| s.0.clone()).collect();
-        entries.extend(read_segments(store, paths).await?);
+        let paths: Vec<Path> = batch.iter().rev().map(|s| s.0.clone()).collect();
+        let read = read_segments(store, paths).await?;
+        lines += read.len();
+        batches.push(read);
     }
+    let mut entries: Vec<_> = batches.into_iter().rev().flatten().collect();
     entries.retain(|e| e.time_ms >= since_ms);
     entries.sort_by_key(|e| e.time_ms);
     let skip = entries.len().saturating_sub(tail);
@@ -258,6 +288,8 @@ fn host_of(dir: &Path, path: &Path) -> Option<String> {
 }
 
 /// The lines written under `dir` after `cursors`, oldest first; moves the cursors past them.
+/// Each host's directory is listed from [`FOLLOW_RELIST_MS`] before its newest segment read,
+/// skipping the segments already read.
 async fn newer(
     store: &dyn ObjectStore,
     dir: &Path,
@@ -265,23 +297,38 @@ async fn newer(
 ) -> object_store::Result<Vec<LogEntry<'static>>> {
     let mut paths = Vec::new();
     for (host, host_dir) in host_dirs(store, dir).await? {
-        let listed: Vec<_> = match cursors.get(&host) {
-            Some(cursor) => store.list_with_offset(Some(&host_dir), cursor),
-            None => store.list(Some(&host_dir)),
+        let from_ms = cursors.last_ms.get(&host).map_or(cursors.floor_ms, |last| {
+            last.saturating_sub(FOLLOW_RELIST_MS).max(cursors.floor_ms)
+        });
+        let offset = host_dir.clone().join(format!("{from_ms:013}"));
+        let listed: Vec<_> = store
+            .list_with_offset(Some(&host_dir), &offset)
+            .try_collect()
+            .await?;
+        let mut last_ms = cursors.last_ms.get(&host).copied().unwrap_or(from_ms);
+        for meta in listed {
+            let Some(time_ms) = name_ms(&meta.location) else {
+                continue;
+            };
+            if cursors.seen.insert(meta.location.clone()) {
+                last_ms = last_ms.max(time_ms);
+                paths.push(meta.location);
+            }
         }
-        .try_collect()
-        .await?;
-        let mut new: Vec<Path> = listed
-            .into_iter()
-            .map(|m| m.location)
-            .filter(|p| p.filename().and_then(SegmentName::parse).is_some())
-            .collect();
-        new.sort();
-        if let Some(last) = new.last() {
-            cursors.insert(host, last.clone());
-        }
-        paths.extend(new);
+        cursors.last_ms.insert(host, last_ms);
     }
+    // What no host's next listing reaches need not be remembered.
+    if let Some(relisted_from) = cursors
+        .last_ms
+        .values()
+        .map(|last| last.saturating_sub(FOLLOW_RELIST_MS))
+        .min()
+    {
+        cursors
+            .seen
+            .retain(|p| name_ms(p).is_some_and(|t| t >= relisted_from));
+    }
+    paths.sort_by_key(|p| p.filename().and_then(SegmentName::parse));
     let mut entries = read_segments(store, paths).await?;
     entries.sort_by_key(|e| e.time_ms);
     Ok(entries)
@@ -322,6 +369,7 @@ pub struct LogsQuery {
         (status = 200, description = "One log line a line, oldest first", body = LogEntry, content_type = "application/x-ndjson"),
         (status = 400, description = "A bad query", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such pipeline", body = Problem, content_type = "application/problem+json"),
+        (status = 429, description = "Too many `?follow` streams of the tenant open on this host", body = Problem, content_type = "application/problem+json"),
         AuthProblems,
     ),
     security(("bearer" = [])))]
@@ -354,6 +402,11 @@ pub(super) async fn pipeline_logs(
     if !follow {
         return Ok((ndjson, first).into_response());
     }
+    let slot = state.follows.take(&tenant).ok_or_else(|| {
+        ApiError::TooManyRequests(format!(
+            "you have {FOLLOWS_PER_TENANT_MAX} log streams open on this host, the most it allows; close one first"
+        ))
+    })?;
     let follower = Follower {
         catalog,
         tenant,
@@ -362,6 +415,8 @@ pub(super) async fn pipeline_logs(
         dir,
         cursors,
         polls: 0,
+        shutting_down: state.shutting_down.subscribe(),
+        _slot: slot,
     };
     let rest = futures::stream::unfold(follower, |mut f| async move {
         let chunk = f.next_chunk().await?;
@@ -369,6 +424,44 @@ pub(super) async fn pipeline_logs(
     });
     let body = futures::stream::once(async move { Ok(first) }).chain(rest);
     Ok((ndjson, Body::from_stream(body)).into_response())
+}
+
+/// The open `?follow` streams of each tenant on this host.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Follows(Arc<Mutex<HashMap<String, usize>>>);
+
+/// One open `?follow` stream of a tenant: counted until dropped.
+struct FollowSlot {
+    follows: Follows,
+    tenant: String,
+}
+
+impl Follows {
+    /// A slot for one more stream of `tenant`, unless it has [`FOLLOWS_PER_TENANT_MAX`].
+    fn take(&self, tenant: &str) -> Option<FollowSlot> {
+        let mut open = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let count = open.entry(tenant.to_owned()).or_default();
+        if *count >= FOLLOWS_PER_TENANT_MAX {
+            return None;
+        }
+        *count += 1;
+        Some(FollowSlot {
+            follows: self.clone(),
+            tenant: tenant.to_owned(),
+        })
+    }
+}
+
+impl Drop for FollowSlot {
+    fn drop(&mut self) {
+        let mut open = self.follows.0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(count) = open.get_mut(&self.tenant) {
+            *count -= 1;
+            if *count == 0 {
+                open.remove(&self.tenant);
+            }
+        }
+    }
 }
 
 /// A `?follow` response's reader.
@@ -380,14 +473,21 @@ struct Follower {
     dir: Path,
     cursors: Cursors,
     polls: u32,
+    /// Ends the stream when the host shuts down.
+    shutting_down: tokio::sync::watch::Receiver<bool>,
+    /// Counts the stream against its tenant's open streams while it lives.
+    _slot: FollowSlot,
 }
 
 impl Follower {
     /// The next lines, waiting for them; `None` once the pipeline is gone (deleted, or
-    /// replaced by a new one of its name).
+    /// replaced by a new one of its name) or the host shuts down.
     async fn next_chunk(&mut self) -> Option<Vec<u8>> {
         loop {
-            tokio::time::sleep(FOLLOW_POLL).await;
+            tokio::select! {
+                _ = tokio::time::sleep(FOLLOW_POLL) => {}
+                _ = self.shutting_down.wait_for(|down| *down) => return None,
+            }
             self.polls += 1;
             if self.polls.is_multiple_of(FOLLOW_POLLS_PER_CHECK) {
                 match self.catalog.pipeline(&self.tenant, &self.name).await {
@@ -412,7 +512,6 @@ mod tests {
     use super::*;
     use crate::runtime::guest_log::{GuestLevel, LogLine, LogSink};
     use object_store::memory::InMemory;
-    use std::sync::Arc;
 
     fn line(time_ms: u64, message: &str) -> LogLine<'_> {
         LogLine {
@@ -572,7 +671,7 @@ mod tests {
         put_segment(&*store, &dir, "gone-host", now - 2 * 86_400_000, &["old"]).await;
         put_segment(&*store, &dir, "host-a", now - 2 * 86_400_000, &["old"]).await;
         put_segment(&*store, &dir, "host-a", now - 3_600_000, &["kept"]).await;
-        writer::sweep_expired(&*store, &dir, Duration::from_secs(86_400)).await;
+        sweep_expired(&*store, &dir, Duration::from_secs(86_400)).await;
         let (all, _) = recent(&*store, &dir, 0, 100).await.expect("read");
         assert_eq!(
             all.iter()
@@ -580,5 +679,61 @@ mod tests {
                 .collect::<Vec<_>>(),
             [("host-a", "kept")]
         );
+    }
+
+    #[test]
+    fn a_tenant_has_at_most_its_follow_streams_open_and_a_closed_one_frees_its_slot() {
+        let follows = Follows::default();
+        let mut open: Vec<_> = (0..FOLLOWS_PER_TENANT_MAX)
+            .map(|_| follows.take("t1").expect("a slot"))
+            .collect();
+        assert!(follows.take("t1").is_none());
+        assert!(follows.take("t2").is_some(), "another tenant's are its own");
+        open.pop();
+        assert!(follows.take("t1").is_some());
+    }
+
+    #[tokio::test]
+    async fn a_follow_stream_ends_when_the_host_shuts_down() {
+        let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+        let catalog = super::super::catalog::Catalog::new(store, Path::from("weir"));
+        let shutting_down = tokio::sync::watch::Sender::new(false);
+        let mut follower = Follower {
+            dir: catalog.pipeline_logs_prefix("t", "uid"),
+            catalog,
+            tenant: "t".into(),
+            name: "p".into(),
+            uid: "uid".into(),
+            cursors: Cursors::default(),
+            polls: 0,
+            shutting_down: shutting_down.subscribe(),
+            _slot: Follows::default().take("t").expect("a slot"),
+        };
+        shutting_down.send_replace(true);
+        assert_eq!(follower.next_chunk().await, None);
+    }
+
+    #[tokio::test]
+    async fn lines_of_one_millisecond_across_segments_keep_their_order_and_tail_keeps_the_last() {
+        let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+        let dir = Path::from("tenants/t/logs/uid");
+        let settings = OperatorLogSettings {
+            segment_bytes_max: 200,
+            ..Default::default()
+        };
+        let (writer, task) = SegmentWriter::spawn(store.clone(), dir.clone(), "host-a", settings);
+        let now = now_ms();
+        for i in 0..20 {
+            writer.line(line(now, &format!("ord {i}")));
+        }
+        task.close().await;
+        let messages = |entries: &[LogEntry<'_>]| -> Vec<String> {
+            entries.iter().map(|e| e.message.to_string()).collect()
+        };
+        let (all, _) = recent(&*store, &dir, 0, 100).await.expect("read");
+        let expected: Vec<_> = (0..20).map(|i| format!("ord {i}")).collect();
+        assert_eq!(messages(&all), expected);
+        let (last, _) = recent(&*store, &dir, 0, 3).await.expect("read");
+        assert_eq!(messages(&last), ["ord 17", "ord 18", "ord 19"]);
     }
 }

@@ -17,6 +17,9 @@ use std::time::Duration;
 use tokio::sync::{Notify, oneshot};
 
 /// The `[pipelines.logs]` section of serve.toml: how each host keeps its operators' log lines.
+/// Each run's writer deletes its host's oldest segments of the pipeline past `host_bytes_max`
+/// or `retention`; every [`SWEEP_INTERVAL`] each host deletes every pipeline's segments past
+/// `retention`, whoever wrote them.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct OperatorLogSettings {
@@ -29,7 +32,7 @@ pub struct OperatorLogSettings {
     /// Most bytes buffered per pipeline run while the store cannot take them; lines past it
     /// are dropped and counted (a notice line says how many); default 8 MiB.
     pub buffer_bytes_max: usize,
-    /// Segments older than this are deleted (by any host); default 1 day.
+    /// Segments older than this are deleted; default 1 day.
     #[serde(with = "humantime_serde")]
     pub retention: Duration,
     /// Most bytes of segments each host keeps per pipeline: its oldest go first; default
@@ -49,9 +52,10 @@ impl Default for OperatorLogSettings {
     }
 }
 
-/// How often a writer deletes every host's segments past the retention period (hosts that
-/// are gone leave theirs behind).
-const SWEEP_INTERVAL: Duration = Duration::from_secs(600);
+/// How often each host deletes the segments past the retention period of every pipeline,
+/// running or not (`crate::api::runner`): hosts that are gone leave theirs behind, and a
+/// stopped pipeline has no writer.
+pub const SWEEP_INTERVAL: Duration = Duration::from_secs(600);
 
 /// The [`LogSink`] of one pipeline run on one host: takes lines without blocking, and a task
 /// ([`SegmentWriter::spawn`]) writes them out.
@@ -124,16 +128,11 @@ impl SegmentWriter {
 
     fn append(&self, entry: &LogEntry<'_>) {
         let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
-        // A line is at most ~4 KiB of message plus its fields.
-        if pending.bytes.len() + entry.message.len() + 256 > self.settings.buffer_bytes_max {
-            pending.dropped += 1;
-            metrics::counter!("weir_guest_log_lines_unwritten_total").increment(1);
-            return;
-        }
+        let before = pending.bytes.len();
         if pending.dropped > 0 {
-            let dropped = std::mem::take(&mut pending.dropped);
             let notice = format!(
-                "weir: {dropped} log lines dropped: the log store did not take them in time"
+                "weir: {} log lines dropped: the log store did not take them in time",
+                pending.dropped
             );
             write_line(
                 &mut pending.bytes,
@@ -146,9 +145,38 @@ impl SegmentWriter {
             );
         }
         write_line(&mut pending.bytes, entry);
+        if pending.bytes.len() > self.settings.buffer_bytes_max {
+            pending.bytes.truncate(before);
+            pending.dropped += 1;
+            metrics::counter!("weir_guest_log_lines_unwritten_total").increment(1);
+            return;
+        }
+        pending.dropped = 0;
         if pending.bytes.len() >= self.settings.segment_bytes_max {
             self.full.notify_one();
         }
+    }
+
+    /// Puts `unwritten` back before the lines buffered since, dropping the oldest lines (and
+    /// counting them for the notice) past `buffer_bytes_max`.
+    fn put_back(&self, unwritten: &[u8]) {
+        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        let mut back = Vec::with_capacity(unwritten.len() + pending.bytes.len());
+        back.extend_from_slice(unwritten);
+        back.extend_from_slice(&pending.bytes);
+        let excess = back.len().saturating_sub(self.settings.buffer_bytes_max);
+        if excess > 0 {
+            // Whole lines only: up to the line end at or after the excess.
+            let cut = back[excess - 1..]
+                .iter()
+                .position(|b| *b == b'\n')
+                .map_or(back.len(), |i| excess + i);
+            let lines = back[..cut].iter().filter(|b| **b == b'\n').count() as u64;
+            back.drain(..cut);
+            pending.dropped += lines;
+            metrics::counter!("weir_guest_log_lines_unwritten_total").increment(lines);
+        }
+        pending.bytes = back;
     }
 
     async fn run(
@@ -170,16 +198,11 @@ impl SegmentWriter {
                 tracing::warn!(%host_dir, error = %err, "cannot list this host's log segments")
             }
         }
-        let mut sweep = tokio::time::interval(SWEEP_INTERVAL);
         let mut failing = false;
         loop {
             let stop = tokio::select! {
                 _ = tokio::time::sleep(self.settings.flush_interval) => false,
                 _ = self.full.notified() => false,
-                _ = sweep.tick() => {
-                    sweep_expired(&*store, &dir, self.settings.retention).await;
-                    continue;
-                }
                 _ = &mut stopped => true,
             };
             match self.flush(&*store, &host_dir, &mut kept).await {
@@ -223,11 +246,8 @@ impl SegmentWriter {
                 .put(&path, PutPayload::from_bytes(segment.clone()))
                 .await
             {
-                let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
                 // Lines keep their order: what was not written goes before what came since.
-                let mut back = rest.to_vec();
-                back.extend_from_slice(&pending.bytes);
-                pending.bytes = back;
+                self.put_back(&rest);
                 return Err(err);
             }
             metrics::counter!("weir_guest_log_segments_written_total").increment(1);
@@ -307,7 +327,7 @@ impl Kept {
 
 /// Deletes every host's segments under `dir` older than `retention` (stores list in no
 /// promised order, so each host's directory is listed whole).
-pub(super) async fn sweep_expired(store: &dyn ObjectStore, dir: &Path, retention: Duration) {
+pub async fn sweep_expired(store: &dyn ObjectStore, dir: &Path, retention: Duration) {
     let oldest_kept_ms = super::now_ms().saturating_sub(retention.as_millis() as u64);
     let hosts = match super::host_dirs(store, dir).await {
         Ok(hosts) => hosts,
@@ -449,5 +469,44 @@ mod tests {
         assert_eq!(messages, expected);
         assert_eq!(lines[kept].level, "warn");
         assert_eq!(lines[kept].partition, None);
+    }
+
+    #[tokio::test]
+    async fn lines_put_back_after_a_failed_write_keep_their_order_within_the_buffer() {
+        let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+        let settings = OperatorLogSettings {
+            buffer_bytes_max: 250,
+            ..Default::default()
+        };
+        let (writer, _task) = SegmentWriter::spawn(store, Path::from("logs/p"), "h1", settings);
+        writer.line(line("new 1"));
+        let mut unwritten = Vec::new();
+        for i in 0..3 {
+            write_line(
+                &mut unwritten,
+                &LogEntry {
+                    time_ms: 1,
+                    host: "h1".into(),
+                    partition: Some(2),
+                    level: "info".into(),
+                    message: format!("old {i}").into(),
+                },
+            );
+        }
+        writer.put_back(&unwritten);
+        let pending = writer.pending.lock().expect("unpoisoned");
+        assert!(pending.bytes.len() <= 250, "{}", pending.bytes.len());
+        let messages: Vec<String> = pending
+            .bytes
+            .split(|b| *b == b'\n')
+            .filter(|l| !l.is_empty())
+            .map(|l| {
+                let entry: LogEntry<'_> = serde_json::from_slice(l).expect("whole lines");
+                entry.message.into_owned()
+            })
+            .collect();
+        // The oldest go first: 4 lines of ~72 bytes do not fit in 250.
+        assert_eq!(messages, ["old 1", "old 2", "new 1"]);
+        assert_eq!(pending.dropped, 1);
     }
 }

@@ -12,6 +12,7 @@
 //! own Kafka clients, so one tenant's pipeline cannot read or evict another's.
 
 use super::catalog::Catalog;
+use super::logs;
 use super::now_ms;
 use super::pipelines::{HostPhase, HostStatus, PipelineRecord};
 use crate::clock::{SharedClock, SystemClock};
@@ -239,6 +240,8 @@ pub struct Runner {
     clock: SharedClock,
     compiled: CompiledOperators,
     runs: HashMap<(String, String), Run>,
+    /// When the last sweep of expired operator log segments started, and its task.
+    log_sweep: Option<(Instant, JoinHandle<()>)>,
 }
 
 impl std::fmt::Debug for Runner {
@@ -297,6 +300,7 @@ impl Runner {
             work_dir,
             clock: Arc::new(SystemClock),
             runs: HashMap::new(),
+            log_sweep: None,
         })
     }
 
@@ -325,11 +329,38 @@ impl Runner {
     /// One pass: definitions read, runs started, stopped or restarted, reports written.
     pub async fn reconcile(&mut self) {
         match self.catalog.all_pipelines().await {
-            Ok(records) => self.apply(records),
+            Ok(records) => {
+                self.sweep_logs(&records);
+                self.apply(records);
+            }
             // Runs go on as they are; the store is the only way to change them anyway.
             Err(err) => tracing::warn!(error = %err, "cannot read pipeline definitions"),
         }
         self.report().await;
+    }
+
+    /// Every [`logs::SWEEP_INTERVAL`] (the first time at once), deletes the expired operator log
+    /// segments of every pipeline, running or stopped, in a task of its own (one at a time).
+    fn sweep_logs(&mut self, records: &[(String, PipelineRecord)]) {
+        let due = self
+            .log_sweep
+            .as_ref()
+            .is_none_or(|(at, task)| at.elapsed() >= logs::SWEEP_INTERVAL && task.is_finished());
+        if !due {
+            return;
+        }
+        let dirs: Vec<_> = records
+            .iter()
+            .map(|(tenant, record)| self.catalog.pipeline_logs_prefix(tenant, &record.uid))
+            .collect();
+        let store = self.catalog.store().clone();
+        let retention = self.config.logs.retention;
+        let task = tokio::spawn(async move {
+            for dir in dirs {
+                logs::sweep_expired(&*store, &dir, retention).await;
+            }
+        });
+        self.log_sweep = Some((Instant::now(), task));
     }
 
     fn apply(&mut self, records: Vec<(String, PipelineRecord)>) {
