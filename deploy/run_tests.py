@@ -11,9 +11,10 @@ building it costs more than it saves here.
 
 Usage: cargo test ... --no-run --message-format=json | python3 deploy/run_tests.py [--beside-last CMD] [-- ARGS]
 ARGS go to every test binary (a name filter, `--nocapture`). --beside-last runs the shell command
-CMD once at most one test binary is still running, beside the last (the test command's Kafka
-Streams smoke run: started with all the binaries it slowed the longest one by as long as it
-saved; in the last binary's tail the cores have room). Exits 1 if any binary, or CMD, failed.
+CMD once at most two test binaries are still running, beside the last ones (the test command's
+Kafka Streams smoke run: started with all the binaries it slowed the longest one by as long as
+it saved; in the last binaries' tail the cores have room). Exits 1 if any binary, or CMD,
+failed.
 """
 
 import json
@@ -47,6 +48,11 @@ def test_binaries(lines):
 # which is long and says less than the message above it: RUST_LIB_BACKTRACE=0 keeps the message
 # last. A panic still prints its backtrace when RUST_BACKTRACE asks for one.
 TEST_ENV = {**os.environ, "RUST_LIB_BACKTRACE": "0"}
+
+# --beside-last starts its command once this many test binaries are still running, or fewer:
+# the longest ones end within a minute of each other, and the command (the Kafka Streams smoke
+# run, ~1 minute) then overlaps their ends rather than running after them.
+BESIDE_LAST_FROM = 2
 
 # How much of a failed test's output `failure_tails` repeats at the end.
 TAIL_LINES = 30
@@ -91,7 +97,7 @@ def main():
     failed_binaries = []
     tails = []
     while running:
-        if beside_last is not None and len(running) <= 1:
+        if beside_last is not None and len(running) <= BESIDE_LAST_FROM:
             running.append(start(beside_last, beside_last, None, shell=True))
             beside_last = None
         for entry in list(running):
