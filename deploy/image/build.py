@@ -126,7 +126,8 @@ def build(binary, out, tag, version):
         shutil.rmtree(out)
     out.mkdir(parents=True)
     tar = layer(binary)
-    compressed = gzip.compress(tar, mtime=0)
+    # Level 6 (gzip's own default): a third of level 9's CPU for ~1 % more bytes.
+    compressed = gzip.compress(tar, compresslevel=6, mtime=0)
     layer_desc = write_blob(out, compressed)
     layer_desc["mediaType"] = "application/vnd.oci.image.layer.v1.tar+gzip"
     config = {
