@@ -2,14 +2,15 @@
 # Installs from Debian's packages, once: the C libraries the `weir` binary links (with headers,
 # found through pkg-config) — OpenSSL (librdkafka's TLS and SASL/SCRAM) and zstd (librdkafka's
 # zstd codec) —, the openssl command (deploy/local/kafka.sh makes its test CA with it), the CA
-# certificates the image ships, and curl (the README's quick start). Linking Debian's OpenSSL
-# and zstd rather than compiling them keeps them out of the cold build (and patched by the
-# distribution); deploy/image/build.py ships the shared libraries beside the binary.
+# certificates the image ships, binutils (deploy/image/build.py strips the binary it ships) and
+# curl (the README's quick start). Linking Debian's OpenSSL and zstd rather than compiling them
+# keeps them out of the cold build (and patched by the distribution); deploy/image/build.py ships
+# the shared libraries beside the binary.
 #
 # Usage: bash deploy/local/build-deps.sh
 set -euo pipefail
 
-packages=(libssl-dev libzstd-dev pkg-config openssl ca-certificates curl)
+packages=(libssl-dev libzstd-dev pkg-config openssl ca-certificates curl binutils)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
