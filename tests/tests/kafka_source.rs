@@ -89,6 +89,10 @@ async fn seek_at_assignment(round: usize, commit: bool) -> anyhow::Result<()> {
             source
                 .seek(partition, &offsets)
                 .map_err(|e| anyhow::anyhow!("round {round} (commit {commit}): {}", Chain(&e)))?;
+            // As the pipeline does: an assigned partition stays paused until its seek.
+            source
+                .set_paused(partition, false)
+                .map_err(|e| anyhow::anyhow!("round {round} (commit {commit}): {}", Chain(&e)))?;
             seeked.insert(partition);
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
@@ -170,6 +174,9 @@ async fn with_latest_a_partition_starts_at_its_end_or_its_checkpoint_and_misses_
                 }
                 source
                     .seek(partition, &offsets)
+                    .map_err(|e| anyhow::anyhow!("round {round}: {}", Chain(&e)))?;
+                source
+                    .set_paused(partition, false)
                     .map_err(|e| anyhow::anyhow!("round {round}: {}", Chain(&e)))?;
                 seeked.insert(partition);
             }

@@ -64,7 +64,9 @@ pub trait Source: Send + Sync + 'static {
     /// The partitions revoked since the last call.
     fn take_revoked(&self) -> Vec<i32>;
 
-    /// The partitions assigned since the last call.
+    /// The partitions assigned since the last call. They may come paused (the Kafka source
+    /// pauses them as they are assigned): the loop seeks each and then resumes it
+    /// ([`Source::set_paused`]).
     fn take_assigned(&self) -> Vec<i32>;
 
     /// Stops (or resumes) fetching partition `partition` of every input topic.

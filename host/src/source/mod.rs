@@ -66,6 +66,13 @@ impl SourceContext {
         std::mem::take(&mut *self.assigned.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
+    fn is_paused(&self, partition: i32) -> bool {
+        self.paused
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(&partition)
+    }
+
     fn set_paused(&self, partition: i32, paused: bool) {
         let mut set = self.paused.lock().unwrap_or_else(|e| e.into_inner());
         if paused {
@@ -139,21 +146,6 @@ impl ClientContext for SourceContext {
 }
 
 impl ConsumerContext for SourceContext {
-    /// Resumes every newly assigned partition: a pause set by the application outlives a
-    /// revoke and re-assignment in librdkafka, and the pipeline forgets its paused partitions
-    /// on revoke, so without this a partition paused during an outage and then reassigned
-    /// would never be fetched again. Resuming a partition that is not paused does nothing.
-    fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
-        if let Rebalance::Assign(tpl) = rebalance {
-            for e in tpl.elements() {
-                self.set_paused(e.partition(), false);
-            }
-            if let Err(err) = consumer.resume(tpl) {
-                tracing::warn!(error = %err, "cannot resume newly assigned partitions");
-            }
-        }
-    }
-
     fn commit_callback(&self, result: KafkaResult<()>, _offsets: &TopicPartitionList) {
         self.events.fetch_add(1, Ordering::Relaxed);
         if let Err(err) = result {
@@ -161,7 +153,19 @@ impl ConsumerContext for SourceContext {
         }
     }
 
-    fn pre_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+    /// Records revoked and assigned partitions for the pipeline, and pauses the assigned ones
+    /// before librdkafka takes them on: the pipeline opens their shards first, then seeks and
+    /// resumes them ([`Source::set_paused`]).
+    ///
+    /// The pause must come before the assignment. librdkafka starts a partition's fetcher with
+    /// an operation that takes a version number and is queued a moment later; a pause from
+    /// another thread in between takes a newer number, and the start, now outdated, is
+    /// dropped with nothing to retry it. The partition then never fetches and every seek is
+    /// refused (`Local: Erroneous state`): a host under load once retried one partition's
+    /// open for a minute this way. Paused here, on the thread that then assigns, the pause is
+    /// applied before the start exists. It also replaces a pause left from an earlier
+    /// ownership (an application pause outlives a revoke in librdkafka).
+    fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         self.events.fetch_add(1, Ordering::Relaxed);
         self.rebalances.fetch_add(1, Ordering::Relaxed);
         match rebalance {
@@ -181,6 +185,14 @@ impl ConsumerContext for SourceContext {
                     .map(|e| (e.topic().to_owned(), e.partition()))
                     .collect();
                 tracing::info!(partitions = ?parts, "partitions assigned");
+                for (_, partition) in &parts {
+                    self.set_paused(*partition, true);
+                }
+                // A partition librdkafka does not know yet is skipped (its records are held
+                // by `fetch` until the seek anyway).
+                if let Err(err) = consumer.pause(tpl) {
+                    tracing::warn!(error = %err, "cannot pause newly assigned partitions");
+                }
                 self.assigned
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
@@ -593,9 +605,16 @@ impl Source for KafkaSource {
         assigned
     }
 
+    /// Pauses or resumes `partition`'s fetches. A partition the rebalance paused on
+    /// assignment is not paused again: until its seek succeeds its fetcher may be starting,
+    /// and a pause then would make librdkafka drop the start (see
+    /// [`SourceContext::pre_rebalance`]).
     fn set_paused(&self, partition: i32, paused: bool) -> Result<(), SourceError> {
         let tpl = self.partition_list(partition);
         let result = if paused {
+            if self.context.is_paused(partition) {
+                return Ok(());
+            }
             self.context.set_paused(partition, true);
             self.consumer.pause(&tpl)
         } else {
