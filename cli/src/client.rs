@@ -86,6 +86,23 @@ fn value_name(value: &impl clap::ValueEnum) -> String {
         .unwrap_or_default()
 }
 
+/// `--state-backend`: where the pipeline's keyed state lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[value(rename_all = "snake_case")]
+pub enum StateBackendArg {
+    /// In the RAM of the hosts that run it, within `--state-bytes-max`; each checkpoint
+    /// writes a full snapshot.
+    Memory,
+    /// The LSM tree on object storage, RAM and disk as caches: state of any size.
+    Lsm,
+}
+
+impl StateBackendArg {
+    fn name(self) -> String {
+        value_name(&self)
+    }
+}
+
 impl FailurePolicyArg {
     fn name(self) -> String {
         value_name(&self)
@@ -129,6 +146,13 @@ pub enum PipelineCommand {
         /// What the output guarantees after a failure (state is exactly-once either way).
         #[arg(long, value_enum, default_value_t = DeliveryArg::AtLeastOnce)]
         delivery: DeliveryArg,
+        /// Where its keyed state lives.
+        #[arg(long, value_enum, default_value_t = StateBackendArg::Lsm)]
+        state_backend: StateBackendArg,
+        /// The most state a `memory` pipeline may hold, bytes, over all its partitions
+        /// (default: the service's `pipeline_state_bytes_max`).
+        #[arg(long)]
+        state_bytes_max: Option<u64>,
     },
     /// List your pipelines.
     Ls,
@@ -290,6 +314,8 @@ pub async fn pipeline(command: PipelineCommand, args: ApiArgs) -> anyhow::Result
             in_flight_max,
             failure_policy,
             delivery,
+            state_backend,
+            state_bytes_max,
         } => {
             let (operator, version) = operator
                 .split_once(':')
@@ -305,8 +331,10 @@ pub async fn pipeline(command: PipelineCommand, args: ApiArgs) -> anyhow::Result
                 "in_flight_max": in_flight_max,
                 "failure_policy": failure_policy.name(),
                 "delivery": delivery.name(),
+                "state_backend": state_backend.name(),
+                "state_bytes_max": state_bytes_max,
             }))
-            .context("bad --failure-policy or --delivery")?;
+            .context("bad --failure-policy, --delivery or --state-backend")?;
             show(&client.create_pipeline(&name, &spec).await?)?;
         }
         PipelineCommand::Ls => {

@@ -38,6 +38,7 @@ pub async fn serve(config: PathBuf) -> anyhow::Result<()> {
             admin_key_sha256: api::sha256(admin_key.as_bytes()),
             runtime: settings.runtime.clone(),
             pipelines_per_tenant_max: settings.pipelines_per_tenant_max,
+            pipeline_state_bytes_max: settings.pipeline_state_bytes_max,
             status_sample_interval: settings.status_sample_interval,
         },
     )?;
@@ -68,7 +69,8 @@ pub async fn serve(config: PathBuf) -> anyhow::Result<()> {
                 config.clone(),
                 settings.runtime.clone(),
             )
-            .context("cannot set up the pipeline runner")?;
+            .context("cannot set up the pipeline runner")?
+            .with_pipeline_state_bytes_max(settings.pipeline_state_bytes_max);
             Some(tokio::spawn(runner.run(stopped(stop_rx.clone()))))
         }
         None => None,

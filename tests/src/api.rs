@@ -73,6 +73,7 @@ pub async fn start_server_with(
             admin_key_sha256: sha256(ADMIN_KEY.as_bytes()),
             runtime: crate::runtime_settings(),
             pipelines_per_tenant_max: 16,
+            pipeline_state_bytes_max: weir_host::api::DEFAULT_PIPELINE_STATE_BYTES_MAX,
             status_sample_interval: Duration::from_millis(500),
         },
     )?;

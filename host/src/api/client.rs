@@ -479,8 +479,13 @@ pub fn pipeline_status_text(p: &PipelineView) -> String {
         s.records_done, s.records_per_s, s.emitted, s.dead_lettered, s.skipped_failed
     ));
     out.push_str(&format!(
-        "state      {} bytes, cache hit rate {}\n",
+        "state      {} bytes on {}{}, cache hit rate {}\n",
         s.state_bytes,
+        wire_name(&d.spec.state_backend),
+        d.spec
+            .state_bytes_max
+            .map(|max| format!(" (quota {max} bytes)"))
+            .unwrap_or_default(),
         s.cache_hit_rate
             .map_or("-".to_owned(), |r| format!("{:.1} %", r * 100.0))
     ));

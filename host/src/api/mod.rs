@@ -25,7 +25,7 @@ pub mod runner;
 mod settings;
 pub mod status;
 
-pub use settings::ServeSettings;
+pub use settings::{DEFAULT_PIPELINE_STATE_BYTES_MAX, ServeSettings};
 
 use crate::clock::SystemClock;
 use crate::config::RuntimeSettings;
@@ -72,6 +72,8 @@ pub struct ApiSettings {
     pub runtime: RuntimeSettings,
     /// Most pipelines one tenant may have.
     pub pipelines_per_tenant_max: usize,
+    /// Most state one `memory` pipeline may hold, bytes (its default `state_bytes_max`).
+    pub pipeline_state_bytes_max: u64,
     /// How often the status page's charts sample every pipeline's status.
     pub status_sample_interval: Duration,
 }
@@ -436,7 +438,7 @@ impl Modify for BearerAuth {
                        pipelines::PipelineLimits, pipelines::PipelineRecord,
                        pipelines::PipelineView, pipelines::PipelineStatus,
                        pipelines::HostSummary, pipelines::OperatorSwitch,
-                       pipelines::PipelineChange,
+                       pipelines::PipelineChange, pipelines::PipelineStateBackend,
                        pipelines::CheckpointRequested, logs::LogEntry)),
     modifiers(&BearerAuth),
     tags((name = "tenants", description = "Tenants and their API keys (admin key)"),

@@ -29,6 +29,11 @@ pub struct ServeSettings {
     /// Most pipelines one tenant may have; default 16.
     #[serde(default = "default_pipelines_per_tenant_max")]
     pub pipelines_per_tenant_max: usize,
+    /// Most keyed state one pipeline on the `memory` backend may hold, bytes (it lives in the
+    /// RAM of the hosts that run it): each such pipeline's default `state_bytes_max` and the
+    /// most it may ask for; default 1 GiB.
+    #[serde(default = "default_pipeline_state_bytes_max")]
+    pub pipeline_state_bytes_max: u64,
     /// How often the status page samples every pipeline's status for its charts; default 5 s.
     #[serde(default = "default_status_sample_interval", with = "humantime_serde")]
     pub status_sample_interval: Duration,
@@ -46,6 +51,13 @@ fn default_pipelines_per_tenant_max() -> usize {
     16
 }
 
+/// Default of [`ServeSettings::pipeline_state_bytes_max`], bytes.
+pub const DEFAULT_PIPELINE_STATE_BYTES_MAX: u64 = 1 << 30;
+
+fn default_pipeline_state_bytes_max() -> u64 {
+    DEFAULT_PIPELINE_STATE_BYTES_MAX
+}
+
 fn default_operator_bytes_max() -> usize {
     32 << 20
 }
@@ -59,6 +71,7 @@ const SERVE_SECTIONS: &[&str] = &[
     "operator_bytes_max",
     "runtime",
     "pipelines_per_tenant_max",
+    "pipeline_state_bytes_max",
     "status_sample_interval",
     "pipelines",
 ];

@@ -611,7 +611,11 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
         batch: BatchCtx,
         apply_effects: bool,
     ) -> Result<Result<(), StateError>, WorkerError> {
+        let mut batch = batch;
         let added = batch.timers_added();
+        // What the call reserved in the shard's quota is released once its writes are applied
+        // (and so counted as held), or dropped.
+        let _quota = batch.take_quota();
         let (writes, emits) = batch.into_effects();
         if apply_effects {
             if !writes.is_empty() {

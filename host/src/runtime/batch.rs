@@ -7,7 +7,7 @@
 //! shard.
 
 use super::bindings::{FiredTimer, Header, InputRecord};
-use crate::state::StateWrite;
+use crate::state::{QuotaReservation, StateWrite};
 use bytes::Bytes;
 use foldhash::{HashMap, HashMapExt};
 use std::collections::BTreeMap;
@@ -72,6 +72,8 @@ pub struct BatchCtx {
     /// Timers the call's `timers` imports added to the shard: +1 per new timer set, −1 per
     /// timer cleared (a move adds none), as the staged changes leave them.
     timers_added: i64,
+    /// What the call's staged writes reserved in a shard's quota ([`Self::hold_quota`]).
+    quota: Option<QuotaReservation>,
 }
 
 /// Bytes charged per staged write, emit and header on top of its keys and values, so that
@@ -111,6 +113,7 @@ impl BatchCtx {
             staged_bytes: 0,
             emit_record_bytes_max: u64::MAX,
             timers_added: 0,
+            quota: None,
         }
     }
 
@@ -152,6 +155,21 @@ impl BatchCtx {
     /// Counts `delta` timers added (a `timers.set` of a new name: 1; a `clear`: -1).
     pub(crate) fn add_timers(&mut self, delta: i64) {
         self.timers_added += delta;
+    }
+
+    /// Keeps `reservation` (a staged write's growth, reserved in the shard's quota) with the
+    /// call's other reservations until [`Self::take_quota`].
+    pub(crate) fn hold_quota(&mut self, reservation: QuotaReservation) {
+        match &mut self.quota {
+            Some(held) => held.absorb(reservation),
+            None => self.quota = Some(reservation),
+        }
+    }
+
+    /// The call's quota reservations: the caller drops them once the call's writes are
+    /// applied (what they reserved is then counted as held) or dropped.
+    pub fn take_quota(&mut self) -> Option<QuotaReservation> {
+        self.quota.take()
     }
 
     /// Records prefetched values of `keys`.

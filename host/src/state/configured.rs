@@ -5,7 +5,7 @@ use super::checkpoint::{CheckpointError, CheckpointReport, DecidedBy, InputOffse
 use super::lsm::backend::{LsmBackend, LsmSetupError, object_store_from_url};
 use super::lsm::shard::LsmShard;
 use super::memory::{MemoryBackend, MemoryShard};
-use super::{Recovery, Shard, ShardId, StateBackend, StateError, StateWrite};
+use super::{Recovery, Shard, ShardId, StateBackend, StateError, StateQuota, StateWrite};
 use crate::clock::SharedClock;
 use crate::config::{StateBackendKind, StateSettings};
 use bytes::Bytes;
@@ -128,6 +128,13 @@ impl Shard for ConfiguredShard {
         match self {
             Self::Memory(s) => s.opened_from(),
             Self::Lsm(s) => s.opened_from(),
+        }
+    }
+
+    fn quota(&self) -> Option<std::sync::Arc<StateQuota>> {
+        match self {
+            Self::Memory(s) => s.quota(),
+            Self::Lsm(s) => s.quota(),
         }
     }
 

@@ -175,4 +175,8 @@ impl<S: Shard> Shard for DelayedShard<S> {
     fn checkpoint_decided(&self, version: u64) {
         self.inner.checkpoint_decided(version);
     }
+
+    fn quota(&self) -> Option<Arc<super::StateQuota>> {
+        self.inner.quota()
+    }
 }

@@ -11,8 +11,9 @@
 use super::checkpoint::{CheckpointError, CheckpointReport, DecidedBy, InputOffsets};
 use super::manifest::{ManifestError, RetentionPolicy, WriterTokens};
 use super::snapshot::{self, SnapshotShard};
-use super::{Recovery, Shard, ShardId, StateBackend, StateError, StateWrite};
+use super::{Recovery, Shard, ShardId, StateBackend, StateError, StateQuota, StateWrite};
 use crate::clock::SharedClock;
+use crate::runtime::batch::ENTRY_OVERHEAD_BYTES;
 use bytes::Bytes;
 use object_store::ObjectStore;
 use object_store::path::Path;
@@ -25,6 +26,8 @@ use std::sync::{Arc, RwLock};
 pub struct MemoryBackend {
     clock: SharedClock,
     storage: Option<CheckpointStorage>,
+    /// Each shard's byte quota ([`Shard::quota`]), if any.
+    shard_bytes_max: Option<u64>,
 }
 
 /// Where a durable memory backend keeps its snapshots.
@@ -42,7 +45,17 @@ impl MemoryBackend {
         Self {
             clock,
             storage: None,
+            shard_bytes_max: None,
         }
+    }
+
+    /// The same, each shard holding at most `bytes` (keys, values and
+    /// [`ENTRY_OVERHEAD_BYTES`] per entry): the runtime fails a record whose writes would
+    /// pass it ([`Shard::quota`]). `weir serve` gives each partition of a `memory` pipeline
+    /// its share of the pipeline's `state_bytes_max`.
+    pub fn with_shard_bytes_max(mut self, bytes: u64) -> Self {
+        self.shard_bytes_max = Some(bytes);
+        self
     }
 
     /// A backend that checkpoints full snapshots to `store` under `prefix` (shard `p` of
@@ -56,6 +69,7 @@ impl MemoryBackend {
                 tokens: WriterTokens::new(),
                 retention: RetentionPolicy::default(),
             }),
+            shard_bytes_max: None,
         }
     }
 
@@ -64,6 +78,9 @@ impl MemoryBackend {
             return Ok(MemoryShard {
                 clock: self.clock.clone(),
                 entries: RwLock::new(Entries::default()),
+                quota: self
+                    .shard_bytes_max
+                    .map(|max| Arc::new(StateQuota::new(max))),
                 snapshots: None,
             });
         };
@@ -88,6 +105,11 @@ impl MemoryBackend {
         }
         Ok(MemoryShard {
             clock: self.clock.clone(),
+            quota: self.shard_bytes_max.map(|max| {
+                let quota = StateQuota::new(max);
+                quota.set_used_bytes(restored.bytes);
+                Arc::new(quota)
+            }),
             entries: RwLock::new(restored),
             snapshots: Some(snapshots),
         })
@@ -133,6 +155,8 @@ struct Entries {
     map: foldhash::HashMap<Bytes, Entry>,
     /// The keys of `map` (sharing their bytes), in order.
     order: BTreeSet<Bytes>,
+    /// Keys, values and [`ENTRY_OVERHEAD_BYTES`] per entry, over `map`.
+    bytes: u64,
 }
 
 impl Entries {
@@ -142,16 +166,22 @@ impl Entries {
 
     fn put(&mut self, key: Vec<u8>, entry: Entry) {
         if let Some(existing) = self.map.get_mut(key.as_slice()) {
+            self.bytes =
+                (self.bytes + entry.value.len() as u64).saturating_sub(existing.value.len() as u64);
             *existing = entry;
             return;
         }
+        self.bytes += ENTRY_OVERHEAD_BYTES + (key.len() + entry.value.len()) as u64;
         let key = Bytes::from(key);
         self.order.insert(key.clone());
         self.map.insert(key, entry);
     }
 
     fn remove(&mut self, key: &[u8]) {
-        if self.map.remove(key).is_some() {
+        if let Some(removed) = self.map.remove(key) {
+            self.bytes = self
+                .bytes
+                .saturating_sub(ENTRY_OVERHEAD_BYTES + (key.len() + removed.value.len()) as u64);
             self.order.remove(key);
         }
     }
@@ -173,6 +203,8 @@ impl Entries {
 pub struct MemoryShard {
     clock: SharedClock,
     entries: RwLock<Entries>,
+    /// The quota of [`Shard::quota`], told `entries.bytes` after each `apply`.
+    quota: Option<Arc<StateQuota>>,
     /// Checkpoint storage and this owner's claim, when durable.
     snapshots: Option<SnapshotShard>,
 }
@@ -248,7 +280,14 @@ impl Shard for MemoryShard {
                 None => map.remove(&write.key),
             }
         }
+        if let Some(quota) = &self.quota {
+            quota.set_used_bytes(map.bytes);
+        }
         Ok(())
+    }
+
+    fn quota(&self) -> Option<Arc<StateQuota>> {
+        self.quota.clone()
     }
 
     fn opened_from(&self) -> Option<u64> {
@@ -398,13 +437,25 @@ mod tests {
     }
 
     proptest! {
-        /// Gets and prefix scans agree with a `BTreeMap` model after any sequence of writes.
+        /// Gets and prefix scans agree with a `BTreeMap` model after any sequence of writes,
+        /// and the quota's count of bytes is the model's keys, values and overheads throughout.
         #[test]
         fn memory_shard_agrees_with_btreemap_model(ops in proptest::collection::vec(op(), 1..64)) {
-            let s = shard(ManualClock::new(0));
+            let id = ShardId { pipeline: "p".into(), partition: 0 };
+            let s = futures::executor::block_on(
+                MemoryBackend::new(Arc::new(ManualClock::new(0)))
+                    .with_shard_bytes_max(u64::MAX)
+                    .open_shard(&id),
+            )
+            .expect("memory shards always open");
             let mut model: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
             futures::executor::block_on(async {
                 for op in ops {
+                    let bytes: u64 = model
+                        .iter()
+                        .map(|(k, v)| ENTRY_OVERHEAD_BYTES + (k.len() + v.len()) as u64)
+                        .sum();
+                    prop_assert_eq!(s.quota().map(|q| q.used_bytes()), Some(bytes));
                     match op {
                         Op::Put(k, v) => {
                             s.apply(vec![put(&k, &v, None)]).await.expect("apply");
@@ -488,9 +539,15 @@ mod tests {
 
             // Kafka names the second: it is decided.
             let b = durable(&store)
+                .with_shard_bytes_max(1 << 20)
                 .open_shard_at(&id(), &committed(Some(second.version)))
                 .await
                 .expect("b opens");
+            assert_eq!(
+                b.quota().map(|q| q.used_bytes()),
+                Some(2 * ENTRY_OVERHEAD_BYTES + (1 + 2) + (1 + 3)),
+                "a restored shard counts what it restored"
+            );
             assert_eq!(b.recovered_offsets().expect("decodes"), Some(offsets(20)));
             assert_eq!(
                 b.get(b"k").await.expect("get"),

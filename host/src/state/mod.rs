@@ -27,6 +27,8 @@ use bytes::Bytes;
 use checkpoint::{CheckpointError, CheckpointReport, DecidedBy, InputOffsets};
 pub use manifest::KnownCorruption;
 use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Identifies a shard: pipeline name and input partition.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -244,5 +246,92 @@ pub trait Shard: Send + Sync + 'static {
     /// committed). The shard keeps it from GC until a later one is decided.
     fn checkpoint_decided(&self, version: u64) {
         let _ = version;
+    }
+
+    /// The shard's byte quota, for a shard that has one (`memory` state of a `weir serve`
+    /// pipeline, `state_bytes_max`); `None` (the default) without.
+    fn quota(&self) -> Option<Arc<StateQuota>> {
+        None
+    }
+}
+
+/// A shard's byte quota: what the shard holds, and what calls in flight have reserved for
+/// their writes. The runtime reserves each write's growth before staging it and fails the
+/// record (`too-large`) when it does not fit; the reservation ([`QuotaReservation`]) lasts
+/// until the call's writes are applied or dropped, so calls running side by side cannot
+/// together pass the quota.
+#[derive(Debug)]
+pub struct StateQuota {
+    max_bytes: u64,
+    /// Keys, values and [`ENTRY_OVERHEAD_BYTES`](crate::runtime::batch::ENTRY_OVERHEAD_BYTES)
+    /// per entry, expired entries included until they are overwritten or deleted.
+    used_bytes: AtomicU64,
+    reserved_bytes: AtomicU64,
+}
+
+impl StateQuota {
+    /// A quota of `max_bytes`, holding nothing.
+    pub fn new(max_bytes: u64) -> Self {
+        Self {
+            max_bytes,
+            used_bytes: AtomicU64::new(0),
+            reserved_bytes: AtomicU64::new(0),
+        }
+    }
+
+    /// The most the shard may hold, bytes.
+    pub fn max_bytes(&self) -> u64 {
+        self.max_bytes
+    }
+
+    /// What the shard holds, bytes, as of its last applied writes.
+    pub fn used_bytes(&self) -> u64 {
+        self.used_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Sets what the shard holds (the backend, after applying writes).
+    pub fn set_used_bytes(&self, bytes: u64) {
+        self.used_bytes.store(bytes, Ordering::Relaxed);
+    }
+
+    /// Reserves `bytes` for writes about to be staged, if they fit beside what the shard
+    /// holds and what others have reserved; `None` when they do not.
+    pub fn try_reserve(self: &Arc<Self>, bytes: u64) -> Option<QuotaReservation> {
+        self.reserved_bytes
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |reserved| {
+                let total = self
+                    .used_bytes()
+                    .saturating_add(reserved)
+                    .saturating_add(bytes);
+                (total <= self.max_bytes).then(|| reserved + bytes)
+            })
+            .ok()
+            .map(|_| QuotaReservation {
+                quota: self.clone(),
+                bytes,
+            })
+    }
+}
+
+/// Bytes reserved in a [`StateQuota`], released when dropped.
+#[derive(Debug)]
+pub struct QuotaReservation {
+    quota: Arc<StateQuota>,
+    bytes: u64,
+}
+
+impl QuotaReservation {
+    /// Takes `other`'s bytes into this reservation (both must be of one quota).
+    pub fn absorb(&mut self, mut other: QuotaReservation) {
+        debug_assert!(Arc::ptr_eq(&self.quota, &other.quota));
+        self.bytes += std::mem::take(&mut other.bytes);
+    }
+}
+
+impl Drop for QuotaReservation {
+    fn drop(&mut self) {
+        self.quota
+            .reserved_bytes
+            .fetch_sub(self.bytes, Ordering::AcqRel);
     }
 }

@@ -118,8 +118,11 @@ pub(super) async fn create_pipeline(
     tracing::Span::current().record("pipeline", name.as_str());
     check_pipeline_name(&name)?;
     let spec: PipelineSpec = read_json(body).await?;
-    spec.validate(&state.settings.runtime)
-        .map_err(ApiError::BadRequest)?;
+    spec.validate(
+        &state.settings.runtime,
+        state.settings.pipeline_state_bytes_max,
+    )
+    .map_err(ApiError::BadRequest)?;
     check_operator_version(&state, &tenant, &spec.operator, spec.operator_version).await?;
     let _one_create_at_a_time = state.pipeline_creates.lock().await;
     let count = state.catalog.pipelines(&tenant).await?.len();
@@ -347,6 +350,7 @@ pub(super) async fn change_pipeline(
     existing(&state, tenant, &name).await?;
     let change: PipelineChange = read_json(body).await?;
     let host = state.settings.runtime.clone();
+    let state_bytes_cap = state.settings.pipeline_state_bytes_max;
     let record = state
         .catalog
         .update_pipeline(tenant, &name, |record| {
@@ -375,7 +379,11 @@ pub(super) async fn change_pipeline(
             if let Some(v) = change.late_records {
                 spec.late_records = v;
             }
-            spec.validate(&host).map_err(ApiError::BadRequest)?;
+            if let Some(v) = change.state_bytes_max {
+                spec.state_bytes_max = Some(v);
+            }
+            spec.validate(&host, state_bytes_cap)
+                .map_err(ApiError::BadRequest)?;
             if spec != record.spec {
                 record.spec = spec;
                 record.run_generation += 1;
@@ -533,6 +541,8 @@ mod tests {
                 idle_timeout_ms: None,
                 idle_advance: false,
                 late_records: Default::default(),
+                state_backend: PipelineStateBackend::Lsm,
+                state_bytes_max: None,
             },
             desired,
             run_generation: 2,
@@ -662,6 +672,43 @@ mod tests {
                 .instance_memory_bytes_max,
             1 << 20
         );
+    }
+
+    #[test]
+    fn a_state_quota_is_for_memory_pipelines_within_the_services_cap_and_split_over_partitions() {
+        let host = RuntimeSettings::default();
+        let mut spec = record(DesiredState::Running).spec;
+        spec.validate(&host, 1000).expect("lsm, no quota");
+        assert_eq!(spec.shard_state_bytes_max(1000, 4), None, "lsm has none");
+        spec.state_bytes_max = Some(100);
+        let err = spec.validate(&host, 1000).expect_err("lsm with a quota");
+        assert!(err.contains("state_backend = \"memory\""), "{err}");
+
+        spec.state_backend = PipelineStateBackend::Memory;
+        spec.validate(&host, 1000).expect("within the cap");
+        assert_eq!(
+            spec.shard_state_bytes_max(1000, 3),
+            Some(34),
+            "100 over 3, up"
+        );
+        for (asked, names) in [(0, "above 0"), (1001, "maximum of 1000")] {
+            spec.state_bytes_max = Some(asked);
+            let err = spec.validate(&host, 1000).expect_err("refused");
+            assert!(err.contains(names), "{err}");
+        }
+        spec.state_bytes_max = None;
+        assert_eq!(
+            spec.shard_state_bytes_max(1000, 4),
+            Some(250),
+            "the service's cap by default"
+        );
+        // A stored definition from before the field is an `lsm` pipeline.
+        let mut old = serde_json::to_value(&spec).expect("serializes");
+        old.as_object_mut()
+            .expect("an object")
+            .remove("state_backend");
+        let old: PipelineSpec = serde_json::from_value(old).expect("reads");
+        assert_eq!(old.state_backend, PipelineStateBackend::Lsm);
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //! report ([`HostStatus`]) and their merge ([`merge_status`]).
 
 use crate::api::catalog::valid_operator_name;
-use crate::config::{Delivery, FailurePolicy, LateRecords, RuntimeSettings};
+use crate::config::{Delivery, FailurePolicy, LateRecords, RuntimeSettings, StateBackendKind};
 use crate::error::ErrorKind;
 use crate::pipeline::{CheckpointRecord, PartitionProgress};
 use serde::{Deserialize, Serialize};
@@ -135,6 +135,43 @@ pub struct PipelineSpec {
     /// What a record behind the watermark does; default `process`.
     #[serde(default)]
     pub late_records: LateRecords,
+    /// Where the pipeline's keyed state lives; default `lsm` (docs/api.md "State backends").
+    #[serde(default = "default_state_backend")]
+    pub state_backend: PipelineStateBackend,
+    /// The most keyed state a `memory` pipeline may hold, bytes (keys, values and 64 bytes
+    /// per entry), divided evenly over its partitions; a write that would take a partition
+    /// past its share fails its record with `too-large`. Default and maximum: the service's
+    /// `pipeline_state_bytes_max`. Only for `state_backend = "memory"` (the `lsm` backend's
+    /// state lives in object storage; its RAM and disk are bounded caches).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state_bytes_max: Option<u64>,
+}
+
+/// Where a pipeline's keyed state lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum PipelineStateBackend {
+    /// A map per partition in the RAM of the host that runs it, as Flink's
+    /// HashMapStateBackend: fastest, bounded by `state_bytes_max`; each checkpoint writes a
+    /// full snapshot under the pipeline's prefix.
+    Memory,
+    /// The disaggregated LSM tree: SSTs in object storage, RAM and disk as caches (as Flink
+    /// 2.0's ForSt backend): state of any size, checkpoints that cost the last memtable.
+    Lsm,
+}
+
+impl PipelineStateBackend {
+    /// The host's backend kind.
+    pub fn kind(self) -> StateBackendKind {
+        match self {
+            Self::Memory => StateBackendKind::Memory,
+            Self::Lsm => StateBackendKind::Lsm,
+        }
+    }
+}
+
+fn default_state_backend() -> PipelineStateBackend {
+    PipelineStateBackend::Lsm
 }
 
 /// Whether `topic` is a valid topic name of a tenant: 1..=200 bytes of `[A-Za-z0-9._-]`, not
@@ -155,11 +192,12 @@ pub fn kafka_topic(tenant: &str, topic: &str) -> String {
 }
 
 impl PipelineSpec {
-    /// Checks the spec against the host's limits.
+    /// Checks the spec against the host's limits and `state_bytes_cap` (the service's
+    /// `pipeline_state_bytes_max`).
     ///
     /// # Errors
     /// What is wrong, for a 400.
-    pub fn validate(&self, host: &RuntimeSettings) -> Result<(), String> {
+    pub fn validate(&self, host: &RuntimeSettings, state_bytes_cap: u64) -> Result<(), String> {
         if !valid_operator_name(&self.operator) || self.operator_version == 0 {
             return Err(format!(
                 "operator must name one of your operators and operator_version one of its versions (from 1). operator=`{}` operator_version={}",
@@ -230,8 +268,34 @@ impl PipelineSpec {
                 self.max_out_of_orderness_ms
             ));
         }
+        match (self.state_backend, self.state_bytes_max) {
+            (PipelineStateBackend::Lsm, Some(_)) => {
+                return Err(
+                    "state_bytes_max applies to state_backend = \"memory\" only (the lsm backend's state lives in object storage)"
+                        .to_owned(),
+                );
+            }
+            (_, Some(0)) => return Err("state_bytes_max must be above 0".to_owned()),
+            (_, Some(v)) if v > state_bytes_cap => {
+                return Err(format!(
+                    "state_bytes_max = {v} is above this service's maximum of {state_bytes_cap}"
+                ));
+            }
+            _ => {}
+        }
         self.limits.apply(host)?;
         Ok(())
+    }
+
+    /// The most bytes of `memory` state each of `partitions` partitions may hold: the
+    /// pipeline's quota (`state_bytes_max`, else `state_bytes_cap`) divided evenly, rounded
+    /// up; `None` for the `lsm` backend.
+    pub fn shard_state_bytes_max(&self, state_bytes_cap: u64, partitions: usize) -> Option<u64> {
+        (self.state_backend == PipelineStateBackend::Memory).then(|| {
+            self.state_bytes_max
+                .unwrap_or(state_bytes_cap)
+                .div_ceil(partitions.max(1) as u64)
+        })
     }
 }
 
@@ -456,6 +520,9 @@ pub struct PipelineChange {
     /// What a record behind the watermark does.
     #[serde(default)]
     pub late_records: Option<LateRecords>,
+    /// The quota of a `memory` pipeline's state, bytes (see [`PipelineSpec::state_bytes_max`]).
+    #[serde(default)]
+    pub state_bytes_max: Option<u64>,
 }
 
 /// A checkpoint asked for.

@@ -8,17 +8,16 @@ use crate::api::pipelines::{PipelineRecord, kafka_topic};
 use crate::api::problem::ApiError;
 use crate::api::sha256_hex;
 use crate::clock::SharedClock;
-use crate::config::{
-    LsmStateSettings, PipelineSettings, RuntimeSettings, Settings, StateBackendKind, StateSettings,
-};
+use crate::config::{LsmStateSettings, PipelineSettings, RuntimeSettings, Settings, StateSettings};
 use crate::error::{Chain, ErrorKind};
 use crate::pipeline::{self, PipelineControl, PipelineStats};
 use crate::runtime::{Operator, Runtime};
+use crate::state::configured::{ConfiguredBackend, ConfiguredShard};
 use crate::state::hooked_store::{HookedStore, Metering};
 use crate::state::lsm::backend::LsmBackend;
 use crate::state::lsm::cache::BlockCaches;
-use crate::state::lsm::shard::LsmShard;
 use crate::state::lsm::tree::LsmSettings;
+use crate::state::memory::MemoryBackend;
 use rdkafka::consumer::Consumer;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -69,8 +68,8 @@ fn catalog_kind(err: &ApiError) -> ErrorKind {
 /// another's pooled instances.
 #[derive(Clone)]
 pub struct CompiledOperators {
-    runtimes: moka::future::Cache<(String, String), Arc<Runtime<LsmShard>>>,
-    operators: moka::future::Cache<(String, String, String), Arc<Operator<LsmShard>>>,
+    runtimes: moka::future::Cache<(String, String), Arc<Runtime<ConfiguredShard>>>,
+    operators: moka::future::Cache<(String, String, String), Arc<Operator<ConfiguredShard>>>,
     compiled_dir: Option<PathBuf>,
 }
 
@@ -120,7 +119,7 @@ impl CompiledOperators {
         path: &std::path::Path,
         runtime: &RuntimeSettings,
         clock: SharedClock,
-    ) -> Result<Arc<Operator<LsmShard>>, RunFailure> {
+    ) -> Result<Arc<Operator<ConfiguredShard>>, RunFailure> {
         // Every field of the limits matters to the engine or the instances: all of them key.
         let limits = format!("{runtime:?}");
         let engine = self
@@ -162,6 +161,8 @@ pub(super) struct RunJob {
     pub tenant: String,
     pub record: PipelineRecord,
     pub caches: Arc<BlockCaches>,
+    /// The service's `pipeline_state_bytes_max`: a `memory` pipeline's default quota.
+    pub state_bytes_cap: u64,
     pub stats: Arc<PipelineStats>,
     /// Set once the operator is fetched and the topics checked.
     pub started: Arc<AtomicBool>,
@@ -176,7 +177,7 @@ impl RunJob {
     ) -> RunResult {
         let (path, sha256) = self.operator_file().await?;
         let settings = self.settings(path.clone())?;
-        check_topics(&settings, &self.tenant).await?;
+        let partitions = check_topics(&settings, &self.tenant).await?;
         let operator = self
             .compiled
             .operator(
@@ -192,17 +193,29 @@ impl RunJob {
             self.catalog.store().clone(),
             Arc::new(Metering::new(&self.stats.metrics)),
         ));
-        let backend = Arc::new(LsmBackend::new(
-            store,
-            self.catalog
-                .pipeline_state_prefix(&self.tenant, &self.record.uid),
-            self.caches.clone(),
-            LsmSettings {
-                memtable_bytes_max: self.config.memtable_bytes_max,
-                ..LsmSettings::default()
+        let prefix = self
+            .catalog
+            .pipeline_state_prefix(&self.tenant, &self.record.uid);
+        let spec = &self.record.spec;
+        let backend = Arc::new(
+            match spec.shard_state_bytes_max(self.state_bytes_cap, partitions) {
+                // `memory`: each partition holds its share of the pipeline's quota.
+                Some(shard_bytes_max) => ConfiguredBackend::Memory(
+                    MemoryBackend::durable(store, prefix, self.clock.clone())
+                        .with_shard_bytes_max(shard_bytes_max),
+                ),
+                None => ConfiguredBackend::Lsm(Box::new(LsmBackend::new(
+                    store,
+                    prefix,
+                    self.caches.clone(),
+                    LsmSettings {
+                        memtable_bytes_max: self.config.memtable_bytes_max,
+                        ..LsmSettings::default()
+                    },
+                    self.clock.clone(),
+                ))),
             },
-            self.clock.clone(),
-        ));
+        );
         // The operator's log lines, for the tenant: this host's segments of the pipeline's log.
         let (log, log_task) = SegmentWriter::spawn(
             self.catalog.store().clone(),
@@ -312,7 +325,7 @@ impl RunJob {
                 .apply(&self.runtime)
                 .map_err(|reason| RunFailure::new(ErrorKind::InvalidInput, reason))?,
             state: StateSettings {
-                backend: StateBackendKind::Lsm,
+                backend: spec.state_backend.kind(),
                 lsm: LsmStateSettings::default(),
                 memory: Default::default(),
             },
@@ -320,10 +333,10 @@ impl RunJob {
     }
 }
 
-/// Fails, naming it, when one of the pipeline's topics does not exist in the cluster, or
-/// when its input topics (co-partitioned: partition `p` of each is shard `p`) do not all have
-/// the same number of partitions.
-async fn check_topics(settings: &Settings, tenant: &str) -> RunResult {
+/// The number of partitions of the pipeline's input topics; fails, naming it, when one of the
+/// pipeline's topics does not exist in the cluster, or when its input topics (co-partitioned:
+/// partition `p` of each is shard `p`) do not all have the same number of partitions.
+async fn check_topics(settings: &Settings, tenant: &str) -> Result<usize, RunFailure> {
     let kafka = settings.kafka.clone();
     let p = &settings.pipeline;
     let inputs = p.input_topics.clone();
@@ -387,7 +400,7 @@ async fn check_topics(settings: &Settings, tenant: &str) -> RunResult {
                 ),
             ));
         }
-        Ok(())
+        Ok(input_partitions.first().map_or(0, |(_, n)| *n))
     })
     .await
     .unwrap_or_else(|e| {

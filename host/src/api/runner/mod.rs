@@ -239,6 +239,8 @@ pub struct Runner {
     work_dir: PathBuf,
     clock: SharedClock,
     compiled: CompiledOperators,
+    /// The service's `pipeline_state_bytes_max` ([`Runner::with_pipeline_state_bytes_max`]).
+    state_bytes_cap: u64,
     runs: HashMap<(String, String), Run>,
     /// When the last sweep of expired operator log segments started, and its task.
     log_sweep: Option<(Instant, JoinHandle<()>)>,
@@ -297,11 +299,19 @@ impl Runner {
             host,
             runtime,
             compiled: CompiledOperators::with_compiled_dir(compiled_dir),
+            state_bytes_cap: crate::api::DEFAULT_PIPELINE_STATE_BYTES_MAX,
             work_dir,
             clock: Arc::new(SystemClock),
             runs: HashMap::new(),
             log_sweep: None,
         })
+    }
+
+    /// The same, with `bytes` as the default quota of `memory` pipelines (the service's
+    /// `pipeline_state_bytes_max`; default [`crate::api::DEFAULT_PIPELINE_STATE_BYTES_MAX`]).
+    pub fn with_pipeline_state_bytes_max(mut self, bytes: u64) -> Self {
+        self.state_bytes_cap = bytes;
+        self
     }
 
     /// Reconciles every `reconcile_interval` until `shutdown` completes, then drains every
@@ -499,6 +509,7 @@ impl Runner {
                     tenant: tenant.to_owned(),
                     record: record.clone(),
                     caches: caches.clone(),
+                    state_bytes_cap: self.state_bytes_cap,
                     stats: stats.clone(),
                     started: started.clone(),
                 };

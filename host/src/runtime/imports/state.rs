@@ -11,6 +11,7 @@
 use crate::runtime::batch::{ENTRY_OVERHEAD_BYTES, Staged};
 use crate::runtime::bindings::weir::operator::state::{Host, MapPage};
 use crate::runtime::bindings::weir::operator::types::{StateError as WitStateError, StateKind};
+use crate::runtime::guest_log::GuestLevel;
 use crate::runtime::host::{HostCtx, StateLookupError};
 use crate::runtime::{HostAbort, StagedBytesExceeded};
 use crate::state::{Shard, key};
@@ -80,6 +81,33 @@ impl<S: Shard> HostCtx<S> {
         }
         let size =
             ENTRY_OVERHEAD_BYTES + key.len() as u64 + value.as_ref().map_or(0, |v| v.len() as u64);
+        // A shard with a quota (`memory` state under `state_bytes_max`): this write's growth
+        // must fit beside what the shard holds and what calls in flight (this one included)
+        // have reserved. The growth of a write over a value the call has seen (prefetched or
+        // staged) is what the new one is longer; otherwise the whole entry (it may be new).
+        // Deletes always pass.
+        if let Some(v) = &value
+            && let Some(quota) = self.shard.as_ref().and_then(|s| s.quota())
+        {
+            let growth = match self.batch.local_get(&key) {
+                Some(Some(old)) => (v.len() as u64).saturating_sub(old.len() as u64),
+                _ => size,
+            };
+            match quota.try_reserve(growth) {
+                Some(reservation) => self.batch.hold_quota(reservation),
+                None => {
+                    self.log.line(
+                        GuestLevel::Warn,
+                        &format!(
+                            "weir: a state write failed its record with too-large: this partition's share of the pipeline's state quota (state_bytes_max) is {} bytes and it holds {}",
+                            quota.max_bytes(),
+                            quota.used_bytes()
+                        ),
+                    );
+                    return Ok(Err(WitStateError::TooLarge(quota.max_bytes())));
+                }
+            }
+        }
         if self.batch.staged_bytes().saturating_add(size) > staged_max {
             return Err(wasmtime::Error::new(StagedBytesExceeded {
                 limit: staged_max,
@@ -333,6 +361,72 @@ mod tests {
                 (b"d".to_vec(), b("44")),
             ]
         );
+    }
+
+    /// A shard with a quota: writes that fit are staged, the first that would take the
+    /// shard past it fails with `too-large` (the quota), an overwrite that does not grow and a
+    /// delete still pass; the call's reservations hold the quota until its writes are applied,
+    /// and then the shard counts what they hold.
+    #[test]
+    fn a_write_past_the_shards_quota_fails_with_too_large_and_deletes_pass() {
+        use crate::clock::{ManualClock, SharedClock};
+        use crate::state::memory::MemoryBackend;
+        use crate::state::{ShardId, StateBackend};
+        use std::sync::Arc;
+        const QUOTA: u64 = 1_000;
+        let clock: SharedClock = Arc::new(ManualClock::new(0));
+        let backend = MemoryBackend::new(clock.clone()).with_shard_bytes_max(QUOTA);
+        let id = ShardId {
+            pipeline: "t".into(),
+            partition: 0,
+        };
+        let shard = Arc::new(futures::executor::block_on(backend.open_shard(&id)).expect("opens"));
+        let mut ctx = crate::runtime::imports::test_host(shard.clone(), clock, "m", 1024);
+        let entry = ENTRY_OVERHEAD_BYTES + key::map_key(b"k", "m", b"0").len() as u64 + 100;
+        let fit = QUOTA / entry;
+        futures::executor::block_on(async {
+            for i in 0..fit {
+                let put = ctx.map_put(0, "m".into(), i.to_string().into_bytes(), vec![7; 100]);
+                assert!(matches!(put.await, Ok(Ok(()))), "write {i} fits");
+            }
+            let over = ctx
+                .map_put(0, "m".into(), b"x".to_vec(), vec![7; 100])
+                .await;
+            assert!(
+                matches!(over, Ok(Err(WitStateError::TooLarge(QUOTA)))),
+                "{over:?}"
+            );
+            let same = ctx
+                .map_put(0, "m".into(), b"1".to_vec(), vec![8; 100])
+                .await;
+            assert!(
+                matches!(same, Ok(Ok(()))),
+                "an overwrite of a seen value that does not grow fits: {same:?}"
+            );
+            let delete = ctx.map_remove(0, "m".into(), b"0".to_vec()).await;
+            assert!(matches!(delete, Ok(Ok(()))));
+        });
+        let quota = shard.quota().expect("a quota");
+        assert_eq!(quota.used_bytes(), 0, "nothing applied yet");
+        assert!(
+            quota.try_reserve(QUOTA - fit * entry + 1).is_none(),
+            "the call's reservations hold the quota"
+        );
+        let mut batch = std::mem::replace(
+            &mut ctx.batch,
+            crate::runtime::batch::BatchCtx::new(Arc::new(Vec::new())),
+        );
+        let held = batch.take_quota();
+        let (writes, _) = batch.into_effects();
+        futures::executor::block_on(shard.apply(writes)).expect("applies");
+        drop(held);
+        assert_eq!(
+            quota.used_bytes(),
+            (fit - 1) * entry,
+            "every write but the deleted one"
+        );
+        assert!(quota.try_reserve(QUOTA - (fit - 1) * entry).is_some());
+        assert!(quota.try_reserve(QUOTA - (fit - 1) * entry + 1).is_none());
     }
 
     mod paging {
