@@ -89,17 +89,14 @@ step "host, weir binary and tests, linted"
 # Guests are for wasm32-wasip2 (their export names do not link natively): they are linted above,
 # and their code is exercised through the components the tests load.
 native=(--workspace --exclude flight-delays --exclude word-count --exclude weir-test-counter
-  --exclude weir-test-counter-v0-1 --exclude weir-sdk --exclude airport-hours
-  --exclude airport-sessions)
-# The default test targets (not `--all-targets`, which would also build the test harnesses of the
-# targets that have no tests and say `test = false`). No crate here has doc tests (the host and
-# the test helpers say `doctest = false`; the SDK's example is built above).
-cargo test "${native[@]}" --no-run --message-format=json-render-diagnostics \
+  --exclude weir-test-counter-v0-1 --exclude airport-hours --exclude airport-sessions)
+# `--tests`: every target with `test = true` (unit tests, integration tests, and the binaries
+# the integration tests run), not the examples: the SDK's one is a component, built above. The
+# SDK's own tests run natively through its harness (`weir_sdk::testing`). One build, so the
+# SDK's compiles fill the host build's single-threaded stretches (after it, alone, they took
+# ~70 s). No crate here has doc tests (each says `doctest = false`).
+cargo test "${native[@]}" --tests --no-run --message-format=json-render-diagnostics \
   >"$jobs_dir/test-binaries.json"
-# The SDK's own tests run natively through its harness (`weir_sdk::testing`): its integration
-# tests only, not its example (a component).
-cargo test -p weir-sdk --tests --no-run --message-format=json-render-diagnostics \
-  >>"$jobs_dir/test-binaries.json"
 
 # The OCI image, from the weir binary just built (the release image is the same but for the
 # binary): written by the script, unpacked and run with chroot.
