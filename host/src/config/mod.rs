@@ -176,6 +176,10 @@ pub struct RuntimeSettings {
     /// cache, the directory is trusted: only this host may write to it
     /// ([`crate::runtime::Runtime::with_compiled_dir`]).
     pub compiled_dir: Option<PathBuf>,
+    /// Most bytes `compiled_dir` may hold (default 2 GiB; a Python component's compiled form
+    /// is ~36 MB, a Rust one's well under 1 MB): each compiled file written deletes the least
+    /// recently used ones past it, files of other engine configurations included.
+    pub compiled_dir_bytes_max: u64,
 }
 
 impl Default for RuntimeSettings {
@@ -198,6 +202,7 @@ impl Default for RuntimeSettings {
             timers_per_key_max: 1024,
             timer_batch_max: 512,
             compiled_dir: None,
+            compiled_dir_bytes_max: 2 << 30,
         }
     }
 }

@@ -14,6 +14,7 @@
 
 pub mod batch;
 pub mod bindings;
+mod compiled_dir;
 mod epoch;
 pub mod guest_log;
 mod host;
@@ -232,7 +233,8 @@ impl<S: Shard> Runtime<S> {
     /// so that a restarted host loads an operator in milliseconds instead of compiling it
     /// again (0.1 s for a Rust operator, 8 s for a Python one). As wasmtime's own compilation
     /// cache, it trusts the directory: only this host may write to it. An artifact that does
-    /// not load (another wasmtime, a damaged file) is compiled again and replaced.
+    /// not load (another wasmtime, a damaged file) is compiled again and replaced. Each write
+    /// prunes the directory to `compiled_dir_bytes_max`, least recently used files first.
     #[must_use]
     pub fn with_compiled_dir(mut self, dir: PathBuf) -> Self {
         self.compiled_dir = Some(dir);
@@ -350,8 +352,11 @@ impl<S: Shard> Runtime<S> {
         let engine = self.engine.clone();
         let owned = bytes.to_vec();
         let dir = self.compiled_dir.clone();
+        let bytes_max = self.settings.compiled_dir_bytes_max;
         tokio::task::spawn_blocking(move || {
-            let path = dir.map(|dir| compiled_path(&dir, &engine, &owned));
+            let path = dir
+                .as_deref()
+                .map(|dir| compiled_dir::path(dir, &engine, &owned));
             if let Some(path) = path.as_deref().filter(|p| p.exists()) {
                 // Read into memory rather than mapped: a file changed in place under a mapping
                 // would take the host down (SIGBUS), whoever changed it.
@@ -359,7 +364,7 @@ impl<S: Shard> Runtime<S> {
                     .map_err(wasmtime::Error::from)
                     .and_then(|bytes| {
                         // SAFETY: files in the compiled directory are written only by
-                        // `store_compiled` below, from `Component::serialize` of an engine with the
+                        // `compiled_dir::store`, from `Component::serialize` of an engine with the
                         // same compatibility hash (part of the path), and appear whole (written
                         // aside, then renamed); wasmtime checks the version and configuration
                         // recorded in the file again.
@@ -369,7 +374,10 @@ impl<S: Shard> Runtime<S> {
                         }
                     });
                 match loaded {
-                    Ok(component) => return Ok((component, true)),
+                    Ok(component) => {
+                        compiled_dir::touch(path);
+                        return Ok((component, true));
+                    }
                     Err(err) => tracing::warn!(
                         path = %path.display(),
                         error = %format!("{err:#}"),
@@ -381,8 +389,8 @@ impl<S: Shard> Runtime<S> {
                 Component::new(&engine, &owned).map_err(|e| RuntimeError::InvalidComponent {
                     reason: format!("{e:#}"),
                 })?;
-            if let Some(path) = &path {
-                store_compiled(&component, path);
+            if let (Some(dir), Some(path)) = (&dir, &path) {
+                compiled_dir::store(&component, dir, path, bytes_max);
             }
             Ok((component, false))
         })
@@ -491,37 +499,6 @@ fn check_description(
             timers_per_key_max: settings.timers_per_key_max,
         },
     })
-}
-
-/// `{dir}/{engine compatibility hash}/{SHA-256 of the component}.cwasm`.
-fn compiled_path(dir: &Path, engine: &Engine, component: &[u8]) -> PathBuf {
-    use sha2::Digest;
-    use std::hash::{Hash, Hasher};
-    let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    engine.precompile_compatibility_hash().hash(&mut hasher);
-    dir.join(format!("{:016x}", hasher.finish())).join(format!(
-        "{}.cwasm",
-        hex::encode(sha2::Sha256::digest(component))
-    ))
-}
-
-/// Writes `component`'s compiled form at `path` (aside, then renamed, so that a reader never
-/// sees part of it). A failure only costs a later compile: it is logged, not returned.
-fn store_compiled(component: &Component, path: &Path) {
-    let written = component
-        .serialize()
-        .map_err(|e| std::io::Error::other(format!("{e:#}")))
-        .and_then(|bytes| {
-            let dir = path.parent().expect("compiled paths have a directory");
-            std::fs::create_dir_all(dir)?;
-            let mut file = tempfile::NamedTempFile::new_in(dir)?;
-            std::io::Write::write_all(&mut file, &bytes)?;
-            file.persist(path).map_err(|e| e.error)?;
-            Ok(())
-        });
-    if let Err(err) = written {
-        tracing::warn!(path = %path.display(), error = %err, "cannot keep the compiled operator");
-    }
 }
 
 /// A compiled, pre-instantiated operator; cheap to instantiate many times.
