@@ -100,6 +100,9 @@ struct DiskEntry {
 struct DiskCache {
     /// Owns the directory: removed with everything in it when the cache is dropped.
     dir: tempfile::TempDir,
+    /// Held locked while the cache lives, so that no other cache deletes the directory
+    /// ([`super::cache_dir`]).
+    _lock: std::fs::File,
     entries: moka::sync::Cache<BlockKey, Arc<DiskEntry>>,
     next_file: AtomicU64,
     /// Block writes started and not yet registered.
@@ -109,17 +112,8 @@ struct DiskCache {
 
 impl DiskCache {
     fn new(capacity_bytes: u64, parent: Option<&std::path::Path>) -> std::io::Result<Self> {
-        let dir = match parent {
-            Some(parent) => {
-                std::fs::create_dir_all(parent)?;
-                tempfile::Builder::new()
-                    .prefix("weir-block-cache-")
-                    .tempdir_in(parent)?
-            }
-            None => tempfile::Builder::new()
-                .prefix("weir-block-cache-")
-                .tempdir()?,
-        };
+        let parent = parent.map_or_else(std::env::temp_dir, std::path::Path::to_path_buf);
+        let (dir, lock) = super::cache_dir::create(&parent)?;
         let entries = moka::sync::Cache::builder()
             .max_capacity(capacity_bytes)
             .weigher(|_key, entry: &Arc<DiskEntry>| entry.len)
@@ -131,6 +125,7 @@ impl DiskCache {
             .build();
         Ok(Self {
             dir,
+            _lock: lock,
             entries,
             next_file: AtomicU64::new(0),
             writes_pending: AtomicU64::new(0),

@@ -4,7 +4,8 @@
 //! - [`backend`]    the `lsm` state backend: a tree per shard, claimed at open;
 //! - [`sst`]        the on-disk table format (v1) with its builder and reader;
 //! - [`memtable`]   the sorted, byte-bounded in-memory write buffer;
-//! - [`cache`]      where SST bytes come from: memory block cache → disk cache → range GET;
+//! - [`cache`]      where SST bytes come from: memory block cache → disk cache → range GET
+//!   (the disk cache's directory, and those of killed processes: `cache_dir`);
 //! - [`tree`]       one shard's tree: write path, read path, background compaction and write
 //!   backpressure;
 //! - [`compaction`] leveled compaction: the choice (with its justification) and the merge;
@@ -18,6 +19,7 @@
 
 pub mod backend;
 pub mod cache;
+mod cache_dir;
 pub mod compaction;
 pub mod gc;
 pub mod memtable;
