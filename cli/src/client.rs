@@ -161,6 +161,16 @@ pub enum PipelineCommand {
         /// The pipeline's name.
         name: String,
     },
+    /// Check which of a pipeline's stored checkpoints could be restored: each manifest,
+    /// each object present and whole, and (unless --quick) every object's checksums. Exits
+    /// non-zero when a partition has no restorable checkpoint.
+    Verify {
+        /// The pipeline's name.
+        name: String,
+        /// Check presence and sizes only (one listing a partition), not checksums.
+        #[arg(long)]
+        quick: bool,
+    },
     /// Start a stopped pipeline from its last checkpoint.
     Start {
         /// The pipeline's name.
@@ -346,6 +356,21 @@ pub async fn pipeline(command: PipelineCommand, args: ApiArgs) -> anyhow::Result
             }
         }
         PipelineCommand::Status { name } => show(&client.pipeline(&name).await?)?,
+        PipelineCommand::Verify { name, quick } => {
+            let verified = client.verify_pipeline(&name, !quick).await?;
+            if args.json {
+                println!("{}", serde_json::to_string_pretty(&verified)?);
+            } else {
+                print!(
+                    "{}",
+                    weir_host::api::pipelines::verify::verify_text(&verified)
+                );
+            }
+            anyhow::ensure!(
+                verified.restorable,
+                "pipeline `{name}` has a partition without a restorable checkpoint"
+            );
+        }
         PipelineCommand::Logs {
             name,
             follow,

@@ -66,6 +66,29 @@ async fn a_memory_pipeline_keeps_its_state_across_a_restart_and_fails_writes_pas
     })
     .await?;
 
+    // Its stored checkpoints verify: the snapshot present and whole.
+    let (status, _, verified) = call(
+        addr,
+        Method::GET,
+        "/v1/pipelines/counts/verify",
+        Some(&key),
+        None,
+    )
+    .await?;
+    assert_eq!(status, StatusCode::OK, "{verified}");
+    assert_eq!(verified["restorable"], true, "{verified:#}");
+    assert_eq!(verified["checksums"], true);
+    let newest = &verified["shards"][0]["versions"]
+        .as_array()
+        .and_then(|v| {
+            v.iter()
+                .find(|c| c["kind"] == "checkpoint" && c["restorable"] == true)
+        })
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(newest["objects"], 1, "one snapshot: {verified:#}");
+    assert_eq!(newest["offsets"][&input], 300, "{verified:#}");
+
     // Stopped and started again: the counts go on from the snapshot.
     for action in ["stop", "start"] {
         let path = format!("/v1/pipelines/counts/{action}");

@@ -248,6 +248,29 @@ async fn a_pipeline_runs_checkpoints_switches_version_keeping_state_stops_and_is
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 
+    // Every partition's stored checkpoints verify (SSTs present, whole, checksums), and
+    // another tenant cannot ask.
+    let (status, _, verified) = call(
+        addr,
+        Method::GET,
+        "/v1/pipelines/counts/verify",
+        Some(&acme),
+        None,
+    )
+    .await?;
+    assert_eq!(status, StatusCode::OK, "{verified}");
+    assert_eq!(verified["restorable"], true, "{verified:#}");
+    assert_eq!(verified["shards"].as_array().map(Vec::len), Some(4));
+    let (status, _, _) = call(
+        addr,
+        Method::GET,
+        "/v1/pipelines/counts/verify",
+        Some(&globex),
+        None,
+    )
+    .await?;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+
     // Switch to version 2: drained, checkpointed, resumed with the state (counts go on).
     let (status, _, switched) = call(
         addr,

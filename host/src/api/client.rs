@@ -300,6 +300,23 @@ impl ApiClient {
         self.expect(self.http.get(&url), &url).await
     }
 
+    /// `GET /v1/pipelines/{name}/verify`: which stored checkpoints could be restored, with
+    /// every object's checksums read when `checksums`.
+    ///
+    /// # Errors
+    /// [`ClientError`].
+    pub async fn verify_pipeline(
+        &self,
+        name: &str,
+        checksums: bool,
+    ) -> Result<crate::api::pipelines::verify::PipelineVerify, ClientError> {
+        let url = format!(
+            "{}/v1/pipelines/{name}/verify?checksums={checksums}",
+            self.base
+        );
+        self.expect(self.http.get(&url), &url).await
+    }
+
     /// Reads the operator's log of pipeline `name` (`GET /v1/pipelines/{name}/logs`): the last
     /// `tail` lines (the API's default when `None`) logged at or after `since_ms`, oldest
     /// first, each given to `each` as it arrives; with `follow`, then new lines until the

@@ -432,14 +432,17 @@ impl Modify for BearerAuth {
           pipelines::start_pipeline, pipelines::stop_pipeline, pipelines::switch_operator,
           pipelines::change_pipeline,
           pipelines::trigger_checkpoint, pipelines::list_checkpoints,
-          pipelines::delete_pipeline, logs::pipeline_logs, status::metrics_page),
+          pipelines::delete_pipeline, logs::pipeline_logs,
+          pipelines::verify::verify_pipeline_state, status::metrics_page),
     components(schemas(Problem, Tenant, NewTenant, NewApiKey, ApiKeyRecord, OperatorVersion,
                        OperatorSummary, StateDescription, pipelines::PipelineSpec,
                        pipelines::PipelineLimits, pipelines::PipelineRecord,
                        pipelines::PipelineView, pipelines::PipelineStatus,
                        pipelines::HostSummary, pipelines::OperatorSwitch,
                        pipelines::PipelineChange, pipelines::PipelineStateBackend,
-                       pipelines::CheckpointRequested, logs::LogEntry)),
+                       pipelines::CheckpointRequested, logs::LogEntry,
+                       pipelines::verify::PipelineVerify, crate::state::verify::ShardCheck,
+                       crate::state::verify::VersionCheck)),
     modifiers(&BearerAuth),
     tags((name = "tenants", description = "Tenants and their API keys (admin key)"),
          (name = "operators", description = "A tenant's operator components (tenant key)"),
@@ -526,6 +529,10 @@ pub fn router(state: ApiState) -> Router {
             axum::routing::put(pipelines::switch_operator),
         )
         .route("/v1/pipelines/{name}/logs", get(logs::pipeline_logs))
+        .route(
+            "/v1/pipelines/{name}/verify",
+            get(pipelines::verify::verify_pipeline_state),
+        )
         .route(
             "/v1/pipelines/{name}/checkpoints",
             post(pipelines::trigger_checkpoint).get(pipelines::list_checkpoints),

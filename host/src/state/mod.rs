@@ -22,6 +22,7 @@ pub mod memory;
 pub mod snapshot;
 #[cfg(test)]
 pub(crate) mod test_support;
+pub mod verify;
 
 use bytes::Bytes;
 use checkpoint::{CheckpointError, CheckpointReport, DecidedBy, InputOffsets};

@@ -27,6 +27,12 @@ const NO_EXPIRY: u64 = u64::MAX;
 /// Manifest metadata key naming the snapshot object.
 const SNAPSHOT_KEY: &str = "snapshot";
 
+/// The snapshot object a checkpoint's manifest metadata names (relative to its shard), if any:
+/// `None` for an `lsm` checkpoint.
+pub fn snapshot_name(metadata: &BTreeMap<String, String>) -> Option<&str> {
+    metadata.get(SNAPSHOT_KEY).map(String::as_str)
+}
+
 /// One entry of a snapshot: key → (value, expiry ms).
 pub type SnapshotEntries = BTreeMap<Vec<u8>, (Bytes, Option<u64>)>;
 

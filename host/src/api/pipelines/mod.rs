@@ -23,6 +23,7 @@
 
 mod spec;
 mod store;
+pub mod verify;
 
 pub use spec::*;
 

@@ -63,7 +63,7 @@ fn op() -> impl Strategy<Value = Op> {
 /// A memtable of a few hundred bytes, 64-byte blocks, compaction from two L0 SSTs and level
 /// targets of a few hundred bytes, so that flushes, multi-block SSTs and compactions into
 /// several levels happen within a few dozen writes.
-pub(super) fn small_settings() -> LsmSettings {
+pub(crate) fn small_settings() -> LsmSettings {
     LsmSettings {
         memtable_bytes_max: 400,
         block_size_bytes: 64,

@@ -1,0 +1,178 @@
+//! `GET /v1/pipelines/{name}/verify`: which of a pipeline's stored checkpoints could be
+//! restored ([`crate::state::verify`]), for its tenant.
+
+use super::existing;
+use crate::api::problem::{ApiError, Problem};
+use crate::api::{ApiState, AuthProblems, Principal};
+use crate::state::verify::{ShardCheck, verify_pipeline};
+use axum::Json;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Path as UrlPath, Query, State};
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+
+/// Query of `GET /v1/pipelines/{name}/verify`.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct VerifyQuery {
+    /// Read every referenced object and check its checksums (default `true`); `false` checks
+    /// only that each is present at the size its checkpoint recorded (one listing a shard).
+    pub checksums: Option<bool>,
+}
+
+/// What `GET /v1/pipelines/{name}/verify` found.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct PipelineVerify {
+    /// The pipeline.
+    pub name: String,
+    /// Whether every object's checksums were read and checked.
+    pub checksums: bool,
+    /// Whether every shard has a restorable checkpoint (a shard with none would start empty or
+    /// stay paused, as docs/checkpoints.md says).
+    pub restorable: bool,
+    /// Per shard (input partition), every stored version, newest first.
+    pub shards: Vec<ShardCheck>,
+}
+
+/// Checks each stored checkpoint of the pipeline's shards against the store: manifest,
+/// objects present and whole, checksums. Read-only; safe while the pipeline runs (a version GC
+/// deletes meanwhile is left out).
+#[utoipa::path(get, path = "/v1/pipelines/{name}/verify", tag = "pipelines",
+    params(("name" = String, Path, description = "Pipeline name", pattern = "^[a-z0-9][a-z0-9_-]{0,63}$"),
+           VerifyQuery),
+    responses(
+        (status = 200, description = "What each stored checkpoint is", body = PipelineVerify),
+        (status = 400, description = "A bad query", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such pipeline", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The object store failed", body = Problem, content_type = "application/problem+json"),
+        AuthProblems,
+    ),
+    security(("bearer" = [])))]
+pub(crate) async fn verify_pipeline_state(
+    State(state): State<ApiState>,
+    principal: Principal,
+    UrlPath(name): UrlPath<String>,
+    query: Result<Query<VerifyQuery>, QueryRejection>,
+) -> Result<Json<PipelineVerify>, ApiError> {
+    let tenant = principal.tenant()?.to_owned();
+    let Query(query) = query.map_err(|e| ApiError::BadRequest(e.body_text()))?;
+    tracing::Span::current().record("pipeline", name.as_str());
+    let record = existing(&state, &tenant, &name).await?;
+    let checksums = query.checksums.unwrap_or(true);
+    let prefix = state.catalog.pipeline_state_prefix(&tenant, &record.uid);
+    // Shards are named after the pipeline as its runs name it (`{tenant}.{name}`).
+    let shards = verify_pipeline(
+        state.catalog.store(),
+        &prefix,
+        &format!("{tenant}.{name}"),
+        checksums,
+    )
+    .await
+    .map_err(|e| ApiError::Unavailable(format!("{}", crate::error::Chain(&e))))?;
+    Ok(Json(PipelineVerify {
+        name,
+        checksums,
+        restorable: shards.iter().all(|s| s.newest_restorable().is_some()),
+        shards,
+    }))
+}
+
+/// `weir pipeline verify`'s text: one line per stored version, then the verdict.
+pub fn verify_text(v: &PipelineVerify) -> String {
+    let mut out = format!(
+        "{:>9} {:>8} {:<10} {:<11} {:>7} {:>12}  {}\n",
+        "PARTITION", "VERSION", "KIND", "DECIDED BY", "OBJECTS", "BYTES", "RESTORABLE"
+    );
+    for shard in &v.shards {
+        for c in &shard.versions {
+            let verdict = match (&c.problem, c.restorable) {
+                (_, true) => "yes".to_owned(),
+                (Some(problem), false) => format!("no: {problem}"),
+                (None, false) => "-".to_owned(),
+            };
+            out.push_str(&format!(
+                "{:>9} {:>8} {:<10} {:<11} {:>7} {:>12}  {verdict}\n",
+                shard.partition,
+                c.version,
+                c.kind,
+                c.decided_by.as_deref().unwrap_or("-"),
+                c.objects,
+                c.bytes,
+            ));
+        }
+    }
+    let missing: Vec<String> = v
+        .shards
+        .iter()
+        .filter(|s| s.newest_restorable().is_none())
+        .map(|s| s.partition.to_string())
+        .collect();
+    let how = if v.checksums {
+        "objects present, whole, checksums verified"
+    } else {
+        "objects present at their recorded sizes; checksums not read"
+    };
+    if missing.is_empty() {
+        out.push_str(&format!(
+            "every partition has a restorable checkpoint ({how})\n"
+        ));
+    } else {
+        out.push_str(&format!(
+            "partitions without a restorable checkpoint: {} ({how})\n",
+            missing.join(", ")
+        ));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::verify::VersionCheck;
+
+    fn version(version: u64, restorable: bool, problem: Option<&str>) -> VersionCheck {
+        VersionCheck {
+            version,
+            kind: "checkpoint".into(),
+            decided_by: Some("manifest".into()),
+            offsets: Default::default(),
+            objects: 2,
+            bytes: 300,
+            restorable,
+            problem: problem.map(str::to_owned),
+        }
+    }
+
+    #[test]
+    fn the_text_shows_each_version_and_names_the_partitions_left_without_a_checkpoint() {
+        let v = PipelineVerify {
+            name: "p".into(),
+            checksums: true,
+            restorable: false,
+            shards: vec![
+                ShardCheck {
+                    partition: 0,
+                    versions: vec![
+                        version(7, false, Some("sst/x.sst is missing")),
+                        version(6, true, None),
+                    ],
+                },
+                ShardCheck {
+                    partition: 1,
+                    versions: vec![version(3, false, Some("manifest is corrupt"))],
+                },
+            ],
+        };
+        let text = verify_text(&v);
+        assert!(text.contains("no: sst/x.sst is missing"), "{text}");
+        assert!(
+            text.lines()
+                .any(|l| l.contains(" 6 ") && l.ends_with("yes")),
+            "{text}"
+        );
+        assert!(
+            text.ends_with("partitions without a restorable checkpoint: 1 (objects present, whole, checksums verified)\n"),
+            "{text}"
+        );
+    }
+}
