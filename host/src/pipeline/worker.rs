@@ -615,7 +615,7 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
         let added = batch.timers_added();
         // What the call reserved in the shard's quota is released once its writes are applied
         // (and so counted as held), or dropped.
-        let _quota = batch.take_quota();
+        let quota = batch.take_quota();
         let (writes, emits) = batch.into_effects();
         if apply_effects {
             if !writes.is_empty() {
@@ -627,6 +627,7 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
                     .collect();
                 let started = Instant::now();
                 let applied = self.shard.apply(writes).await;
+                drop(quota);
                 self.stats
                     .metrics
                     .state_put

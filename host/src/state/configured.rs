@@ -138,6 +138,13 @@ impl Shard for ConfiguredShard {
         }
     }
 
+    fn stored_value_len(&self, key: &[u8]) -> Option<u64> {
+        match self {
+            Self::Memory(s) => s.stored_value_len(key),
+            Self::Lsm(s) => s.stored_value_len(key),
+        }
+    }
+
     fn corruption(&self) -> Option<StateError> {
         match self {
             Self::Memory(s) => s.corruption(),

@@ -179,4 +179,8 @@ impl<S: Shard> Shard for DelayedShard<S> {
     fn quota(&self) -> Option<Arc<super::StateQuota>> {
         self.inner.quota()
     }
+
+    fn stored_value_len(&self, key: &[u8]) -> Option<u64> {
+        self.inner.stored_value_len(key)
+    }
 }

@@ -94,7 +94,12 @@ impl MemoryBackend {
         )
         .await?;
         let mut restored = Entries::default();
+        let now_ms = self.clock.now_ms();
         for (key, (value, expires_at_ms)) in entries {
+            // Expired since the snapshot: it would read as absent; it is not kept.
+            if expires_at_ms.is_some_and(|at| now_ms >= at) {
+                continue;
+            }
             restored.put(
                 key,
                 Entry {
@@ -290,6 +295,10 @@ impl Shard for MemoryShard {
         self.quota.clone()
     }
 
+    fn stored_value_len(&self, key: &[u8]) -> Option<u64> {
+        self.read().get(key).map(|e| e.value.len() as u64)
+    }
+
     fn opened_from(&self) -> Option<u64> {
         self.snapshots
             .as_ref()
@@ -322,6 +331,24 @@ impl Shard for MemoryShard {
         let Some(snapshots) = &self.snapshots else {
             return Ok(None);
         };
+        // Expired entries go first (they read as absent; kept, they would hold their share of
+        // a quota for good): a pass over the map, as the snapshot's encoding is anyway.
+        {
+            let now_ms = self.clock.now_ms();
+            let mut map = self.entries.write().unwrap_or_else(|e| e.into_inner());
+            let expired: Vec<Bytes> = map
+                .map
+                .iter()
+                .filter(|(_, e)| !e.live(now_ms))
+                .map(|(k, _)| k.clone())
+                .collect();
+            for key in &expired {
+                map.remove(key);
+            }
+            if let Some(quota) = &self.quota {
+                quota.set_used_bytes(map.bytes);
+            }
+        }
         let object = {
             let map = self.read();
             let ordered = map.order.iter().filter_map(|k| {
@@ -516,6 +543,44 @@ mod tests {
         let mut offsets = InputOffsets::new();
         offsets.advance("in", next - 1);
         offsets
+    }
+
+    /// Expired entries leave the map (and the quota's count) at the next checkpoint, and are
+    /// not in its snapshot; nor is one that expires between a snapshot and its restore.
+    #[test]
+    fn expired_entries_are_dropped_at_checkpoints_and_restores() {
+        crate::state::test_support::block_on(async {
+            let store = Arc::new(object_store::memory::InMemory::new());
+            let clock = ManualClock::new(1_000);
+            let backend = || {
+                MemoryBackend::durable(store.clone(), Path::from("w"), Arc::new(clock.clone()))
+                    .with_shard_bytes_max(1 << 20)
+            };
+            let a = backend().open_shard(&id()).await.expect("opens");
+            a.apply(vec![
+                put(b"gone", b"x", Some(1_500)),
+                put(b"later", b"y", Some(3_000)),
+                put(b"kept", b"z", None),
+            ])
+            .await
+            .expect("applies");
+            clock.advance_ms(1_000); // `gone` expired
+            let report = a.checkpoint(&offsets(1), DecidedBy::Manifest).await;
+            report.expect("checkpoints").expect("durable");
+            assert_eq!(a.len(), 2, "`gone` left the map");
+            assert_eq!(
+                a.quota().map(|q| q.used_bytes()),
+                Some(2 * ENTRY_OVERHEAD_BYTES + 5 + 4 + 2),
+                "and the quota's count"
+            );
+            clock.advance_ms(1_000); // `later` expired too
+            let b = backend().open_shard(&id()).await.expect("opens");
+            assert_eq!(b.len(), 1, "only `kept` restored");
+            assert_eq!(
+                b.get(b"kept").await.expect("reads"),
+                Some(Bytes::from_static(b"z"))
+            );
+        });
     }
 
     #[test]

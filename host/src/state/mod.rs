@@ -254,6 +254,14 @@ pub trait Shard: Send + Sync + 'static {
     fn quota(&self) -> Option<Arc<StateQuota>> {
         None
     }
+
+    /// The length of the value stored under `key`, expired or not, if the shard can say
+    /// without a read (a shard with a quota: what an overwrite grows it by). `None` (the
+    /// default): absent, or not known.
+    fn stored_value_len(&self, key: &[u8]) -> Option<u64> {
+        let _ = key;
+        None
+    }
 }
 
 /// A shard's byte quota: what the shard holds, and what calls in flight have reserved for

@@ -703,6 +703,13 @@ mod tests {
             Some(250),
             "the service's cap by default"
         );
+        spec.state_bytes_max = Some(1000);
+        assert_eq!(
+            spec.shard_state_bytes_max(400, 4),
+            Some(100),
+            "a cap lowered since the definition wins"
+        );
+        spec.state_bytes_max = None;
         // A stored definition from before the field is an `lsm` pipeline.
         let mut old = serde_json::to_value(&spec).expect("serializes");
         old.as_object_mut()

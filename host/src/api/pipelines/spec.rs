@@ -288,12 +288,15 @@ impl PipelineSpec {
     }
 
     /// The most bytes of `memory` state each of `partitions` partitions may hold: the
-    /// pipeline's quota (`state_bytes_max`, else `state_bytes_cap`) divided evenly, rounded
-    /// up; `None` for the `lsm` backend.
+    /// pipeline's quota (`state_bytes_max`, else `state_bytes_cap`; never above the cap, which
+    /// may have been lowered since the pipeline was defined) divided evenly, rounded up;
+    /// `None` for the `lsm` backend. Fixed for a run: partitions added to the topics count
+    /// from the next run (a restart, a switch).
     pub fn shard_state_bytes_max(&self, state_bytes_cap: u64, partitions: usize) -> Option<u64> {
         (self.state_backend == PipelineStateBackend::Memory).then(|| {
             self.state_bytes_max
                 .unwrap_or(state_bytes_cap)
+                .min(state_bytes_cap)
                 .div_ceil(partitions.max(1) as u64)
         })
     }

@@ -358,13 +358,18 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
         ));
         // The fired timers' removals are staged by the host, not counted by the call.
         let added = batch.timers_added() - timers.len() as i64;
+        let mut batch = batch;
+        // Released once the writes are applied (and so counted as held), or dropped.
+        let quota = batch.take_quota();
         let (writes, emits) = batch.into_effects();
         let follow: Vec<StateWrite> = writes
             .iter()
             .filter(|w| w.key.starts_with(&keys::TIME_INDEX))
             .cloned()
             .collect();
-        if let Err(err) = self.shard.apply(writes).await {
+        let applied = self.shard.apply(writes).await;
+        drop(quota);
+        if let Err(err) = applied {
             return Ok(Err(err));
         }
         self.timers.applied(&follow, added);

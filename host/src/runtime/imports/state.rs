@@ -83,19 +83,31 @@ impl<S: Shard> HostCtx<S> {
             ENTRY_OVERHEAD_BYTES + key.len() as u64 + value.as_ref().map_or(0, |v| v.len() as u64);
         // A shard with a quota (`memory` state under `state_bytes_max`): this write's growth
         // must fit beside what the shard holds and what calls in flight (this one included)
-        // have reserved. The growth of a write over a value the call has seen (prefetched or
-        // staged) is what the new one is longer; otherwise the whole entry (it may be new).
-        // Deletes always pass.
+        // have reserved. The growth of an overwrite is what the new value is longer than the
+        // old one (as the call sees it: staged, prefetched, else stored); of a new entry, the
+        // whole entry. Deletes always pass.
         if let Some(v) = &value
             && let Some(quota) = self.shard.as_ref().and_then(|s| s.quota())
         {
-            let growth = match self.batch.local_get(&key) {
-                Some(Some(old)) => (v.len() as u64).saturating_sub(old.len() as u64),
-                _ => size,
+            let stored = match self.batch.local_get(&key) {
+                Some(seen) => seen.map(|old| old.len() as u64),
+                None => self.shard.as_ref().and_then(|s| s.stored_value_len(&key)),
             };
-            match quota.try_reserve(growth) {
-                Some(reservation) => self.batch.hold_quota(reservation),
-                None => {
+            let growth = match stored {
+                Some(old) => (v.len() as u64).saturating_sub(old),
+                None => size,
+            };
+            // A write that does not grow the state always fits, even past the quota (lowered,
+            // or passed by timers, which are not refused).
+            let reserved = if growth == 0 {
+                None
+            } else {
+                Some(quota.try_reserve(growth))
+            };
+            match reserved {
+                None => {}
+                Some(Some(reservation)) => self.batch.hold_quota(reservation),
+                Some(None) => {
                     self.log.line(
                         GuestLevel::Warn,
                         &format!(
@@ -381,7 +393,7 @@ mod tests {
             partition: 0,
         };
         let shard = Arc::new(futures::executor::block_on(backend.open_shard(&id)).expect("opens"));
-        let mut ctx = crate::runtime::imports::test_host(shard.clone(), clock, "m", 1024);
+        let mut ctx = crate::runtime::imports::test_host(shard.clone(), clock.clone(), "m", 1024);
         let entry = ENTRY_OVERHEAD_BYTES + key::map_key(b"k", "m", b"0").len() as u64 + 100;
         let fit = QUOTA / entry;
         futures::executor::block_on(async {
@@ -427,6 +439,24 @@ mod tests {
         );
         assert!(quota.try_reserve(QUOTA - (fit - 1) * entry).is_some());
         assert!(quota.try_reserve(QUOTA - (fit - 1) * entry + 1).is_none());
+
+        // A later call overwrites stored entries it never read: an equal value fits however
+        // full the shard is; one that grows past the quota does not.
+        let mut later = crate::runtime::imports::test_host(shard.clone(), clock, "m", 1024);
+        let _full = quota.try_reserve(QUOTA - (fit - 1) * entry);
+        futures::executor::block_on(async {
+            let same = later
+                .map_put(0, "m".into(), b"1".to_vec(), vec![9; 100])
+                .await;
+            assert!(matches!(same, Ok(Ok(()))), "{same:?}");
+            let grows = later
+                .map_put(0, "m".into(), b"2".to_vec(), vec![9; 101])
+                .await;
+            assert!(
+                matches!(grows, Ok(Err(WitStateError::TooLarge(QUOTA)))),
+                "{grows:?}"
+            );
+        });
     }
 
     mod paging {
