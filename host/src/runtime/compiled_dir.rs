@@ -103,7 +103,8 @@ pub(super) fn prune(dir: &Path, bytes_max: u64, keep: &Path, now: SystemTime) ->
         let modified = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
         let name = entry.file_name();
         let name = name.to_string_lossy();
-        if name.starts_with(PARTIAL_PREFIX) {
+        // `.tmp…`: a half-written file of the writer before this one (tempfile's default name).
+        if name.starts_with(PARTIAL_PREFIX) || name.starts_with(".tmp") {
             if now.duration_since(modified).unwrap_or_default() > PARTIAL_AGE_MAX {
                 let _ = std::fs::remove_file(&path);
             }

@@ -217,12 +217,26 @@ pub async fn verify_shard(
                 break;
             }
         }
+        if problem.is_some() && collected(&manifests, version).await? {
+            // GC deleted the version while it was being checked (a running pipeline): what it
+            // referenced may be gone with it. It is no longer stored: not reported.
+            continue;
+        }
         check.restorable = problem.is_none();
         check.problem = problem;
         checks.push(check);
         read.push(manifest);
     }
     Ok(checks)
+}
+
+/// Whether manifest `version` is gone from the store (GC deleted it).
+async fn collected(manifests: &ManifestStore, version: u64) -> Result<bool, VerifyError> {
+    match manifests.read(version).await {
+        Err(ManifestError::NotFound(_)) => Ok(true),
+        Err(ManifestError::Unavailable(source)) => Err(VerifyError(source)),
+        _ => Ok(false),
+    }
 }
 
 /// A version no more is known of than that it cannot be restored, and why.
@@ -274,23 +288,31 @@ fn referenced(root: &Path, manifest: &Manifest) -> Vec<(Path, Option<u64>, Objec
     objects
 }
 
-/// Reads the object at `path` whole and checks its checksums; `Ok(Err(_))` says what is
-/// wrong with it.
+/// Reads the object at `path` and checks its checksums; `Ok(Err(_))` says what is wrong with
+/// it. An SST (at most the tree's target file size) is read whole; a snapshot (a partition's
+/// whole state) is streamed through its CRC-32C, never held.
 async fn verify_object(
     store: &Arc<dyn ObjectStore>,
     path: &Path,
     kind: ObjectKind,
 ) -> Result<Result<(), String>, VerifyError> {
-    let bytes = match store.get(path).await {
-        Ok(got) => got.bytes().await.map_err(VerifyError)?,
+    let got = match store.get(path).await {
+        Ok(got) => got,
         Err(object_store::Error::NotFound { .. }) => return Ok(Err("missing".to_owned())),
         Err(err) => return Err(VerifyError(err)),
     };
     Ok(match kind {
-        ObjectKind::Sst => SstReader::open(bytes)
+        ObjectKind::Sst => SstReader::open(got.bytes().await.map_err(VerifyError)?)
             .and_then(|reader| reader.verify_blocks())
             .map_err(|e| e.to_string()),
-        ObjectKind::Snapshot => snapshot::decode(&bytes).map(|_| ()),
+        ObjectKind::Snapshot => {
+            let mut chunks = got.into_stream();
+            let mut check = snapshot::StreamCheck::default();
+            while let Some(chunk) = chunks.try_next().await.map_err(VerifyError)? {
+                check.update(&chunk);
+            }
+            check.finish()
+        }
     })
 }
 

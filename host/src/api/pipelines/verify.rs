@@ -11,6 +11,9 @@ use axum::extract::{Path as UrlPath, Query, State};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
+/// Held by the verify this host runs; the next waits.
+static VERIFYING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// Query of `GET /v1/pipelines/{name}/verify`.
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
@@ -27,8 +30,8 @@ pub struct PipelineVerify {
     pub name: String,
     /// Whether every object's checksums were read and checked.
     pub checksums: bool,
-    /// Whether every shard has a restorable checkpoint (a shard with none would start empty or
-    /// stay paused, as docs/checkpoints.md says).
+    /// Whether there are shards and every one has a restorable checkpoint (a shard with none
+    /// would start empty or stay paused, as docs/checkpoints.md says).
     pub restorable: bool,
     /// Per shard (input partition), every stored version, newest first.
     pub shards: Vec<ShardCheck>,
@@ -59,6 +62,8 @@ pub(crate) async fn verify_pipeline_state(
     tracing::Span::current().record("pipeline", name.as_str());
     let record = existing(&state, &tenant, &name).await?;
     let checksums = query.checksums.unwrap_or(true);
+    // One verify at a time per host: each reads every object of a pipeline's state.
+    let _one_at_a_time = VERIFYING.lock().await;
     let prefix = state.catalog.pipeline_state_prefix(&tenant, &record.uid);
     // Shards are named after the pipeline as its runs name it (`{tenant}.{name}`).
     let shards = verify_pipeline(
@@ -72,7 +77,8 @@ pub(crate) async fn verify_pipeline_state(
     Ok(Json(PipelineVerify {
         name,
         checksums,
-        restorable: shards.iter().all(|s| s.newest_restorable().is_some()),
+        // No shard stored: nothing to restore from (a pipeline that never checkpointed).
+        restorable: !shards.is_empty() && shards.iter().all(|s| s.newest_restorable().is_some()),
         shards,
     }))
 }

@@ -35,8 +35,12 @@ pub(super) fn create(parent: &Path) -> std::io::Result<(tempfile::TempDir, File)
     let dir = tempfile::Builder::new()
         .prefix(DIR_PREFIX)
         .tempdir_in(parent)?;
-    let lock = File::create(dir.path().join(LOCK_FILE))?;
+    // Locked under another name, then renamed: another process that finds `.lock` always
+    // finds it locked (before the rename it sees a young directory without one, which stays).
+    let unnamed = dir.path().join(".lock-new");
+    let lock = File::create(&unnamed)?;
     lock.try_lock().map_err(std::io::Error::other)?;
+    std::fs::rename(&unnamed, dir.path().join(LOCK_FILE))?;
     Ok((dir, lock))
 }
 
