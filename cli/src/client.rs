@@ -153,6 +153,25 @@ pub enum PipelineCommand {
         /// (default: the service's `pipeline_state_bytes_max`).
         #[arg(long)]
         state_bytes_max: Option<u64>,
+        /// Start from a savepoint of one of your pipelines, `pipeline/savepoint`: its state and
+        /// input offsets are copied in first (same topics, partitions and state backend).
+        #[arg(long)]
+        from_savepoint: Option<String>,
+    },
+    /// Take, list or delete a pipeline's savepoints: named copies of a checkpoint of every
+    /// partition, kept until deleted, to reset to or to create a pipeline from.
+    #[command(subcommand)]
+    Savepoint(SavepointCommand),
+    /// Reset a stopped pipeline's state and input offsets to a savepoint; start it afterwards.
+    Reset {
+        /// The pipeline's name.
+        name: String,
+        /// The savepoint's name.
+        #[arg(long)]
+        savepoint: String,
+        /// The pipeline the savepoint was taken of (default: this one).
+        #[arg(long)]
+        from: Option<String>,
     },
     /// List your pipelines.
     Ls,
@@ -231,6 +250,32 @@ pub enum PipelineCommand {
     Rm {
         /// The pipeline's name.
         name: String,
+    },
+}
+
+/// `weir pipeline savepoint …`.
+#[derive(Debug, Subcommand)]
+pub enum SavepointCommand {
+    /// Take a savepoint (a running pipeline checkpoints first); prints it once every
+    /// partition's is copied.
+    Create {
+        /// The pipeline's name.
+        name: String,
+        /// The savepoint's name (default `sp-{ms}`).
+        #[arg(long)]
+        savepoint: Option<String>,
+    },
+    /// List a pipeline's savepoints, oldest first.
+    Ls {
+        /// The pipeline's name.
+        name: String,
+    },
+    /// Delete a savepoint.
+    Rm {
+        /// The pipeline's name.
+        name: String,
+        /// The savepoint's name.
+        savepoint: String,
     },
 }
 
@@ -326,7 +371,17 @@ pub async fn pipeline(command: PipelineCommand, args: ApiArgs) -> anyhow::Result
             delivery,
             state_backend,
             state_bytes_max,
+            from_savepoint,
         } => {
+            let from_savepoint = match from_savepoint.as_deref() {
+                None => None,
+                Some(named) => {
+                    let (pipeline, savepoint) = named
+                        .split_once('/')
+                        .context("--from-savepoint takes `pipeline/savepoint`")?;
+                    Some(serde_json::json!({ "pipeline": pipeline, "savepoint": savepoint }))
+                }
+            };
             let (operator, version) = operator
                 .split_once(':')
                 .context("--operator takes `name:version`, e.g. `counter:1`")?;
@@ -343,6 +398,7 @@ pub async fn pipeline(command: PipelineCommand, args: ApiArgs) -> anyhow::Result
                 "delivery": delivery.name(),
                 "state_backend": state_backend.name(),
                 "state_bytes_max": state_bytes_max,
+                "from_savepoint": from_savepoint,
             }))
             .context("bad --failure-policy, --delivery or --state-backend")?;
             show(&client.create_pipeline(&name, &spec).await?)?;
@@ -402,6 +458,49 @@ pub async fn pipeline(command: PipelineCommand, args: ApiArgs) -> anyhow::Result
                 Some(err) if err.kind() == std::io::ErrorKind::BrokenPipe => {}
                 Some(err) => return Err(anyhow::Error::new(err).context("cannot print the log")),
                 None => {}
+            }
+        }
+        PipelineCommand::Savepoint(SavepointCommand::Create { name, savepoint }) => {
+            let taken = client.create_savepoint(&name, savepoint.as_deref()).await?;
+            if args.json {
+                println!("{}", serde_json::to_string_pretty(&taken)?);
+            } else {
+                print!("{}", weir_host::api::client::savepoints_table(&[taken]));
+            }
+        }
+        PipelineCommand::Savepoint(SavepointCommand::Ls { name }) => {
+            let found = client.savepoints(&name).await?;
+            if args.json {
+                println!("{}", serde_json::to_string_pretty(&found)?);
+            } else {
+                print!("{}", weir_host::api::client::savepoints_table(&found));
+            }
+        }
+        PipelineCommand::Savepoint(SavepointCommand::Rm { name, savepoint }) => {
+            client.delete_savepoint(&name, &savepoint).await?;
+            println!("savepoint {savepoint} of {name} deleted");
+        }
+        PipelineCommand::Reset {
+            name,
+            savepoint,
+            from,
+        } => {
+            let restored = client
+                .reset_pipeline(&name, &savepoint, from.as_deref())
+                .await?;
+            if args.json {
+                println!("{}", serde_json::to_string_pretty(&restored)?);
+            } else {
+                for shard in &restored.shards {
+                    println!(
+                        "partition {}: checkpoint {} at offsets {:?} ({} bytes copied)",
+                        shard.partition, shard.version, shard.offsets, shard.bytes_copied
+                    );
+                }
+                println!(
+                    "{name} reset to savepoint {} of {}; `weir pipeline start {name}` resumes from it",
+                    restored.savepoint, restored.from_pipeline
+                );
             }
         }
         PipelineCommand::Start { name } => show(&client.pipeline_action(&name, "start").await?)?,

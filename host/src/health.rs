@@ -45,6 +45,7 @@ struct Seen {
 #[derive(Debug)]
 pub struct KafkaProbe {
     bootstrap_servers: String,
+    kafka: KafkaSettings,
     seen: Arc<RwLock<Option<Seen>>>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -63,6 +64,7 @@ impl KafkaProbe {
     /// `interval` (a metadata request of the whole cluster, answered from any broker).
     pub fn spawn(kafka: &KafkaSettings, interval: Duration) -> Self {
         let seen: Arc<RwLock<Option<Seen>>> = Arc::default();
+        let settings = kafka.clone();
         let kafka = kafka.clone();
         let bootstrap_servers = kafka.bootstrap_servers.clone();
         let record = seen.clone();
@@ -106,9 +108,15 @@ impl KafkaProbe {
         });
         Self {
             bootstrap_servers,
+            kafka: settings,
             seen,
             task,
         }
+    }
+
+    /// The brokers' settings it probes with (for other metadata requests of the API).
+    pub fn kafka(&self) -> &KafkaSettings {
+        &self.kafka
     }
 
     /// The last probe's result; `None` before the first one ended.

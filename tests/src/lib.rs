@@ -503,6 +503,36 @@ pub async fn read_counts(
     Ok(counts)
 }
 
+/// Reads the counter's outputs of `topic` from the beginning (read_committed) — every count
+/// emitted per key, in order — until `done` holds of what was read, failing after `timeout`.
+///
+/// # Errors
+/// When `done` does not hold in time, or an output is not the counter's.
+pub async fn read_counts_until(
+    topic: &str,
+    timeout: Duration,
+    done: impl Fn(&BTreeMap<String, Vec<u64>>) -> bool,
+) -> anyhow::Result<BTreeMap<String, Vec<u64>>> {
+    let consumer = committed_reader(topic)?;
+    let mut counts: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+    let deadline = Instant::now() + timeout;
+    while !done(&counts) {
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        let Ok(msg) = tokio::time::timeout(remaining, consumer.recv()).await else {
+            bail!("after {timeout:?}, the outputs of `{topic}` were not as expected: {counts:?}");
+        };
+        let msg = msg?;
+        let key = String::from_utf8_lossy(msg.key().unwrap_or_default()).into_owned();
+        let value: serde_json::Value = serde_json::from_slice(msg.payload().unwrap_or_default())
+            .context("counter output is JSON")?;
+        let count = value["count"]
+            .as_u64()
+            .context("counter output has a count")?;
+        counts.entry(key).or_default().push(count);
+    }
+    Ok(counts)
+}
+
 /// A record's key and value.
 pub type KeyValue = (Vec<u8>, Vec<u8>);
 

@@ -5,6 +5,7 @@
 mod api;
 mod api_memory_state;
 mod api_pipelines;
+mod api_savepoints;
 mod api_tenant_isolation;
 mod bench;
 mod checkpoint_recovery;

@@ -317,6 +317,73 @@ impl ApiClient {
         self.expect(self.http.get(&url), &url).await
     }
 
+    /// Takes a savepoint of pipeline `name` (`POST /v1/pipelines/{name}/savepoints`), named
+    /// `savepoint` (the API names it when `None`); answers once every partition's is copied.
+    ///
+    /// # Errors
+    /// [`ClientError`].
+    pub async fn create_savepoint(
+        &self,
+        name: &str,
+        savepoint: Option<&str>,
+    ) -> Result<crate::state::savepoint::SavepointDescriptor, ClientError> {
+        let url = format!("{}/v1/pipelines/{name}/savepoints", self.base);
+        let body = match savepoint {
+            Some(savepoint) => serde_json::json!({ "name": savepoint }),
+            None => serde_json::json!({}),
+        };
+        let request = self
+            .http
+            .post(&url)
+            .header("content-type", "application/json")
+            .body(body.to_string());
+        self.expect(request, &url).await
+    }
+
+    /// The savepoints of pipeline `name`, oldest first.
+    ///
+    /// # Errors
+    /// [`ClientError`].
+    pub async fn savepoints(
+        &self,
+        name: &str,
+    ) -> Result<Vec<crate::state::savepoint::SavepointDescriptor>, ClientError> {
+        let url = format!("{}/v1/pipelines/{name}/savepoints", self.base);
+        self.expect(self.http.get(&url), &url).await
+    }
+
+    /// Deletes savepoint `savepoint` of pipeline `name`.
+    ///
+    /// # Errors
+    /// [`ClientError`].
+    pub async fn delete_savepoint(&self, name: &str, savepoint: &str) -> Result<(), ClientError> {
+        let url = format!("{}/v1/pipelines/{name}/savepoints/{savepoint}", self.base);
+        self.send::<serde_json::Value>(self.http.delete(&url), &url)
+            .await
+            .map(|_| ())
+    }
+
+    /// Resets stopped pipeline `name` to savepoint `savepoint` of pipeline `from` (this one
+    /// when `None`).
+    ///
+    /// # Errors
+    /// [`ClientError`].
+    pub async fn reset_pipeline(
+        &self,
+        name: &str,
+        savepoint: &str,
+        from: Option<&str>,
+    ) -> Result<crate::api::pipelines::savepoints::Restored, ClientError> {
+        let url = format!("{}/v1/pipelines/{name}/reset", self.base);
+        let body = serde_json::json!({ "savepoint": savepoint, "pipeline": from });
+        let request = self
+            .http
+            .post(&url)
+            .header("content-type", "application/json")
+            .body(body.to_string());
+        self.expect(request, &url).await
+    }
+
     /// Reads the operator's log of pipeline `name` (`GET /v1/pipelines/{name}/logs`): the last
     /// `tail` lines (the API's default when `None`) logged at or after `since_ms`, oldest
     /// first, each given to `each` as it arrives; with `follow`, then new lines until the
@@ -463,6 +530,38 @@ pub fn pipelines_table(pipelines: &[PipelineView]) -> String {
             p.status.records_per_s,
             lag,
             p.status.hosts.len()
+        ));
+    }
+    out
+}
+
+/// `weir pipeline savepoint ls`'s table: one savepoint a line, oldest first, with its time
+/// (UTC), operator, partitions, bytes and offsets.
+pub fn savepoints_table(savepoints: &[crate::state::savepoint::SavepointDescriptor]) -> String {
+    let mut out = format!(
+        "{:<24} {:<24} {:<20} {:>10} {:>12}  {}\n",
+        "NAME", "TAKEN (UTC)", "OPERATOR", "PARTITIONS", "BYTES", "OFFSETS (partition:next)"
+    );
+    for sp in savepoints {
+        let taken = humantime::format_rfc3339_millis(
+            std::time::UNIX_EPOCH + std::time::Duration::from_millis(sp.created_ms),
+        );
+        let offsets: Vec<String> = sp
+            .shards
+            .iter()
+            .map(|s| {
+                let next: Vec<String> = s.offsets.values().map(i64::to_string).collect();
+                format!("{}:{}", s.partition, next.join("/"))
+            })
+            .collect();
+        out.push_str(&format!(
+            "{:<24} {:<24} {:<20} {:>10} {:>12}  {}\n",
+            sp.name,
+            taken.to_string(),
+            format!("{}:{}", sp.operator, sp.operator_version),
+            sp.shards.len(),
+            sp.bytes,
+            offsets.join(" ")
         ));
     }
     out

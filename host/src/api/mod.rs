@@ -139,6 +139,11 @@ impl ApiState {
         })
     }
 
+    /// The brokers' settings, on a host that runs pipelines.
+    pub(crate) fn kafka_settings(&self) -> Option<&crate::config::KafkaSettings> {
+        self.kafka.as_deref().map(crate::health::KafkaProbe::kafka)
+    }
+
     /// Reports `probe`'s view of the brokers in `/readyz` (a host that runs pipelines).
     #[must_use]
     pub fn with_kafka_probe(mut self, probe: Arc<crate::health::KafkaProbe>) -> Self {
@@ -261,7 +266,22 @@ async fn read_body(body: Body, limit: usize) -> Result<Bytes, ApiError> {
 
 /// Reads a JSON body of at most [`JSON_BODY_BYTES_MAX`].
 async fn read_json<T: for<'de> Deserialize<'de>>(body: Body) -> Result<T, ApiError> {
+    parse_json(&read_body(body, JSON_BODY_BYTES_MAX).await?)
+}
+
+/// As [`read_json`], but an empty body (or only whitespace) is `T::default()`: for a body
+/// whose every field is optional.
+async fn read_json_or_default<T: Default + for<'de> Deserialize<'de>>(
+    body: Body,
+) -> Result<T, ApiError> {
     let bytes = read_body(body, JSON_BODY_BYTES_MAX).await?;
+    if bytes.trim_ascii().is_empty() {
+        return Ok(T::default());
+    }
+    parse_json(&bytes)
+}
+
+fn parse_json<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T, ApiError> {
     // serde would take an array for a struct, field by field in order: not what anyone means.
     if !bytes.trim_ascii_start().starts_with(b"{") {
         return Err(ApiError::BadRequest(
@@ -269,7 +289,7 @@ async fn read_json<T: for<'de> Deserialize<'de>>(body: Body) -> Result<T, ApiErr
         ));
     }
     // The error names the field: `failure_policy: unknown variant …`.
-    serde_path_to_error::deserialize(&mut serde_json::Deserializer::from_slice(&bytes))
+    serde_path_to_error::deserialize(&mut serde_json::Deserializer::from_slice(bytes))
         .map_err(|e| ApiError::BadRequest(format!("invalid JSON body: {e}")))
 }
 
@@ -433,7 +453,10 @@ impl Modify for BearerAuth {
           pipelines::change_pipeline,
           pipelines::trigger_checkpoint, pipelines::list_checkpoints,
           pipelines::delete_pipeline, logs::pipeline_logs,
-          pipelines::verify::verify_pipeline_state, status::metrics_page),
+          pipelines::verify::verify_pipeline_state,
+          pipelines::savepoints::create_savepoint, pipelines::savepoints::list_savepoints,
+          pipelines::savepoints::delete_savepoint, pipelines::savepoints::reset_pipeline,
+          status::metrics_page),
     components(schemas(Problem, Tenant, NewTenant, NewApiKey, ApiKeyRecord, OperatorVersion,
                        OperatorSummary, StateDescription, pipelines::PipelineSpec,
                        pipelines::PipelineLimits, pipelines::PipelineRecord,
@@ -441,8 +464,13 @@ impl Modify for BearerAuth {
                        pipelines::HostSummary, pipelines::OperatorSwitch,
                        pipelines::PipelineChange, pipelines::PipelineStateBackend,
                        pipelines::CheckpointRequested, logs::LogEntry,
-                       pipelines::verify::PipelineVerify, crate::state::verify::ShardCheck,
-                       crate::state::verify::VersionCheck)),
+                       pipelines::verify::PipelineVerify, pipelines::verify::SavepointCheck,
+                       crate::state::verify::ShardCheck,
+                       crate::state::verify::VersionCheck, pipelines::SavepointRef,
+                       pipelines::savepoints::NewSavepoint, pipelines::savepoints::ResetRequest,
+                       pipelines::savepoints::Restored, pipelines::savepoints::RestoredShard,
+                       crate::state::savepoint::SavepointDescriptor,
+                       crate::state::savepoint::SavepointShard)),
     modifiers(&BearerAuth),
     tags((name = "tenants", description = "Tenants and their API keys (admin key)"),
          (name = "operators", description = "A tenant's operator components (tenant key)"),
@@ -532,6 +560,19 @@ pub fn router(state: ApiState) -> Router {
         .route(
             "/v1/pipelines/{name}/verify",
             get(pipelines::verify::verify_pipeline_state),
+        )
+        .route(
+            "/v1/pipelines/{name}/savepoints",
+            post(pipelines::savepoints::create_savepoint)
+                .get(pipelines::savepoints::list_savepoints),
+        )
+        .route(
+            "/v1/pipelines/{name}/savepoints/{savepoint}",
+            axum::routing::delete(pipelines::savepoints::delete_savepoint),
+        )
+        .route(
+            "/v1/pipelines/{name}/reset",
+            post(pipelines::savepoints::reset_pipeline),
         )
         .route(
             "/v1/pipelines/{name}/checkpoints",

@@ -19,6 +19,7 @@ pub mod key;
 pub mod lsm;
 pub mod manifest;
 pub mod memory;
+pub mod savepoint;
 pub mod snapshot;
 #[cfg(test)]
 pub(crate) mod test_support;

@@ -25,7 +25,7 @@ use std::sync::Arc;
 const MAGIC: &[u8; 8] = b"WEIRSNP1";
 const NO_EXPIRY: u64 = u64::MAX;
 /// Manifest metadata key naming the snapshot object.
-const SNAPSHOT_KEY: &str = "snapshot";
+pub(crate) const SNAPSHOT_KEY: &str = "snapshot";
 
 /// The snapshot object a checkpoint's manifest metadata names (relative to its shard), if any:
 /// `None` for an `lsm` checkpoint.

@@ -81,21 +81,9 @@ pub async fn verify_pipeline(
     pipeline: &str,
     checksums: bool,
 ) -> Result<Vec<ShardCheck>, VerifyError> {
-    let shards = if prefix.as_ref().is_empty() {
-        Path::from(format!("pipelines/{pipeline}/shards"))
-    } else {
-        Path::from(format!("{prefix}/pipelines/{pipeline}/shards"))
-    };
-    let listed = store
-        .list_with_delimiter(Some(&shards))
+    let partitions = shard_roots(store, prefix, pipeline)
         .await
         .map_err(VerifyError)?;
-    let mut partitions: Vec<(i32, Path)> = listed
-        .common_prefixes
-        .into_iter()
-        .filter_map(|p| Some((p.filename()?.parse().ok()?, p)))
-        .collect();
-    partitions.sort_by_key(|(p, _)| *p);
     let mut out = Vec::with_capacity(partitions.len());
     for (partition, root) in partitions {
         out.push(ShardCheck {
@@ -104,6 +92,31 @@ pub async fn verify_pipeline(
         });
     }
     Ok(out)
+}
+
+/// The shards stored for pipeline `pipeline` under the backend prefix `prefix` (each shard's
+/// partition and root, `{prefix}/pipelines/{pipeline}/shards/{p:05}`), in partition order.
+///
+/// # Errors
+/// The store's, when listing fails.
+pub async fn shard_roots(
+    store: &Arc<dyn ObjectStore>,
+    prefix: &Path,
+    pipeline: &str,
+) -> Result<Vec<(i32, Path)>, object_store::Error> {
+    let shards = if prefix.as_ref().is_empty() {
+        Path::from(format!("pipelines/{pipeline}/shards"))
+    } else {
+        Path::from(format!("{prefix}/pipelines/{pipeline}/shards"))
+    };
+    let listed = store.list_with_delimiter(Some(&shards)).await?;
+    let mut partitions: Vec<(i32, Path)> = listed
+        .common_prefixes
+        .into_iter()
+        .filter_map(|p| Some((p.filename()?.parse().ok()?, p)))
+        .collect();
+    partitions.sort_by_key(|(p, _)| *p);
+    Ok(partitions)
 }
 
 /// Verifies every manifest version of the shard under `root`, newest first.

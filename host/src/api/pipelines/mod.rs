@@ -21,6 +21,7 @@
 //! merging hosts' reports; [`store`] — reading and writing them in the catalog's store; this
 //! file — the routes.
 
+pub mod savepoints;
 mod spec;
 mod store;
 pub mod verify;
@@ -134,10 +135,26 @@ pub(super) async fn create_pipeline(
     }
     let mut uid = [0u8; 8];
     rand::RngCore::fill_bytes(&mut rand::rngs::OsRng, &mut uid);
+    let uid = hex::encode(uid);
+    // From a savepoint: its state goes under the new uid before the pipeline exists, so no
+    // host starts it without.
+    if let Some(from) = &spec.from_savepoint {
+        let restored =
+            savepoints::restore_into_new(&state, &tenant, (&name, &uid), &spec, from).await;
+        match restored {
+            Ok(restored) => {
+                tracing::info!(%tenant, pipeline = %name, savepoint = %from.savepoint, from = %from.pipeline, bytes = restored.shards.iter().map(|s| s.bytes_copied).sum::<u64>(), "state restored from a savepoint");
+            }
+            Err(e) => {
+                state.catalog.delete_state(&tenant, &uid).await?;
+                return Err(e);
+            }
+        }
+    }
     let now = now_ms();
     let mut record = PipelineRecord {
         name: name.clone(),
-        uid: hex::encode(uid),
+        uid: uid.clone(),
         spec,
         desired: DesiredState::Running,
         run_generation: 1,
@@ -147,7 +164,10 @@ pub(super) async fn create_pipeline(
         updated_ms: now,
         deleted: false,
     };
-    state.catalog.create_pipeline(&tenant, &mut record).await?;
+    if let Err(e) = state.catalog.create_pipeline(&tenant, &mut record).await {
+        state.catalog.delete_state(&tenant, &uid).await?;
+        return Err(e);
+    }
     // Creates through other API servers racing past the count above: the oldest `max` stay,
     // the others are undone.
     let mut all = state.catalog.pipelines(&tenant).await?;

@@ -145,6 +145,24 @@ pub struct PipelineSpec {
     /// state lives in object storage; its RAM and disk are bounded caches).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub state_bytes_max: Option<u64>,
+    /// Create the pipeline from a savepoint of one of the tenant's pipelines (itself, if it
+    /// was deleted and created again, cannot be: a savepoint goes with its pipeline): its
+    /// state and input offsets are copied into the new pipeline's before it starts. The
+    /// savepoint's pipeline must read the same input topics, with as many partitions, on the
+    /// same `state_backend`. Kept in the definition as where its state came from; set only at
+    /// creation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_savepoint: Option<SavepointRef>,
+}
+
+/// A savepoint of one of the tenant's pipelines.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SavepointRef {
+    /// The pipeline it was taken of.
+    pub pipeline: String,
+    /// The savepoint's name.
+    pub savepoint: String,
 }
 
 /// Where a pipeline's keyed state lives.

@@ -263,6 +263,23 @@ impl Catalog {
     /// # Errors
     /// [`ApiError::Conflict`] if it changed meanwhile; [`ApiError::Unavailable`] on a store
     /// error.
+    /// Deletes the keyed state stored under uid `uid` (a create that failed after restoring a
+    /// savepoint into it).
+    ///
+    /// # Errors
+    /// [`ApiError::Unavailable`] when the store fails.
+    pub async fn delete_state(&self, tenant: &str, uid: &str) -> Result<(), ApiError> {
+        let dir = self.pipeline_state_prefix(tenant, uid);
+        let metas: Vec<_> = self.store().list(Some(&dir)).try_collect().await?;
+        for meta in metas {
+            match self.store().delete(&meta.location).await {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+                Err(err) => return Err(err.into()),
+            }
+        }
+        Ok(())
+    }
+
     pub async fn delete_pipeline(
         &self,
         tenant: &str,

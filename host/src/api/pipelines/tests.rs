@@ -26,6 +26,7 @@ fn record(desired: DesiredState) -> PipelineRecord {
             late_records: Default::default(),
             state_backend: PipelineStateBackend::Lsm,
             state_bytes_max: None,
+            from_savepoint: None,
         },
         desired,
         run_generation: 2,

@@ -4,7 +4,8 @@
 use super::existing;
 use crate::api::problem::{ApiError, Problem};
 use crate::api::{ApiState, AuthProblems, Principal};
-use crate::state::verify::{ShardCheck, verify_pipeline};
+use crate::state::savepoint;
+use crate::state::verify::{ShardCheck, verify_pipeline, verify_shard};
 use axum::Json;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path as UrlPath, Query, State};
@@ -34,6 +35,20 @@ pub struct PipelineVerify {
     /// would start empty or stay paused, as docs/checkpoints.md says).
     pub restorable: bool,
     /// Per shard (input partition), every stored version, newest first.
+    pub shards: Vec<ShardCheck>,
+    /// The pipeline's savepoints, oldest first, each checked as its shards are.
+    #[serde(default)]
+    pub savepoints: Vec<SavepointCheck>,
+}
+
+/// What verification found for one savepoint.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct SavepointCheck {
+    /// The savepoint's name.
+    pub name: String,
+    /// Whether every partition's checkpoint in it is restorable.
+    pub restorable: bool,
+    /// Per partition, its one checkpoint.
     pub shards: Vec<ShardCheck>,
 }
 
@@ -74,8 +89,40 @@ pub(crate) async fn verify_pipeline_state(
     )
     .await
     .map_err(|e| ApiError::Unavailable(format!("{}", crate::error::Chain(&e))))?;
+    let store = state.catalog.store();
+    fn unavailable(e: &(dyn std::error::Error + 'static)) -> ApiError {
+        ApiError::Unavailable(format!("{}", crate::error::Chain(e)))
+    }
+    let mut savepoints = Vec::new();
+    let root = object_store::path::Path::from(format!("{prefix}/savepoints"));
+    for saved in savepoint::list(store, &root)
+        .await
+        .map_err(|e| unavailable(&e))?
+    {
+        let at = savepoint::savepoint_root(&root, &saved.name);
+        let mut shards = Vec::with_capacity(saved.shards.len());
+        for shard in &saved.shards {
+            let versions = verify_shard(
+                store,
+                &savepoint::savepoint_shard_root(&at, shard.partition),
+                checksums,
+            )
+            .await
+            .map_err(|e| unavailable(&e))?;
+            shards.push(ShardCheck {
+                partition: shard.partition,
+                versions,
+            });
+        }
+        savepoints.push(SavepointCheck {
+            name: saved.name,
+            restorable: shards.iter().all(|s| s.newest_restorable().is_some()),
+            shards,
+        });
+    }
     Ok(Json(PipelineVerify {
         name,
+        savepoints,
         checksums,
         // No shard stored: nothing to restore from (a pipeline that never checkpointed).
         restorable: !shards.is_empty() && shards.iter().all(|s| s.newest_restorable().is_some()),
@@ -107,6 +154,26 @@ pub fn verify_text(v: &PipelineVerify) -> String {
             ));
         }
     }
+    for saved in &v.savepoints {
+        for shard in &saved.shards {
+            for c in &shard.versions {
+                let verdict = match (&c.problem, c.restorable) {
+                    (_, true) => "yes".to_owned(),
+                    (Some(problem), false) => format!("no: {problem}"),
+                    (None, false) => "-".to_owned(),
+                };
+                out.push_str(&format!(
+                    "{:>9} {:>8} {:<10} {:<11} {:>7} {:>12}  {verdict}\n",
+                    shard.partition,
+                    c.version,
+                    format!("sp:{}", saved.name),
+                    c.decided_by.as_deref().unwrap_or("-"),
+                    c.objects,
+                    c.bytes,
+                ));
+            }
+        }
+    }
     let missing: Vec<String> = v
         .shards
         .iter()
@@ -118,6 +185,18 @@ pub fn verify_text(v: &PipelineVerify) -> String {
     } else {
         "objects present at their recorded sizes; checksums not read"
     };
+    let broken: Vec<&str> = v
+        .savepoints
+        .iter()
+        .filter(|s| !s.restorable)
+        .map(|s| s.name.as_str())
+        .collect();
+    if !broken.is_empty() {
+        out.push_str(&format!(
+            "savepoints that cannot be restored: {}\n",
+            broken.join(", ")
+        ));
+    }
     if missing.is_empty() {
         out.push_str(&format!(
             "every partition has a restorable checkpoint ({how})\n"
@@ -168,12 +247,29 @@ mod tests {
                     versions: vec![version(3, false, Some("manifest is corrupt"))],
                 },
             ],
+            savepoints: vec![SavepointCheck {
+                name: "before-v2".into(),
+                restorable: false,
+                shards: vec![ShardCheck {
+                    partition: 0,
+                    versions: vec![version(5, false, Some("sst/y.sst is missing"))],
+                }],
+            }],
         };
         let text = verify_text(&v);
         assert!(text.contains("no: sst/x.sst is missing"), "{text}");
         assert!(
             text.lines()
                 .any(|l| l.contains(" 6 ") && l.ends_with("yes")),
+            "{text}"
+        );
+        assert!(
+            text.lines()
+                .any(|l| l.contains("sp:before-v2") && l.ends_with("no: sst/y.sst is missing")),
+            "{text}"
+        );
+        assert!(
+            text.contains("savepoints that cannot be restored: before-v2\n"),
             "{text}"
         );
         assert!(

@@ -1,0 +1,644 @@
+//! Savepoints of a pipeline ([`crate::state::savepoint`]): take one with the pipeline running
+//! (`POST /v1/pipelines/{name}/savepoints`), list and delete them, reset a stopped pipeline to
+//! one (`POST /v1/pipelines/{name}/reset`), and copy one into a new pipeline
+//! ([`restore_into_new`], for `POST /v1/pipelines/{name}` with `from_savepoint`).
+//!
+//! A savepoint lives under its pipeline's state prefix (`{state}/savepoints/{name}/`) and is
+//! deleted with the pipeline; a pipeline created from it holds its own copy.
+
+use super::{DesiredState, PipelineRecord, PipelineSpec, PipelineState, SavepointRef, existing};
+use crate::api::problem::{ApiError, Problem};
+use crate::api::{ApiState, AuthProblems, Principal, now_ms, read_json, read_json_or_default};
+use crate::state::savepoint::{
+    self, SavepointDescriptor, SavepointError, SavepointShard, savepoint_root, savepoint_shard_root,
+};
+use crate::state::verify::shard_roots;
+use axum::Json;
+use axum::body::Body;
+use axum::extract::{Path as UrlPath, State};
+use axum::http::StatusCode;
+use object_store::path::Path;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+use utoipa::ToSchema;
+
+/// How long a savepoint of a running pipeline waits for every partition's checkpoint, beyond
+/// two checkpoint intervals.
+const CHECKPOINT_WAIT: Duration = Duration::from_secs(60);
+/// How often it asks the hosts for a checkpoint again while it waits (an exactly-once
+/// checkpoint is decided, for a savepoint, once the next one names it as parent).
+const REQUEST_AGAIN: Duration = Duration::from_secs(3);
+
+/// Body of `POST /v1/pipelines/{name}/savepoints` (none at all takes the defaults).
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NewSavepoint {
+    /// The savepoint's name, 1..=64 bytes of `[a-z0-9_-]`, unique per pipeline; default
+    /// `sp-{ms since the Unix epoch}`.
+    pub name: Option<String>,
+}
+
+/// Body of `POST /v1/pipelines/{name}/reset`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ResetRequest {
+    /// The savepoint's name.
+    pub savepoint: String,
+    /// The pipeline it was taken of; default this one.
+    pub pipeline: Option<String>,
+}
+
+/// What a reset or a create from a savepoint restored.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Restored {
+    /// The savepoint.
+    pub savepoint: String,
+    /// The pipeline it was taken of.
+    pub from_pipeline: String,
+    /// Per partition, the checkpoint written: the pipeline resumes from it.
+    pub shards: Vec<RestoredShard>,
+}
+
+/// One partition's restored checkpoint.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct RestoredShard {
+    /// The input partition.
+    pub partition: i32,
+    /// The checkpoint's manifest version in the pipeline's shard (above every earlier one).
+    pub version: u64,
+    /// Its input offsets (topic → next offset).
+    pub offsets: BTreeMap<String, i64>,
+    /// Bytes copied from the savepoint (server-side on S3).
+    pub bytes_copied: u64,
+}
+
+fn unavailable(e: SavepointError) -> ApiError {
+    match e {
+        SavepointError::Unavailable(_) => {
+            ApiError::Unavailable(format!("{}", crate::error::Chain(&e)))
+        }
+        SavepointError::Unusable(reason) => ApiError::Conflict(reason),
+    }
+}
+
+/// The savepoint root of the pipeline `record` of `tenant`.
+fn savepoints_of(state: &ApiState, tenant: &str, record: &PipelineRecord) -> Path {
+    let prefix = state.catalog.pipeline_state_prefix(tenant, &record.uid);
+    Path::from(format!("{prefix}/savepoints"))
+}
+
+/// The shards the pipeline's runs write: named `{tenant}.{name}` under its state prefix.
+async fn shards_of(
+    state: &ApiState,
+    tenant: &str,
+    record: &PipelineRecord,
+) -> Result<Vec<(i32, Path)>, ApiError> {
+    let prefix = state.catalog.pipeline_state_prefix(tenant, &record.uid);
+    shard_roots(
+        state.catalog.store(),
+        &prefix,
+        &format!("{tenant}.{}", record.name),
+    )
+    .await
+    .map_err(ApiError::from)
+}
+
+/// The root of partition `partition`'s shard of pipeline `name` (uid `uid`) of `tenant`.
+fn shard_root(state: &ApiState, tenant: &str, name: &str, uid: &str, partition: i32) -> Path {
+    let id = crate::state::ShardId {
+        pipeline: format!("{tenant}.{name}"),
+        partition,
+    };
+    id.root_under(&state.catalog.pipeline_state_prefix(tenant, uid))
+}
+
+fn check_savepoint_name(name: &str) -> Result<(), ApiError> {
+    if crate::api::catalog::valid_operator_name(name) {
+        Ok(())
+    } else {
+        Err(ApiError::BadRequest(format!(
+            "savepoint name must be 1..=64 bytes of [a-z0-9_-], not starting with `-` or `_`. name=`{name}`"
+        )))
+    }
+}
+
+/// Takes a savepoint: with the pipeline running, asks every host for a checkpoint and copies,
+/// per partition, the first decided checkpoint after the request; with it stopped, the newest
+/// decided one. Answers once every partition's is copied.
+#[utoipa::path(post, path = "/v1/pipelines/{name}/savepoints", tag = "pipelines",
+    params(("name" = String, Path, description = "Pipeline name", pattern = "^[a-z0-9][a-z0-9_-]{0,63}$")),
+    request_body = NewSavepoint,
+    responses(
+        (status = 201, description = "Taken", body = SavepointDescriptor),
+        (status = 400, description = "A bad name or body", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such pipeline", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The name is taken, or the pipeline has no checkpoint", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The store failed, or a partition did not checkpoint in time", body = Problem, content_type = "application/problem+json"),
+        AuthProblems,
+    ),
+    security(("bearer" = [])))]
+pub(crate) async fn create_savepoint(
+    State(state): State<ApiState>,
+    principal: Principal,
+    UrlPath(name): UrlPath<String>,
+    body: Body,
+) -> Result<(StatusCode, Json<SavepointDescriptor>), ApiError> {
+    let tenant = principal.tenant()?.to_owned();
+    tracing::Span::current().record("pipeline", name.as_str());
+    let record = existing(&state, &tenant, &name).await?;
+    let request: NewSavepoint = read_json_or_default(body).await?;
+    let savepoint = request.name.unwrap_or_else(|| format!("sp-{}", now_ms()));
+    check_savepoint_name(&savepoint)?;
+    let store = state.catalog.store().clone();
+    let root = savepoint_root(&savepoints_of(&state, &tenant, &record), &savepoint);
+    if savepoint::descriptor(&store, &root)
+        .await
+        .map_err(unavailable)?
+        .is_some()
+    {
+        return Err(ApiError::Conflict(format!(
+            "pipeline `{name}` has a savepoint `{savepoint}` already"
+        )));
+    }
+    let shards = shards_of(&state, &tenant, &record).await?;
+    if shards.is_empty() {
+        return Err(ApiError::Conflict(format!(
+            "pipeline `{name}` has no checkpoint yet: start it and let it checkpoint"
+        )));
+    }
+    // Running: only checkpoints decided after the request count.
+    let running = record.desired == DesiredState::Running;
+    let partitions: Vec<i32> = shards.iter().map(|(p, _)| *p).collect();
+    let mut committed = committed_versions(&state, &tenant, &record, &partitions).await;
+    let mut read_at = Instant::now();
+    let mut after: BTreeMap<i32, Option<u64>> = BTreeMap::new();
+    for (partition, shard) in &shards {
+        let newest = if running {
+            savepoint::newest_decided(
+                &crate::state::manifest::ManifestStore::new(store.clone(), shard.clone()),
+                committed.get(partition).copied(),
+            )
+            .await
+            .map_err(unavailable)?
+            .map(|m| m.version)
+        } else {
+            None
+        };
+        after.insert(*partition, newest);
+    }
+    let interval = Duration::from_millis(record.spec.checkpoint_interval_ms);
+    let deadline = Instant::now() + 2 * interval + CHECKPOINT_WAIT;
+    let mut asked: Option<Instant> = None;
+    let mut taken: BTreeMap<i32, SavepointShard> = BTreeMap::new();
+    let outcome = 'wait: loop {
+        if running && asked.is_none_or(|at| at.elapsed() >= REQUEST_AGAIN) {
+            request_checkpoint(&state, &tenant, &name).await?;
+            asked = Some(Instant::now());
+        } else if running && read_at.elapsed() >= Duration::from_secs(1) {
+            committed = committed_versions(&state, &tenant, &record, &partitions).await;
+            read_at = Instant::now();
+        }
+        for (partition, shard) in &shards {
+            if taken.contains_key(partition) {
+                continue;
+            }
+            let target = savepoint_shard_root(&root, *partition);
+            let captured = savepoint::capture_shard(
+                &store,
+                shard,
+                &target,
+                *partition,
+                after[partition],
+                committed.get(partition).copied(),
+            )
+            .await;
+            match captured {
+                Ok(Some(saved)) => {
+                    taken.insert(*partition, saved);
+                }
+                Ok(None) if !running => {
+                    break 'wait Err(ApiError::Conflict(format!(
+                        "pipeline `{name}` is stopped and partition {partition} has no decided checkpoint to save"
+                    )));
+                }
+                Ok(None) => {}
+                Err(e) => break 'wait Err(unavailable(e)),
+            }
+        }
+        if taken.len() == shards.len() {
+            break Ok(());
+        }
+        if Instant::now() >= deadline {
+            let missing: Vec<i32> = shards
+                .iter()
+                .map(|(p, _)| *p)
+                .filter(|p| !taken.contains_key(p))
+                .collect();
+            break Err(ApiError::Unavailable(format!(
+                "partitions {missing:?} of pipeline `{name}` did not checkpoint within {:?} of the request: is a host running them? (GET /v1/pipelines/{name})",
+                2 * interval + CHECKPOINT_WAIT
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    if let Err(e) = outcome {
+        let _ = savepoint::delete(&store, &root).await;
+        return Err(e);
+    }
+    let shards: Vec<SavepointShard> = taken.into_values().collect();
+    let descriptor = SavepointDescriptor {
+        format: savepoint::FORMAT_VERSION,
+        name: savepoint.clone(),
+        pipeline: name.clone(),
+        pipeline_uid: record.uid.clone(),
+        state_backend: backend_name(&record.spec).to_owned(),
+        input_topics: record.spec.input_topics.clone(),
+        operator: record.spec.operator.clone(),
+        operator_version: record.spec.operator_version,
+        created_ms: now_ms(),
+        bytes: shards.iter().map(|s| s.bytes).sum(),
+        shards,
+    };
+    if !savepoint::put_descriptor(&store, &root, &descriptor)
+        .await
+        .map_err(unavailable)?
+    {
+        return Err(ApiError::Conflict(format!(
+            "pipeline `{name}` has a savepoint `{savepoint}` already (taken at the same time)"
+        )));
+    }
+    tracing::info!(%tenant, pipeline = %name, savepoint = %savepoint, bytes = descriptor.bytes, "savepoint taken");
+    Ok((StatusCode::CREATED, Json(descriptor)))
+}
+
+fn backend_name(spec: &PipelineSpec) -> &'static str {
+    match spec.state_backend {
+        super::PipelineStateBackend::Lsm => "lsm",
+        super::PipelineStateBackend::Memory => "memory",
+    }
+}
+
+/// The checkpoint versions the consumer group's committed offsets name, per partition, for an
+/// exactly-once pipeline on a host that has the brokers' settings (empty otherwise, or when
+/// they cannot be read: a savepoint then waits for a later version to name the checkpoint as
+/// its parent).
+async fn committed_versions(
+    state: &ApiState,
+    tenant: &str,
+    record: &PipelineRecord,
+    partitions: &[i32],
+) -> BTreeMap<i32, u64> {
+    let (Some(kafka), crate::config::Delivery::ExactlyOnce) =
+        (state.kafka_settings().cloned(), record.spec.delivery)
+    else {
+        return BTreeMap::new();
+    };
+    // The group the pipeline's runs join (as `runner::job`).
+    let group = format!("weir.{tenant}.{}.{}", record.name, record.uid);
+    let topics: Vec<String> = record
+        .spec
+        .input_topics
+        .iter()
+        .map(|t| super::kafka_topic(tenant, t))
+        .collect();
+    let partitions = partitions.to_vec();
+    let read = tokio::task::spawn_blocking(move || -> Result<BTreeMap<i32, u64>, String> {
+        use rdkafka::consumer::Consumer as _;
+        let mut config = kafka.client_config();
+        for (k, v) in &kafka.consumer {
+            config.set(k, v);
+        }
+        config
+            .set("group.id", &group)
+            .set("enable.auto.commit", "false")
+            .set("isolation.level", "read_committed");
+        let consumer: rdkafka::consumer::BaseConsumer =
+            config.create().map_err(|e| e.to_string())?;
+        let mut wanted = rdkafka::TopicPartitionList::new();
+        for topic in &topics {
+            for p in &partitions {
+                wanted.add_partition(topic, *p);
+            }
+        }
+        let committed = consumer
+            .committed_offsets(wanted, Duration::from_secs(10))
+            .map_err(|e| e.to_string())?;
+        Ok(committed
+            .elements()
+            .iter()
+            .filter_map(|e| {
+                let version = crate::state::checkpoint::parse_manifest_metadata(e.metadata())?;
+                Some((e.partition(), version))
+            })
+            .collect())
+    })
+    .await;
+    match read {
+        Ok(Ok(versions)) => versions,
+        Ok(Err(error)) => {
+            tracing::warn!(%error, pipeline = %record.name, "cannot read the committed offsets for a savepoint; waiting for later checkpoints instead");
+            BTreeMap::new()
+        }
+        Err(_) => BTreeMap::new(),
+    }
+}
+
+/// Bumps the pipeline's checkpoint requests, if it still runs.
+async fn request_checkpoint(state: &ApiState, tenant: &str, name: &str) -> Result<(), ApiError> {
+    state
+        .catalog
+        .update_pipeline(tenant, name, |record| {
+            if record.desired == DesiredState::Running {
+                record.checkpoint_requests += 1;
+            }
+            Ok(())
+        })
+        .await?;
+    Ok(())
+}
+
+/// The pipeline's savepoints, oldest first.
+#[utoipa::path(get, path = "/v1/pipelines/{name}/savepoints", tag = "pipelines",
+    params(("name" = String, Path, description = "Pipeline name", pattern = "^[a-z0-9][a-z0-9_-]{0,63}$")),
+    responses(
+        (status = 200, description = "The savepoints", body = [SavepointDescriptor]),
+        (status = 404, description = "No such pipeline", body = Problem, content_type = "application/problem+json"),
+        AuthProblems,
+    ),
+    security(("bearer" = [])))]
+pub(crate) async fn list_savepoints(
+    State(state): State<ApiState>,
+    principal: Principal,
+    UrlPath(name): UrlPath<String>,
+) -> Result<Json<Vec<SavepointDescriptor>>, ApiError> {
+    let tenant = principal.tenant()?;
+    tracing::Span::current().record("pipeline", name.as_str());
+    let record = existing(&state, tenant, &name).await?;
+    let found = savepoint::list(
+        state.catalog.store(),
+        &savepoints_of(&state, tenant, &record),
+    )
+    .await
+    .map_err(unavailable)?;
+    Ok(Json(found))
+}
+
+/// Deletes a savepoint with its objects. Pipelines created from it or reset to it keep
+/// their own copies.
+#[utoipa::path(delete, path = "/v1/pipelines/{name}/savepoints/{savepoint}", tag = "pipelines",
+    params(("name" = String, Path, description = "Pipeline name", pattern = "^[a-z0-9][a-z0-9_-]{0,63}$"),
+           ("savepoint" = String, Path, description = "Savepoint name")),
+    responses(
+        (status = 204, description = "Deleted"),
+        (status = 404, description = "No such pipeline or savepoint", body = Problem, content_type = "application/problem+json"),
+        AuthProblems,
+    ),
+    security(("bearer" = [])))]
+pub(crate) async fn delete_savepoint(
+    State(state): State<ApiState>,
+    principal: Principal,
+    UrlPath((name, savepoint)): UrlPath<(String, String)>,
+) -> Result<StatusCode, ApiError> {
+    let tenant = principal.tenant()?;
+    tracing::Span::current().record("pipeline", name.as_str());
+    let record = existing(&state, tenant, &name).await?;
+    let root = found_savepoint(&state, tenant, &record, &savepoint)
+        .await?
+        .0;
+    savepoint::delete(state.catalog.store(), &root)
+        .await
+        .map_err(unavailable)?;
+    tracing::info!(%tenant, pipeline = %name, %savepoint, "savepoint deleted");
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// The savepoint `savepoint` of `record`: its root and descriptor, or a 404.
+async fn found_savepoint(
+    state: &ApiState,
+    tenant: &str,
+    record: &PipelineRecord,
+    savepoint: &str,
+) -> Result<(Path, SavepointDescriptor), ApiError> {
+    let not_found = || {
+        ApiError::NotFound(format!(
+            "pipeline `{}` has no savepoint `{savepoint}`",
+            record.name
+        ))
+    };
+    if !crate::api::catalog::valid_operator_name(savepoint) {
+        return Err(not_found());
+    }
+    let root = savepoint_root(&savepoints_of(state, tenant, record), savepoint);
+    let found = savepoint::descriptor(state.catalog.store(), &root)
+        .await
+        .map_err(unavailable)?
+        .ok_or_else(not_found)?;
+    Ok((root, found))
+}
+
+/// Why a pipeline of `spec` reading `partitions` partitions (when known) cannot take the
+/// state of `saved`, if it cannot.
+fn incompatible(
+    saved: &SavepointDescriptor,
+    spec: &PipelineSpec,
+    partitions: Option<usize>,
+) -> Option<String> {
+    let mut theirs = saved.input_topics.clone();
+    let mut ours = spec.input_topics.clone();
+    theirs.sort();
+    ours.sort();
+    if theirs != ours {
+        return Some(format!(
+            "savepoint `{}` of pipeline `{}` holds offsets of topics {:?}; this pipeline reads {:?}",
+            saved.name, saved.pipeline, saved.input_topics, spec.input_topics
+        ));
+    }
+    if saved.state_backend != backend_name(spec) {
+        return Some(format!(
+            "savepoint `{}` holds `{}` state; this pipeline's state_backend is `{}` (a savepoint restores into the backend it was taken on)",
+            saved.name,
+            saved.state_backend,
+            backend_name(spec)
+        ));
+    }
+    if let Some(partitions) = partitions.filter(|p| *p != saved.shards.len()) {
+        return Some(format!(
+            "savepoint `{}` holds {} partitions; the input topics have {partitions} now (state is partitioned by the input's partitions)",
+            saved.name,
+            saved.shards.len()
+        ));
+    }
+    None
+}
+
+/// The number of partitions of `topics` (the tenant's names), from the brokers, when this
+/// host has their settings; an error when they differ or a topic is missing.
+async fn input_partitions(
+    state: &ApiState,
+    tenant: &str,
+    topics: &[String],
+) -> Result<Option<usize>, ApiError> {
+    let Some(kafka) = state.kafka_settings().cloned() else {
+        return Ok(None);
+    };
+    let topics: Vec<String> = topics
+        .iter()
+        .map(|t| super::kafka_topic(tenant, t))
+        .collect();
+    let prefix = format!("{tenant}.");
+    tokio::task::spawn_blocking(move || {
+        use rdkafka::consumer::Consumer as _;
+        let client = crate::source::broker::metadata_client(&kafka)
+            .map_err(|e| ApiError::Unavailable(format!("cannot create a Kafka client: {e}")))?;
+        let mut counts = Vec::new();
+        for topic in &topics {
+            let metadata = client
+                .fetch_metadata(Some(topic), Duration::from_secs(10))
+                .map_err(|e| {
+                    ApiError::Unavailable(format!(
+                        "cannot read the metadata of topic `{}`: {}",
+                        topic.strip_prefix(&prefix).unwrap_or(topic),
+                        crate::source::broker::explain(&client, &e)
+                    ))
+                })?;
+            let n = metadata
+                .topics()
+                .iter()
+                .find(|t| t.name() == topic && t.error().is_none())
+                .map_or(0, |t| t.partitions().len());
+            if n == 0 {
+                return Err(ApiError::BadRequest(format!(
+                    "topic `{}` does not exist; create it first",
+                    topic.strip_prefix(&prefix).unwrap_or(topic)
+                )));
+            }
+            counts.push(n);
+        }
+        Ok(counts.iter().max().copied())
+    })
+    .await
+    .map_err(|e| ApiError::Internal(format!("metadata task: {e}")))?
+}
+
+/// Copies every shard of savepoint `root` (`saved`) into the pipeline `name` with uid `uid`.
+async fn restore(
+    state: &ApiState,
+    tenant: &str,
+    (name, uid): (&str, &str),
+    (root, saved): (&Path, &SavepointDescriptor),
+) -> Result<Restored, ApiError> {
+    let store = state.catalog.store();
+    let token = format!("restore-{}-{}", saved.pipeline, saved.name);
+    let mut shards = Vec::with_capacity(saved.shards.len());
+    for shard in &saved.shards {
+        let target = shard_root(state, tenant, name, uid, shard.partition);
+        let (version, bytes_copied) = savepoint::restore_shard(
+            store,
+            &savepoint_shard_root(root, shard.partition),
+            &target,
+            &token,
+        )
+        .await
+        .map_err(unavailable)?;
+        shards.push(RestoredShard {
+            partition: shard.partition,
+            version,
+            offsets: shard.offsets.clone(),
+            bytes_copied,
+        });
+    }
+    Ok(Restored {
+        savepoint: saved.name.clone(),
+        from_pipeline: saved.pipeline.clone(),
+        shards,
+    })
+}
+
+/// For a create with `from_savepoint`: checks the savepoint fits `spec`, and copies it into the
+/// new pipeline `name`'s state (uid `uid`), before the pipeline is stored.
+///
+/// # Errors
+/// 400 naming what does not fit (no such pipeline or savepoint, other topics, another
+/// backend, another partition count); 503 when the store or brokers fail.
+pub(super) async fn restore_into_new(
+    state: &ApiState,
+    tenant: &str,
+    (name, uid): (&str, &str),
+    spec: &PipelineSpec,
+    from: &SavepointRef,
+) -> Result<Restored, ApiError> {
+    let bad = |e: ApiError| match e {
+        ApiError::NotFound(m) => ApiError::BadRequest(m),
+        other => other,
+    };
+    let source = existing(state, tenant, &from.pipeline).await.map_err(bad)?;
+    let (root, saved) = found_savepoint(state, tenant, &source, &from.savepoint)
+        .await
+        .map_err(bad)?;
+    let partitions = input_partitions(state, tenant, &spec.input_topics).await?;
+    if let Some(reason) = incompatible(&saved, spec, partitions) {
+        return Err(ApiError::BadRequest(reason));
+    }
+    restore(state, tenant, (name, uid), (&root, &saved)).await
+}
+
+/// Resets a stopped pipeline to a savepoint (of itself, or of another of your pipelines that
+/// reads the same topics): every partition's state and input offsets become the savepoint's,
+/// as a new checkpoint above every earlier one (checkpoint ids stay monotonic). Start it
+/// afterwards; it processes again what came after the savepoint. The operator version stays
+/// the pipeline's (switch it first to run the savepoint's).
+#[utoipa::path(post, path = "/v1/pipelines/{name}/reset", tag = "pipelines",
+    params(("name" = String, Path, description = "Pipeline name", pattern = "^[a-z0-9][a-z0-9_-]{0,63}$")),
+    request_body = ResetRequest,
+    responses(
+        (status = 200, description = "Reset; start it to resume from the savepoint", body = Restored),
+        (status = 400, description = "The savepoint does not fit the pipeline", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such pipeline or savepoint", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Not stopped", body = Problem, content_type = "application/problem+json"),
+        AuthProblems,
+    ),
+    security(("bearer" = [])))]
+pub(crate) async fn reset_pipeline(
+    State(state): State<ApiState>,
+    principal: Principal,
+    UrlPath(name): UrlPath<String>,
+    body: Body,
+) -> Result<Json<Restored>, ApiError> {
+    let tenant = principal.tenant()?.to_owned();
+    tracing::Span::current().record("pipeline", name.as_str());
+    let record = existing(&state, &tenant, &name).await?;
+    let request: ResetRequest = read_json(body).await?;
+    let status = super::view(&state, &tenant, record.clone()).await?.status;
+    if status.state != PipelineState::Stopped {
+        return Err(ApiError::Conflict(format!(
+            "pipeline `{name}` is {:?}, not stopped: stop it, then reset it",
+            status.state
+        )));
+    }
+    let source = match request.pipeline.as_deref() {
+        None => record.clone(),
+        Some(other) if other == name => record.clone(),
+        Some(other) => existing(&state, &tenant, other).await?,
+    };
+    let (root, saved) = found_savepoint(&state, &tenant, &source, &request.savepoint).await?;
+    let partitions = input_partitions(&state, &tenant, &record.spec.input_topics).await?;
+    if let Some(reason) = incompatible(&saved, &record.spec, partitions) {
+        return Err(ApiError::BadRequest(reason));
+    }
+    // A partition the pipeline has state for that the savepoint lacks would keep its own.
+    let saved_partitions: Vec<i32> = saved.shards.iter().map(|s| s.partition).collect();
+    if let Some((extra, _)) = shards_of(&state, &tenant, &record)
+        .await?
+        .into_iter()
+        .find(|(p, _)| !saved_partitions.contains(p))
+    {
+        return Err(ApiError::BadRequest(format!(
+            "pipeline `{name}` has state for partition {extra}, which savepoint `{}` does not hold",
+            saved.name
+        )));
+    }
+    let restored = restore(&state, &tenant, (&name, &record.uid), (&root, &saved)).await?;
+    tracing::info!(audit = true, %tenant, pipeline = %name, savepoint = %saved.name, from = %saved.pipeline, versions = ?restored.shards.iter().map(|s| s.version).collect::<Vec<_>>(), "pipeline reset to a savepoint");
+    Ok(Json(restored))
+}

@@ -1,0 +1,705 @@
+//! Savepoints (issue 20): a named copy of one committed checkpoint per shard of a pipeline,
+//! with its input offsets, that the pipeline's GC never touches, and from which a pipeline
+//! can be created or to which it can be reset (as Flink's savepoints, which are full copies
+//! too).
+//!
+//! # Layout
+//! A savepoint lives beside the shards it was taken from, under the pipeline's state prefix,
+//! so it is deleted with the pipeline (a pipeline created from it holds its own copy):
+//! - `{root}/{name}/shards/{partition:05}/manifest/{version:020}.manifest` — the checkpoint's
+//!   manifest, unchanged, the only version there;
+//! - `{root}/{name}/shards/{partition:05}/sst/…` or `…/snapshot/…` — the objects it
+//!   references, under their names in the shard;
+//! - `{root}/{name}/savepoint.json` — the [`SavepointDescriptor`], written last and create-only:
+//!   a savepoint without one is incomplete and is not listed.
+//!
+//! Each savepoint shard is a shard of its own: [`crate::state::verify::verify_shard`] checks it.
+//!
+//! # Taking one ([`capture_shard`])
+//! Copies the shard's newest *decided* checkpoint ([`newest_decided`]): manifest-decided, or
+//! transaction-decided and named as parent by a later version (a writer goes on from a
+//! checkpoint, and a claim starts from one, only once it is decided). The copy is server-side
+//! (`copy`: no byte passes through the host on S3). GC may delete an object of that
+//! checkpoint while it is copied (three newer checkpoints were decided meanwhile): the copy
+//! then starts again from the then-newest one.
+//!
+//! # Restoring one ([`restore_shard`])
+//! Copies the savepoint shard's objects into the target shard under new names — writer epoch
+//! `E` above every epoch in the target shard (its versions' and its objects' names), so they
+//! can collide with nothing there, and with nothing a later owner (epoch `E + 1` and up)
+//! writes — and commits one manifest version above every version in the target shard: a
+//! manifest-decided checkpoint at the savepoint's offsets. Recovery opens it like any other
+//! checkpoint (the newest decided one), and the checkpoint ids (manifest versions) stay
+//! monotonic, since sinks use them as commit ids. Nothing references the savepoint afterwards:
+//! deleting it, or its pipeline, leaves the restored shard whole.
+
+use super::lsm::tree::SstId;
+use super::manifest::{Manifest, ManifestError, ManifestKind, ManifestStore};
+use super::snapshot;
+use crate::state::checkpoint::{DecidedBy, InputOffsets, checkpoint_metadata, decided_by};
+use futures::TryStreamExt;
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
+
+/// The descriptor's file name in a savepoint's directory.
+pub const DESCRIPTOR: &str = "savepoint.json";
+/// The descriptor's format version.
+pub const FORMAT_VERSION: u32 = 1;
+/// Attempts of one shard's copy when GC deletes what it copies.
+const CAPTURE_ATTEMPTS_MAX: usize = 5;
+
+/// What a savepoint holds: written last, so that one exists only once every shard is copied.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct SavepointDescriptor {
+    /// [`FORMAT_VERSION`].
+    pub format: u32,
+    /// The savepoint's name, unique per pipeline.
+    pub name: String,
+    /// The pipeline it was taken from.
+    pub pipeline: String,
+    /// That pipeline's uid.
+    pub pipeline_uid: String,
+    /// Its state backend (`lsm` or `memory`): the backend a pipeline restored from it uses.
+    pub state_backend: String,
+    /// Its input topics (the tenant's names), in the pipeline's order.
+    pub input_topics: Vec<String>,
+    /// The operator and version it ran.
+    pub operator: String,
+    /// See `operator`.
+    pub operator_version: u64,
+    /// When it was taken, ms since the Unix epoch.
+    pub created_ms: u64,
+    /// One checkpoint per input partition, in partition order.
+    pub shards: Vec<SavepointShard>,
+    /// Bytes of every shard's objects.
+    pub bytes: u64,
+}
+
+/// One shard's checkpoint in a savepoint.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct SavepointShard {
+    /// The input partition.
+    pub partition: i32,
+    /// The checkpoint's manifest version in the pipeline's shard.
+    pub version: u64,
+    /// Its input offsets (topic → next offset).
+    pub offsets: BTreeMap<String, i64>,
+    /// Objects it references (SSTs, or the snapshot).
+    pub objects: usize,
+    /// Their bytes.
+    pub bytes: u64,
+}
+
+/// Why a savepoint operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum SavepointError {
+    /// The store failed: retry.
+    #[error("object store unavailable for the savepoint")]
+    Unavailable(#[source] object_store::Error),
+    /// What is stored cannot be used, and why (a corrupt manifest, a savepoint shard without
+    /// its checkpoint, objects GC kept deleting).
+    #[error("{0}")]
+    Unusable(String),
+}
+
+impl From<ManifestError> for SavepointError {
+    fn from(e: ManifestError) -> Self {
+        match e {
+            ManifestError::Unavailable(source) => SavepointError::Unavailable(source),
+            other => SavepointError::Unusable(crate::error::Chain(&other).to_string()),
+        }
+    }
+}
+
+/// The root of the savepoint `name` under `savepoints` (the pipeline's savepoint root).
+pub fn savepoint_root(savepoints: &Path, name: &str) -> Path {
+    Path::from(format!("{savepoints}/{name}"))
+}
+
+/// The root of partition `partition`'s shard in the savepoint at `root`.
+pub fn savepoint_shard_root(root: &Path, partition: i32) -> Path {
+    Path::from(format!("{root}/shards/{partition:05}"))
+}
+
+/// The objects `manifest` references, relative to its shard's root.
+fn referenced(manifest: &Manifest) -> Vec<String> {
+    let mut objects: Vec<String> = manifest
+        .levels
+        .iter()
+        .flatten()
+        .map(|sst| sst.id().object_name())
+        .collect();
+    objects.extend(snapshot::snapshot_name(&manifest.metadata).map(str::to_owned));
+    objects
+}
+
+/// The shard's newest decided checkpoint (module docs) that a newer version does not reject,
+/// if any. `committed` is the version the consumer group's committed offsets name, when known
+/// (exactly-once): that one is decided too.
+///
+/// # Errors
+/// [`SavepointError::Unavailable`].
+pub async fn newest_decided(
+    manifests: &ManifestStore,
+    committed: Option<u64>,
+) -> Result<Option<Manifest>, SavepointError> {
+    let versions = manifests.versions().await?;
+    let mut rejected = HashSet::new();
+    let mut parents = HashSet::new();
+    for &version in versions.iter().rev() {
+        let manifest = match manifests.read(version).await {
+            Ok(m) => m,
+            Err(ManifestError::NotFound(_) | ManifestError::Corrupt { .. }) => continue,
+            Err(other) => return Err(other.into()),
+        };
+        let usable = manifest.kind == ManifestKind::Checkpoint
+            && !rejected.contains(&version)
+            && (decided_by(&manifest.metadata) == DecidedBy::Manifest
+                || committed == Some(version)
+                || parents.contains(&version));
+        rejected.extend(manifest.rejected.iter().map(|r| r.version));
+        parents.extend(manifest.parent);
+        if usable {
+            return Ok(Some(manifest));
+        }
+    }
+    Ok(None)
+}
+
+/// Copies the newest decided checkpoint of the shard under `shard_root` into the savepoint
+/// shard `target` (module docs; `committed` as in [`newest_decided`]), if it is newer than
+/// `after`; `Ok(None)` when it is not (or the shard has none): the caller waits for the next
+/// checkpoint.
+///
+/// # Errors
+/// [`SavepointError::Unavailable`]; [`SavepointError::Unusable`] when GC kept deleting what
+/// was being copied.
+pub async fn capture_shard(
+    store: &Arc<dyn ObjectStore>,
+    shard_root: &Path,
+    target: &Path,
+    partition: i32,
+    after: Option<u64>,
+    committed: Option<u64>,
+) -> Result<Option<SavepointShard>, SavepointError> {
+    let manifests = ManifestStore::new(store.clone(), shard_root.clone());
+    for _ in 0..CAPTURE_ATTEMPTS_MAX {
+        let Some(manifest) = newest_decided(&manifests, committed).await? else {
+            return Ok(None);
+        };
+        if after.is_some_and(|after| manifest.version <= after) {
+            return Ok(None);
+        }
+        let objects = referenced(&manifest);
+        let mut bytes = 0;
+        let mut lost = false;
+        for name in &objects {
+            let from = Path::from(format!("{shard_root}/{name}"));
+            let to = Path::from(format!("{target}/{name}"));
+            match copy(store, &from, &to).await? {
+                Some(size) => bytes += size,
+                None => {
+                    lost = true; // GC deleted it: three newer checkpoints exist now
+                    break;
+                }
+            }
+        }
+        if lost {
+            continue;
+        }
+        put_manifest(store, target, &manifest).await?;
+        return Ok(Some(SavepointShard {
+            partition,
+            version: manifest.version,
+            offsets: InputOffsets::from_metadata(&manifest.metadata)
+                .map_err(SavepointError::Unusable)?
+                .iter()
+                .map(|(topic, next)| (topic.to_owned(), next))
+                .collect(),
+            objects: objects.len(),
+            bytes,
+        }));
+    }
+    Err(SavepointError::Unusable(format!(
+        "GC deleted the checkpoint being copied {CAPTURE_ATTEMPTS_MAX} times in a row. shard=`{shard_root}`"
+    )))
+}
+
+/// Copies `from` to `to` server-side; its size, or `None` when `from` is absent.
+async fn copy(
+    store: &Arc<dyn ObjectStore>,
+    from: &Path,
+    to: &Path,
+) -> Result<Option<u64>, SavepointError> {
+    match store.copy(from, to).await {
+        Ok(()) => {}
+        Err(object_store::Error::NotFound { .. }) => return Ok(None),
+        Err(e) => return Err(SavepointError::Unavailable(e)),
+    }
+    match store.head(to).await {
+        Ok(meta) => Ok(Some(meta.size)),
+        Err(e) => Err(SavepointError::Unavailable(e)),
+    }
+}
+
+/// Writes `manifest` as the only version of the savepoint shard `target`.
+async fn put_manifest(
+    store: &Arc<dyn ObjectStore>,
+    target: &Path,
+    manifest: &Manifest,
+) -> Result<(), SavepointError> {
+    let path = Path::from(format!(
+        "{target}/manifest/{:020}.manifest",
+        manifest.version
+    ));
+    store
+        .put(&path, PutPayload::from(manifest.encode()))
+        .await
+        .map_err(SavepointError::Unavailable)?;
+    Ok(())
+}
+
+/// The checkpoint stored in the savepoint shard `savepoint_shard`.
+///
+/// # Errors
+/// [`SavepointError::Unavailable`]; [`SavepointError::Unusable`] when it holds none.
+pub async fn saved_checkpoint(
+    store: &Arc<dyn ObjectStore>,
+    savepoint_shard: &Path,
+) -> Result<Manifest, SavepointError> {
+    let manifests = ManifestStore::new(store.clone(), savepoint_shard.clone());
+    let versions = manifests.versions().await?;
+    let Some(&version) = versions.last() else {
+        return Err(SavepointError::Unusable(format!(
+            "the savepoint holds no checkpoint under `{savepoint_shard}`"
+        )));
+    };
+    Ok(manifests.read(version).await?)
+}
+
+/// Restores the savepoint shard `savepoint_shard` into the shard under `target` (a new
+/// pipeline's, or a stopped one's being reset): copies its objects under new names and commits
+/// a manifest-decided checkpoint above every version there (module docs). Returns that
+/// version and the bytes copied. `writer_token` names the restore in the manifest.
+///
+/// # Errors
+/// [`SavepointError::Unavailable`]; [`SavepointError::Unusable`] when the savepoint lost an
+/// object or the commit was fenced (another writer wrote the target shard meanwhile: is the
+/// pipeline stopped?).
+pub async fn restore_shard(
+    store: &Arc<dyn ObjectStore>,
+    savepoint_shard: &Path,
+    target: &Path,
+    writer_token: &str,
+) -> Result<(u64, u64), SavepointError> {
+    let saved = saved_checkpoint(store, savepoint_shard).await?;
+    let manifests = ManifestStore::new(store.clone(), target.clone());
+    let versions = manifests.versions().await?;
+    // Above every epoch of the target: its versions' and the names of its objects.
+    let mut epoch = 0;
+    for &version in &versions {
+        match manifests.read(version).await {
+            Ok(m) => epoch = epoch.max(m.writer_epoch),
+            Err(ManifestError::NotFound(_) | ManifestError::Corrupt { .. }) => {}
+            Err(other) => return Err(other.into()),
+        }
+    }
+    let names: Vec<_> = store
+        .list(Some(target))
+        .map_ok(|m| m.location)
+        .try_collect()
+        .await
+        .map_err(SavepointError::Unavailable)?;
+    for name in &names {
+        if let Some(id) = name.filename().and_then(SstId::parse_file_name) {
+            epoch = epoch.max(id.writer_epoch);
+        }
+        if let Some(e) = name.filename().and_then(snapshot_epoch) {
+            epoch = epoch.max(e);
+        }
+    }
+    let epoch = epoch.max(saved.writer_epoch) + 1;
+    let version = versions.last().map_or(1, |v| v + 1);
+    let mut bytes = 0;
+    let mut levels = saved.levels.clone();
+    let mut seq = 0;
+    for sst in levels.iter_mut().flatten() {
+        seq += 1;
+        let renamed = SstId {
+            writer_epoch: epoch,
+            seq,
+        };
+        bytes += copy_saved(
+            store,
+            savepoint_shard,
+            &sst.id().object_name(),
+            target,
+            &renamed.object_name(),
+        )
+        .await?;
+        (sst.writer_epoch, sst.seq) = (epoch, seq);
+    }
+    let offsets = InputOffsets::from_metadata(&saved.metadata).map_err(SavepointError::Unusable)?;
+    // Manifest-decided whatever decided the saved one: it is decided once written.
+    let mut metadata = checkpoint_metadata(&offsets, DecidedBy::Manifest);
+    if let Some(name) = snapshot::snapshot_name(&saved.metadata) {
+        let renamed = format!("snapshot/{epoch:010}-{version:020}.snap");
+        bytes += copy_saved(store, savepoint_shard, name, target, &renamed).await?;
+        metadata.insert(snapshot::SNAPSHOT_KEY.to_owned(), renamed);
+    }
+    let manifest = Manifest {
+        version,
+        parent: None,
+        kind: ManifestKind::Checkpoint,
+        writer_epoch: epoch,
+        writer_token: writer_token.to_owned(),
+        levels,
+        metadata,
+        rejected: Vec::new(),
+    };
+    manifests.commit(&manifest).await?;
+    Ok((version, bytes))
+}
+
+/// The writer epoch in a snapshot's file name (`{epoch:010}-{version:020}.snap`).
+fn snapshot_epoch(file: &str) -> Option<u64> {
+    file.strip_suffix(".snap")?.split_once('-')?.0.parse().ok()
+}
+
+/// Copies object `name` of the savepoint shard to `renamed` in `target`; its size.
+async fn copy_saved(
+    store: &Arc<dyn ObjectStore>,
+    savepoint_shard: &Path,
+    name: &str,
+    target: &Path,
+    renamed: &str,
+) -> Result<u64, SavepointError> {
+    let from = Path::from(format!("{savepoint_shard}/{name}"));
+    let to = Path::from(format!("{target}/{renamed}"));
+    copy(store, &from, &to).await?.ok_or_else(|| {
+        SavepointError::Unusable(format!("the savepoint lost an object: `{from}` is missing"))
+    })
+}
+
+/// Writes the descriptor of the savepoint at `root`, create-only: `Ok(false)` when one of
+/// that name exists already.
+///
+/// # Errors
+/// [`SavepointError::Unavailable`].
+pub async fn put_descriptor(
+    store: &Arc<dyn ObjectStore>,
+    root: &Path,
+    descriptor: &SavepointDescriptor,
+) -> Result<bool, SavepointError> {
+    let path = Path::from(format!("{root}/{DESCRIPTOR}"));
+    let body = serde_json::to_vec_pretty(descriptor).expect("plain fields serialise");
+    match store
+        .put_opts(
+            &path,
+            PutPayload::from(body),
+            PutOptions::from(PutMode::Create),
+        )
+        .await
+    {
+        Ok(_) => Ok(true),
+        Err(object_store::Error::AlreadyExists { .. }) => Ok(false),
+        Err(e) => Err(SavepointError::Unavailable(e)),
+    }
+}
+
+/// The descriptor of the savepoint at `root`; `None` when there is none (no such savepoint,
+/// or one still being taken).
+///
+/// # Errors
+/// [`SavepointError::Unavailable`]; [`SavepointError::Unusable`] for a descriptor that does
+/// not decode.
+pub async fn descriptor(
+    store: &Arc<dyn ObjectStore>,
+    root: &Path,
+) -> Result<Option<SavepointDescriptor>, SavepointError> {
+    let path = Path::from(format!("{root}/{DESCRIPTOR}"));
+    let bytes = match store.get(&path).await {
+        Ok(got) => got.bytes().await.map_err(SavepointError::Unavailable)?,
+        Err(object_store::Error::NotFound { .. }) => return Ok(None),
+        Err(e) => return Err(SavepointError::Unavailable(e)),
+    };
+    serde_json::from_slice(&bytes)
+        .map(Some)
+        .map_err(|e| SavepointError::Unusable(format!("`{path}` does not decode: {e}")))
+}
+
+/// Every complete savepoint under `savepoints`, oldest first.
+///
+/// # Errors
+/// As [`descriptor`].
+pub async fn list(
+    store: &Arc<dyn ObjectStore>,
+    savepoints: &Path,
+) -> Result<Vec<SavepointDescriptor>, SavepointError> {
+    let listed = store
+        .list_with_delimiter(Some(savepoints))
+        .await
+        .map_err(SavepointError::Unavailable)?;
+    let mut out = Vec::new();
+    for root in listed.common_prefixes {
+        if let Some(found) = descriptor(store, &root).await? {
+            out.push(found);
+        }
+    }
+    out.sort_by(|a, b| (a.created_ms, &a.name).cmp(&(b.created_ms, &b.name)));
+    Ok(out)
+}
+
+/// Deletes everything under `root` (a savepoint, or what an unfinished one left), its
+/// descriptor first, so that it is never listed half deleted.
+///
+/// # Errors
+/// [`SavepointError::Unavailable`].
+pub async fn delete(store: &Arc<dyn ObjectStore>, root: &Path) -> Result<(), SavepointError> {
+    let path = Path::from(format!("{root}/{DESCRIPTOR}"));
+    match store.delete(&path).await {
+        Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+        Err(e) => return Err(SavepointError::Unavailable(e)),
+    }
+    let objects: Vec<Path> = store
+        .list(Some(root))
+        .map_ok(|m| m.location)
+        .try_collect()
+        .await
+        .map_err(SavepointError::Unavailable)?;
+    for object in objects {
+        match store.delete(&object).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+            Err(e) => return Err(SavepointError::Unavailable(e)),
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::{ManualClock, SharedClock};
+    use crate::state::checkpoint::InputOffsets;
+    use crate::state::lsm::backend::LsmBackend;
+    use crate::state::lsm::cache::BlockCaches;
+    use crate::state::memory::MemoryBackend;
+    use crate::state::test_support::block_on;
+    use crate::state::verify::verify_shard;
+    use crate::state::{Shard, ShardId, StateBackend, StateWrite};
+    use bytes::Bytes;
+    use object_store::memory::InMemory;
+
+    fn write(key: u32, value: u32) -> StateWrite {
+        StateWrite {
+            key: key.to_be_bytes().to_vec(),
+            value: Some(Bytes::from(format!("{value:0100}"))),
+            expires_at_ms: None,
+        }
+    }
+
+    fn offsets(next: i64) -> InputOffsets {
+        let mut offsets = InputOffsets::new();
+        offsets.advance("in", next - 1);
+        offsets
+    }
+
+    async fn value<S: Shard>(shard: &S, key: u32) -> Option<u32> {
+        let got = shard.get(&key.to_be_bytes()).await.expect("reads")?;
+        Some(
+            std::str::from_utf8(&got)
+                .expect("text")
+                .parse()
+                .expect("a number"),
+        )
+    }
+
+    /// Both backends: a savepoint taken after the first checkpoint, restored into another
+    /// pipeline's shard and back into its own (a reset, above every version there), opens at
+    /// the savepoint's values and offsets — after more checkpoints overwrote every key, and
+    /// after the savepoint and the source shard are deleted.
+    #[test]
+    fn a_restored_savepoint_opens_at_its_values_and_offsets_and_needs_nothing_it_came_from() {
+        block_on(async {
+            let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+            let clock: SharedClock = Arc::new(ManualClock::new(0));
+            for backend in ["lsm", "memory"] {
+                let prefix = Path::from(format!("{backend}/state"));
+                let lsm = LsmBackend::new(
+                    store.clone(),
+                    prefix.clone(),
+                    Arc::new(BlockCaches::none()),
+                    crate::state::lsm::tests::small_settings(),
+                    clock.clone(),
+                );
+                let memory = MemoryBackend::durable(store.clone(), prefix.clone(), clock.clone());
+                let id = |pipeline: &str| ShardId {
+                    pipeline: pipeline.into(),
+                    partition: 3,
+                };
+                let source_root = id("t.a").root_under(&prefix);
+                let saved_root = savepoint_shard_root(&Path::from(format!("{backend}/sp")), 3);
+                // Round 1 (values 1) is saved; rounds 2 and 3 overwrite every key.
+                let mut taken = None;
+                {
+                    let a = match backend {
+                        "lsm" => crate::state::configured::ConfiguredShard::Lsm(Box::new(
+                            lsm.open_shard(&id("t.a")).await.expect("opens"),
+                        )),
+                        _ => crate::state::configured::ConfiguredShard::Memory(Box::new(
+                            memory.open_shard(&id("t.a")).await.expect("opens"),
+                        )),
+                    };
+                    for round in 1..=3u32 {
+                        a.apply((0..60).map(|k| write(k, round)).collect())
+                            .await
+                            .expect("applies");
+                        a.checkpoint(&offsets(i64::from(round) * 60), DecidedBy::Manifest)
+                            .await
+                            .expect("checkpoints");
+                        if round == 1 {
+                            taken = capture_shard(&store, &source_root, &saved_root, 3, None, None)
+                                .await
+                                .expect("captures");
+                        }
+                    }
+                }
+                let taken = taken.expect("a decided checkpoint to save");
+                assert_eq!(taken.offsets, BTreeMap::from([("in".to_owned(), 60)]));
+                assert!(taken.objects >= 1 && taken.bytes > 0, "{taken:?}");
+                assert!(
+                    verify_shard(&store, &saved_root, true)
+                        .await
+                        .expect("reads")[0]
+                        .restorable
+                );
+                // Nothing newer than what it saved: not yet.
+                let newest = newest_decided(
+                    &ManifestStore::new(store.clone(), source_root.clone()),
+                    None,
+                )
+                .await
+                .expect("reads")
+                .expect("one")
+                .version;
+                assert!(
+                    capture_shard(&store, &source_root, &saved_root, 3, Some(newest), None)
+                        .await
+                        .expect("reads")
+                        .is_none()
+                );
+
+                // Into another pipeline, then back into its own shard (a reset).
+                let other_root = id("t.b").root_under(&prefix);
+                let (first, _) = restore_shard(&store, &saved_root, &other_root, "restore")
+                    .await
+                    .expect("restores");
+                assert_eq!(first, 1);
+                let source_top = *ManifestStore::new(store.clone(), source_root.clone())
+                    .versions()
+                    .await
+                    .expect("lists")
+                    .last()
+                    .expect("versions");
+                let (reset, _) = restore_shard(&store, &saved_root, &source_root, "reset")
+                    .await
+                    .expect("resets");
+                assert_eq!(reset, source_top + 1, "checkpoint ids stay monotonic");
+
+                // The savepoint and then the source's older state go; both still open at 1.
+                delete(&store, &Path::from(format!("{backend}/sp")))
+                    .await
+                    .expect("deletes");
+                for (pipeline, version) in [("t.b", first), ("t.a", reset)] {
+                    let (values, recovered) = match backend {
+                        "lsm" => {
+                            let s = lsm.open_shard(&id(pipeline)).await.expect("opens");
+                            let mut values = Vec::new();
+                            for k in 0..60 {
+                                values.push(value(&s, k).await);
+                            }
+                            (values, s.recovered_offsets().expect("decodes"))
+                        }
+                        _ => {
+                            let s = memory.open_shard(&id(pipeline)).await.expect("opens");
+                            let mut values = Vec::new();
+                            for k in 0..60 {
+                                values.push(value(&s, k).await);
+                            }
+                            (values, s.recovered_offsets().expect("decodes"))
+                        }
+                    };
+                    assert!(
+                        values.iter().all(|v| *v == Some(1)),
+                        "{backend} {pipeline}: {values:?}"
+                    );
+                    assert_eq!(recovered, Some(offsets(60)), "{backend} {pipeline}");
+                    let checks = verify_shard(&store, &id(pipeline).root_under(&prefix), true)
+                        .await
+                        .expect("reads");
+                    assert!(
+                        checks.iter().any(|c| c.version == version && c.restorable),
+                        "{checks:?}"
+                    );
+                }
+                // The source pipeline is deleted: the restored one does not need it.
+                delete(&store, &source_root).await.expect("deletes");
+                let reopened = lsm_or_memory_value(&lsm, &memory, backend, &id("t.b")).await;
+                assert_eq!(reopened, Some(1), "{backend}");
+            }
+        });
+    }
+
+    async fn lsm_or_memory_value(
+        lsm: &LsmBackend,
+        memory: &MemoryBackend,
+        backend: &str,
+        id: &ShardId,
+    ) -> Option<u32> {
+        match backend {
+            "lsm" => value(&lsm.open_shard(id).await.expect("opens"), 7).await,
+            _ => value(&memory.open_shard(id).await.expect("opens"), 7).await,
+        }
+    }
+
+    /// A transaction-decided checkpoint is saved only once a later version names it as its
+    /// parent or Kafka's committed offsets name it (its transaction committed); until then
+    /// the one before it is.
+    #[test]
+    fn an_undecided_transaction_checkpoint_is_not_saved() {
+        block_on(async {
+            let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+            let clock: SharedClock = Arc::new(ManualClock::new(0));
+            let prefix = Path::from("state");
+            let memory = MemoryBackend::durable(store.clone(), prefix.clone(), clock);
+            let id = ShardId {
+                pipeline: "t.a".into(),
+                partition: 0,
+            };
+            let root = id.root_under(&prefix);
+            let shard = memory.open_shard(&id).await.expect("opens");
+            let manifests = ManifestStore::new(store.clone(), root.clone());
+            let mut versions = Vec::new();
+            for round in 1..=2 {
+                shard.apply(vec![write(1, round)]).await.expect("applies");
+                let report = shard
+                    .checkpoint(&offsets(i64::from(round)), DecidedBy::Transaction)
+                    .await
+                    .expect("checkpoints")
+                    .expect("durable");
+                versions.push(report.version);
+                shard.checkpoint_decided(report.version);
+            }
+            let found = newest_decided(&manifests, None).await.expect("reads");
+            assert_eq!(found.map(|m| m.version), Some(versions[0]));
+            // Once Kafka's committed offsets name the newest, it is.
+            let found = newest_decided(&manifests, Some(versions[1]))
+                .await
+                .expect("reads");
+            assert_eq!(found.map(|m| m.version), Some(versions[1]));
+        });
+    }
+}

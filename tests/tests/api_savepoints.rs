@@ -1,0 +1,288 @@
+//! Savepoints of an API pipeline on the real broker and S3 server (issue 20, item 1): taken
+//! while it runs, reset to after an operator switch, restored into a new pipeline that
+//! outlives the savepoint and its source pipeline, and refused where they do not fit.
+
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::time::Duration;
+use weir_tests::api::*;
+use weir_tests::*;
+
+const KEYS: u64 = 30;
+
+async fn post(addr: SocketAddr, key: &str, path: &str, body: Value) -> anyhow::Result<Value> {
+    let (status, _, answer) = call(addr, Method::POST, path, Some(key), json_body(&body)).await?;
+    anyhow::ensure!(status.is_success(), "POST {path}: {status} {answer}");
+    Ok(answer)
+}
+
+async fn set_desired(addr: SocketAddr, key: &str, name: &str, action: &str) -> anyhow::Result<()> {
+    let path = format!("/v1/pipelines/{name}/{action}");
+    let (status, _, body) = call(addr, Method::POST, &path, Some(key), None).await?;
+    anyhow::ensure!(status == StatusCode::OK, "{action} {name}: {status} {body}");
+    let want = if action == "stop" {
+        "stopped"
+    } else {
+        "running"
+    };
+    wait_for_pipeline(addr, key, name, Duration::from_secs(60), |v| {
+        state_of(v) == want
+    })
+    .await?;
+    Ok(())
+}
+
+async fn verify(addr: SocketAddr, key: &str, name: &str) -> anyhow::Result<Value> {
+    let path = format!("/v1/pipelines/{name}/verify");
+    let (status, _, verified) = call(addr, Method::GET, &path, Some(key), None).await?;
+    anyhow::ensure!(status == StatusCode::OK, "{verified}");
+    Ok(verified)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_savepoint_resets_its_pipeline_and_seeds_a_new_one_that_outlives_it() -> anyhow::Result<()>
+{
+    let (addr, _) = start_server_with(Some(runner_config(&unique("host")))).await?;
+    let tenant = tenant_id("sp");
+    let key = tenant_with_key(addr, &tenant).await?;
+    upload_counter(addr, &key, 2).await?;
+    let input = kafka_topic_of(&tenant, "in");
+    let output = kafka_topic_of(&tenant, "out");
+    let output_b = kafka_topic_of(&tenant, "out-b");
+    create_topics(&[
+        (&input, 2),
+        (&output, 1),
+        (&output_b, 1),
+        (&kafka_topic_of(&tenant, "dlq"), 1),
+        (&kafka_topic_of(&tenant, "other"), 2),
+    ])
+    .await?;
+    let spec = json!({
+        "operator": "counter", "operator_version": 1,
+        "input_topics": ["in"], "output_topic": "out", "dead_letter_topic": "dlq",
+        "checkpoint_interval_ms": 300,
+    });
+    create_pipeline(addr, &key, "a", &spec).await?;
+
+    // 300 records on v1, then a savepoint of the running pipeline.
+    let mut saved = BTreeMap::new();
+    produce_counter(&input, 2, (0, 300), KEYS, &mut saved).await?;
+    let counts = read_counts(&output, &saved, Duration::from_secs(60)).await?;
+    assert_counts_exact(&saved, &counts);
+    let taken = post(
+        addr,
+        &key,
+        "/v1/pipelines/a/savepoints",
+        json!({"name": "before-v2"}),
+    )
+    .await?;
+    assert_eq!(taken["name"], "before-v2");
+    assert_eq!(taken["shards"].as_array().map(Vec::len), Some(2), "{taken}");
+    let saved_offsets: i64 = taken["shards"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|s| s["offsets"][&input].as_i64().unwrap_or(0))
+        .sum();
+    assert_eq!(
+        saved_offsets, 300,
+        "the savepoint holds every record: {taken}"
+    );
+    assert!(taken["bytes"].as_u64() > Some(0), "{taken}");
+    // A second of that name is refused; the list shows one.
+    let (status, _, _) = call(
+        addr,
+        Method::POST,
+        "/v1/pipelines/a/savepoints",
+        Some(&key),
+        json_body(&json!({"name": "before-v2"})),
+    )
+    .await?;
+    assert_eq!(status, StatusCode::CONFLICT);
+    let (_, _, listed) = call(
+        addr,
+        Method::GET,
+        "/v1/pipelines/a/savepoints",
+        Some(&key),
+        None,
+    )
+    .await?;
+    assert_eq!(listed.as_array().map(Vec::len), Some(1), "{listed}");
+
+    // Switched to v2, 300 more records.
+    let (status, _, body) = call(
+        addr,
+        Method::PUT,
+        "/v1/pipelines/a/operator",
+        Some(&key),
+        json_body(&json!({"operator_version": 2})),
+    )
+    .await?;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let mut all = saved.clone();
+    produce_counter(&input, 2, (300, 600), KEYS, &mut all).await?;
+    let counts = read_counts(&output, &all, Duration::from_secs(60)).await?;
+    assert_counts_exact(&all, &counts);
+
+    // A new pipeline from the savepoint counts on from it: only what came after S.
+    let mut from_spec = spec.clone();
+    from_spec["output_topic"] = json!("out-b");
+    from_spec["from_savepoint"] = json!({"pipeline": "a", "savepoint": "before-v2"});
+    create_pipeline(addr, &key, "b", &from_spec).await?;
+    let counts_b = read_counts(&output_b, &all, Duration::from_secs(60)).await?;
+    for (k, n) in &all {
+        let seen = &counts_b[k];
+        assert_eq!(seen.iter().max(), Some(n), "key {k}: final count in b");
+        assert!(
+            seen.iter().all(|c| *c > saved[k]),
+            "key {k}: b starts after the savepoint's {}: {seen:?}",
+            saved[k]
+        );
+    }
+
+    // Stop a, back to v1, reset to the savepoint, start: what came after S is counted again
+    // from the savepoint's counts, ending where one pass ends.
+    set_desired(addr, &key, "a", "stop").await?;
+    let (status, _, body) = call(
+        addr,
+        Method::PUT,
+        "/v1/pipelines/a/operator",
+        Some(&key),
+        json_body(&json!({"operator_version": 1})),
+    )
+    .await?;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let before = verify(addr, &key, "a").await?;
+    let newest_before: u64 = before["shards"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|s| s["versions"][0]["version"].as_u64())
+        .max()
+        .unwrap_or(0);
+    let reset = post(
+        addr,
+        &key,
+        "/v1/pipelines/a/reset",
+        json!({"savepoint": "before-v2"}),
+    )
+    .await?;
+    for shard in reset["shards"].as_array().into_iter().flatten() {
+        let version = shard["version"].as_u64().unwrap_or(0);
+        assert!(
+            version > newest_before,
+            "checkpoint ids stay monotonic: {version} after {newest_before}"
+        );
+    }
+    set_desired(addr, &key, "a", "start").await?;
+    let twice = |counts: &BTreeMap<String, Vec<u64>>| {
+        all.iter().all(|(k, n)| {
+            counts
+                .get(k)
+                .is_some_and(|seen| seen.iter().filter(|c| *c == n).count() >= 2)
+        })
+    };
+    let counts = read_counts_until(&output, Duration::from_secs(60), twice).await?;
+    for (k, n) in &all {
+        let seen = &counts[k];
+        assert_eq!(seen.iter().max(), Some(n), "key {k}: one pass's count");
+        for after_s in saved[k] + 1..=*n {
+            assert!(
+                seen.iter().filter(|c| **c == after_s).count() >= 2,
+                "key {k}: count {after_s} (after the savepoint) emitted again: {seen:?}"
+            );
+        }
+    }
+
+    // Both verify, the savepoint with them; another tenant sees none of it.
+    let verified = verify(addr, &key, "a").await?;
+    assert_eq!(verified["restorable"], true, "{verified:#}");
+    assert_eq!(verified["savepoints"][0]["name"], "before-v2");
+    assert_eq!(
+        verified["savepoints"][0]["restorable"], true,
+        "{verified:#}"
+    );
+    let other = tenant_with_key(addr, &tenant_id("spo")).await?;
+    let (status, _, _) = call(
+        addr,
+        Method::GET,
+        "/v1/pipelines/a/savepoints",
+        Some(&other),
+        None,
+    )
+    .await?;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+
+    // What does not fit is refused with the reason: other topics, another backend.
+    for (change, needle) in [
+        (json!({"input_topics": ["other"]}), "topics"),
+        (json!({"state_backend": "memory"}), "state_backend"),
+    ] {
+        let mut bad = from_spec.clone();
+        for (field, value) in change.as_object().into_iter().flatten() {
+            bad[field] = value.clone();
+        }
+        let (status, _, problem) = call(
+            addr,
+            Method::POST,
+            "/v1/pipelines/bad",
+            Some(&key),
+            json_body(&bad),
+        )
+        .await?;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{problem}");
+        assert!(
+            problem["detail"]
+                .as_str()
+                .is_some_and(|d| d.contains(needle)),
+            "{problem}"
+        );
+    }
+
+    // The savepoint, then its pipeline, deleted: b still restores, every key right.
+    assert_eq!(verify(addr, &key, "b").await?["restorable"], true);
+    let (status, _, _) = call(
+        addr,
+        Method::DELETE,
+        "/v1/pipelines/a/savepoints/before-v2",
+        Some(&key),
+        None,
+    )
+    .await?;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    assert_eq!(verify(addr, &key, "b").await?["restorable"], true);
+    set_desired(addr, &key, "a", "stop").await?;
+    let (status, _, _) = call(addr, Method::DELETE, "/v1/pipelines/a", Some(&key), None).await?;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    set_desired(addr, &key, "b", "stop").await?;
+    let after = verify(addr, &key, "b").await?;
+    assert_eq!(after["restorable"], true, "{after:#}");
+    set_desired(addr, &key, "b", "start").await?;
+    produce_counter(&input, 2, (600, 660), KEYS, &mut all).await?;
+    let counts_b = read_counts(&output_b, &all, Duration::from_secs(60)).await?;
+    for (k, n) in &all {
+        assert_eq!(
+            counts_b[k].iter().max(),
+            Some(n),
+            "key {k}: b's final count"
+        );
+    }
+    // A savepoint without a body is named for its time.
+    let (status, _, taken) = call(
+        addr,
+        Method::POST,
+        "/v1/pipelines/b/savepoints",
+        Some(&key),
+        None,
+    )
+    .await?;
+    assert_eq!(status, StatusCode::CREATED, "{taken}");
+    assert!(
+        taken["name"].as_str().is_some_and(|n| n.starts_with("sp-")),
+        "{taken}"
+    );
+    set_desired(addr, &key, "b", "stop").await?;
+    Ok(())
+}
