@@ -270,6 +270,18 @@ pub enum SavepointCommand {
         /// The pipeline's name.
         name: String,
     },
+    /// Export a savepoint in the portable format — per partition, every state's keys and
+    /// values, the timers, the watermark and the offsets, as JSON lines in key order — and
+    /// download it into DIR/{partition:05}.jsonl (DuckDB: `SELECT * FROM 'DIR/*.jsonl'`).
+    Export {
+        /// The pipeline's name.
+        name: String,
+        /// The savepoint's name.
+        savepoint: String,
+        /// Where to write the files (created if missing).
+        #[arg(long, default_value = ".")]
+        dir: std::path::PathBuf,
+    },
     /// Delete a savepoint.
     Rm {
         /// The pipeline's name.
@@ -474,6 +486,24 @@ pub async fn pipeline(command: PipelineCommand, args: ApiArgs) -> anyhow::Result
                 println!("{}", serde_json::to_string_pretty(&found)?);
             } else {
                 print!("{}", weir_host::api::client::savepoints_table(&found));
+            }
+        }
+        PipelineCommand::Savepoint(SavepointCommand::Export {
+            name,
+            savepoint,
+            dir,
+        }) => {
+            let exported = client.export_savepoint(&name, &savepoint).await?;
+            std::fs::create_dir_all(&dir)
+                .with_context(|| format!("cannot create {}", dir.display()))?;
+            for part in &exported {
+                let file = dir.join(format!("{:05}.jsonl", part.partition));
+                let bytes = client.download(&part.download, &file).await?;
+                println!(
+                    "partition {}: {} ({bytes} bytes)",
+                    part.partition,
+                    file.display()
+                );
             }
         }
         PipelineCommand::Savepoint(SavepointCommand::Rm { name, savepoint }) => {

@@ -215,10 +215,13 @@ async fn a_savepoint_resets_its_pipeline_and_seeds_a_new_one_that_outlives_it() 
     .await?;
     assert_eq!(status, StatusCode::NOT_FOUND);
 
-    // What does not fit is refused with the reason: other topics, another backend.
+    // Other topics do not fit: refused with the reason; a missing savepoint too.
     for (change, needle) in [
         (json!({"input_topics": ["other"]}), "topics"),
-        (json!({"state_backend": "memory"}), "state_backend"),
+        (
+            json!({"from_savepoint": {"pipeline": "a", "savepoint": "nope"}}),
+            "no savepoint",
+        ),
     ] {
         let mut bad = from_spec.clone();
         for (field, value) in change.as_object().into_iter().flatten() {
@@ -240,6 +243,67 @@ async fn a_savepoint_resets_its_pipeline_and_seeds_a_new_one_that_outlives_it() 
             "{problem}"
         );
     }
+
+    // Into the other backend, through the portable format (exported once, kept with the
+    // savepoint): a `memory` pipeline counts on from the savepoint's `lsm` state.
+    let mut memory_spec = from_spec.clone();
+    memory_spec["state_backend"] = json!("memory");
+    memory_spec["output_topic"] = json!("out-c");
+    create_topics(&[(&kafka_topic_of(&tenant, "out-c"), 1)]).await?;
+    create_pipeline(addr, &key, "c", &memory_spec).await?;
+    let counts_c = read_counts(
+        &kafka_topic_of(&tenant, "out-c"),
+        &all,
+        Duration::from_secs(60),
+    )
+    .await?;
+    for (k, n) in &all {
+        assert_eq!(
+            counts_c[k].iter().max(),
+            Some(n),
+            "key {k}: final count in c"
+        );
+        assert!(counts_c[k].iter().all(|c| *c > saved[k]), "key {k}");
+    }
+    set_desired(addr, &key, "c", "stop").await?;
+    // The export itself: JSON lines a user can read, holding the savepoint's counts.
+    let exported = post(
+        addr,
+        &key,
+        "/v1/pipelines/a/savepoints/before-v2/exports",
+        json!({}),
+    )
+    .await?;
+    let mut exported_counts = BTreeMap::new();
+    for part in exported.as_array().into_iter().flatten() {
+        let path = part["download"].as_str().unwrap_or_default();
+        let (status, _, _) = call(addr, Method::GET, path, Some(&other), None).await?;
+        assert_eq!(status, StatusCode::NOT_FOUND, "another tenant's export");
+        let url = format!("http://{addr}{path}");
+        let text = reqwest::Client::new()
+            .get(&url)
+            .bearer_auth(&key)
+            .send()
+            .await?
+            .text()
+            .await?;
+        let lines: Vec<Value> = text
+            .lines()
+            .map(serde_json::from_str)
+            .collect::<Result<_, _>>()?;
+        assert_eq!(lines[0]["format"], "weir-state-export", "{text}");
+        assert_eq!(lines.last().map(|l| l["end"].clone()), Some(json!(true)));
+        for line in &lines[1..lines.len() - 1] {
+            if line["state"] == "count" {
+                let key = line["key"].as_str().unwrap_or_default().to_owned();
+                exported_counts.insert(key, line["value"].as_u64().unwrap_or(0));
+            }
+        }
+    }
+    assert_eq!(
+        exported_counts, saved,
+        "the export holds the savepoint's counts"
+    );
 
     // The savepoint, then its pipeline, deleted: b still restores, every key right.
     assert_eq!(verify(addr, &key, "b").await?["restorable"], true);

@@ -384,6 +384,61 @@ impl ApiClient {
         self.expect(request, &url).await
     }
 
+    /// Exports savepoint `savepoint` of pipeline `name` in the portable format (once; later
+    /// calls list what is there).
+    ///
+    /// # Errors
+    /// [`ClientError`].
+    pub async fn export_savepoint(
+        &self,
+        name: &str,
+        savepoint: &str,
+    ) -> Result<Vec<crate::api::pipelines::savepoints::ExportedPartition>, ClientError> {
+        let url = format!(
+            "{}/v1/pipelines/{name}/savepoints/{savepoint}/exports",
+            self.base
+        );
+        self.expect(self.http.post(&url), &url).await
+    }
+
+    /// Downloads `path` (an API path, as an export's `download`) into `file`, streamed; the
+    /// bytes written.
+    ///
+    /// # Errors
+    /// [`ClientError`]; a local write error as [`ClientError::Unexpected`].
+    pub async fn download(&self, path: &str, file: &std::path::Path) -> Result<u64, ClientError> {
+        use tokio::io::AsyncWriteExt as _;
+        let url = format!("{}{path}", self.base);
+        let connect = |source| ClientError::Connect {
+            url: url.clone(),
+            source,
+        };
+        let mut response = self
+            .http
+            .get(&url)
+            .bearer_auth(&self.key)
+            .send()
+            .await
+            .map_err(connect)?;
+        if !response.status().is_success() {
+            let status = response.status();
+            let bytes = response.bytes().await.map_err(connect)?;
+            return Err(problem(status, &bytes, &url));
+        }
+        let local = |e: std::io::Error| ClientError::Unexpected {
+            url: url.clone(),
+            reason: format!("cannot write {}: {e}", file.display()),
+        };
+        let mut out = tokio::fs::File::create(file).await.map_err(local)?;
+        let mut written = 0u64;
+        while let Some(chunk) = response.chunk().await.map_err(connect)? {
+            out.write_all(&chunk).await.map_err(local)?;
+            written += chunk.len() as u64;
+        }
+        out.flush().await.map_err(local)?;
+        Ok(written)
+    }
+
     /// Reads the operator's log of pipeline `name` (`GET /v1/pipelines/{name}/logs`): the last
     /// `tail` lines (the API's default when `None`) logged at or after `since_ms`, oldest
     /// first, each given to `each` as it arrives; with `follow`, then new lines until the

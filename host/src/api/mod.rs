@@ -456,6 +456,7 @@ impl Modify for BearerAuth {
           pipelines::verify::verify_pipeline_state,
           pipelines::savepoints::create_savepoint, pipelines::savepoints::list_savepoints,
           pipelines::savepoints::delete_savepoint, pipelines::savepoints::reset_pipeline,
+          pipelines::savepoints::export_savepoint, pipelines::savepoints::download_export,
           status::metrics_page),
     components(schemas(Problem, Tenant, NewTenant, NewApiKey, ApiKeyRecord, OperatorVersion,
                        OperatorSummary, StateDescription, pipelines::PipelineSpec,
@@ -469,6 +470,7 @@ impl Modify for BearerAuth {
                        crate::state::verify::VersionCheck, pipelines::SavepointRef,
                        pipelines::savepoints::NewSavepoint, pipelines::savepoints::ResetRequest,
                        pipelines::savepoints::Restored, pipelines::savepoints::RestoredShard,
+                       pipelines::savepoints::ExportedPartition,
                        crate::state::savepoint::SavepointDescriptor,
                        crate::state::savepoint::SavepointShard)),
     modifiers(&BearerAuth),
@@ -569,6 +571,14 @@ pub fn router(state: ApiState) -> Router {
         .route(
             "/v1/pipelines/{name}/savepoints/{savepoint}",
             axum::routing::delete(pipelines::savepoints::delete_savepoint),
+        )
+        .route(
+            "/v1/pipelines/{name}/savepoints/{savepoint}/exports",
+            post(pipelines::savepoints::export_savepoint),
+        )
+        .route(
+            "/v1/pipelines/{name}/savepoints/{savepoint}/exports/{partition}",
+            get(pipelines::savepoints::download_export),
         )
         .route(
             "/v1/pipelines/{name}/reset",

@@ -38,6 +38,24 @@ pub fn map_key(record_key: &[u8], name: &str, map_key: &[u8]) -> Vec<u8> {
     out
 }
 
+/// Splits an encoded state key into (record key, state name, map key — empty for a value
+/// state); `None` when `key` is not one (a reserved key, or not an encoding).
+pub fn decode(key: &[u8]) -> Option<(&[u8], &str, &[u8])> {
+    let (len, rest) = key.split_first_chunk::<4>()?;
+    let len = usize::try_from(u32::from_be_bytes(*len)).ok()?;
+    if rest.len() < len {
+        return None;
+    }
+    let (record_key, rest) = rest.split_at(len);
+    let (&name_len, rest) = rest.split_first()?;
+    let name_len = usize::from(name_len);
+    if rest.len() < name_len {
+        return None;
+    }
+    let (name, map_key) = rest.split_at(name_len);
+    Some((record_key, std::str::from_utf8(name).ok()?, map_key))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -62,6 +80,7 @@ mod tests {
         ) {
             let a = map_key(&k1, &n1, &m1);
             let b = map_key(&k2, &n2, &m2);
+            prop_assert_eq!(decode(&a), Some((&k1[..], n1.as_str(), &m1[..])));
             prop_assert_eq!(a == b, k1 == k2 && n1 == n2 && m1 == m2);
             if k1 == k2 && n1 == n2 {
                 prop_assert_eq!(a.cmp(&b), m1.cmp(&m2));

@@ -12,6 +12,7 @@
 pub mod checkpoint;
 pub mod configured;
 pub mod delayed;
+pub mod export;
 #[cfg(test)]
 pub(crate) mod faulty_store;
 pub mod hooked_store;

@@ -296,33 +296,8 @@ pub async fn restore_shard(
     writer_token: &str,
 ) -> Result<(u64, u64), SavepointError> {
     let saved = saved_checkpoint(store, savepoint_shard).await?;
+    let (version, epoch) = next_slot(store, target, saved.writer_epoch).await?;
     let manifests = ManifestStore::new(store.clone(), target.clone());
-    let versions = manifests.versions().await?;
-    // Above every epoch of the target: its versions' and the names of its objects.
-    let mut epoch = 0;
-    for &version in &versions {
-        match manifests.read(version).await {
-            Ok(m) => epoch = epoch.max(m.writer_epoch),
-            Err(ManifestError::NotFound(_) | ManifestError::Corrupt { .. }) => {}
-            Err(other) => return Err(other.into()),
-        }
-    }
-    let names: Vec<_> = store
-        .list(Some(target))
-        .map_ok(|m| m.location)
-        .try_collect()
-        .await
-        .map_err(SavepointError::Unavailable)?;
-    for name in &names {
-        if let Some(id) = name.filename().and_then(SstId::parse_file_name) {
-            epoch = epoch.max(id.writer_epoch);
-        }
-        if let Some(e) = name.filename().and_then(snapshot_epoch) {
-            epoch = epoch.max(e);
-        }
-    }
-    let epoch = epoch.max(saved.writer_epoch) + 1;
-    let version = versions.last().map_or(1, |v| v + 1);
     let mut bytes = 0;
     let mut levels = saved.levels.clone();
     let mut seq = 0;
@@ -362,6 +337,130 @@ pub async fn restore_shard(
     };
     manifests.commit(&manifest).await?;
     Ok((version, bytes))
+}
+
+/// The version and writer epoch a restore into the shard under `target` writes: above every
+/// version there, and above every epoch of its versions, of its objects' names and
+/// `at_least` (the restored checkpoint's own).
+///
+/// # Errors
+/// [`SavepointError::Unavailable`].
+pub async fn next_slot(
+    store: &Arc<dyn ObjectStore>,
+    target: &Path,
+    at_least: u64,
+) -> Result<(u64, u64), SavepointError> {
+    let manifests = ManifestStore::new(store.clone(), target.clone());
+    let versions = manifests.versions().await?;
+    let mut epoch = 0;
+    for &version in &versions {
+        match manifests.read(version).await {
+            Ok(m) => epoch = epoch.max(m.writer_epoch),
+            Err(ManifestError::NotFound(_) | ManifestError::Corrupt { .. }) => {}
+            Err(other) => return Err(other.into()),
+        }
+    }
+    let names: Vec<_> = store
+        .list(Some(target))
+        .map_ok(|m| m.location)
+        .try_collect()
+        .await
+        .map_err(SavepointError::Unavailable)?;
+    for name in &names {
+        if let Some(id) = name.filename().and_then(SstId::parse_file_name) {
+            epoch = epoch.max(id.writer_epoch);
+        }
+        if let Some(e) = name.filename().and_then(snapshot_epoch) {
+            epoch = epoch.max(e);
+        }
+    }
+    Ok((
+        versions.last().map_or(1, |v| v + 1),
+        epoch.max(at_least) + 1,
+    ))
+}
+
+/// Where the export of partition `partition` of the savepoint at `root` is kept, once made
+/// ([`crate::state::export`]).
+pub fn export_path(root: &Path, partition: i32) -> Path {
+    Path::from(format!("{root}/exports/{partition:05}.jsonl"))
+}
+
+/// Exports partition `partition` of the savepoint at `root` (taken on backend `backend`) to
+/// [`export_path`], unless it is there already; what the export holds.
+///
+/// # Errors
+/// [`SavepointError::Unavailable`]; [`SavepointError::Unusable`] when the savepoint's
+/// checkpoint cannot be read.
+pub async fn export_shard(
+    store: &Arc<dyn ObjectStore>,
+    root: &Path,
+    (backend, partition): (&str, i32),
+    clock: &crate::clock::SharedClock,
+) -> Result<Option<crate::state::export::ExportSummary>, SavepointError> {
+    let path = export_path(root, partition);
+    match store.head(&path).await {
+        Ok(_) => return Ok(None),
+        Err(object_store::Error::NotFound { .. }) => {}
+        Err(e) => return Err(SavepointError::Unavailable(e)),
+    }
+    let shard = savepoint_shard_root(root, partition);
+    let saved = saved_checkpoint(store, &shard).await?;
+    // Written under a temporary name and copied into place: an export is whole or absent.
+    let partial = Path::from(format!("{path}.partial"));
+    let summary = crate::state::export::export_checkpoint(
+        store,
+        (&shard, &saved),
+        (backend, partition),
+        &partial,
+        clock,
+    )
+    .await
+    .map_err(export_error)?;
+    store
+        .copy(&partial, &path)
+        .await
+        .map_err(SavepointError::Unavailable)?;
+    let _ = store.delete(&partial).await;
+    Ok(Some(summary))
+}
+
+fn export_error(e: crate::state::export::ExportError) -> SavepointError {
+    match e {
+        crate::state::export::ExportError::Unavailable(source) => {
+            SavepointError::Unavailable(source)
+        }
+        other => SavepointError::Unusable(crate::error::Chain(&other).to_string()),
+    }
+}
+
+/// Restores partition `partition` of the savepoint at `root` (taken on backend `backend`)
+/// into the shard under `target` on the *other* backend `into`, through the portable format:
+/// exports it (once), then imports the export as a checkpoint above every version there (as
+/// [`restore_shard`] does). Returns that version and the export's bytes.
+///
+/// # Errors
+/// As [`restore_shard`].
+pub async fn restore_shard_converted(
+    store: &Arc<dyn ObjectStore>,
+    root: &Path,
+    (backend, partition): (&str, i32),
+    (target, into, writer_token): (&Path, crate::state::export::ImportInto, &str),
+    clock: &crate::clock::SharedClock,
+) -> Result<(u64, u64), SavepointError> {
+    export_shard(store, root, (backend, partition), clock).await?;
+    let saved = saved_checkpoint(store, &savepoint_shard_root(root, partition)).await?;
+    let (version, epoch) = next_slot(store, target, saved.writer_epoch).await?;
+    let imported = crate::state::export::import_checkpoint(
+        store,
+        &export_path(root, partition),
+        target,
+        into,
+        (version, epoch, writer_token),
+    )
+    .await
+    .map_err(export_error)?;
+    Ok((version, imported.bytes))
 }
 
 /// The writer epoch in a snapshot's file name (`{epoch:010}-{version:020}.snap`).

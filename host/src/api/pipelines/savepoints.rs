@@ -9,6 +9,7 @@
 use super::{DesiredState, PipelineRecord, PipelineSpec, PipelineState, SavepointRef, existing};
 use crate::api::problem::{ApiError, Problem};
 use crate::api::{ApiState, AuthProblems, Principal, now_ms, read_json, read_json_or_default};
+use crate::state::export::ImportInto;
 use crate::state::savepoint::{
     self, SavepointDescriptor, SavepointError, SavepointShard, savepoint_root, savepoint_shard_root,
 };
@@ -17,9 +18,11 @@ use axum::Json;
 use axum::body::Body;
 use axum::extract::{Path as UrlPath, State};
 use axum::http::StatusCode;
+use object_store::ObjectStoreExt as _;
 use object_store::path::Path;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use utoipa::ToSchema;
 
@@ -69,7 +72,8 @@ pub struct RestoredShard {
     pub version: u64,
     /// Its input offsets (topic → next offset).
     pub offsets: BTreeMap<String, i64>,
-    /// Bytes copied from the savepoint (server-side on S3).
+    /// Bytes copied from the savepoint (server-side on S3); into another backend, the bytes of
+    /// the export read.
     pub bytes_copied: u64,
 }
 
@@ -438,7 +442,8 @@ async fn found_savepoint(
 }
 
 /// Why a pipeline of `spec` reading `partitions` partitions (when known) cannot take the
-/// state of `saved`, if it cannot.
+/// state of `saved`, if it cannot. The backend may differ: the restore converts through the
+/// portable format.
 fn incompatible(
     saved: &SavepointDescriptor,
     spec: &PipelineSpec,
@@ -452,14 +457,6 @@ fn incompatible(
         return Some(format!(
             "savepoint `{}` of pipeline `{}` holds offsets of topics {:?}; this pipeline reads {:?}",
             saved.name, saved.pipeline, saved.input_topics, spec.input_topics
-        ));
-    }
-    if saved.state_backend != backend_name(spec) {
-        return Some(format!(
-            "savepoint `{}` holds `{}` state; this pipeline's state_backend is `{}` (a savepoint restores into the backend it was taken on)",
-            saved.name,
-            saved.state_backend,
-            backend_name(spec)
         ));
     }
     if let Some(partitions) = partitions.filter(|p| *p != saved.shards.len()) {
@@ -521,26 +518,46 @@ async fn input_partitions(
     .map_err(|e| ApiError::Internal(format!("metadata task: {e}")))?
 }
 
-/// Copies every shard of savepoint `root` (`saved`) into the pipeline `name` with uid `uid`.
+/// Copies every shard of savepoint `root` (`saved`) into the pipeline `name` with uid `uid`
+/// and spec `spec`: as it is on the savepoint's backend, through the portable format on the
+/// other.
 async fn restore(
     state: &ApiState,
     tenant: &str,
-    (name, uid): (&str, &str),
+    (name, uid, spec): (&str, &str, &PipelineSpec),
     (root, saved): (&Path, &SavepointDescriptor),
 ) -> Result<Restored, ApiError> {
     let store = state.catalog.store();
     let token = format!("restore-{}-{}", saved.pipeline, saved.name);
     let mut shards = Vec::with_capacity(saved.shards.len());
+    let clock: crate::clock::SharedClock = Arc::new(crate::clock::SystemClock);
     for shard in &saved.shards {
         let target = shard_root(state, tenant, name, uid, shard.partition);
-        let (version, bytes_copied) = savepoint::restore_shard(
-            store,
-            &savepoint_shard_root(root, shard.partition),
-            &target,
-            &token,
-        )
-        .await
-        .map_err(unavailable)?;
+        let restored = if saved.state_backend == backend_name(spec) {
+            savepoint::restore_shard(
+                store,
+                &savepoint_shard_root(root, shard.partition),
+                &target,
+                &token,
+            )
+            .await
+        } else {
+            let into = match spec.state_backend {
+                super::PipelineStateBackend::Lsm => {
+                    ImportInto::Lsm(crate::state::lsm::tree::LsmSettings::default())
+                }
+                super::PipelineStateBackend::Memory => ImportInto::Memory,
+            };
+            savepoint::restore_shard_converted(
+                store,
+                root,
+                (&saved.state_backend, shard.partition),
+                (&target, into, &token),
+                &clock,
+            )
+            .await
+        };
+        let (version, bytes_copied) = restored.map_err(unavailable)?;
         shards.push(RestoredShard {
             partition: shard.partition,
             version,
@@ -580,7 +597,7 @@ pub(super) async fn restore_into_new(
     if let Some(reason) = incompatible(&saved, spec, partitions) {
         return Err(ApiError::BadRequest(reason));
     }
-    restore(state, tenant, (name, uid), (&root, &saved)).await
+    restore(state, tenant, (name, uid, spec), (&root, &saved)).await
 }
 
 /// Resets a stopped pipeline to a savepoint (of itself, or of another of your pipelines that
@@ -638,7 +655,109 @@ pub(crate) async fn reset_pipeline(
             saved.name
         )));
     }
-    let restored = restore(&state, &tenant, (&name, &record.uid), (&root, &saved)).await?;
+    let restored = restore(
+        &state,
+        &tenant,
+        (&name, &record.uid, &record.spec),
+        (&root, &saved),
+    )
+    .await?;
     tracing::info!(audit = true, %tenant, pipeline = %name, savepoint = %saved.name, from = %saved.pipeline, versions = ?restored.shards.iter().map(|s| s.version).collect::<Vec<_>>(), "pipeline reset to a savepoint");
     Ok(Json(restored))
+}
+
+/// One partition's export of a savepoint.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ExportedPartition {
+    /// The input partition.
+    pub partition: i32,
+    /// Bytes of its JSON lines.
+    pub bytes: u64,
+    /// Where to download it (`GET`, `application/x-ndjson`).
+    pub download: String,
+}
+
+/// Exports a savepoint in the portable format (docs/api.md "The portable format"): per
+/// partition, the keys and values of every state, the timers, the watermark and the offsets
+/// as JSON lines, in key order. Made once per savepoint and kept with it.
+#[utoipa::path(post, path = "/v1/pipelines/{name}/savepoints/{savepoint}/exports", tag = "pipelines",
+    params(("name" = String, Path, description = "Pipeline name", pattern = "^[a-z0-9][a-z0-9_-]{0,63}$"),
+           ("savepoint" = String, Path, description = "Savepoint name")),
+    responses(
+        (status = 200, description = "Exported", body = [ExportedPartition]),
+        (status = 404, description = "No such pipeline or savepoint", body = Problem, content_type = "application/problem+json"),
+        AuthProblems,
+    ),
+    security(("bearer" = [])))]
+pub(crate) async fn export_savepoint(
+    State(state): State<ApiState>,
+    principal: Principal,
+    UrlPath((name, savepoint)): UrlPath<(String, String)>,
+) -> Result<Json<Vec<ExportedPartition>>, ApiError> {
+    let tenant = principal.tenant()?;
+    tracing::Span::current().record("pipeline", name.as_str());
+    let record = existing(&state, tenant, &name).await?;
+    let (root, saved) = found_savepoint(&state, tenant, &record, &savepoint).await?;
+    let store = state.catalog.store();
+    let clock: crate::clock::SharedClock = Arc::new(crate::clock::SystemClock);
+    let mut out = Vec::with_capacity(saved.shards.len());
+    for shard in &saved.shards {
+        savepoint::export_shard(
+            store,
+            &root,
+            (&saved.state_backend, shard.partition),
+            &clock,
+        )
+        .await
+        .map_err(unavailable)?;
+        let meta = store
+            .head(&savepoint::export_path(&root, shard.partition))
+            .await?;
+        out.push(ExportedPartition {
+            partition: shard.partition,
+            bytes: meta.size,
+            download: format!(
+                "/v1/pipelines/{name}/savepoints/{savepoint}/exports/{}",
+                shard.partition
+            ),
+        });
+    }
+    Ok(Json(out))
+}
+
+/// Downloads one partition's export of a savepoint (made by `POST …/exports`).
+#[utoipa::path(get, path = "/v1/pipelines/{name}/savepoints/{savepoint}/exports/{partition}", tag = "pipelines",
+    params(("name" = String, Path, description = "Pipeline name", pattern = "^[a-z0-9][a-z0-9_-]{0,63}$"),
+           ("savepoint" = String, Path, description = "Savepoint name"),
+           ("partition" = i32, Path, description = "Input partition")),
+    responses(
+        (status = 200, description = "The partition's JSON lines", content_type = "application/x-ndjson"),
+        (status = 404, description = "No such pipeline, savepoint or export", body = Problem, content_type = "application/problem+json"),
+        AuthProblems,
+    ),
+    security(("bearer" = [])))]
+pub(crate) async fn download_export(
+    State(state): State<ApiState>,
+    principal: Principal,
+    UrlPath((name, savepoint, partition)): UrlPath<(String, String, i32)>,
+) -> Result<axum::response::Response, ApiError> {
+    let tenant = principal.tenant()?;
+    tracing::Span::current().record("pipeline", name.as_str());
+    let record = existing(&state, tenant, &name).await?;
+    let (root, _) = found_savepoint(&state, tenant, &record, &savepoint).await?;
+    let path = savepoint::export_path(&root, partition);
+    let got = match state.catalog.store().get(&path).await {
+        Ok(got) => got,
+        Err(object_store::Error::NotFound { .. }) => {
+            return Err(ApiError::NotFound(format!(
+                "savepoint `{savepoint}` has no export of partition {partition}: POST /v1/pipelines/{name}/savepoints/{savepoint}/exports first"
+            )));
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let body = Body::from_stream(got.into_stream());
+    axum::response::Response::builder()
+        .header("content-type", "application/x-ndjson")
+        .body(body)
+        .map_err(|e| ApiError::Internal(e.to_string()))
 }

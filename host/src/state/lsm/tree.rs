@@ -371,6 +371,46 @@ impl LsmTree {
         Ok(tree)
     }
 
+    /// As [`Shard::scan`], with each entry's expiry (ms since the Unix epoch, `None`: none):
+    /// what an export of the state keeps.
+    ///
+    /// # Errors
+    /// As [`Shard::scan`].
+    pub async fn scan_with_expiry(
+        &self,
+        prefix: &[u8],
+        start_after: Option<&[u8]>,
+        limit: usize,
+    ) -> Result<Vec<(Vec<u8>, Bytes, Option<u64>)>, StateError> {
+        self.scan_into(prefix, start_after, limit, Vec::new()).await
+    }
+
+    /// A scan (see [`Shard::scan`]) into `out`, in passes.
+    async fn scan_into<O: scan::ScanOut>(
+        &self,
+        prefix: &[u8],
+        start_after: Option<&[u8]>,
+        limit: usize,
+        mut out: O,
+    ) -> Result<O, StateError> {
+        // One time for every pass: an entry's TTL is judged once.
+        let now_ms = self.inner.clock.now_ms();
+        // Where the last pass stopped: the key of a memtable it cut short (keys up to it done).
+        let mut resume: Option<Bytes> = None;
+        loop {
+            let after = match (start_after, resume.as_deref()) {
+                (Some(a), Some(r)) => Some(a.max(r)),
+                (a, r) => a.or(r),
+            };
+            resume = self
+                .scan_pass(prefix, after, limit, now_ms, &mut out)
+                .await?;
+            if resume.is_none() || out.len() >= limit {
+                return Ok(out);
+            }
+        }
+    }
+
     /// The SSTs of level 0, oldest first.
     pub fn l0_ssts(&self) -> Vec<SstId> {
         self.inner.read().version.levels[0]
@@ -780,6 +820,11 @@ impl Inner {
         Ok(None)
     }
 
+    /// Whether `entry` is a value that has not expired at `now_ms`.
+    fn live_entry(&self, entry: &Entry, now_ms: u64) -> bool {
+        matches!(entry, Entry::Put { expires_at_ms, .. } if expires_at_ms.is_none_or(|at| now_ms < at))
+    }
+
     fn live(&self, entry: Entry, now_ms: u64) -> Option<Bytes> {
         match entry {
             Entry::Put {
@@ -916,23 +961,7 @@ impl Shard for LsmTree {
         start_after: Option<&[u8]>,
         limit: usize,
     ) -> Result<Vec<(Vec<u8>, Bytes)>, StateError> {
-        let mut out = Vec::new();
-        // One time for every pass: an entry's TTL is judged once.
-        let now_ms = self.inner.clock.now_ms();
-        // Where the last pass stopped: the key of a memtable it cut short (keys up to it done).
-        let mut resume: Option<Bytes> = None;
-        loop {
-            let after = match (start_after, resume.as_deref()) {
-                (Some(a), Some(r)) => Some(a.max(r)),
-                (a, r) => a.or(r),
-            };
-            resume = self
-                .scan_pass(prefix, after, limit, now_ms, &mut out)
-                .await?;
-            if resume.is_none() || out.len() >= limit {
-                return Ok(out);
-            }
-        }
+        self.scan_into(prefix, start_after, limit, Vec::new()).await
     }
 
     async fn apply(&self, writes: Vec<StateWrite>) -> Result<(), StateError> {

@@ -29,7 +29,7 @@ impl LsmTree {
         start_after: Option<&[u8]>,
         limit: usize,
         now_ms: u64,
-        out: &mut Vec<(Vec<u8>, Bytes)>,
+        out: &mut impl ScanOut,
     ) -> Result<Option<Bytes>, StateError> {
         let inner = &*self.inner;
         let start = match start_after {
@@ -117,12 +117,42 @@ impl LsmTree {
             if start_after.is_some_and(|after| key.as_ref() <= after) {
                 continue;
             }
-            if let Some(value) = newest.and_then(|e| inner.live(e, now_ms)) {
-                out.push((key.to_vec(), value));
+            if let Some(Entry::Put {
+                value,
+                expires_at_ms,
+            }) = newest.filter(|e| inner.live_entry(e, now_ms))
+            {
+                out.push_entry(key.to_vec(), value, expires_at_ms);
             }
         }
         // Sources exhausted (or the prefix passed): complete, unless a memtable was cut short.
         Ok(fence)
+    }
+}
+
+/// Where a scan puts the live entries it finds.
+pub(crate) trait ScanOut {
+    /// Entries put so far.
+    fn len(&self) -> usize;
+    /// Puts one live entry.
+    fn push_entry(&mut self, key: Vec<u8>, value: Bytes, expires_at_ms: Option<u64>);
+}
+
+impl ScanOut for Vec<(Vec<u8>, Bytes)> {
+    fn len(&self) -> usize {
+        Vec::len(self)
+    }
+    fn push_entry(&mut self, key: Vec<u8>, value: Bytes, _: Option<u64>) {
+        self.push((key, value));
+    }
+}
+
+impl ScanOut for Vec<(Vec<u8>, Bytes, Option<u64>)> {
+    fn len(&self) -> usize {
+        Vec::len(self)
+    }
+    fn push_entry(&mut self, key: Vec<u8>, value: Bytes, expires_at_ms: Option<u64>) {
+        self.push((key, value, expires_at_ms));
     }
 }
 
