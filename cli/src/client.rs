@@ -228,6 +228,13 @@ pub enum PipelineCommand {
         /// Records of one partition in flight at once.
         #[arg(long)]
         in_flight_max: Option<u64>,
+        /// Move the state to the other backend, live: each partition drains, checkpoints and
+        /// is converted on its next open.
+        #[arg(long, value_enum)]
+        state_backend: Option<StateBackendArg>,
+        /// The quota of a `memory` pipeline's state, bytes.
+        #[arg(long)]
+        state_bytes_max: Option<u64>,
     },
     /// Print the operator's log lines from every host that runs it, oldest first.
     #[command(
@@ -576,13 +583,17 @@ pub async fn pipeline(command: PipelineCommand, args: ApiArgs) -> anyhow::Result
             failure_policy,
             checkpoint_interval_ms,
             in_flight_max,
+            state_backend,
+            state_bytes_max,
         } => {
             let change = serde_json::from_value(serde_json::json!({
                 "failure_policy": failure_policy.map(FailurePolicyArg::name),
                 "checkpoint_interval_ms": checkpoint_interval_ms,
                 "in_flight_max": in_flight_max,
+                "state_backend": state_backend.map(StateBackendArg::name),
+                "state_bytes_max": state_bytes_max,
             }))
-            .context("bad --failure-policy")?;
+            .context("bad --failure-policy or --state-backend")?;
             show(&client.change_pipeline(&name, &change).await?)?;
         }
         PipelineCommand::Rm { name } => {

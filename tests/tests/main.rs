@@ -3,6 +3,7 @@
 //! over all the flights are in `full_flights.rs`, a binary of their own.
 
 mod api;
+mod api_backend_switch;
 mod api_memory_state;
 mod api_pipelines;
 mod api_savepoints;

@@ -84,6 +84,16 @@ impl MemoryBackend {
                 snapshots: None,
             });
         };
+        // A checkpoint the `lsm` backend wrote (the pipeline switched backends) is converted
+        // first.
+        crate::state::convert::convert_foreign(
+            &storage.store,
+            &id.root_under(&storage.prefix),
+            recovery,
+            (crate::state::export::ImportInto::Memory, "memory"),
+            &self.clock,
+        )
+        .await?;
         let (snapshots, entries) = SnapshotShard::open(
             storage.store.clone(),
             id.root_under(&storage.prefix),

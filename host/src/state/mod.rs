@@ -11,6 +11,7 @@
 
 pub mod checkpoint;
 pub mod configured;
+pub mod convert;
 pub mod delayed;
 pub mod export;
 #[cfg(test)]

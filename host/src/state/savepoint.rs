@@ -150,13 +150,15 @@ pub async fn newest_decided(
     let mut rejected = HashSet::new();
     let mut parents = HashSet::new();
     for &version in versions.iter().rev() {
+        if rejected.contains(&version) {
+            continue; // a later owner fell back past it: not read again
+        }
         let manifest = match manifests.read(version).await {
             Ok(m) => m,
             Err(ManifestError::NotFound(_) | ManifestError::Corrupt { .. }) => continue,
             Err(other) => return Err(other.into()),
         };
         let usable = manifest.kind == ManifestKind::Checkpoint
-            && !rejected.contains(&version)
             && (decided_by(&manifest.metadata) == DecidedBy::Manifest
                 || committed == Some(version)
                 || parents.contains(&version));

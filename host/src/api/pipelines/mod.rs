@@ -400,6 +400,13 @@ pub(super) async fn change_pipeline(
             if let Some(v) = change.late_records {
                 spec.late_records = v;
             }
+            if let Some(backend) = change.state_backend {
+                if backend == PipelineStateBackend::Lsm && spec.state_backend != backend {
+                    // A quota is for state in a host's RAM.
+                    spec.state_bytes_max = None;
+                }
+                spec.state_backend = backend;
+            }
             if let Some(v) = change.state_bytes_max {
                 spec.state_bytes_max = Some(v);
             }

@@ -510,8 +510,8 @@ pub struct OperatorSwitch {
 }
 
 /// The body of `PATCH /v1/pipelines/{name}`: the settings that can change while keeping
-/// the pipeline's state. Absent fields stay; topics and delivery cannot change (the state and
-/// its offsets belong to them).
+/// the pipeline's state, its backend included. Absent fields stay; topics and delivery cannot
+/// change (the state and its offsets belong to them).
 #[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PipelineChange {
@@ -544,6 +544,12 @@ pub struct PipelineChange {
     /// The quota of a `memory` pipeline's state, bytes (see [`PipelineSpec::state_bytes_max`]).
     #[serde(default)]
     pub state_bytes_max: Option<u64>,
+    /// Move the state to the other backend, with the pipeline running: each host drains and
+    /// checkpoints its partitions on the old one, and each partition's next open converts that
+    /// checkpoint through the portable format (docs/api.md "Switching backends"). To `lsm`,
+    /// the quota goes.
+    #[serde(default)]
+    pub state_backend: Option<PipelineStateBackend>,
 }
 
 /// A checkpoint asked for.

@@ -189,6 +189,19 @@ impl StateBackend for LsmBackend {
         recovery: &Recovery,
     ) -> Result<LsmShard, StateError> {
         let root = self.shard_root(id);
+        // A checkpoint the `memory` backend wrote (the pipeline switched backends) is
+        // converted first.
+        crate::state::convert::convert_foreign(
+            self.files.store(),
+            &root,
+            recovery,
+            (
+                crate::state::export::ImportInto::Lsm(self.settings.clone()),
+                "lsm",
+            ),
+            &self.clock,
+        )
+        .await?;
         let recovered = recover(self.files.store(), &root, recovery).await?;
         self.open_from(root, recovered).await
     }
