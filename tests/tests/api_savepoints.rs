@@ -84,7 +84,7 @@ async fn a_savepoint_resets_its_pipeline_and_seeds_a_new_one_that_outlives_it() 
         .as_array()
         .into_iter()
         .flatten()
-        .map(|s| s["offsets"][&input].as_i64().unwrap_or(0))
+        .map(|s| s["offsets"]["in"].as_i64().unwrap_or(0))
         .sum();
     assert_eq!(
         saved_offsets, 300,
@@ -143,8 +143,11 @@ async fn a_savepoint_resets_its_pipeline_and_seeds_a_new_one_that_outlives_it() 
     }
 
     // Stop a, back to v1, reset to the savepoint, start: what came after S is counted again
-    // from the savepoint's counts, ending where one pass ends.
-    set_desired(addr, &key, "a", "stop").await?;
+    // from the savepoint's counts, ending where one pass ends. The reset is asked for while
+    // the hosts still drain: it waits for them.
+    let (status, _, body) =
+        call(addr, Method::POST, "/v1/pipelines/a/stop", Some(&key), None).await?;
+    assert_eq!(status, StatusCode::OK, "{body}");
     let (status, _, body) = call(
         addr,
         Method::PUT,
@@ -154,14 +157,6 @@ async fn a_savepoint_resets_its_pipeline_and_seeds_a_new_one_that_outlives_it() 
     )
     .await?;
     assert_eq!(status, StatusCode::OK, "{body}");
-    let before = verify(addr, &key, "a").await?;
-    let newest_before: u64 = before["shards"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|s| s["versions"][0]["version"].as_u64())
-        .max()
-        .unwrap_or(0);
     let reset = post(
         addr,
         &key,
@@ -169,12 +164,24 @@ async fn a_savepoint_resets_its_pipeline_and_seeds_a_new_one_that_outlives_it() 
         json!({"savepoint": "before-v2"}),
     )
     .await?;
+    // Each partition's reset checkpoint is above every version its shard holds.
+    let after_reset = verify(addr, &key, "a").await?;
     for shard in reset["shards"].as_array().into_iter().flatten() {
-        let version = shard["version"].as_u64().unwrap_or(0);
-        assert!(
-            version > newest_before,
-            "checkpoint ids stay monotonic: {version} after {newest_before}"
+        let partition = shard["partition"].as_i64();
+        let stored = after_reset["shards"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|s| s["partition"].as_i64() == partition)
+            .map(|s| s["versions"].clone())
+            .unwrap_or_default();
+        let newest = stored[0]["version"].as_u64();
+        assert_eq!(
+            shard["version"].as_u64(),
+            newest,
+            "checkpoint ids stay monotonic: partition {partition:?} {stored:#}"
         );
+        assert_eq!(stored[0]["restorable"], true, "{stored:#}");
     }
     set_desired(addr, &key, "a", "start").await?;
     let twice = |counts: &BTreeMap<String, Vec<u64>>| {

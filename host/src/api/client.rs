@@ -606,7 +606,11 @@ pub fn savepoints_table(savepoints: &[crate::state::savepoint::SavepointDescript
             .iter()
             .map(|s| {
                 let next: Vec<String> = s.offsets.values().map(i64::to_string).collect();
-                format!("{}:{}", s.partition, next.join("/"))
+                if next.is_empty() {
+                    format!("{}:-", s.partition)
+                } else {
+                    format!("{}:{}", s.partition, next.join("/"))
+                }
             })
             .collect();
         out.push_str(&format!(

@@ -615,6 +615,10 @@ struct ImportSink<'a> {
     store: &'a Arc<dyn ObjectStore>,
     target: &'a Path,
     epoch: u64,
+    /// Names its objects apart from those of an import racing it (see
+    /// [`super::savepoint::nonce`]).
+    nonce: u32,
+    seq_base: u64,
     last: Option<Vec<u8>>,
     kind: SinkKind,
 }
@@ -643,10 +647,13 @@ impl<'a> ImportSink<'a> {
             },
             ImportInto::Memory => SinkKind::Memory(Vec::new()),
         };
+        let nonce = super::savepoint::nonce();
         Self {
             store,
             target,
             epoch,
+            nonce,
+            seq_base: u64::from(nonce) << 24,
             last: None,
             kind,
         }
@@ -685,7 +692,7 @@ impl<'a> ImportSink<'a> {
                 .map_err(|e| e.to_string())?;
                 if b.data_bytes() as u64 >= settings.target_file_bytes {
                     let full = builder.take().expect("just used");
-                    let seq = ssts.len() as u64 + 1;
+                    let seq = self.seq_base + ssts.len() as u64 + 1;
                     let sst = upload_sst(self.store, self.target, self.epoch, seq, *full)
                         .await
                         .map_err(|e| format!("{}", crate::error::Chain(&e)))?;
@@ -707,7 +714,10 @@ impl<'a> ImportSink<'a> {
             SinkKind::Memory(entries) => {
                 let object =
                     snapshot::encode(entries.iter().map(|(k, v, e)| (k.as_slice(), v, *e)));
-                let name = format!("snapshot/{:010}-{version:020}.snap", self.epoch);
+                let name = format!(
+                    "snapshot/{:010}-{version:020}-{:08x}.snap",
+                    self.epoch, self.nonce
+                );
                 self.store
                     .put(
                         &Path::from(format!("{}/{name}", self.target)),
@@ -724,7 +734,7 @@ impl<'a> ImportSink<'a> {
                 mut ssts,
             } => {
                 if let Some(rest) = builder.filter(|b| !b.is_empty()) {
-                    let seq = ssts.len() as u64 + 1;
+                    let seq = self.seq_base + ssts.len() as u64 + 1;
                     ssts.push(upload_sst(self.store, self.target, self.epoch, seq, *rest).await?);
                 }
                 let mut levels = vec![Vec::new(); settings.levels_max.max(2)];

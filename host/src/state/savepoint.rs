@@ -6,12 +6,15 @@
 //! # Layout
 //! A savepoint lives beside the shards it was taken from, under the pipeline's state prefix,
 //! so it is deleted with the pipeline (a pipeline created from it holds its own copy):
-//! - `{root}/{name}/shards/{partition:05}/manifest/{version:020}.manifest` — the checkpoint's
-//!   manifest, unchanged, the only version there;
-//! - `{root}/{name}/shards/{partition:05}/sst/…` or `…/snapshot/…` — the objects it
+//! - `{root}/{name}/{data}/shards/{partition:05}/manifest/{version:020}.manifest` — the
+//!   checkpoint's manifest, unchanged, the only version there (`{data}`: one directory per
+//!   attempt to take the savepoint, [`SavepointDescriptor::data`]);
+//! - `{root}/{name}/{data}/shards/{partition:05}/sst/…` or `…/snapshot/…` — the objects it
 //!   references, under their names in the shard;
 //! - `{root}/{name}/savepoint.json` — the [`SavepointDescriptor`], written last and create-only:
-//!   a savepoint without one is incomplete and is not listed.
+//!   a savepoint without one is incomplete and is not listed;
+//! - `{root}/{name}/exports/{partition:05}.jsonl` — its export in the portable format, once
+//!   made.
 //!
 //! Each savepoint shard is a shard of its own: [`crate::state::verify::verify_shard`] checks it.
 //!
@@ -58,6 +61,11 @@ pub struct SavepointDescriptor {
     pub format: u32,
     /// The savepoint's name, unique per pipeline.
     pub name: String,
+    /// The directory under the savepoint's root that holds its shards: each attempt to take
+    /// it copies into one of its own, so that attempts racing for a name, or one that fails,
+    /// never touch the winner's objects. Empty: the root itself.
+    #[serde(default)]
+    pub data: String,
     /// The pipeline it was taken from.
     pub pipeline: String,
     /// That pipeline's uid.
@@ -119,9 +127,49 @@ pub fn savepoint_root(savepoints: &Path, name: &str) -> Path {
     Path::from(format!("{savepoints}/{name}"))
 }
 
-/// The root of partition `partition`'s shard in the savepoint at `root`.
-pub fn savepoint_shard_root(root: &Path, partition: i32) -> Path {
-    Path::from(format!("{root}/shards/{partition:05}"))
+/// The root of partition `partition`'s shard in the savepoint data directory `data`.
+pub fn savepoint_shard_root(data: &Path, partition: i32) -> Path {
+    Path::from(format!("{data}/shards/{partition:05}"))
+}
+
+/// Where one savepoint's objects are.
+#[derive(Debug, Clone)]
+pub struct SavepointDir {
+    /// Its root: the descriptor, the exports.
+    pub root: Path,
+    /// Its data directory: the shards ([`SavepointDescriptor::data`]).
+    pub data: Path,
+}
+
+impl SavepointDir {
+    /// The savepoint at `root` whose descriptor names data directory `data`.
+    pub fn new(root: &Path, data: &str) -> Self {
+        let data = if data.is_empty() {
+            root.clone()
+        } else {
+            Path::from(format!("{root}/{data}"))
+        };
+        Self {
+            root: root.clone(),
+            data,
+        }
+    }
+
+    /// Partition `partition`'s shard.
+    pub fn shard(&self, partition: i32) -> Path {
+        savepoint_shard_root(&self.data, partition)
+    }
+
+    /// Partition `partition`'s export in the portable format, once made.
+    pub fn export(&self, partition: i32) -> Path {
+        Path::from(format!("{}/exports/{partition:05}.jsonl", self.root))
+    }
+}
+
+/// A random number for the names of objects a restore or an import writes, so that two
+/// racing for one shard (one is fenced at its commit) never write the same name.
+pub fn nonce() -> u32 {
+    rand::random()
 }
 
 /// The objects `manifest` references, relative to its shard's root.
@@ -302,7 +350,8 @@ pub async fn restore_shard(
     let manifests = ManifestStore::new(store.clone(), target.clone());
     let mut bytes = 0;
     let mut levels = saved.levels.clone();
-    let mut seq = 0;
+    let nonce = nonce();
+    let mut seq = u64::from(nonce) << 24;
     for sst in levels.iter_mut().flatten() {
         seq += 1;
         let renamed = SstId {
@@ -323,7 +372,7 @@ pub async fn restore_shard(
     // Manifest-decided whatever decided the saved one: it is decided once written.
     let mut metadata = checkpoint_metadata(&offsets, DecidedBy::Manifest);
     if let Some(name) = snapshot::snapshot_name(&saved.metadata) {
-        let renamed = format!("snapshot/{epoch:010}-{version:020}.snap");
+        let renamed = format!("snapshot/{epoch:010}-{version:020}-{nonce:08x}.snap");
         bytes += copy_saved(store, savepoint_shard, name, target, &renamed).await?;
         metadata.insert(snapshot::SNAPSHOT_KEY.to_owned(), renamed);
     }
@@ -382,34 +431,28 @@ pub async fn next_slot(
     ))
 }
 
-/// Where the export of partition `partition` of the savepoint at `root` is kept, once made
-/// ([`crate::state::export`]).
-pub fn export_path(root: &Path, partition: i32) -> Path {
-    Path::from(format!("{root}/exports/{partition:05}.jsonl"))
-}
-
-/// Exports partition `partition` of the savepoint at `root` (taken on backend `backend`) to
-/// [`export_path`], unless it is there already; what the export holds.
+/// Exports partition `partition` of the savepoint in `dir` (taken on backend `backend`) to
+/// [`SavepointDir::export`], unless it is there already; what the export holds.
 ///
 /// # Errors
 /// [`SavepointError::Unavailable`]; [`SavepointError::Unusable`] when the savepoint's
 /// checkpoint cannot be read.
 pub async fn export_shard(
     store: &Arc<dyn ObjectStore>,
-    root: &Path,
+    dir: &SavepointDir,
     (backend, partition): (&str, i32),
     clock: &crate::clock::SharedClock,
 ) -> Result<Option<crate::state::export::ExportSummary>, SavepointError> {
-    let path = export_path(root, partition);
+    let path = dir.export(partition);
     match store.head(&path).await {
         Ok(_) => return Ok(None),
         Err(object_store::Error::NotFound { .. }) => {}
         Err(e) => return Err(SavepointError::Unavailable(e)),
     }
-    let shard = savepoint_shard_root(root, partition);
+    let shard = dir.shard(partition);
     let saved = saved_checkpoint(store, &shard).await?;
     // Written under a temporary name and copied into place: an export is whole or absent.
-    let partial = Path::from(format!("{path}.partial"));
+    let partial = Path::from(format!("{path}.partial-{:08x}", nonce()));
     let summary = crate::state::export::export_checkpoint(
         store,
         (&shard, &saved),
@@ -436,7 +479,7 @@ fn export_error(e: crate::state::export::ExportError) -> SavepointError {
     }
 }
 
-/// Restores partition `partition` of the savepoint at `root` (taken on backend `backend`)
+/// Restores partition `partition` of the savepoint in `dir` (taken on backend `backend`)
 /// into the shard under `target` on the *other* backend `into`, through the portable format:
 /// exports it (once), then imports the export as a checkpoint above every version there (as
 /// [`restore_shard`] does). Returns that version and the export's bytes.
@@ -445,17 +488,17 @@ fn export_error(e: crate::state::export::ExportError) -> SavepointError {
 /// As [`restore_shard`].
 pub async fn restore_shard_converted(
     store: &Arc<dyn ObjectStore>,
-    root: &Path,
+    dir: &SavepointDir,
     (backend, partition): (&str, i32),
     (target, into, writer_token): (&Path, crate::state::export::ImportInto, &str),
     clock: &crate::clock::SharedClock,
 ) -> Result<(u64, u64), SavepointError> {
-    export_shard(store, root, (backend, partition), clock).await?;
-    let saved = saved_checkpoint(store, &savepoint_shard_root(root, partition)).await?;
+    export_shard(store, dir, (backend, partition), clock).await?;
+    let saved = saved_checkpoint(store, &dir.shard(partition)).await?;
     let (version, epoch) = next_slot(store, target, saved.writer_epoch).await?;
     let imported = crate::state::export::import_checkpoint(
         store,
-        &export_path(root, partition),
+        &dir.export(partition),
         target,
         into,
         (version, epoch, writer_token),
@@ -764,6 +807,57 @@ mod tests {
             "lsm" => value(&lsm.open_shard(id).await.expect("opens"), 7).await,
             _ => value(&memory.open_shard(id).await.expect("opens"), 7).await,
         }
+    }
+
+    /// Two attempts to take one savepoint copy into data directories of their own: the one
+    /// that fails (and deletes what it copied) leaves the other's restorable.
+    #[test]
+    fn a_failed_attempt_deletes_only_its_own_copies() {
+        block_on(async {
+            let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+            let clock: SharedClock = Arc::new(ManualClock::new(0));
+            let prefix = Path::from("state");
+            let memory = MemoryBackend::durable(store.clone(), prefix.clone(), clock);
+            let id = ShardId {
+                pipeline: "t.a".into(),
+                partition: 0,
+            };
+            let shard = memory.open_shard(&id).await.expect("opens");
+            shard.apply(vec![write(1, 1)]).await.expect("applies");
+            shard
+                .checkpoint(&offsets(1), DecidedBy::Manifest)
+                .await
+                .expect("checkpoints");
+            let root = savepoint_root(&Path::from("sp"), "race");
+            let (winner, loser) = (
+                SavepointDir::new(&root, "a1"),
+                SavepointDir::new(&root, "a2"),
+            );
+            for dir in [&winner, &loser] {
+                capture_shard(
+                    &store,
+                    &id.root_under(&prefix),
+                    &dir.shard(0),
+                    0,
+                    None,
+                    None,
+                )
+                .await
+                .expect("captures")
+                .expect("a checkpoint");
+            }
+            delete(&store, &loser.data).await.expect("deletes");
+            let checks = verify_shard(&store, &winner.shard(0), true)
+                .await
+                .expect("reads");
+            assert!(checks[0].restorable, "{checks:?}");
+            assert!(
+                verify_shard(&store, &loser.shard(0), true)
+                    .await
+                    .expect("reads")
+                    .is_empty()
+            );
+        });
     }
 
     /// A transaction-decided checkpoint is saved only once a later version names it as its

@@ -126,19 +126,20 @@ pub(super) async fn create_pipeline(
     )
     .map_err(ApiError::BadRequest)?;
     check_operator_version(&state, &tenant, &spec.operator, spec.operator_version).await?;
-    let _one_create_at_a_time = state.pipeline_creates.lock().await;
-    let count = state.catalog.pipelines(&tenant).await?.len();
-    if count >= state.settings.pipelines_per_tenant_max {
-        return Err(ApiError::Conflict(format!(
-            "you have {count} pipelines, the most this service allows per tenant; delete one first"
-        )));
-    }
     let mut uid = [0u8; 8];
     rand::RngCore::fill_bytes(&mut rand::rngs::OsRng, &mut uid);
     let uid = hex::encode(uid);
     // From a savepoint: its state goes under the new uid before the pipeline exists, so no
-    // host starts it without.
+    // host starts it without (and before the lock below, which every create on this host
+    // takes).
     if let Some(from) = &spec.from_savepoint {
+        // Fail fast, before copying, on the limit checked again below.
+        let count = state.catalog.pipelines(&tenant).await?.len();
+        if count >= state.settings.pipelines_per_tenant_max {
+            return Err(ApiError::Conflict(format!(
+                "you have {count} pipelines, the most this service allows per tenant; delete one first"
+            )));
+        }
         let restored =
             savepoints::restore_into_new(&state, &tenant, (&name, &uid), &spec, from).await;
         match restored {
@@ -150,6 +151,14 @@ pub(super) async fn create_pipeline(
                 return Err(e);
             }
         }
+    }
+    let _one_create_at_a_time = state.pipeline_creates.lock().await;
+    let count = state.catalog.pipelines(&tenant).await?.len();
+    if count >= state.settings.pipelines_per_tenant_max {
+        state.catalog.delete_state(&tenant, &uid).await?;
+        return Err(ApiError::Conflict(format!(
+            "you have {count} pipelines, the most this service allows per tenant; delete one first"
+        )));
     }
     let now = now_ms();
     let mut record = PipelineRecord {

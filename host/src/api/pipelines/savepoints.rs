@@ -11,7 +11,7 @@ use crate::api::problem::{ApiError, Problem};
 use crate::api::{ApiState, AuthProblems, Principal, now_ms, read_json, read_json_or_default};
 use crate::state::export::ImportInto;
 use crate::state::savepoint::{
-    self, SavepointDescriptor, SavepointError, SavepointShard, savepoint_root, savepoint_shard_root,
+    self, SavepointDescriptor, SavepointDir, SavepointError, SavepointShard, savepoint_root,
 };
 use crate::state::verify::shard_roots;
 use axum::Json;
@@ -29,6 +29,8 @@ use utoipa::ToSchema;
 /// How long a savepoint of a running pipeline waits for every partition's checkpoint, beyond
 /// two checkpoint intervals.
 const CHECKPOINT_WAIT: Duration = Duration::from_secs(60);
+/// How long a reset of a stopping pipeline waits for its hosts to finish stopping.
+const STOP_WAIT: Duration = Duration::from_secs(60);
 /// How often it asks the hosts for a checkpoint again while it waits (an exactly-once
 /// checkpoint is decided, for a savepoint, once the next one names it as parent).
 const REQUEST_AGAIN: Duration = Duration::from_secs(3);
@@ -165,55 +167,84 @@ pub(crate) async fn create_savepoint(
             "pipeline `{name}` has a savepoint `{savepoint}` already"
         )));
     }
-    let shards = shards_of(&state, &tenant, &record).await?;
-    if shards.is_empty() {
+    // Stopped: its last checkpoints are saved; running: the first decided after the request.
+    let status = super::view(&state, &tenant, record.clone())
+        .await?
+        .status
+        .state;
+    let running = match (record.desired, status) {
+        (DesiredState::Running, _) => true,
+        (DesiredState::Stopped, PipelineState::Stopped) => false,
+        (DesiredState::Stopped, _) => {
+            return Err(ApiError::Conflict(format!(
+                "pipeline `{name}` is stopping: take the savepoint once it has stopped (its last checkpoints are then the ones saved)"
+            )));
+        }
+    };
+    let mut shards = shards_of(&state, &tenant, &record).await?;
+    if !running && shards.is_empty() {
         return Err(ApiError::Conflict(format!(
-            "pipeline `{name}` has no checkpoint yet: start it and let it checkpoint"
+            "pipeline `{name}` never checkpointed: there is nothing to save"
         )));
     }
-    // Running: only checkpoints decided after the request count.
-    let running = record.desired == DesiredState::Running;
-    let partitions: Vec<i32> = shards.iter().map(|(p, _)| *p).collect();
-    let mut committed = committed_versions(&state, &tenant, &record, &partitions).await;
+    // Every partition: a new pipeline's shards appear as hosts open them.
+    let partitions_wanted = if running {
+        input_partitions(&state, &tenant, &record.spec.input_topics)
+            .await
+            .ok()
+            .flatten()
+    } else {
+        None
+    };
+    let dir = SavepointDir::new(&root, &format!("a{:08x}", savepoint::nonce()));
+    let mut committed = committed_versions(&state, &tenant, &record, &partitions(&shards)).await;
     let mut read_at = Instant::now();
     let mut after: BTreeMap<i32, Option<u64>> = BTreeMap::new();
-    for (partition, shard) in &shards {
-        let newest = if running {
-            savepoint::newest_decided(
+    if running {
+        for (partition, shard) in &shards {
+            let newest = savepoint::newest_decided(
                 &crate::state::manifest::ManifestStore::new(store.clone(), shard.clone()),
                 committed.get(partition).copied(),
             )
             .await
-            .map_err(unavailable)?
-            .map(|m| m.version)
-        } else {
-            None
-        };
-        after.insert(*partition, newest);
+            .map_err(unavailable)?;
+            after.insert(*partition, newest.map(|m| m.version));
+        }
     }
     let interval = Duration::from_millis(record.spec.checkpoint_interval_ms);
     let deadline = Instant::now() + 2 * interval + CHECKPOINT_WAIT;
     let mut asked: Option<Instant> = None;
     let mut taken: BTreeMap<i32, SavepointShard> = BTreeMap::new();
     let outcome = 'wait: loop {
-        if running && asked.is_none_or(|at| at.elapsed() >= REQUEST_AGAIN) {
-            request_checkpoint(&state, &tenant, &name).await?;
-            asked = Some(Instant::now());
-        } else if running && read_at.elapsed() >= Duration::from_secs(1) {
-            committed = committed_versions(&state, &tenant, &record, &partitions).await;
-            read_at = Instant::now();
+        if running {
+            if existing(&state, &tenant, &name).await?.desired != DesiredState::Running {
+                break Err(ApiError::Conflict(format!(
+                    "pipeline `{name}` was stopped while the savepoint waited for its checkpoints; take it again once it has stopped"
+                )));
+            }
+            if asked.is_none_or(|at| at.elapsed() >= REQUEST_AGAIN) {
+                request_checkpoint(&state, &tenant, &name).await?;
+                asked = Some(Instant::now());
+            } else if read_at.elapsed() >= Duration::from_secs(1) {
+                committed =
+                    committed_versions(&state, &tenant, &record, &partitions(&shards)).await;
+                read_at = Instant::now();
+            }
+            if shards.is_empty() || partitions_wanted.is_some_and(|n| shards.len() < n) {
+                // Shards opened since the request hold only checkpoints taken after it.
+                shards = shards_of(&state, &tenant, &record).await?;
+            }
         }
         for (partition, shard) in &shards {
             if taken.contains_key(partition) {
                 continue;
             }
-            let target = savepoint_shard_root(&root, *partition);
             let captured = savepoint::capture_shard(
                 &store,
                 shard,
-                &target,
+                &dir.shard(*partition),
                 *partition,
-                after[partition],
+                after.get(partition).copied().flatten(),
                 committed.get(partition).copied(),
             )
             .await;
@@ -230,15 +261,20 @@ pub(crate) async fn create_savepoint(
                 Err(e) => break 'wait Err(unavailable(e)),
             }
         }
-        if taken.len() == shards.len() {
+        let complete = !shards.is_empty()
+            && taken.len() == shards.len()
+            && partitions_wanted.is_none_or(|n| taken.len() >= n);
+        if complete {
             break Ok(());
         }
         if Instant::now() >= deadline {
-            let missing: Vec<i32> = shards
-                .iter()
-                .map(|(p, _)| *p)
-                .filter(|p| !taken.contains_key(p))
-                .collect();
+            let missing: Vec<i32> = match partitions_wanted {
+                Some(n) => (0..n as i32).filter(|p| !taken.contains_key(p)).collect(),
+                None => partitions(&shards)
+                    .into_iter()
+                    .filter(|p| !taken.contains_key(p))
+                    .collect(),
+            };
             break Err(ApiError::Unavailable(format!(
                 "partitions {missing:?} of pipeline `{name}` did not checkpoint within {:?} of the request: is a host running them? (GET /v1/pipelines/{name})",
                 2 * interval + CHECKPOINT_WAIT
@@ -247,13 +283,27 @@ pub(crate) async fn create_savepoint(
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
     if let Err(e) = outcome {
-        let _ = savepoint::delete(&store, &root).await;
+        // Only this attempt's copies: another may have taken the name meanwhile.
+        let _ = savepoint::delete(&store, &dir.data).await;
         return Err(e);
     }
-    let shards: Vec<SavepointShard> = taken.into_values().collect();
+    // Offsets by the tenant's topic names, as the pipeline's definition names them.
+    let prefix = format!("{tenant}.");
+    let shards: Vec<SavepointShard> = taken
+        .into_values()
+        .map(|mut shard| {
+            shard.offsets = shard
+                .offsets
+                .into_iter()
+                .map(|(t, n)| (t.strip_prefix(&prefix).unwrap_or(&t).to_owned(), n))
+                .collect();
+            shard
+        })
+        .collect();
     let descriptor = SavepointDescriptor {
         format: savepoint::FORMAT_VERSION,
         name: savepoint.clone(),
+        data: dir.data.filename().map(str::to_owned).unwrap_or_default(),
         pipeline: name.clone(),
         pipeline_uid: record.uid.clone(),
         state_backend: backend_name(&record.spec).to_owned(),
@@ -268,12 +318,17 @@ pub(crate) async fn create_savepoint(
         .await
         .map_err(unavailable)?
     {
+        let _ = savepoint::delete(&store, &dir.data).await;
         return Err(ApiError::Conflict(format!(
             "pipeline `{name}` has a savepoint `{savepoint}` already (taken at the same time)"
         )));
     }
     tracing::info!(%tenant, pipeline = %name, savepoint = %savepoint, bytes = descriptor.bytes, "savepoint taken");
     Ok((StatusCode::CREATED, Json(descriptor)))
+}
+
+fn partitions(shards: &[(i32, Path)]) -> Vec<i32> {
+    shards.iter().map(|(p, _)| *p).collect()
 }
 
 fn backend_name(spec: &PipelineSpec) -> &'static str {
@@ -407,23 +462,23 @@ pub(crate) async fn delete_savepoint(
     let tenant = principal.tenant()?;
     tracing::Span::current().record("pipeline", name.as_str());
     let record = existing(&state, tenant, &name).await?;
-    let root = found_savepoint(&state, tenant, &record, &savepoint)
+    let dir = found_savepoint(&state, tenant, &record, &savepoint)
         .await?
         .0;
-    savepoint::delete(state.catalog.store(), &root)
+    savepoint::delete(state.catalog.store(), &dir.root)
         .await
         .map_err(unavailable)?;
     tracing::info!(%tenant, pipeline = %name, %savepoint, "savepoint deleted");
     Ok(StatusCode::NO_CONTENT)
 }
 
-/// The savepoint `savepoint` of `record`: its root and descriptor, or a 404.
+/// The savepoint `savepoint` of `record`: where it is and its descriptor, or a 404.
 async fn found_savepoint(
     state: &ApiState,
     tenant: &str,
     record: &PipelineRecord,
     savepoint: &str,
-) -> Result<(Path, SavepointDescriptor), ApiError> {
+) -> Result<(SavepointDir, SavepointDescriptor), ApiError> {
     let not_found = || {
         ApiError::NotFound(format!(
             "pipeline `{}` has no savepoint `{savepoint}`",
@@ -438,7 +493,7 @@ async fn found_savepoint(
         .await
         .map_err(unavailable)?
         .ok_or_else(not_found)?;
-    Ok((root, found))
+    Ok((SavepointDir::new(&root, &found.data), found))
 }
 
 /// Why a pipeline of `spec` reading `partitions` partitions (when known) cannot take the
@@ -525,7 +580,7 @@ async fn restore(
     state: &ApiState,
     tenant: &str,
     (name, uid, spec): (&str, &str, &PipelineSpec),
-    (root, saved): (&Path, &SavepointDescriptor),
+    (dir, saved): (&SavepointDir, &SavepointDescriptor),
 ) -> Result<Restored, ApiError> {
     let store = state.catalog.store();
     let token = format!("restore-{}-{}", saved.pipeline, saved.name);
@@ -534,13 +589,7 @@ async fn restore(
     for shard in &saved.shards {
         let target = shard_root(state, tenant, name, uid, shard.partition);
         let restored = if saved.state_backend == backend_name(spec) {
-            savepoint::restore_shard(
-                store,
-                &savepoint_shard_root(root, shard.partition),
-                &target,
-                &token,
-            )
-            .await
+            savepoint::restore_shard(store, &dir.shard(shard.partition), &target, &token).await
         } else {
             let into = match spec.state_backend {
                 super::PipelineStateBackend::Lsm => {
@@ -550,7 +599,7 @@ async fn restore(
             };
             savepoint::restore_shard_converted(
                 store,
-                root,
+                dir,
                 (&saved.state_backend, shard.partition),
                 (&target, into, &token),
                 &clock,
@@ -590,14 +639,14 @@ pub(super) async fn restore_into_new(
         other => other,
     };
     let source = existing(state, tenant, &from.pipeline).await.map_err(bad)?;
-    let (root, saved) = found_savepoint(state, tenant, &source, &from.savepoint)
+    let (dir, saved) = found_savepoint(state, tenant, &source, &from.savepoint)
         .await
         .map_err(bad)?;
     let partitions = input_partitions(state, tenant, &spec.input_topics).await?;
     if let Some(reason) = incompatible(&saved, spec, partitions) {
         return Err(ApiError::BadRequest(reason));
     }
-    restore(state, tenant, (name, uid, spec), (&root, &saved)).await
+    restore(state, tenant, (name, uid, spec), (&dir, &saved)).await
 }
 
 /// Resets a stopped pipeline to a savepoint (of itself, or of another of your pipelines that
@@ -626,19 +675,32 @@ pub(crate) async fn reset_pipeline(
     tracing::Span::current().record("pipeline", name.as_str());
     let record = existing(&state, &tenant, &name).await?;
     let request: ResetRequest = read_json(body).await?;
-    let status = super::view(&state, &tenant, record.clone()).await?.status;
-    if status.state != PipelineState::Stopped {
+    if record.desired != DesiredState::Stopped {
         return Err(ApiError::Conflict(format!(
-            "pipeline `{name}` is {:?}, not stopped: stop it, then reset it",
-            status.state
+            "pipeline `{name}` is running: stop it (POST /v1/pipelines/{name}/stop), then reset it"
         )));
+    }
+    // Stopping: the hosts drain and checkpoint first; the reset waits for them.
+    let deadline = Instant::now() + STOP_WAIT;
+    loop {
+        let status = super::view(&state, &tenant, record.clone()).await?.status;
+        if status.state == PipelineState::Stopped {
+            break;
+        }
+        if Instant::now() >= deadline {
+            let hosts: Vec<&str> = status.hosts.iter().map(|h| h.host.as_str()).collect();
+            return Err(ApiError::Conflict(format!(
+                "pipeline `{name}` is still stopping after {STOP_WAIT:?} (hosts still running it: {hosts:?}); reset it once it has stopped"
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let source = match request.pipeline.as_deref() {
         None => record.clone(),
         Some(other) if other == name => record.clone(),
         Some(other) => existing(&state, &tenant, other).await?,
     };
-    let (root, saved) = found_savepoint(&state, &tenant, &source, &request.savepoint).await?;
+    let (dir, saved) = found_savepoint(&state, &tenant, &source, &request.savepoint).await?;
     let partitions = input_partitions(&state, &tenant, &record.spec.input_topics).await?;
     if let Some(reason) = incompatible(&saved, &record.spec, partitions) {
         return Err(ApiError::BadRequest(reason));
@@ -659,7 +721,7 @@ pub(crate) async fn reset_pipeline(
         &state,
         &tenant,
         (&name, &record.uid, &record.spec),
-        (&root, &saved),
+        (&dir, &saved),
     )
     .await?;
     tracing::info!(audit = true, %tenant, pipeline = %name, savepoint = %saved.name, from = %saved.pipeline, versions = ?restored.shards.iter().map(|s| s.version).collect::<Vec<_>>(), "pipeline reset to a savepoint");
@@ -697,22 +759,15 @@ pub(crate) async fn export_savepoint(
     let tenant = principal.tenant()?;
     tracing::Span::current().record("pipeline", name.as_str());
     let record = existing(&state, tenant, &name).await?;
-    let (root, saved) = found_savepoint(&state, tenant, &record, &savepoint).await?;
+    let (dir, saved) = found_savepoint(&state, tenant, &record, &savepoint).await?;
     let store = state.catalog.store();
     let clock: crate::clock::SharedClock = Arc::new(crate::clock::SystemClock);
     let mut out = Vec::with_capacity(saved.shards.len());
     for shard in &saved.shards {
-        savepoint::export_shard(
-            store,
-            &root,
-            (&saved.state_backend, shard.partition),
-            &clock,
-        )
-        .await
-        .map_err(unavailable)?;
-        let meta = store
-            .head(&savepoint::export_path(&root, shard.partition))
-            .await?;
+        savepoint::export_shard(store, &dir, (&saved.state_backend, shard.partition), &clock)
+            .await
+            .map_err(unavailable)?;
+        let meta = store.head(&dir.export(shard.partition)).await?;
         out.push(ExportedPartition {
             partition: shard.partition,
             bytes: meta.size,
@@ -744,8 +799,8 @@ pub(crate) async fn download_export(
     let tenant = principal.tenant()?;
     tracing::Span::current().record("pipeline", name.as_str());
     let record = existing(&state, tenant, &name).await?;
-    let (root, _) = found_savepoint(&state, tenant, &record, &savepoint).await?;
-    let path = savepoint::export_path(&root, partition);
+    let (dir, _) = found_savepoint(&state, tenant, &record, &savepoint).await?;
+    let path = dir.export(partition);
     let got = match state.catalog.store().get(&path).await {
         Ok(got) => got,
         Err(object_store::Error::NotFound { .. }) => {

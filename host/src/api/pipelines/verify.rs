@@ -99,16 +99,15 @@ pub(crate) async fn verify_pipeline_state(
         .await
         .map_err(|e| unavailable(&e))?
     {
-        let at = savepoint::savepoint_root(&root, &saved.name);
+        let at = savepoint::SavepointDir::new(
+            &savepoint::savepoint_root(&root, &saved.name),
+            &saved.data,
+        );
         let mut shards = Vec::with_capacity(saved.shards.len());
         for shard in &saved.shards {
-            let versions = verify_shard(
-                store,
-                &savepoint::savepoint_shard_root(&at, shard.partition),
-                checksums,
-            )
-            .await
-            .map_err(|e| unavailable(&e))?;
+            let versions = verify_shard(store, &at.shard(shard.partition), checksums)
+                .await
+                .map_err(|e| unavailable(&e))?;
             shards.push(ShardCheck {
                 partition: shard.partition,
                 versions,
@@ -197,7 +196,9 @@ pub fn verify_text(v: &PipelineVerify) -> String {
             broken.join(", ")
         ));
     }
-    if missing.is_empty() {
+    if v.shards.is_empty() {
+        out.push_str("nothing is stored: no partition has checkpointed yet\n");
+    } else if missing.is_empty() {
         out.push_str(&format!(
             "every partition has a restorable checkpoint ({how})\n"
         ));
