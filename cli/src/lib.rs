@@ -14,6 +14,8 @@
 //! - [`controller_bench`] `weir bench-controller`: the execution controller against read latency
 //! - [`checkpoint_bench`] `weir bench-checkpoint`: checkpoint and recovery times against state
 //!   size
+//! - [`switch_bench`]     `weir bench-switch`: what a live switch of the state backend costs a
+//!   partition, against state size
 //! - [`pipeline_bench`]   `weir bench`: pipelines end to end (Wasm and native, each backend)
 //!   through a real broker
 //!
@@ -34,6 +36,7 @@ pub mod kafka;
 pub mod lsm_bench;
 pub mod pipeline_bench;
 pub mod project;
+pub mod switch_bench;
 pub mod timer_bench;
 pub mod windows_bench;
 

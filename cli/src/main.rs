@@ -4,7 +4,7 @@ use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 use weir_cli::{
     Output, bench, checkpoint_bench, client, controller_bench, dev, flights, host, kafka,
-    lsm_bench, pipeline_bench, project, timer_bench, windows_bench,
+    lsm_bench, pipeline_bench, project, switch_bench, timer_bench, windows_bench,
 };
 
 /// mimalloc instead of glibc's malloc: the record path allocates per batch and per record
@@ -194,6 +194,16 @@ enum Command {
         #[command(flatten)]
         output: Output,
     },
+    /// Measure what a live switch of a pipeline's state backend costs a partition, by state
+    /// size: the conversion through the portable format on each open (see
+    /// cli/src/switch_bench.rs).
+    #[command(display_order = 29)]
+    BenchSwitch {
+        #[command(flatten)]
+        opts: switch_bench::SwitchBenchOptions,
+        #[command(flatten)]
+        output: Output,
+    },
 }
 
 #[tokio::main]
@@ -201,9 +211,10 @@ async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     // A benchmark's progress bar and table, not every shard's opening, unless RUST_LOG asks.
     let default_filter = match cli.command {
-        Command::Bench { .. } | Command::BenchTimers { .. } | Command::BenchWindows { .. } => {
-            "warn"
-        }
+        Command::Bench { .. }
+        | Command::BenchTimers { .. }
+        | Command::BenchWindows { .. }
+        | Command::BenchSwitch { .. } => "warn",
         _ => "info,rdkafka=warn",
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
@@ -263,6 +274,9 @@ async fn main() -> anyhow::Result<()> {
         Command::BenchCall { opts, output } => bench::command(&opts, output).await,
         Command::BenchLsm { opts, output } => {
             output.print(&lsm_bench::run(&opts).await?, lsm_bench::table)
+        }
+        Command::BenchSwitch { opts, output } => {
+            output.print(&switch_bench::run(&opts).await?, switch_bench::table)
         }
         Command::BenchCheckpoint { opts, output } => output.print(
             &checkpoint_bench::run(&opts).await?,

@@ -7,7 +7,7 @@
 
 use super::checkpoint::InputOffsets;
 use super::export::{ImportInto, export_checkpoint, import_checkpoint};
-use super::manifest::{Manifest, ManifestStore};
+use super::manifest::{Manifest, ManifestError, ManifestStore, RetentionPolicy};
 use super::savepoint::{SavepointError, newest_decided, next_slot};
 use super::{Recovery, StateError, snapshot};
 use crate::clock::SharedClock;
@@ -78,7 +78,17 @@ pub async fn convert_foreign(
     if InputOffsets::from_metadata(&newest.metadata).is_err() {
         return Ok(None);
     }
-    let export = Path::from(format!("{root}/convert/{:020}.jsonl", newest.version));
+    // The slot first, from the listing that chose `newest`: if anything is written to the shard
+    // while the state is exported (another owner), the create-only commit at `version` fails,
+    // rather than a stale checkpoint landing above that owner's (SCENARIOS.md S4).
+    let (version, epoch) = next_slot(store, root, newest.writer_epoch)
+        .await
+        .map_err(state_error)?;
+    let export = Path::from(format!(
+        "{root}/convert/{:020}-{:08x}.jsonl",
+        newest.version,
+        super::savepoint::nonce()
+    ));
     let export_error = |e: super::export::ExportError| match e {
         super::export::ExportError::Unavailable(source) => StateError::Unavailable {
             shard: root.to_string(),
@@ -90,9 +100,6 @@ pub async fn convert_foreign(
     let exported = export_checkpoint(store, (root, &newest), (from_backend, 0), &export, clock)
         .await
         .map_err(export_error)?;
-    let (version, epoch) = next_slot(store, root, newest.writer_epoch)
-        .await
-        .map_err(state_error)?;
     let token = format!("convert-{from_backend}-{}", newest.version);
     let imported = import_checkpoint(store, &export, root, into, (version, epoch, &token))
         .await
@@ -121,6 +128,56 @@ pub async fn convert_foreign(
         "state converted to the pipeline's new backend"
     );
     Ok(Some(converted))
+}
+
+/// Deletes the objects of the backend that is not `own` (`lsm`'s SSTs, `memory`'s snapshots)
+/// under the shard `root` that none of the `kept` versions references and that are past
+/// `policy`'s grace at `now_ms`: what a switch left behind once the old backend's checkpoints
+/// are gone. Each backend's GC runs it after its own sweep. The number deleted.
+///
+/// # Errors
+/// [`ManifestError::Unavailable`] when listing or deleting fails.
+pub(crate) async fn sweep_other_backend(
+    store: &Arc<dyn ObjectStore>,
+    root: &Path,
+    kept: &[Manifest],
+    own: &str,
+    (policy, now_ms): (&RetentionPolicy, u64),
+) -> Result<usize, ManifestError> {
+    use futures::TryStreamExt as _;
+    let (dir, referenced): (&str, std::collections::HashSet<String>) = if own == "lsm" {
+        let named = kept
+            .iter()
+            .filter_map(|m| snapshot::snapshot_name(&m.metadata))
+            .map(|name| format!("{root}/{name}"))
+            .collect();
+        ("snapshot", named)
+    } else {
+        let named = kept
+            .iter()
+            .flat_map(|m| m.levels.iter().flatten())
+            .map(|r| format!("{root}/{}", r.id().object_name()))
+            .collect();
+        ("sst", named)
+    };
+    let prefix = Path::from(format!("{root}/{dir}"));
+    let objects: Vec<_> = store
+        .list(Some(&prefix))
+        .try_collect()
+        .await
+        .map_err(ManifestError::Unavailable)?;
+    let mut deleted = 0;
+    for object in objects {
+        let modified_ms = u64::try_from(object.last_modified.timestamp_millis()).unwrap_or(0);
+        if referenced.contains(object.location.as_ref()) || policy.in_grace(modified_ms, now_ms) {
+            continue;
+        }
+        match store.delete(&object.location).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => deleted += 1,
+            Err(e) => return Err(ManifestError::Unavailable(e)),
+        }
+    }
+    Ok(deleted)
 }
 
 #[cfg(test)]
@@ -270,6 +327,120 @@ mod tests {
             .await
             .expect("lists");
             assert!(left.is_empty(), "{left:?}");
+        });
+    }
+
+    /// After a switch, the old backend's objects go with its checkpoints: once the `lsm`
+    /// shard has checkpointed past them (and the grace period), its GC deletes the `memory`
+    /// snapshot too.
+    #[test]
+    fn gc_after_a_switch_deletes_the_old_backends_objects() {
+        block_on(async {
+            let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+            // A day ahead of the store's clock: every object is past the grace period.
+            let day_ahead = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .expect("after 1970")
+                .as_millis() as u64
+                + 86_400_000;
+            let clock: SharedClock = Arc::new(ManualClock::new(day_ahead));
+            let prefix = Path::from("state");
+            let id = ShardId {
+                pipeline: "t.p".into(),
+                partition: 0,
+            };
+            let memory = MemoryBackend::durable(store.clone(), prefix.clone(), clock.clone());
+            let shard = memory.open_shard(&id).await.expect("opens");
+            shard
+                .apply((0..20).map(|k| write(k, 1)).collect())
+                .await
+                .expect("applies");
+            shard
+                .checkpoint(&offsets(20), DecidedBy::Manifest)
+                .await
+                .expect("checkpoints");
+            drop(shard);
+            let snapshots = Path::from(format!("{}/snapshot", id.root_under(&prefix)));
+            let listed = |store: Arc<dyn ObjectStore>, prefix: Path| async move {
+                futures::TryStreamExt::try_collect::<Vec<_>>(store.list(Some(&prefix)))
+                    .await
+                    .expect("lists")
+                    .len()
+            };
+            assert_eq!(listed(store.clone(), snapshots.clone()).await, 1);
+            let lsm = LsmBackend::new(
+                store.clone(),
+                prefix.clone(),
+                Arc::new(BlockCaches::none()),
+                crate::state::lsm::tests::small_settings(),
+                clock,
+            );
+            let on_lsm = lsm.open_shard(&id).await.expect("opens");
+            for round in 0..4 {
+                on_lsm
+                    .apply(vec![write(100 + round, 1)])
+                    .await
+                    .expect("applies");
+                on_lsm
+                    .checkpoint(&offsets(21 + i64::from(round)), DecidedBy::Manifest)
+                    .await
+                    .expect("checkpoints");
+                on_lsm.gc_settled().await;
+            }
+            assert_eq!(
+                listed(store.clone(), snapshots).await,
+                0,
+                "the snapshot went"
+            );
+            assert_eq!(
+                on_lsm
+                    .get(&crate::state::key::value_key(&3u32.to_be_bytes(), "count"))
+                    .await
+                    .expect("reads"),
+                Some(Bytes::from("1"))
+            );
+        });
+    }
+
+    /// A fallback past the converted checkpoint meets the other backend's: refused (its state
+    /// is not readable here), never opened as an empty tree at its offsets.
+    #[test]
+    fn a_fallback_never_opens_the_other_backends_checkpoint_as_empty_state() {
+        block_on(async {
+            let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+            let clock: SharedClock = Arc::new(ManualClock::new(0));
+            let prefix = Path::from("state");
+            let id = ShardId {
+                pipeline: "t.p".into(),
+                partition: 0,
+            };
+            let memory = MemoryBackend::durable(store.clone(), prefix.clone(), clock.clone());
+            let shard = memory.open_shard(&id).await.expect("opens");
+            shard.apply(vec![write(1, 1)]).await.expect("applies");
+            shard
+                .checkpoint(&offsets(1), DecidedBy::Manifest)
+                .await
+                .expect("checkpoints");
+            drop(shard);
+            let lsm = LsmBackend::new(
+                store.clone(),
+                prefix.clone(),
+                Arc::new(BlockCaches::none()),
+                crate::state::lsm::tests::small_settings(),
+                clock,
+            );
+            let converted = lsm.open_shard(&id).await.expect("opens");
+            let version = converted
+                .opened_from()
+                .expect("from the converted checkpoint");
+            drop(converted);
+            let mut recovery = Recovery::default();
+            recovery.known_corruption.versions.insert(version);
+            recovery.known_corruption.reason = "test".into();
+            let Err(err) = lsm.open_shard_at(&id, &recovery).await else {
+                panic!("opened the memory checkpoint as an lsm one");
+            };
+            assert_eq!(err.kind(), crate::error::ErrorKind::Corrupt, "{err}");
         });
     }
 }

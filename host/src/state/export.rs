@@ -418,8 +418,8 @@ fn io_to_store(e: std::io::Error) -> object_store::Error {
 /// The backend an import builds.
 #[derive(Debug, Clone)]
 pub enum ImportInto {
-    /// SSTs written in key order into the tree's last level, with `settings`' block and file
-    /// sizes (a bulk load: nothing goes through a memtable).
+    /// SSTs written in key order into the level that would hold them, with `settings`' block
+    /// and file sizes (a bulk load: nothing goes through a memtable).
     Lsm(LsmSettings),
     /// One snapshot.
     Memory,
@@ -653,7 +653,7 @@ impl<'a> ImportSink<'a> {
             target,
             epoch,
             nonce,
-            seq_base: u64::from(nonce) << 24,
+            seq_base: super::savepoint::seq_base(nonce),
             last: None,
             kind,
         }
@@ -703,7 +703,7 @@ impl<'a> ImportSink<'a> {
         Ok(())
     }
 
-    /// Writes what is left; the manifest's levels (the `lsm` SSTs in the last level), and the
+    /// Writes what is left; the manifest's levels (the `lsm` SSTs in one level), and the
     /// snapshot's name in `metadata` for `memory`.
     async fn finish(
         self,
@@ -738,11 +738,27 @@ impl<'a> ImportSink<'a> {
                     ssts.push(upload_sst(self.store, self.target, self.epoch, seq, *rest).await?);
                 }
                 let mut levels = vec![Vec::new(); settings.levels_max.max(2)];
-                *levels.last_mut().expect("at least two") = ssts;
+                let bytes = ssts.iter().map(|s| s.size_bytes).sum();
+                levels[level_for(bytes, &settings)] = ssts;
                 Ok(levels)
             }
         }
     }
+}
+
+/// The level leveled compaction would keep `bytes` of data in: the lowest whose target holds
+/// them (level 1 holds `level_base_bytes`, each next `level_size_ratio` times more), so that
+/// overwrites and deletes after the import compact into it as usual — in the last level they
+/// would wait for every level above to fill.
+fn level_for(bytes: u64, settings: &LsmSettings) -> usize {
+    let levels = settings.levels_max.max(2);
+    let mut target = settings.level_base_bytes;
+    let mut level = 1;
+    while bytes > target && level + 1 < levels {
+        target = target.saturating_mul(settings.level_size_ratio);
+        level += 1;
+    }
+    level
 }
 
 async fn upload_sst(

@@ -172,6 +172,12 @@ pub fn nonce() -> u32 {
     rand::random()
 }
 
+/// The first SST sequence number a restore or an import with `nonce` uses: the top bit set,
+/// so that none is a sequence number a writer counting from 0 ever reaches.
+pub fn seq_base(nonce: u32) -> u64 {
+    (1 << 63) | (u64::from(nonce) << 24)
+}
+
 /// The objects `manifest` references, relative to its shard's root.
 fn referenced(manifest: &Manifest) -> Vec<String> {
     let mut objects: Vec<String> = manifest
@@ -351,7 +357,7 @@ pub async fn restore_shard(
     let mut bytes = 0;
     let mut levels = saved.levels.clone();
     let nonce = nonce();
-    let mut seq = u64::from(nonce) << 24;
+    let mut seq = seq_base(nonce);
     for sst in levels.iter_mut().flatten() {
         seq += 1;
         let renamed = SstId {

@@ -311,7 +311,11 @@ async fn read_snapshot(
     manifest: &Manifest,
 ) -> Result<Checked<SnapshotEntries>, StateError> {
     let Some(name) = manifest.metadata.get(SNAPSHOT_KEY) else {
-        return Ok(Checked::Invalid("names no snapshot".to_owned()));
+        // The open converts the newest `lsm` checkpoint first (`state::convert`); one met
+        // here is older.
+        return Ok(Checked::Invalid(
+            "names no snapshot (written by the lsm backend, not converted)".to_owned(),
+        ));
     };
     let unavailable = |source: object_store::Error| StateError::Unavailable {
         shard: root.to_string(),
@@ -339,6 +343,8 @@ pub struct SnapshotGcReport {
     pub manifests_deleted: usize,
     /// Snapshot objects deleted.
     pub snapshots_deleted: usize,
+    /// SSTs of the `lsm` backend (before a switch) no kept version references.
+    pub ssts_deleted: usize,
 }
 
 /// Keeps what [`retained_versions`] keeps under `policy` (the rule the `lsm` backend's GC
@@ -381,6 +387,15 @@ async fn collect_garbage(
         }
         report.snapshots_deleted += 1;
     }
+    // What a switch from the `lsm` backend left (docs/api.md "Switching backends").
+    report.ssts_deleted = crate::state::convert::sweep_other_backend(
+        store,
+        root,
+        &kept.manifests,
+        "memory",
+        (policy, now_ms),
+    )
+    .await?;
     Ok(report)
 }
 

@@ -172,6 +172,7 @@ pub(super) async fn create_pipeline(
         created_ms: now,
         updated_ms: now,
         deleted: false,
+        resetting_since_ms: None,
     };
     if let Err(e) = state.catalog.create_pipeline(&tenant, &mut record).await {
         state.catalog.delete_state(&tenant, &uid).await?;
@@ -252,6 +253,14 @@ async fn set_desired(
     let record = state
         .catalog
         .update_pipeline(tenant, name, |record| {
+            let resetting = record
+                .resetting_since_ms
+                .is_some_and(|since| now_ms() < since + RESET_HOLD.as_millis() as u64);
+            if desired == DesiredState::Running && resetting {
+                return Err(ApiError::Conflict(format!(
+                    "pipeline `{name}` is being reset to a savepoint; start it once the reset has answered"
+                )));
+            }
             if record.desired != desired {
                 record.desired = desired;
                 if desired == DesiredState::Running {
@@ -271,7 +280,7 @@ async fn set_desired(
     responses(
         (status = 200, description = "It should run; hosts start it", body = PipelineView),
         (status = 404, description = "No such pipeline", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "Changed concurrently", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Changed concurrently, or being reset", body = Problem, content_type = "application/problem+json"),
         AuthProblems,
     ),
     security(("bearer" = [])))]

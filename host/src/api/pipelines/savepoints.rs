@@ -423,6 +423,7 @@ async fn request_checkpoint(state: &ApiState, tenant: &str, name: &str) -> Resul
     responses(
         (status = 200, description = "The savepoints", body = [SavepointDescriptor]),
         (status = 404, description = "No such pipeline", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The object store failed", body = Problem, content_type = "application/problem+json"),
         AuthProblems,
     ),
     security(("bearer" = [])))]
@@ -451,6 +452,7 @@ pub(crate) async fn list_savepoints(
     responses(
         (status = 204, description = "Deleted"),
         (status = 404, description = "No such pipeline or savepoint", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The object store failed", body = Problem, content_type = "application/problem+json"),
         AuthProblems,
     ),
     security(("bearer" = [])))]
@@ -662,6 +664,7 @@ pub(super) async fn restore_into_new(
         (status = 400, description = "The savepoint does not fit the pipeline", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such pipeline or savepoint", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "Not stopped", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The object store failed", body = Problem, content_type = "application/problem+json"),
         AuthProblems,
     ),
     security(("bearer" = [])))]
@@ -717,13 +720,35 @@ pub(crate) async fn reset_pipeline(
             saved.name
         )));
     }
+    // Marked, so that no start runs a host's claim into the middle of the copies; the mark is
+    // written only if the pipeline is still stopped (the update is create-only by revision).
+    state
+        .catalog
+        .update_pipeline(&tenant, &name, |r| {
+            if r.desired != DesiredState::Stopped || r.uid != record.uid {
+                return Err(ApiError::Conflict(format!(
+                    "pipeline `{name}` was started or replaced while the reset began; stop it and reset again"
+                )));
+            }
+            r.resetting_since_ms = Some(now_ms());
+            Ok(())
+        })
+        .await?;
     let restored = restore(
         &state,
         &tenant,
         (&name, &record.uid, &record.spec),
         (&dir, &saved),
     )
-    .await?;
+    .await;
+    state
+        .catalog
+        .update_pipeline(&tenant, &name, |r| {
+            r.resetting_since_ms = None;
+            Ok(())
+        })
+        .await?;
+    let restored = restored?;
     tracing::info!(audit = true, %tenant, pipeline = %name, savepoint = %saved.name, from = %saved.pipeline, versions = ?restored.shards.iter().map(|s| s.version).collect::<Vec<_>>(), "pipeline reset to a savepoint");
     Ok(Json(restored))
 }
@@ -748,6 +773,7 @@ pub struct ExportedPartition {
     responses(
         (status = 200, description = "Exported", body = [ExportedPartition]),
         (status = 404, description = "No such pipeline or savepoint", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The object store failed", body = Problem, content_type = "application/problem+json"),
         AuthProblems,
     ),
     security(("bearer" = [])))]
@@ -788,18 +814,29 @@ pub(crate) async fn export_savepoint(
     responses(
         (status = 200, description = "The partition's JSON lines", content_type = "application/x-ndjson"),
         (status = 404, description = "No such pipeline, savepoint or export", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The object store failed", body = Problem, content_type = "application/problem+json"),
         AuthProblems,
     ),
     security(("bearer" = [])))]
 pub(crate) async fn download_export(
     State(state): State<ApiState>,
     principal: Principal,
-    UrlPath((name, savepoint, partition)): UrlPath<(String, String, i32)>,
+    UrlPath((name, savepoint, partition)): UrlPath<(String, String, String)>,
 ) -> Result<axum::response::Response, ApiError> {
     let tenant = principal.tenant()?;
     tracing::Span::current().record("pipeline", name.as_str());
     let record = existing(&state, tenant, &name).await?;
-    let (dir, _) = found_savepoint(&state, tenant, &record, &savepoint).await?;
+    let (dir, saved) = found_savepoint(&state, tenant, &record, &savepoint).await?;
+    // Any other text names no partition of the savepoint: 404, as a partition it lacks.
+    let Some(partition) = partition
+        .parse::<i32>()
+        .ok()
+        .filter(|p| saved.shards.iter().any(|s| s.partition == *p))
+    else {
+        return Err(ApiError::NotFound(format!(
+            "savepoint `{savepoint}` holds no partition `{partition}`"
+        )));
+    };
     let path = dir.export(partition);
     let got = match state.catalog.store().get(&path).await {
         Ok(got) => got,

@@ -358,7 +358,15 @@ pub struct PipelineRecord {
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     #[schema(ignore)]
     pub deleted: bool,
+    /// A reset to a savepoint runs since this time, ms since the Unix epoch: starts are refused
+    /// meanwhile (for at most `RESET_HOLD`, should the reset's host die).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resetting_since_ms: Option<u64>,
 }
+
+/// How long a reset in progress holds off starts at most (a reset whose host died releases
+/// its pipeline after this).
+pub const RESET_HOLD: std::time::Duration = std::time::Duration::from_secs(600);
 
 /// What one host does with a pipeline.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]

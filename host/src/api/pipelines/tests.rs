@@ -35,6 +35,7 @@ fn record(desired: DesiredState) -> PipelineRecord {
         created_ms: 0,
         updated_ms: 0,
         deleted: false,
+        resetting_since_ms: None,
     }
 }
 

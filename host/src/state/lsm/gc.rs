@@ -34,6 +34,8 @@ pub struct GcReport {
     pub ssts_deleted: usize,
     /// SST objects kept because something references or protects them.
     pub ssts_kept: usize,
+    /// Snapshots of the `memory` backend (before a switch) no kept version names.
+    pub snapshots_deleted: usize,
 }
 
 /// What GC must know of the shard's live writer, taken at one moment (so that GC can run in
@@ -120,6 +122,15 @@ pub async fn collect_garbage(
         }
         report.ssts_deleted += 1;
     }
+    // What a switch from the `memory` backend left (docs/api.md "Switching backends").
+    report.snapshots_deleted = crate::state::convert::sweep_other_backend(
+        store,
+        root,
+        &kept.manifests,
+        "lsm",
+        (policy, now_ms),
+    )
+    .await?;
     metrics::counter!("weir_lsm_gc_deleted_total", "kind" => "sst")
         .increment(report.ssts_deleted as u64);
     metrics::counter!("weir_lsm_gc_deleted_total", "kind" => "manifest")
