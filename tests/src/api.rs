@@ -50,7 +50,21 @@ pub async fn start_server_with(
     init_tracing();
     let bucket = create_s3_bucket().await?;
     let store_url = format!("s3://{bucket}/weir");
-    let (store, prefix) = object_store_from_url(&store_url, &s3_options())?;
+    let (addr, _) = start_server_on(&store_url, runner, std::future::pending()).await?;
+    Ok((addr, store_url))
+}
+
+/// A `weir serve` on `store_url` (of the S3 server), on a free local port, that also runs
+/// pipelines when `runner` is given, until `shutdown` completes (then it drains every run, a
+/// last checkpoint each, as `weir serve` on SIGTERM); returns its address and the runner's
+/// task, which ends once the runs have stopped.
+pub async fn start_server_on(
+    store_url: &str,
+    runner: Option<RunnerConfig>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<(SocketAddr, Option<tokio::task::JoinHandle<()>>)> {
+    init_tracing();
+    let (store, prefix) = object_store_from_url(store_url, &s3_options())?;
     // As `weir serve` does: a host that runs pipelines reports its brokers in /readyz.
     let probe = runner.as_ref().map(|config| {
         std::sync::Arc::new(weir_host::health::KafkaProbe::spawn(
@@ -58,14 +72,17 @@ pub async fn start_server_with(
             weir_host::health::PROBE_INTERVAL,
         ))
     });
-    if let Some(config) = runner {
-        let runner = Runner::new(
-            Catalog::new(store.clone(), prefix.clone()),
-            config,
-            crate::runtime_settings(),
-        )?;
-        tokio::spawn(runner.run(std::future::pending()));
-    }
+    let running = match runner {
+        Some(config) => {
+            let runner = Runner::new(
+                Catalog::new(store.clone(), prefix.clone()),
+                config,
+                crate::runtime_settings(),
+            )?;
+            Some(tokio::spawn(runner.run(shutdown)))
+        }
+        None => None,
+    };
     let state = ApiState::new(
         Catalog::new(store, prefix),
         ApiSettings {
@@ -88,7 +105,7 @@ pub async fn start_server_with(
         state,
         std::future::pending(),
     ));
-    Ok((addr, store_url))
+    Ok((addr, running))
 }
 
 /// One request: `key` as bearer token, `body` as given; returns the status, the content type

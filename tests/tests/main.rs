@@ -12,6 +12,7 @@ mod bench;
 mod checkpoint_recovery;
 mod corrupt_checkpoints;
 mod dead_letters;
+mod disaster_recovery;
 mod execution_controller;
 mod failure_handling;
 mod flights_loader;

@@ -193,7 +193,12 @@ impl SnapshotShard {
             None => (None, SnapshotEntries::new()),
         };
         let claim = manifests
-            .claim(token, recovered.as_ref(), &found.rejected)
+            .claim_above(
+                token,
+                recovered.as_ref(),
+                &found.rejected,
+                recovery.committed,
+            )
             .await
             .map_err(|e| e.into_state_error(&root))?;
         tracing::info!(shard = %root, version = claim.version, writer_epoch = claim.writer_epoch, from_checkpoint = ?recovered.as_ref().map(|m| m.version), entries = entries.len(), "claimed shard (memory, from snapshot)");

@@ -215,7 +215,12 @@ impl LsmBackend {
         let token = self.tokens.next();
         let base = recovered.checkpoint;
         let claim = ManifestStore::new(store.clone(), root.clone())
-            .claim(&token, base.as_ref(), &recovered.rejected)
+            .claim_above(
+                &token,
+                base.as_ref(),
+                &recovered.rejected,
+                recovered.committed,
+            )
             .await
             .map_err(|e| e.into_state_error(&root))?;
         tracing::info!(shard = %root, version = claim.version, writer_epoch = claim.writer_epoch, from_checkpoint = ?base.as_ref().map(|b| b.version), rejected = claim.rejected.len(), "claimed shard");

@@ -295,6 +295,9 @@ pub struct Recovered {
     /// The oldest manifest version stored: GC keeps the versions from it to the claim until
     /// the scrub has read what the checkpoint hands on.
     pub oldest_version: Option<u64>,
+    /// The version Kafka's committed offsets name (exactly-once), which the claim goes above
+    /// even when it is not stored ([`ManifestStore::claim_above`]).
+    pub committed: Option<u64>,
 }
 
 /// Finds the checkpoint to resume the shard under `root` from (module docs), given
@@ -320,6 +323,7 @@ pub async fn recover(
         checkpoint: found.checkpoint.map(|(m, ())| m),
         rejected: found.rejected,
         oldest_version: found.oldest_version,
+        committed: recovery.committed,
     })
 }
 

@@ -454,10 +454,28 @@ impl ManifestStore {
         base: Option<&Manifest>,
         rejected: &[RejectedVersion],
     ) -> Result<Manifest, ManifestError> {
+        self.claim_above(writer_token, base, rejected, None).await
+    }
+
+    /// [`ManifestStore::claim`], with the claim's version also above `floor`: the version
+    /// Kafka's committed offsets name (exactly-once) when it is not stored, as after a restore
+    /// from a replica of the store that lacks it (docs/checkpoints.md, "Disaster recovery").
+    /// The new owner's versions then never reuse the number the committed offsets name, so a
+    /// checkpoint of its own is never taken for the one Kafka decided.
+    ///
+    /// # Errors
+    /// As [`ManifestStore::claim`].
+    pub async fn claim_above(
+        &self,
+        writer_token: &str,
+        base: Option<&Manifest>,
+        rejected: &[RejectedVersion],
+        floor: Option<u64>,
+    ) -> Result<Manifest, ManifestError> {
         let mut last = None;
         for _ in 0..COMMIT_ATTEMPTS_MAX {
             let versions = self.versions().await?;
-            let top = versions.last().copied();
+            let top = versions.last().copied().max(floor);
             let top_epoch = self.newest_readable_epoch(&versions).await?;
             let claim = Manifest {
                 version: top.map_or(1, |v| v + 1),

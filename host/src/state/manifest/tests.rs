@@ -205,3 +205,28 @@ fn the_encoded_manifest_is_frozen() {
         String::from_utf8_lossy(&bytes[16..])
     ));
 }
+
+/// Disaster recovery: a replica lacks versions 3 to 9, and Kafka's committed offsets name 9.
+/// The new owner's claim goes above 9, so none of its checkpoints takes the number Kafka
+/// decided (a restart would take such a checkpoint for the decided one).
+#[test]
+fn a_claim_goes_above_a_committed_version_the_store_lacks() {
+    block_on(async {
+        let (_, store) = setup();
+        let claim = store.claim("writer-a", None, &[]).await.expect("claims");
+        let cp = checkpoint(&claim, 2, "42");
+        store.commit(&cp).await.expect("commits");
+        let next = store
+            .claim_above("writer-b", Some(&cp), &[], Some(9))
+            .await
+            .expect("claims");
+        assert_eq!((next.version, next.writer_epoch), (10, 2));
+        assert_eq!(next.parent, Some(2));
+        // A floor below the stored versions changes nothing.
+        let again = store
+            .claim_above("writer-c", Some(&cp), &[], Some(4))
+            .await
+            .expect("claims");
+        assert_eq!(again.version, 11);
+    });
+}
