@@ -55,6 +55,46 @@ pub enum OperatorCommand {
     },
 }
 
+/// `weir state …`: a pipeline's keyed state as of its newest committed checkpoints (or a
+/// savepoint), read from the object store by the API; the pipeline need not be running.
+#[derive(Debug, Subcommand)]
+pub enum StateCommand {
+    /// One key's value (a value state), or its entries (a map state).
+    Get {
+        /// The pipeline's name.
+        pipeline: String,
+        /// The state's name, as the operator declares it.
+        state: String,
+        /// The record key (text; see --key-b64).
+        key: String,
+        /// KEY is base64 (a key that is not text).
+        #[arg(long)]
+        key_b64: bool,
+        /// Read this savepoint instead.
+        #[arg(long)]
+        savepoint: Option<String>,
+    },
+    /// Every key's entries in key order (by key length, then bytes), page after page.
+    Scan {
+        /// The pipeline's name.
+        pipeline: String,
+        /// The state's name.
+        state: String,
+        /// Only keys starting with this text.
+        #[arg(long)]
+        prefix: Option<String>,
+        /// Entries per request, 1..=1000.
+        #[arg(long, default_value_t = 100)]
+        page_size: u32,
+        /// Stop after this many entries.
+        #[arg(long)]
+        max: Option<usize>,
+        /// Read this savepoint instead.
+        #[arg(long)]
+        savepoint: Option<String>,
+    },
+}
+
 /// `--failure-policy`: what a record whose call fails for good (it trapped, broke a limit or
 /// ran past its deadline, alone in its call) does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -641,6 +681,86 @@ pub async fn tenant(command: TenantCommand, args: ApiArgs) -> anyhow::Result<()>
                 );
             }
         }
+    }
+    Ok(())
+}
+
+/// Runs a `weir state` command: entries as a table (key, map key, value), or `--json` pages.
+///
+/// # Errors
+/// When the API refuses or cannot be reached.
+pub async fn state(command: StateCommand, args: ApiArgs) -> anyhow::Result<()> {
+    use weir_host::api::pipelines::state_query::StateEntry;
+    let client = ApiClient::new(&args.api, &args.key);
+    let (pipeline, state, mut query, max) = match command {
+        StateCommand::Get {
+            pipeline,
+            state,
+            key,
+            key_b64,
+            savepoint,
+        } => {
+            let mut query = vec![(if key_b64 { "key_b64" } else { "key" }, key)];
+            query.extend(savepoint.map(|s| ("savepoint", s)));
+            (pipeline, state, query, None)
+        }
+        StateCommand::Scan {
+            pipeline,
+            state,
+            prefix,
+            page_size,
+            max,
+            savepoint,
+        } => {
+            let mut query = vec![("limit", page_size.to_string())];
+            query.extend(prefix.map(|p| ("prefix", p)));
+            query.extend(savepoint.map(|s| ("savepoint", s)));
+            (pipeline, state, query, max)
+        }
+    };
+    let text = |e: &StateEntry| -> String {
+        e.key
+            .clone()
+            .unwrap_or_else(|| format!("b64:{}", e.key_b64.as_deref().unwrap_or_default()))
+    };
+    let mut shown = 0usize;
+    let mut out = std::io::stdout().lock();
+    loop {
+        let pairs: Vec<(&str, &str)> = query.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let page = client.read_state(&pipeline, &state, &pairs).await?;
+        if args.json {
+            writeln!(out, "{}", serde_json::to_string(&page)?)?;
+        }
+        for entry in &page.entries {
+            if max.is_some_and(|m| shown >= m) {
+                return Ok(());
+            }
+            shown += 1;
+            if !args.json {
+                let map_key = entry
+                    .map_key
+                    .clone()
+                    .or_else(|| entry.map_key_b64.as_ref().map(|b| format!("b64:{b}")));
+                let value = entry
+                    .value
+                    .as_ref()
+                    .map_or_else(|| format!("b64:{}", entry.value_b64), ToString::to_string);
+                match map_key {
+                    Some(m) => writeln!(out, "{}\t{m}\t{value}", text(entry))?,
+                    None => writeln!(out, "{}\t{value}", text(entry))?,
+                }
+            }
+        }
+        match page.next_page_token {
+            Some(token) if max.is_none_or(|m| shown < m) => {
+                query.retain(|(k, _)| *k != "page_token");
+                query.push(("page_token", token));
+            }
+            _ => break,
+        }
+    }
+    if shown == 0 && !args.json {
+        writeln!(out, "(no entries)")?;
     }
     Ok(())
 }

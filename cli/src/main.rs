@@ -93,6 +93,18 @@ enum Command {
         #[command(flatten)]
         api: client::ApiArgs,
     },
+    /// Read a pipeline's keyed state through the API, as of its newest committed checkpoints
+    /// (or a savepoint).
+    #[command(
+        display_order = 5,
+        after_help = "Examples:\n  weir state get counts count key7\n  weir state scan counts count --prefix key1 --max 20"
+    )]
+    State {
+        #[command(subcommand)]
+        command: client::StateCommand,
+        #[command(flatten)]
+        api: client::ApiArgs,
+    },
     /// Create and list tenants and their API keys through the API (admin key in `WEIR_API_KEY`).
     #[command(
         display_order = 5,
@@ -254,6 +266,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Operator { command, api } => client::operator(command, api).await,
         Command::Pipeline { command, api } => client::pipeline(command, api).await,
         Command::Tenant { command, api } => client::tenant(command, api).await,
+        Command::State { command, api } => client::state(command, api).await,
         Command::Init(opts) => project::init(&opts).map(|_| ()),
         Command::Build(opts) => project::build(&opts).map(|_| ()),
         Command::Completions { shell } => {

@@ -335,3 +335,44 @@ pub async fn upload_counter(addr: SocketAddr, key: &str, times: u64) -> anyhow::
 pub fn kafka_topic_of(tenant: &str, topic: &str) -> String {
     weir_host::api::pipelines::kafka_topic(tenant, topic)
 }
+
+/// `GET /v1/pipelines/{name}/verify?checksums=false` (presence and sizes only), expecting 200.
+pub async fn verify_quick(addr: SocketAddr, key: &str, name: &str) -> anyhow::Result<Value> {
+    let path = format!("/v1/pipelines/{name}/verify?checksums=false");
+    let (status, _, verified) = call(addr, Method::GET, &path, Some(key), None).await?;
+    anyhow::ensure!(status == StatusCode::OK, "{status} {verified}");
+    Ok(verified)
+}
+
+/// Waits until every shard's newest restorable checkpoint of pipeline `name` holds `records`
+/// input records in all (the sum of its offsets), by [`verify_quick`].
+pub async fn checkpointed(
+    addr: SocketAddr,
+    key: &str,
+    name: &str,
+    records: u64,
+) -> anyhow::Result<Value> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let verified = verify_quick(addr, key, name).await?;
+        let done: u64 = verified["shards"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|shard| {
+                let versions = shard["versions"].as_array()?;
+                let newest = versions.iter().find(|v| v["restorable"] == true)?;
+                let offsets = newest["offsets"].as_object()?;
+                Some(offsets.values().filter_map(Value::as_u64).sum::<u64>())
+            })
+            .sum();
+        if done == records {
+            return Ok(verified);
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "checkpoints hold {done} of {records} records: {verified}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}

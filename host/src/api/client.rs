@@ -317,6 +317,30 @@ impl ApiClient {
         self.expect(self.http.get(&url), &url).await
     }
 
+    /// One page of pipeline `name`'s state `state` (`GET /v1/pipelines/{name}/state/{state}`),
+    /// `query` as that route's parameters (`key`, `prefix`, `limit`, `page_token`, `savepoint`).
+    ///
+    /// # Errors
+    /// [`ClientError`].
+    pub async fn read_state(
+        &self,
+        name: &str,
+        state: &str,
+        query: &[(&str, &str)],
+    ) -> Result<crate::api::pipelines::state_query::StatePage, ClientError> {
+        let mut url = url::Url::parse(&self.base).map_err(|e| ClientError::Unexpected {
+            url: self.base.clone(),
+            reason: format!("not a URL: {e}"),
+        })?;
+        if let Ok(mut path) = url.path_segments_mut() {
+            path.pop_if_empty()
+                .extend(["v1", "pipelines", name, "state", state]);
+        }
+        url.query_pairs_mut().extend_pairs(query);
+        let url = url.to_string();
+        self.expect(self.http.get(&url), &url).await
+    }
+
     /// Takes a savepoint of pipeline `name` (`POST /v1/pipelines/{name}/savepoints`), named
     /// `savepoint` (the API names it when `None`); answers once every partition's is copied.
     ///

@@ -100,6 +100,9 @@ pub struct ApiState {
     shutting_down: Arc<tokio::sync::watch::Sender<bool>>,
     /// Open `?follow` streams by tenant ([`logs::FOLLOWS_PER_TENANT_MAX`] each).
     follows: logs::Follows,
+    /// The block cache of state queries (`GET /v1/pipelines/{name}/state/…`), shared by every
+    /// tenant's reads (blocks are keyed by their object's path, which names the tenant).
+    query_caches: Arc<crate::state::lsm::cache::BlockCaches>,
 }
 
 impl std::fmt::Debug for ApiState {
@@ -108,6 +111,20 @@ impl std::fmt::Debug for ApiState {
             .field("catalog", &self.catalog)
             .finish_non_exhaustive()
     }
+}
+
+/// Memory for the blocks state queries read: 64 MiB, no disk tier.
+const QUERY_CACHE_BYTES: u64 = 64 << 20;
+
+fn query_caches() -> crate::state::lsm::cache::BlockCaches {
+    use crate::state::lsm::cache::{BlockCaches, CacheSettings};
+    // Without a disk tier nothing can fail; were it to, queries go uncached.
+    BlockCaches::new(&CacheSettings {
+        block_cache_bytes: QUERY_CACHE_BYTES,
+        disk_cache_bytes: 0,
+        disk_cache_dir: None,
+    })
+    .unwrap_or_else(|_| BlockCaches::none())
 }
 
 impl ApiState {
@@ -136,6 +153,7 @@ impl ApiState {
             kafka: None,
             shutting_down: Arc::new(tokio::sync::watch::Sender::new(false)),
             follows: logs::Follows::default(),
+            query_caches: Arc::new(query_caches()),
         })
     }
 
@@ -453,7 +471,7 @@ impl Modify for BearerAuth {
           pipelines::change_pipeline,
           pipelines::trigger_checkpoint, pipelines::list_checkpoints,
           pipelines::delete_pipeline, logs::pipeline_logs,
-          pipelines::verify::verify_pipeline_state,
+          pipelines::verify::verify_pipeline_state, pipelines::state_query::read_state,
           pipelines::savepoints::create_savepoint, pipelines::savepoints::list_savepoints,
           pipelines::savepoints::delete_savepoint, pipelines::savepoints::reset_pipeline,
           pipelines::savepoints::export_savepoint, pipelines::savepoints::download_export,
@@ -472,7 +490,9 @@ impl Modify for BearerAuth {
                        pipelines::savepoints::Restored, pipelines::savepoints::RestoredShard,
                        pipelines::savepoints::ExportedPartition,
                        crate::state::savepoint::SavepointDescriptor,
-                       crate::state::savepoint::SavepointShard)),
+                       crate::state::savepoint::SavepointShard,
+                       pipelines::state_query::StatePage, pipelines::state_query::StateEntry,
+                       pipelines::state_query::ReadCheckpoint)),
     modifiers(&BearerAuth),
     tags((name = "tenants", description = "Tenants and their API keys (admin key)"),
          (name = "operators", description = "A tenant's operator components (tenant key)"),
@@ -562,6 +582,10 @@ pub fn router(state: ApiState) -> Router {
         .route(
             "/v1/pipelines/{name}/verify",
             get(pipelines::verify::verify_pipeline_state),
+        )
+        .route(
+            "/v1/pipelines/{name}/state/{state}",
+            get(pipelines::state_query::read_state),
         )
         .route(
             "/v1/pipelines/{name}/savepoints",

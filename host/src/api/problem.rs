@@ -49,6 +49,10 @@ pub enum ApiError {
     /// (422).
     #[error("{0}")]
     InvalidOperator(String),
+    /// What the request names existed but is gone for good, such as the checkpoint an old page
+    /// token reads (410).
+    #[error("{0}")]
+    Gone(String),
     /// The caller has too many of something open at once, such as `?follow` streams (429).
     #[error("{0}")]
     TooManyRequests(String),
@@ -82,6 +86,7 @@ impl ApiError {
                 "invalid-operator",
                 "Not a valid Weir operator",
             ),
+            ApiError::Gone(_) => (StatusCode::GONE, "gone", "Gone"),
             ApiError::TooManyRequests(_) => (
                 StatusCode::TOO_MANY_REQUESTS,
                 "too-many-requests",

@@ -18,9 +18,11 @@ pub mod export;
 pub(crate) mod faulty_store;
 pub mod hooked_store;
 pub mod key;
+pub mod lease;
 pub mod lsm;
 pub mod manifest;
 pub mod memory;
+pub mod query;
 pub mod savepoint;
 pub mod snapshot;
 #[cfg(test)]

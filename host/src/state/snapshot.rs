@@ -363,7 +363,7 @@ async fn collect_garbage(
     now_ms: u64,
 ) -> Result<SnapshotGcReport, ManifestError> {
     let manifests = ManifestStore::new(store.clone(), root.clone());
-    let kept = retained_versions(&manifests, policy, protected).await?;
+    let kept = retained_versions(&manifests, policy, protected, now_ms).await?;
     let mut report = SnapshotGcReport::default();
     let named: BTreeSet<String> = kept
         .manifests

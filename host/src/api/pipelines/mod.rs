@@ -23,6 +23,7 @@
 
 pub mod savepoints;
 mod spec;
+pub mod state_query;
 mod store;
 pub mod verify;
 

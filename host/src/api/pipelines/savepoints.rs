@@ -95,7 +95,7 @@ fn savepoints_of(state: &ApiState, tenant: &str, record: &PipelineRecord) -> Pat
 }
 
 /// The shards the pipeline's runs write: named `{tenant}.{name}` under its state prefix.
-async fn shards_of(
+pub(super) async fn shards_of(
     state: &ApiState,
     tenant: &str,
     record: &PipelineRecord,
@@ -475,7 +475,7 @@ pub(crate) async fn delete_savepoint(
 }
 
 /// The savepoint `savepoint` of `record`: where it is and its descriptor, or a 404.
-async fn found_savepoint(
+pub(super) async fn found_savepoint(
     state: &ApiState,
     tenant: &str,
     record: &PipelineRecord,

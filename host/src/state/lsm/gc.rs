@@ -83,7 +83,7 @@ pub async fn collect_garbage(
     now_ms: u64,
 ) -> Result<GcReport, ManifestError> {
     let manifests = ManifestStore::new(store.clone(), root.clone());
-    let kept = retained_versions(&manifests, policy, protected).await?;
+    let kept = retained_versions(&manifests, policy, protected, now_ms).await?;
     let mut referenced: HashSet<SstId> = kept
         .manifests
         .iter()

@@ -6,7 +6,8 @@
 //! owner knows is decided or that a later version names as its parent) and not rejected by a
 //! later version. Claims, prepared but undecided checkpoints, rejected versions and versions
 //! that do not decode do not count. Every version from the oldest counted one upwards is kept,
-//! as are the [`Protected`] ones: pinned versions (the decided checkpoint, savepoints) and,
+//! as are the [`Protected`] ones — pinned versions (the decided checkpoint), the versions
+//! readers lease ([`crate::state::lease`]: a paged state query's) and,
 //! while the owner's scrub runs, the versions stored when it claimed the shard. The versions
 //! below are deleted — corrupt and rejected ones too, but only there: deleting the newest
 //! version would free its number for a zombie's create-only write (SCENARIOS.md S4). With
@@ -98,6 +99,7 @@ pub(crate) async fn retained_versions(
     manifests: &ManifestStore,
     policy: &RetentionPolicy,
     protected: &Protected,
+    now_ms: u64,
 ) -> Result<Kept, ManifestError> {
     let retained = policy.retained_checkpoints.max(1);
     let decided = protected.decided;
@@ -134,8 +136,15 @@ pub(crate) async fn retained_versions(
     let Some(floor) = floor else {
         return Ok(kept); // not enough checkpoints yet: nothing is old enough
     };
+    // Read after the versions were listed: a lease written before that is seen here, and a
+    // version leased later was among the retained ones when the reader took it.
+    let leased = crate::state::lease::leased_versions(&manifests.store, &manifests.root, now_ms)
+        .await
+        .map_err(ManifestError::Unavailable)?;
     let protected = |v: u64| {
-        protected.pinned.contains(&v) || protected.keep.as_ref().is_some_and(|r| r.contains(&v))
+        protected.pinned.contains(&v)
+            || leased.contains(&v)
+            || protected.keep.as_ref().is_some_and(|r| r.contains(&v))
     };
     for &version in versions.iter().filter(|v| **v < floor) {
         if !protected(version) {
