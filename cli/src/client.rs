@@ -194,7 +194,8 @@ pub enum PipelineCommand {
         #[arg(long)]
         state_bytes_max: Option<u64>,
         /// Start from a savepoint of one of your pipelines, `pipeline/savepoint`: its state and
-        /// input offsets are copied in first (same topics, partitions and state backend).
+        /// input offsets are copied in first (same topics and partition counts; a savepoint of
+        /// the other state backend is converted on the way).
         #[arg(long)]
         from_savepoint: Option<String>,
     },

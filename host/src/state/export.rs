@@ -3,8 +3,8 @@
 //! it directly.
 //!
 //! # Why JSON lines
-//! DuckDB (`read_json('00000.jsonl')`), pyarrow (`pyarrow.json.read_json`), `jq` and pandas
-//! open it as it is; it needs no dependency here (Parquet would add the arrow and parquet crates
+//! DuckDB (`read_json('00000.jsonl')`), `jq` and pandas open it as it is (pyarrow's reader
+//! only when every decoded `value` has one type); it needs no dependency here (Parquet would add the arrow and parquet crates
 //! to a build the test budget is already tight on) and its lines stream, so neither side holds a
 //! shard. Values are bytes (`value_b64`); a value that is JSON (what the SDKs' typed states
 //! write) is shown decoded as `value` too, for reading — the import reads only `value_b64`.

@@ -438,7 +438,9 @@ pub async fn next_slot(
 }
 
 /// Exports partition `partition` of the savepoint in `dir` (taken on backend `backend`) to
-/// [`SavepointDir::export`], unless it is there already; what the export holds.
+/// [`SavepointDir::export`], unless it is there already; what the export holds. Its header
+/// names the backend that wrote the checkpoint itself, which differs from `backend` for a
+/// partition a switch had not converted when the savepoint was taken.
 ///
 /// # Errors
 /// [`SavepointError::Unavailable`]; [`SavepointError::Unusable`] when the savepoint's
@@ -457,12 +459,23 @@ pub async fn export_shard(
     }
     let shard = dir.shard(partition);
     let saved = saved_checkpoint(store, &shard).await?;
+    // The kind of the checkpoint itself: a savepoint taken while a backend switch was under
+    // way may hold a partition not converted yet, whatever its descriptor says.
+    let held = crate::state::convert::checkpoint_backend(&saved);
+    if held != backend {
+        tracing::info!(
+            partition,
+            descriptor = backend,
+            held,
+            "savepoint partition holds the other backend's checkpoint"
+        );
+    }
     // Written under a temporary name and copied into place: an export is whole or absent.
     let partial = Path::from(format!("{path}.partial-{:08x}", nonce()));
     let summary = crate::state::export::export_checkpoint(
         store,
         (&shard, &saved),
-        (backend, partition),
+        (held, partition),
         &partial,
         clock,
     )
@@ -817,6 +830,67 @@ mod tests {
 
     /// Two attempts to take one savepoint copy into data directories of their own: the one
     /// that fails (and deletes what it copied) leaves the other's restorable.
+    /// A savepoint taken mid-switch: its descriptor says `lsm`, but a partition still holds the
+    /// `memory` checkpoint; the export's header names what the checkpoint is.
+    #[test]
+    fn an_export_names_the_backend_of_the_checkpoint_not_of_the_descriptor() {
+        block_on(async {
+            let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+            let clock: SharedClock = Arc::new(ManualClock::new(0));
+            let prefix = Path::from("state");
+            let memory = MemoryBackend::durable(store.clone(), prefix.clone(), clock.clone());
+            let id = ShardId {
+                pipeline: "t.a".into(),
+                partition: 0,
+            };
+            let shard = memory.open_shard(&id).await.expect("opens");
+            let encoded = |k: u32| StateWrite {
+                key: crate::state::key::value_key(format!("k{k}").as_bytes(), "count"),
+                value: Some(Bytes::from("1")),
+                expires_at_ms: None,
+            };
+            shard
+                .apply((0..5).map(encoded).collect())
+                .await
+                .expect("applies");
+            shard
+                .checkpoint(&offsets(5), DecidedBy::Manifest)
+                .await
+                .expect("checkpoints");
+            let dir = SavepointDir::new(&Path::from("sp/mid-switch"), "d0");
+            capture_shard(
+                &store,
+                &id.root_under(&prefix),
+                &dir.shard(0),
+                0,
+                None,
+                None,
+            )
+            .await
+            .expect("captures")
+            .expect("a decided checkpoint");
+            export_shard(&store, &dir, ("lsm", 0), &clock)
+                .await
+                .expect("exports")
+                .expect("a new export");
+            let exported = store
+                .get(&dir.export(0))
+                .await
+                .expect("stored")
+                .bytes()
+                .await
+                .expect("reads");
+            let header: crate::state::export::ExportHeader = serde_json::from_slice(
+                exported
+                    .split(|b| *b == b'\n')
+                    .next()
+                    .expect("a first line"),
+            )
+            .expect("a header");
+            assert_eq!(header.source_backend, "memory");
+        });
+    }
+
     #[test]
     fn a_failed_attempt_deletes_only_its_own_copies() {
         block_on(async {

@@ -258,8 +258,13 @@ async fn set_desired(
                 .resetting_since_ms
                 .is_some_and(|since| now_ms() < since + RESET_HOLD.as_millis() as u64);
             if desired == DesiredState::Running && resetting {
+                let since = record.resetting_since_ms.unwrap_or_default();
+                let left_s =
+                    (since + RESET_HOLD.as_millis() as u64).saturating_sub(now_ms()) / 1000;
                 return Err(ApiError::Conflict(format!(
-                    "pipeline `{name}` is being reset to a savepoint; start it once the reset has answered"
+                    "pipeline `{name}` is being reset to a savepoint; start it once the reset has \
+                     answered (if the reset's host died, run the reset again, or start it after \
+                     {left_s} s, when the mark lapses)"
                 )));
             }
             if record.desired != desired {
