@@ -2,7 +2,7 @@
 
 use crate::host::{emit as wit_emit, log as wit_log, state as wit_state, timers as wit_timers};
 use crate::operator::Reject;
-use crate::state::{MapState, ValueState};
+use crate::state::{MapState, Schema, ValueState};
 use crate::wit::weir::operator::emit::EmitError;
 use crate::wit::weir::operator::log::Level;
 use crate::wit::weir::operator::timers::TimerError;
@@ -84,7 +84,7 @@ impl Context {
     /// decode as `T` (for example after an incompatible change of `T`).
     pub fn get<T: DeserializeOwned>(&mut self, state: &ValueState<T>) -> Result<Option<T>, Reject> {
         let bytes = wit_state::value_get(self.record, state.name()).map_err(state_reject)?;
-        bytes.map(|b| decode(state.name(), &b)).transpose()
+        bytes.map(|b| decode(state.schema(), &b)).transpose()
     }
 
     /// Reads two value states of the current key in one host round trip.
@@ -101,8 +101,8 @@ impl Context {
         let vb = values.pop().flatten();
         let va = values.pop().flatten();
         Ok((
-            va.map(|v| decode(a.name(), &v)).transpose()?,
-            vb.map(|v| decode(b.name(), &v)).transpose()?,
+            va.map(|v| decode(a.schema(), &v)).transpose()?,
+            vb.map(|v| decode(b.schema(), &v)).transpose()?,
         ))
     }
 
@@ -112,7 +112,7 @@ impl Context {
     /// [`Reject`] when the state is undeclared or of the other kind, or the encoded value is
     /// larger than the host allows (1 MiB by default).
     pub fn set<T: Serialize>(&mut self, state: &ValueState<T>, value: &T) -> Result<(), Reject> {
-        let bytes = encode(state.name(), value)?;
+        let bytes = encode_value(state.schema(), value)?;
         wit_state::value_set(self.record, state.name(), &bytes).map_err(state_reject)
     }
 
@@ -136,7 +136,7 @@ impl Context {
     ) -> Result<Option<V>, Reject> {
         let key = encode(state.name(), key)?;
         let bytes = wit_state::map_get(self.record, state.name(), &key).map_err(state_reject)?;
-        bytes.map(|b| decode(state.name(), &b)).transpose()
+        bytes.map(|b| decode(state.schema(), &b)).transpose()
     }
 
     /// Inserts or replaces one entry of a map state.
@@ -150,7 +150,7 @@ impl Context {
         value: &V,
     ) -> Result<(), Reject> {
         let key = encode(state.name(), key)?;
-        let value = encode(state.name(), value)?;
+        let value = encode_value(state.schema(), value)?;
         wit_state::map_put(self.record, state.name(), &key, &value).map_err(state_reject)
     }
 
@@ -187,7 +187,7 @@ impl Context {
             )
             .map_err(state_reject)?;
             for (k, v) in page.entries {
-                entries.push((decode(state.name(), &k)?, decode(state.name(), &v)?));
+                entries.push((decode_key(state.name(), &k)?, decode(state.schema(), &v)?));
             }
             match page.next {
                 Some(next) => start_after = Some(next),
@@ -306,9 +306,24 @@ fn encode<T: Serialize + ?Sized>(state: &str, value: &T) -> Result<Vec<u8>, Reje
         .map_err(|e| Reject::new(format!("cannot encode state `{state}`: {e}")))
 }
 
-fn decode<T: DeserializeOwned>(state: &str, bytes: &[u8]) -> Result<T, Reject> {
+/// A map key (never versioned) from its stored JSON.
+fn decode_key<T: DeserializeOwned>(state: &str, bytes: &[u8]) -> Result<T, Reject> {
     serde_json::from_slice(bytes)
         .map_err(|e| Reject::new(format!("cannot decode state `{state}`: {e}")))
+}
+
+/// A stored value of the state of `schema`, upgraded when it is of an older schema version.
+fn decode<T: DeserializeOwned>(schema: Schema, bytes: &[u8]) -> Result<T, Reject> {
+    schema
+        .decode(bytes)
+        .map_err(|e| Reject::new(format!("cannot decode state `{}`: {e}", schema.name)))
+}
+
+/// A value as the state of `schema` stores it.
+fn encode_value<T: Serialize + ?Sized>(schema: Schema, value: &T) -> Result<Vec<u8>, Reject> {
+    schema
+        .encode(value)
+        .map_err(|e| Reject::new(format!("cannot encode state `{}`: {e}", schema.name)))
 }
 
 fn state_reject(err: StateError) -> Reject {

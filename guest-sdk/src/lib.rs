@@ -62,7 +62,7 @@ pub mod window;
 pub use context::{Context, LogLevel, TimeDomain, Timer};
 pub use operator::{Operator, Reject};
 pub use record::{Header, Record};
-pub use state::{MapState, StateKind, StateSpec, ValueState};
+pub use state::{MapState, StateKind, StateSpec, Upgrade, ValueState};
 
 #[doc(hidden)]
 pub mod __private {

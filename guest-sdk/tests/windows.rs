@@ -86,6 +86,7 @@ impl Operator for Windowed {
         name: "w",
         kind: StateKind::Map,
         ttl_ms: None,
+        version: 0,
     }];
 
     fn process(ctx: &mut Context, record: &Record) -> Result<(), Reject> {

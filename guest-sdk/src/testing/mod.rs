@@ -224,6 +224,29 @@ impl<O: Operator> Harness<O> {
         }
     }
 
+    /// The same state, timers, watermark and clock under operator `P`: a switch of the
+    /// pipeline to another operator version, as `weir pipeline switch` does (what `P`'s states
+    /// read of `O`'s values — upgrades, refusals — shows in the records sent next). The outputs
+    /// and dead letters so far stay with this harness.
+    pub fn switch<P: Operator>(mut self) -> Harness<P> {
+        let mut host = self
+            .host
+            .take()
+            .expect("the harness holds its host between calls");
+        host.kinds = P::STATES
+            .iter()
+            .map(|s| (s.name.to_owned(), s.kind))
+            .collect();
+        Harness {
+            host: Some(host),
+            outputs: Vec::new(),
+            dead_letters: Vec::new(),
+            dead_timers: Vec::new(),
+            offset: self.offset,
+            _operator: PhantomData,
+        }
+    }
+
     /// The same harness starting at processing time `now_ms`.
     pub fn with_processing_time(mut self, now_ms: i64) -> Self {
         self.host_mut().now_ms = now_ms;
@@ -414,7 +437,7 @@ impl<O: Operator> Harness<O> {
         self.host()
             .values
             .get(&(key.to_vec(), state.name().to_owned()))
-            .map(|b| serde_json::from_slice(b).expect("stored value decodes"))
+            .map(|b| state.schema().decode(b).expect("stored value decodes"))
     }
 
     /// The stored entries of `state` for `key`, decoded, in iteration order.
@@ -431,7 +454,7 @@ impl<O: Operator> Harness<O> {
             .map(|(k, v)| {
                 (
                     serde_json::from_slice(&k).expect("stored map key decodes"),
-                    serde_json::from_slice(&v).expect("stored map value decodes"),
+                    state.schema().decode(&v).expect("stored map value decodes"),
                 )
             })
             .collect()

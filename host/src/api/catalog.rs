@@ -51,6 +51,38 @@ pub struct StateDescription {
     pub kind: String,
     /// Time to live of an entry since its last write, ms; none for no expiry.
     pub ttl_ms: Option<u64>,
+    /// The version of the state's value schema (0 unless declared). An operator whose state
+    /// is at version `v` reads values written at every version up to `v`, upgrading older ones
+    /// as it reads them (the SDKs require an upgrade function for `v > 0`); it cannot read
+    /// values of a newer version. Absent in records stored before versions existed: 0.
+    #[serde(default)]
+    pub version: u32,
+}
+
+/// Why an operator version's declared states cannot take over a pipeline's state from another
+/// version's (schema evolution, as Kafka Streams' KIP-258 upgrades): a state whose kind changed
+/// (its stored entries would be read as the other kind), or whose schema version went down
+/// (values the running version wrote cannot be read by older code). States added or dropped
+/// are fine. `None` when compatible.
+pub fn incompatible_states(from: &[StateDescription], to: &[StateDescription]) -> Option<String> {
+    let mut problems = Vec::new();
+    for new in to {
+        let Some(old) = from.iter().find(|old| old.name == new.name) else {
+            continue;
+        };
+        if old.kind != new.kind {
+            problems.push(format!(
+                "state `{}` changes kind from {} to {}: its stored entries cannot be read as the other kind (declare a new state instead)",
+                new.name, old.kind, new.kind
+            ));
+        } else if new.version < old.version {
+            problems.push(format!(
+                "state `{}` is at schema version {} in the running operator and {} in the new one: there is no upgrade path from a newer version to an older one",
+                new.name, old.version, new.version
+            ));
+        }
+    }
+    (!problems.is_empty()).then(|| problems.join("; "))
 }
 
 /// One immutable version of a tenant's operator.
@@ -386,5 +418,43 @@ impl Catalog {
         }
         out.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod state_compatibility_tests {
+    use super::*;
+
+    fn state(name: &str, kind: &str, version: u32) -> StateDescription {
+        StateDescription {
+            name: name.into(),
+            kind: kind.into(),
+            ttl_ms: None,
+            version,
+        }
+    }
+
+    #[test]
+    fn a_switch_may_raise_a_states_version_add_or_drop_states_but_not_change_kind_or_go_down() {
+        let running = [state("count", "value", 0), state("seen", "map", 1)];
+        // Upgraded, a state added, one dropped: fine.
+        assert_eq!(
+            incompatible_states(
+                &running,
+                &[state("count", "value", 1), state("new", "map", 0)]
+            ),
+            None
+        );
+        let kind = incompatible_states(&running, &[state("count", "map", 0)]).expect("refused");
+        assert!(
+            kind.contains("state `count` changes kind from value to map"),
+            "{kind}"
+        );
+        let down = incompatible_states(&running, &[state("seen", "map", 0)]).expect("refused");
+        assert!(
+            down.contains("state `seen` is at schema version 1")
+                && down.contains("no upgrade path"),
+            "{down}"
+        );
     }
 }

@@ -89,6 +89,7 @@ pub(super) async fn upload_operator(
                 crate::runtime::bindings::StateKind::Map => "map".into(),
             },
             ttl_ms: s.ttl_ms,
+            version: s.version,
         })
         .collect();
     states.sort_by(|a, b| a.name.cmp(&b.name));

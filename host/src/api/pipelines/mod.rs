@@ -99,6 +99,32 @@ async fn check_operator_version(
     Ok(())
 }
 
+/// Refuses a switch of the pipeline of `spec` to version `to` of its operator whose declared
+/// states cannot read the state the running version wrote ([`incompatible_states`]).
+async fn check_states_compatible(
+    state: &ApiState,
+    tenant: &str,
+    spec: &PipelineSpec,
+    to: u64,
+) -> Result<(), ApiError> {
+    let (Some(from), Some(next)) = (
+        state
+            .catalog
+            .version(tenant, &spec.operator, spec.operator_version)
+            .await?,
+        state.catalog.version(tenant, &spec.operator, to).await?,
+    ) else {
+        return Ok(()); // the running version was deleted: nothing to compare with
+    };
+    match crate::api::catalog::incompatible_states(&from.states, &next.states) {
+        Some(why) => Err(ApiError::Conflict(format!(
+            "version {to} of operator `{}` cannot take over this pipeline's state from version {}: {why}",
+            spec.operator, spec.operator_version
+        ))),
+        None => Ok(()),
+    }
+}
+
 /// Creates and starts a pipeline.
 #[utoipa::path(post, path = "/v1/pipelines/{name}", tag = "pipelines",
     params(("name" = String, Path, description = "Pipeline name, 1..=64 bytes of [a-z0-9_-]", pattern = "^[a-z0-9][a-z0-9_-]{0,63}$")),
@@ -334,7 +360,7 @@ pub(super) async fn stop_pipeline(
         (status = 200, description = "Switched; hosts restart it with the version", body = PipelineView),
         (status = 400, description = "No such operator version", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such pipeline", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "Changed concurrently", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Changed concurrently, or the version's declared states cannot read the state (a kind changed, a schema version went down)", body = Problem, content_type = "application/problem+json"),
         AuthProblems,
     ),
     security(("bearer" = [])))]
@@ -355,6 +381,8 @@ pub(super) async fn switch_operator(
         switch.operator_version,
     )
     .await?;
+    // Refused before anything stops: the running version keeps running.
+    check_states_compatible(&state, tenant, &current.spec, switch.operator_version).await?;
     let record = state
         .catalog
         .update_pipeline(tenant, &name, |record| {
