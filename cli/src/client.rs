@@ -66,7 +66,8 @@ pub enum StateCommand {
         /// The state's name, as the operator declares it.
         state: String,
         /// The record key (text; see --key-b64).
-        key: String,
+        #[arg(value_name = "KEY")]
+        record_key: String,
         /// KEY is base64 (a key that is not text).
         #[arg(long)]
         key_b64: bool,
@@ -697,11 +698,11 @@ pub async fn state(command: StateCommand, args: ApiArgs) -> anyhow::Result<()> {
         StateCommand::Get {
             pipeline,
             state,
-            key,
+            record_key,
             key_b64,
             savepoint,
         } => {
-            let mut query = vec![(if key_b64 { "key_b64" } else { "key" }, key)];
+            let mut query = vec![(if key_b64 { "key_b64" } else { "key" }, record_key)];
             query.extend(savepoint.map(|s| ("savepoint", s)));
             (pipeline, state, query, None)
         }
@@ -727,14 +728,26 @@ pub async fn state(command: StateCommand, args: ApiArgs) -> anyhow::Result<()> {
     let mut shown = 0usize;
     let mut out = std::io::stdout().lock();
     loop {
+        if let Some(m) = max {
+            // Ask for no more than is left to show: a scan stopped early leaves no lease.
+            let left = u32::try_from(m.saturating_sub(shown)).unwrap_or(u32::MAX);
+            for (k, v) in query.iter_mut() {
+                if *k == "limit" {
+                    let asked: u32 = v.parse().unwrap_or(100);
+                    *v = asked.min(left.max(1)).to_string();
+                }
+            }
+        }
         let pairs: Vec<(&str, &str)> = query.iter().map(|(k, v)| (*k, v.as_str())).collect();
         let page = client.read_state(&pipeline, &state, &pairs).await?;
+        let mut lines = String::new();
         if args.json {
-            writeln!(out, "{}", serde_json::to_string(&page)?)?;
+            lines.push_str(&serde_json::to_string(&page)?);
+            lines.push('\n');
         }
         for entry in &page.entries {
             if max.is_some_and(|m| shown >= m) {
-                return Ok(());
+                break;
             }
             shown += 1;
             if !args.json {
@@ -747,10 +760,17 @@ pub async fn state(command: StateCommand, args: ApiArgs) -> anyhow::Result<()> {
                     .as_ref()
                     .map_or_else(|| format!("b64:{}", entry.value_b64), ToString::to_string);
                 match map_key {
-                    Some(m) => writeln!(out, "{}\t{m}\t{value}", text(entry))?,
-                    None => writeln!(out, "{}\t{value}", text(entry))?,
+                    Some(m) => lines.push_str(&format!("{}\t{m}\t{value}\n", text(entry))),
+                    None => lines.push_str(&format!("{}\t{value}\n", text(entry))),
                 }
             }
+        }
+        if let Err(e) = out.write_all(lines.as_bytes()) {
+            // The reader went away (`| head`): done, not an error.
+            if e.kind() == std::io::ErrorKind::BrokenPipe {
+                return Ok(());
+            }
+            return Err(e.into());
         }
         match page.next_page_token {
             Some(token) if max.is_none_or(|m| shown < m) => {

@@ -59,3 +59,56 @@ async fn a_wrong_failure_policy_is_refused_with_the_possible_values() -> anyhow:
     );
     Ok(())
 }
+
+/// `weir state get`'s record key is the record key, never the API key (which `--key` and
+/// `WEIR_API_KEY` give): the request carries both where they belong.
+#[tokio::test]
+async fn state_get_sends_the_record_key_as_the_key_and_the_api_key_as_the_bearer()
+-> anyhow::Result<()> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let api = format!("http://{}", listener.local_addr()?);
+    let server = tokio::spawn(async move {
+        let (mut socket, _) = listener.accept().await?;
+        let mut request = vec![0u8; 8192];
+        let n = socket.read(&mut request).await?;
+        let body = r#"{"state":"count","checkpoints":[{"partition":0,"version":3}],"entries":[{"key":"my key","value_b64":"Nw==","value":7,"partition":0}]}"#;
+        let answer = format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        socket.write_all(answer.as_bytes()).await?;
+        anyhow::Ok(String::from_utf8_lossy(&request[..n]).into_owned())
+    });
+    let out = weir(&[
+        "state",
+        "get",
+        "p",
+        "count",
+        "my key",
+        "--api",
+        &api,
+        "--key",
+        "secret-api-key",
+    ])
+    .await?;
+    let request = server.await??;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let first_line = request.lines().next().unwrap_or_default();
+    assert!(
+        first_line.starts_with("GET /v1/pipelines/p/state/count?key=my+key "),
+        "{first_line}"
+    );
+    assert!(
+        request
+            .to_ascii_lowercase()
+            .contains("authorization: bearer secret-api-key"),
+        "{request}"
+    );
+    assert_eq!(String::from_utf8(out.stdout)?, "my key\t7\n");
+    Ok(())
+}

@@ -387,7 +387,7 @@ async fn a_python_operator_uploads_like_a_rust_one() -> anyhow::Result<()> {
     assert_eq!(version["size_bytes"], wasm.len());
     assert_eq!(
         version["states"],
-        json!([{"name": "route-stats", "kind": "value", "ttl_ms": null}])
+        json!([{"name": "route-stats", "kind": "value", "ttl_ms": null, "version": 0}])
     );
     Ok(())
 }

@@ -75,7 +75,15 @@ async fn state_reads_page_through_one_checkpoint_from_a_host_that_runs_nothing()
     let read_at = page["checkpoints"].clone();
     let mut scanned = counts_of(&page);
     let mut token = page["next_page_token"].as_str().map(str::to_owned);
-    assert!(token.is_some(), "{page}");
+    let first_token = token.clone().expect("a next page");
+    // A token is bound to its read: not another state's, key's or prefix's.
+    let (status, body) = read(
+        reader,
+        &key,
+        &format!("count?key=key7&page_token={first_token}"),
+    )
+    .await?;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
 
     // Between the pages: more input, a second host joins (a rebalance), and GC collects
     // versions above the one the scan reads in every partition.
@@ -134,6 +142,8 @@ async fn state_reads_page_through_one_checkpoint_from_a_host_that_runs_nothing()
         let (status, body) = read(reader, &key, bad).await?;
         assert_eq!(status, StatusCode::BAD_REQUEST, "{bad}: {body}");
     }
+    let (status, body) = read(reader, &key, "nosuch?key=key7").await?;
+    assert_eq!(status, StatusCode::NOT_FOUND, "an undeclared state: {body}");
     let other = tenant_with_key(addr, &tenant_id("qs-other")).await?;
     let (status, _) = read(reader, &other, "count?key=key7").await?;
     assert_eq!(status, StatusCode::NOT_FOUND);

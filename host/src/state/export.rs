@@ -322,7 +322,7 @@ fn export_entry(key: &[u8], value: &Bytes, expires_at_ms: Option<u64>) -> Result
         map_key: map_text,
         map_key_b64: map_b64,
         value_b64: Some(B64.encode(value)),
-        value: serde_json::from_slice(value).ok(),
+        value: super::query::json_of(value),
         expires_at_ms,
         ..ExportLine::default()
     })))

@@ -47,6 +47,14 @@ pub enum QueryError {
         /// The version.
         version: u64,
     },
+    /// The version named is no checkpoint (a claim): nothing to read there.
+    #[error("version {version} of partition {partition}, which is no checkpoint")]
+    NotCheckpoint {
+        /// The input partition.
+        partition: i32,
+        /// The version.
+        version: u64,
+    },
     /// The store failed, or what it holds cannot be read.
     #[error(transparent)]
     State(#[from] StateError),
@@ -88,6 +96,9 @@ impl QueryShard {
             Err(ManifestError::NotFound(_)) => return Err(QueryError::Gone { partition, version }),
             Err(e) => return Err(e.into_state_error(root).into()),
         };
+        if manifest.kind != super::manifest::ManifestKind::Checkpoint {
+            return Err(QueryError::NotCheckpoint { partition, version });
+        }
         let reader = open_reader(store, root, &manifest, caches, clock)
             .await?
             .ok_or(QueryError::Gone { partition, version })?;
@@ -200,6 +211,17 @@ async fn open_reader(
         clock.clone(),
     )?;
     Ok(Some(Reader::Lsm(Box::new(tree))))
+}
+
+/// A stored value decoded as JSON, for reading: the SDKs' typed states write JSON, behind a
+/// version header (byte 0, the schema version as u32 BE) for a state at schema version 1 or
+/// above (wit/types.wit, `state-descriptor`); `None` for a value that is not JSON.
+pub fn json_of(value: &[u8]) -> Option<serde_json::Value> {
+    let payload = match value {
+        [0, _, _, _, _, payload @ ..] => payload,
+        plain => plain,
+    };
+    serde_json::from_slice(payload).ok()
 }
 
 /// Merges per-shard pages (each in key order, each of up to `limit + 1` entries) into the
@@ -457,6 +479,16 @@ mod tests {
                 .expect_err("collected");
             assert!(matches!(gone, QueryError::Gone { .. }), "{gone:?}");
         });
+    }
+
+    #[test]
+    fn a_versioned_value_reads_as_its_json() {
+        assert_eq!(json_of(b"41"), Some(serde_json::json!(41)));
+        assert_eq!(
+            json_of(b"\0\0\0\0\x01{\"count\":3}"),
+            Some(serde_json::json!({"count": 3}))
+        );
+        assert_eq!(json_of(b"\xff"), None);
     }
 
     fn key_prefix(record_key: &[u8], state: &str) -> Vec<u8> {

@@ -342,7 +342,7 @@ fn backend_name(spec: &PipelineSpec) -> &'static str {
 /// exactly-once pipeline on a host that has the brokers' settings (empty otherwise, or when
 /// they cannot be read: a savepoint then waits for a later version to name the checkpoint as
 /// its parent).
-async fn committed_versions(
+pub(super) async fn committed_versions(
     state: &ApiState,
     tenant: &str,
     record: &PipelineRecord,

@@ -13,11 +13,12 @@
 //! The first page is read before its lease exists: what it reads is the newest decided
 //! checkpoint, which GC keeps until three newer ones are decided, far longer than a page.
 
-use super::savepoints::{found_savepoint, shards_of};
+use super::savepoints::{committed_versions, found_savepoint, shards_of};
 use super::{PipelineRecord, existing};
 use crate::api::problem::{ApiError, Problem};
 use crate::api::{ApiState, AuthProblems, Principal};
 use crate::clock::{SharedClock, SystemClock};
+use crate::state::StateError;
 use crate::state::key;
 use crate::state::lease::{self, Lease};
 use crate::state::manifest::ManifestStore;
@@ -30,6 +31,7 @@ use base64::Engine as _;
 use base64::engine::general_purpose::{STANDARD as B64, URL_SAFE_NO_PAD as B64_URL};
 use object_store::path::Path;
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use utoipa::{IntoParams, ToSchema};
 
@@ -103,7 +105,8 @@ pub struct StateEntry {
     pub map_key_b64: Option<String>,
     /// The value as stored, base64.
     pub value_b64: String,
-    /// The value decoded, when it is JSON (what the SDKs' typed states write).
+    /// The value decoded, when it is JSON (what the SDKs' typed states write; a versioned
+    /// state's value without its version header).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub value: Option<serde_json::Value>,
     /// When it expires (ms since the Unix epoch), for a state with a TTL.
@@ -120,6 +123,8 @@ struct PageToken {
     v: Vec<(i32, u64)>,
     /// The last encoded key returned, base64.
     a: String,
+    /// What the token is bound to ([`binding`]).
+    q: String,
     /// The savepoint read, if one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     s: Option<String>,
@@ -157,111 +162,152 @@ pub(crate) async fn read_state(
     let record = existing(&state, &tenant, &name).await?;
     check_state_name(&state_name)?;
     let read = Read::of(&query)?;
+    let bound = binding(&record, &state_name, &read, query.savepoint.as_deref());
     let token = query.page_token.as_deref().map(decode_token).transpose()?;
-    if let Some(t) = &token
-        && t.s != query.savepoint
-    {
-        return Err(ApiError::BadRequest(
-            "the page token is of another savepoint (or of none)".to_owned(),
-        ));
+    if let Some(t) = &token {
+        if t.q != bound {
+            return Err(ApiError::BadRequest(
+                "the page token is of another read (pipeline, state, key or prefix, savepoint)"
+                    .to_owned(),
+            ));
+        }
+        if t.l.as_deref().is_some_and(|id| !valid_lease_id(id)) {
+            return Err(ApiError::BadRequest(
+                "the page token does not decode".to_owned(),
+            ));
+        }
     }
+    declared(
+        &state,
+        &tenant,
+        &record,
+        &state_name,
+        query.savepoint.as_deref(),
+    )
+    .await?;
     let roots = roots(&state, &tenant, &record, query.savepoint.as_deref()).await?;
     let clock: SharedClock = Arc::new(SystemClock);
     let store = state.catalog.store();
     let leases = leases_of(&state, &tenant, &record);
-    if let Some(PageToken { v, l: Some(id), .. }) = &token {
-        // Renewed before this page reads: GC passes from now on keep the versions.
-        let renewed = Lease {
-            versions: v.iter().copied().collect(),
-            expires_at_ms: clock.now_ms().saturating_add(LEASE_TTL_MS),
-        };
-        lease::put(store, &leases, id, &renewed)
-            .await
-            .map_err(|e| ApiError::Unavailable(crate::error::Chain(&e).to_string()))?;
-    }
-    let mut shards = Vec::with_capacity(roots.len());
-    for (partition, root, version) in roots {
-        let version = match &token {
-            // The token's versions; a partition it does not name had no checkpoint then.
-            Some(t) => match t.v.iter().find(|(p, _)| *p == partition) {
-                Some((_, v)) => *v,
-                None => continue,
-            },
-            None => match version {
-                Some(v) => v,
-                None => match savepoint::newest_decided(
-                    &ManifestStore::new(store.clone(), root.clone()),
-                    None,
-                )
-                .await
-                .map_err(|e| ApiError::Unavailable(crate::error::Chain(&e).to_string()))?
-                {
-                    Some(m) => m.version,
-                    None => continue,
-                },
-            },
-        };
-        let opened = QueryShard::open(
-            store,
-            (&root, partition),
-            version,
-            &state.query_caches,
-            &clock,
-        )
+    // A host reads a few pipelines' state at a time: a `memory` checkpoint is read whole.
+    let _turn = QUERIES
+        .acquire()
         .await
-        .map_err(query_error)?;
-        shards.push(opened);
-    }
+        .map_err(|_| ApiError::Unavailable("the host is shutting down".to_owned()))?;
     let after = token
         .as_ref()
         .map(|t| B64.decode(&t.a))
         .transpose()
         .map_err(|_| ApiError::BadRequest("the page token does not decode".to_owned()))?;
     let now_ms = clock.now_ms();
-    let mut pages = Vec::with_capacity(shards.len());
-    for shard in &shards {
-        let page = match &read.kind {
-            ReadKind::Key(record_key) => {
-                let mut prefix = Vec::new();
-                key::encode_prefix(&mut prefix, record_key, &state_name);
-                shard
-                    .scan(&prefix, after.as_deref(), read.limit + 1, now_ms)
+    let read_page = |versions: Vec<(i32, Path, u64)>| {
+        let (store, caches, clock) = (store.clone(), state.query_caches.clone(), clock.clone());
+        let (read, state_name, after) = (&read, &state_name, after.clone());
+        async move {
+            let opened = futures::future::try_join_all(
+                versions
+                    .iter()
+                    .map(|(p, root, v)| QueryShard::open(&store, (root, *p), *v, &caches, &clock)),
+            )
+            .await?;
+            let pages = futures::future::try_join_all(opened.iter().map(|shard| async {
+                let page = match &read.kind {
+                    ReadKind::Key(record_key) => {
+                        let mut prefix = Vec::new();
+                        key::encode_prefix(&mut prefix, record_key, state_name);
+                        shard
+                            .scan(&prefix, after.as_deref(), read.limit + 1, now_ms)
+                            .await
+                    }
+                    ReadKind::Prefix(key_prefix) => {
+                        shard
+                            .scan_state(
+                                state_name,
+                                key_prefix,
+                                after.as_deref(),
+                                read.limit + 1,
+                                now_ms,
+                            )
+                            .await
+                    }
+                }?;
+                Ok::<_, QueryError>((shard.partition, page))
+            }))
+            .await?;
+            let checkpoints: Vec<ReadCheckpoint> = opened
+                .iter()
+                .map(|s| ReadCheckpoint {
+                    partition: s.partition,
+                    version: s.version,
+                })
+                .collect();
+            Ok::<_, QueryError>((checkpoints, merge_pages(pages, read.limit)))
+        }
+    };
+    let held = token
+        .as_ref()
+        .filter(|_| query.savepoint.is_none())
+        .and_then(|t| t.l.clone());
+    let (checkpoints, (merged, more)) = match &token {
+        Some(t) => {
+            let versions = roots
+                .into_iter()
+                .filter_map(|(p, root, _)| {
+                    // A partition the token does not name had no checkpoint then.
+                    let (_, v) = t.v.iter().find(|(tp, _)| *tp == p)?;
+                    Some((p, root, *v))
+                })
+                .collect();
+            if let Some(id) = &held {
+                // Renewed before this page reads: GC passes from now on keep the versions.
+                let renewed = Lease {
+                    versions: t.v.iter().copied().collect(),
+                    expires_at_ms: now_ms.saturating_add(LEASE_TTL_MS),
+                };
+                lease::put(store, &leases, id, &renewed)
                     .await
+                    .map_err(|e| unavailable(&name, &e))?;
             }
-            ReadKind::Prefix(key_prefix) => {
-                shard
-                    .scan_state(
-                        &state_name,
-                        key_prefix,
-                        after.as_deref(),
-                        read.limit + 1,
-                        now_ms,
-                    )
+            read_page(versions).await.map_err(|e| match e {
+                // The token's versions, or objects they name, were collected.
+                QueryError::State(StateError::Corrupt { .. }) => ApiError::Gone(GONE.to_owned()),
+                other => query_error(&name, other),
+            })?
+        }
+        None => {
+            // The newest decided versions; GC may collect one between choosing it and reading
+            // it (three newer checkpoints meanwhile): choose again, once.
+            let committed = if query.savepoint.is_none() {
+                committed_versions(&state, &tenant, &record, &partitions_of(&roots)).await
+            } else {
+                Default::default()
+            };
+            let mut attempt = 0;
+            loop {
+                attempt += 1;
+                let versions = chosen(store, &roots, &committed)
                     .await
+                    .map_err(|e| unavailable(&name, &e))?;
+                match read_page(versions).await {
+                    Ok(page) => break page,
+                    Err(
+                        QueryError::Gone { .. } | QueryError::State(StateError::Corrupt { .. }),
+                    ) if attempt == 1 && query.savepoint.is_none() => {}
+                    Err(e) => return Err(query_error(&name, e)),
+                }
             }
         }
-        .map_err(|e| query_error(QueryError::State(e)))?;
-        pages.push((shard.partition, page));
-    }
-    let (merged, more) = merge_pages(pages, read.limit);
-    let checkpoints: Vec<ReadCheckpoint> = shards
-        .iter()
-        .map(|s| ReadCheckpoint {
-            partition: s.partition,
-            version: s.version,
-        })
-        .collect();
+    };
     let versions: Vec<(i32, u64)> = checkpoints
         .iter()
         .map(|c| (c.partition, c.version))
         .collect();
-    let held = token.as_ref().and_then(|t| t.l.clone());
     let next_page_token = match merged.last().filter(|_| more) {
         Some((_, (last, _, _))) => {
             // A scan that goes on holds a lease on what it reads (a savepoint needs none).
             let lease_id = match (&held, &query.savepoint) {
-                (Some(id), _) => Some(id.clone()),
-                (None, Some(_)) => None,
+                (_, Some(_)) => None,
+                (Some(id), None) => Some(id.clone()),
                 (None, None) => {
                     let id = format!("{:016x}", rand::random::<u64>());
                     let taken = Lease {
@@ -270,13 +316,14 @@ pub(crate) async fn read_state(
                     };
                     lease::put(store, &leases, &id, &taken)
                         .await
-                        .map_err(|e| ApiError::Unavailable(crate::error::Chain(&e).to_string()))?;
+                        .map_err(|e| unavailable(&name, &e))?;
                     Some(id)
                 }
             };
             Some(encode_token(&PageToken {
                 v: versions,
                 a: B64.encode(last),
+                q: bound,
                 s: query.savepoint.clone(),
                 l: lease_id,
             }))
@@ -299,6 +346,106 @@ pub(crate) async fn read_state(
     }))
 }
 
+/// Reads of state a host serves at a time.
+static QUERIES: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(4);
+
+/// What a 410 says.
+const GONE: &str = "the checkpoints this scan read were collected (its lease lapsed): start it again without the page token";
+
+/// Per shard (partition, root, version) the version to read: a savepoint's, or the newest
+/// decided checkpoint (`committed`: the versions Kafka's committed offsets name, exactly-once,
+/// when this host could read them); shards without one are left out.
+async fn chosen(
+    store: &Arc<dyn object_store::ObjectStore>,
+    roots: &[(i32, Path, Option<u64>)],
+    committed: &BTreeMap<i32, u64>,
+) -> Result<Vec<(i32, Path, u64)>, savepoint::SavepointError> {
+    let mut out = Vec::with_capacity(roots.len());
+    for (partition, root, fixed) in roots {
+        let version = match fixed {
+            Some(v) => Some(*v),
+            None => savepoint::newest_decided(
+                &ManifestStore::new(store.clone(), root.clone()),
+                committed.get(partition).copied(),
+            )
+            .await?
+            .map(|m| m.version),
+        };
+        out.extend(version.map(|v| (*partition, root.clone(), v)));
+    }
+    Ok(out)
+}
+
+fn partitions_of(roots: &[(i32, Path, Option<u64>)]) -> Vec<i32> {
+    roots.iter().map(|(p, _, _)| *p).collect()
+}
+
+/// 404 for a state the operator (the running version, or the savepoint's) does not declare.
+async fn declared(
+    state: &ApiState,
+    tenant: &str,
+    record: &PipelineRecord,
+    state_name: &str,
+    savepoint: Option<&str>,
+) -> Result<(), ApiError> {
+    let (operator, version) = match savepoint {
+        Some(sp) => {
+            let (_, saved) = found_savepoint(state, tenant, record, sp).await?;
+            (saved.operator, saved.operator_version)
+        }
+        None => (record.spec.operator.clone(), record.spec.operator_version),
+    };
+    match state.catalog.version(tenant, &operator, version).await? {
+        Some(v) if !v.states.iter().any(|s| s.name == state_name) => Err(ApiError::NotFound(
+            format!("version {version} of operator `{operator}` declares no state `{state_name}`"),
+        )),
+        // Declared; or the version was deleted: nothing to check against.
+        _ => Ok(()),
+    }
+}
+
+/// What a page token is bound to: the pipeline (its uid), the state, the read and the
+/// savepoint, hashed; a token is refused for any other read.
+fn binding(
+    record: &PipelineRecord,
+    state_name: &str,
+    read: &Read,
+    savepoint: Option<&str>,
+) -> String {
+    use sha2::Digest as _;
+    let mut h = sha2::Sha256::new();
+    for part in [
+        record.uid.as_bytes(),
+        state_name.as_bytes(),
+        savepoint.unwrap_or("").as_bytes(),
+    ] {
+        h.update((part.len() as u64).to_be_bytes());
+        h.update(part);
+    }
+    match &read.kind {
+        ReadKind::Key(k) => {
+            h.update(b"k");
+            h.update(k);
+        }
+        ReadKind::Prefix(p) => {
+            h.update(b"p");
+            h.update(p);
+        }
+    }
+    hex::encode(&h.finalize()[..8])
+}
+
+/// A lease id as this host makes them: 16 lowercase hex digits.
+fn valid_lease_id(id: &str) -> bool {
+    id.len() == 16 && id.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
+/// 503 for a store error, its details (paths) in the log, not the answer.
+fn unavailable(pipeline: &str, e: &(dyn std::error::Error + 'static)) -> ApiError {
+    tracing::warn!(%pipeline, error = %crate::error::Chain(e), "state query: the store failed");
+    ApiError::Unavailable("the pipeline's state could not be read; try again".to_owned())
+}
+
 /// What a request asks for.
 struct Read {
     kind: ReadKind,
@@ -319,9 +466,9 @@ impl Read {
                 "give `{what}` or `{what}_b64`, not both"
             ))),
             (Some(t), None) => Ok(Some(t.as_bytes().to_vec())),
-            (None, Some(b)) => B64.decode(b).map(Some).map_err(|_| {
-                ApiError::BadRequest(format!("`{what}_b64` is not base64 (standard alphabet)"))
-            }),
+            (None, Some(b)) => decode_b64(b)
+                .map(Some)
+                .ok_or_else(|| ApiError::BadRequest(format!("`{what}_b64` is not base64"))),
             (None, None) => Ok(None),
         };
         let record_key = bytes(&query.key, &query.key_b64, "key")?;
@@ -400,13 +547,22 @@ fn leases_of(state: &ApiState, tenant: &str, record: &PipelineRecord) -> Path {
         .expect("a shard root is `…/shards/{partition}`")
 }
 
-fn query_error(e: QueryError) -> ApiError {
+fn query_error(pipeline: &str, e: QueryError) -> ApiError {
     match e {
-        QueryError::Gone { .. } => ApiError::Gone(format!(
-            "{e}: the checkpoints this scan read were collected; start it again without the page token"
-        )),
-        QueryError::State(e) => ApiError::Unavailable(crate::error::Chain(&e).to_string()),
+        QueryError::Gone { .. } => ApiError::Gone(GONE.to_owned()),
+        QueryError::NotCheckpoint { .. } => {
+            ApiError::BadRequest(format!("the page token names {e}"))
+        }
+        QueryError::State(e) => unavailable(pipeline, &e),
     }
+}
+
+/// Base64 in either alphabet, padded or not.
+fn decode_b64(text: &str) -> Option<Vec<u8>> {
+    use base64::engine::general_purpose::{STANDARD_NO_PAD, URL_SAFE};
+    [&B64, &STANDARD_NO_PAD, &URL_SAFE, &B64_URL]
+        .iter()
+        .find_map(|engine| engine.decode(text).ok())
 }
 
 fn encode_token(token: &PageToken) -> String {
@@ -446,7 +602,7 @@ fn entry((partition, (encoded, value, expires_at_ms)): (i32, QueryEntry)) -> Sta
         map_key,
         map_key_b64,
         value_b64: B64.encode(&value),
-        value: serde_json::from_slice(&value).ok(),
+        value: crate::state::query::json_of(&value),
         expires_at_ms,
         partition,
     }
@@ -461,6 +617,7 @@ mod tests {
         let token = PageToken {
             v: vec![(0, 12), (1, 9)],
             a: B64.encode(b"\0\0\0\x02k1\x05count"),
+            q: "0011223344556677".to_owned(),
             s: Some("sp".to_owned()),
             l: Some("00ff".to_owned()),
         };
