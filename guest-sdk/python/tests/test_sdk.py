@@ -477,3 +477,52 @@ def test_timer_names_and_the_per_key_limit_are_the_hosts() -> None:
     out = h.send("j", "1025")
     assert out.reason == "timer error: a key may have at most 1024 timers"
     assert h.timers("j") == {}, "nothing of the refused record stays"
+
+
+@dataclass
+class Count:
+    count: int = 0
+    last_seen_ms: int = -1
+
+
+def _from_plain(version: int, value: object) -> object:
+    if version == 0:
+        return {"count": value, "last_seen_ms": -1}
+    raise ValueError(f"no upgrade from schema version {version}")
+
+
+COUNT_V1 = weir.ValueState("count", Count, version=1, upgrade=_from_plain)
+
+
+class CounterV2(weir.Operator):
+    """S12's counter v2: `count` was a plain number (schema version 0)."""
+
+    name = "counter"
+    version = "0.2.0"
+    states = [COUNT_V1]
+
+    def process(self, ctx: weir.Context, record: weir.Record) -> None:
+        state = ctx.get(COUNT_V1) or Count()
+        state.count += 1
+        state.last_seen_ms = record.timestamp_ms
+        ctx.set(COUNT_V1, state)
+
+
+def test_a_versioned_state_upgrades_older_values_as_read_and_refuses_newer_ones() -> None:
+    h = Harness(CounterV2)
+    # What `counter` (the Rust fixture, schema version 0) stored: the count alone.
+    h._host.values[(b"a", "count")] = b"41"
+    assert h.send("a", "x").ok
+    stored = h._host.values[(b"a", "count")]
+    assert stored[:5] == b"\x00\x00\x00\x00\x01"
+    assert json.loads(stored[5:])["count"] == 42
+    assert h.value("a", COUNT_V1) == Count(42, -1)
+    assert COUNT_V1.version == 1
+    # A value of a newer schema version: the record fails naming the state.
+    h._host.values[(b"b", "count")] = b"\x00\x00\x00\x00\x02{}"
+    out = h.send("b", "x")
+    assert out.reason is not None
+    assert out.reason.startswith("cannot decode state `count`: ")
+    assert "schema version 2" in out.reason
+    with pytest.raises(ValueError, match="needs an upgrade"):
+        weir.ValueState("count", Count, version=1)

@@ -56,7 +56,18 @@ from ._operator import (
     logger,
     rejection_reason,
 )
-from ._state import RAW, Codec, JsonCodec, MapState, RawCodec, ValueState, dumps, loads
+from ._state import (
+    RAW,
+    Codec,
+    JsonCodec,
+    MapState,
+    RawCodec,
+    Upgrade,
+    ValueState,
+    VersionedCodec,
+    dumps,
+    loads,
+)
 
 __all__ = [
     "DEBUG",
@@ -84,7 +95,9 @@ __all__ = [
     "Reject",
     "TimeDomain",
     "Timer",
+    "Upgrade",
     "ValueState",
+    "VersionedCodec",
     "dumps",
     "export",
     "loads",

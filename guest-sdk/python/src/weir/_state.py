@@ -198,6 +198,50 @@ class RawCodec:
 RAW = RawCodec()
 """Stores `bytes` values unchanged: `ValueState("blob", codec=weir.RAW)`."""
 
+Upgrade = Callable[[int, Any], Any]
+"""Brings a value written at an older schema version to the current one: called with that
+version and the value as JSON (`loads`), returns the current version's JSON."""
+
+_VERSIONED = 0
+"""The first byte of a value stored at schema version 1 or above; no JSON text starts with it."""
+
+
+class VersionedCodec(Generic[T]):
+    """A state's values at schema `version` (1 and up), as the Rust SDK's `versioned` stores
+    them: byte 0, the version (u32, big-endian), then `inner`'s bytes. A value without the
+    header was written at version 0. Older values go through `upgrade` as they are read
+    (lazily, as Kafka Streams' KIP-258) and the next write stores them at `version`; a value of
+    a newer version raises (the record fails; older code never misreads it).
+    """
+
+    __slots__ = ("inner", "version", "upgrade")
+
+    def __init__(self, inner: Codec[T], version: int, upgrade: Upgrade) -> None:
+        if type(version) is not int or not 0 < version < 2**32:
+            raise ValueError(f"a schema version is 1..2**32-1, not {version!r}")
+        self.inner = inner
+        self.version = version
+        self.upgrade = upgrade
+
+    def encode(self, value: T) -> bytes:
+        return bytes([_VERSIONED]) + self.version.to_bytes(4, "big") + self.inner.encode(value)
+
+    def decode(self, data: bytes) -> T:
+        if data[:1] == bytes([_VERSIONED]):
+            if len(data) < 5:
+                raise ValueError("a version header cut short")
+            version, payload = int.from_bytes(data[1:5], "big"), data[5:]
+        else:
+            version, payload = 0, data
+        if version == self.version:
+            return self.inner.decode(payload)
+        if version > self.version:
+            raise ValueError(
+                f"the value is at schema version {version}; this operator reads up to {self.version}"
+            )
+        upgraded = self.upgrade(version, loads(payload))
+        return self.inner.decode(dumps(upgraded))
+
 
 def _check_name(name: str) -> str:
     if not _STATE_NAME.fullmatch(name):
@@ -220,13 +264,15 @@ class ValueState(Generic[T]):
     `type_` is the value's type; a dataclass is stored as a JSON object of its fields, anything
     else `json` can write as itself. `ttl_ms` expires a value that many milliseconds of processing
     time after its last write (as Flink's `StateTtlConfig` with `OnCreateAndWrite`); `codec`
-    replaces JSON (see `Codec`, `RAW`).
+    replaces JSON (see `Codec`, `RAW`). `version` (1 and up) with `upgrade` declares the value's
+    schema version and how older values are upgraded as they are read (see `VersionedCodec`);
+    the host refuses a switch to an operator whose version of the state is lower.
 
-    Raises `ValueError` for a name that is not 1..=64 characters of `[a-z0-9_-]` or a TTL that
-    is not positive.
+    Raises `ValueError` for a name that is not 1..=64 characters of `[a-z0-9_-]`, a TTL that
+    is not positive, or a version without an upgrade.
     """
 
-    __slots__ = ("name", "ttl_ms", "codec")
+    __slots__ = ("name", "ttl_ms", "codec", "version")
 
     kind = "value"
 
@@ -237,10 +283,14 @@ class ValueState(Generic[T]):
         *,
         ttl_ms: int | None = None,
         codec: Codec[T] | None = None,
+        version: int = 0,
+        upgrade: Upgrade | None = None,
     ) -> None:
         self.name = _check_name(name)
         self.ttl_ms = _check_ttl(ttl_ms)
-        self.codec: Codec[T] = codec if codec is not None else JsonCodec(type_)
+        plain: Codec[T] = codec if codec is not None else JsonCodec(type_)
+        self.version = version
+        self.codec: Codec[T] = _versioned(name, plain, version, upgrade)
 
     def __repr__(self) -> str:
         return f"ValueState({self.name!r}, ttl_ms={self.ttl_ms!r})"
@@ -254,10 +304,12 @@ class MapState(Generic[K, V]):
     for strings that is the byte order of the JSON text, for integers it is not numeric order
     (`10` sorts before `9`).
 
+    `version` and `upgrade` version the values (never the keys), as `ValueState`'s do.
+
     Raises `ValueError` as `ValueState` does.
     """
 
-    __slots__ = ("name", "ttl_ms", "key_codec", "value_codec")
+    __slots__ = ("name", "ttl_ms", "key_codec", "value_codec", "version")
 
     kind = "map"
 
@@ -270,16 +322,26 @@ class MapState(Generic[K, V]):
         ttl_ms: int | None = None,
         key_codec: Codec[K] | None = None,
         value_codec: Codec[V] | None = None,
+        version: int = 0,
+        upgrade: Upgrade | None = None,
     ) -> None:
         self.name = _check_name(name)
         self.ttl_ms = _check_ttl(ttl_ms)
         self.key_codec: Codec[K] = key_codec if key_codec is not None else JsonCodec(key_type)
-        self.value_codec: Codec[V] = (
-            value_codec if value_codec is not None else JsonCodec(value_type)
-        )
+        plain: Codec[V] = value_codec if value_codec is not None else JsonCodec(value_type)
+        self.version = version
+        self.value_codec: Codec[V] = _versioned(name, plain, version, upgrade)
 
     def __repr__(self) -> str:
         return f"MapState({self.name!r}, ttl_ms={self.ttl_ms!r})"
 
 
 State = ValueState[Any] | MapState[Any, Any]
+
+
+def _versioned(name: str, codec: Codec[T], version: int, upgrade: Upgrade | None) -> Codec[T]:
+    if version == 0 and upgrade is None:
+        return codec
+    if upgrade is None:
+        raise ValueError(f"state {name!r} at schema version {version} needs an upgrade")
+    return VersionedCodec(codec, version, upgrade)

@@ -165,7 +165,7 @@ def operator_info(name: str, version: str, states: Sequence[object]) -> wit_type
                 s.name,  # type: ignore[attr-defined]
                 wit_types.StateKind.VALUE if s.kind == "value" else wit_types.StateKind.MAP,  # type: ignore[attr-defined]
                 s.ttl_ms,  # type: ignore[attr-defined]
-                0,  # the state's schema version, reserved
+                getattr(s, "version", 0),  # the state's schema version
             )
             for s in states
         ],
