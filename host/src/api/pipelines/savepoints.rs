@@ -63,6 +63,11 @@ pub struct Restored {
     pub from_pipeline: String,
     /// Per partition, the checkpoint written: the pipeline resumes from it.
     pub shards: Vec<RestoredShard>,
+    /// The operator version the pipeline runs from now on: a reset puts back the version that
+    /// took the savepoint (same operator, still uploaded), since a later one may not read its
+    /// state; a create keeps the version its spec names.
+    #[serde(default)]
+    pub operator_version: u64,
 }
 
 /// One partition's restored checkpoint.
@@ -620,6 +625,7 @@ async fn restore(
         savepoint: saved.name.clone(),
         from_pipeline: saved.pipeline.clone(),
         shards,
+        operator_version: spec.operator_version,
     })
 }
 
@@ -741,14 +747,28 @@ pub(crate) async fn reset_pipeline(
         (&dir, &saved),
     )
     .await;
-    state
+    // The operator version that took the savepoint runs it again (as a Flink job restarted
+    // from a savepoint with the jar that took it): a later version may not read its state.
+    let back_to = match &restored {
+        Ok(_) if saved.operator == record.spec.operator => state
+            .catalog
+            .version(&tenant, &saved.operator, saved.operator_version)
+            .await?
+            .map(|_| saved.operator_version),
+        _ => None,
+    };
+    let record = state
         .catalog
         .update_pipeline(&tenant, &name, |r| {
             r.resetting_since_ms = None;
+            if let Some(version) = back_to {
+                r.spec.operator_version = version;
+            }
             Ok(())
         })
         .await?;
-    let restored = restored?;
+    let mut restored = restored?;
+    restored.operator_version = record.spec.operator_version;
     tracing::info!(audit = true, %tenant, pipeline = %name, savepoint = %saved.name, from = %saved.pipeline, versions = ?restored.shards.iter().map(|s| s.version).collect::<Vec<_>>(), "pipeline reset to a savepoint");
     Ok(Json(restored))
 }

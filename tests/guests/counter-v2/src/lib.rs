@@ -1,7 +1,8 @@
 //! `counter` v2, SCENARIOS.md S12's upgrade that changes the state format: `count` was a plain
 //! number (the `counter` fixture, schema version 0) and is now `{count, last_seen_ms}` at schema
-//! version 1, upgraded from version 0 as each key's value is read (issue 20, item 6). Emits
-//! `{"count": n, "offset": o}` per record, as `counter` does.
+//! version 1, upgraded from version 0 as each key's value is read (issue 20, item 6). It adds
+//! 10 per record (so that a test tells its counts from `counter`'s, as issue 20's savepoint
+//! acceptance asks) and emits `{"count": n, "offset": o}` per record, as `counter` does.
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -26,6 +27,9 @@ fn upgrade(from: u32, value: Value) -> Result<Value, String> {
     }
 }
 
+/// What each record adds.
+const STEP: u64 = 10;
+
 const COUNT: ValueState<Count> = ValueState::new("count").versioned(1, upgrade);
 
 #[derive(Serialize)]
@@ -44,7 +48,7 @@ impl Operator for CounterV2 {
             count: 0,
             last_seen_ms: -1,
         });
-        state.count += 1;
+        state.count += STEP;
         state.last_seen_ms = record.timestamp_ms();
         ctx.set(&COUNT, &state)?;
         ctx.emit_json(
