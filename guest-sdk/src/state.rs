@@ -89,11 +89,7 @@ impl<T> ValueState<T> {
 
     /// How the state reads and writes its values' versions.
     pub(crate) const fn schema(&self) -> Schema {
-        Schema {
-            name: self.spec.name,
-            version: self.spec.version,
-            upgrade: self.upgrade,
-        }
+        Schema::of(self.spec, self.upgrade)
     }
 
     /// The same state with a time to live, in ms since the last write.
@@ -147,11 +143,7 @@ impl<K, V> MapState<K, V> {
 
     /// How the state reads and writes its values' versions.
     pub(crate) const fn schema(&self) -> Schema {
-        Schema {
-            name: self.spec.name,
-            version: self.spec.version,
-            upgrade: self.upgrade,
-        }
+        Schema::of(self.spec, self.upgrade)
     }
 
     /// The same state with a time to live, in ms since an entry's last write.
@@ -184,6 +176,14 @@ pub(crate) struct Schema {
 const VERSIONED: u8 = 0;
 
 impl Schema {
+    const fn of(spec: StateSpec, upgrade: Option<Upgrade>) -> Self {
+        Self {
+            name: spec.name,
+            version: spec.version,
+            upgrade,
+        }
+    }
+
     /// `value` as stored: JSON, behind the version header when the version is 1 or above.
     pub fn encode<T: serde::Serialize + ?Sized>(&self, value: &T) -> Result<Vec<u8>, String> {
         let mut out = Vec::new();

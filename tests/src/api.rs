@@ -376,3 +376,32 @@ pub async fn checkpointed(
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+/// Topics `in` (two partitions), `out` and `dlq` of `tenant`, and pipeline `p` on version 1 of
+/// operator `counter` over them (300 ms checkpoints), `extra` merged into its spec; returns the
+/// Kafka names of `in` and `out`.
+pub async fn counter_pipeline_p(
+    addr: SocketAddr,
+    key: &str,
+    tenant: &str,
+    extra: Value,
+) -> anyhow::Result<(String, String)> {
+    let input = kafka_topic_of(tenant, "in");
+    let output = kafka_topic_of(tenant, "out");
+    crate::create_topics(&[
+        (&input, 2),
+        (&output, 1),
+        (&kafka_topic_of(tenant, "dlq"), 1),
+    ])
+    .await?;
+    let mut spec = json!({
+        "operator": "counter", "operator_version": 1,
+        "input_topics": ["in"], "output_topic": "out", "dead_letter_topic": "dlq",
+        "checkpoint_interval_ms": 300,
+    });
+    for (field, value) in extra.as_object().into_iter().flatten() {
+        spec[field] = value.clone();
+    }
+    create_pipeline(addr, key, "p", &spec).await?;
+    Ok((input, output))
+}

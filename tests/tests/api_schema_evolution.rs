@@ -31,20 +31,7 @@ async fn a_switch_that_upgrades_a_states_schema_keeps_every_count_and_the_way_ba
     assert_eq!(status, StatusCode::CREATED, "{uploaded}");
     assert_eq!(uploaded["version"], 2);
     assert_eq!(uploaded["states"][0]["version"], 1, "{uploaded}");
-    let input = kafka_topic_of(&tenant, "in");
-    let output = kafka_topic_of(&tenant, "out");
-    create_topics(&[
-        (&input, 2),
-        (&output, 1),
-        (&kafka_topic_of(&tenant, "dlq"), 1),
-    ])
-    .await?;
-    let spec = json!({
-        "operator": "counter", "operator_version": 1,
-        "input_topics": ["in"], "output_topic": "out", "dead_letter_topic": "dlq",
-        "checkpoint_interval_ms": 300,
-    });
-    create_pipeline(addr, &key, "p", &spec).await?;
+    let (input, output) = counter_pipeline_p(addr, &key, &tenant, json!({})).await?;
     let mut expected = BTreeMap::new();
     produce_counter(&input, 2, (0, 300), KEYS, &mut expected).await?;
     read_counts(&output, &expected, Duration::from_secs(60)).await?;

@@ -42,20 +42,7 @@ async fn state_reads_page_through_one_checkpoint_from_a_host_that_runs_nothing()
     let tenant = tenant_id("qs");
     let key = tenant_with_key(addr, &tenant).await?;
     upload_counter(addr, &key, 1).await?;
-    let input = kafka_topic_of(&tenant, "in");
-    let output = kafka_topic_of(&tenant, "out");
-    create_topics(&[
-        (&input, 2),
-        (&output, 1),
-        (&kafka_topic_of(&tenant, "dlq"), 1),
-    ])
-    .await?;
-    let spec = json!({
-        "operator": "counter", "operator_version": 1,
-        "input_topics": ["in"], "output_topic": "out", "dead_letter_topic": "dlq",
-        "checkpoint_interval_ms": 300,
-    });
-    create_pipeline(addr, &key, "p", &spec).await?;
+    let (input, output) = counter_pipeline_p(addr, &key, &tenant, json!({})).await?;
     let mut first = BTreeMap::new();
     produce_counter(&input, 2, (0, 300), KEYS, &mut first).await?;
     checkpointed(reader, &key, "p", 300).await?;

@@ -1,8 +1,8 @@
 //! Disaster recovery from a replica of the store (issue 20, item 4) on the real broker and S3
 //! server: a running pipeline's objects are copied to a second bucket late and out of order, as
 //! cross-region replication does, with the newest objects missing; hosts started on the second
-//! bucket open each shard's newest checkpoint whose every object is present (audited past the
-//! others), replay Kafka from its offsets and end exact.
+//! bucket open each shard's newest checkpoint whose every object is present (recording, and
+//! auditing, the others they fall back past), replay Kafka from its offsets and end exact.
 
 use futures::TryStreamExt;
 use object_store::path::Path;
@@ -53,21 +53,8 @@ async fn fail_over(backend: &str, delivery: &str) -> anyhow::Result<()> {
     let tenant = tenant_id("dr");
     let key = tenant_with_key(addr_a, &tenant).await?;
     upload_counter(addr_a, &key, 1).await?;
-    let input = kafka_topic_of(&tenant, "in");
-    let output = kafka_topic_of(&tenant, "out");
-    create_topics(&[
-        (&input, 2),
-        (&output, 1),
-        (&kafka_topic_of(&tenant, "dlq"), 1),
-    ])
-    .await?;
-    let spec = json!({
-        "operator": "counter", "operator_version": 1,
-        "input_topics": ["in"], "output_topic": "out", "dead_letter_topic": "dlq",
-        "checkpoint_interval_ms": 300, "state_backend": backend,
-        "delivery": delivery,
-    });
-    create_pipeline(addr_a, &key, "p", &spec).await?;
+    let extra = json!({"state_backend": backend, "delivery": delivery});
+    let (input, output) = counter_pipeline_p(addr_a, &key, &tenant, extra).await?;
 
     // Three rounds, each checkpointed: every shard has several checkpoints, each with objects
     // (SSTs, a snapshot) of its own.
@@ -136,51 +123,77 @@ async fn fail_over(backend: &str, delivery: &str) -> anyhow::Result<()> {
 
     // Hosts on the replica: the catalog came with the state (the tenant's key works, the
     // pipeline is there and running).
+    let mut stored_before = BTreeMap::new();
+    for root in &shards {
+        let versions = ManifestStore::new(to.clone(), root.clone())
+            .versions()
+            .await?;
+        stored_before.insert(root.clone(), versions.last().copied().unwrap_or_default());
+    }
     let (addr_b, _) = start_server_on(
         &replica,
         Some(runner_config(&unique("dr-b"))),
         std::future::pending(),
     )
     .await?;
+
+    // Each shard's new owner claimed it from the newest complete checkpoint, recording the
+    // incomplete ones it fell back past (with an audit line each, logged by the same call) —
+    // exactly-once from the newest complete one that is also decided, which may be older.
+    // Read before more input: an idle shard neither checkpoints nor collects its claim.
+    for (root, (incomplete, newest_complete)) in &skipped {
+        let claim = claim_above(&to, root, stored_before[root]).await?;
+        if delivery == "exactly_once" {
+            assert!(
+                claim.parent.is_some_and(|p| p <= *newest_complete),
+                "shard {root}: {claim:?}"
+            );
+        } else {
+            assert_eq!(
+                claim.parent,
+                Some(*newest_complete),
+                "shard {root}: {claim:?}"
+            );
+            for version in incomplete {
+                let recorded = claim.rejected.iter().find(|r| r.version == *version);
+                assert!(
+                    recorded.is_some_and(|r| r.reason.contains("missing")),
+                    "shard {root}: version {version} not recorded as skipped: {claim:?}"
+                );
+            }
+        }
+    }
     produce_counter(&input, 2, (4 * ROUND, 5 * ROUND), KEYS, &mut expected).await?;
     let counts = read_counts(&output, &expected, Duration::from_secs(90)).await?;
     assert_counts_exact(&expected, &counts);
     checkpointed(addr_b, &key, "p", 5 * ROUND).await?;
-
-    // Each shard's recovery fell back past the incomplete checkpoints, each in an audit line.
-    // Exactly-once also names the checkpoint Kafka's committed offsets name (the replica lacks
-    // it), and a newer checkpoint that nothing stored shows decided is passed over unaudited.
-    let audits = audit_lines();
-    for (root, (incomplete, _)) in &skipped {
-        let lines: Vec<&String> = audits
-            .iter()
-            .filter(|line| line.contains(&format!("shard={root} ")))
-            .collect();
-        let named: BTreeSet<u64> = lines
-            .iter()
-            .filter_map(|line| field(line, "version")?.parse().ok())
-            .collect();
-        if delivery == "exactly_once" {
-            assert!(
-                lines
-                    .iter()
-                    .any(|l| l.contains("the committed checkpoint is missing")),
-                "shard {root}: {lines:?}"
-            );
-        } else {
-            assert!(
-                incomplete.is_subset(&named) && !incomplete.is_empty(),
-                "shard {root}: audited {named:?}, incomplete {incomplete:?}"
-            );
-        }
-    }
     Ok(())
 }
 
-/// The value of `name=value` in an audit line (fields joined by spaces).
-fn field<'a>(line: &'a str, name: &str) -> Option<&'a str> {
-    line.split(' ')
-        .find_map(|f| f.strip_prefix(name)?.strip_prefix('='))
+/// The first claim written in the shard at `root` above version `above` (a new owner's),
+/// waited for.
+async fn claim_above(
+    store: &Arc<dyn ObjectStore>,
+    root: &Path,
+    above: u64,
+) -> anyhow::Result<weir_host::state::manifest::Manifest> {
+    let manifests = ManifestStore::new(store.clone(), root.clone());
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        for version in manifests.versions().await? {
+            if version > above {
+                let manifest = manifests.read(version).await?;
+                if manifest.kind == ManifestKind::Claim {
+                    return Ok(manifest);
+                }
+            }
+        }
+        anyhow::ensure!(
+            std::time::Instant::now() < deadline,
+            "{root}: no new owner claimed it"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// Copies what `from` lists under `prefix` to `to`, in an order unrelated to the objects'
