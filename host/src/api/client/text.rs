@@ -1,0 +1,258 @@
+//! The client's text: the tables and lines `weir operator|pipeline|tenant …` print.
+
+use crate::api::catalog::{OperatorSummary, OperatorVersion, Tenant};
+use crate::api::logs::LogEntry;
+use crate::api::pipelines::PipelineView;
+
+/// How the API spells `value` (an enum variant): `exactly_once`, `dead_letter`, ….
+fn wire_name<T: serde::Serialize>(value: &T) -> String {
+    match serde_json::to_value(value) {
+        Ok(serde_json::Value::String(name)) => name,
+        other => format!("{other:?}"),
+    }
+}
+
+/// `entry` as one line of text: time (UTC, ms), host and partition, level, message; for
+/// example `2026-12-03T17:20:01.123Z host-a/2 INFO  counted 10 keys`. Control characters in
+/// the message are escaped (`\n`, `\u{1b}`), so that an operator cannot print a line that
+/// looks like another, or drive the terminal.
+pub fn log_line(entry: &LogEntry<'_>) -> String {
+    let time = std::time::UNIX_EPOCH + std::time::Duration::from_millis(entry.time_ms);
+    let partition = entry.partition.map(|p| format!("/{p}")).unwrap_or_default();
+    format!(
+        "{} {}{partition} {:<5} {}",
+        humantime::format_rfc3339_millis(time),
+        escape_controls(&entry.host),
+        escape_controls(&entry.level).to_uppercase(),
+        escape_controls(&entry.message)
+    )
+}
+
+/// `text` with its control characters escaped as Rust escapes them.
+fn escape_controls(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text.chars().any(char::is_control) {
+        return text.into();
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out.into()
+}
+
+/// `pipelines` as a table: name, state, operator and version, records/s, lag, hosts.
+pub fn pipelines_table(pipelines: &[PipelineView]) -> String {
+    let mut out = format!(
+        "{:<24} {:<9} {:<24} {:>10} {:>8} {:>5}\n",
+        "NAME", "STATE", "OPERATOR", "RECORDS/S", "LAG", "HOSTS"
+    );
+    for p in pipelines {
+        let lag: i64 = p.status.partitions.iter().map(|p| p.lag).sum();
+        out.push_str(&format!(
+            "{:<24} {:<9} {:<24} {:>10.0} {:>8} {:>5}\n",
+            p.definition.name,
+            wire_name(&p.status.state),
+            format!(
+                "{}:{}",
+                p.definition.spec.operator, p.definition.spec.operator_version
+            ),
+            p.status.records_per_s,
+            lag,
+            p.status.hosts.len()
+        ));
+    }
+    out
+}
+
+/// `weir pipeline savepoint ls`'s table: one savepoint a line, oldest first, with its time
+/// (UTC), operator, partitions, bytes and offsets.
+pub fn savepoints_table(savepoints: &[crate::state::savepoint::SavepointDescriptor]) -> String {
+    let mut out = format!(
+        "{:<24} {:<24} {:<20} {:>10} {:>12}  {}\n",
+        "NAME", "TAKEN (UTC)", "OPERATOR", "PARTITIONS", "BYTES", "OFFSETS (partition:next)"
+    );
+    for sp in savepoints {
+        let taken = humantime::format_rfc3339_millis(
+            std::time::UNIX_EPOCH + std::time::Duration::from_millis(sp.created_ms),
+        );
+        let offsets: Vec<String> = sp
+            .shards
+            .iter()
+            .map(|s| {
+                let next: Vec<String> = s.offsets.values().map(i64::to_string).collect();
+                if next.is_empty() {
+                    format!("{}:-", s.partition)
+                } else {
+                    format!("{}:{}", s.partition, next.join("/"))
+                }
+            })
+            .collect();
+        out.push_str(&format!(
+            "{:<24} {:<24} {:<20} {:>10} {:>12}  {}\n",
+            sp.name,
+            taken.to_string(),
+            format!("{}:{}", sp.operator, sp.operator_version),
+            sp.shards.len(),
+            sp.bytes,
+            offsets.join(" ")
+        ));
+    }
+    out
+}
+
+/// One pipeline's status, for a person: state and reason, counters, last checkpoint, then
+/// one line per partition.
+pub fn pipeline_status_text(p: &PipelineView) -> String {
+    let (d, s) = (&p.definition, &p.status);
+    let mut out = format!(
+        "pipeline   {} ({}:{}, {} delivery, failure policy {})\n",
+        d.name,
+        d.spec.operator,
+        d.spec.operator_version,
+        wire_name(&d.spec.delivery),
+        wire_name(&d.spec.failure_policy)
+    );
+    out.push_str(&format!(
+        "state      {}{}\n",
+        wire_name(&s.state),
+        s.reason
+            .as_deref()
+            .map(|r| match s.reason_kind {
+                Some(kind) => format!(" ({}): {r}", wire_name(&kind)),
+                None => format!(": {r}"),
+            })
+            .unwrap_or_default()
+    ));
+    out.push_str(&format!(
+        "records    {} done, {:.0}/s, {} emitted, {} dead-lettered, {} skipped\n",
+        s.records_done, s.records_per_s, s.emitted, s.dead_lettered, s.skipped_failed
+    ));
+    out.push_str(&format!(
+        "state      {} bytes on {}{}, cache hit rate {}\n",
+        s.state_bytes,
+        wire_name(&d.spec.state_backend),
+        d.spec
+            .state_bytes_max
+            .map(|max| format!(" (quota {max} bytes)"))
+            .unwrap_or_default(),
+        s.cache_hit_rate
+            .map_or("-".to_owned(), |r| format!("{:.1} %", r * 100.0))
+    ));
+    if let Some(c) = &s.last_checkpoint {
+        let age_s = crate::api::now_ms().saturating_sub(c.committed_ms) as f64 / 1000.0;
+        out.push_str(&format!(
+            "checkpoint partition {} version {}, {age_s:.1} s ago, took {} ms, uploaded {} bytes\n",
+            c.partition, c.version, c.duration_ms, c.uploaded_bytes
+        ));
+    }
+    let hosts: Vec<String> = s
+        .hosts
+        .iter()
+        .map(|h| {
+            format!(
+                "{} ({}, partitions {:?})",
+                h.host,
+                wire_name(&h.phase),
+                h.partitions
+            )
+        })
+        .collect();
+    out.push_str(&format!("hosts      {}\n", hosts.join(", ")));
+    out.push_str(&format!(
+        "{:>9} {:>12} {:>12} {:>8} {:>12} {:>10}\n",
+        "PARTITION", "CHECKPOINTED", "HIGH", "LAG", "STATE BYTES", "CHECKPOINT"
+    ));
+    for part in &s.partitions {
+        let checkpointed: i64 = part.checkpointed_offsets.values().sum();
+        let high: i64 = part.high_watermarks.values().filter(|h| **h >= 0).sum();
+        out.push_str(&format!(
+            "{:>9} {:>12} {:>12} {:>8} {:>12} {:>10}\n",
+            part.partition,
+            checkpointed,
+            high,
+            part.lag,
+            part.state_bytes,
+            part.checkpoint_version
+                .map_or("-".to_owned(), |v| v.to_string())
+        ));
+        if let Some(problem) = &part.problem {
+            out.push_str(&format!(
+                "{:>9} {}: {}\n",
+                "",
+                wire_name(&problem.state),
+                problem.reason
+            ));
+        }
+    }
+    out
+}
+
+/// `tenants` as a table: id, created (RFC 3339, UTC), name.
+pub fn tenants_table(tenants: &[Tenant]) -> String {
+    let mut out = format!("{:<32} {:<20} {}\n", "ID", "CREATED", "NAME");
+    for t in tenants {
+        let created = humantime_serde::re::humantime::format_rfc3339_seconds(
+            std::time::UNIX_EPOCH + std::time::Duration::from_millis(t.created_ms),
+        );
+        out.push_str(&format!("{:<32} {:<20} {}\n", t.id, created, t.name));
+    }
+    out
+}
+
+/// `operators` as a table: name, versions.
+pub fn operators_table(operators: &[OperatorSummary]) -> String {
+    let mut out = format!("{:<32} {}\n", "NAME", "VERSIONS");
+    for op in operators {
+        let versions: Vec<String> = op.versions.iter().map(u64::to_string).collect();
+        out.push_str(&format!("{:<32} {}\n", op.name, versions.join(",")));
+    }
+    out
+}
+
+/// `versions` as a table: version, size, SHA-256 prefix, declared name and version, states.
+pub fn versions_table(versions: &[OperatorVersion]) -> String {
+    let mut out = format!(
+        "{:>7} {:>10} {:<14} {:<24} {}\n",
+        "VERSION", "BYTES", "SHA256", "DECLARED", "STATES"
+    );
+    for v in versions {
+        let states: Vec<String> = v
+            .states
+            .iter()
+            .map(|s| format!("{}:{}", s.name, s.kind))
+            .collect();
+        out.push_str(&format!(
+            "{:>7} {:>10} {:<14} {:<24} {}\n",
+            v.version,
+            v.size_bytes,
+            &v.sha256[..12.min(v.sha256.len())],
+            format!("{} {}", v.declared_name, v.declared_version),
+            states.join(",")
+        ));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_log_line_escapes_control_characters_so_it_cannot_forge_another() {
+        let entry = LogEntry {
+            time_ms: 1_764_782_401_123,
+            host: "host-a".into(),
+            partition: Some(2),
+            level: "info".into(),
+            message: "first\n2026-12-03T00:00:00.000Z host-a/0 ERROR forged \u{1b}[31m".into(),
+        };
+        assert_eq!(
+            log_line(&entry),
+            "2025-12-03T17:20:01.123Z host-a/2 INFO  first\\n2026-12-03T00:00:00.000Z host-a/0 ERROR forged \\u{1b}[31m"
+        );
+    }
+}
