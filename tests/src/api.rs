@@ -405,3 +405,25 @@ pub async fn counter_pipeline_p(
     create_pipeline(addr, key, "p", &spec).await?;
     Ok((input, output))
 }
+
+/// Waits until pipeline `name`'s current run generation (after a switch or a change) runs on a
+/// host with `partitions` partitions and has processed nothing yet: records produced after this
+/// reach the new run, not the drained one.
+pub async fn new_run_started(
+    addr: SocketAddr,
+    key: &str,
+    name: &str,
+    partitions: usize,
+) -> anyhow::Result<()> {
+    wait_for_pipeline(addr, key, name, Duration::from_secs(60), |v| {
+        let hosts = v["status"]["hosts"].as_array().cloned().unwrap_or_default();
+        let running: usize = hosts
+            .iter()
+            .filter(|h| h["phase"] == "running")
+            .map(|h| h["partitions"].as_array().map_or(0, Vec::len))
+            .sum();
+        running == partitions && v["status"]["records_done"] == 0
+    })
+    .await?;
+    Ok(())
+}

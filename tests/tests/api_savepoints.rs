@@ -134,6 +134,7 @@ async fn a_savepoint_resets_its_pipeline_and_seeds_a_new_one_that_outlives_it() 
     )
     .await?;
     assert_eq!(status, StatusCode::OK, "{body}");
+    new_run_started(addr, &key, "a", 2).await?;
     let mut all = saved.clone();
     produce_counter(&input, 2, (300, 600), KEYS, &mut all).await?;
     let on_v2: BTreeMap<String, u64> = all

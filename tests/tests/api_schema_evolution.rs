@@ -47,6 +47,7 @@ async fn a_switch_that_upgrades_a_states_schema_keeps_every_count_and_the_way_ba
     };
     let (status, _, body) = switch(2).await?;
     assert_eq!(status, StatusCode::OK, "{body}");
+    new_run_started(addr, &key, "p", 2).await?;
     let mut second = BTreeMap::new();
     produce_counter(&input, 2, (300, 600), KEYS, &mut second).await?;
     // v1's count carried over, then 10 a record.
