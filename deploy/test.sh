@@ -53,6 +53,8 @@ background services bash -c 'bash deploy/local/kafka.sh start && bash deploy/loc
 # schemathesis (API fuzzing), kubernetes-validate (offline manifest schemas)
 background schemathesis bash deploy/local/py-tool.sh schemathesis schemathesis==4.32.5 st
 background k8s-validate bash deploy/local/py-tool.sh k8s-validate kubernetes-validate==1.37.0 kubernetes-validate
+# pyiceberg (with SQLite and pyarrow): reads back, and writes beside, the tables the Iceberg sink writes
+background pyiceberg bash deploy/local/py-tool.sh pyiceberg 'pyiceberg[sql-sqlite,pyarrow]==0.10.0' python
 # The Python operators: the SDK's tests, the components (componentize-py), mypy --strict
 guests="${CARGO_TARGET_DIR:-target}/wasm32-wasip2/guest"
 background python bash deploy/python-checks.sh "$guests"
@@ -110,13 +112,15 @@ await python
 await services
 await schemathesis
 await k8s-validate
+await pyiceberg
 await browser
 await flights
 WEIR_SCHEMATHESIS="$(result schemathesis)"
 WEIR_K8S_VALIDATE="$(result k8s-validate)"
+WEIR_PYICEBERG="$(result pyiceberg)"
 WEIR_PLAYWRIGHT="$(result browser)"
 WEIR_FLIGHTS_CSV="$(result flights)"
-export WEIR_SCHEMATHESIS WEIR_K8S_VALIDATE WEIR_PLAYWRIGHT WEIR_FLIGHTS_CSV
+export WEIR_SCHEMATHESIS WEIR_K8S_VALIDATE WEIR_PYICEBERG WEIR_PLAYWRIGHT WEIR_FLIGHTS_CSV
 
 step "tests, and beside the last of them the Kafka Streams comparison's smoke run"
 # The test binaries side by side (deploy/run_tests.py says why). The smoke run (20,000 records,

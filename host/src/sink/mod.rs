@@ -6,13 +6,15 @@
 //! - [`producer`]     the producer: delivery reports counted per sink, served only while due;
 //! - [`dead_letter`]  a dead letter's headers and cutting;
 //! - [`transaction`]  exactly-once: a shard's transaction committed with its checkpoint;
-//! - [`memory`]       an in-memory [`Output`] for tests of the pipeline without a broker.
+//! - [`memory`]       an in-memory [`Output`] for tests of the pipeline without a broker;
+//! - [`iceberg`]      the Apache Iceberg table sink's parts (docs/iceberg.md).
 //!
 //! At-least-once, every partition's sink shares one idempotent producer per pipeline run;
 //! exactly-once, each has a transactional producer of its own.
 
 mod dead_letter;
 pub mod delivery;
+pub mod iceberg;
 pub mod limits;
 pub mod memory;
 pub mod producer;

@@ -315,6 +315,13 @@ impl Shard for MemoryShard {
             .and_then(SnapshotShard::recovered_version)
     }
 
+    async fn next_checkpoint_version(&self) -> Option<u64> {
+        match &self.snapshots {
+            Some(snapshots) => Some(snapshots.next_version().await),
+            None => None,
+        }
+    }
+
     fn checkpoint_decided(&self, version: u64) {
         if let Some(snapshots) = &self.snapshots {
             snapshots.decided(version);

@@ -247,6 +247,14 @@ pub trait Shard: Send + Sync + 'static {
         None
     }
 
+    /// The version the shard's next checkpoint will have if it commits (its last version, the
+    /// claim or a checkpoint, plus one; a failed attempt does not use it up), for a shard that
+    /// keeps checkpoints. A sink labels what it prepares for that checkpoint with it (the
+    /// Iceberg sink's pending files, docs/iceberg.md).
+    fn next_checkpoint_version(&self) -> impl Future<Output = Option<u64>> + Send {
+        async { None }
+    }
+
     /// Tells the shard that checkpoint `version` is decided: recovery would resume from it
     /// now (at-least-once: its manifest write; exactly-once: the Kafka transaction naming it
     /// committed). The shard keeps it from GC until a later one is decided.

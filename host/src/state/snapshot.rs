@@ -238,6 +238,11 @@ impl SnapshotShard {
         *self.decided.lock().unwrap_or_else(|e| e.into_inner()) = Some(version);
     }
 
+    /// The version the next [`SnapshotShard::commit`] takes when it succeeds.
+    pub async fn next_version(&self) -> u64 {
+        self.last.lock().await.version + 1
+    }
+
     /// Writes `snapshot` and commits the next manifest version naming it, with `metadata`;
     /// then collects garbage in the background. Returns the version.
     ///

@@ -430,6 +430,10 @@ impl Shard for LsmShard {
         self.recovered_version()
     }
 
+    async fn next_checkpoint_version(&self) -> Option<u64> {
+        Some(self.last.lock().await.version + 1)
+    }
+
     fn corruption(&self) -> Option<StateError> {
         self.tree.corruption()
     }

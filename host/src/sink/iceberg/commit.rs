@@ -1,0 +1,312 @@
+//! Committing prepared checkpoints' data files to the table, exactly once (docs/iceberg.md,
+//! "Exactly once").
+//!
+//! Each shard's checkpoint versions only grow (a claim, a fallback and a reset all take a
+//! version above every earlier one), so "what is in the table" is, per shard of the pipeline,
+//! the highest checkpoint whose files were committed. A commit records it twice, atomically
+//! with the append:
+//!
+//! - in the snapshot's summary: `weir.pipeline-id` and `weir.shard.{partition}` = version,
+//!   for each shard the snapshot carries (as Flink's Iceberg sink records
+//!   `flink.max-committed-checkpoint-id`);
+//! - in the table property `weir.committed.{pipeline id}` (a JSON map partition → version),
+//!   which snapshot expiry cannot remove.
+//!
+//! [`committed_versions`] takes the highest of both over *every* snapshot the table still
+//! has (not only the current one's ancestry: another writer may have committed after ours).
+//! A committer that starts (recovery) also looks for the pending checkpoints' uniquely named
+//! files in the table's manifests ([`files_in_table`]), so that a table whose property was
+//! lost and whose snapshots expired still does not get them twice.
+//!
+//! Commits are compare-and-swap on the catalog's metadata pointer and are not retried by the
+//! `iceberg` crate ([`NoRetry`]): on a conflict the committer reloads the table and decides
+//! again, so that two committers of one pipeline (a zombie and its successor) never both
+//! append one checkpoint.
+
+use async_trait::async_trait;
+use iceberg::spec::{DataFile, Snapshot};
+use iceberg::table::Table;
+use iceberg::transaction::{ApplyTransactionAction, Transaction};
+use iceberg::{
+    Catalog, Error, ErrorKind, Namespace, NamespaceIdent, TableCommit, TableCreation, TableIdent,
+};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+
+/// The snapshot summary key naming the pipeline (its uid) that committed the snapshot.
+pub const SUMMARY_PIPELINE: &str = "weir.pipeline-id";
+/// The snapshot summary key prefix of a shard's highest committed checkpoint:
+/// `weir.shard.{partition}`.
+pub const SUMMARY_SHARD_PREFIX: &str = "weir.shard.";
+/// The table property prefix of a pipeline's committed checkpoints: `weir.committed.{uid}`.
+pub const PROPERTY_COMMITTED_PREFIX: &str = "weir.committed.";
+
+/// How many times a commit reloads and decides again after a conflict before it gives up
+/// until the next commit interval.
+const CONFLICT_RETRIES_MAX: usize = 8;
+
+/// One shard's checkpoint whose files wait for a table commit.
+#[derive(Debug, Clone)]
+pub struct PendingCheckpoint {
+    /// The shard (input partition).
+    pub partition: i32,
+    /// The checkpoint's manifest version.
+    pub version: u64,
+    /// Its data files.
+    pub files: Vec<DataFile>,
+}
+
+/// What a commit did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CommitReport {
+    /// The table snapshot made, if any.
+    pub snapshot_id: Option<i64>,
+    /// Files appended.
+    pub files: usize,
+    /// Rows appended.
+    pub rows: u64,
+    /// Pending checkpoints found already committed and skipped.
+    pub skipped: usize,
+    /// Per shard, the highest committed checkpoint after the commit.
+    pub committed: BTreeMap<i32, u64>,
+}
+
+/// Per shard, the highest checkpoint of pipeline `uid` whose files are in `table`: the most
+/// of the table property and every snapshot's summary.
+pub fn committed_versions(table: &Table, uid: &str) -> BTreeMap<i32, u64> {
+    let mut committed = BTreeMap::new();
+    let mut raise = |partition: i32, version: u64| {
+        let entry = committed.entry(partition).or_insert(version);
+        *entry = (*entry).max(version);
+    };
+    let metadata = table.metadata();
+    if let Some(text) = metadata
+        .properties()
+        .get(&format!("{PROPERTY_COMMITTED_PREFIX}{uid}"))
+        && let Ok(map) = serde_json::from_str::<BTreeMap<i32, u64>>(text)
+    {
+        map.into_iter().for_each(|(p, v)| raise(p, v));
+    }
+    for snapshot in metadata.snapshots() {
+        for (partition, version) in summary_versions(snapshot, uid) {
+            raise(partition, version);
+        }
+    }
+    committed
+}
+
+fn summary_versions(snapshot: &Snapshot, uid: &str) -> Vec<(i32, u64)> {
+    let properties = &snapshot.summary().additional_properties;
+    if properties.get(SUMMARY_PIPELINE).map(String::as_str) != Some(uid) {
+        return Vec::new();
+    }
+    properties
+        .iter()
+        .filter_map(|(k, v)| {
+            let partition = k.strip_prefix(SUMMARY_SHARD_PREFIX)?.parse().ok()?;
+            Some((partition, v.parse().ok()?))
+        })
+        .collect()
+}
+
+/// Which of `paths` the table's current snapshot lists (reads its manifest list and every
+/// manifest: the recovery check, not the steady state's).
+///
+/// # Errors
+/// [`iceberg::Error`] when a manifest cannot be read.
+pub async fn files_in_table(
+    table: &Table,
+    paths: &BTreeSet<&str>,
+) -> iceberg::Result<BTreeSet<String>> {
+    let mut found = BTreeSet::new();
+    let Some(snapshot) = table.metadata().current_snapshot() else {
+        return Ok(found);
+    };
+    let list = table.manifest_list_reader(snapshot).load().await?;
+    for manifest in list.entries() {
+        let manifest = manifest.load_manifest(table.file_io()).await?;
+        for entry in manifest.entries() {
+            let path = entry.data_file().file_path();
+            if paths.contains(path) {
+                found.insert(path.to_owned());
+            }
+        }
+    }
+    Ok(found)
+}
+
+/// Appends the files of every pending checkpoint above what the table already has of
+/// pipeline `uid`, in one snapshot, recording each shard's highest checkpoint.
+/// `look_for_files` also skips checkpoints whose files the table lists (a committer's first
+/// commit: see the module docs). Checkpoints with no files only move nothing.
+///
+/// # Errors
+/// [`iceberg::Error`] when the catalog or the warehouse fails, or conflicts persist; nothing
+/// was committed by this call then — or it was, and the next call sees it.
+pub async fn commit(
+    catalog: &Arc<dyn Catalog>,
+    ident: &TableIdent,
+    uid: &str,
+    pending: &[PendingCheckpoint],
+    look_for_files: bool,
+) -> iceberg::Result<CommitReport> {
+    let no_retry = NoRetry(catalog.clone());
+    let mut attempt = 0;
+    loop {
+        let table = catalog.load_table(ident).await?;
+        let mut committed = committed_versions(&table, uid);
+        let mut report = CommitReport::default();
+        let mut chosen: Vec<&PendingCheckpoint> = pending
+            .iter()
+            .filter(|c| !c.files.is_empty())
+            .filter(|c| committed.get(&c.partition).is_none_or(|&v| c.version > v))
+            .collect();
+        if look_for_files && !chosen.is_empty() {
+            let paths = chosen
+                .iter()
+                .flat_map(|c| c.files.iter().map(|f| f.file_path()))
+                .collect();
+            let present = files_in_table(&table, &paths).await?;
+            chosen.retain(|c| {
+                let listed = c.files.iter().any(|f| present.contains(f.file_path()));
+                if listed {
+                    let v = committed.entry(c.partition).or_insert(c.version);
+                    *v = (*v).max(c.version);
+                }
+                !listed
+            });
+        }
+        report.skipped = pending.iter().filter(|c| !c.files.is_empty()).count() - chosen.len();
+        if chosen.is_empty() {
+            report.committed = committed;
+            return Ok(report);
+        }
+        let mut shards = BTreeMap::new();
+        for c in &chosen {
+            let v = shards.entry(c.partition).or_insert(c.version);
+            *v = (*v).max(c.version);
+        }
+        for (&partition, &version) in &shards {
+            let v = committed.entry(partition).or_insert(version);
+            *v = (*v).max(version);
+        }
+        let mut summary = HashMap::from([(SUMMARY_PIPELINE.to_owned(), uid.to_owned())]);
+        summary.extend(
+            shards
+                .iter()
+                .map(|(p, v)| (format!("{SUMMARY_SHARD_PREFIX}{p}"), v.to_string())),
+        );
+        let files: Vec<DataFile> = chosen.iter().flat_map(|c| c.files.clone()).collect();
+        report.files = files.len();
+        report.rows = files.iter().map(DataFile::record_count).sum();
+        let committed_text = serde_json::to_string(&committed).expect("a map of numbers encodes");
+        let tx = Transaction::new(&table);
+        let append = tx
+            .fast_append()
+            // The check reads every manifest; ours is the summary and property above, and
+            // `files_in_table` once per committer.
+            .with_check_duplicate(false)
+            .set_snapshot_properties(summary)
+            .add_data_files(files);
+        let tx = append.apply(tx)?;
+        let properties = tx
+            .update_table_properties()
+            .set(format!("{PROPERTY_COMMITTED_PREFIX}{uid}"), committed_text);
+        let tx = properties.apply(tx)?;
+        match tx.commit(&no_retry).await {
+            Ok(table) => {
+                report.snapshot_id = table.metadata().current_snapshot_id();
+                report.committed = committed;
+                return Ok(report);
+            }
+            Err(e) if e.kind() == ErrorKind::CatalogCommitConflicts => {
+                attempt += 1;
+                if attempt > CONFLICT_RETRIES_MAX {
+                    return Err(e);
+                }
+                tracing::debug!(table = %ident, attempt, "iceberg commit conflicted; deciding again");
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// A catalog whose commit conflicts are final, so that the `iceberg` crate's transaction does
+/// not re-apply our append to a table another committer changed (we decide again instead).
+#[derive(Debug)]
+pub struct NoRetry(pub Arc<dyn Catalog>);
+
+#[async_trait]
+impl Catalog for NoRetry {
+    async fn list_namespaces(
+        &self,
+        parent: Option<&NamespaceIdent>,
+    ) -> iceberg::Result<Vec<NamespaceIdent>> {
+        self.0.list_namespaces(parent).await
+    }
+    async fn create_namespace(
+        &self,
+        namespace: &NamespaceIdent,
+        properties: HashMap<String, String>,
+    ) -> iceberg::Result<Namespace> {
+        self.0.create_namespace(namespace, properties).await
+    }
+    async fn get_namespace(&self, namespace: &NamespaceIdent) -> iceberg::Result<Namespace> {
+        self.0.get_namespace(namespace).await
+    }
+    async fn namespace_exists(&self, namespace: &NamespaceIdent) -> iceberg::Result<bool> {
+        self.0.namespace_exists(namespace).await
+    }
+    async fn update_namespace(
+        &self,
+        namespace: &NamespaceIdent,
+        properties: HashMap<String, String>,
+    ) -> iceberg::Result<()> {
+        self.0.update_namespace(namespace, properties).await
+    }
+    async fn drop_namespace(&self, namespace: &NamespaceIdent) -> iceberg::Result<()> {
+        self.0.drop_namespace(namespace).await
+    }
+    async fn list_tables(&self, namespace: &NamespaceIdent) -> iceberg::Result<Vec<TableIdent>> {
+        self.0.list_tables(namespace).await
+    }
+    async fn create_table(
+        &self,
+        namespace: &NamespaceIdent,
+        creation: TableCreation,
+    ) -> iceberg::Result<Table> {
+        self.0.create_table(namespace, creation).await
+    }
+    async fn load_table(&self, table: &TableIdent) -> iceberg::Result<Table> {
+        self.0.load_table(table).await
+    }
+    async fn drop_table(&self, table: &TableIdent) -> iceberg::Result<()> {
+        self.0.drop_table(table).await
+    }
+    async fn purge_table(&self, table: &TableIdent) -> iceberg::Result<()> {
+        self.0.purge_table(table).await
+    }
+    async fn table_exists(&self, table: &TableIdent) -> iceberg::Result<bool> {
+        self.0.table_exists(table).await
+    }
+    async fn rename_table(&self, src: &TableIdent, dest: &TableIdent) -> iceberg::Result<()> {
+        self.0.rename_table(src, dest).await
+    }
+    async fn register_table(
+        &self,
+        table: &TableIdent,
+        metadata_location: String,
+    ) -> iceberg::Result<Table> {
+        self.0.register_table(table, metadata_location).await
+    }
+    async fn update_table(&self, commit: TableCommit) -> iceberg::Result<Table> {
+        self.0.update_table(commit).await.map_err(|e| {
+            if e.kind() == ErrorKind::CatalogCommitConflicts {
+                Error::new(ErrorKind::CatalogCommitConflicts, e.message().to_owned())
+                    .with_retryable(false)
+            } else {
+                e
+            }
+        })
+    }
+}

@@ -1,0 +1,24 @@
+//! The Apache Iceberg sink's parts (docs/iceberg.md): a pipeline's emits as rows of a table
+//! on object storage, committed exactly once through a catalog.
+//!
+//! - [`schema`]   the table's columns from the pipeline spec; JSON emits checked and turned
+//!   into Arrow rows;
+//! - [`storage`]  the `iceberg` crate's file IO over our `object_store` client, confined to
+//!   the warehouse;
+//! - [`catalog`]  the host's catalog (SQL on SQLite) and warehouse; a tenant's table;
+//! - [`files`]    one shard's Parquet data files, closed at each checkpoint;
+//! - [`commit`]   prepared checkpoints' files appended in one snapshot, exactly once.
+
+pub mod catalog;
+pub mod commit;
+pub mod files;
+pub mod schema;
+pub mod storage;
+
+pub use catalog::{Lakehouse, LakehouseError, LakehouseSettings};
+pub use commit::{CommitReport, PendingCheckpoint};
+pub use files::ShardFiles;
+pub use schema::{ColumnSpec, ColumnType, RowError, TableSchema};
+
+#[cfg(test)]
+mod tests;

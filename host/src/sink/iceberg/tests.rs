@@ -1,0 +1,308 @@
+//! The sink's parts together on a real SQLite catalog and a `file://` warehouse: rows written
+//! as data files, carried through their JSON form (as a checkpoint's manifest carries them),
+//! committed, and read back with the `iceberg` crate's own scan.
+
+use super::commit::{self, PendingCheckpoint, committed_versions};
+use super::files::{decode_data_file, encode_data_file};
+use super::*;
+use arrow_array::cast::AsArray;
+use arrow_array::types::Int64Type;
+use futures::TryStreamExt;
+use iceberg::spec::DataFile;
+use iceberg::table::Table;
+use iceberg::transaction::{ApplyTransactionAction, Transaction};
+use std::collections::BTreeMap;
+
+const UID: &str = "p-0001";
+
+struct Fixture {
+    _dir: tempfile::TempDir,
+    lakehouse: Lakehouse,
+    schema: TableSchema,
+}
+
+async fn fixture() -> Fixture {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let settings = LakehouseSettings {
+        catalog_uri: Some(format!(
+            "sqlite://{}?mode=rwc",
+            dir.path().join("catalog.db").display()
+        )),
+        warehouse: Some(format!("file://{}", dir.path().join("warehouse").display())),
+        ..LakehouseSettings::default()
+    };
+    let lakehouse = Lakehouse::open(&settings).await.expect("catalog opens");
+    let schema = TableSchema::new(&[
+        ColumnSpec {
+            name: "route".into(),
+            kind: ColumnType::String,
+            required: true,
+        },
+        ColumnSpec {
+            name: "flights".into(),
+            kind: ColumnType::Long,
+            required: true,
+        },
+    ])
+    .expect("valid schema");
+    Fixture {
+        _dir: dir,
+        lakehouse,
+        schema,
+    }
+}
+
+impl Fixture {
+    async fn table(&self) -> Table {
+        self.lakehouse
+            .table("t1", "routes", &self.schema)
+            .await
+            .expect("table")
+    }
+
+    /// The data files of one checkpoint of `partition` holding `flights` for route `route`,
+    /// through their JSON form.
+    async fn checkpoint(
+        &self,
+        partition: i32,
+        version: u64,
+        route: &str,
+        flights: std::ops::RangeInclusive<i64>,
+    ) -> PendingCheckpoint {
+        let table = self.table().await;
+        let mut files = ShardFiles::new(
+            &table,
+            self.schema.clone(),
+            format!("weir-{UID}-{partition}-v{version}"),
+            128 << 20,
+        )
+        .expect("writer");
+        for n in flights {
+            let row = format!(r#"{{"route":"{route}","flights":{n}}}"#);
+            files.push(row.as_bytes()).await.expect("fits");
+        }
+        let written = files.close().await.expect("files close");
+        let files = written
+            .into_iter()
+            .map(|f| {
+                let text = encode_data_file(f).expect("encodes");
+                decode_data_file(&text, table.metadata().current_schema()).expect("decodes")
+            })
+            .collect();
+        PendingCheckpoint {
+            partition,
+            version,
+            files,
+        }
+    }
+
+    async fn commit(
+        &self,
+        pending: &[PendingCheckpoint],
+        look_for_files: bool,
+    ) -> commit::CommitReport {
+        commit::commit(
+            self.lakehouse.catalog(),
+            &Lakehouse::ident("t1", "routes"),
+            UID,
+            pending,
+            look_for_files,
+        )
+        .await
+        .expect("commit")
+    }
+
+    /// Every row of the table as (route, flights), sorted.
+    async fn rows(&self) -> Vec<(String, i64)> {
+        let table = self.table().await;
+        let batches: Vec<_> = table
+            .scan()
+            .build()
+            .expect("scan")
+            .to_arrow()
+            .await
+            .expect("arrow stream")
+            .try_collect()
+            .await
+            .expect("batches");
+        let mut rows = Vec::new();
+        for batch in batches {
+            let routes = batch.column(0).as_string::<i32>();
+            let flights = batch.column(1).as_primitive::<Int64Type>();
+            for i in 0..batch.num_rows() {
+                rows.push((routes.value(i).to_owned(), flights.value(i)));
+            }
+        }
+        rows.sort();
+        rows
+    }
+
+    /// Another writer's snapshot: one file of its own, no Weir summary.
+    async fn foreign_append(&self) {
+        let table = self.table().await;
+        let mut files = ShardFiles::new(&table, self.schema.clone(), "spark-job".into(), 1 << 20)
+            .expect("writer");
+        files
+            .push(br#"{"route":"OTHER","flights":1}"#)
+            .await
+            .expect("fits");
+        let written: Vec<DataFile> = files.close().await.expect("close");
+        let tx = Transaction::new(&table);
+        let tx = tx
+            .fast_append()
+            .add_data_files(written)
+            .apply(tx)
+            .expect("apply");
+        tx.commit(self.lakehouse.catalog().as_ref())
+            .await
+            .expect("foreign commit");
+    }
+
+    async fn expire_all_but_current(&self) {
+        let table = self.table().await;
+        let tx = Transaction::new(&table);
+        let tx = tx
+            .expire_snapshots()
+            .retain_last(1)
+            .expire_older_than_ms(i64::MAX)
+            .apply(tx)
+            .expect("apply");
+        let table = tx
+            .commit(self.lakehouse.catalog().as_ref())
+            .await
+            .expect("expiry commits");
+        assert_eq!(table.metadata().snapshots().count(), 1);
+    }
+}
+
+fn expected(routes: &[(&str, std::ops::RangeInclusive<i64>)]) -> Vec<(String, i64)> {
+    let mut rows: Vec<_> = routes
+        .iter()
+        .flat_map(|(r, ns)| ns.clone().map(|n| ((*r).to_owned(), n)))
+        .collect();
+    rows.sort();
+    rows
+}
+
+#[tokio::test]
+async fn checkpoints_of_several_shards_commit_in_one_snapshot_with_every_row() {
+    let f = fixture().await;
+    let a = f.checkpoint(0, 3, "JFK-LAX", 1..=1000).await;
+    let b = f.checkpoint(1, 7, "EWR-SFO", 1..=10).await;
+    let report = f.commit(&[a, b], true).await;
+    assert_eq!((report.files, report.rows, report.skipped), (2, 1010, 0));
+    assert_eq!(report.committed, BTreeMap::from([(0, 3), (1, 7)]));
+    assert_eq!(
+        f.rows().await,
+        expected(&[("JFK-LAX", 1..=1000), ("EWR-SFO", 1..=10)])
+    );
+    let table = f.table().await;
+    let summary = &table
+        .metadata()
+        .current_snapshot()
+        .expect("a snapshot")
+        .summary()
+        .additional_properties;
+    assert_eq!(summary["weir.pipeline-id"], UID);
+    assert_eq!(
+        (
+            summary["weir.shard.0"].as_str(),
+            summary["weir.shard.1"].as_str()
+        ),
+        ("3", "7")
+    );
+}
+
+#[tokio::test]
+async fn a_checkpoint_committed_before_is_skipped_and_only_newer_ones_are_appended() {
+    let f = fixture().await;
+    let first = f.checkpoint(0, 3, "A", 1..=5).await;
+    f.commit(std::slice::from_ref(&first), false).await;
+    // The shard's manifest still lists checkpoint 3 (it has not seen the commit yet) with 4.
+    let second = f.checkpoint(0, 4, "A", 6..=9).await;
+    let report = f.commit(&[first.clone(), second], false).await;
+    assert_eq!((report.files, report.skipped), (1, 1));
+    // Again, nothing new: no snapshot.
+    let table = f.table().await;
+    let snapshots = table.metadata().snapshots().count();
+    let report = f.commit(&[first], true).await;
+    assert_eq!((report.snapshot_id, report.skipped), (None, 1));
+    assert_eq!(f.table().await.metadata().snapshots().count(), snapshots);
+    assert_eq!(f.rows().await, expected(&[("A", 1..=9)]));
+}
+
+#[tokio::test]
+async fn another_writer_committing_between_our_commits_makes_us_neither_recommit_nor_skip() {
+    let f = fixture().await;
+    let first = f.checkpoint(0, 3, "A", 1..=5).await;
+    f.commit(std::slice::from_ref(&first), false).await;
+    f.foreign_append().await;
+    let second = f.checkpoint(0, 4, "A", 6..=9).await;
+    let report = f.commit(&[first, second], false).await;
+    assert_eq!((report.files, report.skipped), (1, 1));
+    let mut want = expected(&[("A", 1..=9)]);
+    want.push(("OTHER".into(), 1));
+    want.sort();
+    assert_eq!(f.rows().await, want);
+}
+
+#[tokio::test]
+async fn expiring_our_snapshots_does_not_make_a_checkpoint_commit_twice() {
+    let f = fixture().await;
+    let first = f.checkpoint(2, 11, "A", 1..=5).await;
+    f.commit(std::slice::from_ref(&first), false).await;
+    f.foreign_append().await;
+    f.expire_all_but_current().await;
+    // Our snapshot is gone; the table property still says shard 2 is at 11.
+    let table = f.table().await;
+    assert_eq!(committed_versions(&table, UID), BTreeMap::from([(2, 11)]));
+    let report = f.commit(&[first], false).await;
+    assert_eq!((report.files, report.skipped), (0, 1));
+    assert_eq!(f.rows().await.len(), 6);
+}
+
+#[tokio::test]
+async fn a_committer_finds_its_files_in_the_table_when_property_and_snapshots_are_gone() {
+    let f = fixture().await;
+    let first = f.checkpoint(0, 3, "A", 1..=5).await;
+    f.commit(std::slice::from_ref(&first), false).await;
+    f.foreign_append().await;
+    f.expire_all_but_current().await;
+    // Someone removed the property too: only the files themselves say it was committed.
+    let table = f.table().await;
+    let tx = Transaction::new(&table);
+    let tx = tx
+        .update_table_properties()
+        .remove(format!("weir.committed.{UID}"))
+        .apply(tx)
+        .expect("apply");
+    let table = tx
+        .commit(f.lakehouse.catalog().as_ref())
+        .await
+        .expect("commit");
+    assert!(committed_versions(&table, UID).is_empty());
+    let second = f.checkpoint(0, 4, "A", 6..=9).await;
+    let report = f.commit(&[first, second], true).await;
+    assert_eq!((report.files, report.skipped), (1, 1));
+    let mut want = expected(&[("A", 1..=9)]);
+    want.push(("OTHER".into(), 1));
+    want.sort();
+    assert_eq!(f.rows().await, want);
+}
+
+#[tokio::test]
+async fn an_existing_table_with_other_columns_is_refused() {
+    let f = fixture().await;
+    f.table().await;
+    let other = TableSchema::new(&[ColumnSpec {
+        name: "route".into(),
+        kind: ColumnType::Long,
+        required: true,
+    }])
+    .expect("valid");
+    let refused = f.lakehouse.table("t1", "routes", &other).await;
+    assert!(
+        matches!(refused, Err(LakehouseError::Mismatch { .. })),
+        "{refused:?}"
+    );
+}
