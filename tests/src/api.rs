@@ -210,6 +210,7 @@ pub fn runner_config(host: &str) -> RunnerConfig {
         block_cache_bytes: 8 << 20,
         disk_cache_bytes: 16 << 20,
         logs: Default::default(),
+        iceberg: Default::default(),
     }
 }
 

@@ -18,6 +18,7 @@ mod disaster_recovery;
 mod execution_controller;
 mod failure_handling;
 mod flights_loader;
+mod iceberg_pipeline;
 mod iceberg_table;
 mod idle_advance;
 mod k8s_manifests;

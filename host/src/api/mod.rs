@@ -486,6 +486,8 @@ impl Modify for BearerAuth {
                        pipelines::verify::PipelineVerify, pipelines::verify::SavepointCheck,
                        crate::state::verify::ShardCheck,
                        crate::state::verify::VersionCheck, pipelines::SavepointRef,
+                       pipelines::TableSpec, crate::sink::iceberg::ColumnSpec,
+                       crate::sink::iceberg::ColumnType,
                        pipelines::savepoints::NewSavepoint, pipelines::savepoints::ResetRequest,
                        pipelines::savepoints::Restored, pipelines::savepoints::RestoredShard,
                        pipelines::savepoints::ExportedPartition,

@@ -10,7 +10,9 @@ use super::isolation::Isolation;
 use super::timers::TimersCalled;
 use crate::config::RuntimeSettings;
 use crate::runtime::guest_log::LogSource;
-use crate::runtime::{BatchCtx, CallError, Disposition, InputRecord, Instance, Operator};
+use crate::runtime::{
+    BatchCtx, CallError, Disposition, EmitLimits, InputRecord, Instance, Operator,
+};
 use crate::state::{Shard, StateError, key};
 use foldhash::{HashSet, HashSetExt};
 use futures::future::BoxFuture;
@@ -157,7 +159,7 @@ pub(super) async fn attempt<S: Shard>(
     instance: Option<Instance<S>>,
     task: Task,
     deadline: Duration,
-    emit_record_bytes_max: u64,
+    emits: EmitLimits,
     watermark: Option<i64>,
 ) -> Attempted<S> {
     if !task.delay.is_zero() {
@@ -188,7 +190,7 @@ pub(super) async fn attempt<S: Shard>(
     let prefetch_time = prefetch_time.map(|t| t.elapsed());
     let batch = match prefetched {
         Ok(mut batch) => {
-            batch.set_emit_record_bytes_max(emit_record_bytes_max);
+            batch.set_emit_limits(&emits);
             let now = i64::try_from(operator.clock().now_ms()).unwrap_or(i64::MAX);
             batch.set_time(watermark, now);
             batch

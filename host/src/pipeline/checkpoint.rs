@@ -41,6 +41,30 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
         if !transactional {
             self.drain_sink().await?;
         }
+        // The sink's part of the checkpoint (an Iceberg table's data files closed and listed
+        // in the shard's state), labelled with the version the checkpoint will have.
+        if self.sink.state_key().is_some() {
+            let Some(version) = self.shard.next_checkpoint_version().await else {
+                // A table sink's files are exactly-once only through checkpoints.
+                return Err(self.sink_failed(crate::pipeline::ports::SinkError {
+                    topic: "iceberg".to_owned(),
+                    source: "the pipeline's Iceberg table needs a state backend that keeps checkpoints (lsm, or memory with checkpoint storage)".into(),
+                }));
+            };
+            match self.sink.prepare(version).await {
+                Ok(Some(write)) => {
+                    if let Err(err) = self.shard.apply(vec![write]).await {
+                        self.stats
+                            .checkpoint_failures
+                            .fetch_add(1, Ordering::Relaxed);
+                        tracing::warn!(partition = self.partition, error = %err, last, "checkpoint failed: the sink's prepared files could not be recorded; the previous one stays current");
+                        return Ok(());
+                    }
+                }
+                Ok(None) => {}
+                Err(source) => return Err(self.sink_failed(source)),
+            }
+        }
         let decided_by = if transactional {
             DecidedBy::Transaction
         } else {

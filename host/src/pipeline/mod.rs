@@ -52,6 +52,7 @@ use crate::clock::SharedClock;
 use crate::config::Settings;
 use crate::runtime::{Operator, Runtime, RuntimeError};
 use crate::sink::KafkaOutput;
+use crate::sink::iceberg::TableOutput;
 use crate::source::KafkaSource;
 use crate::state::{StateBackend, StateError};
 use consumer_loop::Running;
@@ -125,6 +126,9 @@ pub struct PipelineControl {
     /// Where the operator's log lines go besides the host's log (none by default): `weir
     /// serve` gives each run the pipeline's log segments.
     pub log_sink: Option<Arc<dyn crate::runtime::guest_log::LogSink>>,
+    /// The Iceberg table the operator's emits go to besides the output topic, if any
+    /// (docs/iceberg.md).
+    pub table: Option<crate::sink::iceberg::TableTarget>,
 }
 
 impl PipelineControl {
@@ -136,6 +140,7 @@ impl PipelineControl {
             Self {
                 checkpoint_requests: rx,
                 log_sink: None,
+                table: None,
             },
         )
     }
@@ -182,6 +187,7 @@ pub async fn run_operator<B: StateBackend>(
     let output = KafkaOutput::new(&settings, source.consumer())
         .await
         .map_err(|e| PipelineError::Setup(Box::new(e)))?;
+    let output = TableOutput::new(output, control.table.clone());
     run_with(
         settings,
         backend,

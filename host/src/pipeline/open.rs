@@ -9,7 +9,7 @@ use super::consumer_loop::{
     NO_CHECKPOINT_RETRY_MAX, NO_CHECKPOINT_RETRY_MIN, OPEN_RETRY_DELAY, Running,
 };
 use super::events::{Assignment, DeliveryGuard, ToWorker, WorkerId};
-use super::ports::{Output, SinkError, Source, SourceError};
+use super::ports::{Output, ShardSink, SinkError, Source, SourceError};
 use super::{PartitionProblem, PartitionState, PipelineError};
 use crate::config::Delivery;
 use crate::state::{Recovery, Shard, ShardId, StateBackend, StateError};
@@ -94,6 +94,11 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
                 known_corruption,
             };
             let shard = backend.open_shard_at(&id, &recovery).await?;
+            let mut sink = sink;
+            if let Some(key) = sink.state_key() {
+                let value = shard.get(key).await?;
+                sink.restore(value.as_deref())?;
+            }
             Ok(Opened { shard, sink })
         });
         self.opening.insert(

@@ -9,6 +9,7 @@
 
 pub use super::events::DeliveryGuard;
 use crate::runtime::{InputRecord, StagedEmit};
+use crate::state::StateWrite;
 use crate::state::checkpoint::InputOffsets;
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -204,6 +205,12 @@ pub trait ShardSink: Send + 'static {
     /// record as too large.
     fn output_bytes_max(&self) -> u64;
 
+    /// The table every emit must be a row of, when the sink writes one (docs/iceberg.md): the
+    /// `emit` import fails the record of an emit that is not. Default none.
+    fn emit_table(&self) -> Option<std::sync::Arc<crate::sink::iceberg::TableSchema>> {
+        None
+    }
+
     /// Whether its outputs are transactional (exactly-once): they are committed by
     /// [`ShardSink::commit`], not acknowledged one by one.
     fn transactional(&self) -> bool;
@@ -248,4 +255,34 @@ pub trait ShardSink: Send + 'static {
         offsets: &InputOffsets,
         version: u64,
     ) -> impl Future<Output = Result<(), CommitError>> + Send;
+
+    /// The reserved state key under which the sink keeps what it must recover with the
+    /// shard (the Iceberg sink's pending files, docs/iceberg.md), if any; default none.
+    fn state_key(&self) -> Option<&'static [u8]> {
+        None
+    }
+
+    /// Takes the value of [`ShardSink::state_key`] the opened shard holds (`None`: absent).
+    ///
+    /// # Errors
+    /// [`SinkError`] when it does not decode (the open fails and is retried).
+    fn restore(&mut self, value: Option<&[u8]>) -> Result<(), SinkError> {
+        let _ = value;
+        Ok(())
+    }
+
+    /// Before the shard's checkpoint `version` (docs/checkpoints.md step 2, docs/iceberg.md):
+    /// closes what the checkpoint must hold (an Iceberg sink's data files) and returns the
+    /// state write that records it, to apply to the shard before the checkpoint. Default:
+    /// nothing.
+    ///
+    /// # Errors
+    /// [`SinkError`]: what was open is lost; the shard reopens from its checkpoint.
+    fn prepare(
+        &mut self,
+        version: u64,
+    ) -> impl Future<Output = Result<Option<StateWrite>, SinkError>> + Send {
+        let _ = version;
+        async { Ok(None) }
+    }
 }

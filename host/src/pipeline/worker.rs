@@ -45,7 +45,7 @@ use super::ports::{DeadLetterKind, ShardSink, SinkError};
 use super::timers::Timers;
 use crate::config::{FailurePolicy, LateRecords, RuntimeSettings};
 use crate::runtime::guest_log::LogSource;
-use crate::runtime::{BatchCtx, CallError, Disposition, InputRecord, Operator};
+use crate::runtime::{BatchCtx, CallError, Disposition, EmitLimits, InputRecord, Operator};
 use crate::state::checkpoint::InputOffsets;
 use crate::state::{Shard, StateError};
 use futures::StreamExt;
@@ -384,7 +384,10 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
                 instance,
                 task,
                 deadline,
-                self.sink.output_bytes_max(),
+                EmitLimits {
+                    record_bytes_max: self.sink.output_bytes_max(),
+                    table: self.sink.emit_table(),
+                },
                 // Constant while records are in flight: it is applied only with none.
                 self.timers.watermarks.applied(),
             );

@@ -69,11 +69,24 @@ pub struct BatchCtx {
     /// The largest record the output topic takes, as [`crate::sink::limits::record_bytes`]
     /// counts it: a larger emit is refused as too large.
     pub(crate) emit_record_bytes_max: u64,
+    /// The table every emit must be a row of, when the pipeline writes to one: an emit that is
+    /// not fails its record (docs/iceberg.md, "Schema").
+    pub(crate) emit_table: Option<Arc<crate::sink::iceberg::TableSchema>>,
     /// Timers the call's `timers` imports added to the shard: +1 per new timer set, −1 per
     /// timer cleared (a move adds none), as the staged changes leave them.
     timers_added: i64,
     /// What the call's staged writes reserved in a shard's quota ([`Self::hold_quota`]).
     quota: Option<QuotaReservation>,
+}
+
+/// What the output takes of an emit (the pipeline's sink says: [`crate::pipeline::ports::ShardSink`]).
+#[derive(Debug, Clone)]
+pub struct EmitLimits {
+    /// The largest record the output topic takes, as [`crate::sink::limits::record_bytes`]
+    /// counts it.
+    pub record_bytes_max: u64,
+    /// The table every emit must be a row of, if any.
+    pub table: Option<Arc<crate::sink::iceberg::TableSchema>>,
 }
 
 /// Bytes charged per staged write, emit and header on top of its keys and values, so that
@@ -112,6 +125,7 @@ impl BatchCtx {
             emits: Vec::new(),
             staged_bytes: 0,
             emit_record_bytes_max: u64::MAX,
+            emit_table: None,
             timers_added: 0,
             quota: None,
         }
@@ -121,6 +135,13 @@ impl BatchCtx {
     /// [`crate::sink::limits::RecordLimits::output_bytes_max`]).
     pub fn set_emit_record_bytes_max(&mut self, bytes: u64) {
         self.emit_record_bytes_max = bytes;
+    }
+
+    /// Applies the output's limits to this call's emits: their size as the output topic counts
+    /// it, and the table they must be rows of.
+    pub fn set_emit_limits(&mut self, limits: &EmitLimits) {
+        self.emit_record_bytes_max = limits.record_bytes_max;
+        self.emit_table = limits.table.clone();
     }
 
     /// Bytes staged so far by this call (see [`ENTRY_OVERHEAD_BYTES`]).

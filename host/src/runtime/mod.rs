@@ -23,7 +23,7 @@ mod instance;
 pub mod native;
 pub mod wasi;
 
-pub use batch::{BatchCtx, StagedEmit};
+pub use batch::{BatchCtx, EmitLimits, StagedEmit};
 pub use bindings::{
     Disposition, FiredTimer, Header, InputRecord, OperatorInfo, TimeDomain, WorldVersion,
 };
@@ -163,6 +163,12 @@ pub struct StagedBytesExceeded {
     /// The limit, bytes.
     pub limit: u64,
 }
+
+/// An emit is not a row of the pipeline's table (docs/iceberg.md, "Schema"): a guest fault
+/// that fails the record, as a `too-large` emit does, before anything is written.
+#[derive(Debug, thiserror::Error)]
+#[error("an emit does not fit the pipeline's Iceberg table: {0}")]
+pub struct EmitDoesNotFit(#[source] pub crate::sink::iceberg::RowError);
 
 /// The CPU deadline ran out.
 #[derive(Debug, thiserror::Error)]

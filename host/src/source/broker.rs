@@ -87,3 +87,43 @@ pub fn check_reachable(kafka: &KafkaSettings, timeout: Duration) -> Result<(), S
             )
         })
 }
+
+/// The checkpoint versions the consumer group `group`'s committed offsets of `topics` name in
+/// their metadata, per partition of `partitions` (exactly-once; docs/checkpoints.md,
+/// "Recovery" step 3): read with a `read_committed` client that joins nothing. Blocking.
+///
+/// # Errors
+/// What librdkafka said, when the client cannot be made or the offsets cannot be read.
+pub fn committed_checkpoint_versions(
+    kafka: &KafkaSettings,
+    group: &str,
+    topics: &[String],
+    partitions: &[i32],
+) -> Result<std::collections::BTreeMap<i32, u64>, String> {
+    let mut config = kafka.client_config();
+    for (k, v) in &kafka.consumer {
+        config.set(k, v);
+    }
+    config
+        .set("group.id", group)
+        .set("enable.auto.commit", "false")
+        .set("isolation.level", "read_committed");
+    let consumer: BaseConsumer = config.create().map_err(|e| e.to_string())?;
+    let mut wanted = rdkafka::TopicPartitionList::new();
+    for topic in topics {
+        for p in partitions {
+            wanted.add_partition(topic, *p);
+        }
+    }
+    let committed = consumer
+        .committed_offsets(wanted, Duration::from_secs(10))
+        .map_err(|e| e.to_string())?;
+    Ok(committed
+        .elements()
+        .iter()
+        .filter_map(|e| {
+            let version = crate::state::checkpoint::parse_manifest_metadata(e.metadata())?;
+            Some((e.partition(), version))
+        })
+        .collect())
+}

@@ -131,6 +131,13 @@ impl Shard for ConfiguredShard {
         }
     }
 
+    async fn next_checkpoint_version(&self) -> Option<u64> {
+        match self {
+            Self::Memory(s) => s.next_checkpoint_version().await,
+            Self::Lsm(s) => s.next_checkpoint_version().await,
+        }
+    }
+
     fn quota(&self) -> Option<std::sync::Arc<StateQuota>> {
         match self {
             Self::Memory(s) => s.quota(),

@@ -160,6 +160,10 @@ impl<S: Shard> Shard for DelayedShard<S> {
         self.inner.opened_from()
     }
 
+    async fn next_checkpoint_version(&self) -> Option<u64> {
+        self.inner.next_checkpoint_version().await
+    }
+
     fn corruption(&self) -> Option<StateError> {
         self.inner.corruption()
     }

@@ -29,7 +29,9 @@
 //!   looks the same (the encoding does not tell them apart, and the import does not need to).
 //! - `offsets`: where the input resumes, per Kafka topic (the next offset).
 //! - The last line closes the file with the counts and the watermark (ms, when the shard had
-//!   one): an export without it is incomplete and is refused by the import.
+//!   one): an export without it is incomplete and is refused by the import. A shard of a
+//!   pipeline with an Iceberg table adds `iceberg_pending`, its list of data files not yet in
+//!   the table (docs/iceberg.md), as it keeps it.
 //! - What the backends derive (the time index that fires timers in time order, the count of
 //!   pending timers) is not exported: the import builds it again from the timers.
 
@@ -44,6 +46,7 @@ use super::manifest::{Manifest, ManifestKind, ManifestStore, SstRef};
 use super::snapshot;
 use crate::clock::SharedClock;
 use crate::runtime::TimeDomain;
+use crate::sink::iceberg::shard::PENDING_KEY as ICEBERG_PENDING_KEY;
 use crate::time::keys as time_keys;
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as B64;
@@ -130,6 +133,10 @@ pub struct ExportLine {
     /// The last line: the shard's watermark, ms, if it had one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub watermark_ms: Option<i64>,
+    /// The last line: the Iceberg sink's list of data files not yet in its table
+    /// (docs/iceberg.md), the JSON text the shard keeps, if it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub iceberg_pending: Option<String>,
 }
 
 /// What an export or import moved.
@@ -272,6 +279,8 @@ fn text_or_b64(bytes: &[u8]) -> (Option<String>, Option<String>) {
 enum Exported {
     Line(Box<ExportLine>),
     Watermark(i64),
+    /// The Iceberg sink's pending list (JSON text).
+    IcebergPending(String),
     /// Derived by the backends (the time index, the timer count): not exported.
     Derived,
 }
@@ -287,6 +296,11 @@ fn export_entry(key: &[u8], value: &Bytes, expires_at_ms: Option<u64>) -> Result
     }
     if key.starts_with(&time_keys::TIME_INDEX) || key == time_keys::TIMER_COUNT_KEY {
         return Ok(Exported::Derived);
+    }
+    if key == ICEBERG_PENDING_KEY {
+        return String::from_utf8(value.to_vec())
+            .map(Exported::IcebergPending)
+            .map_err(|_| "the Iceberg sink's pending list is not UTF-8".to_owned());
     }
     let Some((record_key, state, map_key)) = key::decode(key) else {
         return Err(format!("state key {} is not an encoding", hex::encode(key)));
@@ -358,6 +372,7 @@ pub async fn export_checkpoint(
     buf.push(b'\n');
     let (mut written, mut timers, mut bytes) = (0u64, 0u64, 0u64);
     let mut watermark_ms = None;
+    let mut iceberg_pending = None;
     loop {
         let page = entries.next_page().await?;
         if page.is_empty() {
@@ -375,6 +390,7 @@ pub async fn export_checkpoint(
                     buf.push(b'\n');
                 }
                 Exported::Watermark(ms) => watermark_ms = Some(ms),
+                Exported::IcebergPending(list) => iceberg_pending = Some(list),
                 Exported::Derived => {}
             }
         }
@@ -389,6 +405,7 @@ pub async fn export_checkpoint(
         entries: Some(written),
         timers: Some(timers),
         watermark_ms,
+        iceberg_pending,
         ..ExportLine::default()
     };
     serde_json::to_writer(&mut buf, &end).expect("plain fields serialise");
@@ -537,12 +554,21 @@ pub async fn import_checkpoint(
             ),
         ));
     }
-    // The reserved keys sort after every state key: the timer count, the time index, the
-    // watermark (`c` < `t` < `w`).
+    // The reserved keys sort after every state key: the timer count, the Iceberg sink's
+    // pending list, the time index, the watermark (`c` < `i` < `t` < `w`).
     if timers > 0 {
         sink.add(
             time_keys::TIMER_COUNT_KEY.to_vec(),
             Bytes::copy_from_slice(&timers.to_be_bytes()),
+            None,
+        )
+        .await
+        .map_err(|r| invalid(0, r))?;
+    }
+    if let Some(list) = &end.iceberg_pending {
+        sink.add(
+            ICEBERG_PENDING_KEY.to_vec(),
+            Bytes::from(list.clone().into_bytes()),
             None,
         )
         .await

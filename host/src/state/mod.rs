@@ -46,6 +46,17 @@ pub struct ShardId {
 }
 
 impl ShardId {
+    /// The directory of every shard of the pipeline under a backend's `prefix`:
+    /// `{prefix}/pipelines/{pipeline}/shards` (both backends).
+    pub fn shards_under(&self, prefix: &object_store::path::Path) -> object_store::path::Path {
+        let shards = format!("pipelines/{}/shards", self.pipeline);
+        if prefix.as_ref().is_empty() {
+            object_store::path::Path::from(shards)
+        } else {
+            object_store::path::Path::from(format!("{prefix}/{shards}"))
+        }
+    }
+
     /// Where this shard's objects live under a backend's `prefix`:
     /// `{prefix}/pipelines/{pipeline}/shards/{partition:05}` (both backends).
     pub fn root_under(&self, prefix: &object_store::path::Path) -> object_store::path::Path {

@@ -369,35 +369,8 @@ pub(super) async fn committed_versions(
         .map(|t| super::kafka_topic(tenant, t))
         .collect();
     let partitions = partitions.to_vec();
-    let read = tokio::task::spawn_blocking(move || -> Result<BTreeMap<i32, u64>, String> {
-        use rdkafka::consumer::Consumer as _;
-        let mut config = kafka.client_config();
-        for (k, v) in &kafka.consumer {
-            config.set(k, v);
-        }
-        config
-            .set("group.id", &group)
-            .set("enable.auto.commit", "false")
-            .set("isolation.level", "read_committed");
-        let consumer: rdkafka::consumer::BaseConsumer =
-            config.create().map_err(|e| e.to_string())?;
-        let mut wanted = rdkafka::TopicPartitionList::new();
-        for topic in &topics {
-            for p in &partitions {
-                wanted.add_partition(topic, *p);
-            }
-        }
-        let committed = consumer
-            .committed_offsets(wanted, Duration::from_secs(10))
-            .map_err(|e| e.to_string())?;
-        Ok(committed
-            .elements()
-            .iter()
-            .filter_map(|e| {
-                let version = crate::state::checkpoint::parse_manifest_metadata(e.metadata())?;
-                Some((e.partition(), version))
-            })
-            .collect())
+    let read = tokio::task::spawn_blocking(move || {
+        crate::source::broker::committed_checkpoint_versions(&kafka, &group, &topics, &partitions)
     })
     .await;
     match read {

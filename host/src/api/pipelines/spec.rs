@@ -153,6 +153,42 @@ pub struct PipelineSpec {
     /// creation.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub from_savepoint: Option<SavepointRef>,
+    /// An Apache Iceberg table that receives the operator's emits too, exactly once
+    /// (docs/iceberg.md): each emit is a JSON object of the table's columns. The table is the
+    /// tenant's, in the host's catalog and warehouse; created if missing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub iceberg: Option<TableSpec>,
+}
+
+/// A pipeline's Iceberg table.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TableSpec {
+    /// The table's name: 1..=128 bytes of `[a-z0-9_]`.
+    pub table: String,
+    /// Its columns, in order (1..=256).
+    pub columns: Vec<crate::sink::iceberg::ColumnSpec>,
+}
+
+impl TableSpec {
+    /// The table's schema.
+    ///
+    /// # Errors
+    /// What is wrong, for a 400.
+    pub fn schema(&self) -> Result<crate::sink::iceberg::TableSchema, String> {
+        let name_ok = (1..=128).contains(&self.table.len())
+            && self
+                .table
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+        if !name_ok {
+            return Err(format!(
+                "iceberg.table must be 1..=128 bytes of [a-z0-9_]. table=`{}`",
+                self.table
+            ));
+        }
+        crate::sink::iceberg::TableSchema::new(&self.columns).map_err(|e| format!("iceberg: {e}"))
+    }
 }
 
 /// A savepoint of one of the tenant's pipelines.
@@ -255,6 +291,9 @@ impl PipelineSpec {
                     "topic `{topic}` is both an input and the output or dead-letter topic"
                 ));
             }
+        }
+        if let Some(table) = &self.iceberg {
+            table.schema()?;
         }
         if !(100..=3_600_000).contains(&self.checkpoint_interval_ms) {
             return Err(format!(

@@ -27,6 +27,7 @@ fn record(desired: DesiredState) -> PipelineRecord {
             state_backend: PipelineStateBackend::Lsm,
             state_bytes_max: None,
             from_savepoint: None,
+            iceberg: None,
         },
         desired,
         run_generation: 2,

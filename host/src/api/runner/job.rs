@@ -12,6 +12,8 @@ use crate::config::{LsmStateSettings, PipelineSettings, RuntimeSettings, Setting
 use crate::error::{Chain, ErrorKind};
 use crate::pipeline::{self, PipelineControl, PipelineStats};
 use crate::runtime::{Operator, Runtime};
+use crate::sink::iceberg::committer::GroupOffsets;
+use crate::sink::iceberg::{Committer, Lakehouse, LakehouseError, TableTarget};
 use crate::state::configured::{ConfiguredBackend, ConfiguredShard};
 use crate::state::hooked_store::{HookedStore, Metering};
 use crate::state::lsm::backend::LsmBackend;
@@ -201,12 +203,12 @@ impl RunJob {
             match spec.shard_state_bytes_max(self.state_bytes_cap, partitions) {
                 // `memory`: each partition holds its share of the pipeline's quota.
                 Some(shard_bytes_max) => ConfiguredBackend::Memory(
-                    MemoryBackend::durable(store, prefix, self.clock.clone())
+                    MemoryBackend::durable(store.clone(), prefix.clone(), self.clock.clone())
                         .with_shard_bytes_max(shard_bytes_max),
                 ),
                 None => ConfiguredBackend::Lsm(Box::new(LsmBackend::new(
-                    store,
-                    prefix,
+                    store.clone(),
+                    prefix.clone(),
                     self.caches.clone(),
                     LsmSettings {
                         memtable_bytes_max: self.config.memtable_bytes_max,
@@ -224,8 +226,13 @@ impl RunJob {
             &self.config.host_id(),
             self.config.logs.clone(),
         );
+        let table = match &spec.iceberg {
+            Some(table) => Some(self.table_target(table, &settings, &store, &prefix).await?),
+            None => None,
+        };
         let control = PipelineControl {
             log_sink: Some(log),
+            table,
             ..control
         };
         self.started.store(true, Ordering::Relaxed);
@@ -292,6 +299,55 @@ impl RunJob {
                 )
             })?;
         Ok((path, version.sha256))
+    }
+
+    /// Where the pipeline's Iceberg table is, and its committer's reads (docs/iceberg.md).
+    async fn table_target(
+        &self,
+        table: &crate::api::pipelines::TableSpec,
+        settings: &Settings,
+        store: &Arc<dyn object_store::ObjectStore>,
+        prefix: &object_store::path::Path,
+    ) -> Result<TableTarget, RunFailure> {
+        let schema = table
+            .schema()
+            .map_err(|reason| RunFailure::new(ErrorKind::InvalidInput, reason))?;
+        let lakehouse = Lakehouse::open(&self.config.iceberg).await.map_err(|e| {
+            let kind = match e {
+                LakehouseError::NotConfigured => ErrorKind::InvalidInput,
+                _ => ErrorKind::Unavailable,
+            };
+            RunFailure::new(kind, Chain(&e).to_string())
+        })?;
+        let shards = crate::state::ShardId {
+            pipeline: settings.pipeline.name.clone(),
+            partition: 0,
+        }
+        .shards_under(prefix);
+        Ok(TableTarget {
+            committer: Committer {
+                lakehouse: lakehouse.clone(),
+                ident: Lakehouse::ident(&self.tenant, &table.table),
+                uid: self.record.uid.clone(),
+                store: store.clone(),
+                shards,
+                interval: lakehouse.settings().commit_interval,
+                clock: self.clock.clone(),
+                group: (settings.pipeline.delivery == crate::config::Delivery::ExactlyOnce).then(
+                    || GroupOffsets {
+                        kafka: settings.kafka.clone(),
+                        group: settings.pipeline.group_id(),
+                        topics: settings.pipeline.input_topics.clone(),
+                    },
+                ),
+            },
+            lakehouse,
+            tenant: self.tenant.clone(),
+            table: table.table.clone(),
+            schema: Arc::new(schema),
+            uid: self.record.uid.clone(),
+            to_topic: true,
+        })
     }
 
     /// The settings of `pipeline::run` for this definition.

@@ -103,6 +103,10 @@ pub struct RunnerConfig {
     /// How the operators' log lines are kept for their tenants (`[pipelines.logs]`).
     #[serde(default)]
     pub logs: crate::api::logs::OperatorLogSettings,
+    /// The Iceberg catalog and warehouse the pipelines' tables go to (`[pipelines.iceberg]`,
+    /// docs/iceberg.md); without it a pipeline with an `iceberg` output fails to start.
+    #[serde(default)]
+    pub iceberg: crate::sink::iceberg::LakehouseSettings,
 }
 
 fn default_reconcile_interval() -> Duration {

@@ -10,7 +10,9 @@ use super::super::ports::{DeadLetterKind, ShardSink};
 use super::super::worker::PartitionWorker;
 use super::ROUND_BACKOFF_MAX;
 use crate::runtime::guest_log::LogSource;
-use crate::runtime::{BatchCtx, CallError, Disposition, FiredTimer, HostAbort, Instance, Operator};
+use crate::runtime::{
+    BatchCtx, CallError, Disposition, EmitLimits, FiredTimer, HostAbort, Instance, Operator,
+};
 use crate::state::{Shard, StateError, StateWrite};
 use crate::time::keys;
 use std::sync::Arc;
@@ -79,7 +81,7 @@ struct TimerCall<S: Shard> {
     watermark: Option<i64>,
     now_ms: i64,
     deadline: Duration,
-    emit_record_bytes_max: u64,
+    emits: EmitLimits,
     /// Longest wait for the prefetch.
     io_max: Duration,
 }
@@ -90,7 +92,7 @@ impl<S: Shard> TimerCall<S> {
     /// one). Returns the instance unless the call left it unusable or none could be created.
     async fn run(self, instance: Option<Instance<S>>) -> (Option<Instance<S>>, Called) {
         let mut batch = BatchCtx::for_timers(self.timers.clone());
-        batch.set_emit_record_bytes_max(self.emit_record_bytes_max);
+        batch.set_emit_limits(&self.emits);
         batch.set_time(self.watermark, self.now_ms);
         let keys = self.timers.iter().map(|t| t.key.as_slice());
         let value_states = &self.operator.meta().value_states;
@@ -320,7 +322,10 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
             stats: self.stats.clone(),
             watermark: self.timers.watermarks.applied(),
             now_ms,
-            emit_record_bytes_max: self.sink.output_bytes_max(),
+            emits: EmitLimits {
+                record_bytes_max: self.sink.output_bytes_max(),
+                table: self.sink.emit_table(),
+            },
             io_max: self.settings.call_io_allowance,
         }
     }

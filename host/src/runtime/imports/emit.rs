@@ -1,10 +1,10 @@
 //! `weir:operator/emit`: stages output records for the record that emits them.
 
-use crate::runtime::StagedBytesExceeded;
 use crate::runtime::batch::{StagedEmit, emit_size};
 use crate::runtime::bindings::weir::operator::emit::{EmitError, Host};
 use crate::runtime::bindings::weir::operator::types::Header;
 use crate::runtime::host::HostCtx;
+use crate::runtime::{EmitDoesNotFit, StagedBytesExceeded};
 use crate::sink::limits::record_bytes;
 use crate::state::Shard;
 
@@ -48,6 +48,11 @@ impl<S: Shard> Host for HostCtx<S> {
         if emitted.saturating_add(size) > limit {
             return Ok(Err(EmitError::TooLarge(limit)));
         }
+        if let Some(table) = &self.batch.emit_table
+            && let Err(e) = table.check(&value)
+        {
+            return Err(wasmtime::Error::new(EmitDoesNotFit(e)));
+        }
         *emitted += size;
         if self.batch.staged_bytes().saturating_add(size) > staged_max {
             return Err(wasmtime::Error::new(StagedBytesExceeded {
@@ -61,5 +66,52 @@ impl<S: Shard> Host for HostCtx<S> {
             headers,
         });
         Ok(Ok(()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::{ManualClock, SharedClock};
+    use crate::sink::iceberg::{ColumnSpec, ColumnType, RowError, TableSchema};
+    use crate::state::memory::MemoryBackend;
+    use crate::state::{ShardId, StateBackend};
+    use std::sync::Arc;
+
+    /// With a table, an emit that is not one of its rows fails the call (the record is then
+    /// isolated and dead-lettered, its effects discarded) naming the column, and is not
+    /// staged; rows that fit are.
+    #[test]
+    fn an_emit_that_is_not_a_row_of_the_table_fails_its_record_naming_the_column() {
+        let clock: SharedClock = Arc::new(ManualClock::new(0));
+        let backend = MemoryBackend::new(clock.clone());
+        let id = ShardId {
+            pipeline: "t".into(),
+            partition: 0,
+        };
+        let shard = Arc::new(futures::executor::block_on(backend.open_shard(&id)).expect("opens"));
+        let mut ctx = crate::runtime::imports::test_host(shard, clock, "m", 1024);
+        let table = TableSchema::new(&[ColumnSpec {
+            name: "n".into(),
+            kind: ColumnType::Long,
+            required: true,
+        }])
+        .expect("valid");
+        ctx.batch.emit_table = Some(Arc::new(table));
+        futures::executor::block_on(async {
+            let fits = ctx.emit(0, b"k".to_vec(), br#"{"n":1}"#.to_vec(), Vec::new());
+            assert!(matches!(fits.await, Ok(Ok(()))));
+            let wrong = ctx
+                .emit(0, b"k".to_vec(), br#"{"n":"one"}"#.to_vec(), Vec::new())
+                .await;
+            let err = wrong.expect_err("fails the call");
+            let cause = err
+                .downcast_ref::<EmitDoesNotFit>()
+                .expect("an emit that does not fit");
+            assert!(matches!(&cause.0, RowError::Type { column, .. } if column == "n"));
+            assert!(err.to_string().contains("Iceberg table"), "{err}");
+        });
+        let (_, emits) = std::mem::take(&mut ctx.batch).into_effects();
+        assert_eq!(emits.len(), 1);
     }
 }

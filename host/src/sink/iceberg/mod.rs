@@ -7,17 +7,25 @@
 //!   the warehouse;
 //! - [`catalog`]  the host's catalog (SQL on SQLite) and warehouse; a tenant's table;
 //! - [`files`]    one shard's Parquet data files, closed at each checkpoint;
-//! - [`commit`]   prepared checkpoints' files appended in one snapshot, exactly once.
+//! - [`commit`]   prepared checkpoints' files appended in one snapshot, exactly once;
+//! - [`shard`]    a shard's open files and its pending list, kept in its state;
+//! - [`committer`] the pipeline's committer, run by the owner of partition 0;
+//! - [`output`]   the pipeline's output with the table beside its Kafka sinks.
 
 pub mod catalog;
 pub mod commit;
+pub mod committer;
 pub mod files;
+pub mod output;
 pub mod schema;
+pub mod shard;
 pub mod storage;
 
 pub use catalog::{Lakehouse, LakehouseError, LakehouseSettings};
 pub use commit::{CommitReport, PendingCheckpoint};
+pub use committer::Committer;
 pub use files::ShardFiles;
+pub use output::{TableOutput, TableTarget};
 pub use schema::{ColumnSpec, ColumnType, RowError, TableSchema};
 
 #[cfg(test)]

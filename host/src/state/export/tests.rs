@@ -15,6 +15,8 @@ struct State {
     entries: BTreeMap<Vec<u8>, (Vec<u8>, Option<u64>)>,
     timers: BTreeMap<(Vec<u8>, String), (TimeDomain, i64)>,
     watermark_ms: Option<i64>,
+    /// The Iceberg sink's pending list: one entry of this checkpoint version, if any.
+    iceberg_pending: Option<u64>,
     next_offset: i64,
 }
 
@@ -47,6 +49,16 @@ impl State {
             out.push(put(
                 time_keys::TIMER_COUNT_KEY.to_vec(),
                 (self.timers.len() as u64).to_be_bytes().to_vec(),
+                None,
+            ));
+        }
+        if let Some(version) = self.iceberg_pending {
+            let list = format!(
+                r#"{{"entries":[{{"version":{version},"files":["{{\"file-path\":\"s3://b/w/t/f.parquet\"}}"]}}]}}"#
+            );
+            out.push(put(
+                crate::sink::iceberg::shard::PENDING_KEY.to_vec(),
+                list.into_bytes(),
                 None,
             ));
         }
@@ -99,14 +111,18 @@ fn state() -> impl Strategy<Value = State> {
         proptest::collection::vec(entry, 0..150),
         proptest::collection::btree_map(timer.0, timer.1, 0..20),
         proptest::option::of(any::<i64>()),
+        proptest::option::of(1u64..1_000_000),
         1i64..1_000_000,
     )
-        .prop_map(|(entries, timers, watermark_ms, next_offset)| State {
-            entries: entries.into_iter().collect(),
-            timers,
-            watermark_ms,
-            next_offset,
-        })
+        .prop_map(
+            |(entries, timers, watermark_ms, iceberg_pending, next_offset)| State {
+                entries: entries.into_iter().collect(),
+                timers,
+                watermark_ms,
+                iceberg_pending,
+                next_offset,
+            },
+        )
 }
 
 fn store_and_clock() -> (Arc<dyn ObjectStore>, SharedClock) {
@@ -273,6 +289,8 @@ fn the_export_format_is_frozen() {
                 (TimeDomain::EventTime, 60_000),
             )]),
             watermark_ms: Some(59_000),
+            // Shards without an Iceberg table export as before.
+            iceberg_pending: None,
             next_offset: 301,
         };
         let (root, manifest) = checkpointed(&store, &clock, "memory", "t.a", &state).await;

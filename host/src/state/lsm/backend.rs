@@ -174,6 +174,11 @@ impl LsmBackend {
     pub fn store(&self) -> &Arc<dyn ObjectStore> {
         self.files.store()
     }
+
+    /// The prefix of every shard's objects in the store.
+    pub fn prefix(&self) -> &Path {
+        &self.prefix
+    }
 }
 
 impl StateBackend for LsmBackend {

@@ -1,0 +1,225 @@
+//! The pipeline's one committer (docs/iceberg.md, "Exactly once"; as Flink's single Iceberg
+//! files committer): run by the owner of partition 0 while it owns it, every
+//! `commit_interval` it reads every shard's pending list from that shard's newest decided
+//! checkpoint in the store and commits what the table does not have yet ([`super::commit`]).
+//! Its first pass also looks for the pending files by name in the table.
+//!
+//! It reads only decided checkpoints, so files of a checkpoint that never became decided are
+//! never committed. Exactly-once, a checkpoint is decided when the consumer group's committed
+//! offsets name it (read each pass, [`GroupOffsets`]) or a later version names it as its
+//! parent.
+
+use super::catalog::Lakehouse;
+use super::commit::{self, CommitReport, PendingCheckpoint};
+use super::shard::{PENDING_KEY, PendingList, pending_checkpoints};
+use crate::clock::SharedClock;
+use crate::state::lsm::cache::{BlockCaches, CacheSettings};
+use crate::state::manifest::ManifestStore;
+use crate::state::query::QueryShard;
+use crate::state::savepoint::newest_decided;
+use iceberg::TableIdent;
+use object_store::ObjectStore;
+use object_store::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Memory for the `lsm` blocks a committer reads (a few per shard).
+const COMMITTER_CACHE_BYTES: u64 = 4 << 20;
+
+/// What a committer reads and where it commits.
+#[derive(Debug, Clone)]
+pub struct Committer {
+    /// The catalog and warehouse.
+    pub lakehouse: Lakehouse,
+    /// The table.
+    pub ident: TableIdent,
+    /// The pipeline's unique id.
+    pub uid: String,
+    /// The state store.
+    pub store: Arc<dyn ObjectStore>,
+    /// The pipeline's shards' directory in it (`…/pipelines/{name}/shards`).
+    pub shards: Path,
+    /// How often it commits.
+    pub interval: Duration,
+    /// The clock TTLs are read with.
+    pub clock: SharedClock,
+    /// Exactly-once: where the decided checkpoints are named.
+    pub group: Option<GroupOffsets>,
+}
+
+/// The consumer group whose committed offsets name each shard's decided checkpoint
+/// (exactly-once).
+#[derive(Debug, Clone)]
+pub struct GroupOffsets {
+    /// How to reach the brokers.
+    pub kafka: crate::config::KafkaSettings,
+    /// The pipeline's consumer group.
+    pub group: String,
+    /// Its input topics.
+    pub topics: Vec<String>,
+}
+
+/// A running committer; dropping it stops it (a commit it was making either completed or
+/// did not happen: the catalog's swap is atomic).
+#[derive(Debug)]
+pub struct CommitterHandle(tokio::task::JoinHandle<()>);
+
+impl Drop for CommitterHandle {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Why a commit pass failed (it is tried again at the next interval).
+#[derive(Debug, thiserror::Error)]
+pub enum CommitterError {
+    /// Reading a shard's checkpoint failed.
+    #[error("reading the shards' pending lists failed")]
+    State(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// The catalog or the warehouse failed.
+    #[error("the table commit failed")]
+    Table(#[source] iceberg::Error),
+}
+
+impl Committer {
+    /// Starts committing every `interval`, the first pass after one interval.
+    pub fn start(&self) -> CommitterHandle {
+        let committer = self.clone();
+        CommitterHandle(tokio::spawn(async move {
+            let caches = Arc::new(
+                BlockCaches::new(&CacheSettings {
+                    block_cache_bytes: COMMITTER_CACHE_BYTES,
+                    disk_cache_bytes: 0,
+                    disk_cache_dir: None,
+                })
+                .unwrap_or_else(|_| BlockCaches::none()),
+            );
+            let mut first = true;
+            loop {
+                tokio::time::sleep(committer.interval).await;
+                match committer.commit_once(&caches, first).await {
+                    Ok(report) => {
+                        first = false;
+                        tracing::debug!(table = %committer.ident, ?report, "iceberg commit pass done");
+                        if report.snapshot_id.is_some() {
+                            tracing::info!(table = %committer.ident, snapshot = ?report.snapshot_id, files = report.files, rows = report.rows, skipped = report.skipped, "iceberg snapshot committed");
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(table = %committer.ident, error = %crate::error::Chain(&e), "iceberg commit failed; trying again at the next interval");
+                    }
+                }
+            }
+        }))
+    }
+
+    /// One pass: every shard's pending checkpoints, committed.
+    ///
+    /// # Errors
+    /// [`CommitterError`].
+    pub async fn commit_once(
+        &self,
+        caches: &Arc<BlockCaches>,
+        look_for_files: bool,
+    ) -> Result<CommitReport, CommitterError> {
+        let table = self
+            .lakehouse
+            .catalog()
+            .load_table(&self.ident)
+            .await
+            .map_err(CommitterError::Table)?;
+        let schema = table.metadata().current_schema().clone();
+        let mut pending: Vec<PendingCheckpoint> = Vec::new();
+        let roots = self.shard_roots().await?;
+        let committed = match &self.group {
+            Some(g) => {
+                let (g, partitions) =
+                    (g.clone(), roots.iter().map(|(p, _)| *p).collect::<Vec<_>>());
+                tokio::task::spawn_blocking(move || {
+                    crate::source::broker::committed_checkpoint_versions(
+                        &g.kafka,
+                        &g.group,
+                        &g.topics,
+                        &partitions,
+                    )
+                })
+                .await
+                .map_err(|e| CommitterError::State(Box::new(e)))?
+                .map_err(|e| CommitterError::State(e.into()))?
+            }
+            None => Default::default(),
+        };
+        for (partition, root) in roots {
+            let list = self
+                .pending_list(caches, partition, &root, committed.get(&partition).copied())
+                .await?;
+            pending.extend(
+                pending_checkpoints(partition, &list, &schema).map_err(CommitterError::Table)?,
+            );
+        }
+        tracing::debug!(table = %self.ident, checkpoints = pending.len(), files = pending.iter().map(|c| c.files.len()).sum::<usize>(), "iceberg commit pass");
+        commit::commit(
+            self.lakehouse.catalog(),
+            &self.ident,
+            &self.uid,
+            &pending,
+            look_for_files,
+        )
+        .await
+        .map_err(CommitterError::Table)
+    }
+
+    /// (partition, root) of every shard stored under the pipeline.
+    async fn shard_roots(&self) -> Result<Vec<(i32, Path)>, CommitterError> {
+        let listed = self
+            .store
+            .list_with_delimiter(Some(&self.shards))
+            .await
+            .map_err(|e| CommitterError::State(Box::new(e)))?;
+        Ok(listed
+            .common_prefixes
+            .into_iter()
+            .filter_map(|root| {
+                let partition = root.filename()?.parse().ok()?;
+                Some((partition, root))
+            })
+            .collect())
+    }
+
+    /// The pending list of the shard's newest decided checkpoint (empty without one).
+    async fn pending_list(
+        &self,
+        caches: &Arc<BlockCaches>,
+        partition: i32,
+        root: &Path,
+        committed: Option<u64>,
+    ) -> Result<PendingList, CommitterError> {
+        let failed = |e: Box<dyn std::error::Error + Send + Sync>| CommitterError::State(e);
+        let manifests = ManifestStore::new(self.store.clone(), root.clone());
+        let Some(manifest) = newest_decided(&manifests, committed)
+            .await
+            .map_err(|e| failed(Box::new(e)))?
+        else {
+            return Ok(PendingList::default());
+        };
+        let shard = QueryShard::open(
+            &self.store,
+            (root, partition),
+            manifest.version,
+            caches,
+            &self.clock,
+        )
+        .await
+        .map_err(|e| failed(Box::new(e)))?;
+        let now_ms = self.clock.now_ms();
+        let found = shard
+            .scan(&PENDING_KEY, None, 1, now_ms)
+            .await
+            .map_err(|e| failed(Box::new(e)))?;
+        let value = found
+            .into_iter()
+            .find(|(k, _, _)| k.as_slice() == PENDING_KEY)
+            .map(|(_, v, _)| v);
+        PendingList::decode(value.as_deref()).map_err(|e| failed(Box::new(e)))
+    }
+}

@@ -1,0 +1,187 @@
+//! A pipeline's output with an Iceberg table beside (or instead of) its Kafka topic: the
+//! [`Output`] that opens, for each partition, the inner sink (Kafka: the output topic unless
+//! the pipeline writes only to the table, and always the dead-letter topic) and the shard's
+//! [`IcebergShard`]; the owner of partition 0 also runs the pipeline's committer
+//! ([`super::committer`]).
+
+use super::catalog::Lakehouse;
+use super::committer::{Committer, CommitterHandle};
+use super::schema::TableSchema;
+use super::shard::{IcebergShard, PENDING_KEY};
+use crate::pipeline::ports::{
+    CommitError, DeadLetterKind, DeliveryGuard, Output, ShardSink, SinkError,
+};
+use crate::runtime::{InputRecord, StagedEmit};
+use crate::state::StateWrite;
+use crate::state::checkpoint::InputOffsets;
+use std::sync::Arc;
+
+/// Where a pipeline's rows go: the table and what its committer needs.
+#[derive(Debug, Clone)]
+pub struct TableTarget {
+    /// The host's catalog and warehouse.
+    pub lakehouse: Lakehouse,
+    /// The tenant (the table's namespace).
+    pub tenant: String,
+    /// The table's name.
+    pub table: String,
+    /// Its columns.
+    pub schema: Arc<TableSchema>,
+    /// The pipeline's unique id (file names, snapshot summaries).
+    pub uid: String,
+    /// Whether emits also go to the Kafka output topic.
+    pub to_topic: bool,
+    /// The committer, run by the owner of partition 0.
+    pub committer: Committer,
+}
+
+/// An [`Output`] that adds a table to `O`'s sinks (or nothing, without a target: one type
+/// either way, so that the pipeline is compiled once).
+#[derive(Debug)]
+pub struct TableOutput<O> {
+    inner: O,
+    target: Option<Arc<TableTarget>>,
+}
+
+impl<O> TableOutput<O> {
+    /// `inner`'s sinks with `target`'s table beside them.
+    pub fn new(inner: O, target: Option<TableTarget>) -> Self {
+        Self {
+            inner,
+            target: target.map(Arc::new),
+        }
+    }
+}
+
+fn table_failed(
+    target: &TableTarget,
+    source: impl std::error::Error + Send + Sync + 'static,
+) -> SinkError {
+    SinkError {
+        topic: format!("iceberg:{}.{}", target.tenant, target.table),
+        source: Box::new(source),
+    }
+}
+
+impl<O: Output> Output for TableOutput<O> {
+    type Sink = TableSink<O::Sink>;
+
+    async fn open(
+        &self,
+        partition: i32,
+        transactional: bool,
+        guard: DeliveryGuard,
+    ) -> Result<Self::Sink, SinkError> {
+        let inner = self.inner.open(partition, transactional, guard).await?;
+        let Some(t) = &self.target else {
+            return Ok(TableSink { inner, table: None });
+        };
+        let shard = IcebergShard::open(
+            &t.lakehouse,
+            (&t.tenant, &t.table),
+            &t.schema,
+            &t.uid,
+            partition,
+        )
+        .await
+        .map_err(|e| table_failed(t, e))?;
+        let committer = (partition == 0).then(|| t.committer.start());
+        Ok(TableSink {
+            inner,
+            table: Some(ShardTable {
+                shard,
+                target: t.clone(),
+                _committer: committer,
+            }),
+        })
+    }
+}
+
+/// One partition's sinks: the inner one's, and the shard's table files if it has a table.
+#[derive(Debug)]
+pub struct TableSink<K> {
+    inner: K,
+    table: Option<ShardTable>,
+}
+
+#[derive(Debug)]
+struct ShardTable {
+    shard: IcebergShard,
+    target: Arc<TableTarget>,
+    /// Partition 0's: the pipeline's committer, stopped when the shard closes.
+    _committer: Option<CommitterHandle>,
+}
+
+impl<K: ShardSink> ShardSink for TableSink<K> {
+    fn output_bytes_max(&self) -> u64 {
+        self.inner.output_bytes_max()
+    }
+
+    fn emit_table(&self) -> Option<Arc<TableSchema>> {
+        self.table.as_ref().map(|t| t.target.schema.clone())
+    }
+
+    fn transactional(&self) -> bool {
+        self.inner.transactional()
+    }
+
+    async fn emit(&mut self, emit: &StagedEmit, source: &InputRecord) -> Result<(), SinkError> {
+        let Some(t) = &mut self.table else {
+            return self.inner.emit(emit, source).await;
+        };
+        if t.target.to_topic {
+            self.inner.emit(emit, source).await?;
+        }
+        t.shard
+            .push(&emit.value)
+            .await
+            .map_err(|e| table_failed(&t.target, e))
+    }
+
+    async fn dead_letter(
+        &mut self,
+        record: &InputRecord,
+        kind: DeadLetterKind,
+        error: &str,
+    ) -> Result<(), SinkError> {
+        self.inner.dead_letter(record, kind, error).await
+    }
+
+    async fn drain(&mut self) -> Result<(), SinkError> {
+        self.inner.drain().await
+    }
+
+    async fn commit(
+        &mut self,
+        partition: i32,
+        offsets: &InputOffsets,
+        version: u64,
+    ) -> Result<(), CommitError> {
+        self.inner.commit(partition, offsets, version).await
+    }
+
+    fn state_key(&self) -> Option<&'static [u8]> {
+        self.table.as_ref().map(|_| &PENDING_KEY[..])
+    }
+
+    fn restore(&mut self, value: Option<&[u8]>) -> Result<(), SinkError> {
+        match &mut self.table {
+            Some(t) => t
+                .shard
+                .restore(value)
+                .map_err(|e| table_failed(&t.target, e)),
+            None => Ok(()),
+        }
+    }
+
+    async fn prepare(&mut self, version: u64) -> Result<Option<StateWrite>, SinkError> {
+        match &mut self.table {
+            Some(t) => t
+                .shard
+                .prepare(version)
+                .await
+                .map_err(|e| table_failed(&t.target, e)),
+            None => Ok(None),
+        }
+    }
+}

@@ -1,0 +1,242 @@
+//! One shard's part of the Iceberg sink (docs/iceberg.md, "Exactly once"): its open data
+//! files, and the list of its closed files not yet in the table, kept as a reserved entry of
+//! the shard's own state so that every checkpoint holds it.
+//!
+//! At each checkpoint ([`IcebergShard::prepare`]) the open files are closed and listed under
+//! the version the checkpoint will have; entries the table already has (its committed version
+//! for this shard is at or above theirs) are dropped; the list is written to the shard before
+//! the checkpoint. When the shard opens, the list comes back with the state
+//! ([`IcebergShard::restore`]): entries of checkpoints that never became decided are not in
+//! it, and their files are orphans for GC.
+
+use super::catalog::Lakehouse;
+use super::commit::committed_versions;
+use super::files::{FilesError, ShardFiles, decode_data_file, encode_data_file};
+use super::schema::TableSchema;
+use crate::state::StateWrite;
+use bytes::Bytes;
+use iceberg::TableIdent;
+use iceberg::spec::DataFile;
+use serde::{Deserialize, Serialize};
+
+/// The reserved state key of a shard's pending list: `FF FF FF FF 'i'` (the reserved key
+/// space of time/keys.rs; no state key starts with `FF FF FF FF`).
+pub const PENDING_KEY: [u8; 5] = [0xFF, 0xFF, 0xFF, 0xFF, b'i'];
+
+/// The pending list as stored (JSON).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PendingList {
+    /// Oldest first.
+    pub entries: Vec<PendingEntry>,
+}
+
+/// The files of one checkpoint that are not in the table yet.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PendingEntry {
+    /// The checkpoint's manifest version.
+    pub version: u64,
+    /// Its data files, each in Iceberg's JSON form ([`encode_data_file`]).
+    pub files: Vec<String>,
+}
+
+impl PendingList {
+    /// The list a shard's stored value holds; an empty one for none.
+    ///
+    /// # Errors
+    /// [`serde_json::Error`] for a value that is not one (a corrupt shard).
+    pub fn decode(value: Option<&[u8]>) -> Result<Self, serde_json::Error> {
+        value.map_or(Ok(Self::default()), serde_json::from_slice)
+    }
+
+    /// The value to store.
+    pub fn encode(&self) -> Bytes {
+        Bytes::from(serde_json::to_vec(self).expect("strings and numbers encode"))
+    }
+}
+
+/// Why the shard's sink part failed: the shard reopens from its checkpoint.
+#[derive(Debug, thiserror::Error)]
+pub enum IcebergShardError {
+    /// Writing or closing a data file, or reading the table, failed.
+    #[error("iceberg table operation failed. what=`{what}`")]
+    Table {
+        /// What was being done.
+        what: &'static str,
+        /// The cause.
+        #[source]
+        source: Box<iceberg::Error>,
+    },
+    /// An emit did not fit the table (the emit import checks each one first: a bug if seen).
+    #[error(transparent)]
+    Files(Box<FilesError>),
+    /// The stored pending list does not decode.
+    #[error("the shard's pending list of data files does not decode")]
+    Corrupt(#[source] serde_json::Error),
+}
+
+/// One shard's open files and pending list.
+#[derive(Debug)]
+pub struct IcebergShard {
+    lakehouse: Lakehouse,
+    ident: TableIdent,
+    uid: String,
+    partition: i32,
+    files: ShardFiles,
+    pending: PendingList,
+}
+
+impl IcebergShard {
+    /// The shard part of `partition` for pipeline `uid` writing `tenant`'s `table`; files are
+    /// named `weir-{uid}-{partition}-{random}-{n}.parquet`.
+    ///
+    /// # Errors
+    /// [`IcebergShardError::Table`] when the table cannot be loaded or created.
+    pub async fn open(
+        lakehouse: &Lakehouse,
+        (tenant, table): (&str, &str),
+        schema: &TableSchema,
+        uid: &str,
+        partition: i32,
+    ) -> Result<Self, IcebergShardError> {
+        let loaded = lakehouse
+            .table(tenant, table, schema)
+            .await
+            .map_err(|e| match e {
+                super::LakehouseError::Iceberg { what, source } => IcebergShardError::Table {
+                    what,
+                    source: Box::new(source),
+                },
+                other => IcebergShardError::Table {
+                    what: "open the table",
+                    source: Box::new(iceberg::Error::new(
+                        iceberg::ErrorKind::DataInvalid,
+                        other.to_string(),
+                    )),
+                },
+            })?;
+        let prefix = format!("weir-{uid}-{partition}-{:08x}", rand::random::<u32>());
+        let files = ShardFiles::new(
+            &loaded,
+            schema.clone(),
+            prefix,
+            lakehouse.settings().target_file_size_bytes,
+        )
+        .map_err(|source| IcebergShardError::Table {
+            what: "open the data file writer",
+            source: Box::new(source),
+        })?;
+        Ok(Self {
+            lakehouse: lakehouse.clone(),
+            ident: Lakehouse::ident(tenant, table),
+            uid: uid.to_owned(),
+            partition,
+            files,
+            pending: PendingList::default(),
+        })
+    }
+
+    /// Takes the pending list the shard's state holds (`value` of [`PENDING_KEY`]).
+    ///
+    /// # Errors
+    /// [`IcebergShardError::Corrupt`].
+    pub fn restore(&mut self, value: Option<&[u8]>) -> Result<(), IcebergShardError> {
+        self.pending = PendingList::decode(value).map_err(IcebergShardError::Corrupt)?;
+        Ok(())
+    }
+
+    /// Appends an emit's row.
+    ///
+    /// # Errors
+    /// [`IcebergShardError::Files`].
+    pub async fn push(&mut self, value: &[u8]) -> Result<(), IcebergShardError> {
+        self.files
+            .push(value)
+            .await
+            .map_err(|e| IcebergShardError::Files(Box::new(e)))
+    }
+
+    /// The pending list now.
+    pub fn pending(&self) -> &PendingList {
+        &self.pending
+    }
+
+    /// Closes the open files as checkpoint `version`'s, drops the entries the table has, and
+    /// returns the state write of the new list (to apply before the checkpoint). Nothing is
+    /// written when nothing changed.
+    ///
+    /// # Errors
+    /// [`IcebergShardError::Table`]: the open files are lost; the shard must reopen from its
+    /// checkpoint (which replays their rows).
+    pub async fn prepare(&mut self, version: u64) -> Result<Option<StateWrite>, IcebergShardError> {
+        let closed: Vec<DataFile> =
+            self.files
+                .close()
+                .await
+                .map_err(|source| IcebergShardError::Table {
+                    what: "close the data files",
+                    source: Box::new(source),
+                })?;
+        let before = self.pending.clone();
+        if !closed.is_empty() {
+            let files = closed
+                .into_iter()
+                .map(encode_data_file)
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|source| IcebergShardError::Table {
+                    what: "encode a data file",
+                    source: Box::new(source),
+                })?;
+            self.pending.entries.push(PendingEntry { version, files });
+        }
+        if !self.pending.entries.is_empty() {
+            let table = self
+                .lakehouse
+                .catalog()
+                .load_table(&self.ident)
+                .await
+                .map_err(|source| IcebergShardError::Table {
+                    what: "load the table",
+                    source: Box::new(source),
+                })?;
+            if let Some(&committed) = committed_versions(&table, &self.uid).get(&self.partition) {
+                self.pending.entries.retain(|e| e.version > committed);
+            }
+        }
+        tracing::debug!(
+            partition = self.partition,
+            version,
+            entries = self.pending.entries.len(),
+            "iceberg files prepared"
+        );
+        Ok((self.pending != before).then(|| StateWrite {
+            key: PENDING_KEY.to_vec(),
+            value: Some(self.pending.encode()),
+            expires_at_ms: None,
+        }))
+    }
+}
+
+/// The pending checkpoints a shard's list names, decoded against the table's `schema`.
+///
+/// # Errors
+/// [`iceberg::Error`] for a file that does not decode.
+pub fn pending_checkpoints(
+    partition: i32,
+    list: &PendingList,
+    schema: &iceberg::spec::Schema,
+) -> iceberg::Result<Vec<super::PendingCheckpoint>> {
+    list.entries
+        .iter()
+        .map(|e| {
+            Ok(super::PendingCheckpoint {
+                partition,
+                version: e.version,
+                files: e
+                    .files
+                    .iter()
+                    .map(|f| decode_data_file(f, schema))
+                    .collect::<iceberg::Result<_>>()?,
+            })
+        })
+        .collect()
+}

@@ -1,0 +1,302 @@
+//! A pipeline writing to an Iceberg table (issue 21), on the real broker, the S3 server and a
+//! SQLite catalog, read back by `pyiceberg`: a slice of the flights through `flight-delays`,
+//! exactly-once, with the committer running beside the shards. Every route's running `flights`
+//! counts are in the table once each, 1..n with no gap, and the last of each route equals the
+//! oracle computed here from the records produced.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+use weir_cli::flights::FlightRecord;
+use weir_host::clock::{SharedClock, SystemClock};
+use weir_host::config::{Delivery, RuntimeSettings, Settings};
+use weir_host::pipeline::PipelineControl;
+use weir_host::sink::iceberg::committer::GroupOffsets;
+use weir_host::sink::iceberg::{
+    ColumnSpec, ColumnType, Committer, Lakehouse, LakehouseSettings, TableSchema, TableTarget,
+};
+use weir_host::state::ShardId;
+use weir_host::state::configured::ConfiguredBackend;
+use weir_host::state::lsm::backend::LsmBackend;
+use weir_tests::*;
+
+/// Flights of the slice: enough for every partition to checkpoint and commit several times.
+const SLICE: usize = 20_000;
+
+fn flight_delays_table() -> TableSchema {
+    let column = |name: &str, kind, required| ColumnSpec {
+        name: name.into(),
+        kind,
+        required,
+    };
+    TableSchema::new(&[
+        column("route", ColumnType::String, true),
+        column("flights", ColumnType::Long, true),
+        column("delay_count", ColumnType::Long, true),
+        column("delay_sum", ColumnType::Long, true),
+        column("delay_max", ColumnType::Long, false),
+        column("delay_mean", ColumnType::Double, false),
+    ])
+    .expect("a valid schema")
+}
+
+/// Per route: flights, delays known, their sum and maximum — from the records produced.
+fn oracle(flights: &[FlightRecord]) -> BTreeMap<String, (u64, u64, i64, Option<i64>)> {
+    let mut out: BTreeMap<String, (u64, u64, i64, Option<i64>)> = BTreeMap::new();
+    for f in flights {
+        let row: serde_json::Value = serde_json::from_slice(&f.json).expect("a flight is JSON");
+        let route = format!(
+            "{}-{}",
+            row["origin"].as_str().unwrap_or_default(),
+            row["dest"].as_str().unwrap_or_default()
+        );
+        let e = out.entry(route).or_default();
+        e.0 += 1;
+        if let Some(d) = row["arr_delay"].as_i64() {
+            e.1 += 1;
+            e.2 += d;
+            e.3 = Some(e.3.map_or(d, |m: i64| m.max(d)));
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flights_into_an_iceberg_table_exactly_once_hold_each_routes_counts_once_and_the_oracle()
+-> anyhow::Result<()> {
+    init_tracing();
+    let flights: Vec<FlightRecord> = weir_cli::flights::read_csv(&flights_csv())?
+        .into_iter()
+        .take(SLICE)
+        .collect();
+    let input = unique("ice-flights");
+    let (output, dlq) = (unique("ice-stats"), unique("ice-dlq"));
+    create_topics(&[(&input, 4), (&output, 4), (&dlq, 1)]).await?;
+    weir_cli::flights::produce(&kafka_bootstrap(), &input, &flights).await?;
+
+    let state = lsm_state_on_s3(64 << 10).await?;
+    let url = state.lsm.url.clone().expect("an S3 URL");
+    let bucket = url
+        .trim_start_matches("s3://")
+        .split('/')
+        .next()
+        .expect("a bucket")
+        .to_owned();
+    let dir = tempfile::tempdir()?;
+    let db = dir.path().join("catalog.db");
+    let lakehouse = Lakehouse::open(&LakehouseSettings {
+        catalog_uri: Some(format!("sqlite://{}?mode=rwc", db.display())),
+        warehouse: Some(format!("s3://{bucket}/warehouse")),
+        options: s3_options(),
+        commit_interval: Duration::from_millis(500),
+        ..LakehouseSettings::default()
+    })
+    .await?;
+
+    let mut settings = Settings {
+        state: state.clone(),
+        ..settings(
+            guest("flight_delays"),
+            &input,
+            &output,
+            &dlq,
+            RuntimeSettings::default(),
+        )
+    };
+    settings.pipeline.delivery = Delivery::ExactlyOnce;
+    settings.pipeline.checkpoint_interval = Duration::from_millis(300);
+    let clock: SharedClock = Arc::new(SystemClock);
+    let backend = LsmBackend::from_settings(&state.lsm, clock.clone())?;
+    let shards = ShardId {
+        pipeline: settings.pipeline.name.clone(),
+        partition: 0,
+    }
+    .shards_under(backend.prefix());
+    let uid = unique("uid");
+    let target = TableTarget {
+        committer: Committer {
+            lakehouse: lakehouse.clone(),
+            ident: Lakehouse::ident("t1", "route_stats"),
+            uid: uid.clone(),
+            store: backend.store().clone(),
+            shards,
+            interval: lakehouse.settings().commit_interval,
+            clock: clock.clone(),
+            group: Some(GroupOffsets {
+                kafka: settings.kafka.clone(),
+                group: settings.pipeline.group_id(),
+                topics: settings.pipeline.input_topics.clone(),
+            }),
+        },
+        lakehouse: lakehouse.clone(),
+        tenant: "t1".into(),
+        table: "route_stats".into(),
+        schema: Arc::new(flight_delays_table()),
+        uid,
+        to_topic: true,
+    };
+    let (_requests, mut control) = PipelineControl::new();
+    control.table = Some(target);
+    let pipeline = RunningPipeline::start_controlled(
+        settings,
+        Arc::new(ConfiguredBackend::Lsm(Box::new(backend))),
+        clock,
+        control,
+    );
+    pipeline
+        .wait_done(SLICE as u64, Duration::from_secs(300))
+        .await?;
+
+    // The last checkpoints are committed within a few commit intervals.
+    let ident = Lakehouse::ident("t1", "route_stats");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let table = lakehouse.catalog().load_table(&ident).await?;
+        let rows: u64 = table
+            .metadata()
+            .current_snapshot()
+            .and_then(|s| s.summary().additional_properties.get("total-records"))
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0);
+        if rows >= SLICE as u64 {
+            assert_eq!(rows, SLICE as u64, "no row twice");
+            break;
+        }
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "the table holds {rows} of {SLICE} rows after 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    pipeline.stop().await?;
+
+    let read = crate::iceberg_table::read_with_pyiceberg(&db, "t1.route_stats")?;
+    let mut by_route: BTreeMap<String, Vec<&serde_json::Value>> = BTreeMap::new();
+    for row in read["rows"].as_array().expect("rows") {
+        by_route
+            .entry(row["route"].as_str().expect("route").to_owned())
+            .or_default()
+            .push(row);
+    }
+    let want = oracle(&flights);
+    assert_eq!(by_route.len(), want.len());
+    for (route, rows) in &mut by_route {
+        rows.sort_by_key(|r| r["flights"].as_u64());
+        let counts: Vec<u64> = rows.iter().filter_map(|r| r["flights"].as_u64()).collect();
+        let n = want[route].0;
+        assert_eq!(
+            counts,
+            (1..=n).collect::<Vec<_>>(),
+            "{route}: 1..n once each"
+        );
+        let last = rows.last().expect("a row");
+        let (_, delay_count, delay_sum, delay_max) = want[route];
+        assert_eq!(last["delay_count"].as_u64(), Some(delay_count), "{route}");
+        assert_eq!(last["delay_sum"].as_i64(), Some(delay_sum), "{route}");
+        assert_eq!(last["delay_max"].as_i64(), delay_max, "{route}");
+    }
+    Ok(())
+}
+
+/// Through the API (`weir serve` with `[pipelines.iceberg]`): a `counter` pipeline with a
+/// table of its `{count, offset}` emits, exactly-once. Every record is a row once (each key's
+/// counts 1..n, every input offset once per partition), and a record whose emit is not a row
+/// (`probe:time` emits other fields) is dead-lettered naming the table, its effects gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pipeline_made_through_the_api_writes_its_table_once_and_dead_letters_rows_that_do_not_fit()
+-> anyhow::Result<()> {
+    use rdkafka::message::{Headers, Message};
+    use reqwest::Method;
+    use serde_json::json;
+    use weir_tests::api::*;
+    let bucket = create_s3_bucket().await?;
+    let dir = tempfile::tempdir()?;
+    let db = dir.path().join("catalog.db");
+    let mut runner = runner_config(&unique("ice"));
+    runner.iceberg = LakehouseSettings {
+        catalog_uri: Some(format!("sqlite://{}?mode=rwc", db.display())),
+        warehouse: Some(format!("s3://{bucket}/warehouse")),
+        options: s3_options(),
+        commit_interval: Duration::from_millis(300),
+        ..LakehouseSettings::default()
+    };
+    let (addr, _) = start_server_with(Some(runner)).await?;
+    let tenant = tenant_id("ice");
+    let key = tenant_with_key(addr, &tenant).await?;
+    upload_counter(addr, &key, 1).await?;
+    let table = json!({"table": "counts", "columns": [
+        {"name": "count", "type": "long", "required": true},
+        {"name": "offset", "type": "long", "required": true}]});
+    let (input, _output) = counter_pipeline_p(
+        addr,
+        &key,
+        &tenant,
+        json!({"delivery": "exactly_once", "iceberg": table}),
+    )
+    .await?;
+    let mut expected = BTreeMap::new();
+    produce_counter(&input, 2, (0, 300), 30, &mut expected).await?;
+    // `probe:time` of key0, partition 0: its emit has other fields than the table's.
+    produce(&input, 0, &[(b"key0".to_vec(), b"probe:time".to_vec())]).await?;
+    let dlq = read_exactly(
+        &kafka_topic_of(&tenant, "dlq"),
+        1,
+        Duration::from_secs(60),
+        Duration::from_millis(200),
+    )
+    .await?;
+    let error = dlq[0]
+        .headers()
+        .and_then(|h| {
+            (0..h.count())
+                .map(|i| h.get(i))
+                .find(|h| h.key == "weir.error")
+                .and_then(|h| h.value.map(|v| String::from_utf8_lossy(v).into_owned()))
+        })
+        .unwrap_or_default();
+    assert!(error.contains("Iceberg table"), "{error}");
+
+    // The committer's snapshots: polled, as a user's query would.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let read = loop {
+        let read = crate::iceberg_table::read_with_pyiceberg(&db, &format!("{tenant}.counts"));
+        let rows = read
+            .as_ref()
+            .ok()
+            .and_then(|r| r["rows"].as_array().map(Vec::len));
+        if rows == Some(300) {
+            break read?;
+        }
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "the table holds {rows:?} of 300 rows after 60 s: {read:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    };
+    let mut counts: Vec<u64> = read["rows"]
+        .as_array()
+        .expect("rows")
+        .iter()
+        .filter_map(|r| r["count"].as_u64())
+        .collect();
+    counts.sort_unstable();
+    let mut want: Vec<u64> = expected.values().flat_map(|n| 1..=*n).collect();
+    want.sort_unstable();
+    assert_eq!(counts, want, "each key's counts 1..n, once each");
+    let mut offsets: Vec<u64> = read["rows"]
+        .as_array()
+        .expect("rows")
+        .iter()
+        .filter_map(|r| r["offset"].as_u64())
+        .collect();
+    offsets.sort_unstable();
+    offsets.dedup();
+    assert_eq!(
+        offsets.len(),
+        150,
+        "two partitions of 150 records: offsets 0..150"
+    );
+    let (status, _, _) = call(addr, Method::GET, "/v1/pipelines/p", Some(&key), None).await?;
+    assert!(status.is_success());
+    Ok(())
+}
