@@ -114,10 +114,25 @@ impl Lakehouse {
     /// [`LakehouseError::NotConfigured`]; [`LakehouseError::Iceberg`] when the database cannot
     /// be opened.
     pub async fn open(settings: &LakehouseSettings) -> Result<Self, LakehouseError> {
-        let (Some(uri), Some(warehouse)) = (&settings.catalog_uri, &settings.warehouse) else {
+        let Some(warehouse) = &settings.warehouse else {
             return Err(LakehouseError::NotConfigured);
         };
         let storage = WarehouseStorage::new(warehouse, settings.options.clone());
+        Self::open_with(settings, storage).await
+    }
+
+    /// [`Lakehouse::open`] with the warehouse reached through `storage` (its URL is the
+    /// warehouse's; tests count its requests).
+    ///
+    /// # Errors
+    /// As [`Lakehouse::open`].
+    pub async fn open_with(
+        settings: &LakehouseSettings,
+        storage: WarehouseStorage,
+    ) -> Result<Self, LakehouseError> {
+        let Some(uri) = &settings.catalog_uri else {
+            return Err(LakehouseError::NotConfigured);
+        };
         let props = HashMap::from([
             (SQL_CATALOG_PROP_URI.to_owned(), uri.clone()),
             (

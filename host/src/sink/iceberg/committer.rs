@@ -11,6 +11,7 @@
 
 use super::catalog::Lakehouse;
 use super::commit::{self, CommitReport, PendingCheckpoint};
+use super::orphans::ORPHAN_GRACE;
 use super::shard::{PENDING_KEY, PendingList, pending_checkpoints};
 use crate::clock::SharedClock;
 use crate::state::lsm::cache::{BlockCaches, CacheSettings};
@@ -20,11 +21,16 @@ use crate::state::savepoint::newest_decided;
 use iceberg::TableIdent;
 use object_store::ObjectStore;
 use object_store::path::Path;
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
 /// Memory for the `lsm` blocks a committer reads (a few per shard).
 const COMMITTER_CACHE_BYTES: u64 = 4 << 20;
+
+/// How often a committer looks for orphan data files (it lists the table's data directory and
+/// reads every manifest the table's snapshots list).
+const ORPHAN_CHECK_INTERVAL: Duration = Duration::from_secs(3600);
 
 /// What a committer reads and where it commits.
 #[derive(Debug, Clone)]
@@ -95,8 +101,21 @@ impl Committer {
                 .unwrap_or_else(|_| BlockCaches::none()),
             );
             let mut first = true;
+            let mut orphans_checked: Option<tokio::time::Instant> = None;
             loop {
                 tokio::time::sleep(committer.interval).await;
+                if orphans_checked.is_none_or(|at| at.elapsed() >= ORPHAN_CHECK_INTERVAL) {
+                    orphans_checked = Some(tokio::time::Instant::now());
+                    match committer.collect_orphans(&caches, ORPHAN_GRACE).await {
+                        Ok(deleted) if !deleted.is_empty() => {
+                            tracing::info!(table = %committer.ident, files = deleted.len(), "orphan data files deleted");
+                        }
+                        Ok(_) => {}
+                        Err(e) => {
+                            tracing::warn!(table = %committer.ident, error = %crate::error::Chain(&e), "deleting orphan data files failed; trying again later");
+                        }
+                    }
+                }
                 match committer.commit_once(&caches, first).await {
                     Ok(report) => {
                         first = false;
@@ -128,6 +147,59 @@ impl Committer {
             .load_table(&self.ident)
             .await
             .map_err(CommitterError::Table)?;
+        let pending = self.pending(caches, &table).await?;
+        tracing::debug!(table = %self.ident, checkpoints = pending.len(), files = pending.iter().map(|c| c.files.len()).sum::<usize>(), "iceberg commit pass");
+        commit::commit(
+            self.lakehouse.catalog(),
+            &self.ident,
+            &self.uid,
+            &pending,
+            look_for_files,
+        )
+        .await
+        .map_err(CommitterError::Table)
+    }
+
+    /// Deletes the pipeline's orphan data files older than `grace` ([`super::orphans`]).
+    /// Returns their locations.
+    ///
+    /// # Errors
+    /// [`CommitterError`]; nothing the table or a shard lists is deleted then.
+    pub async fn collect_orphans(
+        &self,
+        caches: &Arc<BlockCaches>,
+        grace: Duration,
+    ) -> Result<Vec<String>, CommitterError> {
+        let table = self
+            .lakehouse
+            .catalog()
+            .load_table(&self.ident)
+            .await
+            .map_err(CommitterError::Table)?;
+        let pending: BTreeSet<String> = self
+            .pending(caches, &table)
+            .await?
+            .iter()
+            .flat_map(|c| c.files.iter().map(|f| f.file_path().to_owned()))
+            .collect();
+        super::orphans::delete_orphans(
+            &table,
+            &self.uid,
+            &pending,
+            self.lakehouse.storage(),
+            grace,
+            self.clock.now_ms(),
+        )
+        .await
+        .map_err(CommitterError::Table)
+    }
+
+    /// Every shard's pending checkpoints, as its newest decided checkpoint lists them.
+    async fn pending(
+        &self,
+        caches: &Arc<BlockCaches>,
+        table: &iceberg::table::Table,
+    ) -> Result<Vec<PendingCheckpoint>, CommitterError> {
         let schema = table.metadata().current_schema().clone();
         let mut pending: Vec<PendingCheckpoint> = Vec::new();
         let roots = self.shard_roots().await?;
@@ -157,16 +229,7 @@ impl Committer {
                 pending_checkpoints(partition, &list, &schema).map_err(CommitterError::Table)?,
             );
         }
-        tracing::debug!(table = %self.ident, checkpoints = pending.len(), files = pending.iter().map(|c| c.files.len()).sum::<usize>(), "iceberg commit pass");
-        commit::commit(
-            self.lakehouse.catalog(),
-            &self.ident,
-            &self.uid,
-            &pending,
-            look_for_files,
-        )
-        .await
-        .map_err(CommitterError::Table)
+        Ok(pending)
     }
 
     /// (partition, root) of every shard stored under the pipeline.

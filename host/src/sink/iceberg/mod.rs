@@ -10,12 +10,14 @@
 //! - [`commit`]   prepared checkpoints' files appended in one snapshot, exactly once;
 //! - [`shard`]    a shard's open files and its pending list, kept in its state;
 //! - [`committer`] the pipeline's committer, run by the owner of partition 0;
+//! - [`orphans`]  data files of checkpoints that never became decided, deleted;
 //! - [`output`]   the pipeline's output with the table beside its Kafka sinks.
 
 pub mod catalog;
 pub mod commit;
 pub mod committer;
 pub mod files;
+pub mod orphans;
 pub mod output;
 pub mod schema;
 pub mod shard;

@@ -97,7 +97,11 @@ impl WarehouseStorage {
         Ok(path)
     }
 
-    fn store(&self) -> iceberg::Result<Arc<dyn ObjectStore>> {
+    /// The warehouse's client.
+    ///
+    /// # Errors
+    /// When it cannot be built from the URL and options.
+    pub fn store(&self) -> iceberg::Result<Arc<dyn ObjectStore>> {
         Ok(self.client()?.0.clone())
     }
 }

@@ -12,6 +12,7 @@ use iceberg::spec::DataFile;
 use iceberg::table::Table;
 use iceberg::transaction::{ApplyTransactionAction, Transaction};
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 const UID: &str = "p-0001";
 
@@ -305,4 +306,43 @@ async fn an_existing_table_with_other_columns_is_refused() {
         matches!(refused, Err(LakehouseError::Mismatch { .. })),
         "{refused:?}"
     );
+}
+
+#[tokio::test]
+async fn orphan_files_are_deleted_and_committed_or_pending_ones_kept() {
+    let f = fixture().await;
+    let committed = f.checkpoint(0, 3, "A", 1..=5).await;
+    f.commit(std::slice::from_ref(&committed), false).await;
+    // Written for checkpoints that never became decided: one still listed by its shard (the
+    // newest decided checkpoint holds it), one nobody lists.
+    let listed = f.checkpoint(1, 4, "B", 1..=5).await;
+    let orphan = f.checkpoint(2, 9, "C", 1..=5).await;
+    let path = |c: &PendingCheckpoint| c.files[0].file_path().to_owned();
+    let pending = std::collections::BTreeSet::from([path(&listed)]);
+    let table = f.table().await;
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_millis() as u64;
+    let storage = f.lakehouse.storage();
+    let young = super::orphans::delete_orphans(
+        &table,
+        UID,
+        &pending,
+        storage,
+        super::orphans::ORPHAN_GRACE,
+        now_ms,
+    )
+    .await
+    .expect("gc");
+    assert!(young.is_empty(), "within the grace period: {young:?}");
+    let deleted =
+        super::orphans::delete_orphans(&table, UID, &pending, storage, Duration::ZERO, now_ms)
+            .await
+            .expect("gc");
+    assert_eq!(deleted, [path(&orphan)]);
+    use iceberg::io::Storage;
+    assert!(!storage.exists(&path(&orphan)).await.expect("head"));
+    assert!(storage.exists(&path(&listed)).await.expect("head"));
+    assert_eq!(f.rows().await, expected(&[("A", 1..=5)]));
 }
