@@ -53,12 +53,17 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
             };
             match self.sink.prepare(version).await {
                 Ok(Some(write)) => {
+                    // The list is the sink's record of files it closed: a shard that could not
+                    // keep it must not checkpoint offsets past their rows. Reopening replays
+                    // them from the last checkpoint.
                     if let Err(err) = self.shard.apply(vec![write]).await {
                         self.stats
                             .checkpoint_failures
                             .fetch_add(1, Ordering::Relaxed);
-                        tracing::warn!(partition = self.partition, error = %err, last, "checkpoint failed: the sink's prepared files could not be recorded; the previous one stays current");
-                        return Ok(());
+                        return Err(self.sink_failed(crate::pipeline::ports::SinkError {
+                            topic: "iceberg".to_owned(),
+                            source: Box::new(err),
+                        }));
                     }
                 }
                 Ok(None) => {}

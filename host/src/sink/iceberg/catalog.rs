@@ -248,6 +248,11 @@ impl Lakehouse {
                 table.metadata().location()
             )));
         }
+        if !table.metadata().default_partition_spec().is_unpartitioned() {
+            return Err(mismatch(
+                "it is partitioned; the sink writes unpartitioned tables".into(),
+            ));
+        }
         if !same_columns(table.metadata().current_schema(), schema.iceberg()) {
             return Err(mismatch(
                 "its columns differ from the spec's (ids, names, types, required, order)".into(),

@@ -19,7 +19,7 @@
 //! lost and whose snapshots expired still does not get them twice.
 //!
 //! Commits are compare-and-swap on the catalog's metadata pointer and are not retried by the
-//! `iceberg` crate ([`NoRetry`]): on a conflict the committer reloads the table and decides
+//! `iceberg` crate (a catalog wrapper, `NoRetry`, that also pins the table decided on): on a conflict the committer reloads the table and decides
 //! again, so that two committers of one pipeline (a zombie and its successor) never both
 //! append one checkpoint.
 
@@ -109,8 +109,9 @@ fn summary_versions(snapshot: &Snapshot, uid: &str) -> Vec<(i32, u64)> {
         .collect()
 }
 
-/// Which of `paths` the table's current snapshot lists (reads its manifest list and every
-/// manifest: the recovery check, not the steady state's).
+/// Which of `paths` any snapshot the table still has lists (reads every manifest once: the
+/// recovery check, not the steady state's). A file that table maintenance rewrote and whose
+/// older snapshots expired is not found: the table property is what remembers it then.
 ///
 /// # Errors
 /// [`iceberg::Error`] when a manifest cannot be read.
@@ -118,21 +119,12 @@ pub async fn files_in_table(
     table: &Table,
     paths: &BTreeSet<&str>,
 ) -> iceberg::Result<BTreeSet<String>> {
-    let mut found = BTreeSet::new();
-    let Some(snapshot) = table.metadata().current_snapshot() else {
-        return Ok(found);
-    };
-    let list = table.manifest_list_reader(snapshot).load().await?;
-    for manifest in list.entries() {
-        let manifest = manifest.load_manifest(table.file_io()).await?;
-        for entry in manifest.entries() {
-            let path = entry.data_file().file_path();
-            if paths.contains(path) {
-                found.insert(path.to_owned());
-            }
-        }
-    }
-    Ok(found)
+    let listed = super::orphans::files_in_any_snapshot(table).await?;
+    Ok(paths
+        .iter()
+        .filter(|p| listed.contains(**p))
+        .map(|p| (*p).to_owned())
+        .collect())
 }
 
 /// Appends the files of every pending checkpoint above what the table already has of
@@ -150,7 +142,6 @@ pub async fn commit(
     pending: &[PendingCheckpoint],
     look_for_files: bool,
 ) -> iceberg::Result<CommitReport> {
-    let no_retry = NoRetry(catalog.clone());
     let mut attempt = 0;
     loop {
         let table = catalog.load_table(ident).await?;
@@ -213,7 +204,13 @@ pub async fn commit(
             .update_table_properties()
             .set(format!("{PROPERTY_COMMITTED_PREFIX}{uid}"), committed_text);
         let tx = properties.apply(tx)?;
-        match tx.commit(&no_retry).await {
+        // The transaction commits onto exactly the table decided on: a table another
+        // committer changed meanwhile fails the swap, and the loop decides again.
+        let decided = NoRetry {
+            inner: catalog.clone(),
+            decided: table.clone(),
+        };
+        match tx.commit(&decided).await {
             Ok(table) => {
                 report.snapshot_id = table.metadata().current_snapshot_id();
                 report.committed = committed;
@@ -231,10 +228,18 @@ pub async fn commit(
     }
 }
 
-/// A catalog whose commit conflicts are final, so that the `iceberg` crate's transaction does
-/// not re-apply our append to a table another committer changed (we decide again instead).
+/// A catalog for one commit decided on one version of the table: loading that table answers
+/// the version decided on (the `iceberg` crate's transaction reloads the table before it
+/// commits and would otherwise re-apply our append onto a newer one — another committer's
+/// append included), and a conflict is final rather than retried by the crate: the caller
+/// reloads and decides again. The swap itself (the SQL catalog's compare of the metadata
+/// location, the append's requirement that the main branch is still at the snapshot decided
+/// on) refuses a table that changed.
 #[derive(Debug)]
-pub struct NoRetry(pub Arc<dyn Catalog>);
+pub(super) struct NoRetry {
+    pub(super) inner: Arc<dyn Catalog>,
+    pub(super) decided: Table,
+}
 
 #[async_trait]
 impl Catalog for NoRetry {
@@ -242,65 +247,68 @@ impl Catalog for NoRetry {
         &self,
         parent: Option<&NamespaceIdent>,
     ) -> iceberg::Result<Vec<NamespaceIdent>> {
-        self.0.list_namespaces(parent).await
+        self.inner.list_namespaces(parent).await
     }
     async fn create_namespace(
         &self,
         namespace: &NamespaceIdent,
         properties: HashMap<String, String>,
     ) -> iceberg::Result<Namespace> {
-        self.0.create_namespace(namespace, properties).await
+        self.inner.create_namespace(namespace, properties).await
     }
     async fn get_namespace(&self, namespace: &NamespaceIdent) -> iceberg::Result<Namespace> {
-        self.0.get_namespace(namespace).await
+        self.inner.get_namespace(namespace).await
     }
     async fn namespace_exists(&self, namespace: &NamespaceIdent) -> iceberg::Result<bool> {
-        self.0.namespace_exists(namespace).await
+        self.inner.namespace_exists(namespace).await
     }
     async fn update_namespace(
         &self,
         namespace: &NamespaceIdent,
         properties: HashMap<String, String>,
     ) -> iceberg::Result<()> {
-        self.0.update_namespace(namespace, properties).await
+        self.inner.update_namespace(namespace, properties).await
     }
     async fn drop_namespace(&self, namespace: &NamespaceIdent) -> iceberg::Result<()> {
-        self.0.drop_namespace(namespace).await
+        self.inner.drop_namespace(namespace).await
     }
     async fn list_tables(&self, namespace: &NamespaceIdent) -> iceberg::Result<Vec<TableIdent>> {
-        self.0.list_tables(namespace).await
+        self.inner.list_tables(namespace).await
     }
     async fn create_table(
         &self,
         namespace: &NamespaceIdent,
         creation: TableCreation,
     ) -> iceberg::Result<Table> {
-        self.0.create_table(namespace, creation).await
+        self.inner.create_table(namespace, creation).await
     }
     async fn load_table(&self, table: &TableIdent) -> iceberg::Result<Table> {
-        self.0.load_table(table).await
+        if table == self.decided.identifier() {
+            return Ok(self.decided.clone());
+        }
+        self.inner.load_table(table).await
     }
     async fn drop_table(&self, table: &TableIdent) -> iceberg::Result<()> {
-        self.0.drop_table(table).await
+        self.inner.drop_table(table).await
     }
     async fn purge_table(&self, table: &TableIdent) -> iceberg::Result<()> {
-        self.0.purge_table(table).await
+        self.inner.purge_table(table).await
     }
     async fn table_exists(&self, table: &TableIdent) -> iceberg::Result<bool> {
-        self.0.table_exists(table).await
+        self.inner.table_exists(table).await
     }
     async fn rename_table(&self, src: &TableIdent, dest: &TableIdent) -> iceberg::Result<()> {
-        self.0.rename_table(src, dest).await
+        self.inner.rename_table(src, dest).await
     }
     async fn register_table(
         &self,
         table: &TableIdent,
         metadata_location: String,
     ) -> iceberg::Result<Table> {
-        self.0.register_table(table, metadata_location).await
+        self.inner.register_table(table, metadata_location).await
     }
     async fn update_table(&self, commit: TableCommit) -> iceberg::Result<Table> {
-        self.0.update_table(commit).await.map_err(|e| {
+        self.inner.update_table(commit).await.map_err(|e| {
             if e.kind() == ErrorKind::CatalogCommitConflicts {
                 Error::new(ErrorKind::CatalogCommitConflicts, e.message().to_owned())
                     .with_retryable(false)

@@ -88,7 +88,7 @@ pub enum CommitterError {
 }
 
 impl Committer {
-    /// Starts committing every `interval`, the first pass after one interval.
+    /// Starts committing: a first pass at once, then one every `interval`.
     pub fn start(&self) -> CommitterHandle {
         let committer = self.clone();
         CommitterHandle(tokio::spawn(async move {
@@ -101,11 +101,16 @@ impl Committer {
                 .unwrap_or_else(|_| BlockCaches::none()),
             );
             let mut first = true;
-            let mut orphans_checked: Option<tokio::time::Instant> = None;
+            // Housekeeping, not urgent: the first look an hour into the committer's run.
+            let mut orphans_checked = tokio::time::Instant::now();
+            let mut passes = 0u64;
             loop {
-                tokio::time::sleep(committer.interval).await;
-                if orphans_checked.is_none_or(|at| at.elapsed() >= ORPHAN_CHECK_INTERVAL) {
-                    orphans_checked = Some(tokio::time::Instant::now());
+                if passes > 0 {
+                    tokio::time::sleep(committer.interval).await;
+                }
+                passes += 1;
+                if orphans_checked.elapsed() >= ORPHAN_CHECK_INTERVAL {
+                    orphans_checked = tokio::time::Instant::now();
                     match committer.collect_orphans(&caches, ORPHAN_GRACE).await {
                         Ok(deleted) if !deleted.is_empty() => {
                             tracing::info!(table = %committer.ident, files = deleted.len(), "orphan data files deleted");
@@ -170,18 +175,39 @@ impl Committer {
         caches: &Arc<BlockCaches>,
         grace: Duration,
     ) -> Result<Vec<String>, CommitterError> {
-        let table = self
+        // The lists first, then the table: a file a shard stops listing because it was
+        // committed meanwhile is in the table loaded after.
+        let schema_of = self
             .lakehouse
             .catalog()
             .load_table(&self.ident)
             .await
             .map_err(CommitterError::Table)?;
         let pending: BTreeSet<String> = self
-            .pending(caches, &table)
+            .pending(caches, &schema_of)
             .await?
             .iter()
             .flat_map(|c| c.files.iter().map(|f| f.file_path().to_owned()))
             .collect();
+        let table = self
+            .lakehouse
+            .catalog()
+            .load_table(&self.ident)
+            .await
+            .map_err(CommitterError::Table)?;
+        // Only ever under the table's own location, as the sink created it.
+        let expected = self
+            .lakehouse
+            .location(&self.ident.namespace().join("."), self.ident.name());
+        if table.metadata().location() != expected {
+            return Err(CommitterError::Table(iceberg::Error::new(
+                iceberg::ErrorKind::DataInvalid,
+                format!(
+                    "the table moved to `{}`; not collecting files there",
+                    table.metadata().location()
+                ),
+            )));
+        }
         super::orphans::delete_orphans(
             &table,
             &self.uid,
@@ -222,9 +248,17 @@ impl Committer {
             None => Default::default(),
         };
         for (partition, root) in roots {
-            let list = self
+            // One shard that cannot be read holds back its own files only.
+            let list = match self
                 .pending_list(caches, partition, &root, committed.get(&partition).copied())
-                .await?;
+                .await
+            {
+                Ok(list) => list,
+                Err(e) => {
+                    tracing::warn!(table = %self.ident, partition, error = %crate::error::Chain(&e), "cannot read the shard's pending data files; committing the other shards'");
+                    continue;
+                }
+            };
             pending.extend(
                 pending_checkpoints(partition, &list, &schema).map_err(CommitterError::Table)?,
             );

@@ -27,6 +27,10 @@ use parquet::file::properties::WriterProperties;
 /// group of its own): bounds the buffer whatever the checkpoint interval.
 pub const BATCH_ROWS_MAX: usize = 8192;
 
+/// Encoded bytes of a row group the Parquet writer buffers before it writes it out (as
+/// Parquet's `parquet.block.size`, 128 MiB, kept smaller: a host holds one per shard).
+pub const ROW_GROUP_BYTES_MAX: usize = 32 << 20;
+
 type Builder =
     DataFileWriterBuilder<ParquetWriterBuilder, DefaultLocationGenerator, DefaultFileNameGenerator>;
 type Writer =
@@ -63,13 +67,19 @@ impl ShardFiles {
     ) -> iceberg::Result<Self> {
         let properties = WriterProperties::builder()
             .set_compression(Compression::ZSTD(ZstdLevel::default()))
+            .set_max_row_group_bytes(Some(ROW_GROUP_BYTES_MAX))
             .build();
         let parquet = ParquetWriterBuilder::new(properties, schema.iceberg().clone());
         let rolling = RollingFileWriterBuilder::new(
             parquet,
             usize::try_from(target_file_size_bytes).unwrap_or(usize::MAX),
             table.file_io().clone(),
-            DefaultLocationGenerator::new(table.metadata())?,
+            // `{table}/data`, whatever the table's `write.data.path` says: the sink writes only
+            // under the table's own location.
+            DefaultLocationGenerator::with_data_location(format!(
+                "{}/data",
+                table.metadata().location()
+            )),
             DefaultFileNameGenerator::new(prefix, None, DataFileFormat::Parquet),
         );
         Ok(Self {

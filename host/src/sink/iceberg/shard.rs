@@ -26,6 +26,11 @@ pub const PENDING_KEY: [u8; 5] = [0xFF, 0xFF, 0xFF, 0xFF, b'i'];
 /// The pending list as stored (JSON).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PendingList {
+    /// The pipeline (its uid) whose files these are: a shard restored from another
+    /// pipeline's savepoint does not take them over (they are that pipeline's to commit, to
+    /// its table).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<String>,
     /// Oldest first.
     pub entries: Vec<PendingEntry>,
 }
@@ -131,7 +136,10 @@ impl IcebergShard {
             uid: uid.to_owned(),
             partition,
             files,
-            pending: PendingList::default(),
+            pending: PendingList {
+                uid: Some(uid.to_owned()),
+                entries: Vec::new(),
+            },
         })
     }
 
@@ -140,7 +148,14 @@ impl IcebergShard {
     /// # Errors
     /// [`IcebergShardError::Corrupt`].
     pub fn restore(&mut self, value: Option<&[u8]>) -> Result<(), IcebergShardError> {
-        self.pending = PendingList::decode(value).map_err(IcebergShardError::Corrupt)?;
+        let restored = PendingList::decode(value).map_err(IcebergShardError::Corrupt)?;
+        if restored.uid.as_deref().is_some_and(|uid| uid != self.uid) {
+            tracing::warn!(partition = self.partition, from = ?restored.uid, files = restored.entries.iter().map(|e| e.files.len()).sum::<usize>(), "the restored state lists another pipeline's uncommitted data files; they stay that pipeline's");
+            self.pending = PendingList::default();
+        } else {
+            self.pending = restored;
+        }
+        self.pending.uid = Some(self.uid.clone());
         Ok(())
     }
 
@@ -189,17 +204,19 @@ impl IcebergShard {
             self.pending.entries.push(PendingEntry { version, files });
         }
         if !self.pending.entries.is_empty() {
-            let table = self
-                .lakehouse
-                .catalog()
-                .load_table(&self.ident)
-                .await
-                .map_err(|source| IcebergShardError::Table {
-                    what: "load the table",
-                    source: Box::new(source),
-                })?;
-            if let Some(&committed) = committed_versions(&table, &self.uid).get(&self.partition) {
-                self.pending.entries.retain(|e| e.version > committed);
+            // Dropping what the table has is housekeeping: with the catalog away, the list
+            // is kept whole (it is cumulative) and the checkpoint goes on.
+            match self.lakehouse.catalog().load_table(&self.ident).await {
+                Ok(table) => {
+                    if let Some(&committed) =
+                        committed_versions(&table, &self.uid).get(&self.partition)
+                    {
+                        self.pending.entries.retain(|e| e.version > committed);
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(partition = self.partition, table = %self.ident, error = %crate::error::Chain(&e), "cannot read the table's committed checkpoints; the shard keeps its whole list of pending files");
+                }
             }
         }
         tracing::debug!(

@@ -346,3 +346,62 @@ async fn orphan_files_are_deleted_and_committed_or_pending_ones_kept() {
     assert!(storage.exists(&path(&listed)).await.expect("head"));
     assert_eq!(f.rows().await, expected(&[("A", 1..=5)]));
 }
+
+/// Two committers of one pipeline (a zombie and its successor) decide on the same table; the
+/// one that commits second must not land its append on the table the first one changed (the
+/// `iceberg` crate's transaction reloads and re-applies unless the catalog pins the table).
+#[tokio::test]
+async fn an_append_decided_on_an_older_table_fails_instead_of_landing_on_a_newer_one() {
+    let f = fixture().await;
+    let pending = f.checkpoint(0, 3, "A", 1..=5).await;
+    let decided = f.table().await;
+    // The other committer appends the same checkpoint first.
+    f.commit(std::slice::from_ref(&pending), false).await;
+    let tx = Transaction::new(&decided);
+    let tx = tx
+        .fast_append()
+        .with_check_duplicate(false)
+        .add_data_files(pending.files.clone())
+        .apply(tx)
+        .expect("apply");
+    let pinned = commit::NoRetry {
+        inner: f.lakehouse.catalog().clone(),
+        decided,
+    };
+    let refused = tx.commit(&pinned).await.expect_err("the table changed");
+    assert_eq!(refused.kind(), iceberg::ErrorKind::CatalogCommitConflicts);
+    assert_eq!(f.rows().await, expected(&[("A", 1..=5)]), "each row once");
+    // The committer's own loop decides again and finds it committed.
+    let again = f.commit(std::slice::from_ref(&pending), false).await;
+    assert_eq!((again.snapshot_id, again.skipped), (None, 1));
+}
+
+/// A shard restored from another pipeline's savepoint does not take over that pipeline's
+/// uncommitted files (they are for its table, and its committer); its own stay.
+#[tokio::test]
+async fn a_shard_takes_only_its_own_pipelines_pending_files_when_restored() {
+    let f = fixture().await;
+    let open = |uid: &'static str| {
+        let lakehouse = f.lakehouse.clone();
+        let schema = f.schema.clone();
+        async move {
+            shard::IcebergShard::open(&lakehouse, ("t1", "routes"), &schema, uid, 0)
+                .await
+                .expect("opens")
+        }
+    };
+    let mut source = open("source").await;
+    source
+        .push(br#"{"route":"A","flights":1}"#)
+        .await
+        .expect("fits");
+    let write = source.prepare(7).await.expect("prepares").expect("a list");
+    let stored = write.value.expect("a value");
+    let mut other = open("other").await;
+    other.restore(Some(&stored)).expect("decodes");
+    assert!(other.pending().entries.is_empty());
+    let mut same = open("source").await;
+    same.restore(Some(&stored)).expect("decodes");
+    assert_eq!(same.pending().entries.len(), 1);
+    assert_eq!(same.pending().entries[0].version, 7);
+}
