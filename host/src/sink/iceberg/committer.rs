@@ -146,12 +146,7 @@ impl Committer {
         caches: &Arc<BlockCaches>,
         look_for_files: bool,
     ) -> Result<CommitReport, CommitterError> {
-        let table = self
-            .lakehouse
-            .catalog()
-            .load_table(&self.ident)
-            .await
-            .map_err(CommitterError::Table)?;
+        let table = self.table().await?;
         let pending = self.pending(caches, &table).await?;
         tracing::debug!(table = %self.ident, checkpoints = pending.len(), files = pending.iter().map(|c| c.files.len()).sum::<usize>(), "iceberg commit pass");
         commit::commit(
@@ -177,24 +172,14 @@ impl Committer {
     ) -> Result<Vec<String>, CommitterError> {
         // The lists first, then the table: a file a shard stops listing because it was
         // committed meanwhile is in the table loaded after.
-        let schema_of = self
-            .lakehouse
-            .catalog()
-            .load_table(&self.ident)
-            .await
-            .map_err(CommitterError::Table)?;
+        let schema_of = self.table().await?;
         let pending: BTreeSet<String> = self
             .pending(caches, &schema_of)
             .await?
             .iter()
             .flat_map(|c| c.files.iter().map(|f| f.file_path().to_owned()))
             .collect();
-        let table = self
-            .lakehouse
-            .catalog()
-            .load_table(&self.ident)
-            .await
-            .map_err(CommitterError::Table)?;
+        let table = self.table().await?;
         // Only ever under the table's own location, as the sink created it.
         let expected = self
             .lakehouse
@@ -218,6 +203,15 @@ impl Committer {
         )
         .await
         .map_err(CommitterError::Table)
+    }
+
+    /// The table as the catalog has it now.
+    async fn table(&self) -> Result<iceberg::table::Table, CommitterError> {
+        self.lakehouse
+            .catalog()
+            .load_table(&self.ident)
+            .await
+            .map_err(CommitterError::Table)
     }
 
     /// Every shard's pending checkpoints, as its newest decided checkpoint lists them.
