@@ -159,6 +159,7 @@ pub async fn run(
                     idle_timeout: None,
                     idle_advance: false,
                     late_records: Default::default(),
+                    iceberg: None,
                 },
                 kafka: crate::kafka::settings(&bootstrap),
                 runtime: RuntimeSettings {
@@ -167,6 +168,7 @@ pub async fn run(
                     ..RuntimeSettings::default()
                 },
                 state: StateSettings::default(),
+                iceberg: Default::default(),
             };
             let run = measure(settings, Duration::from_millis(delay_ms), opts.records).await?;
             runs.push(ControllerRun {

@@ -160,10 +160,12 @@ pub(crate) fn pipeline_settings(
             idle_timeout: None,
             idle_advance: false,
             late_records: Default::default(),
+            iceberg: None,
         },
         kafka: crate::kafka::settings(bootstrap),
         runtime: RuntimeSettings::default(),
         state: StateSettings::default(),
+        iceberg: Default::default(),
     }
 }
 

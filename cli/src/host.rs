@@ -137,20 +137,65 @@ impl Drop for AbortOnDrop {
 /// `InvalidAccessKeyId`, `NoSuchBucket`) rather than fail every shard's opening later.
 async fn check_state_store(settings: &Settings) -> anyhow::Result<()> {
     use object_store::ObjectStore as _;
+    let Some((store, prefix, url)) = state_store(settings)? else {
+        return Ok(());
+    };
+    store
+        .list_with_delimiter(Some(&prefix))
+        .await
+        .with_context(|| format!("cannot read the state store {url}"))?;
+    Ok(())
+}
+
+/// An object store, the prefix under it and its URL.
+type StoreAt<'a> = (
+    Arc<dyn object_store::ObjectStore>,
+    object_store::path::Path,
+    &'a str,
+);
+
+/// The state backend's object store, the prefix under it and its URL, if it has one.
+fn state_store(settings: &Settings) -> anyhow::Result<Option<StoreAt<'_>>> {
     use weir_host::config::StateBackendKind;
     let state = &settings.state;
     let (url, options) = match state.backend {
         StateBackendKind::Lsm => (state.lsm.url.as_deref(), &state.lsm.options),
         StateBackendKind::Memory => (state.memory.url.as_deref(), &state.memory.options),
     };
-    let Some(url) = url else { return Ok(()) };
+    let Some(url) = url else { return Ok(None) };
     let (store, prefix) = weir_host::state::lsm::backend::object_store_from_url(url, options)
         .with_context(|| format!("cannot open the state store {url}"))?;
-    store
-        .list_with_delimiter(Some(&prefix))
+    Ok(Some((store, prefix, url)))
+}
+
+/// `pipeline.iceberg`'s table, if set: its catalog opened, the pipeline's id read from (or
+/// made in) the state store, the committer reading the checkpoints there.
+async fn table_target(
+    settings: &Settings,
+    clock: &SharedClock,
+) -> anyhow::Result<Option<weir_host::sink::iceberg::TableTarget>> {
+    use weir_host::sink::iceberg::{TableSchema, TableTarget, output::stored_pipeline_uid};
+    let Some(table) = &settings.pipeline.iceberg else {
+        return Ok(None);
+    };
+    let schema = TableSchema::new(&table.columns).context("pipeline.iceberg.columns")?;
+    let (store, prefix, url) =
+        state_store(settings)?.context("pipeline.iceberg needs a state store")?;
+    let uid = stored_pipeline_uid(store.as_ref(), &prefix, &settings.pipeline.name)
         .await
-        .with_context(|| format!("cannot read the state store {url}"))?;
-    Ok(())
+        .with_context(|| format!("cannot read or write the pipeline's id in {url}"))?;
+    let target = TableTarget::open(
+        &settings.iceberg,
+        (&table.namespace, &table.table),
+        schema,
+        &uid,
+        settings,
+        (store, &prefix),
+        clock.clone(),
+    )
+    .await
+    .context("cannot open the Iceberg catalog")?;
+    Ok(Some(target))
 }
 
 /// How long `weir run` waits for the cluster's first metadata answer at start.
@@ -190,7 +235,9 @@ pub async fn run(config: PathBuf, admin_listen: Option<String>) -> anyhow::Resul
         shutdown_signal().await;
         tracing::info!("shutting down: draining partitions and checkpointing");
     };
-    pipeline::run(settings, backend, clock, stats.clone(), shutdown)
+    let (_checkpoint_requests, mut control) = pipeline::PipelineControl::new();
+    control.table = table_target(&settings, &clock).await?;
+    pipeline::run_controlled(settings, backend, clock, stats.clone(), control, shutdown)
         .await
         .context("pipeline failed")?;
     tracing::info!(records = stats.records_done(), "pipeline stopped");

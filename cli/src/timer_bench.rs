@@ -183,6 +183,7 @@ async fn measure<B: StateBackend>(
             idle_timeout: None,
             idle_advance: false,
             late_records: Default::default(),
+            iceberg: None,
         },
         kafka: crate::kafka::settings(bootstrap),
         runtime: RuntimeSettings {
@@ -190,6 +191,7 @@ async fn measure<B: StateBackend>(
             ..RuntimeSettings::default()
         },
         state: StateSettings::default(),
+        iceberg: Default::default(),
     };
     let stats = Arc::new(PipelineStats::default());
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();

@@ -105,10 +105,12 @@ pub async fn run(opts: &WindowsBenchOptions) -> Result<Vec<WindowsRun>, WindowsB
                 idle_timeout: None,
                 idle_advance: false,
                 late_records: Default::default(),
+                iceberg: None,
             },
             kafka: crate::kafka::settings(bootstrap),
             runtime: RuntimeSettings::default(),
             state: StateSettings::default(),
+            iceberg: Default::default(),
         };
         let clock: SharedClock = Arc::new(SystemClock);
         let backend = Arc::new(MemoryBackend::new(clock.clone()));

@@ -26,13 +26,13 @@ const KEYS: u64 = 64;
 const RECORDS_PER_ROUND: u64 = 300;
 
 const BEFORE_MANIFEST: &str = "checkpoint-before-manifest";
-const AFTER_MANIFEST: &str = "checkpoint-after-manifest";
+pub(crate) const AFTER_MANIFEST: &str = "checkpoint-after-manifest";
 const TIMERS_BEFORE_APPLY: &str = "timers-before-apply";
 const TIMERS_AFTER_EMIT: &str = "timers-after-emit";
 
 /// How one round ends the process.
 #[derive(Debug, Clone, Copy)]
-enum Kill {
+pub(crate) enum Kill {
     /// SIGKILL after a random delay.
     Random,
     /// The named fail point aborts the process at one checkpoint in two.
@@ -65,7 +65,7 @@ async fn crash_loop(exactly_once: bool) -> anyhow::Result<()> {
     config.write(&config_path)?;
     let bin = Path::new(env!("CARGO_BIN_EXE_weir"));
     let mut rng = rand::thread_rng();
-    let rounds = shuffled_rounds(&[BEFORE_MANIFEST, AFTER_MANIFEST], 12, &mut rng);
+    let rounds = shuffled_rounds(30, &[BEFORE_MANIFEST, AFTER_MANIFEST], 12, &mut rng);
     let mut expected = BTreeMap::new();
     let mut produced = 0;
     let mut hits: BTreeMap<&str, usize> = BTreeMap::new();
@@ -81,7 +81,16 @@ async fn crash_loop(exactly_once: bool) -> anyhow::Result<()> {
         .await?;
         produced += RECORDS_PER_ROUND;
         let log = dir.path().join(format!("round-{round:02}.log"));
-        run_and_kill(bin, &config_path, log, round, *kill, &mut rng, &mut hits).await?;
+        run_and_kill(
+            bin,
+            &config_path,
+            log,
+            round,
+            (*kill, 50),
+            &mut rng,
+            &mut hits,
+        )
+        .await?;
         kills += 1;
     }
 
@@ -117,9 +126,15 @@ async fn crash_loop(exactly_once: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// 30 rounds of SIGKILL at a random moment and `per_point` rounds at each fail point, shuffled.
-fn shuffled_rounds(points: &[&'static str], per_point: usize, rng: &mut ThreadRng) -> Vec<Kill> {
-    let mut rounds: Vec<Kill> = std::iter::repeat_n(Kill::Random, 30)
+/// `random` rounds of SIGKILL at a random moment and `per_point` rounds at each fail point,
+/// shuffled.
+pub(crate) fn shuffled_rounds(
+    random: usize,
+    points: &[&'static str],
+    per_point: usize,
+    rng: &mut ThreadRng,
+) -> Vec<Kill> {
+    let mut rounds: Vec<Kill> = std::iter::repeat_n(Kill::Random, random)
         .chain(
             points
                 .iter()
@@ -133,14 +148,14 @@ fn shuffled_rounds(points: &[&'static str], per_point: usize, rng: &mut ThreadRn
 }
 
 /// Starts `weir` on `config_path` and ends it as `kill` says: SIGKILL after a random delay, or
-/// the fail point (armed at one hit in two) aborting it, counted in `hits` (a plain SIGKILL if
-/// it does not come up within 10 s).
-async fn run_and_kill(
+/// the fail point (armed at `percent` % of its hits) aborting it, counted in `hits` (a plain
+/// SIGKILL if it does not come up within 10 s).
+pub(crate) async fn run_and_kill(
     bin: &Path,
     config_path: &Path,
     log: std::path::PathBuf,
     round: usize,
-    kill: Kill,
+    (kill, percent): (Kill, u32),
     rng: &mut ThreadRng,
     hits: &mut BTreeMap<&'static str, usize>,
 ) -> anyhow::Result<()> {
@@ -158,7 +173,7 @@ async fn run_and_kill(
             weir.kill().await?;
         }
         Kill::FailPoint(name) => {
-            let fail_points = format!("{name}=50%return");
+            let fail_points = format!("{name}={percent}%return");
             let mut weir =
                 WeirProcess::spawn(bin, config_path, log, &[("FAILPOINTS", &fail_points)])?;
             let status = weir.wait(Duration::from_secs(10)).await?;
@@ -179,6 +194,33 @@ async fn run_and_kill(
     }
     eprintln!("round {round}: {kill:?} after {:?}", started.elapsed());
     Ok(())
+}
+
+/// The rounds of a crash loop over the flights: before each, the next `per_round` of
+/// `flights` go to `input`; then `weir` runs on `config` and is ended as the round says
+/// ([`run_and_kill`], fail points armed at `percent` %), its log in `dir`. Returns the fail
+/// points' hits.
+pub(crate) async fn flights_rounds(
+    (bin, config, dir): (&Path, &Path, &Path),
+    rounds: &[Kill],
+    (input, flights, per_round): (&str, &[FlightRecord], usize),
+    percent: u32,
+    rng: &mut ThreadRng,
+) -> anyhow::Result<BTreeMap<&'static str, usize>> {
+    // The first slice through `produce`, which turns off the topic's time-based retention (the
+    // records carry 2013 timestamps).
+    let loader = weir_cli::flights::Loader::new(&kafka_bootstrap())?;
+    let mut hits = BTreeMap::new();
+    for (round, (kill, slice)) in rounds.iter().zip(flights.chunks(per_round)).enumerate() {
+        if round == 0 {
+            weir_cli::flights::produce(&kafka_bootstrap(), input, slice).await?;
+        } else {
+            loader.produce(input, slice).await?;
+        }
+        let log = dir.join(format!("round-{round:02}.log"));
+        run_and_kill(bin, config, log, round, (*kill, percent), rng, &mut hits).await?;
+    }
+    Ok(hits)
 }
 
 /// One (origin, hour) of the windows oracle.
@@ -208,7 +250,7 @@ async fn windows_killed_and_restarted_fifty_times_close_each_hour_exactly_once()
         TIMERS_BEFORE_APPLY,
         TIMERS_AFTER_EMIT,
     ];
-    let rounds = shuffled_rounds(&points, 6, &mut rng);
+    let rounds = shuffled_rounds(30, &points, 6, &mut rng);
     let flights: Vec<FlightRecord> =
         weir_cli::flights::read_csv_keyed(&flights_csv(), KeyBy::Origin)?
             .into_iter()
@@ -240,23 +282,14 @@ async fn windows_killed_and_restarted_fifty_times_close_each_hour_exactly_once()
     config.write(&config_path)?;
     let bin = Path::new(env!("CARGO_BIN_EXE_weir"));
 
-    // The first slice through `produce`, which turns off the topic's time-based retention (the
-    // records carry 2013 timestamps).
-    let loader = weir_cli::flights::Loader::new(&kafka_bootstrap())?;
-    let mut hits: BTreeMap<&str, usize> = BTreeMap::new();
-    for (round, (kill, slice)) in rounds
-        .iter()
-        .zip(flights.chunks(FLIGHTS_PER_ROUND))
-        .enumerate()
-    {
-        if round == 0 {
-            weir_cli::flights::produce(&kafka_bootstrap(), &input, slice).await?;
-        } else {
-            loader.produce(&input, slice).await?;
-        }
-        let log = dir.path().join(format!("round-{round:02}.log"));
-        run_and_kill(bin, &config_path, log, round, *kill, &mut rng, &mut hits).await?;
-    }
+    let hits = flights_rounds(
+        (bin, &config_path, dir.path()),
+        &rounds,
+        (&input, &flights, FLIGHTS_PER_ROUND),
+        50,
+        &mut rng,
+    )
+    .await?;
 
     // The last run: once its consumer has caught up and the input is quiet for 2 s, the
     // watermark follows the clock and every hour left closes.

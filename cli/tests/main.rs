@@ -4,6 +4,7 @@
 mod cli_hygiene;
 mod crash_loop;
 mod dev_input;
+mod iceberg_crash_loop;
 mod lifecycle;
 mod lsm_backend_on_s3;
 mod operator_project;

@@ -11,6 +11,12 @@
 //!   removal, their state writes and emits) are not applied yet.
 //! - `timers-after-emit`: a timer round's effects are applied to the shard and its emits handed
 //!   to the producer; no checkpoint holds them yet.
+//! - `iceberg-after-files`: a shard's Iceberg data files for the coming checkpoint are written
+//!   and closed; no pending list names them yet (docs/iceberg.md).
+//! - `iceberg-before-commit`: the committer has decided which checkpoints to append; the
+//!   catalog's swap has not happened.
+//! - `iceberg-after-commit`: the table's new snapshot is committed; the shards still list its
+//!   files as pending.
 
 use std::io::Write as _;
 

@@ -5,6 +5,7 @@
 //! `deploy/local/kafka.sh` and `deploy/local/s3.sh`; these helpers only connect.
 
 pub mod api;
+pub mod iceberg;
 mod kafka;
 pub mod process;
 pub mod proxy;
@@ -220,6 +221,7 @@ pub fn settings(
             idle_timeout: None,
             idle_advance: false,
             late_records: Default::default(),
+            iceberg: None,
         },
         kafka: KafkaSettings {
             bootstrap_servers: kafka_bootstrap(),
@@ -235,6 +237,7 @@ pub fn settings(
             ..runtime
         },
         state: StateSettings::default(),
+        iceberg: Default::default(),
     }
 }
 

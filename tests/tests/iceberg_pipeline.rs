@@ -15,14 +15,13 @@ use weir_host::config::{Delivery, RuntimeSettings, Settings};
 use weir_host::pipeline::PipelineControl;
 use weir_host::sink::iceberg::committer::GroupOffsets;
 use weir_host::sink::iceberg::storage::WarehouseStorage;
-use weir_host::sink::iceberg::{
-    ColumnSpec, ColumnType, Committer, Lakehouse, LakehouseSettings, TableSchema, TableTarget,
-};
+use weir_host::sink::iceberg::{Committer, Lakehouse, LakehouseSettings, TableTarget};
 use weir_host::state::ShardId;
 use weir_host::state::configured::ConfiguredBackend;
 use weir_host::state::hooked_store::{HookedStore, Request, RequestHook};
 use weir_host::state::lsm::backend::LsmBackend;
 use weir_host::state::lsm::backend::object_store_from_url;
+use weir_tests::iceberg::flight_delays_table;
 use weir_tests::*;
 
 /// Flights of the slice: enough for every partition to checkpoint and commit several times.
@@ -66,44 +65,6 @@ impl std::fmt::Display for Requests {
             n(&self.lists)
         )
     }
-}
-
-fn flight_delays_table() -> TableSchema {
-    let column = |name: &str, kind, required| ColumnSpec {
-        name: name.into(),
-        kind,
-        required,
-    };
-    TableSchema::new(&[
-        column("route", ColumnType::String, true),
-        column("flights", ColumnType::Long, true),
-        column("delay_count", ColumnType::Long, true),
-        column("delay_sum", ColumnType::Long, true),
-        column("delay_max", ColumnType::Long, false),
-        column("delay_mean", ColumnType::Double, false),
-    ])
-    .expect("a valid schema")
-}
-
-/// Per route: flights, delays known, their sum and maximum — from the records produced.
-fn oracle(flights: &[FlightRecord]) -> BTreeMap<String, (u64, u64, i64, Option<i64>)> {
-    let mut out: BTreeMap<String, (u64, u64, i64, Option<i64>)> = BTreeMap::new();
-    for f in flights {
-        let row: serde_json::Value = serde_json::from_slice(&f.json).expect("a flight is JSON");
-        let route = format!(
-            "{}-{}",
-            row["origin"].as_str().unwrap_or_default(),
-            row["dest"].as_str().unwrap_or_default()
-        );
-        let e = out.entry(route).or_default();
-        e.0 += 1;
-        if let Some(d) = row["arr_delay"].as_i64() {
-            e.1 += 1;
-            e.2 += d;
-            e.3 = Some(e.3.map_or(d, |m: i64| m.max(d)));
-        }
-    }
-    out
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -210,12 +171,7 @@ async fn flights_into_an_iceberg_table_exactly_once_hold_each_routes_counts_once
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     loop {
         let table = lakehouse.catalog().load_table(&ident).await?;
-        let rows: u64 = table
-            .metadata()
-            .current_snapshot()
-            .and_then(|s| s.summary().additional_properties.get("total-records"))
-            .and_then(|n| n.parse().ok())
-            .unwrap_or(0);
+        let rows: u64 = weir_tests::iceberg::current_rows(&table);
         if rows >= SLICE as u64 {
             assert_eq!(rows, SLICE as u64, "no row twice");
             let snapshots = table.metadata().snapshots().count();
@@ -234,31 +190,8 @@ async fn flights_into_an_iceberg_table_exactly_once_hold_each_routes_counts_once
     }
     pipeline.stop().await?;
 
-    let read = crate::iceberg_table::read_with_pyiceberg(&db, "t1.route_stats")?;
-    let mut by_route: BTreeMap<String, Vec<&serde_json::Value>> = BTreeMap::new();
-    for row in read["rows"].as_array().expect("rows") {
-        by_route
-            .entry(row["route"].as_str().expect("route").to_owned())
-            .or_default()
-            .push(row);
-    }
-    let want = oracle(&flights);
-    assert_eq!(by_route.len(), want.len());
-    for (route, rows) in &mut by_route {
-        rows.sort_by_key(|r| r["flights"].as_u64());
-        let counts: Vec<u64> = rows.iter().filter_map(|r| r["flights"].as_u64()).collect();
-        let n = want[route].0;
-        assert_eq!(
-            counts,
-            (1..=n).collect::<Vec<_>>(),
-            "{route}: 1..n once each"
-        );
-        let last = rows.last().expect("a row");
-        let (_, delay_count, delay_sum, delay_max) = want[route];
-        assert_eq!(last["delay_count"].as_u64(), Some(delay_count), "{route}");
-        assert_eq!(last["delay_sum"].as_i64(), Some(delay_sum), "{route}");
-        assert_eq!(last["delay_max"].as_i64(), delay_max, "{route}");
-    }
+    let read = weir_tests::iceberg::read_with_pyiceberg(&db, "t1.route_stats")?;
+    weir_tests::iceberg::assert_route_stats_exactly_once(&read, &flights);
     Ok(())
 }
 
@@ -323,7 +256,7 @@ async fn a_pipeline_made_through_the_api_writes_its_table_once_and_dead_letters_
     // The committer's snapshots: polled, as a user's query would.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     let read = loop {
-        let read = crate::iceberg_table::read_with_pyiceberg(&db, &format!("{tenant}.counts"));
+        let read = weir_tests::iceberg::read_with_pyiceberg(&db, &format!("{tenant}.counts"));
         let rows = read
             .as_ref()
             .ok()

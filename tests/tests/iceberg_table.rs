@@ -5,13 +5,13 @@
 
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
-use std::path::Path;
 use weir_host::sink::iceberg::commit::{self, PendingCheckpoint};
 use weir_host::sink::iceberg::files::{decode_data_file, encode_data_file};
 use weir_host::sink::iceberg::{
     ColumnSpec, ColumnType, Lakehouse, LakehouseSettings, ShardFiles, TableSchema,
 };
-use weir_tests::{create_s3_bucket, py_tool, s3_endpoint, s3_options};
+use weir_tests::iceberg::{pyiceberg, read_with_pyiceberg};
+use weir_tests::{create_s3_bucket, s3_endpoint, s3_options};
 
 const UID: &str = "pipe-7f3a";
 
@@ -27,35 +27,6 @@ fn schema() -> TableSchema {
         column("delay_mean", ColumnType::Double, false),
     ])
     .expect("a valid schema")
-}
-
-/// Runs `tests/iceberg/table.py` with pyiceberg.
-fn pyiceberg(args: &[&str]) -> anyhow::Result<String> {
-    let python = py_tool("WEIR_PYICEBERG", "pyiceberg", "python");
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("iceberg/table.py");
-    let out = std::process::Command::new(python)
-        .arg(script)
-        .args(args)
-        .output()?;
-    anyhow::ensure!(
-        out.status.success(),
-        "pyiceberg failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(String::from_utf8(out.stdout)?)
-}
-
-/// Every row and snapshot of `table` (`namespace.name`) as pyiceberg reads it through the
-/// catalog database `db`: `{"rows": [...], "snapshots": [{"id", "summary"}]}`.
-pub fn read_with_pyiceberg(db: &Path, table: &str) -> anyhow::Result<Value> {
-    let uri = format!("sqlite:///{}", db.display());
-    Ok(serde_json::from_str(&pyiceberg(&[
-        "read",
-        &uri,
-        "weir",
-        table,
-        &s3_endpoint(),
-    ])?)?)
 }
 
 /// One checkpoint's files of `partition` with `route`'s rows `flights`, through their JSON

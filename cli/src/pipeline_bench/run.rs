@@ -51,10 +51,12 @@ pub(super) async fn measure(
             idle_timeout: None,
             idle_advance: false,
             late_records: Default::default(),
+            iceberg: None,
         },
         kafka: crate::kafka::settings(&opts.bootstrap_servers),
         runtime: RuntimeSettings::default(),
         state: StateSettings::default(),
+        iceberg: Default::default(),
     };
     let clock: SharedClock = Arc::new(SystemClock);
     std::fs::create_dir_all(&opts.store_dir).map_err(PipelineBenchError::Caches)?;

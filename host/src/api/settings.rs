@@ -104,6 +104,11 @@ impl ServeSettings {
                 problems.push(problem);
             }
             problems.extend(pipelines.kafka().problems("pipelines"));
+            if let Some(url) = &pipelines.iceberg.warehouse {
+                pipelines.iceberg.options =
+                    crate::config::store_options_with_env(url, &pipelines.iceberg.options, env);
+            }
+            problems.extend(pipelines.iceberg.problems("pipelines.iceberg"));
         }
         if problems.is_empty() {
             Ok(self)

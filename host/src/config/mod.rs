@@ -32,6 +32,10 @@ pub struct Settings {
     /// The state backend.
     #[serde(default)]
     pub state: StateSettings,
+    /// The Iceberg catalog and warehouse (`[iceberg]`), for a pipeline with a table
+    /// (`pipeline.iceberg`, docs/iceberg.md).
+    #[serde(default)]
+    pub iceberg: crate::sink::iceberg::LakehouseSettings,
 }
 
 /// One pipeline: input topic(s) → operator → output topic.
@@ -91,6 +95,28 @@ pub struct PipelineSettings {
     /// What a record at or before the watermark (late) does; default `process`.
     #[serde(default)]
     pub late_records: LateRecords,
+    /// An Apache Iceberg table that receives the operator's emits too, exactly once, in the
+    /// catalog and warehouse of `[iceberg]` (docs/iceberg.md); default none.
+    #[serde(default)]
+    pub iceberg: Option<PipelineTable>,
+}
+
+/// A `weir run` pipeline's Iceberg table (`[pipeline.iceberg]`): each emit is a JSON object
+/// of its columns. Created if missing at `{iceberg.warehouse}/{namespace}/{table}`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PipelineTable {
+    /// The table's namespace in the catalog, 1..=128 bytes of `[a-z0-9_]`; default `weir`.
+    #[serde(default = "default_table_namespace")]
+    pub namespace: String,
+    /// The table's name, 1..=128 bytes of `[a-z0-9_]`.
+    pub table: String,
+    /// Its columns, in order (1..=256): `{ name, type, required }`.
+    pub columns: Vec<crate::sink::iceberg::ColumnSpec>,
+}
+
+fn default_table_namespace() -> String {
+    "weir".to_owned()
 }
 
 fn default_checkpoint_interval() -> Duration {
@@ -358,7 +384,7 @@ pub enum ConfigError {
 }
 
 /// The top-level fields of [`Settings`]: the sections environment variables may set.
-const SECTIONS: &[&str] = &["pipeline", "kafka", "runtime", "state"];
+const SECTIONS: &[&str] = &["pipeline", "kafka", "runtime", "state", "iceberg"];
 
 impl Settings {
     /// Reads settings from a TOML file with the settings variables of `env` over it ([`env`]),
@@ -402,6 +428,9 @@ impl Settings {
         if let Some(url) = &self.state.memory.url {
             self.state.memory.options =
                 store_options_with_env(url, &self.state.memory.options, env);
+        }
+        if let Some(url) = &self.iceberg.warehouse {
+            self.iceberg.options = store_options_with_env(url, &self.iceberg.options, env);
         }
         self.validate()?;
         Ok(self)
@@ -524,6 +553,10 @@ impl Settings {
             problems.push("an input topic is also the output or dead-letter topic".to_owned());
         }
         problems.extend(self.kafka.problems("kafka"));
+        problems.extend(self.iceberg.problems("iceberg"));
+        if let Some(table) = &p.iceberg {
+            problems.extend(self.table_problems(table));
+        }
         if self.state.backend == StateBackendKind::Lsm {
             let lsm = &self.state.lsm;
             match lsm.url.as_deref().map(url::Url::parse) {
@@ -592,6 +625,35 @@ impl Settings {
         } else {
             Err(ConfigError::Invalid { problems })
         }
+    }
+}
+
+impl Settings {
+    /// What is wrong with `pipeline.iceberg`: its names and columns, and what the committer
+    /// needs (a catalog and warehouse; checkpoints in a store it can read).
+    fn table_problems(&self, table: &PipelineTable) -> Vec<String> {
+        use crate::sink::iceberg::{TableSchema, check_table_name};
+        let mut problems = Vec::new();
+        for (field, name) in [
+            ("pipeline.iceberg.namespace", &table.namespace),
+            ("pipeline.iceberg.table", &table.table),
+        ] {
+            if let Err(e) = check_table_name(field, name) {
+                problems.push(e);
+            }
+        }
+        if let Err(e) = TableSchema::new(&table.columns) {
+            problems.push(format!("pipeline.iceberg.columns: {e}"));
+        }
+        if self.iceberg.catalog_uri.is_none() || self.iceberg.warehouse.is_none() {
+            problems.push(
+                "pipeline.iceberg needs iceberg.catalog_uri and iceberg.warehouse".to_owned(),
+            );
+        }
+        if self.state.backend == StateBackendKind::Memory && self.state.memory.url.is_none() {
+            problems.push("pipeline.iceberg needs checkpoints in an object store the committer reads: state.backend = \"lsm\", or state.memory.url".to_owned());
+        }
+        problems
     }
 }
 

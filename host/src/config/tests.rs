@@ -165,3 +165,60 @@ fn aws_variables_fill_in_what_the_file_leaves_out_for_s3_only() {
     assert_eq!(options, expected);
     assert_eq!(store_options_with_env("file:///tmp/x", &file, &env), file);
 }
+
+#[test]
+fn a_pipeline_table_parses_and_needs_a_catalog_and_a_state_store() {
+    let table = r#"
+    [pipeline.iceberg]
+    table = "route_stats"
+    columns = [
+      { name = "route", type = "string", required = true },
+      { name = "flights", type = "long" },
+    ]
+"#;
+    let with_table = GOOD.replace("[kafka]", &format!("{table}\n[kafka]"));
+    let Err(ConfigError::Invalid { problems }) = Settings::from_toml(&with_table) else {
+        panic!("a table without a catalog or a state store is refused");
+    };
+    assert_eq!(problems.len(), 2, "{problems:?}");
+    assert!(problems[0].contains("iceberg.catalog_uri"), "{problems:?}");
+    assert!(problems[1].contains("state.memory.url"), "{problems:?}");
+
+    let complete = format!(
+        "{with_table}\n[state]\nbackend = \"memory\"\nmemory.url = \"memory:///\"\n[iceberg]\ncatalog_uri = \"sqlite::memory:\"\nwarehouse = \"file:///tmp/lake\"\norphan_file_age = \"10m\"\n"
+    );
+    let s = Settings::from_toml(&complete).expect("valid settings");
+    let t = s.pipeline.iceberg.as_ref().expect("a table");
+    assert_eq!(
+        (t.namespace.as_str(), t.table.as_str()),
+        ("weir", "route_stats")
+    );
+    assert_eq!(t.columns.len(), 2);
+    assert!(t.columns[0].required && !t.columns[1].required);
+    assert_eq!(s.iceberg.orphan_file_age, Duration::from_secs(600));
+    assert_eq!(s.iceberg.commit_interval, Duration::from_secs(60));
+
+    let bad = complete
+        .replace("route_stats", "Route-Stats")
+        .replace("\"long\"", "\"long\", extra = 1")
+        .replace("\"10m\"", "\"10ms\"");
+    assert!(
+        matches!(Settings::from_toml(&bad), Err(ConfigError::Parse { .. })),
+        "an unknown column field is refused"
+    );
+    let bad = complete
+        .replace("route_stats", "Route-Stats")
+        .replace("\"10m\"", "\"10ms\"");
+    let Err(ConfigError::Invalid { problems }) = Settings::from_toml(&bad) else {
+        panic!("expected invalid settings");
+    };
+    assert_eq!(problems.len(), 2, "{problems:?}");
+    assert!(
+        problems[0].contains("iceberg.orphan_file_age"),
+        "{problems:?}"
+    );
+    assert!(
+        problems[1].contains("pipeline.iceberg.table"),
+        "{problems:?}"
+    );
+}

@@ -176,17 +176,7 @@ impl TableSpec {
     /// # Errors
     /// What is wrong, for a 400.
     pub fn schema(&self) -> Result<crate::sink::iceberg::TableSchema, String> {
-        let name_ok = (1..=128).contains(&self.table.len())
-            && self
-                .table
-                .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
-        if !name_ok {
-            return Err(format!(
-                "iceberg.table must be 1..=128 bytes of [a-z0-9_]. table=`{}`",
-                self.table
-            ));
-        }
+        crate::sink::iceberg::check_table_name("iceberg.table", &self.table)?;
         crate::sink::iceberg::TableSchema::new(&self.columns).map_err(|e| format!("iceberg: {e}"))
     }
 }

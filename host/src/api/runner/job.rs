@@ -12,8 +12,7 @@ use crate::config::{LsmStateSettings, PipelineSettings, RuntimeSettings, Setting
 use crate::error::{Chain, ErrorKind};
 use crate::pipeline::{self, PipelineControl, PipelineStats};
 use crate::runtime::{Operator, Runtime};
-use crate::sink::iceberg::committer::GroupOffsets;
-use crate::sink::iceberg::{Committer, Lakehouse, LakehouseError, TableTarget};
+use crate::sink::iceberg::{LakehouseError, TableTarget};
 use crate::state::configured::{ConfiguredBackend, ConfiguredShard};
 use crate::state::hooked_store::{HookedStore, Metering};
 use crate::state::lsm::backend::LsmBackend;
@@ -312,41 +311,22 @@ impl RunJob {
         let schema = table
             .schema()
             .map_err(|reason| RunFailure::new(ErrorKind::InvalidInput, reason))?;
-        let lakehouse = Lakehouse::open(&self.config.iceberg).await.map_err(|e| {
+        TableTarget::open(
+            &self.config.iceberg,
+            (&self.tenant, &table.table),
+            schema,
+            &self.record.uid,
+            settings,
+            (store.clone(), prefix),
+            self.clock.clone(),
+        )
+        .await
+        .map_err(|e| {
             let kind = match e {
                 LakehouseError::NotConfigured => ErrorKind::InvalidInput,
                 _ => ErrorKind::Unavailable,
             };
             RunFailure::new(kind, Chain(&e).to_string())
-        })?;
-        let shards = crate::state::ShardId {
-            pipeline: settings.pipeline.name.clone(),
-            partition: 0,
-        }
-        .shards_under(prefix);
-        Ok(TableTarget {
-            committer: Committer {
-                lakehouse: lakehouse.clone(),
-                ident: Lakehouse::ident(&self.tenant, &table.table),
-                uid: self.record.uid.clone(),
-                store: store.clone(),
-                shards,
-                interval: lakehouse.settings().commit_interval,
-                clock: self.clock.clone(),
-                group: (settings.pipeline.delivery == crate::config::Delivery::ExactlyOnce).then(
-                    || GroupOffsets {
-                        kafka: settings.kafka.clone(),
-                        group: settings.pipeline.group_id(),
-                        topics: settings.pipeline.input_topics.clone(),
-                    },
-                ),
-            },
-            lakehouse,
-            tenant: self.tenant.clone(),
-            table: table.table.clone(),
-            schema: Arc::new(schema),
-            uid: self.record.uid.clone(),
-            to_topic: true,
         })
     }
 
@@ -374,6 +354,7 @@ impl RunJob {
                 idle_timeout: spec.idle_timeout_ms.map(Duration::from_millis),
                 idle_advance: spec.idle_advance,
                 late_records: spec.late_records,
+                iceberg: None,
             },
             kafka: self.config.kafka(),
             runtime: spec
@@ -385,6 +366,7 @@ impl RunJob {
                 lsm: LsmStateSettings::default(),
                 memory: Default::default(),
             },
+            iceberg: Default::default(),
         })
     }
 }

@@ -55,6 +55,12 @@ pub struct LakehouseSettings {
     /// make a snapshot and small files every few seconds); default 60 s.
     #[serde(with = "humantime_serde")]
     pub commit_interval: Duration,
+    /// A pipeline's data file in no snapshot of the table and no shard's pending list (a
+    /// checkpoint that never completed) is deleted once it is this old; the committer looks
+    /// this often. Default 1 h ([`super::orphans::ORPHAN_GRACE`]): well past the longest an
+    /// exactly-once checkpoint can stay undecided. At least 1 s.
+    #[serde(with = "humantime_serde")]
+    pub orphan_file_age: Duration,
 }
 
 impl Default for LakehouseSettings {
@@ -66,7 +72,43 @@ impl Default for LakehouseSettings {
             options: BTreeMap::new(),
             target_file_size_bytes: 128 << 20,
             commit_interval: Duration::from_secs(60),
+            orphan_file_age: super::orphans::ORPHAN_GRACE,
         }
+    }
+}
+
+impl LakehouseSettings {
+    /// What is wrong with these settings, each naming its field under `section` (e.g.
+    /// `iceberg`).
+    pub fn problems(&self, section: &str) -> Vec<String> {
+        let mut problems = Vec::new();
+        if self.catalog_uri.is_some() != self.warehouse.is_some() {
+            problems.push(format!(
+                "{section}.catalog_uri and {section}.warehouse go together"
+            ));
+        }
+        if let Some(Err(e)) = self.warehouse.as_deref().map(url::Url::parse) {
+            problems.push(format!("{section}.warehouse is not a URL: {e}"));
+        }
+        if self.commit_interval < Duration::from_millis(10) {
+            problems.push(format!(
+                "{section}.commit_interval must be at least 10ms. commit_interval={:?}",
+                self.commit_interval
+            ));
+        }
+        if self.orphan_file_age < Duration::from_secs(1) {
+            problems.push(format!(
+                "{section}.orphan_file_age must be at least 1s. orphan_file_age={:?}",
+                self.orphan_file_age
+            ));
+        }
+        if self.target_file_size_bytes < 1 << 10 {
+            problems.push(format!(
+                "{section}.target_file_size_bytes must be at least 1024. value={}",
+                self.target_file_size_bytes
+            ));
+        }
+        problems
     }
 }
 

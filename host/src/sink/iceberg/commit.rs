@@ -210,8 +210,14 @@ pub async fn commit(
             inner: catalog.clone(),
             decided: table.clone(),
         };
+        fail::fail_point!("iceberg-before-commit", |_| crate::fail_points::crash(
+            "iceberg-before-commit"
+        ));
         match tx.commit(&decided).await {
             Ok(table) => {
+                fail::fail_point!("iceberg-after-commit", |_| crate::fail_points::crash(
+                    "iceberg-after-commit"
+                ));
                 report.snapshot_id = table.metadata().current_snapshot_id();
                 report.committed = committed;
                 return Ok(report);

@@ -11,7 +11,6 @@
 
 use super::catalog::Lakehouse;
 use super::commit::{self, CommitReport, PendingCheckpoint};
-use super::orphans::ORPHAN_GRACE;
 use super::shard::{PENDING_KEY, PendingList, pending_checkpoints};
 use crate::clock::SharedClock;
 use crate::state::lsm::cache::{BlockCaches, CacheSettings};
@@ -27,10 +26,6 @@ use std::time::Duration;
 
 /// Memory for the `lsm` blocks a committer reads (a few per shard).
 const COMMITTER_CACHE_BYTES: u64 = 4 << 20;
-
-/// How often a committer looks for orphan data files (it lists the table's data directory and
-/// reads every manifest the table's snapshots list).
-const ORPHAN_CHECK_INTERVAL: Duration = Duration::from_secs(3600);
 
 /// What a committer reads and where it commits.
 #[derive(Debug, Clone)]
@@ -101,17 +96,20 @@ impl Committer {
                 .unwrap_or_else(|_| BlockCaches::none()),
             );
             let mut first = true;
-            // Housekeeping, not urgent: the first look an hour into the committer's run.
+            // Housekeeping, not urgent: the first look one `orphan_file_age` into the run.
             let mut orphans_checked = tokio::time::Instant::now();
             let mut passes = 0u64;
+            // As often as a file can become an orphan to collect: it lists the table's data
+            // directory and reads every manifest the table's snapshots list.
+            let orphan_age = committer.lakehouse.settings().orphan_file_age;
             loop {
                 if passes > 0 {
                     tokio::time::sleep(committer.interval).await;
                 }
                 passes += 1;
-                if orphans_checked.elapsed() >= ORPHAN_CHECK_INTERVAL {
+                if orphans_checked.elapsed() >= orphan_age {
                     orphans_checked = tokio::time::Instant::now();
-                    match committer.collect_orphans(&caches, ORPHAN_GRACE).await {
+                    match committer.collect_orphans(&caches, orphan_age).await {
                         Ok(deleted) if !deleted.is_empty() => {
                             tracing::info!(table = %committer.ident, files = deleted.len(), "orphan data files deleted");
                         }

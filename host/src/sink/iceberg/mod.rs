@@ -28,7 +28,7 @@ pub use commit::{CommitReport, PendingCheckpoint};
 pub use committer::Committer;
 pub use files::ShardFiles;
 pub use output::{TableOutput, TableTarget};
-pub use schema::{ColumnSpec, ColumnType, RowError, TableSchema};
+pub use schema::{ColumnSpec, ColumnType, RowError, TableSchema, check_table_name};
 
 #[cfg(test)]
 mod tests;

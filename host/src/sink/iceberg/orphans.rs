@@ -15,7 +15,8 @@ use object_store::ObjectStoreExt;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-/// How old an unlisted file must be before it is deleted: well past the longest an
+/// How old an unlisted file must be before it is deleted, by default
+/// (`iceberg.orphan_file_age`): well past the longest an
 /// exactly-once checkpoint can stay undecided (the transaction timeout, at most 15 minutes).
 pub const ORPHAN_GRACE: Duration = Duration::from_secs(3600);
 

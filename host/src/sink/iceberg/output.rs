@@ -4,16 +4,20 @@
 //! [`IcebergShard`]; the owner of partition 0 also runs the pipeline's committer
 //! ([`super::committer`]).
 
-use super::catalog::Lakehouse;
-use super::committer::{Committer, CommitterHandle};
+use super::catalog::{Lakehouse, LakehouseError, LakehouseSettings};
+use super::committer::{Committer, CommitterHandle, GroupOffsets};
 use super::schema::TableSchema;
 use super::shard::{IcebergShard, PENDING_KEY};
+use crate::clock::SharedClock;
+use crate::config::{Delivery, Settings};
 use crate::pipeline::ports::{
     CommitError, DeadLetterKind, DeliveryGuard, Output, ShardSink, SinkError,
 };
 use crate::runtime::{InputRecord, StagedEmit};
 use crate::state::StateWrite;
 use crate::state::checkpoint::InputOffsets;
+use object_store::ObjectStore;
+use object_store::path::Path;
 use std::sync::Arc;
 
 /// Where a pipeline's rows go: the table and what its committer needs.
@@ -33,6 +37,98 @@ pub struct TableTarget {
     pub to_topic: bool,
     /// The committer, run by the owner of partition 0.
     pub committer: Committer,
+}
+
+impl TableTarget {
+    /// The table `namespace.table` with `schema` for the pipeline `settings` run (its id
+    /// `uid`), its committer reading the shards' checkpoints from `store` under `prefix` (the
+    /// state backend's) and committing every `lakehouse.commit_interval`. The table itself is
+    /// created or checked when the first shard opens.
+    ///
+    /// # Errors
+    /// [`LakehouseError::NotConfigured`] without a catalog; [`LakehouseError::Iceberg`] when
+    /// the catalog cannot be opened.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn open(
+        lakehouse: &LakehouseSettings,
+        (namespace, table): (&str, &str),
+        schema: TableSchema,
+        uid: &str,
+        settings: &Settings,
+        (store, prefix): (Arc<dyn ObjectStore>, &Path),
+        clock: SharedClock,
+    ) -> Result<Self, LakehouseError> {
+        let lakehouse = Lakehouse::open(lakehouse).await?;
+        let pipeline = &settings.pipeline;
+        let shards = crate::state::ShardId {
+            pipeline: pipeline.name.clone(),
+            partition: 0,
+        }
+        .shards_under(prefix);
+        Ok(Self {
+            committer: Committer {
+                lakehouse: lakehouse.clone(),
+                ident: Lakehouse::ident(namespace, table),
+                uid: uid.to_owned(),
+                store,
+                shards,
+                interval: lakehouse.settings().commit_interval,
+                clock,
+                group: (pipeline.delivery == Delivery::ExactlyOnce).then(|| GroupOffsets {
+                    kafka: settings.kafka.clone(),
+                    group: pipeline.group_id(),
+                    topics: pipeline.input_topics.clone(),
+                }),
+            },
+            lakehouse,
+            tenant: namespace.to_owned(),
+            table: table.to_owned(),
+            schema: Arc::new(schema),
+            uid: uid.to_owned(),
+            to_topic: true,
+        })
+    }
+}
+
+/// The id of a `weir run` pipeline named `pipeline` whose state is in `store` under `prefix`:
+/// made at its first run and kept at `{prefix}/pipelines/{pipeline}/uid` (written once), so
+/// that it lives exactly as long as the state. A table's record of which checkpoints it holds
+/// is per id: a pipeline started again on empty state (checkpoint versions from 1 again) gets
+/// a new id rather than having its rows taken for ones the table already holds.
+///
+/// # Errors
+/// The store's, when the id can be neither written nor read.
+pub async fn stored_pipeline_uid(
+    store: &dyn ObjectStore,
+    prefix: &Path,
+    pipeline: &str,
+) -> object_store::Result<String> {
+    use object_store::{ObjectStoreExt as _, PutMode, PutOptions, PutPayload};
+    let location = prefix
+        .parts()
+        .chain(["pipelines", pipeline, "uid"].map(Into::into))
+        .collect::<Path>();
+    let mut fresh = [0u8; 8];
+    rand::RngCore::fill_bytes(&mut rand::rngs::OsRng, &mut fresh);
+    let fresh = hex::encode(fresh);
+    let create = PutOptions {
+        mode: PutMode::Create,
+        ..PutOptions::default()
+    };
+    match store
+        .put_opts(&location, PutPayload::from(fresh.clone()), create)
+        .await
+    {
+        Ok(_) => Ok(fresh),
+        Err(object_store::Error::AlreadyExists { .. }) => {
+            let stored = store.get(&location).await?.bytes().await?;
+            String::from_utf8(stored.to_vec()).map_err(|e| object_store::Error::Generic {
+                store: "pipeline uid",
+                source: Box::new(e),
+            })
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// An [`Output`] that adds a table to `O`'s sinks (or nothing, without a target: one type

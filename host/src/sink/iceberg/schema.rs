@@ -78,6 +78,25 @@ impl ColumnType {
     }
 }
 
+/// Checks a table's or namespace's name: 1..=128 bytes of `[a-z0-9_]` (a tenant's names
+/// never make a path or an identifier of another shape).
+///
+/// # Errors
+/// What is wrong, naming `field`.
+pub fn check_table_name(field: &str, name: &str) -> Result<(), String> {
+    let ok = (1..=128).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "{field} must be 1..=128 bytes of [a-z0-9_]. name=`{name}`"
+        ))
+    }
+}
+
 /// One column of a table spec.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]

@@ -193,6 +193,9 @@ impl IcebergShard {
                 })?;
         let before = self.pending.clone();
         if !closed.is_empty() {
+            fail::fail_point!("iceberg-after-files", |_| crate::fail_points::crash(
+                "iceberg-after-files"
+            ));
             let files = closed
                 .into_iter()
                 .map(encode_data_file)

@@ -1,0 +1,185 @@
+//! Crash loop of the Iceberg sink (issue 21, docs/iceberg.md): `weir run` with
+//! `[pipeline.iceberg]` runs `flight-delays` exactly-once on `lsm` state on the S3 server,
+//! into a table in a SQLite catalog with its files on the same server, while a slice of the
+//! flights keeps arriving. It is killed again and again — with SIGKILL at random moments, and
+//! by the fail points between a shard's data files closing and its pending list, between the
+//! checkpoint's manifest and its offsets, and on either side of the committer's table commit —
+//! and restarted each time with the same static group membership. A last run, with orphan
+//! collection looking every few seconds, brings the table up to date: read back by pyiceberg,
+//! it holds every route's running counts 1..n once each and the oracle's statistics, and no
+//! data file is left that the table does not list.
+
+use crate::crash_loop::{AFTER_MANIFEST, flights_rounds, shuffled_rounds};
+use object_store::ObjectStore as _;
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::time::{Duration, Instant};
+use weir_cli::flights::FlightRecord;
+use weir_host::sink::iceberg::{Lakehouse, LakehouseSettings, commit::files_in_table};
+use weir_tests::iceberg::{
+    assert_route_stats_exactly_once, flight_delays_columns, read_with_pyiceberg,
+};
+use weir_tests::process::{CounterConfig, WeirProcess};
+use weir_tests::*;
+
+const PARTITIONS: i32 = 4;
+const FLIGHTS_PER_ROUND: usize = 200;
+const NAMESPACE: &str = "weir";
+const TABLE: &str = "route_stats";
+
+const AFTER_FILES: &str = "iceberg-after-files";
+const BEFORE_COMMIT: &str = "iceberg-before-commit";
+const AFTER_COMMIT: &str = "iceberg-after-commit";
+
+/// `[pipeline.iceberg]` and `[iceberg]` as TOML (after the `[pipeline]` settings).
+fn table_sections(db: &Path, warehouse: &str, orphan_file_age: &str) -> String {
+    let columns: Vec<String> = flight_delays_columns()
+        .iter()
+        .map(|c| {
+            let kind = serde_json::to_value(c.kind).expect("a type encodes");
+            format!(
+                "{{ name = \"{}\", type = {kind}, required = {} }}",
+                c.name, c.required
+            )
+        })
+        .collect();
+    let options: String = s3_options()
+        .iter()
+        .map(|(k, v)| format!("{k} = \"{v}\"\n"))
+        .collect();
+    format!(
+        r#"[pipeline.iceberg]
+namespace = "{NAMESPACE}"
+table = "{TABLE}"
+columns = [{columns}]
+[iceberg]
+catalog_uri = "sqlite://{db}?mode=rwc"
+warehouse = "{warehouse}"
+commit_interval = "300ms"
+orphan_file_age = "{orphan_file_age}"
+[iceberg.options]
+{options}"#,
+        columns = columns.join(", "),
+        db = db.display(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn iceberg_killed_and_restarted_thirty_times_holds_every_row_once_and_collects_orphans()
+-> anyhow::Result<()> {
+    init_tracing();
+    let mut rng = rand::thread_rng();
+    let points = [AFTER_FILES, AFTER_MANIFEST, BEFORE_COMMIT, AFTER_COMMIT];
+    let rounds = shuffled_rounds(18, &points, 4, &mut rng);
+    let flights: Vec<FlightRecord> = weir_cli::flights::read_csv(&flights_csv())?
+        .into_iter()
+        .take(rounds.len() * FLIGHTS_PER_ROUND)
+        .collect();
+
+    let (input, output, dlq) = (unique("ice-in"), unique("ice-out"), unique("ice-dlq"));
+    create_topics(&[(&input, PARTITIONS), (&output, PARTITIONS), (&dlq, 1)]).await?;
+    let dir = tempfile::tempdir()?;
+    let db = dir.path().join("catalog.db");
+    let mut config = CounterConfig::new(&input, &output, &dlq).await?;
+    let bucket = config
+        .state_url
+        .trim_start_matches("s3://")
+        .split('/')
+        .next()
+        .expect("a bucket")
+        .to_owned();
+    let warehouse = format!("s3://{bucket}/warehouse");
+    config.operator = guest("flight_delays");
+    config.instance_id = Some("iceberg-crash-loop-host".to_owned());
+    config.session_timeout_ms = 10_000;
+    config.exactly_once = true;
+    config.pipeline_extra = table_sections(&db, &warehouse, "1h");
+    let config_path = dir.path().join("weir.toml");
+    config.write(&config_path)?;
+    let bin = Path::new(env!("CARGO_BIN_EXE_weir"));
+
+    // Each fail point at its first hit: a commit's have few chances a round (the committer
+    // commits only what is new), and at one hit in two they were often missed.
+    let hits = flights_rounds(
+        (bin, &config_path, dir.path()),
+        &rounds,
+        (&input, &flights, FLIGHTS_PER_ROUND),
+        100,
+        &mut rng,
+    )
+    .await?;
+    let kills = rounds.len();
+
+    // Orphans now: data files no snapshot lists (files of checkpoints that never completed).
+    let lakehouse = Lakehouse::open(&LakehouseSettings {
+        catalog_uri: Some(format!("sqlite://{}?mode=rwc", db.display())),
+        warehouse: Some(warehouse.clone()),
+        options: s3_options(),
+        ..LakehouseSettings::default()
+    })
+    .await?;
+    let (store, prefix) = weir_host::state::lsm::backend::object_store_from_url(
+        &format!("{warehouse}/{NAMESPACE}/{TABLE}/data"),
+        &s3_options(),
+    )?;
+    let unlisted = || async {
+        let table = lakehouse
+            .catalog()
+            .load_table(&Lakehouse::ident(NAMESPACE, TABLE))
+            .await?;
+        let listed: Vec<String> = store
+            .list_with_delimiter(Some(&prefix))
+            .await?
+            .objects
+            .into_iter()
+            .map(|o| format!("s3://{bucket}/{}", o.location))
+            .collect();
+        let paths: BTreeSet<&str> = listed.iter().map(String::as_str).collect();
+        let in_table = files_in_table(&table, &paths).await?;
+        let rows: u64 = weir_tests::iceberg::current_rows(&table);
+        anyhow::Ok((listed.len() - in_table.len(), rows))
+    };
+    let (orphans_before, _) = unlisted().await?;
+
+    // The last run, without fail points, collecting orphans every 10 s (older than that).
+    config.pipeline_extra = table_sections(&db, &warehouse, "10s");
+    config.write(&config_path)?;
+    let started = Instant::now();
+    let mut weir = WeirProcess::spawn(bin, &config_path, dir.path().join("final.log"), &[])?;
+    let deadline = Instant::now() + Duration::from_secs(180);
+    let settled = loop {
+        let (orphans, rows) = unlisted().await?;
+        if rows >= flights.len() as u64 && orphans == 0 {
+            break Ok(started.elapsed());
+        }
+        if Instant::now() > deadline {
+            break Err(anyhow::anyhow!(
+                "after 180 s the table holds {rows} of {} rows and {orphans} data files are in no snapshot",
+                flights.len()
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    weir.kill().await?;
+    let settled = settled.map_err(|e| e.context(weir.tail()))?;
+    eprintln!(
+        "iceberg crash loop: {kills} kills, fail point hits {hits:?}, {} flights, {orphans_before} orphan data files before the last run, table complete and orphans gone {settled:?} into it",
+        flights.len()
+    );
+    assert!(kills >= 30, "{kills} kills");
+    for name in points {
+        assert!(
+            hits.get(name).copied().unwrap_or(0) > 0,
+            "fail point {name} was never hit: {hits:?}"
+        );
+    }
+    // A crash between a shard's files and its list leaves those files behind.
+    assert!(
+        orphans_before > 0,
+        "no orphan data file after {} crashes after the files closed",
+        hits[AFTER_FILES]
+    );
+    let read = read_with_pyiceberg(&db, &format!("{NAMESPACE}.{TABLE}"))?;
+    assert_route_stats_exactly_once(&read, &flights);
+    Ok(())
+}
