@@ -148,7 +148,7 @@ pub async fn run(
                     name: name.clone(),
                     operator: opts.operator.clone(),
                     input_topics: vec![input],
-                    output_topic: output,
+                    output_topic: Some(output),
                     dead_letter_topic: dlq,
                     group_id: None,
                     checkpoint_interval: Duration::from_secs(10),

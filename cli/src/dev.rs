@@ -149,7 +149,7 @@ pub(crate) fn pipeline_settings(
             name: name.into(),
             operator: operator.to_owned(),
             input_topics: vec![input.to_owned()],
-            output_topic: output.to_owned(),
+            output_topic: Some(output.to_owned()),
             dead_letter_topic: dlq.to_owned(),
             group_id: Some(format!("weir-dev-{}", std::process::id())),
             checkpoint_interval: Duration::from_secs(10),

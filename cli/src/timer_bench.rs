@@ -172,7 +172,7 @@ async fn measure<B: StateBackend>(
             name: name.clone(),
             operator: opts.operator.clone(),
             input_topics: vec![input.clone()],
-            output_topic: output,
+            output_topic: Some(output),
             dead_letter_topic: dlq,
             group_id: None,
             checkpoint_interval: Duration::from_secs(10),

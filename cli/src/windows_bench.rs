@@ -94,7 +94,7 @@ pub async fn run(opts: &WindowsBenchOptions) -> Result<Vec<WindowsRun>, WindowsB
                 name: name.clone(),
                 operator: operator.clone(),
                 input_topics: vec![input],
-                output_topic: output,
+                output_topic: Some(output),
                 dead_letter_topic: dlq,
                 group_id: None,
                 checkpoint_interval: Duration::from_secs(10),

@@ -210,7 +210,7 @@ pub fn settings(
             name: unique("test"),
             operator,
             input_topics: vec![input.to_owned()],
-            output_topic: output.to_owned(),
+            output_topic: Some(output.to_owned()),
             dead_letter_topic: dlq.to_owned(),
             group_id: Some(unique("group")),
             checkpoint_interval: std::time::Duration::from_secs(10),

@@ -18,8 +18,8 @@ pub struct CounterConfig {
     pub name: String,
     /// Input topic.
     pub input: String,
-    /// Output topic.
-    pub output: String,
+    /// Output topic; none for a pipeline that writes only to an Iceberg table.
+    pub output: Option<String>,
     /// Dead-letter topic.
     pub dlq: String,
     /// Consumer group.
@@ -51,7 +51,7 @@ impl CounterConfig {
         Ok(Self {
             name: unique("counter"),
             input: input.to_owned(),
-            output: output.to_owned(),
+            output: Some(output.to_owned()),
             dlq: dlq.to_owned(),
             group: unique("counter-group"),
             checkpoint_interval: "300ms".to_owned(),
@@ -85,8 +85,7 @@ impl CounterConfig {
 name = "{name}"
 operator = "{operator}"
 input_topics = ["{input}"]
-output_topic = "{output}"
-dead_letter_topic = "{dlq}"
+{output}dead_letter_topic = "{dlq}"
 group_id = "{group}"
 checkpoint_interval = "{interval}"
 delivery = "{delivery}"
@@ -112,7 +111,11 @@ disk_cache_bytes = 16777216
             operator = self.operator.display(),
             extra = self.pipeline_extra,
             input = self.input,
-            output = self.output,
+            output = self
+                .output
+                .as_ref()
+                .map(|t| format!("output_topic = \"{t}\"\n"))
+                .unwrap_or_default(),
             dlq = self.dlq,
             group = self.group,
             interval = self.checkpoint_interval,

@@ -174,7 +174,11 @@ async fn run_windowed(
         .wait_done(flights as u64, Duration::from_secs(900))
         .await?;
     let out = read_exactly(
-        &settings.pipeline.output_topic,
+        settings
+            .pipeline
+            .output_topic
+            .as_deref()
+            .expect("an output topic"),
         outputs,
         Duration::from_secs(300),
         Duration::from_secs(5),

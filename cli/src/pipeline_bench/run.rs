@@ -40,7 +40,7 @@ pub(super) async fn measure(
                 (Workload::Aggregate, _) => opts.aggregate_operator.clone(),
             },
             input_topics: vec![input.to_owned(), latency_input.clone()],
-            output_topic: output.clone(),
+            output_topic: Some(output.clone()),
             dead_letter_topic: dlq,
             group_id: None,
             checkpoint_interval: opts.checkpoint_interval,

@@ -48,8 +48,10 @@ pub struct PipelineSettings {
     pub operator: PathBuf,
     /// Topics to consume; co-partitioned when more than one (their partition `p` share shard `p`).
     pub input_topics: Vec<String>,
-    /// Topic that receives the operator's emits.
-    pub output_topic: String,
+    /// Topic that receives the operator's emits. May be left out when `iceberg` is set: the
+    /// emits then go only to the table.
+    #[serde(default)]
+    pub output_topic: Option<String>,
     /// Topic that receives rejected records and records whose call trapped, with the error in
     /// the `weir.error` header.
     pub dead_letter_topic: String,
@@ -531,14 +533,17 @@ impl Settings {
         if p.input_topics.is_empty() {
             problems.push("pipeline.input_topics must name at least one topic".to_owned());
         }
+        if p.output_topic.is_none() && p.iceberg.is_none() {
+            problems.push(
+                "pipeline.output_topic is required unless pipeline.iceberg is set".to_owned(),
+            );
+        }
         for (field, topic) in p
             .input_topics
             .iter()
             .map(|t| ("pipeline.input_topics", t))
-            .chain([
-                ("pipeline.output_topic", &p.output_topic),
-                ("pipeline.dead_letter_topic", &p.dead_letter_topic),
-            ])
+            .chain(p.output_topic.iter().map(|t| ("pipeline.output_topic", t)))
+            .chain([("pipeline.dead_letter_topic", &p.dead_letter_topic)])
         {
             if !valid_topic(topic) {
                 problems.push(format!(
@@ -548,7 +553,7 @@ impl Settings {
         }
         if p.input_topics
             .iter()
-            .any(|t| *t == p.output_topic || *t == p.dead_letter_topic)
+            .any(|t| p.output_topic.as_ref() == Some(t) || *t == p.dead_letter_topic)
         {
             problems.push("an input topic is also the output or dead-letter topic".to_owned());
         }

@@ -133,6 +133,12 @@ fn shipped_example_config_is_valid() {
     assert_eq!(s.pipeline.idle_timeout, Some(Duration::from_secs(5)));
     assert!(s.pipeline.idle_advance);
     assert_eq!(s.pipeline.late_records, LateRecords::Process);
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../deploy/config/flight-delays-iceberg.toml");
+    let s = Settings::load(&path, &EnvVars::default())
+        .expect("deploy/config/flight-delays-iceberg.toml is valid");
+    assert_eq!(s.pipeline.output_topic, None, "rows only, to the table");
+    assert_eq!(s.pipeline.iceberg.map(|t| t.columns.len()), Some(6));
 }
 
 #[test]
@@ -221,4 +227,22 @@ fn a_pipeline_table_parses_and_needs_a_catalog_and_a_state_store() {
         problems[1].contains("pipeline.iceberg.table"),
         "{problems:?}"
     );
+}
+
+#[test]
+fn the_output_topic_may_be_left_out_only_with_a_table() {
+    let no_output = GOOD.replace("output_topic = \"route-stats\"\n", "");
+    let Err(ConfigError::Invalid { problems }) = Settings::from_toml(&no_output) else {
+        panic!("a pipeline with no output is refused");
+    };
+    assert_eq!(
+        problems,
+        vec!["pipeline.output_topic is required unless pipeline.iceberg is set".to_owned()]
+    );
+    let table_only = no_output.replace(
+        "[kafka]",
+        "[pipeline.iceberg]\ntable = \"t\"\ncolumns = [{ name = \"n\", type = \"long\" }]\n[state]\nbackend = \"memory\"\nmemory.url = \"memory:///\"\n[iceberg]\ncatalog_uri = \"sqlite::memory:\"\nwarehouse = \"file:///tmp/lake\"\n[kafka]",
+    );
+    let s = Settings::from_toml(&table_only).expect("rows only, to the table");
+    assert_eq!(s.pipeline.output_topic, None);
 }

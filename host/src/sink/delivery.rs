@@ -34,7 +34,8 @@ pub(super) enum Destination {
 /// One partition's handle on a producer.
 pub struct KafkaSink {
     pub(super) producer: KafkaProducer,
-    output_topic: String,
+    /// None: the pipeline writes its emits only to an Iceberg table.
+    output_topic: Option<String>,
     dead_letter_topic: String,
     limits: RecordLimits,
     /// Exactly-once: the pipeline's consumer, whose group metadata goes with the transaction's
@@ -68,12 +69,12 @@ const RESEND_BACKOFF_MIN: Duration = Duration::from_millis(200);
 const RESEND_BACKOFF_MAX: Duration = Duration::from_secs(10);
 
 impl KafkaSink {
-    /// A sink writing to `output_topic` and `dead_letter_topic`, sizing records by `limits`,
-    /// reporting failing deliveries to `guard`. `group`: the producer is a shard's
-    /// transactional one (exactly-once) and this the pipeline's consumer.
+    /// A sink writing to `output_topic` (none: emits are refused) and `dead_letter_topic`,
+    /// sizing records by `limits`, reporting failing deliveries to `guard`. `group`: the
+    /// producer is a shard's transactional one (exactly-once) and this the pipeline's consumer.
     pub fn new(
         producer: KafkaProducer,
-        output_topic: String,
+        output_topic: Option<String>,
         dead_letter_topic: String,
         limits: RecordLimits,
         group: Option<Arc<SourceConsumer>>,
@@ -129,7 +130,12 @@ impl KafkaSink {
             partition: source.partition,
             offset: source.offset,
         };
-        let output = std::mem::take(&mut self.output_topic);
+        let Some(output) = self.output_topic.take() else {
+            return Err(SinkError {
+                topic: "output".to_owned(),
+                source: "the pipeline has no output topic".into(),
+            });
+        };
         let sent = self
             .send(
                 &output,
@@ -140,7 +146,7 @@ impl KafkaSink {
                 destination,
             )
             .await;
-        self.output_topic = output;
+        self.output_topic = Some(output);
         sent
     }
 
@@ -351,7 +357,8 @@ impl KafkaSink {
 
     fn topic_of(&self, destination: Destination) -> &str {
         match destination {
-            Destination::Output { .. } => &self.output_topic,
+            // An output destination exists only for an emit sent to the output topic.
+            Destination::Output { .. } => self.output_topic.as_deref().unwrap_or_default(),
             Destination::DeadLetter => &self.dead_letter_topic,
         }
     }

@@ -81,7 +81,10 @@ pub fn producer_message_bytes_max(settings: &Settings) -> u64 {
 pub async fn read_limits(settings: &Settings) -> RecordLimits {
     let producer = producer_message_bytes_max(settings);
     let p = &settings.pipeline;
-    let topics = [p.output_topic.as_str(), p.dead_letter_topic.as_str()];
+    // The dead-letter topic first; the output topic, if the emits go to one.
+    let topics: Vec<&str> = std::iter::once(p.dead_letter_topic.as_str())
+        .chain(p.output_topic.as_deref())
+        .collect();
     let read = topics_message_bytes_max(settings, &topics).await;
     let limit = |i: usize| match &read {
         Ok(found) => found[i].map_or(producer, |topic| topic.min(producer)),
@@ -91,8 +94,13 @@ pub async fn read_limits(settings: &Settings) -> RecordLimits {
         tracing::warn!(%error, "cannot read the output topics' max.message.bytes; sizing records by the producer's message.max.bytes alone");
     }
     let limits = RecordLimits {
-        output_bytes_max: limit(0),
-        dead_letter_bytes_max: limit(1),
+        // Emits only to a table: bounded by `runtime.emit_bytes_per_record_max` alone.
+        output_bytes_max: if p.output_topic.is_some() {
+            limit(1)
+        } else {
+            u64::MAX
+        },
+        dead_letter_bytes_max: limit(0),
     };
     tracing::info!(
         output_bytes_max = limits.output_bytes_max,

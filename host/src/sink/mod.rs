@@ -176,7 +176,7 @@ impl Output for KafkaOutput {
             ));
         }
         let failed = |source: KafkaError| SinkError {
-            topic: output.clone(),
+            topic: output.clone().unwrap_or_else(|| dead_letters.clone()),
             source: Box::new(source),
         };
         let producer =

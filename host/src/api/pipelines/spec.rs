@@ -101,8 +101,10 @@ pub struct PipelineSpec {
     /// Topics to consume (the tenant's names, see [`kafka_topic`]); co-partitioned when more
     /// than one. 1..=8 of them.
     pub input_topics: Vec<String>,
-    /// Topic that receives the operator's emits.
-    pub output_topic: String,
+    /// Topic that receives the operator's emits. May be left out when `iceberg` is set: the
+    /// emits then go only to the table.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_topic: Option<String>,
     /// Topic that receives rejected and failed records, with the reason in `weir.error`.
     pub dead_letter_topic: String,
     /// How often each partition checkpoints, ms (100..=3 600 000); default 10 000.
@@ -254,11 +256,15 @@ impl PipelineSpec {
                 self.input_topics.len()
             ));
         }
+        if self.output_topic.is_none() && self.iceberg.is_none() {
+            return Err("output_topic is required unless iceberg names a table".to_owned());
+        }
         let mut seen = std::collections::BTreeSet::new();
         for topic in self
             .input_topics
             .iter()
-            .chain([&self.output_topic, &self.dead_letter_topic])
+            .chain(&self.output_topic)
+            .chain([&self.dead_letter_topic])
         {
             if !valid_topic(topic) {
                 return Err(format!(
@@ -266,17 +272,17 @@ impl PipelineSpec {
                 ));
             }
         }
-        if self.output_topic == self.dead_letter_topic {
+        if self.output_topic.as_ref() == Some(&self.dead_letter_topic) {
             return Err(format!(
                 "output_topic and dead_letter_topic must differ. topic=`{}`",
-                self.output_topic
+                self.dead_letter_topic
             ));
         }
         for topic in &self.input_topics {
             if !seen.insert(topic) {
                 return Err(format!("input topic `{topic}` is listed twice"));
             }
-            if *topic == self.output_topic || *topic == self.dead_letter_topic {
+            if self.output_topic.as_ref() == Some(topic) || *topic == self.dead_letter_topic {
                 return Err(format!(
                     "topic `{topic}` is both an input and the output or dead-letter topic"
                 ));

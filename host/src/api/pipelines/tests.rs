@@ -13,7 +13,7 @@ fn record(desired: DesiredState) -> PipelineRecord {
             operator: "op".into(),
             operator_version: 1,
             input_topics: vec!["in".into()],
-            output_topic: "out".into(),
+            output_topic: Some("out".into()),
             dead_letter_topic: "dlq".into(),
             checkpoint_interval_ms: 1000,
             in_flight_max: 16,
@@ -212,4 +212,26 @@ fn tenant_topics_cannot_name_another_tenants_topic() {
     assert!(!valid_topic(".."));
     assert!(valid_topic("globex.orders"), "stays under acme's prefix");
     assert_eq!(kafka_topic("acme", "globex.orders"), "acme.globex.orders");
+}
+
+#[test]
+fn a_spec_may_leave_the_output_topic_out_only_when_it_names_a_table() {
+    let host = RuntimeSettings::default();
+    let mut spec = record(DesiredState::Running).spec;
+    spec.output_topic = None;
+    let err = spec.validate(&host, 1000).expect_err("no output at all");
+    assert!(err.contains("output_topic is required"), "{err}");
+    spec.iceberg = Some(TableSpec {
+        table: "counts".into(),
+        columns: vec![crate::sink::iceberg::ColumnSpec {
+            name: "count".into(),
+            kind: crate::sink::iceberg::ColumnType::Long,
+            required: true,
+        }],
+    });
+    spec.validate(&host, 1000).expect("rows only, to the table");
+    let json = serde_json::to_value(&spec).expect("a spec encodes");
+    assert!(json.get("output_topic").is_none(), "{json}");
+    let back: PipelineSpec = serde_json::from_value(json).expect("and decodes");
+    assert_eq!(back, spec);
 }

@@ -8,7 +8,9 @@ use crate::api::pipelines::{PipelineRecord, kafka_topic};
 use crate::api::problem::ApiError;
 use crate::api::sha256_hex;
 use crate::clock::SharedClock;
-use crate::config::{LsmStateSettings, PipelineSettings, RuntimeSettings, Settings, StateSettings};
+use crate::config::{
+    LsmStateSettings, PipelineSettings, PipelineTable, RuntimeSettings, Settings, StateSettings,
+};
 use crate::error::{Chain, ErrorKind};
 use crate::pipeline::{self, PipelineControl, PipelineStats};
 use crate::runtime::{Operator, Runtime};
@@ -343,7 +345,7 @@ impl RunJob {
                     .iter()
                     .map(|t| kafka_topic(tenant, t))
                     .collect(),
-                output_topic: kafka_topic(tenant, &spec.output_topic),
+                output_topic: spec.output_topic.as_ref().map(|t| kafka_topic(tenant, t)),
                 dead_letter_topic: kafka_topic(tenant, &spec.dead_letter_topic),
                 group_id: Some(format!("weir.{tenant}.{}.{}", record.name, record.uid)),
                 checkpoint_interval: Duration::from_millis(spec.checkpoint_interval_ms),
@@ -354,7 +356,12 @@ impl RunJob {
                 idle_timeout: spec.idle_timeout_ms.map(Duration::from_millis),
                 idle_advance: spec.idle_advance,
                 late_records: spec.late_records,
-                iceberg: None,
+                // Described here too; the run's table is the control's `TableTarget`.
+                iceberg: spec.iceberg.as_ref().map(|t| PipelineTable {
+                    namespace: tenant.clone(),
+                    table: t.table.clone(),
+                    columns: t.columns.clone(),
+                }),
             },
             kafka: self.config.kafka(),
             runtime: spec
@@ -366,7 +373,7 @@ impl RunJob {
                 lsm: LsmStateSettings::default(),
                 memory: Default::default(),
             },
-            iceberg: Default::default(),
+            iceberg: self.config.iceberg.clone(),
         })
     }
 }
@@ -379,7 +386,7 @@ async fn check_topics(settings: &Settings, tenant: &str) -> Result<usize, RunFai
     let p = &settings.pipeline;
     let inputs = p.input_topics.clone();
     let mut topics = inputs.clone();
-    topics.push(p.output_topic.clone());
+    topics.extend(p.output_topic.clone());
     topics.push(p.dead_letter_topic.clone());
     let prefix = format!("{tenant}.");
     tokio::task::spawn_blocking(move || {

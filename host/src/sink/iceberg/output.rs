@@ -85,7 +85,7 @@ impl TableTarget {
             table: table.to_owned(),
             schema: Arc::new(schema),
             uid: uid.to_owned(),
-            to_topic: true,
+            to_topic: pipeline.output_topic.is_some(),
         })
     }
 }
@@ -210,7 +210,11 @@ struct ShardTable {
 
 impl<K: ShardSink> ShardSink for TableSink<K> {
     fn output_bytes_max(&self) -> u64 {
-        self.inner.output_bytes_max()
+        match &self.table {
+            // Rows only: bounded by `runtime.emit_bytes_per_record_max` alone.
+            Some(t) if !t.target.to_topic => u64::MAX,
+            _ => self.inner.output_bytes_max(),
+        }
     }
 
     fn emit_table(&self) -> Option<Arc<TableSchema>> {
