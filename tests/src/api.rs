@@ -299,6 +299,43 @@ pub async fn create_pipeline(
     Ok(created)
 }
 
+/// `POST path` with the JSON `body` as `key`; its answer, or an error for a status that is
+/// not a success.
+///
+/// # Errors
+/// The call's, or the status and answer.
+pub async fn post(addr: SocketAddr, key: &str, path: &str, body: Value) -> anyhow::Result<Value> {
+    let (status, _, answer) = call(addr, Method::POST, path, Some(key), json_body(&body)).await?;
+    anyhow::ensure!(status.is_success(), "POST {path}: {status} {answer}");
+    Ok(answer)
+}
+
+/// Stops or starts pipeline `name` (`action`: `stop`, `start`) and waits until it is stopped
+/// or running.
+///
+/// # Errors
+/// When the call fails or the pipeline does not get there within 60 s.
+pub async fn set_desired(
+    addr: SocketAddr,
+    key: &str,
+    name: &str,
+    action: &str,
+) -> anyhow::Result<()> {
+    let path = format!("/v1/pipelines/{name}/{action}");
+    let (status, _, body) = call(addr, Method::POST, &path, Some(key), None).await?;
+    anyhow::ensure!(status == StatusCode::OK, "{action} {name}: {status} {body}");
+    let want = if action == "stop" {
+        "stopped"
+    } else {
+        "running"
+    };
+    wait_for_pipeline(addr, key, name, Duration::from_secs(60), |v| {
+        state_of(v) == want
+    })
+    .await?;
+    Ok(())
+}
+
 /// Waits until pipeline `name` is failed and returns its view and reason.
 pub async fn failure_of(
     addr: SocketAddr,

@@ -12,28 +12,6 @@ use weir_tests::*;
 
 const KEYS: u64 = 30;
 
-async fn post(addr: SocketAddr, key: &str, path: &str, body: Value) -> anyhow::Result<Value> {
-    let (status, _, answer) = call(addr, Method::POST, path, Some(key), json_body(&body)).await?;
-    anyhow::ensure!(status.is_success(), "POST {path}: {status} {answer}");
-    Ok(answer)
-}
-
-async fn set_desired(addr: SocketAddr, key: &str, name: &str, action: &str) -> anyhow::Result<()> {
-    let path = format!("/v1/pipelines/{name}/{action}");
-    let (status, _, body) = call(addr, Method::POST, &path, Some(key), None).await?;
-    anyhow::ensure!(status == StatusCode::OK, "{action} {name}: {status} {body}");
-    let want = if action == "stop" {
-        "stopped"
-    } else {
-        "running"
-    };
-    wait_for_pipeline(addr, key, name, Duration::from_secs(60), |v| {
-        state_of(v) == want
-    })
-    .await?;
-    Ok(())
-}
-
 async fn verify(addr: SocketAddr, key: &str, name: &str) -> anyhow::Result<Value> {
     let path = format!("/v1/pipelines/{name}/verify");
     let (status, _, verified) = call(addr, Method::GET, &path, Some(key), None).await?;

@@ -61,6 +61,7 @@ async fn checkpoint(
         partition,
         version,
         files,
+        offsets: BTreeMap::new(),
     })
 }
 

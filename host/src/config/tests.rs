@@ -133,8 +133,8 @@ fn shipped_example_config_is_valid() {
     assert_eq!(s.pipeline.idle_timeout, Some(Duration::from_secs(5)));
     assert!(s.pipeline.idle_advance);
     assert_eq!(s.pipeline.late_records, LateRecords::Process);
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../deploy/config/flight-delays-iceberg.toml");
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/config/flight-delays-iceberg.toml");
     let s = Settings::load(&path, &EnvVars::default())
         .expect("deploy/config/flight-delays-iceberg.toml is valid");
     assert_eq!(s.pipeline.output_topic, None, "rows only, to the table");

@@ -51,7 +51,7 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
                     source: "the pipeline's Iceberg table needs a state backend that keeps checkpoints (lsm, or memory with checkpoint storage)".into(),
                 }));
             };
-            match self.sink.prepare(version).await {
+            match self.sink.prepare(version, &self.offsets).await {
                 Ok(Some(write)) => {
                     // The list is the sink's record of files it closed: a shard that could not
                     // keep it must not checkpoint offsets past their rows. Reopening replays

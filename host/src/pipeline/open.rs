@@ -97,7 +97,9 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
             let mut sink = sink;
             if let Some(key) = sink.state_key() {
                 let value = shard.get(key).await?;
-                sink.restore(value.as_deref())?;
+                // Offsets that do not decode fail the open below, where they are read again.
+                let resume = shard.recovered_offsets().ok().flatten().unwrap_or_default();
+                sink.restore(value.as_deref(), &resume)?;
             }
             Ok(Opened { shard, sink })
         });

@@ -262,27 +262,35 @@ pub trait ShardSink: Send + 'static {
         None
     }
 
-    /// Takes the value of [`ShardSink::state_key`] the opened shard holds (`None`: absent).
+    /// Takes the value of [`ShardSink::state_key`] the opened shard holds (`None`: absent),
+    /// and the input offsets the shard resumes at (`resume`: what its checkpoint covers).
     ///
     /// # Errors
     /// [`SinkError`] when it does not decode (the open fails and is retried).
-    fn restore(&mut self, value: Option<&[u8]>) -> Result<(), SinkError> {
-        let _ = value;
+    fn restore(&mut self, value: Option<&[u8]>, resume: &InputOffsets) -> Result<(), SinkError> {
+        let _ = (value, resume);
         Ok(())
     }
 
-    /// Before the shard's checkpoint `version` (docs/checkpoints.md step 2, docs/iceberg.md):
-    /// closes what the checkpoint must hold (an Iceberg sink's data files) and returns the
-    /// state write that records it, to apply to the shard before the checkpoint. Default:
-    /// nothing.
+    /// The input offsets the shard has processed up to, before emits that carry no input
+    /// offset of their own (a timer round's). Default: nothing.
+    fn position(&mut self, offsets: &InputOffsets) {
+        let _ = offsets;
+    }
+
+    /// Before the shard's checkpoint `version` of input `offsets` (docs/checkpoints.md step
+    /// 2, docs/iceberg.md): closes what the checkpoint must hold (an Iceberg sink's data
+    /// files) and returns the state write that records it, to apply to the shard before the
+    /// checkpoint. Default: nothing.
     ///
     /// # Errors
     /// [`SinkError`]: what was open is lost; the shard reopens from its checkpoint.
     fn prepare(
         &mut self,
         version: u64,
+        offsets: &InputOffsets,
     ) -> impl Future<Output = Result<Option<StateWrite>, SinkError>> + Send {
-        let _ = version;
+        let _ = (version, offsets);
         async { Ok(None) }
     }
 }

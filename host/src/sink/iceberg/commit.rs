@@ -18,6 +18,11 @@
 //! files in the table's manifests ([`files_in_table`]), so that a table whose property was
 //! lost and whose snapshots expired still does not get them twice.
 //!
+//! The same commit raises the table property `weir.offsets.{pipeline id}` (a JSON map
+//! partition → topic → next offset): per shard, the input whose rows the table holds
+//! ([`committed_offsets`]). A shard that resumes behind it — reset to a savepoint, or fallen
+//! back past a committed checkpoint — does not write its replayed rows again.
+//!
 //! Commits are compare-and-swap on the catalog's metadata pointer and are not retried by the
 //! `iceberg` crate (a catalog wrapper, `NoRetry`, that also pins the table decided on): on a conflict the committer reloads the table and decides
 //! again, so that two committers of one pipeline (a zombie and its successor) never both
@@ -41,6 +46,20 @@ pub const SUMMARY_SHARD_PREFIX: &str = "weir.shard.";
 /// The table property prefix of a pipeline's committed checkpoints: `weir.committed.{uid}`.
 pub const PROPERTY_COMMITTED_PREFIX: &str = "weir.committed.";
 
+/// The table property prefix of a pipeline's committed input offsets: `weir.offsets.{uid}`.
+pub const PROPERTY_OFFSETS_PREFIX: &str = "weir.offsets.";
+
+/// Per shard (partition) and input topic, the next offset of the input whose rows the table
+/// holds: what [`commit`] recorded for pipeline `uid` (empty without it).
+pub fn committed_offsets(table: &Table, uid: &str) -> BTreeMap<i32, BTreeMap<String, i64>> {
+    table
+        .metadata()
+        .properties()
+        .get(&format!("{PROPERTY_OFFSETS_PREFIX}{uid}"))
+        .and_then(|text| serde_json::from_str(text).ok())
+        .unwrap_or_default()
+}
+
 /// How many times a commit reloads and decides again after a conflict before it gives up
 /// until the next commit interval.
 const CONFLICT_RETRIES_MAX: usize = 8;
@@ -54,6 +73,9 @@ pub struct PendingCheckpoint {
     pub version: u64,
     /// Its data files.
     pub files: Vec<DataFile>,
+    /// The input offsets it covers (topic → next offset; empty in lists written before
+    /// they were recorded).
+    pub offsets: BTreeMap<String, i64>,
 }
 
 /// What a commit did.
@@ -191,6 +213,15 @@ pub async fn commit(
         report.files = files.len();
         report.rows = files.iter().map(DataFile::record_count).sum();
         let committed_text = serde_json::to_string(&committed).expect("a map of numbers encodes");
+        let mut offsets = committed_offsets(&table, uid);
+        for c in &chosen {
+            let shard = offsets.entry(c.partition).or_default();
+            for (topic, &next) in &c.offsets {
+                let o = shard.entry(topic.clone()).or_insert(next);
+                *o = (*o).max(next);
+            }
+        }
+        let offsets_text = serde_json::to_string(&offsets).expect("a map of numbers encodes");
         let tx = Transaction::new(&table);
         let append = tx
             .fast_append()
@@ -202,7 +233,8 @@ pub async fn commit(
         let tx = append.apply(tx)?;
         let properties = tx
             .update_table_properties()
-            .set(format!("{PROPERTY_COMMITTED_PREFIX}{uid}"), committed_text);
+            .set(format!("{PROPERTY_COMMITTED_PREFIX}{uid}"), committed_text)
+            .set(format!("{PROPERTY_OFFSETS_PREFIX}{uid}"), offsets_text);
         let tx = properties.apply(tx)?;
         // The transaction commits onto exactly the table decided on: a table another
         // committer changed meanwhile fails the swap, and the loop decides again.

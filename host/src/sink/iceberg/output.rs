@@ -232,6 +232,9 @@ impl<K: ShardSink> ShardSink for TableSink<K> {
         if t.target.to_topic {
             self.inner.emit(emit, source).await?;
         }
+        if t.shard.written(source) {
+            return Ok(()); // replayed input whose rows the table has (a reset, a fallback)
+        }
         t.shard
             .push(&emit.value)
             .await
@@ -264,21 +267,31 @@ impl<K: ShardSink> ShardSink for TableSink<K> {
         self.table.as_ref().map(|_| &PENDING_KEY[..])
     }
 
-    fn restore(&mut self, value: Option<&[u8]>) -> Result<(), SinkError> {
+    fn restore(&mut self, value: Option<&[u8]>, resume: &InputOffsets) -> Result<(), SinkError> {
         match &mut self.table {
             Some(t) => t
                 .shard
-                .restore(value)
+                .restore(value, resume)
                 .map_err(|e| table_failed(&t.target, e)),
             None => Ok(()),
         }
     }
 
-    async fn prepare(&mut self, version: u64) -> Result<Option<StateWrite>, SinkError> {
+    fn position(&mut self, offsets: &InputOffsets) {
+        if let Some(t) = &mut self.table {
+            t.shard.position(offsets);
+        }
+    }
+
+    async fn prepare(
+        &mut self,
+        version: u64,
+        offsets: &InputOffsets,
+    ) -> Result<Option<StateWrite>, SinkError> {
         match &mut self.table {
             Some(t) => t
                 .shard
-                .prepare(version)
+                .prepare(version, offsets)
                 .await
                 .map_err(|e| table_failed(&t.target, e)),
             None => Ok(None),

@@ -10,14 +10,17 @@
 //! it, and their files are orphans for GC.
 
 use super::catalog::Lakehouse;
-use super::commit::committed_versions;
+use super::commit::{committed_offsets, committed_versions};
 use super::files::{FilesError, ShardFiles, decode_data_file, encode_data_file};
 use super::schema::TableSchema;
+use crate::runtime::InputRecord;
 use crate::state::StateWrite;
+use crate::state::checkpoint::InputOffsets;
 use bytes::Bytes;
 use iceberg::TableIdent;
 use iceberg::spec::DataFile;
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 
 /// The reserved state key of a shard's pending list: `FF FF FF FF 'i'` (the reserved key
 /// space of time/keys.rs; no state key starts with `FF FF FF FF`).
@@ -42,6 +45,9 @@ pub struct PendingEntry {
     pub version: u64,
     /// Its data files, each in Iceberg's JSON form ([`encode_data_file`]).
     pub files: Vec<String>,
+    /// The input offsets the checkpoint covers (topic → next offset).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub offsets: BTreeMap<String, i64>,
 }
 
 impl PendingList {
@@ -88,6 +94,13 @@ pub struct IcebergShard {
     partition: i32,
     files: ShardFiles,
     pending: PendingList,
+    /// Per input topic, the offset below which the table already holds this shard's rows
+    /// (as of opening); a topic leaves it once the shard's input is past it, so that it is
+    /// empty in the steady state. Non-empty after a reset to a savepoint or a fallback past
+    /// a committed checkpoint: the replayed input's rows are not written again.
+    written: BTreeMap<String, i64>,
+    /// Where the shard's input is, while `written` is not empty.
+    position: InputOffsets,
 }
 
 impl IcebergShard {
@@ -140,14 +153,71 @@ impl IcebergShard {
                 uid: Some(uid.to_owned()),
                 entries: Vec::new(),
             },
+            written: committed_offsets(&loaded, uid)
+                .remove(&partition)
+                .unwrap_or_default(),
+            position: InputOffsets::new(),
         })
     }
 
-    /// Takes the pending list the shard's state holds (`value` of [`PENDING_KEY`]).
+    /// Whether the rows emitted for `source` are in the table already, so that this emit is
+    /// not written again: `source`'s offset is below what the table holds of its topic, or,
+    /// for an emit with no input offset (a timer round's, at the position given to
+    /// [`IcebergShard::position`]), the shard's input is still behind what the table holds.
+    /// Always false in the steady state (nothing to compare).
+    pub fn written(&mut self, source: &InputRecord) -> bool {
+        if self.written.is_empty() {
+            return false;
+        }
+        if source.offset < 0 {
+            return true;
+        }
+        let behind = self
+            .written
+            .get(&*source.topic)
+            .is_some_and(|&next| source.offset < next);
+        self.position.advance(&source.topic, source.offset);
+        self.catch_up();
+        behind
+    }
+
+    /// The shard's input has been processed up to `offsets`.
+    pub fn position(&mut self, offsets: &InputOffsets) {
+        if !self.written.is_empty() {
+            self.position = offsets.clone();
+            self.catch_up();
+        }
+    }
+
+    /// Forgets the topics the input is past.
+    fn catch_up(&mut self) {
+        let position = &self.position;
+        let before = self.written.len();
+        self.written
+            .retain(|topic, next| position.next(topic).unwrap_or(0) < *next);
+        if before > 0 && self.written.is_empty() {
+            tracing::info!(
+                partition = self.partition,
+                "the shard's input is past what the table holds; writing rows again"
+            );
+        }
+    }
+
+    /// Takes the pending list the shard's state holds (`value` of [`PENDING_KEY`]) and the
+    /// input offsets the shard resumes at.
     ///
     /// # Errors
     /// [`IcebergShardError::Corrupt`].
-    pub fn restore(&mut self, value: Option<&[u8]>) -> Result<(), IcebergShardError> {
+    pub fn restore(
+        &mut self,
+        value: Option<&[u8]>,
+        resume: &InputOffsets,
+    ) -> Result<(), IcebergShardError> {
+        self.position = resume.clone();
+        self.catch_up();
+        if !self.written.is_empty() {
+            tracing::info!(partition = self.partition, table = %self.ident, written = ?self.written, resume = ?resume, "the shard resumes behind what the table holds (a reset or a fallback): the replayed input's rows are not written again");
+        }
         let restored = PendingList::decode(value).map_err(IcebergShardError::Corrupt)?;
         if restored.uid.as_deref().is_some_and(|uid| uid != self.uid) {
             tracing::warn!(partition = self.partition, from = ?restored.uid, files = restored.entries.iter().map(|e| e.files.len()).sum::<usize>(), "the restored state lists another pipeline's uncommitted data files; they stay that pipeline's");
@@ -182,7 +252,11 @@ impl IcebergShard {
     /// # Errors
     /// [`IcebergShardError::Table`]: the open files are lost; the shard must reopen from its
     /// checkpoint (which replays their rows).
-    pub async fn prepare(&mut self, version: u64) -> Result<Option<StateWrite>, IcebergShardError> {
+    pub async fn prepare(
+        &mut self,
+        version: u64,
+        offsets: &InputOffsets,
+    ) -> Result<Option<StateWrite>, IcebergShardError> {
         let closed: Vec<DataFile> =
             self.files
                 .close()
@@ -204,7 +278,11 @@ impl IcebergShard {
                     what: "encode a data file",
                     source: Box::new(source),
                 })?;
-            self.pending.entries.push(PendingEntry { version, files });
+            self.pending.entries.push(PendingEntry {
+                version,
+                files,
+                offsets: offsets.iter().map(|(t, o)| (t.to_owned(), o)).collect(),
+            });
         }
         if !self.pending.entries.is_empty() {
             // Dropping what the table has is housekeeping: with the catalog away, the list
@@ -256,6 +334,7 @@ pub fn pending_checkpoints(
                     .iter()
                     .map(|f| decode_data_file(f, schema))
                     .collect::<iceberg::Result<_>>()?,
+                offsets: e.offsets.clone(),
             })
         })
         .collect()

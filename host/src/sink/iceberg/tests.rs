@@ -5,6 +5,8 @@
 use super::commit::{self, PendingCheckpoint, committed_versions};
 use super::files::{decode_data_file, encode_data_file};
 use super::*;
+use crate::runtime::InputRecord;
+use crate::state::checkpoint::InputOffsets;
 use arrow_array::cast::AsArray;
 use arrow_array::types::Int64Type;
 use futures::TryStreamExt;
@@ -94,6 +96,7 @@ impl Fixture {
             partition,
             version,
             files,
+            offsets: BTreeMap::new(),
         }
     }
 
@@ -395,13 +398,101 @@ async fn a_shard_takes_only_its_own_pipelines_pending_files_when_restored() {
         .push(br#"{"route":"A","flights":1}"#)
         .await
         .expect("fits");
-    let write = source.prepare(7).await.expect("prepares").expect("a list");
+    let write = source
+        .prepare(7, &InputOffsets::new())
+        .await
+        .expect("prepares")
+        .expect("a list");
     let stored = write.value.expect("a value");
     let mut other = open("other").await;
-    other.restore(Some(&stored)).expect("decodes");
+    other
+        .restore(Some(&stored), &InputOffsets::new())
+        .expect("decodes");
     assert!(other.pending().entries.is_empty());
     let mut same = open("source").await;
-    same.restore(Some(&stored)).expect("decodes");
+    same.restore(Some(&stored), &InputOffsets::new())
+        .expect("decodes");
     assert_eq!(same.pending().entries.len(), 1);
     assert_eq!(same.pending().entries[0].version, 7);
+}
+
+/// A record of topic `in`, partition 0, at `offset` (-1: a timer round's emit).
+fn record(offset: i64) -> InputRecord {
+    InputRecord {
+        key: Vec::new(),
+        value: Vec::new(),
+        timestamp_ms: 0,
+        headers: Vec::new(),
+        topic: "in".into(),
+        partition: 0,
+        offset,
+    }
+}
+
+fn offsets(next: i64) -> InputOffsets {
+    let mut offsets = InputOffsets::new();
+    offsets.advance("in", next - 1);
+    offsets
+}
+
+/// A shard that resumes behind the input the table holds rows of (reset to a savepoint, or
+/// fallen back past a committed checkpoint) does not write the replayed records' rows again,
+/// nor a timer round's emits until its input is past it; then it writes everything. A shard
+/// resuming where the table ends skips nothing.
+#[tokio::test]
+async fn a_shard_behind_what_the_table_holds_does_not_write_the_replayed_rows_again() {
+    let f = fixture().await;
+    let open = || async {
+        shard::IcebergShard::open(&f.lakehouse, ("t1", "routes"), &f.schema, UID, 0)
+            .await
+            .expect("opens")
+    };
+    // Records 0..4 written and committed as checkpoint 1 (input up to offset 4).
+    let mut first = open().await;
+    first
+        .restore(None, &InputOffsets::new())
+        .expect("nothing to restore");
+    for n in 0..4 {
+        assert!(!first.written(&record(n)), "offset {n}");
+        let row = format!(r#"{{"route":"A","flights":{}}}"#, n + 1);
+        first.push(row.as_bytes()).await.expect("fits");
+    }
+    let write = first
+        .prepare(1, &offsets(4))
+        .await
+        .expect("prepares")
+        .expect("a list");
+    let list = shard::PendingList::decode(write.value.as_deref()).expect("decodes");
+    assert_eq!(list.entries[0].offsets, BTreeMap::from([("in".into(), 4)]));
+    let table = f.table().await;
+    let pending =
+        shard::pending_checkpoints(0, &list, table.metadata().current_schema()).expect("decodes");
+    f.commit(&pending, false).await;
+    let table = f.table().await;
+    assert_eq!(
+        commit::committed_offsets(&table, UID),
+        BTreeMap::from([(0, BTreeMap::from([("in".into(), 4)]))])
+    );
+
+    // Reset to a savepoint at offset 1: records 1..4 and the timers among them are replayed.
+    let mut reset = open().await;
+    reset
+        .restore(Some(&write.value.clone().expect("a list")), &offsets(1))
+        .expect("restores");
+    assert!(
+        reset.written(&record(-1)),
+        "a timer before the input is past"
+    );
+    assert!(reset.written(&record(1)));
+    reset.position(&offsets(3));
+    assert!(reset.written(&record(-1)), "a timer at offset 3");
+    assert!(reset.written(&record(3)), "the last record the table holds");
+    assert!(!reset.written(&record(-1)), "a timer after it: new");
+    assert!(!reset.written(&record(4)), "a new record");
+
+    // Resuming where the table ends: nothing is skipped.
+    let mut resumed = open().await;
+    resumed.restore(None, &offsets(4)).expect("restores");
+    assert!(!resumed.written(&record(-1)));
+    assert!(!resumed.written(&record(4)));
 }
