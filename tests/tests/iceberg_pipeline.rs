@@ -145,6 +145,7 @@ async fn flights_into_an_iceberg_table_exactly_once_hold_each_routes_counts_once
                 group: settings.pipeline.group_id(),
                 topics: settings.pipeline.input_topics.clone(),
             }),
+            orphan_grace: Duration::from_secs(3600),
         },
         lakehouse: lakehouse.clone(),
         tenant: "t1".into(),

@@ -61,7 +61,7 @@ async fn checkpoint(
         partition,
         version,
         files,
-        offsets: BTreeMap::new(),
+        covered: Default::default(),
     })
 }
 

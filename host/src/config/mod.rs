@@ -38,7 +38,7 @@ pub struct Settings {
     pub iceberg: crate::sink::iceberg::LakehouseSettings,
 }
 
-/// One pipeline: input topic(s) → operator → output topic.
+/// One pipeline: input topic(s) → operator → output topic and/or Iceberg table.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PipelineSettings {

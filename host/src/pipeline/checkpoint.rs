@@ -28,7 +28,10 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
         if let Some(corruption) = self.shard.corruption() {
             return Err(self.corrupt(corruption));
         }
-        if !self.dirty && !requested {
+        // A sink held back looks again at every interval (its prepare drops what landed); with
+        // nothing new and nothing dropped there is nothing to write.
+        let only_looking = !self.dirty && !requested;
+        if only_looking && !self.sink.held_back() {
             return Ok(());
         }
         let started = Instant::now();
@@ -51,7 +54,12 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
                     source: "the pipeline's Iceberg table needs a state backend that keeps checkpoints (lsm, or memory with checkpoint storage)".into(),
                 }));
             };
-            match self.sink.prepare(version, &self.offsets).await {
+            let timers_through = self.timers.fired_through();
+            match self
+                .sink
+                .prepare(version, &self.offsets, timers_through)
+                .await
+            {
                 Ok(Some(write)) => {
                     // The list is the sink's record of files it closed: a shard that could not
                     // keep it must not checkpoint offsets past their rows. Reopening replays
@@ -66,6 +74,7 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
                         }));
                     }
                 }
+                Ok(None) if only_looking => return Ok(()),
                 Ok(None) => {}
                 Err(source) => return Err(self.sink_failed(source)),
             }

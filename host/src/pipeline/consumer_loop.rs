@@ -507,6 +507,7 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
             events: events.clone(),
             assignment: Assignment::of(&tx),
             stall_reported: false,
+            sink_held_reported: false,
             admitted: offsets.clone(),
             offsets,
             dirty: false,

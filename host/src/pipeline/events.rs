@@ -53,6 +53,9 @@ pub(crate) enum Stall {
     StateOutage,
     /// Its sink waits to send a refused delivery again.
     DeliveryRefused,
+    /// Its sink takes no more output until earlier output is committed (an Iceberg table's
+    /// pending list is full).
+    SinkBacklog,
 }
 
 /// What a worker (or its sink) tells the consumer loop.
@@ -134,8 +137,9 @@ impl Assignment {
 pub(super) struct Inbox {
     tx: mpsc::Sender<WorkerEvent>,
     rx: mpsc::Receiver<WorkerEvent>,
-    /// What holds each worker back now (both causes at once are possible).
-    stalls: HashMap<WorkerId, (bool, bool)>,
+    /// What holds each worker back now: a state outage, a refused delivery, its sink's
+    /// backlog (several at once are possible).
+    stalls: HashMap<WorkerId, (bool, bool, bool)>,
     /// Committed checkpoints' offsets, oldest first, not yet committed to the group.
     pub checkpointed: Vec<(WorkerId, InputOffsets)>,
     /// Workers that said they end, not yet reaped.
@@ -215,6 +219,7 @@ impl Inbox {
                 match cause {
                     Stall::StateOutage => stalls.0 = stalled,
                     Stall::DeliveryRefused => stalls.1 = stalled,
+                    Stall::SinkBacklog => stalls.2 = stalled,
                 }
             }
             WorkerEvent::Checkpointed { worker, offsets } => {
@@ -228,7 +233,7 @@ impl Inbox {
     pub fn is_stalled(&self, worker: WorkerId) -> bool {
         self.stalls
             .get(&worker)
-            .is_some_and(|(outage, refused)| *outage || *refused)
+            .is_some_and(|(outage, refused, backlog)| *outage || *refused || *backlog)
     }
 
     /// Forgets what `worker` and the older workers of its partition said, and ignores what

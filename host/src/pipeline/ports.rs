@@ -272,16 +272,20 @@ pub trait ShardSink: Send + 'static {
         Ok(())
     }
 
-    /// The input offsets the shard has processed up to, before emits that carry no input
-    /// offset of their own (a timer round's). Default: nothing.
-    fn position(&mut self, offsets: &InputOffsets) {
-        let _ = offsets;
+    /// Whether the sink takes no more output for now: an Iceberg table's pending list holds
+    /// `iceberg.pending_checkpoints_max` checkpoints (its commits lag, e.g. a catalog outage).
+    /// The worker then admits no record — its partition pauses once the queue is full — and
+    /// checkpoints every interval, which lets the sink look at the table again, until this
+    /// turns false. Default: never.
+    fn held_back(&self) -> bool {
+        false
     }
 
-    /// Before the shard's checkpoint `version` of input `offsets` (docs/checkpoints.md step
-    /// 2, docs/iceberg.md): closes what the checkpoint must hold (an Iceberg sink's data
-    /// files) and returns the state write that records it, to apply to the shard before the
-    /// checkpoint. Default: nothing.
+    /// Before the shard's checkpoint `version` of input `offsets` with the event-time timers
+    /// through `timers_through_ms` fired (docs/checkpoints.md step 2, docs/iceberg.md):
+    /// closes what the checkpoint must hold (an Iceberg sink's data files) and returns the
+    /// state write that records it, to apply to the shard before the checkpoint. Default:
+    /// nothing.
     ///
     /// # Errors
     /// [`SinkError`]: what was open is lost; the shard reopens from its checkpoint.
@@ -289,8 +293,9 @@ pub trait ShardSink: Send + 'static {
         &mut self,
         version: u64,
         offsets: &InputOffsets,
+        timers_through_ms: Option<i64>,
     ) -> impl Future<Output = Result<Option<StateWrite>, SinkError>> + Send {
-        let _ = (version, offsets);
+        let _ = (version, offsets, timers_through_ms);
         async { Ok(None) }
     }
 }

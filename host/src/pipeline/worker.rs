@@ -82,6 +82,8 @@ pub(crate) struct PartitionWorker<S: Shard, K: ShardSink> {
     pub assignment: Assignment,
     /// The outage stall the loop was last told of.
     pub stall_reported: bool,
+    /// The sink backlog stall ([`ShardSink::held_back`]) the loop was last told of.
+    pub sink_held_reported: bool,
     /// The input position the shard's state reflects (the checkpoint it resumed from, then
     /// every finished record). Valid as a checkpoint's offsets only when nothing is in flight.
     pub offsets: InputOffsets,
@@ -163,7 +165,10 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
             // A due timer stops admission, as a due checkpoint does, until every admitted
             // record finished ([`super::timers`]).
             let timers_due = self.timers.due();
-            if !checkpoint_due && (!timers_due || after_round) {
+            // A sink whose earlier output is not committed yet takes no more (an Iceberg
+            // table's pending list is full): admit nothing; checkpoints let it look again.
+            let sink_held = self.sink.held_back();
+            if !checkpoint_due && !sink_held && (!timers_due || after_round) {
                 for late in self.admit(&mut backlog) {
                     let watermark = self.timers.watermarks.applied().unwrap_or_default();
                     let reason = format!(
@@ -274,6 +279,11 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
         if stalled != self.stall_reported {
             self.stall_reported = stalled;
             self.events.stalled(Stall::StateOutage, stalled).await;
+        }
+        let held = self.sink.held_back();
+        if held != self.sink_held_reported {
+            self.sink_held_reported = held;
+            self.events.stalled(Stall::SinkBacklog, held).await;
         }
     }
 

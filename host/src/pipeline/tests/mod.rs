@@ -26,6 +26,7 @@ use tokio::task::JoinHandle;
 
 mod shutdown;
 mod stalls;
+mod table;
 mod timers;
 
 const TOPIC: &str = "in";
@@ -178,10 +179,11 @@ async fn start(
     .await
 }
 
-/// As [`start`], running the guest component `guest` with processing time from `clock`.
-async fn start_with(
+/// As [`start`], running the guest component `guest` with processing time from `clock`, its
+/// emits to `output` (a [`MemoryOutput`], or one around it).
+async fn start_with<O: Output>(
     settings: Settings,
-    (source, output, store): (MemorySource, MemoryOutput, Arc<InMemory>),
+    (source, output, store): (MemorySource, O, Arc<InMemory>),
     delay: ReadDelay,
     guest: &str,
     clock: SharedClock,

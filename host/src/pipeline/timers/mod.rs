@@ -124,6 +124,21 @@ impl Timers {
         self.watermarks.candidate(now_ms).is_some_and(|w| next <= w)
     }
 
+    /// The time through which every event-time timer has fired (ms since the epoch): the
+    /// applied watermark, or just before the earliest timer still pending at or below it (a
+    /// round that goes on). `None` while the timers are not loaded or no watermark applies.
+    pub fn fired_through(&self) -> Option<i64> {
+        // A head that must be loaded again cannot say which timer is next.
+        if !self.enabled || !self.loaded || self.head.needs_load() {
+            return None;
+        }
+        let applied = self.watermarks.applied()?;
+        match self.head.next(TimeDomain::EventTime) {
+            Some(next) if next <= applied => Some(next - 1),
+            _ => Some(applied),
+        }
+    }
+
     /// Processing time now, ms since the Unix epoch.
     pub fn now_ms(&self) -> i64 {
         i64::try_from(self.clock.now_ms()).unwrap_or(i64::MAX)

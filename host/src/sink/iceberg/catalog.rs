@@ -32,6 +32,13 @@ pub const TABLE_PROPERTIES: [(&str, &str); 5] = [
     ("write.parquet.compression-codec", "zstd"),
 ];
 
+/// The least `orphan_file_age`: a checkpoint's files are closed before its manifest and
+/// listed where the committer reads only once it is decided — at-least-once with the
+/// manifest, exactly-once when its transaction commits, which can take up to the
+/// transaction's timeout (a pipeline's committer waits at least that long anyway:
+/// [`super::committer::orphan_grace`]).
+pub const ORPHAN_FILE_AGE_MIN: Duration = Duration::from_secs(60);
+
 /// The host's Iceberg settings (`[iceberg]`): where tables are and how the sink writes them.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -58,9 +65,15 @@ pub struct LakehouseSettings {
     /// A pipeline's data file in no snapshot of the table and no shard's pending list (a
     /// checkpoint that never completed) is deleted once it is this old; the committer looks
     /// this often. Default 1 h ([`super::orphans::ORPHAN_GRACE`]): well past the longest an
-    /// exactly-once checkpoint can stay undecided. At least 1 s.
+    /// exactly-once checkpoint can stay undecided (its transaction's timeout). At least
+    /// [`ORPHAN_FILE_AGE_MIN`].
     #[serde(with = "humantime_serde")]
     pub orphan_file_age: Duration,
+    /// A shard whose pending list holds this many checkpoints' files (its table commits lag:
+    /// a catalog outage, a stopped committer) takes no more input — its partition pauses —
+    /// until commits land; default 100 (with 10 s checkpoints, ~17 minutes of lag). Bounds
+    /// the list, which every checkpoint rewrites whole, and the snapshot that clears it.
+    pub pending_checkpoints_max: usize,
 }
 
 impl Default for LakehouseSettings {
@@ -73,6 +86,7 @@ impl Default for LakehouseSettings {
             target_file_size_bytes: 128 << 20,
             commit_interval: Duration::from_secs(60),
             orphan_file_age: super::orphans::ORPHAN_GRACE,
+            pending_checkpoints_max: 100,
         }
     }
 }
@@ -96,10 +110,16 @@ impl LakehouseSettings {
                 self.commit_interval
             ));
         }
-        if self.orphan_file_age < Duration::from_secs(1) {
+        if self.orphan_file_age < ORPHAN_FILE_AGE_MIN {
             problems.push(format!(
-                "{section}.orphan_file_age must be at least 1s. orphan_file_age={:?}",
+                "{section}.orphan_file_age must be at least {ORPHAN_FILE_AGE_MIN:?}: a checkpoint's files are listed only once it is decided. orphan_file_age={:?}",
                 self.orphan_file_age
+            ));
+        }
+        if !(1..=100_000).contains(&self.pending_checkpoints_max) {
+            problems.push(format!(
+                "{section}.pending_checkpoints_max must be 1..=100000. value={}",
+                self.pending_checkpoints_max
             ));
         }
         if self.target_file_size_bytes < 1 << 10 {

@@ -18,10 +18,11 @@
 //! files in the table's manifests ([`files_in_table`]), so that a table whose property was
 //! lost and whose snapshots expired still does not get them twice.
 //!
-//! The same commit raises the table property `weir.offsets.{pipeline id}` (a JSON map
-//! partition → topic → next offset): per shard, the input whose rows the table holds
-//! ([`committed_offsets`]). A shard that resumes behind it — reset to a savepoint, or fallen
-//! back past a committed checkpoint — does not write its replayed rows again.
+//! The same commit raises the table property `weir.covered.{pipeline id}` (a JSON map
+//! partition → [`Covered`]): per shard, the input offsets and the event-time timers whose
+//! rows the table holds ([`committed_covered`]). A shard that resumes behind it — reset to a
+//! savepoint, or fallen back past a committed checkpoint — does not write its replayed rows
+//! again.
 //!
 //! Commits are compare-and-swap on the catalog's metadata pointer and are not retried by the
 //! `iceberg` crate (a catalog wrapper, `NoRetry`, that also pins the table decided on): on a conflict the committer reloads the table and decides
@@ -35,6 +36,7 @@ use iceberg::transaction::{ApplyTransactionAction, Transaction};
 use iceberg::{
     Catalog, Error, ErrorKind, Namespace, NamespaceIdent, TableCommit, TableCreation, TableIdent,
 };
+use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
@@ -46,16 +48,41 @@ pub const SUMMARY_SHARD_PREFIX: &str = "weir.shard.";
 /// The table property prefix of a pipeline's committed checkpoints: `weir.committed.{uid}`.
 pub const PROPERTY_COMMITTED_PREFIX: &str = "weir.committed.";
 
-/// The table property prefix of a pipeline's committed input offsets: `weir.offsets.{uid}`.
-pub const PROPERTY_OFFSETS_PREFIX: &str = "weir.offsets.";
+/// The table property prefix of what a pipeline's committed checkpoints cover:
+/// `weir.covered.{uid}`, a JSON map partition → [`Covered`].
+pub const PROPERTY_COVERED_PREFIX: &str = "weir.covered.";
 
-/// Per shard (partition) and input topic, the next offset of the input whose rows the table
-/// holds: what [`commit`] recorded for pipeline `uid` (empty without it).
-pub fn committed_offsets(table: &Table, uid: &str) -> BTreeMap<i32, BTreeMap<String, i64>> {
+/// What a shard's checkpoint covers: the rows of the input below `offsets`, and of the
+/// event-time timers fired through `timers_through_ms`. For the table, the most of its
+/// committed checkpoints' ([`committed_covered`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Covered {
+    /// Per input topic, the next offset to read.
+    #[serde(default)]
+    pub offsets: BTreeMap<String, i64>,
+    /// Every event-time timer with a time (ms since the epoch) at or before this had fired.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timers_through_ms: Option<i64>,
+}
+
+impl Covered {
+    /// Raises each offset and the timer time to `other`'s where it is ahead.
+    pub fn raise(&mut self, other: &Covered) {
+        for (topic, &next) in &other.offsets {
+            let o = self.offsets.entry(topic.clone()).or_insert(next);
+            *o = (*o).max(next);
+        }
+        self.timers_through_ms = self.timers_through_ms.max(other.timers_through_ms);
+    }
+}
+
+/// Per shard (partition), what the table holds of pipeline `uid`'s output, as [`commit`]
+/// recorded it (empty without it).
+pub fn committed_covered(table: &Table, uid: &str) -> BTreeMap<i32, Covered> {
     table
         .metadata()
         .properties()
-        .get(&format!("{PROPERTY_OFFSETS_PREFIX}{uid}"))
+        .get(&format!("{PROPERTY_COVERED_PREFIX}{uid}"))
         .and_then(|text| serde_json::from_str(text).ok())
         .unwrap_or_default()
 }
@@ -73,9 +100,8 @@ pub struct PendingCheckpoint {
     pub version: u64,
     /// Its data files.
     pub files: Vec<DataFile>,
-    /// The input offsets it covers (topic → next offset; empty in lists written before
-    /// they were recorded).
-    pub offsets: BTreeMap<String, i64>,
+    /// What it covers (empty in lists written before it was recorded).
+    pub covered: Covered,
 }
 
 /// What a commit did.
@@ -213,15 +239,11 @@ pub async fn commit(
         report.files = files.len();
         report.rows = files.iter().map(DataFile::record_count).sum();
         let committed_text = serde_json::to_string(&committed).expect("a map of numbers encodes");
-        let mut offsets = committed_offsets(&table, uid);
+        let mut covered = committed_covered(&table, uid);
         for c in &chosen {
-            let shard = offsets.entry(c.partition).or_default();
-            for (topic, &next) in &c.offsets {
-                let o = shard.entry(topic.clone()).or_insert(next);
-                *o = (*o).max(next);
-            }
+            covered.entry(c.partition).or_default().raise(&c.covered);
         }
-        let offsets_text = serde_json::to_string(&offsets).expect("a map of numbers encodes");
+        let covered_text = serde_json::to_string(&covered).expect("a map of numbers encodes");
         let tx = Transaction::new(&table);
         let append = tx
             .fast_append()
@@ -234,7 +256,7 @@ pub async fn commit(
         let properties = tx
             .update_table_properties()
             .set(format!("{PROPERTY_COMMITTED_PREFIX}{uid}"), committed_text)
-            .set(format!("{PROPERTY_OFFSETS_PREFIX}{uid}"), offsets_text);
+            .set(format!("{PROPERTY_COVERED_PREFIX}{uid}"), covered_text);
         let tx = properties.apply(tx)?;
         // The transaction commits onto exactly the table decided on: a table another
         // committer changed meanwhile fails the swap, and the loop decides again.

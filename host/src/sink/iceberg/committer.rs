@@ -46,6 +46,19 @@ pub struct Committer {
     pub clock: SharedClock,
     /// Exactly-once: where the decided checkpoints are named.
     pub group: Option<GroupOffsets>,
+    /// How old an unlisted data file must be to be deleted: `orphan_file_age`, or the
+    /// pipeline's transaction timeout if that is longer ([`orphan_grace`]).
+    pub orphan_grace: Duration,
+}
+
+/// How old a data file of a pipeline checkpointing every `checkpoint_interval` must be before
+/// the committer takes it for an orphan: `orphan_file_age`, or the longest its checkpoint can
+/// stay undecided if that is longer (its exactly-once transaction's timeout: three intervals,
+/// 1..=15 minutes, as the shard's transactional producer sets it).
+pub fn orphan_grace(orphan_file_age: Duration, checkpoint_interval: Duration) -> Duration {
+    let transaction =
+        (checkpoint_interval * 3).clamp(Duration::from_secs(60), Duration::from_secs(15 * 60));
+    orphan_file_age.max(transaction)
 }
 
 /// The consumer group whose committed offsets name each shard's decided checkpoint
@@ -109,7 +122,10 @@ impl Committer {
                 passes += 1;
                 if orphans_checked.elapsed() >= orphan_age {
                     orphans_checked = tokio::time::Instant::now();
-                    match committer.collect_orphans(&caches, orphan_age).await {
+                    match committer
+                        .collect_orphans(&caches, committer.orphan_grace)
+                        .await
+                    {
                         Ok(deleted) if !deleted.is_empty() => {
                             tracing::info!(table = %committer.ident, files = deleted.len(), "orphan data files deleted");
                         }

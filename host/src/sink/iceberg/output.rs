@@ -79,6 +79,10 @@ impl TableTarget {
                     group: pipeline.group_id(),
                     topics: pipeline.input_topics.clone(),
                 }),
+                orphan_grace: super::committer::orphan_grace(
+                    lakehouse.settings().orphan_file_age,
+                    pipeline.checkpoint_interval,
+                ),
             },
             lakehouse,
             tenant: namespace.to_owned(),
@@ -91,13 +95,15 @@ impl TableTarget {
 }
 
 /// The id of a `weir run` pipeline named `pipeline` whose state is in `store` under `prefix`:
-/// made at its first run and kept at `{prefix}/pipelines/{pipeline}/uid` (written once), so
-/// that it lives exactly as long as the state. A table's record of which checkpoints it holds
-/// is per id: a pipeline started again on empty state (checkpoint versions from 1 again) gets
-/// a new id rather than having its rows taken for ones the table already holds.
+/// made (16 hex digits) at its first run and kept at `{prefix}/pipelines/{pipeline}/uid`,
+/// written once, beside its shards, so that it lives as long as the state. A table's record
+/// of which checkpoints it holds is per id: deleting a pipeline's state means deleting its
+/// whole `pipelines/{pipeline}/` (the id with the shards), so that a pipeline started again on
+/// empty state (checkpoint versions from 1 again) gets a new id rather than having its rows
+/// taken for ones the table already holds. Its orphan files are all under the one id.
 ///
 /// # Errors
-/// The store's, when the id can be neither written nor read.
+/// The store's, when the id can be neither written nor read, or a stored id that is not one.
 pub async fn stored_pipeline_uid(
     store: &dyn ObjectStore,
     prefix: &Path,
@@ -111,21 +117,29 @@ pub async fn stored_pipeline_uid(
     let mut fresh = [0u8; 8];
     rand::RngCore::fill_bytes(&mut rand::rngs::OsRng, &mut fresh);
     let fresh = hex::encode(fresh);
-    let create = PutOptions {
+    let put = PutOptions {
         mode: PutMode::Create,
         ..PutOptions::default()
     };
     match store
-        .put_opts(&location, PutPayload::from(fresh.clone()), create)
+        .put_opts(&location, PutPayload::from(fresh.clone()), put)
         .await
     {
         Ok(_) => Ok(fresh),
         Err(object_store::Error::AlreadyExists { .. }) => {
             let stored = store.get(&location).await?.bytes().await?;
-            String::from_utf8(stored.to_vec()).map_err(|e| object_store::Error::Generic {
-                store: "pipeline uid",
-                source: Box::new(e),
-            })
+            match std::str::from_utf8(&stored) {
+                Ok(id)
+                    if (1..=64).contains(&id.len())
+                        && id.bytes().all(|b| b.is_ascii_hexdigit()) =>
+                {
+                    Ok(id.to_owned())
+                }
+                _ => Err(object_store::Error::Generic {
+                    store: "pipeline uid",
+                    source: format!("{location} does not hold a pipeline id").into(),
+                }),
+            }
         }
         Err(e) => Err(e),
     }
@@ -277,21 +291,22 @@ impl<K: ShardSink> ShardSink for TableSink<K> {
         }
     }
 
-    fn position(&mut self, offsets: &InputOffsets) {
-        if let Some(t) = &mut self.table {
-            t.shard.position(offsets);
-        }
+    fn held_back(&self) -> bool {
+        self.table.as_ref().is_some_and(|t| {
+            t.shard.pending().entries.len() >= t.target.lakehouse.settings().pending_checkpoints_max
+        })
     }
 
     async fn prepare(
         &mut self,
         version: u64,
         offsets: &InputOffsets,
+        timers_through_ms: Option<i64>,
     ) -> Result<Option<StateWrite>, SinkError> {
         match &mut self.table {
             Some(t) => t
                 .shard
-                .prepare(version, offsets)
+                .prepare(version, offsets, timers_through_ms)
                 .await
                 .map_err(|e| table_failed(&t.target, e)),
             None => Ok(None),

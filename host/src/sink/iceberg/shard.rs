@@ -10,7 +10,7 @@
 //! it, and their files are orphans for GC.
 
 use super::catalog::Lakehouse;
-use super::commit::{committed_offsets, committed_versions};
+use super::commit::{Covered, committed_covered, committed_versions};
 use super::files::{FilesError, ShardFiles, decode_data_file, encode_data_file};
 use super::schema::TableSchema;
 use crate::runtime::InputRecord;
@@ -48,6 +48,9 @@ pub struct PendingEntry {
     /// The input offsets the checkpoint covers (topic → next offset).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub offsets: BTreeMap<String, i64>,
+    /// The event-time timers it covers: all with a time (ms) at or before this had fired.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timers_through_ms: Option<i64>,
 }
 
 impl PendingList {
@@ -94,13 +97,10 @@ pub struct IcebergShard {
     partition: i32,
     files: ShardFiles,
     pending: PendingList,
-    /// Per input topic, the offset below which the table already holds this shard's rows
-    /// (as of opening); a topic leaves it once the shard's input is past it, so that it is
-    /// empty in the steady state. Non-empty after a reset to a savepoint or a fallback past
-    /// a committed checkpoint: the replayed input's rows are not written again.
-    written: BTreeMap<String, i64>,
-    /// Where the shard's input is, while `written` is not empty.
-    position: InputOffsets,
+    /// What the table holds of this shard's output, as of opening: emits of records below
+    /// its offsets and of event-time timers through its time are not written again (a reset
+    /// to a savepoint or a fallback past a committed checkpoint replays them).
+    written: Covered,
 }
 
 impl IcebergShard {
@@ -153,54 +153,35 @@ impl IcebergShard {
                 uid: Some(uid.to_owned()),
                 entries: Vec::new(),
             },
-            written: committed_offsets(&loaded, uid)
+            written: committed_covered(&loaded, uid)
                 .remove(&partition)
                 .unwrap_or_default(),
-            position: InputOffsets::new(),
         })
     }
 
     /// Whether the rows emitted for `source` are in the table already, so that this emit is
-    /// not written again: `source`'s offset is below what the table holds of its topic, or,
-    /// for an emit with no input offset (a timer round's, at the position given to
-    /// [`IcebergShard::position`]), the shard's input is still behind what the table holds.
-    /// Always false in the steady state (nothing to compare).
-    pub fn written(&mut self, source: &InputRecord) -> bool {
-        if self.written.is_empty() {
-            return false;
+    /// not written again: a record's offset is below what the table holds of its topic; an
+    /// event-time timer's (offset -1, its time as timestamp) is at or before the timers the
+    /// table holds. A processing-time timer's emits are always written: whether it fired
+    /// before the table's checkpoint depends on the clock, not on the input. A check of
+    /// `source` alone, whatever order emits come in.
+    pub fn written(&self, source: &InputRecord) -> bool {
+        if source.offset >= 0 {
+            return self
+                .written
+                .offsets
+                .get(&*source.topic)
+                .is_some_and(|&next| source.offset < next);
         }
-        if source.offset < 0 {
-            return true;
-        }
-        let behind = self
-            .written
-            .get(&*source.topic)
-            .is_some_and(|&next| source.offset < next);
-        self.position.advance(&source.topic, source.offset);
-        self.catch_up();
-        behind
-    }
-
-    /// The shard's input has been processed up to `offsets`.
-    pub fn position(&mut self, offsets: &InputOffsets) {
-        if !self.written.is_empty() {
-            self.position = offsets.clone();
-            self.catch_up();
-        }
-    }
-
-    /// Forgets the topics the input is past.
-    fn catch_up(&mut self) {
-        let position = &self.position;
-        let before = self.written.len();
-        self.written
-            .retain(|topic, next| position.next(topic).unwrap_or(0) < *next);
-        if before > 0 && self.written.is_empty() {
-            tracing::info!(
-                partition = self.partition,
-                "the shard's input is past what the table holds; writing rows again"
-            );
-        }
+        let event_time = source
+            .headers
+            .iter()
+            .any(|h| h.name == "weir.timer.domain" && h.value == b"event-time");
+        event_time
+            && self
+                .written
+                .timers_through_ms
+                .is_some_and(|through| source.timestamp_ms <= through)
     }
 
     /// Takes the pending list the shard's state holds (`value` of [`PENDING_KEY`]) and the
@@ -213,9 +194,11 @@ impl IcebergShard {
         value: Option<&[u8]>,
         resume: &InputOffsets,
     ) -> Result<(), IcebergShardError> {
-        self.position = resume.clone();
-        self.catch_up();
-        if !self.written.is_empty() {
+        // Records below the offsets it resumes at are never processed again.
+        self.written
+            .offsets
+            .retain(|topic, next| resume.next(topic).unwrap_or(0) < *next);
+        if !self.written.offsets.is_empty() {
             tracing::info!(partition = self.partition, table = %self.ident, written = ?self.written, resume = ?resume, "the shard resumes behind what the table holds (a reset or a fallback): the replayed input's rows are not written again");
         }
         let restored = PendingList::decode(value).map_err(IcebergShardError::Corrupt)?;
@@ -245,9 +228,10 @@ impl IcebergShard {
         &self.pending
     }
 
-    /// Closes the open files as checkpoint `version`'s, drops the entries the table has, and
-    /// returns the state write of the new list (to apply before the checkpoint). Nothing is
-    /// written when nothing changed.
+    /// Closes the open files as checkpoint `version`'s — covering the input below `offsets`
+    /// and the event-time timers through `timers_through_ms` — drops the entries the table
+    /// has, and returns the state write of the new list (to apply before the checkpoint).
+    /// Nothing is written when nothing changed.
     ///
     /// # Errors
     /// [`IcebergShardError::Table`]: the open files are lost; the shard must reopen from its
@@ -256,6 +240,7 @@ impl IcebergShard {
         &mut self,
         version: u64,
         offsets: &InputOffsets,
+        timers_through_ms: Option<i64>,
     ) -> Result<Option<StateWrite>, IcebergShardError> {
         let closed: Vec<DataFile> =
             self.files
@@ -282,6 +267,7 @@ impl IcebergShard {
                 version,
                 files,
                 offsets: offsets.iter().map(|(t, o)| (t.to_owned(), o)).collect(),
+                timers_through_ms,
             });
         }
         if !self.pending.entries.is_empty() {
@@ -306,6 +292,16 @@ impl IcebergShard {
             entries = self.pending.entries.len(),
             "iceberg files prepared"
         );
+        let max = self.lakehouse.settings().pending_checkpoints_max;
+        let (was, is) = (
+            before.entries.len() >= max,
+            self.pending.entries.len() >= max,
+        );
+        if is && !was {
+            tracing::warn!(partition = self.partition, table = %self.ident, checkpoints = self.pending.entries.len(), "the table's commits lag: this many checkpoints' files wait for one; the partition takes no more input until they land");
+        } else if was && !is {
+            tracing::info!(partition = self.partition, table = %self.ident, checkpoints = self.pending.entries.len(), "the table's commits caught up; the partition takes input again");
+        }
         Ok((self.pending != before).then(|| StateWrite {
             key: PENDING_KEY.to_vec(),
             value: Some(self.pending.encode()),
@@ -334,7 +330,10 @@ pub fn pending_checkpoints(
                     .iter()
                     .map(|f| decode_data_file(f, schema))
                     .collect::<iceberg::Result<_>>()?,
-                offsets: e.offsets.clone(),
+                covered: Covered {
+                    offsets: e.offsets.clone(),
+                    timers_through_ms: e.timers_through_ms,
+                },
             })
         })
         .collect()

@@ -1,0 +1,123 @@
+//! An Iceberg table whose commits lag (docs/iceberg.md): once a shard's pending list holds
+//! `pending_checkpoints_max` checkpoints, its partition takes no more input; once the table
+//! has them, it goes on and loses nothing. In real time: the SQLite catalog's calls run on
+//! blocking threads, which paused time would jump past.
+
+use super::*;
+use crate::clock::SharedClock;
+use crate::sink::iceberg::{
+    ColumnSpec, ColumnType, Committer, Lakehouse, LakehouseSettings, TableOutput, TableSchema,
+    TableTarget,
+};
+use crate::state::lsm::cache::BlockCaches;
+
+/// `n` more records of partition 0 after the `from` already there (keys `k0`…`k19`).
+fn produce(handle: &MemorySourceHandle, from: usize, n: usize) {
+    for i in from..from + n {
+        let key = format!("k{}", i % 20);
+        handle.produce(TOPIC, 0, key.as_bytes(), b"v", i as i64);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partition_whose_table_commits_lag_takes_no_more_input_until_they_land() {
+    let world = World::new(1, 0, "at_least_once");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let lakehouse = Lakehouse::open(&LakehouseSettings {
+        catalog_uri: Some(format!(
+            "sqlite://{}?mode=rwc",
+            dir.path().join("catalog.db").display()
+        )),
+        warehouse: Some(format!("file://{}", dir.path().join("warehouse").display())),
+        // The running committer makes its first pass only: commits here are the test's.
+        commit_interval: Duration::from_secs(3600),
+        pending_checkpoints_max: 2,
+        ..LakehouseSettings::default()
+    })
+    .await
+    .expect("the catalog opens");
+    let column = |name: &str| ColumnSpec {
+        name: name.into(),
+        kind: ColumnType::Long,
+        required: true,
+    };
+    let schema = TableSchema::new(&[column("count"), column("offset")]).expect("a schema");
+    let settings = settings("at_least_once");
+    let clock: SharedClock = Arc::new(SystemClock);
+    let committer = Committer {
+        lakehouse: lakehouse.clone(),
+        ident: Lakehouse::ident("t1", "counts"),
+        uid: "u1".into(),
+        store: world.store.clone(),
+        shards: ShardId {
+            pipeline: settings.pipeline.name.clone(),
+            partition: 0,
+        }
+        .shards_under(&"weir".into()),
+        interval: Duration::from_secs(3600),
+        clock: clock.clone(),
+        group: None,
+        orphan_grace: Duration::from_secs(3600),
+    };
+    let target = TableTarget {
+        committer: committer.clone(),
+        lakehouse: lakehouse.clone(),
+        tenant: "t1".into(),
+        table: "counts".into(),
+        schema: Arc::new(schema),
+        uid: "u1".into(),
+        to_topic: true,
+    };
+    let output = TableOutput::new(world.output.clone(), Some(target));
+    let (run, _) = start_with(
+        settings,
+        (world.source.clone(), output, world.store.clone()),
+        ReadDelay::Fixed(Duration::ZERO),
+        "weir_test_counter",
+        clock,
+    )
+    .await;
+    world.handle.assign(&[0]);
+
+    // Two checkpoints with rows and no commit: the list is full.
+    let mut produced = 0;
+    for round in 1..=2u64 {
+        produce(&world.handle, produced, 10);
+        produced += 10;
+        until("the records are done", || {
+            run.stats.records_done() == produced as u64
+        })
+        .await;
+        until("a checkpoint holds them", || {
+            run.stats.checkpoints.load(Ordering::Relaxed) >= round
+        })
+        .await;
+    }
+    // More input: none of it is taken, and the partition pauses once its queue is full.
+    produce(&world.handle, produced, 200);
+    produced += 200;
+    until("partition 0 is paused", || {
+        world.handle.paused().contains(&0)
+    })
+    .await;
+    assert_eq!(run.stats.records_done(), 20, "no record past the bound");
+
+    // The table takes the two checkpoints: the partition goes on, and every record is done.
+    let caches = Arc::new(BlockCaches::none());
+    let report = committer
+        .commit_once(&caches, false)
+        .await
+        .expect("the commit lands");
+    assert_eq!(report.rows, 20, "{report:?}");
+    until("every record is done", || {
+        run.stats.records_done() == produced as u64
+    })
+    .await;
+    until("partition 0 is resumed", || {
+        world.handle.paused().is_empty()
+    })
+    .await;
+    run.stop().await.expect("clean stop");
+    assert_eq!(outputs_of(&world.output, 0), produced, "each record once");
+    assert_counts_exact(&world.handle, &world.output, 0);
+}
