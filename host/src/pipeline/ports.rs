@@ -281,6 +281,12 @@ pub trait ShardSink: Send + 'static {
         false
     }
 
+    /// The input offsets the shard has processed up to (exact: nothing is in flight), before
+    /// a timer round's emits, which carry no input offset of their own. Default: nothing.
+    fn position(&mut self, offsets: &InputOffsets) {
+        let _ = offsets;
+    }
+
     /// Before the shard's checkpoint `version` of input `offsets` with the event-time timers
     /// through `timers_through_ms` fired (docs/checkpoints.md step 2, docs/iceberg.md):
     /// closes what the checkpoint must hold (an Iceberg sink's data files) and returns the

@@ -168,6 +168,14 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
             // A sink whose earlier output is not committed yet takes no more (an Iceberg
             // table's pending list is full): admit nothing; checkpoints let it look again.
             let sink_held = self.sink.held_back();
+            if sink_held {
+                // Nothing is admitted, nor a round run (its rows would add to the list), but
+                // a revoked partition's records still go.
+                if self.assignment.is_revoked() {
+                    backlog.clear();
+                }
+                after_round = false;
+            }
             if !checkpoint_due && !sink_held && (!timers_due || after_round) {
                 for late in self.admit(&mut backlog) {
                     let watermark = self.timers.watermarks.applied().unwrap_or_default();
@@ -193,7 +201,7 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
                 if closed {
                     break;
                 }
-                if timers_due && !after_round {
+                if timers_due && !after_round && !sink_held {
                     self.timer_round(&mut running).await?;
                     after_round = true;
                     // A backlog of rounds whose calls and writes never wait would hold the
@@ -203,7 +211,7 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
             }
             // Looks at the clock again at the next processing-time timer (not while one is
             // due: then finishing records is what the worker waits for).
-            let wake = if timers_due {
+            let wake = if timers_due || sink_held {
                 None
             } else {
                 self.timers.next_wake()

@@ -379,6 +379,7 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
         }
         self.timers.applied(&follow, added);
         self.dirty = true;
+        self.sink.position(&self.offsets);
         for emit in &emits {
             let source = self
                 .timers

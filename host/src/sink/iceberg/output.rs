@@ -82,6 +82,16 @@ impl TableTarget {
                 orphan_grace: super::committer::orphan_grace(
                     lakehouse.settings().orphan_file_age,
                     pipeline.checkpoint_interval,
+                )
+                .max(
+                    // One the operator set on the producer, if longer.
+                    settings
+                        .kafka
+                        .producer
+                        .get("transaction.timeout.ms")
+                        .and_then(|ms| ms.parse().ok())
+                        .map(std::time::Duration::from_millis)
+                        .unwrap_or_default(),
                 ),
             },
             lakehouse,
@@ -288,6 +298,12 @@ impl<K: ShardSink> ShardSink for TableSink<K> {
                 .restore(value, resume)
                 .map_err(|e| table_failed(&t.target, e)),
             None => Ok(()),
+        }
+    }
+
+    fn position(&mut self, offsets: &InputOffsets) {
+        if let Some(t) = &mut self.table {
+            t.shard.position(offsets);
         }
     }
 

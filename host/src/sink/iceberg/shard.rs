@@ -101,6 +101,43 @@ pub struct IcebergShard {
     /// its offsets and of event-time timers through its time are not written again (a reset
     /// to a savepoint or a fallback past a committed checkpoint replays them).
     written: Covered,
+    /// Where the shard's input is against `written` (timer emits are judged by it).
+    replay: Replay,
+}
+
+/// Where a shard's input is against what the table holds of its output.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Replay {
+    /// Below the table's offsets in some input topic.
+    Behind,
+    /// At exactly the table's offsets.
+    AtTable,
+    /// Past them, or the table holds nothing of the shard.
+    Past,
+}
+
+impl Replay {
+    fn of(written: &Covered, position: &InputOffsets) -> Self {
+        if written.offsets.is_empty() {
+            return Replay::Past;
+        }
+        let mut at = true;
+        for (topic, &next) in &written.offsets {
+            let p = position.next(topic).unwrap_or(0);
+            if p < next {
+                return Replay::Behind;
+            }
+            at &= p == next;
+        }
+        let other_topic = position
+            .iter()
+            .any(|(topic, _)| !written.offsets.contains_key(topic));
+        if at && !other_topic {
+            Replay::AtTable
+        } else {
+            Replay::Past
+        }
+    }
 }
 
 impl IcebergShard {
@@ -156,15 +193,21 @@ impl IcebergShard {
             written: committed_covered(&loaded, uid)
                 .remove(&partition)
                 .unwrap_or_default(),
+            replay: Replay::Past,
         })
     }
 
     /// Whether the rows emitted for `source` are in the table already, so that this emit is
-    /// not written again: a record's offset is below what the table holds of its topic; an
-    /// event-time timer's (offset -1, its time as timestamp) is at or before the timers the
-    /// table holds. A processing-time timer's emits are always written: whether it fired
-    /// before the table's checkpoint depends on the clock, not on the input. A check of
-    /// `source` alone, whatever order emits come in.
+    /// not written again:
+    /// - a record's: its offset is below what the table holds of its topic (a check of the
+    ///   record alone, whatever order concurrent batches' emits come in);
+    /// - an event-time timer's (offset -1, its time as timestamp): the shard's input, as of
+    ///   the round ([`IcebergShard::position`]), is behind what the table holds — every round
+    ///   there ran before the table's checkpoint — or exactly at it and the timer's time is at
+    ///   or before those the checkpoint had fired (the round may have run before or after
+    ///   it); once the input is past, never;
+    /// - a processing-time timer's: never (whether it fired before the table's checkpoint
+    ///   depends on the clock, not on the input).
     pub fn written(&self, source: &InputRecord) -> bool {
         if source.offset >= 0 {
             return self
@@ -173,15 +216,36 @@ impl IcebergShard {
                 .get(&*source.topic)
                 .is_some_and(|&next| source.offset < next);
         }
+        if self.replay == Replay::Past {
+            return false;
+        }
         let event_time = source
             .headers
             .iter()
             .any(|h| h.name == "weir.timer.domain" && h.value == b"event-time");
         event_time
-            && self
-                .written
-                .timers_through_ms
-                .is_some_and(|through| source.timestamp_ms <= through)
+            && match self.replay {
+                Replay::Behind => true,
+                Replay::AtTable => self
+                    .written
+                    .timers_through_ms
+                    .is_some_and(|through| source.timestamp_ms <= through),
+                Replay::Past => false,
+            }
+    }
+
+    /// The shard's input is processed up to `offsets` (exact: no record is in flight), before
+    /// a timer round's emits.
+    pub fn position(&mut self, offsets: &InputOffsets) {
+        if self.replay != Replay::Past {
+            self.replay = Replay::of(&self.written, offsets);
+            if self.replay == Replay::Past {
+                tracing::info!(
+                    partition = self.partition,
+                    "the shard's input is past what the table holds"
+                );
+            }
+        }
     }
 
     /// Takes the pending list the shard's state holds (`value` of [`PENDING_KEY`]) and the
@@ -194,11 +258,8 @@ impl IcebergShard {
         value: Option<&[u8]>,
         resume: &InputOffsets,
     ) -> Result<(), IcebergShardError> {
-        // Records below the offsets it resumes at are never processed again.
-        self.written
-            .offsets
-            .retain(|topic, next| resume.next(topic).unwrap_or(0) < *next);
-        if !self.written.offsets.is_empty() {
+        self.replay = Replay::of(&self.written, resume);
+        if self.replay == Replay::Behind {
             tracing::info!(partition = self.partition, table = %self.ident, written = ?self.written, resume = ?resume, "the shard resumes behind what the table holds (a reset or a fallback): the replayed input's rows are not written again");
         }
         let restored = PendingList::decode(value).map_err(IcebergShardError::Corrupt)?;

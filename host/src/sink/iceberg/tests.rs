@@ -449,9 +449,10 @@ fn offsets(next: i64) -> InputOffsets {
 
 /// A shard that resumes behind what the table holds (reset to a savepoint, or fallen back
 /// past a committed checkpoint) does not write the replayed records' rows again, in whatever
-/// order their emits come, nor an event-time timer's at or before the timers the table
-/// holds; a processing-time timer's, a later record's and a later timer's are written. The
-/// property keeps the most of every commit.
+/// order their emits come, nor an event-time timer's that the table's checkpoint had fired
+/// (any while the input is behind; through its time at its offsets); a processing-time
+/// timer's, a later record's and a timer's once the input is past are written. A shard that
+/// restarts at the table's checkpoint writes a late record's timer.
 #[tokio::test]
 async fn a_shard_behind_what_the_table_holds_does_not_write_the_replayed_rows_again() {
     let f = fixture().await;
@@ -495,17 +496,32 @@ async fn a_shard_behind_what_the_table_holds_does_not_write_the_replayed_rows_ag
         assert!(reset.written(&record(offset)), "replayed offset {offset}");
         assert!(reset.written(&record(offset)), "its second emit too");
     }
-    assert!(reset.written(&timer("event-time", 1000)));
-    assert!(!reset.written(&timer("event-time", 1001)), "a later timer");
+    assert!(!reset.written(&record(4)), "a new record");
+    // While the input is behind, every event-time round ran before the table's checkpoint.
+    assert!(reset.written(&timer("event-time", 5000)));
     assert!(
         !reset.written(&timer("processing-time", 10)),
         "by the clock"
     );
-    assert!(!reset.written(&record(4)), "a new record");
+    // At the table's offsets, the rounds the checkpoint had run are the timers through 1000.
+    reset.position(&offsets(4));
+    assert!(reset.written(&timer("event-time", 1000)));
+    assert!(!reset.written(&timer("event-time", 1001)), "a later timer");
+    // Past them, every timer is new: a late record's, earlier than 1000, too.
+    reset.position(&offsets(5));
+    assert!(!reset.written(&timer("event-time", 500)));
+    assert!(reset.written(&record(2)), "a record, by its offset alone");
 
-    // Resuming where the table ends: no record below it comes again.
+    // Resuming where the table ends (a restart): the rounds it had run do not come again, and
+    // once a record is past, a late record's timer is written.
     let mut resumed = open().await;
     resumed.restore(None, &offsets(4)).expect("restores");
     assert!(!resumed.written(&record(4)));
+    assert!(resumed.written(&timer("event-time", 1000)));
     assert!(!resumed.written(&timer("event-time", 1001)));
+    resumed.position(&offsets(5));
+    assert!(
+        !resumed.written(&timer("event-time", 900)),
+        "a late record's timer"
+    );
 }
