@@ -222,15 +222,20 @@ pub async fn run(config: PathBuf, admin_listen: Option<String>) -> anyhow::Resul
     .map_err(anyhow::Error::msg)?;
     check_state_store(&settings).await?;
     let clock: SharedClock = Arc::new(SystemClock);
-    let stats = Arc::new(PipelineStats::default());
     let backend = Arc::new(
         ConfiguredBackend::from_settings(&settings.state, clock.clone())
             .context("cannot set up the state backend")?,
     );
-    let _admin = match admin_listen {
-        Some(address) => Some(admin(&address, &settings).await?),
+    let _admin = match &admin_listen {
+        Some(address) => Some(admin(address, &settings).await?),
         None => None,
     };
+    // With the admin endpoint, the pipeline's series are exported there (tenant empty), after
+    // the recorder is installed.
+    let stats = Arc::new(match admin_listen {
+        Some(_) => PipelineStats::labelled("", &settings.pipeline.name),
+        None => PipelineStats::default(),
+    });
     let shutdown = async {
         shutdown_signal().await;
         tracing::info!("shutting down: draining partitions and checkpointing");
