@@ -19,8 +19,23 @@ fn produce(handle: &MemorySourceHandle, from: usize, n: usize) {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_partition_whose_table_commits_lag_takes_no_more_input_until_they_land() {
+/// A pipeline over one partition (the `counter` guest) whose table's commits are the test's,
+/// and what it has done once held.
+struct Held {
+    _dir: tempfile::TempDir,
+    world: World,
+    run: Run,
+    committer: Committer,
+    /// Records done when the partition paused.
+    held_at: u64,
+    /// Records produced: 220.
+    produced: u64,
+}
+
+/// Runs [`Held`]'s pipeline until its partition is held: two checkpoints' files wait for a
+/// commit (the bound, `pending_checkpoints_max = 2`), 200 more records are queued and the
+/// partition is paused.
+async fn held() -> Held {
     let world = World::new(1, 0, "at_least_once");
     let dir = tempfile::tempdir().expect("temp dir");
     let lakehouse = Lakehouse::open(&LakehouseSettings {
@@ -99,6 +114,26 @@ async fn a_partition_whose_table_commits_lag_takes_no_more_input_until_they_land
     })
     .await;
     let held_at = run.stats.records_done();
+    Held {
+        _dir: dir,
+        world,
+        run,
+        committer,
+        held_at,
+        produced,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partition_whose_table_commits_lag_takes_no_more_input_until_they_land() {
+    let Held {
+        _dir,
+        world,
+        run,
+        committer,
+        held_at,
+        produced,
+    } = held().await;
     assert!(held_at <= 20, "no record past the bound: {held_at}");
     let checkpoints = run.stats.checkpoints.load(Ordering::Relaxed);
     tokio::time::sleep(Duration::from_millis(600)).await; // three intervals, held
@@ -131,4 +166,28 @@ async fn a_partition_whose_table_commits_lag_takes_no_more_input_until_they_land
         "each record once"
     );
     assert_counts_exact(&world.handle, &world.output, 0);
+}
+
+/// A held partition that is revoked closes (its queued records dropped, unprocessed), as any
+/// other: before, a held worker never looked at its revocation and lingered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_partition_that_is_revoked_closes() {
+    let Held {
+        _dir,
+        world,
+        run,
+        held_at,
+        ..
+    } = held().await;
+    world.handle.revoke(&[0]);
+    until("partition 0's shard is closed", || {
+        run.stats.shards_closed.load(Ordering::Relaxed) == 1
+    })
+    .await;
+    assert_eq!(
+        run.stats.records_done(),
+        held_at,
+        "nothing more was processed"
+    );
+    run.stop().await.expect("clean stop");
 }
