@@ -117,6 +117,13 @@ impl Shard for ConfiguredShard {
         }
     }
 
+    async fn settle(&self, max: std::time::Duration) {
+        match self {
+            Self::Memory(s) => s.settle(max).await,
+            Self::Lsm(s) => s.settle(max).await,
+        }
+    }
+
     fn recovered_offsets(&self) -> Result<Option<InputOffsets>, StateError> {
         match self {
             Self::Memory(s) => s.recovered_offsets(),

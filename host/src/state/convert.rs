@@ -8,7 +8,7 @@
 use super::checkpoint::InputOffsets;
 use super::export::{ImportInto, export_checkpoint, import_checkpoint};
 use super::manifest::{Manifest, ManifestError, ManifestStore, RetentionPolicy};
-use super::savepoint::{SavepointError, newest_decided, next_slot};
+use super::savepoint::{SavepointError, newest_decided_in, next_slot};
 use super::{Recovery, StateError, snapshot};
 use crate::clock::SharedClock;
 use object_store::path::Path;
@@ -41,9 +41,10 @@ pub struct Converted {
     pub export_bytes: u64,
 }
 
-/// Converts the newest decided checkpoint of the shard under `root` (per `recovery`) into
-/// backend `into` (named `own`), when another backend wrote it (module docs); `None` when
-/// there is nothing to convert.
+/// Converts the newest decided checkpoint of the shard under `root` (per `recovery`, among
+/// `versions`, the shard's versions as the open listed them) into backend `into` (named
+/// `own`), when another backend wrote it (module docs); `None` when there is nothing to
+/// convert (then nothing was written).
 ///
 /// # Errors
 /// [`StateError::Unavailable`] on a store error (the open is retried); [`StateError::Corrupt`]
@@ -51,7 +52,7 @@ pub struct Converted {
 pub async fn convert_foreign(
     store: &Arc<dyn ObjectStore>,
     root: &Path,
-    recovery: &Recovery,
+    (recovery, versions): (&Recovery, &[u64]),
     (into, own): (ImportInto, &'static str),
     clock: &SharedClock,
 ) -> Result<Option<Converted>, StateError> {
@@ -63,7 +64,7 @@ pub async fn convert_foreign(
         SavepointError::Unusable(reason) => StateError::corrupt(root.to_string(), reason),
     };
     let manifests = ManifestStore::new(store.clone(), root.clone());
-    let Some(newest) = newest_decided(&manifests, recovery.committed)
+    let Some(newest) = newest_decided_in(&manifests, versions, recovery.committed)
         .await
         .map_err(state_error)?
     else {

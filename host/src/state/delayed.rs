@@ -180,6 +180,10 @@ impl<S: Shard> Shard for DelayedShard<S> {
         self.inner.checkpoint_decided(version);
     }
 
+    async fn settle(&self, max: std::time::Duration) {
+        self.inner.settle(max).await;
+    }
+
     fn quota(&self) -> Option<Arc<super::StateQuota>> {
         self.inner.quota()
     }

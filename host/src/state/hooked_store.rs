@@ -46,7 +46,8 @@ impl Request {
 /// the inner store. Deletes are not hooked.
 #[async_trait::async_trait]
 pub trait RequestHook: std::fmt::Debug + Send + Sync + 'static {
-    /// Called before `request` on `location` (the prefix, for a LIST).
+    /// Called before `request` on `location` (for a LIST the prefix, or the offset of a LIST
+    /// after one).
     async fn before(&self, request: Request, location: Option<&Path>) -> object_store::Result<()>;
 
     /// Called after `request` succeeded, with the bytes it moved (a PUT's payload, a GET's
@@ -151,6 +152,28 @@ impl<H: RequestHook> ObjectStore for HookedStore<H> {
                 Ok(()) => {
                     hook.after(Request::List, 0);
                     inner.list(prefix.as_ref())
+                }
+                Err(e) => futures::stream::once(async move { Err(e) }).boxed(),
+            }
+        })
+        .flatten()
+        .boxed()
+    }
+
+    /// Passed down as a LIST after `offset` (S3's `start-after`), not a whole LIST filtered
+    /// here; the hook sees the offset as the location.
+    fn list_with_offset(
+        &self,
+        prefix: Option<&Path>,
+        offset: &Path,
+    ) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
+        let (hook, inner) = (self.hook.clone(), self.inner.clone());
+        let (prefix, offset) = (prefix.cloned(), offset.clone());
+        futures::stream::once(async move {
+            match hook.before(Request::List, Some(&offset)).await {
+                Ok(()) => {
+                    hook.after(Request::List, 0);
+                    inner.list_with_offset(prefix.as_ref(), &offset)
                 }
                 Err(e) => futures::stream::once(async move { Err(e) }).boxed(),
             }

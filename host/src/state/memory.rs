@@ -84,20 +84,26 @@ impl MemoryBackend {
                 snapshots: None,
             });
         };
+        let root = id.root_under(&storage.prefix);
+        let versions = crate::state::lsm::backend::listed_versions(&storage.store, &root).await?;
         // A checkpoint the `lsm` backend wrote (the pipeline switched backends) is converted
         // first.
-        crate::state::convert::convert_foreign(
+        let converted = crate::state::convert::convert_foreign(
             &storage.store,
-            &id.root_under(&storage.prefix),
-            recovery,
+            &root,
+            (recovery, &versions),
             (crate::state::export::ImportInto::Memory, "memory"),
             &self.clock,
         )
         .await?;
+        let versions = match converted {
+            Some(_) => crate::state::lsm::backend::listed_versions(&storage.store, &root).await?,
+            None => versions,
+        };
         let (snapshots, entries) = SnapshotShard::open(
             storage.store.clone(),
-            id.root_under(&storage.prefix),
-            &storage.tokens.next(),
+            root,
+            (&storage.tokens.next(), versions),
             recovery,
             storage.retention.clone(),
             self.clock.clone(),
@@ -325,6 +331,12 @@ impl Shard for MemoryShard {
     fn checkpoint_decided(&self, version: u64) {
         if let Some(snapshots) = &self.snapshots {
             snapshots.decided(version);
+        }
+    }
+
+    async fn settle(&self, max: std::time::Duration) {
+        if let Some(snapshots) = &self.snapshots {
+            snapshots.settle(max).await;
         }
     }
 

@@ -273,6 +273,14 @@ pub trait Shard: Send + Sync + 'static {
         let _ = version;
     }
 
+    /// Waits up to `max` for background work a closing owner should not cut short — the GC
+    /// pass of its last checkpoint, which an owner that lives a few seconds would otherwise
+    /// never finish (SCENARIOS.md S18). Nothing to wait for by default.
+    fn settle(&self, max: std::time::Duration) -> impl Future<Output = ()> + Send {
+        let _ = max;
+        async {}
+    }
+
     /// The shard's byte quota, for a shard that has one (`memory` state of a `weir serve`
     /// pipeline, `state_bytes_max`); `None` (the default) without.
     fn quota(&self) -> Option<Arc<StateQuota>> {

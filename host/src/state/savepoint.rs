@@ -201,6 +201,18 @@ pub async fn newest_decided(
     committed: Option<u64>,
 ) -> Result<Option<Manifest>, SavepointError> {
     let versions = manifests.versions().await?;
+    newest_decided_in(manifests, &versions, committed).await
+}
+
+/// [`newest_decided`] among `versions`, the shard's versions as the caller listed them.
+///
+/// # Errors
+/// [`SavepointError::Unavailable`].
+pub async fn newest_decided_in(
+    manifests: &ManifestStore,
+    versions: &[u64],
+    committed: Option<u64>,
+) -> Result<Option<Manifest>, SavepointError> {
     let mut rejected = HashSet::new();
     let mut parents = HashSet::new();
     for &version in versions.iter().rev() {

@@ -11,7 +11,7 @@
 
 use super::manifest::{
     BackgroundGc, CandidateCheck, Checked, Manifest, ManifestError, ManifestStore, Protected,
-    RetentionPolicy, find_checkpoint, retained_versions,
+    RetentionPolicy, delete_objects, find_checkpoint, retained_versions,
 };
 use super::{Recovery, StateError};
 use crate::clock::SharedClock;
@@ -167,9 +167,11 @@ impl SnapshotShard {
     /// Recovers the shard under `root` — the newest decided checkpoint whose manifest and
     /// snapshot are intact and that `recovery` does not rule out, falling back past provable
     /// corruption with an audit line ([`find_checkpoint`], shared with the `lsm` backend) —
-    /// and claims it under `token`, recording the versions it fell back past. Its GC keeps
-    /// what `retention` says, measuring ages on `clock`. Returns the shard and the recovered
-    /// entries.
+    /// and claims it under `token`, recording the versions it fell back past (`versions`: the
+    /// shard's manifest versions as the open listed them). Its GC keeps what `retention` says,
+    /// measuring ages on `clock`, and runs once in the background after the claim (so that
+    /// owners that each live a few seconds still collect history: SCENARIOS.md S18). Returns
+    /// the shard and the recovered entries.
     ///
     /// # Errors
     /// [`StateError::Unavailable`] on any transient store error (never a fallback);
@@ -177,7 +179,7 @@ impl SnapshotShard {
     pub async fn open(
         store: Arc<dyn ObjectStore>,
         root: Path,
-        token: &str,
+        (token, versions): (&str, Vec<u64>),
         recovery: &Recovery,
         retention: RetentionPolicy,
         clock: SharedClock,
@@ -187,13 +189,14 @@ impl SnapshotShard {
             store: &store,
             root: &root,
         };
-        let found = find_checkpoint(&manifests, recovery, &mut check).await?;
+        let found = find_checkpoint(&manifests, versions.clone(), recovery, &mut check).await?;
         let (recovered, entries) = match found.checkpoint {
             Some((manifest, entries)) => (Some(manifest), entries),
             None => (None, SnapshotEntries::new()),
         };
         let claim = manifests
-            .claim_above(
+            .claim_listed(
+                versions,
                 token,
                 recovered.as_ref(),
                 &found.rejected,
@@ -202,20 +205,43 @@ impl SnapshotShard {
             .await
             .map_err(|e| e.into_state_error(&root))?;
         tracing::info!(shard = %root, version = claim.version, writer_epoch = claim.writer_epoch, from_checkpoint = ?recovered.as_ref().map(|m| m.version), entries = entries.len(), "claimed shard (memory, from snapshot)");
-        Ok((
-            Self {
-                store,
-                root,
-                manifests,
-                last: tokio::sync::Mutex::new(claim),
-                decided: std::sync::Mutex::new(recovered.as_ref().map(|m| m.version)),
-                recovered,
-                retention,
-                clock,
-                gc: BackgroundGc::default(),
-            },
-            entries,
-        ))
+        let shard = Self {
+            store,
+            root,
+            manifests,
+            last: tokio::sync::Mutex::new(claim),
+            decided: std::sync::Mutex::new(recovered.as_ref().map(|m| m.version)),
+            recovered,
+            retention,
+            clock,
+            gc: BackgroundGc::default(),
+        };
+        shard.start_gc();
+        Ok((shard, entries))
+    }
+
+    /// Starts a GC pass in the background unless one runs, keeping the last decided
+    /// checkpoint.
+    fn start_gc(&self) {
+        let decided = *self.decided.lock().unwrap_or_else(|e| e.into_inner());
+        let protected = Protected::decided(decided, &BTreeSet::new());
+        let (store, root, policy) = (
+            self.store.clone(),
+            self.root.clone(),
+            self.retention.clone(),
+        );
+        let now_ms = self.clock.now_ms();
+        self.gc.start(&self.root, async move {
+            collect_garbage(&store, &root, &protected, &policy, now_ms).await
+        });
+    }
+
+    /// Waits up to `max` for the GC pass running, if any (a closing owner: SCENARIOS.md S18);
+    /// a pass cut short is repeated by the next owner.
+    pub async fn settle(&self, max: std::time::Duration) {
+        if tokio::time::timeout(max, self.gc.settled()).await.is_err() {
+            tracing::debug!(shard = %self.root, "GC still running at close; the next owner repeats it");
+        }
     }
 
     /// Where the shard lives in the store.
@@ -268,17 +294,7 @@ impl SnapshotShard {
         let checkpoint = last.next_checkpoint(Vec::new(), metadata);
         self.manifests.commit(&checkpoint).await?;
         *last = checkpoint;
-        let decided = *self.decided.lock().unwrap_or_else(|e| e.into_inner());
-        let protected = Protected::decided(decided, &BTreeSet::new());
-        let (store, root, policy) = (
-            self.store.clone(),
-            self.root.clone(),
-            self.retention.clone(),
-        );
-        let now_ms = self.clock.now_ms();
-        self.gc.start(&self.root, async move {
-            collect_garbage(&store, &root, &protected, &policy, now_ms).await
-        });
+        self.start_gc();
         Ok(version)
     }
 
@@ -376,27 +392,24 @@ async fn collect_garbage(
         .filter_map(|m| m.metadata.get(SNAPSHOT_KEY))
         .map(|name| format!("{root}/{name}"))
         .collect();
-    for &version in &kept.delete {
-        manifests.delete(version).await?;
-        report.manifests_deleted += 1;
-    }
+    report.manifests_deleted = manifests.delete_many(&kept.delete).await?;
     let prefix = Path::from(format!("{root}/snapshot"));
     let objects: Vec<_> = store
         .list(Some(&prefix))
         .try_collect()
         .await
         .map_err(ManifestError::Unavailable)?;
-    for object in objects {
-        let modified_ms = u64::try_from(object.last_modified.timestamp_millis()).unwrap_or(0);
-        if named.contains(object.location.as_ref()) || policy.in_grace(modified_ms, now_ms) {
-            continue;
-        }
-        match store.delete(&object.location).await {
-            Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
-            Err(e) => return Err(ManifestError::Unavailable(e)),
-        }
-        report.snapshots_deleted += 1;
-    }
+    let unnamed = objects
+        .into_iter()
+        .filter(|object| {
+            let modified_ms = u64::try_from(object.last_modified.timestamp_millis()).unwrap_or(0);
+            !named.contains(object.location.as_ref()) && !policy.in_grace(modified_ms, now_ms)
+        })
+        .map(|object| object.location)
+        .collect();
+    report.snapshots_deleted = delete_objects(store, unnamed)
+        .await
+        .map_err(ManifestError::Unavailable)?;
     // What a switch from the `lsm` backend left (docs/api.md "Switching backends").
     report.ssts_deleted = crate::state::convert::sweep_other_backend(
         store,
@@ -467,10 +480,15 @@ mod tests {
             "owner-{}",
             OWNERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
         );
+        let store: Arc<dyn ObjectStore> = store.clone();
+        let versions = ManifestStore::new(store.clone(), root())
+            .versions()
+            .await
+            .expect("lists");
         SnapshotShard::open(
-            store.clone(),
+            store,
             root(),
-            &token,
+            (&token, versions),
             &recovery,
             RetentionPolicy::default(),
             clock(),
@@ -620,10 +638,14 @@ mod tests {
                 },
             };
             // Its snapshot was kept with it: it still opens.
+            let versions = ManifestStore::new(store.clone(), root())
+                .versions()
+                .await
+                .expect("lists");
             let (opened, entries) = SnapshotShard::open(
                 store.clone(),
                 root(),
-                "reader",
+                ("reader", versions),
                 &recovery,
                 RetentionPolicy::default(),
                 clock(),

@@ -194,12 +194,13 @@ impl StateBackend for LsmBackend {
         recovery: &Recovery,
     ) -> Result<LsmShard, StateError> {
         let root = self.shard_root(id);
+        let versions = listed_versions(self.files.store(), &root).await?;
         // A checkpoint the `memory` backend wrote (the pipeline switched backends) is
         // converted first.
-        crate::state::convert::convert_foreign(
+        let converted = crate::state::convert::convert_foreign(
             self.files.store(),
             &root,
-            recovery,
+            (recovery, &versions),
             (
                 crate::state::export::ImportInto::Lsm(self.settings.clone()),
                 "lsm",
@@ -207,20 +208,47 @@ impl StateBackend for LsmBackend {
             &self.clock,
         )
         .await?;
-        let recovered = recover(self.files.store(), &root, recovery).await?;
-        self.open_from(root, recovered).await
+        let versions = match converted {
+            Some(_) => listed_versions(self.files.store(), &root).await?,
+            None => versions,
+        };
+        let recovered = recover(self.files.store(), &root, recovery, versions.clone()).await?;
+        self.open_from(root, recovered, versions).await
     }
 }
 
+/// The shard's manifest versions: an open's one LIST of them, which conversion, recovery and
+/// the claim all read (listed again only after a write: a conversion, a claim slot another
+/// owner won). Shared by both backends.
+///
+/// # Errors
+/// [`StateError::Unavailable`] when listing fails.
+pub(crate) async fn listed_versions(
+    store: &Arc<dyn ObjectStore>,
+    root: &Path,
+) -> Result<Vec<u64>, StateError> {
+    ManifestStore::new(store.clone(), root.clone())
+        .versions()
+        .await
+        .map_err(|e| e.into_state_error(root))
+}
+
 impl LsmBackend {
-    /// Claims the shard under `root` from what recovery found (empty without a checkpoint),
-    /// recording the versions it fell back past, and opens it.
-    async fn open_from(&self, root: Path, recovered: Recovered) -> Result<LsmShard, StateError> {
+    /// Claims the shard under `root` (its manifest `versions` as the open listed them) from
+    /// what recovery found (empty without a checkpoint), recording the versions it fell back
+    /// past, and opens it.
+    async fn open_from(
+        &self,
+        root: Path,
+        recovered: Recovered,
+        versions: Vec<u64>,
+    ) -> Result<LsmShard, StateError> {
         let store = self.files.store().clone();
         let token = self.tokens.next();
         let base = recovered.checkpoint;
         let claim = ManifestStore::new(store.clone(), root.clone())
-            .claim_above(
+            .claim_listed(
+                versions,
                 &token,
                 base.as_ref(),
                 &recovered.rejected,
@@ -243,7 +271,6 @@ impl LsmBackend {
             root,
             claim,
             base,
-            recovered.oldest_version,
             self.retention.clone(),
             &self.scrub,
             self.clock.clone(),

@@ -17,11 +17,11 @@
 
 use super::tree::{LsmTree, SstId};
 use crate::state::manifest::{
-    ManifestError, ManifestStore, Protected, RetentionPolicy, retained_versions,
+    ManifestError, ManifestStore, Protected, RetentionPolicy, delete_objects, retained_versions,
 };
 use futures::TryStreamExt;
+use object_store::ObjectStore;
 use object_store::path::Path;
-use object_store::{ObjectStore, ObjectStoreExt};
 use std::collections::HashSet;
 use std::sync::Arc;
 
@@ -91,11 +91,10 @@ pub async fn collect_garbage(
         .collect();
     referenced.extend(live.referenced.iter().copied());
 
-    let mut report = GcReport::default();
-    for &version in &kept.delete {
-        manifests.delete(version).await?;
-        report.manifests_deleted += 1;
-    }
+    let mut report = GcReport {
+        manifests_deleted: manifests.delete_many(&kept.delete).await?,
+        ..GcReport::default()
+    };
 
     let prefix = Path::from(format!("{root}/sst"));
     let objects: Vec<_> = store
@@ -103,6 +102,7 @@ pub async fn collect_garbage(
         .try_collect()
         .await
         .map_err(ManifestError::Unavailable)?;
+    let mut unreferenced = Vec::new();
     for object in objects {
         let Some(id) = object.location.filename().and_then(SstId::parse_file_name) else {
             continue;
@@ -114,14 +114,13 @@ pub async fn collect_garbage(
             || policy.in_grace(modified_ms, now_ms);
         if protected {
             report.ssts_kept += 1;
-            continue;
+        } else {
+            unreferenced.push(object.location);
         }
-        match store.delete(&object.location).await {
-            Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
-            Err(e) => return Err(ManifestError::Unavailable(e)),
-        }
-        report.ssts_deleted += 1;
     }
+    report.ssts_deleted = delete_objects(store, unreferenced)
+        .await
+        .map_err(ManifestError::Unavailable)?;
     // What a switch from the `memory` backend left (docs/api.md "Switching backends").
     report.snapshots_deleted = crate::state::convert::sweep_other_backend(
         store,

@@ -13,12 +13,15 @@
 //!   in the background (off the checkpoint's critical path: the partition is paused only for
 //!   the flush and the manifest). A tree in which compaction or the scrub found corruption
 //!   never checkpoints again: the shard must fall back.
+//! - **GC** ([`collect_garbage`]) runs in the background after the claim and after every
+//!   checkpoint, so that history is collected even when every run of the shard's owners is
+//!   short (SCENARIOS.md S18: a process killed a second after its first checkpoint); closing
+//!   the shard waits a little for the pass running ([`LsmShard::settle`]).
 //! - the **scrub**: after opening from a checkpoint, a background task reads every block of
 //!   the SSTs that checkpoint handed on, throttled, bypassing the caches. Until it has read
-//!   them all once, GC keeps every manifest version that existed when the shard was claimed
-//!   (the recovered checkpoint and the retained ones before it): later checkpoints keep
-//!   referencing those SSTs, and without the older checkpoints, corruption found late would
-//!   leave nothing to fall back to.
+//!   them all once, GC keeps the recovered checkpoint and the retained ones before it: later
+//!   checkpoints keep referencing those SSTs, and without the older checkpoints, corruption
+//!   found late would leave nothing to fall back to.
 //!
 //! The pipeline drives both through [`Shard::checkpoint`] and [`Shard::recovered_offsets`];
 //! docs/checkpoints.md is the whole protocol, step by step.
@@ -112,9 +115,6 @@ pub struct LsmShard {
     /// GC never deletes it, even when newer prepared but undecided versions outnumber the
     /// retained count (exactly-once mode, where a Kafka transaction decides).
     decided: std::sync::Mutex<Option<u64>>,
-    /// The manifest versions stored at the claim (the oldest to the claim): GC keeps them
-    /// until the scrub has read the recovered SSTs once (module docs).
-    keep: Option<std::ops::RangeInclusive<u64>>,
     /// Set when the scrub has read every block of the recovered SSTs.
     scrubbed: Arc<AtomicBool>,
     scrub: Option<tokio::task::JoinHandle<()>>,
@@ -129,9 +129,9 @@ impl Drop for LsmShard {
 }
 
 impl LsmShard {
-    /// A shard owning `tree` under `claim`, recovered from `recovered`; GC keeps the versions
-    /// from `oldest_version` to the claim until the scrub (started here, at `scrub`'s pace,
-    /// when `recovered` names SSTs) has read them.
+    /// A shard owning `tree` under `claim`, recovered from `recovered`; GC keeps the retained
+    /// checkpoints up to `recovered` until the scrub (started here, at `scrub`'s pace, when
+    /// `recovered` names SSTs) has read its SSTs. Starts a GC pass (module docs).
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         tree: LsmTree,
@@ -139,7 +139,6 @@ impl LsmShard {
         root: Path,
         claim: Manifest,
         recovered: Option<Manifest>,
-        oldest_version: Option<u64>,
         retention: RetentionPolicy,
         scrub: &ScrubSettings,
         clock: SharedClock,
@@ -162,8 +161,7 @@ impl LsmShard {
                 }
             }))
         };
-        let keep = oldest_version.map(|oldest| oldest..=claim.version);
-        Self {
+        let shard = Self {
             manifests: ManifestStore::new(store.clone(), root.clone()),
             tree,
             store,
@@ -174,9 +172,43 @@ impl LsmShard {
             gc: BackgroundGc::default(),
             decided: std::sync::Mutex::new(recovered.as_ref().map(|m| m.version)),
             recovered,
-            keep,
             scrubbed,
             scrub,
+        };
+        shard.start_gc(&BTreeSet::new(), shard.clock.now_ms());
+        shard
+    }
+
+    /// Starts a GC pass in the background (docs/checkpoints.md, checkpoint step 6), unless
+    /// one runs: what `pinned`, the last decided checkpoint, the scrub and the live tree
+    /// protect now.
+    fn start_gc(&self, pinned: &BTreeSet<u64>, now_ms: u64) {
+        let decided = *self.decided.lock().unwrap_or_else(|e| e.into_inner());
+        let protected = Protected {
+            scrubbing_from: self
+                .recovered
+                .as_ref()
+                .map(|m| m.version)
+                .filter(|_| !self.scrubbed()),
+            ..Protected::decided(decided, pinned)
+        };
+        let live = LiveWriter::of(&self.tree, &self.retention);
+        let (store, root, policy) = (
+            self.store.clone(),
+            self.root.clone(),
+            self.retention.clone(),
+        );
+        self.gc.start(&self.root, async move {
+            collect_garbage(&store, &root, &live, &protected, &policy, now_ms).await
+        });
+    }
+
+    /// Waits up to `max` for the GC pass running, if any: what a closing owner does, so that
+    /// an owner that lives only a few seconds still completes its passes (module docs). A pass
+    /// cut short is simply repeated by the next owner.
+    pub async fn gc_settled_within(&self, max: std::time::Duration) {
+        if tokio::time::timeout(max, self.gc.settled()).await.is_err() {
+            tracing::debug!(shard = %self.root, "GC still running at close; the next owner repeats it");
         }
     }
 
@@ -213,8 +245,9 @@ impl LsmShard {
 
     /// Checkpoints the shard: flushes the memtable (SSTs flushed earlier are already in the
     /// store), commits the next manifest version create-only with `metadata`, then runs GC
-    /// (retaining the last `retained_checkpoints`, and `pinned` versions). The caller must
-    /// not apply writes concurrently, so that `metadata` describes exactly the state written.
+    /// (retaining the last `retained_checkpoints`, and `pinned` versions; `pinned` is empty
+    /// from the pipeline, savepoints pin by copying). The caller must not apply writes
+    /// concurrently, so that `metadata` describes exactly the state written.
     ///
     /// # Errors
     /// [`CheckpointError`]; after [`CheckpointError::is_fenced`] the shard must be closed; a
@@ -255,21 +288,8 @@ impl LsmShard {
             (n + 1, b + r.size_bytes, u + new)
         });
         *last = checkpoint;
-        let decided = *self.decided.lock().unwrap_or_else(|e| e.into_inner());
-        let protected = Protected {
-            keep: self.keep.clone().filter(|_| !self.scrubbed()),
-            ..Protected::decided(decided, pinned)
-        };
-        let live = LiveWriter::of(&self.tree, &self.retention);
-        let (store, root, policy) = (
-            self.store.clone(),
-            self.root.clone(),
-            self.retention.clone(),
-        );
         // docs/checkpoints.md, checkpoint step 6.
-        self.gc.start(&self.root, async move {
-            collect_garbage(&store, &root, &live, &protected, &policy, now_ms).await
-        });
+        self.start_gc(pinned, now_ms);
         Ok(CheckpointInfo {
             version: last.version,
             ssts,
@@ -284,25 +304,22 @@ impl LsmShard {
     }
 }
 
-/// What recovery found for the `lsm` backend: the checkpoint to open from, the versions to
-/// record as rejected, and the oldest version stored (what GC keeps until the scrub is done).
+/// What recovery found for the `lsm` backend: the checkpoint to open from, and the versions to
+/// record as rejected.
 #[derive(Debug)]
 pub struct Recovered {
     /// The checkpoint to resume from; `None`: start empty.
     pub checkpoint: Option<Manifest>,
     /// Versions recovery fell back past (or newer versions listed), for the claim.
     pub rejected: Vec<crate::state::manifest::RejectedVersion>,
-    /// The oldest manifest version stored: GC keeps the versions from it to the claim until
-    /// the scrub has read what the checkpoint hands on.
-    pub oldest_version: Option<u64>,
     /// The version Kafka's committed offsets name (exactly-once), which the claim goes above
     /// even when it is not stored ([`ManifestStore::claim_above`]).
     pub committed: Option<u64>,
 }
 
-/// Finds the checkpoint to resume the shard under `root` from (module docs), given
-/// `recovery` (the version Kafka's committed offsets name, what the last owner found
-/// corrupt). Claims do not count.
+/// Finds the checkpoint to resume the shard under `root` from (module docs) among `versions`
+/// (its manifest versions, as the open listed them), given `recovery` (the version Kafka's
+/// committed offsets name, what the last owner found corrupt). Claims do not count.
 ///
 /// # Errors
 /// [`StateError::Unavailable`] on any transient store error (never a reason to fall back);
@@ -311,6 +328,7 @@ pub async fn recover(
     store: &Arc<dyn ObjectStore>,
     root: &Path,
     recovery: &Recovery,
+    versions: Vec<u64>,
 ) -> Result<Recovered, StateError> {
     let manifests = ManifestStore::new(store.clone(), root.clone());
     let mut check = SstCheck {
@@ -318,11 +336,10 @@ pub async fn recover(
         root,
         stored: None,
     };
-    let found = find_checkpoint(&manifests, recovery, &mut check).await?;
+    let found = find_checkpoint(&manifests, versions, recovery, &mut check).await?;
     Ok(Recovered {
         checkpoint: found.checkpoint.map(|(m, ())| m),
         rejected: found.rejected,
-        oldest_version: found.oldest_version,
         committed: recovery.committed,
     })
 }
@@ -424,6 +441,10 @@ async fn list_ssts(
 impl Shard for LsmShard {
     fn checkpoint_decided(&self, version: u64) {
         *self.decided.lock().unwrap_or_else(|e| e.into_inner()) = Some(version);
+    }
+
+    async fn settle(&self, max: std::time::Duration) {
+        self.gc_settled_within(max).await;
     }
 
     fn opened_from(&self) -> Option<u64> {

@@ -401,15 +401,16 @@ fn corruption_the_scrub_finds_in_a_cold_sst_stops_the_next_checkpoint() {
 }
 
 #[test]
-fn until_the_scrub_has_read_the_recovered_ssts_gc_keeps_every_version_of_the_claim() {
+fn until_the_scrub_has_read_the_recovered_ssts_gc_keeps_the_retained_checkpoints_up_to_the_recovered_one()
+ {
     block_on(async {
         let store = Arc::new(FaultyStore::default());
         let a = backend(&store).open_shard(&id()).await.expect("opens");
+        let mut recovered_from = Vec::new();
         for round in 0..3 {
-            write_and_checkpoint(&a, 0, 10 + round, "v").await;
+            recovered_from.push(write_and_checkpoint(&a, 0, 10 + round, "v").await);
             a.gc_settled().await;
         }
-        let at_claim = manifests(&store).versions().await.expect("versions");
         let scrubless = backend(&store).with_scrub(ScrubSettings {
             bytes_per_second: 0,
             ..ScrubSettings::default()
@@ -419,8 +420,10 @@ fn until_the_scrub_has_read_the_recovered_ssts_gc_keeps_every_version_of_the_cla
             write_and_checkpoint(&b, 0, 20 + round, "w").await;
             b.gc_settled().await;
         }
+        // The scrub never ran: what b recovered from and the retained checkpoints before it
+        // are kept (b's own last three alone would be newer).
         let left = manifests(&store).versions().await.expect("versions");
-        for version in &at_claim {
+        for version in &recovered_from {
             assert!(left.contains(version), "{version} kept: {left:?}");
         }
         // Scrubbed: the next GC keeps only the last three checkpoints.
@@ -435,5 +438,86 @@ fn until_the_scrub_has_read_the_recovered_ssts_gc_keeps_every_version_of_the_cla
         }
         let left = manifests(&store).versions().await.expect("versions");
         assert_eq!(left.len(), 3, "{left:?}");
+    });
+}
+
+/// One process's view of the store: counts the LISTs of the whole manifest directory it makes,
+/// and fails every request once the process is killed, so that its background work (a GC
+/// pass) dies with it.
+#[derive(Debug, Default)]
+struct Process {
+    killed: std::sync::atomic::AtomicBool,
+    manifest_lists: std::sync::atomic::AtomicU64,
+}
+
+#[async_trait::async_trait]
+impl crate::state::hooked_store::RequestHook for Process {
+    async fn before(
+        &self,
+        request: crate::state::hooked_store::Request,
+        location: Option<&Path>,
+    ) -> object_store::Result<()> {
+        use std::sync::atomic::Ordering;
+        if self.killed.load(Ordering::Relaxed) {
+            return Err(object_store::Error::Generic {
+                store: "test",
+                source: "the process was killed".into(),
+            });
+        }
+        if request == crate::state::hooked_store::Request::List
+            && location.is_some_and(|l| l.as_ref().ends_with("/manifest"))
+        {
+            self.manifest_lists.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+}
+
+#[test]
+fn owners_that_each_live_for_one_checkpoint_keep_the_history_bounded_and_list_it_once_per_open() {
+    use std::sync::atomic::Ordering;
+    block_on(async {
+        let store = Arc::new(FaultyStore::default());
+        for run in 0..60u32 {
+            let process = Arc::new(Process::default());
+            let view: Arc<dyn ObjectStore> = Arc::new(
+                crate::state::hooked_store::HookedStore::new(store.clone(), process.clone()),
+            );
+            let clock: SharedClock = Arc::new(ManualClock::new(0));
+            let backend = LsmBackend::new(
+                view,
+                Path::from("p"),
+                Arc::new(BlockCaches::none()),
+                crate::state::lsm::tests::small_settings(),
+                clock,
+            );
+            let shard = backend.open_shard(&id()).await.expect("opens");
+            assert_eq!(
+                process.manifest_lists.load(Ordering::Relaxed),
+                1,
+                "run {run}: the open lists the manifest directory once"
+            );
+            // The process lives long enough for the pass its claim started, and dies right
+            // after its one checkpoint: that checkpoint's pass never runs.
+            shard.gc_settled().await;
+            write_and_checkpoint(&shard, 0, 100 + run, "v").await;
+            process.killed.store(true, Ordering::Relaxed);
+            drop(shard);
+            let versions = manifests(&store).versions().await.expect("versions");
+            // The three retained checkpoints, the claims between them, and this run's claim
+            // and checkpoint.
+            assert!(
+                versions.len() <= 7,
+                "run {run}: {} versions stored: {versions:?}",
+                versions.len()
+            );
+        }
+        // The last owner's state is what 60 short runs made.
+        let shard = backend(&store).open_shard(&id()).await.expect("opens");
+        assert_eq!(
+            shard.get(&99u32.to_be_bytes()).await.expect("reads"),
+            Some(Bytes::from("v"))
+        );
+        assert_eq!(shard.recovered_metadata(), offsets(159));
     });
 }

@@ -36,7 +36,7 @@ mod tests;
 
 pub use recovery::KnownCorruption;
 pub(crate) use recovery::{CandidateCheck, Checked, find_checkpoint};
-pub(crate) use retention::{BackgroundGc, retained_versions};
+pub(crate) use retention::{BackgroundGc, delete_objects, retained_versions};
 pub use retention::{Protected, RetentionPolicy};
 
 /// The writer tokens of one process's claims: unique per process (its id and start time),
@@ -270,6 +270,11 @@ pub struct ManifestStore {
     root: Path,
 }
 
+/// The version a manifest object's `location` names (`…/manifest/{version:020}.manifest`).
+fn version_of(location: &Path) -> Option<u64> {
+    location.filename()?.strip_suffix(".manifest")?.parse().ok()
+}
+
 impl ManifestError {
     /// As a state error of the shard under `root`: a corrupt manifest stays corrupt, anything
     /// else is an outage to retry.
@@ -314,13 +319,30 @@ impl ManifestStore {
             .map_err(ManifestError::Unavailable)?;
         let mut versions: Vec<u64> = metas
             .iter()
-            .filter_map(|m| {
-                m.location
-                    .filename()?
-                    .strip_suffix(".manifest")?
-                    .parse()
-                    .ok()
-            })
+            .filter_map(|m| version_of(&m.location))
+            .collect();
+        versions.sort_unstable();
+        Ok(versions)
+    }
+
+    /// The versions present above `version`, ascending: one LIST that starts after it (S3's
+    /// `start-after`), so that a writer's check for newer owners does not read the whole
+    /// history.
+    ///
+    /// # Errors
+    /// [`ManifestError::Unavailable`] when listing fails.
+    pub async fn versions_above(&self, version: u64) -> Result<Vec<u64>, ManifestError> {
+        let prefix = Path::from(format!("{}/manifest", self.root));
+        let metas: Vec<_> = self
+            .store
+            .list_with_offset(Some(&prefix), &self.path(version))
+            .try_collect()
+            .await
+            .map_err(ManifestError::Unavailable)?;
+        let mut versions: Vec<u64> = metas
+            .iter()
+            .filter_map(|m| version_of(&m.location))
+            .filter(|v| *v > version)
             .collect();
         versions.sort_unstable();
         Ok(versions)
@@ -340,6 +362,18 @@ impl ManifestStore {
             Err(object_store::Error::NotFound { .. }) => Err(ManifestError::NotFound(version)),
             Err(e) => Err(ManifestError::Unavailable(e)),
         }
+    }
+
+    /// Deletes `versions` in bulk ([`retention::delete_objects`]: GC of versions older than
+    /// every retained checkpoint).
+    ///
+    /// # Errors
+    /// [`ManifestError::Unavailable`]; deleting an absent version succeeds.
+    pub async fn delete_many(&self, versions: &[u64]) -> Result<usize, ManifestError> {
+        let paths = versions.iter().map(|v| self.path(*v)).collect();
+        retention::delete_objects(&self.store, paths)
+            .await
+            .map_err(ManifestError::Unavailable)
     }
 
     /// Deletes one version (GC of versions older than every retained checkpoint).
@@ -403,10 +437,7 @@ impl ManifestStore {
     /// Fails with [`ManifestError::Fenced`] when a version above `ours` carries a higher
     /// writer epoch.
     async fn check_not_fenced(&self, ours: &Manifest) -> Result<(), ManifestError> {
-        for version in self.versions().await? {
-            if version <= ours.version {
-                continue;
-            }
+        for version in self.versions_above(ours.version).await? {
             let fenced = match self.read(version).await {
                 Ok(later) => later.writer_epoch > ours.writer_epoch,
                 // Only a newer owner writes above our version; one whose write we cannot read
@@ -472,9 +503,30 @@ impl ManifestStore {
         rejected: &[RejectedVersion],
         floor: Option<u64>,
     ) -> Result<Manifest, ManifestError> {
+        let versions = self.versions().await?;
+        self.claim_listed(versions, writer_token, base, rejected, floor)
+            .await
+    }
+
+    /// [`ManifestStore::claim_above`] from `versions`, the shard's versions as the caller's own
+    /// LIST saw them (an open lists once for recovery and claim); listed again only when
+    /// another claimer wins the slot.
+    ///
+    /// # Errors
+    /// As [`ManifestStore::claim`].
+    pub async fn claim_listed(
+        &self,
+        mut versions: Vec<u64>,
+        writer_token: &str,
+        base: Option<&Manifest>,
+        rejected: &[RejectedVersion],
+        floor: Option<u64>,
+    ) -> Result<Manifest, ManifestError> {
         let mut last = None;
-        for _ in 0..COMMIT_ATTEMPTS_MAX {
-            let versions = self.versions().await?;
+        for attempt in 0..COMMIT_ATTEMPTS_MAX {
+            if attempt > 0 {
+                versions = self.versions().await?;
+            }
             let top = versions.last().copied().max(floor);
             let top_epoch = self.newest_readable_epoch(&versions).await?;
             let claim = Manifest {

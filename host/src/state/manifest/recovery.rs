@@ -83,8 +83,6 @@ pub(crate) struct Found<T> {
     /// The versions to record as rejected in the claim: those newer versions listed, and those
     /// this walk found unusable.
     pub rejected: Vec<RejectedVersion>,
-    /// The oldest version stored when the walk listed them.
-    pub oldest_version: Option<u64>,
 }
 
 /// A backend's check of a candidate checkpoint during recovery: it reads what the backend needs
@@ -117,10 +115,16 @@ pub(crate) trait CandidateCheck {
 /// to fall back); [`StateError::Corrupt`] when checkpoints exist but none is usable.
 pub(crate) async fn find_checkpoint<C: CandidateCheck>(
     manifests: &ManifestStore,
+    versions: Vec<u64>,
     recovery: &Recovery,
     check: &mut C,
 ) -> Result<Found<C::Product>, StateError> {
-    let mut walk = Walk::start(manifests, recovery.committed, &recovery.known_corruption).await?;
+    let mut walk = Walk::start(
+        manifests,
+        versions,
+        recovery.committed,
+        &recovery.known_corruption,
+    );
     loop {
         let Some(candidate) = walk.next_candidate(|m| check.objects(m)).await? else {
             return walk.finish();
@@ -142,7 +146,6 @@ struct Walk<'a> {
     known: &'a KnownCorruption,
     /// Versions still to look at, oldest first (popped from the back).
     versions: Vec<u64>,
-    oldest_version: Option<u64>,
     rejected: BTreeMap<u64, String>,
     /// Versions some later version names as its parent.
     parents: HashSet<u64>,
@@ -150,20 +153,15 @@ struct Walk<'a> {
 }
 
 impl<'a> Walk<'a> {
-    /// Lists the shard's versions. `committed` is the version Kafka's committed offsets name
-    /// (exactly-once), `known` what the last owner found corrupt.
-    ///
-    /// # Errors
-    /// [`StateError::Unavailable`] when listing fails.
-    pub async fn start(
+    /// A walk over `versions` (the shard's, ascending, as the open listed them). `committed` is
+    /// the version Kafka's committed offsets name (exactly-once), `known` what the last owner
+    /// found corrupt.
+    pub fn start(
         manifests: &'a ManifestStore,
+        versions: Vec<u64>,
         committed: Option<u64>,
         known: &'a KnownCorruption,
-    ) -> Result<Self, StateError> {
-        let versions = manifests
-            .versions()
-            .await
-            .map_err(|e| unavailable(manifests, e))?;
+    ) -> Self {
         let mut unusable = 0;
         if let Some(c) = committed
             && versions.binary_search(&c).is_err()
@@ -171,16 +169,15 @@ impl<'a> Walk<'a> {
             audit_fallback(manifests.root(), c, &"the committed checkpoint is missing");
             unusable += 1;
         }
-        Ok(Self {
+        Self {
             manifests,
             committed,
             known,
-            oldest_version: versions.first().copied(),
             versions,
             rejected: BTreeMap::new(),
             parents: HashSet::new(),
             unusable,
-        })
+        }
     }
 
     /// The next decided checkpoint, newest first, that no newer version rejected and that
@@ -262,7 +259,6 @@ impl<'a> Walk<'a> {
         Found {
             checkpoint: Some((checkpoint, product)),
             rejected: listed(self.rejected),
-            oldest_version: self.oldest_version,
         }
     }
 
@@ -291,7 +287,6 @@ impl<'a> Walk<'a> {
         Ok(Found {
             checkpoint: None,
             rejected: listed(self.rejected),
-            oldest_version: self.oldest_version,
         })
     }
 }

@@ -6,10 +6,11 @@
 //! owner knows is decided or that a later version names as its parent) and not rejected by a
 //! later version. Claims, prepared but undecided checkpoints, rejected versions and versions
 //! that do not decode do not count. Every version from the oldest counted one upwards is kept,
-//! as are the [`Protected`] ones — pinned versions (the decided checkpoint), the versions
-//! readers lease ([`crate::state::lease`]: a paged state query's) and,
-//! while the owner's scrub runs, the versions stored when it claimed the shard. The versions
-//! below are deleted — corrupt and rejected ones too, but only there: deleting the newest
+//! as are the [`Protected`] ones — pinned versions (the decided checkpoint) and the versions
+//! readers lease ([`crate::state::lease`]: a paged state query's). While the owner's scrub of
+//! the SSTs it recovered runs, the walk goes on until it has also counted
+//! `retained_checkpoints` usable checkpoints at or below the one the owner recovered from
+//! (those to fall back to if the scrub finds one corrupt). The versions below are deleted — corrupt and rejected ones too, but only there: deleting the newest
 //! version would free its number for a zombie's create-only write (SCENARIOS.md S4). With
 //! fewer usable checkpoints than retained nothing is deleted.
 //!
@@ -19,8 +20,11 @@
 
 use super::{Manifest, ManifestError, ManifestKind, ManifestStore};
 use crate::state::checkpoint::{DecidedBy, decided_by};
+use futures::StreamExt;
+use object_store::ObjectStore;
+use object_store::path::Path;
 use std::collections::{BTreeSet, HashSet};
-use std::ops::RangeInclusive;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// How much of a shard's history GC keeps, for both backends.
@@ -57,23 +61,24 @@ impl RetentionPolicy {
 pub struct Protected {
     /// Versions kept whatever their age (the decided checkpoint, savepoints).
     pub pinned: BTreeSet<u64>,
-    /// Every version in this range is kept: those stored when the owner claimed the shard,
-    /// until its scrub of the SSTs it recovered has finished (the checkpoints to fall back to
-    /// if it finds one corrupt).
-    pub keep: Option<RangeInclusive<u64>>,
+    /// While the owner's scrub of the SSTs it recovered runs: the checkpoint it recovered
+    /// from. GC then also keeps `retained_checkpoints` usable checkpoints at or below it, and
+    /// every version above the oldest of them (the checkpoints to fall back to if the scrub
+    /// finds one corrupt).
+    pub scrubbing_from: Option<u64>,
     /// The checkpoint the owner knows to be decided (exactly-once: the one Kafka's committed
     /// offsets name); it is also pinned.
     pub decided: Option<u64>,
 }
 
 impl Protected {
-    /// `pinned` and the `decided` checkpoint (pinned too), nothing kept by range.
+    /// `pinned` and the `decided` checkpoint (pinned too), no scrub running.
     pub fn decided(decided: Option<u64>, pinned: &BTreeSet<u64>) -> Self {
         let mut pinned = pinned.clone();
         pinned.extend(decided);
         Self {
             pinned,
-            keep: None,
+            scrubbing_from: None,
             decided,
         }
     }
@@ -108,6 +113,8 @@ pub(crate) async fn retained_versions(
     let mut rejected: HashSet<u64> = HashSet::new();
     let mut parents: HashSet<u64> = HashSet::new();
     let mut counted = 0;
+    // Usable checkpoints at or below the one a running scrub recovered from.
+    let mut counted_below = 0;
     let mut floor = None;
     for &version in versions.iter().rev() {
         if rejected.contains(&version) {
@@ -127,7 +134,11 @@ pub(crate) async fn retained_versions(
         kept.manifests.push(manifest);
         if usable {
             counted += 1;
-            if counted == retained {
+            if protected.scrubbing_from.is_some_and(|r| version <= r) {
+                counted_below += 1;
+            }
+            let below = protected.scrubbing_from.is_none() || counted_below >= retained;
+            if counted >= retained && below {
                 floor = Some(version);
                 break;
             }
@@ -141,11 +152,7 @@ pub(crate) async fn retained_versions(
     let leased = crate::state::lease::leased_versions(&manifests.store, &manifests.root, now_ms)
         .await
         .map_err(ManifestError::Unavailable)?;
-    let protected = |v: u64| {
-        protected.pinned.contains(&v)
-            || leased.contains(&v)
-            || protected.keep.as_ref().is_some_and(|r| r.contains(&v))
-    };
+    let protected = |v: u64| protected.pinned.contains(&v) || leased.contains(&v);
     for &version in versions.iter().filter(|v| **v < floor) {
         if !protected(version) {
             kept.delete.push(version);
@@ -158,6 +165,32 @@ pub(crate) async fn retained_versions(
         }
     }
     Ok(kept)
+}
+
+/// Deletes the objects at `paths` in bulk — `object_store`'s `delete_stream`: S3's
+/// DeleteObjects, up to 1,000 objects a request, so that a pass over a long history is a few
+/// requests, not one per object — an absent object counting as deleted. Returns how many were
+/// deleted.
+///
+/// # Errors
+/// The store's first error other than `NotFound`; the objects before it in `paths` may be
+/// deleted, later ones may not (a pass can simply be repeated).
+pub(crate) async fn delete_objects(
+    store: &Arc<dyn ObjectStore>,
+    paths: Vec<Path>,
+) -> Result<usize, object_store::Error> {
+    if paths.is_empty() {
+        return Ok(0);
+    }
+    let n = paths.len();
+    let mut results = store.delete_stream(futures::stream::iter(paths.into_iter().map(Ok)).boxed());
+    while let Some(result) = results.next().await {
+        match result {
+            Ok(_) | Err(object_store::Error::NotFound { .. }) => {}
+            Err(err) => return Err(err),
+        }
+    }
+    Ok(n)
 }
 
 /// The background GC pass of one shard's owner: at most one runs at a time, a pass asked for
