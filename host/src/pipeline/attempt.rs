@@ -6,6 +6,7 @@
 
 use super::PipelineStats;
 use super::controller::ExecutionController;
+use super::events::Assignment;
 use super::isolation::Isolation;
 use super::timers::TimersCalled;
 use crate::config::RuntimeSettings;
@@ -148,14 +149,15 @@ pub(super) enum Ended<S: Shard> {
 /// The worker's running tasks: attempts of record batches, and at most one round of timers.
 pub(super) type Running<S> = FuturesUnordered<BoxFuture<'static, Ended<S>>>;
 
-/// One attempt of `task`: wait its delay, get an instance (`instance`, or a new one),
+/// One attempt of `task`: wait its delay (cut short once the worker is told to finish or
+/// revoked: `assignment`), get an instance (`instance`, or a new one logging as `source`),
 /// prefetch, call — with `watermark` (the shard's applied one) and the operator's clock as
 /// the call's time. Owns all it uses, so that many run at once within the worker's task.
 #[allow(clippy::too_many_arguments)]
 pub(super) async fn attempt<S: Shard>(
     shard: Arc<S>,
     operator: Arc<Operator<S>>,
-    source: LogSource,
+    (source, assignment): (LogSource, Assignment),
     instance: Option<Instance<S>>,
     task: Task,
     deadline: Duration,
@@ -163,7 +165,7 @@ pub(super) async fn attempt<S: Shard>(
     watermark: Option<i64>,
 ) -> Attempted<S> {
     if !task.delay.is_zero() {
-        tokio::time::sleep(task.delay).await;
+        assignment.sleep(task.delay).await;
     }
     let started = Instant::now();
     let records = task.call_records();

@@ -167,7 +167,14 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
                 self.stats
                     .checkpoint_failures
                     .fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(partition = self.partition, error = %err, last, "checkpoint failed; the previous one stays current");
+                if last {
+                    self.ended_without_checkpoint(&format_args!(
+                        "the checkpoint failed: {}",
+                        crate::error::Chain(&err)
+                    ));
+                } else {
+                    tracing::warn!(partition = self.partition, error = %err, "checkpoint failed; the previous one stays current");
+                }
                 Ok(())
             }
         }
@@ -189,7 +196,14 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
             self.stats
                 .checkpoint_failures
                 .fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(partition = self.partition, error = %err, last, "checkpoint failed: the watermark and timer count could not be saved; the previous one stays current");
+            if last {
+                self.ended_without_checkpoint(&format_args!(
+                    "the watermark and timer count could not be saved: {}",
+                    crate::error::Chain(&err)
+                ));
+            } else {
+                tracing::warn!(partition = self.partition, error = %err, "checkpoint failed: the watermark and timer count could not be saved; the previous one stays current");
+            }
             return Ok(());
         }
         self.checkpoint(last, requested).await

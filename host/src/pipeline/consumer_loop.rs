@@ -6,7 +6,7 @@
 
 use super::WorkerError;
 use super::attempt;
-use super::events::{Assignment, Inbox, ToWorker, WorkerId};
+use super::events::{Assignment, Batch, Inbox, WorkerControl, WorkerId};
 use super::open::{Opened, Opening};
 use super::ports::{GroupOffsets, Output, Source};
 use super::timers::Timers;
@@ -53,9 +53,11 @@ const WATERMARKS_INTERVAL: Duration = Duration::from_secs(1);
 /// A running worker, as the loop holds it.
 pub(super) struct WorkerHandle {
     pub(super) id: WorkerId,
-    /// The loop's end of the partition's queue: dropping it revokes the partition
-    /// ([`Assignment`]).
-    pub(super) tx: mpsc::Sender<ToWorker>,
+    /// The loop's end of the partition's queue; `None` once closed after the last batch
+    /// (shutdown).
+    pub(super) queue: Option<mpsc::Sender<Batch>>,
+    /// The loop's end of the worker's control: finish, revoke ([`super::events`]).
+    pub(super) control: WorkerControl,
     pub(super) task: JoinHandle<Result<(), WorkerError>>,
     /// Whether the partition's consumer is caught up, for the worker (`read_high_watermarks`
     /// keeps it).
@@ -228,8 +230,9 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
                 opening.abort();
             }
             if let Some(worker) = self.workers.remove(&partition) {
-                // The revoke itself (events.rs): the worker and its sink see it at once.
-                drop(worker.tx);
+                // The revoke itself (events.rs): the worker and its sink hear it at once,
+                // whatever they wait on.
+                worker.control.revoke();
                 let closing = Closing {
                     revoked_at: Instant::now(),
                     id: worker.id,
@@ -398,7 +401,12 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
             }
             return Ok(());
         };
-        let (tx, id) = (worker.tx.clone(), worker.id);
+        let Some(tx) = worker.queue.clone() else {
+            // Closed after the last batch (shutdown): nothing more is handed over.
+            self.pending.remove(&partition);
+            return Ok(());
+        };
+        let id = worker.id;
         let Some(mut records) = self.pending.remove(&partition) else {
             return Ok(());
         };
@@ -406,9 +414,14 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
         while !records.is_empty() {
             let permit = match live {
                 false => loop {
+                    // Shutdown: a worker held back takes nothing more (it was told to finish
+                    // and ends on its own), so its records stay unprocessed.
+                    if self.inbox.is_stalled(id) {
+                        return Ok(());
+                    }
                     tokio::select! {
                         permit = tx.reserve() => break permit.ok(),
-                        // Shutdown: a worker may be sending its last checkpoint's offsets.
+                        // A stall (above), or a worker's last checkpoint's offsets.
                         () = self.inbox.receive() => {}
                     }
                 },
@@ -450,7 +463,7 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
                 };
             };
             let rest = records.split_off(records.len().min(batch_max));
-            permit.send(ToWorker::Records(std::mem::replace(&mut records, rest)));
+            permit.send(std::mem::replace(&mut records, rest));
         }
         if live && self.paused.remove(&partition) {
             self.set_paused(partition, false);
@@ -473,17 +486,17 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
     }
 
     /// Starts the worker of `partition` over its opened shard and sink, resuming from
-    /// `offsets`: `worker` is the id and `queue` the queue its sink's guard already knows.
+    /// `offsets`: `worker` is the id and `control` the control its sink's guard already hears.
     pub(super) fn start_worker(
         &mut self,
         worker: WorkerId,
         opened: Opened<B::Shard, Out::Sink>,
-        queue: (mpsc::Sender<ToWorker>, mpsc::Receiver<ToWorker>),
+        (control, assignment): (WorkerControl, Assignment),
         offsets: InputOffsets,
         opened_at: Instant,
     ) {
         let partition = worker.partition;
-        let (tx, rx) = queue;
+        let (tx, rx) = mpsc::channel(self.settings.runtime.partition_queue_batches_max);
         let Opened { shard, sink } = opened;
         let events = self.inbox.sender(worker);
         let caught_up = Arc::new(AtomicBool::new(false));
@@ -505,7 +518,8 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
                 self.stats.clone(),
             ),
             events: events.clone(),
-            assignment: Assignment::of(&tx),
+            assignment,
+            gave_up: false,
             stall_reported: false,
             sink_held_reported: false,
             admitted: offsets.clone(),
@@ -537,7 +551,8 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
             partition,
             WorkerHandle {
                 id: worker,
-                tx,
+                queue: Some(tx),
+                control,
                 task,
                 caught_up,
             },

@@ -1,13 +1,17 @@
-//! How the consumer loop and a partition's worker talk: one bounded, typed channel each way.
+//! How the consumer loop and a partition's worker talk: one bounded, typed channel each way,
+//! and the loop's control beside the records.
 //!
-//! - **Loop → worker**: the partition's queue of [`ToWorker`] — batches of records in offset
-//!   order and, at shutdown, [`ToWorker::Finish`] after the last — bounded by
-//!   `runtime.partition_queue_batches_max` batches. A full queue is backpressure: the loop waits
-//!   for room, or pauses the partition at the source while the worker is stalled.
-//!   The partition is **revoked** when the loop drops its end of the queue. [`Assignment`]
-//!   tells the worker (which drops what is queued and not yet admitted, checkpoints and ends,
-//!   docs/checkpoints.md "Rebalance") and its sink (which stops retrying refused deliveries)
-//!   at once, without waiting for the queue to drain.
+//! - **Loop → worker, records**: the partition's queue of [`Batch`]es of records in offset
+//!   order, bounded by `runtime.partition_queue_batches_max` batches. A full queue is
+//!   backpressure: the loop waits for room, or pauses the partition at the source while the
+//!   worker is stalled. The loop closes the queue (drops its end) after the last batch.
+//! - **Loop → worker, control** ([`WorkerControl`] → [`Assignment`]): [`Control::Finish`] at
+//!   shutdown, [`Control::Revoke`] when the partition was revoked. It travels outside the
+//!   queue, so that a worker hears it whatever it waits on — a full queue it cannot take from,
+//!   a backoff after a state outage, a refused delivery, a sink that takes no more output —
+//!   and so that a drain or a revoke completes within one backoff step (docs/checkpoints.md,
+//!   "Rebalance" and "Shutdown"). The worker's sink hears it too, through its
+//!   [`DeliveryGuard`], and stops retrying.
 //! - **Worker → loop**: the [`WorkerEvent`]s of every worker of a run, on one channel of
 //!   [`EVENTS_MAX`]: a stall and its end, each committed checkpoint's offsets (for the consumer
 //!   group) and the worker's end. The loop takes them whenever it waits (for input, for room
@@ -23,19 +27,70 @@ use crate::state::checkpoint::InputOffsets;
 use foldhash::{HashMap, HashMapExt};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 
 /// Capacity of the worker → loop channel, in events. A worker sends a handful per checkpoint
 /// interval; the loop takes them whenever it waits.
 pub(super) const EVENTS_MAX: usize = 256;
 
-/// What the consumer loop sends a partition's worker.
-#[derive(Debug)]
-pub(crate) enum ToWorker {
-    /// Records of the partition, in offset order (at most `batch_records_max`).
-    Records(Vec<InputRecord>),
-    /// Shutdown: process everything sent before, checkpoint a last time and end.
+/// Records of a partition, in offset order (at most `batch_records_max`): what the consumer
+/// loop queues for the partition's worker.
+pub(crate) type Batch = Vec<InputRecord>;
+
+/// What the consumer loop asks of a partition's worker besides processing its records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) enum Control {
+    /// Process the records as they come.
+    #[default]
+    Run,
+    /// Shutdown: process what the loop hands over until it closes the queue, checkpoint a last
+    /// time and end. A worker held back (a state outage, a sink that takes no more output)
+    /// takes nothing more: its waiting batches are tried once more at once, and if the store
+    /// still fails it ends without its last checkpoint.
     Finish,
+    /// The partition was revoked: drop every record not yet admitted, finish the admitted ones
+    /// (waiting batches tried once more at once, as for [`Control::Finish`]), checkpoint a
+    /// last time and end.
+    Revoke,
+}
+
+impl Control {
+    /// How log lines name it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Control::Run => "run",
+            Control::Finish => "finish",
+            Control::Revoke => "revoke",
+        }
+    }
+}
+
+/// The consumer loop's end of a worker's control ([`Control`]).
+#[derive(Debug)]
+pub(super) struct WorkerControl(watch::Sender<Control>);
+
+impl WorkerControl {
+    /// A worker's control, at [`Control::Run`], and the worker's (and its sink's) end of it.
+    pub fn new() -> (Self, Assignment) {
+        let (tx, rx) = watch::channel(Control::Run);
+        (Self(tx), Assignment(rx))
+    }
+
+    /// Tells the worker to finish (shutdown); a revoke already told stays.
+    pub fn finish(&self) {
+        self.0.send_if_modified(|control| {
+            let changed = *control == Control::Run;
+            if changed {
+                *control = Control::Finish;
+            }
+            changed
+        });
+    }
+
+    /// Tells the worker its partition was revoked.
+    pub fn revoke(&self) {
+        self.0.send_replace(Control::Revoke);
+    }
 }
 
 /// One worker of a run: its partition, and which of the partition's workers on this host it
@@ -116,20 +171,49 @@ impl EventSender {
     }
 }
 
-/// Whether a worker's partition is still assigned here: it is revoked once the consumer loop
-/// dropped its end of the partition's queue (module docs).
+/// What the consumer loop asks of a worker ([`Control`]), as the worker and its sink see it:
+/// whether the partition is still assigned here and the run goes on.
 #[derive(Debug, Clone)]
-pub(crate) struct Assignment(mpsc::WeakSender<ToWorker>);
+pub(crate) struct Assignment(watch::Receiver<Control>);
 
 impl Assignment {
-    /// The assignment of the partition whose queue `queue` sends to.
-    pub fn of(queue: &mpsc::Sender<ToWorker>) -> Self {
-        Self(queue.downgrade())
+    /// What the loop asks now.
+    pub fn control(&self) -> Control {
+        *self.0.borrow()
     }
 
     /// Whether the partition was revoked.
     pub fn is_revoked(&self) -> bool {
-        self.0.strong_count() == 0
+        self.control() == Control::Revoke
+    }
+
+    /// Whether the worker was told to finish or revoked.
+    pub fn is_closing(&self) -> bool {
+        self.control() != Control::Run
+    }
+
+    /// Completes once the worker is told to finish or revoked (at once if it was). A
+    /// [`WorkerControl`] dropped without telling never completes it.
+    pub async fn closing(&self) {
+        let mut rx = self.0.clone();
+        if rx.wait_for(|c| *c != Control::Run).await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+
+    /// Waits for the loop to ask something else; `false` once it never will (the loop dropped
+    /// its [`WorkerControl`]).
+    pub async fn changed(&mut self) -> bool {
+        self.0.changed().await.is_ok()
+    }
+
+    /// Sleeps for `duration`, or less if the worker is told to finish or revoked meanwhile
+    /// (a backoff cut short: [`Control`]).
+    pub async fn sleep(&self, duration: std::time::Duration) {
+        tokio::select! {
+            () = tokio::time::sleep(duration) => {}
+            () = self.closing() => {}
+        }
     }
 }
 
@@ -307,10 +391,19 @@ impl DeliveryGuard {
         }
     }
 
-    /// Whether the owner no longer wants the deliveries (the partition was revoked): retrying
-    /// stops and the failure is returned.
+    /// Whether the owner no longer wants the deliveries (the partition was revoked, or the
+    /// pipeline is shutting down): retrying stops and the failure is returned.
     pub fn given_up(&self) -> bool {
-        self.assignment.as_ref().is_some_and(Assignment::is_revoked)
+        self.assignment.as_ref().is_some_and(Assignment::is_closing)
+    }
+
+    /// Waits `duration` before a refused delivery is sent again, less if the owner gives up
+    /// meanwhile ([`DeliveryGuard::given_up`]).
+    pub async fn wait(&self, duration: std::time::Duration) {
+        match &self.assignment {
+            Some(assignment) => assignment.sleep(duration).await,
+            None => tokio::time::sleep(duration).await,
+        }
     }
 
     /// An output the destination refused as too large was dead-lettered in its place (counted

@@ -8,24 +8,23 @@
 use super::consumer_loop::{
     NO_CHECKPOINT_RETRY_MAX, NO_CHECKPOINT_RETRY_MIN, OPEN_RETRY_DELAY, Running,
 };
-use super::events::{Assignment, DeliveryGuard, ToWorker, WorkerId};
+use super::events::{Assignment, DeliveryGuard, WorkerControl, WorkerId};
 use super::ports::{Output, ShardSink, SinkError, Source, SourceError};
 use super::{PartitionProblem, PartitionState, PipelineError};
 use crate::config::Delivery;
 use crate::state::{Recovery, Shard, ShardId, StateBackend, StateError};
 use std::sync::atomic::Ordering;
-use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 /// A shard being opened (recovered and claimed) in the background; its partition is paused.
-/// The worker's id and queue exist already: the sink opened here reports as that worker, and
-/// gives up once that queue is dropped (the partition revoked meanwhile).
+/// The worker's id and control exist already: the sink opened here reports as that worker, and
+/// gives up once told to (the partition revoked meanwhile, or the pipeline stopping).
 pub(super) struct Opening<S, K> {
     task: JoinHandle<Result<Opened<S, K>, OpenError>>,
     pub(super) started: Instant,
     worker: WorkerId,
-    queue: (mpsc::Sender<ToWorker>, mpsc::Receiver<ToWorker>),
+    control: (WorkerControl, Assignment),
 }
 
 impl<S, K> Opening<S, K> {
@@ -34,8 +33,9 @@ impl<S, K> Opening<S, K> {
         self.task.is_finished()
     }
 
-    /// Gives the open up (the partition was revoked).
+    /// Gives the open up (the partition was revoked, or the pipeline stops).
     pub(super) fn abort(&self) {
+        self.control.0.revoke();
         self.task.abort();
     }
 }
@@ -75,14 +75,14 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
         let known_corruption = self.corruption.get(&partition).cloned().unwrap_or_default();
         let transactional = self.settings.pipeline.delivery == Delivery::ExactlyOnce;
         let worker = self.next_worker(partition);
-        let queue = mpsc::channel(self.settings.runtime.partition_queue_batches_max);
+        let control = WorkerControl::new();
         // The partition's status says why its sink waits; refused outputs dead-lettered are
-        // counted; the sink gives up once the partition is revoked.
+        // counted; the sink gives up once the partition is revoked or the pipeline stops.
         let guard = DeliveryGuard::new(
             partition,
             self.stats.clone(),
             self.inbox.sender(worker),
-            Assignment::of(&queue.0),
+            control.1.clone(),
         );
         let task = tokio::spawn(async move {
             let sink = output.open(partition, transactional, guard).await?;
@@ -109,7 +109,7 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
                 task,
                 started: Instant::now(),
                 worker,
-                queue,
+                control,
             },
         );
     }
@@ -198,7 +198,7 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
         self.start_worker(
             opening.worker,
             opened,
-            opening.queue,
+            opening.control,
             offsets,
             opening.started,
         );

@@ -1,22 +1,26 @@
-//! The pipeline's shutdown: every queued batch handed over and processed, every delivery
-//! acknowledged, a last checkpoint per shard, then the last checkpoints' offsets committed to
-//! the group before the consumer leaves it — or, past `shutdown_drain_max`, the stuck workers
-//! stopped without committing anything they did not finish.
+//! The pipeline's shutdown: every worker told to finish at once, outside its queue; the
+//! fetched records handed over to the workers that take them; every delivery acknowledged, a
+//! last checkpoint per shard — or, for a worker held back by what does not let go (a state
+//! outage, a sink that takes no more output, a refused delivery), its end without one within a
+//! backoff step (docs/checkpoints.md, "Shutdown") — then the last checkpoints' offsets
+//! committed to the group before the consumer leaves it. Past `shutdown_drain_max` the
+//! workers still busy are stopped without committing anything they did not finish.
 
 use super::PipelineError;
 use super::WorkerError;
 use super::consumer_loop::Running;
-use super::events::{ToWorker, WorkerId};
+use super::events::WorkerId;
 use super::ports::{Output, Source};
 use crate::state::StateBackend;
 use foldhash::HashSet;
 
 impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
-    /// Sends every worker [`ToWorker::Finish`] after its last batch and waits for it to finish
-    /// its batches, deliveries and last checkpoint; waits for revoked partitions' workers too,
-    /// taking in what they say meanwhile. Then commits the last
-    /// checkpoints of the partitions it still owns to the group, synchronously, before the
-    /// consumer closes (at-least-once: exactly-once committed them in their transactions).
+    /// Tells every worker to finish, hands each its fetched records (unless it is held back),
+    /// closes its queue after the last and waits for it to finish its batches, deliveries and
+    /// last checkpoint; waits for revoked partitions' workers too, taking in what they say
+    /// meanwhile. Then commits the last checkpoints of the partitions it still owns to the
+    /// group, synchronously, before the consumer closes (at-least-once: exactly-once committed
+    /// them in their transactions).
     pub(super) async fn drain(&mut self) -> Result<(), PipelineError> {
         for (_, opening) in self.opening.drain() {
             opening.abort();
@@ -25,6 +29,10 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
         // closes as revoked, and nothing of it is committed here (S1).
         self.drop_revoked();
         let owned: HashSet<WorkerId> = self.workers.values().map(|w| w.id).collect();
+        // Heard at once whatever each waits on (events.rs): one held back ends now.
+        for worker in self.workers.values() {
+            worker.control.finish();
+        }
         let deadline = tokio::time::Instant::now() + self.settings.runtime.shutdown_drain_max;
         match tokio::time::timeout_at(deadline, self.drain_all()).await {
             Ok(result) => {
@@ -34,8 +42,9 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
                 result
             }
             Err(_) => {
-                // A worker stuck in an outage would keep shutdown waiting forever. Nothing is
-                // lost by stopping it: no offset is committed for records it did not finish.
+                // A worker stuck past the limit (a guest call, a store that neither answers
+                // nor fails) would keep shutdown waiting. Nothing is lost by stopping it: no
+                // offset is committed for records it did not finish.
                 let partitions: Vec<i32> = self.workers.keys().copied().collect();
                 tracing::warn!(?partitions, max = ?self.settings.runtime.shutdown_drain_max, "shutdown: workers still busy; stopping them without finishing");
                 for (_, worker) in self.workers.drain() {
@@ -57,26 +66,17 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
                 result = result.and(Err(err));
             }
         }
+        // The last batches are handed over: closing the queues tells the workers, which end
+        // side by side. Each handle stays registered until its worker ends, so that a timeout
+        // above can still abort it.
+        for worker in self.workers.values_mut() {
+            worker.queue = None;
+        }
         let partitions: Vec<i32> = self.workers.keys().copied().collect();
         for partition in partitions {
             let Some(worker) = self.workers.get_mut(&partition) else {
                 continue;
             };
-            // Finish after what is queued, then wait; the handle (and with it the queue, whose
-            // drop would revoke the partition) stays registered until the worker ends, so
-            // that a timeout above can still abort it.
-            let tx = worker.tx.clone();
-            loop {
-                tokio::select! {
-                    permit = tx.reserve() => {
-                        if let Ok(permit) = permit {
-                            permit.send(ToWorker::Finish);
-                        }
-                        break;
-                    }
-                    () = self.inbox.receive() => {}
-                }
-            }
             // Taking in its last checkpoint's offsets, among others.
             let ended = self.inbox.join(&mut worker.task).await;
             let outcome = drained(partition, ended);

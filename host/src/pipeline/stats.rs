@@ -54,6 +54,10 @@ pub struct PipelineStats {
     pub shards_opened: AtomicU64,
     /// Shards of revoked partitions closed (after their last checkpoint, or its failure).
     pub shards_closed: AtomicU64,
+    /// Workers that ended — told to finish or revoked — without their last checkpoint: the
+    /// state store failed again, or a delivery was given up on (the next owner resumes from
+    /// the last checkpoint).
+    pub closed_without_checkpoint: AtomicU64,
     /// Shards whose first record was processed after opening: the count behind
     /// `recovery_ns_*`.
     pub recoveries: AtomicU64,

@@ -29,16 +29,22 @@
 //! Checkpoints (docs/checkpoints.md): every `checkpoint_interval` the worker stops admitting,
 //! lets every admitted record finish, waits for every output delivery, then checkpoints its
 //! shard with the offsets after the last processed record. Records below those offsets
-//! (already in the state it resumed from) are skipped. At shutdown ([`ToWorker::Finish`]) it
-//! processes everything queued, checkpoints once more and ends; once the partition is revoked
-//! (the loop dropped its queue, [`super::events`]) it drops the records not yet admitted,
-//! finishes what it admitted, checkpoints once more and ends.
+//! (already in the state it resumed from) are skipped.
+//!
+//! The end ([`Control`], heard outside the queue: [`super::events`]): told to finish
+//! (shutdown), it processes what the loop hands over until the loop closes the queue; once
+//! the partition is revoked it drops the records not yet admitted. Either way it then finishes
+//! what it admitted, checkpoints once more and ends — but it never waits on what holds it
+//! back: a batch backing off from a state outage is tried again at once, and one that fails
+//! again ends the worker without its last checkpoint (its offsets would cover records whose
+//! effects are not applied; the next owner resumes from the last one); a sink that takes no
+//! more output gets nothing more; a refused delivery is given up on by the sink.
 
 use super::PipelineStats;
 use super::attempt::{
     Attempted, Ended, Execution, Failure, Running, Task, attempt, batch_deadline,
 };
-use super::events::{Assignment, EventSender, Stall, ToWorker};
+use super::events::{Assignment, Batch, EventSender, Stall};
 use super::isolation::{Isolation, Outcome, Verdict};
 use super::outcome::WorkerError;
 use super::ports::{DeadLetterKind, ShardSink, SinkError};
@@ -62,6 +68,9 @@ mod effects;
 /// Longest retry delay after an outage.
 const BACKOFF_MAX: Duration = Duration::from_secs(5);
 
+/// Longest wait at a worker's end for its shard's background work ([`Shard::settle`]).
+const SETTLE_MAX: Duration = Duration::from_secs(5);
+
 /// One partition's worker.
 pub(crate) struct PartitionWorker<S: Shard, K: ShardSink> {
     pub partition: i32,
@@ -78,8 +87,12 @@ pub(crate) struct PartitionWorker<S: Shard, K: ShardSink> {
     /// What it tells the consumer loop: a stall while it backs off from an outage (the loop
     /// pauses the partition), each checkpoint's offsets.
     pub events: EventSender,
-    /// Revoked: queued batches are dropped, unprocessed, and the worker checkpoints and ends.
+    /// What the consumer loop asks besides the records: told to finish or revoked, the worker
+    /// takes its last steps (module docs).
     pub assignment: Assignment,
+    /// A batch failed again after the worker was told to finish or revoked: it ends without
+    /// its last checkpoint (module docs).
+    pub gave_up: bool,
     /// The outage stall the loop was last told of.
     pub stall_reported: bool,
     /// The sink backlog stall ([`ShardSink::held_back`]) the loop was last told of.
@@ -112,14 +125,26 @@ pub(crate) struct PartitionWorker<S: Shard, K: ShardSink> {
 
 impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
     /// Processes batches and checkpoints every `checkpoint_interval` until told to finish or
-    /// revoked, then checkpoints a last time (which waits for every delivery).
-    pub async fn run(mut self, mut queue: mpsc::Receiver<ToWorker>) -> Result<(), WorkerError> {
-        self.run_until_closed(&mut queue).await
+    /// revoked, then checkpoints a last time (which waits for every delivery) — or ends without
+    /// it when what holds it back does not let go (module docs).
+    pub async fn run(mut self, mut queue: mpsc::Receiver<Batch>) -> Result<(), WorkerError> {
+        match self.run_until_closed(&mut queue).await {
+            // A delivery the sink gave up on once told to finish or revoked: the outputs of
+            // the records since the last checkpoint are not all acknowledged (or their
+            // transaction is lost), so none is taken; the next owner resumes from the last.
+            Err(err @ (WorkerError::Sink { .. } | WorkerError::Transaction { .. }))
+                if self.assignment.is_closing() =>
+            {
+                self.ended_without_checkpoint(&crate::error::Chain(&err));
+                Ok(())
+            }
+            ended => ended,
+        }
     }
 
     async fn run_until_closed(
         &mut self,
-        queue: &mut mpsc::Receiver<ToWorker>,
+        queue: &mut mpsc::Receiver<Batch>,
     ) -> Result<(), WorkerError> {
         let start = tokio::time::Instant::now() + self.checkpoint_interval;
         let mut ticks = tokio::time::interval_at(start, self.checkpoint_interval);
@@ -139,7 +164,24 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
         let mut requests_open = true;
         // A timer round just ran: admit what waits before the next one (docs/time.md).
         let mut after_round = false;
+        // The loop's control, heard whatever the worker waits on ([`Control`]).
+        let mut control = self.assignment.clone();
+        let mut control_open = true;
         loop {
+            if self.assignment.is_closing() {
+                if self.gave_up {
+                    self.abandon(&mut running);
+                    return Ok(());
+                }
+                // Nothing more is taken in by a revoked partition, nor by one whose sink takes
+                // no more output (the shutdown must not wait for it).
+                if !closed && (self.assignment.is_revoked() || self.sink.held_back()) {
+                    backlog.clear();
+                    queue.close();
+                    while queue.try_recv().is_ok() {}
+                    closed = true;
+                }
+            }
             // A round of timers that goes on (one timer at a time, or after an outage) first:
             // it runs, so nothing below takes the partition for idle.
             self.continue_round(&mut running);
@@ -169,11 +211,7 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
             // table's pending list is full): admit nothing; checkpoints let it look again.
             let sink_held = self.sink.held_back();
             if sink_held {
-                // Nothing is admitted, nor a round run (its rows would add to the list), but
-                // a revoked partition's records still go.
-                if self.assignment.is_revoked() {
-                    backlog.clear();
-                }
+                // Nothing is admitted, nor a round run (its rows would add to the list).
                 after_round = false;
             }
             if !checkpoint_due && !sink_held && (!timers_due || after_round) {
@@ -227,6 +265,8 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
                     Ok(()) => (checkpoint_due, checkpoint_requested) = (true, true),
                     Err(_) => requests_open = false,
                 },
+                // Told to finish or revoked: the top of the loop takes it.
+                open = control.changed(), if control_open => control_open = open,
                 Some(ended) = running.next() => match ended {
                     Ended::Batch(attempted) => self.attempted(attempted).await?,
                     Ended::Timers(called) => self.timers_called(called).await?,
@@ -238,7 +278,7 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
                     let mut next = message;
                     loop {
                         match next {
-                            Some(ToWorker::Records(records)) => {
+                            Some(records) => {
                                 // Arrived: their topics are active, admitted or not.
                                 let now = self.timers.now_ms();
                                 for record in &records {
@@ -251,8 +291,8 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
                                 }
                                 backlog.extend(records);
                             }
-                            // Finish, or revoked and nothing left queued.
-                            Some(ToWorker::Finish) | None => {
+                            // The loop closed the queue after the last batch.
+                            None => {
                                 closed = true;
                                 break;
                             }
@@ -277,7 +317,10 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
                 () = std::future::ready(()), if after_round && !checkpoint_due => {}
             }
         }
-        self.checkpoint_with_time(true, false).await
+        self.checkpoint_with_time(true, false).await?;
+        // A short-lived owner still finishes the GC pass its last checkpoint started.
+        self.shard.settle(SETTLE_MAX).await;
+        Ok(())
     }
 
     /// Tells the consumer loop when the worker starts or stops backing off from an outage: a
@@ -295,17 +338,33 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
         }
     }
 
-    /// Admits records from `backlog` while the controller has room; drops them all once the
-    /// partition is revoked, and drops those the state already reflects (below the offsets it
-    /// resumed from: a consumer can deliver some again around a seek). A late record (at or
-    /// before the applied watermark) is admitted, dropped or returned to be dead-lettered, as
-    /// `late_records` says (docs/time.md).
+    /// Ends a worker told to finish or revoked whose batch failed again after that (module
+    /// docs): what is in flight is dropped unfinished and no checkpoint is taken.
+    fn abandon(&mut self, running: &mut Running<S>) {
+        let dropped = self.execution.controller.in_flight();
+        running.clear();
+        self.execution.ready.clear();
+        self.ended_without_checkpoint(&format_args!(
+            "the state store failed again after the {} (records in flight dropped: {dropped})",
+            self.assignment.control().as_str()
+        ));
+    }
+
+    /// Logs and counts the worker's end without its last checkpoint, for `why`.
+    pub(super) fn ended_without_checkpoint(&self, why: &dyn std::fmt::Display) {
+        self.stats
+            .closed_without_checkpoint
+            .fetch_add(1, Ordering::Relaxed);
+        let control = self.assignment.control().as_str();
+        tracing::warn!(partition = self.partition, control, %why, "the partition ends without its last checkpoint; its next owner resumes from the last one");
+    }
+
+    /// Admits records from `backlog` while the controller has room; drops those the state
+    /// already reflects (below the offsets it resumed from: a consumer can deliver some again
+    /// around a seek). A late record (at or before the applied watermark) is admitted, dropped
+    /// or returned to be dead-lettered, as `late_records` says (docs/time.md).
     fn admit(&mut self, backlog: &mut VecDeque<InputRecord>) -> Vec<InputRecord> {
         let mut late_letters = Vec::new();
-        if self.assignment.is_revoked() {
-            backlog.clear();
-            return late_letters;
-        }
         let now = self.timers.now_ms();
         let (mut admitted, mut skipped) = (0u64, 0u64);
         while self.execution.controller.has_room()
@@ -398,7 +457,7 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
             let attempt = attempt(
                 self.shard.clone(),
                 self.operator.clone(),
-                self.source.clone(),
+                (self.source.clone(), self.assignment.clone()),
                 instance,
                 task,
                 deadline,
@@ -588,6 +647,10 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
     /// Schedules `task` after its backoff (doubling the next one), counting it as backing off:
     /// the consumer loop pauses the partition while any task is.
     fn back_off(&mut self, mut task: Task) {
+        if self.assignment.is_closing() {
+            // Told to finish or revoked: no further wait; the worker ends (module docs).
+            self.gave_up = true;
+        }
         task.delay = task.backoff;
         task.backoff = (task.backoff * 2).min(BACKOFF_MAX);
         self.execution.backing_off += 1;

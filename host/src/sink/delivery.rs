@@ -276,7 +276,8 @@ impl KafkaSink {
     /// output); any other refusal (a missing topic, denied access) is retried with backoff
     /// while the guard reports the stall, so that the partition pauses instead of losing or
     /// skipping the record. A transactional producer's refusal, or one the owner gave up on
-    /// (its partition was revoked), is returned.
+    /// (its partition was revoked, or the pipeline is shutting down: the wait is cut short),
+    /// is returned.
     async fn deliver_refused(&mut self, mut refused: Refused) -> Result<(), SinkError> {
         let mut backoff = RESEND_BACKOFF_MIN;
         let mut stalled = false;
@@ -309,7 +310,9 @@ impl KafkaSink {
                 tracing::warn!(topic, error = %refused.error, retry_in = ?backoff, "delivery failed; the partition waits and sends the record again");
                 self.guard.stalled(Some(reason)).await;
                 stalled = true;
-                tokio::time::sleep(backoff).await;
+                // Cut short when the partition is revoked or the pipeline shuts down: the
+                // check above then returns the failure.
+                self.guard.wait(backoff).await;
                 backoff = (backoff * 2).min(RESEND_BACKOFF_MAX);
                 (refused.message, refused.destination)
             };

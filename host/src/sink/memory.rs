@@ -170,11 +170,11 @@ impl ShardSink for MemorySink {
             self.guard
                 .stalled(Some("delivery refused (in-memory output)".to_owned()))
                 .await;
-            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            self.guard.wait(std::time::Duration::from_millis(100)).await;
             if self.guard.given_up() {
                 return Err(SinkError {
                     topic: "memory".to_owned(),
-                    source: "refused, and the partition was revoked".into(),
+                    source: "refused, and the partition was revoked or the pipeline stopped".into(),
                 });
             }
         }

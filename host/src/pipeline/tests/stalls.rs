@@ -82,3 +82,94 @@ async fn a_state_outage_backs_off_pausing_only_its_partition_and_loses_nothing()
     assert_eq!(run_count(output, 0), 300, "nothing lost, nothing twice");
     assert_counts_exact(handle, output, 0);
 }
+
+/// The last checkpoint of `partition` in `stats`' history: its offset of [`TOPIC`].
+fn last_checkpointed(stats: &PipelineStats, partition: i32) -> Option<i64> {
+    stats
+        .checkpoint_history
+        .lock()
+        .expect("history")
+        .iter()
+        .rev()
+        .find(|c| c.partition == partition)
+        .map(|c| c.offsets[TOPIC])
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_drain_during_a_state_outage_ends_at_once_without_the_last_checkpoint() {
+    let world = World::new(2, 1000, "at_least_once");
+    let handle = &world.handle;
+    let (run, _backend) = world.start_holding_partition_0_in_an_outage(&[0, 1]).await;
+    // Long enough for the backoff to reach its longest step.
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    let checkpointed = last_checkpointed(&run.stats, 0).expect("a checkpoint before the outage");
+    let stats = run.stats.clone();
+    // Each waiting batch is tried once more at once, fails, and the worker ends: no backoff
+    // step is waited out, nor `shutdown_drain_max`.
+    tokio::time::timeout(Duration::from_millis(100), run.stop())
+        .await
+        .expect("the drain does not wait for the outage")
+        .expect("the drain ends cleanly");
+    assert_eq!(
+        stats.closed_without_checkpoint.load(Ordering::Relaxed),
+        1,
+        "partition 0 ended without its last checkpoint"
+    );
+    assert_eq!(
+        last_checkpointed(&stats, 0),
+        Some(checkpointed),
+        "no checkpoint of partition 0 covers records whose effects are not applied"
+    );
+    assert_eq!(
+        handle.committed()[&(TOPIC.to_owned(), 0)].0,
+        checkpointed,
+        "the group's offset is the last checkpoint's"
+    );
+    assert_eq!(
+        last_checkpointed(&stats, 1),
+        Some(1000),
+        "the other partition took its last checkpoint"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_revoke_cuts_a_backoff_short_and_closes_the_shard_with_its_last_checkpoint() {
+    let world = World::new(2, 1000, "at_least_once");
+    let (handle, output) = (&world.handle, &world.output);
+    let (run, backend) = world.start_holding_partition_0_in_an_outage(&[0, 1]).await;
+    // The backoff reaches its longest step (5 s); the outage ends during one, and the
+    // partition is revoked.
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    backend.set_unavailable(0, false);
+    handle.revoke(&[0]);
+    // The waiting batches run at once rather than at the end of their step, then the last
+    // checkpoint.
+    tokio::time::timeout(
+        Duration::from_millis(100),
+        until("partition 0's shard is closed", || {
+            run.stats.shards_closed.load(Ordering::Relaxed) == 1
+        }),
+    )
+    .await
+    .expect("the revoke does not wait out the backoff");
+    assert_eq!(
+        run.stats.closed_without_checkpoint.load(Ordering::Relaxed),
+        0
+    );
+    let checkpointed = last_checkpointed(&run.stats, 0).expect("the revoke's checkpoint");
+    assert_eq!(
+        outputs_per_offset(output, 0).len() as i64,
+        checkpointed,
+        "the revoke's checkpoint covers every record that ran"
+    );
+    // Assigned back, it resumes from that checkpoint: every record once, counts exact.
+    handle.assign(&[0]);
+    until("partition 0 is done", || outputs_of(output, 0) >= 1000).await;
+    run.stop().await.expect("clean stop");
+    assert_eq!(
+        run_count(output, 0),
+        1000,
+        "every record of partition 0 once"
+    );
+    assert_counts_exact(handle, output, 0);
+}

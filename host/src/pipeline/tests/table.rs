@@ -191,3 +191,23 @@ async fn a_held_partition_that_is_revoked_closes() {
     );
     run.stop().await.expect("clean stop");
 }
+
+/// A held partition hears the shutdown outside its queue (which it does not read while held):
+/// the drain takes nothing more from it and ends cleanly, rather than waiting out
+/// `shutdown_drain_max` for a worker that never looked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_partition_lets_the_drain_end_at_once() {
+    let Held {
+        _dir, run, held_at, ..
+    } = held().await;
+    let stats = run.stats.clone();
+    run.stop()
+        .await
+        .expect("the drain ends cleanly, not timed out");
+    assert_eq!(stats.records_done(), held_at, "nothing more was processed");
+    assert_eq!(
+        stats.closed_without_checkpoint.load(Ordering::Relaxed),
+        0,
+        "nothing was in flight: the state and its offsets agree, and the last checkpoint is taken"
+    );
+}
