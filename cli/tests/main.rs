@@ -12,4 +12,5 @@ mod readme_quick_start;
 mod rescale;
 mod serve_hosts;
 mod settings_from_env;
+mod slow_checkpoint;
 mod zombie;

@@ -38,6 +38,8 @@ pub struct CounterConfig {
     pub operator: PathBuf,
     /// More `[pipeline]` settings, as TOML lines (e.g. `idle_advance = true`).
     pub pipeline_extra: String,
+    /// `[kafka.producer]` settings, as TOML lines (e.g. `"transaction.timeout.ms" = "3000"`).
+    pub producer_extra: String,
 }
 
 impl CounterConfig {
@@ -61,6 +63,7 @@ impl CounterConfig {
             exactly_once: false,
             operator: guest("weir_test_counter"),
             pipeline_extra: String::new(),
+            producer_extra: String::new(),
         })
     }
 
@@ -95,6 +98,8 @@ bootstrap_servers = "{bootstrap}"
 [kafka.consumer]
 "session.timeout.ms" = "{session}"
 {instance}
+[kafka.producer]
+{producer}
 [runtime]
 compiled_dir = "{compiled}"
 [state]
@@ -110,6 +115,7 @@ disk_cache_bytes = 16777216
             name = self.name,
             operator = self.operator.display(),
             extra = self.pipeline_extra,
+            producer = self.producer_extra,
             input = self.input,
             output = self
                 .output

@@ -84,7 +84,13 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
         } else {
             DecidedBy::Manifest
         };
-        match self.shard.checkpoint(&self.offsets, decided_by).await {
+        let state_started = Instant::now();
+        let checkpointed = self.shard.checkpoint(&self.offsets, decided_by).await;
+        let state_took = state_started.elapsed();
+        if transactional {
+            self.warn_if_slow(state_took);
+        }
+        match checkpointed {
             Ok(report) => {
                 // docs/checkpoints.md step 7: the manifest is written, Kafka not yet told.
                 fail::fail_point!("checkpoint-after-manifest", |_| {
@@ -116,6 +122,21 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
                                 .fetch_add(1, Ordering::Relaxed);
                             tracing::warn!(partition, error = %source, "checkpoint transaction failed; reopening the shard from its last decided checkpoint");
                             return Err(WorkerError::Transaction { partition, source });
+                        }
+                        Err(timed_out @ CommitError::TimedOut { .. }) => {
+                            self.stats
+                                .checkpoint_failures
+                                .fetch_add(1, Ordering::Relaxed);
+                            // SCENARIOS.md S19: not another owner; name what was slow.
+                            let (checkpoint_ms, state_ms) = (
+                                started.elapsed().as_millis() as u64,
+                                state_took.as_millis() as u64,
+                            );
+                            tracing::warn!(partition, checkpoint_ms, state_checkpoint_ms = state_ms, error = %timed_out, "the checkpoint's transaction outlived transaction.timeout.ms while the state's checkpoint (memtable flush and manifest write) took {state_ms} ms; reopening the shard from its last decided checkpoint");
+                            return Err(WorkerError::Transaction {
+                                partition,
+                                source: Box::new(timed_out),
+                            });
                         }
                     }
                 }
@@ -207,6 +228,25 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
             return Ok(());
         }
         self.checkpoint(last, requested).await
+    }
+
+    /// Warns when the state's checkpoint (memtable flush, manifest write) took more than half
+    /// of the sink's `transaction.timeout.ms`: past the timeout the broker aborts the
+    /// checkpoint's transaction (SCENARIOS.md S19), and this line names the slow write first.
+    fn warn_if_slow(&self, state_took: std::time::Duration) {
+        let Some(timeout) = self.sink.transaction_timeout() else {
+            return;
+        };
+        if state_took * 2 > timeout {
+            tracing::warn!(
+                partition = self.partition,
+                state_checkpoint_ms = state_took.as_millis() as u64,
+                transaction_timeout_ms = timeout.as_millis() as u64,
+                "slow checkpoint: the state's checkpoint (memtable flush and manifest write) took {} ms, more than half of transaction.timeout.ms ({} ms); past it the broker aborts the checkpoint's transaction",
+                state_took.as_millis(),
+                timeout.as_millis()
+            );
+        }
     }
 
     pub(super) async fn drain_sink(&mut self) -> Result<(), WorkerError> {

@@ -177,6 +177,20 @@ pub enum CommitError {
     /// checkpoint.
     #[error("the transaction did not commit")]
     Failed(#[source] Cause),
+    /// The transaction stayed open past `transaction.timeout.ms` (a checkpoint slower than
+    /// that): the broker aborted it. Not another owner, whatever the error looks like.
+    #[error(
+        "the transaction stayed open {open_ms} ms, past transaction.timeout.ms = {timeout_ms}: the broker aborted it"
+    )]
+    TimedOut {
+        /// How long it was open, ms.
+        open_ms: u64,
+        /// `transaction.timeout.ms`.
+        timeout_ms: u64,
+        /// The commit's error.
+        #[source]
+        source: Cause,
+    },
 }
 
 /// Opens the sink of each partition the pipeline runs.
@@ -258,6 +272,12 @@ pub trait ShardSink: Send + 'static {
 
     /// The reserved state key under which the sink keeps what it must recover with the
     /// shard (the Iceberg sink's pending files, docs/iceberg.md), if any; default none.
+    /// Exactly-once: the `transaction.timeout.ms` after which the broker aborts the open
+    /// transaction; `None` by default (no transaction, or none that times out).
+    fn transaction_timeout(&self) -> Option<std::time::Duration> {
+        None
+    }
+
     fn state_key(&self) -> Option<&'static [u8]> {
         None
     }

@@ -47,6 +47,9 @@ pub struct KafkaSink {
     input_topics: Vec<Arc<str>>,
     /// This sink's deliveries not yet acknowledged, and those refused.
     deliveries: Arc<Deliveries>,
+    /// Exactly-once: when the open transaction began, and the `transaction.timeout.ms` after
+    /// which the broker aborts it (SCENARIOS.md S19: a checkpoint slower than that).
+    pub(super) transaction_clock: Option<(std::time::Instant, Duration)>,
 }
 
 impl std::fmt::Debug for KafkaSink {
@@ -89,7 +92,15 @@ impl KafkaSink {
             guard,
             input_topics: Vec::new(),
             deliveries: Arc::new(Deliveries::new(PENDING_DELIVERIES_MAX)),
+            transaction_clock: None,
         }
+    }
+
+    /// This sink, whose transaction began now and is aborted by the broker once open longer
+    /// than `timeout` (`transaction.timeout.ms`).
+    pub fn with_transaction_timeout(mut self, timeout: Duration) -> Self {
+        self.transaction_clock = Some((std::time::Instant::now(), timeout));
+        self
     }
 
     /// Exactly-once: the consumer whose group metadata goes with the transaction.

@@ -95,19 +95,33 @@ pub fn transactional_producer(
     partition: i32,
     limits: &RecordLimits,
 ) -> Result<KafkaProducer, KafkaError> {
-    let interval_ms = settings.pipeline.checkpoint_interval.as_millis() as u64;
-    let timeout_ms = interval_ms.saturating_mul(3).clamp(60_000, 900_000);
     let mut config = settings.kafka.client_config();
     config
         .set("linger.ms", "5")
         .set("compression.type", "lz4")
         .set("batch.size", batch_bytes(limits).to_string())
         .set("transactional.id", transactional_id(settings, partition))
-        .set("transaction.timeout.ms", timeout_ms.to_string());
+        .set(
+            "transaction.timeout.ms",
+            transaction_timeout(settings).as_millis().to_string(),
+        );
     for (k, v) in &settings.kafka.producer {
         config.set(k, v);
     }
     KafkaProducer::new(&config)
+}
+
+/// A shard's `transaction.timeout.ms`: three checkpoint intervals, at least 60 s, at most 15
+/// min (the broker's default cap), unless `kafka.producer` sets it.
+pub fn transaction_timeout(settings: &Settings) -> Duration {
+    let set = settings
+        .kafka
+        .producer
+        .get("transaction.timeout.ms")
+        .and_then(|ms| ms.parse::<u64>().ok());
+    let interval_ms = settings.pipeline.checkpoint_interval.as_millis() as u64;
+    let ms = set.unwrap_or_else(|| interval_ms.saturating_mul(3).clamp(60_000, 900_000));
+    Duration::from_millis(ms)
 }
 
 /// How long opening a shard's sink may wait for each Kafka transaction step.
@@ -199,7 +213,8 @@ impl Output for KafkaOutput {
             self.limits,
             Some(self.consumer.clone()),
             guard,
-        ))
+        )
+        .with_transaction_timeout(transaction_timeout(&self.settings)))
     }
 }
 
@@ -210,6 +225,10 @@ impl ShardSink for KafkaSink {
 
     fn transactional(&self) -> bool {
         self.group().is_some()
+    }
+
+    fn transaction_timeout(&self) -> Option<Duration> {
+        self.transaction_clock.map(|(_, timeout)| timeout)
     }
 
     async fn emit(&mut self, emit: &StagedEmit, source: &InputRecord) -> Result<(), SinkError> {
@@ -238,7 +257,15 @@ impl ShardSink for KafkaSink {
         let Some(consumer) = self.group() else {
             return Ok(());
         };
-        transaction::commit(self.producer.clone(), consumer, partition, offsets, version).await?;
+        let committed =
+            transaction::commit(self.producer.clone(), consumer, partition, offsets, version).await;
+        if let Some((began, timeout)) = &mut self.transaction_clock {
+            let open = began.elapsed();
+            *began = std::time::Instant::now();
+            committed.map_err(|err| transaction::timed_out(err, open, *timeout))?;
+        } else {
+            committed?;
+        }
         // Committed: every delivery of the interval completed with it; forget them.
         KafkaSink::drain(self)
             .await

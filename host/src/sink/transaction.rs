@@ -79,3 +79,54 @@ fn is_fenced(error: &KafkaError) -> bool {
             | RDKafkaErrorCode::UnknownMemberId
     )
 }
+
+/// A failed commit of a transaction that stayed open `open`, past `timeout`
+/// (`transaction.timeout.ms`): the broker aborted it and bumped the producer's epoch, so the
+/// commit fails as if another owner had fenced it — it did not (SCENARIOS.md S19), and the
+/// error says so. Any other failure is returned as it is.
+pub(super) fn timed_out(err: CommitError, open: Duration, timeout: Duration) -> CommitError {
+    if open < timeout {
+        return err;
+    }
+    let source = match err {
+        CommitError::Fenced(source) | CommitError::Failed(source) => source,
+        timed_out @ CommitError::TimedOut { .. } => return timed_out,
+    };
+    CommitError::TimedOut {
+        open_ms: open.as_millis() as u64,
+        timeout_ms: timeout.as_millis() as u64,
+        source,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fenced() -> CommitError {
+        CommitError::Fenced(Box::new(KafkaError::Global(
+            RDKafkaErrorCode::InvalidProducerEpoch,
+        )))
+    }
+
+    #[test]
+    fn a_commit_fenced_after_the_transaction_timeout_is_the_timeout_not_another_owner() {
+        let timeout = Duration::from_secs(10);
+        let err = timed_out(fenced(), Duration::from_secs(35), timeout);
+        assert!(
+            matches!(
+                err,
+                CommitError::TimedOut {
+                    open_ms: 35_000,
+                    timeout_ms: 10_000,
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        assert!(err.to_string().contains("transaction.timeout.ms"), "{err}");
+        // Within its timeout, a fencing is another owner's.
+        let err = timed_out(fenced(), Duration::from_secs(3), timeout);
+        assert!(matches!(err, CommitError::Fenced(_)), "{err:?}");
+    }
+}

@@ -249,6 +249,10 @@ impl<K: ShardSink> ShardSink for TableSink<K> {
         self.inner.transactional()
     }
 
+    fn transaction_timeout(&self) -> Option<std::time::Duration> {
+        self.inner.transaction_timeout()
+    }
+
     async fn emit(&mut self, emit: &StagedEmit, source: &InputRecord) -> Result<(), SinkError> {
         let Some(t) = &mut self.table else {
             return self.inner.emit(emit, source).await;
