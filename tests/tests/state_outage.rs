@@ -389,10 +389,50 @@ async fn outage_on_one_partition_pauses_it_while_the_others_go_on() -> anyhow::R
     Ok(())
 }
 
-/// Shutdown does not wait forever for a worker stuck in an outage: after `shutdown_drain_max`
-/// it stops the worker unfinished and says which partitions it gave up on.
+/// A shutdown during a state outage does not wait for the store: the held partition's waiting
+/// batches are tried once more, fail again, and its worker ends without its last checkpoint
+/// (docs/checkpoints.md, "Shutdown"); the run stops cleanly, well within
+/// `shutdown_drain_max`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn shutdown_during_an_outage_gives_up_draining_after_its_limit() -> anyhow::Result<()> {
+async fn shutdown_during_an_outage_ends_the_held_partition_without_its_last_checkpoint()
+-> anyhow::Result<()> {
+    init_tracing();
+    let (input, output, dlq) = (unique("in"), unique("out"), unique("dlq"));
+    create_topics(&[(&input, 1), (&output, 1), (&dlq, 1)]).await?;
+    let records: Vec<(Vec<u8>, Vec<u8>)> = (0..50)
+        .map(|i| (format!("k{i}").into_bytes(), b"v".to_vec()))
+        .collect();
+    produce(&input, 0, &records).await?;
+    let runtime = RuntimeSettings {
+        shutdown_drain_max: Duration::from_secs(60),
+        ..RuntimeSettings::default()
+    };
+    let settings = settings(guest("weir_test_counter"), &input, &output, &dlq, runtime);
+    let (backend, _down, clock) = outage_backend(false);
+    let pipeline = RunningPipeline::start_on(settings, backend, clock);
+    pipeline
+        .wait_until("an outage retry", Duration::from_secs(60), |s| {
+            s.outage_retries.load(Ordering::Relaxed) > 0
+        })
+        .await?;
+    let stats = pipeline.stats.clone();
+    // Waiting out the 60 s limit would end the stop with `DrainTimedOut`.
+    pipeline.stop().await?;
+    assert_eq!(
+        stats.closed_without_checkpoint.load(Ordering::Relaxed),
+        1,
+        "the held partition ended without its last checkpoint"
+    );
+    assert_eq!(stats.records_done(), 0, "nothing was processed");
+    Ok(())
+}
+
+/// A store that neither answers nor fails (every read of partition 0 hangs) holds a worker in
+/// a read it cannot give up: the shutdown stops it at `shutdown_drain_max`, committing nothing
+/// it did not finish.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_while_a_state_read_hangs_gives_up_draining_after_its_limit()
+-> anyhow::Result<()> {
     init_tracing();
     let (input, output, dlq) = (unique("in"), unique("out"), unique("dlq"));
     create_topics(&[(&input, 1), (&output, 1), (&dlq, 1)]).await?;
@@ -405,11 +445,11 @@ async fn shutdown_during_an_outage_gives_up_draining_after_its_limit() -> anyhow
         ..RuntimeSettings::default()
     };
     let settings = settings(guest("weir_test_counter"), &input, &output, &dlq, runtime);
-    let (backend, _down, clock) = outage_backend(false);
+    let (backend, _down, clock) = outage_backend(true);
     let pipeline = RunningPipeline::start_on(settings, backend, clock);
     pipeline
-        .wait_until("an outage retry", Duration::from_secs(60), |s| {
-            s.outage_retries.load(Ordering::Relaxed) > 0
+        .wait_until("records admitted", Duration::from_secs(60), |s| {
+            s.records_in.load(Ordering::Relaxed) > 0
         })
         .await?;
     let stopped = tokio::time::timeout(Duration::from_secs(30), pipeline.stop()).await?;
