@@ -18,8 +18,13 @@ use weir_host::state::configured::ConfiguredBackend;
 /// that cannot be opened.
 pub async fn serve(config: PathBuf) -> anyhow::Result<()> {
     use weir_host::api;
+    let mut signals = StopSignals::listen()?;
     let env = EnvVars::from_process();
     let settings = api::ServeSettings::load(&config, &env)?;
+    // Before any store is opened: this host's bound on object-store requests in flight.
+    weir_host::state::store_guard::StoreGuard::configure(
+        settings.runtime.store_requests_in_flight_max,
+    );
     let admin_key = env.get("WEIR_ADMIN_KEY").unwrap_or_default().to_owned();
     anyhow::ensure!(
         admin_key.len() >= api::ADMIN_KEY_BYTES_MIN,
@@ -55,7 +60,7 @@ pub async fn serve(config: PathBuf) -> anyhow::Result<()> {
     // SIGINT or SIGTERM (Kubernetes) stops the API and drains the pipelines run here.
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
-        shutdown_signal().await;
+        signals.received().await;
         tracing::info!("shutting down: draining the pipelines run here");
         let _ = stop_tx.send(true);
     });
@@ -82,19 +87,30 @@ pub async fn serve(config: PathBuf) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Completes at SIGINT (Ctrl-C) or SIGTERM.
-async fn shutdown_signal() {
-    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-        Ok(term) => term,
-        Err(err) => {
-            tracing::error!(error = %err, "cannot listen for SIGTERM; Ctrl-C only");
-            let _ = tokio::signal::ctrl_c().await;
-            return;
+/// SIGINT (Ctrl-C) and SIGTERM, listened for from its creation on: a signal that comes before
+/// [`StopSignals::received`] is first awaited is kept, not lost to the default action (which
+/// ended a `weir run` stopped in its first half second with code 143 and no log line).
+struct StopSignals {
+    interrupt: tokio::signal::unix::Signal,
+    terminate: tokio::signal::unix::Signal,
+}
+
+impl StopSignals {
+    /// Starts listening: from here on the two signals stop the process cleanly.
+    fn listen() -> anyhow::Result<Self> {
+        use tokio::signal::unix::{SignalKind, signal};
+        Ok(Self {
+            interrupt: signal(SignalKind::interrupt()).context("cannot listen for SIGINT")?,
+            terminate: signal(SignalKind::terminate()).context("cannot listen for SIGTERM")?,
+        })
+    }
+
+    /// Completes at the first SIGINT or SIGTERM (at once for one received already).
+    async fn received(&mut self) {
+        tokio::select! {
+            _ = self.interrupt.recv() => {}
+            _ = self.terminate.recv() => {}
         }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
     }
 }
 
@@ -210,7 +226,59 @@ const KAFKA_CHECK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(
 /// backend that cannot be set up, an admin address that cannot be bound, or the pipeline's
 /// failure.
 pub async fn run(config: PathBuf, admin_listen: Option<String>) -> anyhow::Result<()> {
-    let settings = Settings::load(&config, &EnvVars::from_process())?;
+    // Before anything slow: a stop from now on drains cleanly, or ends the start with 0.
+    let mut signals = StopSignals::listen()?;
+    tracing::info!(config = %config.display(), "weir run starting");
+    let start = start_run(&config, admin_listen.as_deref());
+    let started = tokio::select! {
+        started = start => started?,
+        () = signals.received() => {
+            tracing::info!("stopped before the pipeline started");
+            return Ok(());
+        }
+    };
+    let Started {
+        settings,
+        clock,
+        backend,
+        admin: _admin,
+        stats,
+        table,
+    } = started;
+    let shutdown = async move {
+        signals.received().await;
+        tracing::info!("shutting down: draining partitions and checkpointing");
+    };
+    let (_checkpoint_requests, mut control) = pipeline::PipelineControl::new();
+    control.table = table;
+    pipeline::run_controlled(settings, backend, clock, stats.clone(), control, shutdown)
+        .await
+        .context("pipeline failed")?;
+    tracing::info!(records = stats.records_done(), "pipeline stopped");
+    Ok(())
+}
+
+/// What `weir run` sets up before its pipeline runs.
+struct Started {
+    settings: Settings,
+    clock: SharedClock,
+    backend: Arc<ConfiguredBackend>,
+    admin: Option<AbortOnDrop>,
+    stats: Arc<PipelineStats>,
+    table: Option<weir_host::sink::iceberg::TableTarget>,
+}
+
+/// `weir run`'s start: the settings, the brokers and the state store checked, the backend, the
+/// admin endpoints and the Iceberg table.
+async fn start_run(
+    config: &std::path::Path,
+    admin_listen: Option<&str>,
+) -> anyhow::Result<Started> {
+    let settings = Settings::load(config, &EnvVars::from_process())?;
+    // Before any store is opened: this host's bound on object-store requests in flight.
+    weir_host::state::store_guard::StoreGuard::configure(
+        settings.runtime.store_requests_in_flight_max,
+    );
     // Wrong credentials, an untrusted certificate or an unreachable cluster: said at once, with
     // the cause librdkafka reported, rather than retried in the logs.
     let kafka = settings.kafka.clone();
@@ -226,7 +294,7 @@ pub async fn run(config: PathBuf, admin_listen: Option<String>) -> anyhow::Resul
         ConfiguredBackend::from_settings(&settings.state, clock.clone())
             .context("cannot set up the state backend")?,
     );
-    let _admin = match &admin_listen {
+    let admin = match admin_listen {
         Some(address) => Some(admin(address, &settings).await?),
         None => None,
     };
@@ -236,15 +304,13 @@ pub async fn run(config: PathBuf, admin_listen: Option<String>) -> anyhow::Resul
         Some(_) => PipelineStats::labelled("", &settings.pipeline.name),
         None => PipelineStats::default(),
     });
-    let shutdown = async {
-        shutdown_signal().await;
-        tracing::info!("shutting down: draining partitions and checkpointing");
-    };
-    let (_checkpoint_requests, mut control) = pipeline::PipelineControl::new();
-    control.table = table_target(&settings, &clock).await?;
-    pipeline::run_controlled(settings, backend, clock, stats.clone(), control, shutdown)
-        .await
-        .context("pipeline failed")?;
-    tracing::info!(records = stats.records_done(), "pipeline stopped");
-    Ok(())
+    let table = table_target(&settings, &clock).await?;
+    Ok(Started {
+        settings,
+        clock,
+        backend,
+        admin,
+        stats,
+        table,
+    })
 }

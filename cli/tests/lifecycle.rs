@@ -117,6 +117,43 @@ async fn sigterm_drains_and_checkpoints_so_a_restart_repeats_and_reprocesses_not
 }
 
 /// The status of `GET http://{admin}/readyz` and its body.
+/// A SIGTERM that comes while `weir run` starts (before its pipeline runs: the broker and store
+/// checks, the backend) ends it with 0 and a line saying so; it ended with 143 and said
+/// nothing before the signals were listened for first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_while_weir_run_starts_stops_it_cleanly() -> anyhow::Result<()> {
+    init_tracing();
+    let (input, output, dlq) = (unique("early-in"), unique("early-out"), unique("early-dlq"));
+    create_topics(&[(&input, 1), (&output, 1), (&dlq, 1)]).await?;
+    let dir = tempfile::tempdir()?;
+    let bin = Path::new(env!("CARGO_BIN_EXE_weir"));
+    let config = CounterConfig::new(&input, &output, &dlq).await?;
+    let path = dir.path().join("weir.toml");
+    config.write(&path)?;
+    let mut run = WeirProcess::spawn(bin, &path, dir.path().join("run.log"), &[])?;
+    // Its first line: the signals are listened for from there on.
+    run.wait_for_log("weir run starting", 1, Duration::from_secs(30))
+        .await?;
+    run.signal("TERM").await?;
+    let status = run
+        .wait(Duration::from_secs(60))
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("weir run did not stop on SIGTERM: {}", run.tail()))?;
+    assert!(
+        status.success(),
+        "exits 0, not 143: {status}\n{}",
+        run.tail()
+    );
+    let log = run.log_text();
+    assert!(
+        log.contains("stopped before the pipeline started")
+            || log.contains("draining partitions and checkpointing"),
+        "the stop is logged: {}",
+        run.tail()
+    );
+    Ok(())
+}
+
 async fn readyz(client: &reqwest::Client, admin: SocketAddr) -> (u16, String) {
     match client
         .get(format!("http://{admin}/readyz"))

@@ -208,6 +208,12 @@ pub struct RuntimeSettings {
     /// is ~36 MB, a Rust one's well under 1 MB): each compiled file written deletes the least
     /// recently used ones past it, files of other engine configurations included.
     pub compiled_dir_bytes_max: u64,
+    /// Object-store requests this host has in flight at most, over every store it opens (the
+    /// state, checkpoints, tables, the catalog): a host's, set from its own `[runtime]` at
+    /// start (a pipeline's limits do not change it). Default 64: enough for the state reads of
+    /// many partitions to overlap; few enough that a degraded store is not buried
+    /// (docs/reliability.md, `host/src/state/store_guard.rs`).
+    pub store_requests_in_flight_max: usize,
 }
 
 impl Default for RuntimeSettings {
@@ -231,6 +237,7 @@ impl Default for RuntimeSettings {
             timer_batch_max: 512,
             compiled_dir: None,
             compiled_dir_bytes_max: 2 << 30,
+            store_requests_in_flight_max: crate::state::store_guard::REQUESTS_IN_FLIGHT_MAX,
         }
     }
 }

@@ -25,6 +25,7 @@ pub mod memory;
 pub mod query;
 pub mod savepoint;
 pub mod snapshot;
+pub mod store_guard;
 #[cfg(test)]
 pub(crate) mod test_support;
 pub mod verify;

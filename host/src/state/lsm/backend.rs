@@ -54,11 +54,13 @@ pub enum LsmSetupError {
 }
 
 /// The object store a state URL names (`file:///dir`, `s3://bucket/prefix`, `memory:///`) with
-/// `object_store` options, and the prefix inside it. A `file://` store is rooted at its
-/// directory (created if missing) with an empty prefix, so that object paths — in log lines
-/// too — are relative to the URL rather than an absolute path without its leading `/`.
-/// Installs the process's TLS crypto provider if none is (object_store's HTTP client needs one
-/// even for plain HTTP).
+/// `object_store` options, and the prefix inside it, behind the process's
+/// [`StoreGuard`](crate::state::store_guard::StoreGuard): requests in flight bounded and
+/// retries budgeted (an `s3://` store's client retries nothing itself). A `file://` store is
+/// rooted at its directory (created if missing) with an empty prefix, so that object paths —
+/// in log lines too — are relative to the URL rather than an absolute path without its leading
+/// `/`. Installs the process's TLS crypto provider if none is (object_store's HTTP client needs
+/// one even for plain HTTP).
 ///
 /// # Errors
 /// [`LsmSetupError::Url`], [`LsmSetupError::Store`] or [`LsmSetupError::Directory`].
@@ -85,15 +87,44 @@ pub fn object_store_from_url(
                     source,
                 }
             })?;
-        return Ok((Arc::new(store), Path::default()));
+        return Ok((guarded(Arc::new(store)), Path::default()));
     }
-    let (store, prefix) = object_store::parse_url_opts(&url, options.iter()).map_err(|source| {
-        LsmSetupError::Store {
-            url: url_text.to_owned(),
-            source,
-        }
-    })?;
-    Ok((Arc::from(store), prefix))
+    let failed = |source| LsmSetupError::Store {
+        url: url_text.to_owned(),
+        source,
+    };
+    let (scheme, path) =
+        object_store::ObjectStoreScheme::parse(&url).map_err(|e| failed(e.into()))?;
+    if scheme != object_store::ObjectStoreScheme::AmazonS3 {
+        let (store, prefix) = object_store::parse_url_opts(&url, options.iter()).map_err(failed)?;
+        return Ok((guarded(Arc::from(store)), prefix));
+    }
+    // As `parse_url_opts` builds it (unknown keys ignored), but with the client's own retries
+    // off: the guard retries, within its budget.
+    let builder = options.iter().fold(
+        object_store::aws::AmazonS3Builder::new().with_url(url.to_string()),
+        |builder, (key, value)| match key.to_ascii_lowercase().parse() {
+            Ok(key) => builder.with_config(key, value),
+            Err(_) => builder,
+        },
+    );
+    let store = builder
+        .with_retry(object_store::RetryConfig {
+            max_retries: 0,
+            ..object_store::RetryConfig::default()
+        })
+        .build()
+        .map_err(failed)?;
+    let prefix = Path::parse(path).map_err(|e| failed(e.into()))?;
+    Ok((guarded(Arc::new(store)), prefix))
+}
+
+/// `store` behind the process's guard.
+fn guarded(store: Arc<dyn ObjectStore>) -> Arc<dyn ObjectStore> {
+    Arc::new(crate::state::store_guard::GuardedStore::new(
+        store,
+        crate::state::store_guard::StoreGuard::process(),
+    ))
 }
 
 /// The `lsm` state backend.
