@@ -530,10 +530,13 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
             Err(Failure::Fault(fault)) => {
                 self.stats.traps.fetch_add(1, Ordering::Relaxed);
                 let deadline = matches!(fault, CallError::Trap { deadline: true, .. });
-                let outcome = if deadline {
-                    Outcome::Deadline
-                } else {
-                    Outcome::Trapped
+                let outcome = match fault {
+                    _ if deadline => Outcome::Deadline,
+                    // How far the guest got: where isolation looks first.
+                    CallError::Trap { reached, .. } => Outcome::Trapped {
+                        reached: Some(reached as usize),
+                    },
+                    _ => Outcome::Trapped { reached: None },
                 };
                 tracing::debug!(partition = self.partition, offset = records[0].offset, records = records.len(), error = %fault, "call failed; isolating the failing record");
                 match task.isolation.settle(outcome) {
@@ -598,6 +601,18 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
         kind: DeadLetterKind,
         error: &str,
     ) -> Result<(), WorkerError> {
+        // Once in the operator's log, within its budgets: what the guest wrote to stderr before
+        // it trapped, held during the isolation's re-runs (runtime::guest_log).
+        self.operator.log(self.source.clone()).line(
+            crate::runtime::guest_log::GuestLevel::Error,
+            &format!(
+                "record {}@{} failed ({}): {}",
+                record.topic,
+                record.offset,
+                kind.as_str(),
+                first_line(error)
+            ),
+        );
         match self.failure_policy {
             FailurePolicy::DeadLetter => self.dead_letter(record, kind, error).await,
             FailurePolicy::Skip => {

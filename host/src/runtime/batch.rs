@@ -77,6 +77,8 @@ pub struct BatchCtx {
     timers_added: i64,
     /// What the call's staged writes reserved in a shard's quota ([`Self::hold_quota`]).
     quota: Option<QuotaReservation>,
+    /// One past the highest record (or timer) index an import named ([`Self::reached`]).
+    reached: std::sync::atomic::AtomicU32,
 }
 
 /// What the output takes of an emit (the pipeline's sink says: [`crate::pipeline::ports::ShardSink`]).
@@ -128,7 +130,22 @@ impl BatchCtx {
             emit_table: None,
             timers_added: 0,
             quota: None,
+            reached: std::sync::atomic::AtomicU32::new(0),
         }
+    }
+
+    /// How far the guest got: one past the highest record (or timer) index an import named in
+    /// this call, 0 if none did. A guest goes through its records in order, so after a trap
+    /// the records before `reached - 1` most likely finished: a hint for isolating the
+    /// trapping record (`crate::pipeline`'s isolation), never relied on for what is applied.
+    pub fn reached(&self) -> u32 {
+        self.reached.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// An import named record `index` of this call.
+    pub(crate) fn note_reached(&self, index: u32) {
+        self.reached
+            .fetch_max(index.saturating_add(1), std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Refuses emits larger than `bytes` as the output topic would count them (the sink's
@@ -159,12 +176,16 @@ impl BatchCtx {
     /// The key of record (or fired timer) `index`, or `None` when the index is outside the
     /// call.
     pub(crate) fn record_key(&self, index: u32) -> Option<&[u8]> {
-        let index = usize::try_from(index).ok()?;
-        if self.timers.is_empty() {
-            self.records.get(index).map(|r| r.key.as_slice())
+        let i = usize::try_from(index).ok()?;
+        let key = if self.timers.is_empty() {
+            self.records.get(i).map(|r| r.key.as_slice())
         } else {
-            self.timers.get(index).map(|t| t.key.as_slice())
+            self.timers.get(i).map(|t| t.key.as_slice())
+        };
+        if key.is_some() {
+            self.note_reached(index);
         }
+        key
     }
 
     /// Timers this call's staged changes add to the shard (negative: remove), not counting

@@ -1,5 +1,12 @@
 //! The operator's log: WIT `log` calls and stdout/stderr lines, tagged with the pipeline and
-//! partition, rate-limited per instance (excess lines are dropped and counted).
+//! partition, within two budgets — the partition's (`runtime.log_lines_per_second_max`, shared
+//! by every instance of it, replaced after traps or not) and the pipeline's (four times that,
+//! shared by its partitions) — with excess lines dropped and counted, and a line repeated
+//! back to back summarised once the next one comes (SCENARIOS.md S21: a trap storm's log).
+//!
+//! Stderr written during a call is held until the call ends: logged if it succeeded, folded
+//! into the trap's report if it trapped (a panic message, the same for every re-run of the
+//! trapping record while it is isolated; the record's dead letter and one line carry it).
 
 use crate::clock::SharedClock;
 use std::collections::VecDeque;
@@ -110,9 +117,9 @@ impl From<&str> for LogSource {
     }
 }
 
-/// A token bucket: `lines_per_second_max` lines per second of processing time. Shared by
-/// every instance of one operator in one partition, so that instances replaced after traps do
-/// not each start with a fresh budget.
+/// A budget of `lines_per_second_max` lines per second of processing time. A partition's is
+/// shared by every instance of the operator in that partition, so that instances replaced
+/// after traps do not each start with a fresh budget; a pipeline's by all its partitions.
 #[derive(Debug)]
 pub(crate) struct Limiter {
     lines_per_second_max: u32,
@@ -120,6 +127,33 @@ pub(crate) struct Limiter {
     lines_in_window: u32,
     dropped_in_window: u64,
     dropped: u64,
+    /// The last line let through (a hash of its level and text), and how many times it came
+    /// again right after it, not logged yet.
+    last: Option<u64>,
+    repeats: u64,
+}
+
+/// The budgets a [`GuestLog`] draws on: its partition's, and its pipeline's.
+#[derive(Debug, Clone)]
+pub(crate) struct Budgets {
+    pub partition: Arc<Mutex<Limiter>>,
+    pub pipeline: Arc<Mutex<Limiter>>,
+}
+
+/// How many times a partition's budget a pipeline's is.
+pub const PIPELINE_BUDGET_PARTITIONS: u32 = 4;
+
+impl Budgets {
+    /// Budgets of `lines_per_second_max` a second for one partition, and
+    /// [`PIPELINE_BUDGET_PARTITIONS`] times that for the pipeline, each new.
+    pub(crate) fn new(lines_per_second_max: u32) -> Self {
+        Self {
+            partition: Limiter::shared(lines_per_second_max),
+            pipeline: Limiter::shared(
+                lines_per_second_max.saturating_mul(PIPELINE_BUDGET_PARTITIONS),
+            ),
+        }
+    }
 }
 
 /// The log of one instance; cheap to clone (shared by the WIT import and the WASI stdout and
@@ -128,9 +162,15 @@ pub(crate) struct Limiter {
 pub struct GuestLog {
     source: LogSource,
     clock: SharedClock,
-    limiter: Arc<Mutex<Limiter>>,
+    budgets: Budgets,
     recent_stderr: Arc<Mutex<VecDeque<String>>>,
+    /// Stderr lines written during the call running now, logged when it ends well (module
+    /// docs); `None` between calls, when lines are logged at once.
+    held: Arc<Mutex<Option<Vec<String>>>>,
 }
+
+/// Stderr lines held during one call at most; more are dropped and counted.
+pub const HELD_LINES_MAX: usize = 64;
 
 impl Limiter {
     /// A bucket of `lines_per_second_max` lines per second.
@@ -141,80 +181,127 @@ impl Limiter {
             lines_in_window: 0,
             dropped_in_window: 0,
             dropped: 0,
+            last: None,
+            repeats: 0,
         }))
+    }
+
+    /// Starts a new window at `now_ms` if the current one is a second old; returns the lines
+    /// dropped in the one that ended.
+    fn roll(&mut self, now_ms: u64) -> u64 {
+        if now_ms.saturating_sub(self.window_start_ms) < 1000 {
+            return 0;
+        }
+        self.window_start_ms = now_ms;
+        self.lines_in_window = 0;
+        std::mem::take(&mut self.dropped_in_window)
+    }
+
+    /// Takes a line from this window's budget, or counts it dropped.
+    fn admit(&mut self) -> bool {
+        if self.lines_in_window >= self.lines_per_second_max {
+            self.dropped += 1;
+            self.dropped_in_window += 1;
+            metrics::counter!("weir_guest_log_lines_dropped_total").increment(1);
+            return false;
+        }
+        self.lines_in_window += 1;
+        true
     }
 }
 
 impl GuestLog {
-    /// A log for `source` (for example `flights/3`), at most `lines_per_second_max` lines/s.
+    /// A log for `source` (for example `flights/3`), at most `lines_per_second_max` lines/s
+    /// (its pipeline's budget its own).
     pub fn new(source: LogSource, clock: SharedClock, lines_per_second_max: u32) -> Self {
-        Self::with_limiter(source, clock, Limiter::shared(lines_per_second_max))
+        Self::with_budgets(source, clock, Budgets::new(lines_per_second_max))
     }
 
-    /// A log for `source` drawing on `limiter`, a budget it shares with other instances.
-    pub(crate) fn with_limiter(
-        source: LogSource,
-        clock: SharedClock,
-        limiter: Arc<Mutex<Limiter>>,
-    ) -> Self {
+    /// A log for `source` drawing on `budgets`, shared with other instances.
+    pub(crate) fn with_budgets(source: LogSource, clock: SharedClock, budgets: Budgets) -> Self {
         Self {
             source,
             clock,
-            limiter,
+            budgets,
             recent_stderr: Arc::new(Mutex::new(VecDeque::new())),
+            held: Arc::new(Mutex::new(None)),
         }
     }
 
-    /// Lines dropped by the rate limit so far.
+    /// Lines dropped by the partition's and the pipeline's budgets so far.
     pub fn dropped(&self) -> u64 {
-        self.limiter.lock().map_or(0, |l| l.dropped)
+        let dropped = |l: &Arc<Mutex<Limiter>>| l.lock().map_or(0, |l| l.dropped);
+        dropped(&self.budgets.partition) + dropped(&self.budgets.pipeline)
     }
 
-    /// Writes one line if the rate limit allows: to the host's log and to the source's sink.
-    /// The sink learns of lines the limit dropped with the next line let through after them.
+    /// Writes one line if the budgets allow (module docs): to the host's log and to the
+    /// source's sink. The sink learns of lines the budgets dropped, and of a line repeated,
+    /// with the next line let through after them.
     pub fn line(&self, level: GuestLevel, message: &str) {
         let now_ms = self.clock.now_ms();
-        let dropped_before = {
-            let mut l = self.limiter.lock().unwrap_or_else(|e| e.into_inner());
-            let mut dropped_before = 0;
-            if now_ms.saturating_sub(l.window_start_ms) >= 1000 {
-                if l.dropped_in_window > 0 {
-                    tracing::warn!(operator = %self.source.label, dropped_total = l.dropped, "operator log lines dropped by the rate limit");
-                }
-                dropped_before = std::mem::take(&mut l.dropped_in_window);
-                l.window_start_ms = now_ms;
-                l.lines_in_window = 0;
+        let message = truncate(message, LINE_BYTES_MAX);
+        let fingerprint = {
+            use std::hash::BuildHasher;
+            foldhash::fast::FixedState::with_seed(0).hash_one((level as u8, message))
+        };
+        let (dropped_before, repeated) = {
+            let mut partition = self
+                .budgets
+                .partition
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            let dropped_before = partition.roll(now_ms);
+            if dropped_before > 0 {
+                tracing::warn!(operator = %self.source.label, dropped_total = partition.dropped, "operator log lines dropped by the rate limit");
             }
-            if l.lines_in_window >= l.lines_per_second_max {
-                l.dropped += 1;
-                l.dropped_in_window += 1;
-                metrics::counter!("weir_guest_log_lines_dropped_total").increment(1);
+            if partition.last == Some(fingerprint) {
+                // The same line again, back to back: counted, summarised with the next one.
+                partition.repeats += 1;
                 return;
             }
-            l.lines_in_window += 1;
-            (dropped_before > 0).then_some((dropped_before, l.lines_per_second_max))
-        };
-        let message = truncate(message, LINE_BYTES_MAX);
-        if let Some(sink) = &self.source.sink {
-            let partition = self.source.partition;
-            if let Some((dropped, max)) = dropped_before {
-                let notice = format!(
-                    "weir: {dropped} log lines dropped by the rate limit ({max} lines/s per partition)"
-                );
-                sink.line(LogLine {
-                    time_ms: now_ms,
-                    level: GuestLevel::Warn,
-                    partition,
-                    message: &notice,
-                });
+            if !partition.admit() {
+                return;
             }
-            sink.line(LogLine {
-                time_ms: now_ms,
-                level,
-                partition,
-                message,
-            });
+            let mut pipeline = self
+                .budgets
+                .pipeline
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            pipeline.roll(now_ms);
+            if !pipeline.admit() {
+                return;
+            }
+            partition.last = Some(fingerprint);
+            let repeated = std::mem::take(&mut partition.repeats);
+            (dropped_before, repeated)
+        };
+        if repeated > 0 {
+            self.write(
+                now_ms,
+                GuestLevel::Info,
+                &format!("weir: the line before repeated {repeated} more times"),
+            );
         }
+        if dropped_before > 0 {
+            let max = self
+                .budgets
+                .partition
+                .lock()
+                .map_or(0, |l| l.lines_per_second_max);
+            self.write_to_sink(
+                now_ms,
+                GuestLevel::Warn,
+                &format!(
+                    "weir: {dropped_before} log lines dropped by the rate limit ({max} lines/s per partition)"
+                ),
+            );
+        }
+        self.write(now_ms, level, message);
+    }
+
+    /// Writes `message` to the host's log and the sink.
+    fn write(&self, now_ms: u64, level: GuestLevel, message: &str) {
+        self.write_to_sink(now_ms, level, message);
         let source = &*self.source.label;
         match level {
             GuestLevel::Trace => tracing::trace!(operator = source, "{message}"),
@@ -223,6 +310,48 @@ impl GuestLog {
             GuestLevel::Warn => tracing::warn!(operator = source, "{message}"),
             GuestLevel::Error => tracing::error!(operator = source, "{message}"),
         }
+    }
+
+    fn write_to_sink(&self, now_ms: u64, level: GuestLevel, message: &str) {
+        if let Some(sink) = &self.source.sink {
+            sink.line(LogLine {
+                time_ms: now_ms,
+                level,
+                partition: self.source.partition,
+                message,
+            });
+        }
+    }
+
+    /// A call starts: stderr is held until it ends ([`GuestLog::call_ended`]).
+    pub fn call_started(&self) {
+        *self.held.lock().unwrap_or_else(|e| e.into_inner()) = Some(Vec::new());
+    }
+
+    /// The call ended: its stderr is logged if it `succeeded`, and otherwise dropped — a
+    /// trap's report carries it ([`GuestLog::take_recent_stderr`]).
+    pub fn call_ended(&self, succeeded: bool) {
+        let held = self.held.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if succeeded {
+            for line in held.unwrap_or_default() {
+                self.line(GuestLevel::Warn, &line);
+            }
+        }
+    }
+
+    /// A stderr line: held during a call, logged at once otherwise.
+    fn stderr_line(&self, line: &str) {
+        self.remember_stderr(line);
+        {
+            let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(held) = held.as_mut() {
+                if held.len() < HELD_LINES_MAX {
+                    held.push(truncate(line, LINE_BYTES_MAX).to_owned());
+                }
+                return;
+            }
+        }
+        self.line(GuestLevel::Warn, line);
     }
 
     /// A stdout/stderr stream that turns written bytes into log lines at `level`. It accepts
@@ -293,9 +422,10 @@ impl LineSink {
         let line = text.trim_end_matches(['\n', '\r']);
         if !line.is_empty() {
             if self.level == GuestLevel::Warn {
-                self.log.remember_stderr(line);
+                self.log.stderr_line(line);
+            } else {
+                self.log.line(self.level, line);
             }
-            self.log.line(self.level, line);
         }
         pending.clear();
     }
@@ -378,8 +508,8 @@ mod tests {
     fn rate_limit_drops_lines_past_the_budget_and_refills_each_second() {
         let clock = ManualClock::new(10_000);
         let log = GuestLog::new("t/0".into(), Arc::new(clock.clone()), 3);
-        for _ in 0..5 {
-            log.line(GuestLevel::Info, "hello");
+        for i in 0..5 {
+            log.line(GuestLevel::Info, &format!("hello {i}"));
         }
         assert_eq!(log.dropped(), 2);
         clock.advance_ms(1_000);
@@ -433,6 +563,88 @@ mod tests {
                 (11_000, GuestLevel::Info, Some(3), "next second".to_owned()),
             ]
         );
+    }
+
+    #[test]
+    fn a_line_repeated_back_to_back_is_summarised_with_the_next_one_outside_the_budget() {
+        let clock = ManualClock::new(10_000);
+        let sink = Arc::new(Recorded::default());
+        let source = LogSource::partition("p", 0, Some(sink.clone()));
+        let log = GuestLog::new(source, Arc::new(clock.clone()), 3);
+        for _ in 0..50 {
+            log.line(GuestLevel::Warn, "same");
+        }
+        log.line(GuestLevel::Info, "other");
+        let lines: Vec<String> = sink
+            .0
+            .lock()
+            .expect("unpoisoned")
+            .iter()
+            .map(|l| l.3.clone())
+            .collect();
+        assert_eq!(
+            lines,
+            ["same", "weir: the line before repeated 49 more times", "other"]
+        );
+        assert_eq!(log.dropped(), 0, "repeats do not spend the budget");
+    }
+
+    #[test]
+    fn the_pipelines_budget_bounds_its_partitions_together() {
+        let clock: SharedClock = Arc::new(ManualClock::new(10_000));
+        let pipeline = Limiter::shared(10);
+        let logs: Vec<GuestLog> = (0..8)
+            .map(|p| {
+                GuestLog::with_budgets(
+                    LogSource::partition("p", p, None),
+                    clock.clone(),
+                    Budgets {
+                        partition: Limiter::shared(5),
+                        pipeline: pipeline.clone(),
+                    },
+                )
+            })
+            .collect();
+        for (p, log) in logs.iter().enumerate() {
+            for i in 0..5 {
+                log.line(GuestLevel::Info, &format!("partition {p} line {i}"));
+            }
+        }
+        // Each partition's 5 lines are within its own budget; together, 40 against the
+        // pipeline's 10.
+        let dropped = pipeline.lock().expect("unpoisoned").dropped;
+        assert_eq!(dropped, 30);
+    }
+
+    #[test]
+    fn stderr_of_a_call_is_held_logged_if_it_succeeds_and_dropped_if_it_traps() {
+        let clock = ManualClock::new(10_000);
+        let sink = Arc::new(Recorded::default());
+        let log = GuestLog::new(
+            LogSource::partition("p", 0, Some(sink.clone())),
+            Arc::new(clock.clone()),
+            100,
+        );
+        let stderr = log.stream(GuestLevel::Warn);
+        log.call_started();
+        stderr.push(b"panicked at lib.rs\npoison record\n");
+        assert!(sink.0.lock().expect("unpoisoned").is_empty(), "held");
+        log.call_ended(false);
+        assert!(
+            sink.0.lock().expect("unpoisoned").is_empty(),
+            "a trapped call's stderr is its trap's report"
+        );
+        assert_eq!(
+            log.take_recent_stderr(),
+            ["panicked at lib.rs", "poison record"]
+        );
+        log.call_started();
+        stderr.push(b"a warning\n");
+        log.call_ended(true);
+        assert_eq!(sink.0.lock().expect("unpoisoned")[0].3, "a warning");
+        // Between calls (a component's start), at once.
+        stderr.push(b"at start\n");
+        assert_eq!(sink.0.lock().expect("unpoisoned")[1].3, "at start");
     }
 
     #[test]

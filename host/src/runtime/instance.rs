@@ -114,6 +114,8 @@ impl<S: Shard> Instance<S> {
         let expected = records.len().max(timers.len());
         let data = store.data_mut();
         data.log.take_recent_stderr();
+        // Stderr is held until the call ends: a trap's report carries it (guest_log).
+        data.log.call_started();
         data.waiting_on_state = false;
         data.batch = batch;
         data.deadline_ticks_left = ticks(deadline);
@@ -143,6 +145,10 @@ impl<S: Shard> Instance<S> {
         let InstanceKind::Wasm { store, .. } = &mut self.kind else {
             unreachable!("matched above")
         };
+        store
+            .data()
+            .log
+            .call_ended(matches!(result, Ok(Ok(ref d)) if d.len() == expected));
         let result = match result {
             Ok(result) => result,
             Err(_elapsed) if store.data().waiting_on_state => {
@@ -160,6 +166,7 @@ impl<S: Shard> Instance<S> {
                         "operator exceeded its CPU deadline: still running after {wall_clock_max:?} of wall-clock time (blocked in a host call)"
                     ),
                     deadline: true,
+                    reached: store.data().batch.reached(),
                 });
             }
         };
@@ -172,7 +179,7 @@ impl<S: Shard> Instance<S> {
             }),
             Err(err) => {
                 let stderr = store.data().log.take_recent_stderr();
-                Err(classify_trap(err, &stderr))
+                Err(classify_trap(err, &stderr, batch.reached()))
             }
         }
     }
@@ -180,8 +187,8 @@ impl<S: Shard> Instance<S> {
 
 /// Turns a wasmtime error into a [`CallError`]: a host abort stays a host abort; a trap's
 /// message leads with what the guest last wrote to stderr (a Rust panic message), then the
-/// trap's cause, then its context.
-fn classify_trap(err: wasmtime::Error, stderr: &[String]) -> CallError {
+/// trap's cause, then its context; `reached` is how far the guest got ([`CallError::Trap`]).
+fn classify_trap(err: wasmtime::Error, stderr: &[String], reached: u32) -> CallError {
     let err = match err.downcast::<HostAbort>() {
         Ok(abort) => return CallError::Aborted(abort),
         Err(err) => err,
@@ -208,5 +215,9 @@ fn classify_trap(err: wasmtime::Error, stderr: &[String]) -> CallError {
         }
         message.truncate(end);
     }
-    CallError::Trap { message, deadline }
+    CallError::Trap {
+        message,
+        deadline,
+        reached,
+    }
 }

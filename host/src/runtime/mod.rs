@@ -122,6 +122,11 @@ pub enum CallError {
         message: String,
         /// Whether the trap was the CPU deadline.
         deadline: bool,
+        /// How far the guest got: one past the highest record (or timer) index a `state`,
+        /// `emit` or `timers` import named during the call, 0 if none did — a hint of where the
+        /// trapping record is, for isolation ([`crate::pipeline`]'s), never trusted for
+        /// correctness.
+        reached: u32,
     },
     /// The guest returned a disposition count other than its record count.
     #[error("operator returned {got} dispositions for {expected} records")]
@@ -319,6 +324,7 @@ impl<S: Shard> Runtime<S> {
             clock: self.clock.clone(),
             from_compiled_dir: false,
             log_limiters: Default::default(),
+            log_budget: guest_log::Budgets::new(self.settings.log_lines_per_second_max).pipeline,
         };
         let probe = operator.instantiate(None, "describe".into()).await?;
         let InstanceKind::Wasm {
@@ -424,6 +430,7 @@ impl<S: Shard> Runtime<S> {
             clock: self.clock.clone(),
             from_compiled_dir: false,
             log_limiters: Default::default(),
+            log_budget: guest_log::Budgets::new(self.settings.log_lines_per_second_max).pipeline,
         })
     }
 }
@@ -516,6 +523,8 @@ pub struct Operator<S: Shard> {
     from_compiled_dir: bool,
     /// The log budget of each source (partition) its instances log as.
     log_limiters: std::sync::Mutex<HashMap<Arc<str>, Arc<std::sync::Mutex<guest_log::Limiter>>>>,
+    /// The log budget of all of them together: the pipeline's (one operator per pipeline run).
+    log_budget: Arc<std::sync::Mutex<guest_log::Limiter>>,
 }
 
 /// What runs an operator's calls.
@@ -563,6 +572,25 @@ impl<S: Shard> Operator<S> {
             .expect("load_operator_bytes sets meta before returning the operator")
     }
 
+    /// The operator's log for `source` (a partition): its partition's budget, however often
+    /// its instances are replaced, and the pipeline's ([`guest_log`]).
+    pub fn log(&self, source: guest_log::LogSource) -> GuestLog {
+        let partition = {
+            let mut limiters = self.log_limiters.lock().unwrap_or_else(|e| e.into_inner());
+            limiters
+                .entry(source.label.clone())
+                .or_insert_with(|| {
+                    guest_log::Limiter::shared(self.settings.log_lines_per_second_max)
+                })
+                .clone()
+        };
+        let budgets = guest_log::Budgets {
+            partition,
+            pipeline: self.log_budget.clone(),
+        };
+        GuestLog::with_budgets(source, self.clock.clone(), budgets)
+    }
+
     /// Creates an instance bound to `shard`, logging as `source` (for example `flights/3`, or a
     /// [`guest_log::LogSource`] with the pipeline's sink).
     ///
@@ -594,17 +622,7 @@ impl<S: Shard> Operator<S> {
                 });
             }
         };
-        let limiter = {
-            let mut limiters = self.log_limiters.lock().unwrap_or_else(|e| e.into_inner());
-            // One budget per source (partition), however often its instances are replaced.
-            limiters
-                .entry(source.label.clone())
-                .or_insert_with(|| {
-                    guest_log::Limiter::shared(self.settings.log_lines_per_second_max)
-                })
-                .clone()
-        };
-        let log = GuestLog::with_limiter(source, self.clock.clone(), limiter);
+        let log = self.log(source);
         let limits = StoreLimitsBuilder::new()
             .memory_size(self.settings.instance_memory_bytes_max)
             .trap_on_grow_failure(true)

@@ -28,6 +28,7 @@ mod shutdown;
 mod stalls;
 mod table;
 mod timers;
+mod traps;
 
 const TOPIC: &str = "in";
 
@@ -183,10 +184,20 @@ async fn start(
 /// emits to `output` (a [`MemoryOutput`], or one around it).
 async fn start_with<O: Output>(
     settings: Settings,
-    (source, output, store): (MemorySource, O, Arc<InMemory>),
+    parts: (MemorySource, O, Arc<InMemory>),
     delay: ReadDelay,
     guest: &str,
     clock: SharedClock,
+) -> (Run, Arc<Backend>) {
+    start_logging(settings, parts, (delay, guest, clock), None).await
+}
+
+/// As [`start_with`], the operator's log lines also going to `log_sink`.
+async fn start_logging<O: Output>(
+    settings: Settings,
+    (source, output, store): (MemorySource, O, Arc<InMemory>),
+    (delay, guest, clock): (ReadDelay, &str, SharedClock),
+    log_sink: Option<Arc<dyn crate::runtime::guest_log::LogSink>>,
 ) -> (Run, Arc<Backend>) {
     let backend = Arc::new(DelayedReads::new(
         MemoryBackend::durable(store, "weir".into(), clock.clone()),
@@ -202,7 +213,8 @@ async fn start_with<O: Output>(
     );
     let stats = Arc::new(PipelineStats::default());
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let (requests, control) = PipelineControl::new();
+    let (requests, mut control) = PipelineControl::new();
+    control.log_sink = log_sink;
     let task = tokio::spawn(run_with(
         settings,
         backend.clone(),

@@ -39,6 +39,9 @@ impl<S: Shard> Host for HostCtx<S> {
             return Ok(Err(EmitError::TooLarge(record_max)));
         }
         let size = emit_size(&key, &value, &headers);
+        if usize::try_from(record).is_ok_and(|i| i < self.batch.emitted_bytes.len()) {
+            self.batch.note_reached(record);
+        }
         let Some(emitted) = usize::try_from(record)
             .ok()
             .and_then(|i| self.batch.emitted_bytes.get_mut(i))
