@@ -431,8 +431,8 @@ async fn shutdown_during_an_outage_ends_the_held_partition_without_its_last_chec
 /// a read it cannot give up: the shutdown stops it at `shutdown_drain_max`, committing nothing
 /// it did not finish.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn shutdown_while_a_state_read_hangs_gives_up_draining_after_its_limit()
--> anyhow::Result<()> {
+async fn shutdown_while_a_state_read_hangs_gives_up_draining_after_its_limit() -> anyhow::Result<()>
+{
     init_tracing();
     let (input, output, dlq) = (unique("in"), unique("out"), unique("dlq"));
     create_topics(&[(&input, 1), (&output, 1), (&dlq, 1)]).await?;

@@ -55,22 +55,50 @@ pub(super) async fn prefetch_into<'k, S: Shard>(
     keys: impl ExactSizeIterator<Item = &'k [u8]>,
     batch: &mut BatchCtx,
 ) -> Result<(), StateError> {
+    prefetch_cached(shard, value_states, keys, batch, None).await
+}
+
+/// [`prefetch_into`], taking what `cache` holds (values read for the same records by an
+/// earlier attempt, none of whose keys was written since) instead of reading it again.
+async fn prefetch_cached<'k, S: Shard>(
+    shard: &S,
+    value_states: &[String],
+    keys: impl ExactSizeIterator<Item = &'k [u8]>,
+    batch: &mut BatchCtx,
+    cache: Option<&Prefetched>,
+) -> Result<(), StateError> {
     if value_states.is_empty() {
         return Ok(());
     }
     let mut seen: HashSet<&[u8]> = HashSet::with_capacity(keys.len());
     let mut state_keys = Vec::with_capacity(keys.len() * value_states.len());
+    let (mut cached_keys, mut cached_values) = (Vec::new(), Vec::new());
     for key in keys {
         if seen.insert(key) {
             for name in value_states {
-                state_keys.push(key::value_key(key, name));
+                let state_key = key::value_key(key, name);
+                match cache.and_then(|c| c.get(&state_key)) {
+                    Some(value) => {
+                        cached_values.push(value.clone());
+                        cached_keys.push(state_key);
+                    }
+                    None => state_keys.push(state_key),
+                }
             }
         }
     }
-    let values = shard.get_many(&state_keys).await?;
-    batch.add_prefetched(state_keys, values);
+    if !state_keys.is_empty() {
+        let values = shard.get_many(&state_keys).await?;
+        batch.add_prefetched(state_keys, values);
+    }
+    batch.add_prefetched(cached_keys, cached_values);
     Ok(())
 }
+
+/// Values a batch's attempt read, by state key: after a trap, what the calls isolating its
+/// records take instead of reading the shard again (state keys of records whose effects were
+/// applied since are dropped: [`Task::applied`]).
+pub(super) type Prefetched = foldhash::HashMap<Vec<u8>, Option<bytes::Bytes>>;
 
 /// A batch handed out by the execution controller, being run.
 pub(super) struct Task {
@@ -85,6 +113,9 @@ pub(super) struct Task {
     pub(super) delay: Duration,
     /// The delay after the next outage.
     pub(super) backoff: Duration,
+    /// What the first failed call read, for the calls that isolate its records; `None`
+    /// before a trap.
+    pub(super) prefetched: Option<Prefetched>,
 }
 
 impl Task {
@@ -101,6 +132,28 @@ impl Task {
     /// Where the next call's records start in the batch.
     pub(super) fn call_start(&self) -> usize {
         self.isolation.current().map_or(0, |r| r.start)
+    }
+
+    /// The records at `range` of the batch ran and their effects were applied: the values of
+    /// their keys read before may be stale, and are read again by the next call that needs
+    /// them.
+    pub(super) fn applied(&mut self, range: std::ops::Range<usize>, value_states: &[String]) {
+        let Some(cache) = &mut self.prefetched else {
+            return;
+        };
+        for record in &self.records[range] {
+            for name in value_states {
+                cache.remove(&key::value_key(&record.key, name));
+            }
+        }
+    }
+
+    /// Keeps what a failed call read (`prefetched`), for the calls after it.
+    pub(super) fn keep_prefetched(&mut self, prefetched: Prefetched) {
+        match &mut self.prefetched {
+            Some(cache) => cache.extend(prefetched),
+            None => self.prefetched = Some(prefetched),
+        }
     }
 
     /// The next call is a new attempt, not a retry after an outage.
@@ -135,6 +188,8 @@ pub(super) struct Attempted<S: Shard> {
     pub(super) started: Instant,
     /// Time the prefetch of the batch's declared states took, if one was made.
     pub(super) prefetch_time: Option<Duration>,
+    /// What a call that trapped had read (empty otherwise).
+    pub(super) prefetched: Prefetched,
     pub(super) result: Result<(Vec<Disposition>, BatchCtx), Failure>,
 }
 
@@ -181,6 +236,7 @@ pub(super) async fn attempt<S: Shard>(
                     call_time: None,
                     started,
                     prefetch_time: None,
+                    prefetched: Prefetched::default(),
                     result: Err(Failure::Instantiate(err)),
                 };
             }
@@ -188,7 +244,16 @@ pub(super) async fn attempt<S: Shard>(
     };
     let value_states = &operator.meta().value_states;
     let prefetch_time = (!value_states.is_empty()).then(Instant::now);
-    let prefetched = prefetch(&*shard, value_states, records.clone()).await;
+    let mut batch = BatchCtx::new(records.clone());
+    let prefetched = prefetch_cached(
+        &*shard,
+        value_states,
+        records.iter().map(|r| r.key.as_slice()),
+        &mut batch,
+        task.prefetched.as_ref(),
+    )
+    .await
+    .map(|()| batch);
     let prefetch_time = prefetch_time.map(|t| t.elapsed());
     let batch = match prefetched {
         Ok(mut batch) => {
@@ -205,6 +270,7 @@ pub(super) async fn attempt<S: Shard>(
                 call_time: None,
                 started,
                 prefetch_time,
+                prefetched: Prefetched::default(),
                 result: Err(Failure::Unavailable(err)),
             };
         }
@@ -214,12 +280,17 @@ pub(super) async fn attempt<S: Shard>(
     let call_time = Some(busy);
     // An error out of a call leaves the store unusable (wasmtime marks it trapped), so the
     // instance goes even when the guest did nothing wrong (a host abort).
+    let mut prefetched = Prefetched::default();
     let (instance, result) = match result {
         Ok(ok) => (Some(instance), Ok(ok)),
         Err(CallError::Aborted(crate::runtime::HostAbort::State(err))) => {
             (None, Err(Failure::Aborted(err)))
         }
-        Err(fault) => (None, Err(Failure::Fault(fault))),
+        Err(fault) => {
+            // What it read serves the calls that isolate the trapping record.
+            prefetched = instance.take_prefetched();
+            (None, Err(Failure::Fault(fault)))
+        }
     };
     Attempted {
         task,
@@ -228,6 +299,7 @@ pub(super) async fn attempt<S: Shard>(
         call_time,
         started,
         prefetch_time,
+        prefetched,
         result,
     }
 }

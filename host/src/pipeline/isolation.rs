@@ -5,10 +5,11 @@
 //! A batch runs whole first. After a trap, the guest's progress guides the split: a guest goes
 //! through its records in order, and the host knows the highest record its imports named
 //! before the trap (`reached`, one past it). So the records before it most likely finished and
-//! run again as one call, and the trapping record is most likely the next one, tried alone:
-//! one trapping record costs about three calls, and the records before it run twice (once up
+//! run again as one call, and the trapping record is that one or the next, each tried alone:
+//! one trapping record costs about four calls, and the records before it run twice (once up
 //! to the trap, once to apply them), whatever the number of traps in the batch (SCENARIOS.md
-//! S21). The hint is only ever a guess: each guided split predicts how its first part ends,
+//! S21). The re-runs take the values the failed call read, rather than reading the shard
+//! again, for every key whose records' effects were not applied since (`super::attempt`). The hint is only ever a guess: each guided split predicts how its first part ends,
 //! and once a prediction is wrong (a guest that names records out of order, or none) the task
 //! halves instead — the left half run (and its effects applied) before the right one, a key
 //! can have records in both — and a half that traps is split again, until the trapping record
@@ -174,9 +175,9 @@ impl Isolation {
 /// into, and whether the first is expected to trap.
 ///
 /// Named `reached - 1`, the guest had finished every record before it: those run clean as one
-/// call. The trap is at `reached - 1` (named, then trapped), tried alone, or at `reached`
-/// (trapped before its first import), the start of the rest — which, if it traps again
-/// without naming a record, has its first record tried alone next.
+/// call. The trap is at `reached - 1` (named, then trapped) or at `reached` (trapped before its
+/// first import): each is tried alone, then the rest runs — so a trap costs no call over the
+/// rest of the range that would trap at once.
 fn guided_split(range: &Range<usize>, reached: usize) -> (Vec<Range<usize>>, Option<bool>) {
     let (start, end) = (range.start, range.end);
     if reached == 0 {
@@ -184,11 +185,17 @@ fn guided_split(range: &Range<usize>, reached: usize) -> (Vec<Range<usize>>, Opt
         return (vec![start..start + 1, start + 1..end], Some(true));
     }
     let named = (start + reached - 1).min(end - 1);
-    let parts: Vec<Range<usize>> = [start..named, named..named + 1, named + 1..end]
-        .into_iter()
-        .filter(|part| !part.is_empty())
-        .collect();
-    // The finished records run clean; a lone named record may trap or not.
+    let next = (named + 1).min(end);
+    let parts: Vec<Range<usize>> = [
+        start..named,
+        named..named + 1,
+        next..(next + 1).min(end),
+        (next + 1).min(end)..end,
+    ]
+    .into_iter()
+    .filter(|part| !part.is_empty())
+    .collect();
+    // The finished records run clean; the lone records may trap or not.
     let clean = (named > start).then_some(false);
     (parts, clean)
 }

@@ -444,6 +444,7 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
                         keys: batch.keys,
                         delay: Duration::ZERO,
                         backoff: self.settings.outage_backoff_min,
+                        prefetched: None,
                     },
                     None => break,
                 },
@@ -486,6 +487,7 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
             call_time,
             started,
             prefetch_time,
+            prefetched,
             result,
         } = attempted;
         if let Some(took) = prefetch_time {
@@ -529,6 +531,7 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
             }
             Err(Failure::Fault(fault)) => {
                 self.stats.traps.fetch_add(1, Ordering::Relaxed);
+                task.keep_prefetched(prefetched);
                 let deadline = matches!(fault, CallError::Trap { deadline: true, .. });
                 let outcome = match fault {
                     _ if deadline => Outcome::Deadline,
@@ -583,6 +586,9 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
                             .metrics
                             .batch_processing
                             .record(started.elapsed().as_secs_f64());
+                        if let Some(range) = task.isolation.current() {
+                            task.applied(range, &self.operator.meta().value_states);
+                        }
                         task.isolation.settle(Outcome::Done);
                         self.step(task)
                     }

@@ -144,8 +144,10 @@ impl BatchCtx {
 
     /// An import named record `index` of this call.
     pub(crate) fn note_reached(&self, index: u32) {
-        self.reached
-            .fetch_max(index.saturating_add(1), std::sync::atomic::Ordering::Relaxed);
+        self.reached.fetch_max(
+            index.saturating_add(1),
+            std::sync::atomic::Ordering::Relaxed,
+        );
     }
 
     /// Refuses emits larger than `bytes` as the output topic would count them (the sink's
@@ -218,6 +220,12 @@ impl BatchCtx {
     pub fn add_prefetched(&mut self, keys: Vec<Vec<u8>>, values: Vec<Option<Bytes>>) {
         debug_assert_eq!(keys.len(), values.len());
         self.prefetched.extend(keys.into_iter().zip(values));
+    }
+
+    /// The prefetched values (the shard's, before the call), taken out: what a failed call
+    /// read can serve the calls that isolate its records ([`crate::pipeline`]'s).
+    pub fn take_prefetched(&mut self) -> HashMap<Vec<u8>, Option<Bytes>> {
+        std::mem::take(&mut self.prefetched)
     }
 
     /// The value of `key` as this batch sees it without asking the shard: `Some(staged or

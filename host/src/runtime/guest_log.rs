@@ -584,7 +584,11 @@ mod tests {
             .collect();
         assert_eq!(
             lines,
-            ["same", "weir: the line before repeated 49 more times", "other"]
+            [
+                "same",
+                "weir: the line before repeated 49 more times",
+                "other"
+            ]
         );
         assert_eq!(log.dropped(), 0, "repeats do not spend the budget");
     }

@@ -53,6 +53,15 @@ impl<S: Shard> std::fmt::Debug for Instance<S> {
 }
 
 impl<S: Shard> Instance<S> {
+    /// The prefetched values of the last call's batch, taken out (after a failed call, whose
+    /// batch stays in the instance): empty for a native instance or after a successful call.
+    pub fn take_prefetched(&mut self) -> foldhash::HashMap<Vec<u8>, Option<bytes::Bytes>> {
+        match &mut self.kind {
+            InstanceKind::Wasm { store, .. } => store.data_mut().batch.take_prefetched(),
+            InstanceKind::Native { .. } => Default::default(),
+        }
+    }
+
     /// Calls `process-batch` on `batch.records` with a CPU budget of `deadline`, and returns
     /// the dispositions with the staging area (whose effects the caller applies).
     ///
@@ -170,16 +179,20 @@ impl<S: Shard> Instance<S> {
                 });
             }
         };
-        let batch = std::mem::take(&mut store.data_mut().batch);
         match result {
-            Ok(dispositions) if dispositions.len() == expected => Ok((dispositions, batch)),
+            Ok(dispositions) if dispositions.len() == expected => {
+                Ok((dispositions, std::mem::take(&mut store.data_mut().batch)))
+            }
+            // A failed call's batch stays in the store: what it read can serve the calls that
+            // isolate its records ([`Self::take_prefetched`]).
             Ok(dispositions) => Err(CallError::DispositionCount {
                 expected,
                 got: dispositions.len(),
             }),
             Err(err) => {
                 let stderr = store.data().log.take_recent_stderr();
-                Err(classify_trap(err, &stderr, batch.reached()))
+                let reached = store.data().batch.reached();
+                Err(classify_trap(err, &stderr, reached))
             }
         }
     }

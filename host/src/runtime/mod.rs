@@ -52,6 +52,16 @@ use wasmtime::{
 /// Interval between epoch ticks: the granularity of CPU deadlines and of yielding.
 pub const EPOCH_TICK: Duration = Duration::from_millis(1);
 
+/// Bytes of a returned instance's linear memory zeroed in place (kept resident) rather than
+/// decommitted.
+const LINEAR_MEMORY_KEEP_RESIDENT_BYTES: usize = 1 << 20;
+
+/// Bytes of a returned instance's tables kept resident likewise.
+const TABLE_KEEP_RESIDENT_BYTES: usize = 64 << 10;
+
+/// Returned slots decommitted together.
+const DECOMMIT_BATCH: usize = 16;
+
 /// Instances the pooling allocator can hold at once per host.
 const POOLED_INSTANCES_MAX: u32 = 256;
 
@@ -213,7 +223,15 @@ impl<S: Shard> Runtime<S> {
             .total_memories(POOLED_INSTANCES_MAX * 2)
             .total_tables(POOLED_INSTANCES_MAX * 4)
             .total_stacks(POOLED_INSTANCES_MAX)
-            .max_memory_size(settings.instance_memory_bytes_max);
+            .max_memory_size(settings.instance_memory_bytes_max)
+            // An instance replaced after a trap (or given back at a checkpoint) returns its
+            // slot: the first MiB of its memory, and its tables, are zeroed in place rather
+            // than given back to the kernel (a page fault per page on reuse), and slots are
+            // decommitted in batches, one `madvise` and TLB flush for several (SCENARIOS.md
+            // S21, docs/bench.md "Trap storms").
+            .linear_memory_keep_resident(LINEAR_MEMORY_KEEP_RESIDENT_BYTES)
+            .table_keep_resident(TABLE_KEEP_RESIDENT_BYTES)
+            .decommit_batch_size(DECOMMIT_BATCH);
         let mut config = Config::new();
         config
             .wasm_component_model(true)

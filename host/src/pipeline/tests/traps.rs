@@ -64,10 +64,7 @@ async fn a_trap_storm_logs_one_line_per_trapping_record_and_none_of_the_reruns_p
             .iter()
             .filter(|(p, _)| *p == Some(partition))
             .map(|(_, text)| {
-                let after = text
-                    .split_once('@')
-                    .expect("the line names the record")
-                    .1;
+                let after = text.split_once('@').expect("the line names the record").1;
                 after[..after.find(' ').expect("then the kind")]
                     .parse()
                     .expect("an offset")
@@ -75,7 +72,9 @@ async fn a_trap_storm_logs_one_line_per_trapping_record_and_none_of_the_reruns_p
             .collect();
         assert_eq!(
             offsets,
-            (0..PER_PARTITION).filter(|i| i % 50 == 25).collect::<Vec<_>>(),
+            (0..PER_PARTITION)
+                .filter(|i| i % 50 == 25)
+                .collect::<Vec<_>>(),
             "partition {partition}: each trapping record once, in order"
         );
     }
