@@ -268,7 +268,7 @@ async fn a_call_staging_more_than_its_byte_budget_traps() {
         .await
         .expect_err("the budget stops it");
     assert!(
-        matches!(&err, CallError::Trap { deadline: false, message } if message.contains("staged more than 300 bytes")),
+        matches!(&err, CallError::Trap { deadline: false, message, .. } if message.contains("staged more than 300 bytes")),
         "a guest fault, not an outage: {err:?}"
     );
     assert!(shard.is_empty(), "nothing of the call reached the shard");
