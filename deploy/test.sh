@@ -7,8 +7,19 @@
 # The set-up that mostly waits on the network (the broker's and the S3 server's packages, tools
 # from PyPI, Chromium, the flights data) runs in the background while the code compiles; a step
 # that needs one waits for it and prints its output then.
+#
+# Two tiers run the same tests: the short one (the default, what CI runs) at the size that
+# proves each behaviour — crash loops of 10 kills, January and February's flights, a 20-run
+# restart loop; `--long` (WEIR_TEST_TIER=long) at full size — 50-kill crash loops, all 336,776
+# flights, 500 restarts — before an issue is resolved (README, "Run all the tests").
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+case "${1:-}" in
+  --long) export WEIR_TEST_TIER=long ;;
+  "") export WEIR_TEST_TIER="${WEIR_TEST_TIER:-short}" ;;
+  *) echo "usage: deploy/test.sh [--long]" >&2; exit 2 ;;
+esac
 
 step() { printf '\n==> [%d s] %s\n' "$SECONDS" "$*"; }
 
@@ -122,7 +133,7 @@ WEIR_PLAYWRIGHT="$(result browser)"
 WEIR_FLIGHTS_CSV="$(result flights)"
 export WEIR_SCHEMATHESIS WEIR_K8S_VALIDATE WEIR_PYICEBERG WEIR_PLAYWRIGHT WEIR_FLIGHTS_CSV
 
-step "tests, and beside the last of them the Kafka Streams comparison's smoke run"
+step "tests ($WEIR_TEST_TIER tier), and beside the last of them the Kafka Streams comparison's smoke run"
 # The test binaries side by side (deploy/run_tests.py says why). The smoke run (20,000 records,
 # one repeat, every row of bench/kstreams-compare) checks that the comparison runs, not how
 # fast, so it uses the test build of `weir` and runs beside the longest test binary's tail.

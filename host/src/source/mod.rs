@@ -94,6 +94,32 @@ pub fn to_input_record(msg: &BorrowedMessage<'_>, topic: &Arc<str>) -> InputReco
 /// How long a seek may wait for librdkafka to accept it.
 const SEEK_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// Pause between tries of a request librdkafka answered `Outdated`.
+const OUTDATED_RETRY: Duration = Duration::from_millis(50);
+
+/// Runs `request` (a blocking librdkafka call) again while it fails with `Outdated` — the
+/// partition's leader or metadata changed under it, and librdkafka asks the caller to retry
+/// (`RD_KAFKA_RESP_ERR__OUTDATED`) — for up to `within`; any other answer is returned. A
+/// partition's end read at an assignment met it when the topic was new (a test failed on it).
+fn retry_while_outdated<T>(
+    within: Duration,
+    mut request: impl FnMut() -> rdkafka::error::KafkaResult<T>,
+) -> rdkafka::error::KafkaResult<T> {
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        match request() {
+            Err(err)
+                if err.rdkafka_error_code() == Some(RDKafkaErrorCode::Outdated)
+                    && std::time::Instant::now() + OUTDATED_RETRY < deadline =>
+            {
+                tracing::debug!(error = %err, "outdated answer; asking again");
+                std::thread::sleep(OUTDATED_RETRY);
+            }
+            answered => return answered,
+        }
+    }
+}
+
 /// How long a seek waits for a newly assigned partition's fetcher to start.
 const FETCHER_START_WAIT: Duration = Duration::from_secs(1);
 
@@ -453,10 +479,11 @@ impl Source for KafkaSource {
             let (to, floor) = match (offsets.next(topic), self.reset) {
                 (Some(next), _) => (Offset::Offset(next), None),
                 (None, Offset::End) => {
-                    let (_, end) = self
-                        .consumer
-                        .fetch_watermarks(topic, partition, SEEK_TIMEOUT)
-                        .map_err(failed)?;
+                    let (_, end) = retry_while_outdated(SEEK_TIMEOUT, || {
+                        self.consumer
+                            .fetch_watermarks(topic, partition, SEEK_TIMEOUT)
+                    })
+                    .map_err(failed)?;
                     (Offset::Offset(end), Some(end))
                 }
                 (None, reset) => (reset, None),
@@ -536,5 +563,36 @@ impl Source for KafkaSource {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .contains(&(topic.to_owned(), partition))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_outdated_answer_is_asked_again_and_any_other_is_returned() {
+        let mut answers = vec![
+            Err(KafkaError::MetadataFetch(RDKafkaErrorCode::Outdated)),
+            Err(KafkaError::MetadataFetch(RDKafkaErrorCode::Outdated)),
+            Ok((0, 20)),
+        ]
+        .into_iter();
+        let mut asked = 0;
+        let end = retry_while_outdated(Duration::from_secs(5), || {
+            asked += 1;
+            answers.next().expect("asked at most three times")
+        });
+        assert_eq!(end.ok(), Some((0, 20)));
+        assert_eq!(asked, 3);
+        let failed: KafkaResult<()> = retry_while_outdated(Duration::from_secs(5), || {
+            Err(KafkaError::MetadataFetch(
+                RDKafkaErrorCode::UnknownPartition,
+            ))
+        });
+        assert_eq!(
+            failed.err().and_then(|e| e.rdkafka_error_code()),
+            Some(RDKafkaErrorCode::UnknownPartition)
+        );
     }
 }

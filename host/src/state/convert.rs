@@ -376,7 +376,12 @@ mod tests {
                 crate::state::lsm::tests::small_settings(),
                 clock,
             );
-            let on_lsm = lsm.open_shard(&id).await.expect("opens");
+            let mut on_lsm = lsm.open_shard(&id).await.expect("opens");
+            // Until the scrub has read the converted SSTs once, GC keeps the checkpoints up to
+            // the converted one — the `memory` one with its snapshot among them. Waiting for
+            // it, not for luck (this test failed when its checkpoints outran the scrub).
+            on_lsm.scrub_settled().await;
+            assert!(on_lsm.scrubbed());
             for round in 0..4 {
                 on_lsm
                     .apply(vec![write(100 + round, 1)])
