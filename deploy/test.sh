@@ -27,19 +27,23 @@ jobs_dir="$(mktemp -d)"
 # On any exit, let background set-up finish (a broker half-started is worse than a wait).
 trap 'wait; rm -rf "$jobs_dir"' EXIT
 
-# background NAME COMMAND...: runs COMMAND in the background, its output kept for `await`.
+# background NAME COMMAND...: runs COMMAND in the background, its output kept for `await`, and
+# when it ended (seconds into the run) for the line `await` prints.
 background() {
   local name="$1"
   shift
-  ("$@") >"$jobs_dir/$name.out" 2>"$jobs_dir/$name.err" &
+  ( "$@"; rc=$?; echo "$SECONDS" >"$jobs_dir/$name.ended"; exit $rc ) \
+    >"$jobs_dir/$name.out" 2>"$jobs_dir/$name.err" &
   echo $! >"$jobs_dir/$name.pid"
+  echo "$SECONDS" >"$jobs_dir/$name.started"
 }
 
 # await NAME: waits for the background job, prints what it printed, fails if it failed.
 await() {
   local name="$1" rc=0
   wait "$(cat "$jobs_dir/$name.pid")" || rc=$?
-  printf -- '--- %s\n' "$name"
+  printf -- '--- %s (from %s s to %s s)\n' "$name" "$(cat "$jobs_dir/$name.started")" \
+    "$(cat "$jobs_dir/$name.ended" 2>/dev/null || echo '?')"
   cat "$jobs_dir/$name.err" >&2
   cat "$jobs_dir/$name.out"
   if ((rc != 0)); then
