@@ -9,12 +9,13 @@ directory, with its harness's own thread count); its output is printed whole whe
 binaries do not interleave. cargo-nextest does this and more, but it is not on the machine and
 building it costs more than it saves here.
 
-Usage: cargo test ... --no-run --message-format=json | python3 deploy/run_tests.py [--beside-last CMD] [-- ARGS]
-ARGS go to every test binary (a name filter, `--nocapture`). --beside-last runs the shell command
-CMD once at most two test binaries are still running, beside the last ones (the test command's
-Kafka Streams smoke run: started with all the binaries it slowed the longest one by as long as
-it saved; in the last binaries' tail the cores have room). Exits 1 if any binary, or CMD,
-failed.
+Usage: cargo test ... --no-run --message-format=json | python3 deploy/run_tests.py [--beside N CMD]... [-- ARGS]
+ARGS go to every test binary (a name filter, `--nocapture`). --beside N CMD runs the shell
+command CMD once at most N test binaries are still running, beside the last ones (the test
+command's Kafka Streams smoke run beside the last two: started with all the binaries it slowed
+the longest one by as long as it saved; the soak beside the last one, once the binary whose
+test shares the broker's proxied listener has ended). --beside-last CMD is --beside 2 CMD.
+Exits 1 if any binary, or command, failed.
 """
 
 import json
@@ -83,9 +84,17 @@ def failure_tails(text):
 
 def main():
     args = sys.argv[1:]
-    beside_last = None
-    if args[:1] == ["--beside-last"] and len(args) >= 2:
-        beside_last, args = args[1], args[2:]
+    # (at most this many binaries running, command), in the order given.
+    beside = []
+    while True:
+        if args[:1] == ["--beside-last"] and len(args) >= 2:
+            beside.append((BESIDE_LAST_FROM, args[1]))
+            args = args[2:]
+        elif args[:1] == ["--beside"] and len(args) >= 3:
+            beside.append((int(args[1]), args[2]))
+            args = args[3:]
+        else:
+            break
     if args[:1] == ["--"]:
         args = args[1:]
     binaries = test_binaries(sys.stdin)
@@ -93,13 +102,15 @@ def main():
         print("run_tests.py: no test binaries in the input", file=sys.stderr)
         return 2
     running = [start(name, [executable, *args], cwd) for name, executable, cwd in binaries]
+    commands = {cmd for _, cmd in beside}
     passed = failed = 0
     failed_binaries = []
     tails = []
     while running:
-        if beside_last is not None and len(running) <= BESIDE_LAST_FROM:
-            running.append(start(beside_last, beside_last, None, shell=True))
-            beside_last = None
+        binaries_left = sum(1 for name, *_ in running if name not in commands)
+        for entry in [b for b in beside if binaries_left <= b[0]]:
+            running.append(start(entry[1], entry[1], None, shell=True))
+            beside.remove(entry)
         for entry in list(running):
             name, proc, out, started = entry
             if proc.poll() is None:
@@ -116,9 +127,9 @@ def main():
                 failed_binaries.append(f"{name}: exit {proc.returncode}")
                 tails.extend(failure_tails(text))
         time.sleep(0.2)
-    if beside_last is not None:
-        # The last binaries ended in the same round, before it started.
-        running.append(start(beside_last, beside_last, None, shell=True))
+    if beside:
+        # The last binaries ended in the same round, before they started.
+        running.extend(start(cmd, cmd, None, shell=True) for _, cmd in beside)
         return finish(running, passed, failed, failed_binaries, tails)
     return report(passed, failed, failed_binaries, tails)
 

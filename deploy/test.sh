@@ -137,14 +137,21 @@ WEIR_PLAYWRIGHT="$(result browser)"
 WEIR_FLIGHTS_CSV="$(result flights)"
 export WEIR_SCHEMATHESIS WEIR_K8S_VALIDATE WEIR_PYICEBERG WEIR_PLAYWRIGHT WEIR_FLIGHTS_CSV
 
-step "tests ($WEIR_TEST_TIER tier), and beside the last of them the Kafka Streams comparison's smoke run"
+step "tests ($WEIR_TEST_TIER tier), and beside the last of them the Kafka Streams comparison's smoke run and the soak"
 # The test binaries side by side (deploy/run_tests.py says why). The smoke run (20,000 records,
 # one repeat, every row of bench/kstreams-compare) checks that the comparison runs, not how
 # fast, so it uses the test build of `weir` and runs beside the longest test binary's tail.
 smoke="python3 bench/kstreams-compare/run.py --smoke"
 smoke+=" --weir $(printf %q "${CARGO_TARGET_DIR:-target}/debug/weir")"
 smoke+=" --operator $(printf %q "$guests/weir_test_counter.wasm")"
-python3 deploy/run_tests.py --beside-last "$smoke" <"$jobs_dir/test-binaries.json"
+# The soak (cli/src/soak/, docs/reliability.md): three hosts, two pipelines, faults of every
+# kind at once, beside the last test binary; 2 minutes with a fixed seed in the short tier, 30
+# in the long one (a second seed: deploy/soak.sh).
+soak_minutes=2
+if [[ "$WEIR_TEST_TIER" == long ]]; then soak_minutes=30; fi
+soak="$(printf %q "${CARGO_TARGET_DIR:-target}/debug/weir") soak --minutes $soak_minutes --seed 41"
+soak+=" --operator $(printf %q "$guests/weir_test_counter.wasm")"
+python3 deploy/run_tests.py --beside-last "$smoke" --beside 1 "$soak" <"$jobs_dir/test-binaries.json"
 
 step "the OCI image (deploy/image/build.py)"
 await image

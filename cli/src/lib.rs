@@ -36,6 +36,7 @@ pub mod kafka;
 pub mod lsm_bench;
 pub mod pipeline_bench;
 pub mod project;
+pub mod soak;
 pub mod switch_bench;
 pub mod timer_bench;
 pub mod windows_bench;

@@ -4,7 +4,7 @@ use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 use weir_cli::{
     Output, bench, checkpoint_bench, client, controller_bench, dev, flights, host, kafka,
-    lsm_bench, pipeline_bench, project, switch_bench, timer_bench, windows_bench,
+    lsm_bench, pipeline_bench, project, soak, switch_bench, timer_bench, windows_bench,
 };
 
 /// mimalloc instead of glibc's malloc: the record path allocates per batch and per record
@@ -206,6 +206,17 @@ enum Command {
         #[command(flatten)]
         output: Output,
     },
+    /// Run Weir under many faults at once for a while and check every result (three `weir
+    /// serve` hosts, two pipelines, faults drawn from a seed; see cli/src/soak/ and
+    /// docs/reliability.md). Needs the local broker and S3 server (deploy/local/).
+    #[command(
+        display_order = 30,
+        after_help = "Examples:\n  weir soak --minutes 2 --seed 41\n  weir soak --minutes 30 --seed 7 --rate 500"
+    )]
+    Soak {
+        #[command(flatten)]
+        opts: soak::SoakOptions,
+    },
     /// Measure what a live switch of a pipeline's state backend costs a partition, by state
     /// size: the conversion through the portable format on each open (see
     /// cli/src/switch_bench.rs).
@@ -287,6 +298,16 @@ async fn main() -> anyhow::Result<()> {
         Command::BenchCall { opts, output } => bench::command(&opts, output).await,
         Command::BenchLsm { opts, output } => {
             output.print(&lsm_bench::run(&opts).await?, lsm_bench::table)
+        }
+        Command::Soak { opts } => {
+            let report = soak::run(&opts).await?;
+            soak::print(&report);
+            anyhow::ensure!(
+                report.problems.is_empty(),
+                "{} soak checks failed",
+                report.problems.len()
+            );
+            Ok(())
         }
         Command::BenchSwitch { opts, output } => {
             output.print(&switch_bench::run(&opts).await?, switch_bench::table)

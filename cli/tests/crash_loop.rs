@@ -1,4 +1,4 @@
-//! Crash loop (issue 4, docs/checkpoints.md), 50 kills in the long tier and 10 in the short
+//! Crash loop (issue 4, docs/checkpoints.md), 50 kills in the long tier and 6 in the short
 //! one (`weir_tests::long_tier`): a separate `weir` process runs the `counter`
 //! operator with `lsm` state on the S3 server while input keeps arriving; it is killed again
 //! and again — with SIGKILL at random moments, and by the named fail points between the SST
@@ -66,7 +66,7 @@ async fn crash_loop(exactly_once: bool) -> anyhow::Result<()> {
     config.write(&config_path)?;
     let bin = Path::new(env!("CARGO_BIN_EXE_weir"));
     let mut rng = rand::thread_rng();
-    let (random, per_point) = tiered((6, 2), (30, 12));
+    let (random, per_point) = tiered((4, 1), (30, 12));
     let rounds = shuffled_rounds(
         random,
         &[BEFORE_MANIFEST, AFTER_MANIFEST],
@@ -113,7 +113,7 @@ async fn crash_loop(exactly_once: bool) -> anyhow::Result<()> {
         "crash loop (exactly_once={exactly_once}): {kills} kills, fail point hits {hits:?}, {produced} records, {} outputs",
         counts.values().map(Vec::len).sum::<usize>()
     );
-    assert!(kills >= tiered(10, 50), "{kills} kills");
+    assert!(kills >= tiered(6, 50), "{kills} kills");
     for name in [BEFORE_MANIFEST, AFTER_MANIFEST] {
         assert!(
             hits.get(name).copied().unwrap_or(0) > 0,
@@ -240,7 +240,7 @@ struct Hour {
 }
 
 /// `airport-hours` exactly-once on `lsm` on the S3 server over the first flights of the year,
-/// fed a slice per round while it is killed and restarted at least 50 times (10 in the short
+/// fed a slice per round while it is killed and restarted at least 50 times (6 in the short
 /// tier) — with SIGKILL at
 /// random moments and at the fail points inside a timer round (after the `on-timers` call,
 /// before its effects apply; after they apply and its emits are sent, before a checkpoint holds
@@ -258,7 +258,7 @@ async fn windows_killed_and_restarted_again_and_again_close_each_hour_exactly_on
         TIMERS_BEFORE_APPLY,
         TIMERS_AFTER_EMIT,
     ];
-    let (random, per_point) = tiered((6, 1), (30, 6));
+    let (random, per_point) = tiered((2, 1), (30, 6));
     let rounds = shuffled_rounds(random, &points, per_point, &mut rng);
     let flights: Vec<FlightRecord> =
         weir_cli::flights::read_csv_keyed(&flights_csv(), KeyBy::Origin)?
@@ -322,7 +322,7 @@ async fn windows_killed_and_restarted_again_and_again_close_each_hour_exactly_on
         flights.len(),
         want.len()
     );
-    assert!(rounds.len() >= tiered(10, 50));
+    assert!(rounds.len() >= tiered(6, 50));
     for name in points {
         assert!(
             hits.get(name).copied().unwrap_or(0) > 0,

@@ -1,6 +1,6 @@
 //! SCENARIOS.md S18, history that grows with every restart: one `lsm` shard (static membership,
 //! 1 s checkpoints, 3,000 keys) started and ended again and again, each run living through one
-//! checkpoint — SIGKILL and SIGTERM in turn — 20 runs in the short tier, 500 in the long one.
+//! checkpoint — SIGKILL and SIGTERM in turn — 12 runs in the short tier, 500 in the long one.
 //! Retention makes progress even though no run lives long: the manifest directory stays
 //! bounded, and every count is exact at the end. The time from a run's assignment to its
 //! shard's open (the `shard opened` line) is printed for the first and last runs: with a
@@ -22,7 +22,7 @@ const COMMITTED: &str = "checkpoint committed";
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shard_whose_every_run_is_short_keeps_its_history_bounded() -> anyhow::Result<()> {
     init_tracing();
-    let runs = tiered(20, 500);
+    let runs = tiered(12, 500);
     let (input, output, dlq) = (unique("short-in"), unique("short-out"), unique("short-dlq"));
     create_topics(&[(&input, 1), (&output, 1), (&dlq, 1)]).await?;
     let dir = tempfile::tempdir()?;

@@ -14,6 +14,9 @@
 #                        to cut a client off from the broker and bring it back without
 #                        stopping the shared broker; every connection of a client that
 #                        bootstraps at 9096 then goes through the proxy
+#   soak listener        127.0.0.1:9097 (PLAINTEXT), advertised as 127.0.0.1:9098: the same for
+#                        `weir soak`'s link to the broker (cli/src/soak/), so that it never
+#                        takes the tests' proxied listener
 # from jars that `mvn dependency:copy-dependencies` of deploy/local/kafka/pom.xml
 # pulls out of Maven Central (needs java >= 17 and mvn on PATH; nothing else).
 #
@@ -55,6 +58,8 @@ CONTROLLER_PORT=9093
 SASL_SSL_PORT=9094
 PROXIED_PORT=9095
 PROXIED_ADVERTISED_PORT=9096
+SOAK_PORT=9097
+SOAK_ADVERTISED_PORT=9098
 TLS="$KDIR/tls"
 SASL_USER=weir
 SASL_PASSWORD=weir-secret
@@ -149,11 +154,11 @@ write_server_props() {
 process.roles=broker,controller
 node.id=1
 controller.quorum.voters=1@$HOST:$CONTROLLER_PORT
-listeners=PLAINTEXT://$HOST:$PORT,CONTROLLER://$HOST:$CONTROLLER_PORT,SASL_SSL://$HOST:$SASL_SSL_PORT,PROXIED://$HOST:$PROXIED_PORT
-advertised.listeners=PLAINTEXT://$HOST:$PORT,SASL_SSL://$HOST:$SASL_SSL_PORT,PROXIED://$HOST:$PROXIED_ADVERTISED_PORT
+listeners=PLAINTEXT://$HOST:$PORT,CONTROLLER://$HOST:$CONTROLLER_PORT,SASL_SSL://$HOST:$SASL_SSL_PORT,PROXIED://$HOST:$PROXIED_PORT,SOAK://$HOST:$SOAK_PORT
+advertised.listeners=PLAINTEXT://$HOST:$PORT,SASL_SSL://$HOST:$SASL_SSL_PORT,PROXIED://$HOST:$PROXIED_ADVERTISED_PORT,SOAK://$HOST:$SOAK_ADVERTISED_PORT
 controller.listener.names=CONTROLLER
 inter.broker.listener.name=PLAINTEXT
-listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,SASL_SSL:SASL_SSL,PROXIED:PLAINTEXT
+listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,SASL_SSL:SASL_SSL,PROXIED:PLAINTEXT,SOAK:PLAINTEXT
 
 # The secure listener: TLS with the script's CA, SASL with the SCRAM users made at format time
 # (and the same user for PLAIN).
@@ -263,8 +268,8 @@ cmd_start() {
   local pid=""
   pid="$(live_pid || true)"
   if broker_answers; then
-    { port_open "$HOST" "$SASL_SSL_PORT" && port_open "$HOST" "$PROXIED_PORT"; } ||
-      die "the broker on $BOOTSTRAP has no SASL_SSL listener on $HOST:$SASL_SSL_PORT or proxied one on $HOST:$PROXIED_PORT (started by an older kafka.sh?): 'kafka.sh stop' and start it again"
+    { port_open "$HOST" "$SASL_SSL_PORT" && port_open "$HOST" "$PROXIED_PORT" && port_open "$HOST" "$SOAK_PORT"; } ||
+      die "the broker on $BOOTSTRAP has no SASL_SSL listener on $HOST:$SASL_SSL_PORT or proxied ones on $HOST:$PROXIED_PORT and $HOST:$SOAK_PORT (started by an older kafka.sh?): 'kafka.sh stop' and start it again"
     log "already running on $BOOTSTRAP${pid:+ (pid $pid)} - reusing it"
     return 0
   fi
@@ -276,7 +281,7 @@ cmd_start() {
   # Nothing runs from libs/ now, so it is safe to refresh them if the pom changed.
   ensure_libs
   local p
-  for p in "$PORT" "$CONTROLLER_PORT" "$SASL_SSL_PORT" "$PROXIED_PORT"; do
+  for p in "$PORT" "$CONTROLLER_PORT" "$SASL_SSL_PORT" "$PROXIED_PORT" "$SOAK_PORT"; do
     if port_open "$HOST" "$p"; then
       die "port $p on $HOST is taken by something that is not a working Kafka broker"
     fi

@@ -283,7 +283,8 @@ async fn schemathesis_finds_no_server_error_and_no_response_breaking_the_schema(
             "--checks",
             "not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance",
             "--max-examples",
-            "50",
+            // A slice in the short tier.
+            &tiered(20, 50).to_string(),
             "--seed",
             "20261130",
             "--request-timeout",

@@ -20,7 +20,10 @@ use weir_tests::*;
 
 const PARTITIONS: i32 = 2;
 const KEYS: u64 = 20;
-const OUTAGE: Duration = Duration::from_secs(30);
+/// 30 s in the long tier (SCENARIOS.md S8); 10 s in the short one.
+fn outage_length() -> Duration {
+    tiered(Duration::from_secs(10), Duration::from_secs(30))
+}
 
 /// Fails every GET of the `failing` objects with a generic (transient) store error until
 /// `until`; everything else goes through.
@@ -88,7 +91,7 @@ async fn recovery_waits_out_an_outage_reading_the_newest_checkpoint_and_then_use
     }
     let outage = Arc::new(FailingGets {
         failing,
-        until: Instant::now() + OUTAGE,
+        until: Instant::now() + outage_length(),
         failed: AtomicU64::new(0),
     });
     let clock: SharedClock = Arc::new(SystemClock);
@@ -106,7 +109,7 @@ async fn recovery_waits_out_an_outage_reading_the_newest_checkpoint_and_then_use
     produce_counter(&input, PARTITIONS, (200, 300), KEYS, &mut expected).await?;
     let running = RunningPipeline::start_on(settings.clone(), Arc::new(backend), clock);
     running
-        .wait_done(100, OUTAGE + Duration::from_secs(60))
+        .wait_done(100, outage_length() + Duration::from_secs(60))
         .await?;
     let stats = running.stats.clone();
     running.stop().await?;

@@ -1,0 +1,783 @@
+//! `weir soak`: Weir under many faults at once, for a given time and seed (issue 41, item 4;
+//! docs/reliability.md). Three `weir serve` hosts on one store and one broker run two
+//! pipelines of the `counter` test operator — one exactly-once on `lsm` with event-time and
+//! processing-time timers, one at-least-once on `memory` — over steady input, while a
+//! schedule drawn from the seed ([`schedule`]) kills, terminates, freezes and restarts hosts
+//! (host 0 never), slows, cuts, half-opens and throttles the links to the broker and to S3
+//! ([`link`], TCP proxies the soak owns), makes S3 answer 503 or crawl, fills a host's disk
+//! cache, and switches a pipeline's operator version and state backend.
+//!
+//! At the end, against what the soak itself produced: every count exact, no output twice for
+//! a `read_committed` reader of the exactly-once pipeline, every timer fired once, every
+//! partition running, the consumer groups' committed offsets equal to the last checkpoints';
+//! host 0's resident memory and open files at the end within 1.2× of what they were at minute 5
+//! (a sixth of the way, for shorter soaks), the store's objects and bytes within 1.5× of minute
+//! 10 (a third). It prints the faults by kind (how many overlapped another), the time from each
+//! fault to the outputs of every partition flowing again (p50, p99, max) and the worst output
+//! lag, and fails with the checks that did not hold.
+//!
+//! The soak is a tool beside the host library, not part of it: it drives `weir` binaries as an
+//! operator would. The short test tier runs 2 minutes of it with a fixed seed on the shared
+//! broker and S3 server; the long tier 30 minutes (`deploy/soak.sh`).
+
+mod hosts;
+mod link;
+mod schedule;
+mod traffic;
+
+use anyhow::Context as _;
+use hosts::{Host, HostSetup};
+use link::{Link, LinkFault};
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::producer::FutureProducer;
+use schedule::{Fault, FaultKind, Schedule};
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+use tokio::sync::Mutex;
+use traffic::{PARTITIONS, Traffic};
+use weir_host::api::client::ApiClient;
+
+/// `weir soak`'s options.
+#[derive(Debug, Clone, clap::Args)]
+pub struct SoakOptions {
+    /// How long the soak injects faults and produces input, minutes (then it recovers and
+    /// checks).
+    #[arg(long, default_value_t = 30.0)]
+    pub minutes: f64,
+    /// The seed the fault schedule is drawn from.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Faults of each kind (at least 3).
+    #[arg(long, default_value_t = 3)]
+    pub per_kind: usize,
+    /// Faults of each process kind — SIGKILL, SIGTERM, SIGSTOP, leave and join — (default:
+    /// `per_kind`): the process kills of a long soak.
+    #[arg(long)]
+    pub process_per_kind: Option<usize>,
+    /// Records a second into each pipeline's input.
+    #[arg(long, default_value_t = 200)]
+    pub rate: u64,
+    /// Where the soak's link to the broker listens — the address the broker advertises for
+    /// its soak listener (deploy/local/kafka.sh) — and that listener, which the link forwards
+    /// to.
+    #[arg(long, default_value = "127.0.0.1:9098")]
+    pub broker_link: SocketAddr,
+    /// See `broker_link`.
+    #[arg(long, default_value = "127.0.0.1:9097")]
+    pub broker_upstream: SocketAddr,
+    /// The broker for the soak's own clients (topics, input, readers).
+    #[arg(long, default_value = "127.0.0.1:9092")]
+    pub bootstrap: String,
+    /// The S3 server (deploy/local/s3.sh).
+    #[arg(long, default_value = "127.0.0.1:9000")]
+    pub s3: SocketAddr,
+    /// The `counter` test operator component.
+    #[arg(
+        long,
+        default_value = "target/wasm32-wasip2/guest/weir_test_counter.wasm"
+    )]
+    pub operator: PathBuf,
+    /// The `weir` binary the hosts run (default: this one).
+    #[arg(long)]
+    pub weir: Option<PathBuf>,
+    /// Where the hosts' configs, logs and work directories go (default: a new temporary
+    /// directory, kept when a check fails).
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+}
+
+/// The two pipelines' names.
+const PIPELINES: [&str; 2] = ["exact", "loose"];
+
+/// What the soak measured and found.
+#[derive(Debug, Default)]
+pub struct SoakReport {
+    /// Per kind: faults, of which overlapping another, and recovery times.
+    pub faults: BTreeMap<FaultKind, (usize, usize, Vec<Duration>)>,
+    /// The longest time from a record's production to its output being read.
+    pub worst_lag: Duration,
+    /// Host starts (restarts included) and process kills (SIGKILL and SIGTERM).
+    pub starts: u64,
+    /// See `starts`.
+    pub kills: u64,
+    /// Host 0's resident bytes and open files early, and at the end.
+    pub footprint: ((u64, u64), (u64, u64)),
+    /// The store's objects and bytes early, and at the end.
+    pub store: ((u64, u64), (u64, u64)),
+    /// Whether the soak was long enough for the store's growth to be checked.
+    pub store_checked: bool,
+    /// The checks that failed.
+    pub problems: Vec<String>,
+}
+
+/// Everything a running soak shares between its tasks.
+struct Soak {
+    hosts: Vec<Mutex<Host>>,
+    /// Each host's link to S3.
+    s3_links: Vec<Link>,
+    setup: HostSetup,
+    broker: Link,
+    api: ApiClient,
+    /// The tenant's client, once it has a key.
+    tenant_api: std::sync::OnceLock<ApiClient>,
+    tenant: String,
+    traffic: [Traffic; 2],
+    started: Instant,
+    kills: std::sync::atomic::AtomicU64,
+    /// Operator versions uploaded (1 and 2, the same component), and which each pipeline runs.
+    versions: std::sync::Mutex<[u64; 2]>,
+    /// The loose pipeline's backend now: `true` for lsm.
+    loose_on_lsm: AtomicBool,
+}
+
+/// Runs a soak and returns its report (module docs).
+///
+/// # Errors
+/// When the soak cannot be set up (services down, a binary missing); failed checks are in the
+/// report, not errors.
+pub async fn run(opts: &SoakOptions) -> anyhow::Result<SoakReport> {
+    let length = Duration::from_secs_f64(opts.minutes * 60.0);
+    let kinds: Vec<FaultKind> = FaultKind::ALL.to_vec();
+    let per_kind = (
+        opts.per_kind,
+        opts.process_per_kind.unwrap_or(opts.per_kind),
+    );
+    let schedule = Schedule::draw(opts.seed, length, 3, &kinds, per_kind);
+    let dir = match &opts.dir {
+        Some(dir) => {
+            std::fs::create_dir_all(dir)?;
+            dir.clone()
+        }
+        None => tempfile::Builder::new()
+            .prefix("weir-soak-")
+            .tempdir()?
+            .keep(),
+    };
+    eprintln!(
+        "soak: seed {}, {:.1} min, {} faults ({} overlapping), hosts in {}",
+        opts.seed,
+        opts.minutes,
+        schedule.faults.len(),
+        schedule.overlapping(),
+        dir.display()
+    );
+    let soak = Arc::new(set_up(opts, &dir).await?);
+    for host in &soak.hosts {
+        let mut host = host.lock().await;
+        host.start(&soak.setup).await?;
+    }
+    create_pipelines(&soak, opts).await?;
+
+    // Input and output.
+    let stop = Arc::new(AtomicBool::new(false));
+    let producer: FutureProducer = crate::kafka::client(&opts.bootstrap)
+        .set("enable.idempotence", "true")
+        .set("linger.ms", "5")
+        .create()?;
+    let mut background = Vec::new();
+    for traffic in &soak.traffic {
+        let (traffic, producer, stop) = (traffic.clone(), producer.clone(), stop.clone());
+        let rate = opts.rate;
+        background.push(tokio::spawn(async move {
+            traffic.produce(producer, rate, stop).await;
+        }));
+    }
+    for traffic in &soak.traffic {
+        let (traffic, bootstrap) = (traffic.clone(), opts.bootstrap.clone());
+        background.push(tokio::spawn(async move {
+            if let Err(err) = traffic.read(&bootstrap).await {
+                eprintln!("soak: reader of {} failed: {err:#}", traffic.output);
+            }
+        }));
+    }
+
+    // The faults, each in a task of its own, and the samples along the way.
+    let mut report = SoakReport::default();
+    let recoveries = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut faults = Vec::new();
+    for fault in schedule.faults.clone() {
+        let (soak, recoveries) = (soak.clone(), recoveries.clone());
+        faults.push(tokio::spawn(async move {
+            tokio::time::sleep_until(tokio::time::Instant::from_std(soak.started + fault.at)).await;
+            match inject(&soak, &fault).await {
+                Ok(Some(recovered)) => recoveries
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push((fault.kind, recovered)),
+                Ok(None) => {}
+                Err(err) => eprintln!("soak: {} failed to inject: {err:#}", fault.kind.as_str()),
+            }
+        }));
+    }
+    let early = (length / 6).min(Duration::from_secs(300));
+    tokio::time::sleep_until(tokio::time::Instant::from_std(soak.started + early)).await;
+    let footprint_early = soak.hosts[0].lock().await.footprint().unwrap_or_default();
+    let store_at = (length / 3).min(Duration::from_secs(600));
+    tokio::time::sleep_until(tokio::time::Instant::from_std(soak.started + store_at)).await;
+    let store_early = store_size(opts, &soak.setup).await?;
+    tokio::time::sleep_until(tokio::time::Instant::from_std(soak.started + length)).await;
+    stop.store(true, Ordering::Relaxed);
+    for fault in faults {
+        let _ = fault.await;
+    }
+    eprintln!(
+        "soak: input stopped and every fault over after {:?}",
+        soak.started.elapsed()
+    );
+
+    // Recovery, then the checks.
+    report.problems.extend(final_checks(&soak, opts).await);
+    report.footprint = (
+        footprint_early,
+        soak.hosts[0].lock().await.footprint().unwrap_or_default(),
+    );
+    report.store = (store_early, store_size(opts, &soak.setup).await?);
+    let ((rss0, fds0), (rss1, fds1)) = report.footprint;
+    if rss1 as f64 > 1.2 * rss0 as f64 || fds1 as f64 > 1.2 * fds0 as f64 {
+        report.problems.push(format!(
+            "host 0 grew: {rss0} → {rss1} resident bytes, {fds0} → {fds1} open files (more than 1.2×)"
+        ));
+    }
+    let ((objects0, bytes0), (objects1, bytes1)) = report.store;
+    // GC keeps every object younger than its grace period (10 minutes): before twice that, a
+    // store only grows, and the check says nothing.
+    let grace_passed = length >= 2 * GC_GRACE;
+    report.store_checked = grace_passed;
+    if grace_passed
+        && (objects1 as f64 > 1.5 * objects0 as f64 || bytes1 as f64 > 1.5 * bytes0 as f64)
+    {
+        report.problems.push(format!(
+            "the store grew: {objects0} → {objects1} objects, {bytes0} → {bytes1} bytes (more than 1.5×)"
+        ));
+    }
+    for fault in &schedule.faults {
+        let entry = report.faults.entry(fault.kind).or_default();
+        entry.0 += 1;
+        let overlaps = schedule
+            .faults
+            .iter()
+            .any(|g| !std::ptr::eq(g, fault) && g.at < fault.until() && fault.at < g.until());
+        entry.1 += usize::from(overlaps);
+    }
+    for (kind, took) in recoveries.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+        report.faults.entry(*kind).or_default().2.push(*took);
+    }
+    report.worst_lag = soak
+        .traffic
+        .iter()
+        .map(|t| t.ledger.lock().unwrap_or_else(|e| e.into_inner()).worst_lag)
+        .max()
+        .unwrap_or_default();
+    let mut starts = 0;
+    for host in &soak.hosts {
+        starts += host.lock().await.starts;
+    }
+    report.starts = starts;
+    report.kills = soak.kills.load(Ordering::Relaxed);
+    for task in background {
+        task.abort();
+    }
+    if report.problems.is_empty() {
+        let _ = std::fs::remove_dir_all(&dir);
+    } else {
+        eprintln!("soak: kept {} (hosts' logs)", dir.display());
+    }
+    Ok(report)
+}
+
+/// Starts the link to the broker, makes the bucket, the topics and the hosts (not started).
+async fn set_up(opts: &SoakOptions, dir: &std::path::Path) -> anyhow::Result<Soak> {
+    let _ = rustls_provider();
+    let run = format!("{:x}", rand::random::<u32>());
+    let bucket = format!("weir-soak-{run}");
+    let status = reqwest::Client::new()
+        .put(format!("http://{}/{bucket}", opts.s3))
+        .send()
+        .await
+        .with_context(|| format!("is the S3 server up at {}? (deploy/local/s3.sh)", opts.s3))?
+        .status();
+    anyhow::ensure!(status.is_success(), "CreateBucket answered {status}");
+    let broker = Link::start(opts.broker_link, opts.broker_upstream)
+        .await
+        .with_context(|| {
+            format!(
+                "cannot listen on {} for the link to the broker (is another test using it?)",
+                opts.broker_link
+            )
+        })?;
+    let tenant = format!("soak-{run}");
+    let topics: Vec<String> = [
+        "in-exact",
+        "out-exact",
+        "dlq-exact",
+        "in-loose",
+        "out-loose",
+        "dlq-loose",
+    ]
+    .iter()
+    .map(|t| format!("{tenant}.{t}"))
+    .collect();
+    let admin: AdminClient<_> = crate::kafka::client(&opts.bootstrap).create()?;
+    let new: Vec<NewTopic> = topics
+        .iter()
+        .map(|t| {
+            let partitions = if t.contains(".dlq") { 1 } else { PARTITIONS };
+            NewTopic::new(t, partitions, TopicReplication::Fixed(1))
+        })
+        .collect();
+    for created in admin.create_topics(&new, &AdminOptions::new()).await? {
+        created.map_err(|(topic, code)| anyhow::anyhow!("cannot create {topic}: {code}"))?;
+    }
+    let admin_key = format!(
+        "{:032x}{:032x}",
+        rand::random::<u128>(),
+        rand::random::<u128>()
+    );
+    let setup = HostSetup {
+        store_url: format!("s3://{bucket}/weir"),
+        store_options: [
+            ("aws_region", "us-east-1"),
+            ("aws_access_key_id", "test"),
+            ("aws_secret_access_key", "test"),
+            ("aws_allow_http", "true"),
+            ("aws_virtual_hosted_style_request", "false"),
+        ]
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect(),
+        bootstrap: broker.addr().to_string(),
+        bin: match &opts.weir {
+            Some(bin) => bin.clone(),
+            None => std::env::current_exe()?,
+        },
+        admin_key: admin_key.clone(),
+    };
+    let (mut hosts, mut s3_links) = (Vec::new(), Vec::new());
+    for index in 0..3 {
+        let link = Link::start("127.0.0.1:0".parse()?, opts.s3).await?;
+        hosts.push(Mutex::new(Host::new(index, dir, link.addr(), &setup)?));
+        s3_links.push(link);
+    }
+    let api_at = hosts[0].lock().await.api;
+    Ok(Soak {
+        hosts,
+        s3_links,
+        setup,
+        broker,
+        api: ApiClient::new(&format!("http://{api_at}"), &admin_key),
+        tenant_api: std::sync::OnceLock::new(),
+        tenant: tenant.clone(),
+        traffic: [
+            Traffic::new(topics[0].clone(), topics[1].clone(), true),
+            Traffic::new(topics[3].clone(), topics[4].clone(), false),
+        ],
+        started: Instant::now(),
+        kills: Default::default(),
+        versions: std::sync::Mutex::new([1, 1]),
+        loose_on_lsm: AtomicBool::new(false),
+    })
+}
+
+/// The process's TLS provider for reqwest (needed even for plain HTTP).
+fn rustls_provider() -> bool {
+    weir_host::state::lsm::backend::object_store_from_url("memory:///", &Default::default()).is_ok()
+}
+
+/// Through host 0: the tenant, its key, the counter twice (versions 1 and 2) and the two
+/// pipelines.
+async fn create_pipelines(soak: &Soak, opts: &SoakOptions) -> anyhow::Result<()> {
+    let api = &soak.api;
+    api.create_tenant(&soak.tenant, None).await?;
+    let key = api.create_api_key(&soak.tenant).await?.key;
+    let tenant = ApiClient::new(&format!("http://{}", soak.hosts[0].lock().await.api), &key);
+    let component = std::fs::read(&opts.operator)
+        .with_context(|| format!("reading {}", opts.operator.display()))?;
+    for _ in 0..2 {
+        tenant.push_operator("counter", component.clone()).await?;
+    }
+    for (name, exactly_once) in [(PIPELINES[0], true), (PIPELINES[1], false)] {
+        let spec = serde_json::json!({
+            "operator": "counter",
+            "operator_version": 1,
+            "input_topics": [format!("in-{name}")],
+            "output_topic": format!("out-{name}"),
+            "dead_letter_topic": format!("dlq-{name}"),
+            "checkpoint_interval_ms": 2000,
+            "delivery": if exactly_once { "exactly_once" } else { "at_least_once" },
+            "state_backend": if exactly_once { "lsm" } else { "memory" },
+            "idle_timeout_ms": 2000,
+            "idle_advance": exactly_once,
+        });
+        let spec = serde_json::from_value(spec)?;
+        tenant.create_pipeline(name, &spec).await?;
+    }
+    // From here on, the soak's API calls are the tenant's, through host 0 (never killed).
+    let _ = soak.tenant_api.set(tenant);
+    Ok(())
+}
+
+impl Soak {
+    fn tenant_api(&self) -> &ApiClient {
+        self.tenant_api
+            .get()
+            .expect("create_pipelines set the tenant's client before any fault")
+    }
+
+    /// Every input partition's highest offset produced so far, of both pipelines.
+    fn high_offsets(&self) -> [BTreeMap<i32, i64>; 2] {
+        self.traffic.each_ref().map(|t| {
+            t.ledger
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .high
+                .clone()
+        })
+    }
+
+    /// Waits until both pipelines have answered every partition past `offsets` (their input
+    /// when a fault came), for at most `timeout`; returns how long from `since`.
+    async fn outputs_flowing(
+        &self,
+        offsets: &[BTreeMap<i32, i64>; 2],
+        since: Instant,
+        timeout: Duration,
+    ) -> Option<Duration> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let answered = self.traffic.iter().zip(offsets).all(|(t, o)| {
+                t.ledger
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .answered_past(o)
+            });
+            if answered {
+                return Some(since.elapsed());
+            }
+            if Instant::now() > deadline {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+/// GC's grace period (`RetentionPolicy::default`): no object younger is deleted.
+const GC_GRACE: Duration = Duration::from_secs(600);
+
+/// How long after a fault the soak waits for the outputs to flow again before it gives up
+/// measuring (the final checks still wait for everything).
+const RECOVERY_WAIT_MAX: Duration = Duration::from_secs(600);
+
+/// Injects `fault`, heals it after its length, and returns how long it took from the fault
+/// (a process fault, a switch: the signal or the call; a link, S3 or disk fault: its end) to
+/// every partition's outputs flowing past where the input was then.
+async fn inject(soak: &Soak, fault: &Fault) -> anyhow::Result<Option<Duration>> {
+    let offsets = soak.high_offsets();
+    let mut since = Instant::now();
+    match fault.kind {
+        FaultKind::Kill | FaultKind::Term | FaultKind::LeaveJoin => {
+            // The host's lock only for each step: other faults (its link, its disk) overlap.
+            {
+                let mut host = soak.hosts[fault.target].lock().await;
+                if fault.kind == FaultKind::Kill {
+                    host.kill().await;
+                } else {
+                    host.signal("TERM").await?;
+                    if !host.exited(Duration::from_secs(60)).await {
+                        anyhow::bail!(
+                            "host {} did not stop on SIGTERM: {}",
+                            host.index,
+                            host.tail()
+                        );
+                    }
+                }
+            }
+            soak.kills.fetch_add(1, Ordering::Relaxed);
+            tokio::time::sleep(fault.length).await;
+            soak.hosts[fault.target]
+                .lock()
+                .await
+                .start(&soak.setup)
+                .await?;
+        }
+        FaultKind::Stop => {
+            soak.hosts[fault.target].lock().await.signal("STOP").await?;
+            tokio::time::sleep(fault.length).await;
+            soak.hosts[fault.target].lock().await.signal("CONT").await?;
+        }
+        FaultKind::LinkLatency
+        | FaultKind::LinkCut
+        | FaultKind::LinkHalfOpen
+        | FaultKind::LinkBandwidth
+        | FaultKind::S3Unavailable
+        | FaultKind::S3Slow => {
+            let on_broker = fault.on_broker
+                && !matches!(fault.kind, FaultKind::S3Unavailable | FaultKind::S3Slow);
+            let what = match fault.kind {
+                FaultKind::LinkLatency => LinkFault::Latency(Duration::from_millis(200)),
+                FaultKind::LinkCut => LinkFault::Cut,
+                FaultKind::LinkHalfOpen => LinkFault::HalfOpen,
+                FaultKind::LinkBandwidth => LinkFault::Bandwidth(64 << 10),
+                FaultKind::S3Unavailable => LinkFault::Http503,
+                _ => LinkFault::Latency(Duration::from_millis(1500)),
+            };
+            if on_broker {
+                soak.broker.set(what);
+                tokio::time::sleep(fault.length).await;
+                soak.broker.set(LinkFault::Healthy);
+            } else {
+                soak.s3_links[fault.target].set(what);
+                tokio::time::sleep(fault.length).await;
+                soak.s3_links[fault.target].set(LinkFault::Healthy);
+            }
+            since = Instant::now();
+        }
+        FaultKind::DiskFull => {
+            let host = soak.hosts[fault.target].lock().await;
+            if !host.can_fill_cache() {
+                anyhow::bail!(
+                    "no tmpfs could be mounted for host {}'s disk cache (the soak runs as root to fill one)",
+                    fault.target
+                );
+            }
+            host.fill_cache(true)?;
+            drop(host);
+            tokio::time::sleep(fault.length).await;
+            soak.hosts[fault.target].lock().await.fill_cache(false)?;
+            since = Instant::now();
+        }
+        FaultKind::VersionSwitch => {
+            let pipeline = fault.target;
+            let version = {
+                let mut versions = soak.versions.lock().unwrap_or_else(|e| e.into_inner());
+                versions[pipeline] = 3 - versions[pipeline];
+                versions[pipeline]
+            };
+            soak.tenant_api()
+                .switch_operator(PIPELINES[pipeline], version)
+                .await?;
+        }
+        FaultKind::BackendSwitch => {
+            let to_lsm = !soak.loose_on_lsm.fetch_xor(true, Ordering::Relaxed);
+            let backend = if to_lsm { "lsm" } else { "memory" };
+            let change = serde_json::from_value(serde_json::json!({ "state_backend": backend }))?;
+            soak.tenant_api()
+                .change_pipeline(PIPELINES[1], &change)
+                .await?;
+        }
+    }
+    Ok(soak
+        .outputs_flowing(&offsets, since, RECOVERY_WAIT_MAX)
+        .await)
+}
+
+/// How long the final checks wait for the outputs to catch up with everything produced.
+const CATCH_UP_MAX: Duration = Duration::from_secs(600);
+
+/// After the input stopped and every fault is over: every host up, the outputs caught up,
+/// then the checks of the module docs. Returns what did not hold.
+async fn final_checks(soak: &Soak, opts: &SoakOptions) -> Vec<String> {
+    let mut problems = Vec::new();
+    for host in &soak.hosts {
+        let mut host = host.lock().await;
+        if host.pid().is_none() || host.exited(Duration::ZERO).await {
+            problems.push(format!(
+                "host {} was not running at the end: {}",
+                host.index,
+                host.tail()
+            ));
+            if let Err(err) = host.start(&soak.setup).await {
+                problems.push(format!("host {} does not start: {err:#}", host.index));
+            }
+        }
+    }
+    let deadline = Instant::now() + CATCH_UP_MAX;
+    while !soak.traffic.iter().all(|t| {
+        t.ledger
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .caught_up()
+    }) {
+        if Instant::now() > deadline {
+            problems.push(format!(
+                "the outputs did not catch up within {CATCH_UP_MAX:?} of the input's end"
+            ));
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    // Late duplicates, if any, come in now.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    for traffic in &soak.traffic {
+        problems.extend(traffic.problems());
+    }
+    for name in PIPELINES {
+        problems.extend(partitions_running(soak, name).await);
+        problems.extend(offsets_committed(soak, opts, name).await);
+    }
+    problems
+}
+
+/// Whether the hosts report every partition of `pipeline` running.
+async fn partitions_running(soak: &Soak, pipeline: &str) -> Vec<String> {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let view = soak.tenant_api().pipeline(pipeline).await;
+        let running: BTreeSet<i32> = match &view {
+            Ok(view) => view
+                .status
+                .hosts
+                .iter()
+                .filter(|h| matches!(h.phase, weir_host::api::pipelines::HostPhase::Running))
+                .flat_map(|h| h.partitions.iter().copied())
+                .collect(),
+            Err(_) => BTreeSet::new(),
+        };
+        if running == (0..PARTITIONS).collect() {
+            return Vec::new();
+        }
+        if Instant::now() > deadline {
+            return vec![format!(
+                "{pipeline}: partitions running {running:?}, not all {PARTITIONS}: {view:?}"
+            )];
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// Whether `pipeline`'s consumer group has committed its last checkpoints' offsets: a
+/// checkpoint is asked for, then the group's offsets compared with each partition's newest
+/// checkpoint (they may trail it for a moment: at-least-once commits them asynchronously).
+async fn offsets_committed(soak: &Soak, opts: &SoakOptions, pipeline: &str) -> Vec<String> {
+    let api = soak.tenant_api();
+    let Ok(view) = api.pipeline(pipeline).await else {
+        return vec![format!("{pipeline}: no answer from the API")];
+    };
+    let _ = api.trigger_checkpoint(pipeline).await;
+    let group = format!("weir.{}.{pipeline}.{}", soak.tenant, view.definition.uid);
+    let topic = format!("{}.in-{pipeline}", soak.tenant);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let checkpointed = newest_checkpoints(api, pipeline, &topic).await;
+        let committed = committed_offsets(&opts.bootstrap, &group, &topic);
+        match (&checkpointed, &committed) {
+            (Ok(c), Ok(g)) if c.len() == PARTITIONS as usize && c == g => return Vec::new(),
+            _ if Instant::now() > deadline => {
+                return vec![format!(
+                    "{pipeline}: the group's committed offsets {committed:?} are not the last checkpoints' {checkpointed:?}"
+                )];
+            }
+            _ => tokio::time::sleep(Duration::from_millis(500)).await,
+        }
+    }
+}
+
+/// Each partition's newest checkpoint's offset of `topic`.
+async fn newest_checkpoints(
+    api: &ApiClient,
+    pipeline: &str,
+    topic: &str,
+) -> anyhow::Result<BTreeMap<i32, i64>> {
+    let mut newest: BTreeMap<i32, (u64, i64)> = BTreeMap::new();
+    for checkpoint in api.checkpoints(pipeline).await? {
+        let Some(offset) = checkpoint.offsets.get(topic).copied() else {
+            continue;
+        };
+        let entry = newest.entry(checkpoint.partition).or_insert((0, offset));
+        if checkpoint.committed_ms >= entry.0 {
+            *entry = (checkpoint.committed_ms, offset);
+        }
+    }
+    Ok(newest.into_iter().map(|(p, (_, o))| (p, o)).collect())
+}
+
+/// The group's committed offsets of `topic`, by partition.
+fn committed_offsets(
+    bootstrap: &str,
+    group: &str,
+    topic: &str,
+) -> anyhow::Result<BTreeMap<i32, i64>> {
+    let consumer: BaseConsumer = crate::kafka::client(bootstrap)
+        .set("group.id", group)
+        .set("enable.auto.commit", "false")
+        .create()?;
+    let mut wanted = rdkafka::TopicPartitionList::new();
+    for p in 0..PARTITIONS {
+        wanted.add_partition(topic, p);
+    }
+    let committed = consumer.committed_offsets(wanted, Duration::from_secs(10))?;
+    Ok(committed
+        .elements()
+        .iter()
+        .filter_map(|e| match e.offset() {
+            rdkafka::Offset::Offset(o) => Some((e.partition(), o)),
+            _ => None,
+        })
+        .collect())
+}
+
+/// The objects and bytes under the soak's store.
+async fn store_size(opts: &SoakOptions, setup: &HostSetup) -> anyhow::Result<(u64, u64)> {
+    use futures::TryStreamExt as _;
+    use object_store::ObjectStore as _;
+    let mut options: BTreeMap<String, String> = setup.store_options.iter().cloned().collect();
+    options.insert("aws_endpoint".to_owned(), format!("http://{}", opts.s3));
+    let (store, prefix) =
+        weir_host::state::lsm::backend::object_store_from_url(&setup.store_url, &options)?;
+    let objects: Vec<_> = store.list(Some(&prefix)).try_collect().await?;
+    Ok((
+        objects.len() as u64,
+        objects.iter().map(|o| o.size).sum::<u64>(),
+    ))
+}
+
+/// Prints `report` as a table of faults and the figures after it.
+pub fn print(report: &SoakReport) {
+    println!(
+        "{:<24} {:>6} {:>11} {:>10} {:>10} {:>10}",
+        "fault", "times", "overlapped", "p50 s", "p99 s", "max s"
+    );
+    for (kind, (n, overlapped, took)) in &report.faults {
+        let mut took = took.clone();
+        took.sort();
+        let at = |q: f64| {
+            took.get(((took.len() as f64 - 1.0) * q).round() as usize)
+                .map_or("-".to_owned(), |d| format!("{:.1}", d.as_secs_f64()))
+        };
+        println!(
+            "{:<24} {n:>6} {overlapped:>11} {:>10} {:>10} {:>10}",
+            kind.as_str(),
+            at(0.5),
+            at(0.99),
+            at(1.0)
+        );
+    }
+    let ((rss0, fds0), (rss1, fds1)) = report.footprint;
+    let ((o0, b0), (o1, b1)) = report.store;
+    println!(
+        "\nworst output lag {:.1} s; {} host starts, {} process kills; host 0: {} → {} MiB resident, {fds0} → {fds1} open files; store: {o0} → {o1} objects, {} → {} MiB{}",
+        report.worst_lag.as_secs_f64(),
+        report.starts,
+        report.kills,
+        rss0 >> 20,
+        rss1 >> 20,
+        b0 >> 20,
+        b1 >> 20,
+        if report.store_checked {
+            ""
+        } else {
+            " (not checked: the soak is shorter than twice GC's 10-minute grace period)"
+        }
+    );
+    if report.problems.is_empty() {
+        println!("every check holds");
+    }
+    for problem in &report.problems {
+        println!("FAILED: {problem}");
+    }
+}

@@ -1,0 +1,271 @@
+//! The soak's input and output: a steady producer into each pipeline's input topic, what it
+//! produced (the oracle: per key, how many records; per key, the timers set), and readers of
+//! each pipeline's output that keep what came out — counts and fired timers per key, and per
+//! input partition the furthest offset an output answered and how late.
+
+use rdkafka::Message;
+use rdkafka::consumer::{Consumer, StreamConsumer};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// Keys the producer spreads records over.
+pub const KEYS: u64 = 200;
+
+/// Partitions of every input topic.
+pub const PARTITIONS: i32 = 4;
+
+/// One in this many records of the exactly-once pipeline sets a timer instead of counting.
+const TIMER_EVERY: u64 = 20;
+
+/// What went into one pipeline and what came out of it.
+#[derive(Debug, Default)]
+pub struct Ledger {
+    /// Per key, records produced that count.
+    pub produced: BTreeMap<String, u64>,
+    /// Per key, the timers set (by name).
+    pub timers_set: BTreeMap<String, BTreeSet<String>>,
+    /// Per (partition, offset) of the input, when it was produced.
+    produced_at: BTreeMap<(i32, i64), Instant>,
+    /// Per input partition, the highest offset produced.
+    pub high: BTreeMap<i32, i64>,
+    /// Per key, each count emitted, in the order read.
+    pub counts: BTreeMap<String, Vec<u64>>,
+    /// Per key, each timer that fired, in the order read (a name twice is a timer fired
+    /// twice).
+    pub fired: BTreeMap<String, Vec<String>>,
+    /// Per input partition, the highest offset an output answered, and when it was read.
+    pub answered: BTreeMap<i32, (i64, Instant)>,
+    /// The longest time from a record's production to its output being read.
+    pub worst_lag: Duration,
+}
+
+impl Ledger {
+    /// Whether every partition has an output for an input offset at or past `offsets`'.
+    pub fn answered_past(&self, offsets: &BTreeMap<i32, i64>) -> bool {
+        offsets
+            .iter()
+            .all(|(p, o)| self.answered.get(p).is_some_and(|(a, _)| a >= o))
+    }
+
+    /// Whether every key has shown its final count and every timer set has fired.
+    pub fn caught_up(&self) -> bool {
+        self.produced
+            .iter()
+            .all(|(k, n)| self.counts.get(k).and_then(|c| c.iter().max()) == Some(n))
+            && self.timers_set.iter().all(|(k, names)| {
+                let fired: BTreeSet<&String> = self.fired.get(k).into_iter().flatten().collect();
+                names.iter().all(|n| fired.contains(n))
+            })
+    }
+}
+
+/// One pipeline's traffic: its topics and the ledger.
+#[derive(Debug, Clone)]
+pub struct Traffic {
+    /// The input topic (Kafka's name).
+    pub input: String,
+    /// The output topic (Kafka's name).
+    pub output: String,
+    /// Whether the pipeline is exactly-once (its output read `read_committed`) and gets timer
+    /// records.
+    pub exactly_once: bool,
+    /// What went in and came out.
+    pub ledger: Arc<Mutex<Ledger>>,
+}
+
+impl Traffic {
+    /// The traffic of a pipeline over `input` and `output`.
+    pub fn new(input: String, output: String, exactly_once: bool) -> Self {
+        Self {
+            input,
+            output,
+            exactly_once,
+            ledger: Arc::new(Mutex::new(Ledger::default())),
+        }
+    }
+
+    fn ledger(&self) -> std::sync::MutexGuard<'_, Ledger> {
+        self.ledger.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Produces `per_second` records a second to the input until `stop` is set: keys
+    /// `k0`…`k199`, a key always to one partition; for the exactly-once pipeline one in
+    /// [`TIMER_EVERY`] sets a timer (event time 5 s past its timestamp, or processing time
+    /// 3 s from now, in turn) and is not counted. Each record enters the ledger once its
+    /// delivery is acknowledged.
+    pub async fn produce(
+        &self,
+        producer: FutureProducer,
+        per_second: u64,
+        stop: Arc<std::sync::atomic::AtomicBool>,
+    ) {
+        let tick = Duration::from_millis(50);
+        let per_tick = (per_second * 50 / 1000).max(1);
+        let mut seq: u64 = 0;
+        let mut next = tokio::time::Instant::now();
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            next += tick;
+            tokio::time::sleep_until(next).await;
+            let mut sends = Vec::with_capacity(per_tick as usize);
+            for _ in 0..per_tick {
+                seq += 1;
+                let k = seq % KEYS;
+                let key = format!("k{k}");
+                let partition = (k % PARTITIONS as u64) as i32;
+                let now_ms = SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .map_or(0, |d| d.as_millis() as i64);
+                let timer = self.exactly_once && seq.is_multiple_of(TIMER_EVERY);
+                let value = if timer && (seq / TIMER_EVERY).is_multiple_of(2) {
+                    format!("timer:event:t{seq}:{}", now_ms + 5_000)
+                } else if timer {
+                    format!("timer:processing:t{seq}:{}", now_ms + 3_000)
+                } else {
+                    format!("record {seq}")
+                };
+                let producer = producer.clone();
+                let topic = self.input.clone();
+                sends.push(async move {
+                    let record = FutureRecord::to(&topic)
+                        .key(&key)
+                        .payload(&value)
+                        .partition(partition)
+                        .timestamp(now_ms);
+                    let sent = producer.send(record, Duration::from_secs(60)).await;
+                    (key, seq, timer, partition, sent.ok())
+                });
+            }
+            for (key, seq, timer, partition, delivered) in futures::future::join_all(sends).await {
+                let Some(delivery) = delivered else { continue };
+                let mut ledger = self.ledger();
+                if timer {
+                    ledger
+                        .timers_set
+                        .entry(key)
+                        .or_default()
+                        .insert(format!("t{seq}"));
+                } else {
+                    *ledger.produced.entry(key).or_default() += 1;
+                }
+                ledger
+                    .produced_at
+                    .insert((partition, delivery.offset), Instant::now());
+                let high = ledger.high.entry(partition).or_insert(-1);
+                *high = (*high).max(delivery.offset);
+            }
+        }
+    }
+
+    /// Reads the output from its start (`read_committed` for the exactly-once pipeline) into
+    /// the ledger, for ever.
+    ///
+    /// # Errors
+    /// When the consumer cannot be created.
+    pub async fn read(&self, bootstrap: &str) -> anyhow::Result<()> {
+        let consumer: StreamConsumer = crate::kafka::client(bootstrap)
+            .set("group.id", format!("soak-reader-{}", self.output))
+            .set("auto.offset.reset", "earliest")
+            .set("enable.auto.commit", "false")
+            .set(
+                "isolation.level",
+                if self.exactly_once {
+                    "read_committed"
+                } else {
+                    "read_uncommitted"
+                },
+            )
+            .create()?;
+        consumer.subscribe(&[&self.output])?;
+        loop {
+            let Ok(message) = consumer.recv().await else {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            };
+            let key = String::from_utf8_lossy(message.key().unwrap_or_default()).into_owned();
+            let Ok(value) =
+                serde_json::from_slice::<serde_json::Value>(message.payload().unwrap_or_default())
+            else {
+                continue;
+            };
+            let read_at = Instant::now();
+            let mut ledger = self.ledger();
+            if let Some(name) = value["fired"].as_str() {
+                ledger.fired.entry(key).or_default().push(name.to_owned());
+                continue;
+            }
+            let (Some(count), Some(offset)) = (value["count"].as_u64(), value["offset"].as_i64())
+            else {
+                continue;
+            };
+            let partition = key
+                .strip_prefix('k')
+                .and_then(|k| k.parse::<u64>().ok())
+                .map_or(0, |k| (k % PARTITIONS as u64) as i32);
+            ledger.counts.entry(key).or_default().push(count);
+            if let Some(produced) = ledger.produced_at.get(&(partition, offset)).copied() {
+                ledger.worst_lag = ledger.worst_lag.max(read_at - produced);
+            }
+            let answered = ledger.answered.entry(partition).or_insert((-1, read_at));
+            if offset > answered.0 {
+                *answered = (offset, read_at);
+            }
+        }
+    }
+
+    /// What the pipeline's output shows against its input (module docs): every key's counts,
+    /// every timer; exactly-once: each count and each timer once. Empty when all holds.
+    pub fn problems(&self) -> Vec<String> {
+        let ledger = self.ledger();
+        let mut problems = Vec::new();
+        for (key, n) in &ledger.produced {
+            let seen = ledger.counts.get(key).cloned().unwrap_or_default();
+            if self.exactly_once {
+                let once: Vec<u64> = (1..=*n).collect();
+                if seen != once {
+                    problems.push(format!(
+                        "{}: key {key}: counts {} (expected 1..={n} once each, in order)",
+                        self.output,
+                        summarise(&seen)
+                    ));
+                }
+            } else {
+                let distinct: BTreeSet<u64> = seen.iter().copied().collect();
+                if seen.iter().max() != Some(n) || distinct.len() as u64 != *n {
+                    problems.push(format!(
+                        "{}: key {key}: counts {} (expected every one of 1..={n})",
+                        self.output,
+                        summarise(&seen)
+                    ));
+                }
+            }
+        }
+        for (key, names) in &ledger.timers_set {
+            let fired = ledger.fired.get(key).cloned().unwrap_or_default();
+            for name in names {
+                let times = fired.iter().filter(|f| *f == name).count();
+                if times != 1 {
+                    problems.push(format!(
+                        "{}: key {key}: timer {name} fired {times} times",
+                        self.output
+                    ));
+                }
+            }
+        }
+        problems
+    }
+}
+
+/// A list of counts, short: its length, first and last few.
+fn summarise(counts: &[u64]) -> String {
+    if counts.len() <= 8 {
+        return format!("{counts:?}");
+    }
+    format!(
+        "{} of them, {:?} … {:?}",
+        counts.len(),
+        &counts[..4],
+        &counts[counts.len() - 4..]
+    )
+}
