@@ -30,6 +30,11 @@ async fn read_all(topic: &str, timeout: Duration) -> anyhow::Result<BTreeSet<(Ve
     Ok(out)
 }
 
+/// Bids each run reads: a slice in the short tier.
+fn events() -> u64 {
+    tiered(1_000, 3_000)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bench_runs_measure_every_event_and_native_computes_what_wasm_computes()
 -> anyhow::Result<()> {
@@ -54,7 +59,7 @@ async fn bench_runs_measure_every_event_and_native_computes_what_wasm_computes()
                 cache_bytes: 1 << 20,
             },
         ],
-        events: 3_000,
+        events: events(),
         keys: 300,
         partitions: 2,
         latency_rate: 500,
@@ -79,7 +84,8 @@ async fn bench_runs_measure_every_event_and_native_computes_what_wasm_computes()
     for run in &trapping {
         assert_eq!(run.implementation, Implementation::Wasm);
         assert_eq!(
-            run.events, 3_000,
+            run.events,
+            events(),
             "every event, trapping or not, is measured: {run:?}"
         );
     }
@@ -92,7 +98,7 @@ async fn bench_runs_measure_every_event_and_native_computes_what_wasm_computes()
     // Every run reads exactly the preloaded bids, then its own latency phase (a warm-up
     // second and a measured one, 500 events each).
     for run in &runs {
-        assert_eq!(run.events, 3_000, "{run:?}");
+        assert_eq!(run.events, events(), "{run:?}");
         assert!(run.events_per_s > 0.0, "{run:?}");
         assert_eq!(run.latency_samples, 500, "{run:?}");
         assert!(run.latency_p50_ms <= run.latency_p99_ms, "{run:?}");
