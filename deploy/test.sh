@@ -153,8 +153,11 @@ smoke+=" --operator $(printf %q "$guests/weir_test_counter.wasm")"
 # not the tests'); 2 minutes with a fixed seed in the short tier, 30 in the long one (a second
 # seed: deploy/soak.sh).
 soak_args="--minutes 2 --seed 41 --rate 100"
-# The long tier's: 30 minutes, a hundred process kills.
-if [[ "$WEIR_TEST_TIER" == long ]]; then soak_args="--minutes 30 --seed 41 --per-kind 5 --process-per-kind 35"; fi
+# The long tier's: 30 minutes, a hundred process kills, a broker and an S3 server of its own
+# (so that it restarts the broker too).
+if [[ "$WEIR_TEST_TIER" == long ]]; then
+  soak_args="--minutes 30 --seed 41 --per-kind 5 --process-per-kind 35 --own-services"
+fi
 soak="$(printf %q "${CARGO_TARGET_DIR:-target}/debug/weir") soak $soak_args"
 soak+=" --operator $(printf %q "$guests/weir_test_counter.wasm")"
 python3 deploy/run_tests.py --beside-last "$smoke" --beside-last "$soak" <"$jobs_dir/test-binaries.json"

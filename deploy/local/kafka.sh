@@ -39,27 +39,31 @@
 #                                                and certificate chain (broker.pem)
 #
 # Environment knobs: KAFKA_HEAP_OPTS (default "-Xms256m -Xmx512m"),
-#   KAFKA_START_TIMEOUT (seconds, default 90), KAFKA_KEEP_DATA=1, JAVA_HOME.
+#   KAFKA_START_TIMEOUT (seconds, default 90), KAFKA_KEEP_DATA=1, JAVA_HOME;
+#   a second broker beside the shared one (`weir soak --own-services`): WEIR_KAFKA_PORT_BASE
+#   (default 9092: the client port; the others follow it, controller +1, SASL_SSL +2, proxied
+#   +3 advertised as +4, soak +5 advertised as +6) and WEIR_KAFKA_DIR (its config, data, logs
+#   and pid; default $WEIR_SERVICES_DIR/kafka; the jars are always the shared ones).
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 POM_SRC="$HERE/kafka/pom.xml"
 SERVICES_DIR="${WEIR_SERVICES_DIR:-$HOME/.cache/weir/services}"
-KDIR="$SERVICES_DIR/kafka"
-LIBS="$KDIR/libs"
+KDIR="${WEIR_KAFKA_DIR:-$SERVICES_DIR/kafka}"
+LIBS="$SERVICES_DIR/kafka/libs"
 DATA="$KDIR/data"
 LOGS="$KDIR/logs"
 PROPS="$KDIR/server.properties"
 CLIENT_PROPS="$KDIR/client.properties"
 PIDFILE="$KDIR/kafka.pid"
 HOST=127.0.0.1
-PORT=9092
-CONTROLLER_PORT=9093
-SASL_SSL_PORT=9094
-PROXIED_PORT=9095
-PROXIED_ADVERTISED_PORT=9096
-SOAK_PORT=9097
-SOAK_ADVERTISED_PORT=9098
+PORT="${WEIR_KAFKA_PORT_BASE:-9092}"
+CONTROLLER_PORT=$((PORT + 1))
+SASL_SSL_PORT=$((PORT + 2))
+PROXIED_PORT=$((PORT + 3))
+PROXIED_ADVERTISED_PORT=$((PORT + 4))
+SOAK_PORT=$((PORT + 5))
+SOAK_ADVERTISED_PORT=$((PORT + 6))
 TLS="$KDIR/tls"
 SASL_USER=weir
 SASL_PASSWORD=weir-secret

@@ -24,17 +24,19 @@
 #
 # Environment knobs: S3_START_TIMEOUT (seconds, default 60), PYTHON (default python3),
 #   WEIR_MOTO_SPEC (space-separated pip requirements, default below),
-#   WEIR_S3_SERIALIZE=0 (stock moto, no request lock).
+#   WEIR_S3_SERIALIZE=0 (stock moto, no request lock); a second server beside the shared one
+#   (`weir soak --own-services`): WEIR_S3_PORT (default 9000) and WEIR_S3_DIR (its logs and
+#   pid; default $WEIR_SERVICES_DIR/s3; the virtualenv is always the shared one).
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 SERVICES_DIR="${WEIR_SERVICES_DIR:-$HOME/.cache/weir/services}"
-SDIR="$SERVICES_DIR/s3"
-VENV="$SDIR/venv"
+SDIR="${WEIR_S3_DIR:-$SERVICES_DIR/s3}"
+VENV="$SERVICES_DIR/s3/venv"
 LOGS="$SDIR/logs"
 PIDFILE="$SDIR/moto.pid"
 HOST=127.0.0.1
-PORT=9000
+PORT="${WEIR_S3_PORT:-9000}"
 URL="http://$HOST:$PORT"
 # moto[s3] + flask/flask-cors is all the S3 server needs; moto[server] would pull
 # every service's deps (~320 MB venv, ~40 s install vs ~140 MB, ~12 s).

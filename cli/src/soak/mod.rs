@@ -89,6 +89,94 @@ pub struct SoakOptions {
     /// directory, kept when a check fails).
     #[arg(long)]
     pub dir: Option<PathBuf>,
+    /// Start a broker and an S3 server of the soak's own (deploy/local/, run from the
+    /// repository's root) on ports of their own — the broker's client port 19092, S3 19000 —
+    /// instead of the shared ones, and restart the broker among the faults.
+    #[arg(long)]
+    pub own_services: bool,
+}
+
+/// The client port of a broker of the soak's own; its others follow (deploy/local/kafka.sh).
+const OWN_KAFKA_PORT: u16 = 19092;
+
+/// The port of an S3 server of the soak's own.
+const OWN_S3_PORT: u16 = 19000;
+
+/// A broker and an S3 server of the soak's own: started from deploy/local/ with ports and a
+/// directory of their own; stopped when dropped.
+#[derive(Debug)]
+struct OwnServices {
+    dir: PathBuf,
+}
+
+impl OwnServices {
+    /// Starts both under `dir`.
+    ///
+    /// # Errors
+    /// When a script fails (it says why).
+    async fn start(dir: &std::path::Path) -> anyhow::Result<Self> {
+        let services = Self {
+            dir: dir.to_owned(),
+        };
+        services.kafka("start", false).await?;
+        services.script("s3.sh", "start", &[]).await?;
+        Ok(services)
+    }
+
+    /// `deploy/local/kafka.sh command` on the soak's broker, its data kept if `keep`.
+    async fn kafka(&self, command: &str, keep: bool) -> anyhow::Result<()> {
+        let keep = if keep { "1" } else { "0" };
+        self.script("kafka.sh", command, &[("KAFKA_KEEP_DATA", keep)])
+            .await
+    }
+
+    async fn script(&self, name: &str, command: &str, env: &[(&str, &str)]) -> anyhow::Result<()> {
+        let script = PathBuf::from("deploy/local").join(name);
+        anyhow::ensure!(
+            script.exists(),
+            "{} not found: run `weir soak --own-services` from the repository's root",
+            script.display()
+        );
+        let output = tokio::process::Command::new("bash")
+            .arg(&script)
+            .arg(command)
+            .env("WEIR_KAFKA_PORT_BASE", OWN_KAFKA_PORT.to_string())
+            .env("WEIR_KAFKA_DIR", self.dir.join("kafka"))
+            .env("WEIR_S3_PORT", OWN_S3_PORT.to_string())
+            .env("WEIR_S3_DIR", self.dir.join("s3"))
+            .envs(env.iter().copied())
+            .output()
+            .await?;
+        anyhow::ensure!(
+            output.status.success(),
+            "{} {command} failed: {}",
+            script.display(),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        Ok(())
+    }
+}
+
+impl Drop for OwnServices {
+    fn drop(&mut self) {
+        for (script, port_var, port, dir_var, dir) in [
+            (
+                "kafka.sh",
+                "WEIR_KAFKA_PORT_BASE",
+                OWN_KAFKA_PORT,
+                "WEIR_KAFKA_DIR",
+                "kafka",
+            ),
+            ("s3.sh", "WEIR_S3_PORT", OWN_S3_PORT, "WEIR_S3_DIR", "s3"),
+        ] {
+            let _ = std::process::Command::new("bash")
+                .arg(PathBuf::from("deploy/local").join(script))
+                .arg("stop")
+                .env(port_var, port.to_string())
+                .env(dir_var, self.dir.join(dir))
+                .output();
+        }
+    }
 }
 
 /// The two pipelines' names.
@@ -133,6 +221,8 @@ struct Soak {
     versions: std::sync::Mutex<[u64; 2]>,
     /// The loose pipeline's backend now: `true` for lsm.
     loose_on_lsm: AtomicBool,
+    /// The broker and S3 server of the soak's own, if it has them.
+    own: Option<OwnServices>,
 }
 
 /// Runs a soak and returns its report (module docs).
@@ -142,7 +232,10 @@ struct Soak {
 /// report, not errors.
 pub async fn run(opts: &SoakOptions) -> anyhow::Result<SoakReport> {
     let length = Duration::from_secs_f64(opts.minutes * 60.0);
-    let kinds: Vec<FaultKind> = FaultKind::ALL.to_vec();
+    let mut kinds: Vec<FaultKind> = FaultKind::ALL.to_vec();
+    if opts.own_services {
+        kinds.push(FaultKind::BrokerRestart);
+    }
     let per_kind = (
         opts.per_kind,
         opts.process_per_kind.unwrap_or(opts.per_kind),
@@ -166,7 +259,23 @@ pub async fn run(opts: &SoakOptions) -> anyhow::Result<SoakReport> {
         schedule.overlapping(),
         dir.display()
     );
-    let soak = Arc::new(set_up(opts, &dir).await?);
+    let (opts, own) = if opts.own_services {
+        let own = OwnServices::start(&dir.join("services")).await?;
+        let opts = SoakOptions {
+            bootstrap: format!("127.0.0.1:{OWN_KAFKA_PORT}"),
+            broker_link: SocketAddr::from(([127, 0, 0, 1], OWN_KAFKA_PORT + 6)),
+            broker_upstream: SocketAddr::from(([127, 0, 0, 1], OWN_KAFKA_PORT + 5)),
+            s3: SocketAddr::from(([127, 0, 0, 1], OWN_S3_PORT)),
+            ..opts.clone()
+        };
+        (opts, Some(own))
+    } else {
+        (opts.clone(), None)
+    };
+    let opts = &opts;
+    let mut soak = set_up(opts, &dir).await?;
+    soak.own = own;
+    let soak = Arc::new(soak);
     for host in &soak.hosts {
         let mut host = host.lock().await;
         host.start(&soak.setup).await?;
@@ -282,6 +391,8 @@ pub async fn run(opts: &SoakOptions) -> anyhow::Result<SoakReport> {
     for task in background {
         task.abort();
     }
+    // The hosts (and the soak's own services) stop before their directory goes.
+    drop(soak);
     if report.problems.is_empty() {
         let _ = std::fs::remove_dir_all(&dir);
     } else {
@@ -380,6 +491,7 @@ async fn set_up(opts: &SoakOptions, dir: &std::path::Path) -> anyhow::Result<Soa
         kills: Default::default(),
         versions: std::sync::Mutex::new([1, 1]),
         loose_on_lsm: AtomicBool::new(false),
+        own: None,
     })
 }
 
@@ -561,6 +673,16 @@ async fn inject(soak: &Soak, fault: &Fault) -> anyhow::Result<Option<Duration>> 
             soak.tenant_api()
                 .switch_operator(PIPELINES[pipeline], version)
                 .await?;
+        }
+        FaultKind::BrokerRestart => {
+            let own = soak
+                .own
+                .as_ref()
+                .context("a broker restart needs the soak's own broker (--own-services)")?;
+            own.kafka("stop", true).await?;
+            tokio::time::sleep(fault.length).await;
+            own.kafka("start", true).await?;
+            since = Instant::now();
         }
         FaultKind::BackendSwitch => {
             let to_lsm = !soak.loose_on_lsm.fetch_xor(true, Ordering::Relaxed);
@@ -760,14 +882,14 @@ pub fn print(report: &SoakReport) {
     let ((rss0, fds0), (rss1, fds1)) = report.footprint;
     let ((o0, b0), (o1, b1)) = report.store;
     println!(
-        "\nworst output lag {:.1} s; {} host starts, {} process kills; host 0: {} → {} MiB resident, {fds0} → {fds1} open files; store: {o0} → {o1} objects, {} → {} MiB{}",
+        "\nworst output lag {:.1} s; {} host starts, {} process kills; host 0: {} → {} MiB resident, {fds0} → {fds1} open files; store: {o0} → {o1} objects, {} → {} KiB{}",
         report.worst_lag.as_secs_f64(),
         report.starts,
         report.kills,
         rss0 >> 20,
         rss1 >> 20,
-        b0 >> 20,
-        b1 >> 20,
+        b0 >> 10,
+        b1 >> 10,
         if report.store_checked {
             ""
         } else {

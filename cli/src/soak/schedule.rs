@@ -35,10 +35,12 @@ pub enum FaultKind {
     VersionSwitch,
     /// A pipeline's state moved to the other backend.
     BackendSwitch,
+    /// The broker stopped and started again, its data kept (a soak on its own services).
+    BrokerRestart,
 }
 
 impl FaultKind {
-    /// Every kind.
+    /// Every kind but the broker's restart (which needs a broker of the soak's own).
     pub const ALL: [FaultKind; 13] = [
         FaultKind::Kill,
         FaultKind::Term,
@@ -71,6 +73,7 @@ impl FaultKind {
             FaultKind::DiskFull => "disk cache full",
             FaultKind::VersionSwitch => "operator version switch",
             FaultKind::BackendSwitch => "backend switch",
+            FaultKind::BrokerRestart => "broker restart",
         }
     }
 
@@ -97,6 +100,8 @@ impl FaultKind {
             | FaultKind::DiskFull => (3.0, 20.0),
             // Instantaneous: the rest of the fault is the pipeline taking it in.
             FaultKind::VersionSwitch | FaultKind::BackendSwitch => (0.0, 0.0),
+            // The broker down between its stop and its start.
+            FaultKind::BrokerRestart => (2.0, 15.0),
         };
         // Short soaks keep their faults short, but never shorter than a session timeout for a
         // stop (it must be fenced).
@@ -258,10 +263,20 @@ mod tests {
             // A long soak's: a hundred process kills.
             (Duration::from_secs(1800), (5, 35)),
         ];
+        // The shared services' kinds, and a soak's on its own broker (which it restarts too).
+        let shared = FaultKind::ALL.to_vec();
+        let own: Vec<FaultKind> = shared
+            .iter()
+            .copied()
+            .chain([FaultKind::BrokerRestart])
+            .collect();
         for seed in [1, 7, 41, 2026] {
-            for (length, per_kind) in sizes {
-                let schedule = Schedule::draw(seed, length, 3, &FaultKind::ALL, per_kind);
-                for kind in FaultKind::ALL {
+            for ((length, per_kind), kinds) in sizes
+                .into_iter()
+                .flat_map(|size| [(size, &shared), (size, &own)])
+            {
+                let schedule = Schedule::draw(seed, length, 3, kinds, per_kind);
+                for &kind in kinds {
                     let n = schedule.faults.iter().filter(|f| f.kind == kind).count();
                     assert!(n >= 3, "seed {seed}: {kind:?} {n} times");
                 }

@@ -39,6 +39,9 @@ pub struct Ledger {
     pub answered: BTreeMap<i32, (i64, Instant)>,
     /// The longest time from a record's production to its output being read.
     pub worst_lag: Duration,
+    /// Records whose delivery the soak's producer could not confirm: the oracle does not know
+    /// whether they are in the input.
+    pub unconfirmed: u64,
 }
 
 impl Ledger {
@@ -138,8 +141,11 @@ impl Traffic {
                 });
             }
             for (key, seq, timer, partition, delivered) in futures::future::join_all(sends).await {
-                let Some(delivery) = delivered else { continue };
                 let mut ledger = self.ledger();
+                let Some(delivery) = delivered else {
+                    ledger.unconfirmed += 1;
+                    continue;
+                };
                 if timer {
                     ledger
                         .timers_set
@@ -219,6 +225,12 @@ impl Traffic {
     pub fn problems(&self) -> Vec<String> {
         let ledger = self.ledger();
         let mut problems = Vec::new();
+        if ledger.unconfirmed > 0 {
+            problems.push(format!(
+                "{}: the soak's producer could not confirm {} deliveries: the counts cannot be checked",
+                self.input, ledger.unconfirmed
+            ));
+        }
         for (key, n) in &ledger.produced {
             let seen = ledger.counts.get(key).cloned().unwrap_or_default();
             if self.exactly_once {

@@ -6,7 +6,7 @@
 use super::{LogEntry, SegmentName, list_segments};
 use crate::runtime::guest_log::{LogLine, LogSink};
 use bytes::Bytes;
-use futures::StreamExt;
+use futures::TryStreamExt;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use serde::Deserialize;
@@ -337,15 +337,17 @@ pub async fn sweep_expired(store: &dyn ObjectStore, dir: &Path, retention: Durat
         }
     };
     for host_dir in hosts.values() {
-        let mut listed = store.list(Some(host_dir));
-        while let Some(meta) = listed.next().await {
-            let path = match meta {
-                Ok(meta) => meta.location,
-                Err(err) => {
-                    tracing::debug!(%host_dir, error = %err, "cannot list log segments to expire");
-                    break;
-                }
-            };
+        // Listed whole before any delete: a listing holds one of the host's object-store
+        // requests in flight while it is read (state::store_guard).
+        let listed: Vec<_> = match store.list(Some(host_dir)).try_collect().await {
+            Ok(listed) => listed,
+            Err(err) => {
+                tracing::debug!(%host_dir, error = %err, "cannot list log segments to expire");
+                continue;
+            }
+        };
+        for meta in listed {
+            let path = meta.location;
             let Some(name) = path.filename().and_then(SegmentName::parse) else {
                 continue;
             };

@@ -176,8 +176,14 @@ impl Storage for WarehouseStorage {
     async fn delete_prefix(&self, path: &str) -> iceberg::Result<()> {
         let store = self.store()?;
         let prefix = self.object_path(path.trim_end_matches('/'))?;
-        let listed = store.list(Some(&prefix)).map(|m| m.map(|m| m.location));
-        let mut deleted = store.delete_stream(listed.boxed());
+        // Listed whole before the deletes: a listing holds one of the host's object-store
+        // requests in flight while it is read (state::store_guard).
+        let listed: Vec<_> = store
+            .list(Some(&prefix))
+            .map(|m| m.map(|m| m.location))
+            .collect()
+            .await;
+        let mut deleted = store.delete_stream(futures::stream::iter(listed).boxed());
         while let Some(result) = deleted.next().await {
             match result {
                 Ok(_) | Err(object_store::Error::NotFound { .. }) => {}
