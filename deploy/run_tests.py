@@ -13,8 +13,8 @@ Usage: cargo test ... --no-run --message-format=json | python3 deploy/run_tests.
 ARGS go to every test binary (a name filter, `--nocapture`). --beside N CMD runs the shell
 command CMD once at most N test binaries are still running, beside the last ones (the test
 command's Kafka Streams smoke run beside the last two: started with all the binaries it slowed
-the longest one by as long as it saved; the soak beside the last one, once the binary whose
-test shares the broker's proxied listener has ended). --beside-last CMD is --beside 2 CMD.
+the longest one by as long as it saved; the soak beside them too, on a broker listener of its
+own). --beside-last CMD is --beside 2 CMD.
 Exits 1 if any binary, or command, failed.
 """
 

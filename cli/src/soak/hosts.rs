@@ -27,6 +27,8 @@ pub struct Host {
     process: Option<Child>,
     /// How many times it was started.
     pub starts: u64,
+    /// How the process last exited, when [`Host::exited`] saw it (not after a kill).
+    pub last_exit: Option<std::process::ExitStatus>,
 }
 
 /// What a host's config needs.
@@ -55,7 +57,7 @@ impl Host {
         s3: SocketAddr,
         setup: &HostSetup,
     ) -> anyhow::Result<Self> {
-        let api = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+        let api = stable_port()?;
         let work = dir.join(format!("host-{index}"));
         let cache = work.join("cache");
         std::fs::create_dir_all(&cache)?;
@@ -99,6 +101,7 @@ disk_cache_bytes = 33554432
             cache_mounted,
             process: None,
             starts: 0,
+            last_exit: None,
         })
     }
 
@@ -182,7 +185,8 @@ disk_cache_bytes = 33554432
             return true;
         };
         match tokio::time::timeout(timeout, child.wait()).await {
-            Ok(_) => {
+            Ok(status) => {
+                self.last_exit = status.ok();
                 self.process = None;
                 true
             }
@@ -259,6 +263,30 @@ impl Drop for Host {
     }
 }
 
+/// A free local port below the kernel's ephemeral range, for a host's API. A host is started
+/// again and again on the same port; a port from the ephemeral range (what binding port 0
+/// gives) can meanwhile become the local port of any outgoing connection, and the host's next
+/// start then fails with "address in use" (the long tier's first 30-minute soak met it).
+fn stable_port() -> anyhow::Result<SocketAddr> {
+    use rand::Rng as _;
+    let ephemeral_from = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32_768);
+    anyhow::ensure!(
+        ephemeral_from > 11_000,
+        "the ephemeral port range starts at {ephemeral_from}: no stable port below it"
+    );
+    let mut rng = rand::thread_rng();
+    for _ in 0..1_000 {
+        let port = rng.gen_range(10_000..ephemeral_from);
+        if let Ok(listener) = std::net::TcpListener::bind(("127.0.0.1", port)) {
+            return Ok(listener.local_addr()?);
+        }
+    }
+    anyhow::bail!("no free port in 10000..{ephemeral_from}")
+}
+
 /// Mounts a tmpfs of [`CACHE_TMPFS_BYTES`] at `dir`; `false` when the machine does not let
 /// the soak (not root, no mount).
 fn mount_tmpfs(dir: &Path) -> bool {
@@ -271,4 +299,23 @@ fn mount_tmpfs(dir: &Path) -> bool {
         .stderr(Stdio::null())
         .status()
         .is_ok_and(|s| s.success())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_hosts_api_port_is_never_one_an_outgoing_connection_can_take() {
+        let ephemeral_from: u16 = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+            .expect("Linux")
+            .split_whitespace()
+            .next()
+            .and_then(|p| p.parse().ok())
+            .expect("a range");
+        for _ in 0..20 {
+            let port = stable_port().expect("a free port").port();
+            assert!((10_000..ephemeral_from).contains(&port), "{port}");
+        }
+    }
 }

@@ -52,6 +52,8 @@ impl Link {
         let accept = tokio::spawn(async move {
             loop {
                 let Ok((client, _)) = listener.accept().await else {
+                    // Out of descriptors, say: try again in a moment rather than spin.
+                    tokio::time::sleep(Duration::from_millis(10)).await;
                     continue;
                 };
                 let _ = client.set_nodelay(true);
@@ -95,11 +97,7 @@ async fn connection(
         match now {
             LinkFault::Cut => return,
             LinkFault::Http503 => {
-                let _ = client
-                    .write_all(
-                        b"HTTP/1.1 503 Slow Down\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
-                    )
-                    .await;
+                answer_503(&mut client).await;
                 return;
             }
             LinkFault::HalfOpen => {
@@ -121,6 +119,30 @@ async fn connection(
         () = pump(client_read, server_write, fault.clone()) => {}
         () = pump(server_read, client_write, fault) => {}
     }
+}
+
+/// Reads a request's head, answers `503 Slow Down` and closes, reading what the client still
+/// sends for a moment (a body): closed with unread bytes, the socket would be reset, and the
+/// client would see a broken connection, not the status.
+async fn answer_503(client: &mut TcpStream) {
+    const HEAD_MAX: usize = 64 << 10;
+    let mut buf = [0u8; 4096];
+    let mut head = Vec::new();
+    let read_head = async {
+        while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < HEAD_MAX {
+            match client.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => head.extend_from_slice(&buf[..n]),
+            }
+        }
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(5), read_head).await;
+    let answer = b"HTTP/1.1 503 Slow Down\r\ncontent-length: 0\r\nconnection: close\r\n\r\n";
+    if client.write_all(answer).await.is_err() || client.shutdown().await.is_err() {
+        return;
+    }
+    let drain = async { while matches!(client.read(&mut buf).await, Ok(n) if n > 0) {} };
+    let _ = tokio::time::timeout(Duration::from_secs(1), drain).await;
 }
 
 /// Forwards one way until either side closes or the link is cut.
@@ -226,6 +248,9 @@ mod tests {
         // An HTTP service's 503.
         link.set(LinkFault::Http503);
         let mut http = TcpStream::connect(link.addr()).await.expect("accepted");
+        http.write_all(b"PUT /bucket/key HTTP/1.1\r\ncontent-length: 4\r\n\r\nbody")
+            .await
+            .expect("sent");
         let mut answer = String::new();
         http.read_to_string(&mut answer).await.expect("answered");
         assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");

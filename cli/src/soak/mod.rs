@@ -32,7 +32,7 @@ use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::FutureProducer;
 use schedule::{Fault, FaultKind, Schedule};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -275,12 +275,14 @@ pub async fn run(opts: &SoakOptions) -> anyhow::Result<SoakReport> {
     let opts = &opts;
     let mut soak = set_up(opts, &dir).await?;
     soak.own = own;
-    let soak = Arc::new(soak);
     for host in &soak.hosts {
         let mut host = host.lock().await;
         host.start(&soak.setup).await?;
     }
     create_pipelines(&soak, opts).await?;
+    // The schedule's clock starts with the input, once every host and pipeline is up.
+    soak.started = Instant::now();
+    let soak = Arc::new(soak);
 
     // Input and output.
     let stop = Arc::new(AtomicBool::new(false));
@@ -308,24 +310,44 @@ pub async fn run(opts: &SoakOptions) -> anyhow::Result<SoakReport> {
     // The faults, each in a task of its own, and the samples along the way.
     let mut report = SoakReport::default();
     let recoveries = Arc::new(std::sync::Mutex::new(Vec::new()));
+    // A fault that could not be injected, or after which the outputs never flowed again, is a
+    // failed check: the table would otherwise count what did not happen.
+    let fault_problems = Arc::new(std::sync::Mutex::new(Vec::new()));
     let mut faults = Vec::new();
     for fault in schedule.faults.clone() {
-        let (soak, recoveries) = (soak.clone(), recoveries.clone());
+        let (soak, recoveries, problems) =
+            (soak.clone(), recoveries.clone(), fault_problems.clone());
         faults.push(tokio::spawn(async move {
             tokio::time::sleep_until(tokio::time::Instant::from_std(soak.started + fault.at)).await;
-            match inject(&soak, &fault).await {
-                Ok(Some(recovered)) => recoveries
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .push((fault.kind, recovered)),
-                Ok(None) => {}
-                Err(err) => eprintln!("soak: {} failed to inject: {err:#}", fault.kind.as_str()),
-            }
+            let problem = match inject(&soak, &fault).await {
+                Ok(Some(recovered)) => {
+                    recoveries
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .push((fault.kind, recovered));
+                    return;
+                }
+                Ok(None) => format!(
+                    "{} at {:?}: the outputs did not flow again within {RECOVERY_WAIT_MAX:?}",
+                    fault.kind.as_str(),
+                    fault.at
+                ),
+                Err(err) => format!(
+                    "{} at {:?} could not be injected: {err:#}",
+                    fault.kind.as_str(),
+                    fault.at
+                ),
+            };
+            eprintln!("soak: {problem}");
+            problems
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(problem);
         }));
     }
     let early = (length / 6).min(Duration::from_secs(300));
     tokio::time::sleep_until(tokio::time::Instant::from_std(soak.started + early)).await;
-    let footprint_early = soak.hosts[0].lock().await.footprint().unwrap_or_default();
+    let footprint_early = soak.hosts[0].lock().await.footprint();
     let store_at = (length / 3).min(Duration::from_secs(600));
     tokio::time::sleep_until(tokio::time::Instant::from_std(soak.started + store_at)).await;
     let store_early = store_size(opts, &soak.setup).await?;
@@ -340,10 +362,22 @@ pub async fn run(opts: &SoakOptions) -> anyhow::Result<SoakReport> {
     );
 
     // Recovery, then the checks.
+    report.problems.extend(
+        fault_problems
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain(..),
+    );
     report.problems.extend(final_checks(&soak, opts).await);
+    let footprint_late = soak.hosts[0].lock().await.footprint();
+    if footprint_early.is_none() || footprint_late.is_none() {
+        report
+            .problems
+            .push("host 0's resident memory and open files could not be read".to_owned());
+    }
     report.footprint = (
-        footprint_early,
-        soak.hosts[0].lock().await.footprint().unwrap_or_default(),
+        footprint_early.unwrap_or_default(),
+        footprint_late.unwrap_or_default(),
     );
     report.store = (store_early, store_size(opts, &soak.setup).await?);
     let ((rss0, fds0), (rss1, fds1)) = report.footprint;
@@ -589,7 +623,7 @@ const RECOVERY_WAIT_MAX: Duration = Duration::from_secs(600);
 /// (a process fault, a switch: the signal or the call; a link, S3 or disk fault: its end) to
 /// every partition's outputs flowing past where the input was then.
 async fn inject(soak: &Soak, fault: &Fault) -> anyhow::Result<Option<Duration>> {
-    let offsets = soak.high_offsets();
+    let mut offsets = soak.high_offsets();
     let mut since = Instant::now();
     match fault.kind {
         FaultKind::Kill | FaultKind::Term | FaultKind::LeaveJoin => {
@@ -603,6 +637,14 @@ async fn inject(soak: &Soak, fault: &Fault) -> anyhow::Result<Option<Duration>> 
                     if !host.exited(Duration::from_secs(60)).await {
                         anyhow::bail!(
                             "host {} did not stop on SIGTERM: {}",
+                            host.index,
+                            host.tail()
+                        );
+                    }
+                    // A drain ends in a clean exit.
+                    if let Some(status) = host.last_exit.filter(|s| !s.success()) {
+                        anyhow::bail!(
+                            "host {} exited with {status} on SIGTERM: {}",
                             host.index,
                             host.tail()
                         );
@@ -647,7 +689,7 @@ async fn inject(soak: &Soak, fault: &Fault) -> anyhow::Result<Option<Duration>> 
                 tokio::time::sleep(fault.length).await;
                 soak.s3_links[fault.target].set(LinkFault::Healthy);
             }
-            since = Instant::now();
+            (offsets, since) = (soak.high_offsets(), Instant::now());
         }
         FaultKind::DiskFull => {
             let host = soak.hosts[fault.target].lock().await;
@@ -661,7 +703,7 @@ async fn inject(soak: &Soak, fault: &Fault) -> anyhow::Result<Option<Duration>> 
             drop(host);
             tokio::time::sleep(fault.length).await;
             soak.hosts[fault.target].lock().await.fill_cache(false)?;
-            since = Instant::now();
+            (offsets, since) = (soak.high_offsets(), Instant::now());
         }
         FaultKind::VersionSwitch => {
             let pipeline = fault.target;
@@ -682,7 +724,7 @@ async fn inject(soak: &Soak, fault: &Fault) -> anyhow::Result<Option<Duration>> 
             own.kafka("stop", true).await?;
             tokio::time::sleep(fault.length).await;
             own.kafka("start", true).await?;
-            since = Instant::now();
+            (offsets, since) = (soak.high_offsets(), Instant::now());
         }
         FaultKind::BackendSwitch => {
             let to_lsm = !soak.loose_on_lsm.fetch_xor(true, Ordering::Relaxed);
@@ -745,12 +787,12 @@ async fn final_checks(soak: &Soak, opts: &SoakOptions) -> Vec<String> {
     problems
 }
 
-/// Whether the hosts report every partition of `pipeline` running.
+/// Whether the hosts report every partition of `pipeline` running, each on one host.
 async fn partitions_running(soak: &Soak, pipeline: &str) -> Vec<String> {
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
         let view = soak.tenant_api().pipeline(pipeline).await;
-        let running: BTreeSet<i32> = match &view {
+        let mut running: Vec<i32> = match &view {
             Ok(view) => view
                 .status
                 .hosts
@@ -758,14 +800,15 @@ async fn partitions_running(soak: &Soak, pipeline: &str) -> Vec<String> {
                 .filter(|h| matches!(h.phase, weir_host::api::pipelines::HostPhase::Running))
                 .flat_map(|h| h.partitions.iter().copied())
                 .collect(),
-            Err(_) => BTreeSet::new(),
+            Err(_) => Vec::new(),
         };
-        if running == (0..PARTITIONS).collect() {
+        running.sort_unstable();
+        if running == (0..PARTITIONS).collect::<Vec<_>>() {
             return Vec::new();
         }
         if Instant::now() > deadline {
             return vec![format!(
-                "{pipeline}: partitions running {running:?}, not all {PARTITIONS}: {view:?}"
+                "{pipeline}: partitions running {running:?}, not each of 0..{PARTITIONS} once: {view:?}"
             )];
         }
         tokio::time::sleep(Duration::from_millis(500)).await;

@@ -19,6 +19,13 @@ pub const PARTITIONS: i32 = 4;
 /// One in this many records of the exactly-once pipeline sets a timer instead of counting.
 const TIMER_EVERY: u64 = 20;
 
+/// Whether record `seq` of the exactly-once input sets a timer: one in each [`TIMER_EVERY`],
+/// at a place that moves by one each block, so that timers land on every key's partition (a
+/// fixed place, with 200 keys over 4 partitions, would put them all on partition 0).
+fn sets_timer(seq: u64) -> bool {
+    (seq + seq / TIMER_EVERY).is_multiple_of(TIMER_EVERY)
+}
+
 /// What went into one pipeline and what came out of it.
 #[derive(Debug, Default)]
 pub struct Ledger {
@@ -120,7 +127,7 @@ impl Traffic {
                 let now_ms = SystemTime::now()
                     .duration_since(UNIX_EPOCH)
                     .map_or(0, |d| d.as_millis() as i64);
-                let timer = self.exactly_once && seq.is_multiple_of(TIMER_EVERY);
+                let timer = self.exactly_once && sets_timer(seq);
                 let value = if timer && (seq / TIMER_EVERY).is_multiple_of(2) {
                     format!("timer:event:t{seq}:{}", now_ms + 5_000)
                 } else if timer {
@@ -280,4 +287,20 @@ fn summarise(counts: &[u64]) -> String {
         &counts[..4],
         &counts[counts.len() - 4..]
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timers_are_one_in_twenty_and_land_on_every_partition() {
+        let timers: Vec<u64> = (1..=4_000).filter(|&seq| sets_timer(seq)).collect();
+        assert_eq!(timers.len(), 200, "one record in {TIMER_EVERY}");
+        let partitions: BTreeSet<u64> = timers
+            .iter()
+            .map(|seq| seq % KEYS % PARTITIONS as u64)
+            .collect();
+        assert_eq!(partitions, (0..PARTITIONS as u64).collect());
+    }
 }
