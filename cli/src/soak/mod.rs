@@ -90,33 +90,37 @@ pub struct SoakOptions {
     #[arg(long)]
     pub dir: Option<PathBuf>,
     /// Start a broker and an S3 server of the soak's own (deploy/local/, run from the
-    /// repository's root) on ports of their own — the broker's client port 19092, S3 19000 —
-    /// instead of the shared ones, and restart the broker among the faults.
+    /// repository's root) on ports of their own (`--own-ports`) instead of the shared ones,
+    /// and restart the broker among the faults.
     #[arg(long)]
     pub own_services: bool,
+    /// With `--own-services`: the S3 server's port; the broker's client port is 92 above it
+    /// and its others follow (deploy/local/kafka.sh). Two soaks at once need two.
+    #[arg(long, default_value_t = 19_000)]
+    pub own_ports: u16,
 }
-
-/// The client port of a broker of the soak's own; its others follow (deploy/local/kafka.sh).
-const OWN_KAFKA_PORT: u16 = 19092;
-
-/// The port of an S3 server of the soak's own.
-const OWN_S3_PORT: u16 = 19000;
 
 /// A broker and an S3 server of the soak's own: started from deploy/local/ with ports and a
 /// directory of their own; stopped when dropped.
 #[derive(Debug)]
 struct OwnServices {
     dir: PathBuf,
+    /// The S3 server's port.
+    s3_port: u16,
+    /// The broker's client port (its others follow).
+    kafka_port: u16,
 }
 
 impl OwnServices {
-    /// Starts both under `dir`.
+    /// Starts both under `dir`, S3 on `port`, the broker's client port 92 above it.
     ///
     /// # Errors
     /// When a script fails (it says why).
-    async fn start(dir: &std::path::Path) -> anyhow::Result<Self> {
+    async fn start(dir: &std::path::Path, port: u16) -> anyhow::Result<Self> {
         let services = Self {
             dir: dir.to_owned(),
+            s3_port: port,
+            kafka_port: port + 92,
         };
         services.kafka("start", false).await?;
         services.script("s3.sh", "start", &[]).await?;
@@ -140,9 +144,9 @@ impl OwnServices {
         let output = tokio::process::Command::new("bash")
             .arg(&script)
             .arg(command)
-            .env("WEIR_KAFKA_PORT_BASE", OWN_KAFKA_PORT.to_string())
+            .env("WEIR_KAFKA_PORT_BASE", self.kafka_port.to_string())
             .env("WEIR_KAFKA_DIR", self.dir.join("kafka"))
-            .env("WEIR_S3_PORT", OWN_S3_PORT.to_string())
+            .env("WEIR_S3_PORT", self.s3_port.to_string())
             .env("WEIR_S3_DIR", self.dir.join("s3"))
             .envs(env.iter().copied())
             .output()
@@ -163,11 +167,11 @@ impl Drop for OwnServices {
             (
                 "kafka.sh",
                 "WEIR_KAFKA_PORT_BASE",
-                OWN_KAFKA_PORT,
+                self.kafka_port,
                 "WEIR_KAFKA_DIR",
                 "kafka",
             ),
-            ("s3.sh", "WEIR_S3_PORT", OWN_S3_PORT, "WEIR_S3_DIR", "s3"),
+            ("s3.sh", "WEIR_S3_PORT", self.s3_port, "WEIR_S3_DIR", "s3"),
         ] {
             let _ = std::process::Command::new("bash")
                 .arg(PathBuf::from("deploy/local").join(script))
@@ -260,12 +264,12 @@ pub async fn run(opts: &SoakOptions) -> anyhow::Result<SoakReport> {
         dir.display()
     );
     let (opts, own) = if opts.own_services {
-        let own = OwnServices::start(&dir.join("services")).await?;
+        let own = OwnServices::start(&dir.join("services"), opts.own_ports).await?;
         let opts = SoakOptions {
-            bootstrap: format!("127.0.0.1:{OWN_KAFKA_PORT}"),
-            broker_link: SocketAddr::from(([127, 0, 0, 1], OWN_KAFKA_PORT + 6)),
-            broker_upstream: SocketAddr::from(([127, 0, 0, 1], OWN_KAFKA_PORT + 5)),
-            s3: SocketAddr::from(([127, 0, 0, 1], OWN_S3_PORT)),
+            bootstrap: format!("127.0.0.1:{}", own.kafka_port),
+            broker_link: SocketAddr::from(([127, 0, 0, 1], own.kafka_port + 6)),
+            broker_upstream: SocketAddr::from(([127, 0, 0, 1], own.kafka_port + 5)),
+            s3: SocketAddr::from(([127, 0, 0, 1], own.s3_port)),
             ..opts.clone()
         };
         (opts, Some(own))
