@@ -110,6 +110,13 @@ disk_cache_bytes = 33554432
     /// # Errors
     /// When it cannot start, or exits or stays silent for 60 s.
     pub async fn start(&mut self, setup: &HostSetup) -> anyhow::Result<()> {
+        // Two faults of one host may overlap in time (a drain outlasting its slot, then a
+        // kill's restart): a second process beside the first would find its port taken.
+        if let Some(child) = self.process.as_mut()
+            && matches!(child.try_wait(), Ok(None))
+        {
+            return Ok(());
+        }
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)

@@ -716,9 +716,11 @@ async fn inject(soak: &Soak, fault: &Fault) -> anyhow::Result<Option<Duration>> 
                 versions[pipeline] = 3 - versions[pipeline];
                 versions[pipeline]
             };
-            soak.tenant_api()
-                .switch_operator(PIPELINES[pipeline], version)
-                .await?;
+            retry_api(|| {
+                soak.tenant_api()
+                    .switch_operator(PIPELINES[pipeline], version)
+            })
+            .await?;
         }
         FaultKind::BrokerRestart => {
             let own = soak
@@ -734,14 +736,32 @@ async fn inject(soak: &Soak, fault: &Fault) -> anyhow::Result<Option<Duration>> 
             let to_lsm = !soak.loose_on_lsm.fetch_xor(true, Ordering::Relaxed);
             let backend = if to_lsm { "lsm" } else { "memory" };
             let change = serde_json::from_value(serde_json::json!({ "state_backend": backend }))?;
-            soak.tenant_api()
-                .change_pipeline(PIPELINES[1], &change)
-                .await?;
+            retry_api(|| soak.tenant_api().change_pipeline(PIPELINES[1], &change)).await?;
         }
     }
     Ok(soak
         .outputs_flowing(&offsets, since, RECOVERY_WAIT_MAX)
         .await)
+}
+
+/// Calls the API as a patient client does: an answer that the store is unavailable (an S3
+/// fault overlapping the call: `503`) is asked again, for up to a minute.
+async fn retry_api<T, F, Fut>(mut call: F) -> anyhow::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, weir_host::api::client::ClientError>>,
+{
+    use weir_host::api::client::ClientError;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        match call().await {
+            Ok(answer) => return Ok(answer),
+            Err(ClientError::Problem { status: 503, .. }) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            Err(err) => return Err(err.into()),
+        }
+    }
 }
 
 /// How long the final checks wait for the outputs to catch up with everything produced.

@@ -37,8 +37,8 @@ use crate::state::manifest::{
 use crate::state::{Recovery, Shard, StateError, StateWrite};
 use bytes::Bytes;
 use futures::TryStreamExt;
-use object_store::ObjectStore;
 use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt as _};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -335,6 +335,7 @@ pub async fn recover(
         store,
         root,
         stored: None,
+        headed: HashMap::new(),
     };
     let found = find_checkpoint(&manifests, versions, recovery, &mut check).await?;
     Ok(Recovered {
@@ -346,13 +347,24 @@ pub async fn recover(
 
 /// Recovery's check of a candidate: well-formed levels, and every SST it names stored with
 /// the size it records.
+///
+/// A candidate naming at most [`SST_HEADS_MAX`] SSTs is checked with a HEAD of each (at once):
+/// the open then costs what the checkpoint holds, not what the shard's directory holds — after
+/// a storm of short runs, hundreds of compacted-away SSTs wait out GC's grace period there, and
+/// listing them all made each open slower than the last (S18). A larger one is checked against
+/// one LIST of the directory, fewer requests than its HEADs.
 struct SstCheck<'a> {
     store: &'a Arc<dyn ObjectStore>,
     root: &'a Path,
-    /// Every SST under the shard and its size: one LIST, made for the first candidate and
-    /// reused for older ones.
+    /// Every SST under the shard and its size: one LIST, made for the first candidate that
+    /// needs it and reused for older ones.
     stored: Option<HashMap<SstId, u64>>,
+    /// SSTs a HEAD asked about: their size, `None` when not stored.
+    headed: HashMap<SstId, Option<u64>>,
 }
+
+/// The most SSTs a candidate may name to be checked by HEADs rather than a LIST.
+const SST_HEADS_MAX: usize = 32;
 
 impl CandidateCheck for SstCheck<'_> {
     type Product = ();
@@ -367,15 +379,43 @@ impl CandidateCheck for SstCheck<'_> {
     }
 
     async fn check(&mut self, candidate: &Manifest) -> Result<Checked<()>, StateError> {
+        let unavailable = |root: &Path, e: object_store::Error| StateError::Unavailable {
+            shard: root.to_string(),
+            source: Box::new(e),
+        };
+        let ids: Vec<SstId> = candidate.levels.iter().flatten().map(|r| r.id()).collect();
+        if self.stored.is_none() && ids.len() <= SST_HEADS_MAX {
+            let asking: Vec<SstId> = ids
+                .iter()
+                .filter(|id| !self.headed.contains_key(id))
+                .copied()
+                .collect();
+            let (store, root) = (self.store, self.root);
+            let answers = futures::future::join_all(asking.iter().map(|id| {
+                let path = Path::from(format!("{root}/{}", id.object_name()));
+                async move { store.head(&path).await }
+            }))
+            .await;
+            for (id, answer) in asking.into_iter().zip(answers) {
+                let size = match answer {
+                    Ok(meta) => Some(meta.size),
+                    Err(object_store::Error::NotFound { .. }) => None,
+                    Err(e) => return Err(unavailable(self.root, e)),
+                };
+                self.headed.insert(id, size);
+            }
+            let stored: HashMap<SstId, u64> = ids
+                .iter()
+                .filter_map(|id| Some((*id, (*self.headed.get(id)?)?)))
+                .collect();
+            return Ok(check_checkpoint(candidate, &stored));
+        }
         let stored = match &mut self.stored {
             Some(stored) => stored,
             empty => {
-                let listed = list_ssts(self.store, self.root).await.map_err(|e| {
-                    StateError::Unavailable {
-                        shard: self.root.to_string(),
-                        source: Box::new(e),
-                    }
-                })?;
+                let listed = list_ssts(self.store, self.root)
+                    .await
+                    .map_err(|e| unavailable(self.root, e))?;
                 empty.insert(listed)
             }
         };

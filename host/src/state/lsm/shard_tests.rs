@@ -441,13 +441,15 @@ fn until_the_scrub_has_read_the_recovered_ssts_gc_keeps_the_retained_checkpoints
     });
 }
 
-/// One process's view of the store: counts the LISTs of the whole manifest directory it makes,
-/// and fails every request once the process is killed, so that its background work (a GC
-/// pass) dies with it.
+/// One process's view of the store: counts the LISTs of the whole manifest directory it makes
+/// and those of the SST directory before its claim (recovery's), and fails every request once
+/// the process is killed, so that its background work (a GC pass) dies with it.
 #[derive(Debug, Default)]
 struct Process {
     killed: std::sync::atomic::AtomicBool,
     manifest_lists: std::sync::atomic::AtomicU64,
+    claimed: std::sync::atomic::AtomicBool,
+    sst_lists_before_claim: std::sync::atomic::AtomicU64,
 }
 
 #[async_trait::async_trait]
@@ -464,10 +466,20 @@ impl crate::state::hooked_store::RequestHook for Process {
                 source: "the process was killed".into(),
             });
         }
-        if request == crate::state::hooked_store::Request::List
-            && location.is_some_and(|l| l.as_ref().ends_with("/manifest"))
-        {
-            self.manifest_lists.fetch_add(1, Ordering::Relaxed);
+        let at = location.map(|l| l.as_ref()).unwrap_or_default();
+        match request {
+            crate::state::hooked_store::Request::List if at.ends_with("/manifest") => {
+                self.manifest_lists.fetch_add(1, Ordering::Relaxed);
+            }
+            crate::state::hooked_store::Request::List
+                if at.ends_with("/sst") && !self.claimed.load(Ordering::Relaxed) =>
+            {
+                self.sst_lists_before_claim.fetch_add(1, Ordering::Relaxed);
+            }
+            crate::state::hooked_store::Request::Put if at.contains("/manifest/") => {
+                self.claimed.store(true, Ordering::Relaxed);
+            }
+            _ => {}
         }
         Ok(())
     }
@@ -496,6 +508,13 @@ fn owners_that_each_live_for_one_checkpoint_keep_the_history_bounded_and_list_it
                 process.manifest_lists.load(Ordering::Relaxed),
                 1,
                 "run {run}: the open lists the manifest directory once"
+            );
+            // Recovery asks for the checkpoint's few SSTs by name: the compacted-away ones
+            // waiting out GC's grace period under the SST directory cost it nothing.
+            assert_eq!(
+                process.sst_lists_before_claim.load(Ordering::Relaxed),
+                0,
+                "run {run}: recovery lists the SST directory"
             );
             // The process lives long enough for the pass its claim started, and dies right
             // after its one checkpoint: that checkpoint's pass never runs.
