@@ -224,6 +224,12 @@ async fn readyz_answers_503_while_the_brokers_are_cut_off_and_200_once_they_are_
         &[
             ("WEIR_KAFKA__BOOTSTRAP_SERVERS", "127.0.0.1:9096"),
             ("WEIR_ADMIN_LISTEN", &admin_text),
+            // librdkafka's debug lines about its connections: a consumer cut off queues
+            // hundreds of them, and one that served a line per wake-up (a second) fetched
+            // nothing for minutes after the brokers came back — every run failed with them,
+            // one in nine without.
+            ("RUST_LOG", "info,librdkafka=debug"),
+            ("WEIR_KAFKA__CONSUMER__DEBUG", "broker"),
         ],
     )?;
     let client = reqwest::Client::new();

@@ -193,7 +193,9 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
                     // The source reports broker trouble here and keeps retrying on its own.
                     tracing::warn!(error = %crate::error::Chain(&*err), "consumer error");
                     tokio::time::sleep(Duration::from_millis(100)).await;
-                    false
+                    // Events may wait behind the error, and a queue that never went empty
+                    // wakes no one: look again.
+                    true
                 }
             };
             for record in fetched.drain(..) {

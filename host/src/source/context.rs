@@ -3,6 +3,7 @@
 
 use rdkafka::ClientContext;
 use rdkafka::Statistics;
+use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
 use rdkafka::error::{KafkaError, KafkaResult};
 use rdkafka::topic_partition_list::TopicPartitionList;
@@ -85,6 +86,33 @@ impl SourceContext {
 }
 
 impl ClientContext for SourceContext {
+    /// librdkafka's log lines, logged as rust-rdkafka does (target `librdkafka`), and counted
+    /// as an event served: they come through the consumer's queue (`log.queue`), and a fetch
+    /// that took one for the queue's end left every event behind it — records included —
+    /// waiting for the next wake-up, about a second each. After a minute cut off from its
+    /// broker, a consumer drained the failed connections' lines and errors one per second and
+    /// fetched nothing for minutes.
+    fn log(&self, level: RDKafkaLogLevel, fac: &str, log_message: &str) {
+        self.events.fetch_add(1, Ordering::Relaxed);
+        match level {
+            RDKafkaLogLevel::Emerg
+            | RDKafkaLogLevel::Alert
+            | RDKafkaLogLevel::Critical
+            | RDKafkaLogLevel::Error => {
+                tracing::error!(target: "librdkafka", "librdkafka: {fac} {log_message}");
+            }
+            RDKafkaLogLevel::Warning => {
+                tracing::warn!(target: "librdkafka", "librdkafka: {fac} {log_message}");
+            }
+            RDKafkaLogLevel::Notice | RDKafkaLogLevel::Info => {
+                tracing::info!(target: "librdkafka", "librdkafka: {fac} {log_message}");
+            }
+            RDKafkaLogLevel::Debug => {
+                tracing::debug!(target: "librdkafka", "librdkafka: {fac} {log_message}");
+            }
+        }
+    }
+
     /// librdkafka's errors, logged as rust-rdkafka does; a partition EOF that reaches the
     /// error callback (it names no partition) is the end of a partition, not an error.
     fn error(&self, error: KafkaError, reason: &str) {

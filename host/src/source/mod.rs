@@ -248,10 +248,13 @@ impl KafkaSource {
 
     /// Serves the consumer's own queue until it is empty or a rebalance was served (then
     /// gives the newly assigned partitions their queues and returns true), taking the messages
-    /// it holds into `records`.
-    fn serve_consumer_queue(&self, records: &mut Vec<InputRecord>) -> Result<bool, Cause> {
+    /// it holds into `records`. Errors in it (a broker down, a failed connection) are served
+    /// and go on: the context logged them, librdkafka retries on its own, and the events
+    /// behind them — records too — wait on no one (the queue wakes the loop only when it goes
+    /// from empty to not empty).
+    fn serve_consumer_queue(&self, records: &mut Vec<InputRecord>) -> bool {
         let rebalances = self.context.rebalances.load(Ordering::Acquire);
-        for _ in 0..CONSUMER_QUEUE_FETCH_MAX {
+        serve_queue(CONSUMER_QUEUE_FETCH_MAX, || {
             let events = self.context.events.load(Ordering::Acquire);
             match self.consumer.poll(Duration::ZERO) {
                 Some(Ok(msg)) => {
@@ -260,6 +263,7 @@ impl KafkaSource {
                     if msg.offset() >= self.floor(&topic, msg.partition()) {
                         records.push(to_input_record(&msg, &topic));
                     }
+                    Polled::Served
                 }
                 // The event names no topic: with one input topic it is that one's (with more,
                 // the partition counts as caught up after its next record and end).
@@ -267,20 +271,20 @@ impl KafkaSource {
                     if let [topic] = self.topics.as_slice() {
                         self.mark_end(topic, partition, true);
                     }
+                    Polled::Served
                 }
-                Some(Err(err)) => return Err(Box::new(err)),
+                // Logged by the context's `error`.
+                Some(Err(_)) => Polled::Served,
                 None if self.context.rebalances.load(Ordering::Acquire) != rebalances => {
                     self.split_assigned();
-                    return Ok(true);
+                    Polled::Rebalanced
                 }
                 // Nothing was served: the queue is empty.
-                None if self.context.events.load(Ordering::Acquire) == events => {
-                    return Ok(false);
-                }
-                None => {}
+                None if self.context.events.load(Ordering::Acquire) == events => Polled::Empty,
+                // An event the context handled (statistics, a commit's result, a log line).
+                None => Polled::Served,
             }
-        }
-        Ok(true)
+        })
     }
 
     /// The offset of `topic` `partition` below which nothing is handed out (see `floors`).
@@ -381,7 +385,7 @@ impl Source for KafkaSource {
         per_partition_max: usize,
         records: &mut Vec<InputRecord>,
     ) -> Result<bool, Cause> {
-        if self.serve_consumer_queue(records)? {
+        if self.serve_consumer_queue(records) {
             return Ok(true);
         }
         let queues = self.queues.lock().unwrap_or_else(|e| e.into_inner());
@@ -566,9 +570,70 @@ impl Source for KafkaSource {
     }
 }
 
+/// What one poll of a queue did ([`serve_queue`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Polled {
+    /// An event was served: a record, a partition's end, an error, statistics, a log line.
+    Served,
+    /// A rebalance was served.
+    Rebalanced,
+    /// Nothing: the queue is empty.
+    Empty,
+}
+
+/// Polls (`poll`) until the queue is empty (false), a rebalance was served or `max` events
+/// were (true: there may be more).
+fn serve_queue(max: usize, mut poll: impl FnMut() -> Polled) -> bool {
+    for _ in 0..max {
+        match poll() {
+            Polled::Served => {}
+            Polled::Rebalanced => return true,
+            Polled::Empty => return false,
+        }
+    }
+    true
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rdkafka::ClientContext as _;
+    use rdkafka::config::RDKafkaLogLevel;
+
+    #[test]
+    fn a_log_line_served_from_the_consumers_queue_is_an_event_not_the_queues_end() {
+        let context = SourceContext::default();
+        let events = || context.events.load(Ordering::Acquire);
+        let before = events();
+        context.log(
+            RDKafkaLogLevel::Info,
+            "FAIL",
+            "127.0.0.1:9096/1: Connect to ipv4#127.0.0.1:9096 failed: Connection refused",
+        );
+        assert_eq!(events(), before + 1);
+    }
+
+    #[test]
+    fn a_queue_is_served_past_log_lines_and_errors_to_its_end() {
+        // 300 log lines and errors of a minute cut off, then records: one fetch serves all.
+        let mut script = vec![Polled::Served; 300];
+        script.extend([Polled::Served, Polled::Served, Polled::Empty]);
+        let mut script = script.into_iter();
+        let mut polls = 0;
+        let more = serve_queue(4096, || {
+            polls += 1;
+            script.next().unwrap_or(Polled::Empty)
+        });
+        assert!(!more, "the queue's end was reached");
+        assert_eq!(polls, 303);
+        let mut polls = 0;
+        assert!(serve_queue(10, || {
+            polls += 1;
+            Polled::Served
+        }));
+        assert_eq!(polls, 10, "at most max events, then more may wait");
+        assert!(serve_queue(10, || Polled::Rebalanced));
+    }
 
     #[test]
     fn an_outdated_answer_is_asked_again_and_any_other_is_returned() {
