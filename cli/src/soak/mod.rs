@@ -200,6 +200,10 @@ pub struct SoakReport {
     pub kills: u64,
     /// Host 0's resident bytes and open files early, and at the end.
     pub footprint: ((u64, u64), (u64, u64)),
+    /// Host 0's resident bytes and open files at the end of each minute of the soak (`None`
+    /// when it could not be read then): a leak grows minute by minute, a cache fills and
+    /// stays.
+    pub footprint_by_minute: Vec<Option<(u64, u64)>>,
     /// The store's objects and bytes early, and at the end.
     pub store: ((u64, u64), (u64, u64)),
     /// Whether the soak was long enough for the store's growth to be checked.
@@ -353,6 +357,25 @@ pub async fn run(opts: &SoakOptions) -> anyhow::Result<SoakReport> {
                 .push(problem);
         }));
     }
+    let by_minute = Arc::new(std::sync::Mutex::new(Vec::new()));
+    background.push(tokio::spawn({
+        let (soak, by_minute) = (soak.clone(), by_minute.clone());
+        async move {
+            let mut minutes = tokio::time::interval_at(
+                tokio::time::Instant::from_std(soak.started + MINUTE),
+                MINUTE,
+            );
+            loop {
+                minutes.tick().await;
+                // A fault holding host 0 (a link cut, a full cache) leaves the minute unread.
+                let sample = soak.hosts[0].try_lock().ok().and_then(|h| h.footprint());
+                by_minute
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push(sample);
+            }
+        }
+    }));
     let early = (length / 6).min(FOOTPRINT_BASELINE);
     tokio::time::sleep_until(tokio::time::Instant::from_std(soak.started + early)).await;
     let footprint_early = soak.hosts[0].lock().await.footprint();
@@ -388,6 +411,7 @@ pub async fn run(opts: &SoakOptions) -> anyhow::Result<SoakReport> {
         footprint_late.unwrap_or_default(),
     );
     report.store = (store_early, store_size(opts, &soak.setup).await?);
+    report.footprint_by_minute = by_minute.lock().unwrap_or_else(|e| e.into_inner()).clone();
     let ((rss0, fds0), (rss1, fds1)) = report.footprint;
     // Minute 5 is a host that has settled (its caches warm, its share of partitions held):
     // a soak must reach it, and outlast it, for the growth after it to mean a leak. Shorter
@@ -774,6 +798,9 @@ where
     }
 }
 
+/// How often host 0's footprint is sampled for the report.
+const MINUTE: Duration = Duration::from_secs(60);
+
 /// When host 0's footprint is sampled as the baseline of its check: minute 5.
 const FOOTPRINT_BASELINE: Duration = Duration::from_secs(300);
 
@@ -819,6 +846,19 @@ pub fn print(report: &SoakReport) {
         } else {
             " (not checked: the soak is shorter than twice GC's 10-minute grace period)"
         }
+    );
+    let minutes: Vec<String> = report
+        .footprint_by_minute
+        .iter()
+        .enumerate()
+        .map(|(i, sample)| match sample {
+            Some((rss, fds)) => format!("{}: {}/{fds}", i + 1, rss >> 20),
+            None => format!("{}: -", i + 1),
+        })
+        .collect();
+    println!(
+        "host 0 by minute (MiB resident/open files): {}",
+        minutes.join(", ")
     );
     if report.problems.is_empty() {
         println!("every check holds");
