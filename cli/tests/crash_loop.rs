@@ -204,7 +204,13 @@ pub(crate) async fn run_and_kill(
                     weir.tail()
                 );
             } else {
-                weir.kill().await?; // the fail point did not come up heads in time: a plain kill
+                // Not heads in time: a plain kill. An armed point that never comes up in 60 s
+                // means no checkpoint in 60 s — the log says what the process did instead.
+                eprintln!(
+                    "round {round}: {name} not hit in 60 s; its log ends:\n{}",
+                    weir.tail()
+                );
+                weir.kill().await?;
             }
         }
     }
