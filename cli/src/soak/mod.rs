@@ -22,16 +22,20 @@
 
 mod checks;
 mod hosts;
+mod inject;
 mod link;
+mod report;
 mod schedule;
 mod traffic;
 
 use anyhow::Context as _;
 use checks::{final_checks, store_size};
 use hosts::{Host, HostSetup};
+use inject::{RECOVERY_WAIT_MAX, inject};
 use link::{Link, LinkFault};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::producer::FutureProducer;
+pub use report::print;
 use schedule::{Fault, FaultKind, Schedule};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -653,217 +657,8 @@ impl Soak {
 /// GC's grace period (`RetentionPolicy::default`): no object younger is deleted.
 const GC_GRACE: Duration = Duration::from_secs(600);
 
-/// How long after a fault the soak waits for the outputs to flow again before it gives up
-/// measuring (the final checks still wait for everything).
-const RECOVERY_WAIT_MAX: Duration = Duration::from_secs(600);
-
-/// Injects `fault`, heals it after its length, and returns how long it took from the fault
-/// (a process fault, a switch: the signal or the call; a link, S3 or disk fault: its end) to
-/// every partition's outputs flowing past where the input was then.
-async fn inject(soak: &Soak, fault: &Fault) -> anyhow::Result<Option<Duration>> {
-    let mut offsets = soak.high_offsets();
-    let mut since = Instant::now();
-    match fault.kind {
-        FaultKind::Kill | FaultKind::Term | FaultKind::LeaveJoin => {
-            // The host's lock only for each step: other faults (its link, its disk) overlap.
-            {
-                let mut host = soak.hosts[fault.target].lock().await;
-                if fault.kind == FaultKind::Kill {
-                    host.kill().await;
-                } else {
-                    host.signal("TERM").await?;
-                    if !host.exited(Duration::from_secs(60)).await {
-                        anyhow::bail!(
-                            "host {} did not stop on SIGTERM: {}",
-                            host.index,
-                            host.tail()
-                        );
-                    }
-                    // A drain ends in a clean exit.
-                    if let Some(status) = host.last_exit.filter(|s| !s.success()) {
-                        anyhow::bail!(
-                            "host {} exited with {status} on SIGTERM: {}",
-                            host.index,
-                            host.tail()
-                        );
-                    }
-                }
-            }
-            soak.kills.fetch_add(1, Ordering::Relaxed);
-            tokio::time::sleep(fault.length).await;
-            soak.hosts[fault.target]
-                .lock()
-                .await
-                .start(&soak.setup)
-                .await?;
-        }
-        FaultKind::Stop => {
-            soak.hosts[fault.target].lock().await.signal("STOP").await?;
-            tokio::time::sleep(fault.length).await;
-            soak.hosts[fault.target].lock().await.signal("CONT").await?;
-        }
-        FaultKind::LinkLatency
-        | FaultKind::LinkCut
-        | FaultKind::LinkHalfOpen
-        | FaultKind::LinkBandwidth
-        | FaultKind::S3Unavailable
-        | FaultKind::S3Slow => {
-            let on_broker = fault.on_broker
-                && !matches!(fault.kind, FaultKind::S3Unavailable | FaultKind::S3Slow);
-            let what = match fault.kind {
-                FaultKind::LinkLatency => LinkFault::Latency(Duration::from_millis(200)),
-                FaultKind::LinkCut => LinkFault::Cut,
-                FaultKind::LinkHalfOpen => LinkFault::HalfOpen,
-                FaultKind::LinkBandwidth => LinkFault::Bandwidth(64 << 10),
-                FaultKind::S3Unavailable => LinkFault::Http503,
-                _ => LinkFault::Latency(Duration::from_millis(1500)),
-            };
-            if on_broker {
-                soak.broker.set(what);
-                tokio::time::sleep(fault.length).await;
-                soak.broker.set(LinkFault::Healthy);
-            } else {
-                soak.s3_links[fault.target].set(what);
-                tokio::time::sleep(fault.length).await;
-                soak.s3_links[fault.target].set(LinkFault::Healthy);
-            }
-            (offsets, since) = (soak.high_offsets(), Instant::now());
-        }
-        FaultKind::DiskFull => {
-            let host = soak.hosts[fault.target].lock().await;
-            if !host.can_fill_cache() {
-                anyhow::bail!(
-                    "no tmpfs could be mounted for host {}'s disk cache (the soak runs as root to fill one)",
-                    fault.target
-                );
-            }
-            host.fill_cache(true)?;
-            drop(host);
-            tokio::time::sleep(fault.length).await;
-            soak.hosts[fault.target].lock().await.fill_cache(false)?;
-            (offsets, since) = (soak.high_offsets(), Instant::now());
-        }
-        FaultKind::VersionSwitch => {
-            let pipeline = fault.target;
-            let version = {
-                let mut versions = soak.versions.lock().unwrap_or_else(|e| e.into_inner());
-                versions[pipeline] = 3 - versions[pipeline];
-                versions[pipeline]
-            };
-            retry_api(|| {
-                soak.tenant_api()
-                    .switch_operator(PIPELINES[pipeline], version)
-            })
-            .await?;
-        }
-        FaultKind::BrokerRestart => {
-            let own = soak
-                .own
-                .as_ref()
-                .context("a broker restart needs the soak's own broker (--own-services)")?;
-            own.kafka("stop", true).await?;
-            tokio::time::sleep(fault.length).await;
-            own.kafka("start", true).await?;
-            (offsets, since) = (soak.high_offsets(), Instant::now());
-        }
-        FaultKind::BackendSwitch => {
-            let to_lsm = !soak.loose_on_lsm.fetch_xor(true, Ordering::Relaxed);
-            let backend = if to_lsm { "lsm" } else { "memory" };
-            let change = serde_json::from_value(serde_json::json!({ "state_backend": backend }))?;
-            retry_api(|| soak.tenant_api().change_pipeline(PIPELINES[1], &change)).await?;
-        }
-    }
-    Ok(soak
-        .outputs_flowing(&offsets, since, RECOVERY_WAIT_MAX)
-        .await)
-}
-
-/// Calls the API as a patient client does: an answer that the store is unavailable (an S3
-/// fault overlapping the call: `503`) is asked again, for up to a minute.
-async fn retry_api<T, F, Fut>(mut call: F) -> anyhow::Result<T>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T, weir_host::api::client::ClientError>>,
-{
-    use weir_host::api::client::ClientError;
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        match call().await {
-            Ok(answer) => return Ok(answer),
-            Err(ClientError::Problem { status: 503, .. }) if Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_secs(1)).await;
-            }
-            Err(err) => return Err(err.into()),
-        }
-    }
-}
-
 /// How often host 0's footprint is sampled for the report.
 const MINUTE: Duration = Duration::from_secs(60);
 
 /// When host 0's footprint is sampled as the baseline of its check: minute 5.
 const FOOTPRINT_BASELINE: Duration = Duration::from_secs(300);
-
-/// Prints `report` as a table of faults and the figures after it.
-pub fn print(report: &SoakReport) {
-    println!(
-        "{:<24} {:>6} {:>11} {:>10} {:>10} {:>10}",
-        "fault", "times", "overlapped", "p50 s", "p99 s", "max s"
-    );
-    for (kind, (n, overlapped, took)) in &report.faults {
-        let mut took = took.clone();
-        took.sort();
-        let at = |q: f64| {
-            took.get(((took.len() as f64 - 1.0) * q).round() as usize)
-                .map_or("-".to_owned(), |d| format!("{:.1}", d.as_secs_f64()))
-        };
-        println!(
-            "{:<24} {n:>6} {overlapped:>11} {:>10} {:>10} {:>10}",
-            kind.as_str(),
-            at(0.5),
-            at(0.99),
-            at(1.0)
-        );
-    }
-    let ((rss0, fds0), (rss1, fds1)) = report.footprint;
-    let ((o0, b0), (o1, b1)) = report.store;
-    println!(
-        "\nworst output lag {:.1} s; {} host starts, {} process kills; host 0: {} → {} MiB resident, {fds0} → {fds1} open files{}; store: {o0} → {o1} objects, {} → {} KiB{}",
-        report.worst_lag.as_secs_f64(),
-        report.starts,
-        report.kills,
-        rss0 >> 20,
-        rss1 >> 20,
-        if report.footprint_checked {
-            ""
-        } else {
-            " (not checked: the soak is shorter than twice its 5-minute baseline)"
-        },
-        b0 >> 10,
-        b1 >> 10,
-        if report.store_checked {
-            ""
-        } else {
-            " (not checked: the soak is shorter than twice GC's 10-minute grace period)"
-        }
-    );
-    let minutes: Vec<String> = report
-        .footprint_by_minute
-        .iter()
-        .enumerate()
-        .map(|(i, sample)| match sample {
-            Some((rss, fds)) => format!("{}: {}/{fds}", i + 1, rss >> 20),
-            None => format!("{}: -", i + 1),
-        })
-        .collect();
-    println!(
-        "host 0 by minute (MiB resident/open files): {}",
-        minutes.join(", ")
-    );
-    if report.problems.is_empty() {
-        println!("every check holds");
-    }
-    for problem in &report.problems {
-        println!("FAILED: {problem}");
-    }
-}
