@@ -9,9 +9,10 @@
 # that needs one waits for it and prints its output then.
 #
 # Two tiers run the same tests: the short one (the default, what CI runs) at the size that
-# proves each behaviour — crash loops of 10 kills, January and February's flights, a 20-run
-# restart loop; `--long` (WEIR_TEST_TIER=long) at full size — 50-kill crash loops, all 336,776
-# flights, 500 restarts — before an issue is resolved (README, "Run all the tests").
+# proves each behaviour — crash loops of 6 kills that hit every fail point, January's 27,004
+# flights, 12 short restarts of one shard, a 2-minute soak; `--long` (WEIR_TEST_TIER=long) at
+# full size — 50-kill crash loops, all 336,776 flights, 500 restarts, a 30-minute soak — before
+# an issue is resolved (README, "Run all the tests").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

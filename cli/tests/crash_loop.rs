@@ -93,7 +93,9 @@ async fn crash_loop(exactly_once: bool) -> anyhow::Result<()> {
             &config_path,
             log,
             round,
-            (*kill, 50),
+            // Every partition gets records each round and checkpoints them: at least
+            // PARTITIONS evaluations of a checkpoint's fail points.
+            (*kill, PARTITIONS.unsigned_abs()),
             &mut rng,
             &mut hits,
         )
@@ -154,15 +156,53 @@ pub(crate) fn shuffled_rounds(
     rounds
 }
 
+/// The `FAILPOINTS` entry that arms `name` to abort the process at its `skip + 1`-th
+/// evaluation (the fail crate's `N*off->return`): deterministic, unlike a percentage. A fail
+/// point is evaluated only where its step runs (a checkpoint only when its shard is dirty), and
+/// a round that catches up in one batch per partition evaluates it about once per partition:
+/// armed at 50 %, four partitions all came up tails one round in sixteen, and a short tier that
+/// arms each point once failed "never hit" (more often beside a CPU hog, whose bigger batches
+/// mean fewer checkpoints).
+pub(crate) fn arm(name: &str, skip: u32) -> String {
+    if skip == 0 {
+        format!("{name}=return")
+    } else {
+        format!("{name}={skip}*off->return")
+    }
+}
+
+/// One evaluation of the fail point the test below arms: whether it fired.
+fn evaluate_armed_point() -> bool {
+    fail::fail_point!("crash-loop-arm-test", |_| true);
+    false
+}
+
+#[test]
+fn an_armed_point_aborts_at_the_evaluation_after_those_it_skips() -> anyhow::Result<()> {
+    let scenario = fail::FailScenario::setup();
+    for skip in 0..4 {
+        let entry = arm("crash-loop-arm-test", skip);
+        let (name, actions) = entry.split_once('=').expect("name=actions");
+        fail::cfg(name, actions).map_err(anyhow::Error::msg)?;
+        let fired: Vec<bool> = (0..6).map(|_| evaluate_armed_point()).collect();
+        let want: Vec<bool> = (0..6).map(|i| i >= skip).collect();
+        assert_eq!(fired, want, "{entry}");
+        fail::remove(name);
+    }
+    scenario.teardown();
+    Ok(())
+}
+
 /// Starts `weir` on `config_path` and ends it as `kill` says: SIGKILL after a random delay, or
-/// the fail point (armed at `percent` % of its hits) aborting it, counted in `hits` (a plain
-/// SIGKILL if it does not come up within 10 s).
+/// the fail point aborting it at one of its first `skip_below` evaluations (drawn; a round must
+/// make at least that many), counted in `hits` (a plain SIGKILL if it does not come up within
+/// 60 s).
 pub(crate) async fn run_and_kill(
     bin: &Path,
     config_path: &Path,
     log: std::path::PathBuf,
     round: usize,
-    (kill, percent): (Kill, u32),
+    (kill, skip_below): (Kill, u32),
     rng: &mut ThreadRng,
     hits: &mut BTreeMap<&'static str, usize>,
 ) -> anyhow::Result<()> {
@@ -180,13 +220,12 @@ pub(crate) async fn run_and_kill(
             weir.kill().await?;
         }
         Kill::FailPoint(name) => {
-            let fail_points = format!("{name}={percent}%return");
+            let fail_points = arm(name, rng.gen_range(0..skip_below.max(1)));
             let mut weir =
                 WeirProcess::spawn(bin, config_path, log, &[("FAILPOINTS", &fail_points)])?;
-            // The round ends at its fail point: wait for the hit (an armed point comes up heads
-            // within a few checkpoints or timer rounds) or an exit, not for a fixed time — on a
-            // loaded machine a first checkpoint can take longer than 10 s, and a short tier
-            // arms each point once (the windows loop once missed `checkpoint-before-manifest`).
+            // The round ends at its fail point: wait for the hit (within the evaluations every
+            // round makes) or an exit, not for a fixed time — on a loaded machine a first
+            // checkpoint can take longer than 10 s.
             let needle = format!("weir fail point hit: {name}");
             let deadline = Instant::now() + Duration::from_secs(60);
             let mut status = None;
@@ -220,13 +259,13 @@ pub(crate) async fn run_and_kill(
 
 /// The rounds of a crash loop over the flights: before each, the next `per_round` of
 /// `flights` go to `input`; then `weir` runs on `config` and is ended as the round says
-/// ([`run_and_kill`], fail points armed at `percent` %), its log in `dir`. Returns the fail
-/// points' hits.
+/// ([`run_and_kill`], fail points hit at one of their first `skip_below` evaluations), its
+/// log in `dir`. Returns the fail points' hits.
 pub(crate) async fn flights_rounds(
     (bin, config, dir): (&Path, &Path, &Path),
     rounds: &[Kill],
     (input, flights, per_round): (&str, &[FlightRecord], usize),
-    percent: u32,
+    skip_below: u32,
     rng: &mut ThreadRng,
 ) -> anyhow::Result<BTreeMap<&'static str, usize>> {
     // The first slice through `produce`, which turns off the topic's time-based retention (the
@@ -240,7 +279,7 @@ pub(crate) async fn flights_rounds(
             loader.produce(input, slice).await?;
         }
         let log = dir.join(format!("round-{round:02}.log"));
-        run_and_kill(bin, config, log, round, (*kill, percent), rng, &mut hits).await?;
+        run_and_kill(bin, config, log, round, (*kill, skip_below), rng, &mut hits).await?;
     }
     Ok(hits)
 }
@@ -310,7 +349,9 @@ async fn windows_killed_and_restarted_again_and_again_close_each_hour_exactly_on
         (bin, &config_path, dir.path()),
         &rounds,
         (&input, &flights, FLIGHTS_PER_ROUND),
-        50,
+        // Three origins over four partitions: a round may feed only one partition, and its
+        // timer rounds and checkpoints may come once. Each point at its first evaluation.
+        1,
         &mut rng,
     )
     .await?;
