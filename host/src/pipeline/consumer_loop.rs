@@ -28,7 +28,7 @@ use tokio::time::Instant;
 
 /// How often a paused partition's pending records are offered to its worker again, and how
 /// often the loop looks at shards being opened or closed while it has nothing else to do.
-const PAUSED_RETRY_INTERVAL: Duration = Duration::from_millis(5);
+pub(super) const PAUSED_RETRY_INTERVAL: Duration = Duration::from_millis(5);
 
 /// How long a partition whose shard another owner claimed stays paused before this host tries
 /// to open it again (a rebalance that revokes it ends the wait sooner).
@@ -251,7 +251,7 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
     /// Pauses newly assigned partitions that have no shard yet: `tend_shards` opens their
     /// shards right away (recovery does not wait for a first record) and resumes them after
     /// the seek.
-    fn pause_assigned(&mut self) {
+    pub(super) fn pause_assigned(&mut self) {
         for partition in self.source.take_assigned() {
             let busy =
                 self.workers.contains_key(&partition) || self.opening.contains_key(&partition);
@@ -265,6 +265,58 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
     /// for paused partitions that have none, finishes opens (seek, start the worker, resume),
     /// and commits checkpointed offsets to Kafka.
     async fn tend_shards(&mut self) -> Result<(), PipelineError> {
+        self.reap_closed().await?;
+        // A worker that said it ends is about to: awaiting it is short.
+        let ended: Vec<i32> = self
+            .workers
+            .iter()
+            .filter(|(_, w)| w.task.is_finished() || self.inbox.ended.contains(&w.id))
+            .map(|(p, _)| *p)
+            .collect();
+        for partition in ended {
+            self.worker_ended(partition).await?;
+        }
+        let now = Instant::now();
+        self.hold.retain(|_, until| *until > now);
+        let waiting: Vec<i32> = self
+            .paused
+            .iter()
+            .copied()
+            .filter(|p| self.may_open(*p))
+            .collect();
+        for partition in waiting {
+            self.start_opening(partition);
+        }
+        self.finish_opened().await?;
+        self.commit_checkpointed();
+        Ok(())
+    }
+
+    /// Whether `partition` (assigned, paused) may start opening its shard now: no worker,
+    /// open or revoked worker of it here, and not held back.
+    pub(super) fn may_open(&self, partition: i32) -> bool {
+        !self.workers.contains_key(&partition)
+            && !self.opening.contains_key(&partition)
+            && !self.closing.contains_key(&partition)
+            && !self.hold.contains_key(&partition)
+    }
+
+    /// Takes the shards whose open ended: their workers start, or they are held back.
+    pub(super) async fn finish_opened(&mut self) -> Result<(), PipelineError> {
+        let opened: Vec<i32> = self
+            .opening
+            .iter()
+            .filter(|(_, o)| o.is_finished())
+            .map(|(p, _)| *p)
+            .collect();
+        for partition in opened {
+            self.finish_opening(partition).await?;
+        }
+        Ok(())
+    }
+
+    /// Reaps the revoked partitions' workers that ended.
+    pub(super) async fn reap_closed(&mut self) -> Result<(), PipelineError> {
         let closed: Vec<i32> = self
             .closing
             .iter()
@@ -292,42 +344,6 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
                 }
             }
         }
-        // A worker that said it ends is about to: awaiting it is short.
-        let ended: Vec<i32> = self
-            .workers
-            .iter()
-            .filter(|(_, w)| w.task.is_finished() || self.inbox.ended.contains(&w.id))
-            .map(|(p, _)| *p)
-            .collect();
-        for partition in ended {
-            self.worker_ended(partition).await?;
-        }
-        let now = Instant::now();
-        self.hold.retain(|_, until| *until > now);
-        let waiting: Vec<i32> = self
-            .paused
-            .iter()
-            .copied()
-            .filter(|p| {
-                !self.workers.contains_key(p)
-                    && !self.opening.contains_key(p)
-                    && !self.closing.contains_key(p)
-                    && !self.hold.contains_key(p)
-            })
-            .collect();
-        for partition in waiting {
-            self.start_opening(partition);
-        }
-        let opened: Vec<i32> = self
-            .opening
-            .iter()
-            .filter(|(_, o)| o.is_finished())
-            .map(|(p, _)| *p)
-            .collect();
-        for partition in opened {
-            self.finish_opening(partition).await?;
-        }
-        self.commit_checkpointed();
         Ok(())
     }
 

@@ -8,11 +8,18 @@
 
 use super::PipelineError;
 use super::WorkerError;
-use super::consumer_loop::Running;
+use super::consumer_loop::{PAUSED_RETRY_INTERVAL, Running};
 use super::events::WorkerId;
 use super::ports::{Output, Source};
 use crate::state::StateBackend;
 use foldhash::HashSet;
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// The longest a shutdown waits for the hand-overs under way to settle (shards opening, a
+/// partition assigned back waiting for its revoked worker), and at most half of
+/// `shutdown_drain_max`: the drain itself gets the rest.
+const HANDOVER_SETTLE_MAX: Duration = Duration::from_secs(5);
 
 impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
     /// Tells every worker to finish, hands each its fetched records (unless it is held back),
@@ -22,24 +29,28 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
     /// group, synchronously, before the consumer closes (at-least-once: exactly-once committed
     /// them in their transactions).
     pub(super) async fn drain(&mut self) -> Result<(), PipelineError> {
-        for (_, opening) in self.opening.drain() {
-            opening.abort();
-        }
         // A revoke the source reported before the shutdown reached the loop: that partition
         // closes as revoked, and nothing of it is committed here (S1).
         self.drop_revoked();
+        let drain_max = self.settings.runtime.shutdown_drain_max;
+        let deadline = Instant::now() + drain_max;
+        let settled = self
+            .settle_handovers(Instant::now() + (drain_max / 2).min(HANDOVER_SETTLE_MAX))
+            .await;
+        for (_, opening) in self.opening.drain() {
+            opening.abort();
+        }
         let owned: HashSet<WorkerId> = self.workers.values().map(|w| w.id).collect();
         // Heard at once whatever each waits on (events.rs): one held back ends now.
         for worker in self.workers.values() {
             worker.control.finish();
         }
-        let deadline = tokio::time::Instant::now() + self.settings.runtime.shutdown_drain_max;
         match tokio::time::timeout_at(deadline, self.drain_all()).await {
             Ok(result) => {
                 // The partitions it still owns: their last checkpoints reach the group before
                 // the consumer leaves it.
                 self.commit_offsets(&owned, true);
-                result
+                settled.and(result)
             }
             Err(_) => {
                 // A worker stuck past the limit (a guest call, a store that neither answers
@@ -54,6 +65,49 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
                     closing.task.abort();
                 }
                 Err(PipelineError::DrainTimedOut(partitions))
+            }
+        }
+    }
+
+    /// Settles, until `until`, the hand-overs under way when the shutdown came: shards being
+    /// opened finish opening, and a partition revoked and assigned back to this host (an eager
+    /// rebalance revokes every partition, then assigns) waits for its revoked worker's last
+    /// checkpoint and is opened again. This host is then that partition's next owner: only
+    /// its open commits the revoked worker's last checkpoint to the group (recovery step 4;
+    /// the revoked worker commits nothing, S1), and a shutdown that abandoned it would leave
+    /// lag on the group with every record processed (S17). Their workers then drain with the
+    /// others. What has not settled by `until` is abandoned as before: its next owner commits
+    /// what it recovers.
+    async fn settle_handovers(&mut self, until: Instant) -> Result<(), PipelineError> {
+        self.pause_assigned();
+        let mut reassigned: HashSet<i32> = self
+            .closing
+            .keys()
+            .copied()
+            .filter(|p| self.paused.contains(p))
+            .collect();
+        loop {
+            self.reap_closed().await?;
+            let now = Instant::now();
+            self.hold.retain(|_, held| *held > now);
+            let closed: Vec<i32> = reassigned
+                .iter()
+                .copied()
+                .filter(|p| !self.closing.contains_key(p))
+                .collect();
+            for partition in closed {
+                reassigned.remove(&partition);
+                if self.may_open(partition) {
+                    self.start_opening(partition);
+                }
+            }
+            self.finish_opened().await?;
+            if (reassigned.is_empty() && self.opening.is_empty()) || Instant::now() >= until {
+                return Ok(());
+            }
+            tokio::select! {
+                () = self.inbox.receive() => {}
+                () = tokio::time::sleep(PAUSED_RETRY_INTERVAL) => {}
             }
         }
     }
