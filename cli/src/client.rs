@@ -4,10 +4,16 @@ use anyhow::Context as _;
 use clap::Subcommand;
 use std::io::Write as _;
 use std::path::PathBuf;
-use weir_host::api::client::ApiClient;
 
+pub mod api;
 mod state;
+mod text;
+pub use api::{ApiClient, ClientError};
 pub use state::{StateCommand, state};
+pub use text::{
+    log_line, operators_table, pipeline_status_text, pipelines_table, savepoints_table,
+    tenants_table, versions_table,
+};
 
 /// Where the API is and which key to use.
 #[derive(Debug, clap::Args)]
@@ -327,7 +333,6 @@ pub enum TenantCommand {
 /// # Errors
 /// The API's error (its status and message), or a file that cannot be read.
 pub async fn operator(command: OperatorCommand, args: ApiArgs) -> anyhow::Result<()> {
-    use weir_host::api::client::{operators_table, versions_table};
     let client = ApiClient::new(&args.api, &args.key);
     match command {
         OperatorCommand::Push { name, file } => {
@@ -371,7 +376,6 @@ pub async fn operator(command: OperatorCommand, args: ApiArgs) -> anyhow::Result
 /// # Errors
 /// The API's error (its status and message), or a bad option.
 pub async fn pipeline(command: PipelineCommand, args: ApiArgs) -> anyhow::Result<()> {
-    use weir_host::api::client::{pipeline_status_text, pipelines_table};
     let client = ApiClient::new(&args.api, &args.key);
     let show = |view: &weir_host::api::pipelines::PipelineView| -> anyhow::Result<()> {
         if args.json {
@@ -469,7 +473,7 @@ pub async fn pipeline(command: PipelineCommand, args: ApiArgs) -> anyhow::Result
                     let line = if json {
                         serde_json::to_string(&entry).unwrap_or_default()
                     } else {
-                        weir_host::api::client::log_line(&entry)
+                        log_line(&entry)
                     };
                     let written = writeln!(std::io::stdout(), "{line}");
                     unwritten = written.err();
@@ -488,7 +492,7 @@ pub async fn pipeline(command: PipelineCommand, args: ApiArgs) -> anyhow::Result
             if args.json {
                 println!("{}", serde_json::to_string_pretty(&taken)?);
             } else {
-                print!("{}", weir_host::api::client::savepoints_table(&[taken]));
+                print!("{}", savepoints_table(&[taken]));
             }
         }
         PipelineCommand::Savepoint(SavepointCommand::Ls { name }) => {
@@ -496,7 +500,7 @@ pub async fn pipeline(command: PipelineCommand, args: ApiArgs) -> anyhow::Result
             if args.json {
                 println!("{}", serde_json::to_string_pretty(&found)?);
             } else {
-                print!("{}", weir_host::api::client::savepoints_table(&found));
+                print!("{}", savepoints_table(&found));
             }
         }
         PipelineCommand::Savepoint(SavepointCommand::Export {
@@ -630,7 +634,7 @@ pub async fn tenant(command: TenantCommand, args: ApiArgs) -> anyhow::Result<()>
             if args.json {
                 println!("{}", serde_json::to_string_pretty(&tenants)?);
             } else {
-                print!("{}", weir_host::api::client::tenants_table(&tenants));
+                print!("{}", tenants_table(&tenants));
             }
         }
         TenantCommand::Key { id } => {

@@ -69,7 +69,7 @@ pub async fn serve(config: PathBuf) -> anyhow::Result<()> {
     };
     let runner = match &settings.pipelines {
         Some(config) => {
-            let runner = api::runner::Runner::new(
+            let runner = weir_host::runner::Runner::new(
                 api::catalog::Catalog::new(store.clone(), prefix.clone()),
                 config.clone(),
                 settings.runtime.clone(),

@@ -1,26 +1,32 @@
 //! Weir host: runs tenants' WebAssembly operators over Kafka with keyed state.
 //!
-//! - [`api`]       the HTTP API and the host that runs tenants' pipelines (`weir serve`)
+//! - [`api`]       `weir serve`'s multi-tenant HTTP API: tenants, operators, pipelines,
+//!   checkpoints and savepoints, state queries, logs, the status page; problem details
+//! - [`runner`]    the reconcile loop of a `weir serve` host: runs the catalog's pipelines (each
+//!   a consumer group member), restarts failed and changed ones, reports their status
 //! - [`config`]    the settings tree read from TOML; validation reports every problem at once
 //! - [`error`]     the crate's error kinds (invalid input, unavailable, corrupt, fenced, guest fault, internal)
 //! - [`runtime`]   wasmtime engine, the single `bindgen!` site, instances, limits, WIT imports
 //! - [`state`]     the `StateBackend` seam, key encoding, the `memory` backend and the
-//!   disaggregated LSM backend (SST format, memtable, caches, tree, compaction, GC, manifest)
+//!   disaggregated LSM backend (SST format, memtable, caches, tree, compaction, GC, manifest);
+//!   checkpoint tooling: savepoints, the portable export, backend conversion, verify, queries
+//! - [`time`]      keyed timers and event-time watermarks (docs/time.md)
 //! - [`pipeline`]  the consumer loop, shard opens and per-partition workers (batch → prefetch →
 //!   invoke → emit → checkpoint), over the `Source` and `Output` traits of `pipeline::ports`
 //! - [`source`]    the pipeline's source: Kafka consumer group member (rebalances, pause, seek,
 //!   committed offsets, a queue per assigned partition), and `source::memory` for tests with no
 //!   broker
-//! - [`sink`]      the pipeline's output: Kafka producers (output and dead-letter topics,
-//!   deliveries counted per partition, exactly-once transactions), and `sink::memory` for
-//!   tests with no broker
+//! - [`sink`]      the pipeline's outputs: Kafka producers (output and dead-letter topics,
+//!   deliveries counted per partition, exactly-once transactions), the Iceberg table sink
+//!   (`sink::iceberg`), and `sink::memory` for tests with no broker
+//! - [`health`]    `/healthz` and `/readyz`: liveness, readiness and the brokers' state
 //! - [`clock`]     the injected clock seam (processing time for TTL)
 //! - [`telemetry`] Prometheus metrics: the recorder and the labelled handles of a pipeline run
 //! - [`fail_points`] named points where crash tests make the `weir` binary exit (inert unless armed)
 //! - `testing`     (unit tests only) where the tests find the guest components
 //!
-//! The `weir` binary, its benchmarks and the development tooling (`weir dev`, the flights loader)
-//! are the `weir-cli` package (`cli/`).
+//! The `weir` binary, its HTTP API client, its benchmarks and the development tooling
+//! (`weir dev`, the flights loader) are the `weir-cli` package (`cli/`).
 
 pub mod api;
 pub mod clock;
@@ -29,6 +35,7 @@ pub mod error;
 pub mod fail_points;
 pub mod health;
 pub mod pipeline;
+pub mod runner;
 pub mod runtime;
 pub mod sink;
 pub mod source;

@@ -318,7 +318,7 @@ async fn schemathesis_finds_no_server_error_and_no_response_breaking_the_schema(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_cli_client_pushes_lists_and_removes_and_reports_problems() -> anyhow::Result<()> {
-    use weir_host::api::client::{ApiClient, ClientError, operators_table, versions_table};
+    use weir_cli::client::{ApiClient, ClientError, operators_table, versions_table};
     let addr = start_server().await?;
     let base = format!("http://{addr}");
     let admin = ApiClient::new(&base, ADMIN_KEY);

@@ -2,9 +2,9 @@
 //! (`GET /v1/pipelines/{name}/state/{state}`), as lines of key and value or `--json` pages.
 
 use super::ApiArgs;
+use super::ApiClient;
 use clap::Subcommand;
 use std::io::Write as _;
-use weir_host::api::client::ApiClient;
 
 /// `weir state …`: a pipeline's keyed state as of its newest committed checkpoints (or a
 /// savepoint), read from the object store by the API; the pipeline need not be running.

@@ -5,10 +5,10 @@
 use super::hosts::HostSetup;
 use super::traffic::PARTITIONS;
 use super::{PIPELINES, Soak, SoakOptions};
+use crate::client::ApiClient;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
-use weir_host::api::client::ApiClient;
 
 /// How long the final checks wait for the outputs to catch up with everything produced.
 const CATCH_UP_MAX: Duration = Duration::from_secs(600);

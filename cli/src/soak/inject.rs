@@ -134,9 +134,9 @@ pub(super) async fn inject(soak: &Soak, fault: &Fault) -> anyhow::Result<Option<
 async fn retry_api<T, F, Fut>(mut call: F) -> anyhow::Result<T>
 where
     F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T, weir_host::api::client::ClientError>>,
+    Fut: std::future::Future<Output = Result<T, crate::client::ClientError>>,
 {
-    use weir_host::api::client::ClientError;
+    use crate::client::ClientError;
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         match call().await {

@@ -28,6 +28,7 @@ mod report;
 mod schedule;
 mod traffic;
 
+use crate::client::ApiClient;
 use anyhow::Context as _;
 use checks::{final_checks, store_size};
 use hosts::{Host, HostSetup};
@@ -45,7 +46,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 use tokio::sync::Mutex;
 use traffic::{PARTITIONS, Traffic};
-use weir_host::api::client::ApiClient;
 
 /// `weir soak`'s options.
 #[derive(Debug, Clone, clap::Args)]

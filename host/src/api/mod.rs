@@ -13,15 +13,13 @@
 //! /operators/{name}/versions/{version}`, `GET /pipelines`, `POST/GET/PATCH/DELETE
 //! /pipelines/{name}`, `POST /pipelines/{name}/start|stop`, `PUT /pipelines/{name}/operator`,
 //! `POST/GET /pipelines/{name}/checkpoints` (tenant). Pipelines are run by the hosts whose
-//! config has a `[pipelines]` section ([`runner`]).
+//! config has a `[pipelines]` section ([`crate::runner`]).
 
 pub mod catalog;
-pub mod client;
 pub mod logs;
 mod operators;
 pub mod pipelines;
 pub mod problem;
-pub mod runner;
 mod settings;
 pub mod status;
 

@@ -1,7 +1,7 @@
 //! `weir serve`'s config file, with the environment's settings over it.
 
-use super::runner;
 use crate::config::{ConfigError, EnvVars, RuntimeSettings};
+use crate::runner;
 use serde::Deserialize;
 use std::time::Duration;
 

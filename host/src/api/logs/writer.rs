@@ -53,7 +53,7 @@ impl Default for OperatorLogSettings {
 }
 
 /// How often each host deletes the segments past the retention period of every pipeline,
-/// running or not (`crate::api::runner`): hosts that are gone leave theirs behind, and a
+/// running or not (`crate::runner`): hosts that are gone leave theirs behind, and a
 /// stopped pipeline has no writer.
 pub const SWEEP_INTERVAL: Duration = Duration::from_secs(600);
 

@@ -1,8 +1,8 @@
 //! The client's text: the tables and lines `weir operator|pipeline|tenant …` print.
 
-use crate::api::catalog::{OperatorSummary, OperatorVersion, Tenant};
-use crate::api::logs::LogEntry;
-use crate::api::pipelines::PipelineView;
+use weir_host::api::catalog::{OperatorSummary, OperatorVersion, Tenant};
+use weir_host::api::logs::LogEntry;
+use weir_host::api::pipelines::PipelineView;
 
 /// How the API spells `value` (an enum variant): `exactly_once`, `dead_letter`, ….
 fn wire_name<T: serde::Serialize>(value: &T) -> String {
@@ -70,7 +70,7 @@ pub fn pipelines_table(pipelines: &[PipelineView]) -> String {
 
 /// `weir pipeline savepoint ls`'s table: one savepoint a line, oldest first, with its time
 /// (UTC), operator, partitions, bytes and offsets.
-pub fn savepoints_table(savepoints: &[crate::state::savepoint::SavepointDescriptor]) -> String {
+pub fn savepoints_table(savepoints: &[weir_host::state::savepoint::SavepointDescriptor]) -> String {
     let mut out = format!(
         "{:<24} {:<24} {:<20} {:>10} {:>12}  {}\n",
         "NAME", "TAKEN (UTC)", "OPERATOR", "PARTITIONS", "BYTES", "OFFSETS (partition:next)"
@@ -143,7 +143,7 @@ pub fn pipeline_status_text(p: &PipelineView) -> String {
             .map_or("-".to_owned(), |r| format!("{:.1} %", r * 100.0))
     ));
     if let Some(c) = &s.last_checkpoint {
-        let age_s = crate::api::now_ms().saturating_sub(c.committed_ms) as f64 / 1000.0;
+        let age_s = weir_host::api::now_ms().saturating_sub(c.committed_ms) as f64 / 1000.0;
         out.push_str(&format!(
             "checkpoint partition {} version {}, {age_s:.1} s ago, took {} ms, uploaded {} bytes\n",
             c.partition, c.version, c.duration_ms, c.uploaded_bytes

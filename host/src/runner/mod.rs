@@ -11,10 +11,10 @@
 //! has its own operator runtime (limits from the definition), its own state caches and its
 //! own Kafka clients, so one tenant's pipeline cannot read or evict another's.
 
-use super::catalog::Catalog;
-use super::logs;
-use super::now_ms;
-use super::pipelines::{HostPhase, HostStatus, PipelineRecord};
+use crate::api::catalog::Catalog;
+use crate::api::logs;
+use crate::api::now_ms;
+use crate::api::pipelines::{HostPhase, HostStatus, PipelineRecord};
 use crate::clock::{SharedClock, SystemClock};
 use crate::config::RuntimeSettings;
 use crate::error::ErrorKind;
@@ -335,9 +335,9 @@ impl Runner {
     }
 
     /// Age after which this host's reports no longer count: five reconcile intervals, at
-    /// least [`HOST_STATUS_STALE`](super::pipelines::HOST_STATUS_STALE).
+    /// least [`HOST_STATUS_STALE`](crate::api::pipelines::HOST_STATUS_STALE).
     fn stale_after(&self) -> Duration {
-        (self.config.reconcile_interval * 5).max(super::pipelines::HOST_STATUS_STALE)
+        (self.config.reconcile_interval * 5).max(crate::api::pipelines::HOST_STATUS_STALE)
     }
 
     /// One pass: definitions read, runs started, stopped or restarted, reports written.
@@ -393,7 +393,7 @@ impl Runner {
     fn reconcile_one(&mut self, key: &(String, String), definition: Option<PipelineRecord>) {
         let want = definition
             .clone()
-            .filter(|d| d.desired == super::pipelines::DesiredState::Running);
+            .filter(|d| d.desired == crate::api::pipelines::DesiredState::Running);
         let Some(run) = self.runs.get_mut(key) else {
             if let Some(record) = want {
                 let run = self.launch(&key.0, record, 0);

@@ -1,19 +1,13 @@
 //! A client of the HTTP API, for the `weir operator|pipeline|tenant …` commands: each call
 //! returns the answer's JSON, or the API's problem detail as the error.
 
-use super::NewApiKey;
-use super::catalog::{OperatorSummary, OperatorVersion, Tenant};
-use super::logs::LogEntry;
-use super::pipelines::{CheckpointRequested, PipelineChange, PipelineSpec, PipelineView};
-use super::problem::Problem;
-use crate::pipeline::CheckpointRecord;
 use serde::de::DeserializeOwned;
-
-mod text;
-pub use text::{
-    log_line, operators_table, pipeline_status_text, pipelines_table, savepoints_table,
-    tenants_table, versions_table,
-};
+use weir_host::api::NewApiKey;
+use weir_host::api::catalog::{OperatorSummary, OperatorVersion, Tenant};
+use weir_host::api::logs::LogEntry;
+use weir_host::api::pipelines::{CheckpointRequested, PipelineChange, PipelineSpec, PipelineView};
+use weir_host::api::problem::Problem;
+use weir_host::pipeline::CheckpointRecord;
 
 /// Why a call failed.
 #[derive(Debug, thiserror::Error)]
@@ -315,7 +309,7 @@ impl ApiClient {
         &self,
         name: &str,
         checksums: bool,
-    ) -> Result<crate::api::pipelines::verify::PipelineVerify, ClientError> {
+    ) -> Result<weir_host::api::pipelines::verify::PipelineVerify, ClientError> {
         let url = format!(
             "{}/v1/pipelines/{name}/verify?checksums={checksums}",
             self.base
@@ -333,7 +327,7 @@ impl ApiClient {
         name: &str,
         state: &str,
         query: &[(&str, &str)],
-    ) -> Result<crate::api::pipelines::state_query::StatePage, ClientError> {
+    ) -> Result<weir_host::api::pipelines::state_query::StatePage, ClientError> {
         let mut url = url::Url::parse(&self.base).map_err(|e| ClientError::Unexpected {
             url: self.base.clone(),
             reason: format!("not a URL: {e}"),
@@ -356,7 +350,7 @@ impl ApiClient {
         &self,
         name: &str,
         savepoint: Option<&str>,
-    ) -> Result<crate::state::savepoint::SavepointDescriptor, ClientError> {
+    ) -> Result<weir_host::state::savepoint::SavepointDescriptor, ClientError> {
         let url = format!("{}/v1/pipelines/{name}/savepoints", self.base);
         let body = match savepoint {
             Some(savepoint) => serde_json::json!({ "name": savepoint }),
@@ -377,7 +371,7 @@ impl ApiClient {
     pub async fn savepoints(
         &self,
         name: &str,
-    ) -> Result<Vec<crate::state::savepoint::SavepointDescriptor>, ClientError> {
+    ) -> Result<Vec<weir_host::state::savepoint::SavepointDescriptor>, ClientError> {
         let url = format!("{}/v1/pipelines/{name}/savepoints", self.base);
         self.expect(self.http.get(&url), &url).await
     }
@@ -403,7 +397,7 @@ impl ApiClient {
         name: &str,
         savepoint: &str,
         from: Option<&str>,
-    ) -> Result<crate::api::pipelines::savepoints::Restored, ClientError> {
+    ) -> Result<weir_host::api::pipelines::savepoints::Restored, ClientError> {
         let url = format!("{}/v1/pipelines/{name}/reset", self.base);
         let body = serde_json::json!({ "savepoint": savepoint, "pipeline": from });
         let request = self
@@ -423,7 +417,7 @@ impl ApiClient {
         &self,
         name: &str,
         savepoint: &str,
-    ) -> Result<Vec<crate::api::pipelines::savepoints::ExportedPartition>, ClientError> {
+    ) -> Result<Vec<weir_host::api::pipelines::savepoints::ExportedPartition>, ClientError> {
         let url = format!(
             "{}/v1/pipelines/{name}/savepoints/{savepoint}/exports",
             self.base
