@@ -3,6 +3,7 @@
 use weir_host::api::catalog::{OperatorSummary, OperatorVersion, Tenant};
 use weir_host::api::logs::LogEntry;
 use weir_host::api::pipelines::PipelineView;
+use weir_host::clock::Clock as _;
 
 /// How the API spells `value` (an enum variant): `exactly_once`, `dead_letter`, ….
 fn wire_name<T: serde::Serialize>(value: &T) -> String {
@@ -143,7 +144,10 @@ pub fn pipeline_status_text(p: &PipelineView) -> String {
             .map_or("-".to_owned(), |r| format!("{:.1} %", r * 100.0))
     ));
     if let Some(c) = &s.last_checkpoint {
-        let age_s = weir_host::api::now_ms().saturating_sub(c.committed_ms) as f64 / 1000.0;
+        let age_s = weir_host::clock::SystemClock
+            .now_ms()
+            .saturating_sub(c.committed_ms) as f64
+            / 1000.0;
         out.push_str(&format!(
             "checkpoint partition {} version {}, {age_s:.1} s ago, took {} ms, uploaded {} bytes\n",
             c.partition, c.version, c.duration_ms, c.uploaded_bytes
@@ -195,7 +199,7 @@ pub fn pipeline_status_text(p: &PipelineView) -> String {
 pub fn tenants_table(tenants: &[Tenant]) -> String {
     let mut out = format!("{:<32} {:<20} {}\n", "ID", "CREATED", "NAME");
     for t in tenants {
-        let created = humantime_serde::re::humantime::format_rfc3339_seconds(
+        let created = humantime::format_rfc3339_seconds(
             std::time::UNIX_EPOCH + std::time::Duration::from_millis(t.created_ms),
         );
         out.push_str(&format!("{:<32} {:<20} {}\n", t.id, created, t.name));

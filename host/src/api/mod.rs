@@ -309,10 +309,13 @@ fn parse_json<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T, ApiError>
         .map_err(|e| ApiError::BadRequest(format!("invalid JSON body: {e}")))
 }
 
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
+/// The wall clock's now, in ms since the Unix epoch (the clock seam's [`SystemClock`]): the
+/// time records of the catalog and the hosts' reports carry.
+///
+/// [`SystemClock`]: crate::clock::SystemClock
+pub(crate) fn now_ms() -> u64 {
+    use crate::clock::Clock as _;
+    crate::clock::SystemClock.now_ms()
 }
 
 /// The problems of every authenticated route, documented once.
