@@ -1,6 +1,10 @@
 //! Tests of the host against the real broker and S3 server, most of them running `weir` as
 //! separate processes (killed, frozen, rescaled, side by side); one module per scenario.
 
+// Tests measure and wait in real time; the host's code reads time only through its clock seam
+// (clippy.toml).
+#![allow(clippy::disallowed_methods)]
+
 mod cli_hygiene;
 mod crash_loop;
 mod dev_input;

@@ -3,7 +3,24 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+/// Now on the wall clock. With [`monotonic_now`], the only read of the system's clocks in the
+/// host outside [`SystemClock`] (`clippy.toml` refuses `SystemTime::now` elsewhere): ages of
+/// files and objects, and the times records carry. Processing time comes from a [`Clock`].
+#[allow(clippy::disallowed_methods)]
+pub fn wall_now() -> SystemTime {
+    SystemTime::now()
+}
+
+/// Now on the monotonic clock: how long something took (durations in logs, metrics and
+/// reports), and deadlines outside the pipeline's loop and workers (which use
+/// `tokio::time::Instant`, controlled by paused-time tests). `clippy.toml` refuses
+/// `Instant::now` elsewhere.
+#[allow(clippy::disallowed_methods)]
+pub fn monotonic_now() -> Instant {
+    Instant::now()
+}
 
 /// A source of processing time, in milliseconds since the Unix epoch.
 pub trait Clock: Send + Sync + std::fmt::Debug + 'static {
@@ -17,7 +34,7 @@ pub struct SystemClock;
 
 impl Clock for SystemClock {
     fn now_ms(&self) -> u64 {
-        SystemTime::now()
+        wall_now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
     }

@@ -77,7 +77,7 @@ impl KafkaProbe {
                     *record.write().unwrap_or_else(|e| e.into_inner()) = Some(Seen {
                         reachable: false,
                         error: Some(format!("cannot create a Kafka client: {e}")),
-                        at: Instant::now(),
+                        at: crate::clock::monotonic_now(),
                     });
                     return;
                 }
@@ -102,7 +102,7 @@ impl KafkaProbe {
                 *record.write().unwrap_or_else(|e| e.into_inner()) = Some(Seen {
                     reachable: answer.is_none(),
                     error: answer,
-                    at: Instant::now(),
+                    at: crate::clock::monotonic_now(),
                 });
             }
         });

@@ -320,7 +320,7 @@ impl LogBudget {
     /// Whether a line may be written now: `Some(n)` with the `n` lines held back since the
     /// last one let through (for the line to say so), or `None` to hold this one back.
     pub fn admit(&self) -> Option<u64> {
-        let now = std::time::Instant::now();
+        let now = crate::clock::monotonic_now();
         let mut window = self.window.lock().unwrap_or_else(|e| e.into_inner());
         let (start, used, held) = &mut *window;
         if start.is_none_or(|s| now.duration_since(s) >= std::time::Duration::from_secs(1)) {
@@ -386,7 +386,7 @@ weir_state_get_seconds_count{tenant=\"acme\",pipeline=\"a\"} 2\n"
         assert_eq!(admitted, vec![Some(0), Some(0), Some(0), None, None]);
         // The next window's first line says how many were held back.
         budget.window.lock().expect("lock").0 =
-            Some(std::time::Instant::now() - std::time::Duration::from_secs(2));
+            Some(crate::clock::monotonic_now() - std::time::Duration::from_secs(2));
         assert_eq!(budget.admit(), Some(2));
     }
 

@@ -222,7 +222,7 @@ pub(super) async fn attempt<S: Shard>(
     if !task.delay.is_zero() {
         assignment.sleep(task.delay).await;
     }
-    let started = Instant::now();
+    let started = crate::clock::monotonic_now();
     let records = task.call_records();
     let mut instance = match instance {
         Some(instance) => instance,
@@ -243,7 +243,7 @@ pub(super) async fn attempt<S: Shard>(
         },
     };
     let value_states = &operator.meta().value_states;
-    let prefetch_time = (!value_states.is_empty()).then(Instant::now);
+    let prefetch_time = (!value_states.is_empty()).then(crate::clock::monotonic_now);
     let mut batch = BatchCtx::new(records.clone());
     let prefetched = prefetch_cached(
         &*shard,
@@ -318,7 +318,7 @@ pub(super) fn batch_deadline(settings: &RuntimeSettings, n: usize) -> Duration {
 async fn time_polls<F: std::future::Future>(future: F, busy: &mut Duration) -> F::Output {
     let mut future = std::pin::pin!(future);
     std::future::poll_fn(|cx| {
-        let started = Instant::now();
+        let started = crate::clock::monotonic_now();
         let poll = future.as_mut().poll(cx);
         *busy += started.elapsed();
         poll

@@ -195,7 +195,7 @@ impl Run {
         if elapsed > 0.0 {
             self.records_per_s = done.saturating_sub(self.sample.1) as f64 / elapsed;
         }
-        self.sample = (Instant::now(), done);
+        self.sample = (crate::clock::monotonic_now(), done);
         let cache = self.caches.as_ref().map(|c| c.stats()).unwrap_or_default();
         let load = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
         HostStatus {
@@ -374,7 +374,7 @@ impl Runner {
                 logs::sweep_expired(&*store, &dir, retention).await;
             }
         });
-        self.log_sweep = Some((Instant::now(), task));
+        self.log_sweep = Some((crate::clock::monotonic_now(), task));
     }
 
     fn apply(&mut self, records: Vec<(String, PipelineRecord)>) {
@@ -427,7 +427,7 @@ impl Runner {
                     tracing::warn!(tenant = %key.0, pipeline = %key.1, kind = ?failure.kind, %reason, retry_in = ?run.backoff, "pipeline run failed");
                     run.phase = HostPhase::Failed;
                     run.reason = Some(RunFailure::new(failure.kind, reason));
-                    run.retry_at = Some(Instant::now() + run.backoff);
+                    run.retry_at = Some(crate::clock::monotonic_now() + run.backoff);
                     run.backoff = (run.backoff * 2).min(RESTART_BACKOFF_MAX);
                 }
             }
@@ -463,7 +463,9 @@ impl Runner {
         // Not running: start the wanted definition now, or after a failure's backoff.
         let due = restart
             || run.phase != HostPhase::Failed
-            || run.retry_at.is_none_or(|at| Instant::now() >= at);
+            || run
+                .retry_at
+                .is_none_or(|at| crate::clock::monotonic_now() >= at);
         if due {
             let restarts = if restart {
                 0
@@ -548,8 +550,8 @@ impl Runner {
             restarts,
             retry_at: None,
             backoff: RESTART_BACKOFF_MIN,
-            launched: Instant::now(),
-            sample: (Instant::now(), 0),
+            launched: crate::clock::monotonic_now(),
+            sample: (crate::clock::monotonic_now(), 0),
             records_per_s: 0.0,
         }
     }

@@ -34,7 +34,7 @@ pub(super) fn touch(path: &Path) {
     let touched = std::fs::File::options()
         .write(true)
         .open(path)
-        .and_then(|f| f.set_modified(SystemTime::now()));
+        .and_then(|f| f.set_modified(crate::clock::wall_now()));
     if let Err(err) = touched {
         tracing::debug!(path = %path.display(), error = %err, "cannot mark the compiled operator as used");
     }
@@ -61,7 +61,7 @@ pub(super) fn store(component: &Component, dir: &Path, path: &Path, bytes_max: u
         tracing::warn!(path = %path.display(), error = %err, "cannot keep the compiled operator");
         return;
     }
-    let pruned = prune(dir, bytes_max, path, SystemTime::now());
+    let pruned = prune(dir, bytes_max, path, crate::clock::wall_now());
     if pruned.deleted > 0 {
         tracing::info!(
             dir = %dir.display(),
@@ -159,7 +159,7 @@ mod tests {
     #[test]
     fn a_prune_deletes_the_least_recently_used_files_of_every_engine_until_the_rest_fit() {
         let dir = tempfile::tempdir().expect("a directory");
-        let now = SystemTime::now();
+        let now = crate::clock::wall_now();
         let old_engine = file(dir.path(), "aaaa", "old-engine", 100, now, 500);
         let used_long_ago = file(dir.path(), "bbbb", "a", 100, now, 400);
         let used_lately = file(dir.path(), "bbbb", "b", 100, now, 10);
@@ -198,7 +198,7 @@ mod tests {
         // Within the limit nothing goes; touching a file makes it the newest.
         assert_eq!(prune(dir.path(), 250, &just_written, now).deleted, 0);
         touch(&used_lately);
-        let pruned = prune(dir.path(), 200, &used_lately, SystemTime::now());
+        let pruned = prune(dir.path(), 200, &used_lately, crate::clock::wall_now());
         assert_eq!(pruned.deleted, 1);
         assert!(used_lately.exists() && !just_written.exists());
     }

@@ -99,7 +99,7 @@ impl KafkaSink {
     /// This sink, whose transaction began now and is aborted by the broker once open longer
     /// than `timeout` (`transaction.timeout.ms`).
     pub fn with_transaction_timeout(mut self, timeout: Duration) -> Self {
-        self.transaction_clock = Some((std::time::Instant::now(), timeout));
+        self.transaction_clock = Some((crate::clock::monotonic_now(), timeout));
         self
     }
 

@@ -261,7 +261,7 @@ impl ShardSink for KafkaSink {
             transaction::commit(self.producer.clone(), consumer, partition, offsets, version).await;
         if let Some((began, timeout)) = &mut self.transaction_clock {
             let open = began.elapsed();
-            *began = std::time::Instant::now();
+            *began = crate::clock::monotonic_now();
             committed.map_err(|err| transaction::timed_out(err, open, *timeout))?;
         } else {
             committed?;

@@ -105,12 +105,12 @@ fn retry_while_outdated<T>(
     within: Duration,
     mut request: impl FnMut() -> rdkafka::error::KafkaResult<T>,
 ) -> rdkafka::error::KafkaResult<T> {
-    let deadline = std::time::Instant::now() + within;
+    let deadline = crate::clock::monotonic_now() + within;
     loop {
         match request() {
             Err(err)
                 if err.rdkafka_error_code() == Some(RDKafkaErrorCode::Outdated)
-                    && std::time::Instant::now() + OUTDATED_RETRY < deadline =>
+                    && crate::clock::monotonic_now() + OUTDATED_RETRY < deadline =>
             {
                 tracing::debug!(error = %err, "outdated answer; asking again");
                 std::thread::sleep(OUTDATED_RETRY);
@@ -313,7 +313,7 @@ impl KafkaSource {
     /// (a few milliseconds; longer, the pipeline holds the partition and opens it again).
     /// Blocks the calling thread meanwhile, as librdkafka's seek does.
     fn seek_started(&self, topic: &str, partition: i32, to: Offset) -> KafkaResult<()> {
-        let deadline = std::time::Instant::now() + FETCHER_START_WAIT;
+        let deadline = crate::clock::monotonic_now() + FETCHER_START_WAIT;
         loop {
             let mut tpl = TopicPartitionList::new();
             tpl.add_partition_offset(topic, partition, to)?;
@@ -325,7 +325,7 @@ impl KafkaSource {
                 .map_or(Ok(()), |e| e.error());
             match result {
                 Err(KafkaError::OffsetFetch(RDKafkaErrorCode::State))
-                    if std::time::Instant::now() < deadline =>
+                    if crate::clock::monotonic_now() < deadline =>
                 {
                     std::thread::sleep(SEEK_RETRY_DELAY);
                 }

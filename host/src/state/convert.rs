@@ -74,7 +74,7 @@ pub async fn convert_foreign(
     if from_backend == own {
         return Ok(None);
     }
-    let started = std::time::Instant::now();
+    let started = crate::clock::monotonic_now();
     // Offsets that do not decode make the checkpoint unusable either way: recovery says so.
     if InputOffsets::from_metadata(&newest.metadata).is_err() {
         return Ok(None);
@@ -339,7 +339,7 @@ mod tests {
         block_on(async {
             let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
             // A day ahead of the store's clock: every object is past the grace period.
-            let day_ahead = std::time::SystemTime::now()
+            let day_ahead = crate::clock::wall_now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .expect("after 1970")
                 .as_millis() as u64

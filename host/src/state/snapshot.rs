@@ -564,7 +564,7 @@ mod tests {
             a.gc_settled().await;
             let policy = RetentionPolicy::default();
             let written_ms = u64::try_from(
-                std::time::SystemTime::now()
+                crate::clock::wall_now()
                     .duration_since(std::time::UNIX_EPOCH)
                     .expect("after 1970")
                     .as_millis(),

@@ -205,7 +205,7 @@ pub(crate) async fn create_savepoint(
     };
     let dir = SavepointDir::new(&root, &format!("a{:08x}", savepoint::nonce()));
     let mut committed = committed_versions(&state, &tenant, &record, &partitions(&shards)).await;
-    let mut read_at = Instant::now();
+    let mut read_at = crate::clock::monotonic_now();
     let mut after: BTreeMap<i32, Option<u64>> = BTreeMap::new();
     if running {
         for (partition, shard) in &shards {
@@ -219,7 +219,7 @@ pub(crate) async fn create_savepoint(
         }
     }
     let interval = Duration::from_millis(record.spec.checkpoint_interval_ms);
-    let deadline = Instant::now() + 2 * interval + CHECKPOINT_WAIT;
+    let deadline = crate::clock::monotonic_now() + 2 * interval + CHECKPOINT_WAIT;
     let mut asked: Option<Instant> = None;
     let mut taken: BTreeMap<i32, SavepointShard> = BTreeMap::new();
     let outcome = 'wait: loop {
@@ -231,11 +231,11 @@ pub(crate) async fn create_savepoint(
             }
             if asked.is_none_or(|at| at.elapsed() >= REQUEST_AGAIN) {
                 request_checkpoint(&state, &tenant, &name).await?;
-                asked = Some(Instant::now());
+                asked = Some(crate::clock::monotonic_now());
             } else if read_at.elapsed() >= Duration::from_secs(1) {
                 committed =
                     committed_versions(&state, &tenant, &record, &partitions(&shards)).await;
-                read_at = Instant::now();
+                read_at = crate::clock::monotonic_now();
             }
             if shards.is_empty() || partitions_wanted.is_some_and(|n| shards.len() < n) {
                 // Shards opened since the request hold only checkpoints taken after it.
@@ -274,7 +274,7 @@ pub(crate) async fn create_savepoint(
         if complete {
             break Ok(());
         }
-        if Instant::now() >= deadline {
+        if crate::clock::monotonic_now() >= deadline {
             let missing: Vec<i32> = match partitions_wanted {
                 Some(n) => (0..n as i32).filter(|p| !taken.contains_key(p)).collect(),
                 None => partitions(&shards)
@@ -665,13 +665,13 @@ pub(crate) async fn reset_pipeline(
         )));
     }
     // Stopping: the hosts drain and checkpoint first; the reset waits for them.
-    let deadline = Instant::now() + STOP_WAIT;
+    let deadline = crate::clock::monotonic_now() + STOP_WAIT;
     loop {
         let status = super::view(&state, &tenant, record.clone()).await?.status;
         if status.state == PipelineState::Stopped {
             break;
         }
-        if Instant::now() >= deadline {
+        if crate::clock::monotonic_now() >= deadline {
             let hosts: Vec<&str> = status.hosts.iter().map(|h| h.host.as_str()).collect();
             return Err(ApiError::Conflict(format!(
                 "pipeline `{name}` is still stopping after {STOP_WAIT:?} (hosts still running it: {hosts:?}); reset it once it has stopped"

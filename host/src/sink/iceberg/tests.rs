@@ -323,7 +323,7 @@ async fn orphan_files_are_deleted_and_committed_or_pending_ones_kept() {
     let path = |c: &PendingCheckpoint| c.files[0].file_path().to_owned();
     let pending = std::collections::BTreeSet::from([path(&listed)]);
     let table = f.table().await;
-    let now_ms = std::time::SystemTime::now()
+    let now_ms = crate::clock::wall_now()
         .duration_since(std::time::UNIX_EPOCH)
         .expect("after 1970")
         .as_millis() as u64;

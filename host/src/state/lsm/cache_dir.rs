@@ -28,7 +28,7 @@ const UNLOCKED_AGE_MIN: Duration = Duration::from_secs(3600);
 /// When `parent` or the directory cannot be created or locked.
 pub(super) fn create(parent: &Path) -> std::io::Result<(tempfile::TempDir, File)> {
     std::fs::create_dir_all(parent)?;
-    let removed = remove_abandoned(parent, SystemTime::now());
+    let removed = remove_abandoned(parent, crate::clock::wall_now());
     if removed > 0 {
         tracing::info!(parent = %parent.display(), removed, "deleted disk cache directories of processes gone");
     }
@@ -96,7 +96,7 @@ mod tests {
             std::fs::create_dir(dir).expect("creates");
         }
         std::fs::File::open(&old)
-            .and_then(|d| d.set_modified(SystemTime::now() - 2 * UNLOCKED_AGE_MIN))
+            .and_then(|d| d.set_modified(crate::clock::wall_now() - 2 * UNLOCKED_AGE_MIN))
             .expect("ages it");
         let other = parent.path().join("not-a-cache");
         std::fs::create_dir(&other).expect("creates");
@@ -109,7 +109,7 @@ mod tests {
         assert!(second.path().exists() && other.exists());
         drop(live);
         assert_eq!(
-            remove_abandoned(parent.path(), SystemTime::now()),
+            remove_abandoned(parent.path(), crate::clock::wall_now()),
             0,
             "a dropped cache deleted its own directory"
         );

@@ -26,7 +26,7 @@ impl Scrubber {
     /// `true` when all were read and verified, `false` when corruption was found (and
     /// recorded in the tree) or the tree is gone.
     pub async fn scrub(&self, ssts: Vec<SstRef>, settings: &ScrubSettings) -> bool {
-        let started = std::time::Instant::now();
+        let started = crate::clock::monotonic_now();
         let mut bytes = 0u64;
         for sst in &ssts {
             let id = sst.id();

@@ -842,7 +842,7 @@ impl Inner {
         if l0 < s.l0_slowdown_trigger {
             return Ok(());
         }
-        let started = Instant::now();
+        let started = crate::clock::monotonic_now();
         if l0 < s.l0_stop_trigger {
             let over = (l0 - s.l0_slowdown_trigger + 1) as u32;
             tokio::time::sleep(s.slowdown_delay * over).await;

@@ -51,7 +51,7 @@ pub struct WriterTokens {
 impl WriterTokens {
     /// Tokens `weir-{pid}-{start ns, hex}-{claim}`.
     pub fn new() -> Self {
-        let nanos = std::time::SystemTime::now()
+        let nanos = crate::clock::wall_now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos());
         Self {
