@@ -1,0 +1,661 @@
+//! Kafka consumer adapter, the pipeline's [`Source`] over Kafka ([`KafkaSource`]): joins the
+//! pipeline's consumer group, reports revoked and assigned partitions, and turns fetched
+//! messages into the WIT `input-record`.
+//!
+//! Offsets are never committed automatically (auto-commit off): the pipeline commits the
+//! offsets of its checkpoints (docs/checkpoints.md).
+
+pub mod broker;
+mod context;
+
+use crate::config::Settings;
+use crate::pipeline::ports::{Cause, GroupOffsets, Source, SourceError};
+use crate::runtime::{Header, InputRecord};
+use crate::state::checkpoint::{InputOffsets, parse_manifest_metadata};
+use rdkafka::Offset;
+use rdkafka::consumer::Consumer;
+use rdkafka::consumer::{CommitMode, base_consumer::PartitionQueue};
+use rdkafka::error::{KafkaError, KafkaResult, RDKafkaErrorCode};
+use rdkafka::message::{BorrowedMessage, Headers, Message};
+use rdkafka::topic_partition_list::TopicPartitionList;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+pub use context::{SourceConsumer, SourceContext};
+
+/// Creates the consumer (not yet subscribed); `ready` is notified when its queue of events
+/// (rebalances, errors, statistics, and messages of partitions without a queue of their own)
+/// becomes non-empty.
+///
+/// Defaults: auto-commit and offset store off, `auto.offset.reset=earliest`,
+/// `isolation.level=read_committed`, partition EOF events (for [`Source::at_end`]), statistics
+/// every second (for lag); `kafka.consumer` settings override them, except
+/// `auto.offset.reset`: Weir applies it itself when it seeks a partition that has no
+/// checkpoint ([`KafkaSource`]), and librdkafka's own stays `earliest`, so that a lookup of it
+/// that overtakes a seek can only go back to records Weir skips, never past records it needs.
+///
+/// # Errors
+/// [`KafkaError`] when librdkafka rejects the configuration.
+pub fn consumer(
+    settings: &Settings,
+    ready: Arc<tokio::sync::Notify>,
+) -> Result<(SourceConsumer, SourceContext), KafkaError> {
+    let mut config = settings.kafka.client_config();
+    config
+        .set("group.id", settings.pipeline.group_id())
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("auto.offset.reset", "earliest")
+        .set("isolation.level", "read_committed")
+        // Reaching a partition's end is reported (KafkaSource::at_end: `idle_advance`).
+        .set("enable.partition.eof", "true")
+        // Per-partition high watermarks for the pipeline's lag (SourceContext::stats).
+        .set("statistics.interval.ms", "1000");
+    for (k, v) in &settings.kafka.consumer {
+        if k != "auto.offset.reset" {
+            config.set(k, v);
+        }
+    }
+    let context = SourceContext::default();
+    let mut consumer: SourceConsumer = config.create_with_context(context.clone())?;
+    consumer.set_nonempty_callback(move || ready.notify_one());
+    Ok((consumer, context))
+}
+
+/// Copies a fetched message of `topic` into an `input-record` (one copy: the guest call lowers
+/// from it).
+pub fn to_input_record(msg: &BorrowedMessage<'_>, topic: &Arc<str>) -> InputRecord {
+    let headers = msg
+        .headers()
+        .map(|hs| {
+            hs.iter()
+                .map(|h| Header {
+                    name: h.key.to_owned(),
+                    value: h.value.map(<[u8]>::to_vec).unwrap_or_default(),
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    InputRecord {
+        key: msg.key().map(<[u8]>::to_vec).unwrap_or_default(),
+        value: msg.payload().map(<[u8]>::to_vec).unwrap_or_default(),
+        timestamp_ms: msg.timestamp().to_millis().unwrap_or(-1),
+        headers,
+        topic: topic.clone(),
+        partition: msg.partition(),
+        offset: msg.offset(),
+    }
+}
+
+/// How long a seek may wait for librdkafka to accept it.
+const SEEK_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Pause between tries of a request librdkafka answered `Outdated`.
+const OUTDATED_RETRY: Duration = Duration::from_millis(50);
+
+/// Runs `request` (a blocking librdkafka call) again while it fails with `Outdated` — the
+/// partition's leader or metadata changed under it, and librdkafka asks the caller to retry
+/// (`RD_KAFKA_RESP_ERR__OUTDATED`) — for up to `within`; any other answer is returned. A
+/// partition's end read at an assignment met it when the topic was new (a test failed on it).
+fn retry_while_outdated<T>(
+    within: Duration,
+    mut request: impl FnMut() -> rdkafka::error::KafkaResult<T>,
+) -> rdkafka::error::KafkaResult<T> {
+    let deadline = crate::clock::monotonic_now() + within;
+    loop {
+        match request() {
+            Err(err)
+                if err.rdkafka_error_code() == Some(RDKafkaErrorCode::Outdated)
+                    && crate::clock::monotonic_now() + OUTDATED_RETRY < deadline =>
+            {
+                tracing::debug!(error = %err, "outdated answer; asking again");
+                std::thread::sleep(OUTDATED_RETRY);
+            }
+            answered => return answered,
+        }
+    }
+}
+
+/// How long a seek waits for a newly assigned partition's fetcher to start.
+const FETCHER_START_WAIT: Duration = Duration::from_secs(1);
+
+/// How long a seek refused for a fetcher not yet started waits before it is tried again.
+const SEEK_RETRY_DELAY: Duration = Duration::from_millis(5);
+
+/// How long reading the committed offsets may wait (they are read once no transaction is
+/// pending on them).
+const COMMITTED_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Records taken from the consumer's own queue in one fetch at most (messages of partitions
+/// assigned a moment ago, before their queue of their own was split off).
+const CONSUMER_QUEUE_FETCH_MAX: usize = 4096;
+
+/// A partition's queue of one input topic (librdkafka's partition queue).
+type TopicQueue = (Arc<str>, PartitionQueue<SourceContext>);
+
+/// Partition → the queues of its topics. Dropped before the consumer: a partition queue holds
+/// the consumer, and would otherwise drop the last reference to it (destroying the client)
+/// before destroying the queue itself.
+struct PartitionQueues {
+    by_partition: BTreeMap<i32, Vec<TopicQueue>>,
+    /// Alive while the queues are dropped.
+    _consumer: Arc<SourceConsumer>,
+}
+
+impl Drop for PartitionQueues {
+    fn drop(&mut self) {
+        self.by_partition.clear();
+    }
+}
+
+/// The pipeline's [`Source`] over Kafka: a consumer subscribed to the input topics, each
+/// assigned partition with a queue of its own (librdkafka's partition queues), so that a fetch
+/// takes a bounded number of records of every partition rather than whatever one queue of all
+/// of them holds first. The consumer's own queue (rebalances, errors, statistics) is served
+/// first in every fetch: a revoke is seen before any record fetched after it.
+#[derive(Clone)]
+pub struct KafkaSource {
+    consumer: Arc<SourceConsumer>,
+    context: SourceContext,
+    topics: Vec<Arc<str>>,
+    /// Where a partition without a checkpoint offset starts (`auto.offset.reset`).
+    reset: Offset,
+    /// (topic, partition) → the offset below which nothing is handed out: the end a partition
+    /// without a checkpoint was seeked to under `auto.offset.reset = latest`. librdkafka may
+    /// go back on a seek made while it still resolves a start offset, and fetch from the
+    /// beginning; with a checkpoint the worker skips what comes below it, without one this
+    /// does (see [`Source::seek`]).
+    floors: Arc<Mutex<HashMap<TopicPartition, i64>>>,
+    /// Partition → the queues of its topics, split off on its first assignment (librdkafka
+    /// keeps a queue the application split off through revokes and assignments).
+    queues: Arc<Mutex<PartitionQueues>>,
+    /// Notified when a queue becomes non-empty.
+    ready: Arc<tokio::sync::Notify>,
+    /// (topic, partition)s whose last event was librdkafka's partition EOF: every record up to
+    /// the end is handed out (a record, or an assignment, takes the partition out).
+    ends: Arc<Mutex<BTreeSet<TopicPartition>>>,
+}
+
+/// An input topic's partition.
+type TopicPartition = (Arc<str>, i32);
+
+impl std::fmt::Debug for KafkaSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KafkaSource")
+            .field("topics", &self.topics)
+            .finish_non_exhaustive()
+    }
+}
+
+impl KafkaSource {
+    /// Creates the consumer of the pipeline `settings` describe and subscribes it to the
+    /// input topics.
+    ///
+    /// # Errors
+    /// [`KafkaError`] when librdkafka rejects the configuration or the subscription.
+    pub fn new(settings: &Settings) -> Result<Self, KafkaError> {
+        let ready = Arc::new(tokio::sync::Notify::new());
+        let (consumer, context) = consumer(settings, ready.clone())?;
+        let topics: Vec<Arc<str>> = settings
+            .pipeline
+            .input_topics
+            .iter()
+            .map(|t| Arc::from(t.as_str()))
+            .collect();
+        let names: Vec<&str> = topics.iter().map(|t| &**t).collect();
+        consumer.subscribe(&names)?;
+        let reset = match settings
+            .kafka
+            .consumer
+            .get("auto.offset.reset")
+            .map(String::as_str)
+        {
+            Some("latest" | "largest" | "end") => Offset::End,
+            _ => Offset::Beginning,
+        };
+        let consumer = Arc::new(consumer);
+        Ok(Self {
+            queues: Arc::new(Mutex::new(PartitionQueues {
+                by_partition: BTreeMap::new(),
+                _consumer: consumer.clone(),
+            })),
+            consumer,
+            context,
+            topics,
+            reset,
+            floors: Arc::default(),
+            ready,
+            ends: Arc::default(),
+        })
+    }
+
+    /// The consumer (exactly-once transactions carry its group metadata).
+    pub fn consumer(&self) -> Arc<SourceConsumer> {
+        self.consumer.clone()
+    }
+
+    fn partition_list(&self, partition: i32) -> TopicPartitionList {
+        let mut tpl = TopicPartitionList::new();
+        for topic in &self.topics {
+            tpl.add_partition(topic, partition);
+        }
+        tpl
+    }
+
+    /// Serves the consumer's own queue until it is empty or a rebalance was served (then
+    /// gives the newly assigned partitions their queues and returns true), taking the messages
+    /// it holds into `records`. Errors in it (a broker down, a failed connection) are served
+    /// and go on: the context logged them, librdkafka retries on its own, and the events
+    /// behind them — records too — wait on no one (the queue wakes the loop only when it goes
+    /// from empty to not empty).
+    fn serve_consumer_queue(&self, records: &mut Vec<InputRecord>) -> bool {
+        let rebalances = self.context.rebalances.load(Ordering::Acquire);
+        serve_queue(CONSUMER_QUEUE_FETCH_MAX, || {
+            let events = self.context.events.load(Ordering::Acquire);
+            match self.consumer.poll(Duration::ZERO) {
+                Some(Ok(msg)) => {
+                    let topic = self.topic(msg.topic());
+                    self.mark_end(&topic, msg.partition(), false);
+                    if msg.offset() >= self.floor(&topic, msg.partition()) {
+                        records.push(to_input_record(&msg, &topic));
+                    }
+                    Polled::Served
+                }
+                // The event names no topic: with one input topic it is that one's (with more,
+                // the partition counts as caught up after its next record and end).
+                Some(Err(KafkaError::PartitionEOF(partition))) => {
+                    if let [topic] = self.topics.as_slice() {
+                        self.mark_end(topic, partition, true);
+                    }
+                    Polled::Served
+                }
+                // Logged by the context's `error`.
+                Some(Err(_)) => Polled::Served,
+                None if self.context.rebalances.load(Ordering::Acquire) != rebalances => {
+                    self.split_assigned();
+                    Polled::Rebalanced
+                }
+                // Nothing was served: the queue is empty.
+                None if self.context.events.load(Ordering::Acquire) == events => Polled::Empty,
+                // An event the context handled (statistics, a commit's result, a log line).
+                None => Polled::Served,
+            }
+        })
+    }
+
+    /// The offset of `topic` `partition` below which nothing is handed out (see `floors`).
+    fn floor(&self, topic: &Arc<str>, partition: i32) -> i64 {
+        self.floors
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&(topic.clone(), partition))
+            .copied()
+            .unwrap_or(i64::MIN)
+    }
+
+    /// Records whether `topic` `partition` was last seen at its end.
+    fn mark_end(&self, topic: &Arc<str>, partition: i32, at_end: bool) {
+        let mut ends = self.ends.lock().unwrap_or_else(|e| e.into_inner());
+        if at_end {
+            ends.insert((topic.clone(), partition));
+        } else {
+            ends.remove(&(topic.clone(), partition));
+        }
+    }
+
+    /// Seeks `topic` `partition` to `to`, waiting up to [`FETCHER_START_WAIT`] for its fetcher
+    /// to start: librdkafka refuses a seek until then (`Local: Erroneous state`), which it does
+    /// once the group coordinator has answered for the committed offsets of a new assignment
+    /// (a few milliseconds; longer, the pipeline holds the partition and opens it again).
+    /// Blocks the calling thread meanwhile, as librdkafka's seek does.
+    fn seek_started(&self, topic: &str, partition: i32, to: Offset) -> KafkaResult<()> {
+        let deadline = crate::clock::monotonic_now() + FETCHER_START_WAIT;
+        loop {
+            let mut tpl = TopicPartitionList::new();
+            tpl.add_partition_offset(topic, partition, to)?;
+            let result = self
+                .consumer
+                .seek_partitions(tpl, SEEK_TIMEOUT)?
+                .elements()
+                .first()
+                .map_or(Ok(()), |e| e.error());
+            match result {
+                Err(KafkaError::OffsetFetch(RDKafkaErrorCode::State))
+                    if crate::clock::monotonic_now() < deadline =>
+                {
+                    std::thread::sleep(SEEK_RETRY_DELAY);
+                }
+                result => return result,
+            }
+        }
+    }
+
+    /// The shared name of input topic `name`.
+    fn topic(&self, name: &str) -> Arc<str> {
+        self.topics
+            .iter()
+            .find(|t| ***t == *name)
+            .cloned()
+            .unwrap_or_else(|| Arc::from(name))
+    }
+
+    /// Splits the queues of newly assigned partitions off the consumer's queue.
+    fn split_assigned(&self) {
+        let mut queues = self.queues.lock().unwrap_or_else(|e| e.into_inner());
+        for (topic, partition) in self.context.take_unsplit() {
+            let of_partition = queues.by_partition.entry(partition).or_default();
+            if of_partition.iter().any(|(t, _)| **t == *topic) {
+                continue;
+            }
+            let topic = self.topic(&topic);
+            match self.consumer.split_partition_queue(&topic, partition) {
+                Some(mut queue) => {
+                    let ready = self.ready.clone();
+                    queue.set_nonempty_callback(move || ready.notify_one());
+                    of_partition.push((topic, queue));
+                    // What arrived before the callback was set wakes nobody.
+                    self.ready.notify_one();
+                }
+                None => {
+                    tracing::warn!(topic = %topic, partition, "no queue of its own for the partition; its records come through the consumer's queue");
+                }
+            }
+        }
+    }
+}
+
+fn source_error(what: impl Into<String>, source: KafkaError) -> SourceError {
+    SourceError {
+        what: what.into(),
+        source: Box::new(source),
+    }
+}
+
+impl Source for KafkaSource {
+    async fn ready(&self) {
+        self.ready.notified().await;
+    }
+
+    fn fetch(
+        &self,
+        per_partition_max: usize,
+        records: &mut Vec<InputRecord>,
+    ) -> Result<bool, Cause> {
+        if self.serve_consumer_queue(records) {
+            return Ok(true);
+        }
+        let queues = self.queues.lock().unwrap_or_else(|e| e.into_inner());
+        let paused = self
+            .context
+            .paused
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let floors = self.floors.lock().unwrap_or_else(|e| e.into_inner());
+        let mut more = false;
+        for (partition, of_partition) in &queues.by_partition {
+            if paused.contains(partition) {
+                continue;
+            }
+            let mut budget = per_partition_max;
+            for (topic, queue) in of_partition {
+                let floor = match floors.is_empty() {
+                    true => i64::MIN,
+                    false => floors
+                        .get(&(topic.clone(), *partition))
+                        .copied()
+                        .unwrap_or(i64::MIN),
+                };
+                // Whether the last event of the queue was its end (EOF follows the records
+                // before it in the queue).
+                let mut end = None;
+                while budget > 0 {
+                    match queue.poll(Duration::ZERO) {
+                        Some(Ok(msg)) => {
+                            if msg.offset() >= floor {
+                                records.push(to_input_record(&msg, topic));
+                            }
+                            end = Some(false);
+                        }
+                        Some(Err(KafkaError::PartitionEOF(_))) => {
+                            end = Some(true);
+                            continue;
+                        }
+                        Some(Err(err)) => return Err(Box::new(err)),
+                        None => break,
+                    }
+                    budget -= 1;
+                }
+                if let Some(end) = end {
+                    self.mark_end(topic, *partition, end);
+                }
+            }
+            more |= budget == 0;
+        }
+        Ok(more)
+    }
+
+    fn take_revoked(&self) -> Vec<i32> {
+        self.context.take_revoked()
+    }
+
+    fn take_assigned(&self) -> Vec<i32> {
+        let assigned = self.context.take_assigned();
+        if !assigned.is_empty() {
+            // A new assignment is caught up only once its fetches say so.
+            let mut ends = self.ends.lock().unwrap_or_else(|e| e.into_inner());
+            ends.retain(|(_, p)| !assigned.contains(p));
+        }
+        assigned
+    }
+
+    /// Pauses or resumes `partition`'s fetches. A partition the rebalance paused on
+    /// assignment is not paused again: until its seek succeeds its fetcher may be starting,
+    /// and a pause then would make librdkafka drop the start (see
+    /// [`SourceContext::pre_rebalance`]).
+    fn set_paused(&self, partition: i32, paused: bool) -> Result<(), SourceError> {
+        let tpl = self.partition_list(partition);
+        let result = if paused {
+            if self.context.is_paused(partition) {
+                return Ok(());
+            }
+            self.context.set_paused(partition, true);
+            self.consumer.pause(&tpl)
+        } else {
+            let result = self.consumer.resume(&tpl);
+            self.context.set_paused(partition, false);
+            // Records fetched before the pause wait in its queue, which wakes nobody.
+            self.ready.notify_one();
+            result
+        };
+        result.map_err(|e| source_error(format!("pause partition {partition}"), e))
+    }
+
+    /// Seeks each input topic's `partition` to the checkpoint's next offset; without one, to
+    /// the beginning, or under `auto.offset.reset = latest` to the partition's end as it is
+    /// now (read from the broker), below which nothing is then handed out.
+    fn seek(&self, partition: i32, offsets: &InputOffsets) -> Result<(), SourceError> {
+        for topic in &self.topics {
+            let failed = |e| source_error(format!("seek `{topic}` partition {partition}"), e);
+            let (to, floor) = match (offsets.next(topic), self.reset) {
+                (Some(next), _) => (Offset::Offset(next), None),
+                (None, Offset::End) => {
+                    let (_, end) = retry_while_outdated(SEEK_TIMEOUT, || {
+                        self.consumer
+                            .fetch_watermarks(topic, partition, SEEK_TIMEOUT)
+                    })
+                    .map_err(failed)?;
+                    (Offset::Offset(end), Some(end))
+                }
+                (None, reset) => (reset, None),
+            };
+            {
+                let mut floors = self.floors.lock().unwrap_or_else(|e| e.into_inner());
+                match floor {
+                    Some(floor) => floors.insert((topic.clone(), partition), floor),
+                    None => floors.remove(&(topic.clone(), partition)),
+                };
+            }
+            self.seek_started(topic, partition, to).map_err(failed)?;
+        }
+        Ok(())
+    }
+
+    fn commit(&self, offsets: &GroupOffsets, wait: bool) -> Result<(), SourceError> {
+        let mut tpl = TopicPartitionList::new();
+        for ((topic, partition), next) in offsets {
+            tpl.add_partition_offset(topic, *partition, Offset::Offset(*next))
+                .map_err(|e| source_error("list offsets to commit", e))?;
+        }
+        if tpl.count() == 0 {
+            return Ok(());
+        }
+        let mode = if wait {
+            CommitMode::Sync
+        } else {
+            CommitMode::Async
+        };
+        self.consumer
+            .commit(&tpl, mode)
+            .map_err(|e| source_error("commit offsets", e))
+    }
+
+    async fn committed_checkpoint(&self, partition: i32) -> Result<Option<u64>, SourceError> {
+        let wanted = self.partition_list(partition);
+        let consumer = self.consumer.clone();
+        // With `isolation.level = read_committed` librdkafka asks for stable offsets: the
+        // fetch waits until no transaction is pending for them. A blocking call.
+        let committed = tokio::task::spawn_blocking(move || {
+            consumer.committed_offsets(wanted, COMMITTED_TIMEOUT)
+        })
+        .await
+        .unwrap_or(Err(KafkaError::Canceled))
+        .map_err(|e| {
+            source_error(
+                format!("read the committed offsets of partition {partition}"),
+                e,
+            )
+        })?;
+        let version = committed
+            .elements()
+            .iter()
+            .find_map(|e| parse_manifest_metadata(e.metadata()));
+        tracing::info!(partition, ?version, "committed offsets read");
+        Ok(version)
+    }
+
+    fn high_watermark(&self, topic: &str, partition: i32) -> Option<i64> {
+        self.context.high_watermark(topic, partition)
+    }
+
+    /// Caught up by the last partition EOF event, or by the last statistics (the EOF of a
+    /// partition fetched before its queue was split off can reach librdkafka's error callback
+    /// instead, which names no partition; a consumer that resumed at the end has no position
+    /// until a record comes, but gets an EOF).
+    fn at_end(&self, topic: &str, partition: i32) -> bool {
+        let shared = self.topic(topic);
+        self.ends
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(&(shared, partition))
+            || self
+                .context
+                .caught_up
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .contains(&(topic.to_owned(), partition))
+    }
+}
+
+/// What one poll of a queue did ([`serve_queue`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Polled {
+    /// An event was served: a record, a partition's end, an error, statistics, a log line.
+    Served,
+    /// A rebalance was served.
+    Rebalanced,
+    /// Nothing: the queue is empty.
+    Empty,
+}
+
+/// Polls (`poll`) until the queue is empty (false), a rebalance was served or `max` events
+/// were (true: there may be more).
+fn serve_queue(max: usize, mut poll: impl FnMut() -> Polled) -> bool {
+    for _ in 0..max {
+        match poll() {
+            Polled::Served => {}
+            Polled::Rebalanced => return true,
+            Polled::Empty => return false,
+        }
+    }
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rdkafka::ClientContext as _;
+    use rdkafka::config::RDKafkaLogLevel;
+
+    #[test]
+    fn a_log_line_served_from_the_consumers_queue_is_an_event_not_the_queues_end() {
+        let context = SourceContext::default();
+        let events = || context.events.load(Ordering::Acquire);
+        let before = events();
+        context.log(
+            RDKafkaLogLevel::Info,
+            "FAIL",
+            "127.0.0.1:9096/1: Connect to ipv4#127.0.0.1:9096 failed: Connection refused",
+        );
+        assert_eq!(events(), before + 1);
+    }
+
+    #[test]
+    fn a_queue_is_served_past_log_lines_and_errors_to_its_end() {
+        // 300 log lines and errors of a minute cut off, then records: one fetch serves all.
+        let mut script = vec![Polled::Served; 300];
+        script.extend([Polled::Served, Polled::Served, Polled::Empty]);
+        let mut script = script.into_iter();
+        let mut polls = 0;
+        let more = serve_queue(4096, || {
+            polls += 1;
+            script.next().unwrap_or(Polled::Empty)
+        });
+        assert!(!more, "the queue's end was reached");
+        assert_eq!(polls, 303);
+        let mut polls = 0;
+        assert!(serve_queue(10, || {
+            polls += 1;
+            Polled::Served
+        }));
+        assert_eq!(polls, 10, "at most max events, then more may wait");
+        assert!(serve_queue(10, || Polled::Rebalanced));
+    }
+
+    #[test]
+    fn an_outdated_answer_is_asked_again_and_any_other_is_returned() {
+        let mut answers = vec![
+            Err(KafkaError::MetadataFetch(RDKafkaErrorCode::Outdated)),
+            Err(KafkaError::MetadataFetch(RDKafkaErrorCode::Outdated)),
+            Ok((0, 20)),
+        ]
+        .into_iter();
+        let mut asked = 0;
+        let end = retry_while_outdated(Duration::from_secs(5), || {
+            asked += 1;
+            answers.next().expect("asked at most three times")
+        });
+        assert_eq!(end.ok(), Some((0, 20)));
+        assert_eq!(asked, 3);
+        let failed: KafkaResult<()> = retry_while_outdated(Duration::from_secs(5), || {
+            Err(KafkaError::MetadataFetch(
+                RDKafkaErrorCode::UnknownPartition,
+            ))
+        });
+        assert_eq!(
+            failed.err().and_then(|e| e.rdkafka_error_code()),
+            Some(RDKafkaErrorCode::UnknownPartition)
+        );
+    }
+}
