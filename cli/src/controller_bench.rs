@@ -275,7 +275,7 @@ async fn measure(
     ));
     let stats = Arc::new(PipelineStats::default());
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let pipeline = tokio::spawn(pipeline::run(
+    let pipeline = tokio::spawn(weir_host::runner::run(
         settings,
         backend,
         clock,

@@ -207,7 +207,7 @@ pub async fn run(opts: DevOptions) -> Result<(), DevError> {
     let clock: SharedClock = Arc::new(SystemClock);
     let stats = Arc::new(PipelineStats::default());
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let pipeline = tokio::spawn(pipeline::run(
+    let pipeline = tokio::spawn(weir_host::runner::run(
         settings,
         Arc::new(MemoryBackend::new(clock.clone())),
         clock,

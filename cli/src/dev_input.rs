@@ -23,8 +23,8 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 use weir_host::clock::{SharedClock, SystemClock};
-use weir_host::pipeline::{self, PipelineStats};
-use weir_host::sink::{HEADER_ERROR, HEADER_ERROR_KIND};
+use weir_host::pipeline::PipelineStats;
+use weir_host::sink::kafka::{HEADER_ERROR, HEADER_ERROR_KIND};
 use weir_host::state::memory::MemoryBackend;
 
 use crate::dev::{DevError, DevOptions, cluster, pipeline_settings};
@@ -129,7 +129,7 @@ pub async fn run(opts: &DevOptions, input: &Path) -> Result<(), DevError> {
     let clock: SharedClock = Arc::new(SystemClock);
     let stats = Arc::new(PipelineStats::default());
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let pipeline = tokio::spawn(pipeline::run(
+    let pipeline = tokio::spawn(weir_host::runner::run(
         settings,
         Arc::new(MemoryBackend::new(clock.clone())),
         clock,

@@ -249,9 +249,12 @@ pub async fn run(config: PathBuf, admin_listen: Option<String>) -> anyhow::Resul
         signals.received().await;
         tracing::info!("shutting down: draining partitions and checkpointing");
     };
-    let (_checkpoint_requests, mut control) = pipeline::PipelineControl::new();
-    control.table = table;
-    pipeline::run_controlled(settings, backend, clock, stats.clone(), control, shutdown)
+    let (_checkpoint_requests, control) = pipeline::PipelineControl::new();
+    let control = weir_host::runner::RunControl {
+        pipeline: control,
+        table,
+    };
+    weir_host::runner::run_controlled(settings, backend, clock, stats.clone(), control, shutdown)
         .await
         .context("pipeline failed")?;
     tracing::info!(records = stats.records_done(), "pipeline stopped");
@@ -283,7 +286,7 @@ async fn start_run(
     // the cause librdkafka reported, rather than retried in the logs.
     let kafka = settings.kafka.clone();
     tokio::task::spawn_blocking(move || {
-        weir_host::source::broker::check_reachable(&kafka, KAFKA_CHECK_TIMEOUT)
+        weir_host::source::kafka::broker::check_reachable(&kafka, KAFKA_CHECK_TIMEOUT)
     })
     .await
     .context("the Kafka check panicked")?

@@ -19,7 +19,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 use weir_host::clock::{SharedClock, SystemClock};
 use weir_host::config::{PipelineSettings, RuntimeSettings, Settings, StateSettings};
-use weir_host::pipeline::{self, PipelineStats};
+use weir_host::pipeline::PipelineStats;
 use weir_host::state::memory::MemoryBackend;
 
 /// What `weir bench-windows` runs (its options).
@@ -116,7 +116,7 @@ pub async fn run(opts: &WindowsBenchOptions) -> Result<Vec<WindowsRun>, WindowsB
         let backend = Arc::new(MemoryBackend::new(clock.clone()));
         let stats = Arc::new(PipelineStats::default());
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-        let pipeline = tokio::spawn(pipeline::run(
+        let pipeline = tokio::spawn(weir_host::runner::run(
             settings,
             backend,
             clock,

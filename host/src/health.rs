@@ -7,11 +7,11 @@
 //!
 //! The brokers' state comes from a [`KafkaProbe`]: a metadata request every few seconds through
 //! a client of its own, with the cause librdkafka gives when it fails
-//! ([`crate::source::broker`]), also exported as the gauge `weir_kafka_reachable`
+//! ([`crate::source::kafka::broker`]), also exported as the gauge `weir_kafka_reachable`
 //! (docs/metrics.md).
 
 use crate::config::KafkaSettings;
-use crate::source::broker;
+use crate::source::kafka::broker;
 use axum::Json;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};

@@ -7,7 +7,7 @@
 //! not client-side quantiles) so that hosts can be summed.
 
 use crate::config::LateRecords;
-use crate::sink::DeadLetterKind;
+use crate::pipeline::ports::DeadLetterKind;
 use metrics::{Counter, Gauge, Histogram, Label};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use std::sync::OnceLock;

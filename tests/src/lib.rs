@@ -259,7 +259,7 @@ impl RunningPipeline {
             .expect("the state backend sets up");
         let (_requests, control) = pipeline::PipelineControl::new();
         let stats = Arc::new(PipelineStats::labelled(tenant, pipeline));
-        Self::start_with_stats(settings, Arc::new(backend), clock, control, stats)
+        Self::start_with_stats(settings, Arc::new(backend), clock, control.into(), stats)
     }
 
     /// Starts `settings` in the background on `backend`.
@@ -272,18 +272,20 @@ impl RunningPipeline {
         Self::start_controlled(settings, backend, clock, control)
     }
 
-    /// Starts `settings` in the background on `backend`, asked for checkpoints by `control`.
+    /// Starts `settings` in the background on `backend`, asked for checkpoints by `control`
+    /// (a [`pipeline::PipelineControl`], or a [`weir_host::runner::RunControl`] that also
+    /// names an Iceberg table).
     pub fn start_controlled<B: StateBackend>(
         settings: Settings,
         backend: Arc<B>,
         clock: SharedClock,
-        control: pipeline::PipelineControl,
+        control: impl Into<weir_host::runner::RunControl>,
     ) -> Self {
         Self::start_with_stats(
             settings,
             backend,
             clock,
-            control,
+            control.into(),
             Arc::new(PipelineStats::default()),
         )
     }
@@ -292,11 +294,11 @@ impl RunningPipeline {
         settings: Settings,
         backend: Arc<B>,
         clock: SharedClock,
-        control: pipeline::PipelineControl,
+        control: weir_host::runner::RunControl,
         stats: Arc<PipelineStats>,
     ) -> Self {
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let task = tokio::spawn(pipeline::run_controlled(
+        let task = tokio::spawn(weir_host::runner::run_controlled(
             settings,
             backend,
             clock,

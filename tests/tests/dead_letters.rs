@@ -7,7 +7,7 @@ use rdkafka::Message;
 use std::collections::BTreeMap;
 use std::time::Duration;
 use weir_host::config::{FailurePolicy, RuntimeSettings};
-use weir_host::sink::{
+use weir_host::sink::kafka::{
     HEADER_ERROR, HEADER_ERROR_KIND, HEADER_SOURCE_OFFSET, HEADER_SOURCE_PARTITION,
 };
 use weir_tests::*;

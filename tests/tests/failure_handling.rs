@@ -11,11 +11,11 @@ use std::time::Duration;
 use weir_host::clock::{SharedClock, SystemClock};
 use weir_host::config::{Delivery, RuntimeSettings, StateBackendKind, StateSettings};
 use weir_host::pipeline::PartitionState;
-use weir_host::sink::limits::{
+use weir_host::sink::kafka::limits::{
     ERROR_HEADER_BYTES_MAX, HEADER_ORIGINAL_HEADERS_BYTES, HEADER_ORIGINAL_KEY_BYTES,
     HEADER_ORIGINAL_VALUE_BYTES, HEADER_TRUNCATED,
 };
-use weir_host::sink::{HEADER_ERROR, HEADER_ERROR_KIND, HEADER_SOURCE_OFFSET};
+use weir_host::sink::kafka::{HEADER_ERROR, HEADER_ERROR_KIND, HEADER_SOURCE_OFFSET};
 use weir_tests::*;
 
 const TIMEOUT: Duration = Duration::from_secs(120);

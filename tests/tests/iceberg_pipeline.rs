@@ -154,8 +154,11 @@ async fn flights_into_an_iceberg_table_exactly_once_hold_each_routes_counts_once
         uid,
         to_topic: true,
     };
-    let (_requests, mut control) = PipelineControl::new();
-    control.table = Some(target);
+    let (_requests, control) = PipelineControl::new();
+    let control = weir_host::runner::RunControl {
+        pipeline: control,
+        table: Some(target),
+    };
     let started = Instant::now();
     let pipeline = RunningPipeline::start_controlled(
         settings,

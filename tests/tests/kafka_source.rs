@@ -8,7 +8,7 @@ use weir_host::config::RuntimeSettings;
 use weir_host::error::Chain;
 use weir_host::pipeline::Source;
 use weir_host::runtime::InputRecord;
-use weir_host::source::KafkaSource;
+use weir_host::source::kafka::KafkaSource;
 use weir_host::state::checkpoint::InputOffsets;
 use weir_tests::*;
 

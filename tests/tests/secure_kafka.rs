@@ -8,7 +8,7 @@ use serde_json::json;
 use std::collections::BTreeMap;
 use std::time::Duration;
 use weir_host::config::SaslMechanism;
-use weir_host::source::broker::check_reachable;
+use weir_host::source::kafka::broker::check_reachable;
 use weir_tests::api::*;
 use weir_tests::*;
 

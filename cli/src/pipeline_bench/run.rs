@@ -185,7 +185,7 @@ impl Phases<'_> {
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let (_requests, control) = PipelineControl::new();
         let started = Instant::now();
-        let mut pipeline = tokio::spawn(pipeline::run_operator(
+        let mut pipeline = tokio::spawn(weir_host::runner::run_operator(
             settings,
             backend,
             operator,

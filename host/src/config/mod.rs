@@ -227,7 +227,7 @@ impl Default for RuntimeSettings {
             shutdown_drain_max: Duration::from_secs(30),
             batch_staged_bytes_max: 64 << 20,
             instance_memory_bytes_max: 64 << 20,
-            emit_bytes_per_record_max: crate::sink::limits::PRODUCER_MESSAGE_BYTES_DEFAULT,
+            emit_bytes_per_record_max: crate::sink::kafka::limits::PRODUCER_MESSAGE_BYTES_DEFAULT,
             state_value_bytes_max: 1 << 20,
             state_map_key_bytes_max: 4 << 10,
             log_lines_per_second_max: 100,

@@ -11,7 +11,8 @@
 //! records, checkpoints and closes the shard. docs/checkpoints.md is the protocol.
 //!
 //! The pipeline sees the world through [`ports`]: a [`Source`] and an [`Output`], which
-//! `source/` and `sink/` implement for Kafka and in memory (for tests with no broker).
+//! `source/` and `sink/` implement for Kafka and in memory (for tests with no broker); it names
+//! no adapter. `crate::runner::run` sets the Kafka ones up from the settings.
 //!
 //! - [`ports`]          the traits the pipeline runs over;
 //! - [`consumer_loop`]  the loop: records and rebalances in, batches out, offsets committed;
@@ -48,12 +49,8 @@ pub use stats::{
     PipelineStats,
 };
 
-use crate::clock::SharedClock;
 use crate::config::Settings;
-use crate::runtime::{Operator, Runtime, RuntimeError};
-use crate::sink::KafkaOutput;
-use crate::sink::iceberg::TableOutput;
-use crate::source::KafkaSource;
+use crate::runtime::{Operator, RuntimeError};
 use crate::state::{StateBackend, StateError};
 use consumer_loop::Running;
 use std::future::Future;
@@ -100,22 +97,6 @@ impl PipelineError {
     }
 }
 
-/// Runs the pipeline until `shutdown` completes or a fatal error occurs, then drains the
-/// workers (every queued batch processed and delivered, a last checkpoint) and returns.
-///
-/// # Errors
-/// [`PipelineError`] for an unloadable operator, a Kafka setup failure or a failed worker.
-pub async fn run<B: StateBackend>(
-    settings: Settings,
-    backend: Arc<B>,
-    clock: SharedClock,
-    stats: Arc<PipelineStats>,
-    shutdown: impl Future<Output = ()>,
-) -> Result<(), PipelineError> {
-    let (_requests, control) = PipelineControl::new();
-    run_controlled(settings, backend, clock, stats, control, shutdown).await
-}
-
 /// What a running pipeline can be asked to do besides stopping, and where its operator logs.
 #[derive(Debug, Clone)]
 pub struct PipelineControl {
@@ -126,9 +107,6 @@ pub struct PipelineControl {
     /// Where the operator's log lines go besides the host's log (none by default): `weir
     /// serve` gives each run the pipeline's log segments.
     pub log_sink: Option<Arc<dyn crate::runtime::guest_log::LogSink>>,
-    /// The Iceberg table the operator's emits go to besides the output topic, if any
-    /// (docs/iceberg.md).
-    pub table: Option<crate::sink::iceberg::TableTarget>,
 }
 
 impl PipelineControl {
@@ -140,72 +118,18 @@ impl PipelineControl {
             Self {
                 checkpoint_requests: rx,
                 log_sink: None,
-                table: None,
             },
         )
     }
 }
 
-/// [`run`], with `control` to ask the running pipeline for checkpoints.
+/// Runs the pipeline over `source` and `output` until `shutdown` completes or a fatal error
+/// occurs, then drains the workers (every queued batch processed and delivered, a last
+/// checkpoint) and returns. [`crate::runner::run`] and its kin run it over Kafka (and an
+/// Iceberg table); tests over the in-memory `source::memory` and `sink::memory`.
 ///
 /// # Errors
-/// As [`run`].
-pub async fn run_controlled<B: StateBackend>(
-    settings: Settings,
-    backend: Arc<B>,
-    clock: SharedClock,
-    stats: Arc<PipelineStats>,
-    control: PipelineControl,
-    shutdown: impl Future<Output = ()>,
-) -> Result<(), PipelineError> {
-    let runtime =
-        Runtime::<B::Shard>::new(&settings.runtime, clock).map_err(PipelineError::Operator)?;
-    let operator = Arc::new(
-        runtime
-            .load_operator(&settings.pipeline.operator)
-            .await
-            .map_err(PipelineError::Operator)?,
-    );
-    run_operator(settings, backend, operator, stats, control, shutdown).await
-}
-
-/// [`run_controlled`] with an operator already compiled (with `settings.runtime`'s limits;
-/// `settings.pipeline.operator` is not read): a host running many pipelines compiles each
-/// component once.
-///
-/// # Errors
-/// As [`run`].
-pub async fn run_operator<B: StateBackend>(
-    settings: Settings,
-    backend: Arc<B>,
-    operator: Arc<Operator<B::Shard>>,
-    stats: Arc<PipelineStats>,
-    control: PipelineControl,
-    shutdown: impl Future<Output = ()>,
-) -> Result<(), PipelineError> {
-    let source = KafkaSource::new(&settings).map_err(|e| PipelineError::Setup(Box::new(e)))?;
-    let output = KafkaOutput::new(&settings, source.consumer())
-        .await
-        .map_err(|e| PipelineError::Setup(Box::new(e)))?;
-    let output = TableOutput::new(output, control.table.clone());
-    run_with(
-        settings,
-        backend,
-        operator,
-        stats,
-        control,
-        Arc::new(source),
-        Arc::new(output),
-        shutdown,
-    )
-    .await
-}
-
-/// [`run_operator`] over any [`Source`] and [`Output`] (the in-memory ones of
-/// `source::memory` and `sink::memory` in tests).
-///
-/// # Errors
-/// As [`run`].
+/// [`PipelineError`] for a shard that cannot be opened or a failed worker.
 #[allow(clippy::too_many_arguments)]
 pub async fn run_with<B: StateBackend, Src: Source, Out: Output>(
     settings: Settings,

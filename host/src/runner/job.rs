@@ -12,7 +12,7 @@ use crate::config::{
     LsmStateSettings, PipelineSettings, PipelineTable, RuntimeSettings, Settings, StateSettings,
 };
 use crate::error::{Chain, ErrorKind};
-use crate::pipeline::{self, PipelineControl, PipelineStats};
+use crate::pipeline::{PipelineControl, PipelineStats};
 use crate::runtime::{Operator, Runtime};
 use crate::sink::iceberg::{LakehouseError, TableTarget};
 use crate::state::configured::{ConfiguredBackend, ConfiguredShard};
@@ -231,13 +231,15 @@ impl RunJob {
             Some(table) => Some(self.table_target(table, &settings, &store, &prefix).await?),
             None => None,
         };
-        let control = PipelineControl {
-            log_sink: Some(log),
+        let control = super::RunControl {
+            pipeline: PipelineControl {
+                log_sink: Some(log),
+                ..control
+            },
             table,
-            ..control
         };
         self.started.store(true, Ordering::Relaxed);
-        let ran = pipeline::run_operator(settings, backend, operator, self.stats, control, stop)
+        let ran = super::run_operator(settings, backend, operator, self.stats, control, stop)
             .await
             .map_err(|err| RunFailure::new(err.kind(), Chain(&err).to_string()));
         log_task.close().await;
@@ -332,7 +334,7 @@ impl RunJob {
         })
     }
 
-    /// The settings of `pipeline::run` for this definition.
+    /// The settings of `super::run` for this definition.
     fn settings(&self, operator: PathBuf) -> Result<Settings, RunFailure> {
         let (tenant, record, spec) = (&self.tenant, &self.record, &self.record.spec);
         Ok(Settings {
@@ -391,7 +393,7 @@ async fn check_topics(settings: &Settings, tenant: &str) -> Result<usize, RunFai
     let prefix = format!("{tenant}.");
     tokio::task::spawn_blocking(move || {
         let name = |topic: &str| topic.strip_prefix(&prefix).unwrap_or(topic).to_owned();
-        let consumer = crate::source::broker::metadata_client(&kafka).map_err(|e| {
+        let consumer = crate::source::kafka::broker::metadata_client(&kafka).map_err(|e| {
             RunFailure::new(
                 ErrorKind::InvalidInput,
                 format!("cannot create a Kafka client: {e}"),
@@ -407,7 +409,7 @@ async fn check_topics(settings: &Settings, tenant: &str) -> Result<usize, RunFai
                         format!(
                             "cannot read the metadata of topic `{}`: {}",
                             name(&topic),
-                            crate::source::broker::explain(&consumer, &e)
+                            crate::source::kafka::broker::explain(&consumer, &e)
                         ),
                     )
                 })?;

@@ -30,6 +30,9 @@ use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 
 mod job;
+mod wiring;
+
+pub use wiring::{RunControl, run, run_controlled, run_operator};
 
 pub use job::{CompiledOperators, RunFailure};
 use job::{RunJob, RunResult};

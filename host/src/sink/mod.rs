@@ -8,6 +8,3 @@
 pub mod iceberg;
 pub mod kafka;
 pub mod memory;
-
-pub use crate::pipeline::ports::{DeadLetterKind, DeliveryGuard, SinkError};
-pub use kafka::{KafkaOutput, KafkaSink, delivery, limits, producer};

@@ -6,5 +6,3 @@
 
 pub mod kafka;
 pub mod memory;
-
-pub use kafka::{KafkaSource, SourceConsumer, SourceContext, broker};

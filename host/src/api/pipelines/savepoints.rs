@@ -370,7 +370,12 @@ pub(super) async fn committed_versions(
         .collect();
     let partitions = partitions.to_vec();
     let read = tokio::task::spawn_blocking(move || {
-        crate::source::broker::committed_checkpoint_versions(&kafka, &group, &topics, &partitions)
+        crate::source::kafka::broker::committed_checkpoint_versions(
+            &kafka,
+            &group,
+            &topics,
+            &partitions,
+        )
     })
     .await;
     match read {
@@ -523,7 +528,7 @@ async fn input_partitions(
     let prefix = format!("{tenant}.");
     tokio::task::spawn_blocking(move || {
         use rdkafka::consumer::Consumer as _;
-        let client = crate::source::broker::metadata_client(&kafka)
+        let client = crate::source::kafka::broker::metadata_client(&kafka)
             .map_err(|e| ApiError::Unavailable(format!("cannot create a Kafka client: {e}")))?;
         let mut counts = Vec::new();
         for topic in &topics {
@@ -533,7 +538,7 @@ async fn input_partitions(
                     ApiError::Unavailable(format!(
                         "cannot read the metadata of topic `{}`: {}",
                         topic.strip_prefix(&prefix).unwrap_or(topic),
-                        crate::source::broker::explain(&client, &e)
+                        crate::source::kafka::broker::explain(&client, &e)
                     ))
                 })?;
             let n = metadata

@@ -8,7 +8,7 @@
 //! is ahead of or behind its offsets.
 
 use super::*;
-use crate::clock::SystemClock;
+use crate::clock::{SharedClock, SystemClock};
 use crate::config::Settings;
 use crate::runtime::Runtime;
 use crate::sink::memory::{MemoryOutput, Written};

@@ -5,7 +5,7 @@ use crate::runtime::bindings::weir::operator::emit::{EmitError, Host};
 use crate::runtime::bindings::weir::operator::types::Header;
 use crate::runtime::host::HostCtx;
 use crate::runtime::{EmitDoesNotFit, StagedBytesExceeded};
-use crate::sink::limits::record_bytes;
+use crate::sink::kafka::limits::record_bytes;
 use crate::state::Shard;
 
 impl<S: Shard> Host for HostCtx<S> {

@@ -242,7 +242,7 @@ impl Committer {
                 let (g, partitions) =
                     (g.clone(), roots.iter().map(|(p, _)| *p).collect::<Vec<_>>());
                 tokio::task::spawn_blocking(move || {
-                    crate::source::broker::committed_checkpoint_versions(
+                    crate::source::kafka::broker::committed_checkpoint_versions(
                         &g.kafka,
                         &g.group,
                         &g.topics,

@@ -104,7 +104,7 @@ pub(super) fn cut_again<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sink::limits::ERROR_HEADER_BYTES_MAX;
+    use crate::sink::kafka::limits::ERROR_HEADER_BYTES_MAX;
     use rdkafka::message::Headers;
 
     fn header<'a>(headers: &'a OwnedHeaders, name: &str) -> Option<&'a [u8]> {

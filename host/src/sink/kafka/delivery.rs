@@ -10,7 +10,7 @@ use super::limits::RecordLimits;
 use super::producer::{Deliveries, KafkaProducer, Record, Refused, Tag, owned};
 use super::{DeadLetterKind, DeliveryGuard, PENDING_DELIVERIES_MAX, SinkError};
 use crate::runtime::{InputRecord, StagedEmit};
-use crate::source::SourceConsumer;
+use crate::source::kafka::SourceConsumer;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header as KafkaHeader, Headers, Message, OwnedHeaders, OwnedMessage};
 use rdkafka::producer::Producer;

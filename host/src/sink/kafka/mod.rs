@@ -22,7 +22,7 @@ pub use delivery::KafkaSink;
 use crate::config::Settings;
 use crate::pipeline::ports::{CommitError, Output, ShardSink};
 use crate::runtime::{InputRecord, StagedEmit};
-use crate::source::SourceConsumer;
+use crate::source::kafka::SourceConsumer;
 use crate::state::checkpoint::InputOffsets;
 use limits::RecordLimits;
 use producer::KafkaProducer;

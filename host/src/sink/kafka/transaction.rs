@@ -3,7 +3,7 @@
 
 use super::producer::KafkaProducer;
 use crate::pipeline::ports::CommitError;
-use crate::source::SourceConsumer;
+use crate::source::kafka::SourceConsumer;
 use crate::state::checkpoint::{InputOffsets, manifest_metadata};
 use rdkafka::consumer::Consumer;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
