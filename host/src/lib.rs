@@ -16,6 +16,7 @@
 //! - [`source`]    the pipeline's source: Kafka consumer group member (rebalances, pause, seek,
 //!   committed offsets, a queue per assigned partition), and `source::memory` for tests with no
 //!   broker
+//! - [`row`]       a table's row schema, as the `emit` import checks emits against it
 //! - [`sink`]      the pipeline's outputs: Kafka producers (output and dead-letter topics,
 //!   deliveries counted per partition, exactly-once transactions), the Iceberg table sink
 //!   (`sink::iceberg`), and `sink::memory` for tests with no broker
@@ -24,6 +25,13 @@
 //! - [`telemetry`] Prometheus metrics: the recorder and the labelled handles of a pipeline run
 //! - [`fail_points`] named points where crash tests make the `weir` binary exit (inert unless armed)
 //! - `testing`     (unit tests only) where the tests find the guest components
+//! - `layering`    (unit tests only) the dependency direction below, checked
+//!
+//! Dependencies point one way: the core (`runtime`, `time`, `state`, `pipeline`, over
+//! `config`, `error`, `clock` and `row`) → the adapters (`source`, `sink`) → what runs
+//! pipelines (`runner`, `api`, `health`). The core names no adapter and nothing above it; a
+//! pipeline runs over the traits of `pipeline::ports`, and `runner::run` wires the Kafka and
+//! Iceberg adapters in.
 //!
 //! The `weir` binary, its HTTP API client, its benchmarks and the development tooling
 //! (`weir dev`, the flights loader) are the `weir-cli` package (`cli/`).
@@ -34,7 +42,10 @@ pub mod config;
 pub mod error;
 pub mod fail_points;
 pub mod health;
+#[cfg(test)]
+mod layering;
 pub mod pipeline;
+pub mod row;
 pub mod runner;
 pub mod runtime;
 pub mod sink;

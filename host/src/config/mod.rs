@@ -128,6 +128,10 @@ fn default_checkpoint_interval() -> Duration {
 /// `pipeline.in_flight_max` when not set.
 pub const DEFAULT_IN_FLIGHT_MAX: usize = 4096;
 
+/// librdkafka's default `message.max.bytes`: the default of `emit_bytes_per_record_max`, and
+/// the producer's limit when `kafka.producer` sets none.
+pub const PRODUCER_MESSAGE_BYTES_DEFAULT: u64 = 1_000_000;
+
 fn default_in_flight_max() -> usize {
     DEFAULT_IN_FLIGHT_MAX
 }
@@ -227,7 +231,7 @@ impl Default for RuntimeSettings {
             shutdown_drain_max: Duration::from_secs(30),
             batch_staged_bytes_max: 64 << 20,
             instance_memory_bytes_max: 64 << 20,
-            emit_bytes_per_record_max: crate::sink::kafka::limits::PRODUCER_MESSAGE_BYTES_DEFAULT,
+            emit_bytes_per_record_max: PRODUCER_MESSAGE_BYTES_DEFAULT,
             state_value_bytes_max: 1 << 20,
             state_map_key_bytes_max: 4 << 10,
             log_lines_per_second_max: 100,

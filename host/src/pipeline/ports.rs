@@ -221,7 +221,7 @@ pub trait ShardSink: Send + 'static {
 
     /// The table every emit must be a row of, when the sink writes one (docs/iceberg.md): the
     /// `emit` import fails the record of an emit that is not. Default none.
-    fn emit_table(&self) -> Option<std::sync::Arc<crate::sink::iceberg::TableSchema>> {
+    fn emit_table(&self) -> Option<std::sync::Arc<crate::row::RowSchema>> {
         None
     }
 

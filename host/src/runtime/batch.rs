@@ -66,12 +66,12 @@ pub struct BatchCtx {
     emits: Vec<StagedEmit>,
     /// Bytes staged so far (writes and emits, with [`ENTRY_OVERHEAD_BYTES`] each).
     staged_bytes: u64,
-    /// The largest record the output topic takes, as [`crate::sink::kafka::limits::record_bytes`]
+    /// The largest record the output topic takes, as [`record_bytes`](super::record_size::record_bytes)
     /// counts it: a larger emit is refused as too large.
     pub(crate) emit_record_bytes_max: u64,
     /// The table every emit must be a row of, when the pipeline writes to one: an emit that is
     /// not fails its record (docs/iceberg.md, "Schema").
-    pub(crate) emit_table: Option<Arc<crate::sink::iceberg::TableSchema>>,
+    pub(crate) emit_table: Option<Arc<crate::row::RowSchema>>,
     /// Timers the call's `timers` imports added to the shard: +1 per new timer set, −1 per
     /// timer cleared (a move adds none), as the staged changes leave them.
     timers_added: i64,
@@ -84,11 +84,11 @@ pub struct BatchCtx {
 /// What the output takes of an emit (the pipeline's sink says: [`crate::pipeline::ports::ShardSink`]).
 #[derive(Debug, Clone)]
 pub struct EmitLimits {
-    /// The largest record the output topic takes, as [`crate::sink::kafka::limits::record_bytes`]
+    /// The largest record the output topic takes, as [`record_bytes`](super::record_size::record_bytes)
     /// counts it.
     pub record_bytes_max: u64,
     /// The table every emit must be a row of, if any.
-    pub table: Option<Arc<crate::sink::iceberg::TableSchema>>,
+    pub table: Option<Arc<crate::row::RowSchema>>,
 }
 
 /// Bytes charged per staged write, emit and header on top of its keys and values, so that
@@ -151,7 +151,7 @@ impl BatchCtx {
     }
 
     /// Refuses emits larger than `bytes` as the output topic would count them (the sink's
-    /// [`crate::sink::kafka::limits::RecordLimits::output_bytes_max`]).
+    /// the output's `output_bytes_max`).
     pub fn set_emit_record_bytes_max(&mut self, bytes: u64) {
         self.emit_record_bytes_max = bytes;
     }

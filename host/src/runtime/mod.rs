@@ -21,6 +21,7 @@ mod host;
 mod imports;
 mod instance;
 pub mod native;
+pub mod record_size;
 pub mod wasi;
 
 pub use batch::{BatchCtx, EmitLimits, StagedEmit};
@@ -183,7 +184,7 @@ pub struct StagedBytesExceeded {
 /// that fails the record, as a `too-large` emit does, before anything is written.
 #[derive(Debug, thiserror::Error)]
 #[error("an emit does not fit the pipeline's Iceberg table: {0}")]
-pub struct EmitDoesNotFit(#[source] pub crate::sink::iceberg::RowError);
+pub struct EmitDoesNotFit(#[source] pub crate::row::RowError);
 
 /// The CPU deadline ran out.
 #[derive(Debug, thiserror::Error)]

@@ -46,7 +46,6 @@ use super::manifest::{Manifest, ManifestKind, ManifestStore, SstRef};
 use super::snapshot;
 use crate::clock::SharedClock;
 use crate::runtime::TimeDomain;
-use crate::sink::iceberg::shard::PENDING_KEY as ICEBERG_PENDING_KEY;
 use crate::time::keys as time_keys;
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as B64;
@@ -297,7 +296,7 @@ fn export_entry(key: &[u8], value: &Bytes, expires_at_ms: Option<u64>) -> Result
     if key.starts_with(&time_keys::TIME_INDEX) || key == time_keys::TIMER_COUNT_KEY {
         return Ok(Exported::Derived);
     }
-    if key == ICEBERG_PENDING_KEY {
+    if key == time_keys::TABLE_PENDING_KEY {
         return String::from_utf8(value.to_vec())
             .map(Exported::IcebergPending)
             .map_err(|_| "the Iceberg sink's pending list is not UTF-8".to_owned());

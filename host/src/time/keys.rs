@@ -8,6 +8,7 @@
 //!                 → (empty)
 //! watermark       FF FF FF FF 'w' → i64 BE
 //! timers pending  FF FF FF FF 'c' → u64 BE   (written with the watermark, before a checkpoint)
+//! table pending   FF FF FF FF 'i' → JSON     (the table sink's data files not yet committed)
 //! ```
 //! No state key starts with `FF FF FF FF` (a state key starts with its record key's length, and
 //! record keys are far below 4 GiB), and no declared state is named `!timers` (names are
@@ -33,6 +34,11 @@ pub const WATERMARK_KEY: [u8; 5] = [0xFF, 0xFF, 0xFF, 0xFF, b'w'];
 /// no open scans the time index. Shards written before it was kept have none and are counted
 /// once by a scan.
 pub const TIMER_COUNT_KEY: [u8; 5] = [0xFF, 0xFF, 0xFF, 0xFF, b'c'];
+
+/// The key of the table sink's pending list: the data files a shard wrote that its table does
+/// not hold yet (`sink::iceberg::shard`, docs/iceberg.md). Listed here, with the other reserved
+/// keys, so that no two parts of the host claim one key; the export carries its value.
+pub const TABLE_PENDING_KEY: [u8; 5] = [0xFF, 0xFF, 0xFF, 0xFF, b'i'];
 
 /// A timer as stored: its key, name, time and domain.
 #[derive(Debug, Clone, PartialEq, Eq)]

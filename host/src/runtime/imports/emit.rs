@@ -4,8 +4,8 @@ use crate::runtime::batch::{StagedEmit, emit_size};
 use crate::runtime::bindings::weir::operator::emit::{EmitError, Host};
 use crate::runtime::bindings::weir::operator::types::Header;
 use crate::runtime::host::HostCtx;
+use crate::runtime::record_size::record_bytes;
 use crate::runtime::{EmitDoesNotFit, StagedBytesExceeded};
-use crate::sink::kafka::limits::record_bytes;
 use crate::state::Shard;
 
 impl<S: Shard> Host for HostCtx<S> {
@@ -76,7 +76,7 @@ impl<S: Shard> Host for HostCtx<S> {
 mod tests {
     use super::*;
     use crate::clock::{ManualClock, SharedClock};
-    use crate::sink::iceberg::{ColumnSpec, ColumnType, RowError, TableSchema};
+    use crate::row::{ColumnSpec, ColumnType, RowError, RowSchema};
     use crate::state::memory::MemoryBackend;
     use crate::state::{ShardId, StateBackend};
     use std::sync::Arc;
@@ -94,7 +94,7 @@ mod tests {
         };
         let shard = Arc::new(futures::executor::block_on(backend.open_shard(&id)).expect("opens"));
         let mut ctx = crate::runtime::imports::test_host(shard, clock, "m", 1024);
-        let table = TableSchema::new(&[ColumnSpec {
+        let table = RowSchema::new(&[ColumnSpec {
             name: "n".into(),
             kind: ColumnType::Long,
             required: true,

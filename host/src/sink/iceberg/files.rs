@@ -7,7 +7,8 @@
 //! A file is invisible to readers until a table snapshot lists it; one that never gets there
 //! is an orphan for GC.
 
-use super::schema::{RowBuffer, RowError, TableSchema};
+use super::schema::{RowBuffer, TableSchema};
+use crate::row::RowError;
 use iceberg::spec::{
     DataFile, DataFileFormat, FormatVersion, Schema, StructType, deserialize_data_file_from_json,
     serialize_data_file_to_json,

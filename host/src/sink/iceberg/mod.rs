@@ -23,12 +23,13 @@ pub mod schema;
 pub mod shard;
 pub mod storage;
 
+pub use crate::row::{ColumnSpec, ColumnType, RowError};
 pub use catalog::{Lakehouse, LakehouseError, LakehouseSettings};
 pub use commit::{CommitReport, PendingCheckpoint};
 pub use committer::Committer;
 pub use files::ShardFiles;
 pub use output::{TableOutput, TableTarget};
-pub use schema::{ColumnSpec, ColumnType, RowError, TableSchema, check_table_name};
+pub use schema::{TableSchema, check_table_name};
 
 #[cfg(test)]
 mod tests;

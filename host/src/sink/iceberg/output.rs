@@ -241,8 +241,8 @@ impl<K: ShardSink> ShardSink for TableSink<K> {
         }
     }
 
-    fn emit_table(&self) -> Option<Arc<TableSchema>> {
-        self.table.as_ref().map(|t| t.target.schema.clone())
+    fn emit_table(&self) -> Option<Arc<crate::row::RowSchema>> {
+        self.table.as_ref().map(|t| t.target.schema.row().clone())
     }
 
     fn transactional(&self) -> bool {

@@ -1,29 +1,8 @@
-//! A table's columns as a pipeline spec gives them, and the operator's JSON emits turned into
-//! Arrow rows of that schema.
-//!
-//! The mapping is strict, as a table sink's should be: every emit is one JSON object whose
-//! fields are columns of the table (a field the table has no column for fails the emit rather
-//! than being dropped), a required column must be present and not `null`, and each value must
-//! fit its column's type. [`TableSchema::check`] is what the `emit` import runs, so that an
-//! emit that does not fit fails its record there (dead-lettered, its effects discarded), as a
-//! `too-large` emit does; [`RowBuffer::push`] appends a checked emit.
-//!
-//! JSON → Iceberg type (Iceberg's primitive type names, as in the table spec):
-//!
-//! | column type   | JSON value                                                        |
-//! |---------------|-------------------------------------------------------------------|
-//! | `boolean`     | `true` / `false`                                                  |
-//! | `int`         | an integer in i32                                                 |
-//! | `long`        | an integer in i64                                                 |
-//! | `float`       | a number (stored as f32)                                          |
-//! | `double`      | a number                                                          |
-//! | `string`      | a string                                                          |
-//! | `date`        | `"YYYY-MM-DD"`                                                    |
-//! | `timestamp`   | RFC 3339 text (its offset applied, stored as UTC without zone), or integer milliseconds since the epoch |
-//! | `timestamptz` | the same, stored as UTC with zone                                 |
-//!
-//! Not supported (the docs say so): decimals, binary, nested types (struct, list, map).
+//! A table's columns as Iceberg and Arrow schemas ([`TableSchema`], around the neutral
+//! [`RowSchema`] the runtime checks emits against), and the operator's checked JSON emits
+//! turned into Arrow rows of that schema ([`RowBuffer`]).
 
+use crate::row::{Cell, ColumnSpec, ColumnType, RowError, RowSchema, SchemaError, convert, parse};
 use arrow_array::builder::{
     ArrayBuilder, BooleanBuilder, Date32Builder, Float32Builder, Float64Builder, Int32Builder,
     Int64Builder, StringBuilder, TimestampMicrosecondBuilder,
@@ -31,50 +10,20 @@ use arrow_array::builder::{
 use arrow_array::{ArrayRef, RecordBatch};
 use arrow_schema::SchemaRef;
 use iceberg::spec::{NestedField, PrimitiveType, Schema, Type};
-use serde::{Deserialize, Serialize};
-use serde_json::Value;
 use std::sync::Arc;
 
-/// Most columns a table spec may have.
-pub const COLUMNS_MAX: usize = 256;
-
-/// A column's type: Iceberg's primitive type names.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum ColumnType {
-    /// `true` or `false`.
-    Boolean,
-    /// 32-bit signed integer.
-    Int,
-    /// 64-bit signed integer.
-    Long,
-    /// 32-bit IEEE 754 float.
-    Float,
-    /// 64-bit IEEE 754 float.
-    Double,
-    /// UTF-8 text.
-    String,
-    /// A calendar date without time or zone.
-    Date,
-    /// Microseconds since the epoch, without zone.
-    Timestamp,
-    /// Microseconds since the epoch, UTC.
-    Timestamptz,
-}
-
-impl ColumnType {
-    fn iceberg(self) -> PrimitiveType {
-        match self {
-            ColumnType::Boolean => PrimitiveType::Boolean,
-            ColumnType::Int => PrimitiveType::Int,
-            ColumnType::Long => PrimitiveType::Long,
-            ColumnType::Float => PrimitiveType::Float,
-            ColumnType::Double => PrimitiveType::Double,
-            ColumnType::String => PrimitiveType::String,
-            ColumnType::Date => PrimitiveType::Date,
-            ColumnType::Timestamp => PrimitiveType::Timestamp,
-            ColumnType::Timestamptz => PrimitiveType::Timestamptz,
-        }
+/// A column type as Iceberg's primitive type.
+fn iceberg_type(kind: ColumnType) -> PrimitiveType {
+    match kind {
+        ColumnType::Boolean => PrimitiveType::Boolean,
+        ColumnType::Int => PrimitiveType::Int,
+        ColumnType::Long => PrimitiveType::Long,
+        ColumnType::Float => PrimitiveType::Float,
+        ColumnType::Double => PrimitiveType::Double,
+        ColumnType::String => PrimitiveType::String,
+        ColumnType::Date => PrimitiveType::Date,
+        ColumnType::Timestamp => PrimitiveType::Timestamp,
+        ColumnType::Timestamptz => PrimitiveType::Timestamptz,
     }
 }
 
@@ -97,69 +46,12 @@ pub fn check_table_name(field: &str, name: &str) -> Result<(), String> {
     }
 }
 
-/// One column of a table spec.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct ColumnSpec {
-    /// The column's name, which is the emitted JSON field's: 1..=128 bytes of
-    /// `[A-Za-z0-9_]`, not starting with a digit.
-    pub name: String,
-    /// Its type.
-    #[serde(rename = "type")]
-    pub kind: ColumnType,
-    /// Whether every row must have a value (not `null`, not missing); default false.
-    #[serde(default)]
-    pub required: bool,
-}
-
-/// Why a table spec's columns are not a schema.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum SchemaError {
-    /// No columns, or more than [`COLUMNS_MAX`].
-    #[error("a table has 1..={COLUMNS_MAX} columns. columns=`{0}`")]
-    Count(usize),
-    /// A column name is not `[A-Za-z_][A-Za-z0-9_]{0,127}`.
-    #[error(
-        "a column name is 1..=128 bytes of `[A-Za-z0-9_]`, not starting with a digit. name=`{0}`"
-    )]
-    Name(String),
-    /// Two columns share a name.
-    #[error("column names must differ. name=`{0}`")]
-    Duplicate(String),
-}
-
-/// Why an emit does not fit the table: the record that emitted it fails.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum RowError {
-    /// The emit's value is not JSON.
-    #[error("the emit is not JSON: {0}")]
-    NotJson(String),
-    /// The emit's value is JSON but not an object.
-    #[error("the emit is not a JSON object")]
-    NotObject,
-    /// A field the table has no column for.
-    #[error("the table has no column `{0}`")]
-    UnknownField(String),
-    /// A required column is missing or `null`.
-    #[error("the required column `{0}` is missing or null")]
-    Missing(String),
-    /// A value that does not fit its column's type.
-    #[error("column `{column}` is {kind:?}: {reason}")]
-    Type {
-        /// The column.
-        column: String,
-        /// Its type.
-        kind: ColumnType,
-        /// What is wrong with the value.
-        reason: &'static str,
-    },
-}
-
-/// A table's columns: the Iceberg schema (field ids 1..=n in spec order) and its Arrow form
-/// (with the field ids the Parquet writer needs).
+/// A table's columns: the row schema the runtime checks emits against, the Iceberg schema
+/// (field ids 1..=n in spec order) and its Arrow form (with the field ids the Parquet writer
+/// needs).
 #[derive(Debug, Clone)]
 pub struct TableSchema {
-    columns: Vec<ColumnSpec>,
+    row: Arc<RowSchema>,
     iceberg: Arc<Schema>,
     arrow: SchemaRef,
 }
@@ -170,12 +62,12 @@ impl TableSchema {
     /// # Errors
     /// [`SchemaError`] for a bad name, a duplicate or a bad column count.
     pub fn new(columns: &[ColumnSpec]) -> Result<Self, SchemaError> {
-        validate(columns)?;
+        let row = RowSchema::new(columns)?;
         let fields = columns
             .iter()
             .zip(1..)
             .map(|(column, id)| {
-                let kind = Type::Primitive(column.kind.iceberg());
+                let kind = Type::Primitive(iceberg_type(column.kind));
                 Arc::new(if column.required {
                     NestedField::required(id, &column.name, kind)
                 } else {
@@ -191,7 +83,7 @@ impl TableSchema {
         let arrow = iceberg::arrow::schema_to_arrow_schema(&iceberg)
             .expect("every primitive type listed here has an Arrow type");
         Ok(Self {
-            columns: columns.to_vec(),
+            row: Arc::new(row),
             iceberg: Arc::new(iceberg),
             arrow: Arc::new(arrow),
         })
@@ -199,7 +91,12 @@ impl TableSchema {
 
     /// The columns as given.
     pub fn columns(&self) -> &[ColumnSpec] {
-        &self.columns
+        self.row.columns()
+    }
+
+    /// The row schema the `emit` import checks emits against.
+    pub fn row(&self) -> &Arc<RowSchema> {
+        &self.row
     }
 
     /// The Iceberg schema.
@@ -212,130 +109,13 @@ impl TableSchema {
         &self.arrow
     }
 
-    /// Whether `value` (an emit's value) is a row of this table.
+    /// Whether `value` (an emit's value) is a row of this table, as [`RowSchema::check`].
     ///
     /// # Errors
     /// [`RowError`] naming the first column that does not fit.
     pub fn check(&self, value: &[u8]) -> Result<(), RowError> {
-        let object = parse(value)?;
-        self.each_cell(&object, |_, _, _| Ok(()))
+        self.row.check(value)
     }
-
-    /// Calls `cell(index, column, value)` for every column in order (`Value::Null` for a
-    /// missing optional one), after checking that `object` has no other field.
-    fn each_cell(
-        &self,
-        object: &serde_json::Map<String, Value>,
-        mut cell: impl FnMut(usize, &ColumnSpec, &Value) -> Result<(), RowError>,
-    ) -> Result<(), RowError> {
-        if let Some(unknown) = object
-            .keys()
-            .find(|k| !self.columns.iter().any(|c| &c.name == *k))
-        {
-            return Err(RowError::UnknownField(unknown.clone()));
-        }
-        for (index, column) in self.columns.iter().enumerate() {
-            let value = object.get(&column.name).unwrap_or(&Value::Null);
-            if value.is_null() {
-                if column.required {
-                    return Err(RowError::Missing(column.name.clone()));
-                }
-            } else {
-                convert(column, value)?;
-            }
-            cell(index, column, value)?;
-        }
-        Ok(())
-    }
-}
-
-fn validate(columns: &[ColumnSpec]) -> Result<(), SchemaError> {
-    if columns.is_empty() || columns.len() > COLUMNS_MAX {
-        return Err(SchemaError::Count(columns.len()));
-    }
-    for (i, column) in columns.iter().enumerate() {
-        let name = column.name.as_bytes();
-        let ok = (1..=128).contains(&name.len())
-            && !name[0].is_ascii_digit()
-            && name.iter().all(|b| b.is_ascii_alphanumeric() || *b == b'_');
-        if !ok {
-            return Err(SchemaError::Name(column.name.clone()));
-        }
-        if columns[..i].iter().any(|c| c.name == column.name) {
-            return Err(SchemaError::Duplicate(column.name.clone()));
-        }
-    }
-    Ok(())
-}
-
-fn parse(value: &[u8]) -> Result<serde_json::Map<String, Value>, RowError> {
-    match serde_json::from_slice::<Value>(value) {
-        Ok(Value::Object(object)) => Ok(object),
-        Ok(_) => Err(RowError::NotObject),
-        Err(e) => Err(RowError::NotJson(e.to_string())),
-    }
-}
-
-/// A non-null JSON value as its column stores it.
-#[derive(Debug, Clone, Copy, PartialEq)]
-enum Cell<'a> {
-    Boolean(bool),
-    Int(i32),
-    Long(i64),
-    Float(f32),
-    Double(f64),
-    String(&'a str),
-    /// Days since 1970-01-01.
-    Date(i32),
-    /// Microseconds since the epoch.
-    Micros(i64),
-}
-
-fn convert<'a>(column: &ColumnSpec, value: &'a Value) -> Result<Cell<'a>, RowError> {
-    let wrong = |reason| RowError::Type {
-        column: column.name.clone(),
-        kind: column.kind,
-        reason,
-    };
-    Ok(match column.kind {
-        ColumnType::Boolean => Cell::Boolean(value.as_bool().ok_or(wrong("not a boolean"))?),
-        ColumnType::Int => Cell::Int(
-            value
-                .as_i64()
-                .and_then(|v| i32::try_from(v).ok())
-                .ok_or(wrong("not an integer in i32"))?,
-        ),
-        ColumnType::Long => Cell::Long(value.as_i64().ok_or(wrong("not an integer in i64"))?),
-        ColumnType::Float => {
-            let v = value.as_f64().ok_or(wrong("not a number"))?;
-            if v.is_finite() && (v as f32).is_infinite() {
-                return Err(wrong("out of f32's range"));
-            }
-            Cell::Float(v as f32)
-        }
-        ColumnType::Double => Cell::Double(value.as_f64().ok_or(wrong("not a number"))?),
-        ColumnType::String => Cell::String(value.as_str().ok_or(wrong("not a string"))?),
-        ColumnType::Date => {
-            let text = value.as_str().ok_or(wrong("not a `YYYY-MM-DD` string"))?;
-            let date = chrono::NaiveDate::parse_from_str(text, "%Y-%m-%d")
-                .map_err(|_| wrong("not a `YYYY-MM-DD` date"))?;
-            let epoch = chrono::NaiveDate::from_ymd_opt(1970, 1, 1).expect("a valid date");
-            let days = (date - epoch).num_days();
-            Cell::Date(i32::try_from(days).map_err(|_| wrong("out of range"))?)
-        }
-        ColumnType::Timestamp | ColumnType::Timestamptz => {
-            let micros = if let Some(ms) = value.as_i64() {
-                ms.checked_mul(1000)
-            } else if let Some(text) = value.as_str() {
-                let t = chrono::DateTime::parse_from_rfc3339(text)
-                    .map_err(|_| wrong("not RFC 3339 text or epoch milliseconds"))?;
-                Some(t.timestamp_micros())
-            } else {
-                return Err(wrong("not RFC 3339 text or epoch milliseconds"));
-            };
-            Cell::Micros(micros.ok_or(wrong("out of range"))?)
-        }
-    })
 }
 
 /// Rows of one table appended as emits arrive, taken as an Arrow batch when a data file is
@@ -361,7 +141,7 @@ impl RowBuffer {
             .arrow
             .fields()
             .iter()
-            .zip(&schema.columns)
+            .zip(schema.columns())
             .map(|(field, column)| builder(column.kind, field.data_type()))
             .collect();
         Self {
@@ -383,9 +163,9 @@ impl RowBuffer {
     pub fn push(&mut self, value: &[u8]) -> Result<(), RowError> {
         let object = parse(value)?;
         // Checked whole first, so that a failing row leaves no column longer than the others.
-        self.schema.each_cell(&object, |_, _, _| Ok(()))?;
+        self.schema.row.each_cell(&object, |_, _, _| Ok(()))?;
         let builders = &mut self.builders;
-        self.schema.each_cell(&object, |index, column, value| {
+        self.schema.row.each_cell(&object, |index, column, value| {
             let cell = (!value.is_null())
                 .then(|| convert(column, value))
                 .transpose()?;

@@ -24,7 +24,7 @@ use std::collections::BTreeMap;
 
 /// The reserved state key of a shard's pending list: `FF FF FF FF 'i'` (the reserved key
 /// space of time/keys.rs; no state key starts with `FF FF FF FF`).
-pub const PENDING_KEY: [u8; 5] = [0xFF, 0xFF, 0xFF, 0xFF, b'i'];
+pub const PENDING_KEY: [u8; 5] = crate::time::keys::TABLE_PENDING_KEY;
 
 /// The pending list as stored (JSON).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -10,21 +10,12 @@
 //! fit ([`fit_dead_letter`]). The producer's `batch.size` is held at the smallest topic limit
 //! too, so that batches of small records never exceed it.
 
+pub use crate::config::PRODUCER_MESSAGE_BYTES_DEFAULT;
 use crate::config::Settings;
+pub use crate::runtime::record_size::{HEADER_OVERHEAD_BYTES, RECORD_OVERHEAD_BYTES, record_bytes};
 use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
 use rdkafka::client::DefaultClientContext;
 use std::time::Duration;
-
-/// librdkafka's default `message.max.bytes`.
-pub const PRODUCER_MESSAGE_BYTES_DEFAULT: u64 = 1_000_000;
-
-/// Bytes a record batch of one record adds to its key, value and headers, at most: the v2
-/// batch header (61 bytes, the log overhead included) and the record's own framing
-/// (librdkafka's `RD_KAFKAP_MESSAGE_V2_MAX_OVERHEAD`, 36 bytes).
-pub const RECORD_OVERHEAD_BYTES: u64 = 61 + 36;
-
-/// Bytes a header adds to its name and value, at most (two varint lengths).
-pub const HEADER_OVERHEAD_BYTES: u64 = 10;
 
 /// Longest `weir.error` header of a dead letter, bytes.
 pub const ERROR_HEADER_BYTES_MAX: usize = 4096;
@@ -55,13 +46,6 @@ impl RecordLimits {
     pub fn smallest(&self) -> u64 {
         self.output_bytes_max.min(self.dead_letter_bytes_max)
     }
-}
-
-/// The size of a record with `key_bytes`, `value_bytes` and headers of `header_bytes` (their
-/// names and values summed) in `headers` headers, as Kafka counts it against its limits, at
-/// most: [`RECORD_OVERHEAD_BYTES`] and [`HEADER_OVERHEAD_BYTES`] per header on top.
-pub fn record_bytes(key_bytes: u64, value_bytes: u64, header_bytes: u64, headers: u64) -> u64 {
-    RECORD_OVERHEAD_BYTES + key_bytes + value_bytes + header_bytes + headers * HEADER_OVERHEAD_BYTES
 }
 
 /// The producer's `message.max.bytes` (`kafka.producer`; librdkafka's default otherwise).

@@ -140,7 +140,7 @@ pub async fn import_checkpoint(
     }
     if let Some(list) = &end.iceberg_pending {
         sink.add(
-            ICEBERG_PENDING_KEY.to_vec(),
+            time_keys::TABLE_PENDING_KEY.to_vec(),
             Bytes::from(list.clone().into_bytes()),
             None,
         )

@@ -1,0 +1,117 @@
+//! The host's dependency direction, checked (lib.rs's map states it): the core — `runtime`,
+//! `time`, `state`, `pipeline` — names no adapter (`source::kafka`, `sink::kafka`,
+//! `sink::iceberg`, the `rdkafka` and `iceberg` crates) and none of the parts that run
+//! pipelines (`runner`, `api`, `health`), outside its tests. A pipeline runs over the traits of
+//! `pipeline::ports`; `runner::run` wires the adapters in.
+//!
+//! The check reads the source: every line of a core file that is not a comment, outside
+//! `#[cfg(test)]` items and test files (`tests.rs`, `tests/`), must not contain a forbidden
+//! path.
+
+use std::path::{Path, PathBuf};
+
+/// The core's directories under `host/src`.
+const CORE: &[&str] = &["runtime", "time", "state", "pipeline"];
+
+/// Paths the core must not name.
+const FORBIDDEN: &[&str] = &[
+    "crate::source",
+    "crate::sink",
+    "crate::runner",
+    "crate::api",
+    "crate::health",
+    "rdkafka::",
+    "iceberg::",
+];
+
+/// The `.rs` files under `dir`, test files left out.
+fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
+    let mut entries: Vec<_> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}", dir.display()))
+        .map(|entry| entry.expect("a directory entry").path())
+        .collect();
+    entries.sort();
+    for path in entries {
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        if path.is_dir() {
+            if name != "tests" {
+                sources(&path, out);
+            }
+        } else if name.ends_with(".rs") && name != "tests.rs" {
+            out.push(path);
+        }
+    }
+}
+
+/// `text` without its `#[cfg(test)]` items (the attribute's next item: a `mod x;` line, or
+/// everything to the brace that closes the item's first one) and comment lines.
+fn non_test_code(text: &str) -> Vec<(usize, &str)> {
+    let mut kept = Vec::new();
+    let mut lines = text.lines().enumerate();
+    while let Some((n, line)) = lines.next() {
+        let code = line.trim_start();
+        if code.starts_with("//") {
+            continue;
+        }
+        if code.starts_with("#[cfg(test)]") {
+            let mut depth = 0usize;
+            let mut opened = false;
+            for (_, line) in lines.by_ref() {
+                for c in line.chars() {
+                    match c {
+                        '{' => {
+                            depth += 1;
+                            opened = true;
+                        }
+                        '}' => depth = depth.saturating_sub(1),
+                        _ => {}
+                    }
+                }
+                if (opened && depth == 0) || (!opened && line.trim_end().ends_with(';')) {
+                    break;
+                }
+            }
+            continue;
+        }
+        kept.push((n + 1, line));
+    }
+    kept
+}
+
+#[test]
+fn the_core_names_no_adapter_and_nothing_that_runs_pipelines() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    for dir in CORE {
+        sources(&root.join(dir), &mut files);
+    }
+    assert!(
+        files.len() > 50,
+        "the core's files are found: {}",
+        files.len()
+    );
+    let mut found = Vec::new();
+    for file in &files {
+        let text = std::fs::read_to_string(file).expect("a source file reads");
+        for (n, line) in non_test_code(&text) {
+            for path in FORBIDDEN {
+                if line.contains(path) {
+                    let shown = file.strip_prefix(&root).unwrap_or(file).display();
+                    found.push(format!("{shown}:{n}: {path}: {}", line.trim()));
+                }
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "the core names what it must not (host/src/layering.rs):\n{}",
+        found.join("\n")
+    );
+}
+
+#[test]
+fn test_items_and_comments_are_left_out_of_the_check() {
+    let text = "use crate::state::Shard;\n// crate::sink::iceberg in a comment\n#[cfg(test)]\nmod tests;\n#[cfg(test)]\nmod inline {\n    use crate::sink::iceberg;\n    fn f() {\n    }\n}\nuse rdkafka::Offset;\n";
+    let kept: Vec<usize> = non_test_code(text).into_iter().map(|(n, _)| n).collect();
+    assert_eq!(kept, vec![1, 11]);
+}
