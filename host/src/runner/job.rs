@@ -21,7 +21,6 @@ use crate::state::lsm::backend::LsmBackend;
 use crate::state::lsm::cache::BlockCaches;
 use crate::state::lsm::tree::LsmSettings;
 use crate::state::memory::MemoryBackend;
-use rdkafka::consumer::Consumer;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -392,45 +391,34 @@ async fn check_topics(settings: &Settings, tenant: &str) -> Result<usize, RunFai
     topics.push(p.dead_letter_topic.clone());
     let prefix = format!("{tenant}.");
     tokio::task::spawn_blocking(move || {
+        use crate::source::kafka::broker::{TopicLookupError, topic_partitions};
         let name = |topic: &str| topic.strip_prefix(&prefix).unwrap_or(topic).to_owned();
-        let consumer = crate::source::kafka::broker::metadata_client(&kafka).map_err(|e| {
-            RunFailure::new(
+        let counts = topic_partitions(&kafka, &topics, METADATA_TIMEOUT).map_err(|e| match e {
+            TopicLookupError::Client(e) => RunFailure::new(
                 ErrorKind::InvalidInput,
                 format!("cannot create a Kafka client: {e}"),
-            )
+            ),
+            TopicLookupError::Unavailable { topic, reason } => RunFailure::new(
+                ErrorKind::Unavailable,
+                format!(
+                    "cannot read the metadata of topic `{}`: {reason}",
+                    name(&topic)
+                ),
+            ),
+            TopicLookupError::Missing { topic } => RunFailure::new(
+                ErrorKind::InvalidInput,
+                format!(
+                    "topic `{}` (Kafka topic `{topic}`) does not exist; create it first",
+                    name(&topic)
+                ),
+            ),
         })?;
-        let mut input_partitions = Vec::new();
-        for topic in topics {
-            let metadata = consumer
-                .fetch_metadata(Some(&topic), METADATA_TIMEOUT)
-                .map_err(|e| {
-                    RunFailure::new(
-                        ErrorKind::Unavailable,
-                        format!(
-                            "cannot read the metadata of topic `{}`: {}",
-                            name(&topic),
-                            crate::source::kafka::broker::explain(&consumer, &e)
-                        ),
-                    )
-                })?;
-            let partitions = metadata
-                .topics()
-                .iter()
-                .find(|t| t.name() == topic && t.error().is_none())
-                .map_or(0, |t| t.partitions().len());
-            if partitions == 0 {
-                return Err(RunFailure::new(
-                    ErrorKind::InvalidInput,
-                    format!(
-                        "topic `{}` (Kafka topic `{topic}`) does not exist; create it first",
-                        name(&topic)
-                    ),
-                ));
-            }
-            if inputs.contains(&topic) {
-                input_partitions.push((name(&topic), partitions));
-            }
-        }
+        let input_partitions: Vec<(String, usize)> = topics
+            .iter()
+            .zip(counts)
+            .filter(|(topic, _)| inputs.contains(topic))
+            .map(|(topic, n)| (name(topic), n))
+            .collect();
         if input_partitions
             .iter()
             .any(|(_, n)| *n != input_partitions[0].1)

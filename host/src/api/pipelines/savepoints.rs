@@ -527,33 +527,22 @@ async fn input_partitions(
         .collect();
     let prefix = format!("{tenant}.");
     tokio::task::spawn_blocking(move || {
-        use rdkafka::consumer::Consumer as _;
-        let client = crate::source::kafka::broker::metadata_client(&kafka)
-            .map_err(|e| ApiError::Unavailable(format!("cannot create a Kafka client: {e}")))?;
-        let mut counts = Vec::new();
-        for topic in &topics {
-            let metadata = client
-                .fetch_metadata(Some(topic), Duration::from_secs(10))
-                .map_err(|e| {
-                    ApiError::Unavailable(format!(
-                        "cannot read the metadata of topic `{}`: {}",
-                        topic.strip_prefix(&prefix).unwrap_or(topic),
-                        crate::source::kafka::broker::explain(&client, &e)
-                    ))
-                })?;
-            let n = metadata
-                .topics()
-                .iter()
-                .find(|t| t.name() == topic && t.error().is_none())
-                .map_or(0, |t| t.partitions().len());
-            if n == 0 {
-                return Err(ApiError::BadRequest(format!(
+        use crate::source::kafka::broker::{TopicLookupError, topic_partitions};
+        let name = |topic: &str| topic.strip_prefix(&prefix).unwrap_or(topic).to_owned();
+        let counts =
+            topic_partitions(&kafka, &topics, Duration::from_secs(10)).map_err(|e| match e {
+                TopicLookupError::Client(e) => {
+                    ApiError::Unavailable(format!("cannot create a Kafka client: {e}"))
+                }
+                TopicLookupError::Unavailable { topic, reason } => ApiError::Unavailable(format!(
+                    "cannot read the metadata of topic `{}`: {reason}",
+                    name(&topic)
+                )),
+                TopicLookupError::Missing { topic } => ApiError::BadRequest(format!(
                     "topic `{}` does not exist; create it first",
-                    topic.strip_prefix(&prefix).unwrap_or(topic)
-                )));
-            }
-            counts.push(n);
-        }
+                    name(&topic)
+                )),
+            })?;
         Ok(counts.iter().max().copied())
     })
     .await

@@ -69,6 +69,64 @@ pub fn metadata_client(kafka: &KafkaSettings) -> Result<BaseConsumer<ReasonConte
     config.create_with_context(ReasonContext::default())
 }
 
+/// Why [`topic_partitions`] has no answer.
+#[derive(Debug, thiserror::Error)]
+pub enum TopicLookupError {
+    /// librdkafka refused the client's configuration.
+    #[error("cannot create a Kafka client: {0}")]
+    Client(#[source] KafkaError),
+    /// The cluster did not answer for `topic` (with the cause librdkafka reported).
+    #[error("cannot read the metadata of topic `{topic}`: {reason}")]
+    Unavailable {
+        /// The Kafka topic.
+        topic: String,
+        /// Why, as [`explain`] says it.
+        reason: String,
+    },
+    /// `topic` does not exist in the cluster (or has no partition).
+    #[error("topic `{topic}` does not exist; create it first")]
+    Missing {
+        /// The Kafka topic.
+        topic: String,
+    },
+}
+
+/// The number of partitions of each of `topics` (Kafka names), in their order, each read by a
+/// metadata request that waits up to `timeout`. Blocking: the runner's topic check and the
+/// savepoints' restore call it from `spawn_blocking`.
+///
+/// # Errors
+/// [`TopicLookupError`] for the first topic without an answer, or that does not exist.
+pub fn topic_partitions(
+    kafka: &KafkaSettings,
+    topics: &[String],
+    timeout: Duration,
+) -> Result<Vec<usize>, TopicLookupError> {
+    let client = metadata_client(kafka).map_err(TopicLookupError::Client)?;
+    topics
+        .iter()
+        .map(|topic| {
+            let metadata = client.fetch_metadata(Some(topic), timeout).map_err(|e| {
+                TopicLookupError::Unavailable {
+                    topic: topic.clone(),
+                    reason: explain(&client, &e),
+                }
+            })?;
+            match metadata
+                .topics()
+                .iter()
+                .find(|t| t.name() == topic && t.error().is_none())
+                .map_or(0, |t| t.partitions().len())
+            {
+                0 => Err(TopicLookupError::Missing {
+                    topic: topic.clone(),
+                }),
+                n => Ok(n),
+            }
+        })
+        .collect()
+}
+
 /// Checks that the cluster answers a metadata request within `timeout` (blocking).
 ///
 /// # Errors
