@@ -7,7 +7,7 @@
 
 use super::checkpoint::InputOffsets;
 use super::export::{ImportInto, export_checkpoint, import_checkpoint};
-use super::manifest::{Manifest, ManifestError, ManifestStore, RetentionPolicy};
+use super::manifest::{Manifest, ManifestError, ManifestStore, RetentionPolicy, sweep};
 use super::savepoint::{SavepointError, newest_decided_in, next_slot};
 use super::{Recovery, StateError, snapshot};
 use crate::clock::SharedClock;
@@ -145,7 +145,6 @@ pub(crate) async fn sweep_other_backend(
     own: &str,
     (policy, now_ms): (&RetentionPolicy, u64),
 ) -> Result<usize, ManifestError> {
-    use futures::TryStreamExt as _;
     let (dir, referenced): (&str, std::collections::HashSet<String>) = if own == "lsm" {
         let named = kept
             .iter()
@@ -162,23 +161,11 @@ pub(crate) async fn sweep_other_backend(
         ("sst", named)
     };
     let prefix = Path::from(format!("{root}/{dir}"));
-    let objects: Vec<_> = store
-        .list(Some(&prefix))
-        .try_collect()
-        .await
-        .map_err(ManifestError::Unavailable)?;
-    let mut deleted = 0;
-    for object in objects {
-        let modified_ms = u64::try_from(object.last_modified.timestamp_millis()).unwrap_or(0);
-        if referenced.contains(object.location.as_ref()) || policy.in_grace(modified_ms, now_ms) {
-            continue;
-        }
-        match store.delete(&object.location).await {
-            Ok(()) | Err(object_store::Error::NotFound { .. }) => deleted += 1,
-            Err(e) => return Err(ManifestError::Unavailable(e)),
-        }
-    }
-    Ok(deleted)
+    let swept = sweep(store, &prefix, (policy, now_ms), |location| {
+        Some(referenced.contains(location.as_ref()))
+    })
+    .await?;
+    Ok(swept.deleted)
 }
 
 #[cfg(test)]

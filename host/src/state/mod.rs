@@ -1,5 +1,31 @@
 //! Keyed state: the [`StateBackend`] seam the runtime reads and writes through, the encoding
-//! of state keys, and the first backend, [`memory`].
+//! of state keys, the two backends and their checkpoints, and the tools over stored
+//! checkpoints.
+//!
+//! The seam and what both backends share:
+//! - [`key`]           how (record key, state name, map key) become one byte string;
+//! - [`checkpoint`]    what a checkpoint records (input offsets) and reports, for both backends;
+//! - [`manifest`]      numbered, create-only manifest versions and the commit that fences
+//!   zombie writers; recovery's walk to the newest usable checkpoint and retention;
+//! - [`configured`]    the backend the settings name, behind one type.
+//!
+//! The backends:
+//! - [`memory`]        one map per shard in RAM (as Flink's HashMapStateBackend), checkpointed
+//!   as full [`snapshot`]s;
+//! - [`lsm`]           the disaggregated LSM tree on object storage (memtables, SSTs, caches,
+//!   compaction, GC).
+//!
+//! The object store under both: [`store_guard`] (requests in flight bounded, retries
+//! budgeted), [`hooked_store`] (latency, failures, metering); for tests and benchmarks
+//! [`delayed`] (reads that wait) and, in unit tests only, `faulty_store` and `test_support`.
+//!
+//! Tools over stored checkpoints, which read the store rather than a running shard:
+//! - [`savepoint`]     named copies of a pipeline's checkpoints, and resets to them;
+//! - [`export`]        the portable format, one checkpoint as JSON lines, and its import;
+//! - [`convert`]       a shard moved to the other backend when it opens (a live switch);
+//! - [`verify`]        which stored checkpoints could be restored;
+//! - [`query`]         reads of a pipeline's state as of its committed checkpoints, with
+//!   [`lease`]s that keep GC off the versions a reader reads.
 //!
 //! A *shard* is the state of one pipeline for one input partition. The runtime never touches a
 //! backend's internals: it reads through [`Shard::get_many`] / [`Shard::get`] / [`Shard::scan`]

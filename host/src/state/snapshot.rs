@@ -11,7 +11,7 @@
 
 use super::manifest::{
     BackgroundGc, CandidateCheck, Checked, Manifest, ManifestError, ManifestStore, Protected,
-    RetentionPolicy, delete_objects, find_checkpoint, retained_versions,
+    RetentionPolicy, find_checkpoint, retained_versions, sweep,
 };
 use super::{Recovery, StateError};
 use crate::clock::SharedClock;
@@ -394,22 +394,11 @@ async fn collect_garbage(
         .collect();
     report.manifests_deleted = manifests.delete_many(&kept.delete).await?;
     let prefix = Path::from(format!("{root}/snapshot"));
-    let objects: Vec<_> = store
-        .list(Some(&prefix))
-        .try_collect()
-        .await
-        .map_err(ManifestError::Unavailable)?;
-    let unnamed = objects
-        .into_iter()
-        .filter(|object| {
-            let modified_ms = u64::try_from(object.last_modified.timestamp_millis()).unwrap_or(0);
-            !named.contains(object.location.as_ref()) && !policy.in_grace(modified_ms, now_ms)
-        })
-        .map(|object| object.location)
-        .collect();
-    report.snapshots_deleted = delete_objects(store, unnamed)
-        .await
-        .map_err(ManifestError::Unavailable)?;
+    report.snapshots_deleted = sweep(store, &prefix, (policy, now_ms), |location| {
+        Some(named.contains(location.as_ref()))
+    })
+    .await?
+    .deleted;
     // What a switch from the `lsm` backend left (docs/api.md "Switching backends").
     report.ssts_deleted = crate::state::convert::sweep_other_backend(
         store,

@@ -17,9 +17,8 @@
 
 use super::tree::{LsmTree, SstId};
 use crate::state::manifest::{
-    ManifestError, ManifestStore, Protected, RetentionPolicy, delete_objects, retained_versions,
+    ManifestError, ManifestStore, Protected, RetentionPolicy, retained_versions, sweep,
 };
-use futures::TryStreamExt;
 use object_store::ObjectStore;
 use object_store::path::Path;
 use std::collections::HashSet;
@@ -97,30 +96,17 @@ pub async fn collect_garbage(
     };
 
     let prefix = Path::from(format!("{root}/sst"));
-    let objects: Vec<_> = store
-        .list(Some(&prefix))
-        .try_collect()
-        .await
-        .map_err(ManifestError::Unavailable)?;
-    let mut unreferenced = Vec::new();
-    for object in objects {
-        let Some(id) = object.location.filename().and_then(SstId::parse_file_name) else {
-            continue;
-        };
-        let modified_ms = u64::try_from(object.last_modified.timestamp_millis()).unwrap_or(0);
-        let protected = referenced.contains(&id)
-            || id.writer_epoch > live.writer_epoch
-            || (id.writer_epoch == live.writer_epoch && id.seq >= live.checkpoint_seq)
-            || policy.in_grace(modified_ms, now_ms);
-        if protected {
-            report.ssts_kept += 1;
-        } else {
-            unreferenced.push(object.location);
-        }
-    }
-    report.ssts_deleted = delete_objects(store, unreferenced)
-        .await
-        .map_err(ManifestError::Unavailable)?;
+    let swept = sweep(store, &prefix, (policy, now_ms), |location| {
+        let id = location.filename().and_then(SstId::parse_file_name)?;
+        Some(
+            referenced.contains(&id)
+                || id.writer_epoch > live.writer_epoch
+                || (id.writer_epoch == live.writer_epoch && id.seq >= live.checkpoint_seq),
+        )
+    })
+    .await?;
+    report.ssts_kept = swept.kept;
+    report.ssts_deleted = swept.deleted;
     // What a switch from the `memory` backend left (docs/api.md "Switching backends").
     report.snapshots_deleted = crate::state::convert::sweep_other_backend(
         store,

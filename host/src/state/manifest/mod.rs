@@ -36,7 +36,7 @@ mod tests;
 
 pub use recovery::KnownCorruption;
 pub(crate) use recovery::{CandidateCheck, Checked, find_checkpoint};
-pub(crate) use retention::{BackgroundGc, delete_objects, retained_versions};
+pub(crate) use retention::{BackgroundGc, retained_versions, sweep};
 pub use retention::{Protected, RetentionPolicy};
 
 /// The writer tokens of one process's claims: unique per process (its id and start time),

@@ -20,7 +20,7 @@
 
 use super::{Manifest, ManifestError, ManifestKind, ManifestStore};
 use crate::state::checkpoint::{DecidedBy, decided_by};
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use object_store::ObjectStore;
 use object_store::path::Path;
 use std::collections::{BTreeSet, HashSet};
@@ -165,6 +165,56 @@ pub(crate) async fn retained_versions(
         }
     }
     Ok(kept)
+}
+
+/// What [`sweep`] did: objects deleted, and objects of its kind kept (named by a kept version,
+/// or in the grace period).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Swept {
+    /// Objects deleted.
+    pub deleted: usize,
+    /// Objects kept.
+    pub kept: usize,
+}
+
+/// The sweep every GC pass ends with, for both backends' data objects (the `lsm` backend's
+/// SSTs, the `memory` backend's snapshots, and what a switch of backend left of the other's):
+/// lists the objects under `prefix` and deletes, in bulk ([`delete_objects`]), each that
+/// `keep` says is of its kind (`Some`) and not kept (`Some(false)`), unless it was written
+/// within `policy`'s grace at `now_ms` (it may belong to a checkpoint not committed yet). An
+/// object `keep` does not know (`None`) is left alone and not counted.
+///
+/// # Errors
+/// [`ManifestError::Unavailable`] when listing or deleting fails; a sweep that fails part-way
+/// has deleted only objects it would delete again, and is simply repeated by the next pass.
+pub(crate) async fn sweep(
+    store: &Arc<dyn ObjectStore>,
+    prefix: &Path,
+    (policy, now_ms): (&RetentionPolicy, u64),
+    keep: impl Fn(&Path) -> Option<bool>,
+) -> Result<Swept, ManifestError> {
+    let objects: Vec<_> = store
+        .list(Some(prefix))
+        .try_collect()
+        .await
+        .map_err(ManifestError::Unavailable)?;
+    let mut swept = Swept::default();
+    let mut unreferenced = Vec::new();
+    for object in objects {
+        let Some(kept) = keep(&object.location) else {
+            continue;
+        };
+        let modified_ms = u64::try_from(object.last_modified.timestamp_millis()).unwrap_or(0);
+        if kept || policy.in_grace(modified_ms, now_ms) {
+            swept.kept += 1;
+        } else {
+            unreferenced.push(object.location);
+        }
+    }
+    swept.deleted = delete_objects(store, unreferenced)
+        .await
+        .map_err(ManifestError::Unavailable)?;
+    Ok(swept)
 }
 
 /// Deletes the objects at `paths` in bulk — `object_store`'s `delete_stream`: S3's
