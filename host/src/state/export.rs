@@ -42,7 +42,7 @@ use super::lsm::cache::{BlockCaches, SstFiles};
 use super::lsm::sst::Entry;
 use super::lsm::sst::builder::SstBuilder;
 use super::lsm::tree::{LsmSettings, LsmTree, SstId};
-use super::manifest::{Manifest, ManifestKind, ManifestStore, SstRef};
+use super::manifest::{Manifest, ManifestStore, SstRef};
 use super::snapshot;
 use crate::clock::SharedClock;
 use crate::runtime::TimeDomain;

@@ -394,16 +394,7 @@ pub async fn restore_shard(
         bytes += copy_saved(store, savepoint_shard, name, target, &renamed).await?;
         metadata.insert(snapshot::SNAPSHOT_KEY.to_owned(), renamed);
     }
-    let manifest = Manifest {
-        version,
-        parent: None,
-        kind: ManifestKind::Checkpoint,
-        writer_epoch: epoch,
-        writer_token: writer_token.to_owned(),
-        levels,
-        metadata,
-        rejected: Vec::new(),
-    };
+    let manifest = Manifest::fresh_checkpoint((version, epoch, writer_token), levels, metadata);
     manifests.commit(&manifest).await?;
     Ok((version, bytes))
 }

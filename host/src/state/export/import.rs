@@ -168,16 +168,7 @@ pub async fn import_checkpoint(
     }
     let mut metadata = checkpoint_metadata(&offsets, DecidedBy::Manifest);
     let levels = sink.finish(version, &mut metadata).await?;
-    let manifest = Manifest {
-        version,
-        parent: None,
-        kind: ManifestKind::Checkpoint,
-        writer_epoch: epoch,
-        writer_token: writer_token.to_owned(),
-        levels,
-        metadata,
-        rejected: Vec::new(),
-    };
+    let manifest = Manifest::fresh_checkpoint((version, epoch, writer_token), levels, metadata);
     ManifestStore::new(store.clone(), target.clone())
         .commit(&manifest)
         .await

@@ -198,6 +198,27 @@ pub enum ManifestError {
 }
 
 impl Manifest {
+    /// A checkpoint with no parent, written into a shard from outside its history — a restore
+    /// from a savepoint, an import of the portable format: at `version` by the writer
+    /// (`writer_epoch`, `writer_token`) that makes it, with `levels` (none for the `memory`
+    /// backend) and the input offsets (and the snapshot's name) in `metadata`.
+    pub fn fresh_checkpoint(
+        (version, writer_epoch, writer_token): (u64, u64, &str),
+        levels: Vec<Vec<SstRef>>,
+        metadata: BTreeMap<String, String>,
+    ) -> Manifest {
+        Manifest {
+            version,
+            parent: None,
+            kind: ManifestKind::Checkpoint,
+            writer_epoch,
+            writer_token: writer_token.to_owned(),
+            levels,
+            metadata,
+            rejected: Vec::new(),
+        }
+    }
+
     /// The checkpoint that follows this version, by the same writer: version + 1, this one as
     /// parent, with `levels` and the input offsets (or other caller pairs) in `metadata`.
     pub fn next_checkpoint(
