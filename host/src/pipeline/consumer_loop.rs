@@ -8,6 +8,7 @@ use super::WorkerError;
 use super::attempt;
 use super::events::{Assignment, Batch, Inbox, WorkerControl, WorkerId};
 use super::open::{Opened, Opening};
+use super::policy::{CONSUMER_ERROR_WAIT, PAUSED_RETRY_INTERVAL, WATERMARKS_INTERVAL};
 use super::ports::{GroupOffsets, Output, Source};
 use super::timers::Timers;
 use super::worker::PartitionWorker;
@@ -25,30 +26,6 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
-
-/// How often a paused partition's pending records are offered to its worker again, and how
-/// often the loop looks at shards being opened or closed while it has nothing else to do.
-pub(super) const PAUSED_RETRY_INTERVAL: Duration = Duration::from_millis(5);
-
-/// How long a partition whose shard another owner claimed stays paused before this host tries
-/// to open it again (a rebalance that revokes it ends the wait sooner).
-pub(super) const FENCED_HOLD: Duration = Duration::from_secs(10);
-
-/// How long after a failed shard open (store unavailable) it is tried again.
-pub(super) const OPEN_RETRY_DELAY: Duration = Duration::from_secs(1);
-
-/// First wait before a shard with no usable checkpoint left is tried again; doubles up to
-/// [`NO_CHECKPOINT_RETRY_MAX`].
-pub(super) const NO_CHECKPOINT_RETRY_MIN: Duration = Duration::from_secs(5);
-
-/// Longest wait between tries of a shard with no usable checkpoint left.
-pub(super) const NO_CHECKPOINT_RETRY_MAX: Duration = Duration::from_secs(300);
-
-/// Longest wait before a shard whose transactions keep failing is reopened (exactly-once).
-pub(super) const TRANSACTION_BACKOFF_MAX: Duration = Duration::from_secs(60);
-
-/// How often the partitions' high watermarks are read for their progress (lag).
-const WATERMARKS_INTERVAL: Duration = Duration::from_secs(1);
 
 /// A running worker, as the loop holds it.
 pub(super) struct WorkerHandle {
@@ -192,7 +169,7 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
                 Err(err) => {
                     // The source reports broker trouble here and keeps retrying on its own.
                     tracing::warn!(error = %crate::error::Chain(&*err), "consumer error");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    tokio::time::sleep(CONSUMER_ERROR_WAIT).await;
                     // Events may wait behind the error, and a queue that never went empty
                     // wakes no one: look again.
                     true

@@ -20,6 +20,7 @@
 //! - [`open`]           a partition's shard opened, recovered and claimed;
 //! - [`outcome`]        why a worker ended, and what then: reopen later, or stop the pipeline;
 //! - [`shutdown`]       the drain at shutdown;
+//! - [`policy`]         every wait and retry bound of the pipeline, in one place;
 //! - [`worker`]         one partition's worker: admission, attempts' outcomes;
 //! - [`checkpoint`]     the worker's checkpoint;
 //! - [`attempt`]        one attempt of a batch, and a partition's execution state;
@@ -35,6 +36,7 @@ mod events;
 mod isolation;
 mod open;
 mod outcome;
+mod policy;
 pub mod ports;
 mod shutdown;
 mod stats;

@@ -5,10 +5,9 @@
 //! partition resumes. A shard with no usable checkpoint left stays paused, failed in its
 //! status, and is tried again with backoff.
 
-use super::consumer_loop::{
-    NO_CHECKPOINT_RETRY_MAX, NO_CHECKPOINT_RETRY_MIN, OPEN_RETRY_DELAY, Running,
-};
+use super::consumer_loop::Running;
 use super::events::{Assignment, DeliveryGuard, WorkerControl, WorkerId};
+use super::policy::{NO_CHECKPOINT_RETRY_MAX, NO_CHECKPOINT_RETRY_MIN, OPEN_RETRY_DELAY};
 use super::ports::{Output, ShardSink, SinkError, Source, SourceError};
 use super::{PartitionProblem, PartitionState, PipelineError};
 use crate::config::Delivery;

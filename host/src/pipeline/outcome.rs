@@ -3,7 +3,8 @@
 //! past the corrupt checkpoints); anything else stops the pipeline (docs/checkpoints.md,
 //! "Fencing" and "Corruption").
 
-use super::consumer_loop::{FENCED_HOLD, OPEN_RETRY_DELAY, Running, TRANSACTION_BACKOFF_MAX};
+use super::consumer_loop::Running;
+use super::policy::{FENCED_HOLD, OPEN_RETRY_DELAY, TRANSACTION_BACKOFF_MAX};
 use super::ports::{Cause, SinkError};
 use super::ports::{Output, Source};
 use super::{PartitionProblem, PartitionState, PipelineError};

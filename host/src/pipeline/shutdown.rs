@@ -8,18 +8,13 @@
 
 use super::PipelineError;
 use super::WorkerError;
-use super::consumer_loop::{PAUSED_RETRY_INTERVAL, Running};
+use super::consumer_loop::Running;
 use super::events::WorkerId;
+use super::policy::{HANDOVER_SETTLE_MAX, PAUSED_RETRY_INTERVAL};
 use super::ports::{Output, Source};
 use crate::state::StateBackend;
 use foldhash::HashSet;
-use std::time::Duration;
 use tokio::time::Instant;
-
-/// The longest a shutdown waits for the hand-overs under way to settle (shards opening, a
-/// partition assigned back waiting for its revoked worker), and at most half of
-/// `shutdown_drain_max`: the drain itself gets the rest.
-const HANDOVER_SETTLE_MAX: Duration = Duration::from_secs(5);
 
 impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
     /// Tells every worker to finish, hands each its fetched records (unless it is held back),

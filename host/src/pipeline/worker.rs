@@ -47,6 +47,7 @@ use super::attempt::{
 use super::events::{Assignment, Batch, EventSender, Stall};
 use super::isolation::{Isolation, Outcome, Verdict};
 use super::outcome::WorkerError;
+use super::policy::{OUTAGE_BACKOFF_MAX, SHARD_SETTLE_MAX};
 use super::ports::{DeadLetterKind, ShardSink, SinkError};
 use super::timers::Timers;
 use crate::config::{FailurePolicy, LateRecords, RuntimeSettings};
@@ -64,12 +65,6 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
 mod effects;
-
-/// Longest retry delay after an outage.
-const BACKOFF_MAX: Duration = Duration::from_secs(5);
-
-/// Longest wait at a worker's end for its shard's background work ([`Shard::settle`]).
-const SETTLE_MAX: Duration = Duration::from_secs(5);
 
 /// One partition's worker.
 pub(crate) struct PartitionWorker<S: Shard, K: ShardSink> {
@@ -319,7 +314,7 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
         }
         self.checkpoint_with_time(true, false).await?;
         // A short-lived owner still finishes the GC pass its last checkpoint started.
-        self.shard.settle(SETTLE_MAX).await;
+        self.shard.settle(SHARD_SETTLE_MAX).await;
         Ok(())
     }
 
@@ -673,7 +668,7 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
             self.gave_up = true;
         }
         task.delay = task.backoff;
-        task.backoff = (task.backoff * 2).min(BACKOFF_MAX);
+        task.backoff = (task.backoff * 2).min(OUTAGE_BACKOFF_MAX);
         self.execution.backing_off += 1;
         self.execution.ready.push_back(task);
     }

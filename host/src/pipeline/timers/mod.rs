@@ -30,6 +30,7 @@ use super::outcome::WorkerError;
 use super::ports::ShardSink;
 use super::worker::PartitionWorker;
 use crate::clock::SharedClock;
+use crate::pipeline::policy::{CLOCK_LOOK_MAX, ROUND_BACKOFF_MAX, ROUND_BACKOFF_MIN};
 use crate::runtime::{FiredTimer, Header, InputRecord, TimeDomain};
 use crate::state::{Shard, StateError, StateWrite};
 use crate::time::head::TimerHead;
@@ -42,13 +43,6 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 use tokio::time::Instant;
-
-/// Longest wait between two looks at the clock while a processing-time timer is pending (the
-/// clock may jump).
-const CLOCK_LOOK_MAX: Duration = Duration::from_secs(1);
-
-/// Longest retry delay of a round after an outage.
-const ROUND_BACKOFF_MAX: Duration = Duration::from_secs(5);
 
 /// A partition's view of its shard's time. See the module docs.
 #[derive(Debug)]
@@ -209,7 +203,7 @@ impl Timers {
     }
 
     fn backed_off(&mut self) {
-        self.backoff = (self.backoff * 2).clamp(Duration::from_millis(50), ROUND_BACKOFF_MAX);
+        self.backoff = (self.backoff * 2).clamp(ROUND_BACKOFF_MIN, ROUND_BACKOFF_MAX);
         self.retry_at = Some(Instant::now() + self.backoff);
     }
 

@@ -8,7 +8,7 @@ use super::super::controller::key_hash;
 use super::super::outcome::WorkerError;
 use super::super::ports::{DeadLetterKind, ShardSink};
 use super::super::worker::PartitionWorker;
-use super::ROUND_BACKOFF_MAX;
+use crate::pipeline::policy::ROUND_BACKOFF_MAX;
 use crate::runtime::guest_log::LogSource;
 use crate::runtime::{
     BatchCtx, CallError, Disposition, EmitLimits, FiredTimer, HostAbort, Instance, Operator,
