@@ -5,19 +5,16 @@
 //! shutdown (docs/checkpoints.md, "Recovery" and "Rebalance").
 
 use super::WorkerError;
-use super::attempt;
 use super::events::{Assignment, Batch, Inbox, WorkerControl, WorkerId};
 use super::open::{Opened, Opening};
 use super::policy::{CONSUMER_ERROR_WAIT, PAUSED_RETRY_INTERVAL, WATERMARKS_INTERVAL};
 use super::ports::{GroupOffsets, Output, Source};
-use super::timers::Timers;
-use super::worker::PartitionWorker;
+use super::worker::{PartitionWorker, WorkerStart};
 use super::{PipelineControl, PipelineError, PipelineStats};
 use crate::config::Settings;
-use crate::runtime::{InputRecord, Operator, WorldVersion};
+use crate::runtime::{InputRecord, Operator};
 use crate::state::StateBackend;
 use crate::state::checkpoint::InputOffsets;
-use crate::time::watermark::Idleness;
 use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
 use std::future::Future;
 use std::sync::Arc;
@@ -492,51 +489,23 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
     ) {
         let partition = worker.partition;
         let (tx, rx) = mpsc::channel(self.settings.runtime.partition_queue_batches_max);
-        let Opened { shard, sink } = opened;
         let events = self.inbox.sender(worker);
         let caught_up = Arc::new(AtomicBool::new(false));
-        let worker_state = PartitionWorker {
-            partition,
-            operator: self.operator.clone(),
-            shard: Arc::new(shard),
-            sink,
-            settings: self.settings.runtime.clone(),
-            stats: self.stats.clone(),
-            source: crate::runtime::guest_log::LogSource::partition(
-                &self.settings.pipeline.name,
+        let worker_state = PartitionWorker::new(
+            &self.settings,
+            WorkerStart {
                 partition,
-                self.control.log_sink.clone(),
-            ),
-            execution: attempt::Execution::new(
-                self.settings.pipeline.in_flight_max,
-                &self.settings.runtime,
-                self.stats.clone(),
-            ),
-            events: events.clone(),
-            assignment,
-            gave_up: false,
-            stall_reported: false,
-            sink_held_reported: false,
-            admitted: offsets.clone(),
-            offsets,
-            dirty: false,
-            checkpoint_interval: self.settings.pipeline.checkpoint_interval,
-            opened_at: Some(opened_at),
-            failure_policy: self.settings.pipeline.failure_policy,
-            checkpoint_requests: self.control.checkpoint_requests.clone(),
-            timers: Timers::new(
-                &self.settings.pipeline.input_topics,
-                self.settings.pipeline.max_out_of_orderness,
-                Idleness {
-                    timeout: self.settings.pipeline.idle_timeout,
-                    advance: self.settings.pipeline.idle_advance,
-                },
-                self.operator.clock().clone(),
-                self.operator.meta().world != WorldVersion::V0_1,
-            ),
-            late_records: self.settings.pipeline.late_records,
-            caught_up: caught_up.clone(),
-        };
+                operator: self.operator.clone(),
+                opened,
+                stats: self.stats.clone(),
+                control: self.control.clone(),
+                events: events.clone(),
+                assignment,
+                offsets,
+                opened_at,
+                caught_up: caught_up.clone(),
+            },
+        );
         let task = tokio::spawn(async move {
             let result = worker_state.run(rx).await;
             events.ended().await;
