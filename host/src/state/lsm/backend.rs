@@ -4,8 +4,8 @@
 //! A shard lives under `{url prefix}/pipelines/{pipeline}/shards/{partition:05}/`. Opening it
 //! finds the checkpoint to resume from ([`recover`]), claims the shard (a new manifest version
 //! with the next writer epoch, which fences any previous owner) and opens the tree there,
-//! reading nothing else. The pipeline does not take checkpoints yet (issue 4), so today a
-//! shard starts empty at every open, like the `memory` backend.
+//! reading nothing else: blocks are read lazily and warm the caches (docs/checkpoints.md,
+//! "Recovery").
 
 use super::cache::{BlockCaches, CacheSettings, SstFiles};
 use super::shard::{LsmShard, Recovered, ScrubSettings, recover};
