@@ -9,15 +9,16 @@ use super::ports::{CommitError, ShardSink};
 use super::worker::PartitionWorker;
 use crate::clock::{Clock, SystemClock};
 use crate::state::Shard;
-use crate::state::checkpoint::{CheckpointError, DecidedBy};
+use crate::state::checkpoint::{CheckpointError, CheckpointReport, DecidedBy};
 use std::sync::atomic::Ordering;
 use tokio::time::Instant;
 
 impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
     /// Checkpoints the shard if records were processed since the last checkpoint, or if the
-    /// checkpoint was `requested` (through the API) (docs/checkpoints.md steps 1–7). A failed checkpoint leaves the previous one current and is
-    /// retried at the next tick; at the `last` one (queue closed) it is only logged: the
-    /// records since the previous checkpoint will be read again by the next owner.
+    /// checkpoint was `requested` (through the API) (docs/checkpoints.md steps 1–7). A failed
+    /// checkpoint leaves the previous one current and is retried at the next tick; at the
+    /// `last` one (queue closed) it is only logged: the records since the previous checkpoint
+    /// will be read again by the next owner.
     pub(super) async fn checkpoint(
         &mut self,
         last: bool,
@@ -44,40 +45,8 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
         if !transactional {
             self.drain_sink().await?;
         }
-        // The sink's part of the checkpoint (an Iceberg table's data files closed and listed
-        // in the shard's state), labelled with the version the checkpoint will have.
-        if self.sink.state_key().is_some() {
-            let Some(version) = self.shard.next_checkpoint_version().await else {
-                // A table sink's files are exactly-once only through checkpoints.
-                return Err(self.sink_failed(crate::pipeline::ports::SinkError {
-                    topic: "iceberg".to_owned(),
-                    source: "the pipeline's Iceberg table needs a state backend that keeps checkpoints (lsm, or memory with checkpoint storage)".into(),
-                }));
-            };
-            let timers_through = self.timers.fired_through();
-            match self
-                .sink
-                .prepare(version, &self.offsets, timers_through)
-                .await
-            {
-                Ok(Some(write)) => {
-                    // The list is the sink's record of files it closed: a shard that could not
-                    // keep it must not checkpoint offsets past their rows. Reopening replays
-                    // them from the last checkpoint.
-                    if let Err(err) = self.shard.apply(vec![write]).await {
-                        self.stats
-                            .checkpoint_failures
-                            .fetch_add(1, Ordering::Relaxed);
-                        return Err(self.sink_failed(crate::pipeline::ports::SinkError {
-                            topic: "iceberg".to_owned(),
-                            source: Box::new(err),
-                        }));
-                    }
-                }
-                Ok(None) if only_looking => return Ok(()),
-                Ok(None) => {}
-                Err(source) => return Err(self.sink_failed(source)),
-            }
+        if self.sink.state_key().is_some() && !self.prepare_sink(only_looking).await? {
+            return Ok(());
         }
         let decided_by = if transactional {
             DecidedBy::Transaction
@@ -90,89 +59,154 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
         if transactional {
             self.warn_if_slow(state_took);
         }
-        match checkpointed {
-            Ok(report) => {
-                // docs/checkpoints.md step 7: the manifest is written, Kafka not yet told.
-                fail::fail_point!("checkpoint-after-manifest", |_| {
-                    crate::fail_points::crash("checkpoint-after-manifest")
-                });
-                let Some(report) = report else {
-                    self.dirty = false;
-                    return Ok(()); // the shard keeps no durable state
-                };
-                if transactional {
-                    // docs/checkpoints.md step 8: the transaction decides.
-                    let partition = self.partition;
-                    match self
-                        .sink
-                        .commit(partition, &self.offsets, report.version)
-                        .await
-                    {
-                        Ok(()) => {}
-                        Err(CommitError::Fenced(source)) => {
-                            self.stats
-                                .checkpoints_fenced
-                                .fetch_add(1, Ordering::Relaxed);
-                            tracing::warn!(partition, error = %source, "transaction refused: another owner took the shard's transactional identity over; closing it");
-                            return Err(WorkerError::Fenced { partition });
-                        }
-                        Err(CommitError::Failed(source)) => {
-                            self.stats
-                                .checkpoint_failures
-                                .fetch_add(1, Ordering::Relaxed);
-                            tracing::warn!(partition, error = %source, "checkpoint transaction failed; reopening the shard from its last decided checkpoint");
-                            return Err(WorkerError::Transaction { partition, source });
-                        }
-                        Err(timed_out @ CommitError::TimedOut { .. }) => {
-                            self.stats
-                                .checkpoint_failures
-                                .fetch_add(1, Ordering::Relaxed);
-                            // SCENARIOS.md S19: not another owner; name what was slow.
-                            let (checkpoint_ms, state_ms) = (
-                                started.elapsed().as_millis() as u64,
-                                state_took.as_millis() as u64,
-                            );
-                            tracing::warn!(partition, checkpoint_ms, state_checkpoint_ms = state_ms, error = %timed_out, "the checkpoint's transaction outlived transaction.timeout.ms while the state's checkpoint (memtable flush and manifest write) took {state_ms} ms; reopening the shard from its last decided checkpoint");
-                            return Err(WorkerError::Transaction {
-                                partition,
-                                source: Box::new(timed_out),
-                            });
-                        }
-                    }
+        let report = match checkpointed {
+            Ok(report) => report,
+            Err(err) => return self.checkpoint_failed(err, last),
+        };
+        // docs/checkpoints.md step 7: the manifest is written, Kafka not yet told.
+        fail::fail_point!("checkpoint-after-manifest", |_| {
+            crate::fail_points::crash("checkpoint-after-manifest")
+        });
+        let Some(report) = report else {
+            self.dirty = false;
+            return Ok(()); // the shard keeps no durable state
+        };
+        if transactional {
+            // docs/checkpoints.md step 8: the transaction decides.
+            self.commit_transaction(report.version, (started, state_took))
+                .await?;
+        }
+        self.checkpoint_committed(&report, started, transactional)
+            .await;
+        Ok(())
+    }
+
+    /// The sink's part of the checkpoint (an Iceberg table's data files closed and listed in
+    /// the shard's state), labelled with the version the checkpoint will have. Whether the
+    /// checkpoint goes on: not when the sink was `only_looking` and dropped nothing.
+    async fn prepare_sink(&mut self, only_looking: bool) -> Result<bool, WorkerError> {
+        let Some(version) = self.shard.next_checkpoint_version().await else {
+            // A table sink's files are exactly-once only through checkpoints.
+            return Err(self.sink_failed(crate::pipeline::ports::SinkError {
+                topic: "iceberg".to_owned(),
+                source: "the pipeline's Iceberg table needs a state backend that keeps checkpoints (lsm, or memory with checkpoint storage)".into(),
+            }));
+        };
+        let timers_through = self.timers.fired_through();
+        match self
+            .sink
+            .prepare(version, &self.offsets, timers_through)
+            .await
+        {
+            Ok(Some(write)) => {
+                // The list is the sink's record of files it closed: a shard that could not
+                // keep it must not checkpoint offsets past their rows. Reopening replays them
+                // from the last checkpoint.
+                if let Err(err) = self.shard.apply(vec![write]).await {
+                    self.stats
+                        .checkpoint_failures
+                        .fetch_add(1, Ordering::Relaxed);
+                    return Err(self.sink_failed(crate::pipeline::ports::SinkError {
+                        topic: "iceberg".to_owned(),
+                        source: Box::new(err),
+                    }));
                 }
-                self.dirty = false;
-                self.shard.checkpoint_decided(report.version);
-                let elapsed = started.elapsed();
-                self.stats.record_checkpoint(elapsed, report.uploaded_bytes);
-                self.stats.record_checkpoint_of(CheckpointRecord {
-                    partition: self.partition,
-                    version: report.version,
-                    committed_ms: SystemClock.now_ms(),
-                    duration_ms: elapsed.as_millis() as u64,
-                    uploaded_bytes: report.uploaded_bytes,
-                    state_bytes: report.state_bytes,
-                    offsets: self
-                        .offsets
-                        .iter()
-                        .map(|(t, o)| (t.to_owned(), o))
-                        .collect(),
-                });
-                tracing::debug!(
-                    partition = self.partition,
-                    version = report.version,
-                    ms = elapsed.as_millis() as u64,
-                    uploaded_bytes = report.uploaded_bytes,
-                    state_bytes = report.state_bytes,
-                    "checkpoint committed"
-                );
-                if !transactional {
-                    // For the consumer loop to commit to the group (informational: recovery
-                    // reads the checkpoint).
-                    self.events.checkpointed(self.offsets.clone()).await;
-                }
-                Ok(())
+                Ok(true)
             }
-            Err(CheckpointError::Fenced { shard }) => {
+            Ok(None) => Ok(!only_looking),
+            Err(source) => Err(self.sink_failed(source)),
+        }
+    }
+
+    /// Exactly-once: commits the checkpoint's transaction with the input offsets, naming
+    /// manifest `version` (docs/checkpoints.md step 8). `started` and `state_took` (the
+    /// checkpoint's start, the state's part of it) name what was slow when the transaction
+    /// outlived its timeout.
+    async fn commit_transaction(
+        &mut self,
+        version: u64,
+        (started, state_took): (Instant, std::time::Duration),
+    ) -> Result<(), WorkerError> {
+        let partition = self.partition;
+        match self.sink.commit(partition, &self.offsets, version).await {
+            Ok(()) => Ok(()),
+            Err(CommitError::Fenced(source)) => {
+                self.stats
+                    .checkpoints_fenced
+                    .fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(partition, error = %source, "transaction refused: another owner took the shard's transactional identity over; closing it");
+                Err(WorkerError::Fenced { partition })
+            }
+            Err(CommitError::Failed(source)) => {
+                self.stats
+                    .checkpoint_failures
+                    .fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(partition, error = %source, "checkpoint transaction failed; reopening the shard from its last decided checkpoint");
+                Err(WorkerError::Transaction { partition, source })
+            }
+            Err(timed_out @ CommitError::TimedOut { .. }) => {
+                self.stats
+                    .checkpoint_failures
+                    .fetch_add(1, Ordering::Relaxed);
+                // SCENARIOS.md S19: not another owner; name what was slow.
+                let (checkpoint_ms, state_ms) = (
+                    started.elapsed().as_millis() as u64,
+                    state_took.as_millis() as u64,
+                );
+                tracing::warn!(partition, checkpoint_ms, state_checkpoint_ms = state_ms, error = %timed_out, "the checkpoint's transaction outlived transaction.timeout.ms while the state's checkpoint (memtable flush and manifest write) took {state_ms} ms; reopening the shard from its last decided checkpoint");
+                Err(WorkerError::Transaction {
+                    partition,
+                    source: Box::new(timed_out),
+                })
+            }
+        }
+    }
+
+    /// The checkpoint `report` is decided: the worker is clean, the figures and the status
+    /// page's history record it, and (at-least-once) the consumer loop hears its offsets to
+    /// commit to the group (informational: recovery reads the checkpoint).
+    async fn checkpoint_committed(
+        &mut self,
+        report: &CheckpointReport,
+        started: Instant,
+        transactional: bool,
+    ) {
+        self.dirty = false;
+        self.shard.checkpoint_decided(report.version);
+        let elapsed = started.elapsed();
+        self.stats.record_checkpoint(elapsed, report.uploaded_bytes);
+        self.stats.record_checkpoint_of(CheckpointRecord {
+            partition: self.partition,
+            version: report.version,
+            committed_ms: SystemClock.now_ms(),
+            duration_ms: elapsed.as_millis() as u64,
+            uploaded_bytes: report.uploaded_bytes,
+            state_bytes: report.state_bytes,
+            offsets: self
+                .offsets
+                .iter()
+                .map(|(t, o)| (t.to_owned(), o))
+                .collect(),
+        });
+        tracing::debug!(
+            partition = self.partition,
+            version = report.version,
+            ms = elapsed.as_millis() as u64,
+            uploaded_bytes = report.uploaded_bytes,
+            state_bytes = report.state_bytes,
+            "checkpoint committed"
+        );
+        if !transactional {
+            self.events.checkpointed(self.offsets.clone()).await;
+        }
+    }
+
+    /// The shard's checkpoint failed with `err`: fenced ends the worker, corruption makes the
+    /// shard fall back; any other failure leaves the previous checkpoint current (retried at
+    /// the next tick, or, at the `last` one, logged as the worker ends without it).
+    fn checkpoint_failed(&mut self, err: CheckpointError, last: bool) -> Result<(), WorkerError> {
+        match err {
+            CheckpointError::Fenced { shard } => {
                 self.stats
                     .checkpoints_fenced
                     .fetch_add(1, Ordering::Relaxed);
@@ -181,10 +215,10 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
                     partition: self.partition,
                 })
             }
-            Err(CheckpointError::State(err)) if err.kind() == crate::error::ErrorKind::Corrupt => {
+            CheckpointError::State(err) if err.kind() == crate::error::ErrorKind::Corrupt => {
                 Err(self.corrupt(err))
             }
-            Err(CheckpointError::State(err)) => {
+            CheckpointError::State(err) => {
                 self.stats
                     .checkpoint_failures
                     .fetch_add(1, Ordering::Relaxed);
