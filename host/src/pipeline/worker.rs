@@ -122,6 +122,61 @@ pub(crate) struct PartitionWorker<S: Shard, K: ShardSink> {
     pub caught_up: Arc<AtomicBool>,
 }
 
+/// Records received from the partition's queue and not admitted yet (the in-flight limit), the
+/// topics of those received since it was last empty, and whether the queue is closed.
+#[derive(Default)]
+struct Backlog {
+    records: VecDeque<InputRecord>,
+    topics: Vec<Arc<str>>,
+    closed: bool,
+}
+
+impl Backlog {
+    /// Takes `first` and every batch queued behind it at once: behind a steady stream of
+    /// finishing attempts (served first), one batch per intake kept the in-flight window from
+    /// filling under CPU load. Their topics are active from their arrival, admitted or not.
+    /// `None` (the loop closed the queue after the last batch) closes the backlog.
+    fn receive(
+        &mut self,
+        first: Option<Batch>,
+        queue: &mut mpsc::Receiver<Batch>,
+        timers: &mut Timers,
+    ) {
+        let mut next = first;
+        loop {
+            let Some(records) = next else {
+                self.closed = true;
+                return;
+            };
+            let now = timers.now_ms();
+            for record in &records {
+                timers.watermarks.seen(&record.topic, now);
+                if !self
+                    .topics
+                    .iter()
+                    .any(|t| Arc::ptr_eq(t, &record.topic) || *t == record.topic)
+                {
+                    self.topics.push(record.topic.clone());
+                }
+            }
+            self.records.extend(records);
+            next = match queue.try_recv() {
+                Ok(message) => Some(message),
+                Err(mpsc::error::TryRecvError::Empty) => return,
+                Err(mpsc::error::TryRecvError::Disconnected) => None,
+            };
+        }
+    }
+
+    /// Drops what waits, and closes the queue with what is still in it.
+    fn close(&mut self, queue: &mut mpsc::Receiver<Batch>) {
+        self.records.clear();
+        queue.close();
+        while queue.try_recv().is_ok() {}
+        self.closed = true;
+    }
+}
+
 /// What a worker starts from besides the settings: its partition's opened shard and sink, where
 /// the shard's checkpoint left the input, and its lines to the consumer loop.
 pub(crate) struct WorkerStart<S: Shard, K: ShardSink> {
@@ -228,11 +283,7 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
         let mut ticks = tokio::time::interval_at(start, self.checkpoint_interval);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut running: Running<S> = FuturesUnordered::new();
-        // Records received from the queue and not admitted yet (in-flight limit), and the
-        // topics of those received since it was last empty.
-        let mut backlog: VecDeque<InputRecord> = VecDeque::new();
-        let mut backlog_topics: Vec<Arc<str>> = Vec::new();
-        let mut closed = false;
+        let mut backlog = Backlog::default();
         // A checkpoint is due: admit nothing until every admitted record finished (step 1).
         let mut checkpoint_due = false;
         // The due checkpoint was asked for: it is written even with nothing new.
@@ -253,35 +304,15 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
                 }
                 // Nothing more is taken in by a revoked partition, nor by one whose sink takes
                 // no more output (the shutdown must not wait for it).
-                if !closed && (self.assignment.is_revoked() || self.sink.held_back()) {
-                    backlog.clear();
-                    queue.close();
-                    while queue.try_recv().is_ok() {}
-                    closed = true;
+                if !backlog.closed && (self.assignment.is_revoked() || self.sink.held_back()) {
+                    backlog.close(queue);
                 }
             }
             // A round of timers that goes on (one timer at a time, or after an outage) first:
             // it runs, so nothing below takes the partition for idle.
             self.continue_round(&mut running);
             self.report_stall().await;
-            // Records waiting in Weir keep their inputs active: waiting in Weir is not
-            // idleness. Queued or held by an outage: every input (their topics are unknown
-            // while queued); received and waiting for room in flight: theirs.
-            if self.execution.backing_off > 0 || !queue.is_empty() {
-                let now = self.timers.now_ms();
-                self.timers.watermarks.held(now);
-            }
-            if backlog.is_empty() {
-                backlog_topics.clear();
-            } else {
-                let now = self.timers.now_ms();
-                for topic in &backlog_topics {
-                    self.timers.watermarks.seen(topic, now);
-                }
-            }
-            self.timers
-                .watermarks
-                .set_caught_up(self.caught_up.load(Ordering::Acquire));
+            self.note_waiting_inputs(&mut backlog, queue.is_empty());
             // A due timer stops admission, as a due checkpoint does, until every admitted
             // record finished ([`super::timers`]).
             let timers_due = self.timers.due();
@@ -293,15 +324,7 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
                 after_round = false;
             }
             if !checkpoint_due && !sink_held && (!timers_due || after_round) {
-                for late in self.admit(&mut backlog) {
-                    let watermark = self.timers.watermarks.applied().unwrap_or_default();
-                    let reason = format!(
-                        "late: timestamp {} ms is at or before the watermark {watermark} ms",
-                        late.timestamp_ms
-                    );
-                    self.dead_letter(&late, DeadLetterKind::Late, &reason)
-                        .await?;
-                }
+                self.admit_backlog(&mut backlog).await?;
                 after_round = false;
             }
             self.dispatch(&mut running);
@@ -314,7 +337,7 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
                     self.execution.release_instances();
                     continue;
                 }
-                if closed {
+                if backlog.closed {
                     break;
                 }
                 if timers_due && !after_round && !sink_held {
@@ -334,7 +357,7 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
             };
             // Intake only with an empty backlog: what waits for room in flight stays in the
             // queue (which then fills and pauses the partition).
-            let intake = !closed && backlog.is_empty() && !checkpoint_due;
+            let intake = !backlog.closed && backlog.records.is_empty() && !checkpoint_due;
             tokio::select! {
                 // The tick first: a partition with a full queue must still checkpoint.
                 biased;
@@ -352,36 +375,7 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
                 // The whole queue at once: behind a steady stream of finishing attempts (served
                 // first), one batch per intake kept the in-flight window from filling under CPU
                 // load.
-                message = queue.recv(), if intake => {
-                    let mut next = message;
-                    loop {
-                        match next {
-                            Some(records) => {
-                                // Arrived: their topics are active, admitted or not.
-                                let now = self.timers.now_ms();
-                                for record in &records {
-                                    self.timers.watermarks.seen(&record.topic, now);
-                                    if !backlog_topics.iter().any(|t| {
-                                        Arc::ptr_eq(t, &record.topic) || *t == record.topic
-                                    }) {
-                                        backlog_topics.push(record.topic.clone());
-                                    }
-                                }
-                                backlog.extend(records);
-                            }
-                            // The loop closed the queue after the last batch.
-                            None => {
-                                closed = true;
-                                break;
-                            }
-                        }
-                        match queue.try_recv() {
-                            Ok(message) => next = Some(message),
-                            Err(mpsc::error::TryRecvError::Empty) => break,
-                            Err(mpsc::error::TryRecvError::Disconnected) => next = None,
-                        }
-                    }
-                }
+                message = queue.recv(), if intake => backlog.receive(message, queue, &mut self.timers),
                 () = async {
                     match wake {
                         Some(at) => tokio::time::sleep_until(at).await,
@@ -398,6 +392,43 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
         self.checkpoint_with_time(true, false).await?;
         // A short-lived owner still finishes the GC pass its last checkpoint started.
         self.shard.settle(SHARD_SETTLE_MAX).await;
+        Ok(())
+    }
+
+    /// Records waiting in Weir keep their inputs active: waiting in Weir is not idleness.
+    /// Queued (the queue not empty) or held by an outage: every input (their topics are
+    /// unknown while queued); received and waiting for room in flight: theirs. Also tells the
+    /// watermarks whether the consumer is caught up.
+    fn note_waiting_inputs(&mut self, backlog: &mut Backlog, queue_empty: bool) {
+        if self.execution.backing_off > 0 || !queue_empty {
+            let now = self.timers.now_ms();
+            self.timers.watermarks.held(now);
+        }
+        if backlog.records.is_empty() {
+            backlog.topics.clear();
+        } else {
+            let now = self.timers.now_ms();
+            for topic in &backlog.topics {
+                self.timers.watermarks.seen(topic, now);
+            }
+        }
+        self.timers
+            .watermarks
+            .set_caught_up(self.caught_up.load(Ordering::Acquire));
+    }
+
+    /// Admits what the backlog holds while there is room in flight ([`Self::admit`]) and
+    /// dead-letters the late records it turns away (`late_records = dead_letter`).
+    async fn admit_backlog(&mut self, backlog: &mut Backlog) -> Result<(), WorkerError> {
+        for late in self.admit(&mut backlog.records) {
+            let watermark = self.timers.watermarks.applied().unwrap_or_default();
+            let reason = format!(
+                "late: timestamp {} ms is at or before the watermark {watermark} ms",
+                late.timestamp_ms
+            );
+            self.dead_letter(&late, DeadLetterKind::Late, &reason)
+                .await?;
+        }
         Ok(())
     }
 
