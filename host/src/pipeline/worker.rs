@@ -68,7 +68,10 @@ use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
+mod backlog;
 mod effects;
+
+use backlog::Backlog;
 
 /// One partition's worker.
 pub(crate) struct PartitionWorker<S: Shard, K: ShardSink> {
@@ -120,61 +123,6 @@ pub(crate) struct PartitionWorker<S: Shard, K: ShardSink> {
     /// to their end: kept by the consumer loop ([`super::ports::Source::at_end`]); only a
     /// caught-up shard's watermark follows processing time (`idle_advance`).
     pub caught_up: Arc<AtomicBool>,
-}
-
-/// Records received from the partition's queue and not admitted yet (the in-flight limit), the
-/// topics of those received since it was last empty, and whether the queue is closed.
-#[derive(Default)]
-struct Backlog {
-    records: VecDeque<InputRecord>,
-    topics: Vec<Arc<str>>,
-    closed: bool,
-}
-
-impl Backlog {
-    /// Takes `first` and every batch queued behind it at once: behind a steady stream of
-    /// finishing attempts (served first), one batch per intake kept the in-flight window from
-    /// filling under CPU load. Their topics are active from their arrival, admitted or not.
-    /// `None` (the loop closed the queue after the last batch) closes the backlog.
-    fn receive(
-        &mut self,
-        first: Option<Batch>,
-        queue: &mut mpsc::Receiver<Batch>,
-        timers: &mut Timers,
-    ) {
-        let mut next = first;
-        loop {
-            let Some(records) = next else {
-                self.closed = true;
-                return;
-            };
-            let now = timers.now_ms();
-            for record in &records {
-                timers.watermarks.seen(&record.topic, now);
-                if !self
-                    .topics
-                    .iter()
-                    .any(|t| Arc::ptr_eq(t, &record.topic) || *t == record.topic)
-                {
-                    self.topics.push(record.topic.clone());
-                }
-            }
-            self.records.extend(records);
-            next = match queue.try_recv() {
-                Ok(message) => Some(message),
-                Err(mpsc::error::TryRecvError::Empty) => return,
-                Err(mpsc::error::TryRecvError::Disconnected) => None,
-            };
-        }
-    }
-
-    /// Drops what waits, and closes the queue with what is still in it.
-    fn close(&mut self, queue: &mut mpsc::Receiver<Batch>) {
-        self.records.clear();
-        queue.close();
-        while queue.try_recv().is_ok() {}
-        self.closed = true;
-    }
 }
 
 /// What a worker starts from besides the settings: its partition's opened shard and sink, where
