@@ -16,7 +16,6 @@ use super::manifest::{
 use super::{Recovery, StateError};
 use crate::clock::SharedClock;
 use bytes::{Buf, BufMut, Bytes, BytesMut};
-use futures::TryStreamExt;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use std::collections::{BTreeMap, BTreeSet};
@@ -415,6 +414,7 @@ async fn collect_garbage(
 mod tests {
     use super::*;
     use crate::state::checkpoint::{DecidedBy, InputOffsets, checkpoint_metadata};
+    use futures::TryStreamExt;
     use object_store::memory::InMemory;
 
     #[test]
