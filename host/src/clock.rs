@@ -9,6 +9,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 /// host outside [`SystemClock`] (`clippy.toml` refuses `SystemTime::now` elsewhere): ages of
 /// files and objects, and the times records carry. Processing time comes from a [`Clock`].
 #[allow(clippy::disallowed_methods)]
+#[inline]
 pub fn wall_now() -> SystemTime {
     SystemTime::now()
 }
@@ -18,6 +19,7 @@ pub fn wall_now() -> SystemTime {
 /// `tokio::time::Instant`, controlled by paused-time tests). `clippy.toml` refuses
 /// `Instant::now` elsewhere.
 #[allow(clippy::disallowed_methods)]
+#[inline]
 pub fn monotonic_now() -> Instant {
     Instant::now()
 }
