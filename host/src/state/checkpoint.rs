@@ -58,19 +58,30 @@ impl InputOffsets {
     /// Reads the offsets back from manifest metadata; other keys are ignored.
     ///
     /// # Errors
-    /// The key whose value is not a decimal `i64`.
-    pub fn from_metadata(metadata: &BTreeMap<String, String>) -> Result<Self, String> {
+    /// [`BadOffset`] naming the key whose value is not a decimal `i64`.
+    pub fn from_metadata(metadata: &BTreeMap<String, String>) -> Result<Self, BadOffset> {
         let mut offsets = BTreeMap::new();
         for (k, v) in metadata {
             if let Some(topic) = k.strip_prefix(OFFSET_KEY_PREFIX) {
-                let offset = v
-                    .parse::<i64>()
-                    .map_err(|_| format!("metadata `{k}` is not an offset: `{v}`"))?;
+                let offset = v.parse::<i64>().map_err(|_| BadOffset {
+                    key: k.clone(),
+                    value: v.clone(),
+                })?;
                 offsets.insert(topic.to_owned(), offset);
             }
         }
         Ok(Self(offsets))
     }
+}
+
+/// Manifest metadata that should hold an input offset and does not.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("metadata `{key}` is not an offset: `{value}`")]
+pub struct BadOffset {
+    /// The metadata key (`offset/{topic}`).
+    pub key: String,
+    /// Its value.
+    pub value: String,
 }
 
 /// Manifest metadata key saying what decides the checkpoint: `manifest` or `transaction`.

@@ -283,7 +283,7 @@ pub async fn capture_shard(
             partition,
             version: manifest.version,
             offsets: InputOffsets::from_metadata(&manifest.metadata)
-                .map_err(SavepointError::Unusable)?
+                .map_err(|e| SavepointError::Unusable(e.to_string()))?
                 .iter()
                 .map(|(topic, next)| (topic.to_owned(), next))
                 .collect(),
@@ -386,7 +386,8 @@ pub async fn restore_shard(
         .await?;
         (sst.writer_epoch, sst.seq) = (epoch, seq);
     }
-    let offsets = InputOffsets::from_metadata(&saved.metadata).map_err(SavepointError::Unusable)?;
+    let offsets = InputOffsets::from_metadata(&saved.metadata)
+        .map_err(|e| SavepointError::Unusable(e.to_string()))?;
     // Manifest-decided whatever decided the saved one: it is decided once written.
     let mut metadata = checkpoint_metadata(&offsets, DecidedBy::Manifest);
     if let Some(name) = snapshot::snapshot_name(&saved.metadata) {

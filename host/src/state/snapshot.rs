@@ -87,30 +87,58 @@ impl StreamCheck {
     ///
     /// # Errors
     /// What is wrong, as [`decode`] says it.
-    pub fn finish(self) -> Result<(), String> {
+    pub fn finish(self) -> Result<(), SnapshotError> {
         if self.len < (MAGIC.len() + 8 + 4) as u64 || self.head != MAGIC {
-            return Err("not a snapshot (magic)".into());
+            return Err(SnapshotError::Magic);
         }
-        let stored = u32::from_le_bytes(self.tail.try_into().map_err(|_| "short trailer")?);
+        let stored = u32::from_le_bytes(
+            self.tail
+                .try_into()
+                .map_err(|_| SnapshotError::ShortTrailer)?,
+        );
         if self.crc != stored {
-            return Err("snapshot checksum mismatch".into());
+            return Err(SnapshotError::Checksum);
         }
         Ok(())
     }
+}
+
+/// Why bytes are not a whole snapshot object.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum SnapshotError {
+    /// Too short, or it does not start with the format's magic.
+    #[error("not a snapshot (magic)")]
+    Magic,
+    /// The CRC-32C trailer is cut.
+    #[error("short trailer")]
+    ShortTrailer,
+    /// The CRC-32C of the bytes before the trailer is not the trailer.
+    #[error("snapshot checksum mismatch")]
+    Checksum,
+    /// An entry ends past the object's end.
+    #[error("truncated entry")]
+    Truncated,
+    /// Bytes follow the last of the entries the header counts.
+    #[error("bytes after the last entry")]
+    TrailingBytes,
 }
 
 /// Decodes a snapshot object.
 ///
 /// # Errors
 /// What is wrong: magic, checksum or a truncated entry.
-pub fn decode(object: &Bytes) -> Result<SnapshotEntries, String> {
+pub fn decode(object: &Bytes) -> Result<SnapshotEntries, SnapshotError> {
     if object.len() < MAGIC.len() + 8 + 4 || &object[..MAGIC.len()] != MAGIC {
-        return Err("not a snapshot (magic)".into());
+        return Err(SnapshotError::Magic);
     }
     let (body, trailer) = object.split_at(object.len() - 4);
-    let stored = u32::from_le_bytes(trailer.try_into().map_err(|_| "short trailer")?);
+    let stored = u32::from_le_bytes(
+        trailer
+            .try_into()
+            .map_err(|_| SnapshotError::ShortTrailer)?,
+    );
     if crc32c::crc32c(body) != stored {
-        return Err("snapshot checksum mismatch".into());
+        return Err(SnapshotError::Checksum);
     }
     let mut buf = object.slice(MAGIC.len()..object.len() - 4);
     let count = buf.get_u64_le();
@@ -119,7 +147,7 @@ pub fn decode(object: &Bytes) -> Result<SnapshotEntries, String> {
         let key = take(&mut buf)?;
         let value = take(&mut buf)?;
         if buf.remaining() < 8 {
-            return Err("truncated entry".into());
+            return Err(SnapshotError::Truncated);
         }
         let expires = buf.get_u64_le();
         entries.insert(
@@ -128,18 +156,18 @@ pub fn decode(object: &Bytes) -> Result<SnapshotEntries, String> {
         );
     }
     if buf.has_remaining() {
-        return Err("bytes after the last entry".into());
+        return Err(SnapshotError::TrailingBytes);
     }
     Ok(entries)
 }
 
-fn take(buf: &mut Bytes) -> Result<Bytes, String> {
+fn take(buf: &mut Bytes) -> Result<Bytes, SnapshotError> {
     if buf.remaining() < 4 {
-        return Err("truncated entry".into());
+        return Err(SnapshotError::Truncated);
     }
     let len = buf.get_u32_le() as usize;
     if buf.remaining() < len {
-        return Err("truncated entry".into());
+        return Err(SnapshotError::Truncated);
     }
     Ok(buf.split_to(len))
 }

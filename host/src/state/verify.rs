@@ -324,7 +324,7 @@ async fn verify_object(
             while let Some(chunk) = chunks.try_next().await.map_err(VerifyError)? {
                 check.update(&chunk);
             }
-            check.finish()
+            check.finish().map_err(|e| e.to_string())
         }
     })
 }

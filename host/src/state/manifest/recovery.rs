@@ -227,7 +227,7 @@ impl<'a> Walk<'a> {
                 continue;
             }
             if let Err(problem) = InputOffsets::from_metadata(&manifest.metadata) {
-                self.reject(version, problem);
+                self.reject(version, problem.to_string());
                 continue;
             }
             if let Some(object) = objects(&manifest)
