@@ -289,8 +289,7 @@ async fn start_run(
         weir_host::source::kafka::broker::check_reachable(&kafka, KAFKA_CHECK_TIMEOUT)
     })
     .await
-    .context("the Kafka check panicked")?
-    .map_err(anyhow::Error::msg)?;
+    .context("the Kafka check panicked")??;
     check_state_store(&settings).await?;
     let clock: SharedClock = Arc::new(SystemClock);
     let backend = Arc::new(

@@ -83,7 +83,8 @@ async fn wrong_credentials_or_an_untrusted_certificate_are_named_as_the_cause() 
         check_reachable(&wrong_password, Duration::from_secs(10))
     })
     .await?
-    .expect_err("a wrong password must not connect");
+    .expect_err("a wrong password must not connect")
+    .to_string();
     assert!(
         err.contains("Authentication failed") && err.contains("invalid credentials"),
         "the reason names the credentials: {err}"
@@ -95,7 +96,8 @@ async fn wrong_credentials_or_an_untrusted_certificate_are_named_as_the_cause() 
     let err =
         tokio::task::spawn_blocking(move || check_reachable(&untrusted, Duration::from_secs(10)))
             .await?
-            .expect_err("an untrusted certificate must not connect");
+            .expect_err("an untrusted certificate must not connect")
+            .to_string();
     assert!(
         err.contains("certificate verify failed"),
         "the reason names the certificate: {err}"

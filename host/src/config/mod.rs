@@ -655,7 +655,7 @@ impl Settings {
             ("pipeline.iceberg.table", &table.table),
         ] {
             if let Err(e) = check_table_name(field, name) {
-                problems.push(e);
+                problems.push(e.to_string());
             }
         }
         if let Err(e) = TableSchema::new(&table.columns) {

@@ -178,7 +178,8 @@ impl TableSpec {
     /// # Errors
     /// What is wrong, for a 400.
     pub fn schema(&self) -> Result<crate::sink::iceberg::TableSchema, String> {
-        crate::sink::iceberg::check_table_name("iceberg.table", &self.table)?;
+        crate::sink::iceberg::check_table_name("iceberg.table", &self.table)
+            .map_err(|e| e.to_string())?;
         crate::sink::iceberg::TableSchema::new(&self.columns).map_err(|e| format!("iceberg: {e}"))
     }
 }

@@ -31,8 +31,8 @@ fn iceberg_type(kind: ColumnType) -> PrimitiveType {
 /// never make a path or an identifier of another shape).
 ///
 /// # Errors
-/// What is wrong, naming `field`.
-pub fn check_table_name(field: &str, name: &str) -> Result<(), String> {
+/// [`TableNameError`], naming `field`.
+pub fn check_table_name(field: &str, name: &str) -> Result<(), TableNameError> {
     let ok = (1..=128).contains(&name.len())
         && name
             .bytes()
@@ -40,10 +40,21 @@ pub fn check_table_name(field: &str, name: &str) -> Result<(), String> {
     if ok {
         Ok(())
     } else {
-        Err(format!(
-            "{field} must be 1..=128 bytes of [a-z0-9_]. name=`{name}`"
-        ))
+        Err(TableNameError {
+            field: field.to_owned(),
+            name: name.to_owned(),
+        })
     }
+}
+
+/// A table's or namespace's name that is not 1..=128 bytes of `[a-z0-9_]`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field} must be 1..=128 bytes of [a-z0-9_]. name=`{name}`")]
+pub struct TableNameError {
+    /// The field that names it.
+    pub field: String,
+    /// The name.
+    pub name: String,
 }
 
 /// A table's columns: the row schema the runtime checks emits against, the Iceberg schema

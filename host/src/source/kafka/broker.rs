@@ -73,7 +73,7 @@ pub fn metadata_client(kafka: &KafkaSettings) -> Result<BaseConsumer<ReasonConte
 #[derive(Debug, thiserror::Error)]
 pub enum TopicLookupError {
     /// librdkafka refused the client's configuration.
-    #[error("cannot create a Kafka client: {0}")]
+    #[error("cannot create a Kafka client")]
     Client(#[source] KafkaError),
     /// The cluster did not answer for `topic` (with the cause librdkafka reported).
     #[error("cannot read the metadata of topic `{topic}`: {reason}")]
@@ -127,22 +127,34 @@ pub fn topic_partitions(
         .collect()
 }
 
+/// Why [`check_reachable`] failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ReachError {
+    /// librdkafka refused the client's configuration.
+    #[error("cannot create a Kafka client")]
+    Client(#[source] KafkaError),
+    /// The cluster did not answer in time.
+    #[error("cannot reach Kafka at {servers}: {reason}")]
+    Unreachable {
+        /// The bootstrap servers asked.
+        servers: String,
+        /// Why, with the cause librdkafka reported ([`ReasonContext::explain`]).
+        reason: String,
+    },
+}
+
 /// Checks that the cluster answers a metadata request within `timeout` (blocking).
 ///
 /// # Errors
-/// Why not, with the cause librdkafka reported (see [`ReasonContext::explain`]).
-pub fn check_reachable(kafka: &KafkaSettings, timeout: Duration) -> Result<(), String> {
-    let client =
-        metadata_client(kafka).map_err(|e| format!("cannot create a Kafka client: {e}"))?;
+/// [`ReachError`], with the cause librdkafka reported.
+pub fn check_reachable(kafka: &KafkaSettings, timeout: Duration) -> Result<(), ReachError> {
+    let client = metadata_client(kafka).map_err(ReachError::Client)?;
     client
         .fetch_metadata(None, timeout)
         .map(|_| ())
-        .map_err(|e| {
-            format!(
-                "cannot reach Kafka at {}: {}",
-                kafka.bootstrap_servers,
-                explain(&client, &e)
-            )
+        .map_err(|e| ReachError::Unreachable {
+            servers: kafka.bootstrap_servers.clone(),
+            reason: explain(&client, &e),
         })
 }
 

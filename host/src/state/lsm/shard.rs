@@ -434,7 +434,7 @@ fn check_checkpoint(manifest: &Manifest, stored: &HashMap<SstId, u64>) -> Checke
         );
     }
     if let Err(problem) = check_levels(&manifest.levels) {
-        return Checked::Invalid(problem);
+        return Checked::Invalid(problem.to_string());
     }
     let refs: Vec<_> = manifest.levels.iter().flatten().collect();
     let missing: Vec<_> = refs

@@ -129,19 +129,31 @@ impl SstId {
 /// L0 sorted with disjoint key ranges (else keys would be routed to the wrong SST).
 ///
 /// # Errors
-/// What is wrong, one line.
-pub fn check_levels(levels: &[Vec<SstRef>]) -> Result<(), String> {
+/// [`LevelsError`]: the first thing wrong.
+pub fn check_levels(levels: &[Vec<SstRef>]) -> Result<(), LevelsError> {
     for (n, level) in levels.iter().enumerate() {
         if level.iter().any(|r| r.first_key > r.last_key) {
-            return Err("manifest records an SST whose first key is after its last".into());
+            return Err(LevelsError::KeyRange);
         }
         if n > 0 && level.windows(2).any(|w| w[0].last_key >= w[1].first_key) {
-            return Err(format!(
-                "manifest level {n} is not sorted with disjoint key ranges"
-            ));
+            return Err(LevelsError::Overlap { level: n });
         }
     }
     Ok(())
+}
+
+/// Why the levels a manifest records cannot be a tree's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum LevelsError {
+    /// An SST's first key is after its last.
+    #[error("manifest records an SST whose first key is after its last")]
+    KeyRange,
+    /// A level below L0 is not sorted, or its SSTs' key ranges overlap.
+    #[error("manifest level {level} is not sorted with disjoint key ranges")]
+    Overlap {
+        /// The level.
+        level: usize,
+    },
 }
 
 /// An SST of the tree with its metadata, read on first use.
@@ -356,7 +368,7 @@ impl LsmTree {
         };
         let tree = Self::new(files, root, writer_epoch, settings, clock);
         if let Err(problem) = check_levels(&manifest.levels) {
-            return Err(tree.inner.corrupt_msg(&problem));
+            return Err(tree.inner.corrupt_msg(&problem.to_string()));
         }
         let mut version = Version {
             levels: vec![Vec::new(); tree.inner.settings.levels_max],
