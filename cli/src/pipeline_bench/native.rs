@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 use weir_host::runtime::bindings::{StateDescriptor, StateKind};
-use weir_host::runtime::native::{NativeContext, NativeOperator};
+use weir_host::runtime::native::{NativeContext, NativeOperator, Rejected};
 use weir_host::runtime::{InputRecord, OperatorInfo};
 
 fn value_state(name: &str) -> StateDescriptor {
@@ -29,15 +29,12 @@ impl NativeOperator for NativeCounter {
         }
     }
 
-    fn process(&self, ctx: &mut NativeContext<'_>, record: &InputRecord) -> Result<(), String> {
+    fn process(&self, ctx: &mut NativeContext<'_>, record: &InputRecord) -> Result<(), Rejected> {
         let count: u64 = match ctx.value_get("count") {
-            Some(bytes) => serde_json::from_slice(&bytes).map_err(|e| e.to_string())?,
+            Some(bytes) => serde_json::from_slice(&bytes)?,
             None => 0,
         } + 1;
-        ctx.value_set(
-            "count",
-            serde_json::to_vec(&count).map_err(|e| e.to_string())?,
-        );
+        ctx.value_set("count", serde_json::to_vec(&count)?);
         #[derive(Serialize)]
         struct Output {
             count: u64,
@@ -46,8 +43,7 @@ impl NativeOperator for NativeCounter {
         let out = serde_json::to_vec(&Output {
             count,
             offset: record.offset,
-        })
-        .map_err(|e| e.to_string())?;
+        })?;
         ctx.emit(&record.key, out);
         Ok(())
     }
@@ -75,7 +71,7 @@ impl NativeOperator for NativeFlightDelays {
         }
     }
 
-    fn process(&self, ctx: &mut NativeContext<'_>, record: &InputRecord) -> Result<(), String> {
+    fn process(&self, ctx: &mut NativeContext<'_>, record: &InputRecord) -> Result<(), Rejected> {
         #[derive(Deserialize)]
         struct Flight {
             origin: String,
@@ -91,9 +87,9 @@ impl NativeOperator for NativeFlightDelays {
             delay_max: Option<i64>,
             delay_mean: Option<f64>,
         }
-        let flight: Flight = serde_json::from_slice(&record.value).map_err(|e| e.to_string())?;
+        let flight: Flight = serde_json::from_slice(&record.value)?;
         let mut stats: RouteStats = match ctx.value_get("route-stats") {
-            Some(bytes) => serde_json::from_slice(&bytes).map_err(|e| e.to_string())?,
+            Some(bytes) => serde_json::from_slice(&bytes)?,
             None => RouteStats::default(),
         };
         stats.flights += 1;
@@ -102,10 +98,7 @@ impl NativeOperator for NativeFlightDelays {
             stats.delay_sum += delay;
             stats.delay_max = Some(stats.delay_max.map_or(delay, |max| max.max(delay)));
         }
-        ctx.value_set(
-            "route-stats",
-            serde_json::to_vec(&stats).map_err(|e| e.to_string())?,
-        );
+        ctx.value_set("route-stats", serde_json::to_vec(&stats)?);
         let route = format!("{}-{}", flight.origin, flight.dest);
         let mean =
             (stats.delay_count > 0).then(|| stats.delay_sum as f64 / stats.delay_count as f64);
@@ -116,8 +109,7 @@ impl NativeOperator for NativeFlightDelays {
             delay_sum: stats.delay_sum,
             delay_max: stats.delay_max,
             delay_mean: mean,
-        })
-        .map_err(|e| e.to_string())?;
+        })?;
         ctx.emit(&record.key, out);
         Ok(())
     }

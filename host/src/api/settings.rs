@@ -101,7 +101,7 @@ impl ServeSettings {
         let mut problems = Vec::new();
         if let Some(pipelines) = &mut self.pipelines {
             if let Err(problem) = pipelines.security.load_secrets("pipelines.security") {
-                problems.push(problem);
+                problems.push(crate::error::Chain(&problem).to_string());
             }
             problems.extend(pipelines.kafka().problems("pipelines"));
             if let Some(url) = &pipelines.iceberg.warehouse {

@@ -210,7 +210,7 @@ impl KafkaSecurity {
         let mut security = root.kafka.security;
         let mut problems = Vec::new();
         if let Err(problem) = security.load_secrets("kafka.security") {
-            problems.push(problem);
+            problems.push(crate::error::Chain(&problem).to_string());
         }
         problems.extend(security.problems("kafka.security"));
         if problems.is_empty() {
@@ -254,21 +254,20 @@ impl KafkaSecurity {
     /// Reads `sasl_password_file` into `sasl_password`.
     ///
     /// # Errors
-    /// The file cannot be read (named, with the reason), or both are set.
-    pub fn load_secrets(&mut self, section: &str) -> Result<(), String> {
+    /// [`SecretError`]: both are set, or the file cannot be read.
+    pub fn load_secrets(&mut self, section: &str) -> Result<(), SecretError> {
         let Some(path) = &self.sasl_password_file else {
             return Ok(());
         };
         if self.sasl_password.is_some() {
-            return Err(format!(
-                "{section}.sasl_password and {section}.sasl_password_file are both set; keep one"
-            ));
+            return Err(SecretError::BothSet {
+                section: section.to_owned(),
+            });
         }
-        let text = std::fs::read_to_string(path).map_err(|e| {
-            format!(
-                "cannot read {section}.sasl_password_file. path=`{}`: {e}",
-                path.display()
-            )
+        let text = std::fs::read_to_string(path).map_err(|source| SecretError::Unreadable {
+            section: section.to_owned(),
+            path: path.clone(),
+            source,
         })?;
         self.sasl_password = Some(text.trim_end_matches(['\r', '\n']).to_owned());
         Ok(())
@@ -331,6 +330,28 @@ impl KafkaSecurity {
         }
         problems
     }
+}
+
+/// Why a section's SASL password could not be loaded ([`KafkaSecurity::load_secrets`]).
+#[derive(Debug, thiserror::Error)]
+pub enum SecretError {
+    /// `sasl_password` and `sasl_password_file` are both set.
+    #[error("{section}.sasl_password and {section}.sasl_password_file are both set; keep one")]
+    BothSet {
+        /// The settings section (`kafka.security`, `pipelines.security`).
+        section: String,
+    },
+    /// The password file cannot be read.
+    #[error("cannot read {section}.sasl_password_file. path=`{}`", path.display())]
+    Unreadable {
+        /// The settings section.
+        section: String,
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 #[cfg(test)]
@@ -450,13 +471,15 @@ mod tests {
             security
                 .load_secrets("kafka.security")
                 .expect_err("both set")
+                .to_string()
                 .contains("both set")
         );
         security.sasl_password = None;
         security.sasl_password_file = Some("/nonexistent/password".into());
         let err = security
             .load_secrets("kafka.security")
-            .expect_err("missing");
+            .expect_err("missing")
+            .to_string();
         assert!(
             err.starts_with(
                 "cannot read kafka.security.sasl_password_file. path=`/nonexistent/password`"

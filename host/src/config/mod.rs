@@ -432,7 +432,7 @@ impl Settings {
     fn resolve(mut self, env: &EnvVars) -> Result<Self, ConfigError> {
         if let Err(problem) = self.kafka.security.load_secrets("kafka.security") {
             return Err(ConfigError::Invalid {
-                problems: vec![problem],
+                problems: vec![crate::error::Chain(&problem).to_string()],
             });
         }
         if let Some(url) = &self.state.lsm.url {

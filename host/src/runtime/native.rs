@@ -16,12 +16,30 @@ pub trait NativeOperator: std::fmt::Debug + Send + Sync + 'static {
     /// What it declares, as a guest's `describe` (checked the same way).
     fn describe(&self) -> OperatorInfo;
 
-    /// Processes one record; `Err(reason)` rejects it (to the dead-letter topic, its effects
-    /// dropped by the worker as for a guest's rejection).
+    /// Processes one record; `Err` rejects it (to the dead-letter topic, its effects dropped by
+    /// the worker as for a guest's rejection).
     ///
     /// # Errors
-    /// The reason of a rejection.
-    fn process(&self, ctx: &mut NativeContext<'_>, record: &InputRecord) -> Result<(), String>;
+    /// [`Rejected`], with the reason the dead letter carries.
+    fn process(&self, ctx: &mut NativeContext<'_>, record: &InputRecord) -> Result<(), Rejected>;
+}
+
+/// A native operator's rejection of its record: the reason its dead letter carries, as a
+/// guest's `reject` has one. Any error converts into one (its message and causes,
+/// `: `-separated, as [`crate::error::Chain`] prints them), so an operator rejects with `?`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rejected(pub String);
+
+impl<E: std::error::Error + 'static> From<E> for Rejected {
+    fn from(err: E) -> Self {
+        Self(crate::error::Chain(&err).to_string())
+    }
+}
+
+impl std::fmt::Display for Rejected {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
 }
 
 /// A native operator's handle on the current record's keyed state and emits.
@@ -84,7 +102,7 @@ pub(super) fn call_batch(
         };
         dispositions.push(match logic.process(&mut ctx, record) {
             Ok(()) => Disposition::Ok,
-            Err(reason) => Disposition::Reject(reason),
+            Err(Rejected(reason)) => Disposition::Reject(reason),
         });
     }
     (dispositions, batch)
