@@ -79,12 +79,12 @@ pub async fn import_checkpoint(
                 .time_ms
                 .ok_or_else(|| invalid(line_no, "a timer without time_ms"))?;
             sink.add(
+                line_no,
                 time_keys::per_key(&record_key, name),
                 Bytes::from(time_keys::per_key_value(domain, time_ms)),
                 None,
             )
-            .await
-            .map_err(|r| invalid(line_no, r))?;
+            .await?;
             time_index.push(time_keys::time_index(domain, time_ms, &record_key, name));
             timers += 1;
             continue;
@@ -110,12 +110,12 @@ pub async fn import_checkpoint(
             .map_err(|e| invalid(line_no, format!("value_b64: {e}")))?
             .ok_or_else(|| invalid(line_no, "an entry without value_b64"))?;
         sink.add(
+            line_no,
             key::map_key(&record_key, state, &map_key),
             Bytes::from(value),
             line.expires_at_ms,
         )
-        .await
-        .map_err(|r| invalid(line_no, r))?;
+        .await?;
         entries += 1;
     };
     if end.entries != Some(entries) || end.timers != Some(timers) {
@@ -131,36 +131,34 @@ pub async fn import_checkpoint(
     // pending list, the time index, the watermark (`c` < `i` < `t` < `w`).
     if timers > 0 {
         sink.add(
+            0,
             time_keys::TIMER_COUNT_KEY.to_vec(),
             Bytes::copy_from_slice(&timers.to_be_bytes()),
             None,
         )
-        .await
-        .map_err(|r| invalid(0, r))?;
+        .await?;
     }
     if let Some(list) = &end.iceberg_pending {
         sink.add(
+            0,
             time_keys::TABLE_PENDING_KEY.to_vec(),
             Bytes::from(list.clone().into_bytes()),
             None,
         )
-        .await
-        .map_err(|r| invalid(0, r))?;
+        .await?;
     }
     time_index.sort_unstable();
     for index in time_index {
-        sink.add(index, Bytes::new(), None)
-            .await
-            .map_err(|r| invalid(0, r))?;
+        sink.add(0, index, Bytes::new(), None).await?;
     }
     if let Some(ms) = end.watermark_ms {
         sink.add(
+            0,
             time_keys::WATERMARK_KEY.to_vec(),
             Bytes::copy_from_slice(&ms.to_be_bytes()),
             None,
         )
-        .await
-        .map_err(|r| invalid(0, r))?;
+        .await?;
     }
     let mut offsets = InputOffsets::new();
     for (topic, next) in &header.offsets {
@@ -249,14 +247,20 @@ impl<'a> ImportSink<'a> {
         }
     }
 
+    /// Adds the entry the export's `line` (0: none in particular) gives.
+    ///
+    /// # Errors
+    /// [`ExportError::Invalid`] for an entry out of key order or one no SST can hold;
+    /// a failed upload as [`upload_sst`] says it (the store unavailable, retry).
     async fn add(
         &mut self,
+        line: u64,
         key: Vec<u8>,
         value: Bytes,
         expires_at_ms: Option<u64>,
-    ) -> Result<(), String> {
+    ) -> Result<(), ExportError> {
         if self.last.as_ref().is_some_and(|last| key <= *last) {
-            return Err("entries are not in increasing key order".into());
+            return Err(invalid(line, "entries are not in increasing key order"));
         }
         self.last = Some(key.clone());
         match &mut self.kind {
@@ -279,13 +283,11 @@ impl<'a> ImportSink<'a> {
                         expires_at_ms,
                     },
                 )
-                .map_err(|e| e.to_string())?;
+                .map_err(|e| invalid(line, e.to_string()))?;
                 if b.data_bytes() as u64 >= settings.target_file_bytes {
                     let full = builder.take().expect("just used");
                     let seq = self.seq_base + ssts.len() as u64 + 1;
-                    let sst = upload_sst(self.store, self.target, self.epoch, seq, *full)
-                        .await
-                        .map_err(|e| format!("{}", crate::error::Chain(&e)))?;
+                    let sst = upload_sst(self.store, self.target, self.epoch, seq, *full).await?;
                     ssts.push(sst);
                 }
             }

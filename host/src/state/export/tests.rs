@@ -349,3 +349,44 @@ fn a_truncated_or_foreign_export_is_refused() {
         }
     });
 }
+
+/// A store that fails while an import uploads its SSTs is an outage to retry, not a fault of
+/// the export: the error says unavailable (it said "invalid state export" before, for an SST
+/// uploaded in the middle of the import).
+#[test]
+fn a_store_failure_during_an_import_is_unavailable_not_invalid() {
+    use crate::state::faulty_store::{Fault, FaultyStore};
+    block_on(async {
+        let faulty = Arc::new(FaultyStore::default());
+        let store: Arc<dyn ObjectStore> = faulty.clone();
+        let header = r#"{"format":"weir-state-export","version":1,"partition":0,"source_backend":"lsm","source_version":3,"offsets":{}}"#;
+        // Enough entries that the SSTs of 256-byte target fill and upload before the end.
+        let mut body = format!("{header}\n");
+        for k in 0..40 {
+            body.push_str(&format!(
+                r#"{{"key":"key-{k:04}","state":"count","value_b64":"MTIzNDU2Nzg5MA=="}}"#
+            ));
+            body.push('\n');
+        }
+        body.push_str("{\"end\":true,\"entries\":40,\"timers\":0}\n");
+        let path = Path::from("export.jsonl");
+        store
+            .put(&path, PutPayload::from(body.into_bytes()))
+            .await
+            .expect("puts");
+        faulty.inject_on("/sst/", Fault::PutFails);
+        let err = import_checkpoint(
+            &store,
+            &path,
+            &Path::from("target"),
+            ImportInto::Lsm(crate::state::lsm::tests::small_settings()),
+            (1, 1, "import"),
+        )
+        .await
+        .expect_err("the upload fails");
+        assert!(
+            matches!(err, ExportError::Unavailable(_)),
+            "a store failure is unavailable: {err:?}"
+        );
+    });
+}
