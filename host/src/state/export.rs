@@ -284,13 +284,19 @@ enum Exported {
     Derived,
 }
 
-fn export_entry(key: &[u8], value: &Bytes, expires_at_ms: Option<u64>) -> Result<Exported, String> {
+/// One stored entry as the export writes it (line 0 of any error: the checkpoint, not a file
+/// line, is what is wrong).
+fn export_entry(
+    key: &[u8],
+    value: &Bytes,
+    expires_at_ms: Option<u64>,
+) -> Result<Exported, ExportError> {
     if key == time_keys::WATERMARK_KEY {
         let ms = value
             .as_ref()
             .try_into()
             .map(i64::from_be_bytes)
-            .map_err(|_| "the watermark is not 8 bytes".to_owned())?;
+            .map_err(|_| invalid(0, "the watermark is not 8 bytes"))?;
         return Ok(Exported::Watermark(ms));
     }
     if key.starts_with(&time_keys::TIME_INDEX) || key == time_keys::TIMER_COUNT_KEY {
@@ -299,21 +305,27 @@ fn export_entry(key: &[u8], value: &Bytes, expires_at_ms: Option<u64>) -> Result
     if key == time_keys::TABLE_PENDING_KEY {
         return String::from_utf8(value.to_vec())
             .map(Exported::IcebergPending)
-            .map_err(|_| "the Iceberg sink's pending list is not UTF-8".to_owned());
+            .map_err(|_| invalid(0, "the Iceberg sink's pending list is not UTF-8"));
     }
     let Some((record_key, state, map_key)) = key::decode(key) else {
-        return Err(format!("state key {} is not an encoding", hex::encode(key)));
+        return Err(invalid(
+            0,
+            format!("state key {} is not an encoding", hex::encode(key)),
+        ));
     };
     let (key_text, key_b64) = text_or_b64(record_key);
     if state == time_keys::TIMER_STATE {
         let name = std::str::from_utf8(map_key).map_err(|_| {
-            format!(
-                "a timer of key {} has a name that is not UTF-8",
-                hex::encode(record_key)
+            invalid(
+                0,
+                format!(
+                    "a timer of key {} has a name that is not UTF-8",
+                    hex::encode(record_key)
+                ),
             )
         })?;
         let (domain, time_ms) = time_keys::decode_per_key_value(value)
-            .ok_or_else(|| format!("timer `{name}` has a malformed value"))?;
+            .ok_or_else(|| invalid(0, format!("timer `{name}` has a malformed value")))?;
         return Ok(Exported::Line(Box::new(ExportLine {
             key: key_text,
             key_b64,
@@ -378,7 +390,7 @@ pub async fn export_checkpoint(
             break;
         }
         for (key, value, expires) in &page {
-            match export_entry(key, value, *expires).map_err(|r| invalid(0, r))? {
+            match export_entry(key, value, *expires)? {
                 Exported::Line(line) => {
                     if line.timer.is_some() {
                         timers += 1;
