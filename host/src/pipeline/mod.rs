@@ -147,7 +147,8 @@ pub async fn run_with<B: StateBackend, Src: Source, Out: Output>(
     tracing::info!(pipeline = %settings.pipeline.name, operator = %meta.name, version = %meta.version, states = meta.states.len(), "operator loaded");
     let mut running = Running::new(settings, backend, operator, stats, control, source, output);
     let result = running.consume(shutdown).await;
-    let drained = running.drain().await;
+    // A run that failed opens nothing more on its way out.
+    let drained = running.drain(result.is_ok()).await;
     result.and(drained)
 }
 

@@ -23,20 +23,31 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
     /// meanwhile. Then commits the last checkpoints of the partitions it still owns to the
     /// group, synchronously, before the consumer closes (at-least-once: exactly-once committed
     /// them in their transactions).
-    pub(super) async fn drain(&mut self) -> Result<(), PipelineError> {
+    ///
+    /// A run that ended cleanly (`settle`) first settles the hand-overs under way
+    /// ([`Self::settle_handovers`]); one that failed opens nothing more.
+    pub(super) async fn drain(&mut self, settle: bool) -> Result<(), PipelineError> {
         // A revoke the source reported before the shutdown reached the loop: that partition
         // closes as revoked, and nothing of it is committed here (S1).
         self.drop_revoked();
         let drain_max = self.settings.runtime.shutdown_drain_max;
         let deadline = Instant::now() + drain_max;
-        let settled = self
-            .settle_handovers(Instant::now() + (drain_max / 2).min(HANDOVER_SETTLE_MAX))
-            .await;
+        // Heard at once whatever each waits on (events.rs): one held back ends now, while the
+        // hand-overs settle (the queues close after the settle).
+        for worker in self.workers.values() {
+            worker.control.finish();
+        }
+        let settled = if settle {
+            self.settle_handovers(Instant::now() + (drain_max / 2).min(HANDOVER_SETTLE_MAX))
+                .await
+        } else {
+            Ok(())
+        };
         for (_, opening) in self.opening.drain() {
             opening.abort();
         }
         let owned: HashSet<WorkerId> = self.workers.values().map(|w| w.id).collect();
-        // Heard at once whatever each waits on (events.rs): one held back ends now.
+        // The workers the settle started.
         for worker in self.workers.values() {
             worker.control.finish();
         }
