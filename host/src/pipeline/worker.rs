@@ -40,25 +40,21 @@
 //! effects are not applied; the next owner resumes from the last one); a sink that takes no
 //! more output gets nothing more; a refused delivery is given up on by the sink.
 
-use super::PipelineControl;
 use super::PipelineStats;
 use super::attempt::{
     Attempted, Ended, Execution, Failure, Running, Task, attempt, batch_deadline,
 };
 use super::events::{Assignment, Batch, EventSender, Stall};
 use super::isolation::{Isolation, Outcome, Verdict};
-use super::open::Opened;
 use super::outcome::WorkerError;
 use super::policy::{OUTAGE_BACKOFF_MAX, SHARD_SETTLE_MAX};
 use super::ports::{DeadLetterKind, ShardSink, SinkError};
 use super::timers::Timers;
-use crate::config::{FailurePolicy, LateRecords, RuntimeSettings, Settings};
-use crate::runtime::WorldVersion;
+use crate::config::{FailurePolicy, LateRecords, RuntimeSettings};
 use crate::runtime::guest_log::LogSource;
 use crate::runtime::{BatchCtx, CallError, Disposition, EmitLimits, InputRecord, Operator};
 use crate::state::checkpoint::InputOffsets;
 use crate::state::{Shard, StateError};
-use crate::time::watermark::Idleness;
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use std::collections::VecDeque;
@@ -70,8 +66,10 @@ use tokio::time::Instant;
 
 mod backlog;
 mod effects;
+mod start;
 
 use backlog::Backlog;
+pub(crate) use start::WorkerStart;
 
 /// One partition's worker.
 pub(crate) struct PartitionWorker<S: Shard, K: ShardSink> {
@@ -125,86 +123,7 @@ pub(crate) struct PartitionWorker<S: Shard, K: ShardSink> {
     pub caught_up: Arc<AtomicBool>,
 }
 
-/// What a worker starts from besides the settings: its partition's opened shard and sink, where
-/// the shard's checkpoint left the input, and its lines to the consumer loop.
-pub(crate) struct WorkerStart<S: Shard, K: ShardSink> {
-    /// The input partition.
-    pub partition: i32,
-    /// The operator it calls.
-    pub operator: Arc<Operator<S>>,
-    /// The shard, recovered and claimed, and its sink.
-    pub opened: Opened<S, K>,
-    /// The run's figures.
-    pub stats: Arc<PipelineStats>,
-    /// The run's checkpoint requests and the operator's log sink.
-    pub control: PipelineControl,
-    /// What it tells the consumer loop.
-    pub events: EventSender,
-    /// What the consumer loop tells it besides the records.
-    pub assignment: Assignment,
-    /// The checkpoint's input offsets, where the shard's state resumes.
-    pub offsets: InputOffsets,
-    /// When the shard began to open (the recovery time is measured from it).
-    pub opened_at: Instant,
-    /// Whether the consumer is caught up on the partition, kept by the consumer loop.
-    pub caught_up: Arc<AtomicBool>,
-}
-
 impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
-    /// A worker of `start`'s partition under the pipeline's `settings`: nothing admitted past
-    /// the checkpoint's offsets, nothing dirty, its timers and watermark read from the shard as
-    /// it runs.
-    pub fn new(settings: &Settings, start: WorkerStart<S, K>) -> Self {
-        let WorkerStart {
-            partition,
-            operator,
-            opened: Opened { shard, sink },
-            stats,
-            control,
-            events,
-            assignment,
-            offsets,
-            opened_at,
-            caught_up,
-        } = start;
-        let pipeline = &settings.pipeline;
-        let timers = Timers::new(
-            &pipeline.input_topics,
-            pipeline.max_out_of_orderness,
-            Idleness {
-                timeout: pipeline.idle_timeout,
-                advance: pipeline.idle_advance,
-            },
-            operator.clock().clone(),
-            operator.meta().world != WorldVersion::V0_1,
-        );
-        Self {
-            partition,
-            shard: Arc::new(shard),
-            sink,
-            settings: settings.runtime.clone(),
-            source: LogSource::partition(&pipeline.name, partition, control.log_sink),
-            execution: Execution::new(pipeline.in_flight_max, &settings.runtime, stats.clone()),
-            operator,
-            stats,
-            events,
-            assignment,
-            gave_up: false,
-            stall_reported: false,
-            sink_held_reported: false,
-            admitted: offsets.clone(),
-            offsets,
-            dirty: false,
-            checkpoint_interval: pipeline.checkpoint_interval,
-            opened_at: Some(opened_at),
-            failure_policy: pipeline.failure_policy,
-            checkpoint_requests: control.checkpoint_requests,
-            timers,
-            late_records: pipeline.late_records,
-            caught_up,
-        }
-    }
-
     /// Processes batches and checkpoints every `checkpoint_interval` until told to finish or
     /// revoked, then checkpoints a last time (which waits for every delivery) — or ends without
     /// it when what holds it back does not let go (module docs).
