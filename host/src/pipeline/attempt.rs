@@ -224,60 +224,32 @@ pub(super) async fn attempt<S: Shard>(
     }
     let started = crate::clock::monotonic_now();
     let records = task.call_records();
-    let mut instance = match instance {
-        Some(instance) => instance,
-        None => match operator.instantiate(Some(shard.clone()), source).await {
-            Ok(instance) => instance,
-            Err(err) => {
-                return Attempted {
-                    task,
-                    records,
-                    instance: None,
-                    call_time: None,
-                    started,
-                    prefetch_time: None,
-                    prefetched: Prefetched::default(),
-                    result: Err(Failure::Instantiate(err)),
-                };
-            }
-        },
+    let call = CallInput {
+        emits: &emits,
+        watermark,
     };
-    let value_states = &operator.meta().value_states;
-    let prefetch_time = (!value_states.is_empty()).then(crate::clock::monotonic_now);
-    let mut batch = BatchCtx::new(records.clone());
-    let prefetched = prefetch_cached(
-        &*shard,
-        value_states,
-        records.iter().map(|r| r.key.as_slice()),
-        &mut batch,
-        task.prefetched.as_ref(),
-    )
-    .await
-    .map(|()| batch);
-    let prefetch_time = prefetch_time.map(|t| t.elapsed());
-    let batch = match prefetched {
-        Ok(mut batch) => {
-            batch.set_emit_limits(&emits);
-            let now = i64::try_from(operator.clock().now_ms()).unwrap_or(i64::MAX);
-            batch.set_time(watermark, now);
-            batch
-        }
-        Err(err) => {
+    let prepared = prepare(&shard, &operator, source, instance, &task, &records, call).await;
+    let (mut instance, batch, prefetch_time) = match prepared {
+        Ok(prepared) => prepared,
+        Err(NotCalled {
+            instance,
+            prefetch_time,
+            failure,
+        }) => {
             return Attempted {
                 task,
                 records,
-                instance: Some(instance),
+                instance,
                 call_time: None,
                 started,
                 prefetch_time,
                 prefetched: Prefetched::default(),
-                result: Err(Failure::Unavailable(err)),
+                result: Err(failure),
             };
         }
     };
     let mut busy = Duration::ZERO;
     let result = time_polls(instance.call_batch(batch, deadline), &mut busy).await;
-    let call_time = Some(busy);
     // An error out of a call leaves the store unusable (wasmtime marks it trapped), so the
     // instance goes even when the guest did nothing wrong (a host abort).
     let mut prefetched = Prefetched::default();
@@ -296,12 +268,76 @@ pub(super) async fn attempt<S: Shard>(
         task,
         records,
         instance,
-        call_time,
+        call_time: Some(busy),
         started,
         prefetch_time,
         prefetched,
         result,
     }
+}
+
+/// What a call is given beside its records: the emit limits, and the shard's applied
+/// watermark.
+#[derive(Clone, Copy)]
+struct CallInput<'a> {
+    emits: &'a EmitLimits,
+    watermark: Option<i64>,
+}
+
+/// An attempt that ended before its call: the instance if it had one, the prefetch's time if
+/// one ran, and why.
+struct NotCalled<S: Shard> {
+    instance: Option<Instance<S>>,
+    prefetch_time: Option<Duration>,
+    failure: Failure,
+}
+
+/// The steps of an attempt before its call: an instance (`instance`, or a new one logging as
+/// `source`), and the batch of `records` with the task's declared states prefetched, its emit
+/// limits and its time set. Returns the instance, the batch and the prefetch's time.
+async fn prepare<S: Shard>(
+    shard: &Arc<S>,
+    operator: &Operator<S>,
+    source: LogSource,
+    instance: Option<Instance<S>>,
+    task: &Task,
+    records: &Arc<Vec<InputRecord>>,
+    call: CallInput<'_>,
+) -> Result<(Instance<S>, BatchCtx, Option<Duration>), NotCalled<S>> {
+    let instance = match instance {
+        Some(instance) => instance,
+        None => operator
+            .instantiate(Some(shard.clone()), source)
+            .await
+            .map_err(|err| NotCalled {
+                instance: None,
+                prefetch_time: None,
+                failure: Failure::Instantiate(err),
+            })?,
+    };
+    let value_states = &operator.meta().value_states;
+    let prefetch_time = (!value_states.is_empty()).then(crate::clock::monotonic_now);
+    let mut batch = BatchCtx::new(records.clone());
+    let prefetched = prefetch_cached(
+        &**shard,
+        value_states,
+        records.iter().map(|r| r.key.as_slice()),
+        &mut batch,
+        task.prefetched.as_ref(),
+    )
+    .await;
+    let prefetch_time = prefetch_time.map(|t| t.elapsed());
+    if let Err(err) = prefetched {
+        return Err(NotCalled {
+            instance: Some(instance),
+            prefetch_time,
+            failure: Failure::Unavailable(err),
+        });
+    }
+    batch.set_emit_limits(call.emits);
+    let now = i64::try_from(operator.clock().now_ms()).unwrap_or(i64::MAX);
+    batch.set_time(call.watermark, now);
+    Ok((instance, batch, prefetch_time))
 }
 
 /// The CPU deadline of a call over `n` records: `record_deadline × n`, capped at

@@ -41,22 +41,17 @@
 //! more output gets nothing more; a refused delivery is given up on by the sink.
 
 use super::PipelineStats;
-use super::attempt::{
-    Attempted, Ended, Execution, Failure, Running, Task, attempt, batch_deadline,
-};
+use super::attempt::{Ended, Execution, Running, Task, attempt, batch_deadline};
 use super::events::{Assignment, Batch, EventSender, Stall};
-use super::isolation::{Isolation, Outcome, Verdict};
+use super::isolation::Isolation;
 use super::outcome::WorkerError;
-use super::policy::{OUTAGE_BACKOFF_MAX, SHARD_SETTLE_MAX};
 use super::ports::{DeadLetterKind, ShardSink, SinkError};
 use super::timers::Timers;
 use crate::config::{FailurePolicy, LateRecords, RuntimeSettings};
 use crate::runtime::guest_log::LogSource;
-use crate::runtime::{BatchCtx, CallError, Disposition, EmitLimits, InputRecord, Operator};
+use crate::runtime::{BatchCtx, Disposition, EmitLimits, InputRecord, Operator};
 use crate::state::checkpoint::InputOffsets;
 use crate::state::{Shard, StateError};
-use futures::StreamExt;
-use futures::stream::FuturesUnordered;
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -66,6 +61,8 @@ use tokio::time::Instant;
 
 mod backlog;
 mod effects;
+mod ended;
+mod run;
 mod start;
 
 use backlog::Backlog;
@@ -140,126 +137,6 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
             }
             ended => ended,
         }
-    }
-
-    async fn run_until_closed(
-        &mut self,
-        queue: &mut mpsc::Receiver<Batch>,
-    ) -> Result<(), WorkerError> {
-        let start = tokio::time::Instant::now() + self.checkpoint_interval;
-        let mut ticks = tokio::time::interval_at(start, self.checkpoint_interval);
-        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut running: Running<S> = FuturesUnordered::new();
-        let mut backlog = Backlog::default();
-        // A checkpoint is due: admit nothing until every admitted record finished (step 1).
-        let mut checkpoint_due = false;
-        // The due checkpoint was asked for: it is written even with nothing new.
-        let mut checkpoint_requested = false;
-        let mut requests = self.checkpoint_requests.clone();
-        requests.mark_unchanged();
-        let mut requests_open = true;
-        // A timer round just ran: admit what waits before the next one (docs/time.md).
-        let mut after_round = false;
-        // The loop's control, heard whatever the worker waits on ([`Control`]).
-        let mut control = self.assignment.clone();
-        let mut control_open = true;
-        loop {
-            if self.assignment.is_closing() {
-                if self.gave_up {
-                    self.abandon(&mut running);
-                    return Ok(());
-                }
-                // Nothing more is taken in by a revoked partition, nor by one whose sink takes
-                // no more output (the shutdown must not wait for it).
-                if !backlog.closed && (self.assignment.is_revoked() || self.sink.held_back()) {
-                    backlog.close(queue);
-                }
-            }
-            // A round of timers that goes on (one timer at a time, or after an outage) first:
-            // it runs, so nothing below takes the partition for idle.
-            self.continue_round(&mut running);
-            self.report_stall().await;
-            self.note_waiting_inputs(&mut backlog, queue.is_empty());
-            // A due timer stops admission, as a due checkpoint does, until every admitted
-            // record finished ([`super::timers`]).
-            let timers_due = self.timers.due();
-            // A sink whose earlier output is not committed yet takes no more (an Iceberg
-            // table's pending list is full): admit nothing; checkpoints let it look again.
-            let sink_held = self.sink.held_back();
-            if sink_held {
-                // Nothing is admitted, nor a round run (its rows would add to the list).
-                after_round = false;
-            }
-            if !checkpoint_due && !sink_held && (!timers_due || after_round) {
-                self.admit_backlog(&mut backlog).await?;
-                after_round = false;
-            }
-            self.dispatch(&mut running);
-            if running.is_empty() && self.execution.controller.is_idle() {
-                if checkpoint_due {
-                    self.checkpoint_with_time(false, checkpoint_requested)
-                        .await?;
-                    checkpoint_due = false;
-                    checkpoint_requested = false;
-                    self.execution.release_instances();
-                    continue;
-                }
-                if backlog.closed {
-                    break;
-                }
-                if timers_due && !after_round && !sink_held {
-                    self.timer_round(&mut running).await?;
-                    after_round = true;
-                    // A backlog of rounds whose calls and writes never wait would hold the
-                    // runtime's thread: let its other tasks (partitions, the consumer loop) in.
-                    tokio::task::yield_now().await;
-                }
-            }
-            // Looks at the clock again at the next processing-time timer (not while one is
-            // due: then finishing records is what the worker waits for).
-            let wake = if timers_due || sink_held {
-                None
-            } else {
-                self.timers.next_wake()
-            };
-            // Intake only with an empty backlog: what waits for room in flight stays in the
-            // queue (which then fills and pauses the partition).
-            let intake = !backlog.closed && backlog.records.is_empty() && !checkpoint_due;
-            tokio::select! {
-                // The tick first: a partition with a full queue must still checkpoint.
-                biased;
-                _ = ticks.tick(), if !checkpoint_due => checkpoint_due = true,
-                changed = requests.changed(), if !checkpoint_due && requests_open => match changed {
-                    Ok(()) => (checkpoint_due, checkpoint_requested) = (true, true),
-                    Err(_) => requests_open = false,
-                },
-                // Told to finish or revoked: the top of the loop takes it.
-                open = control.changed(), if control_open => control_open = open,
-                Some(ended) = running.next() => match ended {
-                    Ended::Batch(attempted) => self.attempted(attempted).await?,
-                    Ended::Timers(called) => self.timers_called(called).await?,
-                },
-                // The whole queue at once: behind a steady stream of finishing attempts (served
-                // first), one batch per intake kept the in-flight window from filling under CPU
-                // load.
-                message = queue.recv(), if intake => backlog.receive(message, queue, &mut self.timers),
-                () = async {
-                    match wake {
-                        Some(at) => tokio::time::sleep_until(at).await,
-                        None => std::future::pending().await,
-                    }
-                } => {}
-                // After a round started, once the checkpoint's tick, the finished attempts and
-                // the queue were looked at: admit, then go round again — unless a checkpoint is
-                // due, which admits nothing and waits for what runs (the round among it):
-                // looping here then would never let it finish.
-                () = std::future::ready(()), if after_round && !checkpoint_due => {}
-            }
-        }
-        self.checkpoint_with_time(true, false).await?;
-        // A short-lived owner still finishes the GC pass its last checkpoint started.
-        self.shard.settle(SHARD_SETTLE_MAX).await;
-        Ok(())
     }
 
     /// Records waiting in Weir keep their inputs active: waiting in Weir is not idleness.
@@ -452,222 +329,6 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
             .fetch_max(running.len() as u64, Ordering::Relaxed);
     }
 
-    /// Handles an ended attempt: applies a successful call's effects (module docs, steps 3–4),
-    /// or schedules what comes next — a retry after an outage, a one-by-one re-run, a dead
-    /// letter.
-    async fn attempted(&mut self, attempted: Attempted<S>) -> Result<(), WorkerError> {
-        let Attempted {
-            mut task,
-            records,
-            instance,
-            call_time,
-            started,
-            prefetch_time,
-            prefetched,
-            result,
-        } = attempted;
-        if let Some(took) = prefetch_time {
-            self.stats.metrics.state_get.record(took.as_secs_f64());
-        }
-        match instance {
-            Some(instance) => self.execution.idle.push(instance),
-            None => self.execution.live -= 1,
-        }
-        if !task.delay.is_zero() {
-            // A retry after a backoff ended (it may back off again below).
-            self.execution.backing_off -= 1;
-        }
-        if let Some(took) = call_time {
-            self.stats.guest_calls.fetch_add(1, Ordering::Relaxed);
-            self.stats
-                .guest_call_ns
-                .fetch_add(took.as_nanos() as u64, Ordering::Relaxed);
-        }
-        match result {
-            Err(Failure::Instantiate(source)) => {
-                // The host's pool of instances is exhausted by other partitions (or
-                // instantiation fails for now): go on with the instances this partition has
-                // until its next checkpoint; with none, wait and try again, as after an outage.
-                self.stats
-                    .instances_unavailable
-                    .fetch_add(1, Ordering::Relaxed);
-                self.execution.instances_max = self.execution.live.max(1);
-                if self.execution.live > 0 {
-                    tracing::debug!(partition = self.partition, error = %source, instances = self.execution.live, "no further instance; running with those there are");
-                    self.execution.ready.push_front(task);
-                } else {
-                    tracing::warn!(partition = self.partition, error = %source, retry_in = ?task.backoff, "cannot instantiate the operator; partition paused");
-                    self.back_off(task);
-                }
-            }
-            Err(Failure::Unavailable(err)) => self.retry_later(task, err)?,
-            Err(Failure::Aborted(err)) => {
-                self.stats.calls_aborted.fetch_add(1, Ordering::Relaxed);
-                self.retry_later(task, err)?;
-            }
-            Err(Failure::Fault(fault)) => {
-                self.stats.traps.fetch_add(1, Ordering::Relaxed);
-                task.keep_prefetched(prefetched);
-                let deadline = matches!(fault, CallError::Trap { deadline: true, .. });
-                let outcome = match fault {
-                    _ if deadline => Outcome::Deadline,
-                    // How far the guest got: where isolation looks first.
-                    CallError::Trap { reached, .. } => Outcome::Trapped {
-                        reached: Some(reached as usize),
-                    },
-                    _ => Outcome::Trapped { reached: None },
-                };
-                tracing::debug!(partition = self.partition, offset = records[0].offset, records = records.len(), error = %fault, "call failed; isolating the failing record");
-                match task.isolation.settle(outcome) {
-                    Verdict::Continue => self.step(task),
-                    Verdict::Isolated(index) => {
-                        let kind = if deadline {
-                            DeadLetterKind::Deadline
-                        } else {
-                            DeadLetterKind::Trapped
-                        };
-                        let record = &task.records[index];
-                        self.failed_alone(record, kind, &fault.to_string()).await?;
-                        task.isolation.record_settled();
-                        self.step(task);
-                    }
-                }
-            }
-            Ok((dispositions, batch)) => {
-                let rejected_with_effects = dispositions
-                    .iter()
-                    .enumerate()
-                    .find(|(i, d)| matches!(d, Disposition::Reject(_)) && batch.touched(*i))
-                    .map(|(i, _)| i);
-                if let Some(i) = rejected_with_effects
-                    && records.len() > 1
-                {
-                    // Run again without it, so that exactly its effects are discarded.
-                    let index = task.call_start() + i;
-                    task.isolation.settle(Outcome::RejectedWithEffects(index));
-                    self.step(task);
-                    return Ok(());
-                }
-                match self
-                    .commit(
-                        &records,
-                        &dispositions,
-                        batch,
-                        rejected_with_effects.is_none(),
-                    )
-                    .await?
-                {
-                    Ok(()) => {
-                        self.stats
-                            .metrics
-                            .batch_processing
-                            .record(started.elapsed().as_secs_f64());
-                        if let Some(range) = task.isolation.current() {
-                            task.applied(range, &self.operator.meta().value_states);
-                        }
-                        task.isolation.settle(Outcome::Done);
-                        self.step(task)
-                    }
-                    Err(err) => self.retry_later(task, err)?,
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// A record failed alone (trapped, or ran out of its deadline): dead-letter it, skip it or
-    /// stop, as `failure_policy` says.
-    pub(super) async fn failed_alone(
-        &mut self,
-        record: &InputRecord,
-        kind: DeadLetterKind,
-        error: &str,
-    ) -> Result<(), WorkerError> {
-        // Once in the operator's log, within its budgets: what the guest wrote to stderr before
-        // it trapped, held during the isolation's re-runs (runtime::guest_log).
-        self.operator.log(self.source.clone()).line(
-            crate::runtime::guest_log::GuestLevel::Error,
-            &format!(
-                "record {}@{} failed ({}): {}",
-                record.topic,
-                record.offset,
-                kind.as_str(),
-                first_line(error)
-            ),
-        );
-        match self.failure_policy {
-            FailurePolicy::DeadLetter => self.dead_letter(record, kind, error).await,
-            FailurePolicy::Skip => {
-                if let Some(suppressed) = self.stats.failure_log.admit() {
-                    tracing::warn!(partition = self.partition, topic = %record.topic, offset = record.offset, kind = kind.as_str(), cause = first_line(error), suppressed, "record skipped (failure_policy = skip)");
-                }
-                self.stats
-                    .records_skipped_failed
-                    .fetch_add(1, Ordering::Relaxed);
-                Ok(())
-            }
-            FailurePolicy::Fail => {
-                tracing::error!(partition = self.partition, topic = %record.topic, offset = record.offset, error, "record failed; stopping the pipeline (failure_policy = fail)");
-                Err(WorkerError::RecordFailed {
-                    partition: self.partition,
-                    topic: record.topic.to_string(),
-                    offset: record.offset,
-                    reason: error.to_owned(),
-                })
-            }
-        }
-    }
-
-    /// Schedules `task` again after its backoff (the state backend failed; nothing of it was
-    /// applied), raising `stalled` so the consumer loop pauses the partition; a corrupt state
-    /// ends the worker instead.
-    fn retry_later(&mut self, task: Task, err: StateError) -> Result<(), WorkerError> {
-        if err.kind() == crate::error::ErrorKind::Corrupt {
-            return Err(self.corrupt(err));
-        }
-        tracing::warn!(partition = self.partition, error = %err, retry_in = ?task.backoff, "state backend unavailable; partition paused");
-        self.stats.outage_retries.fetch_add(1, Ordering::Relaxed);
-        self.back_off(task);
-        Ok(())
-    }
-
-    /// The worker's end after finding its shard corrupt.
-    pub(super) fn corrupt(&self, source: StateError) -> WorkerError {
-        tracing::error!(partition = self.partition, error = %source, "shard state is corrupt; the partition falls back to an older checkpoint");
-        WorkerError::Corrupt {
-            partition: self.partition,
-            opened_from: self.shard.opened_from(),
-            source,
-        }
-    }
-
-    /// Schedules `task` after its backoff (doubling the next one), counting it as backing off:
-    /// the consumer loop pauses the partition while any task is.
-    fn back_off(&mut self, mut task: Task) {
-        if self.assignment.is_closing() {
-            // Told to finish or revoked: no further wait; the worker ends (module docs).
-            self.gave_up = true;
-        }
-        task.delay = task.backoff;
-        task.backoff = (task.backoff * 2).min(OUTAGE_BACKOFF_MAX);
-        self.execution.backing_off += 1;
-        self.execution.ready.push_back(task);
-    }
-
-    /// A call of `task` is settled: the next range isolation asks for, or the batch finishes.
-    fn step(&mut self, mut task: Task) {
-        if !task.isolation.is_finished() {
-            task.reset_backoff(self.settings.outage_backoff_min);
-            self.execution.ready.push_front(task);
-            return;
-        }
-        self.execution
-            .controller
-            .finish(&task.keys, task.records.len());
-        self.execution.left_flight(task.records.len());
-        self.processed(&task.records);
-    }
-
     /// Moves the offsets past `records`, whose effects are now applied.
     pub(super) fn processed(&mut self, records: &[InputRecord]) {
         for record in records {
@@ -684,9 +345,4 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
             );
         }
     }
-}
-
-/// The first line of `text`: a trap's cause, without the wasm backtrace that follows it.
-fn first_line(text: &str) -> &str {
-    text.lines().next().unwrap_or_default()
 }

@@ -154,46 +154,58 @@ impl<S: Shard> Instance<S> {
         let InstanceKind::Wasm { store, .. } = &mut self.kind else {
             unreachable!("matched above")
         };
-        store
-            .data()
-            .log
-            .call_ended(matches!(result, Ok(Ok(ref d)) if d.len() == expected));
-        let result = match result {
-            Ok(result) => result,
-            Err(_elapsed) if store.data().waiting_on_state => {
-                // Stuck on storage, not on the guest: an outage, retried, never dead-lettered.
-                return Err(CallError::Aborted(HostAbort::State(
-                    StateError::Unavailable {
-                        shard: "(state read)".into(),
-                        source: format!("state read still waiting after {wall_clock_max:?}").into(),
-                    },
-                )));
-            }
-            Err(_elapsed) => {
-                return Err(CallError::Trap {
-                    message: format!(
-                        "operator exceeded its CPU deadline: still running after {wall_clock_max:?} of wall-clock time (blocked in a host call)"
-                    ),
-                    deadline: true,
-                    reached: store.data().batch.reached(),
-                });
-            }
-        };
-        match result {
-            Ok(dispositions) if dispositions.len() == expected => {
-                Ok((dispositions, std::mem::take(&mut store.data_mut().batch)))
-            }
-            // A failed call's batch stays in the store: what it read can serve the calls that
-            // isolate its records ([`Self::take_prefetched`]).
-            Ok(dispositions) => Err(CallError::DispositionCount {
-                expected,
-                got: dispositions.len(),
-            }),
-            Err(err) => {
-                let stderr = store.data().log.take_recent_stderr();
-                let reached = store.data().batch.reached();
-                Err(classify_trap(err, &stderr, reached))
-            }
+        call_ended(store, result, expected, wall_clock_max)
+    }
+}
+
+/// The end of a guest call in `store` that had `wall_clock_max` (`result`: `Err` once it ran
+/// out): its `expected` dispositions and its batch back, or why not — an outage when it was
+/// stuck on a state read, a trap, a wrong count of dispositions.
+fn call_ended<S: Shard>(
+    store: &mut Store<HostCtx<S>>,
+    result: Result<wasmtime::Result<Vec<Disposition>>, tokio::time::error::Elapsed>,
+    expected: usize,
+    wall_clock_max: Duration,
+) -> Result<(Vec<Disposition>, BatchCtx), CallError> {
+    store
+        .data()
+        .log
+        .call_ended(matches!(result, Ok(Ok(ref d)) if d.len() == expected));
+    let result = match result {
+        Ok(result) => result,
+        Err(_elapsed) if store.data().waiting_on_state => {
+            // Stuck on storage, not on the guest: an outage, retried, never dead-lettered.
+            return Err(CallError::Aborted(HostAbort::State(
+                StateError::Unavailable {
+                    shard: "(state read)".into(),
+                    source: format!("state read still waiting after {wall_clock_max:?}").into(),
+                },
+            )));
+        }
+        Err(_elapsed) => {
+            return Err(CallError::Trap {
+                message: format!(
+                    "operator exceeded its CPU deadline: still running after {wall_clock_max:?} of wall-clock time (blocked in a host call)"
+                ),
+                deadline: true,
+                reached: store.data().batch.reached(),
+            });
+        }
+    };
+    match result {
+        Ok(dispositions) if dispositions.len() == expected => {
+            Ok((dispositions, std::mem::take(&mut store.data_mut().batch)))
+        }
+        // A failed call's batch stays in the store: what it read can serve the calls that
+        // isolate its records ([`Instance::take_prefetched`]).
+        Ok(dispositions) => Err(CallError::DispositionCount {
+            expected,
+            got: dispositions.len(),
+        }),
+        Err(err) => {
+            let stderr = store.data().log.take_recent_stderr();
+            let reached = store.data().batch.reached();
+            Err(classify_trap(err, &stderr, reached))
         }
     }
 }

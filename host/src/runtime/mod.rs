@@ -21,6 +21,7 @@ mod host;
 mod imports;
 mod instance;
 pub mod native;
+mod operator;
 pub mod record_size;
 pub mod wasi;
 
@@ -32,6 +33,8 @@ use bindings::{ON_TIMERS, PROCESS_BATCH};
 pub use host::{CallLimits, HostCtx, OperatorMeta};
 pub use instance::Instance;
 use instance::InstanceKind;
+use operator::Logic;
+pub use operator::Operator;
 
 use crate::clock::SharedClock;
 use crate::config::RuntimeSettings;
@@ -39,16 +42,12 @@ use crate::error::ErrorKind;
 use crate::state::{Shard, StateError};
 use bindings::{OperatorWorld, OperatorWorldPre, StateKind, v0_1};
 use epoch::EpochTicker;
-use guest_log::GuestLog;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 use wasmtime::component::{Component, ComponentExportIndex, HasSelf, InstancePre, Linker};
-use wasmtime::{
-    Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store, StoreLimitsBuilder,
-    UpdateDeadline,
-};
+use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
 /// Interval between epoch ticks: the granularity of CPU deadlines and of yielding.
 pub const EPOCH_TICK: Duration = Duration::from_millis(1);
@@ -298,38 +297,7 @@ impl<S: Shard> Runtime<S> {
                 .map_err(|e| RuntimeError::WrongWorld {
                     reason: format!("{e:#}"),
                 })?;
-        let wrong = |e: wasmtime::Error| RuntimeError::WrongWorld {
-            reason: format!("{e:#}"),
-        };
-        // The newest world the component exports; the generated `…Pre` checks its exports'
-        // types.
-        let world = [WorldVersion::V0_2, WorldVersion::V0_1]
-            .into_iter()
-            .find(|w| component.get_export_index(None, w.operator_interface()).is_some())
-            .ok_or_else(|| RuntimeError::WrongWorld {
-                reason: "exports neither `weir:operator/operator@0.2.0` nor `weir:operator/operator@0.1.0`".into(),
-            })?;
-        match world {
-            WorldVersion::V0_2 => drop(OperatorWorldPre::new(instance_pre.clone()).map_err(wrong)?),
-            WorldVersion::V0_1 => {
-                drop(v0_1::OperatorWorldPre::new(instance_pre.clone()).map_err(wrong)?);
-            }
-        }
-        let interface = component
-            .get_export_index(None, world.operator_interface())
-            .expect("found above");
-        let export = |name: &str| {
-            component
-                .get_export_index(Some(&interface), name)
-                .ok_or_else(|| RuntimeError::WrongWorld {
-                    reason: format!("no `{name}` in `{}`", world.operator_interface()),
-                })
-        };
-        let process_batch = export(PROCESS_BATCH)?;
-        let on_timers = match world {
-            WorldVersion::V0_2 => Some(export(ON_TIMERS)?),
-            WorldVersion::V0_1 => None,
-        };
+        let (world, process_batch, on_timers) = world_exports(&component, &instance_pre)?;
         let mut operator = Operator {
             logic: Logic::Wasm {
                 engine: self.engine.clone(),
@@ -345,31 +313,7 @@ impl<S: Shard> Runtime<S> {
             log_limiters: Default::default(),
             log_budget: guest_log::Budgets::new(self.settings.log_lines_per_second_max).pipeline,
         };
-        let probe = operator.instantiate(None, "describe".into()).await?;
-        let InstanceKind::Wasm {
-            mut store,
-            instance,
-            ..
-        } = probe.kind
-        else {
-            unreachable!("a Wasm operator makes Wasm instances")
-        };
-        let info = match world {
-            WorldVersion::V0_2 => OperatorWorld::new(&mut store, &instance)
-                .map_err(RuntimeError::Instantiate)?
-                .weir_operator_operator()
-                .call_describe(&mut store)
-                .await
-                .map_err(RuntimeError::Instantiate)?,
-            WorldVersion::V0_1 => legacy_info(
-                v0_1::OperatorWorld::new(&mut store, &instance)
-                    .map_err(RuntimeError::Instantiate)?
-                    .weir_operator_operator()
-                    .call_describe(&mut store)
-                    .await
-                    .map_err(RuntimeError::Instantiate)?,
-            ),
-        };
+        let info = describe(&operator, world).await?;
         operator.meta = Some(Arc::new(check_description(info, world, &self.settings)?));
         operator.from_compiled_dir = from_compiled_dir;
         Ok(operator)
@@ -454,6 +398,100 @@ impl<S: Shard> Runtime<S> {
     }
 }
 
+/// The newest operator world `component` exports (the generated `…Pre` checks its exports'
+/// types, against `instance_pre`), and the indexes of its `process-batch` and `on-timers`
+/// (0.2 and later).
+///
+/// # Errors
+/// [`RuntimeError::WrongWorld`] for a component of another world.
+fn world_exports<S: Shard>(
+    component: &Component,
+    instance_pre: &InstancePre<HostCtx<S>>,
+) -> Result<
+    (
+        WorldVersion,
+        ComponentExportIndex,
+        Option<ComponentExportIndex>,
+    ),
+    RuntimeError,
+> {
+    let wrong = |e: wasmtime::Error| RuntimeError::WrongWorld {
+        reason: format!("{e:#}"),
+    };
+    // The newest world the component exports; the generated `…Pre` checks its exports'
+    // types.
+    let world = [WorldVersion::V0_2, WorldVersion::V0_1]
+        .into_iter()
+        .find(|w| {
+            component
+                .get_export_index(None, w.operator_interface())
+                .is_some()
+        })
+        .ok_or_else(|| RuntimeError::WrongWorld {
+            reason:
+                "exports neither `weir:operator/operator@0.2.0` nor `weir:operator/operator@0.1.0`"
+                    .into(),
+        })?;
+    match world {
+        WorldVersion::V0_2 => drop(OperatorWorldPre::new(instance_pre.clone()).map_err(wrong)?),
+        WorldVersion::V0_1 => {
+            drop(v0_1::OperatorWorldPre::new(instance_pre.clone()).map_err(wrong)?);
+        }
+    }
+    let interface = component
+        .get_export_index(None, world.operator_interface())
+        .expect("found above");
+    let export = |name: &str| {
+        component
+            .get_export_index(Some(&interface), name)
+            .ok_or_else(|| RuntimeError::WrongWorld {
+                reason: format!("no `{name}` in `{}`", world.operator_interface()),
+            })
+    };
+    let process_batch = export(PROCESS_BATCH)?;
+    let on_timers = match world {
+        WorldVersion::V0_2 => Some(export(ON_TIMERS)?),
+        WorldVersion::V0_1 => None,
+    };
+    Ok((world, process_batch, on_timers))
+}
+
+/// What `operator` (of `world`) describes of itself, from an instance of its own.
+///
+/// # Errors
+/// [`RuntimeError::Instantiate`] when it cannot be instantiated or `describe` traps.
+async fn describe<S: Shard>(
+    operator: &Operator<S>,
+    world: WorldVersion,
+) -> Result<OperatorInfo, RuntimeError> {
+    let probe = operator.instantiate(None, "describe".into()).await?;
+    let InstanceKind::Wasm {
+        mut store,
+        instance,
+        ..
+    } = probe.kind
+    else {
+        unreachable!("a Wasm operator makes Wasm instances")
+    };
+    let info = match world {
+        WorldVersion::V0_2 => OperatorWorld::new(&mut store, &instance)
+            .map_err(RuntimeError::Instantiate)?
+            .weir_operator_operator()
+            .call_describe(&mut store)
+            .await
+            .map_err(RuntimeError::Instantiate)?,
+        WorldVersion::V0_1 => legacy_info(
+            v0_1::OperatorWorld::new(&mut store, &instance)
+                .map_err(RuntimeError::Instantiate)?
+                .weir_operator_operator()
+                .call_describe(&mut store)
+                .await
+                .map_err(RuntimeError::Instantiate)?,
+        ),
+    };
+    Ok(info)
+}
+
 /// A 0.1 component's description as 0.2 says it: its states at schema version 0.
 fn legacy_info(info: v0_1::exports::weir::operator::operator::OperatorInfo) -> OperatorInfo {
     use v0_1::weir::operator::types::StateKind as LegacyKind;
@@ -531,178 +569,6 @@ fn check_description(
             timers_per_key_max: settings.timers_per_key_max,
         },
     })
-}
-
-/// A compiled, pre-instantiated operator; cheap to instantiate many times.
-pub struct Operator<S: Shard> {
-    logic: Logic<S>,
-    meta: Option<Arc<OperatorMeta>>,
-    settings: RuntimeSettings,
-    clock: SharedClock,
-    from_compiled_dir: bool,
-    /// The log budget of each source (partition) its instances log as.
-    log_limiters: std::sync::Mutex<HashMap<Arc<str>, Arc<std::sync::Mutex<guest_log::Limiter>>>>,
-    /// The log budget of all of them together: the pipeline's (one operator per pipeline run).
-    log_budget: Arc<std::sync::Mutex<guest_log::Limiter>>,
-}
-
-/// What runs an operator's calls.
-enum Logic<S: Shard> {
-    /// A component.
-    Wasm {
-        engine: Engine,
-        /// Keeps the engine's epoch ticking (CPU deadlines) while the operator lives, even
-        /// after the runtime that compiled it is dropped.
-        ticker: Arc<EpochTicker>,
-        pre: InstancePre<HostCtx<S>>,
-        /// `process-batch`, called with [`InputRecord`]s rather than the generated type.
-        process_batch: ComponentExportIndex,
-        /// `on-timers` (0.2 and later).
-        on_timers: Option<ComponentExportIndex>,
-    },
-    /// Logic compiled into the host (benchmark baseline).
-    Native(Arc<dyn native::NativeOperator>),
-}
-
-impl<S: Shard> std::fmt::Debug for Operator<S> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Operator")
-            .field("meta", &self.meta)
-            .finish_non_exhaustive()
-    }
-}
-
-impl<S: Shard> Operator<S> {
-    /// Whether the component was loaded already compiled from the runtime's compiled directory
-    /// ([`Runtime::with_compiled_dir`]) rather than compiled.
-    pub fn from_compiled_dir(&self) -> bool {
-        self.from_compiled_dir
-    }
-
-    /// The clock the operator's instances read processing time from.
-    pub fn clock(&self) -> &SharedClock {
-        &self.clock
-    }
-
-    /// What the operator declared.
-    pub fn meta(&self) -> &OperatorMeta {
-        self.meta
-            .as_deref()
-            .expect("load_operator_bytes sets meta before returning the operator")
-    }
-
-    /// The operator's log for `source` (a partition): its partition's budget, however often
-    /// its instances are replaced, and the pipeline's ([`guest_log`]).
-    pub fn log(&self, source: guest_log::LogSource) -> GuestLog {
-        let partition = {
-            let mut limiters = self.log_limiters.lock().unwrap_or_else(|e| e.into_inner());
-            limiters
-                .entry(source.label.clone())
-                .or_insert_with(|| {
-                    guest_log::Limiter::shared(self.settings.log_lines_per_second_max)
-                })
-                .clone()
-        };
-        let budgets = guest_log::Budgets {
-            partition,
-            pipeline: self.log_budget.clone(),
-        };
-        GuestLog::with_budgets(source, self.clock.clone(), budgets)
-    }
-
-    /// Creates an instance bound to `shard`, logging as `source` (for example `flights/3`, or a
-    /// [`guest_log::LogSource`] with the pipeline's sink).
-    ///
-    /// # Errors
-    /// [`RuntimeError::Instantiate`] when the pool is exhausted or the component's start
-    /// traps.
-    pub async fn instantiate(
-        &self,
-        shard: Option<Arc<S>>,
-        source: guest_log::LogSource,
-    ) -> Result<Instance<S>, RuntimeError> {
-        let (engine, pre, ticker, process_batch, on_timers) = match &self.logic {
-            Logic::Wasm {
-                engine,
-                pre,
-                ticker,
-                process_batch,
-                on_timers,
-            } => (engine, pre, ticker, process_batch, on_timers),
-            Logic::Native(logic) => {
-                return Ok(Instance {
-                    kind: InstanceKind::Native {
-                        logic: logic.clone(),
-                        meta: self
-                            .meta
-                            .clone()
-                            .expect("native_operator sets meta before returning the operator"),
-                    },
-                });
-            }
-        };
-        let log = self.log(source);
-        let limits = StoreLimitsBuilder::new()
-            .memory_size(self.settings.instance_memory_bytes_max)
-            .trap_on_grow_failure(true)
-            .build();
-        let ctx = HostCtx::new(
-            wasi::deny_all_ctx(&log),
-            limits,
-            shard,
-            self.meta.clone(),
-            self.clock.clone(),
-            log,
-        );
-        let mut store = Store::new(engine, ctx);
-        store.limiter(|ctx| &mut ctx.limits);
-        // Instantiation runs the component's start functions: give it one record's deadline.
-        store.data_mut().deadline_ticks_left = ticks(self.settings.record_deadline);
-        store.set_epoch_deadline(1);
-        store.epoch_deadline_callback(|mut ctx| {
-            let data = ctx.data_mut();
-            if data.deadline_ticks_left == 0 {
-                return Err(wasmtime::Error::new(DeadlineExceeded));
-            }
-            data.deadline_ticks_left -= 1;
-            Ok(UpdateDeadline::Yield(1))
-        });
-        let ticking = ticker.ticking();
-        let instance = pre
-            .instantiate_async(&mut store)
-            .await
-            .map_err(RuntimeError::Instantiate)?;
-        drop(ticking);
-        let on_timers = match on_timers {
-            Some(index) => Some(
-                instance
-                    .get_func(&mut store, index)
-                    .ok_or_else(|| {
-                        RuntimeError::Instantiate(wasmtime::format_err!("no `{ON_TIMERS}` export"))
-                    })?
-                    .typed(&store)
-                    .map_err(RuntimeError::Instantiate)?,
-            ),
-            None => None,
-        };
-        let process_batch = instance
-            .get_func(&mut store, process_batch)
-            .ok_or_else(|| {
-                RuntimeError::Instantiate(wasmtime::format_err!("no `{PROCESS_BATCH}` export"))
-            })?
-            .typed(&store)
-            .map_err(RuntimeError::Instantiate)?;
-        Ok(Instance {
-            kind: InstanceKind::Wasm {
-                store,
-                instance,
-                process_batch,
-                on_timers,
-                io_allowance: self.settings.call_io_allowance,
-                ticker: ticker.clone(),
-            },
-        })
-    }
 }
 
 /// Epoch ticks in `d`, at least one.

@@ -32,12 +32,14 @@ struct Held {
     produced: u64,
 }
 
-/// Runs [`Held`]'s pipeline until its partition is held: two checkpoints' files wait for a
-/// commit (the bound, `pending_checkpoints_max = 2`), 200 more records are queued and the
-/// partition is paused.
-async fn held() -> Held {
-    let world = World::new(1, 0, "at_least_once");
-    let dir = tempfile::tempdir().expect("temp dir");
+/// The table `counts` of tenant `t1` in a SQLite catalog under `dir`, at most two checkpoints
+/// pending, and its committer, whose passes are the test's (an hour apart).
+async fn table_target(
+    world: &World,
+    dir: &tempfile::TempDir,
+    settings: &Settings,
+    clock: &SharedClock,
+) -> (Committer, TableTarget) {
     let lakehouse = Lakehouse::open(&LakehouseSettings {
         catalog_uri: Some(format!(
             "sqlite://{}?mode=rwc",
@@ -57,8 +59,6 @@ async fn held() -> Held {
         required: true,
     };
     let schema = TableSchema::new(&[column("count"), column("offset")]).expect("a schema");
-    let settings = settings("at_least_once");
-    let clock: SharedClock = Arc::new(SystemClock);
     let committer = Committer {
         lakehouse: lakehouse.clone(),
         ident: Lakehouse::ident("t1", "counts"),
@@ -83,6 +83,18 @@ async fn held() -> Held {
         uid: "u1".into(),
         to_topic: true,
     };
+    (committer, target)
+}
+
+/// Runs [`Held`]'s pipeline until its partition is held: two checkpoints' files wait for a
+/// commit (the bound, `pending_checkpoints_max = 2`), 200 more records are queued and the
+/// partition is paused.
+async fn held() -> Held {
+    let world = World::new(1, 0, "at_least_once");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let settings = settings("at_least_once");
+    let clock: SharedClock = Arc::new(SystemClock);
+    let (committer, target) = table_target(&world, &dir, &settings, &clock).await;
     let output = TableOutput::new(world.output.clone(), Some(target));
     let (run, _) = start_with(
         settings,

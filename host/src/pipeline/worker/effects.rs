@@ -1,6 +1,7 @@
 //! What a partition worker does with a call's results: applies its state writes, sends its
 //! emits and dead letters, and turns a failed delivery into the worker's error.
 
+use super::ended::first_line;
 use super::*;
 
 impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
