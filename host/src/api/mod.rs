@@ -22,8 +22,10 @@ pub mod pipelines;
 pub mod problem;
 mod settings;
 pub mod status;
+mod tenants;
 
 pub use settings::{DEFAULT_PIPELINE_STATE_BYTES_MAX, ServeSettings};
+pub use tenants::{NewApiKey, NewTenant};
 
 use crate::clock::SystemClock;
 use crate::config::RuntimeSettings;
@@ -38,17 +40,17 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use catalog::{
     ApiKeyRecord, Catalog, OperatorSummary, OperatorVersion, StateDescription, Tenant,
-    valid_operator_name, valid_tenant_id,
+    valid_operator_name,
 };
 use problem::{ApiError, Problem};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 use tower_http::trace::TraceLayer;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
-use utoipa::{Modify, OpenApi, ToSchema};
+use utoipa::{Modify, OpenApi};
 
 /// Largest JSON request body, bytes.
 const JSON_BODY_BYTES_MAX: usize = 64 << 10;
@@ -341,107 +343,6 @@ enum AuthProblems {
     Forbidden(Problem),
 }
 
-/// A tenant to create.
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
-pub struct NewTenant {
-    /// 1..=32 bytes of `[a-z0-9-]`, not starting with `-`.
-    #[schema(pattern = "^[a-z0-9][a-z0-9-]{0,31}$")]
-    pub id: String,
-    /// A display name; the id when absent.
-    #[serde(default)]
-    pub name: Option<String>,
-}
-
-/// A new API key: `key` is shown this once and never stored.
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
-pub struct NewApiKey {
-    /// The key, to send as `Authorization: Bearer <key>`.
-    pub key: String,
-    /// What is stored of it.
-    #[serde(flatten)]
-    pub record: ApiKeyRecord,
-}
-
-/// Creates a tenant (admin).
-#[utoipa::path(post, path = "/v1/tenants", tag = "tenants",
-    request_body = NewTenant,
-    responses(
-        (status = 201, description = "Created", body = Tenant),
-        (status = 400, description = "Bad id or body", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "Exists", body = Problem, content_type = "application/problem+json"),
-        AuthProblems,
-    ),
-    security(("bearer" = [])))]
-async fn create_tenant(
-    State(state): State<ApiState>,
-    principal: Principal,
-    body: Body,
-) -> Result<(StatusCode, Json<Tenant>), ApiError> {
-    principal.admin()?;
-    let new: NewTenant = read_json(body).await?;
-    if !valid_tenant_id(&new.id) {
-        return Err(ApiError::BadRequest(format!(
-            "tenant id must be 1..=32 bytes of [a-z0-9-], not starting with `-`. id=`{}`",
-            new.id
-        )));
-    }
-    let tenant = Tenant {
-        name: new.name.unwrap_or_else(|| new.id.clone()),
-        id: new.id,
-        created_ms: now_ms(),
-    };
-    state.catalog.create_tenant(&tenant).await?;
-    tracing::info!(tenant = %tenant.id, "tenant created");
-    Ok((StatusCode::CREATED, Json(tenant)))
-}
-
-/// Lists the tenants (admin).
-#[utoipa::path(get, path = "/v1/tenants", tag = "tenants",
-    responses(
-        (status = 200, description = "The tenants", body = [Tenant]),
-        AuthProblems,
-    ),
-    security(("bearer" = [])))]
-async fn list_tenants(
-    State(state): State<ApiState>,
-    principal: Principal,
-) -> Result<Json<Vec<Tenant>>, ApiError> {
-    principal.admin()?;
-    Ok(Json(state.catalog.tenants().await?))
-}
-
-/// Creates an API key for a tenant (admin). The key is in this answer only.
-#[utoipa::path(post, path = "/v1/tenants/{tenant}/api-keys", tag = "tenants",
-    params(("tenant" = String, Path, description = "Tenant id", pattern = "^[a-z0-9][a-z0-9-]{0,31}$")),
-    responses(
-        (status = 201, description = "Created; the key is shown once", body = NewApiKey),
-        (status = 404, description = "No such tenant", body = Problem, content_type = "application/problem+json"),
-        AuthProblems,
-    ),
-    security(("bearer" = [])))]
-async fn create_api_key(
-    State(state): State<ApiState>,
-    principal: Principal,
-    UrlPath(tenant): UrlPath<String>,
-) -> Result<(StatusCode, Json<NewApiKey>), ApiError> {
-    principal.admin()?;
-    if !valid_tenant_id(&tenant) || state.catalog.tenant(&tenant).await?.is_none() {
-        return Err(ApiError::NotFound(format!("no tenant `{tenant}`")));
-    }
-    let mut secret = [0u8; 32];
-    rand::RngCore::fill_bytes(&mut rand::rngs::OsRng, &mut secret);
-    let key = format!("weir_{}", hex::encode(secret));
-    let hash = sha256_hex(key.as_bytes());
-    let record = ApiKeyRecord {
-        key_id: hash[..12].to_owned(),
-        tenant: tenant.clone(),
-        created_ms: now_ms(),
-    };
-    state.catalog.create_key(&hash, &record).await?;
-    tracing::info!(%tenant, key_id = %record.key_id, "API key created");
-    Ok((StatusCode::CREATED, Json(NewApiKey { key, record })))
-}
-
 /// Adds the bearer security scheme.
 struct BearerAuth;
 
@@ -464,7 +365,8 @@ impl Modify for BearerAuth {
 #[derive(Debug, OpenApi)]
 #[openapi(
     info(title = "Weir API", description = "Upload WebAssembly operators and run them over Kafka, per tenant."),
-    paths(create_tenant, list_tenants, create_api_key, operators::list_operators,
+    paths(tenants::create_tenant, tenants::list_tenants, tenants::create_api_key,
+          operators::list_operators,
           operators::upload_operator, operators::get_operator,
           operators::get_operator_version, operators::delete_operator_version,
           pipelines::create_pipeline, pipelines::list_pipelines, pipelines::get_pipeline,
@@ -553,8 +455,27 @@ pub fn router(state: ApiState) -> Router {
         .route("/", get(status::status_page))
         .route("/login", post(status::login))
         .route("/logout", post(status::logout))
-        .route("/v1/tenants", post(create_tenant).get(list_tenants))
-        .route("/v1/tenants/{tenant}/api-keys", post(create_api_key))
+        .route(
+            "/v1/tenants",
+            post(tenants::create_tenant).get(tenants::list_tenants),
+        )
+        .route(
+            "/v1/tenants/{tenant}/api-keys",
+            post(tenants::create_api_key),
+        )
+        .merge(operator_routes())
+        .merge(pipeline_routes())
+        .merge(savepoint_routes())
+        .fallback(not_found)
+        // Bodies are read and limited by the handlers (so the limit answers with a problem).
+        .layer(axum::extract::DefaultBodyLimit::disable())
+        .layer(trace)
+        .with_state(state)
+}
+
+/// The routes of a tenant's operators.
+fn operator_routes() -> Router<ApiState> {
+    Router::new()
         .route("/v1/operators", get(operators::list_operators))
         .route(
             "/v1/operators/{name}",
@@ -564,6 +485,11 @@ pub fn router(state: ApiState) -> Router {
             "/v1/operators/{name}/versions/{version}",
             get(operators::get_operator_version).delete(operators::delete_operator_version),
         )
+}
+
+/// The routes of a tenant's pipelines: their specs, runs, logs, state and checkpoints.
+fn pipeline_routes() -> Router<ApiState> {
+    Router::new()
         .route("/v1/pipelines", get(pipelines::list_pipelines))
         .route(
             "/v1/pipelines/{name}",
@@ -591,6 +517,15 @@ pub fn router(state: ApiState) -> Router {
             get(pipelines::state_query::read_state),
         )
         .route(
+            "/v1/pipelines/{name}/checkpoints",
+            post(pipelines::trigger_checkpoint).get(pipelines::list_checkpoints),
+        )
+}
+
+/// The routes of a pipeline's savepoints: taken, listed, deleted, exported, reset to.
+fn savepoint_routes() -> Router<ApiState> {
+    Router::new()
+        .route(
             "/v1/pipelines/{name}/savepoints",
             post(pipelines::savepoints::create_savepoint)
                 .get(pipelines::savepoints::list_savepoints),
@@ -611,15 +546,6 @@ pub fn router(state: ApiState) -> Router {
             "/v1/pipelines/{name}/reset",
             post(pipelines::savepoints::reset_pipeline),
         )
-        .route(
-            "/v1/pipelines/{name}/checkpoints",
-            post(pipelines::trigger_checkpoint).get(pipelines::list_checkpoints),
-        )
-        .fallback(not_found)
-        // Bodies are read and limited by the handlers (so the limit answers with a problem).
-        .layer(axum::extract::DefaultBodyLimit::disable())
-        .layer(trace)
-        .with_state(state)
 }
 
 /// Aborts a background task when dropped.

@@ -8,10 +8,10 @@
 
 use super::{DesiredState, PipelineRecord, PipelineSpec, PipelineState, SavepointRef, existing};
 use crate::api::problem::{ApiError, Problem};
-use crate::api::{ApiState, AuthProblems, Principal, now_ms, read_json, read_json_or_default};
+use crate::api::{ApiState, AuthProblems, Principal, now_ms, read_json};
 use crate::state::export::ImportInto;
 use crate::state::savepoint::{
-    self, SavepointDescriptor, SavepointDir, SavepointError, SavepointShard, savepoint_root,
+    self, SavepointDescriptor, SavepointDir, SavepointError, savepoint_root,
 };
 use crate::state::verify::shard_roots;
 use axum::Json;
@@ -22,20 +22,17 @@ use object_store::path::Path;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use utoipa::ToSchema;
 
 mod exports;
+mod take;
 pub use exports::*;
+pub(super) use take::committed_versions;
+pub(crate) use take::{__path_create_savepoint, create_savepoint};
 
-/// How long a savepoint of a running pipeline waits for every partition's checkpoint, beyond
-/// two checkpoint intervals.
-const CHECKPOINT_WAIT: Duration = Duration::from_secs(60);
 /// How long a reset of a stopping pipeline waits for its hosts to finish stopping.
 const STOP_WAIT: Duration = Duration::from_secs(60);
-/// How often it asks the hosts for a checkpoint again while it waits (an exactly-once
-/// checkpoint is decided, for a savepoint, once the next one names it as parent).
-const REQUEST_AGAIN: Duration = Duration::from_secs(3);
 
 /// Body of `POST /v1/pipelines/{name}/savepoints` (none at all takes the defaults).
 #[derive(Debug, Default, Deserialize, ToSchema)]
@@ -136,270 +133,11 @@ fn check_savepoint_name(name: &str) -> Result<(), ApiError> {
     }
 }
 
-/// Takes a savepoint: with the pipeline running, asks every host for a checkpoint and copies,
-/// per partition, the first decided checkpoint after the request; with it stopped, the newest
-/// decided one. Answers once every partition's is copied.
-#[utoipa::path(post, path = "/v1/pipelines/{name}/savepoints", tag = "pipelines",
-    params(("name" = String, Path, description = "Pipeline name", pattern = "^[a-z0-9][a-z0-9_-]{0,63}$")),
-    request_body = NewSavepoint,
-    responses(
-        (status = 201, description = "Taken", body = SavepointDescriptor),
-        (status = 400, description = "A bad name or body", body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "No such pipeline", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "The name is taken, or the pipeline has no checkpoint", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "The store failed, or a partition did not checkpoint in time", body = Problem, content_type = "application/problem+json"),
-        AuthProblems,
-    ),
-    security(("bearer" = [])))]
-pub(crate) async fn create_savepoint(
-    State(state): State<ApiState>,
-    principal: Principal,
-    UrlPath(name): UrlPath<String>,
-    body: Body,
-) -> Result<(StatusCode, Json<SavepointDescriptor>), ApiError> {
-    let tenant = principal.tenant()?.to_owned();
-    tracing::Span::current().record("pipeline", name.as_str());
-    let record = existing(&state, &tenant, &name).await?;
-    let request: NewSavepoint = read_json_or_default(body).await?;
-    let savepoint = request.name.unwrap_or_else(|| format!("sp-{}", now_ms()));
-    check_savepoint_name(&savepoint)?;
-    let store = state.catalog.store().clone();
-    let root = savepoint_root(&savepoints_of(&state, &tenant, &record), &savepoint);
-    if savepoint::descriptor(&store, &root)
-        .await
-        .map_err(unavailable)?
-        .is_some()
-    {
-        return Err(ApiError::Conflict(format!(
-            "pipeline `{name}` has a savepoint `{savepoint}` already"
-        )));
-    }
-    // Stopped: its last checkpoints are saved; running: the first decided after the request.
-    let status = super::view(&state, &tenant, record.clone())
-        .await?
-        .status
-        .state;
-    let running = match (record.desired, status) {
-        (DesiredState::Running, _) => true,
-        (DesiredState::Stopped, PipelineState::Stopped) => false,
-        (DesiredState::Stopped, _) => {
-            return Err(ApiError::Conflict(format!(
-                "pipeline `{name}` is stopping: take the savepoint once it has stopped (its last checkpoints are then the ones saved)"
-            )));
-        }
-    };
-    let mut shards = shards_of(&state, &tenant, &record).await?;
-    if !running && shards.is_empty() {
-        return Err(ApiError::Conflict(format!(
-            "pipeline `{name}` never checkpointed: there is nothing to save"
-        )));
-    }
-    // Every partition: a new pipeline's shards appear as hosts open them.
-    let partitions_wanted = if running {
-        input_partitions(&state, &tenant, &record.spec.input_topics)
-            .await
-            .ok()
-            .flatten()
-    } else {
-        None
-    };
-    let dir = SavepointDir::new(&root, &format!("a{:08x}", savepoint::nonce()));
-    let mut committed = committed_versions(&state, &tenant, &record, &partitions(&shards)).await;
-    let mut read_at = crate::clock::monotonic_now();
-    let mut after: BTreeMap<i32, Option<u64>> = BTreeMap::new();
-    if running {
-        for (partition, shard) in &shards {
-            let newest = savepoint::newest_decided(
-                &crate::state::manifest::ManifestStore::new(store.clone(), shard.clone()),
-                committed.get(partition).copied(),
-            )
-            .await
-            .map_err(unavailable)?;
-            after.insert(*partition, newest.map(|m| m.version));
-        }
-    }
-    let interval = Duration::from_millis(record.spec.checkpoint_interval_ms);
-    let deadline = crate::clock::monotonic_now() + 2 * interval + CHECKPOINT_WAIT;
-    let mut asked: Option<Instant> = None;
-    let mut taken: BTreeMap<i32, SavepointShard> = BTreeMap::new();
-    let outcome = 'wait: loop {
-        if running {
-            if existing(&state, &tenant, &name).await?.desired != DesiredState::Running {
-                break Err(ApiError::Conflict(format!(
-                    "pipeline `{name}` was stopped while the savepoint waited for its checkpoints; take it again once it has stopped"
-                )));
-            }
-            if asked.is_none_or(|at| at.elapsed() >= REQUEST_AGAIN) {
-                request_checkpoint(&state, &tenant, &name).await?;
-                asked = Some(crate::clock::monotonic_now());
-            } else if read_at.elapsed() >= Duration::from_secs(1) {
-                committed =
-                    committed_versions(&state, &tenant, &record, &partitions(&shards)).await;
-                read_at = crate::clock::monotonic_now();
-            }
-            if shards.is_empty() || partitions_wanted.is_some_and(|n| shards.len() < n) {
-                // Shards opened since the request hold only checkpoints taken after it.
-                shards = shards_of(&state, &tenant, &record).await?;
-            }
-        }
-        for (partition, shard) in &shards {
-            if taken.contains_key(partition) {
-                continue;
-            }
-            let captured = savepoint::capture_shard(
-                &store,
-                shard,
-                &dir.shard(*partition),
-                *partition,
-                after.get(partition).copied().flatten(),
-                committed.get(partition).copied(),
-            )
-            .await;
-            match captured {
-                Ok(Some(saved)) => {
-                    taken.insert(*partition, saved);
-                }
-                Ok(None) if !running => {
-                    break 'wait Err(ApiError::Conflict(format!(
-                        "pipeline `{name}` is stopped and partition {partition} has no decided checkpoint to save"
-                    )));
-                }
-                Ok(None) => {}
-                Err(e) => break 'wait Err(unavailable(e)),
-            }
-        }
-        let complete = !shards.is_empty()
-            && taken.len() == shards.len()
-            && partitions_wanted.is_none_or(|n| taken.len() >= n);
-        if complete {
-            break Ok(());
-        }
-        if crate::clock::monotonic_now() >= deadline {
-            let missing: Vec<i32> = match partitions_wanted {
-                Some(n) => (0..n as i32).filter(|p| !taken.contains_key(p)).collect(),
-                None => partitions(&shards)
-                    .into_iter()
-                    .filter(|p| !taken.contains_key(p))
-                    .collect(),
-            };
-            break Err(ApiError::Unavailable(format!(
-                "partitions {missing:?} of pipeline `{name}` did not checkpoint within {:?} of the request: is a host running them? (GET /v1/pipelines/{name})",
-                2 * interval + CHECKPOINT_WAIT
-            )));
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
-    if let Err(e) = outcome {
-        // Only this attempt's copies: another may have taken the name meanwhile.
-        let _ = savepoint::delete(&store, &dir.data).await;
-        return Err(e);
-    }
-    // Offsets by the tenant's topic names, as the pipeline's definition names them.
-    let prefix = format!("{tenant}.");
-    let shards: Vec<SavepointShard> = taken
-        .into_values()
-        .map(|mut shard| {
-            shard.offsets = shard
-                .offsets
-                .into_iter()
-                .map(|(t, n)| (t.strip_prefix(&prefix).unwrap_or(&t).to_owned(), n))
-                .collect();
-            shard
-        })
-        .collect();
-    let descriptor = SavepointDescriptor {
-        format: savepoint::FORMAT_VERSION,
-        name: savepoint.clone(),
-        data: dir.data.filename().map(str::to_owned).unwrap_or_default(),
-        pipeline: name.clone(),
-        pipeline_uid: record.uid.clone(),
-        state_backend: backend_name(&record.spec).to_owned(),
-        input_topics: record.spec.input_topics.clone(),
-        operator: record.spec.operator.clone(),
-        operator_version: record.spec.operator_version,
-        created_ms: now_ms(),
-        bytes: shards.iter().map(|s| s.bytes).sum(),
-        shards,
-    };
-    if !savepoint::put_descriptor(&store, &root, &descriptor)
-        .await
-        .map_err(unavailable)?
-    {
-        let _ = savepoint::delete(&store, &dir.data).await;
-        return Err(ApiError::Conflict(format!(
-            "pipeline `{name}` has a savepoint `{savepoint}` already (taken at the same time)"
-        )));
-    }
-    tracing::info!(%tenant, pipeline = %name, savepoint = %savepoint, bytes = descriptor.bytes, "savepoint taken");
-    Ok((StatusCode::CREATED, Json(descriptor)))
-}
-
-fn partitions(shards: &[(i32, Path)]) -> Vec<i32> {
-    shards.iter().map(|(p, _)| *p).collect()
-}
-
 fn backend_name(spec: &PipelineSpec) -> &'static str {
     match spec.state_backend {
         super::PipelineStateBackend::Lsm => "lsm",
         super::PipelineStateBackend::Memory => "memory",
     }
-}
-
-/// The checkpoint versions the consumer group's committed offsets name, per partition, for an
-/// exactly-once pipeline on a host that has the brokers' settings (empty otherwise, or when
-/// they cannot be read: a savepoint then waits for a later version to name the checkpoint as
-/// its parent).
-pub(super) async fn committed_versions(
-    state: &ApiState,
-    tenant: &str,
-    record: &PipelineRecord,
-    partitions: &[i32],
-) -> BTreeMap<i32, u64> {
-    let (Some(kafka), crate::config::Delivery::ExactlyOnce) =
-        (state.kafka_settings().cloned(), record.spec.delivery)
-    else {
-        return BTreeMap::new();
-    };
-    // The group the pipeline's runs join (as `runner::job`).
-    let group = format!("weir.{tenant}.{}.{}", record.name, record.uid);
-    let topics: Vec<String> = record
-        .spec
-        .input_topics
-        .iter()
-        .map(|t| super::kafka_topic(tenant, t))
-        .collect();
-    let partitions = partitions.to_vec();
-    let read = tokio::task::spawn_blocking(move || {
-        crate::source::kafka::broker::committed_checkpoint_versions(
-            &kafka,
-            &group,
-            &topics,
-            &partitions,
-        )
-    })
-    .await;
-    match read {
-        Ok(Ok(versions)) => versions,
-        Ok(Err(error)) => {
-            tracing::warn!(%error, pipeline = %record.name, "cannot read the committed offsets for a savepoint; waiting for later checkpoints instead");
-            BTreeMap::new()
-        }
-        Err(_) => BTreeMap::new(),
-    }
-}
-
-/// Bumps the pipeline's checkpoint requests, if it still runs.
-async fn request_checkpoint(state: &ApiState, tenant: &str, name: &str) -> Result<(), ApiError> {
-    state
-        .catalog
-        .update_pipeline(tenant, name, |record| {
-            if record.desired == DesiredState::Running {
-                record.checkpoint_requests += 1;
-            }
-            Ok(())
-        })
-        .await?;
-    Ok(())
 }
 
 /// The pipeline's savepoints, oldest first.
@@ -658,43 +396,14 @@ pub(crate) async fn reset_pipeline(
             "pipeline `{name}` is running: stop it (POST /v1/pipelines/{name}/stop), then reset it"
         )));
     }
-    // Stopping: the hosts drain and checkpoint first; the reset waits for them.
-    let deadline = crate::clock::monotonic_now() + STOP_WAIT;
-    loop {
-        let status = super::view(&state, &tenant, record.clone()).await?.status;
-        if status.state == PipelineState::Stopped {
-            break;
-        }
-        if crate::clock::monotonic_now() >= deadline {
-            let hosts: Vec<&str> = status.hosts.iter().map(|h| h.host.as_str()).collect();
-            return Err(ApiError::Conflict(format!(
-                "pipeline `{name}` is still stopping after {STOP_WAIT:?} (hosts still running it: {hosts:?}); reset it once it has stopped"
-            )));
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    wait_stopped(&state, &tenant, &record).await?;
     let source = match request.pipeline.as_deref() {
         None => record.clone(),
         Some(other) if other == name => record.clone(),
         Some(other) => existing(&state, &tenant, other).await?,
     };
     let (dir, saved) = found_savepoint(&state, &tenant, &source, &request.savepoint).await?;
-    let partitions = input_partitions(&state, &tenant, &record.spec.input_topics).await?;
-    if let Some(reason) = incompatible(&saved, &record.spec, partitions) {
-        return Err(ApiError::BadRequest(reason));
-    }
-    // A partition the pipeline has state for that the savepoint lacks would keep its own.
-    let saved_partitions: Vec<i32> = saved.shards.iter().map(|s| s.partition).collect();
-    if let Some((extra, _)) = shards_of(&state, &tenant, &record)
-        .await?
-        .into_iter()
-        .find(|(p, _)| !saved_partitions.contains(p))
-    {
-        return Err(ApiError::BadRequest(format!(
-            "pipeline `{name}` has state for partition {extra}, which savepoint `{}` does not hold",
-            saved.name
-        )));
-    }
+    check_reset(&state, &tenant, &record, &saved).await?;
     // Marked, so that no start runs a host's claim into the middle of the copies; the mark is
     // written only if the pipeline is still stopped (the update is create-only by revision).
     state
@@ -740,4 +449,56 @@ pub(crate) async fn reset_pipeline(
     restored.operator_version = record.spec.operator_version;
     tracing::info!(audit = true, %tenant, pipeline = %name, savepoint = %saved.name, from = %saved.pipeline, versions = ?restored.shards.iter().map(|s| s.version).collect::<Vec<_>>(), "pipeline reset to a savepoint");
     Ok(Json(restored))
+}
+
+/// Waits for a stopped pipeline's hosts to drain and checkpoint (up to [`STOP_WAIT`]); a
+/// conflict when they do not.
+async fn wait_stopped(
+    state: &ApiState,
+    tenant: &str,
+    record: &PipelineRecord,
+) -> Result<(), ApiError> {
+    let name = &record.name;
+    // Stopping: the hosts drain and checkpoint first; the reset waits for them.
+    let deadline = crate::clock::monotonic_now() + STOP_WAIT;
+    loop {
+        let status = super::view(state, tenant, record.clone()).await?.status;
+        if status.state == PipelineState::Stopped {
+            return Ok(());
+        }
+        if crate::clock::monotonic_now() >= deadline {
+            let hosts: Vec<&str> = status.hosts.iter().map(|h| h.host.as_str()).collect();
+            return Err(ApiError::Conflict(format!(
+                "pipeline `{name}` is still stopping after {STOP_WAIT:?} (hosts still running it: {hosts:?}); reset it once it has stopped"
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Whether the pipeline can be reset to `saved` ([`incompatible`]), with no partition whose
+/// state the savepoint lacks (that one would keep its own); a bad request says why not.
+async fn check_reset(
+    state: &ApiState,
+    tenant: &str,
+    record: &PipelineRecord,
+    saved: &SavepointDescriptor,
+) -> Result<(), ApiError> {
+    let name = &record.name;
+    let partitions = input_partitions(state, tenant, &record.spec.input_topics).await?;
+    if let Some(reason) = incompatible(saved, &record.spec, partitions) {
+        return Err(ApiError::BadRequest(reason));
+    }
+    let saved_partitions: Vec<i32> = saved.shards.iter().map(|s| s.partition).collect();
+    if let Some((extra, _)) = shards_of(state, tenant, record)
+        .await?
+        .into_iter()
+        .find(|(p, _)| !saved_partitions.contains(p))
+    {
+        return Err(ApiError::BadRequest(format!(
+            "pipeline `{name}` has state for partition {extra}, which savepoint `{}` does not hold",
+            saved.name
+        )));
+    }
+    Ok(())
 }
