@@ -313,7 +313,7 @@ impl RunJob {
     ) -> Result<TableTarget, RunFailure> {
         let schema = table
             .schema()
-            .map_err(|reason| RunFailure::new(ErrorKind::InvalidInput, reason))?;
+            .map_err(|e| RunFailure::new(ErrorKind::InvalidInput, e.to_string()))?;
         TableTarget::open(
             &self.config.iceberg,
             (&self.tenant, &table.table),
@@ -368,7 +368,7 @@ impl RunJob {
             runtime: spec
                 .limits
                 .apply(&self.runtime)
-                .map_err(|reason| RunFailure::new(ErrorKind::InvalidInput, reason))?,
+                .map_err(|e| RunFailure::new(ErrorKind::InvalidInput, e.to_string()))?,
             state: StateSettings {
                 backend: spec.state_backend.kind(),
                 lsm: LsmStateSettings::default(),

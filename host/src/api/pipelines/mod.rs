@@ -24,10 +24,12 @@
 pub mod savepoints;
 mod spec;
 pub mod state_query;
+mod status;
 mod store;
 pub mod verify;
 
 pub use spec::*;
+pub use status::*;
 
 use super::catalog::valid_operator_name;
 use super::problem::{ApiError, Problem};
@@ -151,7 +153,7 @@ pub(super) async fn create_pipeline(
         &state.settings.runtime,
         state.settings.pipeline_state_bytes_max,
     )
-    .map_err(ApiError::BadRequest)?;
+    .map_err(|e| ApiError::BadRequest(e.to_string()))?;
     check_operator_version(&state, &tenant, &spec.operator, spec.operator_version).await?;
     let mut uid = [0u8; 8];
     rand::RngCore::fill_bytes(&mut rand::rngs::OsRng, &mut uid);
@@ -463,7 +465,7 @@ pub(super) async fn change_pipeline(
                 spec.state_bytes_max = Some(v);
             }
             spec.validate(&host, state_bytes_cap)
-                .map_err(ApiError::BadRequest)?;
+                .map_err(|e| ApiError::BadRequest(e.to_string()))?;
             if spec != record.spec {
                 record.spec = spec;
                 record.run_generation += 1;

@@ -4,20 +4,9 @@
 
 use crate::api::catalog::valid_operator_name;
 use crate::config::{Delivery, FailurePolicy, LateRecords, RuntimeSettings, StateBackendKind};
-use crate::error::ErrorKind;
-use crate::pipeline::{CheckpointRecord, PartitionProgress};
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
 use std::time::Duration;
 use utoipa::ToSchema;
-
-/// A host's status older than this (or than its `stale_after_ms`, if longer) is ignored: the
-/// host is gone (killed, or cut off).
-pub const HOST_STATUS_STALE: Duration = Duration::from_secs(15);
-
-fn default_stale_after_ms() -> u64 {
-    HOST_STATUS_STALE.as_millis() as u64
-}
 
 /// Longest topic name a tenant may use, bytes (Kafka's limit is 249 with the tenant prefix).
 const TOPIC_BYTES_MAX: usize = 200;
@@ -45,40 +34,65 @@ impl PipelineLimits {
     /// The host's `runtime` with these limits applied.
     ///
     /// # Errors
-    /// The first limit above the host's value, naming it.
-    pub fn apply(&self, host: &RuntimeSettings) -> Result<RuntimeSettings, String> {
-        fn within(name: &str, asked: Option<u64>, cap: u64) -> Result<u64, String> {
-            match asked {
-                None => Ok(cap),
-                Some(0) => Err(format!("limits.{name} must be above 0")),
-                Some(v) if v > cap => Err(format!(
-                    "limits.{name} = {v} is above this service's maximum of {cap}"
-                )),
-                Some(v) => Ok(v),
+    /// Every limit at 0 or above the host's value, naming it.
+    pub fn apply(&self, host: &RuntimeSettings) -> Result<RuntimeSettings, SpecError> {
+        let mut problems = Vec::new();
+        let mut within = |name: &str, asked: Option<u64>, cap: u64| match asked {
+            None => cap,
+            Some(0) => {
+                problems.push(format!("limits.{name} must be above 0"));
+                cap
             }
-        }
+            Some(v) if v > cap => {
+                problems.push(format!(
+                    "limits.{name} = {v} is above this service's maximum of {cap}"
+                ));
+                cap
+            }
+            Some(v) => v,
+        };
         let mut runtime = host.clone();
         runtime.instance_memory_bytes_max = within(
             "instance_memory_bytes_max",
             self.instance_memory_bytes_max,
             host.instance_memory_bytes_max as u64,
-        )? as usize;
+        ) as usize;
         runtime.record_deadline = Duration::from_millis(within(
             "record_deadline_ms",
             self.record_deadline_ms,
             host.record_deadline.as_millis() as u64,
-        )?);
+        ));
         runtime.emit_bytes_per_record_max = within(
             "emit_bytes_per_record_max",
             self.emit_bytes_per_record_max,
             host.emit_bytes_per_record_max,
-        )?;
+        );
         runtime.state_value_bytes_max = within(
             "state_value_bytes_max",
             self.state_value_bytes_max,
             host.state_value_bytes_max,
-        )?;
-        Ok(runtime)
+        );
+        SpecError::or(problems, runtime)
+    }
+}
+
+/// What is wrong with a pipeline's spec: every problem found, each naming its field, for a
+/// 400. Displayed as the problems joined by `; `.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}", problems.join("; "))]
+pub struct SpecError {
+    /// The problems, in the order of the spec's fields; never empty.
+    pub problems: Vec<String>,
+}
+
+impl SpecError {
+    /// `value` if no problem was found, else the problems.
+    fn or<T>(problems: Vec<String>, value: T) -> Result<T, SpecError> {
+        if problems.is_empty() {
+            Ok(value)
+        } else {
+            Err(SpecError { problems })
+        }
     }
 }
 
@@ -177,10 +191,14 @@ impl TableSpec {
     ///
     /// # Errors
     /// What is wrong, for a 400.
-    pub fn schema(&self) -> Result<crate::sink::iceberg::TableSchema, String> {
+    pub fn schema(&self) -> Result<crate::sink::iceberg::TableSchema, SpecError> {
+        let problem = |problem: String| SpecError {
+            problems: vec![problem],
+        };
         crate::sink::iceberg::check_table_name("iceberg.table", &self.table)
-            .map_err(|e| e.to_string())?;
-        crate::sink::iceberg::TableSchema::new(&self.columns).map_err(|e| format!("iceberg: {e}"))
+            .map_err(|e| problem(e.to_string()))?;
+        crate::sink::iceberg::TableSchema::new(&self.columns)
+            .map_err(|e| problem(format!("iceberg: {e}")))
     }
 }
 
@@ -243,24 +261,39 @@ impl PipelineSpec {
     /// `pipeline_state_bytes_max`).
     ///
     /// # Errors
-    /// What is wrong, for a 400.
-    pub fn validate(&self, host: &RuntimeSettings, state_bytes_cap: u64) -> Result<(), String> {
+    /// Every problem found ([`SpecError`]), for a 400.
+    pub fn validate(&self, host: &RuntimeSettings, state_bytes_cap: u64) -> Result<(), SpecError> {
+        let mut problems = Vec::new();
         if !valid_operator_name(&self.operator) || self.operator_version == 0 {
-            return Err(format!(
+            problems.push(format!(
                 "operator must name one of your operators and operator_version one of its versions (from 1). operator=`{}` operator_version={}",
                 self.operator, self.operator_version
             ));
         }
+        self.check_topics(&mut problems);
+        if let Some(Err(e)) = self.iceberg.as_ref().map(TableSpec::schema) {
+            problems.extend(e.problems);
+        }
+        self.check_time(&mut problems);
+        self.check_state(state_bytes_cap, &mut problems);
+        if let Err(e) = self.limits.apply(host) {
+            problems.extend(e.problems);
+        }
+        SpecError::or(problems, ())
+    }
+
+    /// The input, output and dead-letter topics: valid names, 1..=8 inputs, each once, none
+    /// also the output or the dead-letter topic; an output unless a table takes the rows.
+    fn check_topics(&self, problems: &mut Vec<String>) {
         if !(1..=8).contains(&self.input_topics.len()) {
-            return Err(format!(
+            problems.push(format!(
                 "input_topics must list 1..=8 topics. count={}",
                 self.input_topics.len()
             ));
         }
         if self.output_topic.is_none() && self.iceberg.is_none() {
-            return Err("output_topic is required unless iceberg names a table".to_owned());
+            problems.push("output_topic is required unless iceberg names a table".to_owned());
         }
-        let mut seen = std::collections::BTreeSet::new();
         for topic in self
             .input_topics
             .iter()
@@ -268,38 +301,40 @@ impl PipelineSpec {
             .chain([&self.dead_letter_topic])
         {
             if !valid_topic(topic) {
-                return Err(format!(
+                problems.push(format!(
                     "topic names must be 1..={TOPIC_BYTES_MAX} bytes of [A-Za-z0-9._-]. topic=`{topic}`"
                 ));
             }
         }
         if self.output_topic.as_ref() == Some(&self.dead_letter_topic) {
-            return Err(format!(
+            problems.push(format!(
                 "output_topic and dead_letter_topic must differ. topic=`{}`",
                 self.dead_letter_topic
             ));
         }
+        let mut seen = std::collections::BTreeSet::new();
         for topic in &self.input_topics {
             if !seen.insert(topic) {
-                return Err(format!("input topic `{topic}` is listed twice"));
+                problems.push(format!("input topic `{topic}` is listed twice"));
             }
             if self.output_topic.as_ref() == Some(topic) || *topic == self.dead_letter_topic {
-                return Err(format!(
+                problems.push(format!(
                     "topic `{topic}` is both an input and the output or dead-letter topic"
                 ));
             }
         }
-        if let Some(table) = &self.iceberg {
-            table.schema()?;
-        }
+    }
+
+    /// Checkpoints, in-flight records, idleness and event time within their ranges.
+    fn check_time(&self, problems: &mut Vec<String>) {
         if !(100..=3_600_000).contains(&self.checkpoint_interval_ms) {
-            return Err(format!(
+            problems.push(format!(
                 "checkpoint_interval_ms must be 100..=3600000. value={}",
                 self.checkpoint_interval_ms
             ));
         }
         if !(1..=65_536).contains(&self.in_flight_max) {
-            return Err(format!(
+            problems.push(format!(
                 "in_flight_max must be 1..=65536. value={}",
                 self.in_flight_max
             ));
@@ -308,37 +343,35 @@ impl PipelineSpec {
             .idle_timeout_ms
             .is_some_and(|t| !(10..=86_400_000).contains(&t))
         {
-            return Err(format!(
+            problems.push(format!(
                 "idle_timeout_ms must be 10..=86400000. value={:?}",
                 self.idle_timeout_ms
             ));
         }
         if self.idle_advance && self.idle_timeout_ms.is_none() {
-            return Err("idle_advance needs idle_timeout_ms".to_owned());
+            problems.push("idle_advance needs idle_timeout_ms".to_owned());
         }
         if self.max_out_of_orderness_ms > 31_536_000_000 {
-            return Err(format!(
+            problems.push(format!(
                 "max_out_of_orderness_ms must be 0..=31536000000 (a year). value={}",
                 self.max_out_of_orderness_ms
             ));
         }
+    }
+
+    /// A state quota only for `memory`, above 0 and within `state_bytes_cap`.
+    fn check_state(&self, state_bytes_cap: u64, problems: &mut Vec<String>) {
         match (self.state_backend, self.state_bytes_max) {
-            (PipelineStateBackend::Lsm, Some(_)) => {
-                return Err(
-                    "state_bytes_max applies to state_backend = \"memory\" only (the lsm backend's state lives in object storage)"
-                        .to_owned(),
-                );
-            }
-            (_, Some(0)) => return Err("state_bytes_max must be above 0".to_owned()),
-            (_, Some(v)) if v > state_bytes_cap => {
-                return Err(format!(
-                    "state_bytes_max = {v} is above this service's maximum of {state_bytes_cap}"
-                ));
-            }
+            (PipelineStateBackend::Lsm, Some(_)) => problems.push(
+                "state_bytes_max applies to state_backend = \"memory\" only (the lsm backend's state lives in object storage)"
+                    .to_owned(),
+            ),
+            (_, Some(0)) => problems.push("state_bytes_max must be above 0".to_owned()),
+            (_, Some(v)) if v > state_bytes_cap => problems.push(format!(
+                "state_bytes_max = {v} is above this service's maximum of {state_bytes_cap}"
+            )),
             _ => {}
         }
-        self.limits.apply(host)?;
-        Ok(())
     }
 
     /// The most bytes of `memory` state each of `partitions` partitions may hold: the
@@ -404,147 +437,6 @@ pub struct PipelineRecord {
 /// its pipeline after this).
 pub const RESET_HOLD: std::time::Duration = std::time::Duration::from_secs(600);
 
-/// What one host does with a pipeline.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum HostPhase {
-    /// Fetching the operator, checking topics, joining the consumer group.
-    Starting,
-    /// Processing its partitions.
-    Running,
-    /// Its run failed (`reason`); the host starts it again after a backoff.
-    Failed,
-    /// Draining: finishing admitted records and checkpointing, before a restart or stop.
-    Stopping,
-    /// Not running it here.
-    Stopped,
-}
-
-/// What one host reports about one pipeline, every reconcile interval.
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
-pub struct HostStatus {
-    /// The host (`pipelines.host_id`).
-    pub host: String,
-    /// The pipeline's uid this report is about.
-    pub uid: String,
-    /// The run generation it runs.
-    pub run_generation: u64,
-    /// What it does with the pipeline.
-    pub phase: HostPhase,
-    /// Why it failed, when it did (the last failure while it restarts).
-    pub reason: Option<String>,
-    /// What kind of failure `reason` is: `invalid_input` (fix the definition, its operator
-    /// or its topics), `unavailable` (a broker or the object store; it retries), `corrupt`,
-    /// `fenced`, `guest_fault` (a record failed with `failure_policy = "fail"`) or `internal`.
-    #[serde(default)]
-    pub reason_kind: Option<ErrorKind>,
-    /// When this report was written, ms since the Unix epoch.
-    pub updated_ms: u64,
-    /// Age after which the report no longer counts (the host is gone), ms: a few of the
-    /// host's reconcile intervals, at least [`HOST_STATUS_STALE`].
-    #[serde(default = "default_stale_after_ms")]
-    pub stale_after_ms: u64,
-    /// Times this host restarted the pipeline after a failure.
-    pub restarts: u64,
-    /// Records processed (ok or dead-lettered) by this host's current run.
-    pub records_done: u64,
-    /// Records per second over the last reconcile interval.
-    pub records_per_s: f64,
-    /// Records sent to the dead-letter topic by this run.
-    pub dead_lettered: u64,
-    /// Records dropped by `failure_policy = "skip"` in this run.
-    pub skipped_failed: u64,
-    /// Records emitted to the output topic by this run.
-    pub emitted: u64,
-    /// Checkpoints committed by this run.
-    pub checkpoints: u64,
-    /// Block reads served by the state caches (memory or disk).
-    pub cache_hits: u64,
-    /// Block reads fetched from object storage.
-    pub cache_misses: u64,
-    /// The partitions this host runs.
-    pub partitions: Vec<PartitionProgress>,
-    /// Its newest checkpoints, oldest first.
-    pub recent_checkpoints: Vec<CheckpointRecord>,
-}
-
-/// A pipeline's state over all hosts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum PipelineState {
-    /// Should run; no host reports running it yet.
-    Starting,
-    /// Hosts run it.
-    Running,
-    /// A host's run failed (see `reason`); hosts retry with backoff.
-    Failed,
-    /// Stopped, but a host still drains it.
-    Stopping,
-    /// No host runs it.
-    Stopped,
-}
-
-/// One host in a pipeline's status.
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
-pub struct HostSummary {
-    /// The host.
-    pub host: String,
-    /// What it does.
-    pub phase: HostPhase,
-    /// Why it failed, if it did.
-    pub reason: Option<String>,
-    /// What kind of failure `reason` is (as in a host's report).
-    pub reason_kind: Option<ErrorKind>,
-    /// The partitions it runs.
-    pub partitions: Vec<i32>,
-    /// Its records per second.
-    pub records_per_s: f64,
-    /// Age of its report, ms.
-    pub report_age_ms: u64,
-}
-
-/// A pipeline's status, merged from the fresh reports of the hosts.
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
-pub struct PipelineStatus {
-    /// Over all hosts.
-    pub state: PipelineState,
-    /// Why, when failed.
-    pub reason: Option<String>,
-    /// What kind of failure `reason` is: `invalid_input` (fix the definition, its operator
-    /// or its topics), `unavailable` (a broker or the object store; hosts retry), `corrupt`,
-    /// `fenced`, `guest_fault` or `internal`.
-    pub reason_kind: Option<ErrorKind>,
-    /// The hosts that report on it.
-    pub hosts: Vec<HostSummary>,
-    /// Per partition: checkpointed offsets, high watermarks, lag, state bytes.
-    pub partitions: Vec<PartitionProgress>,
-    /// Records per second, summed over hosts.
-    pub records_per_s: f64,
-    /// Records processed by the hosts' current runs.
-    pub records_done: u64,
-    /// Records dead-lettered by the hosts' current runs.
-    pub dead_lettered: u64,
-    /// Records skipped (`failure_policy = "skip"`) by the hosts' current runs.
-    pub skipped_failed: u64,
-    /// Records emitted by the hosts' current runs.
-    pub emitted: u64,
-    /// The newest committed checkpoint of any partition.
-    pub last_checkpoint: Option<CheckpointRecord>,
-    /// Bytes of state the partitions' last checkpoints reference, summed.
-    pub state_bytes: u64,
-    /// Share of block reads the state caches served (none before any read).
-    pub cache_hit_rate: Option<f64>,
-}
-
-/// A pipeline: its definition and status.
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
-pub struct PipelineView {
-    /// The definition.
-    pub definition: PipelineRecord,
-    /// What the hosts report.
-    pub status: PipelineStatus,
-}
-
 /// The body of `PUT /v1/pipelines/{name}/operator`.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -604,90 +496,4 @@ pub struct CheckpointRequested {
     /// When it was asked for, ms since the Unix epoch: checkpoints committed after it answer
     /// it (`GET …/checkpoints`).
     pub requested_ms: u64,
-}
-
-/// Merges `reports` (with their ages) into a status for `record`.
-pub fn merge_status(record: &PipelineRecord, reports: &[(HostStatus, u64)]) -> PipelineStatus {
-    let fresh: Vec<&HostStatus> = reports
-        .iter()
-        .filter(|(r, age)| {
-            r.uid == record.uid
-                && *age <= r.stale_after_ms.max(default_stale_after_ms())
-                && r.phase != HostPhase::Stopped
-        })
-        .map(|(r, _)| r)
-        .collect();
-    let failed = fresh.iter().find(|r| r.phase == HostPhase::Failed);
-    let current = |r: &&&HostStatus| r.run_generation == record.run_generation;
-    let state = match record.desired {
-        DesiredState::Stopped if fresh.is_empty() => PipelineState::Stopped,
-        DesiredState::Stopped => PipelineState::Stopping,
-        DesiredState::Running if failed.is_some() => PipelineState::Failed,
-        DesiredState::Running
-            if fresh
-                .iter()
-                .filter(current)
-                .any(|r| r.phase == HostPhase::Running) =>
-        {
-            PipelineState::Running
-        }
-        DesiredState::Running => PipelineState::Starting,
-    };
-    let mut partitions: BTreeMap<i32, PartitionProgress> = BTreeMap::new();
-    let mut last_checkpoint: Option<CheckpointRecord> = None;
-    let (mut hits, mut misses) = (0u64, 0u64);
-    let mut status = PipelineStatus {
-        state,
-        reason: failed.and_then(|r| r.reason.clone()),
-        reason_kind: failed.and_then(|r| r.reason_kind),
-        hosts: Vec::new(),
-        partitions: Vec::new(),
-        records_per_s: 0.0,
-        records_done: 0,
-        dead_lettered: 0,
-        skipped_failed: 0,
-        emitted: 0,
-        last_checkpoint: None,
-        state_bytes: 0,
-        cache_hit_rate: None,
-    };
-    for (report, age) in reports {
-        if !fresh.iter().any(|r| std::ptr::eq(*r, report)) {
-            continue;
-        }
-        status.hosts.push(HostSummary {
-            host: report.host.clone(),
-            phase: report.phase,
-            reason: report.reason.clone(),
-            reason_kind: report.reason_kind,
-            partitions: report.partitions.iter().map(|p| p.partition).collect(),
-            records_per_s: report.records_per_s,
-            report_age_ms: *age,
-        });
-        status.records_per_s += report.records_per_s;
-        status.records_done += report.records_done;
-        status.dead_lettered += report.dead_lettered;
-        status.skipped_failed += report.skipped_failed;
-        status.emitted += report.emitted;
-        hits += report.cache_hits;
-        misses += report.cache_misses;
-        for p in &report.partitions {
-            partitions.insert(p.partition, p.clone());
-        }
-        if let Some(newest) = report.recent_checkpoints.last()
-            && last_checkpoint
-                .as_ref()
-                .is_none_or(|c| c.committed_ms < newest.committed_ms)
-        {
-            last_checkpoint = Some(newest.clone());
-        }
-    }
-    status.hosts.sort_by(|a, b| a.host.cmp(&b.host));
-    status.state_bytes = partitions.values().map(|p| p.state_bytes).sum();
-    status.partitions = partitions.into_values().collect();
-    status.last_checkpoint = last_checkpoint;
-    if hits + misses > 0 {
-        status.cache_hit_rate = Some(hits as f64 / (hits + misses) as f64);
-    }
-    status
 }

@@ -2,6 +2,7 @@
 //! the hosts' status reports (layout in the parent module's docs).
 
 use super::spec::*;
+use super::status::HostStatus;
 use crate::api::catalog::Catalog;
 use crate::api::now_ms;
 use crate::api::problem::ApiError;

@@ -145,7 +145,10 @@ fn limits_above_the_hosts_are_refused_naming_the_limit() {
         record_deadline_ms: Some(host.record_deadline.as_millis() as u64 + 1),
         ..PipelineLimits::default()
     };
-    let err = limits.apply(&host).expect_err("above the host's deadline");
+    let err = limits
+        .apply(&host)
+        .expect_err("above the host's deadline")
+        .to_string();
     assert!(err.contains("limits.record_deadline_ms"), "{err}");
     let limits = PipelineLimits {
         instance_memory_bytes_max: Some(1 << 20),
@@ -167,7 +170,10 @@ fn a_state_quota_is_for_memory_pipelines_within_the_services_cap_and_split_over_
     spec.validate(&host, 1000).expect("lsm, no quota");
     assert_eq!(spec.shard_state_bytes_max(1000, 4), None, "lsm has none");
     spec.state_bytes_max = Some(100);
-    let err = spec.validate(&host, 1000).expect_err("lsm with a quota");
+    let err = spec
+        .validate(&host, 1000)
+        .expect_err("lsm with a quota")
+        .to_string();
     assert!(err.contains("state_backend = \"memory\""), "{err}");
 
     spec.state_backend = PipelineStateBackend::Memory;
@@ -179,7 +185,7 @@ fn a_state_quota_is_for_memory_pipelines_within_the_services_cap_and_split_over_
     );
     for (asked, names) in [(0, "above 0"), (1001, "maximum of 1000")] {
         spec.state_bytes_max = Some(asked);
-        let err = spec.validate(&host, 1000).expect_err("refused");
+        let err = spec.validate(&host, 1000).expect_err("refused").to_string();
         assert!(err.contains(names), "{err}");
     }
     spec.state_bytes_max = None;
@@ -219,7 +225,10 @@ fn a_spec_may_leave_the_output_topic_out_only_when_it_names_a_table() {
     let host = RuntimeSettings::default();
     let mut spec = record(DesiredState::Running).spec;
     spec.output_topic = None;
-    let err = spec.validate(&host, 1000).expect_err("no output at all");
+    let err = spec
+        .validate(&host, 1000)
+        .expect_err("no output at all")
+        .to_string();
     assert!(err.contains("output_topic is required"), "{err}");
     spec.iceberg = Some(TableSpec {
         table: "counts".into(),
@@ -234,4 +243,26 @@ fn a_spec_may_leave_the_output_topic_out_only_when_it_names_a_table() {
     assert!(json.get("output_topic").is_none(), "{json}");
     let back: PipelineSpec = serde_json::from_value(json).expect("and decodes");
     assert_eq!(back, spec);
+}
+
+#[test]
+fn a_spec_with_several_problems_names_each_of_them_at_once() {
+    let host = RuntimeSettings::default();
+    let mut spec = record(DesiredState::Running).spec;
+    spec.input_topics = vec!["in".into(), "in".into()];
+    spec.checkpoint_interval_ms = 10;
+    spec.limits.record_deadline_ms = Some(0);
+    let err = spec.validate(&host, 1000).expect_err("three problems");
+    assert_eq!(
+        err.problems,
+        [
+            "input topic `in` is listed twice",
+            "checkpoint_interval_ms must be 100..=3600000. value=10",
+            "limits.record_deadline_ms must be above 0",
+        ],
+    );
+    assert_eq!(
+        err.to_string(),
+        "input topic `in` is listed twice; checkpoint_interval_ms must be 100..=3600000. value=10; limits.record_deadline_ms must be above 0"
+    );
 }
