@@ -13,16 +13,15 @@
 //! The first page is read before its lease exists: what it reads is the newest decided
 //! checkpoint, which GC keeps until three newer ones are decided, far longer than a page.
 
-use super::savepoints::{committed_versions, found_savepoint, shards_of};
+use super::savepoints::{found_savepoint, shards_of};
 use super::{PipelineRecord, existing};
 use crate::api::problem::{ApiError, Problem};
 use crate::api::{ApiState, AuthProblems, Principal};
-use crate::clock::{SharedClock, SystemClock};
-use crate::state::StateError;
+use crate::clock::SystemClock;
 use crate::state::key;
-use crate::state::lease::{self, Lease};
+use crate::state::lease;
 use crate::state::manifest::ManifestStore;
-use crate::state::query::{QueryEntry, QueryError, QueryShard, merge_pages};
+use crate::state::query::{QueryEntry, QueryError};
 use crate::state::savepoint;
 use axum::Json;
 use axum::extract::rejection::QueryRejection;
@@ -34,6 +33,9 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use utoipa::{IntoParams, ToSchema};
+
+mod scan;
+use scan::Scan;
 
 /// Entries per page by default.
 const LIMIT_DEFAULT: usize = 100;
@@ -163,181 +165,46 @@ pub(crate) async fn read_state(
     check_state_name(&state_name)?;
     let read = Read::of(&query)?;
     let bound = binding(&record, &state_name, &read, query.savepoint.as_deref());
-    let token = query.page_token.as_deref().map(decode_token).transpose()?;
-    if let Some(t) = &token {
-        if t.q != bound {
-            return Err(ApiError::BadRequest(
-                "the page token is of another read (pipeline, state, key or prefix, savepoint)"
-                    .to_owned(),
-            ));
-        }
-        if t.l.as_deref().is_some_and(|id| !valid_lease_id(id)) {
-            return Err(ApiError::BadRequest(
-                "the page token does not decode".to_owned(),
-            ));
-        }
-    }
-    declared(
-        &state,
-        &tenant,
-        &record,
-        &state_name,
-        query.savepoint.as_deref(),
-    )
-    .await?;
-    let roots = roots(&state, &tenant, &record, query.savepoint.as_deref()).await?;
-    let clock: SharedClock = Arc::new(SystemClock);
-    let store = state.catalog.store();
-    let leases = leases_of(&state, &tenant, &record);
+    let token = query
+        .page_token
+        .as_deref()
+        .map(|text| decode_bound_token(text, &bound))
+        .transpose()?;
+    let savepoint = query.savepoint.as_deref();
+    declared(&state, &tenant, &record, &state_name, savepoint).await?;
+    let roots = roots(&state, &tenant, &record, savepoint).await?;
     // A host reads a few pipelines' state at a time: a `memory` checkpoint is read whole.
     let _turn = QUERIES
         .acquire()
         .await
         .map_err(|_| ApiError::Unavailable("the host is shutting down".to_owned()))?;
-    let after = token
-        .as_ref()
-        .map(|t| B64.decode(&t.a))
-        .transpose()
-        .map_err(|_| ApiError::BadRequest("the page token does not decode".to_owned()))?;
-    let now_ms = clock.now_ms();
-    let read_page = |versions: Vec<(i32, Path, u64)>| {
-        let (store, caches, clock) = (store.clone(), state.query_caches.clone(), clock.clone());
-        let (read, state_name, after) = (&read, &state_name, after.clone());
-        async move {
-            let opened = futures::future::try_join_all(
-                versions
-                    .iter()
-                    .map(|(p, root, v)| QueryShard::open(&store, (root, *p), *v, &caches, &clock)),
-            )
-            .await?;
-            let pages = futures::future::try_join_all(opened.iter().map(|shard| async {
-                let page = match &read.kind {
-                    ReadKind::Key(record_key) => {
-                        let mut prefix = Vec::new();
-                        key::encode_prefix(&mut prefix, record_key, state_name);
-                        shard
-                            .scan(&prefix, after.as_deref(), read.limit + 1, now_ms)
-                            .await
-                    }
-                    ReadKind::Prefix(key_prefix) => {
-                        shard
-                            .scan_state(
-                                state_name,
-                                key_prefix,
-                                after.as_deref(),
-                                read.limit + 1,
-                                now_ms,
-                            )
-                            .await
-                    }
-                }?;
-                Ok::<_, QueryError>((shard.partition, page))
-            }))
-            .await?;
-            let checkpoints: Vec<ReadCheckpoint> = opened
-                .iter()
-                .map(|s| ReadCheckpoint {
-                    partition: s.partition,
-                    version: s.version,
-                })
-                .collect();
-            Ok::<_, QueryError>((checkpoints, merge_pages(pages, read.limit)))
-        }
+    let scan = Scan {
+        state: &state,
+        tenant: &tenant,
+        record: &record,
+        read: &read,
+        state_name: &state_name,
+        savepoint,
+        after: token
+            .as_ref()
+            .map(|t| B64.decode(&t.a))
+            .transpose()
+            .map_err(|_| ApiError::BadRequest("the page token does not decode".to_owned()))?,
+        clock: Arc::new(SystemClock),
+        now_ms: crate::clock::Clock::now_ms(&SystemClock),
+        leases: leases_of(&state, &tenant, &record),
     };
+    // The lease a scan that goes on holds (a savepoint needs none).
     let held = token
         .as_ref()
-        .filter(|_| query.savepoint.is_none())
+        .filter(|_| savepoint.is_none())
         .and_then(|t| t.l.clone());
     let (checkpoints, (merged, more)) = match &token {
-        Some(t) => {
-            let versions = roots
-                .into_iter()
-                .filter_map(|(p, root, _)| {
-                    // A partition the token does not name had no checkpoint then.
-                    let (_, v) = t.v.iter().find(|(tp, _)| *tp == p)?;
-                    Some((p, root, *v))
-                })
-                .collect();
-            if let Some(id) = &held {
-                // Renewed before this page reads: GC passes from now on keep the versions.
-                let renewed = Lease {
-                    versions: t.v.iter().copied().collect(),
-                    expires_at_ms: now_ms.saturating_add(LEASE_TTL_MS),
-                };
-                lease::put(store, &leases, id, &renewed)
-                    .await
-                    .map_err(|e| unavailable(&name, &e))?;
-            }
-            read_page(versions).await.map_err(|e| match e {
-                // The token's versions, or objects they name, were collected.
-                QueryError::State(StateError::Corrupt { .. }) => ApiError::Gone(GONE.to_owned()),
-                other => query_error(&name, other),
-            })?
-        }
-        None => {
-            // The newest decided versions; GC may collect one between choosing it and reading
-            // it (three newer checkpoints meanwhile): choose again, once.
-            let committed = if query.savepoint.is_none() {
-                committed_versions(&state, &tenant, &record, &partitions_of(&roots)).await
-            } else {
-                Default::default()
-            };
-            let mut attempt = 0;
-            loop {
-                attempt += 1;
-                let versions = chosen(store, &roots, &committed)
-                    .await
-                    .map_err(|e| unavailable(&name, &e))?;
-                match read_page(versions).await {
-                    Ok(page) => break page,
-                    Err(
-                        QueryError::Gone { .. } | QueryError::State(StateError::Corrupt { .. }),
-                    ) if attempt == 1 && query.savepoint.is_none() => {}
-                    Err(e) => return Err(query_error(&name, e)),
-                }
-            }
-        }
+        Some(t) => scan.go_on(t, roots, held.as_deref()).await?,
+        None => scan.first(roots).await?,
     };
-    let versions: Vec<(i32, u64)> = checkpoints
-        .iter()
-        .map(|c| (c.partition, c.version))
-        .collect();
-    let next_page_token = match merged.last().filter(|_| more) {
-        Some((_, (last, _, _))) => {
-            // A scan that goes on holds a lease on what it reads (a savepoint needs none).
-            let lease_id = match (&held, &query.savepoint) {
-                (_, Some(_)) => None,
-                (Some(id), None) => Some(id.clone()),
-                (None, None) => {
-                    let id = format!("{:016x}", rand::random::<u64>());
-                    let taken = Lease {
-                        versions: versions.iter().copied().collect(),
-                        expires_at_ms: now_ms.saturating_add(LEASE_TTL_MS),
-                    };
-                    lease::put(store, &leases, &id, &taken)
-                        .await
-                        .map_err(|e| unavailable(&name, &e))?;
-                    Some(id)
-                }
-            };
-            Some(encode_token(&PageToken {
-                v: versions,
-                a: B64.encode(last),
-                q: bound,
-                s: query.savepoint.clone(),
-                l: lease_id,
-            }))
-        }
-        None => {
-            // The last page: its lease is no longer needed (one left behind expires).
-            if let Some(id) = &held
-                && let Err(e) = lease::release(store, &leases, id).await
-            {
-                tracing::warn!(error = %e, "cannot release a state query's lease; it expires");
-            }
-            None
-        }
-    };
+    let last = merged.last().filter(|_| more).map(|(_, (last, _, _))| last);
+    let next_page_token = scan.next_token(&checkpoints, last, held, bound).await?;
     Ok(Json(StatePage {
         state: state_name,
         checkpoints,
@@ -575,6 +442,24 @@ fn decode_token(text: &str) -> Result<PageToken, ApiError> {
         .ok()
         .and_then(|bytes| serde_json::from_slice(&bytes).ok())
         .ok_or_else(|| ApiError::BadRequest("the page token does not decode".to_owned()))
+}
+
+/// The page token `text`, which must be bound to this read (`bound`: [`binding`]) and name a
+/// lease as this host makes them.
+fn decode_bound_token(text: &str, bound: &str) -> Result<PageToken, ApiError> {
+    let token = decode_token(text)?;
+    if token.q != bound {
+        return Err(ApiError::BadRequest(
+            "the page token is of another read (pipeline, state, key or prefix, savepoint)"
+                .to_owned(),
+        ));
+    }
+    if token.l.as_deref().is_some_and(|id| !valid_lease_id(id)) {
+        return Err(ApiError::BadRequest(
+            "the page token does not decode".to_owned(),
+        ));
+    }
+    Ok(token)
 }
 
 /// Text when `bytes` are UTF-8, else base64: (text, base64).
