@@ -1,0 +1,258 @@
+//! The rules a [`Settings`] must keep ([`Settings::validate`]), section by section: every broken
+//! one is reported at once.
+
+use super::ConfigError;
+use super::{Delivery, PipelineTable, Settings, StateBackendKind, valid_topic};
+use std::time::Duration;
+
+impl Settings {
+    /// Checks every rule and returns all broken ones.
+    ///
+    /// # Errors
+    /// [`ConfigError::Invalid`] listing each problem.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let mut problems = Vec::new();
+        self.pipeline_problems(&mut problems);
+        self.delivery_problems(&mut problems);
+        self.topic_problems(&mut problems);
+        problems.extend(self.kafka.problems("kafka"));
+        problems.extend(self.iceberg.problems("iceberg"));
+        if let Some(table) = &self.pipeline.iceberg {
+            problems.extend(self.table_problems(table));
+        }
+        self.state_problems(&mut problems);
+        self.runtime_problems(&mut problems);
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(ConfigError::Invalid { problems })
+        }
+    }
+
+    /// `pipeline`: its name, in-flight records, event time and checkpoint interval.
+    fn pipeline_problems(&self, problems: &mut Vec<String>) {
+        let p = &self.pipeline;
+        if p.name.is_empty()
+            || p.name.len() > 64
+            || !p
+                .name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+        {
+            problems.push(format!(
+                "pipeline.name must be 1..=64 bytes of [A-Za-z0-9._-]. name=`{}`",
+                p.name
+            ));
+        }
+        if !(1..=1_000_000).contains(&p.in_flight_max) {
+            problems.push(format!(
+                "pipeline.in_flight_max must be 1..=1000000. value={}",
+                p.in_flight_max
+            ));
+        }
+        if p.max_out_of_orderness > Duration::from_secs(365 * 24 * 3600) {
+            problems.push(format!(
+                "pipeline.max_out_of_orderness must be at most 365 days. max_out_of_orderness={:?}",
+                p.max_out_of_orderness
+            ));
+        }
+        if p.idle_advance && p.idle_timeout.is_none() {
+            problems.push("pipeline.idle_advance needs pipeline.idle_timeout".to_owned());
+        }
+        if p.idle_timeout
+            .is_some_and(|t| t < Duration::from_millis(10))
+        {
+            problems.push(format!(
+                "pipeline.idle_timeout must be at least 10ms. idle_timeout={:?}",
+                p.idle_timeout
+            ));
+        }
+        if p.checkpoint_interval < Duration::from_millis(10) {
+            problems.push(format!(
+                "pipeline.checkpoint_interval must be at least 10ms. checkpoint_interval={:?}",
+                p.checkpoint_interval
+            ));
+        }
+    }
+
+    /// What the delivery mode needs: checkpoints, offsets committed with the state, and for
+    /// exactly-once read-committed input and transactions that outlive an interval.
+    fn delivery_problems(&self, problems: &mut Vec<String>) {
+        let p = &self.pipeline;
+        if p.delivery == Delivery::ExactlyOnce
+            && self.state.backend == StateBackendKind::Memory
+            && self.state.memory.url.is_none()
+        {
+            problems.push(
+                "pipeline.delivery = \"exactly_once\" needs checkpoints: state.backend = \"lsm\", or state.memory.url for the memory backend's snapshots".to_owned(),
+            );
+        }
+        let consumer = &self.kafka.consumer;
+        if consumer
+            .get("enable.auto.commit")
+            .is_some_and(|v| v == "true")
+        {
+            problems.push(
+                "kafka.consumer.\"enable.auto.commit\" must stay false: offsets are committed with the state, at checkpoints".to_owned(),
+            );
+        }
+        if p.delivery == Delivery::ExactlyOnce
+            && consumer
+                .get("isolation.level")
+                .is_some_and(|v| v != "read_committed")
+        {
+            problems.push(
+                "kafka.consumer.\"isolation.level\" must stay read_committed with exactly_once (recovery reads stable committed offsets, and uncommitted input would be processed)".to_owned(),
+            );
+        }
+        if let Some(timeout) = self.kafka.producer.get("transaction.timeout.ms") {
+            let at_least = 2 * p.checkpoint_interval.as_millis();
+            match timeout.parse::<u128>() {
+                Ok(ms) if ms >= at_least => {}
+                _ => problems.push(format!(
+                    "kafka.producer.\"transaction.timeout.ms\" must be at least twice pipeline.checkpoint_interval ({at_least} ms): a transaction stays open for an interval. value=`{timeout}`"
+                )),
+            }
+        }
+        if p.delivery == Delivery::ExactlyOnce && p.checkpoint_interval > Duration::from_secs(300) {
+            problems.push(format!(
+                "pipeline.checkpoint_interval must be at most 5min with exactly_once (a transaction stays open that long). checkpoint_interval={:?}",
+                p.checkpoint_interval
+            ));
+        }
+    }
+
+    /// The pipeline's topics: valid Kafka names, an output unless a table takes the rows, no
+    /// input also the output or the dead-letter topic.
+    fn topic_problems(&self, problems: &mut Vec<String>) {
+        let p = &self.pipeline;
+        if p.input_topics.is_empty() {
+            problems.push("pipeline.input_topics must name at least one topic".to_owned());
+        }
+        if p.output_topic.is_none() && p.iceberg.is_none() {
+            problems.push(
+                "pipeline.output_topic is required unless pipeline.iceberg is set".to_owned(),
+            );
+        }
+        for (field, topic) in p
+            .input_topics
+            .iter()
+            .map(|t| ("pipeline.input_topics", t))
+            .chain(p.output_topic.iter().map(|t| ("pipeline.output_topic", t)))
+            .chain([("pipeline.dead_letter_topic", &p.dead_letter_topic)])
+        {
+            if !valid_topic(topic) {
+                problems.push(format!(
+                    "{field} is not a valid Kafka topic name. topic=`{topic}`"
+                ));
+            }
+        }
+        if p.input_topics
+            .iter()
+            .any(|t| p.output_topic.as_ref() == Some(t) || *t == p.dead_letter_topic)
+        {
+            problems.push("an input topic is also the output or dead-letter topic".to_owned());
+        }
+    }
+
+    /// `state`: a URL for each store used, and the LSM's sizes.
+    fn state_problems(&self, problems: &mut Vec<String>) {
+        if let Some(Err(e)) = self.state.memory.url.as_deref().map(url::Url::parse) {
+            problems.push(format!("state.memory.url is not a URL: {e}"));
+        }
+        if self.state.backend == StateBackendKind::Lsm {
+            let lsm = &self.state.lsm;
+            match lsm.url.as_deref().map(url::Url::parse) {
+                None => {
+                    problems.push("state.lsm.url is required with backend = \"lsm\"".to_owned())
+                }
+                Some(Err(e)) => problems.push(format!("state.lsm.url is not a URL: {e}")),
+                Some(Ok(_)) => {}
+            }
+            if lsm.memtable_bytes_max < 1024 {
+                problems.push("state.lsm.memtable_bytes_max must be at least 1024".to_owned());
+            }
+            if !(64..=(4 << 20)).contains(&lsm.block_size_bytes) {
+                problems.push("state.lsm.block_size_bytes must be 64..=4194304".to_owned());
+            }
+        }
+    }
+
+    /// `runtime`: batches, deadlines, memory, staged bytes, timers and instances within range.
+    fn runtime_problems(&self, problems: &mut Vec<String>) {
+        let r = &self.runtime;
+        if !(1..=65_536).contains(&r.batch_records_max) {
+            problems.push(format!(
+                "runtime.batch_records_max must be 1..=65536. value={}",
+                r.batch_records_max
+            ));
+        }
+        if r.record_deadline < Duration::from_millis(1) {
+            problems.push("runtime.record_deadline must be at least 1ms".to_owned());
+        }
+        if r.instance_memory_bytes_max < (1 << 20) {
+            problems.push("runtime.instance_memory_bytes_max must be at least 1 MiB".to_owned());
+        }
+        if r.outage_backoff_min < Duration::from_millis(1) {
+            problems.push("runtime.outage_backoff_min must be at least 1ms".to_owned());
+        }
+        let one_record = r.state_value_bytes_max
+            + r.state_map_key_bytes_max
+            + r.emit_bytes_per_record_max
+            + (1 << 10);
+        if r.batch_staged_bytes_max < one_record {
+            problems.push(format!(
+                "runtime.batch_staged_bytes_max must hold at least one largest write and one record's emits ({one_record} bytes). value={}",
+                r.batch_staged_bytes_max
+            ));
+        }
+        if !(1..=65_536).contains(&r.timers_per_key_max) {
+            problems.push(format!(
+                "runtime.timers_per_key_max must be 1..=65536. value={}",
+                r.timers_per_key_max
+            ));
+        }
+        if !(1..=65_536).contains(&r.timer_batch_max) {
+            problems.push(format!(
+                "runtime.timer_batch_max must be 1..=65536. value={}",
+                r.timer_batch_max
+            ));
+        }
+        if r.partition_queue_batches_max == 0 {
+            problems.push("runtime.partition_queue_batches_max must be at least 1".to_owned());
+        }
+        if !(1..=64).contains(&r.partition_instances_max) {
+            problems.push(format!(
+                "runtime.partition_instances_max must be 1..=64. value={}",
+                r.partition_instances_max
+            ));
+        }
+    }
+
+    /// What is wrong with `pipeline.iceberg`: its names and columns, and what the committer
+    /// needs (a catalog and warehouse; checkpoints in a store it can read).
+    fn table_problems(&self, table: &PipelineTable) -> Vec<String> {
+        use crate::sink::iceberg::{TableSchema, check_table_name};
+        let mut problems = Vec::new();
+        for (field, name) in [
+            ("pipeline.iceberg.namespace", &table.namespace),
+            ("pipeline.iceberg.table", &table.table),
+        ] {
+            if let Err(e) = check_table_name(field, name) {
+                problems.push(e.to_string());
+            }
+        }
+        if let Err(e) = TableSchema::new(&table.columns) {
+            problems.push(format!("pipeline.iceberg.columns: {e}"));
+        }
+        if self.iceberg.catalog_uri.is_none() || self.iceberg.warehouse.is_none() {
+            problems.push(
+                "pipeline.iceberg needs iceberg.catalog_uri and iceberg.warehouse".to_owned(),
+            );
+        }
+        if self.state.backend == StateBackendKind::Memory && self.state.memory.url.is_none() {
+            problems.push("pipeline.iceberg needs checkpoints in an object store the committer reads: state.backend = \"lsm\", or state.memory.url".to_owned());
+        }
+        problems
+    }
+}
