@@ -13,8 +13,7 @@
 
 use crate::api::catalog::Catalog;
 use crate::api::logs;
-use crate::api::now_ms;
-use crate::api::pipelines::{HostPhase, HostStatus, PipelineRecord};
+use crate::api::pipelines::{HostPhase, PipelineRecord};
 use crate::clock::{SharedClock, SystemClock};
 use crate::config::RuntimeSettings;
 use crate::error::ErrorKind;
@@ -24,18 +23,20 @@ use serde::Deserialize;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
-use tokio::sync::{oneshot, watch};
+use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 mod job;
+mod run;
 mod wiring;
 
 pub use wiring::{RunControl, run, run_controlled, run_operator};
 
+use job::RunJob;
 pub use job::{CompiledOperators, RunFailure};
-use job::{RunJob, RunResult};
+use run::{Relaunch, Run};
 
 /// First delay before a failed run is started again; doubles per failure up to
 /// [`RESTART_BACKOFF_MAX`] (as Flink's exponential-delay restart strategy).
@@ -153,87 +154,6 @@ impl RunnerConfig {
                         .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
             })
             .unwrap_or_else(|| format!("weir-{}", std::process::id()))
-    }
-}
-
-/// One pipeline as this host runs it.
-struct Run {
-    tenant: String,
-    /// The definition being run.
-    record: PipelineRecord,
-    stats: Arc<PipelineStats>,
-    caches: Option<Arc<BlockCaches>>,
-    checkpoints: watch::Sender<u64>,
-    stop: Option<oneshot::Sender<()>>,
-    task: Option<JoinHandle<RunResult>>,
-    /// Set by the task once the operator is fetched and the topics checked.
-    started: Arc<AtomicBool>,
-    phase: HostPhase,
-    /// Why it failed (its reason cut to one line), while it is failed.
-    reason: Option<RunFailure>,
-    restarts: u64,
-    retry_at: Option<Instant>,
-    backoff: Duration,
-    /// When the run was started.
-    launched: Instant,
-    /// Records done at the previous report, and when.
-    sample: (Instant, u64),
-    records_per_s: f64,
-}
-
-impl Run {
-    fn stopping(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if self.task.is_some() {
-            self.phase = HostPhase::Stopping;
-        }
-    }
-
-    fn report(&mut self, host: &str, stale_after: Duration) -> HostStatus {
-        let stats = &self.stats;
-        let done = stats.records_done();
-        let elapsed = self.sample.0.elapsed().as_secs_f64();
-        if elapsed > 0.0 {
-            self.records_per_s = done.saturating_sub(self.sample.1) as f64 / elapsed;
-        }
-        self.sample = (crate::clock::monotonic_now(), done);
-        let cache = self.caches.as_ref().map(|c| c.stats()).unwrap_or_default();
-        let load = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
-        HostStatus {
-            host: host.to_owned(),
-            uid: self.record.uid.clone(),
-            run_generation: self.record.run_generation,
-            phase: self.phase,
-            reason: self.reason.as_ref().map(|f| f.reason.clone()),
-            reason_kind: self.reason.as_ref().map(|f| f.kind),
-            updated_ms: now_ms(),
-            stale_after_ms: stale_after.as_millis() as u64,
-            restarts: self.restarts,
-            records_done: done,
-            records_per_s: self.records_per_s,
-            dead_lettered: load(&stats.dead_lettered),
-            skipped_failed: load(&stats.records_skipped_failed),
-            emitted: load(&stats.emitted),
-            checkpoints: load(&stats.checkpoints),
-            cache_hits: cache.memory_hits + cache.disk_hits,
-            cache_misses: cache.block_gets,
-            partitions: stats
-                .partitions
-                .lock()
-                .expect("progress lock")
-                .values()
-                .cloned()
-                .collect(),
-            recent_checkpoints: stats
-                .checkpoint_history
-                .lock()
-                .expect("history lock")
-                .iter()
-                .cloned()
-                .collect(),
-        }
     }
 }
 
@@ -393,10 +313,11 @@ impl Runner {
         }
     }
 
+    /// Brings the run of `key` (tenant, pipeline) in line with its `definition` (none: the
+    /// pipeline was deleted): collects an ended run, stops one that is no longer wanted or
+    /// whose definition changed, starts one that is wanted (after a failure's backoff).
     fn reconcile_one(&mut self, key: &(String, String), definition: Option<PipelineRecord>) {
-        let want = definition
-            .clone()
-            .filter(|d| d.desired == crate::api::pipelines::DesiredState::Running);
+        let want = definition.filter(|d| d.desired == crate::api::pipelines::DesiredState::Running);
         let Some(run) = self.runs.get_mut(key) else {
             if let Some(record) = want {
                 let run = self.launch(&key.0, record, 0);
@@ -404,37 +325,7 @@ impl Runner {
             }
             return;
         };
-        // A run that ended.
-        if run.task.as_ref().is_some_and(JoinHandle::is_finished) {
-            let task = run.task.take().expect("checked");
-            let result = futures::FutureExt::now_or_never(task)
-                .expect("finished")
-                .unwrap_or_else(|panic| {
-                    Err(RunFailure::new(
-                        ErrorKind::Internal,
-                        format!("the run panicked: {panic}"),
-                    ))
-                });
-            run.stop = None;
-            match result {
-                Ok(()) => {
-                    run.phase = HostPhase::Stopped;
-                    run.reason = None;
-                }
-                Err(failure) => {
-                    let reason = one_line(&failure.reason);
-                    if run.launched.elapsed() >= BACKOFF_RESET_AFTER {
-                        // It ran well for a long time: this is a new failure, not a loop.
-                        run.backoff = RESTART_BACKOFF_MIN;
-                    }
-                    tracing::warn!(tenant = %key.0, pipeline = %key.1, kind = ?failure.kind, %reason, retry_in = ?run.backoff, "pipeline run failed");
-                    run.phase = HostPhase::Failed;
-                    run.reason = Some(RunFailure::new(failure.kind, reason));
-                    run.retry_at = Some(crate::clock::monotonic_now() + run.backoff);
-                    run.backoff = (run.backoff * 2).min(RESTART_BACKOFF_MAX);
-                }
-            }
-        }
+        run.collect_ended(key);
         let Some(record) = want else {
             // Stopped or deleted: drain, then forget.
             run.stopping();
@@ -450,46 +341,27 @@ impl Runner {
             if restart {
                 run.stopping();
             } else {
-                if record.checkpoint_requests > run.record.checkpoint_requests {
-                    run.checkpoints.send_replace(record.checkpoint_requests);
-                }
-                run.record = record;
-                if matches!(run.phase, HostPhase::Starting | HostPhase::Failed)
-                    && run.started.load(Ordering::Relaxed)
-                {
-                    run.phase = HostPhase::Running;
-                    run.reason = None;
-                }
+                run.follow(record);
             }
             return;
         }
         // Not running: start the wanted definition now, or after a failure's backoff.
-        let due = restart
-            || run.phase != HostPhase::Failed
-            || run
-                .retry_at
-                .is_none_or(|at| crate::clock::monotonic_now() >= at);
-        if due {
-            let restarts = if restart {
-                0
-            } else {
-                run.restarts + u64::from(run.phase == HostPhase::Failed)
-            };
-            let backoff = if restart {
-                RESTART_BACKOFF_MIN
-            } else {
-                run.backoff
-            };
-            let reason = if restart { None } else { run.reason.clone() };
-            let mut next = self.launch(&key.0, record, restarts);
-            next.backoff = backoff;
-            if reason.is_some() {
-                // Retrying: still failed (with the reason) until the new run gets going.
-                next.phase = HostPhase::Failed;
-                next.reason = reason;
-            }
-            self.runs.insert(key.clone(), next);
+        let Some(Relaunch {
+            restarts,
+            backoff,
+            reason,
+        }) = run.relaunch(restart)
+        else {
+            return;
+        };
+        let mut next = self.launch(&key.0, record, restarts);
+        next.backoff = backoff;
+        if reason.is_some() {
+            // Retrying: still failed (with the reason) until the new run gets going.
+            next.phase = HostPhase::Failed;
+            next.reason = reason;
         }
+        self.runs.insert(key.clone(), next);
     }
 
     /// Starts running `record` of `tenant` here.
