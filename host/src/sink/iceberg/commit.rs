@@ -193,71 +193,16 @@ pub async fn commit(
     let mut attempt = 0;
     loop {
         let table = catalog.load_table(ident).await?;
-        let mut committed = committed_versions(&table, uid);
-        let mut report = CommitReport::default();
-        let mut chosen: Vec<&PendingCheckpoint> = pending
-            .iter()
-            .filter(|c| !c.files.is_empty())
-            .filter(|c| committed.get(&c.partition).is_none_or(|&v| c.version > v))
-            .collect();
-        if look_for_files && !chosen.is_empty() {
-            let paths = chosen
-                .iter()
-                .flat_map(|c| c.files.iter().map(|f| f.file_path()))
-                .collect();
-            let present = files_in_table(&table, &paths).await?;
-            chosen.retain(|c| {
-                let listed = c.files.iter().any(|f| present.contains(f.file_path()));
-                if listed {
-                    let v = committed.entry(c.partition).or_insert(c.version);
-                    *v = (*v).max(c.version);
-                }
-                !listed
-            });
-        }
-        report.skipped = pending.iter().filter(|c| !c.files.is_empty()).count() - chosen.len();
+        let (chosen, mut committed, skipped) = choose(&table, uid, pending, look_for_files).await?;
+        let mut report = CommitReport {
+            skipped,
+            ..CommitReport::default()
+        };
         if chosen.is_empty() {
             report.committed = committed;
             return Ok(report);
         }
-        let mut shards = BTreeMap::new();
-        for c in &chosen {
-            let v = shards.entry(c.partition).or_insert(c.version);
-            *v = (*v).max(c.version);
-        }
-        for (&partition, &version) in &shards {
-            let v = committed.entry(partition).or_insert(version);
-            *v = (*v).max(version);
-        }
-        let mut summary = HashMap::from([(SUMMARY_PIPELINE.to_owned(), uid.to_owned())]);
-        summary.extend(
-            shards
-                .iter()
-                .map(|(p, v)| (format!("{SUMMARY_SHARD_PREFIX}{p}"), v.to_string())),
-        );
-        let files: Vec<DataFile> = chosen.iter().flat_map(|c| c.files.clone()).collect();
-        report.files = files.len();
-        report.rows = files.iter().map(DataFile::record_count).sum();
-        let committed_text = serde_json::to_string(&committed).expect("a map of numbers encodes");
-        let mut covered = committed_covered(&table, uid);
-        for c in &chosen {
-            covered.entry(c.partition).or_default().raise(&c.covered);
-        }
-        let covered_text = serde_json::to_string(&covered).expect("a map of numbers encodes");
-        let tx = Transaction::new(&table);
-        let append = tx
-            .fast_append()
-            // The check reads every manifest; ours is the summary and property above, and
-            // `files_in_table` once per committer.
-            .with_check_duplicate(false)
-            .set_snapshot_properties(summary)
-            .add_data_files(files);
-        let tx = append.apply(tx)?;
-        let properties = tx
-            .update_table_properties()
-            .set(format!("{PROPERTY_COMMITTED_PREFIX}{uid}"), committed_text)
-            .set(format!("{PROPERTY_COVERED_PREFIX}{uid}"), covered_text);
-        let tx = properties.apply(tx)?;
+        let tx = append(&table, uid, &chosen, &mut committed, &mut report)?;
         // The transaction commits onto exactly the table decided on: a table another
         // committer changed meanwhile fails the swap, and the loop decides again.
         let decided = NoRetry {
@@ -286,6 +231,91 @@ pub async fn commit(
             Err(e) => return Err(e),
         }
     }
+}
+
+/// The pending checkpoints with files that `table` does not have yet (above the versions it
+/// records for pipeline `uid`, and with `look_for_files` none of whose files it lists), the
+/// versions it has (raised by the checkpoints found listed), and how many were skipped.
+async fn choose<'p>(
+    table: &Table,
+    uid: &str,
+    pending: &'p [PendingCheckpoint],
+    look_for_files: bool,
+) -> iceberg::Result<(Vec<&'p PendingCheckpoint>, BTreeMap<i32, u64>, usize)> {
+    let mut committed = committed_versions(table, uid);
+    let mut chosen: Vec<&PendingCheckpoint> = pending
+        .iter()
+        .filter(|c| !c.files.is_empty())
+        .filter(|c| committed.get(&c.partition).is_none_or(|&v| c.version > v))
+        .collect();
+    if look_for_files && !chosen.is_empty() {
+        let paths = chosen
+            .iter()
+            .flat_map(|c| c.files.iter().map(|f| f.file_path()))
+            .collect();
+        let present = files_in_table(table, &paths).await?;
+        chosen.retain(|c| {
+            let listed = c.files.iter().any(|f| present.contains(f.file_path()));
+            if listed {
+                let v = committed.entry(c.partition).or_insert(c.version);
+                *v = (*v).max(c.version);
+            }
+            !listed
+        });
+    }
+    let skipped = pending.iter().filter(|c| !c.files.is_empty()).count() - chosen.len();
+    Ok((chosen, committed, skipped))
+}
+
+/// The transaction that appends the `chosen` checkpoints' files to `table` in one snapshot,
+/// whose summary names pipeline `uid` and each shard's highest checkpoint, and that records
+/// the versions now `committed` (raised by the chosen) and the input they cover in the table's
+/// properties. Counts the files and rows in `report`.
+fn append(
+    table: &Table,
+    uid: &str,
+    chosen: &[&PendingCheckpoint],
+    committed: &mut BTreeMap<i32, u64>,
+    report: &mut CommitReport,
+) -> iceberg::Result<Transaction> {
+    let mut shards = BTreeMap::new();
+    for c in chosen {
+        let v = shards.entry(c.partition).or_insert(c.version);
+        *v = (*v).max(c.version);
+    }
+    for (&partition, &version) in &shards {
+        let v = committed.entry(partition).or_insert(version);
+        *v = (*v).max(version);
+    }
+    let mut summary = HashMap::from([(SUMMARY_PIPELINE.to_owned(), uid.to_owned())]);
+    summary.extend(
+        shards
+            .iter()
+            .map(|(p, v)| (format!("{SUMMARY_SHARD_PREFIX}{p}"), v.to_string())),
+    );
+    let files: Vec<DataFile> = chosen.iter().flat_map(|c| c.files.clone()).collect();
+    report.files = files.len();
+    report.rows = files.iter().map(DataFile::record_count).sum();
+    let committed_text = serde_json::to_string(&committed).expect("a map of numbers encodes");
+    let mut covered = committed_covered(table, uid);
+    for c in chosen {
+        covered.entry(c.partition).or_default().raise(&c.covered);
+    }
+    let covered_text = serde_json::to_string(&covered).expect("a map of numbers encodes");
+    let tx = Transaction::new(table);
+    let append = tx
+        .fast_append()
+        // The check reads every manifest; ours is the summary and property above, and
+        // `files_in_table` once per committer.
+        .with_check_duplicate(false)
+        .set_snapshot_properties(summary)
+        .add_data_files(files);
+    let tx = append.apply(tx)?;
+    let properties = tx
+        .update_table_properties()
+        .set(format!("{PROPERTY_COMMITTED_PREFIX}{uid}"), committed_text)
+        .set(format!("{PROPERTY_COVERED_PREFIX}{uid}"), covered_text);
+    properties.apply(tx)
 }
 
 /// A catalog for one commit decided on one version of the table: loading that table answers
