@@ -200,6 +200,46 @@ mod tests {
         shard.scan(&[], None, usize::MAX).await.expect("scans")
     }
 
+    /// The writes of one event-time timer at `time` of key `k` (`flush`), as the timer
+    /// service makes them: its per-key entry, its index entry, the shard's count of timers.
+    fn one_timer(time: i64) -> Vec<StateWrite> {
+        vec![
+            StateWrite {
+                key: time_keys::per_key(b"k", "flush"),
+                value: Some(Bytes::from(time_keys::per_key_value(
+                    crate::runtime::TimeDomain::EventTime,
+                    time,
+                ))),
+                expires_at_ms: None,
+            },
+            StateWrite {
+                key: time_keys::time_index(
+                    crate::runtime::TimeDomain::EventTime,
+                    time,
+                    b"k",
+                    "flush",
+                ),
+                value: Some(Bytes::new()),
+                expires_at_ms: None,
+            },
+            StateWrite {
+                key: time_keys::TIMER_COUNT_KEY.to_vec(),
+                value: Some(Bytes::copy_from_slice(&1u64.to_be_bytes())),
+                expires_at_ms: None,
+            },
+        ]
+    }
+
+    /// The version of a durable checkpoint of `shard` at `offsets(next)`, decided by `by`.
+    async fn checkpointed<S: Shard>(shard: &S, next: i64, by: DecidedBy) -> u64 {
+        shard
+            .checkpoint(&offsets(next), by)
+            .await
+            .expect("checkpoints")
+            .expect("durable")
+            .version
+    }
+
     /// `memory` → `lsm` → `memory` on one shard, as a live switch does: each open converts
     /// the other backend's newest checkpoint, and reads what it held, timers and offsets
     /// included, with checkpoint versions only going up.
@@ -221,47 +261,13 @@ mod tests {
                 pipeline: "t.p".into(),
                 partition: 0,
             };
-            let timer = |time: i64| {
-                vec![
-                    StateWrite {
-                        key: time_keys::per_key(b"k", "flush"),
-                        value: Some(Bytes::from(time_keys::per_key_value(
-                            crate::runtime::TimeDomain::EventTime,
-                            time,
-                        ))),
-                        expires_at_ms: None,
-                    },
-                    StateWrite {
-                        key: time_keys::time_index(
-                            crate::runtime::TimeDomain::EventTime,
-                            time,
-                            b"k",
-                            "flush",
-                        ),
-                        value: Some(Bytes::new()),
-                        expires_at_ms: None,
-                    },
-                    StateWrite {
-                        key: time_keys::TIMER_COUNT_KEY.to_vec(),
-                        value: Some(Bytes::copy_from_slice(&1u64.to_be_bytes())),
-                        expires_at_ms: None,
-                    },
-                ]
-            };
             let mut versions = Vec::new();
             let on_memory = memory.open_shard(&id).await.expect("opens");
             on_memory
-                .apply((0..80).map(|k| write(k, 1)).chain(timer(500)).collect())
+                .apply((0..80).map(|k| write(k, 1)).chain(one_timer(500)).collect())
                 .await
                 .expect("applies");
-            versions.push(
-                on_memory
-                    .checkpoint(&offsets(80), DecidedBy::Manifest)
-                    .await
-                    .expect("checkpoints")
-                    .expect("durable")
-                    .version,
-            );
+            versions.push(checkpointed(&on_memory, 80, DecidedBy::Manifest).await);
             let held = all(&on_memory).await;
             drop(on_memory);
 
@@ -275,14 +281,7 @@ mod tests {
                 .apply((40..120).map(|k| write(k, 2)).collect())
                 .await
                 .expect("applies");
-            versions.push(
-                on_lsm
-                    .checkpoint(&offsets(200), DecidedBy::Transaction)
-                    .await
-                    .expect("checkpoints")
-                    .expect("durable")
-                    .version,
-            );
+            versions.push(checkpointed(&on_lsm, 200, DecidedBy::Transaction).await);
             let held = all(&on_lsm).await;
             drop(on_lsm);
 
@@ -298,12 +297,7 @@ mod tests {
                 back.recovered_offsets().expect("decodes"),
                 Some(offsets(200))
             );
-            let newest = back
-                .checkpoint(&offsets(201), DecidedBy::Manifest)
-                .await
-                .expect("checkpoints")
-                .expect("durable")
-                .version;
+            let newest = checkpointed(&back, 201, DecidedBy::Manifest).await;
             assert!(
                 versions[0] < versions[1] && versions[1] < newest,
                 "{versions:?} then {newest}"

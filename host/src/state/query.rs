@@ -367,6 +367,46 @@ mod tests {
         });
     }
 
+    /// Round `round` of writes: state `count` of keys `k000`…`k039` set to `round`.
+    fn counts_of_round(round: u32) -> Vec<crate::state::StateWrite> {
+        (0..40u32)
+            .map(|i| crate::state::StateWrite {
+                key: key::value_key(format!("k{i:03}").as_bytes(), "count"),
+                value: Some(Bytes::from(format!("{round}"))),
+                expires_at_ms: None,
+            })
+            .collect()
+    }
+
+    /// Leases `version` of the shard at `root` as a scan does (lease `scan`, never expiring).
+    async fn lease_version(store: &Arc<dyn ObjectStore>, root: &Path, version: u64) {
+        use crate::state::lease::{self, Lease};
+        let held = Lease {
+            versions: [(0, version)].into(),
+            expires_at_ms: u64::MAX,
+        };
+        let dir = lease::leases_of_shard(root).expect("a shard root").0;
+        lease::put(store, &dir, "scan", &held)
+            .await
+            .expect("leases");
+    }
+
+    /// Every entry of state `count` in `shard`, read in pages of 15.
+    async fn every_count(shard: &QueryShard) -> Vec<QueryEntry> {
+        let mut all = Vec::new();
+        loop {
+            let after = all.last().map(|(k, _, _): &QueryEntry| k.clone());
+            let page = shard
+                .scan_state("count", b"", after.as_deref(), 15, 0)
+                .await
+                .expect("reads");
+            if page.is_empty() {
+                return all;
+            }
+            all.extend(page);
+        }
+    }
+
     /// A paged query holds a lease on version 1; between its pages every key is overwritten,
     /// compacted and checkpointed four times and GC runs with no grace: the lease keeps
     /// version 1 and its SSTs, and the next page — opened anew, as on another host — reads
@@ -374,7 +414,7 @@ mod tests {
     #[test]
     fn a_leased_version_reads_the_same_across_compaction_and_gc_without_grace() {
         use crate::state::Shard as _;
-        use crate::state::lease::{self, Lease};
+        use crate::state::lease;
         use crate::state::lsm::gc::{LiveWriter, collect_garbage};
         use crate::state::manifest::{Protected, RetentionPolicy};
         block_on(async {
@@ -391,18 +431,9 @@ mod tests {
                 crate::state::lsm::tests::small_settings(),
                 clock.clone(),
             );
-            let write_round = |round: u32| {
-                (0..40u32)
-                    .map(|i| crate::state::StateWrite {
-                        key: key::value_key(format!("k{i:03}").as_bytes(), "count"),
-                        value: Some(Bytes::from(format!("{round}"))),
-                        expires_at_ms: None,
-                    })
-                    .collect::<Vec<_>>()
-            };
             let mut versions = Vec::new();
             for round in 0..5 {
-                tree.apply(write_round(round)).await.expect("applies");
+                tree.apply(counts_of_round(round)).await.expect("applies");
                 tree.compact_until_settled().await.expect("compacts");
                 tree.flush().await.expect("flushes");
                 let seq = tree.next_seq();
@@ -421,14 +452,7 @@ mod tests {
                         .await
                         .expect("reads");
                     assert_eq!(page.len(), 15);
-                    let held = Lease {
-                        versions: [(0, last.version)].into(),
-                        expires_at_ms: u64::MAX,
-                    };
-                    let dir = lease::leases_of_shard(&root).expect("a shard root").0;
-                    lease::put(&store, &dir, "scan", &held)
-                        .await
-                        .expect("leases");
+                    lease_version(&store, &root, last.version).await;
                 }
             }
             let policy = RetentionPolicy {
@@ -454,18 +478,7 @@ mod tests {
             let shard = QueryShard::open(&store, (&root, 0), leased, &caches, &clock)
                 .await
                 .expect("the leased version is kept");
-            let mut all = Vec::new();
-            loop {
-                let after = all.last().map(|(k, _, _): &QueryEntry| k.clone());
-                let page = shard
-                    .scan_state("count", b"", after.as_deref(), 15, 0)
-                    .await
-                    .expect("reads");
-                if page.is_empty() {
-                    break;
-                }
-                all.extend(page);
-            }
+            let all = every_count(&shard).await;
             assert_eq!(all.len(), 40);
             assert!(all.iter().all(|(_, v, _)| v == &Bytes::from("0")));
             // Released: the next pass collects it.
