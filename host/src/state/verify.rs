@@ -129,14 +129,7 @@ pub async fn verify_shard(
     checksums: bool,
 ) -> Result<Vec<VersionCheck>, VerifyError> {
     let manifests = ManifestStore::new(store.clone(), root.clone());
-    let unavailable = |e: ManifestError| match e {
-        ManifestError::Unavailable(source) => VerifyError(source),
-        other => VerifyError(object_store::Error::Generic {
-            store: "manifest",
-            source: Box::new(other),
-        }),
-    };
-    let versions = manifests.versions().await.map_err(unavailable)?;
+    let versions = manifests.versions().await.map_err(manifest_unavailable)?;
     // Every object of the shard, once: presence and size come from the listing.
     let present: HashMap<Path, u64> = store
         .list(Some(root))
@@ -144,10 +137,14 @@ pub async fn verify_shard(
         .try_collect()
         .await
         .map_err(VerifyError)?;
+    let mut objects = Objects {
+        store,
+        present,
+        checksums,
+        verified: HashMap::new(),
+    };
     let mut read: Vec<Manifest> = Vec::new();
     let mut checks = Vec::with_capacity(versions.len());
-    // Checksums of each object at most once, however many versions reference it.
-    let mut verified: HashMap<Path, Result<(), String>> = HashMap::new();
     for &version in versions.iter().rev() {
         let manifest = match manifests.read(version).await {
             Ok(m) => m,
@@ -159,16 +156,64 @@ pub async fn verify_shard(
                 continue;
             }
             Err(ManifestError::NotFound(_)) => continue, // deleted by GC meanwhile
-            Err(other) => return Err(unavailable(other)),
+            Err(other) => return Err(manifest_unavailable(other)),
         };
-        let mut check = VersionCheck {
+        let mut check = VersionCheck::of(version, &manifest);
+        if manifest.kind == ManifestKind::Checkpoint {
+            // A newer version (read before this one) that rejected it.
+            let rejected = read.iter().find_map(|m| {
+                m.rejected
+                    .iter()
+                    .find(|r| r.version == version)
+                    .map(|r| r.reason.clone())
+            });
+            check.problem = match rejected {
+                Some(reason) => Some(format!("rejected by a later owner: {reason}")),
+                None => {
+                    let problem = objects.problem(root, &manifest, &mut check).await?;
+                    if problem.is_some() && collected(&manifests, version).await? {
+                        // GC deleted the version while it was being checked (a running
+                        // pipeline): what it referenced may be gone with it. It is no longer
+                        // stored: not reported.
+                        continue;
+                    }
+                    problem
+                }
+            };
+            check.restorable = check.problem.is_none();
+        }
+        checks.push(check);
+        read.push(manifest);
+    }
+    Ok(checks)
+}
+
+/// A manifest store's failure as a verify's: the store's error, or the manifest's wrapped.
+fn manifest_unavailable(e: ManifestError) -> VerifyError {
+    match e {
+        ManifestError::Unavailable(source) => VerifyError(source),
+        other => VerifyError(object_store::Error::Generic {
+            store: "manifest",
+            source: Box::new(other),
+        }),
+    }
+}
+
+impl VersionCheck {
+    /// What manifest `version` says before its objects are checked: its kind, how its
+    /// checkpoint was decided, its offsets; not restorable yet.
+    fn of(version: u64, manifest: &Manifest) -> Self {
+        let checkpoint = manifest.kind == ManifestKind::Checkpoint;
+        VersionCheck {
             version,
-            kind: match manifest.kind {
-                ManifestKind::Claim => "claim",
-                ManifestKind::Checkpoint => "checkpoint",
-            }
-            .to_owned(),
-            decided_by: None,
+            kind: if checkpoint { "checkpoint" } else { "claim" }.to_owned(),
+            decided_by: checkpoint.then(|| {
+                match super::checkpoint::decided_by(&manifest.metadata) {
+                    super::checkpoint::DecidedBy::Manifest => "manifest",
+                    super::checkpoint::DecidedBy::Transaction => "transaction",
+                }
+                .to_owned()
+            }),
             offsets: super::checkpoint::InputOffsets::from_metadata(&manifest.metadata)
                 .map(|o| o.iter().map(|(t, next)| (t.to_owned(), next)).collect())
                 .unwrap_or_default(),
@@ -176,71 +221,61 @@ pub async fn verify_shard(
             bytes: 0,
             restorable: false,
             problem: None,
-        };
-        if manifest.kind == ManifestKind::Claim {
-            checks.push(check);
-            read.push(manifest);
-            continue;
         }
-        check.decided_by = Some(
-            match super::checkpoint::decided_by(&manifest.metadata) {
-                super::checkpoint::DecidedBy::Manifest => "manifest",
-                super::checkpoint::DecidedBy::Transaction => "transaction",
-            }
-            .to_owned(),
-        );
-        // A newer version (read before this one) that rejected it.
-        if let Some(reason) = read.iter().find_map(|m| {
-            m.rejected
-                .iter()
-                .find(|r| r.version == version)
-                .map(|r| r.reason.clone())
-        }) {
-            check.problem = Some(format!("rejected by a later owner: {reason}"));
-            checks.push(check);
-            read.push(manifest);
-            continue;
-        }
-        let objects = referenced(root, &manifest);
+    }
+}
+
+/// The objects of a shard as one verify sees them: listed once, each checksummed at most
+/// once however many versions reference it.
+struct Objects<'a> {
+    store: &'a Arc<dyn ObjectStore>,
+    /// Every object of the shard and its size, from one listing.
+    present: HashMap<Path, u64>,
+    /// Read and check each object's checksums, besides its presence and size.
+    checksums: bool,
+    /// The checksums' outcome of each object read.
+    verified: HashMap<Path, Result<(), ObjectProblem>>,
+}
+
+impl Objects<'_> {
+    /// The first problem of the objects `manifest` (under `root`) references — missing, of
+    /// another size, corrupt — if one has one; counts them and their bytes in `check`.
+    async fn problem(
+        &mut self,
+        root: &Path,
+        manifest: &Manifest,
+        check: &mut VersionCheck,
+    ) -> Result<Option<String>, VerifyError> {
+        let objects = referenced(root, manifest);
         check.objects = objects.len();
         check.bytes = objects.iter().map(|(_, size, _)| size.unwrap_or(0)).sum();
-        let mut problem = None;
         for (path, size, kind) in &objects {
-            problem = match (present.get(path), size) {
+            let problem = match (self.present.get(path), size) {
                 (None, _) => Some(format!("{path} is missing")),
                 (Some(found), Some(size)) if found != size => Some(format!(
                     "{path} has {found} bytes, the checkpoint recorded {size}"
                 )),
-                _ if !checksums => None,
+                _ if !self.checksums => None,
                 _ => {
-                    if !verified.contains_key(path) {
-                        let outcome = verify_object(store, path, *kind).await?;
-                        verified.insert(path.clone(), outcome);
+                    if !self.verified.contains_key(path) {
+                        let outcome = verify_object(self.store, path, *kind).await?;
+                        self.verified.insert(path.clone(), outcome);
                     }
-                    verified[path]
+                    self.verified[path]
                         .as_ref()
                         .err()
                         .map(|e| format!("{path}: {e}"))
                 }
             };
-            if let Some(size) = present.get(path).filter(|_| size.is_none()) {
+            if let Some(size) = self.present.get(path).filter(|_| size.is_none()) {
                 check.bytes += size;
             }
             if problem.is_some() {
-                break;
+                return Ok(problem);
             }
         }
-        if problem.is_some() && collected(&manifests, version).await? {
-            // GC deleted the version while it was being checked (a running pipeline): what it
-            // referenced may be gone with it. It is no longer stored: not reported.
-            continue;
-        }
-        check.restorable = problem.is_none();
-        check.problem = problem;
-        checks.push(check);
-        read.push(manifest);
+        Ok(None)
     }
-    Ok(checks)
 }
 
 /// Whether manifest `version` is gone from the store (GC deleted it).
@@ -301,6 +336,18 @@ fn referenced(root: &Path, manifest: &Manifest) -> Vec<(Path, Option<u64>, Objec
     objects
 }
 
+/// What is wrong with an object a checkpoint references.
+#[derive(Debug, thiserror::Error)]
+enum ObjectProblem {
+    /// Deleted between the listing and the read.
+    #[error("missing")]
+    Missing,
+    #[error(transparent)]
+    Sst(#[from] super::lsm::sst::SstError),
+    #[error(transparent)]
+    Snapshot(#[from] snapshot::SnapshotError),
+}
+
 /// Reads the object at `path` and checks its checksums; `Ok(Err(_))` says what is wrong with
 /// it. An SST (at most the tree's target file size) is read whole; a snapshot (a partition's
 /// whole state) is streamed through its CRC-32C, never held.
@@ -308,23 +355,23 @@ async fn verify_object(
     store: &Arc<dyn ObjectStore>,
     path: &Path,
     kind: ObjectKind,
-) -> Result<Result<(), String>, VerifyError> {
+) -> Result<Result<(), ObjectProblem>, VerifyError> {
     let got = match store.get(path).await {
         Ok(got) => got,
-        Err(object_store::Error::NotFound { .. }) => return Ok(Err("missing".to_owned())),
+        Err(object_store::Error::NotFound { .. }) => return Ok(Err(ObjectProblem::Missing)),
         Err(err) => return Err(VerifyError(err)),
     };
     Ok(match kind {
         ObjectKind::Sst => SstReader::open(got.bytes().await.map_err(VerifyError)?)
             .and_then(|reader| reader.verify_blocks())
-            .map_err(|e| e.to_string()),
+            .map_err(ObjectProblem::from),
         ObjectKind::Snapshot => {
             let mut chunks = got.into_stream();
             let mut check = snapshot::StreamCheck::default();
             while let Some(chunk) = chunks.try_next().await.map_err(VerifyError)? {
                 check.update(&chunk);
             }
-            check.finish().map_err(|e| e.to_string())
+            check.finish().map_err(ObjectProblem::from)
         }
     })
 }
@@ -355,6 +402,52 @@ mod tests {
         let mut offsets = InputOffsets::new();
         offsets.advance("in", next - 1);
         offsets
+    }
+
+    /// Deletes an SST only checkpoint `newest` of the `lsm` shard at `root` references (not
+    /// the one before it); returns its id.
+    async fn delete_newest_own_sst(
+        store: &Arc<dyn ObjectStore>,
+        root: &Path,
+        newest: u64,
+    ) -> SstId {
+        let manifests = ManifestStore::new(store.clone(), root.clone());
+        let ids = |manifest: Manifest| -> std::collections::HashSet<SstId> {
+            manifest.levels.iter().flatten().map(|r| r.id()).collect()
+        };
+        let older = ids(manifests.read(newest - 1).await.expect("reads"));
+        let sst = ids(manifests.read(newest).await.expect("reads"))
+            .into_iter()
+            .find(|id| !older.contains(id))
+            .expect("an SST only the newest checkpoint references");
+        let path = Path::from(format!("{root}/{}", sst.object_name()));
+        store.delete(&path).await.expect("deletes");
+        sst
+    }
+
+    /// Flips a byte of the snapshot of checkpoint `version` of the `memory` shard at `root`.
+    async fn flip_a_snapshot_byte(store: &Arc<dyn ObjectStore>, root: &Path, version: u64) {
+        let manifest = ManifestStore::new(store.clone(), root.clone())
+            .read(version)
+            .await
+            .expect("reads");
+        let snap = Path::from(format!(
+            "{root}/{}",
+            snapshot::snapshot_name(&manifest.metadata).expect("a snapshot")
+        ));
+        let mut bytes = store
+            .get(&snap)
+            .await
+            .expect("gets")
+            .bytes()
+            .await
+            .expect("reads")
+            .to_vec();
+        bytes[20] ^= 0xff;
+        store
+            .put(&snap, PutPayload::from(bytes))
+            .await
+            .expect("puts");
     }
 
     /// Two checkpoints of an `lsm` shard and two of a `memory` one, all restorable; then the
@@ -419,52 +512,8 @@ mod tests {
             }
 
             // The newest lsm checkpoint's own SST goes; a byte of the newest snapshot flips.
-            let lsm_root = id(0).root_under(&prefix);
-            let newest_lsm = ManifestStore::new(store.clone(), lsm_root.clone())
-                .read(newest[0])
-                .await
-                .expect("reads");
-            let older: std::collections::HashSet<SstId> =
-                ManifestStore::new(store.clone(), lsm_root.clone())
-                    .read(newest[0] - 1)
-                    .await
-                    .expect("reads")
-                    .levels
-                    .iter()
-                    .flatten()
-                    .map(|r| r.id())
-                    .collect();
-            let sst = newest_lsm
-                .levels
-                .iter()
-                .flatten()
-                .map(|r| r.id())
-                .find(|id| !older.contains(id))
-                .expect("an SST only the newest checkpoint references");
-            let sst_path = Path::from(format!("{lsm_root}/{}", sst.object_name()));
-            store.delete(&sst_path).await.expect("deletes");
-            let mem_root = id(1).root_under(&prefix);
-            let newest_mem = ManifestStore::new(store.clone(), mem_root.clone())
-                .read(newest[1])
-                .await
-                .expect("reads");
-            let snap = Path::from(format!(
-                "{mem_root}/{}",
-                snapshot::snapshot_name(&newest_mem.metadata).expect("a snapshot")
-            ));
-            let mut bytes = store
-                .get(&snap)
-                .await
-                .expect("gets")
-                .bytes()
-                .await
-                .expect("reads")
-                .to_vec();
-            bytes[20] ^= 0xff;
-            store
-                .put(&snap, PutPayload::from(bytes))
-                .await
-                .expect("puts");
+            let sst = delete_newest_own_sst(&store, &id(0).root_under(&prefix), newest[0]).await;
+            flip_a_snapshot_byte(&store, &id(1).root_under(&prefix), newest[1]).await;
 
             let found = verify_pipeline(&store, &prefix, "t.p", true)
                 .await
