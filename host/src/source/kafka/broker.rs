@@ -163,13 +163,14 @@ pub fn check_reachable(kafka: &KafkaSettings, timeout: Duration) -> Result<(), R
 /// "Recovery" step 3): read with a `read_committed` client that joins nothing. Blocking.
 ///
 /// # Errors
-/// What librdkafka said, when the client cannot be made or the offsets cannot be read.
+/// What librdkafka said ([`KafkaError`]), when the client cannot be made or the offsets cannot
+/// be read.
 pub fn committed_checkpoint_versions(
     kafka: &KafkaSettings,
     group: &str,
     topics: &[String],
     partitions: &[i32],
-) -> Result<std::collections::BTreeMap<i32, u64>, String> {
+) -> Result<std::collections::BTreeMap<i32, u64>, KafkaError> {
     let mut config = kafka.client_config();
     for (k, v) in &kafka.consumer {
         config.set(k, v);
@@ -178,16 +179,14 @@ pub fn committed_checkpoint_versions(
         .set("group.id", group)
         .set("enable.auto.commit", "false")
         .set("isolation.level", "read_committed");
-    let consumer: BaseConsumer = config.create().map_err(|e| e.to_string())?;
+    let consumer: BaseConsumer = config.create()?;
     let mut wanted = rdkafka::TopicPartitionList::new();
     for topic in topics {
         for p in partitions {
             wanted.add_partition(topic, *p);
         }
     }
-    let committed = consumer
-        .committed_offsets(wanted, Duration::from_secs(10))
-        .map_err(|e| e.to_string())?;
+    let committed = consumer.committed_offsets(wanted, Duration::from_secs(10))?;
     Ok(committed
         .elements()
         .iter()

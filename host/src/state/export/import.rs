@@ -34,21 +34,7 @@ pub async fn import_checkpoint(
     let meta = store.head(export).await.map_err(ExportError::Unavailable)?;
     let reader = object_store::buffered::BufReader::new(store.clone(), &meta);
     let mut lines = reader.lines();
-    let header: ExportHeader = match next_line(&mut lines).await? {
-        Some(line) => {
-            serde_json::from_str(&line).map_err(|e| invalid(1, format!("header: {e}")))?
-        }
-        None => return Err(invalid(1, "empty file")),
-    };
-    if header.format != FORMAT || header.version != VERSION {
-        return Err(invalid(
-            1,
-            format!(
-                "format `{}` version {}; this host reads `{FORMAT}` version {VERSION}",
-                header.format, header.version
-            ),
-        ));
-    }
+    let header = read_header(&mut lines).await?;
     let mut sink = ImportSink::new(store, target, into, epoch);
     let mut time_index: Vec<Vec<u8>> = Vec::new();
     let (mut entries, mut timers) = (0u64, 0u64);
@@ -66,57 +52,21 @@ pub async fn import_checkpoint(
         if line.end == Some(true) {
             break line;
         }
-        let record_key = bytes_of(line.key.as_deref(), line.key_b64.as_deref())
-            .map_err(|r| invalid(line_no, format!("key: {r}")))?
-            .ok_or_else(|| invalid(line_no, "no key"))?;
-        if let Some(name) = &line.timer {
-            let domain = line
-                .domain
-                .as_deref()
-                .and_then(domain_of)
-                .ok_or_else(|| invalid(line_no, "a timer without a valid domain"))?;
-            let time_ms = line
-                .time_ms
-                .ok_or_else(|| invalid(line_no, "a timer without time_ms"))?;
-            sink.add(
-                line_no,
-                time_keys::per_key(&record_key, name),
-                Bytes::from(time_keys::per_key_value(domain, time_ms)),
-                None,
-            )
-            .await?;
-            time_index.push(time_keys::time_index(domain, time_ms, &record_key, name));
-            timers += 1;
-            continue;
+        match parse(line_no, line)? {
+            Parsed::Timer { key, value, index } => {
+                sink.add(line_no, key, value, None).await?;
+                time_index.push(index);
+                timers += 1;
+            }
+            Parsed::Entry {
+                key,
+                value,
+                expires_at_ms,
+            } => {
+                sink.add(line_no, key, value, expires_at_ms).await?;
+                entries += 1;
+            }
         }
-        let state = line
-            .state
-            .as_deref()
-            .ok_or_else(|| invalid(line_no, "neither a state entry nor a timer"))?;
-        if state.is_empty() || state.len() > 255 || state == time_keys::TIMER_STATE {
-            return Err(invalid(
-                line_no,
-                format!("state name `{state}` is not allowed"),
-            ));
-        }
-        let map_key = bytes_of(line.map_key.as_deref(), line.map_key_b64.as_deref())
-            .map_err(|r| invalid(line_no, format!("map_key: {r}")))?
-            .unwrap_or_default();
-        let value = line
-            .value_b64
-            .as_deref()
-            .map(|v| B64.decode(v))
-            .transpose()
-            .map_err(|e| invalid(line_no, format!("value_b64: {e}")))?
-            .ok_or_else(|| invalid(line_no, "an entry without value_b64"))?;
-        sink.add(
-            line_no,
-            key::map_key(&record_key, state, &map_key),
-            Bytes::from(value),
-            line.expires_at_ms,
-        )
-        .await?;
-        entries += 1;
     };
     if end.entries != Some(entries) || end.timers != Some(timers) {
         return Err(invalid(
@@ -127,8 +77,119 @@ pub async fn import_checkpoint(
             ),
         ));
     }
-    // The reserved keys sort after every state key: the timer count, the Iceberg sink's
-    // pending list, the time index, the watermark (`c` < `i` < `t` < `w`).
+    add_reserved(&mut sink, &end, timers, time_index).await?;
+    let mut offsets = InputOffsets::new();
+    for (topic, next) in &header.offsets {
+        offsets.advance(topic, next - 1);
+    }
+    let mut metadata = checkpoint_metadata(&offsets, DecidedBy::Manifest);
+    let levels = sink.finish(version, &mut metadata).await?;
+    let manifest = Manifest::fresh_checkpoint((version, epoch, writer_token), levels, metadata);
+    ManifestStore::new(store.clone(), target.clone())
+        .commit(&manifest)
+        .await
+        .map_err(|e| ExportError::State(e.into_state_error(target)))?;
+    Ok(ExportSummary {
+        partition: header.partition,
+        entries,
+        timers,
+        bytes: meta.size,
+    })
+}
+
+/// The export's first line, of this host's format and version.
+async fn read_header(
+    lines: &mut tokio::io::Lines<object_store::buffered::BufReader>,
+) -> Result<ExportHeader, ExportError> {
+    let header: ExportHeader = match next_line(lines).await? {
+        Some(line) => {
+            serde_json::from_str(&line).map_err(|e| invalid(1, format!("header: {e}")))?
+        }
+        None => return Err(invalid(1, "empty file")),
+    };
+    if header.format != FORMAT || header.version != VERSION {
+        return Err(invalid(
+            1,
+            format!(
+                "format `{}` version {}; this host reads `{FORMAT}` version {VERSION}",
+                header.format, header.version
+            ),
+        ));
+    }
+    Ok(header)
+}
+
+/// A line of an export as the keys and values it becomes.
+enum Parsed {
+    /// A timer: its per-key entry, and its time index key (written after every state key).
+    Timer {
+        key: Vec<u8>,
+        value: Bytes,
+        index: Vec<u8>,
+    },
+    /// A state entry.
+    Entry {
+        key: Vec<u8>,
+        value: Bytes,
+        expires_at_ms: Option<u64>,
+    },
+}
+
+/// Line `line_no` (not the last) as what it becomes; invalid when a field is missing or bad.
+fn parse(line_no: u64, line: ExportLine) -> Result<Parsed, ExportError> {
+    let record_key = bytes_of(line.key.as_deref(), line.key_b64.as_deref())
+        .map_err(|r| invalid(line_no, format!("key: {r}")))?
+        .ok_or_else(|| invalid(line_no, "no key"))?;
+    if let Some(name) = &line.timer {
+        let domain = line
+            .domain
+            .as_deref()
+            .and_then(domain_of)
+            .ok_or_else(|| invalid(line_no, "a timer without a valid domain"))?;
+        let time_ms = line
+            .time_ms
+            .ok_or_else(|| invalid(line_no, "a timer without time_ms"))?;
+        return Ok(Parsed::Timer {
+            key: time_keys::per_key(&record_key, name),
+            value: Bytes::from(time_keys::per_key_value(domain, time_ms)),
+            index: time_keys::time_index(domain, time_ms, &record_key, name),
+        });
+    }
+    let state = line
+        .state
+        .as_deref()
+        .ok_or_else(|| invalid(line_no, "neither a state entry nor a timer"))?;
+    if state.is_empty() || state.len() > 255 || state == time_keys::TIMER_STATE {
+        return Err(invalid(
+            line_no,
+            format!("state name `{state}` is not allowed"),
+        ));
+    }
+    let map_key = bytes_of(line.map_key.as_deref(), line.map_key_b64.as_deref())
+        .map_err(|r| invalid(line_no, format!("map_key: {r}")))?
+        .unwrap_or_default();
+    let value = line
+        .value_b64
+        .as_deref()
+        .map(|v| B64.decode(v))
+        .transpose()
+        .map_err(|e| invalid(line_no, format!("value_b64: {e}")))?
+        .ok_or_else(|| invalid(line_no, "an entry without value_b64"))?;
+    Ok(Parsed::Entry {
+        key: key::map_key(&record_key, state, &map_key),
+        value: Bytes::from(value),
+        expires_at_ms: line.expires_at_ms,
+    })
+}
+
+/// The reserved keys, which sort after every state key: the timer count, the Iceberg sink's
+/// pending list, the time index, the watermark (`c` < `i` < `t` < `w`).
+async fn add_reserved(
+    sink: &mut ImportSink<'_>,
+    end: &ExportLine,
+    timers: u64,
+    mut time_index: Vec<Vec<u8>>,
+) -> Result<(), ExportError> {
     if timers > 0 {
         sink.add(
             0,
@@ -160,23 +221,7 @@ pub async fn import_checkpoint(
         )
         .await?;
     }
-    let mut offsets = InputOffsets::new();
-    for (topic, next) in &header.offsets {
-        offsets.advance(topic, next - 1);
-    }
-    let mut metadata = checkpoint_metadata(&offsets, DecidedBy::Manifest);
-    let levels = sink.finish(version, &mut metadata).await?;
-    let manifest = Manifest::fresh_checkpoint((version, epoch, writer_token), levels, metadata);
-    ManifestStore::new(store.clone(), target.clone())
-        .commit(&manifest)
-        .await
-        .map_err(|e| ExportError::State(e.into_state_error(target)))?;
-    Ok(ExportSummary {
-        partition: header.partition,
-        entries,
-        timers,
-        bytes: meta.size,
-    })
+    Ok(())
 }
 
 async fn next_line(
@@ -188,12 +233,21 @@ async fn next_line(
         .map_err(|e| ExportError::Unavailable(io_to_store(e)))
 }
 
+/// Why a field of bytes (text, or its base64 twin) does not read.
+#[derive(Debug, thiserror::Error)]
+enum BytesFieldError {
+    #[error("both text and base64")]
+    Both,
+    #[error(transparent)]
+    Base64(#[from] base64::DecodeError),
+}
+
 /// Bytes from a text field or its base64 twin; `None` when both are absent.
-fn bytes_of(text: Option<&str>, b64: Option<&str>) -> Result<Option<Vec<u8>>, String> {
+fn bytes_of(text: Option<&str>, b64: Option<&str>) -> Result<Option<Vec<u8>>, BytesFieldError> {
     match (text, b64) {
-        (Some(_), Some(_)) => Err("both text and base64".into()),
+        (Some(_), Some(_)) => Err(BytesFieldError::Both),
         (Some(text), None) => Ok(Some(text.as_bytes().to_vec())),
-        (None, Some(b64)) => B64.decode(b64).map(Some).map_err(|e| e.to_string()),
+        (None, Some(b64)) => Ok(Some(B64.decode(b64)?)),
         (None, None) => Ok(None),
     }
 }
