@@ -2,7 +2,7 @@
 //! leveled policy), merging its inputs off the runtime's threads, uploading the outputs and
 //! installing them in one version swap; and the background loop that runs them.
 
-use super::{Inner, OpenSst};
+use super::{Inner, OpenSst, Unpublished};
 use crate::state::StateError;
 use crate::state::lsm::compaction::{MergeSettings, merge};
 use crate::state::lsm::sst::SstReader;
@@ -81,108 +81,123 @@ impl Inner {
         let outputs = if job.trivial_move {
             job.inputs.clone()
         } else {
-            let mut readers = Vec::with_capacity(job.inputs.len());
-            let mut read_bytes = 0;
-            for sst in &job.inputs {
-                let file = self
-                    .files
-                    .get_whole(&sst.path)
-                    .await
-                    .map_err(|e| self.fetch_error(sst.meta.id(), Arc::new(e)))?;
-                read_bytes += file.len() as u64;
-                let reader = match SstReader::open(file) {
-                    Ok(reader) => reader,
-                    Err(_) => return Err(self.confirm_corrupt(sst).await),
-                };
-                readers.push(reader);
-            }
-            let settings = MergeSettings {
-                bottom: job.bottom,
-                now_ms: self.clock.now_ms(),
-                target_file_bytes: self.settings.target_file_bytes,
-                block_size_bytes: self.settings.block_size_bytes,
-                compress: self.settings.compress,
-            };
-            // Kept (cheap clones of the files) to name the corrupt input if the merge fails.
-            let copies = readers.clone();
-            let merged = tokio::task::spawn_blocking(move || merge(readers, settings))
-                .await
-                .map_err(|e| StateError::Unavailable {
-                    shard: self.label.clone(),
-                    source: format!("the compaction merge did not finish: {e}").into(),
-                })?;
-            let merged = match merged {
-                Ok(merged) => merged,
-                Err(error) => {
-                    // The input that fails verification, read again before it is blamed.
-                    let culprit = job
-                        .inputs
-                        .iter()
-                        .zip(&copies)
-                        .find(|(_, r)| r.verify_blocks().is_err());
-                    return Err(match culprit {
-                        Some((sst, _)) => self.confirm_corrupt(sst).await,
-                        None => StateError::Unavailable {
-                            shard: self.label.clone(),
-                            source: format!(
-                                "the compaction merge failed on inputs that verify: {error}"
-                            )
-                            .into(),
-                        },
-                    });
-                }
-            };
-            let mut outputs = Vec::with_capacity(merged.files.len());
-            let mut written_bytes = 0;
-            for (file, first, last) in merged.files {
-                written_bytes += file.len() as u64;
-                outputs.push(self.upload(&mut pending, file, first, last).await?);
-            }
-            metrics::counter!("weir_lsm_compaction_bytes_total", "direction" => "read")
-                .increment(read_bytes);
-            metrics::counter!("weir_lsm_compaction_bytes_total", "direction" => "written")
-                .increment(written_bytes);
-            outputs
+            self.merge_inputs(&job, &mut pending).await?
         };
-        let l0_files = {
-            let mut levels = self.write();
-            let mut version = (*levels.version).clone();
-            let gone: Vec<SstId> = job.inputs.iter().map(|s| s.meta.id()).collect();
-            for n in [job.input_level, job.output_level] {
-                version.levels[n].retain(|s| !gone.contains(&s.meta.id()));
-            }
-            let out = &mut version.levels[job.output_level];
-            out.extend(outputs);
-            out.sort_by(|a, b| a.meta.first_key.cmp(&b.meta.first_key));
-            if !out
-                .windows(2)
-                .all(|w| w[0].meta.last_key < w[1].meta.first_key)
-            {
-                // Never install a version that would route keys wrongly; the outputs become
-                // orphans for GC and the caller logs the error.
-                return Err(self.corrupt_msg(&format!(
-                    "compaction into level {} would overlap key ranges; not installed",
-                    job.output_level
-                )));
-            }
-            if job.input_level > 0 {
-                levels.compact_pointer[job.input_level] = job.inputs[0].meta.last_key.clone();
-            }
-            if !job.trivial_move {
-                let now = self.clock.now_ms();
-                self.retired
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .extend(gone.iter().map(|id| (*id, now)));
-            }
-            levels.version = Arc::new(version);
-            levels.version.levels[0].len()
-        };
+        let l0_files = self.install(&job, outputs)?;
         self.compactions.fetch_add(1, Ordering::Relaxed);
         metrics::counter!("weir_lsm_compactions_total").increment(1);
         metrics::gauge!("weir_lsm_l0_files", "shard" => self.label.clone()).set(l0_files as f64);
         self.l0_shrank.notify_waiters();
         Ok(true)
+    }
+
+    /// Merges the inputs of `job` into new SSTs, uploaded (held in `pending` until installed).
+    /// A merge that fails names the input that does not verify as corrupt.
+    async fn merge_inputs(
+        &self,
+        job: &Job,
+        pending: &mut Unpublished<'_>,
+    ) -> Result<Vec<Arc<OpenSst>>, StateError> {
+        let mut readers = Vec::with_capacity(job.inputs.len());
+        let mut read_bytes = 0;
+        for sst in &job.inputs {
+            let file = self
+                .files
+                .get_whole(&sst.path)
+                .await
+                .map_err(|e| self.fetch_error(sst.meta.id(), Arc::new(e)))?;
+            read_bytes += file.len() as u64;
+            let reader = match SstReader::open(file) {
+                Ok(reader) => reader,
+                Err(_) => return Err(self.confirm_corrupt(sst).await),
+            };
+            readers.push(reader);
+        }
+        let settings = MergeSettings {
+            bottom: job.bottom,
+            now_ms: self.clock.now_ms(),
+            target_file_bytes: self.settings.target_file_bytes,
+            block_size_bytes: self.settings.block_size_bytes,
+            compress: self.settings.compress,
+        };
+        // Kept (cheap clones of the files) to name the corrupt input if the merge fails.
+        let copies = readers.clone();
+        let merged = tokio::task::spawn_blocking(move || merge(readers, settings))
+            .await
+            .map_err(|e| StateError::Unavailable {
+                shard: self.label.clone(),
+                source: format!("the compaction merge did not finish: {e}").into(),
+            })?;
+        let merged = match merged {
+            Ok(merged) => merged,
+            Err(error) => {
+                // The input that fails verification, read again before it is blamed.
+                let culprit = job
+                    .inputs
+                    .iter()
+                    .zip(&copies)
+                    .find(|(_, r)| r.verify_blocks().is_err());
+                return Err(match culprit {
+                    Some((sst, _)) => self.confirm_corrupt(sst).await,
+                    None => StateError::Unavailable {
+                        shard: self.label.clone(),
+                        source: format!(
+                            "the compaction merge failed on inputs that verify: {error}"
+                        )
+                        .into(),
+                    },
+                });
+            }
+        };
+        let mut outputs = Vec::with_capacity(merged.files.len());
+        let mut written_bytes = 0;
+        for (file, first, last) in merged.files {
+            written_bytes += file.len() as u64;
+            outputs.push(self.upload(pending, file, first, last).await?);
+        }
+        metrics::counter!("weir_lsm_compaction_bytes_total", "direction" => "read")
+            .increment(read_bytes);
+        metrics::counter!("weir_lsm_compaction_bytes_total", "direction" => "written")
+            .increment(written_bytes);
+        Ok(outputs)
+    }
+
+    /// Installs the `outputs` of `job` in place of its inputs, as a new version of the levels;
+    /// the inputs retire (unless they only moved). Returns the files left in level 0. Refuses a
+    /// version whose level would overlap key ranges.
+    fn install(&self, job: &Job, outputs: Vec<Arc<OpenSst>>) -> Result<usize, StateError> {
+        let mut levels = self.write();
+        let mut version = (*levels.version).clone();
+        let gone: Vec<SstId> = job.inputs.iter().map(|s| s.meta.id()).collect();
+        for n in [job.input_level, job.output_level] {
+            version.levels[n].retain(|s| !gone.contains(&s.meta.id()));
+        }
+        let out = &mut version.levels[job.output_level];
+        out.extend(outputs);
+        out.sort_by(|a, b| a.meta.first_key.cmp(&b.meta.first_key));
+        if !out
+            .windows(2)
+            .all(|w| w[0].meta.last_key < w[1].meta.first_key)
+        {
+            // Never install a version that would route keys wrongly; the outputs become
+            // orphans for GC and the caller logs the error.
+            return Err(self.corrupt_msg(&format!(
+                "compaction into level {} would overlap key ranges; not installed",
+                job.output_level
+            )));
+        }
+        if job.input_level > 0 {
+            levels.compact_pointer[job.input_level] = job.inputs[0].meta.last_key.clone();
+        }
+        if !job.trivial_move {
+            let now = self.clock.now_ms();
+            self.retired
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .extend(gone.iter().map(|id| (*id, now)));
+        }
+        levels.version = Arc::new(version);
+        Ok(levels.version.levels[0].len())
     }
 }
 
