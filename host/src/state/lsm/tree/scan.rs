@@ -2,7 +2,7 @@
 //! source per memtable and per SST that may hold keys of the prefix, each yielding entries in
 //! key order (an SST's blocks fetched as the scan reaches them), merged newest first.
 
-use super::{Inner, LsmTree, OpenSst};
+use super::{Inner, LsmTree, OpenSst, Version};
 use crate::state::StateError;
 use crate::state::lsm::sst::block::BlockIter;
 use crate::state::lsm::sst::{Entry, SstIndex};
@@ -37,56 +37,8 @@ impl LsmTree {
             _ => prefix,
         };
         let end = prefix_end(prefix);
-        let in_range = |k: &[u8]| k >= start && end.as_deref().is_none_or(|end| k < end);
-        let mut fence: Option<Bytes> = None;
-        let (mut sources, version) = {
-            let levels = inner.read();
-            let mut sources = Vec::new();
-            let mems = std::iter::once(&levels.memtable)
-                .chain(levels.immutables.iter().rev().map(|m| &**m));
-            for m in mems {
-                let mut entries: VecDeque<(Bytes, Entry)> = VecDeque::new();
-                for (k, e) in m.range_from(start).take_while(|(k, _)| in_range(k)) {
-                    if entries.len() == MEMTABLE_SCAN_CHUNK {
-                        // Cut short: merged keys are complete only up to its last copied one.
-                        if let Some((last, _)) = entries.back() {
-                            fence =
-                                Some(fence.map_or_else(|| last.clone(), |f| f.min(last.clone())));
-                        }
-                        break;
-                    }
-                    entries.push_back((Bytes::copy_from_slice(k), e.clone()));
-                }
-                sources.push(ScanSource::Memory(entries));
-            }
-            (sources, levels.version.clone())
-        };
-        let overlaps = |s: &OpenSst| {
-            s.meta.last_key.as_slice() >= start
-                && end
-                    .as_deref()
-                    .is_none_or(|end| s.meta.first_key.as_slice() < end)
-        };
-        let ssts = version.levels[0]
-            .iter()
-            .rev()
-            .chain(version.levels[1..].iter().flatten())
-            .filter(|s| overlaps(s));
-        for sst in ssts {
-            let index = inner.index_of(sst).await?;
-            sources.push(ScanSource::Sst {
-                cursor: SstCursor {
-                    next_block: index.first_block_from(start),
-                    sst: sst.clone(),
-                    index,
-                    block: None,
-                    ready: VecDeque::new(),
-                    readahead: 1,
-                },
-                head: None,
-                done: false,
-            });
-        }
+        let (mut sources, version, fence) = memtable_sources(inner, start, end.as_deref());
+        add_sst_sources(inner, &version, start, end.as_deref(), &mut sources).await?;
         while out.len() < limit {
             // Cached blocks never suspend; let other tasks (and call deadlines) run.
             tokio::task::consume_budget().await;
@@ -105,15 +57,7 @@ impl LsmTree {
             if fence.as_ref().is_some_and(|fence| key > *fence) {
                 return Ok(fence);
             }
-            let mut newest: Option<Entry> = None;
-            for source in sources.iter_mut() {
-                if source.head().is_some_and(|(k, _)| *k == key)
-                    && let Some((_, entry)) = source.take()
-                    && newest.is_none()
-                {
-                    newest = Some(entry);
-                }
-            }
+            let newest = take_newest(&mut sources, &key);
             if start_after.is_some_and(|after| key.as_ref() <= after) {
                 continue;
             }
@@ -128,6 +72,88 @@ impl LsmTree {
         // Sources exhausted (or the prefix passed): complete, unless a memtable was cut short.
         Ok(fence)
     }
+}
+
+/// A source per memtable (newest first) of the keys from `start` below `end` (none: to the
+/// end), each at most [`MEMTABLE_SCAN_CHUNK`] entries; the levels' version read with them; and
+/// the fence: the lowest last key of a memtable cut short, past which the merge cannot tell
+/// what is live.
+fn memtable_sources(
+    inner: &Inner,
+    start: &[u8],
+    end: Option<&[u8]>,
+) -> (Vec<ScanSource>, Arc<Version>, Option<Bytes>) {
+    let in_range = |k: &[u8]| k >= start && end.is_none_or(|end| k < end);
+    let mut fence: Option<Bytes> = None;
+    let levels = inner.read();
+    let mut sources = Vec::new();
+    let mems =
+        std::iter::once(&levels.memtable).chain(levels.immutables.iter().rev().map(|m| &**m));
+    for m in mems {
+        let mut entries: VecDeque<(Bytes, Entry)> = VecDeque::new();
+        for (k, e) in m.range_from(start).take_while(|(k, _)| in_range(k)) {
+            if entries.len() == MEMTABLE_SCAN_CHUNK {
+                // Cut short: merged keys are complete only up to its last copied one.
+                if let Some((last, _)) = entries.back() {
+                    fence = Some(fence.map_or_else(|| last.clone(), |f| f.min(last.clone())));
+                }
+                break;
+            }
+            entries.push_back((Bytes::copy_from_slice(k), e.clone()));
+        }
+        sources.push(ScanSource::Memory(entries));
+    }
+    (sources, levels.version.clone(), fence)
+}
+
+/// Adds a source per SST of `version` whose key range meets `[start, end)`, newest first
+/// (level 0 newest to oldest, then the sorted levels), each positioned at `start`.
+async fn add_sst_sources(
+    inner: &Inner,
+    version: &Version,
+    start: &[u8],
+    end: Option<&[u8]>,
+    sources: &mut Vec<ScanSource>,
+) -> Result<(), StateError> {
+    let overlaps = |s: &OpenSst| {
+        s.meta.last_key.as_slice() >= start
+            && end.is_none_or(|end| s.meta.first_key.as_slice() < end)
+    };
+    let ssts = version.levels[0]
+        .iter()
+        .rev()
+        .chain(version.levels[1..].iter().flatten())
+        .filter(|s| overlaps(s));
+    for sst in ssts {
+        let index = inner.index_of(sst).await?;
+        sources.push(ScanSource::Sst {
+            cursor: SstCursor {
+                next_block: index.first_block_from(start),
+                sst: sst.clone(),
+                index,
+                block: None,
+                ready: VecDeque::new(),
+                readahead: 1,
+            },
+            head: None,
+            done: false,
+        });
+    }
+    Ok(())
+}
+
+/// Takes `key` from every source whose head it is; returns the newest source's entry.
+fn take_newest(sources: &mut [ScanSource], key: &Bytes) -> Option<Entry> {
+    let mut newest: Option<Entry> = None;
+    for source in sources.iter_mut() {
+        if source.head().is_some_and(|(k, _)| k == key)
+            && let Some((_, entry)) = source.take()
+            && newest.is_none()
+        {
+            newest = Some(entry);
+        }
+    }
+    newest
 }
 
 /// Where a scan puts the live entries it finds.
