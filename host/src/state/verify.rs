@@ -404,6 +404,46 @@ mod tests {
         offsets
     }
 
+    /// Two rounds of 50 writes to partition 0 of `t.p` on `lsm` and to partition 1 on
+    /// `memory`, each round checkpointed; returns each partition's newest version.
+    async fn two_checkpoints_of_each_backend(
+        store: &Arc<dyn ObjectStore>,
+        prefix: &Path,
+        clock: SharedClock,
+    ) -> [u64; 2] {
+        let id = |partition| ShardId {
+            pipeline: "t.p".into(),
+            partition,
+        };
+        let lsm = LsmBackend::new(
+            store.clone(),
+            prefix.clone(),
+            Arc::new(BlockCaches::none()),
+            crate::state::lsm::tests::small_settings(),
+            clock.clone(),
+        );
+        let memory = MemoryBackend::durable(store.clone(), prefix.clone(), clock);
+        let a = lsm.open_shard(&id(0)).await.expect("opens");
+        let b = memory.open_shard(&id(1)).await.expect("opens");
+        let mut newest = [0u64; 2];
+        for round in 0..2u32 {
+            let writes: Vec<_> = (round * 50..round * 50 + 50).map(write).collect();
+            a.apply(writes.clone()).await.expect("applies");
+            b.apply(writes).await.expect("applies");
+            let at = offsets(i64::from(round + 1) * 50);
+            for (i, report) in [
+                a.checkpoint(&at, DecidedBy::Manifest).await,
+                b.checkpoint(&at, DecidedBy::Manifest).await,
+            ]
+            .into_iter()
+            .enumerate()
+            {
+                newest[i] = report.expect("checkpoints").expect("durable").version;
+            }
+        }
+        newest
+    }
+
     /// Deletes an SST only checkpoint `newest` of the `lsm` shard at `root` references (not
     /// the one before it); returns its id.
     async fn delete_newest_own_sst(
@@ -464,32 +504,7 @@ mod tests {
                 pipeline: "t.p".into(),
                 partition,
             };
-            let lsm = LsmBackend::new(
-                store.clone(),
-                prefix.clone(),
-                Arc::new(BlockCaches::none()),
-                crate::state::lsm::tests::small_settings(),
-                clock.clone(),
-            );
-            let memory = MemoryBackend::durable(store.clone(), prefix.clone(), clock);
-            let a = lsm.open_shard(&id(0)).await.expect("opens");
-            let b = memory.open_shard(&id(1)).await.expect("opens");
-            let mut newest = [0u64; 2];
-            for round in 0..2u32 {
-                let writes: Vec<_> = (round * 50..round * 50 + 50).map(write).collect();
-                a.apply(writes.clone()).await.expect("applies");
-                b.apply(writes).await.expect("applies");
-                let at = offsets(i64::from(round + 1) * 50);
-                for (i, report) in [
-                    a.checkpoint(&at, DecidedBy::Manifest).await,
-                    b.checkpoint(&at, DecidedBy::Manifest).await,
-                ]
-                .into_iter()
-                .enumerate()
-                {
-                    newest[i] = report.expect("checkpoints").expect("durable").version;
-                }
-            }
+            let newest = two_checkpoints_of_each_backend(&store, &prefix, clock).await;
             let found = verify_pipeline(&store, &prefix, "t.p", true)
                 .await
                 .expect("reads");

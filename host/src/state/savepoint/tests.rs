@@ -1,6 +1,7 @@
 use super::*;
 use crate::clock::{ManualClock, SharedClock};
 use crate::state::checkpoint::InputOffsets;
+use crate::state::configured::ConfiguredShard;
 use crate::state::lsm::backend::LsmBackend;
 use crate::state::lsm::cache::BlockCaches;
 use crate::state::memory::MemoryBackend;
@@ -60,30 +61,16 @@ fn a_restored_savepoint_opens_at_its_values_and_offsets_and_needs_nothing_it_cam
             let source_root = id("t.a").root_under(&prefix);
             let saved_root = savepoint_shard_root(&Path::from(format!("{backend}/sp")), 3);
             // Round 1 (values 1) is saved; rounds 2 and 3 overwrite every key.
-            let mut taken = None;
-            {
-                let a = match backend {
-                    "lsm" => crate::state::configured::ConfiguredShard::Lsm(Box::new(
-                        lsm.open_shard(&id("t.a")).await.expect("opens"),
-                    )),
-                    _ => crate::state::configured::ConfiguredShard::Memory(Box::new(
-                        memory.open_shard(&id("t.a")).await.expect("opens"),
-                    )),
-                };
-                for round in 1..=3u32 {
-                    a.apply((0..60).map(|k| write(k, round)).collect())
-                        .await
-                        .expect("applies");
-                    a.checkpoint(&offsets(i64::from(round) * 60), DecidedBy::Manifest)
-                        .await
-                        .expect("checkpoints");
-                    if round == 1 {
-                        taken = capture_shard(&store, &source_root, &saved_root, 3, None, None)
-                            .await
-                            .expect("captures");
-                    }
+            let source = match backend {
+                "lsm" => {
+                    ConfiguredShard::Lsm(Box::new(lsm.open_shard(&id("t.a")).await.expect("opens")))
                 }
-            }
+                _ => ConfiguredShard::Memory(Box::new(
+                    memory.open_shard(&id("t.a")).await.expect("opens"),
+                )),
+            };
+            let taken =
+                three_rounds_saving_the_first(&store, source, &source_root, &saved_root).await;
             let taken = taken.expect("a decided checkpoint to save");
             assert_eq!(taken.offsets, BTreeMap::from([("in".to_owned(), 60)]));
             assert!(taken.objects >= 1 && taken.bytes > 0, "{taken:?}");
@@ -111,44 +98,15 @@ fn a_restored_savepoint_opens_at_its_values_and_offsets_and_needs_nothing_it_cam
 
             // Into another pipeline, then back into its own shard (a reset).
             let other_root = id("t.b").root_under(&prefix);
-            let (first, _) = restore_shard(&store, &saved_root, &other_root, "restore")
-                .await
-                .expect("restores");
-            assert_eq!(first, 1);
-            let source_top = *ManifestStore::new(store.clone(), source_root.clone())
-                .versions()
-                .await
-                .expect("lists")
-                .last()
-                .expect("versions");
-            let (reset, _) = restore_shard(&store, &saved_root, &source_root, "reset")
-                .await
-                .expect("resets");
-            assert_eq!(reset, source_top + 1, "checkpoint ids stay monotonic");
-
+            let (first, reset) =
+                restore_elsewhere_then_reset(&store, &saved_root, &other_root, &source_root).await;
             // The savepoint and then the source's older state go; both still open at 1.
             delete(&store, &Path::from(format!("{backend}/sp")))
                 .await
                 .expect("deletes");
             for (pipeline, version) in [("t.b", first), ("t.a", reset)] {
-                let (values, recovered) = match backend {
-                    "lsm" => {
-                        let s = lsm.open_shard(&id(pipeline)).await.expect("opens");
-                        let mut values = Vec::new();
-                        for k in 0..60 {
-                            values.push(value(&s, k).await);
-                        }
-                        (values, s.recovered_offsets().expect("decodes"))
-                    }
-                    _ => {
-                        let s = memory.open_shard(&id(pipeline)).await.expect("opens");
-                        let mut values = Vec::new();
-                        for k in 0..60 {
-                            values.push(value(&s, k).await);
-                        }
-                        (values, s.recovered_offsets().expect("decodes"))
-                    }
-                };
+                let (values, recovered) =
+                    values_and_offsets(&lsm, &memory, backend, &id(pipeline)).await;
                 assert!(
                     values.iter().all(|v| *v == Some(1)),
                     "{backend} {pipeline}: {values:?}"
@@ -168,6 +126,77 @@ fn a_restored_savepoint_opens_at_its_values_and_offsets_and_needs_nothing_it_cam
             assert_eq!(reopened, Some(1), "{backend}");
         }
     });
+}
+
+/// Restores the savepoint shard at `saved_root` into another pipeline's shard (`other_root`,
+/// at version 1) and then back into its source (`source_root`, a reset: above every version
+/// there); returns both versions.
+async fn restore_elsewhere_then_reset(
+    store: &Arc<dyn ObjectStore>,
+    saved_root: &Path,
+    other_root: &Path,
+    source_root: &Path,
+) -> (u64, u64) {
+    let (first, _) = restore_shard(store, saved_root, other_root, "restore")
+        .await
+        .expect("restores");
+    assert_eq!(first, 1);
+    let source_top = *ManifestStore::new(store.clone(), source_root.clone())
+        .versions()
+        .await
+        .expect("lists")
+        .last()
+        .expect("versions");
+    let (reset, _) = restore_shard(store, saved_root, source_root, "reset")
+        .await
+        .expect("resets");
+    assert_eq!(reset, source_top + 1, "checkpoint ids stay monotonic");
+    (first, reset)
+}
+
+/// Three rounds of writes to every key of `source` (at `source_root`), each checkpointed; the
+/// first checkpoint is captured into a savepoint shard at `saved_root`, which is returned.
+async fn three_rounds_saving_the_first(
+    store: &Arc<dyn ObjectStore>,
+    source: ConfiguredShard,
+    source_root: &Path,
+    saved_root: &Path,
+) -> Option<SavepointShard> {
+    let mut taken = None;
+    for round in 1..=3u32 {
+        source
+            .apply((0..60).map(|k| write(k, round)).collect())
+            .await
+            .expect("applies");
+        source
+            .checkpoint(&offsets(i64::from(round) * 60), DecidedBy::Manifest)
+            .await
+            .expect("checkpoints");
+        if round == 1 {
+            taken = capture_shard(store, source_root, saved_root, 3, None, None)
+                .await
+                .expect("captures");
+        }
+    }
+    taken
+}
+
+/// The values of keys 0..60 of shard `id` opened on `backend`, and its recovered offsets.
+async fn values_and_offsets(
+    lsm: &LsmBackend,
+    memory: &MemoryBackend,
+    backend: &str,
+    id: &ShardId,
+) -> (Vec<Option<u32>>, Option<InputOffsets>) {
+    let shard = match backend {
+        "lsm" => ConfiguredShard::Lsm(Box::new(lsm.open_shard(id).await.expect("opens"))),
+        _ => ConfiguredShard::Memory(Box::new(memory.open_shard(id).await.expect("opens"))),
+    };
+    let mut values = Vec::new();
+    for k in 0..60 {
+        values.push(value(&shard, k).await);
+    }
+    (values, shard.recovered_offsets().expect("decodes"))
 }
 
 async fn lsm_or_memory_value(
