@@ -21,6 +21,7 @@
 //! merging hosts' reports; [`store`] — reading and writing them in the catalog's store; this
 //! file — the routes.
 
+mod checkpoints;
 pub mod savepoints;
 mod spec;
 pub mod state_query;
@@ -28,6 +29,9 @@ mod status;
 mod store;
 pub mod verify;
 
+pub(super) use checkpoints::{
+    __path_list_checkpoints, __path_trigger_checkpoint, list_checkpoints, trigger_checkpoint,
+};
 pub use spec::*;
 pub use status::*;
 
@@ -475,77 +479,6 @@ pub(super) async fn change_pipeline(
         .await?;
     tracing::info!(%tenant, pipeline = %name, generation = record.run_generation, "pipeline settings changed");
     Ok(Json(view(&state, tenant, record).await?))
-}
-
-/// Asks every host running the pipeline to checkpoint every partition now.
-#[utoipa::path(post, path = "/v1/pipelines/{name}/checkpoints", tag = "pipelines",
-    params(("name" = String, Path, description = "Pipeline name", pattern = "^[a-z0-9][a-z0-9_-]{0,63}$")),
-    responses(
-        (status = 202, description = "Asked; hosts checkpoint at their next reconcile", body = CheckpointRequested),
-        (status = 404, description = "No such pipeline", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "Not running, or changed concurrently", body = Problem, content_type = "application/problem+json"),
-        AuthProblems,
-    ),
-    security(("bearer" = [])))]
-pub(super) async fn trigger_checkpoint(
-    State(state): State<ApiState>,
-    principal: Principal,
-    UrlPath(name): UrlPath<String>,
-) -> Result<(StatusCode, Json<CheckpointRequested>), ApiError> {
-    let tenant = principal.tenant()?;
-    tracing::Span::current().record("pipeline", name.as_str());
-    existing(&state, tenant, &name).await?;
-    let record = state
-        .catalog
-        .update_pipeline(tenant, &name, |record| {
-            if record.desired != DesiredState::Running {
-                return Err(ApiError::Conflict(format!(
-                    "pipeline `{name}` is stopped: start it to checkpoint"
-                )));
-            }
-            record.checkpoint_requests += 1;
-            Ok(())
-        })
-        .await?;
-    Ok((
-        StatusCode::ACCEPTED,
-        Json(CheckpointRequested {
-            request: record.checkpoint_requests,
-            requested_ms: record.updated_ms,
-        }),
-    ))
-}
-
-/// The newest committed checkpoints of the pipeline's partitions, from the hosts that run
-/// them, newest first.
-#[utoipa::path(get, path = "/v1/pipelines/{name}/checkpoints", tag = "pipelines",
-    params(("name" = String, Path, description = "Pipeline name", pattern = "^[a-z0-9][a-z0-9_-]{0,63}$")),
-    responses(
-        (status = 200, description = "The checkpoints", body = [CheckpointRecord]),
-        (status = 404, description = "No such pipeline", body = Problem, content_type = "application/problem+json"),
-        AuthProblems,
-    ),
-    security(("bearer" = [])))]
-pub(super) async fn list_checkpoints(
-    State(state): State<ApiState>,
-    principal: Principal,
-    UrlPath(name): UrlPath<String>,
-) -> Result<Json<Vec<CheckpointRecord>>, ApiError> {
-    let tenant = principal.tenant()?;
-    tracing::Span::current().record("pipeline", name.as_str());
-    let record = existing(&state, tenant, &name).await?;
-    let mut checkpoints: Vec<CheckpointRecord> = state
-        .catalog
-        .host_statuses(tenant, &name)
-        .await?
-        .into_iter()
-        .filter(|(s, _)| s.uid == record.uid)
-        .flat_map(|(s, _)| s.recent_checkpoints)
-        .collect();
-    checkpoints.sort_by(|a, b| {
-        (b.committed_ms, b.partition, b.version).cmp(&(a.committed_ms, a.partition, a.version))
-    });
-    Ok(Json(checkpoints))
 }
 
 /// Deletes a stopped pipeline with its state. A running one answers 409: stop it, and delete
