@@ -13,7 +13,7 @@
 use super::pipelines::{PipelineStatus, merge_status};
 use super::problem::ApiError;
 use super::{ApiState, AuthProblems, Principal, now_ms};
-use crate::pipeline::{CheckpointRecord, PartitionProgress};
+use crate::pipeline::CheckpointRecord;
 use crate::telemetry;
 use axum::body::Body;
 use axum::extract::State;
@@ -393,6 +393,7 @@ pub(super) async fn logout() -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pipeline::PartitionProgress;
 
     #[test]
     fn chart_scales_round_up_to_one_two_or_five() {
