@@ -176,7 +176,8 @@ impl Catalog {
             Ok(got) => {
                 let bytes = got.bytes().await?;
                 serde_json::from_slice(&bytes).map(Some).map_err(|e| {
-                    ApiError::Unavailable(format!("unreadable catalog record `{path}`: {e}"))
+                    ApiError::unavailable(format!("unreadable catalog record `{path}`"))
+                        .with_source(e)
                 })
             }
             Err(object_store::Error::NotFound { .. }) => Ok(None),
@@ -209,20 +210,20 @@ impl Catalog {
     /// Creates `tenant`.
     ///
     /// # Errors
-    /// [`ApiError::Conflict`] if it exists; [`ApiError::Unavailable`] on a store error.
+    /// [`ProblemKind::Conflict`](crate::api::problem::ProblemKind::Conflict) if it exists; [`ProblemKind::Unavailable`](crate::api::problem::ProblemKind::Unavailable) on a store error.
     pub async fn create_tenant(&self, tenant: &Tenant) -> Result<(), ApiError> {
         let path = self.path(&format!("tenants/{}/tenant.json", tenant.id));
         if self.create_json(&path, tenant).await? {
             Ok(())
         } else {
-            Err(ApiError::Conflict(format!("tenant `{}` exists", tenant.id)))
+            Err(ApiError::conflict(format!("tenant `{}` exists", tenant.id)))
         }
     }
 
     /// The tenant `id`, if it exists.
     ///
     /// # Errors
-    /// [`ApiError::Unavailable`] on a store error.
+    /// [`ProblemKind::Unavailable`](crate::api::problem::ProblemKind::Unavailable) on a store error.
     pub async fn tenant(&self, id: &str) -> Result<Option<Tenant>, ApiError> {
         self.get_json(&self.path(&format!("tenants/{id}/tenant.json")))
             .await
@@ -231,7 +232,7 @@ impl Catalog {
     /// Every tenant, by id.
     ///
     /// # Errors
-    /// [`ApiError::Unavailable`] on a store error.
+    /// [`ProblemKind::Unavailable`](crate::api::problem::ProblemKind::Unavailable) on a store error.
     pub async fn tenants(&self) -> Result<Vec<Tenant>, ApiError> {
         let listed = self
             .store
@@ -252,8 +253,8 @@ impl Catalog {
     /// Records an API key by the SHA-256 (hex) of its text.
     ///
     /// # Errors
-    /// [`ApiError::Conflict`] if that hash is recorded (a 256-bit collision: a bug);
-    /// [`ApiError::Unavailable`] on a store error.
+    /// [`ProblemKind::Conflict`](crate::api::problem::ProblemKind::Conflict) if that hash is recorded (a 256-bit collision: a bug);
+    /// [`ProblemKind::Unavailable`](crate::api::problem::ProblemKind::Unavailable) on a store error.
     pub async fn create_key(&self, hash: &str, record: &ApiKeyRecord) -> Result<(), ApiError> {
         if self
             .create_json(&self.path(&format!("api-keys/{hash}.json")), record)
@@ -261,14 +262,14 @@ impl Catalog {
         {
             Ok(())
         } else {
-            Err(ApiError::Conflict("API key exists".into()))
+            Err(ApiError::conflict("API key exists"))
         }
     }
 
     /// The key whose text hashes to `hash`, if any.
     ///
     /// # Errors
-    /// [`ApiError::Unavailable`] on a store error.
+    /// [`ProblemKind::Unavailable`](crate::api::problem::ProblemKind::Unavailable) on a store error.
     pub async fn key(&self, hash: &str) -> Result<Option<ApiKeyRecord>, ApiError> {
         self.get_json(&self.path(&format!("api-keys/{hash}.json")))
             .await
@@ -277,7 +278,7 @@ impl Catalog {
     /// Stores a component under its SHA-256 (idempotent).
     ///
     /// # Errors
-    /// [`ApiError::Unavailable`] on a store error.
+    /// [`ProblemKind::Unavailable`](crate::api::problem::ProblemKind::Unavailable) on a store error.
     pub async fn put_blob(&self, tenant: &str, sha256: &str, bytes: Bytes) -> Result<(), ApiError> {
         self.store
             .put(
@@ -291,14 +292,14 @@ impl Catalog {
     /// The component with SHA-256 `sha256`.
     ///
     /// # Errors
-    /// [`ApiError::NotFound`] when it is missing; [`ApiError::Unavailable`] on a store error.
+    /// [`ProblemKind::NotFound`](crate::api::problem::ProblemKind::NotFound) when it is missing; [`ProblemKind::Unavailable`](crate::api::problem::ProblemKind::Unavailable) on a store error.
     pub async fn blob(&self, tenant: &str, sha256: &str) -> Result<Bytes, ApiError> {
         let path = self.path(&format!("tenants/{tenant}/blobs/{sha256}.wasm"));
         match self.store.get(&path).await {
             Ok(got) => Ok(got.bytes().await?),
-            Err(object_store::Error::NotFound { .. }) => {
-                Err(ApiError::NotFound(format!("component {sha256} is missing")))
-            }
+            Err(object_store::Error::NotFound { .. }) => Err(ApiError::not_found(format!(
+                "component {sha256} is missing"
+            ))),
             Err(err) => Err(err.into()),
         }
     }
@@ -310,7 +311,7 @@ impl Catalog {
     /// The version numbers of operator `name`, ascending (empty if it has none).
     ///
     /// # Errors
-    /// [`ApiError::Unavailable`] on a store error.
+    /// [`ProblemKind::Unavailable`](crate::api::problem::ProblemKind::Unavailable) on a store error.
     pub async fn version_numbers(&self, tenant: &str, name: &str) -> Result<Vec<u64>, ApiError> {
         let dir = self.versions_dir(tenant, name);
         let metas: Vec<_> = self.store.list(Some(&dir)).try_collect().await?;
@@ -326,7 +327,7 @@ impl Catalog {
     /// number again when another host took that one meanwhile. Returns the version as stored.
     ///
     /// # Errors
-    /// [`ApiError::Conflict`] after 16 lost races; [`ApiError::Unavailable`] on a store error.
+    /// [`ProblemKind::Conflict`](crate::api::problem::ProblemKind::Conflict) after 16 lost races; [`ProblemKind::Unavailable`](crate::api::problem::ProblemKind::Unavailable) on a store error.
     pub async fn create_version(
         &self,
         tenant: &str,
@@ -347,7 +348,7 @@ impl Catalog {
             }
             next += 1;
         }
-        Err(ApiError::Conflict(format!(
+        Err(ApiError::conflict(format!(
             "too many concurrent uploads of operator `{}`; try again",
             version.name
         )))
@@ -356,7 +357,7 @@ impl Catalog {
     /// Version `version` of operator `name`, if it exists.
     ///
     /// # Errors
-    /// [`ApiError::Unavailable`] on a store error.
+    /// [`ProblemKind::Unavailable`](crate::api::problem::ProblemKind::Unavailable) on a store error.
     pub async fn version(
         &self,
         tenant: &str,
@@ -375,7 +376,7 @@ impl Catalog {
     /// stays (another version may share it).
     ///
     /// # Errors
-    /// [`ApiError::Unavailable`] on a store error.
+    /// [`ProblemKind::Unavailable`](crate::api::problem::ProblemKind::Unavailable) on a store error.
     pub async fn delete_version(
         &self,
         tenant: &str,
@@ -399,7 +400,7 @@ impl Catalog {
     /// deleted are left out.
     ///
     /// # Errors
-    /// [`ApiError::Unavailable`] on a store error.
+    /// [`ProblemKind::Unavailable`](crate::api::problem::ProblemKind::Unavailable) on a store error.
     pub async fn operators(&self, tenant: &str) -> Result<Vec<OperatorSummary>, ApiError> {
         let dir = self.path(&format!("tenants/{tenant}/operators"));
         let listed = self.store.list_with_delimiter(Some(&dir)).await?;

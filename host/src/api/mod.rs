@@ -172,7 +172,7 @@ impl ApiState {
     /// Who `key` acts as: the admin, or the tenant whose key it is.
     ///
     /// # Errors
-    /// [`ApiError::Unauthorized`] for an unknown key; [`ApiError::Unavailable`] when the store
+    /// [`ProblemKind::Unauthorized`](crate::api::problem::ProblemKind::Unauthorized) for an unknown key; [`ProblemKind::Unavailable`](crate::api::problem::ProblemKind::Unavailable) when the store
     /// cannot be read.
     pub async fn principal_of(&self, key: &str) -> Result<Principal, ApiError> {
         let digest: [u8; 32] = Sha256::digest(key.as_bytes()).into();
@@ -187,7 +187,7 @@ impl ApiState {
             .catalog
             .key(&hash)
             .await?
-            .ok_or_else(|| ApiError::Unauthorized("unknown API key".into()))?;
+            .ok_or_else(|| ApiError::unauthorized("unknown API key"))?;
         self.keys.insert(hash, record.tenant.clone()).await;
         Ok(Principal::Tenant(record.tenant))
     }
@@ -228,11 +228,9 @@ impl FromRequestParts<ApiState> for Principal {
             .headers
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
-            .ok_or_else(|| {
-                ApiError::Unauthorized("send `Authorization: Bearer <API key>`".into())
-            })?;
+            .ok_or_else(|| ApiError::unauthorized("send `Authorization: Bearer <API key>`"))?;
         let key = bearer_token(header).ok_or_else(|| {
-            ApiError::Unauthorized("the Authorization header must be `Bearer <API key>`".into())
+            ApiError::unauthorized("the Authorization header must be `Bearer <API key>`")
         })?;
         let principal = state.principal_of(key).await?;
         let name = match &principal {
@@ -248,17 +246,15 @@ impl Principal {
     fn admin(&self) -> Result<(), ApiError> {
         match self {
             Principal::Admin => Ok(()),
-            Principal::Tenant(_) => {
-                Err(ApiError::Forbidden("this route needs the admin key".into()))
-            }
+            Principal::Tenant(_) => Err(ApiError::forbidden("this route needs the admin key")),
         }
     }
 
     fn tenant(&self) -> Result<&str, ApiError> {
         match self {
             Principal::Tenant(t) => Ok(t),
-            Principal::Admin => Err(ApiError::Forbidden(
-                "this route acts for a tenant: use one of the tenant's API keys".into(),
+            Principal::Admin => Err(ApiError::forbidden(
+                "this route acts for a tenant: use one of the tenant's API keys",
             )),
         }
     }
@@ -272,13 +268,11 @@ async fn read_body(body: Body, limit: usize) -> Result<Bytes, ApiError> {
         let mut source: Option<&dyn std::error::Error> = Some(&err);
         while let Some(e) = source {
             if e.is::<http_body_util::LengthLimitError>() {
-                return ApiError::PayloadTooLarge {
-                    limit_bytes: limit as u64,
-                };
+                return ApiError::payload_too_large(limit as u64);
             }
             source = e.source();
         }
-        ApiError::BadRequest(format!("cannot read the request body: {text}"))
+        ApiError::bad_request(format!("cannot read the request body: {text}"))
     })
 }
 
@@ -302,13 +296,11 @@ async fn read_json_or_default<T: Default + for<'de> Deserialize<'de>>(
 fn parse_json<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T, ApiError> {
     // serde would take an array for a struct, field by field in order: not what anyone means.
     if !bytes.trim_ascii_start().starts_with(b"{") {
-        return Err(ApiError::BadRequest(
-            "the body must be a JSON object".into(),
-        ));
+        return Err(ApiError::bad_request("the body must be a JSON object"));
     }
     // The error names the field: `failure_policy: unknown variant …`.
     serde_path_to_error::deserialize(&mut serde_json::Deserializer::from_slice(bytes))
-        .map_err(|e| ApiError::BadRequest(format!("invalid JSON body: {e}")))
+        .map_err(|e| ApiError::bad_request("invalid JSON body").with_source(e))
 }
 
 /// The wall clock's now, in ms since the Unix epoch (the clock seam's [`SystemClock`]): the
@@ -433,7 +425,7 @@ async fn readyz(State(state): State<ApiState>) -> crate::health::Readiness {
 }
 
 async fn not_found() -> ApiError {
-    ApiError::NotFound("no such route".into())
+    ApiError::not_found("no such route")
 }
 
 /// The API's router over `state`.

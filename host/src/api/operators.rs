@@ -22,7 +22,7 @@ fn check_operator_name(name: &str) -> Result<(), ApiError> {
     if valid_operator_name(name) {
         Ok(())
     } else {
-        Err(ApiError::BadRequest(format!(
+        Err(ApiError::bad_request(format!(
             "operator name must be 1..=64 bytes of [a-z0-9_-], not starting with `-` or `_`. name=`{name}`"
         )))
     }
@@ -55,8 +55,8 @@ pub(super) async fn upload_operator(
     check_operator_name(&name)?;
     let bytes = read_body(body, state.settings.operator_bytes_max).await?;
     if bytes.is_empty() {
-        return Err(ApiError::BadRequest(
-            "the body is empty: send the component's bytes (Content-Type: application/wasm)".into(),
+        return Err(ApiError::bad_request(
+            "the body is empty: send the component's bytes (Content-Type: application/wasm)",
         ));
     }
     let sha256 = sha256_hex(&bytes);
@@ -152,7 +152,7 @@ pub(super) async fn get_operator(
     UrlPath(name): UrlPath<String>,
 ) -> Result<Json<Vec<OperatorVersion>>, ApiError> {
     let tenant = principal.tenant()?;
-    let not_found = || ApiError::NotFound(format!("no operator `{name}`"));
+    let not_found = || ApiError::not_found(format!("no operator `{name}`"));
     if !valid_operator_name(&name) {
         return Err(not_found());
     }
@@ -174,7 +174,7 @@ fn version_number(name: &str, version: &str) -> Result<u64, ApiError> {
         .parse()
         .ok()
         .filter(|v| *v > 0 && valid_operator_name(name))
-        .ok_or_else(|| ApiError::NotFound(format!("no version `{version}` of operator `{name}`")))
+        .ok_or_else(|| ApiError::not_found(format!("no version `{version}` of operator `{name}`")))
 }
 
 /// One version of one of the caller's operators.
@@ -199,7 +199,7 @@ pub(super) async fn get_operator_version(
         .version(tenant, &name, number)
         .await?
         .map(Json)
-        .ok_or_else(|| ApiError::NotFound(format!("no version {number} of operator `{name}`")))
+        .ok_or_else(|| ApiError::not_found(format!("no version {number} of operator `{name}`")))
 }
 
 /// Deletes one version of one of the caller's operators.
@@ -222,7 +222,7 @@ pub(super) async fn delete_operator_version(
     let number = version_number(&name, &version)?;
     let users = pipelines::pipelines_using(&state, tenant, &name, number).await?;
     if !users.is_empty() {
-        return Err(ApiError::Conflict(format!(
+        return Err(ApiError::conflict(format!(
             "version {number} of operator `{name}` is used by pipelines {users:?}: switch or delete them first"
         )));
     }
@@ -230,7 +230,7 @@ pub(super) async fn delete_operator_version(
         tracing::info!(%tenant, operator = %name, version = number, "operator version deleted");
         Ok(StatusCode::NO_CONTENT)
     } else {
-        Err(ApiError::NotFound(format!(
+        Err(ApiError::not_found(format!(
             "no version {number} of operator `{name}`"
         )))
     }

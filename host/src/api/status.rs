@@ -11,7 +11,7 @@
 //! picture) and keeps the last [`HISTORY_WINDOW`].
 
 use super::pipelines::{PipelineStatus, merge_status};
-use super::problem::ApiError;
+use super::problem::{ApiError, ProblemKind};
 use super::{ApiState, AuthProblems, Principal, now_ms};
 use crate::pipeline::CheckpointRecord;
 use crate::telemetry;
@@ -171,7 +171,7 @@ impl StatusBoard {
     /// Takes one sample of every pipeline of every tenant; forgets deleted pipelines.
     ///
     /// # Errors
-    /// [`ApiError::Unavailable`] when the store cannot be read (nothing changes).
+    /// [`ProblemKind::Unavailable`](crate::api::problem::ProblemKind::Unavailable) when the store cannot be read (nothing changes).
     pub async fn sample(&self, state: &ApiState) -> Result<(), ApiError> {
         let mut seen = Vec::new();
         for (tenant, record) in state.catalog.all_pipelines().await? {
@@ -328,7 +328,7 @@ pub(super) async fn status_page(State(state): State<ApiState>, headers: HeaderMa
     };
     match state.principal_of(&key).await {
         Ok(principal) => html_response(StatusCode::OK, state.board.render(&principal, now_ms())),
-        Err(ApiError::Unauthorized(_)) => login_page(
+        Err(e) if e.is(ProblemKind::Unauthorized) => login_page(
             StatusCode::UNAUTHORIZED,
             Some("That key is not known here."),
         ),
@@ -367,7 +367,7 @@ pub(super) async fn login(State(state): State<ApiState>, body: Body) -> Response
             ],
         )
             .into_response(),
-        Err(ApiError::Unauthorized(_)) => login_page(
+        Err(e) if e.is(ProblemKind::Unauthorized) => login_page(
             StatusCode::UNAUTHORIZED,
             Some("That key is not known here."),
         ),

@@ -50,7 +50,7 @@ pub(super) async fn create_tenant(
     principal.admin()?;
     let new: NewTenant = read_json(body).await?;
     if !valid_tenant_id(&new.id) {
-        return Err(ApiError::BadRequest(format!(
+        return Err(ApiError::bad_request(format!(
             "tenant id must be 1..=32 bytes of [a-z0-9-], not starting with `-`. id=`{}`",
             new.id
         )));
@@ -96,7 +96,7 @@ pub(super) async fn create_api_key(
 ) -> Result<(StatusCode, Json<NewApiKey>), ApiError> {
     principal.admin()?;
     if !valid_tenant_id(&tenant) || state.catalog.tenant(&tenant).await?.is_none() {
-        return Err(ApiError::NotFound(format!("no tenant `{tenant}`")));
+        return Err(ApiError::not_found(format!("no tenant `{tenant}`")));
     }
     let mut secret = [0u8; 32];
     rand::RngCore::fill_bytes(&mut rand::rngs::OsRng, &mut secret);

@@ -5,7 +5,7 @@ use super::{METADATA_TIMEOUT, RunnerConfig};
 use crate::api::catalog::Catalog;
 use crate::api::logs::SegmentWriter;
 use crate::api::pipelines::{PipelineRecord, kafka_topic};
-use crate::api::problem::ApiError;
+use crate::api::problem::{ApiError, ProblemKind};
 use crate::api::sha256_hex;
 use crate::clock::SharedClock;
 use crate::config::{
@@ -56,9 +56,9 @@ pub(super) type RunResult = Result<(), RunFailure>;
 
 /// The kind of a catalog error met while fetching a run's operator.
 fn catalog_kind(err: &ApiError) -> ErrorKind {
-    match err {
-        ApiError::Unavailable(_) => ErrorKind::Unavailable,
-        ApiError::NotFound(_) => ErrorKind::InvalidInput,
+    match err.problem_kind() {
+        ProblemKind::Unavailable => ErrorKind::Unavailable,
+        ProblemKind::NotFound => ErrorKind::InvalidInput,
         _ => ErrorKind::Internal,
     }
 }

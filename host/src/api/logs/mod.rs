@@ -380,13 +380,13 @@ pub(super) async fn pipeline_logs(
     query: Result<Query<LogsQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
     let tenant = principal.tenant()?.to_owned();
-    let Query(query) = query.map_err(|e| ApiError::BadRequest(e.body_text()))?;
+    let Query(query) = query.map_err(|e| ApiError::bad_request(e.body_text()))?;
     tracing::Span::current().record("pipeline", name.as_str());
     let follow = match query.follow.as_deref() {
         None | Some("false" | "0") => false,
         Some("" | "true" | "1") => true,
         Some(other) => {
-            return Err(ApiError::BadRequest(format!(
+            return Err(ApiError::bad_request(format!(
                 "follow must be true or false, not `{other}`"
             )));
         }
@@ -403,7 +403,7 @@ pub(super) async fn pipeline_logs(
         return Ok((ndjson, first).into_response());
     }
     let slot = state.follows.take(&tenant).ok_or_else(|| {
-        ApiError::TooManyRequests(format!(
+        ApiError::too_many_requests(format!(
             "you have {FOLLOWS_PER_TENANT_MAX} log streams open on this host, the most it allows; close one first"
         ))
     })?;

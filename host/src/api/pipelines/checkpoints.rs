@@ -25,7 +25,7 @@ pub(in crate::api) async fn trigger_checkpoint(
         .catalog
         .update_pipeline(tenant, &name, |record| {
             if record.desired != DesiredState::Running {
-                return Err(ApiError::Conflict(format!(
+                return Err(ApiError::conflict(format!(
                     "pipeline `{name}` is stopped: start it to checkpoint"
                 )));
             }

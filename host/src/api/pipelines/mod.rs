@@ -48,7 +48,7 @@ fn check_pipeline_name(name: &str) -> Result<(), ApiError> {
     if valid_operator_name(name) {
         Ok(())
     } else {
-        Err(ApiError::BadRequest(format!(
+        Err(ApiError::bad_request(format!(
             "pipeline name must be 1..=64 bytes of [a-z0-9_-], not starting with `-` or `_`. name=`{name}`"
         )))
     }
@@ -61,7 +61,7 @@ pub(super) async fn existing(
     tenant: &str,
     name: &str,
 ) -> Result<PipelineRecord, ApiError> {
-    let not_found = || ApiError::NotFound(format!("no pipeline `{name}`"));
+    let not_found = || ApiError::not_found(format!("no pipeline `{name}`"));
     if !valid_operator_name(name) {
         return Err(not_found());
     }
@@ -98,7 +98,7 @@ async fn check_operator_version(
         .await?
         .is_none()
     {
-        return Err(ApiError::BadRequest(format!(
+        return Err(ApiError::bad_request(format!(
             "you have no version {version} of operator `{operator}`: upload it first (POST /v1/operators/{operator})"
         )));
     }
@@ -123,7 +123,7 @@ async fn check_states_compatible(
         return Ok(()); // the running version was deleted: nothing to compare with
     };
     match crate::api::catalog::incompatible_states(&from.states, &next.states) {
-        Some(why) => Err(ApiError::Conflict(format!(
+        Some(why) => Err(ApiError::conflict(format!(
             "version {to} of operator `{}` cannot take over this pipeline's state from version {}: {why}",
             spec.operator, spec.operator_version
         ))),
@@ -157,7 +157,7 @@ pub(super) async fn create_pipeline(
         &state.settings.runtime,
         state.settings.pipeline_state_bytes_max,
     )
-    .map_err(|e| ApiError::BadRequest(e.to_string()))?;
+    .map_err(|e| ApiError::bad_request(e.to_string()))?;
     check_operator_version(&state, &tenant, &spec.operator, spec.operator_version).await?;
     let mut uid = [0u8; 8];
     rand::RngCore::fill_bytes(&mut rand::rngs::OsRng, &mut uid);
@@ -169,7 +169,7 @@ pub(super) async fn create_pipeline(
         // Fail fast, before copying, on the limit checked again below.
         let count = state.catalog.pipelines(&tenant).await?.len();
         if count >= state.settings.pipelines_per_tenant_max {
-            return Err(ApiError::Conflict(format!(
+            return Err(ApiError::conflict(format!(
                 "you have {count} pipelines, the most this service allows per tenant; delete one first"
             )));
         }
@@ -189,7 +189,7 @@ pub(super) async fn create_pipeline(
     let count = state.catalog.pipelines(&tenant).await?.len();
     if count >= state.settings.pipelines_per_tenant_max {
         state.catalog.delete_state(&tenant, &uid).await?;
-        return Err(ApiError::Conflict(format!(
+        return Err(ApiError::conflict(format!(
             "you have {count} pipelines, the most this service allows per tenant; delete one first"
         )));
     }
@@ -221,7 +221,7 @@ pub(super) async fn create_pipeline(
             .any(|p| p.uid == record.uid)
         {
             state.catalog.delete_pipeline(&tenant, &record).await?;
-            return Err(ApiError::Conflict(format!(
+            return Err(ApiError::conflict(format!(
                 "you have {} pipelines, the most this service allows per tenant; delete one first",
                 state.settings.pipelines_per_tenant_max
             )));
@@ -293,7 +293,7 @@ async fn set_desired(
                 let since = record.resetting_since_ms.unwrap_or_default();
                 let left_s =
                     (since + RESET_HOLD.as_millis() as u64).saturating_sub(now_ms()) / 1000;
-                return Err(ApiError::Conflict(format!(
+                return Err(ApiError::conflict(format!(
                     "pipeline `{name}` is being reset to a savepoint; start it once the reset has \
                      answered (if the reset's host died, run the reset again, or start it after \
                      {left_s} s, when the mark lapses)"
@@ -469,7 +469,7 @@ pub(super) async fn change_pipeline(
                 spec.state_bytes_max = Some(v);
             }
             spec.validate(&host, state_bytes_cap)
-                .map_err(|e| ApiError::BadRequest(e.to_string()))?;
+                .map_err(|e| ApiError::bad_request(e.to_string()))?;
             if spec != record.spec {
                 record.spec = spec;
                 record.run_generation += 1;
@@ -503,7 +503,7 @@ pub(super) async fn delete_pipeline(
     let status = view(&state, tenant, record.clone()).await?.status;
     if status.state != PipelineState::Stopped {
         let hosts: Vec<&str> = status.hosts.iter().map(|h| h.host.as_str()).collect();
-        return Err(ApiError::Conflict(format!(
+        return Err(ApiError::conflict(format!(
             "pipeline `{name}` is {:?}, not stopped (hosts still running it: {hosts:?}); stop it, then delete it",
             status.state
         )));

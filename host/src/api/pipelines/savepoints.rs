@@ -7,7 +7,7 @@
 //! deleted with the pipeline; a pipeline created from it holds its own copy.
 
 use super::{DesiredState, PipelineRecord, PipelineSpec, PipelineState, SavepointRef, existing};
-use crate::api::problem::{ApiError, Problem};
+use crate::api::problem::{ApiError, Problem, ProblemKind};
 use crate::api::{ApiState, AuthProblems, Principal, now_ms, read_json};
 use crate::state::export::ImportInto;
 use crate::state::savepoint::{
@@ -86,9 +86,9 @@ pub struct RestoredShard {
 fn unavailable(e: SavepointError) -> ApiError {
     match e {
         SavepointError::Unavailable(_) => {
-            ApiError::Unavailable(format!("{}", crate::error::Chain(&e)))
+            ApiError::unavailable("the savepoint could not be read or written").with_source(e)
         }
-        SavepointError::Unusable(reason) => ApiError::Conflict(reason),
+        SavepointError::Unusable(reason) => ApiError::conflict(reason),
     }
 }
 
@@ -127,7 +127,7 @@ fn check_savepoint_name(name: &str) -> Result<(), ApiError> {
     if crate::api::catalog::valid_operator_name(name) {
         Ok(())
     } else {
-        Err(ApiError::BadRequest(format!(
+        Err(ApiError::bad_request(format!(
             "savepoint name must be 1..=64 bytes of [a-z0-9_-], not starting with `-` or `_`. name=`{name}`"
         )))
     }
@@ -205,7 +205,7 @@ pub(super) async fn found_savepoint(
     savepoint: &str,
 ) -> Result<(SavepointDir, SavepointDescriptor), ApiError> {
     let not_found = || {
-        ApiError::NotFound(format!(
+        ApiError::not_found(format!(
             "pipeline `{}` has no savepoint `{savepoint}`",
             record.name
         ))
@@ -270,13 +270,13 @@ async fn input_partitions(
         let counts =
             topic_partitions(&kafka, &topics, Duration::from_secs(10)).map_err(|e| match e {
                 TopicLookupError::Client(e) => {
-                    ApiError::Unavailable(format!("cannot create a Kafka client: {e}"))
+                    ApiError::unavailable("cannot create a Kafka client").with_source(e)
                 }
-                TopicLookupError::Unavailable { topic, reason } => ApiError::Unavailable(format!(
+                TopicLookupError::Unavailable { topic, reason } => ApiError::unavailable(format!(
                     "cannot read the metadata of topic `{}`: {reason}",
                     name(&topic)
                 )),
-                TopicLookupError::Missing { topic } => ApiError::BadRequest(format!(
+                TopicLookupError::Missing { topic } => ApiError::bad_request(format!(
                     "topic `{}` does not exist; create it first",
                     name(&topic)
                 )),
@@ -284,7 +284,7 @@ async fn input_partitions(
         Ok(counts.iter().max().copied())
     })
     .await
-    .map_err(|e| ApiError::Internal(format!("metadata task: {e}")))?
+    .map_err(|e| ApiError::internal("the metadata task failed").with_source(e))?
 }
 
 /// Copies every shard of savepoint `root` (`saved`) into the pipeline `name` with uid `uid`
@@ -349,9 +349,12 @@ pub(super) async fn restore_into_new(
     spec: &PipelineSpec,
     from: &SavepointRef,
 ) -> Result<Restored, ApiError> {
-    let bad = |e: ApiError| match e {
-        ApiError::NotFound(m) => ApiError::BadRequest(m),
-        other => other,
+    let bad = |e: ApiError| {
+        if e.is(ProblemKind::NotFound) {
+            e.as_kind(ProblemKind::BadRequest)
+        } else {
+            e
+        }
     };
     let source = existing(state, tenant, &from.pipeline).await.map_err(bad)?;
     let (dir, saved) = found_savepoint(state, tenant, &source, &from.savepoint)
@@ -359,7 +362,7 @@ pub(super) async fn restore_into_new(
         .map_err(bad)?;
     let partitions = input_partitions(state, tenant, &spec.input_topics).await?;
     if let Some(reason) = incompatible(&saved, spec, partitions) {
-        return Err(ApiError::BadRequest(reason));
+        return Err(ApiError::bad_request(reason));
     }
     restore(state, tenant, (name, uid, spec), (&dir, &saved)).await
 }
@@ -392,7 +395,7 @@ pub(crate) async fn reset_pipeline(
     let record = existing(&state, &tenant, &name).await?;
     let request: ResetRequest = read_json(body).await?;
     if record.desired != DesiredState::Stopped {
-        return Err(ApiError::Conflict(format!(
+        return Err(ApiError::conflict(format!(
             "pipeline `{name}` is running: stop it (POST /v1/pipelines/{name}/stop), then reset it"
         )));
     }
@@ -410,7 +413,7 @@ pub(crate) async fn reset_pipeline(
         .catalog
         .update_pipeline(&tenant, &name, |r| {
             if r.desired != DesiredState::Stopped || r.uid != record.uid {
-                return Err(ApiError::Conflict(format!(
+                return Err(ApiError::conflict(format!(
                     "pipeline `{name}` was started or replaced while the reset began; stop it and reset again"
                 )));
             }
@@ -468,7 +471,7 @@ async fn wait_stopped(
         }
         if crate::clock::monotonic_now() >= deadline {
             let hosts: Vec<&str> = status.hosts.iter().map(|h| h.host.as_str()).collect();
-            return Err(ApiError::Conflict(format!(
+            return Err(ApiError::conflict(format!(
                 "pipeline `{name}` is still stopping after {STOP_WAIT:?} (hosts still running it: {hosts:?}); reset it once it has stopped"
             )));
         }
@@ -487,7 +490,7 @@ async fn check_reset(
     let name = &record.name;
     let partitions = input_partitions(state, tenant, &record.spec.input_topics).await?;
     if let Some(reason) = incompatible(saved, &record.spec, partitions) {
-        return Err(ApiError::BadRequest(reason));
+        return Err(ApiError::bad_request(reason));
     }
     let saved_partitions: Vec<i32> = saved.shards.iter().map(|s| s.partition).collect();
     if let Some((extra, _)) = shards_of(state, tenant, record)
@@ -495,7 +498,7 @@ async fn check_reset(
         .into_iter()
         .find(|(p, _)| !saved_partitions.contains(p))
     {
-        return Err(ApiError::BadRequest(format!(
+        return Err(ApiError::bad_request(format!(
             "pipeline `{name}` has state for partition {extra}, which savepoint `{}` does not hold",
             saved.name
         )));

@@ -159,7 +159,7 @@ pub(crate) async fn read_state(
     query: Result<Query<StateQuery>, QueryRejection>,
 ) -> Result<Json<StatePage>, ApiError> {
     let tenant = principal.tenant()?.to_owned();
-    let Query(query) = query.map_err(|e| ApiError::BadRequest(e.body_text()))?;
+    let Query(query) = query.map_err(|e| ApiError::bad_request(e.body_text()))?;
     tracing::Span::current().record("pipeline", name.as_str());
     let record = existing(&state, &tenant, &name).await?;
     check_state_name(&state_name)?;
@@ -177,7 +177,7 @@ pub(crate) async fn read_state(
     let _turn = QUERIES
         .acquire()
         .await
-        .map_err(|_| ApiError::Unavailable("the host is shutting down".to_owned()))?;
+        .map_err(|_| ApiError::unavailable("the host is shutting down"))?;
     let scan = Scan {
         state: &state,
         tenant: &tenant,
@@ -189,7 +189,7 @@ pub(crate) async fn read_state(
             .as_ref()
             .map(|t| B64.decode(&t.a))
             .transpose()
-            .map_err(|_| ApiError::BadRequest("the page token does not decode".to_owned()))?,
+            .map_err(|_| ApiError::bad_request("the page token does not decode"))?,
         clock: Arc::new(SystemClock),
         now_ms: crate::clock::Clock::now_ms(&SystemClock),
         leases: leases_of(&state, &tenant, &record),
@@ -263,7 +263,7 @@ async fn declared(
         None => (record.spec.operator.clone(), record.spec.operator_version),
     };
     match state.catalog.version(tenant, &operator, version).await? {
-        Some(v) if !v.states.iter().any(|s| s.name == state_name) => Err(ApiError::NotFound(
+        Some(v) if !v.states.iter().any(|s| s.name == state_name) => Err(ApiError::not_found(
             format!("version {version} of operator `{operator}` declares no state `{state_name}`"),
         )),
         // Declared; or the version was deleted: nothing to check against.
@@ -310,7 +310,7 @@ fn valid_lease_id(id: &str) -> bool {
 /// 503 for a store error, its details (paths) in the log, not the answer.
 fn unavailable(pipeline: &str, e: &(dyn std::error::Error + 'static)) -> ApiError {
     tracing::warn!(%pipeline, error = %crate::error::Chain(e), "state query: the store failed");
-    ApiError::Unavailable("the pipeline's state could not be read; try again".to_owned())
+    ApiError::unavailable("the pipeline's state could not be read; try again")
 }
 
 /// What a request asks for.
@@ -329,13 +329,13 @@ enum ReadKind {
 impl Read {
     fn of(query: &StateQuery) -> Result<Self, ApiError> {
         let bytes = |text: &Option<String>, b64: &Option<String>, what: &str| match (text, b64) {
-            (Some(_), Some(_)) => Err(ApiError::BadRequest(format!(
+            (Some(_), Some(_)) => Err(ApiError::bad_request(format!(
                 "give `{what}` or `{what}_b64`, not both"
             ))),
             (Some(t), None) => Ok(Some(t.as_bytes().to_vec())),
             (None, Some(b)) => decode_b64(b)
                 .map(Some)
-                .ok_or_else(|| ApiError::BadRequest(format!("`{what}_b64` is not base64"))),
+                .ok_or_else(|| ApiError::bad_request(format!("`{what}_b64` is not base64"))),
             (None, None) => Ok(None),
         };
         let record_key = bytes(&query.key, &query.key_b64, "key")?;
@@ -344,15 +344,15 @@ impl Read {
             None => LIMIT_DEFAULT,
             Some(n) if (1..=LIMIT_MAX).contains(&(n as usize)) => n as usize,
             Some(n) => {
-                return Err(ApiError::BadRequest(format!(
+                return Err(ApiError::bad_request(format!(
                     "`limit` is {n}; it must be 1..={LIMIT_MAX}"
                 )));
             }
         };
         let kind = match (record_key, prefix) {
             (Some(_), Some(_)) => {
-                return Err(ApiError::BadRequest(
-                    "a read is of one `key` or of a `prefix`, not both".to_owned(),
+                return Err(ApiError::bad_request(
+                    "a read is of one `key` or of a `prefix`, not both",
                 ));
             }
             (Some(k), None) => ReadKind::Key(k),
@@ -365,13 +365,13 @@ impl Read {
 /// A state name as operators declare them: 1..=64 bytes, not a reserved one (`!…`: timers).
 fn check_state_name(name: &str) -> Result<(), ApiError> {
     if name.is_empty() || name.len() > 64 {
-        return Err(ApiError::BadRequest(format!(
+        return Err(ApiError::bad_request(format!(
             "a state name is 1..=64 bytes; `{name}` is {}",
             name.len()
         )));
     }
     if name.starts_with('!') {
-        return Err(ApiError::BadRequest(format!(
+        return Err(ApiError::bad_request(format!(
             "`{name}` is reserved (timers and the watermark are not queryable; the export has them)"
         )));
     }
@@ -416,9 +416,9 @@ fn leases_of(state: &ApiState, tenant: &str, record: &PipelineRecord) -> Path {
 
 fn query_error(pipeline: &str, e: QueryError) -> ApiError {
     match e {
-        QueryError::Gone { .. } => ApiError::Gone(GONE.to_owned()),
+        QueryError::Gone { .. } => ApiError::gone(GONE.to_owned()),
         QueryError::NotCheckpoint { .. } => {
-            ApiError::BadRequest(format!("the page token names {e}"))
+            ApiError::bad_request(format!("the page token names {e}"))
         }
         QueryError::State(e) => unavailable(pipeline, &e),
     }
@@ -441,7 +441,7 @@ fn decode_token(text: &str) -> Result<PageToken, ApiError> {
         .decode(text)
         .ok()
         .and_then(|bytes| serde_json::from_slice(&bytes).ok())
-        .ok_or_else(|| ApiError::BadRequest("the page token does not decode".to_owned()))
+        .ok_or_else(|| ApiError::bad_request("the page token does not decode"))
 }
 
 /// The page token `text`, which must be bound to this read (`bound`: [`binding`]) and name a
@@ -449,15 +449,13 @@ fn decode_token(text: &str) -> Result<PageToken, ApiError> {
 fn decode_bound_token(text: &str, bound: &str) -> Result<PageToken, ApiError> {
     let token = decode_token(text)?;
     if token.q != bound {
-        return Err(ApiError::BadRequest(
+        return Err(ApiError::bad_request(
             "the page token is of another read (pipeline, state, key or prefix, savepoint)"
                 .to_owned(),
         ));
     }
     if token.l.as_deref().is_some_and(|id| !valid_lease_id(id)) {
-        return Err(ApiError::BadRequest(
-            "the page token does not decode".to_owned(),
-        ));
+        return Err(ApiError::bad_request("the page token does not decode"));
     }
     Ok(token)
 }
@@ -496,6 +494,7 @@ fn entry((partition, (encoded, value, expires_at_ms)): (i32, QueryEntry)) -> Sta
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::problem::ProblemKind;
 
     #[test]
     fn a_page_token_round_trips_and_garbage_is_a_bad_request() {
@@ -513,7 +512,7 @@ mod tests {
         );
         assert!(matches!(
             decode_token("not a token"),
-            Err(ApiError::BadRequest(_))
+            Err(e) if e.is(ProblemKind::BadRequest)
         ));
     }
 

@@ -49,7 +49,7 @@ impl Catalog {
     /// The newest definition of pipeline `name`, if it exists (and is not deleted).
     ///
     /// # Errors
-    /// [`ApiError::Unavailable`] on a store error.
+    /// [`ProblemKind::Unavailable`](crate::api::problem::ProblemKind::Unavailable) on a store error.
     pub async fn pipeline(
         &self,
         tenant: &str,
@@ -107,7 +107,7 @@ impl Catalog {
     /// tombstone (set in `record`).
     ///
     /// # Errors
-    /// [`ApiError::Conflict`] if it exists; [`ApiError::Unavailable`] on a store error.
+    /// [`ProblemKind::Conflict`](crate::api::problem::ProblemKind::Conflict) if it exists; [`ProblemKind::Unavailable`](crate::api::problem::ProblemKind::Unavailable) on a store error.
     pub async fn create_pipeline(
         &self,
         tenant: &str,
@@ -116,7 +116,7 @@ impl Catalog {
         let newest = self.newest_revision(tenant, &record.name).await?;
         record.revision = newest.as_ref().map_or(1, |r| r.revision + 1);
         if newest.is_some_and(|r| !r.deleted) || !self.write_revision(tenant, record).await? {
-            return Err(ApiError::Conflict(format!(
+            return Err(ApiError::conflict(format!(
                 "pipeline `{}` exists",
                 record.name
             )));
@@ -127,8 +127,8 @@ impl Catalog {
     /// Changes pipeline `name` with `change` and stores the result as the next revision.
     ///
     /// # Errors
-    /// [`ApiError::NotFound`] if it does not exist; `change`'s error; [`ApiError::Conflict`]
-    /// if another request changed it at the same time; [`ApiError::Unavailable`] on a store
+    /// [`ProblemKind::NotFound`](crate::api::problem::ProblemKind::NotFound) if it does not exist; `change`'s error; [`ProblemKind::Conflict`](crate::api::problem::ProblemKind::Conflict)
+    /// if another request changed it at the same time; [`ProblemKind::Unavailable`](crate::api::problem::ProblemKind::Unavailable) on a store
     /// error.
     pub async fn update_pipeline(
         &self,
@@ -139,7 +139,7 @@ impl Catalog {
         let mut record = self
             .pipeline(tenant, name)
             .await?
-            .ok_or_else(|| ApiError::NotFound(format!("no pipeline `{name}`")))?;
+            .ok_or_else(|| ApiError::not_found(format!("no pipeline `{name}`")))?;
         let before = record.clone();
         change(&mut record)?;
         if record == before {
@@ -150,7 +150,7 @@ impl Catalog {
         if self.write_revision(tenant, &record).await? {
             Ok(record)
         } else {
-            Err(ApiError::Conflict(format!(
+            Err(ApiError::conflict(format!(
                 "pipeline `{name}` was changed by another request at the same time; read it and try again"
             )))
         }
@@ -159,7 +159,7 @@ impl Catalog {
     /// The tenant's pipelines, by name.
     ///
     /// # Errors
-    /// [`ApiError::Unavailable`] on a store error.
+    /// [`ProblemKind::Unavailable`](crate::api::problem::ProblemKind::Unavailable) on a store error.
     pub async fn pipelines(&self, tenant: &str) -> Result<Vec<PipelineRecord>, ApiError> {
         let dir = self.path(&format!("tenants/{tenant}/pipelines"));
         let listed = self.store().list_with_delimiter(Some(&dir)).await?;
@@ -178,7 +178,7 @@ impl Catalog {
     /// Every tenant's pipelines, as `(tenant, definition)`.
     ///
     /// # Errors
-    /// [`ApiError::Unavailable`] on a store error.
+    /// [`ProblemKind::Unavailable`](crate::api::problem::ProblemKind::Unavailable) on a store error.
     pub async fn all_pipelines(&self) -> Result<Vec<(String, PipelineRecord)>, ApiError> {
         let mut out = Vec::new();
         for tenant in self.tenants().await? {
@@ -198,7 +198,7 @@ impl Catalog {
     /// Writes `status`, this host's report on pipeline `name`.
     ///
     /// # Errors
-    /// [`ApiError::Unavailable`] on a store error.
+    /// [`ProblemKind::Unavailable`](crate::api::problem::ProblemKind::Unavailable) on a store error.
     pub async fn put_host_status(
         &self,
         tenant: &str,
@@ -218,7 +218,7 @@ impl Catalog {
     /// Deletes `host`'s report on pipeline `name`.
     ///
     /// # Errors
-    /// [`ApiError::Unavailable`] on a store error.
+    /// [`ProblemKind::Unavailable`](crate::api::problem::ProblemKind::Unavailable) on a store error.
     pub async fn delete_host_status(
         &self,
         tenant: &str,
@@ -238,7 +238,7 @@ impl Catalog {
     /// Every host's report on pipeline `name`, with its age in ms.
     ///
     /// # Errors
-    /// [`ApiError::Unavailable`] on a store error.
+    /// [`ProblemKind::Unavailable`](crate::api::problem::ProblemKind::Unavailable) on a store error.
     pub async fn host_statuses(
         &self,
         tenant: &str,
@@ -262,13 +262,13 @@ impl Catalog {
     /// revisions, reports, state and logs. The tombstone stays.
     ///
     /// # Errors
-    /// [`ApiError::Conflict`] if it changed meanwhile; [`ApiError::Unavailable`] on a store
+    /// [`ProblemKind::Conflict`](crate::api::problem::ProblemKind::Conflict) if it changed meanwhile; [`ProblemKind::Unavailable`](crate::api::problem::ProblemKind::Unavailable) on a store
     /// error.
     /// Deletes the keyed state stored under uid `uid` (a create that failed after restoring a
     /// savepoint into it).
     ///
     /// # Errors
-    /// [`ApiError::Unavailable`] when the store fails.
+    /// [`ProblemKind::Unavailable`](crate::api::problem::ProblemKind::Unavailable) when the store fails.
     pub async fn delete_state(&self, tenant: &str, uid: &str) -> Result<(), ApiError> {
         let dir = self.pipeline_state_prefix(tenant, uid);
         let metas: Vec<_> = self.store().list(Some(&dir)).try_collect().await?;
@@ -294,7 +294,7 @@ impl Catalog {
             ..record.clone()
         };
         if !self.write_revision(tenant, &tombstone).await? {
-            return Err(ApiError::Conflict(format!(
+            return Err(ApiError::conflict(format!(
                 "pipeline `{}` was changed by another request at the same time; read it and try again",
                 record.name
             )));

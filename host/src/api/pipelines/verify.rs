@@ -52,6 +52,11 @@ pub struct SavepointCheck {
     pub shards: Vec<ShardCheck>,
 }
 
+/// 503 for a store that failed while the pipeline's state was read.
+fn unavailable(e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> ApiError {
+    ApiError::unavailable("the pipeline's state could not be read").with_source(e)
+}
+
 /// Checks each stored checkpoint of the pipeline's shards against the store: manifest,
 /// objects present and whole, checksums. Read-only; safe while the pipeline runs (a version GC
 /// deletes meanwhile is left out).
@@ -73,7 +78,7 @@ pub(crate) async fn verify_pipeline_state(
     query: Result<Query<VerifyQuery>, QueryRejection>,
 ) -> Result<Json<PipelineVerify>, ApiError> {
     let tenant = principal.tenant()?.to_owned();
-    let Query(query) = query.map_err(|e| ApiError::BadRequest(e.body_text()))?;
+    let Query(query) = query.map_err(|e| ApiError::bad_request(e.body_text()))?;
     tracing::Span::current().record("pipeline", name.as_str());
     let record = existing(&state, &tenant, &name).await?;
     let checksums = query.checksums.unwrap_or(true);
@@ -88,17 +93,11 @@ pub(crate) async fn verify_pipeline_state(
         checksums,
     )
     .await
-    .map_err(|e| ApiError::Unavailable(format!("{}", crate::error::Chain(&e))))?;
+    .map_err(unavailable)?;
     let store = state.catalog.store();
-    fn unavailable(e: &(dyn std::error::Error + 'static)) -> ApiError {
-        ApiError::Unavailable(format!("{}", crate::error::Chain(e)))
-    }
     let mut savepoints = Vec::new();
     let root = object_store::path::Path::from(format!("{prefix}/savepoints"));
-    for saved in savepoint::list(store, &root)
-        .await
-        .map_err(|e| unavailable(&e))?
-    {
+    for saved in savepoint::list(store, &root).await.map_err(unavailable)? {
         let at = savepoint::SavepointDir::new(
             &savepoint::savepoint_root(&root, &saved.name),
             &saved.data,
@@ -107,7 +106,7 @@ pub(crate) async fn verify_pipeline_state(
         for shard in &saved.shards {
             let versions = verify_shard(store, &at.shard(shard.partition), checksums)
                 .await
-                .map_err(|e| unavailable(&e))?;
+                .map_err(unavailable)?;
             shards.push(ShardCheck {
                 partition: shard.partition,
                 versions,

@@ -94,7 +94,7 @@ pub(crate) async fn download_export(
         .ok()
         .filter(|p| saved.shards.iter().any(|s| s.partition == *p))
     else {
-        return Err(ApiError::NotFound(format!(
+        return Err(ApiError::not_found(format!(
             "savepoint `{savepoint}` holds no partition `{partition}`"
         )));
     };
@@ -102,7 +102,7 @@ pub(crate) async fn download_export(
     let got = match state.catalog.store().get(&path).await {
         Ok(got) => got,
         Err(object_store::Error::NotFound { .. }) => {
-            return Err(ApiError::NotFound(format!(
+            return Err(ApiError::not_found(format!(
                 "savepoint `{savepoint}` has no export of partition {partition}: POST /v1/pipelines/{name}/savepoints/{savepoint}/exports first"
             )));
         }
@@ -112,5 +112,5 @@ pub(crate) async fn download_export(
     axum::response::Response::builder()
         .header("content-type", "application/x-ndjson")
         .body(body)
-        .map_err(|e| ApiError::Internal(e.to_string()))
+        .map_err(|e| ApiError::internal("cannot build the export's response").with_source(e))
 }

@@ -66,7 +66,7 @@ pub(crate) async fn create_savepoint(
         .map_err(unavailable)?
         .is_some()
     {
-        return Err(ApiError::Conflict(format!(
+        return Err(ApiError::conflict(format!(
             "pipeline `{name}` has a savepoint `{savepoint}` already"
         )));
     }
@@ -87,7 +87,7 @@ pub(crate) async fn create_savepoint(
         .map_err(unavailable)?
     {
         let _ = savepoint::delete(&store, &dir.data).await;
-        return Err(ApiError::Conflict(format!(
+        return Err(ApiError::conflict(format!(
             "pipeline `{name}` has a savepoint `{savepoint}` already (taken at the same time)"
         )));
     }
@@ -109,7 +109,7 @@ async fn running(
     match (record.desired, status) {
         (DesiredState::Running, _) => Ok(true),
         (DesiredState::Stopped, PipelineState::Stopped) => Ok(false),
-        (DesiredState::Stopped, _) => Err(ApiError::Conflict(format!(
+        (DesiredState::Stopped, _) => Err(ApiError::conflict(format!(
             "pipeline `{}` is stopping: take the savepoint once it has stopped (its last checkpoints are then the ones saved)",
             record.name
         ))),
@@ -191,7 +191,7 @@ impl<'a> Capture<'a> {
         let store = state.catalog.store().clone();
         let shards = shards_of(state, tenant, record).await?;
         if !running && shards.is_empty() {
-            return Err(ApiError::Conflict(format!(
+            return Err(ApiError::conflict(format!(
                 "pipeline `{}` never checkpointed: there is nothing to save",
                 record.name
             )));
@@ -264,7 +264,7 @@ impl<'a> Capture<'a> {
     async fn keep_asking(&mut self) -> Result<(), ApiError> {
         let (state, tenant, name) = (self.state, self.tenant, self.record.name.as_str());
         if existing(state, tenant, name).await?.desired != DesiredState::Running {
-            return Err(ApiError::Conflict(format!(
+            return Err(ApiError::conflict(format!(
                 "pipeline `{name}` was stopped while the savepoint waited for its checkpoints; take it again once it has stopped"
             )));
         }
@@ -309,7 +309,7 @@ impl<'a> Capture<'a> {
                     self.taken.insert(*partition, saved);
                 }
                 None if !self.running => {
-                    return Err(ApiError::Conflict(format!(
+                    return Err(ApiError::conflict(format!(
                         "pipeline `{}` is stopped and partition {partition} has no decided checkpoint to save",
                         self.record.name
                     )));
@@ -333,7 +333,7 @@ impl<'a> Capture<'a> {
         };
         let name = &self.record.name;
         let interval = Duration::from_millis(self.record.spec.checkpoint_interval_ms);
-        ApiError::Unavailable(format!(
+        ApiError::unavailable(format!(
             "partitions {missing:?} of pipeline `{name}` did not checkpoint within {:?} of the request: is a host running them? (GET /v1/pipelines/{name})",
             2 * interval + CHECKPOINT_WAIT
         ))

@@ -108,7 +108,7 @@ impl Scan<'_> {
         }
         self.read_page(versions).await.map_err(|e| match e {
             // The token's versions, or objects they name, were collected.
-            QueryError::State(StateError::Corrupt { .. }) => ApiError::Gone(GONE.to_owned()),
+            QueryError::State(StateError::Corrupt { .. }) => ApiError::gone(GONE.to_owned()),
             other => query_error(name, other),
         })
     }
