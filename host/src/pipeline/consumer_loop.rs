@@ -6,7 +6,10 @@
 
 use super::WorkerError;
 use super::events::{Assignment, Batch, Inbox, WorkerControl, WorkerId};
-use super::open::{Opened, Opening};
+mod open;
+mod outcome;
+mod shutdown;
+
 use super::policy::{CONSUMER_ERROR_WAIT, PAUSED_RETRY_INTERVAL, WATERMARKS_INTERVAL};
 use super::ports::{GroupOffsets, Output, Source};
 use super::worker::{PartitionWorker, WorkerStart};
@@ -16,6 +19,8 @@ use crate::runtime::{InputRecord, Operator};
 use crate::state::StateBackend;
 use crate::state::checkpoint::InputOffsets;
 use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
+pub(super) use open::Opened;
+use open::Opening;
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -62,7 +67,7 @@ pub(super) struct Running<B: StateBackend, Src: Source, Out: Output> {
     /// Where each partition's outputs go.
     pub(super) output: Arc<Out>,
     pub(super) workers: HashMap<i32, WorkerHandle>,
-    pub(super) opening: HashMap<i32, Opening<B::Shard, Out::Sink>>,
+    opening: HashMap<i32, Opening<B::Shard, Out::Sink>>,
     /// Workers of revoked partitions, finishing their last checkpoint, and when they were
     /// revoked.
     pub(super) closing: HashMap<i32, Closing>,

@@ -1,5 +1,5 @@
 //! Runs one pipeline: the consumer loop ([`consumer_loop`]) that batches records per
-//! partition, opens and closes shards ([`open`]), and the per-partition workers ([`worker`])
+//! partition, opens and closes shards (`consumer_loop::open`), and the per-partition workers ([`worker`])
 //! that call the operator.
 //!
 //! Records of a partition go to that partition's worker in offset order; its execution
@@ -16,40 +16,35 @@
 //!
 //! - [`ports`]          the traits the pipeline runs over;
 //! - [`consumer_loop`]  the loop: records and rebalances in, batches out, offsets committed;
+//!   its `open` (a partition's shard opened, recovered and claimed), `outcome` (a worker that
+//!   ended: reopen later, or stop the pipeline) and `shutdown` (the drain);
 //! - [`events`]         what the loop and a worker tell each other, one channel each way;
-//! - [`open`]           a partition's shard opened, recovered and claimed;
-//! - [`outcome`]        why a worker ended, and what then: reopen later, or stop the pipeline;
-//! - [`shutdown`]       the drain at shutdown;
 //! - [`policy`]         every wait and retry bound of the pipeline, in one place;
-//! - [`worker`]         one partition's worker: admission, attempts' outcomes;
-//! - [`checkpoint`]     the worker's checkpoint;
+//! - [`worker`]         one partition's worker: its `start`, its loop (`run`), admission,
+//!   attempts' outcomes (`ended`), their `effects`, its `checkpoint`, how it ends (`error`);
 //! - [`attempt`]        one attempt of a batch, and a partition's execution state;
 //! - [`isolation`]      which records of a failed batch to call next;
 //! - [`controller`]     the execution controller (FLIP-425);
 //! - [`stats`]          the figures of a run.
 
 mod attempt;
-mod checkpoint;
 mod consumer_loop;
 pub mod controller;
 mod events;
 mod isolation;
-mod open;
-mod outcome;
 mod policy;
 pub mod ports;
-mod shutdown;
 mod stats;
 mod timers;
 mod worker;
 
 pub use attempt::prefetch;
-pub use outcome::WorkerError;
 pub use ports::{Output, Source};
 pub use stats::{
     CHECKPOINT_HISTORY_MAX, CheckpointRecord, PartitionProblem, PartitionProgress, PartitionState,
     PipelineStats,
 };
+pub use worker::WorkerError;
 
 use crate::config::Settings;
 use crate::runtime::{Operator, RuntimeError};

@@ -44,7 +44,6 @@ use super::PipelineStats;
 use super::attempt::{Ended, Execution, Running, Task, attempt, batch_deadline};
 use super::events::{Assignment, Batch, EventSender, Stall};
 use super::isolation::Isolation;
-use super::outcome::WorkerError;
 use super::ports::{DeadLetterKind, ShardSink, SinkError};
 use super::timers::Timers;
 use crate::config::{FailurePolicy, LateRecords, RuntimeSettings};
@@ -60,12 +59,15 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
 mod backlog;
+mod checkpoint;
 mod effects;
 mod ended;
+mod error;
 mod run;
 mod start;
 
 use backlog::Backlog;
+pub use error::WorkerError;
 pub(crate) use start::WorkerStart;
 
 /// One partition's worker.

@@ -58,7 +58,7 @@ impl<S: Shard> std::fmt::Debug for Operator<S> {
 
 impl<S: Shard> Operator<S> {
     /// Whether the component was loaded already compiled from the runtime's compiled directory
-    /// ([`Runtime::with_compiled_dir`]) rather than compiled.
+    /// ([`super::Runtime::with_compiled_dir`]) rather than compiled.
     pub fn from_compiled_dir(&self) -> bool {
         self.from_compiled_dir
     }

@@ -1,6 +1,6 @@
 //! A pipeline's definition ([`PipelineSpec`], [`PipelineRecord`]) and its validation against
-//! the host's limits, the tenant's topic names, and the status the API shows: each host's
-//! report ([`HostStatus`]) and their merge ([`merge_status`]).
+//! the host's limits and the tenant's topic names, every problem at once ([`SpecError`]). What
+//! the hosts report of it is in `status`.
 
 use crate::api::catalog::valid_operator_name;
 use crate::config::{Delivery, FailurePolicy, LateRecords, RuntimeSettings, StateBackendKind};

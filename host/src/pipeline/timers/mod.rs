@@ -26,10 +26,10 @@
 mod round;
 
 use super::attempt::Running;
-use super::outcome::WorkerError;
 use super::ports::ShardSink;
 use super::worker::PartitionWorker;
 use crate::clock::SharedClock;
+use crate::pipeline::WorkerError;
 use crate::pipeline::policy::{CLOCK_LOOK_MAX, ROUND_BACKOFF_MAX, ROUND_BACKOFF_MIN};
 use crate::runtime::{FiredTimer, Header, InputRecord, TimeDomain};
 use crate::state::{Shard, StateError, StateWrite};
@@ -282,10 +282,6 @@ async fn count_timers<S: Shard>(
 }
 
 impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
-    /// With nothing in flight: loads the shard's timers and saved watermark once, applies the
-    /// watermark the finished records allow (saving it when it moved), and fires one round of
-    /// due timers. A state outage backs off (records go on meanwhile); a corrupt state ends
-    /// the worker.
     /// With nothing in flight: prepares one round of due timers ([`Self::due_round`]) and
     /// starts its call in `running`, beside the record batches to come. The round's keys are
     /// held in the execution controller until it ends, so that a key's later records wait

@@ -5,9 +5,9 @@
 use super::super::PipelineStats;
 use super::super::attempt::{Ended, Running, batch_deadline, prefetch_into};
 use super::super::controller::key_hash;
-use super::super::outcome::WorkerError;
 use super::super::ports::{DeadLetterKind, ShardSink};
 use super::super::worker::PartitionWorker;
+use crate::pipeline::WorkerError;
 use crate::pipeline::policy::ROUND_BACKOFF_MAX;
 use crate::runtime::guest_log::LogSource;
 use crate::runtime::{

@@ -4,9 +4,9 @@
 
 use super::PartitionWorker;
 use crate::config::FailurePolicy;
+use crate::pipeline::WorkerError;
 use crate::pipeline::attempt::{Attempted, Failure, Task};
 use crate::pipeline::isolation::{Outcome, Verdict};
-use crate::pipeline::outcome::WorkerError;
 use crate::pipeline::policy::OUTAGE_BACKOFF_MAX;
 use crate::pipeline::ports::{DeadLetterKind, ShardSink};
 use crate::runtime::guest_log::GuestLevel;

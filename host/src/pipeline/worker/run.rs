@@ -4,9 +4,9 @@
 
 use super::PartitionWorker;
 use super::backlog::Backlog;
+use crate::pipeline::WorkerError;
 use crate::pipeline::attempt::{Ended, Running};
 use crate::pipeline::events::{Assignment, Batch};
-use crate::pipeline::outcome::WorkerError;
 use crate::pipeline::policy::SHARD_SETTLE_MAX;
 use crate::pipeline::ports::ShardSink;
 use crate::state::Shard;

@@ -6,12 +6,12 @@
 //! committed to the group before the consumer leaves it. Past `shutdown_drain_max` the
 //! workers still busy are stopped without committing anything they did not finish.
 
-use super::PipelineError;
-use super::WorkerError;
-use super::consumer_loop::Running;
-use super::events::WorkerId;
-use super::policy::{HANDOVER_SETTLE_MAX, PAUSED_RETRY_INTERVAL};
-use super::ports::{Output, Source};
+use super::Running;
+use crate::pipeline::PipelineError;
+use crate::pipeline::WorkerError;
+use crate::pipeline::events::WorkerId;
+use crate::pipeline::policy::{HANDOVER_SETTLE_MAX, PAUSED_RETRY_INTERVAL};
+use crate::pipeline::ports::{Output, Source};
 use crate::state::StateBackend;
 use foldhash::HashSet;
 use tokio::time::Instant;
@@ -26,7 +26,7 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
     ///
     /// A run that ended cleanly (`settle`) first settles the hand-overs under way
     /// ([`Self::settle_handovers`]); one that failed opens nothing more.
-    pub(super) async fn drain(&mut self, settle: bool) -> Result<(), PipelineError> {
+    pub(in crate::pipeline) async fn drain(&mut self, settle: bool) -> Result<(), PipelineError> {
         // A revoke the source reported before the shutdown reached the loop: that partition
         // closes as revoked, and nothing of it is committed here (S1).
         self.drop_revoked();
@@ -159,7 +159,10 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
 
     /// The shutdown's end of a worker whose queue closed before its last batch was handed
     /// over: it ended on its own (fenced, say); awaits it and judges it as [`drained`] does.
-    pub(super) async fn worker_drained(&mut self, partition: i32) -> Result<(), PipelineError> {
+    pub(in crate::pipeline) async fn worker_drained(
+        &mut self,
+        partition: i32,
+    ) -> Result<(), PipelineError> {
         let Some(mut worker) = self.workers.remove(&partition) else {
             return Ok(());
         };

@@ -5,12 +5,12 @@
 //! partition resumes. A shard with no usable checkpoint left stays paused, failed in its
 //! status, and is tried again with backoff.
 
-use super::consumer_loop::Running;
-use super::events::{Assignment, DeliveryGuard, WorkerControl, WorkerId};
-use super::policy::{NO_CHECKPOINT_RETRY_MAX, NO_CHECKPOINT_RETRY_MIN, OPEN_RETRY_DELAY};
-use super::ports::{Output, ShardSink, SinkError, Source, SourceError};
-use super::{PartitionProblem, PartitionState, PipelineError};
+use super::Running;
 use crate::config::Delivery;
+use crate::pipeline::events::{Assignment, DeliveryGuard, WorkerControl, WorkerId};
+use crate::pipeline::policy::{NO_CHECKPOINT_RETRY_MAX, NO_CHECKPOINT_RETRY_MIN, OPEN_RETRY_DELAY};
+use crate::pipeline::ports::{Output, ShardSink, SinkError, Source, SourceError};
+use crate::pipeline::{PartitionProblem, PartitionState, PipelineError};
 use crate::state::{Recovery, Shard, ShardId, StateBackend, StateError};
 use std::sync::atomic::Ordering;
 use tokio::task::JoinHandle;
@@ -28,12 +28,12 @@ pub(super) struct Opening<S, K> {
 
 impl<S, K> Opening<S, K> {
     /// Whether the open has ended.
-    pub(super) fn is_finished(&self) -> bool {
+    pub(in crate::pipeline) fn is_finished(&self) -> bool {
         self.task.is_finished()
     }
 
     /// Gives the open up (the partition was revoked, or the pipeline stops).
-    pub(super) fn abort(&self) {
+    pub(in crate::pipeline) fn abort(&self) {
         self.control.0.revoke();
         self.task.abort();
     }
@@ -61,7 +61,7 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
     /// its sink — exactly-once, fencing the previous owner and beginning a transaction — and
     /// reads the committed offsets' metadata, which may name the checkpoint to open
     /// (docs/checkpoints.md, "Recovery" step 3).
-    pub(super) fn start_opening(&mut self, partition: i32) {
+    pub(in crate::pipeline) fn start_opening(&mut self, partition: i32) {
         let id = ShardId {
             pipeline: self.settings.pipeline.name.clone(),
             partition,
@@ -137,7 +137,10 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
 
     /// Takes an opened shard: seeks the source to its checkpoint's offsets (dropping what was
     /// fetched before), starts its worker and resumes the partition.
-    pub(super) async fn finish_opening(&mut self, partition: i32) -> Result<(), PipelineError> {
+    pub(in crate::pipeline) async fn finish_opening(
+        &mut self,
+        partition: i32,
+    ) -> Result<(), PipelineError> {
         let Some(opening) = self.opening.remove(&partition) else {
             return Ok(());
         };

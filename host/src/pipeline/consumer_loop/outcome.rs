@@ -3,86 +3,13 @@
 //! past the corrupt checkpoints); anything else stops the pipeline (docs/checkpoints.md,
 //! "Fencing" and "Corruption").
 
-use super::consumer_loop::Running;
-use super::policy::{FENCED_HOLD, OPEN_RETRY_DELAY, TRANSACTION_BACKOFF_MAX};
-use super::ports::{Cause, SinkError};
-use super::ports::{Output, Source};
-use super::{PartitionProblem, PartitionState, PipelineError};
-use crate::error::ErrorKind;
+use super::Running;
+use crate::pipeline::WorkerError;
+use crate::pipeline::policy::{FENCED_HOLD, OPEN_RETRY_DELAY, TRANSACTION_BACKOFF_MAX};
+use crate::pipeline::ports::{Output, Source};
+use crate::pipeline::{PartitionProblem, PartitionState, PipelineError};
 use crate::state::StateBackend;
-use crate::state::StateError;
 use tokio::time::Instant;
-
-/// Why a worker stopped.
-#[derive(Debug, thiserror::Error)]
-pub enum WorkerError {
-    /// Producing output or dead letters failed for good.
-    #[error("partition {partition}: output failed")]
-    Sink {
-        /// The partition.
-        partition: i32,
-        /// The failure.
-        #[source]
-        source: SinkError,
-    },
-    /// The shard's stored state is corrupt: retrying cannot help. The shard is reopened from
-    /// a checkpoint that does not reference what was found corrupt (docs/checkpoints.md,
-    /// "Corruption"); the other partitions go on.
-    #[error("partition {partition}: state is corrupt")]
-    Corrupt {
-        /// The partition.
-        partition: i32,
-        /// The checkpoint the shard was opened from (blamed when no object is named).
-        opened_from: Option<u64>,
-        /// The failure.
-        #[source]
-        source: StateError,
-    },
-    /// Another owner claimed the shard (its checkpoint was refused): this host must stop
-    /// writing it. Not a pipeline failure: the partition has moved.
-    #[error("partition {partition}: fenced by a newer owner of the shard")]
-    Fenced {
-        /// The partition.
-        partition: i32,
-    },
-    /// A record's call failed for good and `failure_policy = "fail"`: the pipeline stops
-    /// before committing anything after it.
-    #[error("partition {partition}: the record at offset {offset} of `{topic}` failed: {reason}")]
-    RecordFailed {
-        /// The partition.
-        partition: i32,
-        /// The record's topic.
-        topic: String,
-        /// The record's offset.
-        offset: i64,
-        /// Why its call failed.
-        reason: String,
-    },
-    /// The checkpoint's transaction did not commit, or a delivery in it failed (exactly-once
-    /// mode): the state holds effects whose outputs are not committed, so the shard must be
-    /// reopened from its last decided checkpoint.
-    #[error("partition {partition}: the checkpoint's transaction failed")]
-    Transaction {
-        /// The partition.
-        partition: i32,
-        /// Why.
-        #[source]
-        source: Cause,
-    },
-}
-
-impl WorkerError {
-    /// What kind of failure this is: the loop reopens the shard of a fenced, corrupt or
-    /// transaction-lost worker; the others stop the pipeline.
-    pub fn kind(&self) -> ErrorKind {
-        match self {
-            Self::Sink { .. } | Self::Transaction { .. } => ErrorKind::Unavailable,
-            Self::Corrupt { .. } => ErrorKind::Corrupt,
-            Self::Fenced { .. } => ErrorKind::Fenced,
-            Self::RecordFailed { .. } => ErrorKind::GuestFault,
-        }
-    }
-}
 
 impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
     /// A worker ended on its own. Fenced: another owner claimed the shard, so this host drops
@@ -91,7 +18,10 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
     /// shard is reopened from its decided checkpoint. Corrupt state: the same, and the shard is
     /// reopened from a checkpoint that does not reference what was found corrupt. Anything
     /// else stops the pipeline.
-    pub(super) async fn worker_ended(&mut self, partition: i32) -> Result<(), PipelineError> {
+    pub(in crate::pipeline) async fn worker_ended(
+        &mut self,
+        partition: i32,
+    ) -> Result<(), PipelineError> {
         match self.worker_failure(partition).await {
             PipelineError::Worker(WorkerError::Corrupt {
                 opened_from,
@@ -164,7 +94,7 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
     }
 
     /// Why the worker of `partition` ended: awaits its task (it ended, or is about to).
-    pub(super) async fn worker_failure(&mut self, partition: i32) -> PipelineError {
+    pub(in crate::pipeline) async fn worker_failure(&mut self, partition: i32) -> PipelineError {
         let Some(mut worker) = self.workers.remove(&partition) else {
             return PipelineError::WorkerPanicked(partition);
         };

@@ -3,11 +3,11 @@
 //! offsets of the records processed, then — exactly-once — the transaction committed with
 //! them, naming the checkpoint's version.
 
-use super::CheckpointRecord;
-use super::WorkerError;
-use super::ports::{CommitError, ShardSink};
-use super::worker::PartitionWorker;
+use super::PartitionWorker;
 use crate::clock::{Clock, SystemClock};
+use crate::pipeline::CheckpointRecord;
+use crate::pipeline::WorkerError;
+use crate::pipeline::ports::{CommitError, ShardSink};
 use crate::state::Shard;
 use crate::state::checkpoint::{CheckpointError, CheckpointReport, DecidedBy};
 use std::sync::atomic::Ordering;
@@ -19,7 +19,7 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
     /// checkpoint leaves the previous one current and is retried at the next tick; at the
     /// `last` one (queue closed) it is only logged: the records since the previous checkpoint
     /// will be read again by the next owner.
-    pub(super) async fn checkpoint(
+    pub(in crate::pipeline) async fn checkpoint(
         &mut self,
         last: bool,
         requested: bool,
@@ -239,7 +239,7 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
     /// checkpoints as [`Self::checkpoint`] does. When they cannot be saved, no checkpoint is
     /// taken (it would keep a timer count its timers do not match): counted as a failed
     /// checkpoint, the previous one stays current.
-    pub(super) async fn checkpoint_with_time(
+    pub(in crate::pipeline) async fn checkpoint_with_time(
         &mut self,
         last: bool,
         requested: bool,
@@ -283,7 +283,7 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
         }
     }
 
-    pub(super) async fn drain_sink(&mut self) -> Result<(), WorkerError> {
+    pub(in crate::pipeline) async fn drain_sink(&mut self) -> Result<(), WorkerError> {
         match self.sink.drain().await {
             Ok(()) => Ok(()),
             Err(source) => Err(self.sink_failed(source)),
