@@ -229,7 +229,7 @@ impl StatusBoard {
         loop {
             tick.tick().await;
             if let Err(err) = self.sample(&state).await {
-                tracing::warn!(error = %err, "cannot sample the pipelines for the status page");
+                tracing::warn!(error = %crate::error::Chain(&err), "cannot sample the pipelines for the status page");
             }
         }
     }

@@ -253,7 +253,7 @@ impl RunJob {
             .catalog
             .version(&self.tenant, &spec.operator, spec.operator_version)
             .await
-            .map_err(|e| RunFailure::new(catalog_kind(&e), e.to_string()))?
+            .map_err(|e| RunFailure::new(catalog_kind(&e), Chain(&e).to_string()))?
             .ok_or_else(|| {
                 RunFailure::new(
                     ErrorKind::InvalidInput,
@@ -274,7 +274,7 @@ impl RunJob {
             .catalog
             .blob(&self.tenant, &version.sha256)
             .await
-            .map_err(|e: ApiError| RunFailure::new(catalog_kind(&e), e.to_string()))?;
+            .map_err(|e: ApiError| RunFailure::new(catalog_kind(&e), Chain(&e).to_string()))?;
         if sha256_hex(&bytes) != version.sha256 {
             return Err(RunFailure::new(
                 ErrorKind::Corrupt,

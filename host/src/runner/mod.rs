@@ -271,7 +271,9 @@ impl Runner {
                 self.apply(records);
             }
             // Runs go on as they are; the store is the only way to change them anyway.
-            Err(err) => tracing::warn!(error = %err, "cannot read pipeline definitions"),
+            Err(err) => {
+                tracing::warn!(error = %crate::error::Chain(&err), "cannot read pipeline definitions")
+            }
         }
         self.report().await;
     }
@@ -443,7 +445,7 @@ impl Runner {
                 .put_host_status(&run.tenant, &key.1, &status)
                 .await
             {
-                tracing::warn!(tenant = %key.0, pipeline = %key.1, error = %err, "cannot write the pipeline report");
+                tracing::warn!(tenant = %key.0, pipeline = %key.1, error = %crate::error::Chain(&err), "cannot write the pipeline report");
                 continue;
             }
             if run.phase == HostPhase::Stopped && run.task.is_none() {
@@ -487,7 +489,7 @@ impl Runner {
                 .put_host_status(&run.tenant, &key.1, &status)
                 .await
             {
-                tracing::warn!(tenant = %key.0, pipeline = %key.1, error = %err, "cannot write the last pipeline report");
+                tracing::warn!(tenant = %key.0, pipeline = %key.1, error = %crate::error::Chain(&err), "cannot write the last pipeline report");
             }
         }
         tracing::info!(host = %self.host, "every pipeline run stopped");

@@ -51,22 +51,21 @@ impl Run {
     /// Takes the result of a run that ended (of `key`, for the log): stopped, or failed with
     /// its reason and the next retry after a backoff that doubles (reset after a long run).
     pub(super) fn collect_ended(&mut self, key: &(String, String)) {
-        let Some(task) = self.task.take_if(|task| task.is_finished()) else {
+        let Some(mut task) = self.task.take_if(|task| task.is_finished()) else {
             return;
         };
-        let result = futures::FutureExt::now_or_never(task)
-            .unwrap_or_else(|| {
-                Ok(Err(RunFailure::new(
-                    ErrorKind::Internal,
-                    "the run ended without a result".to_owned(),
-                )))
-            })
-            .unwrap_or_else(|panic| {
-                Err(RunFailure::new(
-                    ErrorKind::Internal,
-                    format!("the run panicked: {panic}"),
-                ))
-            });
+        // Finished, yet its result may not be ready to take when the reconcile's cooperative
+        // budget is spent: then it is looked at again at the next reconcile.
+        let Some(joined) = futures::FutureExt::now_or_never(&mut task) else {
+            self.task = Some(task);
+            return;
+        };
+        let result = joined.unwrap_or_else(|panic| {
+            Err(RunFailure::new(
+                ErrorKind::Internal,
+                format!("the run panicked: {panic}"),
+            ))
+        });
         self.stop = None;
         match result {
             Ok(()) => {

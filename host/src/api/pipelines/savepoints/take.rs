@@ -206,6 +206,7 @@ impl<'a> Capture<'a> {
             None
         };
         let committed = committed_versions(state, tenant, record, &partitions(&shards)).await;
+        let read_at = crate::clock::monotonic_now();
         let mut after = BTreeMap::new();
         if running {
             for (partition, shard) in &shards {
@@ -229,7 +230,7 @@ impl<'a> Capture<'a> {
             shards,
             partitions_wanted,
             committed,
-            read_at: crate::clock::monotonic_now(),
+            read_at,
             after,
             asked: None,
             taken: BTreeMap::new(),
