@@ -65,6 +65,7 @@ mod ended;
 mod error;
 mod run;
 mod start;
+mod timers;
 
 use backlog::Backlog;
 pub use error::WorkerError;
@@ -148,18 +149,18 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
     fn note_waiting_inputs(&mut self, backlog: &mut Backlog, queue_empty: bool) {
         if self.execution.backing_off > 0 || !queue_empty {
             let now = self.timers.now_ms();
-            self.timers.watermarks.held(now);
+            self.timers.watermarks_mut().held(now);
         }
         if backlog.records.is_empty() {
             backlog.topics.clear();
         } else {
             let now = self.timers.now_ms();
             for topic in &backlog.topics {
-                self.timers.watermarks.seen(topic, now);
+                self.timers.watermarks_mut().seen(topic, now);
             }
         }
         self.timers
-            .watermarks
+            .watermarks_mut()
             .set_caught_up(self.caught_up.load(Ordering::Acquire));
     }
 
@@ -167,7 +168,7 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
     /// dead-letters the late records it turns away (`late_records = dead_letter`).
     async fn admit_backlog(&mut self, backlog: &mut Backlog) -> Result<(), WorkerError> {
         for late in self.admit(&mut backlog.records) {
-            let watermark = self.timers.watermarks.applied().unwrap_or_default();
+            let watermark = self.timers.watermarks().applied().unwrap_or_default();
             let reason = format!(
                 "late: timestamp {} ms is at or before the watermark {watermark} ms",
                 late.timestamp_ms
@@ -235,9 +236,9 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
             }
             self.admitted.advance(&record.topic, record.offset);
             self.timers
-                .watermarks
+                .watermarks_mut()
                 .admitted(&record.topic, record.timestamp_ms, now);
-            if self.timers.watermarks.is_late(record.timestamp_ms) {
+            if self.timers.watermarks().is_late(record.timestamp_ms) {
                 self.stats.late(self.late_records);
                 match self.late_records {
                     LateRecords::Process => {}
@@ -322,7 +323,7 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
                     table: self.sink.emit_table(),
                 },
                 // Constant while records are in flight: it is applied only with none.
-                self.timers.watermarks.applied(),
+                self.timers.watermarks().applied(),
             );
             running.push(Box::pin(async move { Ended::Batch(attempt.await) }));
         }

@@ -25,11 +25,7 @@
 
 mod round;
 
-use super::attempt::Running;
-use super::ports::ShardSink;
-use super::worker::PartitionWorker;
 use crate::clock::SharedClock;
-use crate::pipeline::WorkerError;
 use crate::pipeline::policy::{CLOCK_LOOK_MAX, ROUND_BACKOFF_MAX, ROUND_BACKOFF_MIN};
 use crate::runtime::{FiredTimer, Header, InputRecord, TimeDomain};
 use crate::state::{Shard, StateError, StateWrite};
@@ -37,10 +33,8 @@ use crate::time::head::TimerHead;
 use crate::time::keys::{self, StoredTimer, TIMER_COUNT_KEY, WATERMARK_KEY};
 use crate::time::watermark::{Idleness, Watermarks};
 use bytes::Bytes;
-use round::Round;
-pub(super) use round::TimersCalled;
+pub(in crate::pipeline) use round::{Called, Round, TimerCall, TimersCalled, removals};
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -48,7 +42,7 @@ use tokio::time::Instant;
 #[derive(Debug)]
 pub(crate) struct Timers {
     head: TimerHead,
-    pub(super) watermarks: Watermarks,
+    watermarks: Watermarks,
     clock: SharedClock,
     /// Whether the head and the saved watermark were read from the shard.
     loaded: bool,
@@ -62,7 +56,7 @@ pub(crate) struct Timers {
     /// The count last written to the shard ([`TIMER_COUNT_KEY`]).
     saved_count: Option<i64>,
     /// The shard's count was deleted because timers changed before it was read (see
-    /// [`PartitionWorker::save_time`]).
+    /// [`Timers::save`]).
     count_dropped: bool,
     /// No round before this (after an outage), and the next backoff.
     retry_at: Option<Instant>,
@@ -72,7 +66,7 @@ pub(crate) struct Timers {
     /// Whether the operator can have timers (a 0.1 component cannot): when not, nothing here
     /// reads or writes the shard.
     enabled: bool,
-    /// A round whose next call is to start ([`PartitionWorker::continue_round`]).
+    /// A round whose next call is to start ([`Timers::go_on`]).
     going_on: Option<Round>,
 }
 
@@ -202,15 +196,15 @@ impl Timers {
             .map(|base| u64::try_from(base + self.added).unwrap_or(0))
     }
 
-    fn backed_off(&mut self) {
-        self.backoff = (self.backoff * 2).clamp(ROUND_BACKOFF_MIN, ROUND_BACKOFF_MAX);
-        self.retry_at = Some(Instant::now() + self.backoff);
-    }
-
     /// The source record a fired timer's emits and dead letter name: its key, no value, the
     /// time it fired at as timestamp (event time: its own time; processing time: the clock at
     /// the call), no offset, and the timer in `weir.timer.*` headers.
-    fn source(&self, partition: i32, timer: &FiredTimer, now_ms: i64) -> InputRecord {
+    pub(in crate::pipeline) fn source(
+        &self,
+        partition: i32,
+        timer: &FiredTimer,
+        now_ms: i64,
+    ) -> InputRecord {
         let domain = match timer.domain {
             TimeDomain::EventTime => "event-time",
             TimeDomain::ProcessingTime => "processing-time",
@@ -281,69 +275,92 @@ async fn count_timers<S: Shard>(
     }
 }
 
-impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
-    /// With nothing in flight: prepares one round of due timers ([`Self::due_round`]) and
-    /// starts its call in `running`, beside the record batches to come. The round's keys are
-    /// held in the execution controller until it ends, so that a key's later records wait
-    /// behind its timer (as FLIP-425's per-key order), while other keys' records run. A state
-    /// outage backs off (records go on meanwhile); a corrupt state ends the worker.
-    pub(super) async fn timer_round(
+/// What [`Timers::save`] did: whether it wrote to the shard (the next checkpoint has
+/// something to keep), the count of pending timers and the watermark it saved (with the clock's
+/// time then, ms), for the pipeline's metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(in crate::pipeline) struct Saved {
+    pub wrote: bool,
+    pub count: Option<i64>,
+    pub watermark: Option<(i64, i64)>,
+}
+
+impl Timers {
+    /// The watermarks of the shard's inputs.
+    pub(in crate::pipeline) fn watermarks(&self) -> &Watermarks {
+        &self.watermarks
+    }
+
+    /// See [`Self::watermarks`]: records seen and idleness move them.
+    pub(in crate::pipeline) fn watermarks_mut(&mut self) -> &mut Watermarks {
+        &mut self.watermarks
+    }
+
+    /// Whether the shard's timers, count and saved watermark were read.
+    pub(in crate::pipeline) fn loaded(&self) -> bool {
+        self.loaded
+    }
+
+    /// A round prepared or called without a state error: any backoff ends.
+    pub(in crate::pipeline) fn round_succeeded(&mut self) {
+        self.retry_at = None;
+        self.backoff = Duration::ZERO;
+    }
+
+    /// A round's preparation met a state outage: no round before a backoff (doubled each
+    /// time, within the policy's bounds), which it returns.
+    pub(in crate::pipeline) fn round_failed(&mut self) -> Duration {
+        self.backoff = (self.backoff * 2).clamp(ROUND_BACKOFF_MIN, ROUND_BACKOFF_MAX);
+        self.retry_at = Some(Instant::now() + self.backoff);
+        self.backoff
+    }
+
+    /// Takes `timers` out of the head while they fire (they are settled or retried, never
+    /// given back).
+    pub(in crate::pipeline) fn take(&mut self, timers: &[FiredTimer]) {
+        for t in timers {
+            let index = keys::time_index(t.domain, t.time_ms, &t.key, &t.name);
+            self.head.take(t.domain, &index);
+        }
+    }
+
+    /// Keeps `round`, whose next call is to start at the top of the worker's loop.
+    pub(in crate::pipeline) fn go_on(&mut self, round: Round) {
+        self.going_on = Some(round);
+    }
+
+    /// The round kept by [`Self::go_on`], if any.
+    pub(in crate::pipeline) fn going_on(&mut self) -> Option<Round> {
+        self.going_on.take()
+    }
+
+    /// With nothing in flight: reads the shard's timers, count and saved watermark once, and
+    /// the head of the next timers when it must be read again. Each read is bounded by
+    /// `io_max` (`source` names the shard in errors): reads that hang must not hold the
+    /// worker, nothing else runs meanwhile.
+    ///
+    /// # Errors
+    /// [`StateError`] from a read, or [`StateError::Unavailable`] when one takes longer than
+    /// `io_max`: what was loaded before stays, the rest is read next time.
+    pub(in crate::pipeline) async fn load<S: Shard>(
         &mut self,
-        running: &mut Running<S>,
-    ) -> Result<(), WorkerError> {
-        match self.due_round().await {
-            Ok(None) => self.round_ended(Ok(())),
-            Ok(Some((timers, now_ms))) => {
-                self.start_round(timers, now_ms, running);
-                Ok(())
-            }
-            Err(err) => self.round_ended(Err(err)),
-        }
-    }
-
-    /// A round's preparation or call ended: a success ends any backoff; an outage starts or
-    /// lengthens one; a corrupt state ends the worker.
-    fn round_ended(&mut self, result: Result<(), StateError>) -> Result<(), WorkerError> {
-        match result {
-            Ok(()) => {
-                self.timers.retry_at = None;
-                self.timers.backoff = Duration::ZERO;
-                Ok(())
-            }
-            Err(err) if err.kind() == crate::error::ErrorKind::Corrupt => Err(self.corrupt(err)),
-            Err(err) => {
-                self.timers.backed_off();
-                tracing::warn!(partition = self.partition, error = %err, retry_in = ?self.timers.backoff, "state backend unavailable; timers wait");
-                // Counted as a record's retry is, once timers run (not for their first load,
-                // which records do not wait for while it backs off).
-                if self.timers.loaded {
-                    self.stats.outage_retries.fetch_add(1, Ordering::Relaxed);
-                }
-                Ok(())
-            }
-        }
-    }
-
-    /// With nothing in flight: loads the shard's timers and saved watermark once, applies
-    /// (and saves) the watermark the finished records allow, and picks the next round's due
-    /// timers, in firing order, at most one per key. `None` when none is due.
-    async fn due_round(&mut self) -> Result<Option<(Vec<FiredTimer>, i64)>, StateError> {
-        // Reads that hang must not hold the worker (nothing else runs meanwhile): bounded as
-        // a call's state reads are, and an outage when they take longer.
-        let io_max = self.settings.call_io_allowance;
+        shard: &S,
+        io_max: Duration,
+        source: &str,
+    ) -> Result<(), StateError> {
         let hung = |what: &str| StateError::Unavailable {
-            shard: self.source.to_string(),
+            shard: source.to_owned(),
             source: format!("{what} still waiting after {io_max:?}").into(),
         };
-        if !self.timers.loaded {
-            let saved = match tokio::time::timeout(io_max, self.shard.get(&WATERMARK_KEY)).await {
+        if !self.loaded {
+            let saved = match tokio::time::timeout(io_max, shard.get(&WATERMARK_KEY)).await {
                 Ok(Ok(saved)) => {
                     saved.and_then(|v| Some(i64::from_be_bytes(v.as_ref().try_into().ok()?)))
                 }
                 Ok(Err(err)) => return Err(err),
                 Err(_) => return Err(hung("reading the saved watermark")),
             };
-            let count = match tokio::time::timeout(io_max, self.shard.get(&TIMER_COUNT_KEY)).await {
+            let count = match tokio::time::timeout(io_max, shard.get(&TIMER_COUNT_KEY)).await {
                 Ok(Ok(count)) => {
                     count.and_then(|v| Some(i64::from_be_bytes(v.as_ref().try_into().ok()?)))
                 }
@@ -351,7 +368,7 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
                 Err(_) => return Err(hung("reading the timer count")),
             };
             let mut head = TimerHead::default();
-            match tokio::time::timeout(io_max, head.load(&*self.shard)).await {
+            match tokio::time::timeout(io_max, head.load(shard)).await {
                 Ok(Ok(())) => {}
                 Ok(Err(err)) => return Err(err),
                 Err(_) => return Err(hung("loading the timers")),
@@ -361,37 +378,38 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
             // once, with nothing in flight: the store holds every applied write.
             let base = match count {
                 Some(count) => count,
-                None => match count_timers(&*self.shard, self.source.to_string(), io_max).await {
-                    Ok(count) => i64::try_from(count).unwrap_or(i64::MAX) - self.timers.added,
-                    Err(err) => return Err(err),
-                },
+                None => {
+                    let counted = count_timers(shard, source.to_owned(), io_max).await?;
+                    i64::try_from(counted).unwrap_or(i64::MAX) - self.added
+                }
             };
             // Loaded with nothing in flight: timers that records set or cleared while an
             // outage delayed this are in the store the scan read.
-            self.timers.head = head;
-            self.timers.watermarks.restore(saved);
-            self.timers.saved = saved;
-            self.timers.base = Some(base);
-            self.timers.saved_count = count;
-            self.timers.loaded = true;
+            self.head = head;
+            self.watermarks.restore(saved);
+            self.saved = saved;
+            self.base = Some(base);
+            self.saved_count = count;
+            self.loaded = true;
         }
-        match tokio::time::timeout(io_max, self.timers.head.load(&*self.shard)).await {
-            Ok(Ok(())) => {}
-            Ok(Err(err)) => return Err(err),
-            Err(_) => return Err(hung("loading the next timers")),
+        match tokio::time::timeout(io_max, self.head.load(shard)).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(err)) => Err(err),
+            Err(_) => Err(hung("loading the next timers")),
         }
-        self.save_time().await?;
-        let batch_max = self.settings.timer_batch_max;
-        let now = self.timers.now_ms();
-        let mut due = self
-            .timers
-            .head
-            .due(TimeDomain::ProcessingTime, now, batch_max);
-        let event = match self.timers.watermarks.applied() {
-            Some(watermark) => self
-                .timers
-                .head
-                .due(TimeDomain::EventTime, watermark, batch_max),
+    }
+
+    /// The next round's due timers, in firing order, at most one per key and at most
+    /// `batch_max`, with the clock's time (ms); `None` when none is due. Call after
+    /// [`Self::load`] and [`Self::save`], which applies the watermark the records allow.
+    pub(in crate::pipeline) fn next_round(
+        &self,
+        batch_max: usize,
+    ) -> Option<(Vec<FiredTimer>, i64)> {
+        let now = self.now_ms();
+        let mut due = self.head.due(TimeDomain::ProcessingTime, now, batch_max);
+        let event = match self.watermarks.applied() {
+            Some(watermark) => self.head.due(TimeDomain::EventTime, watermark, batch_max),
             None => Vec::new(),
         };
         // Both domains share a round half and half when both have a backlog, so that neither
@@ -409,12 +427,12 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
         let mut keys = std::collections::HashSet::with_capacity(due.len());
         due.retain(|t| keys.insert(t.key.clone()));
         if due.is_empty() {
-            return Ok(None);
+            return None;
         }
-        Ok(Some((due.into_iter().map(fired).collect(), now)))
+        Some((due.into_iter().map(fired).collect(), now))
     }
 
-    /// Writes the applied watermark to the shard when it moved, and the count of pending
+    /// Writes the applied watermark to `shard` when it moved, and the count of pending
     /// timers when it changed, so that a checkpoint keeps them (called before each checkpoint
     /// and each round, with nothing in flight: the count is then the store's).
     ///
@@ -425,62 +443,64 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
     /// # Errors
     /// [`StateError`] from the write: nothing was saved, and a checkpoint must not be taken
     /// (it would keep a count its timers do not match).
-    pub(super) async fn save_time(&mut self) -> Result<(), StateError> {
-        if !self.timers.enabled {
-            return Ok(());
+    pub(in crate::pipeline) async fn save<S: Shard>(
+        &mut self,
+        shard: &S,
+    ) -> Result<Saved, StateError> {
+        if !self.enabled {
+            return Ok(Saved::default());
         }
-        if !self.timers.loaded {
+        if !self.loaded {
             // Records set or cleared timers before the count was read (an outage delayed the
             // load): a checkpoint must not keep the count it opened with. Without one, the
             // next load counts the timers by a scan.
-            if self.timers.added != 0 && !self.timers.count_dropped {
-                self.shard
-                    .apply(vec![StateWrite {
-                        key: TIMER_COUNT_KEY.to_vec(),
-                        value: None,
-                        expires_at_ms: None,
-                    }])
-                    .await?;
-                self.timers.count_dropped = true;
-                self.dirty = true;
+            if self.added == 0 || self.count_dropped {
+                return Ok(Saved::default());
             }
-            return Ok(());
+            shard
+                .apply(vec![StateWrite {
+                    key: TIMER_COUNT_KEY.to_vec(),
+                    value: None,
+                    expires_at_ms: None,
+                }])
+                .await?;
+            self.count_dropped = true;
+            return Ok(Saved {
+                wrote: true,
+                ..Saved::default()
+            });
         }
-        let now = self.timers.now_ms();
-        let watermark = self.timers.watermarks.candidate(now);
-        let count = self
-            .timers
-            .pending()
-            .map(|c| i64::try_from(c).unwrap_or(i64::MAX));
+        let now = self.now_ms();
+        let watermark = self.watermarks.candidate(now);
+        let count = self.pending().map(|c| i64::try_from(c).unwrap_or(i64::MAX));
         let mut writes = Vec::new();
-        if let Some(watermark) = watermark.filter(|&w| self.timers.saved != Some(w)) {
+        if let Some(watermark) = watermark.filter(|&w| self.saved != Some(w)) {
             writes.push(StateWrite {
                 key: WATERMARK_KEY.to_vec(),
                 value: Some(Bytes::copy_from_slice(&watermark.to_be_bytes())),
                 expires_at_ms: None,
             });
         }
-        if let Some(count) = count.filter(|&c| self.timers.saved_count != Some(c)) {
+        if let Some(count) = count.filter(|&c| self.saved_count != Some(c)) {
             writes.push(StateWrite {
                 key: TIMER_COUNT_KEY.to_vec(),
                 value: Some(Bytes::copy_from_slice(&count.to_be_bytes())),
                 expires_at_ms: None,
             });
         }
-        if !writes.is_empty() {
-            self.shard.apply(writes).await?;
-            self.timers.saved = watermark.or(self.timers.saved);
-            self.timers.saved_count = count;
-            self.dirty = true;
-        }
-        if let Some(count) = count {
-            self.stats
-                .record_timers_pending(self.partition, u64::try_from(count).unwrap_or(0));
+        let wrote = !writes.is_empty();
+        if wrote {
+            shard.apply(writes).await?;
+            self.saved = watermark.or(self.saved);
+            self.saved_count = count;
         }
         if let Some(watermark) = watermark {
-            self.timers.watermarks.restore(Some(watermark));
-            self.stats.record_watermark(self.partition, watermark, now);
+            self.watermarks.restore(Some(watermark));
         }
-        Ok(())
+        Ok(Saved {
+            wrote,
+            count,
+            watermark: watermark.map(|w| (w, now)),
+        })
     }
 }

@@ -40,7 +40,7 @@ impl Backlog {
             };
             let now = timers.now_ms();
             for record in &records {
-                timers.watermarks.seen(&record.topic, now);
+                timers.watermarks_mut().seen(&record.topic, now);
                 if !self
                     .topics
                     .iter()
