@@ -37,7 +37,7 @@ pub async fn serve(config: PathBuf) -> anyhow::Result<()> {
     )
     .context("cannot open the catalog store")?;
     let state = api::ApiState::new(
-        api::catalog::Catalog::new(store.clone(), prefix.clone()),
+        weir_host::catalog::Catalog::new(store.clone(), prefix.clone()),
         api::ApiSettings {
             operator_bytes_max: settings.operator_bytes_max,
             admin_key_sha256: api::sha256(admin_key.as_bytes()),
@@ -70,7 +70,7 @@ pub async fn serve(config: PathBuf) -> anyhow::Result<()> {
     let runner = match &settings.pipelines {
         Some(config) => {
             let runner = weir_host::runner::Runner::new(
-                api::catalog::Catalog::new(store.clone(), prefix.clone()),
+                weir_host::catalog::Catalog::new(store.clone(), prefix.clone()),
                 config.clone(),
                 settings.runtime.clone(),
             )

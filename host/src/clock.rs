@@ -14,6 +14,12 @@ pub fn wall_now() -> SystemTime {
     SystemTime::now()
 }
 
+/// Now on the wall clock in ms since the Unix epoch (0 before it): the times the catalog's
+/// records and reports carry.
+pub fn wall_now_ms() -> u64 {
+    SystemClock.now_ms()
+}
+
 /// Now on the monotonic clock: how long something took (durations in logs, metrics and
 /// reports), and deadlines outside the pipeline's loop and workers (which use
 /// `tokio::time::Instant`, controlled by paused-time tests). `clippy.toml` refuses

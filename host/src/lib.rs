@@ -1,9 +1,11 @@
 //! Weir host: runs tenants' WebAssembly operators over Kafka with keyed state.
 //!
-//! - [`api`]       `weir serve`'s multi-tenant HTTP API: tenants, operators, pipelines,
-//!   checkpoints and savepoints, state queries, logs, the status page; problem details
+//! - [`api`]       `weir serve`'s multi-tenant HTTP API: the routes for tenants, operators,
+//!   pipelines, checkpoints and savepoints, state queries, logs, the status page; problem details
 //! - [`runner`]    the reconcile loop of a `weir serve` host: runs the catalog's pipelines (each
 //!   a consumer group member), restarts failed and changed ones, reports their status
+//! - [`catalog`]   the records every host shares in object storage: tenants, API keys,
+//!   operator versions, pipelines' definitions and the hosts' reports, operators' log segments
 //! - [`config`]    the settings tree read from TOML; validation reports every problem at once
 //! - [`error`]     the crate's error kinds (invalid input, unavailable, corrupt, fenced, guest fault, internal)
 //! - [`runtime`]   wasmtime engine, the single `bindgen!` site, instances, limits, WIT imports
@@ -42,6 +44,7 @@
 #![deny(clippy::too_many_lines)]
 
 pub mod api;
+pub mod catalog;
 pub mod clock;
 pub mod config;
 pub mod error;

@@ -8,8 +8,8 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
-use weir_host::api::catalog::Catalog;
 use weir_host::api::{ApiSettings, ApiState, sha256};
+use weir_host::catalog::Catalog;
 use weir_host::runner::{Runner, RunnerConfig};
 use weir_host::state::lsm::backend::object_store_from_url;
 

@@ -3,10 +3,10 @@
 
 use serde::de::DeserializeOwned;
 use weir_host::api::NewApiKey;
-use weir_host::api::catalog::{OperatorSummary, OperatorVersion, Tenant};
-use weir_host::api::logs::LogEntry;
 use weir_host::api::pipelines::{CheckpointRequested, PipelineChange, PipelineSpec, PipelineView};
 use weir_host::api::problem::Problem;
+use weir_host::catalog::logs::LogEntry;
+use weir_host::catalog::{OperatorSummary, OperatorVersion, Tenant};
 use weir_host::pipeline::CheckpointRecord;
 
 /// Why a call failed.

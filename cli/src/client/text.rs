@@ -1,8 +1,8 @@
 //! The client's text: the tables and lines `weir operator|pipeline|tenant …` print.
 
-use weir_host::api::catalog::{OperatorSummary, OperatorVersion, Tenant};
-use weir_host::api::logs::LogEntry;
 use weir_host::api::pipelines::PipelineView;
+use weir_host::catalog::logs::LogEntry;
+use weir_host::catalog::{OperatorSummary, OperatorVersion, Tenant};
 use weir_host::clock::Clock as _;
 
 /// How the API spells `value` (an enum variant): `exactly_once`, `dead_letter`, ….

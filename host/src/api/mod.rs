@@ -15,7 +15,6 @@
 //! `POST/GET /pipelines/{name}/checkpoints` (tenant). Pipelines are run by the hosts whose
 //! config has a `[pipelines]` section ([`crate::runner`]).
 
-pub mod catalog;
 pub mod logs;
 mod operators;
 pub mod pipelines;
@@ -27,6 +26,10 @@ mod tenants;
 pub use settings::{DEFAULT_PIPELINE_STATE_BYTES_MAX, ServeSettings};
 pub use tenants::{NewApiKey, NewTenant};
 
+use crate::catalog::{
+    ApiKeyRecord, Catalog, OperatorSummary, OperatorVersion, StateDescription, Tenant,
+    valid_operator_name,
+};
 use crate::clock::SystemClock;
 use crate::config::RuntimeSettings;
 use crate::runtime::{Operator, Runtime};
@@ -38,10 +41,6 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use catalog::{
-    ApiKeyRecord, Catalog, OperatorSummary, OperatorVersion, StateDescription, Tenant,
-    valid_operator_name,
-};
 use problem::{ApiError, Problem};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
@@ -303,15 +302,6 @@ fn parse_json<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T, ApiError>
         .map_err(|e| ApiError::bad_request("invalid JSON body").with_source(e))
 }
 
-/// The wall clock's now, in ms since the Unix epoch (the clock seam's [`SystemClock`]): the
-/// time records of the catalog and the hosts' reports carry.
-///
-/// [`SystemClock`]: crate::clock::SystemClock
-pub(crate) fn now_ms() -> u64 {
-    use crate::clock::Clock as _;
-    crate::clock::SystemClock.now_ms()
-}
-
 /// The problems of every authenticated route, documented once.
 #[derive(Debug, utoipa::IntoResponses)]
 #[allow(
@@ -377,7 +367,7 @@ impl Modify for BearerAuth {
                        pipelines::PipelineView, pipelines::PipelineStatus,
                        pipelines::HostSummary, pipelines::OperatorSwitch,
                        pipelines::PipelineChange, pipelines::PipelineStateBackend,
-                       pipelines::CheckpointRequested, logs::LogEntry,
+                       pipelines::CheckpointRequested, crate::catalog::logs::LogEntry,
                        pipelines::verify::PipelineVerify, pipelines::verify::SavepointCheck,
                        crate::state::verify::ShardCheck,
                        crate::state::verify::VersionCheck, pipelines::SavepointRef,

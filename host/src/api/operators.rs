@@ -2,6 +2,7 @@
 //! stored as the next immutable version), their listing and their deletion.
 
 use super::*;
+use crate::clock::wall_now_ms;
 
 /// Lists the caller's operators with their versions.
 #[utoipa::path(get, path = "/v1/operators", tag = "operators",
@@ -106,7 +107,7 @@ pub(super) async fn upload_operator(
                 version: 0,
                 sha256,
                 size_bytes: bytes.len() as u64,
-                created_ms: now_ms(),
+                created_ms: wall_now_ms(),
                 declared_name: meta.name.clone(),
                 declared_version: meta.version.clone(),
                 states,

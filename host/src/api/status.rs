@@ -12,7 +12,8 @@
 
 use super::pipelines::{PipelineStatus, merge_status};
 use super::problem::{ApiError, ProblemKind};
-use super::{ApiState, AuthProblems, Principal, now_ms};
+use super::{ApiState, AuthProblems, Principal};
+use crate::clock::wall_now_ms;
 use crate::pipeline::CheckpointRecord;
 use crate::telemetry;
 use axum::body::Body;
@@ -184,7 +185,7 @@ impl StatusBoard {
                 .collect();
             seen.push((tenant, record.name, status, checkpoints));
         }
-        let now = now_ms();
+        let now = wall_now_ms();
         let since = now.saturating_sub(HISTORY_WINDOW.as_millis() as u64);
         let mut errors = Vec::new();
         let mut pipelines = self.pipelines.lock().expect("board lock");
@@ -327,7 +328,10 @@ pub(super) async fn status_page(State(state): State<ApiState>, headers: HeaderMa
         return login_page(StatusCode::OK, None);
     };
     match state.principal_of(&key).await {
-        Ok(principal) => html_response(StatusCode::OK, state.board.render(&principal, now_ms())),
+        Ok(principal) => html_response(
+            StatusCode::OK,
+            state.board.render(&principal, wall_now_ms()),
+        ),
         Err(e) if e.is(ProblemKind::Unauthorized) => login_page(
             StatusCode::UNAUTHORIZED,
             Some("That key is not known here."),

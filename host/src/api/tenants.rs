@@ -1,9 +1,10 @@
 //! Tenants and their API keys (admin key): `POST/GET /v1/tenants`, `POST
 //! /v1/tenants/{tenant}/api-keys`.
 
-use super::catalog::{ApiKeyRecord, Tenant, valid_tenant_id};
 use super::problem::{ApiError, Problem};
-use super::{ApiState, AuthProblems, Principal, now_ms, read_json, sha256_hex};
+use super::{ApiState, AuthProblems, Principal, read_json, sha256_hex};
+use crate::catalog::{ApiKeyRecord, Tenant, valid_tenant_id};
+use crate::clock::wall_now_ms;
 use axum::Json;
 use axum::body::Body;
 use axum::extract::{Path as UrlPath, State};
@@ -58,7 +59,7 @@ pub(super) async fn create_tenant(
     let tenant = Tenant {
         name: new.name.unwrap_or_else(|| new.id.clone()),
         id: new.id,
-        created_ms: now_ms(),
+        created_ms: wall_now_ms(),
     };
     state.catalog.create_tenant(&tenant).await?;
     tracing::info!(tenant = %tenant.id, "tenant created");
@@ -105,7 +106,7 @@ pub(super) async fn create_api_key(
     let record = ApiKeyRecord {
         key_id: hash[..12].to_owned(),
         tenant: tenant.clone(),
-        created_ms: now_ms(),
+        created_ms: wall_now_ms(),
     };
     state.catalog.create_key(&hash, &record).await?;
     tracing::info!(%tenant, key_id = %record.key_id, "API key created");

@@ -2,11 +2,11 @@
 //! and why a run failed, by kind.
 
 use super::{METADATA_TIMEOUT, RunnerConfig};
-use crate::api::catalog::Catalog;
-use crate::api::logs::SegmentWriter;
-use crate::api::pipelines::{PipelineRecord, kafka_topic};
 use crate::api::problem::{ApiError, ProblemKind};
 use crate::api::sha256_hex;
+use crate::catalog::Catalog;
+use crate::catalog::logs::SegmentWriter;
+use crate::catalog::pipelines::{PipelineRecord, kafka_topic};
 use crate::clock::SharedClock;
 use crate::config::{
     LsmStateSettings, PipelineSettings, PipelineTable, RuntimeSettings, Settings, StateSettings,
@@ -306,7 +306,7 @@ impl RunJob {
     /// Where the pipeline's Iceberg table is, and its committer's reads (docs/iceberg.md).
     async fn table_target(
         &self,
-        table: &crate::api::pipelines::TableSpec,
+        table: &crate::catalog::pipelines::TableSpec,
         settings: &Settings,
         store: &Arc<dyn object_store::ObjectStore>,
         prefix: &object_store::path::Path,

@@ -11,9 +11,9 @@
 //! has its own operator runtime (limits from the definition), its own state caches and its
 //! own Kafka clients, so one tenant's pipeline cannot read or evict another's.
 
-use crate::api::catalog::Catalog;
-use crate::api::logs;
-use crate::api::pipelines::{HostPhase, PipelineRecord};
+use crate::catalog::Catalog;
+use crate::catalog::logs;
+use crate::catalog::pipelines::{HostPhase, PipelineRecord};
 use crate::clock::{SharedClock, SystemClock};
 use crate::config::RuntimeSettings;
 use crate::error::ErrorKind;
@@ -106,7 +106,7 @@ pub struct RunnerConfig {
     pub disk_cache_bytes: u64,
     /// How the operators' log lines are kept for their tenants (`[pipelines.logs]`).
     #[serde(default)]
-    pub logs: crate::api::logs::OperatorLogSettings,
+    pub logs: crate::catalog::logs::OperatorLogSettings,
     /// The Iceberg catalog and warehouse the pipelines' tables go to (`[pipelines.iceberg]`,
     /// docs/iceberg.md); without it a pipeline with an `iceberg` output fails to start.
     #[serde(default)]
@@ -258,9 +258,9 @@ impl Runner {
     }
 
     /// Age after which this host's reports no longer count: five reconcile intervals, at
-    /// least [`HOST_STATUS_STALE`](crate::api::pipelines::HOST_STATUS_STALE).
+    /// least [`HOST_STATUS_STALE`](crate::catalog::pipelines::HOST_STATUS_STALE).
     fn stale_after(&self) -> Duration {
-        (self.config.reconcile_interval * 5).max(crate::api::pipelines::HOST_STATUS_STALE)
+        (self.config.reconcile_interval * 5).max(crate::catalog::pipelines::HOST_STATUS_STALE)
     }
 
     /// One pass: definitions read, runs started, stopped or restarted, reports written.
@@ -319,7 +319,8 @@ impl Runner {
     /// pipeline was deleted): collects an ended run, stops one that is no longer wanted or
     /// whose definition changed, starts one that is wanted (after a failure's backoff).
     fn reconcile_one(&mut self, key: &(String, String), definition: Option<PipelineRecord>) {
-        let want = definition.filter(|d| d.desired == crate::api::pipelines::DesiredState::Running);
+        let want =
+            definition.filter(|d| d.desired == crate::catalog::pipelines::DesiredState::Running);
         let Some(run) = self.runs.get_mut(key) else {
             if let Some(record) = want {
                 let run = self.launch(&key.0, record, 0);

@@ -3,8 +3,8 @@
 
 use super::job::{RunFailure, RunResult};
 use super::{BACKOFF_RESET_AFTER, RESTART_BACKOFF_MAX, RESTART_BACKOFF_MIN, one_line};
-use crate::api::now_ms;
-use crate::api::pipelines::{HostPhase, HostStatus, PipelineRecord};
+use crate::catalog::pipelines::{HostPhase, HostStatus, PipelineRecord};
+use crate::clock::wall_now_ms;
 use crate::error::ErrorKind;
 use crate::pipeline::PipelineStats;
 use crate::state::lsm::cache::BlockCaches;
@@ -150,7 +150,7 @@ impl Run {
             phase: self.phase,
             reason: self.reason.as_ref().map(|f| f.reason.clone()),
             reason_kind: self.reason.as_ref().map(|f| f.kind),
-            updated_ms: now_ms(),
+            updated_ms: wall_now_ms(),
             stale_after_ms: stale_after.as_millis() as u64,
             restarts: self.restarts,
             records_done: done,

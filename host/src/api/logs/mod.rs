@@ -1,19 +1,23 @@
 //! Tenants' operator logs. A pipeline's partitions run on several hosts that share only object
 //! storage, so each host writes its operators' log lines (past the per-partition rate limit)
-//! as small JSON-lines segments under the pipeline's log directory ([`writer`]), and any host
+//! as small JSON-lines segments under the pipeline's log directory
+//! ([`crate::catalog::logs`]), and any host
 //! serves them: `GET /v1/pipelines/{name}/logs`, newest lines last, `?follow` streaming new
 //! ones as they are written (as `kubectl logs -f` across a Deployment's pods).
 //!
-//! Layout under the catalog prefix (beside [`super::pipelines`]'s):
+//! Layout under the catalog prefix (beside [`crate::catalog::pipelines`]'s):
 //! `tenants/{tenant}/logs/{pipeline uid}/{host}/{written ms:013}-{seq:010}.jsonl`, one
 //! [`LogEntry`] a line. A segment's name is the time it was written, so it holds no line newer
 //! than its name and each host's names sort in writing order; a reader following the log lists
 //! each host's directory after the last name it read. Segments go after the retention period,
 //! or when their host's budget is full ([`OperatorLogSettings`]), and with the pipeline.
 
-mod writer;
-
-pub use writer::{OperatorLogSettings, SWEEP_INTERVAL, SegmentWriter, WriterTask, sweep_expired};
+use crate::catalog::logs::{
+    FETCHES_IN_FLIGHT, HostDirs, LogEntry, SegmentName, host_dirs, read_segments,
+};
+#[cfg(test)]
+use crate::catalog::logs::{OperatorLogSettings, SegmentWriter, sweep_expired};
+use crate::clock::wall_now_ms;
 
 use super::problem::{ApiError, Problem};
 use super::{ApiState, AuthProblems, Principal};
@@ -23,53 +27,13 @@ use axum::extract::{Path as UrlPath, Query, State};
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use futures::{StreamExt, TryStreamExt};
+use object_store::ObjectStore;
 use object_store::path::Path;
-use object_store::{ObjectStore, ObjectStoreExt};
-use serde::{Deserialize, Serialize};
-use std::borrow::Cow;
+use serde::Deserialize;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use utoipa::{IntoParams, ToSchema};
-
-/// One line of an operator's log, as stored and as served (one JSON object per line).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
-pub struct LogEntry<'a> {
-    /// When the operator logged it, ms since the Unix epoch.
-    pub time_ms: u64,
-    /// The host whose instance logged it.
-    #[schema(value_type = String)]
-    pub host: Cow<'a, str>,
-    /// The input partition being processed, if any (none for the host's own notices).
-    pub partition: Option<i32>,
-    /// `trace`, `debug`, `info`, `warn` or `error` (stdout is `info`, stderr `warn`).
-    #[schema(value_type = String)]
-    pub level: Cow<'a, str>,
-    /// The line, at most 4 KiB.
-    #[schema(value_type = String)]
-    pub message: Cow<'a, str>,
-}
-
-/// A segment's file name: when it was written and the writing process's count.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-struct SegmentName {
-    time_ms: u64,
-    seq: u64,
-}
-
-impl SegmentName {
-    fn file_name(&self) -> String {
-        format!("{:013}-{:010}.jsonl", self.time_ms, self.seq)
-    }
-
-    fn parse(file_name: &str) -> Option<Self> {
-        let (time, seq) = file_name.strip_suffix(".jsonl")?.split_once('-')?;
-        Some(Self {
-            time_ms: time.parse().ok()?,
-            seq: seq.parse().ok()?,
-        })
-    }
-}
+use utoipa::IntoParams;
 
 /// Lines returned without `tail`.
 const TAIL_DEFAULT: usize = 1000;
@@ -83,9 +47,6 @@ const FOLLOW_POLL: Duration = Duration::from_millis(500);
 /// Polls of `?follow` between checks that the pipeline still exists.
 const FOLLOW_POLLS_PER_CHECK: u32 = 20;
 
-/// Segments fetched at once.
-const FETCHES_IN_FLIGHT: usize = 8;
-
 /// Most `?follow` streams one tenant keeps open on one host; more answer 429.
 pub const FOLLOWS_PER_TENANT_MAX: usize = 8;
 
@@ -93,80 +54,6 @@ pub const FOLLOWS_PER_TENANT_MAX: usize = 8;
 /// whose write took longer than another's named after it (two runs of a pipeline on one host
 /// while one drains) is still found, once.
 const FOLLOW_RELIST_MS: u64 = 30_000;
-
-fn now_ms() -> u64 {
-    super::now_ms()
-}
-
-/// `host_dir`'s segments with their sizes.
-async fn list_segments(
-    store: &dyn ObjectStore,
-    host_dir: &Path,
-) -> object_store::Result<Vec<(SegmentName, u64)>> {
-    let metas: Vec<_> = store.list(Some(host_dir)).try_collect().await?;
-    Ok(metas
-        .into_iter()
-        .filter_map(|m| Some((SegmentName::parse(m.location.filename()?)?, m.size)))
-        .collect())
-}
-
-/// Every host's segments under `dir`: path, name, size.
-#[cfg(test)]
-async fn list_all_segments(
-    store: &dyn ObjectStore,
-    dir: &Path,
-) -> object_store::Result<Vec<(Path, SegmentName, u64)>> {
-    let metas: Vec<_> = store.list(Some(dir)).try_collect().await?;
-    Ok(metas
-        .into_iter()
-        .filter_map(|m| {
-            let name = SegmentName::parse(m.location.filename()?)?;
-            Some((m.location, name, m.size))
-        })
-        .collect())
-}
-
-/// The lines of `paths`, in the order given, each segment's in its order.
-async fn read_segments(
-    store: &dyn ObjectStore,
-    paths: Vec<Path>,
-) -> object_store::Result<Vec<LogEntry<'static>>> {
-    let bodies: Vec<Option<bytes::Bytes>> = futures::stream::iter(paths)
-        .map(|path| async move {
-            match store.get(&path).await {
-                Ok(got) => got.bytes().await.map(Some),
-                // Expired between the list and the read.
-                Err(object_store::Error::NotFound { .. }) => Ok(None),
-                Err(err) => Err(err),
-            }
-        })
-        .buffered(FETCHES_IN_FLIGHT)
-        .try_collect()
-        .await?;
-    let mut entries = Vec::new();
-    for body in bodies.into_iter().flatten() {
-        entries.extend(
-            body.split(|b| *b == b'\n')
-                .filter(|line| !line.is_empty())
-                .filter_map(|line| serde_json::from_slice::<LogEntry<'_>>(line).ok())
-                .map(LogEntry::into_owned),
-        );
-    }
-    Ok(entries)
-}
-
-impl LogEntry<'_> {
-    /// The same, owning its text.
-    pub fn into_owned(self) -> LogEntry<'static> {
-        LogEntry {
-            time_ms: self.time_ms,
-            host: Cow::Owned(self.host.into_owned()),
-            partition: self.partition,
-            level: Cow::Owned(self.level.into_owned()),
-            message: Cow::Owned(self.message.into_owned()),
-        }
-    }
-}
 
 /// Where a follower has read to: segments named before `floor_ms` are never new; each host's
 /// newest segment read, by its name's time; the segments read whose names are recent enough to
@@ -199,7 +86,7 @@ async fn recent(
     tail: usize,
 ) -> object_store::Result<(Vec<LogEntry<'static>>, Cursors)> {
     let hosts = host_dirs(store, dir).await?;
-    let now = now_ms();
+    let now = wall_now_ms();
     let mut starts: Vec<u64> = TAIL_LOOK_BACK_MS
         .iter()
         .map(|back| now.saturating_sub(*back))
@@ -213,19 +100,6 @@ async fn recent(
         }
     }
     unreachable!("the last start returns")
-}
-
-/// Host names and their directories.
-type HostDirs = BTreeMap<String, Path>;
-
-/// The directory of each host under `dir`, by host.
-async fn host_dirs(store: &dyn ObjectStore, dir: &Path) -> object_store::Result<HostDirs> {
-    let listed = store.list_with_delimiter(Some(dir)).await?;
-    Ok(listed
-        .common_prefixes
-        .into_iter()
-        .filter_map(|host_dir| Some((host_of(dir, &host_dir)?, host_dir)))
-        .collect())
 }
 
 /// [`recent`] over the segments of `hosts` written at or after `start_ms`.
@@ -279,12 +153,6 @@ async fn recent_from(
     let skip = entries.len().saturating_sub(tail);
     entries.drain(..skip);
     Ok((entries, cursors))
-}
-
-/// The host directory of a segment path under `dir`.
-fn host_of(dir: &Path, path: &Path) -> Option<String> {
-    let mut parts = path.prefix_match(dir)?;
-    Some(parts.next()?.as_ref().to_owned())
 }
 
 /// The lines written under `dir` after `cursors`, oldest first; moves the cursors past them.
@@ -466,7 +334,7 @@ impl Drop for FollowSlot {
 
 /// A `?follow` response's reader.
 struct Follower {
-    catalog: super::catalog::Catalog,
+    catalog: crate::catalog::Catalog,
     tenant: String,
     name: String,
     uid: String,

@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::runtime::guest_log::{GuestLevel, LogLine, LogSink};
+use object_store::ObjectStoreExt;
 use object_store::memory::InMemory;
 
 fn line(time_ms: u64, message: &str) -> LogLine<'_> {
@@ -110,7 +111,7 @@ async fn put_segment(
 async fn a_tail_read_looks_further_back_only_until_it_has_enough_lines() {
     let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
     let dir = Path::from("tenants/t/logs/uid");
-    let now = now_ms();
+    let now = wall_now_ms();
     put_segment(
         &*store,
         &dir,
@@ -158,7 +159,7 @@ async fn a_tail_read_looks_further_back_only_until_it_has_enough_lines() {
 async fn the_sweep_deletes_every_hosts_segments_past_the_retention_only() {
     let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
     let dir = Path::from("tenants/t/logs/uid");
-    let now = now_ms();
+    let now = wall_now_ms();
     put_segment(&*store, &dir, "gone-host", now - 2 * 86_400_000, &["old"]).await;
     put_segment(&*store, &dir, "host-a", now - 2 * 86_400_000, &["old"]).await;
     put_segment(&*store, &dir, "host-a", now - 3_600_000, &["kept"]).await;
@@ -187,7 +188,7 @@ fn a_tenant_has_at_most_its_follow_streams_open_and_a_closed_one_frees_its_slot(
 #[tokio::test]
 async fn a_follow_stream_ends_when_the_host_shuts_down() {
     let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
-    let catalog = super::super::catalog::Catalog::new(store, Path::from("weir"));
+    let catalog = crate::catalog::Catalog::new(store, Path::from("weir"));
     let shutting_down = tokio::sync::watch::Sender::new(false);
     let mut follower = Follower {
         dir: catalog.pipeline_logs_prefix("t", "uid"),
@@ -213,7 +214,7 @@ async fn lines_of_one_millisecond_across_segments_keep_their_order_and_tail_keep
         ..Default::default()
     };
     let (writer, task) = SegmentWriter::spawn(store.clone(), dir.clone(), "host-a", settings);
-    let now = now_ms();
+    let now = wall_now_ms();
     for i in 0..20 {
         writer.line(line(now, &format!("ord {i}")));
     }

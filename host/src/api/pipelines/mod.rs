@@ -1,43 +1,21 @@
-//! Pipelines of the API: their definitions and the hosts' reports on them, in object storage,
-//! and the routes that manage them.
-//!
-//! A pipeline is a definition ([`PipelineRecord`]) every `weir serve` host that runs pipelines
-//! reads ([`super::runner`]): each host runs the pipeline's consumer-group member, so Kafka
-//! divides the partitions among the hosts, and each writes what it runs into a
-//! [`HostStatus`]. `GET /v1/pipelines/{name}` merges the fresh ones.
-//!
-//! Layout under the catalog prefix (beside [`super::catalog`]'s):
-//! - `tenants/{tenant}/pipelines/{name}/revisions/{revision:010}.json` — the definition; every
-//!   change writes the next revision, created once (`PutMode::Create`), so two hosts changing
-//!   a pipeline at once cannot both win (the loser answers 409) on every store;
-//! - `tenants/{tenant}/pipelines/{name}/hosts/{host}.json` — one host's [`HostStatus`];
-//! - `tenants/{tenant}/state/{uid}/…` — the pipeline's keyed state (LSM shards);
-//! - `tenants/{tenant}/logs/{uid}/{host}/…` — its operator's log segments ([`super::logs`]).
-//!
-//! Topic names are the tenant's own: topic `orders` of tenant `acme` is the Kafka topic
-//! `acme.orders` ([`kafka_topic`]), so no tenant can name another's topic.
-//!
-//! The module's parts: [`spec`] — the definition, its validation and the status types, and
-//! merging hosts' reports; [`store`] — reading and writing them in the catalog's store; this
-//! file — the routes.
+//! Pipelines of the API: the routes that create, change, start, stop and delete a tenant's
+//! pipelines and report their status. The definitions and the hosts' reports, and how they
+//! are stored, are the catalog's ([`crate::catalog::pipelines`]).
 
 mod checkpoints;
 pub mod savepoints;
-mod spec;
 pub mod state_query;
-mod status;
-mod store;
 pub mod verify;
 
+pub use crate::catalog::pipelines::*;
 pub(super) use checkpoints::{
     __path_list_checkpoints, __path_trigger_checkpoint, list_checkpoints, trigger_checkpoint,
 };
-pub use spec::*;
-pub use status::*;
 
-use super::catalog::valid_operator_name;
 use super::problem::{ApiError, Problem};
-use super::{ApiState, AuthProblems, Principal, now_ms, read_json};
+use super::{ApiState, AuthProblems, Principal, read_json};
+use crate::catalog::valid_operator_name;
+use crate::clock::wall_now_ms;
 use crate::pipeline::CheckpointRecord;
 use axum::Json;
 use axum::body::Body;
@@ -122,7 +100,7 @@ async fn check_states_compatible(
     ) else {
         return Ok(()); // the running version was deleted: nothing to compare with
     };
-    match crate::api::catalog::incompatible_states(&from.states, &next.states) {
+    match crate::catalog::incompatible_states(&from.states, &next.states) {
         Some(why) => Err(ApiError::conflict(format!(
             "version {to} of operator `{}` cannot take over this pipeline's state from version {}: {why}",
             spec.operator, spec.operator_version
@@ -193,7 +171,7 @@ pub(super) async fn create_pipeline(
             "you have {count} pipelines, the most this service allows per tenant; delete one first"
         )));
     }
-    let now = now_ms();
+    let now = wall_now_ms();
     let mut record = PipelineRecord {
         name: name.clone(),
         uid: uid.clone(),
@@ -288,11 +266,11 @@ async fn set_desired(
         .update_pipeline(tenant, name, |record| {
             let resetting = record
                 .resetting_since_ms
-                .is_some_and(|since| now_ms() < since + RESET_HOLD.as_millis() as u64);
+                .is_some_and(|since| wall_now_ms() < since + RESET_HOLD.as_millis() as u64);
             if desired == DesiredState::Running && resetting {
                 let since = record.resetting_since_ms.unwrap_or_default();
                 let left_s =
-                    (since + RESET_HOLD.as_millis() as u64).saturating_sub(now_ms()) / 1000;
+                    (since + RESET_HOLD.as_millis() as u64).saturating_sub(wall_now_ms()) / 1000;
                 return Err(ApiError::conflict(format!(
                     "pipeline `{name}` is being reset to a savepoint; start it once the reset has \
                      answered (if the reset's host died, run the reset again, or start it after \

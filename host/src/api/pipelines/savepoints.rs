@@ -8,7 +8,8 @@
 
 use super::{DesiredState, PipelineRecord, PipelineSpec, PipelineState, SavepointRef, existing};
 use crate::api::problem::{ApiError, Problem, ProblemKind};
-use crate::api::{ApiState, AuthProblems, Principal, now_ms, read_json};
+use crate::api::{ApiState, AuthProblems, Principal, read_json};
+use crate::clock::wall_now_ms;
 use crate::state::export::ImportInto;
 use crate::state::savepoint::{
     self, SavepointDescriptor, SavepointDir, SavepointError, savepoint_root,
@@ -124,7 +125,7 @@ fn shard_root(state: &ApiState, tenant: &str, name: &str, uid: &str, partition: 
 }
 
 fn check_savepoint_name(name: &str) -> Result<(), ApiError> {
-    if crate::api::catalog::valid_operator_name(name) {
+    if crate::catalog::valid_operator_name(name) {
         Ok(())
     } else {
         Err(ApiError::bad_request(format!(
@@ -210,7 +211,7 @@ pub(super) async fn found_savepoint(
             record.name
         ))
     };
-    if !crate::api::catalog::valid_operator_name(savepoint) {
+    if !crate::catalog::valid_operator_name(savepoint) {
         return Err(not_found());
     }
     let root = savepoint_root(&savepoints_of(state, tenant, record), savepoint);
@@ -417,7 +418,7 @@ pub(crate) async fn reset_pipeline(
                     "pipeline `{name}` was started or replaced while the reset began; stop it and reset again"
                 )));
             }
-            r.resetting_since_ms = Some(now_ms());
+            r.resetting_since_ms = Some(wall_now_ms());
             Ok(())
         })
         .await?;

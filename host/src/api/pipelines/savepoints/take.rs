@@ -9,7 +9,8 @@ use super::{
 };
 use crate::api::pipelines::{DesiredState, PipelineRecord, PipelineState, existing};
 use crate::api::problem::{ApiError, Problem};
-use crate::api::{ApiState, AuthProblems, Principal, now_ms, read_json_or_default};
+use crate::api::{ApiState, AuthProblems, Principal, read_json_or_default};
+use crate::clock::wall_now_ms;
 use crate::state::savepoint::{
     self, SavepointDescriptor, SavepointDir, SavepointShard, savepoint_root,
 };
@@ -57,7 +58,9 @@ pub(crate) async fn create_savepoint(
     tracing::Span::current().record("pipeline", name.as_str());
     let record = existing(&state, &tenant, &name).await?;
     let request: NewSavepoint = read_json_or_default(body).await?;
-    let savepoint = request.name.unwrap_or_else(|| format!("sp-{}", now_ms()));
+    let savepoint = request
+        .name
+        .unwrap_or_else(|| format!("sp-{}", wall_now_ms()));
     check_savepoint_name(&savepoint)?;
     let store = state.catalog.store().clone();
     let root = savepoint_root(&savepoints_of(&state, &tenant, &record), &savepoint);
@@ -147,7 +150,7 @@ fn descriptor(
         input_topics: record.spec.input_topics.clone(),
         operator: record.spec.operator.clone(),
         operator_version: record.spec.operator_version,
-        created_ms: now_ms(),
+        created_ms: wall_now_ms(),
         bytes: shards.iter().map(|s| s.bytes).sum(),
         shards,
     }

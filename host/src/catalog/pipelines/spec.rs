@@ -2,7 +2,7 @@
 //! the host's limits and the tenant's topic names, every problem at once ([`SpecError`]). What
 //! the hosts report of it is in `status`.
 
-use crate::api::catalog::valid_operator_name;
+use crate::catalog::valid_operator_name;
 use crate::config::{Delivery, FailurePolicy, LateRecords, RuntimeSettings, StateBackendKind};
 use serde::{Deserialize, Serialize};
 use std::time::Duration;

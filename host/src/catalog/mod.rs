@@ -1,5 +1,6 @@
-//! The API's records in object storage: tenants, API keys (hashed), operator versions and
-//! their components. Every `weir serve` host sharing the store sees the same catalog; there is
+//! The catalog: the records every `weir serve` host shares in object storage — tenants, API
+//! keys (hashed), operator versions and their components, pipelines ([`pipelines`]) and the
+//! operators' log segments ([`logs`]). Every `weir serve` host sharing the store sees the same catalog; there is
 //! no other shared state.
 //!
 //! Layout under the configured prefix:
@@ -11,7 +12,10 @@
 //!   [`OperatorVersion`], created once (`PutMode::Create`) and never changed: versions are
 //!   immutable, and two hosts uploading at once get different version numbers.
 
-use super::problem::ApiError;
+pub mod logs;
+pub mod pipelines;
+
+use crate::api::problem::ApiError;
 use bytes::Bytes;
 use futures::TryStreamExt;
 use object_store::path::Path;

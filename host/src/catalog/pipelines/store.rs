@@ -3,9 +3,9 @@
 
 use super::spec::*;
 use super::status::HostStatus;
-use crate::api::catalog::Catalog;
-use crate::api::now_ms;
 use crate::api::problem::ApiError;
+use crate::catalog::Catalog;
+use crate::clock::wall_now_ms;
 use futures::TryStreamExt;
 use object_store::ObjectStoreExt;
 use object_store::path::Path;
@@ -24,7 +24,7 @@ impl Catalog {
     }
 
     /// Where the operator log segments of the pipeline with uid `uid` live
-    /// ([`crate::api::logs`]).
+    /// ([`crate::catalog::logs`]).
     pub fn pipeline_logs_prefix(&self, tenant: &str, uid: &str) -> Path {
         self.path(&format!("tenants/{tenant}/logs/{uid}"))
     }
@@ -146,7 +146,7 @@ impl Catalog {
             return Ok(record); // nothing to change: no revision, no conflict with others
         }
         record.revision += 1;
-        record.updated_ms = now_ms();
+        record.updated_ms = wall_now_ms();
         if self.write_revision(tenant, &record).await? {
             Ok(record)
         } else {
@@ -246,7 +246,7 @@ impl Catalog {
     ) -> Result<Vec<(HostStatus, u64)>, ApiError> {
         let dir = self.pipeline_dir(tenant, name).join("hosts");
         let metas: Vec<_> = self.store().list(Some(&dir)).try_collect().await?;
-        let now = now_ms();
+        let now = wall_now_ms();
         let mut out = Vec::new();
         for meta in metas {
             if let Some(status) = self.get_json::<HostStatus>(&meta.location).await? {
@@ -290,7 +290,7 @@ impl Catalog {
             deleted: true,
             desired: DesiredState::Stopped,
             revision: record.revision + 1,
-            updated_ms: now_ms(),
+            updated_ms: wall_now_ms(),
             ..record.clone()
         };
         if !self.write_revision(tenant, &tombstone).await? {

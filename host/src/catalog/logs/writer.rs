@@ -307,7 +307,8 @@ impl Kept {
 
     /// Deletes the oldest segments while over the byte budget or past the retention.
     async fn expire(&mut self, store: &dyn ObjectStore, settings: &OperatorLogSettings) {
-        let oldest_kept_ms = super::now_ms().saturating_sub(settings.retention.as_millis() as u64);
+        let oldest_kept_ms =
+            crate::clock::wall_now_ms().saturating_sub(settings.retention.as_millis() as u64);
         while let Some((path, time_ms, size)) = self.segments.front() {
             if self.bytes <= settings.host_bytes_max && *time_ms >= oldest_kept_ms {
                 return;
@@ -328,7 +329,7 @@ impl Kept {
 /// Deletes every host's segments under `dir` older than `retention` (stores list in no
 /// promised order, so each host's directory is listed whole).
 pub async fn sweep_expired(store: &dyn ObjectStore, dir: &Path, retention: Duration) {
-    let oldest_kept_ms = super::now_ms().saturating_sub(retention.as_millis() as u64);
+    let oldest_kept_ms = crate::clock::wall_now_ms().saturating_sub(retention.as_millis() as u64);
     let hosts = match super::host_dirs(store, dir).await {
         Ok(hosts) => hosts,
         Err(err) => {
@@ -370,7 +371,7 @@ impl SegmentName {
     /// A name for a segment written now: the time, then this process's count.
     pub(super) fn now() -> Self {
         Self {
-            time_ms: super::now_ms(),
+            time_ms: crate::clock::wall_now_ms(),
             seq: WRITTEN.fetch_add(1, Ordering::Relaxed),
         }
     }
