@@ -40,7 +40,7 @@ pub async fn serve(config: PathBuf) -> anyhow::Result<()> {
         weir_host::catalog::Catalog::new(store.clone(), prefix.clone()),
         api::ApiSettings {
             operator_bytes_max: settings.operator_bytes_max,
-            admin_key_sha256: api::sha256(admin_key.as_bytes()),
+            admin_key_sha256: weir_host::catalog::sha256(admin_key.as_bytes()),
             runtime: settings.runtime.clone(),
             pipelines_per_tenant_max: settings.pipelines_per_tenant_max,
             pipeline_state_bytes_max: settings.pipeline_state_bytes_max,

@@ -4,6 +4,8 @@
 //! pipelines (`runner`, `api`, `health`), outside its tests. A pipeline runs over the traits of
 //! `pipeline::ports`; `runner::run` wires the adapters in.
 //!
+//! The catalog (`catalog/`), which the API and the runner share, names neither of them.
+//!
 //! The check reads the source: every line of a core file that is not a comment, outside
 //! `#[cfg(test)]` items and test files (`tests.rs`, `tests/`), must not contain a forbidden
 //! path.
@@ -90,23 +92,19 @@ fn non_test_code(text: &str) -> Vec<(usize, &str)> {
     kept
 }
 
-#[test]
-fn the_core_names_no_adapter_and_nothing_that_runs_pipelines() {
+/// How many files are under `dirs` (of `host/src`), and every line of them that names one of
+/// `forbidden`, as `file:line: path: code`.
+fn named(dirs: &[&str], forbidden: &[&str]) -> (usize, Vec<String>) {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let mut files = Vec::new();
-    for dir in CORE {
+    for dir in dirs {
         sources(&root.join(dir), &mut files);
     }
-    assert!(
-        files.len() > 50,
-        "the core's files are found: {}",
-        files.len()
-    );
     let mut found = Vec::new();
     for file in &files {
         let text = std::fs::read_to_string(file).expect("a source file reads");
         for (n, line) in non_test_code(&text) {
-            for path in FORBIDDEN {
+            for path in forbidden {
                 if line.contains(path) {
                     let shown = file.strip_prefix(&root).unwrap_or(file).display();
                     found.push(format!("{shown}:{n}: {path}: {}", line.trim()));
@@ -114,9 +112,28 @@ fn the_core_names_no_adapter_and_nothing_that_runs_pipelines() {
             }
         }
     }
+    (files.len(), found)
+}
+
+#[test]
+fn the_core_names_no_adapter_and_nothing_that_runs_pipelines() {
+    let (files, found) = named(CORE, FORBIDDEN);
+    assert!(files > 50, "the core's files are found: {files}");
     assert!(
         found.is_empty(),
         "the core names what it must not (host/src/layering.rs):\n{}",
+        found.join("\n")
+    );
+}
+
+/// The catalog is read by the API and the runner; it names neither, nor the HTTP framework.
+#[test]
+fn the_catalog_names_no_route_and_no_runner() {
+    let (files, found) = named(&["catalog"], &["crate::api", "crate::runner", "axum::"]);
+    assert!(files >= 6, "the catalog's files are found: {files}");
+    assert!(
+        found.is_empty(),
+        "the catalog names what it must not (host/src/layering.rs):\n{}",
         found.join("\n")
     );
 }

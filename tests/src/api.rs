@@ -8,8 +8,9 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
-use weir_host::api::{ApiSettings, ApiState, sha256};
+use weir_host::api::{ApiSettings, ApiState};
 use weir_host::catalog::Catalog;
+use weir_host::catalog::sha256;
 use weir_host::runner::{Runner, RunnerConfig};
 use weir_host::state::lsm::backend::object_store_from_url;
 

@@ -192,16 +192,6 @@ impl ApiState {
     }
 }
 
-/// SHA-256 of `bytes`.
-pub fn sha256(bytes: &[u8]) -> [u8; 32] {
-    Sha256::digest(bytes).into()
-}
-
-/// Hex SHA-256 of `bytes`.
-pub fn sha256_hex(bytes: &[u8]) -> String {
-    hex::encode(sha256(bytes))
-}
-
 /// The token of an `Authorization` header's `Bearer` credentials (the scheme name is
 /// case-insensitive, RFC 9110 §11.1); `None` for another scheme or an empty token.
 pub(crate) fn bearer_token(header: &str) -> Option<&str> {

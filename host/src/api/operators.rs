@@ -2,6 +2,7 @@
 //! stored as the next immutable version), their listing and their deletion.
 
 use super::*;
+use crate::catalog::sha256_hex;
 use crate::clock::wall_now_ms;
 
 /// Lists the caller's operators with their versions.

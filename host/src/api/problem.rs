@@ -285,6 +285,23 @@ impl IntoResponse for ApiError {
     }
 }
 
+impl From<crate::catalog::CatalogError> for ApiError {
+    fn from(err: crate::catalog::CatalogError) -> Self {
+        use crate::catalog::CatalogError;
+        match err {
+            CatalogError::Exists { .. } | CatalogError::Changed { .. } => {
+                ApiError::conflict(err.to_string())
+            }
+            CatalogError::NotFound { .. } => ApiError::not_found(err.to_string()),
+            CatalogError::Unreadable { path, source } => {
+                ApiError::unavailable(format!("unreadable catalog record `{path}`"))
+                    .with_source(source)
+            }
+            CatalogError::Store(err) => err.into(),
+        }
+    }
+}
+
 impl From<object_store::Error> for ApiError {
     fn from(err: object_store::Error) -> Self {
         ApiError::unavailable("the object store failed").with_source(err)

@@ -2,7 +2,8 @@
 //! /v1/tenants/{tenant}/api-keys`.
 
 use super::problem::{ApiError, Problem};
-use super::{ApiState, AuthProblems, Principal, read_json, sha256_hex};
+use super::{ApiState, AuthProblems, Principal, read_json};
+use crate::catalog::sha256_hex;
 use crate::catalog::{ApiKeyRecord, Tenant, valid_tenant_id};
 use crate::clock::wall_now_ms;
 use axum::Json;

@@ -15,12 +15,13 @@
 pub mod logs;
 pub mod pipelines;
 
-use crate::api::problem::ApiError;
+use crate::error::ErrorKind;
 use bytes::Bytes;
 use futures::TryStreamExt;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
 use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
 use std::sync::Arc;
 use utoipa::ToSchema;
 
@@ -119,6 +120,68 @@ pub struct OperatorSummary {
     pub versions: Vec<u64>,
 }
 
+/// SHA-256 of `bytes`.
+pub fn sha256(bytes: &[u8]) -> [u8; 32] {
+    Sha256::digest(bytes).into()
+}
+
+/// Hex SHA-256 of `bytes`.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    hex::encode(sha256(bytes))
+}
+
+/// Why a catalog read or write failed. The API answers each as its kind says
+/// (`crate::api::problem`); the runner reports it as a run's failure.
+#[derive(Debug, thiserror::Error)]
+pub enum CatalogError {
+    /// A record that is created once exists already (a tenant, an API key, a pipeline).
+    #[error("{what} exists")]
+    Exists {
+        /// The record, as a person names it (``tenant `acme` ``).
+        what: String,
+    },
+    /// The record is not there.
+    #[error("no {what}")]
+    NotFound {
+        /// See [`CatalogError::Exists`].
+        what: String,
+    },
+    /// Another writer changed the record at the same time (a lost create-only race).
+    #[error("{what} was changed by another request at the same time; {advice}")]
+    Changed {
+        /// See [`CatalogError::Exists`].
+        what: String,
+        /// What the caller can do.
+        advice: &'static str,
+    },
+    /// A record in the store does not decode.
+    #[error("unreadable catalog record `{path}`")]
+    Unreadable {
+        /// The record's object.
+        path: Path,
+        /// Why it does not decode.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// The object store failed (unreachable, refused, timed out).
+    #[error("the object store failed")]
+    Store(#[from] object_store::Error),
+}
+
+impl CatalogError {
+    /// The crate's error kind: what the caller asked against the catalog's records (one that
+    /// exists, is missing or changed meanwhile) is [`ErrorKind::InvalidInput`]; the store's
+    /// failures and undecodable records are [`ErrorKind::Unavailable`] (worth a retry).
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Self::Exists { .. } | Self::NotFound { .. } | Self::Changed { .. } => {
+                ErrorKind::InvalidInput
+            }
+            Self::Unreadable { .. } | Self::Store(_) => ErrorKind::Unavailable,
+        }
+    }
+}
+
 /// The catalog on one object store.
 #[derive(Debug, Clone)]
 pub struct Catalog {
@@ -175,13 +238,15 @@ impl Catalog {
     pub(crate) async fn get_json<T: for<'de> Deserialize<'de>>(
         &self,
         path: &Path,
-    ) -> Result<Option<T>, ApiError> {
+    ) -> Result<Option<T>, CatalogError> {
         match self.store.get(path).await {
             Ok(got) => {
                 let bytes = got.bytes().await?;
-                serde_json::from_slice(&bytes).map(Some).map_err(|e| {
-                    ApiError::unavailable(format!("unreadable catalog record `{path}`"))
-                        .with_source(e)
+                serde_json::from_slice(&bytes).map(Some).map_err(|source| {
+                    CatalogError::Unreadable {
+                        path: path.clone(),
+                        source,
+                    }
                 })
             }
             Err(object_store::Error::NotFound { .. }) => Ok(None),
@@ -194,7 +259,7 @@ impl Catalog {
         &self,
         path: &Path,
         value: &T,
-    ) -> Result<bool, ApiError> {
+    ) -> Result<bool, CatalogError> {
         let body = serde_json::to_vec(value).expect("catalog records serialize");
         let opts = PutOptions {
             mode: PutMode::Create,
@@ -214,21 +279,23 @@ impl Catalog {
     /// Creates `tenant`.
     ///
     /// # Errors
-    /// [`ProblemKind::Conflict`](crate::api::problem::ProblemKind::Conflict) if it exists; [`ProblemKind::Unavailable`](crate::api::problem::ProblemKind::Unavailable) on a store error.
-    pub async fn create_tenant(&self, tenant: &Tenant) -> Result<(), ApiError> {
+    /// [`CatalogError::Exists`] if it exists; [`CatalogError::Store`] on a store error.
+    pub async fn create_tenant(&self, tenant: &Tenant) -> Result<(), CatalogError> {
         let path = self.path(&format!("tenants/{}/tenant.json", tenant.id));
         if self.create_json(&path, tenant).await? {
             Ok(())
         } else {
-            Err(ApiError::conflict(format!("tenant `{}` exists", tenant.id)))
+            Err(CatalogError::Exists {
+                what: format!("tenant `{}`", tenant.id),
+            })
         }
     }
 
     /// The tenant `id`, if it exists.
     ///
     /// # Errors
-    /// [`ProblemKind::Unavailable`](crate::api::problem::ProblemKind::Unavailable) on a store error.
-    pub async fn tenant(&self, id: &str) -> Result<Option<Tenant>, ApiError> {
+    /// [`CatalogError::Store`] on a store error.
+    pub async fn tenant(&self, id: &str) -> Result<Option<Tenant>, CatalogError> {
         self.get_json(&self.path(&format!("tenants/{id}/tenant.json")))
             .await
     }
@@ -236,8 +303,8 @@ impl Catalog {
     /// Every tenant, by id.
     ///
     /// # Errors
-    /// [`ProblemKind::Unavailable`](crate::api::problem::ProblemKind::Unavailable) on a store error.
-    pub async fn tenants(&self) -> Result<Vec<Tenant>, ApiError> {
+    /// [`CatalogError::Store`] on a store error.
+    pub async fn tenants(&self) -> Result<Vec<Tenant>, CatalogError> {
         let listed = self
             .store
             .list_with_delimiter(Some(&self.path("tenants")))
@@ -257,24 +324,26 @@ impl Catalog {
     /// Records an API key by the SHA-256 (hex) of its text.
     ///
     /// # Errors
-    /// [`ProblemKind::Conflict`](crate::api::problem::ProblemKind::Conflict) if that hash is recorded (a 256-bit collision: a bug);
-    /// [`ProblemKind::Unavailable`](crate::api::problem::ProblemKind::Unavailable) on a store error.
-    pub async fn create_key(&self, hash: &str, record: &ApiKeyRecord) -> Result<(), ApiError> {
+    /// [`CatalogError::Exists`] if that hash is recorded (a 256-bit collision: a bug);
+    /// [`CatalogError::Store`] on a store error.
+    pub async fn create_key(&self, hash: &str, record: &ApiKeyRecord) -> Result<(), CatalogError> {
         if self
             .create_json(&self.path(&format!("api-keys/{hash}.json")), record)
             .await?
         {
             Ok(())
         } else {
-            Err(ApiError::conflict("API key exists"))
+            Err(CatalogError::Exists {
+                what: "API key".to_owned(),
+            })
         }
     }
 
     /// The key whose text hashes to `hash`, if any.
     ///
     /// # Errors
-    /// [`ProblemKind::Unavailable`](crate::api::problem::ProblemKind::Unavailable) on a store error.
-    pub async fn key(&self, hash: &str) -> Result<Option<ApiKeyRecord>, ApiError> {
+    /// [`CatalogError::Store`] on a store error.
+    pub async fn key(&self, hash: &str) -> Result<Option<ApiKeyRecord>, CatalogError> {
         self.get_json(&self.path(&format!("api-keys/{hash}.json")))
             .await
     }
@@ -282,8 +351,13 @@ impl Catalog {
     /// Stores a component under its SHA-256 (idempotent).
     ///
     /// # Errors
-    /// [`ProblemKind::Unavailable`](crate::api::problem::ProblemKind::Unavailable) on a store error.
-    pub async fn put_blob(&self, tenant: &str, sha256: &str, bytes: Bytes) -> Result<(), ApiError> {
+    /// [`CatalogError::Store`] on a store error.
+    pub async fn put_blob(
+        &self,
+        tenant: &str,
+        sha256: &str,
+        bytes: Bytes,
+    ) -> Result<(), CatalogError> {
         self.store
             .put(
                 &self.path(&format!("tenants/{tenant}/blobs/{sha256}.wasm")),
@@ -296,14 +370,14 @@ impl Catalog {
     /// The component with SHA-256 `sha256`.
     ///
     /// # Errors
-    /// [`ProblemKind::NotFound`](crate::api::problem::ProblemKind::NotFound) when it is missing; [`ProblemKind::Unavailable`](crate::api::problem::ProblemKind::Unavailable) on a store error.
-    pub async fn blob(&self, tenant: &str, sha256: &str) -> Result<Bytes, ApiError> {
+    /// [`CatalogError::NotFound`] when it is missing; [`CatalogError::Store`] on a store error.
+    pub async fn blob(&self, tenant: &str, sha256: &str) -> Result<Bytes, CatalogError> {
         let path = self.path(&format!("tenants/{tenant}/blobs/{sha256}.wasm"));
         match self.store.get(&path).await {
             Ok(got) => Ok(got.bytes().await?),
-            Err(object_store::Error::NotFound { .. }) => Err(ApiError::not_found(format!(
-                "component {sha256} is missing"
-            ))),
+            Err(object_store::Error::NotFound { .. }) => Err(CatalogError::NotFound {
+                what: format!("component {sha256}"),
+            }),
             Err(err) => Err(err.into()),
         }
     }
@@ -315,8 +389,12 @@ impl Catalog {
     /// The version numbers of operator `name`, ascending (empty if it has none).
     ///
     /// # Errors
-    /// [`ProblemKind::Unavailable`](crate::api::problem::ProblemKind::Unavailable) on a store error.
-    pub async fn version_numbers(&self, tenant: &str, name: &str) -> Result<Vec<u64>, ApiError> {
+    /// [`CatalogError::Store`] on a store error.
+    pub async fn version_numbers(
+        &self,
+        tenant: &str,
+        name: &str,
+    ) -> Result<Vec<u64>, CatalogError> {
         let dir = self.versions_dir(tenant, name);
         let metas: Vec<_> = self.store.list(Some(&dir)).try_collect().await?;
         let mut versions: Vec<u64> = metas
@@ -331,12 +409,12 @@ impl Catalog {
     /// number again when another host took that one meanwhile. Returns the version as stored.
     ///
     /// # Errors
-    /// [`ProblemKind::Conflict`](crate::api::problem::ProblemKind::Conflict) after 16 lost races; [`ProblemKind::Unavailable`](crate::api::problem::ProblemKind::Unavailable) on a store error.
+    /// [`CatalogError::Changed`] after 16 lost races; [`CatalogError::Store`] on a store error.
     pub async fn create_version(
         &self,
         tenant: &str,
         mut version: OperatorVersion,
-    ) -> Result<OperatorVersion, ApiError> {
+    ) -> Result<OperatorVersion, CatalogError> {
         let mut next = self
             .version_numbers(tenant, &version.name)
             .await?
@@ -352,22 +430,22 @@ impl Catalog {
             }
             next += 1;
         }
-        Err(ApiError::conflict(format!(
-            "too many concurrent uploads of operator `{}`; try again",
-            version.name
-        )))
+        Err(CatalogError::Changed {
+            what: format!("operator `{}`", version.name),
+            advice: "try again",
+        })
     }
 
     /// Version `version` of operator `name`, if it exists.
     ///
     /// # Errors
-    /// [`ProblemKind::Unavailable`](crate::api::problem::ProblemKind::Unavailable) on a store error.
+    /// [`CatalogError::Store`] on a store error.
     pub async fn version(
         &self,
         tenant: &str,
         name: &str,
         version: u64,
-    ) -> Result<Option<OperatorVersion>, ApiError> {
+    ) -> Result<Option<OperatorVersion>, CatalogError> {
         self.get_json(
             &self
                 .versions_dir(tenant, name)
@@ -380,13 +458,13 @@ impl Catalog {
     /// stays (another version may share it).
     ///
     /// # Errors
-    /// [`ProblemKind::Unavailable`](crate::api::problem::ProblemKind::Unavailable) on a store error.
+    /// [`CatalogError::Store`] on a store error.
     pub async fn delete_version(
         &self,
         tenant: &str,
         name: &str,
         version: u64,
-    ) -> Result<bool, ApiError> {
+    ) -> Result<bool, CatalogError> {
         if self.version(tenant, name, version).await?.is_none() {
             return Ok(false);
         }
@@ -404,8 +482,8 @@ impl Catalog {
     /// deleted are left out.
     ///
     /// # Errors
-    /// [`ProblemKind::Unavailable`](crate::api::problem::ProblemKind::Unavailable) on a store error.
-    pub async fn operators(&self, tenant: &str) -> Result<Vec<OperatorSummary>, ApiError> {
+    /// [`CatalogError::Store`] on a store error.
+    pub async fn operators(&self, tenant: &str) -> Result<Vec<OperatorSummary>, CatalogError> {
         let dir = self.path(&format!("tenants/{tenant}/operators"));
         let listed = self.store.list_with_delimiter(Some(&dir)).await?;
         let mut out = Vec::new();

@@ -2,11 +2,10 @@
 //! and why a run failed, by kind.
 
 use super::{METADATA_TIMEOUT, RunnerConfig};
-use crate::api::problem::{ApiError, ProblemKind};
-use crate::api::sha256_hex;
 use crate::catalog::Catalog;
 use crate::catalog::logs::SegmentWriter;
 use crate::catalog::pipelines::{PipelineRecord, kafka_topic};
+use crate::catalog::sha256_hex;
 use crate::clock::SharedClock;
 use crate::config::{
     LsmStateSettings, PipelineSettings, PipelineTable, RuntimeSettings, Settings, StateSettings,
@@ -53,15 +52,6 @@ impl RunFailure {
 
 /// How a run ended.
 pub(super) type RunResult = Result<(), RunFailure>;
-
-/// The kind of a catalog error met while fetching a run's operator.
-fn catalog_kind(err: &ApiError) -> ErrorKind {
-    match err.problem_kind() {
-        ProblemKind::Unavailable => ErrorKind::Unavailable,
-        ProblemKind::NotFound => ErrorKind::InvalidInput,
-        _ => ErrorKind::Internal,
-    }
-}
 
 /// The operators this host compiled, by tenant, component SHA-256 and limits, with the runtime
 /// (engine and its pool of instances) of each tenant and set of limits: a component is
@@ -253,7 +243,7 @@ impl RunJob {
             .catalog
             .version(&self.tenant, &spec.operator, spec.operator_version)
             .await
-            .map_err(|e| RunFailure::new(catalog_kind(&e), Chain(&e).to_string()))?
+            .map_err(|e| RunFailure::new(e.kind(), Chain(&e).to_string()))?
             .ok_or_else(|| {
                 RunFailure::new(
                     ErrorKind::InvalidInput,
@@ -274,7 +264,7 @@ impl RunJob {
             .catalog
             .blob(&self.tenant, &version.sha256)
             .await
-            .map_err(|e: ApiError| RunFailure::new(catalog_kind(&e), Chain(&e).to_string()))?;
+            .map_err(|e| RunFailure::new(e.kind(), Chain(&e).to_string()))?;
         if sha256_hex(&bytes) != version.sha256 {
             return Err(RunFailure::new(
                 ErrorKind::Corrupt,

@@ -187,7 +187,7 @@ pub(super) async fn create_pipeline(
     };
     if let Err(e) = state.catalog.create_pipeline(&tenant, &mut record).await {
         state.catalog.delete_state(&tenant, &uid).await?;
-        return Err(e);
+        return Err(e.into());
     }
     // Creates through other API servers racing past the count above: the oldest `max` stay,
     // the others are undone.
@@ -374,7 +374,7 @@ pub(super) async fn switch_operator(
                 record.spec.operator_version = switch.operator_version;
                 record.run_generation += 1;
             }
-            Ok(())
+            Ok::<(), ApiError>(())
         })
         .await?;
     tracing::info!(%tenant, pipeline = %name, version = switch.operator_version, "pipeline operator switched");
@@ -452,7 +452,7 @@ pub(super) async fn change_pipeline(
                 record.spec = spec;
                 record.run_generation += 1;
             }
-            Ok(())
+            Ok::<(), ApiError>(())
         })
         .await?;
     tracing::info!(%tenant, pipeline = %name, generation = record.run_generation, "pipeline settings changed");

@@ -446,7 +446,7 @@ pub(crate) async fn reset_pipeline(
             if let Some(version) = back_to {
                 r.spec.operator_version = version;
             }
-            Ok(())
+            Ok::<(), ApiError>(())
         })
         .await?;
     let mut restored = restored?;

@@ -3,12 +3,15 @@
 
 use super::spec::*;
 use super::status::HostStatus;
-use crate::api::problem::ApiError;
 use crate::catalog::Catalog;
+use crate::catalog::CatalogError;
 use crate::clock::wall_now_ms;
 use futures::TryStreamExt;
 use object_store::ObjectStoreExt;
 use object_store::path::Path;
+
+/// What to do after losing a race to change a pipeline.
+const READ_AND_RETRY: &str = "read it and try again";
 
 /// Revisions of a definition kept in the store (older ones are deleted after a change).
 const REVISIONS_KEPT: u64 = 4;
@@ -29,7 +32,7 @@ impl Catalog {
         self.path(&format!("tenants/{tenant}/logs/{uid}"))
     }
 
-    async fn revision_numbers(&self, tenant: &str, name: &str) -> Result<Vec<u64>, ApiError> {
+    async fn revision_numbers(&self, tenant: &str, name: &str) -> Result<Vec<u64>, CatalogError> {
         let dir = self.pipeline_dir(tenant, name).join("revisions");
         let metas: Vec<_> = self.store().list(Some(&dir)).try_collect().await?;
         let mut revisions: Vec<u64> = metas
@@ -49,12 +52,12 @@ impl Catalog {
     /// The newest definition of pipeline `name`, if it exists (and is not deleted).
     ///
     /// # Errors
-    /// [`ProblemKind::Unavailable`](crate::api::problem::ProblemKind::Unavailable) on a store error.
+    /// [`CatalogError::Store`] on a store error.
     pub async fn pipeline(
         &self,
         tenant: &str,
         name: &str,
-    ) -> Result<Option<PipelineRecord>, ApiError> {
+    ) -> Result<Option<PipelineRecord>, CatalogError> {
         Ok(self
             .newest_revision(tenant, name)
             .await?
@@ -66,7 +69,7 @@ impl Catalog {
         &self,
         tenant: &str,
         name: &str,
-    ) -> Result<Option<PipelineRecord>, ApiError> {
+    ) -> Result<Option<PipelineRecord>, CatalogError> {
         // A revision can be deleted (pruned, or the pipeline deleted) between list and get.
         for revision in self.revision_numbers(tenant, name).await?.iter().rev() {
             if let Some(record) = self
@@ -84,7 +87,7 @@ impl Catalog {
         &self,
         tenant: &str,
         record: &PipelineRecord,
-    ) -> Result<bool, ApiError> {
+    ) -> Result<bool, CatalogError> {
         let path = self.revision_path(tenant, &record.name, record.revision);
         if !self.create_json(&path, record).await? {
             return Ok(false);
@@ -107,19 +110,18 @@ impl Catalog {
     /// tombstone (set in `record`).
     ///
     /// # Errors
-    /// [`ProblemKind::Conflict`](crate::api::problem::ProblemKind::Conflict) if it exists; [`ProblemKind::Unavailable`](crate::api::problem::ProblemKind::Unavailable) on a store error.
+    /// [`CatalogError::Exists`] if it exists; [`CatalogError::Store`] on a store error.
     pub async fn create_pipeline(
         &self,
         tenant: &str,
         record: &mut PipelineRecord,
-    ) -> Result<(), ApiError> {
+    ) -> Result<(), CatalogError> {
         let newest = self.newest_revision(tenant, &record.name).await?;
         record.revision = newest.as_ref().map_or(1, |r| r.revision + 1);
         if newest.is_some_and(|r| !r.deleted) || !self.write_revision(tenant, record).await? {
-            return Err(ApiError::conflict(format!(
-                "pipeline `{}` exists",
-                record.name
-            )));
+            return Err(CatalogError::Exists {
+                what: format!("pipeline `{}`", record.name),
+            });
         }
         Ok(())
     }
@@ -127,19 +129,21 @@ impl Catalog {
     /// Changes pipeline `name` with `change` and stores the result as the next revision.
     ///
     /// # Errors
-    /// [`ProblemKind::NotFound`](crate::api::problem::ProblemKind::NotFound) if it does not exist; `change`'s error; [`ProblemKind::Conflict`](crate::api::problem::ProblemKind::Conflict)
-    /// if another request changed it at the same time; [`ProblemKind::Unavailable`](crate::api::problem::ProblemKind::Unavailable) on a store
+    /// [`CatalogError::NotFound`] if it does not exist; `change`'s error; [`CatalogError::Changed`]
+    /// if another request changed it at the same time; [`CatalogError::Store`] on a store
     /// error.
-    pub async fn update_pipeline(
+    pub async fn update_pipeline<E: From<CatalogError>>(
         &self,
         tenant: &str,
         name: &str,
-        change: impl FnOnce(&mut PipelineRecord) -> Result<(), ApiError>,
-    ) -> Result<PipelineRecord, ApiError> {
-        let mut record = self
-            .pipeline(tenant, name)
-            .await?
-            .ok_or_else(|| ApiError::not_found(format!("no pipeline `{name}`")))?;
+        change: impl FnOnce(&mut PipelineRecord) -> Result<(), E>,
+    ) -> Result<PipelineRecord, E> {
+        let mut record =
+            self.pipeline(tenant, name)
+                .await?
+                .ok_or_else(|| CatalogError::NotFound {
+                    what: format!("pipeline `{name}`"),
+                })?;
         let before = record.clone();
         change(&mut record)?;
         if record == before {
@@ -150,17 +154,19 @@ impl Catalog {
         if self.write_revision(tenant, &record).await? {
             Ok(record)
         } else {
-            Err(ApiError::conflict(format!(
-                "pipeline `{name}` was changed by another request at the same time; read it and try again"
-            )))
+            Err(CatalogError::Changed {
+                what: format!("pipeline `{name}`"),
+                advice: READ_AND_RETRY,
+            }
+            .into())
         }
     }
 
     /// The tenant's pipelines, by name.
     ///
     /// # Errors
-    /// [`ProblemKind::Unavailable`](crate::api::problem::ProblemKind::Unavailable) on a store error.
-    pub async fn pipelines(&self, tenant: &str) -> Result<Vec<PipelineRecord>, ApiError> {
+    /// [`CatalogError::Store`] on a store error.
+    pub async fn pipelines(&self, tenant: &str) -> Result<Vec<PipelineRecord>, CatalogError> {
         let dir = self.path(&format!("tenants/{tenant}/pipelines"));
         let listed = self.store().list_with_delimiter(Some(&dir)).await?;
         let mut out = Vec::new();
@@ -178,8 +184,8 @@ impl Catalog {
     /// Every tenant's pipelines, as `(tenant, definition)`.
     ///
     /// # Errors
-    /// [`ProblemKind::Unavailable`](crate::api::problem::ProblemKind::Unavailable) on a store error.
-    pub async fn all_pipelines(&self) -> Result<Vec<(String, PipelineRecord)>, ApiError> {
+    /// [`CatalogError::Store`] on a store error.
+    pub async fn all_pipelines(&self) -> Result<Vec<(String, PipelineRecord)>, CatalogError> {
         let mut out = Vec::new();
         for tenant in self.tenants().await? {
             for record in self.pipelines(&tenant.id).await? {
@@ -198,13 +204,13 @@ impl Catalog {
     /// Writes `status`, this host's report on pipeline `name`.
     ///
     /// # Errors
-    /// [`ProblemKind::Unavailable`](crate::api::problem::ProblemKind::Unavailable) on a store error.
+    /// [`CatalogError::Store`] on a store error.
     pub async fn put_host_status(
         &self,
         tenant: &str,
         name: &str,
         status: &HostStatus,
-    ) -> Result<(), ApiError> {
+    ) -> Result<(), CatalogError> {
         let body = serde_json::to_vec(status).expect("host status serializes");
         self.store()
             .put(
@@ -218,13 +224,13 @@ impl Catalog {
     /// Deletes `host`'s report on pipeline `name`.
     ///
     /// # Errors
-    /// [`ProblemKind::Unavailable`](crate::api::problem::ProblemKind::Unavailable) on a store error.
+    /// [`CatalogError::Store`] on a store error.
     pub async fn delete_host_status(
         &self,
         tenant: &str,
         name: &str,
         host: &str,
-    ) -> Result<(), ApiError> {
+    ) -> Result<(), CatalogError> {
         match self
             .store()
             .delete(&self.host_status_path(tenant, name, host))
@@ -238,12 +244,12 @@ impl Catalog {
     /// Every host's report on pipeline `name`, with its age in ms.
     ///
     /// # Errors
-    /// [`ProblemKind::Unavailable`](crate::api::problem::ProblemKind::Unavailable) on a store error.
+    /// [`CatalogError::Store`] on a store error.
     pub async fn host_statuses(
         &self,
         tenant: &str,
         name: &str,
-    ) -> Result<Vec<(HostStatus, u64)>, ApiError> {
+    ) -> Result<Vec<(HostStatus, u64)>, CatalogError> {
         let dir = self.pipeline_dir(tenant, name).join("hosts");
         let metas: Vec<_> = self.store().list(Some(&dir)).try_collect().await?;
         let now = wall_now_ms();
@@ -262,14 +268,14 @@ impl Catalog {
     /// revisions, reports, state and logs. The tombstone stays.
     ///
     /// # Errors
-    /// [`ProblemKind::Conflict`](crate::api::problem::ProblemKind::Conflict) if it changed meanwhile; [`ProblemKind::Unavailable`](crate::api::problem::ProblemKind::Unavailable) on a store
+    /// [`CatalogError::Changed`] if it changed meanwhile; [`CatalogError::Store`] on a store
     /// error.
     /// Deletes the keyed state stored under uid `uid` (a create that failed after restoring a
     /// savepoint into it).
     ///
     /// # Errors
-    /// [`ProblemKind::Unavailable`](crate::api::problem::ProblemKind::Unavailable) when the store fails.
-    pub async fn delete_state(&self, tenant: &str, uid: &str) -> Result<(), ApiError> {
+    /// [`CatalogError::Store`] when the store fails.
+    pub async fn delete_state(&self, tenant: &str, uid: &str) -> Result<(), CatalogError> {
         let dir = self.pipeline_state_prefix(tenant, uid);
         let metas: Vec<_> = self.store().list(Some(&dir)).try_collect().await?;
         for meta in metas {
@@ -285,7 +291,7 @@ impl Catalog {
         &self,
         tenant: &str,
         record: &PipelineRecord,
-    ) -> Result<(), ApiError> {
+    ) -> Result<(), CatalogError> {
         let tombstone = PipelineRecord {
             deleted: true,
             desired: DesiredState::Stopped,
@@ -294,10 +300,10 @@ impl Catalog {
             ..record.clone()
         };
         if !self.write_revision(tenant, &tombstone).await? {
-            return Err(ApiError::conflict(format!(
-                "pipeline `{}` was changed by another request at the same time; read it and try again",
-                record.name
-            )));
+            return Err(CatalogError::Changed {
+                what: format!("pipeline `{}`", record.name),
+                advice: READ_AND_RETRY,
+            });
         }
         let keep = self.revision_path(tenant, &record.name, tombstone.revision);
         for dir in [

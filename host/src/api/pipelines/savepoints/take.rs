@@ -399,7 +399,7 @@ async fn request_checkpoint(state: &ApiState, tenant: &str, name: &str) -> Resul
             if record.desired == DesiredState::Running {
                 record.checkpoint_requests += 1;
             }
-            Ok(())
+            Ok::<(), ApiError>(())
         })
         .await?;
     Ok(())
