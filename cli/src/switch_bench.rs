@@ -7,7 +7,7 @@
 //!    its checkpoint — the old run's last one — timed.
 //! 2. **To `lsm`**: the shard opened on the `lsm` backend: its open finds the `memory`
 //!    checkpoint, exports it in the portable format, imports it as SSTs and claims the shard
-//!    (`state::convert`), timed from the start of the open to a first read.
+//!    (`checkpoints::convert`), timed from the start of the open to a first read.
 //! 3. **Back to `memory`**: the `lsm` shard's checkpoint, then the shard opened on `memory`
 //!    again (export, one snapshot, the open reading it), timed the same way.
 //!

@@ -10,8 +10,9 @@
 //! - [`error`]     the crate's error kinds (invalid input, unavailable, corrupt, fenced, guest fault, internal)
 //! - [`runtime`]   wasmtime engine, the single `bindgen!` site, instances, limits, WIT imports
 //! - [`state`]     the `StateBackend` seam, key encoding, the `memory` backend and the
-//!   disaggregated LSM backend (SST format, memtable, caches, tree, compaction, GC, manifest);
-//!   checkpoint tooling: savepoints, the portable export, backend conversion, verify, queries
+//!   disaggregated LSM backend (SST format, memtable, caches, tree, compaction, GC, manifest)
+//! - [`checkpoints`] tools over stored checkpoints: savepoints, the portable export, the switch
+//!   between backends, verify, state queries
 //! - [`time`]      keyed timers and event-time watermarks (docs/time.md)
 //! - [`pipeline`]  the consumer loop, shard opens and per-partition workers (batch → prefetch →
 //!   invoke → emit → checkpoint), over the `Source` and `Output` traits of `pipeline::ports`
@@ -45,6 +46,7 @@
 
 pub mod api;
 pub mod catalog;
+pub mod checkpoints;
 pub mod clock;
 pub mod config;
 pub mod error;

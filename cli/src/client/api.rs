@@ -350,7 +350,7 @@ impl ApiClient {
         &self,
         name: &str,
         savepoint: Option<&str>,
-    ) -> Result<weir_host::state::savepoint::SavepointDescriptor, ClientError> {
+    ) -> Result<weir_host::checkpoints::savepoint::SavepointDescriptor, ClientError> {
         let url = format!("{}/v1/pipelines/{name}/savepoints", self.base);
         let body = match savepoint {
             Some(savepoint) => serde_json::json!({ "name": savepoint }),
@@ -371,7 +371,7 @@ impl ApiClient {
     pub async fn savepoints(
         &self,
         name: &str,
-    ) -> Result<Vec<weir_host::state::savepoint::SavepointDescriptor>, ClientError> {
+    ) -> Result<Vec<weir_host::checkpoints::savepoint::SavepointDescriptor>, ClientError> {
         let url = format!("{}/v1/pipelines/{name}/savepoints", self.base);
         self.expect(self.http.get(&url), &url).await
     }

@@ -71,7 +71,9 @@ pub fn pipelines_table(pipelines: &[PipelineView]) -> String {
 
 /// `weir pipeline savepoint ls`'s table: one savepoint a line, oldest first, with its time
 /// (UTC), operator, partitions, bytes and offsets.
-pub fn savepoints_table(savepoints: &[weir_host::state::savepoint::SavepointDescriptor]) -> String {
+pub fn savepoints_table(
+    savepoints: &[weir_host::checkpoints::savepoint::SavepointDescriptor],
+) -> String {
     let mut out = format!(
         "{:<24} {:<24} {:<20} {:>10} {:>12}  {}\n",
         "NAME", "TAKEN (UTC)", "OPERATOR", "PARTITIONS", "BYTES", "OFFSETS (partition:next)"

@@ -1,4 +1,4 @@
-//! Read leases: a reader outside the shard's owner (a paged state query, `crate::state::query`)
+//! Read leases: a reader outside the shard's owner (a paged state query, `crate::checkpoints::query`)
 //! names the checkpoint versions it reads, and every shard's GC keeps the versions leased to it
 //! until the lease expires (as a snapshot that pins an LSM version for an iterator in RocksDB,
 //! but across processes, through the store).

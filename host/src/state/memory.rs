@@ -88,11 +88,11 @@ impl MemoryBackend {
         let versions = crate::state::lsm::backend::listed_versions(&storage.store, &root).await?;
         // A checkpoint the `lsm` backend wrote (the pipeline switched backends) is converted
         // first.
-        let converted = crate::state::convert::convert_foreign(
+        let converted = crate::checkpoints::convert::convert_foreign(
             &storage.store,
             &root,
             (recovery, &versions),
-            (crate::state::export::ImportInto::Memory, "memory"),
+            (crate::checkpoints::export::ImportInto::Memory, "memory"),
             &self.clock,
         )
         .await?;

@@ -1,6 +1,7 @@
 //! Keyed state: the [`StateBackend`] seam the runtime reads and writes through, the encoding
-//! of state keys, the two backends and their checkpoints, and the tools over stored
-//! checkpoints.
+//! of state keys, and the two backends with their checkpoints. The tools over stored
+//! checkpoints (savepoints, the portable export, the switch between backends, verify,
+//! queries) are `crate::checkpoints`.
 //!
 //! The seam and what both backends share:
 //! - [`key`]           how (record key, state name, map key) become one byte string;
@@ -19,13 +20,7 @@
 //! budgeted), [`hooked_store`] (latency, failures, metering); for tests and benchmarks
 //! [`delayed`] (reads that wait) and, in unit tests only, `faulty_store` and `test_support`.
 //!
-//! Tools over stored checkpoints, which read the store rather than a running shard:
-//! - [`savepoint`]     named copies of a pipeline's checkpoints, and resets to them;
-//! - [`export`]        the portable format, one checkpoint as JSON lines, and its import;
-//! - [`convert`]       a shard moved to the other backend when it opens (a live switch);
-//! - [`verify`]        which stored checkpoints could be restored;
-//! - [`query`]         reads of a pipeline's state as of its committed checkpoints, with
-//!   [`lease`]s that keep GC off the versions a reader reads.
+//! [`lease`]s keep GC off the versions a reader outside the shard's owner reads.
 //!
 //! A *shard* is the state of one pipeline for one input partition. The runtime never touches a
 //! backend's internals: it reads through [`Shard::get_many`] / [`Shard::get`] / [`Shard::scan`]
@@ -37,9 +32,7 @@
 
 pub mod checkpoint;
 pub mod configured;
-pub mod convert;
 pub mod delayed;
-pub mod export;
 #[cfg(test)]
 pub(crate) mod faulty_store;
 pub mod hooked_store;
@@ -48,13 +41,10 @@ pub mod lease;
 pub mod lsm;
 pub mod manifest;
 pub mod memory;
-pub mod query;
-pub mod savepoint;
 pub mod snapshot;
 pub mod store_guard;
 #[cfg(test)]
 pub(crate) mod test_support;
-pub mod verify;
 
 use bytes::Bytes;
 use checkpoint::{CheckpointError, CheckpointReport, DecidedBy, InputOffsets};

@@ -225,7 +225,7 @@ async fn read_snapshot(
     manifest: &Manifest,
 ) -> Result<Checked<SnapshotEntries>, StateError> {
     let Some(name) = manifest.metadata.get(SNAPSHOT_KEY) else {
-        // The open converts the newest `lsm` checkpoint first (`state::convert`); one met
+        // The open converts the newest `lsm` checkpoint first (`checkpoints::convert`); one met
         // here is older.
         return Ok(Checked::Invalid(
             "names no snapshot (written by the lsm backend, not converted)".to_owned(),
@@ -288,7 +288,7 @@ async fn collect_garbage(
     .await?
     .deleted;
     // What a switch from the `lsm` backend left (docs/api.md "Switching backends").
-    report.ssts_deleted = crate::state::convert::sweep_other_backend(
+    report.ssts_deleted = crate::checkpoints::convert::sweep_other_backend(
         store,
         root,
         &kept.manifests,

@@ -1,4 +1,4 @@
-//! Savepoints of a pipeline ([`crate::state::savepoint`]): take one with the pipeline running
+//! Savepoints of a pipeline ([`crate::checkpoints::savepoint`]): take one with the pipeline running
 //! (`POST /v1/pipelines/{name}/savepoints`), list and delete them, reset a stopped pipeline to
 //! one (`POST /v1/pipelines/{name}/reset`), and copy one into a new pipeline
 //! ([`restore_into_new`], for `POST /v1/pipelines/{name}` with `from_savepoint`).
@@ -9,12 +9,12 @@
 use super::{DesiredState, PipelineRecord, PipelineSpec, PipelineState, SavepointRef, existing};
 use crate::api::problem::{ApiError, Problem, ProblemKind};
 use crate::api::{ApiState, AuthProblems, Principal, read_json};
-use crate::clock::wall_now_ms;
-use crate::state::export::ImportInto;
-use crate::state::savepoint::{
+use crate::checkpoints::export::ImportInto;
+use crate::checkpoints::savepoint::{
     self, SavepointDescriptor, SavepointDir, SavepointError, savepoint_root,
 };
-use crate::state::verify::shard_roots;
+use crate::checkpoints::verify::shard_roots;
+use crate::clock::wall_now_ms;
 use axum::Json;
 use axum::body::Body;
 use axum::extract::{Path as UrlPath, State};

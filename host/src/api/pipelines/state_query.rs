@@ -1,6 +1,6 @@
 //! `GET /v1/pipelines/{name}/state/{state}`: a pipeline's keyed state as of its newest
 //! committed checkpoints (or a savepoint), read from the store by whichever host answers
-//! ([`crate::state::query`]): a point read (`key`) or an ordered, paged scan (`prefix`).
+//! ([`crate::checkpoints::query`]): a point read (`key`) or an ordered, paged scan (`prefix`).
 //!
 //! Which checkpoint: per partition, the newest decided one ([`savepoint::newest_decided`]):
 //! at-least-once, the newest checkpoint; exactly-once, the newest one a later version names as
@@ -17,12 +17,12 @@ use super::savepoints::{found_savepoint, shards_of};
 use super::{PipelineRecord, existing};
 use crate::api::problem::{ApiError, Problem};
 use crate::api::{ApiState, AuthProblems, Principal};
+use crate::checkpoints::query::{QueryEntry, QueryError};
+use crate::checkpoints::savepoint;
 use crate::clock::SystemClock;
 use crate::state::key;
 use crate::state::lease;
 use crate::state::manifest::ManifestStore;
-use crate::state::query::{QueryEntry, QueryError};
-use crate::state::savepoint;
 use axum::Json;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path as UrlPath, Query, State};
@@ -485,7 +485,7 @@ fn entry((partition, (encoded, value, expires_at_ms)): (i32, QueryEntry)) -> Sta
         map_key,
         map_key_b64,
         value_b64: B64.encode(&value),
-        value: crate::state::query::json_of(&value),
+        value: crate::checkpoints::query::json_of(&value),
         expires_at_ms,
         partition,
     }

@@ -1,11 +1,11 @@
 //! `GET /v1/pipelines/{name}/verify`: which of a pipeline's stored checkpoints could be
-//! restored ([`crate::state::verify`]), for its tenant.
+//! restored ([`crate::checkpoints::verify`]), for its tenant.
 
 use super::existing;
 use crate::api::problem::{ApiError, Problem};
 use crate::api::{ApiState, AuthProblems, Principal};
-use crate::state::savepoint;
-use crate::state::verify::{ShardCheck, verify_pipeline, verify_shard};
+use crate::checkpoints::savepoint;
+use crate::checkpoints::verify::{ShardCheck, verify_pipeline, verify_shard};
 use axum::Json;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path as UrlPath, Query, State};
@@ -213,7 +213,7 @@ pub fn verify_text(v: &PipelineVerify) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::state::verify::VersionCheck;
+    use crate::checkpoints::verify::VersionCheck;
 
     fn version(version: u64, restorable: bool, problem: Option<&str>) -> VersionCheck {
         VersionCheck {

@@ -12,11 +12,11 @@
 use super::catalog::Lakehouse;
 use super::commit::{self, CommitReport, PendingCheckpoint};
 use super::shard::{PENDING_KEY, PendingList, pending_checkpoints};
+use crate::checkpoints::query::QueryShard;
+use crate::checkpoints::savepoint::newest_decided;
 use crate::clock::SharedClock;
 use crate::state::lsm::cache::{BlockCaches, CacheSettings};
 use crate::state::manifest::ManifestStore;
-use crate::state::query::QueryShard;
-use crate::state::savepoint::newest_decided;
 use iceberg::TableIdent;
 use object_store::ObjectStore;
 use object_store::path::Path;

@@ -228,12 +228,12 @@ impl StateBackend for LsmBackend {
         let versions = listed_versions(self.files.store(), &root).await?;
         // A checkpoint the `memory` backend wrote (the pipeline switched backends) is
         // converted first.
-        let converted = crate::state::convert::convert_foreign(
+        let converted = crate::checkpoints::convert::convert_foreign(
             self.files.store(),
             &root,
             (recovery, &versions),
             (
-                crate::state::export::ImportInto::Lsm(self.settings.clone()),
+                crate::checkpoints::export::ImportInto::Lsm(self.settings.clone()),
                 "lsm",
             ),
             &self.clock,

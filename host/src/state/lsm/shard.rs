@@ -427,7 +427,7 @@ impl CandidateCheck for SstCheck<'_> {
 /// under the shard and its size) with the size it records.
 fn check_checkpoint(manifest: &Manifest, stored: &HashMap<SstId, u64>) -> Checked<()> {
     // Its state is a snapshot this backend cannot read: opening it would open empty. The open
-    // converts the newest such checkpoint first (`state::convert`); one met here is older.
+    // converts the newest such checkpoint first (`checkpoints::convert`); one met here is older.
     if crate::state::snapshot::snapshot_name(&manifest.metadata).is_some() {
         return Checked::Invalid(
             "written by the memory backend (its state is a snapshot), not converted".to_owned(),

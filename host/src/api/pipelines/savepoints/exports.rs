@@ -5,7 +5,7 @@ use super::{found_savepoint, unavailable};
 use crate::api::pipelines::existing;
 use crate::api::problem::{ApiError, Problem};
 use crate::api::{ApiState, AuthProblems, Principal};
-use crate::state::savepoint;
+use crate::checkpoints::savepoint;
 use axum::Json;
 use axum::body::Body;
 use axum::extract::{Path as UrlPath, State};

@@ -1,6 +1,6 @@
 //! Taking a savepoint (`POST /v1/pipelines/{name}/savepoints`): with the pipeline running, the
 //! first decided checkpoint of every partition after the request; with it stopped, the newest
-//! decided one. The copy ([`crate::state::savepoint::capture_shard`]) is the state module's;
+//! decided one. The copy ([`crate::checkpoints::savepoint::capture_shard`]) is the state module's;
 //! here, the waiting for the hosts' checkpoints and the descriptor.
 
 use super::{
@@ -10,10 +10,10 @@ use super::{
 use crate::api::pipelines::{DesiredState, PipelineRecord, PipelineState, existing};
 use crate::api::problem::{ApiError, Problem};
 use crate::api::{ApiState, AuthProblems, Principal, read_json_or_default};
-use crate::clock::wall_now_ms;
-use crate::state::savepoint::{
+use crate::checkpoints::savepoint::{
     self, SavepointDescriptor, SavepointDir, SavepointShard, savepoint_root,
 };
+use crate::clock::wall_now_ms;
 use axum::Json;
 use axum::body::Body;
 use axum::extract::{Path as UrlPath, State};

@@ -5,12 +5,12 @@
 //! checkpoint of its own, above every version, before recovery reads it. A switch back is the
 //! same the other way. Each conversion is an `audit = true` line.
 
-use super::checkpoint::InputOffsets;
 use super::export::{ImportInto, export_checkpoint, import_checkpoint};
-use super::manifest::{Manifest, ManifestError, ManifestStore, RetentionPolicy, sweep};
 use super::savepoint::{SavepointError, newest_decided_in, next_slot};
-use super::{Recovery, StateError, snapshot};
 use crate::clock::SharedClock;
+use crate::state::checkpoint::InputOffsets;
+use crate::state::manifest::{Manifest, ManifestError, ManifestStore, RetentionPolicy, sweep};
+use crate::state::{Recovery, StateError, snapshot};
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt};
 use std::sync::Arc;

@@ -9,10 +9,10 @@
 //! Whether an exactly-once checkpoint is decided lives in Kafka's committed offsets, not in
 //! the store: such a checkpoint is reported as `transaction`-decided, restorable or not.
 
-use super::lsm::sst::reader::SstReader;
-use super::lsm::tree::SstId;
-use super::manifest::{Manifest, ManifestError, ManifestKind, ManifestStore};
-use super::snapshot;
+use crate::state::lsm::sst::reader::SstReader;
+use crate::state::lsm::tree::SstId;
+use crate::state::manifest::{Manifest, ManifestError, ManifestKind, ManifestStore};
+use crate::state::snapshot;
 use futures::TryStreamExt;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt};
@@ -208,13 +208,13 @@ impl VersionCheck {
             version,
             kind: if checkpoint { "checkpoint" } else { "claim" }.to_owned(),
             decided_by: checkpoint.then(|| {
-                match super::checkpoint::decided_by(&manifest.metadata) {
-                    super::checkpoint::DecidedBy::Manifest => "manifest",
-                    super::checkpoint::DecidedBy::Transaction => "transaction",
+                match crate::state::checkpoint::decided_by(&manifest.metadata) {
+                    crate::state::checkpoint::DecidedBy::Manifest => "manifest",
+                    crate::state::checkpoint::DecidedBy::Transaction => "transaction",
                 }
                 .to_owned()
             }),
-            offsets: super::checkpoint::InputOffsets::from_metadata(&manifest.metadata)
+            offsets: crate::state::checkpoint::InputOffsets::from_metadata(&manifest.metadata)
                 .map(|o| o.iter().map(|(t, next)| (t.to_owned(), next)).collect())
                 .unwrap_or_default(),
             objects: 0,
@@ -343,7 +343,7 @@ enum ObjectProblem {
     #[error("missing")]
     Missing,
     #[error(transparent)]
-    Sst(#[from] super::lsm::sst::SstError),
+    Sst(#[from] crate::state::lsm::sst::SstError),
     #[error(transparent)]
     Snapshot(#[from] snapshot::SnapshotError),
 }

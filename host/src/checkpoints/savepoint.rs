@@ -16,7 +16,7 @@
 //! - `{root}/{name}/exports/{partition:05}.jsonl` — its export in the portable format, once
 //!   made.
 //!
-//! Each savepoint shard is a shard of its own: [`crate::state::verify::verify_shard`] checks it.
+//! Each savepoint shard is a shard of its own: [`crate::checkpoints::verify::verify_shard`] checks it.
 //!
 //! # Taking one ([`capture_shard`])
 //! Copies the shard's newest *decided* checkpoint ([`newest_decided`]): manifest-decided, or
@@ -36,10 +36,10 @@
 //! monotonic, since sinks use them as commit ids. Nothing references the savepoint afterwards:
 //! deleting it, or its pipeline, leaves the restored shard whole.
 
-use super::lsm::tree::SstId;
-use super::manifest::{Manifest, ManifestError, ManifestKind, ManifestStore};
-use super::snapshot;
 use crate::state::checkpoint::{DecidedBy, InputOffsets, checkpoint_metadata, decided_by};
+use crate::state::lsm::tree::SstId;
+use crate::state::manifest::{Manifest, ManifestError, ManifestKind, ManifestStore};
+use crate::state::snapshot;
 use futures::TryStreamExt;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};

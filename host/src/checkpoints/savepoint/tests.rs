@@ -1,4 +1,5 @@
 use super::*;
+use crate::checkpoints::verify::verify_shard;
 use crate::clock::{ManualClock, SharedClock};
 use crate::state::checkpoint::InputOffsets;
 use crate::state::configured::ConfiguredShard;
@@ -6,7 +7,6 @@ use crate::state::lsm::backend::LsmBackend;
 use crate::state::lsm::cache::BlockCaches;
 use crate::state::memory::MemoryBackend;
 use crate::state::test_support::block_on;
-use crate::state::verify::verify_shard;
 use crate::state::{Shard, ShardId, StateBackend, StateWrite};
 use bytes::Bytes;
 use object_store::memory::InMemory;
@@ -263,7 +263,7 @@ fn an_export_names_the_backend_of_the_checkpoint_not_of_the_descriptor() {
             .bytes()
             .await
             .expect("reads");
-        let header: crate::state::export::ExportHeader = serde_json::from_slice(
+        let header: crate::checkpoints::export::ExportHeader = serde_json::from_slice(
             exported
                 .split(|b| *b == b'\n')
                 .next()

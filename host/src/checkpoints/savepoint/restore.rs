@@ -111,7 +111,7 @@ pub async fn export_shard(
     dir: &SavepointDir,
     (backend, partition): (&str, i32),
     clock: &crate::clock::SharedClock,
-) -> Result<Option<crate::state::export::ExportSummary>, SavepointError> {
+) -> Result<Option<crate::checkpoints::export::ExportSummary>, SavepointError> {
     let path = dir.export(partition);
     match store.head(&path).await {
         Ok(_) => return Ok(None),
@@ -122,7 +122,7 @@ pub async fn export_shard(
     let saved = saved_checkpoint(store, &shard).await?;
     // The kind of the checkpoint itself: a savepoint taken while a backend switch was under
     // way may hold a partition not converted yet, whatever its descriptor says.
-    let held = crate::state::convert::checkpoint_backend(&saved);
+    let held = crate::checkpoints::convert::checkpoint_backend(&saved);
     if held != backend {
         tracing::info!(
             partition,
@@ -133,7 +133,7 @@ pub async fn export_shard(
     }
     // Written under a temporary name and copied into place: an export is whole or absent.
     let partial = Path::from(format!("{path}.partial-{:08x}", nonce()));
-    let summary = crate::state::export::export_checkpoint(
+    let summary = crate::checkpoints::export::export_checkpoint(
         store,
         (&shard, &saved),
         (held, partition),
@@ -150,9 +150,9 @@ pub async fn export_shard(
     Ok(Some(summary))
 }
 
-fn export_error(e: crate::state::export::ExportError) -> SavepointError {
+fn export_error(e: crate::checkpoints::export::ExportError) -> SavepointError {
     match e {
-        crate::state::export::ExportError::Unavailable(source) => {
+        crate::checkpoints::export::ExportError::Unavailable(source) => {
             SavepointError::Unavailable(source)
         }
         other => SavepointError::Unusable(crate::error::Chain(&other).to_string()),
@@ -170,13 +170,13 @@ pub async fn restore_shard_converted(
     store: &Arc<dyn ObjectStore>,
     dir: &SavepointDir,
     (backend, partition): (&str, i32),
-    (target, into, writer_token): (&Path, crate::state::export::ImportInto, &str),
+    (target, into, writer_token): (&Path, crate::checkpoints::export::ImportInto, &str),
     clock: &crate::clock::SharedClock,
 ) -> Result<(u64, u64), SavepointError> {
     export_shard(store, dir, (backend, partition), clock).await?;
     let saved = saved_checkpoint(store, &dir.shard(partition)).await?;
     let (version, epoch) = next_slot(store, target, saved.writer_epoch).await?;
-    let imported = crate::state::export::import_checkpoint(
+    let imported = crate::checkpoints::export::import_checkpoint(
         store,
         &dir.export(partition),
         target,

@@ -35,17 +35,17 @@
 //! - What the backends derive (the time index that fires timers in time order, the count of
 //!   pending timers) is not exported: the import builds it again from the timers.
 
-use super::StateError;
-use super::checkpoint::{DecidedBy, InputOffsets, checkpoint_metadata};
-use super::key;
-use super::lsm::cache::{BlockCaches, SstFiles};
-use super::lsm::sst::Entry;
-use super::lsm::sst::builder::SstBuilder;
-use super::lsm::tree::{LsmSettings, LsmTree, SstId};
-use super::manifest::{Manifest, ManifestStore, SstRef};
-use super::snapshot;
 use crate::clock::SharedClock;
 use crate::runtime::TimeDomain;
+use crate::state::StateError;
+use crate::state::checkpoint::{DecidedBy, InputOffsets, checkpoint_metadata};
+use crate::state::key;
+use crate::state::lsm::cache::{BlockCaches, SstFiles};
+use crate::state::lsm::sst::Entry;
+use crate::state::lsm::sst::builder::SstBuilder;
+use crate::state::lsm::tree::{LsmSettings, LsmTree, SstId};
+use crate::state::manifest::{Manifest, ManifestStore, SstRef};
+use crate::state::snapshot;
 use crate::time::keys as time_keys;
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as B64;

@@ -258,7 +258,7 @@ struct ImportSink<'a> {
     target: &'a Path,
     epoch: u64,
     /// Names its objects apart from those of an import racing it (see
-    /// [`crate::state::savepoint::nonce`]).
+    /// [`crate::checkpoints::savepoint::nonce`]).
     nonce: u32,
     seq_base: u64,
     last: Option<Vec<u8>>,
@@ -289,13 +289,13 @@ impl<'a> ImportSink<'a> {
             },
             ImportInto::Memory => SinkKind::Memory(Vec::new()),
         };
-        let nonce = crate::state::savepoint::nonce();
+        let nonce = crate::checkpoints::savepoint::nonce();
         Self {
             store,
             target,
             epoch,
             nonce,
-            seq_base: crate::state::savepoint::seq_base(nonce),
+            seq_base: crate::checkpoints::savepoint::seq_base(nonce),
             last: None,
             kind,
         }

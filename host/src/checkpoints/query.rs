@@ -16,13 +16,13 @@
 //! record key length, then record key bytes, then map key — so a scan's pages continue after
 //! the last encoded key they returned, across every shard at once.
 
-use super::StateError;
-use super::key;
-use super::lsm::cache::{BlockCaches, SstFiles};
-use super::lsm::tree::{LsmSettings, LsmTree};
-use super::manifest::{Manifest, ManifestError, ManifestStore};
-use super::snapshot;
 use crate::clock::SharedClock;
+use crate::state::StateError;
+use crate::state::key;
+use crate::state::lsm::cache::{BlockCaches, SstFiles};
+use crate::state::lsm::tree::{LsmSettings, LsmTree};
+use crate::state::manifest::{Manifest, ManifestError, ManifestStore};
+use crate::state::snapshot;
 use bytes::Bytes;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt};
@@ -96,7 +96,7 @@ impl QueryShard {
             Err(ManifestError::NotFound(_)) => return Err(QueryError::Gone { partition, version }),
             Err(e) => return Err(e.into_state_error(root).into()),
         };
-        if manifest.kind != super::manifest::ManifestKind::Checkpoint {
+        if manifest.kind != crate::state::manifest::ManifestKind::Checkpoint {
             return Err(QueryError::NotCheckpoint { partition, version });
         }
         let reader = open_reader(store, root, &manifest, caches, clock)
