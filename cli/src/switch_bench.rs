@@ -22,13 +22,14 @@ use object_store::path::Path;
 use serde::Serialize;
 use std::sync::Arc;
 use std::time::Instant;
+use weir_host::checkpoints::convert::open_converted;
 use weir_host::clock::{SharedClock, SystemClock};
 use weir_host::state::checkpoint::{DecidedBy, InputOffsets};
 use weir_host::state::lsm::backend::LsmBackend;
 use weir_host::state::lsm::cache::BlockCaches;
 use weir_host::state::lsm::tree::LsmSettings;
 use weir_host::state::memory::MemoryBackend;
-use weir_host::state::{Shard, ShardId, StateBackend, StateWrite, key};
+use weir_host::state::{Recovery, Shard, ShardId, StateBackend, StateWrite, key};
 
 /// Entries per write batch.
 const BATCH: u64 = 10_000;
@@ -145,7 +146,7 @@ async fn one_size(
 
     let probe = key::value_key(format!("key{:010}", keys / 2).as_bytes(), "count");
     let started = Instant::now();
-    let on_lsm = lsm.open_shard(&id).await?;
+    let on_lsm = open_converted(&lsm, &id, &Recovery::default()).await?;
     anyhow::ensure!(on_lsm.get(&probe).await?.is_some(), "lsm lost a key");
     let to_lsm_ms = ms(started);
     let sst_bytes = bytes_under(store, &prefix, "sst/").await?;
@@ -158,7 +159,7 @@ async fn one_size(
     drop(on_lsm);
 
     let started = Instant::now();
-    let back = memory.open_shard(&id).await?;
+    let back = open_converted(&memory, &id, &Recovery::default()).await?;
     anyhow::ensure!(back.get(&probe).await?.is_some(), "memory lost a key");
     let to_memory_ms = ms(started);
     drop(back);

@@ -1,10 +1,12 @@
 //! The host's dependency direction, checked (lib.rs's map states it): the core — `runtime`,
-//! `time`, `state`, `pipeline` — names no adapter (`source::kafka`, `sink::kafka`,
+//! `time`, `state`, `checkpoints`, `pipeline` — names no adapter (`source::kafka`, `sink::kafka`,
 //! `sink::iceberg`, the `rdkafka` and `iceberg` crates) and none of the parts that run
 //! pipelines (`runner`, `api`, `health`), outside its tests. A pipeline runs over the traits of
 //! `pipeline::ports`; `runner::run` wires the adapters in.
 //!
-//! The catalog (`catalog/`), which the API and the runner share, names neither of them.
+//! The catalog (`catalog/`), which the API and the runner share, names neither of them. The
+//! backends (`state/`) name none of the tools over stored checkpoints (`checkpoints/`), and the
+//! tools name no pipeline.
 //!
 //! The check reads the source: every line of a core file that is not a comment, outside
 //! `#[cfg(test)]` items and test files (`tests.rs`, `tests/`), must not contain a forbidden
@@ -13,7 +15,7 @@
 use std::path::{Path, PathBuf};
 
 /// The core's directories under `host/src`.
-const CORE: &[&str] = &["runtime", "time", "state", "pipeline"];
+const CORE: &[&str] = &["runtime", "time", "state", "checkpoints", "pipeline"];
 
 /// Paths the core must not name: whole, and their tails, which a grouped (`crate::{…}`) or
 /// relative path spells.
@@ -122,6 +124,22 @@ fn the_core_names_no_adapter_and_nothing_that_runs_pipelines() {
     assert!(
         found.is_empty(),
         "the core names what it must not (host/src/layering.rs):\n{}",
+        found.join("\n")
+    );
+}
+
+/// The backends keep only what a backend is: the tools over stored checkpoints
+/// (`checkpoints/`) build on them, never the other way; and the tools know no pipeline.
+#[test]
+fn the_backends_name_no_checkpoint_tool_and_the_tools_no_pipeline() {
+    let (files, mut found) = named(&["state"], &["crate::checkpoints"]);
+    assert!(files > 30, "the backends' files are found: {files}");
+    let (files, tools) = named(&["checkpoints"], &["crate::pipeline"]);
+    assert!(files >= 7, "the tools' files are found: {files}");
+    found.extend(tools);
+    assert!(
+        found.is_empty(),
+        "a backend names a checkpoint tool, or a tool a pipeline (host/src/layering.rs):\n{}",
         found.join("\n")
     );
 }

@@ -31,11 +31,13 @@
 //! - `layering`    (unit tests only) the dependency direction below, checked
 //! - `shape`       (unit tests only) no file over 600 lines, few functions over 80, checked
 //!
-//! Dependencies point one way: the core (`runtime`, `time`, `state`, `pipeline`, over
-//! `config`, `error`, `clock` and `row`) → the adapters (`source`, `sink`) → what runs
-//! pipelines (`runner`, `api`, `health`). The core names no adapter and nothing above it; a
-//! pipeline runs over the traits of `pipeline::ports`, and `runner::run` wires the Kafka and
-//! Iceberg adapters in.
+//! Dependencies point one way: the core (`runtime`, `time`, `state`, `checkpoints`,
+//! `pipeline`, over `config`, `error`, `clock` and `row`) → the adapters (`source`, `sink`) →
+//! what runs pipelines (`catalog`, then `runner`, `api`, `health`). The core names no adapter
+//! and nothing above it; the backends (`state`) name none of the tools over their checkpoints
+//! (`checkpoints`), which a pipeline's shard open calls; a pipeline runs over the traits of
+//! `pipeline::ports`, and `runner::run` wires the Kafka and Iceberg adapters in. `layering`
+//! checks it.
 //!
 //! The `weir` binary, its HTTP API client, its benchmarks and the development tooling
 //! (`weir dev`, the flights loader) are the `weir-cli` package (`cli/`).

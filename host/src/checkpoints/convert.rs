@@ -5,23 +5,50 @@
 //! checkpoint of its own, above every version, before recovery reads it. A switch back is the
 //! same the other way. Each conversion is an `audit = true` line.
 
-use super::export::{ImportInto, export_checkpoint, import_checkpoint};
+use super::export::{export_checkpoint, import_checkpoint};
 use super::savepoint::{SavepointError, newest_decided_in, next_slot};
 use crate::clock::SharedClock;
 use crate::state::checkpoint::InputOffsets;
-use crate::state::manifest::{Manifest, ManifestError, ManifestStore, RetentionPolicy, sweep};
-use crate::state::{Recovery, StateError, snapshot};
+use crate::state::manifest::ManifestStore;
+use crate::state::stored::{CheckpointFormat, checkpoint_backend};
+use crate::state::{Recovery, ShardId, StateBackend, StateError};
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt};
 use std::sync::Arc;
 
-/// The backend that wrote checkpoint `manifest`: `memory` when it names a snapshot, else `lsm`.
-pub fn checkpoint_backend(manifest: &Manifest) -> &'static str {
-    if snapshot::snapshot_name(&manifest.metadata).is_some() {
-        "memory"
-    } else {
-        "lsm"
-    }
+/// Opens shard `id` of `backend` as [`StateBackend::open_shard_at`] does, after converting
+/// the shard's newest decided checkpoint when the other backend wrote it (module docs): the
+/// one way a pipeline opens its shards. The shard's versions are listed once, here, and handed
+/// to the open unless a conversion added one.
+///
+/// # Errors
+/// As [`convert_foreign`] and [`StateBackend::open_shard_at`].
+pub async fn open_converted<B: StateBackend>(
+    backend: &B,
+    id: &ShardId,
+    recovery: &Recovery,
+) -> Result<B::Shard, StateError> {
+    let Some(stored) = backend.stored(id) else {
+        return backend.open_shard_at(id, recovery).await;
+    };
+    let versions = ManifestStore::new(stored.store.clone(), stored.root.clone())
+        .versions()
+        .await
+        .map_err(|e| e.into_state_error(&stored.root))?;
+    let own = stored.format.name();
+    let converted = convert_foreign(
+        &stored.store,
+        &stored.root,
+        (recovery, &versions),
+        (stored.format, own),
+        &stored.clock,
+    )
+    .await?;
+    let recovery = Recovery {
+        listed: converted.is_none().then_some(versions),
+        ..recovery.clone()
+    };
+    backend.open_shard_at(id, &recovery).await
 }
 
 /// What a conversion did.
@@ -53,7 +80,7 @@ pub async fn convert_foreign(
     store: &Arc<dyn ObjectStore>,
     root: &Path,
     (recovery, versions): (&Recovery, &[u64]),
-    (into, own): (ImportInto, &'static str),
+    (into, own): (CheckpointFormat, &'static str),
     clock: &SharedClock,
 ) -> Result<Option<Converted>, StateError> {
     let state_error = |e: SavepointError| match e {
@@ -129,43 +156,6 @@ pub async fn convert_foreign(
         "state converted to the pipeline's new backend"
     );
     Ok(Some(converted))
-}
-
-/// Deletes the objects of the backend that is not `own` (`lsm`'s SSTs, `memory`'s snapshots)
-/// under the shard `root` that none of the `kept` versions references and that are past
-/// `policy`'s grace at `now_ms`: what a switch left behind once the old backend's checkpoints
-/// are gone. Each backend's GC runs it after its own sweep. The number deleted.
-///
-/// # Errors
-/// [`ManifestError::Unavailable`] when listing or deleting fails.
-pub(crate) async fn sweep_other_backend(
-    store: &Arc<dyn ObjectStore>,
-    root: &Path,
-    kept: &[Manifest],
-    own: &str,
-    (policy, now_ms): (&RetentionPolicy, u64),
-) -> Result<usize, ManifestError> {
-    let (dir, referenced): (&str, std::collections::HashSet<String>) = if own == "lsm" {
-        let named = kept
-            .iter()
-            .filter_map(|m| snapshot::snapshot_name(&m.metadata))
-            .map(|name| format!("{root}/{name}"))
-            .collect();
-        ("snapshot", named)
-    } else {
-        let named = kept
-            .iter()
-            .flat_map(|m| m.levels.iter().flatten())
-            .map(|r| format!("{root}/{}", r.id().object_name()))
-            .collect();
-        ("sst", named)
-    };
-    let prefix = Path::from(format!("{root}/{dir}"));
-    let swept = sweep(store, &prefix, (policy, now_ms), |location| {
-        Some(referenced.contains(location.as_ref()))
-    })
-    .await?;
-    Ok(swept.deleted)
 }
 
 #[cfg(test)]
@@ -271,7 +261,9 @@ mod tests {
             let held = all(&on_memory).await;
             drop(on_memory);
 
-            let on_lsm = lsm.open_shard(&id).await.expect("opens");
+            let on_lsm = open_converted(&lsm, &id, &Recovery::default())
+                .await
+                .expect("opens");
             assert_eq!(all(&on_lsm).await, held, "lsm reads what memory held");
             assert_eq!(
                 on_lsm.recovered_offsets().expect("decodes"),
@@ -291,7 +283,9 @@ mod tests {
                 committed: Some(versions[1]),
                 ..Recovery::default()
             };
-            let back = memory.open_shard_at(&id, &recovery).await.expect("opens");
+            let back = open_converted(&memory, &id, &recovery)
+                .await
+                .expect("opens");
             assert_eq!(all(&back).await, held, "memory reads what lsm held");
             assert_eq!(
                 back.recovered_offsets().expect("decodes"),
@@ -357,7 +351,9 @@ mod tests {
                 crate::state::lsm::tests::small_settings(),
                 clock,
             );
-            let mut on_lsm = lsm.open_shard(&id).await.expect("opens");
+            let mut on_lsm = open_converted(&lsm, &id, &Recovery::default())
+                .await
+                .expect("opens");
             // Until the scrub has read the converted SSTs once, GC keeps the checkpoints up to
             // the converted one — the `memory` one with its snapshot among them. Waiting for
             // it, not for luck (this test failed when its checkpoints outran the scrub).
@@ -416,7 +412,9 @@ mod tests {
                 crate::state::lsm::tests::small_settings(),
                 clock,
             );
-            let converted = lsm.open_shard(&id).await.expect("opens");
+            let converted = open_converted(&lsm, &id, &Recovery::default())
+                .await
+                .expect("opens");
             let version = converted
                 .opened_from()
                 .expect("from the converted checkpoint");
@@ -424,7 +422,7 @@ mod tests {
             let mut recovery = Recovery::default();
             recovery.known_corruption.versions.insert(version);
             recovery.known_corruption.reason = "test".into();
-            let Err(err) = lsm.open_shard_at(&id, &recovery).await else {
+            let Err(err) = open_converted(&lsm, &id, &recovery).await else {
                 panic!("opened the memory checkpoint as an lsm one");
             };
             assert_eq!(err.kind(), crate::error::ErrorKind::Corrupt, "{err}");

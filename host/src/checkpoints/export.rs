@@ -444,7 +444,7 @@ fn io_to_store(e: std::io::Error) -> object_store::Error {
 }
 
 mod import;
-pub use import::{ImportInto, import_checkpoint};
+pub use import::import_checkpoint;
 
 #[cfg(test)]
 mod tests;

@@ -74,6 +74,13 @@ impl StateBackend for ConfiguredBackend {
             Self::Lsm(b) => ConfiguredShard::Lsm(Box::new(b.open_shard_at(id, recovery).await?)),
         })
     }
+
+    fn stored(&self, id: &ShardId) -> Option<super::stored::StoredShard> {
+        match self {
+            Self::Memory(b) => b.stored(id),
+            Self::Lsm(b) => b.stored(id),
+        }
+    }
 }
 
 impl Shard for ConfiguredShard {

@@ -125,6 +125,10 @@ impl<B: StateBackend> StateBackend for DelayedReads<B> {
             unavailable: self.unavailable.clone(),
         })
     }
+
+    fn stored(&self, id: &ShardId) -> Option<super::stored::StoredShard> {
+        self.inner.stored(id)
+    }
 }
 
 impl<S: Shard> Shard for DelayedShard<S> {

@@ -85,20 +85,9 @@ impl MemoryBackend {
             });
         };
         let root = id.root_under(&storage.prefix);
-        let versions = crate::state::lsm::backend::listed_versions(&storage.store, &root).await?;
-        // A checkpoint the `lsm` backend wrote (the pipeline switched backends) is converted
-        // first.
-        let converted = crate::checkpoints::convert::convert_foreign(
-            &storage.store,
-            &root,
-            (recovery, &versions),
-            (crate::checkpoints::export::ImportInto::Memory, "memory"),
-            &self.clock,
-        )
-        .await?;
-        let versions = match converted {
-            Some(_) => crate::state::lsm::backend::listed_versions(&storage.store, &root).await?,
-            None => versions,
+        let versions = match &recovery.listed {
+            Some(versions) => versions.clone(),
+            None => crate::state::lsm::backend::listed_versions(&storage.store, &root).await?,
         };
         let (snapshots, entries) = SnapshotShard::open(
             storage.store.clone(),
@@ -150,6 +139,16 @@ impl StateBackend for MemoryBackend {
         recovery: &Recovery,
     ) -> Result<MemoryShard, StateError> {
         self.open(id, recovery).await
+    }
+
+    fn stored(&self, id: &ShardId) -> Option<crate::state::stored::StoredShard> {
+        let storage = self.storage.as_ref()?;
+        Some(crate::state::stored::StoredShard {
+            store: storage.store.clone(),
+            root: id.root_under(&storage.prefix),
+            format: crate::state::stored::CheckpointFormat::Memory,
+            clock: self.clock.clone(),
+        })
     }
 }
 

@@ -8,7 +8,10 @@
 //! - [`checkpoint`]    what a checkpoint records (input offsets) and reports, for both backends;
 //! - [`manifest`]      numbered, create-only manifest versions and the commit that fences
 //!   zombie writers; recovery's walk to the newest usable checkpoint and retention;
-//! - [`configured`]    the backend the settings name, behind one type.
+//! - [`configured`]    the backend the settings name, behind one type;
+//! - [`stored`]        a shard's place in the store and its checkpoints' format, for the tools
+//!   beside the backends; which backend wrote a checkpoint, and the other's objects swept
+//!   after a switch.
 //!
 //! The backends:
 //! - [`memory`]        one map per shard in RAM (as Flink's HashMapStateBackend), checkpointed
@@ -43,6 +46,7 @@ pub mod manifest;
 pub mod memory;
 pub mod snapshot;
 pub mod store_guard;
+pub mod stored;
 #[cfg(test)]
 pub(crate) mod test_support;
 
@@ -181,6 +185,15 @@ pub trait StateBackend: Send + Sync + 'static {
         let _ = recovery;
         self.open_shard(id)
     }
+
+    /// Where shard `id`'s checkpoints are stored and in which format, for the tools that read
+    /// and write them beside the backend (`crate::checkpoints`: a switch between backends
+    /// converts the other backend's newest checkpoint before the shard opens). `None`, the
+    /// default, for a backend that keeps no checkpoint.
+    fn stored(&self, id: &ShardId) -> Option<stored::StoredShard> {
+        let _ = id;
+        None
+    }
 }
 
 /// What a shard's open knows besides the store (see [`StateBackend::open_shard_at`]).
@@ -190,6 +203,9 @@ pub struct Recovery {
     pub committed: Option<u64>,
     /// What the shard's last owner on this host found corrupt.
     pub known_corruption: KnownCorruption,
+    /// The shard's manifest versions, when the caller listed them just before the open
+    /// (`crate::checkpoints::convert::open_converted`): the open does not list them again.
+    pub listed: Option<Vec<u64>>,
 }
 
 /// The state of one shard: an ordered map from encoded state key to value bytes.

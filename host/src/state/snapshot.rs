@@ -288,7 +288,7 @@ async fn collect_garbage(
     .await?
     .deleted;
     // What a switch from the `lsm` backend left (docs/api.md "Switching backends").
-    report.ssts_deleted = crate::checkpoints::convert::sweep_other_backend(
+    report.ssts_deleted = crate::state::stored::sweep_other_backend(
         store,
         root,
         &kept.manifests,
@@ -514,6 +514,7 @@ mod tests {
                     reason: "test".into(),
                     ..Default::default()
                 },
+                listed: None,
             };
             // Its snapshot was kept with it: it still opens.
             let versions = ManifestStore::new(store.clone(), root())

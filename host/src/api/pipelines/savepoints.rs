@@ -9,12 +9,12 @@
 use super::{DesiredState, PipelineRecord, PipelineSpec, PipelineState, SavepointRef, existing};
 use crate::api::problem::{ApiError, Problem, ProblemKind};
 use crate::api::{ApiState, AuthProblems, Principal, read_json};
-use crate::checkpoints::export::ImportInto;
 use crate::checkpoints::savepoint::{
     self, SavepointDescriptor, SavepointDir, SavepointError, savepoint_root,
 };
 use crate::checkpoints::verify::shard_roots;
 use crate::clock::wall_now_ms;
+use crate::state::stored::CheckpointFormat;
 use axum::Json;
 use axum::body::Body;
 use axum::extract::{Path as UrlPath, State};
@@ -308,9 +308,9 @@ async fn restore(
         } else {
             let into = match spec.state_backend {
                 super::PipelineStateBackend::Lsm => {
-                    ImportInto::Lsm(crate::state::lsm::tree::LsmSettings::default())
+                    CheckpointFormat::Lsm(crate::state::lsm::tree::LsmSettings::default())
                 }
-                super::PipelineStateBackend::Memory => ImportInto::Memory,
+                super::PipelineStateBackend::Memory => CheckpointFormat::Memory,
             };
             savepoint::restore_shard_converted(
                 store,

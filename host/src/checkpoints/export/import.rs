@@ -4,16 +4,7 @@
 //! manifest-decided checkpoint.
 
 use super::*;
-
-/// The backend an import builds.
-#[derive(Debug, Clone)]
-pub enum ImportInto {
-    /// SSTs written in key order into the level that would hold them, with `settings`' block
-    /// and file sizes (a bulk load: nothing goes through a memtable).
-    Lsm(LsmSettings),
-    /// One snapshot.
-    Memory,
-}
+use crate::state::stored::CheckpointFormat;
 
 /// Builds a checkpoint of the shard under `target` from the export at `export`: the backend's
 /// objects under names of writer epoch `epoch` (above every epoch in the shard), and a
@@ -28,7 +19,7 @@ pub async fn import_checkpoint(
     store: &Arc<dyn ObjectStore>,
     export: &Path,
     target: &Path,
-    into: ImportInto,
+    into: CheckpointFormat,
     (version, epoch, writer_token): (u64, u64, &str),
 ) -> Result<ExportSummary, ExportError> {
     let meta = store.head(export).await.map_err(ExportError::Unavailable)?;
@@ -278,16 +269,16 @@ impl<'a> ImportSink<'a> {
     fn new(
         store: &'a Arc<dyn ObjectStore>,
         target: &'a Path,
-        into: ImportInto,
+        into: CheckpointFormat,
         epoch: u64,
     ) -> Self {
         let kind = match into {
-            ImportInto::Lsm(settings) => SinkKind::Lsm {
+            CheckpointFormat::Lsm(settings) => SinkKind::Lsm {
                 settings: Box::new(settings),
                 builder: None,
                 ssts: Vec::new(),
             },
-            ImportInto::Memory => SinkKind::Memory(Vec::new()),
+            CheckpointFormat::Memory => SinkKind::Memory(Vec::new()),
         };
         let nonce = crate::checkpoints::savepoint::nonce();
         Self {

@@ -3,6 +3,7 @@ use crate::clock::ManualClock;
 use crate::state::configured::ConfiguredShard;
 use crate::state::lsm::backend::LsmBackend;
 use crate::state::memory::MemoryBackend;
+use crate::state::stored::CheckpointFormat;
 use crate::state::test_support::block_on;
 use crate::state::{Shard, ShardId, StateBackend, StateWrite};
 use object_store::memory::InMemory;
@@ -222,8 +223,8 @@ async fn round_trip(state: &State, from: &str, into: &str) {
     assert_eq!(summary.timers, state.timers.len() as u64);
     let target = id("t.b").root_under(&Path::from(into));
     let sink = match into {
-        "lsm" => ImportInto::Lsm(crate::state::lsm::tests::small_settings()),
-        _ => ImportInto::Memory,
+        "lsm" => CheckpointFormat::Lsm(crate::state::lsm::tests::small_settings()),
+        _ => CheckpointFormat::Memory,
     };
     import_checkpoint(&store, &exported, &target, sink, (1, 1, "import"))
         .await
@@ -340,7 +341,7 @@ fn a_truncated_or_foreign_export_is_refused() {
                 &store,
                 &path,
                 &Path::from("target"),
-                ImportInto::Memory,
+                CheckpointFormat::Memory,
                 (1, 1, "import"),
             )
             .await
@@ -379,7 +380,7 @@ fn a_store_failure_during_an_import_is_unavailable_not_invalid() {
             &store,
             &path,
             &Path::from("target"),
-            ImportInto::Lsm(crate::state::lsm::tests::small_settings()),
+            CheckpointFormat::Lsm(crate::state::lsm::tests::small_settings()),
             (1, 1, "import"),
         )
         .await

@@ -122,7 +122,7 @@ pub async fn export_shard(
     let saved = saved_checkpoint(store, &shard).await?;
     // The kind of the checkpoint itself: a savepoint taken while a backend switch was under
     // way may hold a partition not converted yet, whatever its descriptor says.
-    let held = crate::checkpoints::convert::checkpoint_backend(&saved);
+    let held = crate::state::stored::checkpoint_backend(&saved);
     if held != backend {
         tracing::info!(
             partition,
@@ -170,7 +170,7 @@ pub async fn restore_shard_converted(
     store: &Arc<dyn ObjectStore>,
     dir: &SavepointDir,
     (backend, partition): (&str, i32),
-    (target, into, writer_token): (&Path, crate::checkpoints::export::ImportInto, &str),
+    (target, into, writer_token): (&Path, crate::state::stored::CheckpointFormat, &str),
     clock: &crate::clock::SharedClock,
 ) -> Result<(u64, u64), SavepointError> {
     export_shard(store, dir, (backend, partition), clock).await?;

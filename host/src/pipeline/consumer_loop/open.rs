@@ -91,8 +91,11 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
             let recovery = Recovery {
                 committed,
                 known_corruption,
+                listed: None,
             };
-            let shard = backend.open_shard_at(&id, &recovery).await?;
+            // A checkpoint the other backend wrote (the pipeline switched) is converted first.
+            let shard =
+                crate::checkpoints::convert::open_converted(&*backend, &id, &recovery).await?;
             let mut sink = sink;
             if let Some(key) = sink.state_key() {
                 let value = shard.get(key).await?;

@@ -225,26 +225,21 @@ impl StateBackend for LsmBackend {
         recovery: &Recovery,
     ) -> Result<LsmShard, StateError> {
         let root = self.shard_root(id);
-        let versions = listed_versions(self.files.store(), &root).await?;
-        // A checkpoint the `memory` backend wrote (the pipeline switched backends) is
-        // converted first.
-        let converted = crate::checkpoints::convert::convert_foreign(
-            self.files.store(),
-            &root,
-            (recovery, &versions),
-            (
-                crate::checkpoints::export::ImportInto::Lsm(self.settings.clone()),
-                "lsm",
-            ),
-            &self.clock,
-        )
-        .await?;
-        let versions = match converted {
-            Some(_) => listed_versions(self.files.store(), &root).await?,
-            None => versions,
+        let versions = match &recovery.listed {
+            Some(versions) => versions.clone(),
+            None => listed_versions(self.files.store(), &root).await?,
         };
         let recovered = recover(self.files.store(), &root, recovery, versions.clone()).await?;
         self.open_from(root, recovered, versions).await
+    }
+
+    fn stored(&self, id: &ShardId) -> Option<crate::state::stored::StoredShard> {
+        Some(crate::state::stored::StoredShard {
+            store: self.files.store().clone(),
+            root: self.shard_root(id),
+            format: crate::state::stored::CheckpointFormat::Lsm(self.settings.clone()),
+            clock: self.clock.clone(),
+        })
     }
 }
 

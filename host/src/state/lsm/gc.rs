@@ -108,7 +108,7 @@ pub async fn collect_garbage(
     report.ssts_kept = swept.kept;
     report.ssts_deleted = swept.deleted;
     // What a switch from the `memory` backend left (docs/api.md "Switching backends").
-    report.snapshots_deleted = crate::checkpoints::convert::sweep_other_backend(
+    report.snapshots_deleted = crate::state::stored::sweep_other_backend(
         store,
         root,
         &kept.manifests,

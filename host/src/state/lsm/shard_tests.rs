@@ -251,6 +251,7 @@ fn a_flipped_byte_in_an_sst_of_the_newest_checkpoint_makes_the_shard_fall_back_w
             let recovery = Recovery {
                 committed: None,
                 known_corruption: known.clone(),
+                listed: None,
             };
             backend(&store)
                 .open_shard_at(&id(), &recovery)
@@ -309,6 +310,7 @@ fn with_no_usable_checkpoint_left_the_open_fails_as_corrupt_and_claims_nothing()
                 reason: "checksum mismatch".into(),
                 ..Default::default()
             },
+            listed: None,
         };
         let err = backend(&store)
             .open_shard_at(&id(), &recovery)
