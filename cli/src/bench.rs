@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use weir_host::clock::{SharedClock, SystemClock};
 use weir_host::config::RuntimeSettings;
+use weir_host::ids::Partition;
 use weir_host::pipeline::prefetch;
 use weir_host::runtime::{InputRecord, Runtime, RuntimeError};
 use weir_host::state::memory::{MemoryBackend, MemoryShard};
@@ -128,7 +129,7 @@ pub async fn call_cost(
         let backend = MemoryBackend::new(clock.clone());
         let id = ShardId {
             pipeline: "bench".into(),
-            partition: 0,
+            partition: Partition(0),
         };
         let shard = Arc::new(backend.open_shard(&id).await?);
         let mut instance = operator

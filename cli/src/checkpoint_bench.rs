@@ -25,6 +25,7 @@ use serde::Serialize;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use weir_host::clock::{SharedClock, SystemClock};
+use weir_host::ids::Partition;
 use weir_host::state::checkpoint::{DecidedBy, InputOffsets};
 use weir_host::state::lsm::backend::LsmBackend;
 use weir_host::state::lsm::cache::{BlockCaches, CacheSettings};
@@ -174,7 +175,7 @@ fn backend(store: &Arc<dyn ObjectStore>, size_mb: u64) -> anyhow::Result<LsmBack
 fn shard_id() -> ShardId {
     ShardId {
         pipeline: "bench".into(),
-        partition: 0,
+        partition: Partition(0),
     }
 }
 

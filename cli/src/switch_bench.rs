@@ -24,6 +24,7 @@ use std::sync::Arc;
 use std::time::Instant;
 use weir_host::checkpoints::convert::open_converted;
 use weir_host::clock::{SharedClock, SystemClock};
+use weir_host::ids::Partition;
 use weir_host::state::checkpoint::{DecidedBy, InputOffsets};
 use weir_host::state::lsm::backend::LsmBackend;
 use weir_host::state::lsm::cache::BlockCaches;
@@ -114,7 +115,7 @@ async fn one_size(
     );
     let id = ShardId {
         pipeline: "bench".into(),
-        partition: 0,
+        partition: Partition(0),
     };
     let entry_bytes = key::value_key(b"key0000000000", "count").len() + opts.value_bytes;
     let keys = ((size_mb << 20) / entry_bytes as u64).max(1);

@@ -183,7 +183,7 @@ async fn iceberg_killed_and_restarted_again_and_again_holds_every_row_once_and_c
         store: state,
         shards: ShardId {
             pipeline: config.name.clone(),
-            partition: 0,
+            partition: weir_host::ids::Partition(0),
         }
         .shards_under(&state_prefix),
         interval: Duration::from_secs(60),

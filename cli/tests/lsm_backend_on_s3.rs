@@ -59,7 +59,7 @@ async fn an_s3_backend_from_settings_checkpoints_and_a_new_owner_resumes() {
     let clock: SharedClock = Arc::new(SystemClock);
     let id = ShardId {
         pipeline: "counts".into(),
-        partition: 0,
+        partition: weir_host::ids::Partition(0),
     };
     let a = LsmBackend::from_settings(&settings, clock.clone())
         .expect("sets up")

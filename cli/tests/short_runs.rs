@@ -68,7 +68,7 @@ async fn a_shard_whose_every_run_is_short_keeps_its_history_bounded() -> anyhow:
         weir_host::state::lsm::backend::object_store_from_url(&config.state_url, &s3_options())?;
     let root = weir_host::state::ShardId {
         pipeline: config.name.clone(),
-        partition: 0,
+        partition: weir_host::ids::Partition(0),
     }
     .root_under(&prefix);
     let versions = ManifestStore::new(store.clone(), root.clone())

@@ -23,6 +23,8 @@
 //! - [`sink`]      the pipeline's outputs: Kafka producers (output and dead-letter topics,
 //!   deliveries counted per partition, exactly-once transactions), the Iceberg table sink
 //!   (`sink::iceberg`), and `sink::memory` for tests with no broker
+//! - [`ids`]       the numbers that cross modules as types of their own: `Partition`,
+//!   `ManifestVersion`
 //! - [`health`]    `/healthz` and `/readyz`: liveness, readiness and the brokers' state
 //! - [`clock`]     the injected clock seam (processing time for TTL)
 //! - [`telemetry`] Prometheus metrics: the recorder and the labelled handles of a pipeline run
@@ -54,6 +56,7 @@ pub mod config;
 pub mod error;
 pub mod fail_points;
 pub mod health;
+pub mod ids;
 #[cfg(test)]
 mod layering;
 pub mod pipeline;

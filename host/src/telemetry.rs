@@ -7,6 +7,7 @@
 //! not client-side quantiles) so that hosts can be summed.
 
 use crate::config::LateRecords;
+use crate::ids::Partition;
 use crate::pipeline::ports::DeadLetterKind;
 use metrics::{Counter, Gauge, Histogram, Label};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
@@ -248,7 +249,7 @@ impl RunMetrics {
     /// `weir_watermark_lag_seconds{partition}`: how far `partition`'s applied event-time
     /// watermark is behind the host's clock, set when it moves and at each checkpoint.
     /// Registered on use.
-    pub fn watermark_lag(&self, partition: i32) -> Gauge {
+    pub fn watermark_lag(&self, partition: Partition) -> Gauge {
         if self.labels.is_empty() {
             return Gauge::noop();
         }
@@ -259,7 +260,7 @@ impl RunMetrics {
 
     /// `weir_timers_pending{partition}`: timers set in `partition`'s shard and not fired or
     /// cleared, set at each timer round and checkpoint. Registered on use.
-    pub fn timers_pending(&self, partition: i32) -> Gauge {
+    pub fn timers_pending(&self, partition: Partition) -> Gauge {
         if self.labels.is_empty() {
             return Gauge::noop();
         }
@@ -276,7 +277,7 @@ impl RunMetrics {
     /// `weir_consumer_lag_records{partition}`: records of `partition` behind the high
     /// watermarks from the checkpointed offsets (summed over input topics). Registered on
     /// use: it changes about once a second.
-    pub fn consumer_lag(&self, partition: i32) -> Gauge {
+    pub fn consumer_lag(&self, partition: Partition) -> Gauge {
         if self.labels.is_empty() {
             return Gauge::noop();
         }
@@ -394,7 +395,7 @@ weir_state_get_seconds_count{tenant=\"acme\",pipeline=\"a\"} 2\n"
     fn run_metrics_without_labels_record_nothing_and_do_not_register() {
         let metrics = RunMetrics::default();
         metrics.records_in.increment(1);
-        metrics.consumer_lag(3).set(1.0);
+        metrics.consumer_lag(Partition(3)).set(1.0);
         assert!(metrics.labels().is_empty());
     }
 }

@@ -203,7 +203,7 @@ async fn run_windowed(
         let shard = backend
             .open_shard(&ShardId {
                 pipeline: settings.pipeline.name.clone(),
-                partition,
+                partition: weir_host::ids::Partition(partition),
             })
             .await?;
         let left: Vec<Vec<u8>> = shard

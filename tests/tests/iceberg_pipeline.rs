@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use weir_cli::flights::FlightRecord;
 use weir_host::clock::{SharedClock, SystemClock};
 use weir_host::config::{Delivery, RuntimeSettings, Settings};
+use weir_host::ids::Partition;
 use weir_host::pipeline::PipelineControl;
 use weir_host::sink::iceberg::committer::GroupOffsets;
 use weir_host::sink::iceberg::storage::WarehouseStorage;
@@ -124,7 +125,7 @@ async fn flights_into_an_iceberg_table_exactly_once_hold_each_routes_counts_once
     let backend = LsmBackend::from_settings(&state.lsm, clock.clone())?;
     let shards = ShardId {
         pipeline: settings.pipeline.name.clone(),
-        partition: 0,
+        partition: Partition(0),
     }
     .shards_under(backend.prefix());
     let uid = unique("uid");

@@ -5,6 +5,7 @@
 
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
+use weir_host::ids::Partition;
 use weir_host::sink::iceberg::commit::{self, PendingCheckpoint};
 use weir_host::sink::iceberg::files::{decode_data_file, encode_data_file};
 use weir_host::sink::iceberg::{
@@ -58,7 +59,7 @@ async fn checkpoint(
         .map(|f| decode_data_file(&encode_data_file(f)?, &schema))
         .collect::<Result<_, _>>()?;
     Ok(PendingCheckpoint {
-        partition,
+        partition: Partition(partition),
         version,
         files,
         covered: Default::default(),
@@ -111,7 +112,10 @@ async fn a_table_on_s3_committed_exactly_once_reads_back_in_pyiceberg_around_ano
     let b6 = checkpoint(&lakehouse, 1, 6, "EWR-SFO", 101..=120).await?;
     let second = commit(vec![a3, b5, a4, b6], false).await?;
     assert_eq!((second.rows, second.skipped), (30, 2));
-    assert_eq!(second.committed, BTreeMap::from([(0, 4), (1, 6)]));
+    assert_eq!(
+        second.committed,
+        BTreeMap::from([(Partition(0), 4), (Partition(1), 6)])
+    );
 
     let read = read_with_pyiceberg(&db, "t1.routes")?;
     let mut rows: Vec<(String, i64)> = read["rows"]

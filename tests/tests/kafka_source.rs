@@ -169,7 +169,7 @@ async fn with_latest_a_partition_starts_at_its_end_or_its_checkpoint_and_misses_
             }
             for partition in source.take_assigned() {
                 let mut offsets = InputOffsets::new();
-                if partition == 0 {
+                if partition.0 == 0 {
                     offsets.advance(&input, 9);
                 }
                 source

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use weir_host::clock::{SharedClock, SystemClock};
 use weir_host::config::RuntimeSettings;
+use weir_host::ids::Partition;
 use weir_host::pipeline::prefetch;
 use weir_host::runtime::{
     BatchCtx, CallError, Disposition, FiredTimer, InputRecord, Instance, Operator, Runtime,
@@ -30,7 +31,7 @@ async fn shard() -> Arc<MemoryShard> {
     let backend = MemoryBackend::new(Arc::new(SystemClock));
     let id = ShardId {
         pipeline: "t".into(),
-        partition: 0,
+        partition: Partition(0),
     };
     Arc::new(backend.open_shard(&id).await.expect("memory shard opens"))
 }

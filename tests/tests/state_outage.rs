@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use weir_host::clock::{SharedClock, SystemClock};
 use weir_host::config::RuntimeSettings;
+use weir_host::ids::Partition;
 use weir_host::pipeline::PipelineStats;
 use weir_host::state::memory::{MemoryBackend, MemoryShard};
 use weir_host::state::{Shard, ShardId, StateBackend, StateError, StateWrite};
@@ -227,7 +228,7 @@ impl StateBackend for OutageBackend {
     async fn open_shard(&self, id: &ShardId) -> Result<OutageShard, StateError> {
         Ok(OutageShard {
             inner: self.inner.open_shard(id).await?,
-            down: (id.partition == 0).then(|| self.down.clone()),
+            down: (id.partition == Partition(0)).then(|| self.down.clone()),
             hang: self.hang,
         })
     }

@@ -252,7 +252,7 @@ mod tests {
         let entry = LogEntry {
             time_ms: 1_764_782_401_123,
             host: "host-a".into(),
-            partition: Some(2),
+            partition: Some(weir_host::ids::Partition(2)),
             level: "info".into(),
             message: "first\n2026-12-03T00:00:00.000Z host-a/0 ERROR forged \u{1b}[31m".into(),
         };

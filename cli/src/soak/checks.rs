@@ -68,7 +68,7 @@ async fn partitions_running(soak: &Soak, pipeline: &str) -> Vec<String> {
                 .hosts
                 .iter()
                 .filter(|h| matches!(h.phase, weir_host::api::pipelines::HostPhase::Running))
-                .flat_map(|h| h.partitions.iter().copied())
+                .flat_map(|h| h.partitions.iter().map(|p| p.0))
                 .collect(),
             Err(_) => Vec::new(),
         };
@@ -123,7 +123,7 @@ async fn newest_checkpoints(
         let Some(offset) = checkpoint.offsets.get(topic).copied() else {
             continue;
         };
-        let entry = newest.entry(checkpoint.partition).or_insert((0, offset));
+        let entry = newest.entry(checkpoint.partition.0).or_insert((0, offset));
         if checkpoint.committed_ms >= entry.0 {
             *entry = (checkpoint.committed_ms, offset);
         }

@@ -144,7 +144,7 @@ impl Tracked {
         }
         for checkpoint in checkpoints {
             self.checkpoints
-                .insert((checkpoint.partition, checkpoint.version), checkpoint);
+                .insert((checkpoint.partition.0, checkpoint.version), checkpoint);
         }
         self.checkpoints.retain(|_, c| c.committed_ms >= since);
         self.status = status;
@@ -417,17 +417,26 @@ mod tests {
         };
         let now = 1_000_000_000;
         assert_eq!(watermark_lag(&[], now), "—");
-        assert_eq!(watermark_lag(&[at(0, None)], now), "—");
+        assert_eq!(
+            watermark_lag(&[at(crate::ids::Partition(0), None)], now),
+            "—"
+        );
         let partitions = [
-            at(0, Some(999_990_000)),
-            at(1, Some(999_999_500)),
-            at(2, None),
+            at(crate::ids::Partition(0), Some(999_990_000)),
+            at(crate::ids::Partition(1), Some(999_999_500)),
+            at(crate::ids::Partition(2), None),
         ];
         assert_eq!(watermark_lag(&partitions, now), "10 s");
         // A replay of old data: days behind.
-        assert_eq!(watermark_lag(&[at(0, Some(0))], now), "11 d");
+        assert_eq!(
+            watermark_lag(&[at(crate::ids::Partition(0), Some(0))], now),
+            "11 d"
+        );
         // A watermark ahead of the clock (records from the future) is no lag.
-        assert_eq!(watermark_lag(&[at(0, Some(2_000_000_000))], now), "0 ms");
+        assert_eq!(
+            watermark_lag(&[at(crate::ids::Partition(0), Some(2_000_000_000))], now),
+            "0 ms"
+        );
     }
 
     #[test]

@@ -125,9 +125,15 @@ pub async fn convert_foreign(
         super::export::ExportError::State(state) => state,
         other => StateError::corrupt(root.to_string(), crate::error::Chain(&other).to_string()),
     };
-    let exported = export_checkpoint(store, (root, &newest), (from_backend, 0), &export, clock)
-        .await
-        .map_err(export_error)?;
+    let exported = export_checkpoint(
+        store,
+        (root, &newest),
+        (from_backend, crate::ids::Partition(0)),
+        &export,
+        clock,
+    )
+    .await
+    .map_err(export_error)?;
     let token = format!("convert-{from_backend}-{}", newest.version);
     let imported = import_checkpoint(store, &export, root, into, (version, epoch, &token))
         .await
@@ -249,7 +255,7 @@ mod tests {
             );
             let id = ShardId {
                 pipeline: "t.p".into(),
-                partition: 0,
+                partition: crate::ids::Partition(0),
             };
             let mut versions = Vec::new();
             let on_memory = memory.open_shard(&id).await.expect("opens");
@@ -323,7 +329,7 @@ mod tests {
             let prefix = Path::from("state");
             let id = ShardId {
                 pipeline: "t.p".into(),
-                partition: 0,
+                partition: crate::ids::Partition(0),
             };
             let memory = MemoryBackend::durable(store.clone(), prefix.clone(), clock.clone());
             let shard = memory.open_shard(&id).await.expect("opens");
@@ -395,7 +401,7 @@ mod tests {
             let prefix = Path::from("state");
             let id = ShardId {
                 pipeline: "t.p".into(),
-                partition: 0,
+                partition: crate::ids::Partition(0),
             };
             let memory = MemoryBackend::durable(store.clone(), prefix.clone(), clock.clone());
             let shard = memory.open_shard(&id).await.expect("opens");

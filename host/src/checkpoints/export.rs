@@ -36,6 +36,7 @@
 //!   pending timers) is not exported: the import builds it again from the timers.
 
 use crate::clock::SharedClock;
+use crate::ids::Partition;
 use crate::runtime::TimeDomain;
 use crate::state::StateError;
 use crate::state::checkpoint::{DecidedBy, InputOffsets, checkpoint_metadata};
@@ -73,7 +74,7 @@ pub struct ExportHeader {
     /// [`VERSION`].
     pub version: u32,
     /// The input partition of the shard.
-    pub partition: i32,
+    pub partition: Partition,
     /// The backend it was exported from (`lsm` or `memory`).
     pub source_backend: String,
     /// The checkpoint's manifest version in the shard it was exported from.
@@ -142,7 +143,7 @@ pub struct ExportLine {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ExportSummary {
     /// The input partition.
-    pub partition: i32,
+    pub partition: Partition,
     /// State entries.
     pub entries: u64,
     /// Timers.
@@ -363,7 +364,7 @@ fn export_entry(
 pub async fn export_checkpoint(
     store: &Arc<dyn ObjectStore>,
     (root, manifest): (&Path, &Manifest),
-    (backend, partition): (&str, i32),
+    (backend, partition): (&str, Partition),
     target: &Path,
     clock: &SharedClock,
 ) -> Result<ExportSummary, ExportError> {

@@ -17,6 +17,7 @@
 //! the last encoded key they returned, across every shard at once.
 
 use crate::clock::SharedClock;
+use crate::ids::Partition;
 use crate::state::StateError;
 use crate::state::key;
 use crate::state::lsm::cache::{BlockCaches, SstFiles};
@@ -43,7 +44,7 @@ pub enum QueryError {
     #[error("checkpoint version {version} of partition {partition} is no longer stored")]
     Gone {
         /// The input partition.
-        partition: i32,
+        partition: Partition,
         /// The version.
         version: u64,
     },
@@ -51,7 +52,7 @@ pub enum QueryError {
     #[error("version {version} of partition {partition}, which is no checkpoint")]
     NotCheckpoint {
         /// The input partition.
-        partition: i32,
+        partition: Partition,
         /// The version.
         version: u64,
     },
@@ -64,7 +65,7 @@ pub enum QueryError {
 #[derive(Debug)]
 pub struct QueryShard {
     /// The input partition.
-    pub partition: i32,
+    pub partition: Partition,
     /// The checkpoint's manifest version.
     pub version: u64,
     reader: Reader,
@@ -85,7 +86,7 @@ impl QueryShard {
     /// [`QueryError::State`] when the store fails or the checkpoint does not decode.
     pub async fn open(
         store: &Arc<dyn ObjectStore>,
-        (root, partition): (&Path, i32),
+        (root, partition): (&Path, Partition),
         version: u64,
         caches: &Arc<BlockCaches>,
         clock: &SharedClock,
@@ -228,10 +229,10 @@ pub fn json_of(value: &[u8]) -> Option<serde_json::Value> {
 /// first `limit` entries in key order, with the shard each came from; the flag says whether
 /// any entry is left past them.
 pub fn merge_pages(
-    pages: Vec<(i32, Vec<QueryEntry>)>,
+    pages: Vec<(Partition, Vec<QueryEntry>)>,
     limit: usize,
-) -> (Vec<(i32, QueryEntry)>, bool) {
-    let mut all: BTreeMap<Vec<u8>, (i32, Bytes, Option<u64>)> = BTreeMap::new();
+) -> (Vec<(Partition, QueryEntry)>, bool) {
+    let mut all: BTreeMap<Vec<u8>, (Partition, Bytes, Option<u64>)> = BTreeMap::new();
     for (partition, page) in pages {
         for (k, v, e) in page {
             // The same key in two shards (a key whose records went to two partitions): the
@@ -254,6 +255,8 @@ mod tests {
     use crate::clock::SystemClock;
     use crate::state::test_support::block_on;
 
+    const P0: Partition = Partition(0);
+
     fn entries(keys: &[(&str, &str, &str)]) -> snapshot::SnapshotEntries {
         keys.iter()
             .map(|(k, state, map_key)| {
@@ -267,7 +270,7 @@ mod tests {
 
     fn shard(entries: snapshot::SnapshotEntries) -> QueryShard {
         QueryShard {
-            partition: 0,
+            partition: Partition(0),
             version: 1,
             reader: Reader::Snapshot(entries),
         }
@@ -329,13 +332,16 @@ mod tests {
     fn pages_of_shards_merge_in_key_order_and_say_when_more_is_left() {
         let k = |s: &str| (key::value_key(s.as_bytes(), "c"), Bytes::new(), None);
         let (merged, more) = merge_pages(
-            vec![(0, vec![k("a"), k("c")]), (1, vec![k("b"), k("d")])],
+            vec![
+                (Partition(0), vec![k("a"), k("c")]),
+                (Partition(1), vec![k("b"), k("d")]),
+            ],
             3,
         );
-        let order: Vec<i32> = merged.iter().map(|(p, _)| *p).collect();
+        let order: Vec<i32> = merged.iter().map(|(p, _)| p.0).collect();
         assert_eq!(order, vec![0, 1, 0]);
         assert!(more);
-        let (merged, more) = merge_pages(vec![(0, vec![k("a")])], 3);
+        let (merged, more) = merge_pages(vec![(Partition(0), vec![k("a")])], 3);
         assert_eq!(merged.len(), 1);
         assert!(!more);
     }
@@ -347,7 +353,7 @@ mod tests {
             let clock: SharedClock = Arc::new(SystemClock);
             let err = QueryShard::open(
                 &store,
-                (&Path::from("shard"), 3),
+                (&Path::from("shard"), Partition(3)),
                 7,
                 &Arc::new(BlockCaches::none()),
                 &clock,
@@ -358,7 +364,7 @@ mod tests {
                 matches!(
                     err,
                     QueryError::Gone {
-                        partition: 3,
+                        partition: Partition(3),
                         version: 7
                     }
                 ),
@@ -382,7 +388,7 @@ mod tests {
     async fn lease_version(store: &Arc<dyn ObjectStore>, root: &Path, version: u64) {
         use crate::state::lease::{self, Lease};
         let held = Lease {
-            versions: [(0, version)].into(),
+            versions: [(Partition(0), version)].into(),
             expires_at_ms: u64::MAX,
         };
         let dir = lease::leases_of_shard(root).expect("a shard root").0;
@@ -444,9 +450,10 @@ mod tests {
                 versions.push(last.version);
                 if round == 0 {
                     // The first page, then the lease the scan takes.
-                    let first = QueryShard::open(&store, (&root, 0), last.version, &caches, &clock)
-                        .await
-                        .expect("opens");
+                    let first =
+                        QueryShard::open(&store, (&root, P0), last.version, &caches, &clock)
+                            .await
+                            .expect("opens");
                     let page = first
                         .scan_state("count", b"", None, 15, 0)
                         .await
@@ -475,7 +482,7 @@ mod tests {
             assert!(report.manifests_deleted > 0, "{report:?}");
             // The next pages, read anew at the leased version: round 0's values, all 40.
             let leased = versions[0];
-            let shard = QueryShard::open(&store, (&root, 0), leased, &caches, &clock)
+            let shard = QueryShard::open(&store, (&root, P0), leased, &caches, &clock)
                 .await
                 .expect("the leased version is kept");
             let all = every_count(&shard).await;
@@ -487,7 +494,7 @@ mod tests {
                 .await
                 .expect("releases");
             gc().await;
-            let gone = QueryShard::open(&store, (&root, 0), leased, &caches, &clock)
+            let gone = QueryShard::open(&store, (&root, P0), leased, &caches, &clock)
                 .await
                 .expect_err("collected");
             assert!(matches!(gone, QueryError::Gone { .. }), "{gone:?}");

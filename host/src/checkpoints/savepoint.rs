@@ -36,6 +36,7 @@
 //! monotonic, since sinks use them as commit ids. Nothing references the savepoint afterwards:
 //! deleting it, or its pipeline, leaves the restored shard whole.
 
+use crate::ids::Partition;
 use crate::state::checkpoint::{DecidedBy, InputOffsets, checkpoint_metadata, decided_by};
 use crate::state::lsm::tree::SstId;
 use crate::state::manifest::{Manifest, ManifestError, ManifestKind, ManifestStore};
@@ -90,7 +91,7 @@ pub struct SavepointDescriptor {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct SavepointShard {
     /// The input partition.
-    pub partition: i32,
+    pub partition: Partition,
     /// The checkpoint's manifest version in the pipeline's shard.
     pub version: u64,
     /// Its input offsets (topic → next offset).
@@ -128,7 +129,7 @@ pub fn savepoint_root(savepoints: &Path, name: &str) -> Path {
 }
 
 /// The root of partition `partition`'s shard in the savepoint data directory `data`.
-pub fn savepoint_shard_root(data: &Path, partition: i32) -> Path {
+pub fn savepoint_shard_root(data: &Path, partition: Partition) -> Path {
     Path::from(format!("{data}/shards/{partition:05}"))
 }
 
@@ -156,12 +157,12 @@ impl SavepointDir {
     }
 
     /// Partition `partition`'s shard.
-    pub fn shard(&self, partition: i32) -> Path {
+    pub fn shard(&self, partition: Partition) -> Path {
         savepoint_shard_root(&self.data, partition)
     }
 
     /// Partition `partition`'s export in the portable format, once made.
-    pub fn export(&self, partition: i32) -> Path {
+    pub fn export(&self, partition: Partition) -> Path {
         Path::from(format!("{}/exports/{partition:05}.jsonl", self.root))
     }
 }
@@ -249,7 +250,7 @@ pub async fn capture_shard(
     store: &Arc<dyn ObjectStore>,
     shard_root: &Path,
     target: &Path,
-    partition: i32,
+    partition: Partition,
     after: Option<u64>,
     committed: Option<u64>,
 ) -> Result<Option<SavepointShard>, SavepointError> {

@@ -9,6 +9,7 @@
 //! Whether an exactly-once checkpoint is decided lives in Kafka's committed offsets, not in
 //! the store: such a checkpoint is reported as `transaction`-decided, restorable or not.
 
+use crate::ids::Partition;
 use crate::state::lsm::sst::reader::SstReader;
 use crate::state::lsm::tree::SstId;
 use crate::state::manifest::{Manifest, ManifestError, ManifestKind, ManifestStore};
@@ -47,7 +48,7 @@ pub struct VersionCheck {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ShardCheck {
     /// The input partition.
-    pub partition: i32,
+    pub partition: Partition,
     /// Every manifest version stored, newest first.
     pub versions: Vec<VersionCheck>,
 }
@@ -103,14 +104,14 @@ pub async fn shard_roots(
     store: &Arc<dyn ObjectStore>,
     prefix: &Path,
     pipeline: &str,
-) -> Result<Vec<(i32, Path)>, object_store::Error> {
+) -> Result<Vec<(Partition, Path)>, object_store::Error> {
     let shards = if prefix.as_ref().is_empty() {
         Path::from(format!("pipelines/{pipeline}/shards"))
     } else {
         Path::from(format!("{prefix}/pipelines/{pipeline}/shards"))
     };
     let listed = store.list_with_delimiter(Some(&shards)).await?;
-    let mut partitions: Vec<(i32, Path)> = listed
+    let mut partitions: Vec<(Partition, Path)> = listed
         .common_prefixes
         .into_iter()
         .filter_map(|p| Some((p.filename()?.parse().ok()?, p)))
@@ -413,7 +414,7 @@ mod tests {
     ) -> [u64; 2] {
         let id = |partition| ShardId {
             pipeline: "t.p".into(),
-            partition,
+            partition: Partition(partition),
         };
         let lsm = LsmBackend::new(
             store.clone(),
@@ -502,7 +503,7 @@ mod tests {
             let prefix = Path::from("state");
             let id = |partition| ShardId {
                 pipeline: "t.p".into(),
-                partition,
+                partition: Partition(partition),
             };
             let newest = two_checkpoints_of_each_backend(&store, &prefix, clock).await;
             let found = verify_pipeline(&store, &prefix, "t.p", true)
@@ -522,7 +523,7 @@ mod tests {
                 assert!(checkpoints[0].objects >= 1 && checkpoints[0].bytes > 0);
                 assert_eq!(
                     shard.newest_restorable(),
-                    Some(newest[shard.partition as usize])
+                    Some(newest[shard.partition.0 as usize])
                 );
             }
 
@@ -537,7 +538,7 @@ mod tests {
                 shard
                     .versions
                     .iter()
-                    .find(|v| v.version == newest[shard.partition as usize])
+                    .find(|v| v.version == newest[shard.partition.0 as usize])
                     .cloned()
                     .expect("listed")
             };
@@ -562,7 +563,7 @@ mod tests {
                 assert!(
                     shard
                         .newest_restorable()
-                        .is_some_and(|v| v < newest[shard.partition as usize]),
+                        .is_some_and(|v| v < newest[shard.partition.0 as usize]),
                     "the older checkpoint still restores: {shard:?}"
                 );
             }

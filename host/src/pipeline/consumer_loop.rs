@@ -6,6 +6,7 @@
 
 use super::WorkerError;
 use super::events::{Assignment, Batch, Inbox, WorkerControl, WorkerId};
+use crate::ids::Partition;
 mod open;
 mod outcome;
 mod shutdown;
@@ -66,18 +67,18 @@ pub(super) struct Running<B: StateBackend, Src: Source, Out: Output> {
     pub(super) source: Arc<Src>,
     /// Where each partition's outputs go.
     pub(super) output: Arc<Out>,
-    pub(super) workers: HashMap<i32, WorkerHandle>,
-    opening: HashMap<i32, Opening<B::Shard, Out::Sink>>,
+    pub(super) workers: HashMap<Partition, WorkerHandle>,
+    opening: HashMap<Partition, Opening<B::Shard, Out::Sink>>,
     /// Workers of revoked partitions, finishing their last checkpoint, and when they were
     /// revoked.
-    pub(super) closing: HashMap<i32, Closing>,
+    pub(super) closing: HashMap<Partition, Closing>,
     /// Partitions not to open before the instant (fenced, or a failed open).
-    pub(super) hold: HashMap<i32, Instant>,
+    pub(super) hold: HashMap<Partition, Instant>,
     /// Records fetched but not yet handed to their partition's worker.
-    pub(super) pending: HashMap<i32, Vec<InputRecord>>,
+    pub(super) pending: HashMap<Partition, Vec<InputRecord>>,
     /// Partitions paused at the consumer: their worker's queue is full, or it is not running
     /// yet.
-    pub(super) paused: HashSet<i32>,
+    pub(super) paused: HashSet<Partition>,
     /// What the workers tell the loop: stalls, checkpoints' offsets to commit to the group,
     /// their ends (so that a fenced or failed shard is reopened without waiting for a record).
     pub(super) inbox: Inbox,
@@ -88,12 +89,12 @@ pub(super) struct Running<B: StateBackend, Src: Source, Out: Output> {
     pub(super) watermarks_read: Instant,
     /// What each partition's last worker here found corrupt: its next open falls back past
     /// the checkpoints it makes unusable (docs/checkpoints.md, "Corruption").
-    pub(super) corruption: HashMap<i32, crate::state::KnownCorruption>,
+    pub(super) corruption: HashMap<Partition, crate::state::KnownCorruption>,
     /// The next wait of partitions whose open found no usable checkpoint.
-    pub(super) open_backoff: HashMap<i32, Duration>,
+    pub(super) open_backoff: HashMap<Partition, Duration>,
     /// The next wait before reopening a partition whose transaction failed, and when it last
     /// did (exactly-once).
-    pub(super) transaction_backoff: HashMap<i32, (Duration, Instant)>,
+    pub(super) transaction_backoff: HashMap<Partition, (Duration, Instant)>,
 }
 
 impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
@@ -179,7 +180,7 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
             };
             for record in fetched.drain(..) {
                 self.pending
-                    .entry(record.partition)
+                    .entry(Partition(record.partition))
                     .or_default()
                     .push(record);
             }
@@ -192,7 +193,7 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
                 self.watermarks_read = Instant::now();
                 self.read_high_watermarks();
             }
-            let partitions: Vec<i32> = self.pending.keys().copied().collect();
+            let partitions: Vec<Partition> = self.pending.keys().copied().collect();
             for partition in partitions {
                 self.send_pending(partition, true).await?;
             }
@@ -246,7 +247,7 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
     async fn tend_shards(&mut self) -> Result<(), PipelineError> {
         self.reap_closed().await?;
         // A worker that said it ends is about to: awaiting it is short.
-        let ended: Vec<i32> = self
+        let ended: Vec<Partition> = self
             .workers
             .iter()
             .filter(|(_, w)| w.task.is_finished() || self.inbox.ended.contains(&w.id))
@@ -257,7 +258,7 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
         }
         let now = Instant::now();
         self.hold.retain(|_, until| *until > now);
-        let waiting: Vec<i32> = self
+        let waiting: Vec<Partition> = self
             .paused
             .iter()
             .copied()
@@ -273,7 +274,7 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
 
     /// Whether `partition` (assigned, paused) may start opening its shard now: no worker,
     /// open or revoked worker of it here, and not held back.
-    pub(super) fn may_open(&self, partition: i32) -> bool {
+    pub(super) fn may_open(&self, partition: Partition) -> bool {
         !self.workers.contains_key(&partition)
             && !self.opening.contains_key(&partition)
             && !self.closing.contains_key(&partition)
@@ -282,7 +283,7 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
 
     /// Takes the shards whose open ended: their workers start, or they are held back.
     pub(super) async fn finish_opened(&mut self) -> Result<(), PipelineError> {
-        let opened: Vec<i32> = self
+        let opened: Vec<Partition> = self
             .opening
             .iter()
             .filter(|(_, o)| o.is_finished())
@@ -296,7 +297,7 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
 
     /// Reaps the revoked partitions' workers that ended.
     pub(super) async fn reap_closed(&mut self) -> Result<(), PipelineError> {
-        let closed: Vec<i32> = self
+        let closed: Vec<Partition> = self
             .closing
             .iter()
             .filter(|(_, c)| c.task.is_finished() || self.inbox.ended.contains(&c.id))
@@ -315,9 +316,11 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
                 self.stats.shards_closed.fetch_add(1, Ordering::Relaxed);
                 self.stats.forget_partition(partition);
                 match ended {
-                    Ok(Ok(())) => tracing::info!(partition, ms, "revoked partition closed"),
+                    Ok(Ok(())) => {
+                        tracing::info!(partition = partition.0, ms, "revoked partition closed")
+                    }
                     Ok(Err(err)) => {
-                        tracing::warn!(partition, ms, error = %err, "revoked partition closed with an error; the next owner resumes from its last checkpoint")
+                        tracing::warn!(partition = partition.0, ms, error = %err, "revoked partition closed with an error; the next owner resumes from its last checkpoint")
                     }
                     Err(_) => return Err(PipelineError::WorkerPanicked(partition)),
                 }
@@ -389,7 +392,7 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
     /// it takes.
     pub(super) async fn send_pending(
         &mut self,
-        partition: i32,
+        partition: Partition,
         live: bool,
     ) -> Result<(), PipelineError> {
         let Some(worker) = self.workers.get(&partition) else {
@@ -469,15 +472,19 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
     }
 
     /// Pauses or resumes fetching of `partition` of every input topic.
-    pub(super) fn set_paused(&self, partition: i32, paused: bool) {
+    pub(super) fn set_paused(&self, partition: Partition, paused: bool) {
         let result = self.source.set_paused(partition, paused);
         if paused {
             self.stats.partition_pauses.fetch_add(1, Ordering::Relaxed);
         }
         match result {
-            Ok(()) => tracing::debug!(partition, paused, "partition fetch state changed"),
+            Ok(()) => tracing::debug!(
+                partition = partition.0,
+                paused,
+                "partition fetch state changed"
+            ),
             Err(err) => {
-                tracing::warn!(partition, paused, error = %crate::error::Chain(&err), "cannot change partition fetch state")
+                tracing::warn!(partition = partition.0, paused, error = %crate::error::Chain(&err), "cannot change partition fetch state")
             }
         }
     }
@@ -529,7 +536,7 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
     }
 
     /// A new worker id for `partition`.
-    pub(super) fn next_worker(&mut self, partition: i32) -> WorkerId {
+    pub(super) fn next_worker(&mut self, partition: Partition) -> WorkerId {
         self.incarnations += 1;
         WorkerId {
             partition,

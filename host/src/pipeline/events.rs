@@ -22,6 +22,7 @@
 use super::PipelineStats;
 use super::ports::DeadLetterKind;
 use super::stats::{PartitionProblem, PartitionState};
+use crate::ids::Partition;
 use crate::runtime::InputRecord;
 use crate::state::checkpoint::InputOffsets;
 use foldhash::{HashMap, HashMapExt};
@@ -97,7 +98,7 @@ impl WorkerControl {
 /// is (a partition revoked and assigned again gets a new one).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(super) struct WorkerId {
-    pub partition: i32,
+    pub partition: Partition,
     pub incarnation: u64,
 }
 
@@ -231,7 +232,7 @@ pub(super) struct Inbox {
     /// Per partition, the newest incarnation forgotten: what it and older ones still say (an
     /// event queued before it was reaped, or sent by an aborted one) is stale. Workers of a
     /// partition are reaped oldest first (a new one starts only once the last has closed).
-    forgotten: HashMap<i32, u64>,
+    forgotten: HashMap<Partition, u64>,
 }
 
 impl Inbox {
@@ -340,7 +341,7 @@ impl Inbox {
             .is_some_and(|floor| Self::stale(worker, worker.partition, *floor))
     }
 
-    fn stale(worker: WorkerId, partition: i32, floor: u64) -> bool {
+    fn stale(worker: WorkerId, partition: Partition, floor: u64) -> bool {
         worker.partition == partition && worker.incarnation <= floor
     }
 }
@@ -350,7 +351,7 @@ impl Inbox {
 /// says why, and a revoke ends the retries.
 #[derive(Debug, Default)]
 pub struct DeliveryGuard {
-    partition: i32,
+    partition: Partition,
     stats: Option<Arc<PipelineStats>>,
     events: Option<EventSender>,
     assignment: Option<Assignment>,
@@ -360,7 +361,7 @@ impl DeliveryGuard {
     /// The guard of `partition`'s sink, reporting to `stats` and through `events`, giving up
     /// once `assignment` is revoked.
     pub(super) fn new(
-        partition: i32,
+        partition: Partition,
         stats: Arc<PipelineStats>,
         events: EventSender,
         assignment: Assignment,
@@ -423,7 +424,7 @@ impl DeliveryGuard {
 mod tests {
     use super::*;
 
-    fn id(partition: i32, incarnation: u64) -> WorkerId {
+    fn id(partition: Partition, incarnation: u64) -> WorkerId {
         WorkerId {
             partition,
             incarnation,
@@ -433,7 +434,12 @@ mod tests {
     #[tokio::test]
     async fn what_a_reaped_worker_and_its_elders_still_say_is_ignored() {
         let mut inbox = Inbox::new();
-        let (old, reaped, next, other) = (id(0, 1), id(0, 2), id(0, 3), id(1, 1));
+        let (old, reaped, next, other) = (
+            id(Partition(0), 1),
+            id(Partition(0), 2),
+            id(Partition(0), 3),
+            id(Partition(1), 1),
+        );
         inbox.sender(reaped).stalled(Stall::StateOutage, true).await;
         inbox
             .sender(other)

@@ -47,6 +47,7 @@ pub use stats::{
 pub use worker::WorkerError;
 
 use crate::config::Settings;
+use crate::ids::Partition;
 use crate::runtime::{Operator, RuntimeError};
 use crate::state::{StateBackend, StateError};
 use consumer_loop::Running;
@@ -72,10 +73,10 @@ pub enum PipelineError {
     /// Shutdown stopped these partitions' workers without finishing their queued records,
     /// after `shutdown_drain_max` (they were stuck, for example in a state outage).
     #[error("shutdown gave up draining partitions {0:?}")]
-    DrainTimedOut(Vec<i32>),
+    DrainTimedOut(Vec<Partition>),
     /// A partition worker panicked (a bug).
     #[error("partition worker panicked. partition={0}")]
-    WorkerPanicked(i32),
+    WorkerPanicked(Partition),
 }
 
 impl PipelineError {

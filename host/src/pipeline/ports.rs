@@ -8,6 +8,7 @@
 //! here names a Kafka client type: the errors carry their cause as a boxed error.
 
 pub use super::events::DeliveryGuard;
+use crate::ids::Partition;
 use crate::runtime::{InputRecord, StagedEmit};
 use crate::state::StateWrite;
 use crate::state::checkpoint::InputOffsets;
@@ -18,7 +19,7 @@ use std::future::Future;
 pub type Cause = Box<dyn std::error::Error + Send + Sync>;
 
 /// Offsets to commit to a consumer group: (topic, partition) → the next offset to read.
-pub type GroupOffsets = BTreeMap<(String, i32), i64>;
+pub type GroupOffsets = BTreeMap<(String, Partition), i64>;
 
 /// Why a source operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -63,18 +64,18 @@ pub trait Source: Send + Sync + 'static {
     ) -> Result<bool, Cause>;
 
     /// The partitions revoked since the last call.
-    fn take_revoked(&self) -> Vec<i32>;
+    fn take_revoked(&self) -> Vec<Partition>;
 
     /// The partitions assigned since the last call. They may come paused (the Kafka source
     /// pauses them as they are assigned): the loop seeks each and then resumes it
     /// ([`Source::set_paused`]).
-    fn take_assigned(&self) -> Vec<i32>;
+    fn take_assigned(&self) -> Vec<Partition>;
 
     /// Stops (or resumes) fetching partition `partition` of every input topic.
     ///
     /// # Errors
     /// [`SourceError`]; the caller logs it.
-    fn set_paused(&self, partition: i32, paused: bool) -> Result<(), SourceError>;
+    fn set_paused(&self, partition: Partition, paused: bool) -> Result<(), SourceError>;
 
     /// Sets where partition `partition` of each input topic is read next: `offsets`' offset
     /// for a topic it has one for, else where a new consumer group starts (the source's reset
@@ -82,7 +83,7 @@ pub trait Source: Send + Sync + 'static {
     ///
     /// # Errors
     /// [`SourceError`]; the caller reopens the shard.
-    fn seek(&self, partition: i32, offsets: &InputOffsets) -> Result<(), SourceError>;
+    fn seek(&self, partition: Partition, offsets: &InputOffsets) -> Result<(), SourceError>;
 
     /// Commits `offsets` ((topic, partition) → next offset) to the consumer group, waiting
     /// for the broker when `wait`. Informational in at-least-once mode (lag, tooling).
@@ -99,17 +100,17 @@ pub trait Source: Send + Sync + 'static {
     /// [`SourceError`]; the open is retried.
     fn committed_checkpoint(
         &self,
-        partition: i32,
+        partition: Partition,
     ) -> impl Future<Output = Result<Option<u64>, SourceError>> + Send;
 
     /// `topic`'s high watermark (the offset the next record gets) of `partition` as last seen,
     /// if known.
-    fn high_watermark(&self, topic: &str, partition: i32) -> Option<i64>;
+    fn high_watermark(&self, topic: &str, partition: Partition) -> Option<i64>;
 
     /// Whether the consumer has handed out every record of `topic` `partition` up to the end
     /// it last fetched: it is caught up (librdkafka's partition EOF, which steps over
     /// transaction markers). False until known. `idle_advance` waits for it (docs/time.md).
-    fn at_end(&self, topic: &str, partition: i32) -> bool;
+    fn at_end(&self, topic: &str, partition: Partition) -> bool;
 }
 
 /// Why a record was dead-lettered.
@@ -206,7 +207,7 @@ pub trait Output: Send + Sync + 'static {
     /// [`SinkError`] when the sink cannot be set up (the open is retried).
     fn open(
         &self,
-        partition: i32,
+        partition: Partition,
         transactional: bool,
         guard: DeliveryGuard,
     ) -> impl Future<Output = Result<Self::Sink, SinkError>> + Send;
@@ -265,7 +266,7 @@ pub trait ShardSink: Send + 'static {
     /// [`CommitError`].
     fn commit(
         &mut self,
-        partition: i32,
+        partition: Partition,
         offsets: &InputOffsets,
         version: u64,
     ) -> impl Future<Output = Result<(), CommitError>> + Send;

@@ -2,6 +2,7 @@
 //! and problem, and the committed checkpoints — what the status and the metrics show.
 
 use crate::config::LateRecords;
+use crate::ids::Partition;
 use crate::state::checkpoint::InputOffsets;
 use crate::telemetry::RunMetrics;
 use std::collections::{BTreeMap, VecDeque};
@@ -79,9 +80,9 @@ pub struct PipelineStats {
     /// [`LateRecords::index`]).
     pub late_records: [AtomicU64; 3],
     /// Event-time watermark of each partition's shard, as applied, ms.
-    pub watermarks: Mutex<BTreeMap<i32, i64>>,
+    pub watermarks: Mutex<BTreeMap<Partition, i64>>,
     /// Where each partition run here stands, by partition.
-    pub partitions: Mutex<BTreeMap<i32, PartitionProgress>>,
+    pub partitions: Mutex<BTreeMap<Partition, PartitionProgress>>,
     /// The newest committed checkpoints of this run, oldest first, at most
     /// [`CHECKPOINT_HISTORY_MAX`].
     pub checkpoint_history: Mutex<VecDeque<CheckpointRecord>>,
@@ -100,7 +101,7 @@ pub const CHECKPOINT_HISTORY_MAX: usize = 64;
 )]
 pub struct PartitionProgress {
     /// The partition (shard) number.
-    pub partition: i32,
+    pub partition: Partition,
     /// Next offset to read per input topic as of the last committed checkpoint (what a new
     /// owner resumes from; as a consumer group's committed offsets).
     pub checkpointed_offsets: BTreeMap<String, i64>,
@@ -166,7 +167,7 @@ impl PartitionProgress {
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
 pub struct CheckpointRecord {
     /// The partition (shard).
-    pub partition: i32,
+    pub partition: Partition,
     /// The checkpoint's version (the manifest version for `lsm`).
     pub version: u64,
     /// When it committed, ms since the Unix epoch.
@@ -244,7 +245,11 @@ impl PipelineStats {
     }
 
     /// Records the input topics' high watermarks of `partition`.
-    pub(crate) fn record_high_watermarks(&self, partition: i32, highs: BTreeMap<String, i64>) {
+    pub(crate) fn record_high_watermarks(
+        &self,
+        partition: Partition,
+        highs: BTreeMap<String, i64>,
+    ) {
         let mut partitions = self.partitions.lock().expect("progress lock");
         let progress = partitions.entry(partition).or_default();
         progress.partition = partition;
@@ -257,7 +262,7 @@ impl PipelineStats {
 
     /// Records that `partition` resumed from a checkpoint with `offsets` (its progress until
     /// its next checkpoint here).
-    pub(crate) fn record_resumed(&self, partition: i32, offsets: &InputOffsets) {
+    pub(crate) fn record_resumed(&self, partition: Partition, offsets: &InputOffsets) {
         let mut partitions = self.partitions.lock().expect("progress lock");
         let progress = partitions.entry(partition).or_default();
         progress.partition = partition;
@@ -270,7 +275,7 @@ impl PipelineStats {
     }
 
     /// Records what holds `partition` back (`None`: nothing, it runs).
-    pub(crate) fn set_problem(&self, partition: i32, problem: Option<PartitionProblem>) {
+    pub(crate) fn set_problem(&self, partition: Partition, problem: Option<PartitionProblem>) {
         let mut partitions = self.partitions.lock().expect("progress lock");
         let progress = partitions.entry(partition).or_default();
         progress.partition = partition;
@@ -279,7 +284,7 @@ impl PipelineStats {
 
     /// Records `partition`'s applied event-time watermark at processing time `now_ms`: in
     /// [`Self::watermarks`], its progress and `weir_watermark_lag_seconds`.
-    pub(crate) fn record_watermark(&self, partition: i32, watermark: i64, now_ms: i64) {
+    pub(crate) fn record_watermark(&self, partition: Partition, watermark: i64, now_ms: i64) {
         self.metrics
             .watermark_lag(partition)
             .set(now_ms.saturating_sub(watermark) as f64 / 1000.0);
@@ -295,7 +300,7 @@ impl PipelineStats {
 
     /// Records the timers pending in `partition`'s shard (gauge `weir_timers_pending`, and
     /// its progress).
-    pub(crate) fn record_timers_pending(&self, partition: i32, pending: u64) {
+    pub(crate) fn record_timers_pending(&self, partition: Partition, pending: u64) {
         self.metrics.timers_pending(partition).set(pending as f64);
         let mut partitions = self.partitions.lock().expect("progress lock");
         let progress = partitions.entry(partition).or_default();
@@ -304,7 +309,7 @@ impl PipelineStats {
     }
 
     /// Forgets `partition`: it is no longer run here.
-    pub(crate) fn forget_partition(&self, partition: i32) {
+    pub(crate) fn forget_partition(&self, partition: Partition) {
         // Its new owner reports its lag: summed over hosts, the figure stays right. Its
         // watermark lag likewise (the largest over hosts is the new owner's).
         self.metrics.consumer_lag(partition).set(0.0);

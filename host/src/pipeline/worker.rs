@@ -47,6 +47,7 @@ use super::isolation::Isolation;
 use super::ports::{DeadLetterKind, ShardSink, SinkError};
 use super::timers::Timers;
 use crate::config::{FailurePolicy, LateRecords, RuntimeSettings};
+use crate::ids::Partition;
 use crate::runtime::guest_log::LogSource;
 use crate::runtime::{BatchCtx, Disposition, EmitLimits, InputRecord, Operator};
 use crate::state::checkpoint::InputOffsets;
@@ -73,7 +74,7 @@ pub(crate) use start::WorkerStart;
 
 /// One partition's worker.
 pub(crate) struct PartitionWorker<S: Shard, K: ShardSink> {
-    pub partition: i32,
+    pub partition: Partition,
     pub operator: Arc<Operator<S>>,
     pub shard: Arc<S>,
     /// Where outputs and dead letters go; exactly-once, its transaction decides checkpoints.
@@ -212,7 +213,7 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
             .closed_without_checkpoint
             .fetch_add(1, Ordering::Relaxed);
         let control = self.assignment.control().as_str();
-        tracing::warn!(partition = self.partition, control, %why, "the partition ends without its last checkpoint; its next owner resumes from the last one");
+        tracing::warn!(partition = self.partition.0, control, %why, "the partition ends without its last checkpoint; its next owner resumes from the last one");
     }
 
     /// Admits records from `backlog` while the controller has room; drops those the state
@@ -342,7 +343,7 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
             let took = opened_at.elapsed();
             self.stats.record_recovery(took);
             tracing::info!(
-                partition = self.partition,
+                partition = self.partition.0,
                 ms = took.as_millis() as u64,
                 "first records processed after opening the shard"
             );

@@ -9,6 +9,7 @@
 //! trapping record while it is isolated; the record's dead letter and one line carry it).
 
 use crate::clock::SharedClock;
+use crate::ids::Partition;
 use std::collections::VecDeque;
 use std::future::Future;
 use std::io;
@@ -59,7 +60,7 @@ pub struct LogLine<'a> {
     /// Its severity.
     pub level: GuestLevel,
     /// The partition whose instance logged it, if any.
-    pub partition: Option<i32>,
+    pub partition: Option<Partition>,
     /// The text, one line.
     pub message: &'a str,
 }
@@ -79,14 +80,14 @@ pub struct LogSource {
     /// The label in the host's log; the rate limit's budget is per label.
     pub label: Arc<str>,
     /// The partition, given to the sink with each line.
-    pub partition: Option<i32>,
+    pub partition: Option<Partition>,
     /// Where lines go besides the host's log.
     pub sink: Option<Arc<dyn LogSink>>,
 }
 
 impl LogSource {
     /// Partition `partition` of pipeline `pipeline`, labelled `{pipeline}/{partition}`.
-    pub fn partition(pipeline: &str, partition: i32, sink: Option<Arc<dyn LogSink>>) -> Self {
+    pub fn partition(pipeline: &str, partition: Partition, sink: Option<Arc<dyn LogSink>>) -> Self {
         Self {
             label: format!("{pipeline}/{partition}").into(),
             partition: Some(partition),

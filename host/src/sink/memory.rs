@@ -3,6 +3,7 @@
 //! open transaction until the checkpoint commits it (exactly-once), and deliveries that can be
 //! made to fail for a while.
 
+use crate::ids::Partition;
 use crate::pipeline::ports::{
     CommitError, DeadLetterKind, DeliveryGuard, Output, ShardSink, SinkError,
 };
@@ -15,7 +16,7 @@ use std::sync::{Arc, Mutex};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Written {
     /// The partition whose worker wrote it.
-    pub partition: i32,
+    pub partition: Partition,
     /// Key (empty: none).
     pub key: Vec<u8>,
     /// Value.
@@ -64,12 +65,13 @@ impl MemoryOutput {
     }
 
     /// Refuses (`true`) or accepts again (`false`) the deliveries of `partition`'s sink.
-    pub fn refuse(&self, partition: i32, refuse: bool) {
+    pub fn refuse(&self, partition: impl Into<Partition>, refuse: bool) {
+        let partition: Partition = partition.into();
         let mut log = self.log();
         if refuse {
-            log.refusing.insert(partition);
+            log.refusing.insert(partition.0);
         } else {
-            log.refusing.remove(&partition);
+            log.refusing.remove(&partition.0);
         }
     }
 
@@ -82,7 +84,7 @@ impl MemoryOutput {
 /// One partition's sink of a [`MemoryOutput`].
 #[derive(Debug)]
 pub struct MemorySink {
-    partition: i32,
+    partition: Partition,
     output: MemoryOutput,
     transactional: bool,
     guard: DeliveryGuard,
@@ -96,7 +98,7 @@ impl Output for MemoryOutput {
 
     async fn open(
         &self,
-        partition: i32,
+        partition: Partition,
         transactional: bool,
         guard: DeliveryGuard,
     ) -> Result<MemorySink, SinkError> {
@@ -165,7 +167,7 @@ impl ShardSink for MemorySink {
         }
         // A refused delivery is retried until it goes through, the partition stalled.
         let mut stalled = false;
-        while !self.open.is_empty() && self.output.log().refusing.contains(&self.partition) {
+        while !self.open.is_empty() && self.output.log().refusing.contains(&self.partition.0) {
             stalled = true;
             self.guard
                 .stalled(Some("delivery refused (in-memory output)".to_owned()))
@@ -187,7 +189,7 @@ impl ShardSink for MemorySink {
 
     async fn commit(
         &mut self,
-        partition: i32,
+        partition: Partition,
         offsets: &InputOffsets,
         version: u64,
     ) -> Result<(), CommitError> {
@@ -197,7 +199,7 @@ impl ShardSink for MemorySink {
         self.publish();
         {
             let mut log = self.output.log();
-            log.commits.push((partition, offsets.clone(), version));
+            log.commits.push((partition.0, offsets.clone(), version));
             let published = log.outputs.len();
             log.committed_outputs.push(published);
         }

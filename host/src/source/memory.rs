@@ -7,6 +7,7 @@
 //! every partition); a revoke or an assignment is reported before any record handed out after
 //! it.
 
+use crate::ids::Partition;
 use crate::pipeline::ports::{Cause, GroupOffsets, Source, SourceError};
 use crate::runtime::InputRecord;
 use crate::state::checkpoint::{InputOffsets, manifest_metadata, parse_manifest_metadata};
@@ -107,16 +108,17 @@ impl MemorySourceHandle {
     pub fn produce(
         &self,
         topic: &str,
-        partition: i32,
+        partition: impl Into<Partition>,
         key: &[u8],
         value: &[u8],
         timestamp_ms: i64,
     ) {
+        let partition: Partition = partition.into();
         {
             let mut logs = self.source.logs();
             let log = logs
                 .records
-                .entry((topic.to_owned(), partition))
+                .entry((topic.to_owned(), partition.0))
                 .or_default();
             let offset = log.len() as i64;
             log.push(InputRecord {
@@ -125,7 +127,7 @@ impl MemorySourceHandle {
                 timestamp_ms,
                 headers: Vec::new(),
                 topic: topic.into(),
-                partition,
+                partition: partition.0,
                 offset,
             });
         }
@@ -172,11 +174,12 @@ impl MemorySourceHandle {
     }
 
     /// The records of `topic`'s `partition`, in offset order.
-    pub fn records(&self, topic: &str, partition: i32) -> Vec<InputRecord> {
+    pub fn records(&self, topic: &str, partition: impl Into<Partition>) -> Vec<InputRecord> {
+        let partition: Partition = partition.into();
         self.source
             .logs()
             .records
-            .get(&(topic.to_owned(), partition))
+            .get(&(topic.to_owned(), partition.0))
             .cloned()
             .unwrap_or_default()
     }
@@ -193,11 +196,17 @@ impl MemorySourceHandle {
 
     /// Commits `offsets` of `partition` naming checkpoint `version` in their metadata, as an
     /// exactly-once transaction does (the in-memory sink calls this when it commits).
-    pub fn commit_transaction(&self, partition: i32, offsets: &InputOffsets, version: u64) {
+    pub fn commit_transaction(
+        &self,
+        partition: impl Into<Partition>,
+        offsets: &InputOffsets,
+        version: u64,
+    ) {
+        let partition: Partition = partition.into();
         let mut logs = self.source.logs();
         for (topic, next) in offsets.iter() {
             logs.committed.insert(
-                (topic.to_owned(), partition),
+                (topic.to_owned(), partition.0),
                 (next, manifest_metadata(version)),
             );
         }
@@ -210,13 +219,14 @@ impl MemorySourceHandle {
 
     /// Stalls `partition`'s fetches (they hand out nothing, as a consumer waiting on a slow
     /// broker) or ends the stall.
-    pub fn stall(&self, partition: i32, stalled: bool) {
+    pub fn stall(&self, partition: impl Into<Partition>, stalled: bool) {
+        let partition: Partition = partition.into();
         {
             let mut logs = self.source.logs();
             if stalled {
-                logs.stalled.insert(partition);
+                logs.stalled.insert(partition.0);
             } else {
-                logs.stalled.remove(&partition);
+                logs.stalled.remove(&partition.0);
             }
         }
         if !stalled {
@@ -225,11 +235,12 @@ impl MemorySourceHandle {
     }
 
     /// The next offset to hand out of `topic`'s `partition`.
-    pub fn position(&self, topic: &str, partition: i32) -> i64 {
+    pub fn position(&self, topic: &str, partition: impl Into<Partition>) -> i64 {
+        let partition: Partition = partition.into();
         self.source
             .logs()
             .positions
-            .get(&(topic.to_owned(), partition))
+            .get(&(topic.to_owned(), partition.0))
             .copied()
             .unwrap_or(0)
     }
@@ -248,21 +259,23 @@ impl Source for MemorySource {
         Ok(self.take_records(per_partition_max, records))
     }
 
-    fn take_revoked(&self) -> Vec<i32> {
-        std::mem::take(&mut self.logs().revoked_events)
+    fn take_revoked(&self) -> Vec<Partition> {
+        let revoked = std::mem::take(&mut self.logs().revoked_events);
+        revoked.into_iter().map(Partition).collect()
     }
 
-    fn take_assigned(&self) -> Vec<i32> {
-        std::mem::take(&mut self.logs().assigned_events)
+    fn take_assigned(&self) -> Vec<Partition> {
+        let assigned = std::mem::take(&mut self.logs().assigned_events);
+        assigned.into_iter().map(Partition).collect()
     }
 
-    fn set_paused(&self, partition: i32, paused: bool) -> Result<(), SourceError> {
+    fn set_paused(&self, partition: Partition, paused: bool) -> Result<(), SourceError> {
         {
             let mut logs = self.logs();
             if paused {
-                logs.paused.insert(partition);
+                logs.paused.insert(partition.0);
             } else {
-                logs.paused.remove(&partition);
+                logs.paused.remove(&partition.0);
             }
         }
         if !paused {
@@ -271,10 +284,10 @@ impl Source for MemorySource {
         Ok(())
     }
 
-    fn seek(&self, partition: i32, offsets: &InputOffsets) -> Result<(), SourceError> {
+    fn seek(&self, partition: Partition, offsets: &InputOffsets) -> Result<(), SourceError> {
         let mut logs = self.logs();
         for topic in &self.topics {
-            let key = (topic.clone(), partition);
+            let key = (topic.clone(), partition.0);
             // A topic the checkpoint has no offset for starts where a new group does: at
             // the beginning.
             let to = offsets.next(topic).unwrap_or(0);
@@ -287,32 +300,33 @@ impl Source for MemorySource {
 
     fn commit(&self, offsets: &GroupOffsets, wait: bool) -> Result<(), SourceError> {
         let mut logs = self.logs();
-        for (key, next) in offsets {
-            logs.committed.insert(key.clone(), (*next, String::new()));
+        for ((topic, partition), next) in offsets {
+            logs.committed
+                .insert((topic.clone(), partition.0), (*next, String::new()));
         }
         logs.commits.push((offsets.clone(), wait));
         Ok(())
     }
 
-    async fn committed_checkpoint(&self, partition: i32) -> Result<Option<u64>, SourceError> {
+    async fn committed_checkpoint(&self, partition: Partition) -> Result<Option<u64>, SourceError> {
         let logs = self.logs();
         Ok(self.topics.iter().find_map(|topic| {
             logs.committed
-                .get(&(topic.clone(), partition))
+                .get(&(topic.clone(), (partition).0))
                 .and_then(|(_, metadata)| parse_manifest_metadata(metadata))
         }))
     }
 
-    fn high_watermark(&self, topic: &str, partition: i32) -> Option<i64> {
+    fn high_watermark(&self, topic: &str, partition: Partition) -> Option<i64> {
         self.logs()
             .records
-            .get(&(topic.to_owned(), partition))
+            .get(&(topic.to_owned(), partition.0))
             .map(|r| r.len() as i64)
     }
 
-    fn at_end(&self, topic: &str, partition: i32) -> bool {
+    fn at_end(&self, topic: &str, partition: Partition) -> bool {
         let logs = self.logs();
-        let key = (topic.to_owned(), partition);
+        let key = (topic.to_owned(), partition.0);
         let len = logs.records.get(&key).map_or(0, Vec::len) as i64;
         logs.positions.get(&key).copied().unwrap_or(0) >= len
     }

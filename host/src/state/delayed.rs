@@ -5,6 +5,7 @@
 
 use super::checkpoint::{CheckpointError, CheckpointReport, DecidedBy, InputOffsets};
 use super::{Recovery, Shard, ShardId, StateBackend, StateError, StateWrite};
+use crate::ids::Partition;
 use bytes::Bytes;
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -42,12 +43,13 @@ impl<B> DelayedReads<B> {
 
     /// Makes the reads of `partition`'s shards fail as [`StateError::Unavailable`] (after
     /// their delay) while `down`, as a store outage does.
-    pub fn set_unavailable(&self, partition: i32, down: bool) {
+    pub fn set_unavailable(&self, partition: impl Into<Partition>, down: bool) {
+        let partition: Partition = partition.into();
         let mut unavailable = self.unavailable.lock().unwrap_or_else(|e| e.into_inner());
         if down {
-            unavailable.insert(partition);
+            unavailable.insert(partition.0);
         } else {
-            unavailable.remove(&partition);
+            unavailable.remove(&partition.0);
         }
     }
 }
@@ -58,7 +60,7 @@ pub struct DelayedShard<S> {
     inner: S,
     delay: ReadDelay,
     reads: AtomicU64,
-    partition: i32,
+    partition: Partition,
     unavailable: Arc<Mutex<BTreeSet<i32>>>,
 }
 
@@ -70,7 +72,7 @@ impl<S> DelayedShard<S> {
             .unavailable
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .contains(&self.partition);
+            .contains(&self.partition.0);
         match down {
             true => Err(StateError::Unavailable {
                 shard: format!("delayed/{}", self.partition),
@@ -120,7 +122,7 @@ impl<B: StateBackend> StateBackend for DelayedReads<B> {
             inner: self.inner.open_shard_at(id, recovery).await?,
             delay: self.delay,
             // Each partition its own sequence.
-            reads: AtomicU64::new(u64::from(id.partition.unsigned_abs()) << 32),
+            reads: AtomicU64::new(u64::from(id.partition.0.unsigned_abs()) << 32),
             partition: id.partition,
             unavailable: self.unavailable.clone(),
         })

@@ -10,6 +10,7 @@
 //! ([`crate::state::manifest::retention`]), so a lease written before a pass lists versions is
 //! always seen by it; it deletes leases an hour past their expiry.
 
+use crate::ids::Partition;
 use futures::TryStreamExt;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
@@ -24,7 +25,7 @@ const EXPIRED_KEEP_MS: u64 = 60 * 60 * 1000;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Lease {
     /// Partition → the manifest version read there.
-    pub versions: BTreeMap<i32, u64>,
+    pub versions: BTreeMap<Partition, u64>,
     /// When the lease ends, ms since the Unix epoch.
     pub expires_at_ms: u64,
 }
@@ -117,7 +118,7 @@ pub async fn leased_versions(
         };
         let Some(lease) = lease else { continue };
         if now_ms < lease.expires_at_ms {
-            held.extend(lease.versions.get(&partition));
+            held.extend(lease.versions.get(&Partition(partition)));
         } else if now_ms - lease.expires_at_ms > EXPIRED_KEEP_MS {
             match store.delete(&meta.location).await {
                 Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
@@ -141,7 +142,7 @@ mod tests {
             let shard = Path::from("t/state/u/pipelines/t.p/shards/00001");
             assert_eq!(leases_of_shard(&shard), Some((dir.clone(), 1)));
             let lease = |v0, v1, expires_at_ms| Lease {
-                versions: [(0, v0), (1, v1)].into(),
+                versions: [(Partition(0), v0), (Partition(1), v1)].into(),
                 expires_at_ms,
             };
             put(&store, &dir, "a", &lease(5, 7, 1_000))

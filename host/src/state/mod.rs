@@ -50,6 +50,7 @@ pub mod stored;
 #[cfg(test)]
 pub(crate) mod test_support;
 
+use crate::ids::Partition;
 use bytes::Bytes;
 use checkpoint::{CheckpointError, CheckpointReport, DecidedBy, InputOffsets};
 pub use manifest::KnownCorruption;
@@ -63,7 +64,7 @@ pub struct ShardId {
     /// The pipeline's name.
     pub pipeline: String,
     /// The input partition (co-partitioned input topics share it).
-    pub partition: i32,
+    pub partition: Partition,
 }
 
 impl ShardId {

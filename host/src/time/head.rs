@@ -180,7 +180,7 @@ mod tests {
         let shard = backend
             .open_shard(&ShardId {
                 pipeline: "p".into(),
-                partition: 0,
+                partition: crate::ids::Partition(0),
             })
             .await
             .expect("open");

@@ -1,6 +1,7 @@
 //! The reader's and the follow streams' unit tests, over the writer and an in-memory store.
 
 use super::*;
+use crate::ids::Partition;
 use crate::runtime::guest_log::{GuestLevel, LogLine, LogSink};
 use object_store::ObjectStoreExt;
 use object_store::memory::InMemory;
@@ -9,7 +10,7 @@ fn line(time_ms: u64, message: &str) -> LogLine<'_> {
     LogLine {
         time_ms,
         level: GuestLevel::Info,
-        partition: Some(0),
+        partition: Some(Partition(0)),
         message,
     }
 }
@@ -94,7 +95,7 @@ async fn put_segment(
         .map(|m| LogEntry {
             time_ms,
             host: host.into(),
-            partition: Some(0),
+            partition: Some(Partition(0)),
             level: "info".into(),
             message: (*m).into(),
         })

@@ -14,6 +14,7 @@ use crate::checkpoints::savepoint::{
 };
 use crate::checkpoints::verify::shard_roots;
 use crate::clock::wall_now_ms;
+use crate::ids::Partition;
 use crate::state::stored::CheckpointFormat;
 use axum::Json;
 use axum::body::Body;
@@ -74,7 +75,7 @@ pub struct Restored {
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct RestoredShard {
     /// The input partition.
-    pub partition: i32,
+    pub partition: Partition,
     /// The checkpoint's manifest version in the pipeline's shard (above every earlier one).
     pub version: u64,
     /// Its input offsets (topic → next offset).
@@ -104,7 +105,7 @@ pub(super) async fn shards_of(
     state: &ApiState,
     tenant: &str,
     record: &PipelineRecord,
-) -> Result<Vec<(i32, Path)>, ApiError> {
+) -> Result<Vec<(Partition, Path)>, ApiError> {
     let prefix = state.catalog.pipeline_state_prefix(tenant, &record.uid);
     shard_roots(
         state.catalog.store(),
@@ -116,7 +117,7 @@ pub(super) async fn shards_of(
 }
 
 /// The root of partition `partition`'s shard of pipeline `name` (uid `uid`) of `tenant`.
-fn shard_root(state: &ApiState, tenant: &str, name: &str, uid: &str, partition: i32) -> Path {
+fn shard_root(state: &ApiState, tenant: &str, name: &str, uid: &str, partition: Partition) -> Path {
     let id = crate::state::ShardId {
         pipeline: format!("{tenant}.{name}"),
         partition,
@@ -493,7 +494,7 @@ async fn check_reset(
     if let Some(reason) = incompatible(saved, &record.spec, partitions) {
         return Err(ApiError::bad_request(reason));
     }
-    let saved_partitions: Vec<i32> = saved.shards.iter().map(|s| s.partition).collect();
+    let saved_partitions: Vec<Partition> = saved.shards.iter().map(|s| s.partition).collect();
     if let Some((extra, _)) = shards_of(state, tenant, record)
         .await?
         .into_iter()

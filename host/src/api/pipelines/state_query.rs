@@ -20,6 +20,7 @@ use crate::api::{ApiState, AuthProblems, Principal};
 use crate::checkpoints::query::{QueryEntry, QueryError};
 use crate::checkpoints::savepoint;
 use crate::clock::SystemClock;
+use crate::ids::Partition;
 use crate::state::key;
 use crate::state::lease;
 use crate::state::manifest::ManifestStore;
@@ -85,7 +86,7 @@ pub struct StatePage {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct ReadCheckpoint {
     /// The input partition.
-    pub partition: i32,
+    pub partition: Partition,
     /// The checkpoint's manifest version (the checkpoint id).
     pub version: u64,
 }
@@ -115,14 +116,14 @@ pub struct StateEntry {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expires_at_ms: Option<u64>,
     /// The partition whose shard holds it.
-    pub partition: i32,
+    pub partition: Partition,
 }
 
 /// What a page token carries: the versions read, where the page ended, and of what.
 #[derive(Debug, Serialize, Deserialize)]
 struct PageToken {
     /// (partition, version) read.
-    v: Vec<(i32, u64)>,
+    v: Vec<(Partition, u64)>,
     /// The last encoded key returned, base64.
     a: String,
     /// What the token is bound to ([`binding`]).
@@ -224,9 +225,9 @@ const GONE: &str = "the checkpoints this scan read were collected (its lease lap
 /// when this host could read them); shards without one are left out.
 async fn chosen(
     store: &Arc<dyn object_store::ObjectStore>,
-    roots: &[(i32, Path, Option<u64>)],
-    committed: &BTreeMap<i32, u64>,
-) -> Result<Vec<(i32, Path, u64)>, savepoint::SavepointError> {
+    roots: &[(Partition, Path, Option<u64>)],
+    committed: &BTreeMap<Partition, u64>,
+) -> Result<Vec<(Partition, Path, u64)>, savepoint::SavepointError> {
     let mut out = Vec::with_capacity(roots.len());
     for (partition, root, fixed) in roots {
         let version = match fixed {
@@ -243,7 +244,7 @@ async fn chosen(
     Ok(out)
 }
 
-fn partitions_of(roots: &[(i32, Path, Option<u64>)]) -> Vec<i32> {
+fn partitions_of(roots: &[(Partition, Path, Option<u64>)]) -> Vec<Partition> {
     roots.iter().map(|(p, _, _)| *p).collect()
 }
 
@@ -384,7 +385,7 @@ async fn roots(
     tenant: &str,
     record: &PipelineRecord,
     savepoint: Option<&str>,
-) -> Result<Vec<(i32, Path, Option<u64>)>, ApiError> {
+) -> Result<Vec<(Partition, Path, Option<u64>)>, ApiError> {
     match savepoint {
         None => Ok(shards_of(state, tenant, record)
             .await?
@@ -406,7 +407,7 @@ async fn roots(
 fn leases_of(state: &ApiState, tenant: &str, record: &PipelineRecord) -> Path {
     let shard = crate::state::ShardId {
         pipeline: format!("{tenant}.{}", record.name),
-        partition: 0,
+        partition: Partition(0),
     }
     .root_under(&state.catalog.pipeline_state_prefix(tenant, &record.uid));
     lease::leases_of_shard(&shard)
@@ -468,7 +469,7 @@ fn text_or_b64(bytes: &[u8]) -> (Option<String>, Option<String>) {
     }
 }
 
-fn entry((partition, (encoded, value, expires_at_ms)): (i32, QueryEntry)) -> StateEntry {
+fn entry((partition, (encoded, value, expires_at_ms)): (Partition, QueryEntry)) -> StateEntry {
     let (record_key, map_key) = match key::decode(&encoded) {
         Some((k, _, m)) => (k, m),
         None => (&encoded[..], &[][..]),
@@ -499,7 +500,7 @@ mod tests {
     #[test]
     fn a_page_token_round_trips_and_garbage_is_a_bad_request() {
         let token = PageToken {
-            v: vec![(0, 12), (1, 9)],
+            v: vec![(Partition(0), 12), (Partition(1), 9)],
             a: B64.encode(b"\0\0\0\x02k1\x05count"),
             q: "0011223344556677".to_owned(),
             s: Some("sp".to_owned()),

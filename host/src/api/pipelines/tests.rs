@@ -3,6 +3,7 @@
 use super::*;
 use crate::config::{Delivery, FailurePolicy, RuntimeSettings};
 use crate::error::ErrorKind;
+use crate::ids::Partition;
 use crate::pipeline::PartitionProgress;
 
 fn record(desired: DesiredState) -> PipelineRecord {
@@ -62,7 +63,7 @@ fn report(host: &str, phase: HostPhase, partitions: &[i32]) -> HostStatus {
         partitions: partitions
             .iter()
             .map(|&p| PartitionProgress {
-                partition: p,
+                partition: Partition(p),
                 state_bytes: 100,
                 ..PartitionProgress::default()
             })
@@ -86,7 +87,7 @@ fn status_merges_fresh_reports_and_ignores_stale_ones_and_other_uids() {
     assert_eq!(status.reason, None);
     let hosts: Vec<&str> = status.hosts.iter().map(|h| h.host.as_str()).collect();
     assert_eq!(hosts, ["a", "b"]);
-    let partitions: Vec<i32> = status.partitions.iter().map(|p| p.partition).collect();
+    let partitions: Vec<i32> = status.partitions.iter().map(|p| p.partition.0).collect();
     assert_eq!(partitions, [0, 1, 2, 3]);
     assert_eq!(status.records_done, 20);
     assert_eq!(status.dead_lettered, 2);

@@ -236,14 +236,14 @@ mod tests {
             restorable: false,
             shards: vec![
                 ShardCheck {
-                    partition: 0,
+                    partition: crate::ids::Partition(0),
                     versions: vec![
                         version(7, false, Some("sst/x.sst is missing")),
                         version(6, true, None),
                     ],
                 },
                 ShardCheck {
-                    partition: 1,
+                    partition: crate::ids::Partition(1),
                     versions: vec![version(3, false, Some("manifest is corrupt"))],
                 },
             ],
@@ -251,7 +251,7 @@ mod tests {
                 name: "before-v2".into(),
                 restorable: false,
                 shards: vec![ShardCheck {
-                    partition: 0,
+                    partition: crate::ids::Partition(0),
                     versions: vec![version(5, false, Some("sst/y.sst is missing"))],
                 }],
             }],

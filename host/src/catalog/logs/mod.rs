@@ -10,6 +10,7 @@ mod writer;
 
 pub use writer::{OperatorLogSettings, SWEEP_INTERVAL, SegmentWriter, WriterTask, sweep_expired};
 
+use crate::ids::Partition;
 use futures::{StreamExt, TryStreamExt};
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt};
@@ -30,7 +31,7 @@ pub struct LogEntry<'a> {
     #[schema(value_type = String)]
     pub host: Cow<'a, str>,
     /// The input partition being processed, if any (none for the host's own notices).
-    pub partition: Option<i32>,
+    pub partition: Option<Partition>,
     /// `trace`, `debug`, `info`, `warn` or `error` (stdout is `info`, stderr `warn`).
     #[schema(value_type = String)]
     pub level: Cow<'a, str>,

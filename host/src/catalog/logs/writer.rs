@@ -387,7 +387,7 @@ mod tests {
         LogLine {
             time_ms: 1_000,
             level: GuestLevel::Info,
-            partition: Some(2),
+            partition: Some(crate::ids::Partition(2)),
             message,
         }
     }
@@ -432,7 +432,7 @@ mod tests {
         assert!(
             lines
                 .iter()
-                .all(|l| l.host == "h1" && l.partition == Some(2))
+                .all(|l| l.host == "h1" && l.partition == Some(crate::ids::Partition(2)))
         );
     }
 
@@ -490,7 +490,7 @@ mod tests {
                 &LogEntry {
                     time_ms: 1,
                     host: "h1".into(),
-                    partition: Some(2),
+                    partition: Some(crate::ids::Partition(2)),
                     level: "info".into(),
                     message: format!("old {i}").into(),
                 },

@@ -3,6 +3,7 @@
 
 use super::{DesiredState, PipelineRecord};
 use crate::error::ErrorKind;
+use crate::ids::Partition;
 use crate::pipeline::{CheckpointRecord, PartitionProgress};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -109,7 +110,7 @@ pub struct HostSummary {
     /// What kind of failure `reason` is (as in a host's report).
     pub reason_kind: Option<ErrorKind>,
     /// The partitions it runs.
-    pub partitions: Vec<i32>,
+    pub partitions: Vec<Partition>,
     /// Its records per second.
     pub records_per_s: f64,
     /// Age of its report, ms.
@@ -186,7 +187,7 @@ pub fn merge_status(record: &PipelineRecord, reports: &[(HostStatus, u64)]) -> P
         state_bytes: 0,
         cache_hit_rate: None,
     };
-    let mut partitions: BTreeMap<i32, PartitionProgress> = BTreeMap::new();
+    let mut partitions: BTreeMap<Partition, PartitionProgress> = BTreeMap::new();
     let (mut hits, mut misses) = (0u64, 0u64);
     for (report, age) in fresh {
         status.add(report, age);

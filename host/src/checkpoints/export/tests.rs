@@ -1,5 +1,6 @@
 use super::*;
 use crate::clock::ManualClock;
+use crate::ids::Partition;
 use crate::state::configured::ConfiguredShard;
 use crate::state::lsm::backend::LsmBackend;
 use crate::state::memory::MemoryBackend;
@@ -143,7 +144,7 @@ fn lsm(store: &Arc<dyn ObjectStore>, clock: &SharedClock) -> LsmBackend {
 fn id(pipeline: &str) -> ShardId {
     ShardId {
         pipeline: pipeline.into(),
-        partition: 2,
+        partition: Partition(2),
     }
 }
 
@@ -216,9 +217,15 @@ async fn round_trip(state: &State, from: &str, into: &str) {
     let (store, clock) = store_and_clock();
     let (root, manifest) = checkpointed(&store, &clock, from, "t.a", state).await;
     let exported = Path::from("exports/a.jsonl");
-    let summary = export_checkpoint(&store, (&root, &manifest), (from, 2), &exported, &clock)
-        .await
-        .expect("exports");
+    let summary = export_checkpoint(
+        &store,
+        (&root, &manifest),
+        (from, Partition(2)),
+        &exported,
+        &clock,
+    )
+    .await
+    .expect("exports");
     assert_eq!(summary.entries, state.entries.len() as u64);
     assert_eq!(summary.timers, state.timers.len() as u64);
     let target = id("t.b").root_under(&Path::from(into));
@@ -244,7 +251,7 @@ async fn round_trip(state: &State, from: &str, into: &str) {
     export_checkpoint(
         &store,
         (&target, &target_manifest),
-        (into, 2),
+        (into, Partition(2)),
         &again,
         &clock,
     )
@@ -296,9 +303,15 @@ fn the_export_format_is_frozen() {
         };
         let (root, manifest) = checkpointed(&store, &clock, "memory", "t.a", &state).await;
         let path = Path::from("export.jsonl");
-        export_checkpoint(&store, (&root, &manifest), ("memory", 2), &path, &clock)
-            .await
-            .expect("exports");
+        export_checkpoint(
+            &store,
+            (&root, &manifest),
+            ("memory", Partition(2)),
+            &path,
+            &clock,
+        )
+        .await
+        .expect("exports");
         insta::assert_snapshot!(text(&store, &path).await);
     });
 }

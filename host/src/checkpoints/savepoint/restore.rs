@@ -4,6 +4,7 @@
 //! of the target ([`next_slot`]).
 
 use super::*;
+use crate::ids::Partition;
 
 /// Restores the savepoint shard `savepoint_shard` into the shard under `target` (a new
 /// pipeline's, or a stopped one's being reset): copies its objects under new names and commits
@@ -109,7 +110,7 @@ pub async fn next_slot(
 pub async fn export_shard(
     store: &Arc<dyn ObjectStore>,
     dir: &SavepointDir,
-    (backend, partition): (&str, i32),
+    (backend, partition): (&str, Partition),
     clock: &crate::clock::SharedClock,
 ) -> Result<Option<crate::checkpoints::export::ExportSummary>, SavepointError> {
     let path = dir.export(partition);
@@ -125,7 +126,7 @@ pub async fn export_shard(
     let held = crate::state::stored::checkpoint_backend(&saved);
     if held != backend {
         tracing::info!(
-            partition,
+            partition = partition.0,
             descriptor = backend,
             held,
             "savepoint partition holds the other backend's checkpoint"
@@ -169,7 +170,7 @@ fn export_error(e: crate::checkpoints::export::ExportError) -> SavepointError {
 pub async fn restore_shard_converted(
     store: &Arc<dyn ObjectStore>,
     dir: &SavepointDir,
-    (backend, partition): (&str, i32),
+    (backend, partition): (&str, Partition),
     (target, into, writer_token): (&Path, crate::state::stored::CheckpointFormat, &str),
     clock: &crate::clock::SharedClock,
 ) -> Result<(u64, u64), SavepointError> {

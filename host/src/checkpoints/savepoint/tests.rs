@@ -1,6 +1,7 @@
 use super::*;
 use crate::checkpoints::verify::verify_shard;
 use crate::clock::{ManualClock, SharedClock};
+use crate::ids::Partition;
 use crate::state::checkpoint::InputOffsets;
 use crate::state::configured::ConfiguredShard;
 use crate::state::lsm::backend::LsmBackend;
@@ -10,6 +11,8 @@ use crate::state::test_support::block_on;
 use crate::state::{Shard, ShardId, StateBackend, StateWrite};
 use bytes::Bytes;
 use object_store::memory::InMemory;
+
+const P3: Partition = Partition(3);
 
 fn write(key: u32, value: u32) -> StateWrite {
     StateWrite {
@@ -56,10 +59,10 @@ fn a_restored_savepoint_opens_at_its_values_and_offsets_and_needs_nothing_it_cam
             let memory = MemoryBackend::durable(store.clone(), prefix.clone(), clock.clone());
             let id = |pipeline: &str| ShardId {
                 pipeline: pipeline.into(),
-                partition: 3,
+                partition: P3,
             };
             let source_root = id("t.a").root_under(&prefix);
-            let saved_root = savepoint_shard_root(&Path::from(format!("{backend}/sp")), 3);
+            let saved_root = savepoint_shard_root(&Path::from(format!("{backend}/sp")), P3);
             // Round 1 (values 1) is saved; rounds 2 and 3 overwrite every key.
             let source = match backend {
                 "lsm" => {
@@ -90,7 +93,7 @@ fn a_restored_savepoint_opens_at_its_values_and_offsets_and_needs_nothing_it_cam
             .expect("one")
             .version;
             assert!(
-                capture_shard(&store, &source_root, &saved_root, 3, Some(newest), None)
+                capture_shard(&store, &source_root, &saved_root, P3, Some(newest), None)
                     .await
                     .expect("reads")
                     .is_none()
@@ -173,7 +176,7 @@ async fn three_rounds_saving_the_first(
             .await
             .expect("checkpoints");
         if round == 1 {
-            taken = capture_shard(store, source_root, saved_root, 3, None, None)
+            taken = capture_shard(store, source_root, saved_root, P3, None, None)
                 .await
                 .expect("captures");
         }
@@ -224,7 +227,7 @@ fn an_export_names_the_backend_of_the_checkpoint_not_of_the_descriptor() {
         let memory = MemoryBackend::durable(store.clone(), prefix.clone(), clock.clone());
         let id = ShardId {
             pipeline: "t.a".into(),
-            partition: 0,
+            partition: Partition(0),
         };
         let shard = memory.open_shard(&id).await.expect("opens");
         let encoded = |k: u32| StateWrite {
@@ -244,20 +247,20 @@ fn an_export_names_the_backend_of_the_checkpoint_not_of_the_descriptor() {
         capture_shard(
             &store,
             &id.root_under(&prefix),
-            &dir.shard(0),
-            0,
+            &dir.shard(Partition(0)),
+            Partition(0),
             None,
             None,
         )
         .await
         .expect("captures")
         .expect("a decided checkpoint");
-        export_shard(&store, &dir, ("lsm", 0), &clock)
+        export_shard(&store, &dir, ("lsm", Partition(0)), &clock)
             .await
             .expect("exports")
             .expect("a new export");
         let exported = store
-            .get(&dir.export(0))
+            .get(&dir.export(Partition(0)))
             .await
             .expect("stored")
             .bytes()
@@ -283,7 +286,7 @@ fn a_failed_attempt_deletes_only_its_own_copies() {
         let memory = MemoryBackend::durable(store.clone(), prefix.clone(), clock);
         let id = ShardId {
             pipeline: "t.a".into(),
-            partition: 0,
+            partition: Partition(0),
         };
         let shard = memory.open_shard(&id).await.expect("opens");
         shard.apply(vec![write(1, 1)]).await.expect("applies");
@@ -300,8 +303,8 @@ fn a_failed_attempt_deletes_only_its_own_copies() {
             capture_shard(
                 &store,
                 &id.root_under(&prefix),
-                &dir.shard(0),
-                0,
+                &dir.shard(Partition(0)),
+                Partition(0),
                 None,
                 None,
             )
@@ -310,12 +313,12 @@ fn a_failed_attempt_deletes_only_its_own_copies() {
             .expect("a checkpoint");
         }
         delete(&store, &loser.data).await.expect("deletes");
-        let checks = verify_shard(&store, &winner.shard(0), true)
+        let checks = verify_shard(&store, &winner.shard(Partition(0)), true)
             .await
             .expect("reads");
         assert!(checks[0].restorable, "{checks:?}");
         assert!(
-            verify_shard(&store, &loser.shard(0), true)
+            verify_shard(&store, &loser.shard(Partition(0)), true)
                 .await
                 .expect("reads")
                 .is_empty()
@@ -335,7 +338,7 @@ fn an_undecided_transaction_checkpoint_is_not_saved() {
         let memory = MemoryBackend::durable(store.clone(), prefix.clone(), clock);
         let id = ShardId {
             pipeline: "t.a".into(),
-            partition: 0,
+            partition: Partition(0),
         };
         let root = id.root_under(&prefix);
         let shard = memory.open_shard(&id).await.expect("opens");

@@ -7,6 +7,7 @@
 
 use super::Running;
 use crate::config::Delivery;
+use crate::ids::Partition;
 use crate::pipeline::events::{Assignment, DeliveryGuard, WorkerControl, WorkerId};
 use crate::pipeline::policy::{NO_CHECKPOINT_RETRY_MAX, NO_CHECKPOINT_RETRY_MIN, OPEN_RETRY_DELAY};
 use crate::pipeline::ports::{Output, ShardSink, SinkError, Source, SourceError};
@@ -61,7 +62,7 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
     /// its sink — exactly-once, fencing the previous owner and beginning a transaction — and
     /// reads the committed offsets' metadata, which may name the checkpoint to open
     /// (docs/checkpoints.md, "Recovery" step 3).
-    pub(in crate::pipeline) fn start_opening(&mut self, partition: i32) {
+    pub(in crate::pipeline) fn start_opening(&mut self, partition: Partition) {
         let id = ShardId {
             pipeline: self.settings.pipeline.name.clone(),
             partition,
@@ -119,7 +120,7 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
     /// No usable checkpoint is left for `partition`'s shard: starting empty would lose its
     /// state. The partition stays assigned and paused, failed in its status with `err`, and is
     /// tried again with backoff; the others go on.
-    fn no_usable_checkpoint(&mut self, partition: i32, err: &StateError) {
+    fn no_usable_checkpoint(&mut self, partition: Partition, err: &StateError) {
         let wait = self
             .open_backoff
             .get(&partition)
@@ -127,7 +128,7 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
             .unwrap_or(NO_CHECKPOINT_RETRY_MIN);
         self.open_backoff
             .insert(partition, (wait * 2).min(NO_CHECKPOINT_RETRY_MAX));
-        tracing::error!(partition, error = %err, retry_in = ?wait, "no usable checkpoint is left for the shard; the partition stays paused");
+        tracing::error!(partition = partition.0, error = %err, retry_in = ?wait, "no usable checkpoint is left for the shard; the partition stays paused");
         self.stats.set_problem(
             partition,
             Some(PartitionProblem {
@@ -142,7 +143,7 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
     /// fetched before), starts its worker and resumes the partition.
     pub(in crate::pipeline) async fn finish_opening(
         &mut self,
-        partition: i32,
+        partition: Partition,
     ) -> Result<(), PipelineError> {
         let Some(opening) = self.opening.remove(&partition) else {
             return Ok(());
@@ -154,7 +155,7 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
                 return Ok(());
             }
             Ok(Err(err)) => {
-                tracing::warn!(partition, error = %err, retry_in = ?OPEN_RETRY_DELAY, "cannot open shard; retrying");
+                tracing::warn!(partition = partition.0, error = %err, retry_in = ?OPEN_RETRY_DELAY, "cannot open shard; retrying");
                 self.hold
                     .insert(partition, Instant::now() + OPEN_RETRY_DELAY);
                 return Ok(());
@@ -178,7 +179,7 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
         // not reflect (a shard reopened after a failed transaction, records fetched and dropped
         // meanwhile).
         if let Err(err) = self.source.seek(partition, &offsets) {
-            tracing::warn!(partition, error = %crate::error::Chain(&err), retry_in = ?OPEN_RETRY_DELAY, "cannot seek to the checkpoint's offsets; reopening");
+            tracing::warn!(partition = partition.0, error = %crate::error::Chain(&err), retry_in = ?OPEN_RETRY_DELAY, "cannot seek to the checkpoint's offsets; reopening");
             self.hold
                 .insert(partition, Instant::now() + OPEN_RETRY_DELAY);
             return Ok(());
@@ -194,7 +195,7 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
                 .push((opening.worker, offsets.clone()));
         }
         tracing::info!(
-            partition,
+            partition = partition.0,
             ms = opening.started.elapsed().as_millis() as u64,
             ?offsets,
             "shard opened; partition resumes"

@@ -4,6 +4,7 @@
 //! "Fencing" and "Corruption").
 
 use super::Running;
+use crate::ids::Partition;
 use crate::pipeline::WorkerError;
 use crate::pipeline::policy::{FENCED_HOLD, OPEN_RETRY_DELAY, TRANSACTION_BACKOFF_MAX};
 use crate::pipeline::ports::{Output, Source};
@@ -20,7 +21,7 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
     /// else stops the pipeline.
     pub(in crate::pipeline) async fn worker_ended(
         &mut self,
-        partition: i32,
+        partition: Partition,
     ) -> Result<(), PipelineError> {
         match self.worker_failure(partition).await {
             PipelineError::Worker(WorkerError::Corrupt {
@@ -94,7 +95,10 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
     }
 
     /// Why the worker of `partition` ended: awaits its task (it ended, or is about to).
-    pub(in crate::pipeline) async fn worker_failure(&mut self, partition: i32) -> PipelineError {
+    pub(in crate::pipeline) async fn worker_failure(
+        &mut self,
+        partition: Partition,
+    ) -> PipelineError {
         let Some(mut worker) = self.workers.remove(&partition) else {
             return PipelineError::WorkerPanicked(partition);
         };

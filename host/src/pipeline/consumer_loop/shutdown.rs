@@ -7,6 +7,7 @@
 //! workers still busy are stopped without committing anything they did not finish.
 
 use super::Running;
+use crate::ids::Partition;
 use crate::pipeline::PipelineError;
 use crate::pipeline::WorkerError;
 use crate::pipeline::events::WorkerId;
@@ -62,7 +63,7 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
                 // A worker stuck past the limit (a guest call, a store that neither answers
                 // nor fails) would keep shutdown waiting. Nothing is lost by stopping it: no
                 // offset is committed for records it did not finish.
-                let partitions: Vec<i32> = self.workers.keys().copied().collect();
+                let partitions: Vec<Partition> = self.workers.keys().copied().collect();
                 tracing::warn!(?partitions, max = ?self.settings.runtime.shutdown_drain_max, "shutdown: workers still busy; stopping them without finishing");
                 for (_, worker) in self.workers.drain() {
                     worker.task.abort();
@@ -86,7 +87,7 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
     /// what it recovers.
     async fn settle_handovers(&mut self, until: Instant) -> Result<(), PipelineError> {
         self.pause_assigned();
-        let mut reassigned: HashSet<i32> = self
+        let mut reassigned: HashSet<Partition> = self
             .closing
             .keys()
             .copied()
@@ -96,7 +97,7 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
             self.reap_closed().await?;
             let now = Instant::now();
             self.hold.retain(|_, held| *held > now);
-            let closed: Vec<i32> = reassigned
+            let closed: Vec<Partition> = reassigned
                 .iter()
                 .copied()
                 .filter(|p| !self.closing.contains_key(p))
@@ -119,7 +120,7 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
     }
 
     async fn drain_all(&mut self) -> Result<(), PipelineError> {
-        let partitions: Vec<i32> = self.pending.keys().copied().collect();
+        let partitions: Vec<Partition> = self.pending.keys().copied().collect();
         let mut result = Ok(());
         for partition in partitions {
             if let Err(err) = self.send_pending(partition, false).await {
@@ -132,7 +133,7 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
         for worker in self.workers.values_mut() {
             worker.queue = None;
         }
-        let partitions: Vec<i32> = self.workers.keys().copied().collect();
+        let partitions: Vec<Partition> = self.workers.keys().copied().collect();
         for partition in partitions {
             let Some(worker) = self.workers.get_mut(&partition) else {
                 continue;
@@ -143,7 +144,7 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
             self.workers.remove(&partition);
             result = result.and(outcome);
         }
-        let partitions: Vec<i32> = self.closing.keys().copied().collect();
+        let partitions: Vec<Partition> = self.closing.keys().copied().collect();
         for partition in partitions {
             let Some(closing) = self.closing.get_mut(&partition) else {
                 continue;
@@ -161,7 +162,7 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
     /// over: it ended on its own (fenced, say); awaits it and judges it as [`drained`] does.
     pub(in crate::pipeline) async fn worker_drained(
         &mut self,
-        partition: i32,
+        partition: Partition,
     ) -> Result<(), PipelineError> {
         let Some(mut worker) = self.workers.remove(&partition) else {
             return Ok(());
@@ -177,7 +178,7 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
 /// last decided checkpoint, and the shutdown goes on. Any other failure, or a panic, is the
 /// run's error.
 fn drained(
-    partition: i32,
+    partition: Partition,
     ended: Result<Result<(), WorkerError>, tokio::task::JoinError>,
 ) -> Result<(), PipelineError> {
     match ended {

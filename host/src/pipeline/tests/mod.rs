@@ -10,6 +10,7 @@
 use super::*;
 use crate::clock::{SharedClock, SystemClock};
 use crate::config::Settings;
+use crate::ids::Partition;
 use crate::runtime::Runtime;
 use crate::sink::memory::{MemoryOutput, Written};
 use crate::source::memory::{MemorySource, MemorySourceHandle};
@@ -270,7 +271,7 @@ fn outputs_per_offset(output: &MemoryOutput, partition: i32) -> BTreeMap<i64, us
         .log()
         .outputs
         .iter()
-        .filter(|w| w.partition == partition)
+        .filter(|w| w.partition == Partition(partition))
     {
         *seen.entry(written.source.1).or_insert(0) += 1;
     }
@@ -292,7 +293,7 @@ fn assert_counts_exact(handle: &MemorySourceHandle, output: &MemoryOutput, parti
     let written: Vec<&Written> = log
         .outputs
         .iter()
-        .filter(|w| w.partition == partition)
+        .filter(|w| w.partition == Partition(partition))
         .collect();
     for w in written {
         let value: serde_json::Value = serde_json::from_slice(&w.value).expect("counter JSON");
@@ -312,7 +313,7 @@ fn outputs_of(output: &MemoryOutput, partition: i32) -> usize {
         .log()
         .outputs
         .iter()
-        .filter(|w| w.partition == partition)
+        .filter(|w| w.partition == Partition(partition))
         .count()
 }
 
@@ -336,7 +337,7 @@ async fn a_revoke_in_the_middle_of_batches_drops_the_queued_records_without_chan
         .expect("history")
         .iter()
         .rev()
-        .find(|c| c.partition == 0)
+        .find(|c| c.partition == Partition(0))
         .map(|c| c.offsets[TOPIC])
         .expect("the revoke's checkpoint");
     assert!(
@@ -427,7 +428,7 @@ async fn no_partition_waits_behind_the_backlog_of_others() {
         for partition in [2, 3] {
             let first = outputs
                 .iter()
-                .position(|w| w.partition == partition)
+                .position(|w| w.partition == Partition(partition))
                 .expect("an output of the partition");
             assert!(
                 first <= in_flight_max * 4,
@@ -541,7 +542,7 @@ async fn exactly_once_commits_outputs_offsets_and_the_manifest_version_together(
             .open_shard_at(
                 &ShardId {
                     pipeline: "counter".to_owned(),
-                    partition,
+                    partition: Partition(partition),
                 },
                 &Recovery {
                     committed: Some(version),

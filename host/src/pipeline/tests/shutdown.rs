@@ -2,6 +2,7 @@
 //! while it is handed the last records.
 
 use super::*;
+use crate::ids::Partition;
 
 #[tokio::test(start_paused = true)]
 async fn a_revoke_just_before_shutdown_commits_nothing_of_the_revoked_partition() {
@@ -27,7 +28,7 @@ async fn a_revoke_just_before_shutdown_commits_nothing_of_the_revoked_partition(
         .find(|(_, wait)| *wait)
         .expect("shutdown commits synchronously");
     assert!(
-        last.keys().all(|(_, partition)| *partition == 1),
+        last.keys().all(|(_, partition)| *partition == Partition(1)),
         "the shutdown's commit names only partition 1: {last:?}"
     );
 }
@@ -81,7 +82,7 @@ async fn a_worker_fenced_while_the_shutdown_hands_it_records_lets_the_shutdown_e
     let next_owner = MemoryBackend::durable(world.store.clone(), "weir".into(), clock)
         .open_shard(&ShardId {
             pipeline: "counter".to_owned(),
-            partition: 0,
+            partition: Partition(0),
         })
         .await
         .expect("the next owner claims the shard");

@@ -2,6 +2,7 @@
 //! partition, and a revoke ends its retries.
 
 use super::*;
+use crate::ids::Partition;
 
 #[tokio::test(start_paused = true)]
 async fn a_stalled_sink_pauses_only_its_own_partition() {
@@ -49,7 +50,7 @@ async fn a_revoke_ends_the_retries_of_a_sink_whose_deliveries_are_refused() {
             .lock()
             .expect("history")
             .iter()
-            .any(|c| c.partition == 0 && c.offsets.get(TOPIC).is_some_and(|o| *o > 0)),
+            .any(|c| c.partition == Partition(0) && c.offsets.get(TOPIC).is_some_and(|o| *o > 0)),
         "no checkpoint of partition 0 covers records whose outputs were refused"
     );
     run.stop().await.expect("clean stop");
@@ -91,7 +92,7 @@ fn last_checkpointed(stats: &PipelineStats, partition: i32) -> Option<i64> {
         .expect("history")
         .iter()
         .rev()
-        .find(|c| c.partition == partition)
+        .find(|c| c.partition == Partition(partition))
         .map(|c| c.offsets[TOPIC])
 }
 

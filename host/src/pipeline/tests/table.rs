@@ -5,6 +5,7 @@
 
 use super::*;
 use crate::clock::SharedClock;
+use crate::ids::Partition;
 use crate::sink::iceberg::{
     ColumnSpec, ColumnType, Committer, Lakehouse, LakehouseSettings, TableOutput, TableSchema,
     TableTarget,
@@ -66,7 +67,7 @@ async fn table_target(
         store: world.store.clone(),
         shards: ShardId {
             pipeline: settings.pipeline.name.clone(),
-            partition: 0,
+            partition: Partition(0),
         }
         .shards_under(&"weir".into()),
         interval: Duration::from_secs(3600),

@@ -15,7 +15,7 @@ impl LogSink for Lines {
         self.0
             .lock()
             .expect("unpoisoned")
-            .push((line.partition, line.message.to_owned()));
+            .push((line.partition.map(|p| p.0), line.message.to_owned()));
     }
 }
 

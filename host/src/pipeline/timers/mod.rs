@@ -26,6 +26,7 @@
 mod round;
 
 use crate::clock::SharedClock;
+use crate::ids::Partition;
 use crate::pipeline::policy::{CLOCK_LOOK_MAX, ROUND_BACKOFF_MAX, ROUND_BACKOFF_MIN};
 use crate::runtime::{FiredTimer, Header, InputRecord, TimeDomain};
 use crate::state::{Shard, StateError, StateWrite};
@@ -201,7 +202,7 @@ impl Timers {
     /// the call), no offset, and the timer in `weir.timer.*` headers.
     pub(in crate::pipeline) fn source(
         &self,
-        partition: i32,
+        partition: Partition,
         timer: &FiredTimer,
         now_ms: i64,
     ) -> InputRecord {
@@ -223,7 +224,7 @@ impl Timers {
                 header("weir.timer.domain", domain.as_bytes().to_vec()),
             ],
             topic: self.topic.clone(),
-            partition,
+            partition: partition.0,
             offset: -1,
         }
     }

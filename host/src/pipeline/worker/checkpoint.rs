@@ -36,7 +36,7 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
             return Ok(());
         }
         let started = Instant::now();
-        tracing::debug!(partition = self.partition, last, "checkpoint starting");
+        tracing::debug!(partition = self.partition.0, last, "checkpoint starting");
         // At-least-once output: every output of the records the checkpoint covers is
         // acknowledged before the checkpoint commits their offsets. (Exactly-once: the
         // transaction commit flushes them; waiting here could hang on a fenced producer whose
@@ -134,14 +134,14 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
                 self.stats
                     .checkpoints_fenced
                     .fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(partition, error = %source, "transaction refused: another owner took the shard's transactional identity over; closing it");
+                tracing::warn!(partition = partition.0, error = %source, "transaction refused: another owner took the shard's transactional identity over; closing it");
                 Err(WorkerError::Fenced { partition })
             }
             Err(CommitError::Failed(source)) => {
                 self.stats
                     .checkpoint_failures
                     .fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(partition, error = %source, "checkpoint transaction failed; reopening the shard from its last decided checkpoint");
+                tracing::warn!(partition = partition.0, error = %source, "checkpoint transaction failed; reopening the shard from its last decided checkpoint");
                 Err(WorkerError::Transaction { partition, source })
             }
             Err(timed_out @ CommitError::TimedOut { .. }) => {
@@ -153,7 +153,7 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
                     started.elapsed().as_millis() as u64,
                     state_took.as_millis() as u64,
                 );
-                tracing::warn!(partition, checkpoint_ms, state_checkpoint_ms = state_ms, error = %timed_out, "the checkpoint's transaction outlived transaction.timeout.ms while the state's checkpoint (memtable flush and manifest write) took {state_ms} ms; reopening the shard from its last decided checkpoint");
+                tracing::warn!(partition = partition.0, checkpoint_ms, state_checkpoint_ms = state_ms, error = %timed_out, "the checkpoint's transaction outlived transaction.timeout.ms while the state's checkpoint (memtable flush and manifest write) took {state_ms} ms; reopening the shard from its last decided checkpoint");
                 Err(WorkerError::Transaction {
                     partition,
                     source: Box::new(timed_out),
@@ -189,7 +189,7 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
                 .collect(),
         });
         tracing::debug!(
-            partition = self.partition,
+            partition = self.partition.0,
             version = report.version,
             ms = elapsed.as_millis() as u64,
             uploaded_bytes = report.uploaded_bytes,
@@ -210,7 +210,7 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
                 self.stats
                     .checkpoints_fenced
                     .fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(partition = self.partition, %shard, "checkpoint refused: another owner claimed the shard; closing it");
+                tracing::warn!(partition = self.partition.0, %shard, "checkpoint refused: another owner claimed the shard; closing it");
                 Err(WorkerError::Fenced {
                     partition: self.partition,
                 })
@@ -228,7 +228,7 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
                         crate::error::Chain(&err)
                     ));
                 } else {
-                    tracing::warn!(partition = self.partition, error = %err, "checkpoint failed; the previous one stays current");
+                    tracing::warn!(partition = self.partition.0, error = %err, "checkpoint failed; the previous one stays current");
                 }
                 Ok(())
             }
@@ -257,7 +257,7 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
                     crate::error::Chain(&err)
                 ));
             } else {
-                tracing::warn!(partition = self.partition, error = %err, "checkpoint failed: the watermark and timer count could not be saved; the previous one stays current");
+                tracing::warn!(partition = self.partition.0, error = %err, "checkpoint failed: the watermark and timer count could not be saved; the previous one stays current");
             }
             return Ok(());
         }
@@ -273,7 +273,7 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
         };
         if state_took * 2 > timeout {
             tracing::warn!(
-                partition = self.partition,
+                partition = self.partition.0,
                 state_checkpoint_ms = state_took.as_millis() as u64,
                 transaction_timeout_ms = timeout.as_millis() as u64,
                 "slow checkpoint: the state's checkpoint (memtable flush and manifest write) took {} ms, more than half of transaction.timeout.ms ({} ms); past it the broker aborts the checkpoint's transaction",

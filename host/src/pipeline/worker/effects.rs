@@ -76,10 +76,10 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
         // One line per dead letter, rate-limited per run (a trap storm must not flood the
         // log); the whole error (a trap's wasm backtrace) only at debug level.
         if let Some(suppressed) = self.stats.failure_log.admit() {
-            tracing::warn!(partition = self.partition, topic = %record.topic, offset = record.offset, kind = kind.as_str(), cause = first_line(error), suppressed, "record dead-lettered");
+            tracing::warn!(partition = self.partition.0, topic = %record.topic, offset = record.offset, kind = kind.as_str(), cause = first_line(error), suppressed, "record dead-lettered");
         }
         tracing::debug!(
-            partition = self.partition,
+            partition = self.partition.0,
             offset = record.offset,
             error,
             "dead-lettered record's error"
@@ -96,7 +96,7 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
     pub(in crate::pipeline) fn sink_failed(&self, source: SinkError) -> WorkerError {
         let partition = self.partition;
         if self.sink.transactional() {
-            tracing::warn!(partition, error = %source, "output failed in the open transaction; reopening the shard from its last decided checkpoint");
+            tracing::warn!(partition = partition.0, error = %source, "output failed in the open transaction; reopening the shard from its last decided checkpoint");
             WorkerError::Transaction {
                 partition,
                 source: Box::new(source),

@@ -90,10 +90,10 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
             .fetch_add(1, Ordering::Relaxed);
         self.execution.instances_max = self.execution.live.max(1);
         if self.execution.live > 0 {
-            tracing::debug!(partition = self.partition, error = %source, instances = self.execution.live, "no further instance; running with those there are");
+            tracing::debug!(partition = self.partition.0, error = %source, instances = self.execution.live, "no further instance; running with those there are");
             self.execution.ready.push_front(task);
         } else {
-            tracing::warn!(partition = self.partition, error = %source, retry_in = ?task.backoff, "cannot instantiate the operator; partition paused");
+            tracing::warn!(partition = self.partition.0, error = %source, retry_in = ?task.backoff, "cannot instantiate the operator; partition paused");
             self.back_off(task);
         }
     }
@@ -116,7 +116,7 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
             },
             _ => Outcome::Trapped { reached: None },
         };
-        tracing::debug!(partition = self.partition, offset = records[0].offset, records = records.len(), error = %fault, "call failed; isolating the failing record");
+        tracing::debug!(partition = self.partition.0, offset = records[0].offset, records = records.len(), error = %fault, "call failed; isolating the failing record");
         match task.isolation.settle(outcome) {
             Verdict::Continue => self.step(task),
             Verdict::Isolated(index) => {
@@ -207,7 +207,7 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
             FailurePolicy::DeadLetter => self.dead_letter(record, kind, error).await,
             FailurePolicy::Skip => {
                 if let Some(suppressed) = self.stats.failure_log.admit() {
-                    tracing::warn!(partition = self.partition, topic = %record.topic, offset = record.offset, kind = kind.as_str(), cause = first_line(error), suppressed, "record skipped (failure_policy = skip)");
+                    tracing::warn!(partition = self.partition.0, topic = %record.topic, offset = record.offset, kind = kind.as_str(), cause = first_line(error), suppressed, "record skipped (failure_policy = skip)");
                 }
                 self.stats
                     .records_skipped_failed
@@ -215,7 +215,7 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
                 Ok(())
             }
             FailurePolicy::Fail => {
-                tracing::error!(partition = self.partition, topic = %record.topic, offset = record.offset, error, "record failed; stopping the pipeline (failure_policy = fail)");
+                tracing::error!(partition = self.partition.0, topic = %record.topic, offset = record.offset, error, "record failed; stopping the pipeline (failure_policy = fail)");
                 Err(WorkerError::RecordFailed {
                     partition: self.partition,
                     topic: record.topic.to_string(),
@@ -233,7 +233,7 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
         if err.kind() == crate::error::ErrorKind::Corrupt {
             return Err(self.corrupt(err));
         }
-        tracing::warn!(partition = self.partition, error = %err, retry_in = ?task.backoff, "state backend unavailable; partition paused");
+        tracing::warn!(partition = self.partition.0, error = %err, retry_in = ?task.backoff, "state backend unavailable; partition paused");
         self.stats.outage_retries.fetch_add(1, Ordering::Relaxed);
         self.back_off(task);
         Ok(())
@@ -241,7 +241,7 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
 
     /// The worker's end after finding its shard corrupt.
     pub(in crate::pipeline) fn corrupt(&self, source: StateError) -> WorkerError {
-        tracing::error!(partition = self.partition, error = %source, "shard state is corrupt; the partition falls back to an older checkpoint");
+        tracing::error!(partition = self.partition.0, error = %source, "shard state is corrupt; the partition falls back to an older checkpoint");
         WorkerError::Corrupt {
             partition: self.partition,
             opened_from: self.shard.opened_from(),

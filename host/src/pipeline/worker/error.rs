@@ -3,6 +3,7 @@
 //! stops.
 
 use crate::error::ErrorKind;
+use crate::ids::Partition;
 use crate::pipeline::ports::{Cause, SinkError};
 use crate::state::StateError;
 
@@ -13,7 +14,7 @@ pub enum WorkerError {
     #[error("partition {partition}: output failed")]
     Sink {
         /// The partition.
-        partition: i32,
+        partition: Partition,
         /// The failure.
         #[source]
         source: SinkError,
@@ -24,7 +25,7 @@ pub enum WorkerError {
     #[error("partition {partition}: state is corrupt")]
     Corrupt {
         /// The partition.
-        partition: i32,
+        partition: Partition,
         /// The checkpoint the shard was opened from (blamed when no object is named).
         opened_from: Option<u64>,
         /// The failure.
@@ -36,14 +37,14 @@ pub enum WorkerError {
     #[error("partition {partition}: fenced by a newer owner of the shard")]
     Fenced {
         /// The partition.
-        partition: i32,
+        partition: Partition,
     },
     /// A record's call failed for good and `failure_policy = "fail"`: the pipeline stops
     /// before committing anything after it.
     #[error("partition {partition}: the record at offset {offset} of `{topic}` failed: {reason}")]
     RecordFailed {
         /// The partition.
-        partition: i32,
+        partition: Partition,
         /// The record's topic.
         topic: String,
         /// The record's offset.
@@ -57,7 +58,7 @@ pub enum WorkerError {
     #[error("partition {partition}: the checkpoint's transaction failed")]
     Transaction {
         /// The partition.
-        partition: i32,
+        partition: Partition,
         /// Why.
         #[source]
         source: Cause,

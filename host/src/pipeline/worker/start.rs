@@ -3,6 +3,7 @@
 
 use super::PartitionWorker;
 use crate::config::Settings;
+use crate::ids::Partition;
 use crate::pipeline::PipelineControl;
 use crate::pipeline::PipelineStats;
 use crate::pipeline::attempt::Execution;
@@ -23,7 +24,7 @@ use tokio::time::Instant;
 /// the shard's checkpoint left the input, and its lines to the consumer loop.
 pub(crate) struct WorkerStart<S: Shard, K: ShardSink> {
     /// The input partition.
-    pub partition: i32,
+    pub partition: Partition,
     /// The operator it calls.
     pub operator: Arc<Operator<S>>,
     /// The shard, recovered and claimed, and its sink.

@@ -45,7 +45,7 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
             Err(err) if err.kind() == crate::error::ErrorKind::Corrupt => Err(self.corrupt(err)),
             Err(err) => {
                 let retry_in = self.timers.round_failed();
-                tracing::warn!(partition = self.partition, error = %err, ?retry_in, "state backend unavailable; timers wait");
+                tracing::warn!(partition = self.partition.0, error = %err, ?retry_in, "state backend unavailable; timers wait");
                 // Counted as a record's retry is, once timers run (not for their first load,
                 // which records do not wait for while it backs off).
                 if self.timers.loaded() {
@@ -205,7 +205,7 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
             Err(err) => {
                 // Its keys stay held and its timers taken: the same call after a backoff.
                 let retry_in = round.backed_off();
-                tracing::warn!(partition = self.partition, error = %err, ?retry_in, "state backend unavailable; timers wait");
+                tracing::warn!(partition = self.partition.0, error = %err, ?retry_in, "state backend unavailable; timers wait");
                 self.stats.outage_retries.fetch_add(1, Ordering::Relaxed);
                 self.timers.go_on(round);
                 Ok(())

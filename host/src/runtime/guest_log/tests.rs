@@ -1,5 +1,6 @@
 use super::*;
 use crate::clock::ManualClock;
+use crate::ids::Partition;
 
 #[test]
 fn rate_limit_drops_lines_past_the_budget_and_refills_each_second() {
@@ -26,7 +27,7 @@ impl LogSink for Recorded {
         lines.push((
             line.time_ms,
             line.level,
-            line.partition,
+            line.partition.map(|p| p.0),
             line.message.to_owned(),
         ));
     }
@@ -36,7 +37,7 @@ impl LogSink for Recorded {
 fn the_sink_gets_the_lines_past_the_limit_and_a_notice_of_those_dropped() {
     let clock = ManualClock::new(10_000);
     let sink = Arc::new(Recorded::default());
-    let source = LogSource::partition("acme.counts", 3, Some(sink.clone()));
+    let source = LogSource::partition("acme.counts", Partition(3), Some(sink.clone()));
     assert_eq!(source.to_string(), "acme.counts/3");
     let log = GuestLog::new(source, Arc::new(clock.clone()), 2);
     for i in 0..5 {
@@ -65,7 +66,7 @@ fn the_sink_gets_the_lines_past_the_limit_and_a_notice_of_those_dropped() {
 fn a_line_repeated_back_to_back_is_summarised_with_the_next_one_outside_the_budget() {
     let clock = ManualClock::new(10_000);
     let sink = Arc::new(Recorded::default());
-    let source = LogSource::partition("p", 0, Some(sink.clone()));
+    let source = LogSource::partition("p", Partition(0), Some(sink.clone()));
     let log = GuestLog::new(source, Arc::new(clock.clone()), 3);
     for _ in 0..50 {
         log.line(GuestLevel::Warn, "same");
@@ -96,7 +97,7 @@ fn the_pipelines_budget_bounds_its_partitions_together() {
     let logs: Vec<GuestLog> = (0..8)
         .map(|p| {
             GuestLog::with_budgets(
-                LogSource::partition("p", p, None),
+                LogSource::partition("p", Partition(p), None),
                 clock.clone(),
                 Budgets {
                     partition: Limiter::shared(5),
@@ -121,7 +122,7 @@ fn stderr_of_a_call_is_held_logged_if_it_succeeds_and_dropped_if_it_traps() {
     let clock = ManualClock::new(10_000);
     let sink = Arc::new(Recorded::default());
     let log = GuestLog::new(
-        LogSource::partition("p", 0, Some(sink.clone())),
+        LogSource::partition("p", Partition(0), Some(sink.clone())),
         Arc::new(clock.clone()),
         100,
     );

@@ -90,7 +90,7 @@ mod tests {
         let backend = MemoryBackend::new(clock.clone());
         let id = ShardId {
             pipeline: "t".into(),
-            partition: 0,
+            partition: crate::ids::Partition(0),
         };
         let shard = Arc::new(futures::executor::block_on(backend.open_shard(&id)).expect("opens"));
         let mut ctx = crate::runtime::imports::test_host(shard, clock, "m", 1024);

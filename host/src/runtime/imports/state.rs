@@ -390,7 +390,7 @@ mod tests {
         let backend = MemoryBackend::new(clock.clone()).with_shard_bytes_max(QUOTA);
         let id = ShardId {
             pipeline: "t".into(),
-            partition: 0,
+            partition: crate::ids::Partition(0),
         };
         let shard = Arc::new(futures::executor::block_on(backend.open_shard(&id)).expect("opens"));
         let mut ctx = crate::runtime::imports::test_host(shard.clone(), clock.clone(), "m", 1024);
@@ -486,7 +486,7 @@ mod tests {
             ) {
                 let clock: SharedClock = Arc::new(ManualClock::new(0));
                 let backend = MemoryBackend::new(clock.clone());
-                let id = ShardId { pipeline: "t".into(), partition: 0 };
+                let id = ShardId { pipeline: "t".into(), partition: crate::ids::Partition(0) };
                 let shard = Arc::new(futures::executor::block_on(backend.open_shard(&id)).expect("opens"));
                 let writes = stored.iter().map(|(k, v)| StateWrite {
                     key: crate::state::key::map_key(b"k", MAP, &[*k]),

@@ -159,7 +159,7 @@ mod tests {
         let clock: SharedClock = Arc::new(ManualClock::new(7));
         let id = ShardId {
             pipeline: "t".into(),
-            partition: 0,
+            partition: crate::ids::Partition(0),
         };
         let shard = MemoryBackend::new(clock.clone())
             .open_shard(&id)

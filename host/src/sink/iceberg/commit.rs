@@ -29,6 +29,7 @@
 //! again, so that two committers of one pipeline (a zombie and its successor) never both
 //! append one checkpoint.
 
+use crate::ids::Partition;
 use async_trait::async_trait;
 use iceberg::spec::{DataFile, Snapshot};
 use iceberg::table::Table;
@@ -78,7 +79,7 @@ impl Covered {
 
 /// Per shard (partition), what the table holds of pipeline `uid`'s output, as [`commit`]
 /// recorded it (empty without it).
-pub fn committed_covered(table: &Table, uid: &str) -> BTreeMap<i32, Covered> {
+pub fn committed_covered(table: &Table, uid: &str) -> BTreeMap<Partition, Covered> {
     table
         .metadata()
         .properties()
@@ -95,7 +96,7 @@ const CONFLICT_RETRIES_MAX: usize = 8;
 #[derive(Debug, Clone)]
 pub struct PendingCheckpoint {
     /// The shard (input partition).
-    pub partition: i32,
+    pub partition: Partition,
     /// The checkpoint's manifest version.
     pub version: u64,
     /// Its data files.
@@ -116,14 +117,14 @@ pub struct CommitReport {
     /// Pending checkpoints found already committed and skipped.
     pub skipped: usize,
     /// Per shard, the highest committed checkpoint after the commit.
-    pub committed: BTreeMap<i32, u64>,
+    pub committed: BTreeMap<Partition, u64>,
 }
 
 /// Per shard, the highest checkpoint of pipeline `uid` whose files are in `table`: the most
 /// of the table property and every snapshot's summary.
-pub fn committed_versions(table: &Table, uid: &str) -> BTreeMap<i32, u64> {
+pub fn committed_versions(table: &Table, uid: &str) -> BTreeMap<Partition, u64> {
     let mut committed = BTreeMap::new();
-    let mut raise = |partition: i32, version: u64| {
+    let mut raise = |partition: Partition, version: u64| {
         let entry = committed.entry(partition).or_insert(version);
         *entry = (*entry).max(version);
     };
@@ -133,7 +134,7 @@ pub fn committed_versions(table: &Table, uid: &str) -> BTreeMap<i32, u64> {
         .get(&format!("{PROPERTY_COMMITTED_PREFIX}{uid}"))
         && let Ok(map) = serde_json::from_str::<BTreeMap<i32, u64>>(text)
     {
-        map.into_iter().for_each(|(p, v)| raise(p, v));
+        map.into_iter().for_each(|(p, v)| raise(Partition(p), v));
     }
     for snapshot in metadata.snapshots() {
         for (partition, version) in summary_versions(snapshot, uid) {
@@ -143,7 +144,7 @@ pub fn committed_versions(table: &Table, uid: &str) -> BTreeMap<i32, u64> {
     committed
 }
 
-fn summary_versions(snapshot: &Snapshot, uid: &str) -> Vec<(i32, u64)> {
+fn summary_versions(snapshot: &Snapshot, uid: &str) -> Vec<(Partition, u64)> {
     let properties = &snapshot.summary().additional_properties;
     if properties.get(SUMMARY_PIPELINE).map(String::as_str) != Some(uid) {
         return Vec::new();
@@ -152,7 +153,7 @@ fn summary_versions(snapshot: &Snapshot, uid: &str) -> Vec<(i32, u64)> {
         .iter()
         .filter_map(|(k, v)| {
             let partition = k.strip_prefix(SUMMARY_SHARD_PREFIX)?.parse().ok()?;
-            Some((partition, v.parse().ok()?))
+            Some((Partition(partition), v.parse().ok()?))
         })
         .collect()
 }
@@ -241,7 +242,7 @@ async fn choose<'p>(
     uid: &str,
     pending: &'p [PendingCheckpoint],
     look_for_files: bool,
-) -> iceberg::Result<(Vec<&'p PendingCheckpoint>, BTreeMap<i32, u64>, usize)> {
+) -> iceberg::Result<(Vec<&'p PendingCheckpoint>, BTreeMap<Partition, u64>, usize)> {
     let mut committed = committed_versions(table, uid);
     let mut chosen: Vec<&PendingCheckpoint> = pending
         .iter()
@@ -275,7 +276,7 @@ fn append(
     table: &Table,
     uid: &str,
     chosen: &[&PendingCheckpoint],
-    committed: &mut BTreeMap<i32, u64>,
+    committed: &mut BTreeMap<Partition, u64>,
     report: &mut CommitReport,
 ) -> iceberg::Result<Transaction> {
     let mut shards = BTreeMap::new();

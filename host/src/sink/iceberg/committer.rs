@@ -15,6 +15,7 @@ use super::shard::{PENDING_KEY, PendingList, pending_checkpoints};
 use crate::checkpoints::query::QueryShard;
 use crate::checkpoints::savepoint::newest_decided;
 use crate::clock::SharedClock;
+use crate::ids::Partition;
 use crate::state::lsm::cache::{BlockCaches, CacheSettings};
 use crate::state::manifest::ManifestStore;
 use iceberg::TableIdent;
@@ -263,7 +264,7 @@ impl Committer {
             {
                 Ok(list) => list,
                 Err(e) => {
-                    tracing::warn!(table = %self.ident, partition, error = %crate::error::Chain(&e), "cannot read the shard's pending data files; committing the other shards'");
+                    tracing::warn!(table = %self.ident, partition = partition.0, error = %crate::error::Chain(&e), "cannot read the shard's pending data files; committing the other shards'");
                     continue;
                 }
             };
@@ -275,7 +276,7 @@ impl Committer {
     }
 
     /// (partition, root) of every shard stored under the pipeline.
-    async fn shard_roots(&self) -> Result<Vec<(i32, Path)>, CommitterError> {
+    async fn shard_roots(&self) -> Result<Vec<(Partition, Path)>, CommitterError> {
         let listed = self
             .store
             .list_with_delimiter(Some(&self.shards))
@@ -295,7 +296,7 @@ impl Committer {
     async fn pending_list(
         &self,
         caches: &Arc<BlockCaches>,
-        partition: i32,
+        partition: Partition,
         root: &Path,
         committed: Option<u64>,
     ) -> Result<PendingList, CommitterError> {

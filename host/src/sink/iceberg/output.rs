@@ -10,6 +10,7 @@ use super::schema::TableSchema;
 use super::shard::{IcebergShard, PENDING_KEY};
 use crate::clock::SharedClock;
 use crate::config::{Delivery, Settings};
+use crate::ids::Partition;
 use crate::pipeline::ports::{
     CommitError, DeadLetterKind, DeliveryGuard, Output, ShardSink, SinkError,
 };
@@ -62,7 +63,7 @@ impl TableTarget {
         let pipeline = &settings.pipeline;
         let shards = crate::state::ShardId {
             pipeline: pipeline.name.clone(),
-            partition: 0,
+            partition: Partition(0),
         }
         .shards_under(prefix);
         Ok(Self {
@@ -188,7 +189,7 @@ impl<O: Output> Output for TableOutput<O> {
 
     async fn open(
         &self,
-        partition: i32,
+        partition: Partition,
         transactional: bool,
         guard: DeliveryGuard,
     ) -> Result<Self::Sink, SinkError> {
@@ -205,7 +206,7 @@ impl<O: Output> Output for TableOutput<O> {
         )
         .await
         .map_err(|e| table_failed(t, e))?;
-        let committer = (partition == 0).then(|| t.committer.start());
+        let committer = (partition == Partition(0)).then(|| t.committer.start());
         Ok(TableSink {
             inner,
             table: Some(ShardTable {
@@ -284,7 +285,7 @@ impl<K: ShardSink> ShardSink for TableSink<K> {
 
     async fn commit(
         &mut self,
-        partition: i32,
+        partition: Partition,
         offsets: &InputOffsets,
         version: u64,
     ) -> Result<(), CommitError> {

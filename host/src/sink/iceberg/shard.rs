@@ -13,6 +13,7 @@ use super::catalog::Lakehouse;
 use super::commit::{Covered, committed_covered, committed_versions};
 use super::files::{FilesError, ShardFiles, decode_data_file, encode_data_file};
 use super::schema::TableSchema;
+use crate::ids::Partition;
 use crate::runtime::InputRecord;
 use crate::state::StateWrite;
 use crate::state::checkpoint::InputOffsets;
@@ -94,7 +95,7 @@ pub struct IcebergShard {
     lakehouse: Lakehouse,
     ident: TableIdent,
     uid: String,
-    partition: i32,
+    partition: Partition,
     files: ShardFiles,
     pending: PendingList,
     /// What the table holds of this shard's output, as of opening: emits of records below
@@ -151,7 +152,7 @@ impl IcebergShard {
         (tenant, table): (&str, &str),
         schema: &TableSchema,
         uid: &str,
-        partition: i32,
+        partition: Partition,
     ) -> Result<Self, IcebergShardError> {
         let loaded = lakehouse
             .table(tenant, table, schema)
@@ -241,7 +242,7 @@ impl IcebergShard {
             self.replay = Replay::of(&self.written, offsets);
             if self.replay == Replay::Past {
                 tracing::info!(
-                    partition = self.partition,
+                    partition = self.partition.0,
                     "the shard's input is past what the table holds"
                 );
             }
@@ -260,11 +261,11 @@ impl IcebergShard {
     ) -> Result<(), IcebergShardError> {
         self.replay = Replay::of(&self.written, resume);
         if self.replay == Replay::Behind {
-            tracing::info!(partition = self.partition, table = %self.ident, written = ?self.written, resume = ?resume, "the shard resumes behind what the table holds (a reset or a fallback): the replayed input's rows are not written again");
+            tracing::info!(partition = self.partition.0, table = %self.ident, written = ?self.written, resume = ?resume, "the shard resumes behind what the table holds (a reset or a fallback): the replayed input's rows are not written again");
         }
         let restored = PendingList::decode(value).map_err(IcebergShardError::Corrupt)?;
         if restored.uid.as_deref().is_some_and(|uid| uid != self.uid) {
-            tracing::warn!(partition = self.partition, from = ?restored.uid, files = restored.entries.iter().map(|e| e.files.len()).sum::<usize>(), "the restored state lists another pipeline's uncommitted data files; they stay that pipeline's");
+            tracing::warn!(partition = self.partition.0, from = ?restored.uid, files = restored.entries.iter().map(|e| e.files.len()).sum::<usize>(), "the restored state lists another pipeline's uncommitted data files; they stay that pipeline's");
             self.pending = PendingList::default();
         } else {
             self.pending = restored;
@@ -343,12 +344,12 @@ impl IcebergShard {
                     }
                 }
                 Err(e) => {
-                    tracing::warn!(partition = self.partition, table = %self.ident, error = %crate::error::Chain(&e), "cannot read the table's committed checkpoints; the shard keeps its whole list of pending files");
+                    tracing::warn!(partition = self.partition.0, table = %self.ident, error = %crate::error::Chain(&e), "cannot read the table's committed checkpoints; the shard keeps its whole list of pending files");
                 }
             }
         }
         tracing::debug!(
-            partition = self.partition,
+            partition = self.partition.0,
             version,
             entries = self.pending.entries.len(),
             "iceberg files prepared"
@@ -359,9 +360,9 @@ impl IcebergShard {
             self.pending.entries.len() >= max,
         );
         if is && !was {
-            tracing::warn!(partition = self.partition, table = %self.ident, checkpoints = self.pending.entries.len(), "the table's commits lag: this many checkpoints' files wait for one; the partition takes no more input until they land");
+            tracing::warn!(partition = self.partition.0, table = %self.ident, checkpoints = self.pending.entries.len(), "the table's commits lag: this many checkpoints' files wait for one; the partition takes no more input until they land");
         } else if was && !is {
-            tracing::info!(partition = self.partition, table = %self.ident, checkpoints = self.pending.entries.len(), "the table's commits caught up; the partition takes input again");
+            tracing::info!(partition = self.partition.0, table = %self.ident, checkpoints = self.pending.entries.len(), "the table's commits caught up; the partition takes input again");
         }
         Ok((self.pending != before).then(|| StateWrite {
             key: PENDING_KEY.to_vec(),
@@ -376,7 +377,7 @@ impl IcebergShard {
 /// # Errors
 /// [`iceberg::Error`] for a file that does not decode.
 pub fn pending_checkpoints(
-    partition: i32,
+    partition: Partition,
     list: &PendingList,
     schema: &iceberg::spec::Schema,
 ) -> iceberg::Result<Vec<super::PendingCheckpoint>> {

@@ -5,6 +5,7 @@
 use super::commit::{self, PendingCheckpoint, committed_versions};
 use super::files::{decode_data_file, encode_data_file};
 use super::*;
+use crate::ids::Partition;
 use crate::runtime::InputRecord;
 use crate::state::checkpoint::InputOffsets;
 use arrow_array::cast::AsArray;
@@ -93,7 +94,7 @@ impl Fixture {
             })
             .collect();
         PendingCheckpoint {
-            partition,
+            partition: Partition(partition),
             version,
             files,
             covered: Default::default(),
@@ -195,7 +196,10 @@ async fn checkpoints_of_several_shards_commit_in_one_snapshot_with_every_row() {
     let b = f.checkpoint(1, 7, "EWR-SFO", 1..=10).await;
     let report = f.commit(&[a, b], true).await;
     assert_eq!((report.files, report.rows, report.skipped), (2, 1010, 0));
-    assert_eq!(report.committed, BTreeMap::from([(0, 3), (1, 7)]));
+    assert_eq!(
+        report.committed,
+        BTreeMap::from([(Partition(0), 3), (Partition(1), 7)])
+    );
     assert_eq!(
         f.rows().await,
         expected(&[("JFK-LAX", 1..=1000), ("EWR-SFO", 1..=10)])
@@ -259,7 +263,10 @@ async fn expiring_our_snapshots_does_not_make_a_checkpoint_commit_twice() {
     f.expire_all_but_current().await;
     // Our snapshot is gone; the table property still says shard 2 is at 11.
     let table = f.table().await;
-    assert_eq!(committed_versions(&table, UID), BTreeMap::from([(2, 11)]));
+    assert_eq!(
+        committed_versions(&table, UID),
+        BTreeMap::from([(Partition(2), 11)])
+    );
     let report = f.commit(&[first], false).await;
     assert_eq!((report.files, report.skipped), (0, 1));
     assert_eq!(f.rows().await.len(), 6);
@@ -388,7 +395,7 @@ async fn a_shard_takes_only_its_own_pipelines_pending_files_when_restored() {
         let lakehouse = f.lakehouse.clone();
         let schema = f.schema.clone();
         async move {
-            shard::IcebergShard::open(&lakehouse, ("t1", "routes"), &schema, uid, 0)
+            shard::IcebergShard::open(&lakehouse, ("t1", "routes"), &schema, uid, Partition(0))
                 .await
                 .expect("opens")
         }
@@ -457,7 +464,7 @@ fn offsets(next: i64) -> InputOffsets {
 async fn a_shard_behind_what_the_table_holds_does_not_write_the_replayed_rows_again() {
     let f = fixture().await;
     let open = || async {
-        shard::IcebergShard::open(&f.lakehouse, ("t1", "routes"), &f.schema, UID, 0)
+        shard::IcebergShard::open(&f.lakehouse, ("t1", "routes"), &f.schema, UID, Partition(0))
             .await
             .expect("opens")
     };
@@ -481,11 +488,15 @@ async fn a_shard_behind_what_the_table_holds_does_not_write_the_replayed_rows_ag
     assert_eq!(list.entries[0].timers_through_ms, Some(1000));
     let table = f.table().await;
     let pending =
-        shard::pending_checkpoints(0, &list, table.metadata().current_schema()).expect("decodes");
+        shard::pending_checkpoints(Partition(0), &list, table.metadata().current_schema())
+            .expect("decodes");
     f.commit(&pending, false).await;
     let covered = commit::committed_covered(&f.table().await, UID);
-    assert_eq!(covered[&0].offsets, BTreeMap::from([("in".into(), 4)]));
-    assert_eq!(covered[&0].timers_through_ms, Some(1000));
+    assert_eq!(
+        covered[&Partition(0)].offsets,
+        BTreeMap::from([("in".into(), 4)])
+    );
+    assert_eq!(covered[&Partition(0)].timers_through_ms, Some(1000));
 
     // Reset to a savepoint at offset 1: records 1..4 and the timers among them are replayed.
     let mut reset = open().await;

@@ -9,13 +9,14 @@ use super::{
     DeadLetterKind, HEADER_ERROR, HEADER_ERROR_KIND, HEADER_SOURCE_OFFSET, HEADER_SOURCE_PARTITION,
     HEADER_SOURCE_TOPIC,
 };
+use crate::ids::Partition;
 use rdkafka::message::{Header as KafkaHeader, OwnedHeaders};
 
 /// Where a dead-lettered record was read.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct DeadLetterSource<'a> {
     pub topic: &'a str,
-    pub partition: i32,
+    pub partition: Partition,
     pub offset: i64,
 }
 
@@ -115,7 +116,7 @@ mod tests {
     fn a_dead_letter_keeps_its_weir_headers_with_the_error_capped_at_4_kib() {
         let source = DeadLetterSource {
             topic: "in",
-            partition: 3,
+            partition: Partition(3),
             offset: 42,
         };
         let original = [("trace", b"abc".as_slice())];
@@ -147,7 +148,7 @@ mod tests {
     fn a_dead_letter_too_large_for_its_topic_says_what_was_cut() {
         let source = DeadLetterSource {
             topic: "in",
-            partition: 0,
+            partition: Partition(0),
             offset: 7,
         };
         let key = vec![b'k'; 30_000];

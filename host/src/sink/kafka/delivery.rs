@@ -9,6 +9,7 @@ use super::dead_letter::{DeadLetterSource, cut_again, dead_letter_parts};
 use super::limits::RecordLimits;
 use super::producer::{Deliveries, KafkaProducer, Record, Refused, Tag, owned};
 use super::{DeadLetterKind, DeliveryGuard, PENDING_DELIVERIES_MAX, SinkError};
+use crate::ids::Partition;
 use crate::runtime::{InputRecord, StagedEmit};
 use crate::source::kafka::SourceConsumer;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
@@ -24,7 +25,7 @@ pub(super) enum Destination {
     /// input topic `topic` (an index into [`KafkaSink::input_topics`]).
     Output {
         topic: u16,
-        partition: i32,
+        partition: Partition,
         offset: i64,
     },
     /// The dead-letter topic.
@@ -138,7 +139,7 @@ impl KafkaSink {
         };
         let destination = Destination::Output {
             topic: u16::try_from(topic).unwrap_or(u16::MAX),
-            partition: source.partition,
+            partition: Partition(source.partition),
             offset: source.offset,
         };
         let Some(output) = self.output_topic.take() else {
@@ -182,7 +183,7 @@ impl KafkaSink {
         let (key, value, headers) = dead_letter_parts(
             DeadLetterSource {
                 topic: &record.topic,
-                partition: record.partition,
+                partition: Partition(record.partition),
                 offset: record.offset,
             },
             kind,

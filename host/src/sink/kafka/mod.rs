@@ -20,6 +20,7 @@ pub use crate::pipeline::ports::{DeadLetterKind, DeliveryGuard, SinkError};
 pub use delivery::KafkaSink;
 
 use crate::config::Settings;
+use crate::ids::Partition;
 use crate::pipeline::ports::{CommitError, Output, ShardSink};
 use crate::runtime::{InputRecord, StagedEmit};
 use crate::source::kafka::SourceConsumer;
@@ -75,7 +76,7 @@ fn batch_bytes(limits: &RecordLimits) -> u64 {
 /// `weir.{pipeline}.{partition}`. The same on every host, so that the next owner's
 /// `init_transactions` fences the previous owner's producer and aborts its open transaction.
 /// (Tenants are not modelled yet; their id will join the pipeline's here.)
-pub fn transactional_id(settings: &Settings, partition: i32) -> String {
+pub fn transactional_id(settings: &Settings, partition: Partition) -> String {
     format!("weir.{}.{partition}", settings.pipeline.name)
 }
 
@@ -88,7 +89,7 @@ pub fn transactional_id(settings: &Settings, partition: i32) -> String {
 /// [`KafkaError`] when librdkafka rejects the configuration.
 pub fn transactional_producer(
     settings: &Settings,
-    partition: i32,
+    partition: Partition,
     limits: &RecordLimits,
 ) -> Result<KafkaProducer, KafkaError> {
     let mut config = settings.kafka.client_config();
@@ -167,7 +168,7 @@ impl Output for KafkaOutput {
 
     async fn open(
         &self,
-        partition: i32,
+        partition: Partition,
         transactional: bool,
         guard: DeliveryGuard,
     ) -> Result<KafkaSink, SinkError> {
@@ -246,7 +247,7 @@ impl ShardSink for KafkaSink {
 
     async fn commit(
         &mut self,
-        partition: i32,
+        partition: Partition,
         offsets: &InputOffsets,
         version: u64,
     ) -> Result<(), CommitError> {

@@ -2,6 +2,7 @@
 //! (docs/checkpoints.md step 8).
 
 use super::producer::KafkaProducer;
+use crate::ids::Partition;
 use crate::pipeline::ports::CommitError;
 use crate::source::kafka::SourceConsumer;
 use crate::state::checkpoint::{InputOffsets, manifest_metadata};
@@ -26,17 +27,17 @@ const TRANSACTION_TIMEOUT: Duration = Duration::from_secs(30);
 pub(super) async fn commit(
     producer: KafkaProducer,
     consumer: Arc<SourceConsumer>,
-    partition: i32,
+    partition: Partition,
     input: &InputOffsets,
     version: u64,
 ) -> Result<(), CommitError> {
     let mut offsets = TopicPartitionList::new();
     for (topic, next) in input.iter() {
         offsets
-            .add_partition_offset(topic, partition, Offset::Offset(next))
+            .add_partition_offset(topic, partition.0, Offset::Offset(next))
             .and_then(|()| {
                 offsets
-                    .find_partition(topic, partition)
+                    .find_partition(topic, partition.0)
                     .map(|mut e| e.set_metadata(manifest_metadata(version)))
                     .ok_or(KafkaError::Global(RDKafkaErrorCode::UnknownPartition))
             })

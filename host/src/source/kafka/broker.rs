@@ -4,6 +4,7 @@
 //! [`ReasonContext`] keeps that reason so that the request's error can name it.
 
 use crate::config::KafkaSettings;
+use crate::ids::Partition;
 use rdkafka::client::ClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::KafkaError;
@@ -169,8 +170,8 @@ pub fn committed_checkpoint_versions(
     kafka: &KafkaSettings,
     group: &str,
     topics: &[String],
-    partitions: &[i32],
-) -> Result<std::collections::BTreeMap<i32, u64>, KafkaError> {
+    partitions: &[Partition],
+) -> Result<std::collections::BTreeMap<Partition, u64>, KafkaError> {
     let mut config = kafka.client_config();
     for (k, v) in &kafka.consumer {
         config.set(k, v);
@@ -183,7 +184,7 @@ pub fn committed_checkpoint_versions(
     let mut wanted = rdkafka::TopicPartitionList::new();
     for topic in topics {
         for p in partitions {
-            wanted.add_partition(topic, *p);
+            wanted.add_partition(topic, p.0);
         }
     }
     let committed = consumer.committed_offsets(wanted, Duration::from_secs(10))?;
@@ -192,7 +193,7 @@ pub fn committed_checkpoint_versions(
         .iter()
         .filter_map(|e| {
             let version = crate::state::checkpoint::parse_manifest_metadata(e.metadata())?;
-            Some((e.partition(), version))
+            Some((Partition(e.partition()), version))
         })
         .collect())
 }

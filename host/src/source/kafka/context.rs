@@ -1,6 +1,7 @@
 //! The Kafka consumer's context ([`SourceContext`]): what rebalances revoke and assign, the
 //! partitions paused, and the lag and caught-up state librdkafka's statistics report.
 
+use crate::ids::Partition;
 use rdkafka::ClientContext;
 use rdkafka::Statistics;
 use rdkafka::config::RDKafkaLogLevel;
@@ -51,19 +52,19 @@ impl SourceContext {
         std::mem::take(&mut *self.assigned.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
-    pub(super) fn is_paused(&self, partition: i32) -> bool {
+    pub(super) fn is_paused(&self, partition: Partition) -> bool {
         self.paused
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .contains(&partition)
+            .contains(&partition.0)
     }
 
-    pub(super) fn set_paused(&self, partition: i32, paused: bool) {
+    pub(super) fn set_paused(&self, partition: Partition, paused: bool) {
         let mut set = self.paused.lock().unwrap_or_else(|e| e.into_inner());
         if paused {
-            set.insert(partition);
+            set.insert(partition.0);
         } else {
-            set.remove(&partition);
+            set.remove(&partition.0);
         }
     }
 
@@ -76,11 +77,11 @@ impl SourceContext {
 impl SourceContext {
     /// The high watermark (last stable offset) of `topic` `partition` as librdkafka's last
     /// statistics gave it, if they covered it.
-    pub fn high_watermark(&self, topic: &str, partition: i32) -> Option<i64> {
+    pub fn high_watermark(&self, topic: &str, partition: Partition) -> Option<i64> {
         self.high_watermarks
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .get(&(topic.to_owned(), partition))
+            .get(&(topic.to_owned(), partition.0))
             .copied()
     }
 }
@@ -198,7 +199,7 @@ impl ConsumerContext for SourceContext {
                     .collect();
                 tracing::info!(partitions = ?parts, "partitions assigned");
                 for (_, partition) in &parts {
-                    self.set_paused(*partition, true);
+                    self.set_paused(Partition(*partition), true);
                 }
                 // A partition librdkafka does not know yet is skipped (its records are held
                 // by `fetch` until the seek anyway).

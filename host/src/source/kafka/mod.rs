@@ -9,6 +9,7 @@ pub mod broker;
 mod context;
 
 use crate::config::Settings;
+use crate::ids::Partition;
 use crate::pipeline::ports::{Cause, GroupOffsets, Source, SourceError};
 use crate::runtime::{Header, InputRecord};
 use crate::state::checkpoint::{InputOffsets, parse_manifest_metadata};
@@ -236,10 +237,10 @@ impl KafkaSource {
         self.consumer.clone()
     }
 
-    fn partition_list(&self, partition: i32) -> TopicPartitionList {
+    fn partition_list(&self, partition: Partition) -> TopicPartitionList {
         let mut tpl = TopicPartitionList::new();
         for topic in &self.topics {
-            tpl.add_partition(topic, partition);
+            tpl.add_partition(topic, partition.0);
         }
         tpl
     }
@@ -257,8 +258,8 @@ impl KafkaSource {
             match self.consumer.poll(Duration::ZERO) {
                 Some(Ok(msg)) => {
                     let topic = self.topic(msg.topic());
-                    self.mark_end(&topic, msg.partition(), false);
-                    if msg.offset() >= self.floor(&topic, msg.partition()) {
+                    self.mark_end(&topic, Partition(msg.partition()), false);
+                    if msg.offset() >= self.floor(&topic, Partition(msg.partition())) {
                         records.push(to_input_record(&msg, &topic));
                     }
                     Polled::Served
@@ -267,7 +268,7 @@ impl KafkaSource {
                 // the partition counts as caught up after its next record and end).
                 Some(Err(KafkaError::PartitionEOF(partition))) => {
                     if let [topic] = self.topics.as_slice() {
-                        self.mark_end(topic, partition, true);
+                        self.mark_end(topic, Partition(partition), true);
                     }
                     Polled::Served
                 }
@@ -286,22 +287,22 @@ impl KafkaSource {
     }
 
     /// The offset of `topic` `partition` below which nothing is handed out (see `floors`).
-    fn floor(&self, topic: &Arc<str>, partition: i32) -> i64 {
+    fn floor(&self, topic: &Arc<str>, partition: Partition) -> i64 {
         self.floors
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .get(&(topic.clone(), partition))
+            .get(&(topic.clone(), partition.0))
             .copied()
             .unwrap_or(i64::MIN)
     }
 
     /// Records whether `topic` `partition` was last seen at its end.
-    fn mark_end(&self, topic: &Arc<str>, partition: i32, at_end: bool) {
+    fn mark_end(&self, topic: &Arc<str>, partition: Partition, at_end: bool) {
         let mut ends = self.ends.lock().unwrap_or_else(|e| e.into_inner());
         if at_end {
-            ends.insert((topic.clone(), partition));
+            ends.insert((topic.clone(), partition.0));
         } else {
-            ends.remove(&(topic.clone(), partition));
+            ends.remove(&(topic.clone(), partition.0));
         }
     }
 
@@ -310,11 +311,11 @@ impl KafkaSource {
     /// once the group coordinator has answered for the committed offsets of a new assignment
     /// (a few milliseconds; longer, the pipeline holds the partition and opens it again).
     /// Blocks the calling thread meanwhile, as librdkafka's seek does.
-    fn seek_started(&self, topic: &str, partition: i32, to: Offset) -> KafkaResult<()> {
+    fn seek_started(&self, topic: &str, partition: Partition, to: Offset) -> KafkaResult<()> {
         let deadline = crate::clock::monotonic_now() + FETCHER_START_WAIT;
         loop {
             let mut tpl = TopicPartitionList::new();
-            tpl.add_partition_offset(topic, partition, to)?;
+            tpl.add_partition_offset(topic, partition.0, to)?;
             let result = self
                 .consumer
                 .seek_partitions(tpl, SEEK_TIMEOUT)?
@@ -428,7 +429,7 @@ impl Source for KafkaSource {
                     budget -= 1;
                 }
                 if let Some(end) = end {
-                    self.mark_end(topic, *partition, end);
+                    self.mark_end(topic, Partition(*partition), end);
                 }
             }
             more |= budget == 0;
@@ -436,25 +437,26 @@ impl Source for KafkaSource {
         Ok(more)
     }
 
-    fn take_revoked(&self) -> Vec<i32> {
-        self.context.take_revoked()
+    fn take_revoked(&self) -> Vec<Partition> {
+        let revoked = self.context.take_revoked();
+        revoked.into_iter().map(Partition).collect()
     }
 
-    fn take_assigned(&self) -> Vec<i32> {
+    fn take_assigned(&self) -> Vec<Partition> {
         let assigned = self.context.take_assigned();
         if !assigned.is_empty() {
             // A new assignment is caught up only once its fetches say so.
             let mut ends = self.ends.lock().unwrap_or_else(|e| e.into_inner());
             ends.retain(|(_, p)| !assigned.contains(p));
         }
-        assigned
+        assigned.into_iter().map(Partition).collect()
     }
 
     /// Pauses or resumes `partition`'s fetches. A partition the rebalance paused on
     /// assignment is not paused again: until its seek succeeds its fetcher may be starting,
     /// and a pause then would make librdkafka drop the start (see
     /// [`SourceContext::pre_rebalance`]).
-    fn set_paused(&self, partition: i32, paused: bool) -> Result<(), SourceError> {
+    fn set_paused(&self, partition: Partition, paused: bool) -> Result<(), SourceError> {
         let tpl = self.partition_list(partition);
         let result = if paused {
             if self.context.is_paused(partition) {
@@ -475,7 +477,7 @@ impl Source for KafkaSource {
     /// Seeks each input topic's `partition` to the checkpoint's next offset; without one, to
     /// the beginning, or under `auto.offset.reset = latest` to the partition's end as it is
     /// now (read from the broker), below which nothing is then handed out.
-    fn seek(&self, partition: i32, offsets: &InputOffsets) -> Result<(), SourceError> {
+    fn seek(&self, partition: Partition, offsets: &InputOffsets) -> Result<(), SourceError> {
         for topic in &self.topics {
             let failed = |e| source_error(format!("seek `{topic}` partition {partition}"), e);
             let (to, floor) = match (offsets.next(topic), self.reset) {
@@ -483,7 +485,7 @@ impl Source for KafkaSource {
                 (None, Offset::End) => {
                     let (_, end) = retry_while_outdated(SEEK_TIMEOUT, || {
                         self.consumer
-                            .fetch_watermarks(topic, partition, SEEK_TIMEOUT)
+                            .fetch_watermarks(topic, partition.0, SEEK_TIMEOUT)
                     })
                     .map_err(failed)?;
                     (Offset::Offset(end), Some(end))
@@ -493,8 +495,8 @@ impl Source for KafkaSource {
             {
                 let mut floors = self.floors.lock().unwrap_or_else(|e| e.into_inner());
                 match floor {
-                    Some(floor) => floors.insert((topic.clone(), partition), floor),
-                    None => floors.remove(&(topic.clone(), partition)),
+                    Some(floor) => floors.insert((topic.clone(), partition.0), floor),
+                    None => floors.remove(&(topic.clone(), partition.0)),
                 };
             }
             self.seek_started(topic, partition, to).map_err(failed)?;
@@ -505,7 +507,7 @@ impl Source for KafkaSource {
     fn commit(&self, offsets: &GroupOffsets, wait: bool) -> Result<(), SourceError> {
         let mut tpl = TopicPartitionList::new();
         for ((topic, partition), next) in offsets {
-            tpl.add_partition_offset(topic, *partition, Offset::Offset(*next))
+            tpl.add_partition_offset(topic, partition.0, Offset::Offset(*next))
                 .map_err(|e| source_error("list offsets to commit", e))?;
         }
         if tpl.count() == 0 {
@@ -521,7 +523,7 @@ impl Source for KafkaSource {
             .map_err(|e| source_error("commit offsets", e))
     }
 
-    async fn committed_checkpoint(&self, partition: i32) -> Result<Option<u64>, SourceError> {
+    async fn committed_checkpoint(&self, partition: Partition) -> Result<Option<u64>, SourceError> {
         let wanted = self.partition_list(partition);
         let consumer = self.consumer.clone();
         // With `isolation.level = read_committed` librdkafka asks for stable offsets: the
@@ -541,11 +543,11 @@ impl Source for KafkaSource {
             .elements()
             .iter()
             .find_map(|e| parse_manifest_metadata(e.metadata()));
-        tracing::info!(partition, ?version, "committed offsets read");
+        tracing::info!(partition = partition.0, ?version, "committed offsets read");
         Ok(version)
     }
 
-    fn high_watermark(&self, topic: &str, partition: i32) -> Option<i64> {
+    fn high_watermark(&self, topic: &str, partition: Partition) -> Option<i64> {
         self.context.high_watermark(topic, partition)
     }
 
@@ -553,18 +555,18 @@ impl Source for KafkaSource {
     /// partition fetched before its queue was split off can reach librdkafka's error callback
     /// instead, which names no partition; a consumer that resumed at the end has no position
     /// until a record comes, but gets an EOF).
-    fn at_end(&self, topic: &str, partition: i32) -> bool {
+    fn at_end(&self, topic: &str, partition: Partition) -> bool {
         let shared = self.topic(topic);
         self.ends
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .contains(&(shared, partition))
+            .contains(&(shared, partition.0))
             || self
                 .context
                 .caught_up
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .contains(&(topic.to_owned(), partition))
+                .contains(&(topic.to_owned(), partition.0))
     }
 }
 

@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::clock::{ManualClock, SharedClock};
+use crate::ids::Partition;
 use crate::state::faulty_store::{Fault, FaultyStore};
 use crate::state::lsm::backend::LsmBackend;
 use crate::state::lsm::cache::BlockCaches;
@@ -24,7 +25,7 @@ fn backend(store: &Arc<FaultyStore>) -> LsmBackend {
 fn id() -> ShardId {
     ShardId {
         pipeline: "counts".into(),
-        partition: 3,
+        partition: Partition(3),
     }
 }
 

@@ -1,5 +1,6 @@
 use super::*;
 use crate::clock::ManualClock;
+use crate::ids::Partition;
 use proptest::prelude::*;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -8,7 +9,7 @@ fn shard(clock: ManualClock) -> MemoryShard {
     let backend = MemoryBackend::new(Arc::new(clock));
     let id = ShardId {
         pipeline: "p".into(),
-        partition: 0,
+        partition: Partition(0),
     };
     futures::executor::block_on(backend.open_shard(&id)).expect("memory shards always open")
 }
@@ -69,7 +70,7 @@ proptest! {
     /// and the quota's count of bytes is the model's keys, values and overheads throughout.
     #[test]
     fn memory_shard_agrees_with_btreemap_model(ops in proptest::collection::vec(op(), 1..64)) {
-        let id = ShardId { pipeline: "p".into(), partition: 0 };
+        let id = ShardId { pipeline: "p".into(), partition: Partition(0) };
         let s = futures::executor::block_on(
             MemoryBackend::new(Arc::new(ManualClock::new(0)))
                 .with_shard_bytes_max(u64::MAX)
@@ -136,7 +137,7 @@ fn committed(version: Option<u64>) -> Recovery {
 fn id() -> ShardId {
     ShardId {
         pipeline: "p".into(),
-        partition: 2,
+        partition: Partition(2),
     }
 }
 

@@ -6,6 +6,7 @@ use crate::api::pipelines::existing;
 use crate::api::problem::{ApiError, Problem};
 use crate::api::{ApiState, AuthProblems, Principal};
 use crate::checkpoints::savepoint;
+use crate::ids::Partition;
 use axum::Json;
 use axum::body::Body;
 use axum::extract::{Path as UrlPath, State};
@@ -18,7 +19,7 @@ use utoipa::ToSchema;
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct ExportedPartition {
     /// The input partition.
-    pub partition: i32,
+    pub partition: Partition,
     /// Bytes of its JSON lines.
     pub bytes: u64,
     /// Where to download it (`GET`, `application/x-ndjson`).
@@ -92,13 +93,13 @@ pub(crate) async fn download_export(
     let Some(partition) = partition
         .parse::<i32>()
         .ok()
-        .filter(|p| saved.shards.iter().any(|s| s.partition == *p))
+        .filter(|p| saved.shards.iter().any(|s| s.partition == Partition(*p)))
     else {
         return Err(ApiError::not_found(format!(
             "savepoint `{savepoint}` holds no partition `{partition}`"
         )));
     };
-    let path = dir.export(partition);
+    let path = dir.export(Partition(partition));
     let got = match state.catalog.store().get(&path).await {
         Ok(got) => got,
         Err(object_store::Error::NotFound { .. }) => {

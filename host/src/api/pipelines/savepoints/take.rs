@@ -14,6 +14,7 @@ use crate::checkpoints::savepoint::{
     self, SavepointDescriptor, SavepointDir, SavepointShard, savepoint_root,
 };
 use crate::clock::wall_now_ms;
+use crate::ids::Partition;
 use axum::Json;
 use axum::body::Body;
 use axum::extract::{Path as UrlPath, State};
@@ -126,7 +127,7 @@ fn descriptor(
     record: &PipelineRecord,
     name: &str,
     dir: &SavepointDir,
-    taken: BTreeMap<i32, SavepointShard>,
+    taken: BTreeMap<Partition, SavepointShard>,
 ) -> SavepointDescriptor {
     let prefix = format!("{tenant}.");
     let shards: Vec<SavepointShard> = taken
@@ -166,18 +167,18 @@ struct Capture<'a> {
     /// The pipeline runs: take the first decided checkpoints after the request.
     running: bool,
     /// The shards, by partition (a new pipeline's appear as hosts open them).
-    shards: Vec<(i32, Path)>,
+    shards: Vec<(Partition, Path)>,
     /// Every partition of the input, when the brokers tell.
     partitions_wanted: Option<usize>,
     /// The checkpoint versions the group's committed offsets name, read at `read_at`.
-    committed: BTreeMap<i32, u64>,
+    committed: BTreeMap<Partition, u64>,
     read_at: Instant,
     /// Per partition, the newest decided version at the request: what is taken comes after.
-    after: BTreeMap<i32, Option<u64>>,
+    after: BTreeMap<Partition, Option<u64>>,
     /// When the hosts were last asked for a checkpoint.
     asked: Option<Instant>,
     /// The shards copied so far.
-    taken: BTreeMap<i32, SavepointShard>,
+    taken: BTreeMap<Partition, SavepointShard>,
     deadline: Instant,
 }
 
@@ -243,7 +244,7 @@ impl<'a> Capture<'a> {
 
     /// Copies each partition's checkpoint as it is decided, until every partition's is, or
     /// the deadline; returns the copies.
-    async fn wait(mut self) -> Result<BTreeMap<i32, SavepointShard>, ApiError> {
+    async fn wait(mut self) -> Result<BTreeMap<Partition, SavepointShard>, ApiError> {
         loop {
             if self.running {
                 self.keep_asking().await?;
@@ -326,8 +327,9 @@ impl<'a> Capture<'a> {
 
     /// The partitions that did not checkpoint in time.
     fn timed_out(&self) -> ApiError {
-        let missing: Vec<i32> = match self.partitions_wanted {
+        let missing: Vec<Partition> = match self.partitions_wanted {
             Some(n) => (0..n as i32)
+                .map(Partition)
                 .filter(|p| !self.taken.contains_key(p))
                 .collect(),
             None => partitions(&self.shards)
@@ -344,7 +346,7 @@ impl<'a> Capture<'a> {
     }
 }
 
-fn partitions(shards: &[(i32, Path)]) -> Vec<i32> {
+fn partitions(shards: &[(Partition, Path)]) -> Vec<Partition> {
     shards.iter().map(|(p, _)| *p).collect()
 }
 
@@ -356,8 +358,8 @@ pub(in crate::api::pipelines) async fn committed_versions(
     state: &ApiState,
     tenant: &str,
     record: &PipelineRecord,
-    partitions: &[i32],
-) -> BTreeMap<i32, u64> {
+    partitions: &[Partition],
+) -> BTreeMap<Partition, u64> {
     let (Some(kafka), crate::config::Delivery::ExactlyOnce) =
         (state.kafka_settings().cloned(), record.spec.delivery)
     else {

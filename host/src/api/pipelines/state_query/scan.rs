@@ -12,6 +12,7 @@ use crate::api::pipelines::savepoints::committed_versions;
 use crate::api::problem::ApiError;
 use crate::checkpoints::query::{QueryEntry, QueryError, QueryShard, merge_pages};
 use crate::clock::SharedClock;
+use crate::ids::Partition;
 use crate::state::StateError;
 use crate::state::key;
 use crate::state::lease::{self, Lease};
@@ -21,7 +22,7 @@ use object_store::path::Path;
 use std::collections::BTreeMap;
 
 /// One page: the checkpoints read, the entries merged across them, and whether more follow.
-pub(super) type Page = (Vec<ReadCheckpoint>, (Vec<(i32, QueryEntry)>, bool));
+pub(super) type Page = (Vec<ReadCheckpoint>, (Vec<(Partition, QueryEntry)>, bool));
 
 /// A read of a pipeline's state, one page of it.
 pub(super) struct Scan<'a> {
@@ -43,7 +44,7 @@ pub(super) struct Scan<'a> {
 
 impl Scan<'_> {
     /// A page of the shards at `versions` ((partition, root, version)).
-    async fn read_page(&self, versions: Vec<(i32, Path, u64)>) -> Result<Page, QueryError> {
+    async fn read_page(&self, versions: Vec<(Partition, Path, u64)>) -> Result<Page, QueryError> {
         let store = self.state.catalog.store();
         let caches = &self.state.query_caches;
         let opened = futures::future::try_join_all(
@@ -84,7 +85,7 @@ impl Scan<'_> {
     pub(super) async fn go_on(
         &self,
         token: &PageToken,
-        roots: Vec<(i32, Path, Option<u64>)>,
+        roots: Vec<(Partition, Path, Option<u64>)>,
         held: Option<&str>,
     ) -> Result<Page, ApiError> {
         let name = &self.record.name;
@@ -118,7 +119,7 @@ impl Scan<'_> {
     /// again, once.
     pub(super) async fn first(
         &self,
-        roots: Vec<(i32, Path, Option<u64>)>,
+        roots: Vec<(Partition, Path, Option<u64>)>,
     ) -> Result<Page, ApiError> {
         let name = &self.record.name;
         let committed = if self.savepoint.is_none() {
@@ -162,7 +163,7 @@ impl Scan<'_> {
             }
             return Ok(None);
         };
-        let versions: Vec<(i32, u64)> = checkpoints
+        let versions: Vec<(Partition, u64)> = checkpoints
             .iter()
             .map(|c| (c.partition, c.version))
             .collect();

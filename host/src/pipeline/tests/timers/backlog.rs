@@ -2,6 +2,7 @@
 //! count of pending timers across restarts.
 
 use super::*;
+use crate::ids::Partition;
 
 /// A backlog of due timers (every timer of 5,000 keys due at once, fired 16 per round) and a
 /// checkpoint asked for while it fires: the checkpoint is taken after at most one more round,
@@ -63,7 +64,7 @@ fn timers_pending(stats: &PipelineStats) -> Option<u64> {
         .partitions
         .lock()
         .expect("progress lock")
-        .get(&0)
+        .get(&Partition(0))
         .and_then(|p| p.timers_pending)
 }
 
@@ -126,7 +127,7 @@ async fn a_million_due_timers_delay_a_checkpoint_by_at_most_one_round() {
     let seeded = MemoryBackend::durable(world.store.clone(), "weir".into(), shared)
         .open_shard(&ShardId {
             pipeline: "counter".to_owned(),
-            partition: 0,
+            partition: Partition(0),
         })
         .await
         .expect("opens");

@@ -6,6 +6,7 @@
 use super::*;
 use crate::clock::ManualClock;
 use crate::config::LateRecords;
+use crate::ids::Partition;
 use crate::pipeline::ports::DeadLetterKind;
 
 mod backlog;
@@ -20,7 +21,7 @@ fn fired(output: &MemoryOutput) -> Vec<serde_json::Value> {
         .log()
         .outputs
         .iter()
-        .filter(|w| w.partition == 0)
+        .filter(|w| w.partition == Partition(0))
         .map(|w| serde_json::from_slice::<serde_json::Value>(&w.value).expect("counter JSON"))
         .filter(|v| v.get("fired").is_some())
         .collect()
