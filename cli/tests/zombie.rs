@@ -99,7 +99,7 @@ async fn zombie(exactly_once: bool) -> anyhow::Result<()> {
     let checkpoints: Vec<(u64, u64)> = all
         .iter()
         .filter(|m| m.kind == ManifestKind::Checkpoint)
-        .map(|m| (m.version, m.writer_epoch))
+        .map(|m| (m.version.0, m.writer_epoch))
         .collect();
     assert!(!checkpoints.is_empty(), "b checkpointed");
     assert!(

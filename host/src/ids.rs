@@ -15,21 +15,17 @@ use utoipa::ToSchema;
 /// A Kafka partition of a topic (≥ 0). A pipeline's shard is one partition number of its
 /// co-partitioned input topics.
 #[derive(
-    Debug,
-    Clone,
-    Copy,
-    Default,
-    PartialEq,
-    Eq,
-    PartialOrd,
-    Ord,
-    Hash,
-    Serialize,
-    Deserialize,
-    ToSchema,
+    Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, ToSchema,
 )]
 #[serde(transparent)]
 pub struct Partition(pub i32);
+
+/// As its number, so that logs and reports read as before the type.
+impl fmt::Debug for Partition {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
 
 impl fmt::Display for Partition {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -64,25 +60,63 @@ impl From<i32> for Partition {
 /// created once (`state::manifest`); a version names a checkpoint in committed offsets'
 /// metadata, savepoints and reports.
 #[derive(
-    Debug,
-    Clone,
-    Copy,
-    Default,
-    PartialEq,
-    Eq,
-    PartialOrd,
-    Ord,
-    Hash,
-    Serialize,
-    Deserialize,
-    ToSchema,
+    Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, ToSchema,
 )]
 #[serde(transparent)]
 pub struct ManifestVersion(pub u64);
 
+/// As its number, so that logs and reports read as before the type.
+impl fmt::Debug for ManifestVersion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
 impl fmt::Display for ManifestVersion {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         self.0.fmt(f)
+    }
+}
+
+impl std::str::FromStr for ManifestVersion {
+    type Err = std::num::ParseIntError;
+
+    /// A version in decimal, as manifest object names and offsets' metadata write it.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        s.parse().map(Self)
+    }
+}
+
+/// A version compares with its number (`version == 3`); it is still never passed as one.
+impl PartialEq<u64> for ManifestVersion {
+    fn eq(&self, n: &u64) -> bool {
+        self.0 == *n
+    }
+}
+
+/// A set or map of versions is looked up by the number too: a version compares, orders and
+/// hashes as its number.
+impl std::borrow::Borrow<u64> for ManifestVersion {
+    fn borrow(&self) -> &u64 {
+        &self.0
+    }
+}
+
+/// `n` versions later (the next version is `v + 1`).
+impl std::ops::Add<u64> for ManifestVersion {
+    type Output = Self;
+
+    fn add(self, n: u64) -> Self {
+        Self(self.0 + n)
+    }
+}
+
+/// `n` versions earlier.
+impl std::ops::Sub<u64> for ManifestVersion {
+    type Output = Self;
+
+    fn sub(self, n: u64) -> Self {
+        Self(self.0 - n)
     }
 }
 

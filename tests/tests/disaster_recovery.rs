@@ -12,6 +12,7 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
 use std::sync::Arc;
 use std::time::Duration;
+use weir_host::ids::ManifestVersion;
 use weir_host::state::lsm::backend::object_store_from_url;
 use weir_host::state::manifest::{ManifestKind, ManifestStore};
 use weir_host::state::snapshot::snapshot_name;
@@ -85,7 +86,7 @@ async fn fail_over(backend: &str, delivery: &str) -> anyhow::Result<()> {
     // adding any brought (replication had not copied them yet).
     let shards = shard_roots(&to, &tenant).await?;
     assert_eq!(shards.len(), 2, "two shards replicated: {shards:?}");
-    let mut skipped: BTreeMap<Path, (BTreeSet<u64>, u64)> = BTreeMap::new();
+    let mut skipped: BTreeMap<Path, (BTreeSet<ManifestVersion>, ManifestVersion)> = BTreeMap::new();
     for root in &shards {
         let (incomplete, newest_complete) = drop_newest_objects(&to, root).await?;
         skipped.insert(root.clone(), (incomplete, newest_complete));
@@ -117,7 +118,8 @@ async fn fail_over(backend: &str, delivery: &str) -> anyhow::Result<()> {
             .into_iter()
             .flatten()
             .find(|v| v["restorable"] == true)
-            .and_then(|v| v["version"].as_u64());
+            .and_then(|v| v["version"].as_u64())
+            .map(ManifestVersion);
         assert_eq!(newest, Some(*newest_complete), "{shard}");
     }
 
@@ -175,7 +177,7 @@ async fn fail_over(backend: &str, delivery: &str) -> anyhow::Result<()> {
 async fn claim_above(
     store: &Arc<dyn ObjectStore>,
     root: &Path,
-    above: u64,
+    above: ManifestVersion,
 ) -> anyhow::Result<weir_host::state::manifest::Manifest> {
     let manifests = ManifestStore::new(store.clone(), root.clone());
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
@@ -248,7 +250,7 @@ async fn shard_roots(store: &Arc<dyn ObjectStore>, tenant: &str) -> anyhow::Resu
 async fn drop_newest_objects(
     store: &Arc<dyn ObjectStore>,
     root: &Path,
-) -> anyhow::Result<(BTreeSet<u64>, u64)> {
+) -> anyhow::Result<(BTreeSet<ManifestVersion>, ManifestVersion)> {
     let manifests = ManifestStore::new(store.clone(), root.clone());
     let mut checkpoints = Vec::new(); // newest first: (version, its objects)
     for version in manifests.versions().await?.into_iter().rev() {
@@ -288,7 +290,7 @@ async fn drop_newest_objects(
         .find(|(_, objects)| objects.is_subset(&present))
         .map(|(v, _)| *v)
         .ok_or_else(|| anyhow::anyhow!("{root}: no complete checkpoint left"))?;
-    let incomplete: BTreeSet<u64> = checkpoints
+    let incomplete: BTreeSet<ManifestVersion> = checkpoints
         .iter()
         .map(|(v, _)| *v)
         .filter(|v| *v > newest_complete)

@@ -484,11 +484,11 @@ impl<S: weir_host::state::Shard> weir_host::state::Shard for HeldShard<S> {
         self.inner.checkpoint(offsets, decided_by).await
     }
 
-    fn checkpoint_decided(&self, version: u64) {
+    fn checkpoint_decided(&self, version: weir_host::ids::ManifestVersion) {
         self.inner.checkpoint_decided(version);
     }
 
-    fn opened_from(&self) -> Option<u64> {
+    fn opened_from(&self) -> Option<weir_host::ids::ManifestVersion> {
         self.inner.opened_from()
     }
 

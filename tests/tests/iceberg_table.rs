@@ -60,7 +60,7 @@ async fn checkpoint(
         .collect::<Result<_, _>>()?;
     Ok(PendingCheckpoint {
         partition: Partition(partition),
-        version,
+        version: weir_host::ids::ManifestVersion(version),
         files,
         covered: Default::default(),
     })
@@ -114,7 +114,7 @@ async fn a_table_on_s3_committed_exactly_once_reads_back_in_pyiceberg_around_ano
     assert_eq!((second.rows, second.skipped), (30, 2));
     assert_eq!(
         second.committed,
-        BTreeMap::from([(Partition(0), 4), (Partition(1), 6)])
+        BTreeMap::from([(Partition(0), 4.into()), (Partition(1), 6.into())])
     );
 
     let read = read_with_pyiceberg(&db, "t1.routes")?;

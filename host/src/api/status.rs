@@ -144,7 +144,7 @@ impl Tracked {
         }
         for checkpoint in checkpoints {
             self.checkpoints
-                .insert((checkpoint.partition.0, checkpoint.version), checkpoint);
+                .insert((checkpoint.partition.0, checkpoint.version.0), checkpoint);
         }
         self.checkpoints.retain(|_, c| c.committed_ms >= since);
         self.status = status;

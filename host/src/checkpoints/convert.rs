@@ -8,6 +8,7 @@
 use super::export::{export_checkpoint, import_checkpoint};
 use super::savepoint::{SavepointError, newest_decided_in, next_slot};
 use crate::clock::SharedClock;
+use crate::ids::ManifestVersion;
 use crate::state::checkpoint::InputOffsets;
 use crate::state::manifest::ManifestStore;
 use crate::state::stored::{CheckpointFormat, checkpoint_backend};
@@ -55,11 +56,11 @@ pub async fn open_converted<B: StateBackend>(
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Converted {
     /// The checkpoint converted, and its backend.
-    pub from_version: u64,
+    pub from_version: ManifestVersion,
     /// See `from_version`.
     pub from_backend: &'static str,
     /// The checkpoint written.
-    pub version: u64,
+    pub version: ManifestVersion,
     /// State entries and timers moved.
     pub entries: u64,
     /// See `entries`.
@@ -79,7 +80,7 @@ pub struct Converted {
 pub async fn convert_foreign(
     store: &Arc<dyn ObjectStore>,
     root: &Path,
-    (recovery, versions): (&Recovery, &[u64]),
+    (recovery, versions): (&Recovery, &[ManifestVersion]),
     (into, own): (CheckpointFormat, &'static str),
     clock: &SharedClock,
 ) -> Result<Option<Converted>, StateError> {
@@ -135,7 +136,7 @@ pub async fn convert_foreign(
     .await
     .map_err(export_error)?;
     let token = format!("convert-{from_backend}-{}", newest.version);
-    let imported = import_checkpoint(store, &export, root, into, (version, epoch, &token))
+    let imported = import_checkpoint(store, &export, root, into, (version.0, epoch, &token))
         .await
         .map_err(export_error);
     let _ = store.delete(&export).await;
@@ -143,7 +144,7 @@ pub async fn convert_foreign(
     let converted = Converted {
         from_version: newest.version,
         from_backend,
-        version,
+        version: ManifestVersion(version.0),
         entries: imported.entries,
         timers: imported.timers,
         export_bytes: exported.bytes,
@@ -152,9 +153,9 @@ pub async fn convert_foreign(
         audit = true,
         shard = %root,
         from_backend,
-        from_version = newest.version,
+        from_version = newest.version.0,
         to_backend = own,
-        version,
+        version = version.0,
         entries = converted.entries,
         timers = converted.timers,
         export_bytes = converted.export_bytes,
@@ -228,12 +229,13 @@ mod tests {
 
     /// The version of a durable checkpoint of `shard` at `offsets(next)`, decided by `by`.
     async fn checkpointed<S: Shard>(shard: &S, next: i64, by: DecidedBy) -> u64 {
-        shard
+        (shard
             .checkpoint(&offsets(next), by)
             .await
             .expect("checkpoints")
             .expect("durable")
-            .version
+            .version)
+            .0
     }
 
     /// `memory` → `lsm` → `memory` on one shard, as a live switch does: each open converts
@@ -286,7 +288,7 @@ mod tests {
             // Back: exactly-once, so the transaction-decided checkpoint counts once Kafka
             // names it.
             let recovery = Recovery {
-                committed: Some(versions[1]),
+                committed: Some(ManifestVersion(versions[1])),
                 ..Recovery::default()
             };
             let back = open_converted(&memory, &id, &recovery)

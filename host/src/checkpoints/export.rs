@@ -36,7 +36,7 @@
 //!   pending timers) is not exported: the import builds it again from the timers.
 
 use crate::clock::SharedClock;
-use crate::ids::Partition;
+use crate::ids::{ManifestVersion, Partition};
 use crate::runtime::TimeDomain;
 use crate::state::StateError;
 use crate::state::checkpoint::{DecidedBy, InputOffsets, checkpoint_metadata};
@@ -78,7 +78,7 @@ pub struct ExportHeader {
     /// The backend it was exported from (`lsm` or `memory`).
     pub source_backend: String,
     /// The checkpoint's manifest version in the shard it was exported from.
-    pub source_version: u64,
+    pub source_version: ManifestVersion,
     /// Where the input resumes: Kafka topic → next offset.
     pub offsets: BTreeMap<String, i64>,
 }

@@ -17,7 +17,7 @@
 //! the last encoded key they returned, across every shard at once.
 
 use crate::clock::SharedClock;
-use crate::ids::Partition;
+use crate::ids::{ManifestVersion, Partition};
 use crate::state::StateError;
 use crate::state::key;
 use crate::state::lsm::cache::{BlockCaches, SstFiles};
@@ -46,7 +46,7 @@ pub enum QueryError {
         /// The input partition.
         partition: Partition,
         /// The version.
-        version: u64,
+        version: ManifestVersion,
     },
     /// The version named is no checkpoint (a claim): nothing to read there.
     #[error("version {version} of partition {partition}, which is no checkpoint")]
@@ -54,7 +54,7 @@ pub enum QueryError {
         /// The input partition.
         partition: Partition,
         /// The version.
-        version: u64,
+        version: ManifestVersion,
     },
     /// The store failed, or what it holds cannot be read.
     #[error(transparent)]
@@ -67,7 +67,7 @@ pub struct QueryShard {
     /// The input partition.
     pub partition: Partition,
     /// The checkpoint's manifest version.
-    pub version: u64,
+    pub version: ManifestVersion,
     reader: Reader,
 }
 
@@ -87,7 +87,7 @@ impl QueryShard {
     pub async fn open(
         store: &Arc<dyn ObjectStore>,
         (root, partition): (&Path, Partition),
-        version: u64,
+        version: ManifestVersion,
         caches: &Arc<BlockCaches>,
         clock: &SharedClock,
     ) -> Result<Self, QueryError> {
@@ -271,7 +271,7 @@ mod tests {
     fn shard(entries: snapshot::SnapshotEntries) -> QueryShard {
         QueryShard {
             partition: Partition(0),
-            version: 1,
+            version: ManifestVersion(1),
             reader: Reader::Snapshot(entries),
         }
     }
@@ -354,7 +354,7 @@ mod tests {
             let err = QueryShard::open(
                 &store,
                 (&Path::from("shard"), Partition(3)),
-                7,
+                ManifestVersion(7),
                 &Arc::new(BlockCaches::none()),
                 &clock,
             )
@@ -365,7 +365,7 @@ mod tests {
                     err,
                     QueryError::Gone {
                         partition: Partition(3),
-                        version: 7
+                        version: ManifestVersion(7)
                     }
                 ),
                 "{err:?}"
@@ -385,7 +385,7 @@ mod tests {
     }
 
     /// Leases `version` of the shard at `root` as a scan does (lease `scan`, never expiring).
-    async fn lease_version(store: &Arc<dyn ObjectStore>, root: &Path, version: u64) {
+    async fn lease_version(store: &Arc<dyn ObjectStore>, root: &Path, version: ManifestVersion) {
         use crate::state::lease::{self, Lease};
         let held = Lease {
             versions: [(Partition(0), version)].into(),

@@ -36,7 +36,7 @@
 //! monotonic, since sinks use them as commit ids. Nothing references the savepoint afterwards:
 //! deleting it, or its pipeline, leaves the restored shard whole.
 
-use crate::ids::Partition;
+use crate::ids::{ManifestVersion, Partition};
 use crate::state::checkpoint::{DecidedBy, InputOffsets, checkpoint_metadata, decided_by};
 use crate::state::lsm::tree::SstId;
 use crate::state::manifest::{Manifest, ManifestError, ManifestKind, ManifestStore};
@@ -93,7 +93,7 @@ pub struct SavepointShard {
     /// The input partition.
     pub partition: Partition,
     /// The checkpoint's manifest version in the pipeline's shard.
-    pub version: u64,
+    pub version: ManifestVersion,
     /// Its input offsets (topic → next offset).
     pub offsets: BTreeMap<String, i64>,
     /// Objects it references (SSTs, or the snapshot).
@@ -199,7 +199,7 @@ fn referenced(manifest: &Manifest) -> Vec<String> {
 /// [`SavepointError::Unavailable`].
 pub async fn newest_decided(
     manifests: &ManifestStore,
-    committed: Option<u64>,
+    committed: Option<ManifestVersion>,
 ) -> Result<Option<Manifest>, SavepointError> {
     let versions = manifests.versions().await?;
     newest_decided_in(manifests, &versions, committed).await
@@ -211,8 +211,8 @@ pub async fn newest_decided(
 /// [`SavepointError::Unavailable`].
 pub async fn newest_decided_in(
     manifests: &ManifestStore,
-    versions: &[u64],
-    committed: Option<u64>,
+    versions: &[ManifestVersion],
+    committed: Option<ManifestVersion>,
 ) -> Result<Option<Manifest>, SavepointError> {
     let mut rejected = HashSet::new();
     let mut parents = HashSet::new();
@@ -251,8 +251,8 @@ pub async fn capture_shard(
     shard_root: &Path,
     target: &Path,
     partition: Partition,
-    after: Option<u64>,
-    committed: Option<u64>,
+    after: Option<ManifestVersion>,
+    committed: Option<ManifestVersion>,
 ) -> Result<Option<SavepointShard>, SavepointError> {
     let manifests = ManifestStore::new(store.clone(), shard_root.clone());
     for _ in 0..CAPTURE_ATTEMPTS_MAX {

@@ -9,7 +9,7 @@
 //! Whether an exactly-once checkpoint is decided lives in Kafka's committed offsets, not in
 //! the store: such a checkpoint is reported as `transaction`-decided, restorable or not.
 
-use crate::ids::Partition;
+use crate::ids::{ManifestVersion, Partition};
 use crate::state::lsm::sst::reader::SstReader;
 use crate::state::lsm::tree::SstId;
 use crate::state::manifest::{Manifest, ManifestError, ManifestKind, ManifestStore};
@@ -25,7 +25,7 @@ use std::sync::Arc;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct VersionCheck {
     /// The manifest version (the checkpoint id).
-    pub version: u64,
+    pub version: ManifestVersion,
     /// `checkpoint`, or `claim` (an owner's claim of the shard: no state of its own).
     pub kind: String,
     /// What decides a checkpoint: `manifest` (at-least-once: it is decided) or `transaction`
@@ -56,7 +56,7 @@ pub struct ShardCheck {
 impl ShardCheck {
     /// The newest restorable checkpoint, if any: what a new owner would open (at-least-once;
     /// exactly-once opens the one Kafka names, or an older one).
-    pub fn newest_restorable(&self) -> Option<u64> {
+    pub fn newest_restorable(&self) -> Option<ManifestVersion> {
         self.versions
             .iter()
             .find(|v| v.restorable && v.kind == "checkpoint")
@@ -203,7 +203,7 @@ fn manifest_unavailable(e: ManifestError) -> VerifyError {
 impl VersionCheck {
     /// What manifest `version` says before its objects are checked: its kind, how its
     /// checkpoint was decided, its offsets; not restorable yet.
-    fn of(version: u64, manifest: &Manifest) -> Self {
+    fn of(version: ManifestVersion, manifest: &Manifest) -> Self {
         let checkpoint = manifest.kind == ManifestKind::Checkpoint;
         VersionCheck {
             version,
@@ -280,7 +280,10 @@ impl Objects<'_> {
 }
 
 /// Whether manifest `version` is gone from the store (GC deleted it).
-async fn collected(manifests: &ManifestStore, version: u64) -> Result<bool, VerifyError> {
+async fn collected(
+    manifests: &ManifestStore,
+    version: ManifestVersion,
+) -> Result<bool, VerifyError> {
     match manifests.read(version).await {
         Err(ManifestError::NotFound(_)) => Ok(true),
         Err(ManifestError::Unavailable(source)) => Err(VerifyError(source)),
@@ -289,7 +292,7 @@ async fn collected(manifests: &ManifestStore, version: u64) -> Result<bool, Veri
 }
 
 /// A version no more is known of than that it cannot be restored, and why.
-fn unrestorable(version: u64, problem: String) -> VersionCheck {
+fn unrestorable(version: ManifestVersion, problem: String) -> VersionCheck {
     VersionCheck {
         version,
         kind: "checkpoint".to_owned(),
@@ -411,7 +414,7 @@ mod tests {
         store: &Arc<dyn ObjectStore>,
         prefix: &Path,
         clock: SharedClock,
-    ) -> [u64; 2] {
+    ) -> [ManifestVersion; 2] {
         let id = |partition| ShardId {
             pipeline: "t.p".into(),
             partition: Partition(partition),
@@ -426,7 +429,7 @@ mod tests {
         let memory = MemoryBackend::durable(store.clone(), prefix.clone(), clock);
         let a = lsm.open_shard(&id(0)).await.expect("opens");
         let b = memory.open_shard(&id(1)).await.expect("opens");
-        let mut newest = [0u64; 2];
+        let mut newest = [ManifestVersion::default(); 2];
         for round in 0..2u32 {
             let writes: Vec<_> = (round * 50..round * 50 + 50).map(write).collect();
             a.apply(writes.clone()).await.expect("applies");
@@ -450,7 +453,7 @@ mod tests {
     async fn delete_newest_own_sst(
         store: &Arc<dyn ObjectStore>,
         root: &Path,
-        newest: u64,
+        newest: ManifestVersion,
     ) -> SstId {
         let manifests = ManifestStore::new(store.clone(), root.clone());
         let ids = |manifest: Manifest| -> std::collections::HashSet<SstId> {
@@ -467,7 +470,11 @@ mod tests {
     }
 
     /// Flips a byte of the snapshot of checkpoint `version` of the `memory` shard at `root`.
-    async fn flip_a_snapshot_byte(store: &Arc<dyn ObjectStore>, root: &Path, version: u64) {
+    async fn flip_a_snapshot_byte(
+        store: &Arc<dyn ObjectStore>,
+        root: &Path,
+        version: ManifestVersion,
+    ) {
         let manifest = ManifestStore::new(store.clone(), root.clone())
             .read(version)
             .await

@@ -8,7 +8,7 @@
 //! here names a Kafka client type: the errors carry their cause as a boxed error.
 
 pub use super::events::DeliveryGuard;
-use crate::ids::Partition;
+use crate::ids::{ManifestVersion, Partition};
 use crate::runtime::{InputRecord, StagedEmit};
 use crate::state::StateWrite;
 use crate::state::checkpoint::InputOffsets;
@@ -101,7 +101,7 @@ pub trait Source: Send + Sync + 'static {
     fn committed_checkpoint(
         &self,
         partition: Partition,
-    ) -> impl Future<Output = Result<Option<u64>, SourceError>> + Send;
+    ) -> impl Future<Output = Result<Option<ManifestVersion>, SourceError>> + Send;
 
     /// `topic`'s high watermark (the offset the next record gets) of `partition` as last seen,
     /// if known.
@@ -268,7 +268,7 @@ pub trait ShardSink: Send + 'static {
         &mut self,
         partition: Partition,
         offsets: &InputOffsets,
-        version: u64,
+        version: ManifestVersion,
     ) -> impl Future<Output = Result<(), CommitError>> + Send;
 
     /// The reserved state key under which the sink keeps what it must recover with the
@@ -318,7 +318,7 @@ pub trait ShardSink: Send + 'static {
     /// [`SinkError`]: what was open is lost; the shard reopens from its checkpoint.
     fn prepare(
         &mut self,
-        version: u64,
+        version: ManifestVersion,
         offsets: &InputOffsets,
         timers_through_ms: Option<i64>,
     ) -> impl Future<Output = Result<Option<StateWrite>, SinkError>> + Send {

@@ -2,7 +2,7 @@
 //! and problem, and the committed checkpoints — what the status and the metrics show.
 
 use crate::config::LateRecords;
-use crate::ids::Partition;
+use crate::ids::{ManifestVersion, Partition};
 use crate::state::checkpoint::InputOffsets;
 use crate::telemetry::RunMetrics;
 use std::collections::{BTreeMap, VecDeque};
@@ -121,7 +121,7 @@ pub struct PartitionProgress {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timers_pending: Option<u64>,
     /// Version of the last committed checkpoint (the manifest version for `lsm`).
-    pub checkpoint_version: Option<u64>,
+    pub checkpoint_version: Option<ManifestVersion>,
     /// What holds the partition back, if anything (absent while it runs).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub problem: Option<PartitionProblem>,
@@ -169,7 +169,7 @@ pub struct CheckpointRecord {
     /// The partition (shard).
     pub partition: Partition,
     /// The checkpoint's version (the manifest version for `lsm`).
-    pub version: u64,
+    pub version: ManifestVersion,
     /// When it committed, ms since the Unix epoch.
     pub committed_ms: u64,
     /// How long it took (drain, flush, manifest, transaction), ms.

@@ -3,7 +3,7 @@
 //! open transaction until the checkpoint commits it (exactly-once), and deliveries that can be
 //! made to fail for a while.
 
-use crate::ids::Partition;
+use crate::ids::{ManifestVersion, Partition};
 use crate::pipeline::ports::{
     CommitError, DeadLetterKind, DeliveryGuard, Output, ShardSink, SinkError,
 };
@@ -191,7 +191,7 @@ impl ShardSink for MemorySink {
         &mut self,
         partition: Partition,
         offsets: &InputOffsets,
-        version: u64,
+        version: ManifestVersion,
     ) -> Result<(), CommitError> {
         if !self.transactional {
             return Ok(());
@@ -199,7 +199,7 @@ impl ShardSink for MemorySink {
         self.publish();
         {
             let mut log = self.output.log();
-            log.commits.push((partition.0, offsets.clone(), version));
+            log.commits.push((partition.0, offsets.clone(), version.0));
             let published = log.outputs.len();
             log.committed_outputs.push(published);
         }

@@ -7,7 +7,7 @@
 //! every partition); a revoke or an assignment is reported before any record handed out after
 //! it.
 
-use crate::ids::Partition;
+use crate::ids::{ManifestVersion, Partition};
 use crate::pipeline::ports::{Cause, GroupOffsets, Source, SourceError};
 use crate::runtime::InputRecord;
 use crate::state::checkpoint::{InputOffsets, manifest_metadata, parse_manifest_metadata};
@@ -200,7 +200,7 @@ impl MemorySourceHandle {
         &self,
         partition: impl Into<Partition>,
         offsets: &InputOffsets,
-        version: u64,
+        version: ManifestVersion,
     ) {
         let partition: Partition = partition.into();
         let mut logs = self.source.logs();
@@ -308,11 +308,14 @@ impl Source for MemorySource {
         Ok(())
     }
 
-    async fn committed_checkpoint(&self, partition: Partition) -> Result<Option<u64>, SourceError> {
+    async fn committed_checkpoint(
+        &self,
+        partition: Partition,
+    ) -> Result<Option<ManifestVersion>, SourceError> {
         let logs = self.logs();
         Ok(self.topics.iter().find_map(|topic| {
             logs.committed
-                .get(&(topic.clone(), (partition).0))
+                .get(&(topic.clone(), partition.0))
                 .and_then(|(_, metadata)| parse_manifest_metadata(metadata))
         }))
     }

@@ -3,6 +3,7 @@
 //! one did not commit ([`CheckpointError`]). The protocol itself is docs/checkpoints.md.
 
 use super::StateError;
+use crate::ids::ManifestVersion;
 use std::collections::BTreeMap;
 
 /// Prefix of the manifest metadata keys that hold input offsets: `offset/{topic}` → decimal.
@@ -132,9 +133,9 @@ pub fn decided_by(metadata: &BTreeMap<String, String>) -> DecidedBy {
 /// transaction-decided one only when Kafka names it. Recovery resumes from the newest decided
 /// checkpoint.
 pub fn is_decided(
-    version: u64,
+    version: ManifestVersion,
     metadata: &BTreeMap<String, String>,
-    committed: Option<u64>,
+    committed: Option<ManifestVersion>,
 ) -> bool {
     match metadata.get(DECIDED_BY_KEY).map(String::as_str) {
         Some("transaction") => committed == Some(version),
@@ -148,12 +149,12 @@ pub fn is_decided(
 const MANIFEST_METADATA_PREFIX: &str = "weir.manifest=";
 
 /// The committed-offset metadata naming checkpoint `version` (exactly-once mode).
-pub fn manifest_metadata(version: u64) -> String {
+pub fn manifest_metadata(version: ManifestVersion) -> String {
     format!("{MANIFEST_METADATA_PREFIX}{version}")
 }
 
 /// The checkpoint version named by committed-offset metadata, if it names one.
-pub fn parse_manifest_metadata(metadata: &str) -> Option<u64> {
+pub fn parse_manifest_metadata(metadata: &str) -> Option<ManifestVersion> {
     metadata
         .strip_prefix(MANIFEST_METADATA_PREFIX)?
         .parse()
@@ -164,7 +165,7 @@ pub fn parse_manifest_metadata(metadata: &str) -> Option<u64> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CheckpointReport {
     /// The committed version (the manifest version for `lsm`).
-    pub version: u64,
+    pub version: ManifestVersion,
     /// Bytes of state the checkpoint references.
     pub state_bytes: u64,
     /// Bytes this checkpoint added to the store since the previous one: SSTs flushed or
@@ -203,17 +204,32 @@ mod tests {
     fn a_prepared_transaction_checkpoint_counts_only_when_kafka_names_it() {
         let offsets = InputOffsets::new();
         let prepared = checkpoint_metadata(&offsets, DecidedBy::Transaction);
-        assert!(!is_decided(7, &prepared, None));
-        assert!(!is_decided(7, &prepared, Some(6)));
-        assert!(is_decided(7, &prepared, Some(7)));
+        assert!(!is_decided(ManifestVersion(7), &prepared, None));
+        assert!(!is_decided(
+            ManifestVersion(7),
+            &prepared,
+            Some(ManifestVersion(6))
+        ));
+        assert!(is_decided(
+            ManifestVersion(7),
+            &prepared,
+            Some(ManifestVersion(7))
+        ));
         let written = checkpoint_metadata(&offsets, DecidedBy::Manifest);
-        assert!(is_decided(7, &written, None));
-        assert!(is_decided(7, &written, Some(3)));
+        assert!(is_decided(ManifestVersion(7), &written, None));
+        assert!(is_decided(
+            ManifestVersion(7),
+            &written,
+            Some(ManifestVersion(3))
+        ));
     }
 
     #[test]
     fn manifest_metadata_round_trips_and_ignores_other_metadata() {
-        assert_eq!(parse_manifest_metadata(&manifest_metadata(17)), Some(17));
+        assert_eq!(
+            parse_manifest_metadata(&manifest_metadata(ManifestVersion(17))),
+            Some(ManifestVersion(17))
+        );
         assert_eq!(parse_manifest_metadata(""), None);
         assert_eq!(parse_manifest_metadata("weir.manifest=x"), None);
     }

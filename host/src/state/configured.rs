@@ -8,6 +8,7 @@ use super::memory::{MemoryBackend, MemoryShard};
 use super::{Recovery, Shard, ShardId, StateBackend, StateError, StateQuota, StateWrite};
 use crate::clock::SharedClock;
 use crate::config::{StateBackendKind, StateSettings};
+use crate::ids::ManifestVersion;
 use bytes::Bytes;
 
 /// The backend `state.backend` selects.
@@ -117,7 +118,7 @@ impl Shard for ConfiguredShard {
         }
     }
 
-    fn checkpoint_decided(&self, version: u64) {
+    fn checkpoint_decided(&self, version: ManifestVersion) {
         match self {
             Self::Memory(s) => s.checkpoint_decided(version),
             Self::Lsm(s) => s.checkpoint_decided(version),
@@ -138,14 +139,14 @@ impl Shard for ConfiguredShard {
         }
     }
 
-    fn opened_from(&self) -> Option<u64> {
+    fn opened_from(&self) -> Option<ManifestVersion> {
         match self {
             Self::Memory(s) => s.opened_from(),
             Self::Lsm(s) => s.opened_from(),
         }
     }
 
-    async fn next_checkpoint_version(&self) -> Option<u64> {
+    async fn next_checkpoint_version(&self) -> Option<ManifestVersion> {
         match self {
             Self::Memory(s) => s.next_checkpoint_version().await,
             Self::Lsm(s) => s.next_checkpoint_version().await,

@@ -5,7 +5,7 @@
 
 use super::checkpoint::{CheckpointError, CheckpointReport, DecidedBy, InputOffsets};
 use super::{Recovery, Shard, ShardId, StateBackend, StateError, StateWrite};
-use crate::ids::Partition;
+use crate::ids::{ManifestVersion, Partition};
 use bytes::Bytes;
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -162,11 +162,11 @@ impl<S: Shard> Shard for DelayedShard<S> {
         self.inner.recovered_offsets()
     }
 
-    fn opened_from(&self) -> Option<u64> {
+    fn opened_from(&self) -> Option<ManifestVersion> {
         self.inner.opened_from()
     }
 
-    async fn next_checkpoint_version(&self) -> Option<u64> {
+    async fn next_checkpoint_version(&self) -> Option<ManifestVersion> {
         self.inner.next_checkpoint_version().await
     }
 
@@ -182,7 +182,7 @@ impl<S: Shard> Shard for DelayedShard<S> {
         self.inner.checkpoint(offsets, decided_by).await
     }
 
-    fn checkpoint_decided(&self, version: u64) {
+    fn checkpoint_decided(&self, version: ManifestVersion) {
         self.inner.checkpoint_decided(version);
     }
 

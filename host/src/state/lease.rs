@@ -10,7 +10,7 @@
 //! ([`crate::state::manifest::retention`]), so a lease written before a pass lists versions is
 //! always seen by it; it deletes leases an hour past their expiry.
 
-use crate::ids::Partition;
+use crate::ids::{ManifestVersion, Partition};
 use futures::TryStreamExt;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
@@ -25,7 +25,7 @@ const EXPIRED_KEEP_MS: u64 = 60 * 60 * 1000;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Lease {
     /// Partition → the manifest version read there.
-    pub versions: BTreeMap<Partition, u64>,
+    pub versions: BTreeMap<Partition, ManifestVersion>,
     /// When the lease ends, ms since the Unix epoch.
     pub expires_at_ms: u64,
 }
@@ -104,7 +104,7 @@ pub async fn leased_versions(
     store: &Arc<dyn ObjectStore>,
     shard_root: &Path,
     now_ms: u64,
-) -> Result<BTreeSet<u64>, object_store::Error> {
+) -> Result<BTreeSet<ManifestVersion>, object_store::Error> {
     let Some((dir, partition)) = leases_of_shard(shard_root) else {
         return Ok(BTreeSet::new());
     };
@@ -142,7 +142,11 @@ mod tests {
             let shard = Path::from("t/state/u/pipelines/t.p/shards/00001");
             assert_eq!(leases_of_shard(&shard), Some((dir.clone(), 1)));
             let lease = |v0, v1, expires_at_ms| Lease {
-                versions: [(Partition(0), v0), (Partition(1), v1)].into(),
+                versions: [
+                    (Partition(0), ManifestVersion(v0)),
+                    (Partition(1), ManifestVersion(v1)),
+                ]
+                .into(),
                 expires_at_ms,
             };
             put(&store, &dir, "a", &lease(5, 7, 1_000))
@@ -152,7 +156,7 @@ mod tests {
                 .await
                 .expect("puts");
             let held = leased_versions(&store, &shard, 600).await.expect("reads");
-            assert_eq!(held, [7].into(), "b expired at 500");
+            assert_eq!(held, [ManifestVersion(7)].into(), "b expired at 500");
             // Long past expiry, a lease is deleted; released, it is gone.
             let later = 1_000 + EXPIRED_KEEP_MS + 1;
             assert!(

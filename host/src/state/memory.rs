@@ -13,6 +13,7 @@ use super::manifest::{ManifestError, RetentionPolicy, WriterTokens};
 use super::snapshot::{self, SnapshotShard};
 use super::{Recovery, Shard, ShardId, StateBackend, StateError, StateQuota, StateWrite};
 use crate::clock::SharedClock;
+use crate::ids::ManifestVersion;
 use crate::runtime::batch::ENTRY_OVERHEAD_BYTES;
 use bytes::Bytes;
 use object_store::ObjectStore;
@@ -314,20 +315,20 @@ impl Shard for MemoryShard {
         self.read().get(key).map(|e| e.value.len() as u64)
     }
 
-    fn opened_from(&self) -> Option<u64> {
+    fn opened_from(&self) -> Option<ManifestVersion> {
         self.snapshots
             .as_ref()
             .and_then(SnapshotShard::recovered_version)
     }
 
-    async fn next_checkpoint_version(&self) -> Option<u64> {
+    async fn next_checkpoint_version(&self) -> Option<ManifestVersion> {
         match &self.snapshots {
             Some(snapshots) => Some(snapshots.next_version().await),
             None => None,
         }
     }
 
-    fn checkpoint_decided(&self, version: u64) {
+    fn checkpoint_decided(&self, version: ManifestVersion) {
         if let Some(snapshots) = &self.snapshots {
             snapshots.decided(version);
         }
@@ -389,7 +390,7 @@ impl Shard for MemoryShard {
         let metadata = super::checkpoint::checkpoint_metadata(offsets, decided_by);
         match snapshots.commit(object, metadata).await {
             Ok(version) => Ok(Some(CheckpointReport {
-                version,
+                version: ManifestVersion(version),
                 state_bytes: bytes,
                 uploaded_bytes: bytes,
             })),

@@ -50,7 +50,7 @@ pub mod stored;
 #[cfg(test)]
 pub(crate) mod test_support;
 
-use crate::ids::Partition;
+use crate::ids::{ManifestVersion, Partition};
 use bytes::Bytes;
 use checkpoint::{CheckpointError, CheckpointReport, DecidedBy, InputOffsets};
 pub use manifest::KnownCorruption;
@@ -201,12 +201,12 @@ pub trait StateBackend: Send + Sync + 'static {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Recovery {
     /// The checkpoint version the committed Kafka offsets' metadata names (exactly-once).
-    pub committed: Option<u64>,
+    pub committed: Option<ManifestVersion>,
     /// What the shard's last owner on this host found corrupt.
     pub known_corruption: KnownCorruption,
     /// The shard's manifest versions, when the caller listed them just before the open
     /// (`crate::checkpoints::convert::open_converted`): the open does not list them again.
-    pub listed: Option<Vec<u64>>,
+    pub listed: Option<Vec<ManifestVersion>>,
 }
 
 /// The state of one shard: an ordered map from encoded state key to value bytes.
@@ -288,7 +288,7 @@ pub trait Shard: Send + Sync + 'static {
 
     /// The version of the checkpoint the shard was opened from, if it keeps checkpoints and
     /// was opened from one: the one blamed for corruption no object is named for.
-    fn opened_from(&self) -> Option<u64> {
+    fn opened_from(&self) -> Option<ManifestVersion> {
         None
     }
 
@@ -296,14 +296,14 @@ pub trait Shard: Send + Sync + 'static {
     /// claim or a checkpoint, plus one; a failed attempt does not use it up), for a shard that
     /// keeps checkpoints. A sink labels what it prepares for that checkpoint with it (the
     /// Iceberg sink's pending files, docs/iceberg.md).
-    fn next_checkpoint_version(&self) -> impl Future<Output = Option<u64>> + Send {
+    fn next_checkpoint_version(&self) -> impl Future<Output = Option<ManifestVersion>> + Send {
         async { None }
     }
 
     /// Tells the shard that checkpoint `version` is decided: recovery would resume from it
     /// now (at-least-once: its manifest write; exactly-once: the Kafka transaction naming it
     /// committed). The shard keeps it from GC until a later one is decided.
-    fn checkpoint_decided(&self, version: u64) {
+    fn checkpoint_decided(&self, version: ManifestVersion) {
         let _ = version;
     }
 

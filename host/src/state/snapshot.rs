@@ -15,6 +15,7 @@ use super::manifest::{
 };
 use super::{Recovery, StateError};
 use crate::clock::SharedClock;
+use crate::ids::ManifestVersion;
 use bytes::Bytes;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
@@ -44,7 +45,7 @@ pub struct SnapshotShard {
     recovered: Option<Manifest>,
     /// The checkpoint recovery would use now (the one resumed from, then each decided one):
     /// GC keeps it whatever the number of newer prepared versions (exactly-once).
-    decided: std::sync::Mutex<Option<u64>>,
+    decided: std::sync::Mutex<Option<ManifestVersion>>,
     retention: RetentionPolicy,
     /// GC's time: a snapshot's age is measured on it.
     clock: SharedClock,
@@ -67,7 +68,7 @@ impl SnapshotShard {
     pub async fn open(
         store: Arc<dyn ObjectStore>,
         root: Path,
-        (token, versions): (&str, Vec<u64>),
+        (token, versions): (&str, Vec<ManifestVersion>),
         recovery: &Recovery,
         retention: RetentionPolicy,
         clock: SharedClock,
@@ -92,7 +93,7 @@ impl SnapshotShard {
             )
             .await
             .map_err(|e| e.into_state_error(&root))?;
-        tracing::info!(shard = %root, version = claim.version, writer_epoch = claim.writer_epoch, from_checkpoint = ?recovered.as_ref().map(|m| m.version), entries = entries.len(), "claimed shard (memory, from snapshot)");
+        tracing::info!(shard = %root, version = claim.version.0, writer_epoch = claim.writer_epoch, from_checkpoint = ?recovered.as_ref().map(|m| m.version), entries = entries.len(), "claimed shard (memory, from snapshot)");
         let shard = Self {
             store,
             root,
@@ -143,17 +144,17 @@ impl SnapshotShard {
     }
 
     /// The version of the checkpoint the shard resumed from.
-    pub fn recovered_version(&self) -> Option<u64> {
+    pub fn recovered_version(&self) -> Option<ManifestVersion> {
         self.recovered.as_ref().map(|m| m.version)
     }
 
     /// Records that checkpoint `version` is decided: GC keeps it.
-    pub fn decided(&self, version: u64) {
+    pub fn decided(&self, version: ManifestVersion) {
         *self.decided.lock().unwrap_or_else(|e| e.into_inner()) = Some(version);
     }
 
     /// The version the next [`SnapshotShard::commit`] takes when it succeeds.
-    pub async fn next_version(&self) -> u64 {
+    pub async fn next_version(&self) -> ManifestVersion {
         self.last.lock().await.version + 1
     }
 
@@ -183,7 +184,7 @@ impl SnapshotShard {
         self.manifests.commit(&checkpoint).await?;
         *last = checkpoint;
         self.start_gc();
-        Ok(version)
+        Ok(version.0)
     }
 
     /// Waits for the GC pass the last checkpoint started, if any.
@@ -348,7 +349,7 @@ mod tests {
         Path::from("w/pipelines/p/shards/00000")
     }
 
-    async fn open(store: &Arc<InMemory>, committed: Option<u64>) -> SnapshotShard {
+    async fn open(store: &Arc<InMemory>, committed: Option<ManifestVersion>) -> SnapshotShard {
         let recovery = Recovery {
             committed,
             ..Recovery::default()
@@ -381,7 +382,7 @@ mod tests {
     }
 
     /// One GC pass over the test shard, `decided` pinned, at the end of time (no grace).
-    async fn gc(store: &Arc<InMemory>, decided: Option<u64>) -> SnapshotGcReport {
+    async fn gc(store: &Arc<InMemory>, decided: Option<ManifestVersion>) -> SnapshotGcReport {
         collect_garbage(
             &(store.clone() as Arc<dyn ObjectStore>),
             &root(),
@@ -393,16 +394,18 @@ mod tests {
         .expect("GC")
     }
 
-    async fn commit(shard: &SnapshotShard, decided_by: DecidedBy, next: i64) -> u64 {
+    async fn commit(shard: &SnapshotShard, decided_by: DecidedBy, next: i64) -> ManifestVersion {
         let mut offsets = InputOffsets::new();
         offsets.advance("in", next - 1);
         let entries: SnapshotEntries =
             [(b"k".to_vec(), (Bytes::from(next.to_string()), None))].into();
         let object = encode(entries.iter().map(|(k, (v, e))| (k.as_slice(), v, *e)));
-        shard
-            .commit(object, checkpoint_metadata(&offsets, decided_by))
-            .await
-            .expect("commits")
+        ManifestVersion(
+            shard
+                .commit(object, checkpoint_metadata(&offsets, decided_by))
+                .await
+                .expect("commits"),
+        )
     }
 
     #[test]
@@ -433,7 +436,7 @@ mod tests {
         crate::state::test_support::block_on(async {
             let store = Arc::new(InMemory::new());
             let a = open(&store, None).await;
-            let mut newest = 0;
+            let mut newest = ManifestVersion::default();
             for next in 10..15 {
                 newest = commit(&a, DecidedBy::Manifest, next).await;
             }
@@ -452,7 +455,7 @@ mod tests {
                 collect_garbage(
                     &(store.clone() as Arc<dyn ObjectStore>),
                     &root(),
-                    &Protected::decided(Some(newest), &BTreeSet::new()),
+                    &Protected::decided(Some(ManifestVersion(newest.0)), &BTreeSet::new()),
                     &policy,
                     now_ms,
                 )

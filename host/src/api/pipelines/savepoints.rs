@@ -14,7 +14,7 @@ use crate::checkpoints::savepoint::{
 };
 use crate::checkpoints::verify::shard_roots;
 use crate::clock::wall_now_ms;
-use crate::ids::Partition;
+use crate::ids::{ManifestVersion, Partition};
 use crate::state::stored::CheckpointFormat;
 use axum::Json;
 use axum::body::Body;
@@ -77,7 +77,7 @@ pub struct RestoredShard {
     /// The input partition.
     pub partition: Partition,
     /// The checkpoint's manifest version in the pipeline's shard (above every earlier one).
-    pub version: u64,
+    pub version: ManifestVersion,
     /// Its input offsets (topic → next offset).
     pub offsets: BTreeMap<String, i64>,
     /// Bytes copied from the savepoint (server-side on S3); into another backend, the bytes of
@@ -325,7 +325,7 @@ async fn restore(
         let (version, bytes_copied) = restored.map_err(unavailable)?;
         shards.push(RestoredShard {
             partition: shard.partition,
-            version,
+            version: ManifestVersion(version.0),
             offsets: shard.offsets.clone(),
             bytes_copied,
         });

@@ -20,7 +20,7 @@ use crate::api::{ApiState, AuthProblems, Principal};
 use crate::checkpoints::query::{QueryEntry, QueryError};
 use crate::checkpoints::savepoint;
 use crate::clock::SystemClock;
-use crate::ids::Partition;
+use crate::ids::{ManifestVersion, Partition};
 use crate::state::key;
 use crate::state::lease;
 use crate::state::manifest::ManifestStore;
@@ -88,7 +88,7 @@ pub struct ReadCheckpoint {
     /// The input partition.
     pub partition: Partition,
     /// The checkpoint's manifest version (the checkpoint id).
-    pub version: u64,
+    pub version: ManifestVersion,
 }
 
 /// One stored entry.
@@ -123,7 +123,7 @@ pub struct StateEntry {
 #[derive(Debug, Serialize, Deserialize)]
 struct PageToken {
     /// (partition, version) read.
-    v: Vec<(Partition, u64)>,
+    v: Vec<(Partition, ManifestVersion)>,
     /// The last encoded key returned, base64.
     a: String,
     /// What the token is bound to ([`binding`]).
@@ -225,9 +225,9 @@ const GONE: &str = "the checkpoints this scan read were collected (its lease lap
 /// when this host could read them); shards without one are left out.
 async fn chosen(
     store: &Arc<dyn object_store::ObjectStore>,
-    roots: &[(Partition, Path, Option<u64>)],
-    committed: &BTreeMap<Partition, u64>,
-) -> Result<Vec<(Partition, Path, u64)>, savepoint::SavepointError> {
+    roots: &[(Partition, Path, Option<ManifestVersion>)],
+    committed: &BTreeMap<Partition, ManifestVersion>,
+) -> Result<Vec<(Partition, Path, ManifestVersion)>, savepoint::SavepointError> {
     let mut out = Vec::with_capacity(roots.len());
     for (partition, root, fixed) in roots {
         let version = match fixed {
@@ -244,7 +244,7 @@ async fn chosen(
     Ok(out)
 }
 
-fn partitions_of(roots: &[(Partition, Path, Option<u64>)]) -> Vec<Partition> {
+fn partitions_of(roots: &[(Partition, Path, Option<ManifestVersion>)]) -> Vec<Partition> {
     roots.iter().map(|(p, _, _)| *p).collect()
 }
 
@@ -385,7 +385,7 @@ async fn roots(
     tenant: &str,
     record: &PipelineRecord,
     savepoint: Option<&str>,
-) -> Result<Vec<(Partition, Path, Option<u64>)>, ApiError> {
+) -> Result<Vec<(Partition, Path, Option<ManifestVersion>)>, ApiError> {
     match savepoint {
         None => Ok(shards_of(state, tenant, record)
             .await?
@@ -500,7 +500,10 @@ mod tests {
     #[test]
     fn a_page_token_round_trips_and_garbage_is_a_bad_request() {
         let token = PageToken {
-            v: vec![(Partition(0), 12), (Partition(1), 9)],
+            v: vec![
+                (Partition(0), ManifestVersion(12)),
+                (Partition(1), ManifestVersion(9)),
+            ],
             a: B64.encode(b"\0\0\0\x02k1\x05count"),
             q: "0011223344556677".to_owned(),
             s: Some("sp".to_owned()),

@@ -214,10 +214,11 @@ pub fn verify_text(v: &PipelineVerify) -> String {
 mod tests {
     use super::*;
     use crate::checkpoints::verify::VersionCheck;
+    use crate::ids::ManifestVersion;
 
     fn version(version: u64, restorable: bool, problem: Option<&str>) -> VersionCheck {
         VersionCheck {
-            version,
+            version: ManifestVersion(version),
             kind: "checkpoint".into(),
             decided_by: Some("manifest".into()),
             offsets: Default::default(),

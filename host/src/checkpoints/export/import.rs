@@ -4,6 +4,7 @@
 //! manifest-decided checkpoint.
 
 use super::*;
+use crate::ids::ManifestVersion;
 use crate::state::stored::CheckpointFormat;
 
 /// Builds a checkpoint of the shard under `target` from the export at `export`: the backend's
@@ -74,7 +75,7 @@ pub async fn import_checkpoint(
         offsets.advance(topic, next - 1);
     }
     let mut metadata = checkpoint_metadata(&offsets, DecidedBy::Manifest);
-    let levels = sink.finish(version, &mut metadata).await?;
+    let levels = sink.finish(ManifestVersion(version), &mut metadata).await?;
     let manifest = Manifest::fresh_checkpoint((version, epoch, writer_token), levels, metadata);
     ManifestStore::new(store.clone(), target.clone())
         .commit(&manifest)
@@ -344,7 +345,7 @@ impl<'a> ImportSink<'a> {
     /// snapshot's name in `metadata` for `memory`.
     async fn finish(
         self,
-        version: u64,
+        version: ManifestVersion,
         metadata: &mut BTreeMap<String, String>,
     ) -> Result<Vec<Vec<SstRef>>, ExportError> {
         match self.kind {

@@ -1,6 +1,6 @@
 use super::*;
 use crate::clock::ManualClock;
-use crate::ids::Partition;
+use crate::ids::{ManifestVersion, Partition};
 use crate::state::configured::ConfiguredShard;
 use crate::state::lsm::backend::LsmBackend;
 use crate::state::memory::MemoryBackend;
@@ -244,7 +244,7 @@ async fn round_trip(state: &State, from: &str, into: &str) {
         Some(state.offsets())
     );
     let target_manifest = ManifestStore::new(store.clone(), target.clone())
-        .read(1)
+        .read(ManifestVersion(1))
         .await
         .expect("reads");
     let again = Path::from("exports/b.jsonl");

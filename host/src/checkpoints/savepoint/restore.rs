@@ -4,7 +4,7 @@
 //! of the target ([`next_slot`]).
 
 use super::*;
-use crate::ids::Partition;
+use crate::ids::{ManifestVersion, Partition};
 
 /// Restores the savepoint shard `savepoint_shard` into the shard under `target` (a new
 /// pipeline's, or a stopped one's being reset): copies its objects under new names and commits
@@ -20,7 +20,7 @@ pub async fn restore_shard(
     savepoint_shard: &Path,
     target: &Path,
     writer_token: &str,
-) -> Result<(u64, u64), SavepointError> {
+) -> Result<(ManifestVersion, u64), SavepointError> {
     let saved = saved_checkpoint(store, savepoint_shard).await?;
     let (version, epoch) = next_slot(store, target, saved.writer_epoch).await?;
     let manifests = ManifestStore::new(store.clone(), target.clone());
@@ -53,9 +53,9 @@ pub async fn restore_shard(
         bytes += copy_saved(store, savepoint_shard, name, target, &renamed).await?;
         metadata.insert(snapshot::SNAPSHOT_KEY.to_owned(), renamed);
     }
-    let manifest = Manifest::fresh_checkpoint((version, epoch, writer_token), levels, metadata);
+    let manifest = Manifest::fresh_checkpoint((version.0, epoch, writer_token), levels, metadata);
     manifests.commit(&manifest).await?;
-    Ok((version, bytes))
+    Ok((ManifestVersion(version.0), bytes))
 }
 
 /// The version and writer epoch a restore into the shard under `target` writes: above every
@@ -68,7 +68,7 @@ pub async fn next_slot(
     store: &Arc<dyn ObjectStore>,
     target: &Path,
     at_least: u64,
-) -> Result<(u64, u64), SavepointError> {
+) -> Result<(ManifestVersion, u64), SavepointError> {
     let manifests = ManifestStore::new(store.clone(), target.clone());
     let versions = manifests.versions().await?;
     let mut epoch = 0;
@@ -94,7 +94,7 @@ pub async fn next_slot(
         }
     }
     Ok((
-        versions.last().map_or(1, |v| v + 1),
+        versions.last().map_or(ManifestVersion(1), |v| *v + 1),
         epoch.max(at_least) + 1,
     ))
 }
@@ -173,7 +173,7 @@ pub async fn restore_shard_converted(
     (backend, partition): (&str, Partition),
     (target, into, writer_token): (&Path, crate::state::stored::CheckpointFormat, &str),
     clock: &crate::clock::SharedClock,
-) -> Result<(u64, u64), SavepointError> {
+) -> Result<(ManifestVersion, u64), SavepointError> {
     export_shard(store, dir, (backend, partition), clock).await?;
     let saved = saved_checkpoint(store, &dir.shard(partition)).await?;
     let (version, epoch) = next_slot(store, target, saved.writer_epoch).await?;
@@ -182,7 +182,7 @@ pub async fn restore_shard_converted(
         &dir.export(partition),
         target,
         into,
-        (version, epoch, writer_token),
+        (version.0, epoch, writer_token),
     )
     .await
     .map_err(export_error)?;

@@ -153,8 +153,8 @@ async fn restore_elsewhere_then_reset(
     let (reset, _) = restore_shard(store, saved_root, source_root, "reset")
         .await
         .expect("resets");
-    assert_eq!(reset, source_top + 1, "checkpoint ids stay monotonic");
-    (first, reset)
+    assert_eq!(reset, source_top.0 + 1, "checkpoint ids stay monotonic");
+    (first.0, reset.0)
 }
 
 /// Three rounds of writes to every key of `source` (at `source_root`), each checkpointed; the

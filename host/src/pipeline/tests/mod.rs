@@ -10,7 +10,7 @@
 use super::*;
 use crate::clock::{SharedClock, SystemClock};
 use crate::config::Settings;
-use crate::ids::Partition;
+use crate::ids::{ManifestVersion, Partition};
 use crate::runtime::Runtime;
 use crate::sink::memory::{MemoryOutput, Written};
 use crate::source::memory::{MemorySource, MemorySourceHandle};
@@ -535,7 +535,7 @@ async fn exactly_once_commits_outputs_offsets_and_the_manifest_version_together(
         assert_eq!(group_next, next, "the group's offset is the transaction's");
         assert_eq!(
             crate::state::checkpoint::parse_manifest_metadata(&metadata),
-            Some(version),
+            Some(ManifestVersion(version)),
             "the group's offset names the checkpoint's version"
         );
         let shard = backend
@@ -545,7 +545,7 @@ async fn exactly_once_commits_outputs_offsets_and_the_manifest_version_together(
                     partition: Partition(partition),
                 },
                 &Recovery {
-                    committed: Some(version),
+                    committed: Some(ManifestVersion(version)),
                     ..Recovery::default()
                 },
             )

@@ -5,6 +5,7 @@
 
 use super::PartitionWorker;
 use crate::clock::{Clock, SystemClock};
+use crate::ids::ManifestVersion;
 use crate::pipeline::CheckpointRecord;
 use crate::pipeline::WorkerError;
 use crate::pipeline::ports::{CommitError, ShardSink};
@@ -124,7 +125,7 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
     /// outlived its timeout.
     async fn commit_transaction(
         &mut self,
-        version: u64,
+        version: ManifestVersion,
         (started, state_took): (Instant, std::time::Duration),
     ) -> Result<(), WorkerError> {
         let partition = self.partition;
@@ -190,7 +191,7 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
         });
         tracing::debug!(
             partition = self.partition.0,
-            version = report.version,
+            version = report.version.0,
             ms = elapsed.as_millis() as u64,
             uploaded_bytes = report.uploaded_bytes,
             state_bytes = report.state_bytes,

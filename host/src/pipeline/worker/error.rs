@@ -3,7 +3,7 @@
 //! stops.
 
 use crate::error::ErrorKind;
-use crate::ids::Partition;
+use crate::ids::{ManifestVersion, Partition};
 use crate::pipeline::ports::{Cause, SinkError};
 use crate::state::StateError;
 
@@ -27,7 +27,7 @@ pub enum WorkerError {
         /// The partition.
         partition: Partition,
         /// The checkpoint the shard was opened from (blamed when no object is named).
-        opened_from: Option<u64>,
+        opened_from: Option<ManifestVersion>,
         /// The failure.
         #[source]
         source: StateError,

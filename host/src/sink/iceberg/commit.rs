@@ -29,7 +29,7 @@
 //! again, so that two committers of one pipeline (a zombie and its successor) never both
 //! append one checkpoint.
 
-use crate::ids::Partition;
+use crate::ids::{ManifestVersion, Partition};
 use async_trait::async_trait;
 use iceberg::spec::{DataFile, Snapshot};
 use iceberg::table::Table;
@@ -98,7 +98,7 @@ pub struct PendingCheckpoint {
     /// The shard (input partition).
     pub partition: Partition,
     /// The checkpoint's manifest version.
-    pub version: u64,
+    pub version: ManifestVersion,
     /// Its data files.
     pub files: Vec<DataFile>,
     /// What it covers (empty in lists written before it was recorded).
@@ -117,14 +117,14 @@ pub struct CommitReport {
     /// Pending checkpoints found already committed and skipped.
     pub skipped: usize,
     /// Per shard, the highest committed checkpoint after the commit.
-    pub committed: BTreeMap<Partition, u64>,
+    pub committed: BTreeMap<Partition, ManifestVersion>,
 }
 
 /// Per shard, the highest checkpoint of pipeline `uid` whose files are in `table`: the most
 /// of the table property and every snapshot's summary.
-pub fn committed_versions(table: &Table, uid: &str) -> BTreeMap<Partition, u64> {
+pub fn committed_versions(table: &Table, uid: &str) -> BTreeMap<Partition, ManifestVersion> {
     let mut committed = BTreeMap::new();
-    let mut raise = |partition: Partition, version: u64| {
+    let mut raise = |partition: Partition, version: ManifestVersion| {
         let entry = committed.entry(partition).or_insert(version);
         *entry = (*entry).max(version);
     };
@@ -134,11 +134,12 @@ pub fn committed_versions(table: &Table, uid: &str) -> BTreeMap<Partition, u64> 
         .get(&format!("{PROPERTY_COMMITTED_PREFIX}{uid}"))
         && let Ok(map) = serde_json::from_str::<BTreeMap<i32, u64>>(text)
     {
-        map.into_iter().for_each(|(p, v)| raise(Partition(p), v));
+        map.into_iter()
+            .for_each(|(p, v)| raise(Partition(p), ManifestVersion(v)));
     }
     for snapshot in metadata.snapshots() {
         for (partition, version) in summary_versions(snapshot, uid) {
-            raise(partition, version);
+            raise(partition, ManifestVersion(version));
         }
     }
     committed
@@ -242,7 +243,11 @@ async fn choose<'p>(
     uid: &str,
     pending: &'p [PendingCheckpoint],
     look_for_files: bool,
-) -> iceberg::Result<(Vec<&'p PendingCheckpoint>, BTreeMap<Partition, u64>, usize)> {
+) -> iceberg::Result<(
+    Vec<&'p PendingCheckpoint>,
+    BTreeMap<Partition, ManifestVersion>,
+    usize,
+)> {
     let mut committed = committed_versions(table, uid);
     let mut chosen: Vec<&PendingCheckpoint> = pending
         .iter()
@@ -276,7 +281,7 @@ fn append(
     table: &Table,
     uid: &str,
     chosen: &[&PendingCheckpoint],
-    committed: &mut BTreeMap<Partition, u64>,
+    committed: &mut BTreeMap<Partition, ManifestVersion>,
     report: &mut CommitReport,
 ) -> iceberg::Result<Transaction> {
     let mut shards = BTreeMap::new();

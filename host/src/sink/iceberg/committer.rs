@@ -15,7 +15,7 @@ use super::shard::{PENDING_KEY, PendingList, pending_checkpoints};
 use crate::checkpoints::query::QueryShard;
 use crate::checkpoints::savepoint::newest_decided;
 use crate::clock::SharedClock;
-use crate::ids::Partition;
+use crate::ids::{ManifestVersion, Partition};
 use crate::state::lsm::cache::{BlockCaches, CacheSettings};
 use crate::state::manifest::ManifestStore;
 use iceberg::TableIdent;
@@ -298,7 +298,7 @@ impl Committer {
         caches: &Arc<BlockCaches>,
         partition: Partition,
         root: &Path,
-        committed: Option<u64>,
+        committed: Option<ManifestVersion>,
     ) -> Result<PendingList, CommitterError> {
         let failed = |e: Box<dyn std::error::Error + Send + Sync>| CommitterError::State(e);
         let manifests = ManifestStore::new(self.store.clone(), root.clone());

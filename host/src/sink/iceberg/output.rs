@@ -10,7 +10,7 @@ use super::schema::TableSchema;
 use super::shard::{IcebergShard, PENDING_KEY};
 use crate::clock::SharedClock;
 use crate::config::{Delivery, Settings};
-use crate::ids::Partition;
+use crate::ids::{ManifestVersion, Partition};
 use crate::pipeline::ports::{
     CommitError, DeadLetterKind, DeliveryGuard, Output, ShardSink, SinkError,
 };
@@ -287,7 +287,7 @@ impl<K: ShardSink> ShardSink for TableSink<K> {
         &mut self,
         partition: Partition,
         offsets: &InputOffsets,
-        version: u64,
+        version: ManifestVersion,
     ) -> Result<(), CommitError> {
         self.inner.commit(partition, offsets, version).await
     }
@@ -320,7 +320,7 @@ impl<K: ShardSink> ShardSink for TableSink<K> {
 
     async fn prepare(
         &mut self,
-        version: u64,
+        version: ManifestVersion,
         offsets: &InputOffsets,
         timers_through_ms: Option<i64>,
     ) -> Result<Option<StateWrite>, SinkError> {

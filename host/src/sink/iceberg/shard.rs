@@ -13,7 +13,7 @@ use super::catalog::Lakehouse;
 use super::commit::{Covered, committed_covered, committed_versions};
 use super::files::{FilesError, ShardFiles, decode_data_file, encode_data_file};
 use super::schema::TableSchema;
-use crate::ids::Partition;
+use crate::ids::{ManifestVersion, Partition};
 use crate::runtime::InputRecord;
 use crate::state::StateWrite;
 use crate::state::checkpoint::InputOffsets;
@@ -43,7 +43,7 @@ pub struct PendingList {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PendingEntry {
     /// The checkpoint's manifest version.
-    pub version: u64,
+    pub version: ManifestVersion,
     /// Its data files, each in Iceberg's JSON form ([`encode_data_file`]).
     pub files: Vec<String>,
     /// The input offsets the checkpoint covers (topic → next offset).
@@ -300,7 +300,7 @@ impl IcebergShard {
     /// checkpoint (which replays their rows).
     pub async fn prepare(
         &mut self,
-        version: u64,
+        version: ManifestVersion,
         offsets: &InputOffsets,
         timers_through_ms: Option<i64>,
     ) -> Result<Option<StateWrite>, IcebergShardError> {
@@ -350,7 +350,7 @@ impl IcebergShard {
         }
         tracing::debug!(
             partition = self.partition.0,
-            version,
+            version = version.0,
             entries = self.pending.entries.len(),
             "iceberg files prepared"
         );

@@ -5,7 +5,7 @@
 use super::commit::{self, PendingCheckpoint, committed_versions};
 use super::files::{decode_data_file, encode_data_file};
 use super::*;
-use crate::ids::Partition;
+use crate::ids::{ManifestVersion, Partition};
 use crate::runtime::InputRecord;
 use crate::state::checkpoint::InputOffsets;
 use arrow_array::cast::AsArray;
@@ -95,7 +95,7 @@ impl Fixture {
             .collect();
         PendingCheckpoint {
             partition: Partition(partition),
-            version,
+            version: ManifestVersion(version),
             files,
             covered: Default::default(),
         }
@@ -198,7 +198,10 @@ async fn checkpoints_of_several_shards_commit_in_one_snapshot_with_every_row() {
     assert_eq!((report.files, report.rows, report.skipped), (2, 1010, 0));
     assert_eq!(
         report.committed,
-        BTreeMap::from([(Partition(0), 3), (Partition(1), 7)])
+        BTreeMap::from([
+            (Partition(0), ManifestVersion(3)),
+            (Partition(1), ManifestVersion(7))
+        ])
     );
     assert_eq!(
         f.rows().await,
@@ -265,7 +268,7 @@ async fn expiring_our_snapshots_does_not_make_a_checkpoint_commit_twice() {
     let table = f.table().await;
     assert_eq!(
         committed_versions(&table, UID),
-        BTreeMap::from([(Partition(2), 11)])
+        BTreeMap::from([(Partition(2), ManifestVersion(11))])
     );
     let report = f.commit(&[first], false).await;
     assert_eq!((report.files, report.skipped), (0, 1));
@@ -406,7 +409,7 @@ async fn a_shard_takes_only_its_own_pipelines_pending_files_when_restored() {
         .await
         .expect("fits");
     let write = source
-        .prepare(7, &InputOffsets::new(), None)
+        .prepare(ManifestVersion(7), &InputOffsets::new(), None)
         .await
         .expect("prepares")
         .expect("a list");
@@ -420,7 +423,7 @@ async fn a_shard_takes_only_its_own_pipelines_pending_files_when_restored() {
     same.restore(Some(&stored), &InputOffsets::new())
         .expect("decodes");
     assert_eq!(same.pending().entries.len(), 1);
-    assert_eq!(same.pending().entries[0].version, 7);
+    assert_eq!(same.pending().entries[0].version, ManifestVersion(7));
 }
 
 /// A record of topic `in`, partition 0, at `offset`.
@@ -479,7 +482,7 @@ async fn a_shard_behind_what_the_table_holds_does_not_write_the_replayed_rows_ag
         first.push(row.as_bytes()).await.expect("fits");
     }
     let write = first
-        .prepare(1, &offsets(4), Some(1000))
+        .prepare(ManifestVersion(1), &offsets(4), Some(1000))
         .await
         .expect("prepares")
         .expect("a list");

@@ -20,7 +20,7 @@ pub use crate::pipeline::ports::{DeadLetterKind, DeliveryGuard, SinkError};
 pub use delivery::KafkaSink;
 
 use crate::config::Settings;
-use crate::ids::Partition;
+use crate::ids::{ManifestVersion, Partition};
 use crate::pipeline::ports::{CommitError, Output, ShardSink};
 use crate::runtime::{InputRecord, StagedEmit};
 use crate::source::kafka::SourceConsumer;
@@ -249,7 +249,7 @@ impl ShardSink for KafkaSink {
         &mut self,
         partition: Partition,
         offsets: &InputOffsets,
-        version: u64,
+        version: ManifestVersion,
     ) -> Result<(), CommitError> {
         let Some(consumer) = self.group() else {
             return Ok(());

@@ -2,7 +2,7 @@
 //! (docs/checkpoints.md step 8).
 
 use super::producer::KafkaProducer;
-use crate::ids::Partition;
+use crate::ids::{ManifestVersion, Partition};
 use crate::pipeline::ports::CommitError;
 use crate::source::kafka::SourceConsumer;
 use crate::state::checkpoint::{InputOffsets, manifest_metadata};
@@ -29,7 +29,7 @@ pub(super) async fn commit(
     consumer: Arc<SourceConsumer>,
     partition: Partition,
     input: &InputOffsets,
-    version: u64,
+    version: ManifestVersion,
 ) -> Result<(), CommitError> {
     let mut offsets = TopicPartitionList::new();
     for (topic, next) in input.iter() {

@@ -171,7 +171,7 @@ pub fn committed_checkpoint_versions(
     group: &str,
     topics: &[String],
     partitions: &[Partition],
-) -> Result<std::collections::BTreeMap<Partition, u64>, KafkaError> {
+) -> Result<std::collections::BTreeMap<Partition, crate::ids::ManifestVersion>, KafkaError> {
     let mut config = kafka.client_config();
     for (k, v) in &kafka.consumer {
         config.set(k, v);

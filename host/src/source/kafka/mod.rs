@@ -9,7 +9,7 @@ pub mod broker;
 mod context;
 
 use crate::config::Settings;
-use crate::ids::Partition;
+use crate::ids::{ManifestVersion, Partition};
 use crate::pipeline::ports::{Cause, GroupOffsets, Source, SourceError};
 use crate::runtime::{Header, InputRecord};
 use crate::state::checkpoint::{InputOffsets, parse_manifest_metadata};
@@ -523,7 +523,10 @@ impl Source for KafkaSource {
             .map_err(|e| source_error("commit offsets", e))
     }
 
-    async fn committed_checkpoint(&self, partition: Partition) -> Result<Option<u64>, SourceError> {
+    async fn committed_checkpoint(
+        &self,
+        partition: Partition,
+    ) -> Result<Option<ManifestVersion>, SourceError> {
         let wanted = self.partition_list(partition);
         let consumer = self.consumer.clone();
         // With `isolation.level = read_committed` librdkafka asks for stable offsets: the
@@ -533,12 +536,7 @@ impl Source for KafkaSource {
         })
         .await
         .unwrap_or(Err(KafkaError::Canceled))
-        .map_err(|e| {
-            source_error(
-                format!("read the committed offsets of partition {partition}"),
-                e,
-            )
-        })?;
+        .map_err(|e| source_error(format!("read partition {partition}'s committed offsets"), e))?;
         let version = committed
             .elements()
             .iter()

@@ -12,6 +12,7 @@ use super::shard::{LsmShard, Recovered, ScrubSettings, recover};
 use super::tree::{LsmSettings, LsmTree};
 use crate::clock::SharedClock;
 use crate::config::LsmStateSettings;
+use crate::ids::ManifestVersion;
 use crate::state::manifest::{ManifestStore, RetentionPolicy, WriterTokens};
 use crate::state::{Recovery, ShardId, StateBackend, StateError};
 use object_store::ObjectStore;
@@ -252,7 +253,7 @@ impl StateBackend for LsmBackend {
 pub(crate) async fn listed_versions(
     store: &Arc<dyn ObjectStore>,
     root: &Path,
-) -> Result<Vec<u64>, StateError> {
+) -> Result<Vec<ManifestVersion>, StateError> {
     ManifestStore::new(store.clone(), root.clone())
         .versions()
         .await
@@ -267,7 +268,7 @@ impl LsmBackend {
         &self,
         root: Path,
         recovered: Recovered,
-        versions: Vec<u64>,
+        versions: Vec<ManifestVersion>,
     ) -> Result<LsmShard, StateError> {
         let store = self.files.store().clone();
         let token = self.tokens.next();
@@ -282,7 +283,7 @@ impl LsmBackend {
             )
             .await
             .map_err(|e| e.into_state_error(&root))?;
-        tracing::info!(shard = %root, version = claim.version, writer_epoch = claim.writer_epoch, from_checkpoint = ?base.as_ref().map(|b| b.version), rejected = claim.rejected.len(), "claimed shard");
+        tracing::info!(shard = %root, version = claim.version.0, writer_epoch = claim.writer_epoch, from_checkpoint = ?base.as_ref().map(|b| b.version), rejected = claim.rejected.len(), "claimed shard");
         let tree = LsmTree::open(
             self.files.clone(),
             root.clone(),

@@ -7,6 +7,7 @@ use super::cache::{BlockCaches, CacheSettings, SstFiles};
 use super::gc::{LiveWriter, collect_garbage};
 use super::tree::{LsmSettings, LsmTree, SstId};
 use crate::clock::{ManualClock, SharedClock};
+use crate::ids::ManifestVersion;
 use crate::state::faulty_store::{Fault, FaultyStore};
 use crate::state::manifest::{Manifest, ManifestStore};
 use crate::state::manifest::{Protected, RetentionPolicy};
@@ -72,7 +73,7 @@ fn open_at(f: &Fixture, manifest: &Manifest, epoch: u64) -> LsmTree {
 async fn run_gc(
     f: &Fixture,
     live: &LsmTree,
-    pinned: &BTreeSet<u64>,
+    pinned: &BTreeSet<ManifestVersion>,
     gc: &RetentionPolicy,
     now_ms: u64,
 ) -> super::gc::GcReport {
@@ -209,7 +210,7 @@ fn gc_never_deletes_an_sst_that_a_retained_checkpoint_or_the_live_tree_reference
         tree.flush().await.expect("flush");
         assert!(tree.compactions() > 0);
 
-        let pinned: BTreeSet<u64> = [checkpoints[0].version].into();
+        let pinned: BTreeSet<ManifestVersion> = [checkpoints[0].version].into();
         let (gc, now) = gc_now(Duration::from_secs(600));
         let young = run_gc(&f, &tree, &pinned, &gc, now).await;
         assert_eq!(

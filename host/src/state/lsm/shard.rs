@@ -29,6 +29,7 @@
 use super::gc::{LiveWriter, collect_garbage};
 use super::tree::{LsmTree, SstId, check_levels};
 use crate::clock::SharedClock;
+use crate::ids::ManifestVersion;
 use crate::state::checkpoint::{self, CheckpointReport, DecidedBy, InputOffsets};
 use crate::state::manifest::{
     BackgroundGc, CandidateCheck, Checked, Manifest, ManifestError, ManifestStore, Protected,
@@ -67,7 +68,7 @@ impl CheckpointError {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CheckpointInfo {
     /// The committed manifest version.
-    pub version: u64,
+    pub version: ManifestVersion,
     /// SSTs the checkpoint references.
     pub ssts: usize,
     /// Bytes of those SSTs.
@@ -114,7 +115,7 @@ pub struct LsmShard {
     /// The checkpoint recovery would use now (the one resumed from, then each decided one):
     /// GC never deletes it, even when newer prepared but undecided versions outnumber the
     /// retained count (exactly-once mode, where a Kafka transaction decides).
-    decided: std::sync::Mutex<Option<u64>>,
+    decided: std::sync::Mutex<Option<ManifestVersion>>,
     /// Set when the scrub has read every block of the recovered SSTs.
     scrubbed: Arc<AtomicBool>,
     scrub: Option<tokio::task::JoinHandle<()>>,
@@ -182,7 +183,7 @@ impl LsmShard {
     /// Starts a GC pass in the background (docs/checkpoints.md, checkpoint step 6), unless
     /// one runs: what `pinned`, the last decided checkpoint, the scrub and the live tree
     /// protect now.
-    fn start_gc(&self, pinned: &BTreeSet<u64>, now_ms: u64) {
+    fn start_gc(&self, pinned: &BTreeSet<ManifestVersion>, now_ms: u64) {
         let decided = *self.decided.lock().unwrap_or_else(|e| e.into_inner());
         let protected = Protected {
             scrubbing_from: self
@@ -239,7 +240,7 @@ impl LsmShard {
     }
 
     /// The version of the checkpoint this shard resumed from.
-    pub fn recovered_version(&self) -> Option<u64> {
+    pub fn recovered_version(&self) -> Option<ManifestVersion> {
         self.recovered.as_ref().map(|m| m.version)
     }
 
@@ -255,7 +256,7 @@ impl LsmShard {
     pub async fn commit_checkpoint(
         &self,
         metadata: BTreeMap<String, String>,
-        pinned: &BTreeSet<u64>,
+        pinned: &BTreeSet<ManifestVersion>,
         now_ms: u64,
     ) -> Result<CheckpointInfo, CheckpointError> {
         let mut last = self.last.lock().await;
@@ -314,7 +315,7 @@ pub struct Recovered {
     pub rejected: Vec<crate::state::manifest::RejectedVersion>,
     /// The version Kafka's committed offsets name (exactly-once), which the claim goes above
     /// even when it is not stored ([`ManifestStore::claim_above`]).
-    pub committed: Option<u64>,
+    pub committed: Option<ManifestVersion>,
 }
 
 /// Finds the checkpoint to resume the shard under `root` from (module docs) among `versions`
@@ -328,7 +329,7 @@ pub async fn recover(
     store: &Arc<dyn ObjectStore>,
     root: &Path,
     recovery: &Recovery,
-    versions: Vec<u64>,
+    versions: Vec<ManifestVersion>,
 ) -> Result<Recovered, StateError> {
     let manifests = ManifestStore::new(store.clone(), root.clone());
     let mut check = SstCheck {
@@ -479,7 +480,7 @@ async fn list_ssts(
 }
 
 impl Shard for LsmShard {
-    fn checkpoint_decided(&self, version: u64) {
+    fn checkpoint_decided(&self, version: ManifestVersion) {
         *self.decided.lock().unwrap_or_else(|e| e.into_inner()) = Some(version);
     }
 
@@ -487,11 +488,11 @@ impl Shard for LsmShard {
         self.gc_settled_within(max).await;
     }
 
-    fn opened_from(&self) -> Option<u64> {
+    fn opened_from(&self) -> Option<ManifestVersion> {
         self.recovered_version()
     }
 
-    async fn next_checkpoint_version(&self) -> Option<u64> {
+    async fn next_checkpoint_version(&self) -> Option<ManifestVersion> {
         Some(self.last.lock().await.version + 1)
     }
 

@@ -3,7 +3,7 @@
 
 use super::*;
 use crate::clock::{ManualClock, SharedClock};
-use crate::ids::Partition;
+use crate::ids::{ManifestVersion, Partition};
 use crate::state::faulty_store::{Fault, FaultyStore};
 use crate::state::lsm::backend::LsmBackend;
 use crate::state::lsm::cache::BlockCaches;
@@ -42,15 +42,23 @@ fn offsets(offset: u64) -> BTreeMap<String, String> {
 }
 
 /// Writes keys `from..to` with `value` and checkpoints with offset `to`.
-async fn write_and_checkpoint(shard: &LsmShard, from: u32, to: u32, value: &str) -> u64 {
+async fn write_and_checkpoint(
+    shard: &LsmShard,
+    from: u32,
+    to: u32,
+    value: &str,
+) -> ManifestVersion {
     for i in from..to {
         shard.apply(vec![write(i, value)]).await.expect("apply");
     }
-    shard
-        .commit_checkpoint(offsets(u64::from(to)), &BTreeSet::new(), 0)
-        .await
-        .expect("checkpoint")
-        .version
+    ManifestVersion(
+        (shard
+            .commit_checkpoint(offsets(u64::from(to)), &BTreeSet::new(), 0)
+            .await
+            .expect("checkpoint")
+            .version)
+            .0,
+    )
 }
 
 #[test]

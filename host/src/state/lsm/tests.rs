@@ -6,6 +6,7 @@ use super::cache::{BlockCaches, CacheSettings, SstFiles};
 use super::gc::{LiveWriter, collect_garbage};
 use super::tree::{LsmSettings, LsmTree};
 use crate::clock::{ManualClock, SharedClock};
+use crate::ids::ManifestVersion;
 use crate::state::manifest::{Manifest, ManifestKind, ManifestStore};
 use crate::state::manifest::{Protected, RetentionPolicy};
 use crate::state::test_support::block_on;
@@ -431,8 +432,8 @@ fn a_missing_sst_named_by_the_manifest_is_corruption_not_an_outage() {
         let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
         let clock: SharedClock = Arc::new(ManualClock::new(0));
         let manifest = Manifest {
-            version: 2,
-            parent: Some(1),
+            version: ManifestVersion(2),
+            parent: Some(ManifestVersion(1)),
             kind: ManifestKind::Claim,
             writer_epoch: 2,
             writer_token: "b".into(),

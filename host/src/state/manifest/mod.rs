@@ -20,6 +20,7 @@
 //! A *claim* (a new owner taking the shard) is a version with the next writer epoch, written
 //! above every existing version, whose SSTs are those of the checkpoint it starts from.
 
+use crate::ids::ManifestVersion;
 use crate::state::lsm::tree::SstId;
 use bytes::Bytes;
 use futures::TryStreamExt;
@@ -96,9 +97,9 @@ pub enum ManifestKind {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Manifest {
     /// This version's number.
-    pub version: u64,
+    pub version: ManifestVersion,
     /// The version this one was derived from.
-    pub parent: Option<u64>,
+    pub parent: Option<ManifestVersion>,
     /// Claim or checkpoint.
     pub kind: ManifestKind,
     /// The fencing token: bumped by every claim.
@@ -121,7 +122,7 @@ pub struct Manifest {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RejectedVersion {
     /// The version.
-    pub version: u64,
+    pub version: ManifestVersion,
     /// Why it cannot be used, one line.
     pub reason: String,
 }
@@ -174,7 +175,7 @@ pub enum ManifestError {
     #[error("fenced: another writer owns the shard. version={version} our_epoch={our_epoch}")]
     Fenced {
         /// The version that showed it.
-        version: u64,
+        version: ManifestVersion,
         /// Our writer epoch.
         our_epoch: u64,
     },
@@ -185,7 +186,7 @@ pub enum ManifestError {
     #[error("manifest is corrupt. version={version}: {reason}")]
     Corrupt {
         /// The version.
-        version: u64,
+        version: ManifestVersion,
         /// What is wrong.
         reason: String,
     },
@@ -208,7 +209,7 @@ impl Manifest {
         metadata: BTreeMap<String, String>,
     ) -> Manifest {
         Manifest {
-            version,
+            version: ManifestVersion(version),
             parent: None,
             kind: ManifestKind::Checkpoint,
             writer_epoch,
@@ -239,7 +240,7 @@ impl Manifest {
     }
 
     /// Whether this version records `version` as rejected.
-    pub fn rejects(&self, version: u64) -> bool {
+    pub fn rejects(&self, version: ManifestVersion) -> bool {
         self.rejected.iter().any(|r| r.version == version)
     }
 
@@ -259,7 +260,7 @@ impl Manifest {
     /// # Errors
     /// [`ManifestError::Corrupt`] for a bad magic, format version, checksum, body, or a body
     /// naming another version.
-    pub fn decode(version: u64, bytes: &[u8]) -> Result<Self, ManifestError> {
+    pub fn decode(version: ManifestVersion, bytes: &[u8]) -> Result<Self, ManifestError> {
         let corrupt = |reason: String| ManifestError::Corrupt { version, reason };
         if bytes.len() < 16 || &bytes[0..8] != MAGIC {
             return Err(corrupt("bad magic or truncated".into()));
@@ -292,7 +293,7 @@ pub struct ManifestStore {
 }
 
 /// The version a manifest object's `location` names (`…/manifest/{version:020}.manifest`).
-fn version_of(location: &Path) -> Option<u64> {
+fn version_of(location: &Path) -> Option<ManifestVersion> {
     location.filename()?.strip_suffix(".manifest")?.parse().ok()
 }
 
@@ -322,7 +323,7 @@ impl ManifestStore {
         &self.root
     }
 
-    fn path(&self, version: u64) -> Path {
+    fn path(&self, version: ManifestVersion) -> Path {
         Path::from(format!("{}/manifest/{version:020}.manifest", self.root))
     }
 
@@ -330,7 +331,7 @@ impl ManifestStore {
     ///
     /// # Errors
     /// [`ManifestError::Unavailable`] when listing fails.
-    pub async fn versions(&self) -> Result<Vec<u64>, ManifestError> {
+    pub async fn versions(&self) -> Result<Vec<ManifestVersion>, ManifestError> {
         let prefix = Path::from(format!("{}/manifest", self.root));
         let metas: Vec<_> = self
             .store
@@ -338,7 +339,7 @@ impl ManifestStore {
             .try_collect()
             .await
             .map_err(ManifestError::Unavailable)?;
-        let mut versions: Vec<u64> = metas
+        let mut versions: Vec<ManifestVersion> = metas
             .iter()
             .filter_map(|m| version_of(&m.location))
             .collect();
@@ -352,7 +353,10 @@ impl ManifestStore {
     ///
     /// # Errors
     /// [`ManifestError::Unavailable`] when listing fails.
-    pub async fn versions_above(&self, version: u64) -> Result<Vec<u64>, ManifestError> {
+    pub async fn versions_above(
+        &self,
+        version: ManifestVersion,
+    ) -> Result<Vec<ManifestVersion>, ManifestError> {
         let prefix = Path::from(format!("{}/manifest", self.root));
         let metas: Vec<_> = self
             .store
@@ -360,7 +364,7 @@ impl ManifestStore {
             .try_collect()
             .await
             .map_err(ManifestError::Unavailable)?;
-        let mut versions: Vec<u64> = metas
+        let mut versions: Vec<ManifestVersion> = metas
             .iter()
             .filter_map(|m| version_of(&m.location))
             .filter(|v| *v > version)
@@ -374,13 +378,13 @@ impl ManifestStore {
     /// # Errors
     /// [`ManifestError::NotFound`], [`ManifestError::Corrupt`] or
     /// [`ManifestError::Unavailable`].
-    pub async fn read(&self, version: u64) -> Result<Manifest, ManifestError> {
+    pub async fn read(&self, version: ManifestVersion) -> Result<Manifest, ManifestError> {
         match self.store.get(&self.path(version)).await {
             Ok(got) => {
                 let bytes = got.bytes().await.map_err(ManifestError::Unavailable)?;
                 Manifest::decode(version, &bytes)
             }
-            Err(object_store::Error::NotFound { .. }) => Err(ManifestError::NotFound(version)),
+            Err(object_store::Error::NotFound { .. }) => Err(ManifestError::NotFound(version.0)),
             Err(e) => Err(ManifestError::Unavailable(e)),
         }
     }
@@ -390,7 +394,7 @@ impl ManifestStore {
     ///
     /// # Errors
     /// [`ManifestError::Unavailable`]; deleting an absent version succeeds.
-    pub async fn delete_many(&self, versions: &[u64]) -> Result<usize, ManifestError> {
+    pub async fn delete_many(&self, versions: &[ManifestVersion]) -> Result<usize, ManifestError> {
         let paths = versions.iter().map(|v| self.path(*v)).collect();
         retention::delete_objects(&self.store, paths)
             .await
@@ -401,7 +405,7 @@ impl ManifestStore {
     ///
     /// # Errors
     /// [`ManifestError::Unavailable`]; deleting an absent version succeeds.
-    pub async fn delete(&self, version: u64) -> Result<(), ManifestError> {
+    pub async fn delete(&self, version: ManifestVersion) -> Result<(), ManifestError> {
         match self.store.delete(&self.path(version)).await {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
             Err(e) => Err(ManifestError::Unavailable(e)),
@@ -480,7 +484,10 @@ impl ManifestStore {
     /// The writer epoch of the newest version that decodes, skipping corrupt ones above it: a
     /// corrupt version was written by a writer whose own (older, readable) claim carries its
     /// epoch, so the claim that follows still fences it.
-    async fn newest_readable_epoch(&self, versions: &[u64]) -> Result<u64, ManifestError> {
+    async fn newest_readable_epoch(
+        &self,
+        versions: &[ManifestVersion],
+    ) -> Result<u64, ManifestError> {
         for &version in versions.iter().rev() {
             match self.read(version).await {
                 Ok(m) => return Ok(m.writer_epoch),
@@ -522,7 +529,7 @@ impl ManifestStore {
         writer_token: &str,
         base: Option<&Manifest>,
         rejected: &[RejectedVersion],
-        floor: Option<u64>,
+        floor: Option<ManifestVersion>,
     ) -> Result<Manifest, ManifestError> {
         let versions = self.versions().await?;
         self.claim_listed(versions, writer_token, base, rejected, floor)
@@ -537,11 +544,11 @@ impl ManifestStore {
     /// As [`ManifestStore::claim`].
     pub async fn claim_listed(
         &self,
-        mut versions: Vec<u64>,
+        mut versions: Vec<ManifestVersion>,
         writer_token: &str,
         base: Option<&Manifest>,
         rejected: &[RejectedVersion],
-        floor: Option<u64>,
+        floor: Option<ManifestVersion>,
     ) -> Result<Manifest, ManifestError> {
         let mut last = None;
         for attempt in 0..COMMIT_ATTEMPTS_MAX {
@@ -551,7 +558,7 @@ impl ManifestStore {
             let top = versions.last().copied().max(floor);
             let top_epoch = self.newest_readable_epoch(&versions).await?;
             let claim = Manifest {
-                version: top.map_or(1, |v| v + 1),
+                version: top.map_or(ManifestVersion(1), |v| v + 1),
                 parent: base.map(|b| b.version),
                 kind: ManifestKind::Claim,
                 writer_epoch: top_epoch + 1,

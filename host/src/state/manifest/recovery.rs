@@ -21,6 +21,7 @@
 //! writer goes on from a checkpoint, and a claim starts from one, only once it is decided).
 
 use super::{Manifest, ManifestError, ManifestKind, ManifestStore, RejectedVersion};
+use crate::ids::ManifestVersion;
 use crate::state::checkpoint::{DecidedBy, InputOffsets, decided_by, is_decided};
 use crate::state::{Recovery, StateError};
 use object_store::path::Path;
@@ -36,7 +37,7 @@ pub struct KnownCorruption {
     /// Checkpoint versions found unusable as a whole (corruption no single object was blamed
     /// for, in the checkpoint the shard was opened from): these and every later checkpoint
     /// (their writers went on from them) are unusable.
-    pub versions: BTreeSet<u64>,
+    pub versions: BTreeSet<ManifestVersion>,
     /// What was found, one line (the first report).
     pub reason: String,
 }
@@ -44,7 +45,7 @@ pub struct KnownCorruption {
 impl KnownCorruption {
     /// Adds what `error` says (a [`StateError::Corrupt`]; anything else is ignored), blaming
     /// `opened_from` — the checkpoint the shard was opened from — when no object is named.
-    pub fn add(&mut self, error: &StateError, opened_from: Option<u64>) {
+    pub fn add(&mut self, error: &StateError, opened_from: Option<ManifestVersion>) {
         let StateError::Corrupt { object, source, .. } = error else {
             return;
         };
@@ -115,7 +116,7 @@ pub(crate) trait CandidateCheck {
 /// to fall back); [`StateError::Corrupt`] when checkpoints exist but none is usable.
 pub(crate) async fn find_checkpoint<C: CandidateCheck>(
     manifests: &ManifestStore,
-    versions: Vec<u64>,
+    versions: Vec<ManifestVersion>,
     recovery: &Recovery,
     check: &mut C,
 ) -> Result<Found<C::Product>, StateError> {
@@ -142,13 +143,13 @@ pub(crate) async fn find_checkpoint<C: CandidateCheck>(
 #[derive(Debug)]
 struct Walk<'a> {
     manifests: &'a ManifestStore,
-    committed: Option<u64>,
+    committed: Option<ManifestVersion>,
     known: &'a KnownCorruption,
     /// Versions still to look at, oldest first (popped from the back).
-    versions: Vec<u64>,
+    versions: Vec<ManifestVersion>,
     rejected: BTreeMap<u64, String>,
     /// Versions some later version names as its parent.
-    parents: HashSet<u64>,
+    parents: HashSet<ManifestVersion>,
     unusable: usize,
 }
 
@@ -158,8 +159,8 @@ impl<'a> Walk<'a> {
     /// found corrupt.
     pub fn start(
         manifests: &'a ManifestStore,
-        versions: Vec<u64>,
-        committed: Option<u64>,
+        versions: Vec<ManifestVersion>,
+        committed: Option<ManifestVersion>,
         known: &'a KnownCorruption,
     ) -> Self {
         let mut unusable = 0;
@@ -191,7 +192,7 @@ impl<'a> Walk<'a> {
         objects: impl Fn(&Manifest) -> Vec<String>,
     ) -> Result<Option<Manifest>, StateError> {
         while let Some(version) = self.versions.pop() {
-            if self.rejected.contains_key(&version) {
+            if self.rejected.contains_key(&version.0) {
                 // Listed by a newer version: skipped without reading it again.
                 self.unusable += 1;
                 continue;
@@ -208,7 +209,7 @@ impl<'a> Walk<'a> {
             };
             for r in &manifest.rejected {
                 self.rejected
-                    .entry(r.version)
+                    .entry(r.version.0)
                     .or_insert_with(|| r.reason.clone());
             }
             self.parents.extend(manifest.parent);
@@ -247,9 +248,9 @@ impl<'a> Walk<'a> {
     }
 
     /// The backend found candidate `version` provably unusable: audited, counted, recorded.
-    pub fn reject(&mut self, version: u64, reason: String) {
+    pub fn reject(&mut self, version: ManifestVersion, reason: String) {
         audit_fallback(self.manifests.root(), version, &reason);
-        self.rejected.insert(version, reason);
+        self.rejected.insert(version.0, reason);
         self.unusable += 1;
     }
 
@@ -300,18 +301,25 @@ fn unavailable(manifests: &ManifestStore, e: ManifestError) -> StateError {
 
 /// Whether checkpoint `manifest` is decided (module docs), `parents` holding the versions the
 /// newer versions read so far name as their parent.
-fn decided(manifest: &Manifest, committed: Option<u64>, parents: &HashSet<u64>) -> bool {
+fn decided(
+    manifest: &Manifest,
+    committed: Option<ManifestVersion>,
+    parents: &HashSet<ManifestVersion>,
+) -> bool {
     let version = manifest.version;
     is_decided(version, &manifest.metadata, committed)
         || (decided_by(&manifest.metadata) == DecidedBy::Transaction
             && committed.is_some_and(|c| version < c)
-            && parents.contains(&version))
+            && parents.contains(&version.0))
 }
 
 fn listed(rejected: BTreeMap<u64, String>) -> Vec<RejectedVersion> {
     rejected
         .into_iter()
-        .map(|(version, reason)| RejectedVersion { version, reason })
+        .map(|(version, reason)| RejectedVersion {
+            version: ManifestVersion(version),
+            reason,
+        })
         .collect()
 }
 
@@ -328,7 +336,7 @@ fn one_line(text: &str) -> String {
 /// Logs recovery falling back past a provably unusable checkpoint `version` of the shard under
 /// `root` (an `audit = true` line, docs/checkpoints.md "Recovery" step 3) and counts it in
 /// `weir_checkpoint_fallbacks_total`.
-fn audit_fallback(root: &Path, version: u64, problem: &dyn std::fmt::Display) {
-    tracing::warn!(audit = true, shard = %root, version, %problem, "checkpoint unusable; falling back to an older one");
+fn audit_fallback(root: &Path, version: ManifestVersion, problem: &dyn std::fmt::Display) {
+    tracing::warn!(audit = true, shard = %root, version = version.0, %problem, "checkpoint unusable; falling back to an older one");
     metrics::counter!("weir_checkpoint_fallbacks_total").increment(1);
 }

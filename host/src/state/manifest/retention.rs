@@ -19,6 +19,7 @@
 //! ([`RetentionPolicy::in_grace`]): a slow writer may be about to commit a version naming one.
 
 use super::{Manifest, ManifestError, ManifestKind, ManifestStore};
+use crate::ids::ManifestVersion;
 use crate::state::checkpoint::{DecidedBy, decided_by};
 use futures::{StreamExt, TryStreamExt};
 use object_store::ObjectStore;
@@ -60,20 +61,20 @@ impl RetentionPolicy {
 #[derive(Debug, Clone, Default)]
 pub struct Protected {
     /// Versions kept whatever their age (the decided checkpoint, savepoints).
-    pub pinned: BTreeSet<u64>,
+    pub pinned: BTreeSet<ManifestVersion>,
     /// While the owner's scrub of the SSTs it recovered runs: the checkpoint it recovered
     /// from. GC then also keeps `retained_checkpoints` usable checkpoints at or below it, and
     /// every version above the oldest of them (the checkpoints to fall back to if the scrub
     /// finds one corrupt).
-    pub scrubbing_from: Option<u64>,
+    pub scrubbing_from: Option<ManifestVersion>,
     /// The checkpoint the owner knows to be decided (exactly-once: the one Kafka's committed
     /// offsets name); it is also pinned.
-    pub decided: Option<u64>,
+    pub decided: Option<ManifestVersion>,
 }
 
 impl Protected {
     /// `pinned` and the `decided` checkpoint (pinned too), no scrub running.
-    pub fn decided(decided: Option<u64>, pinned: &BTreeSet<u64>) -> Self {
+    pub fn decided(decided: Option<ManifestVersion>, pinned: &BTreeSet<ManifestVersion>) -> Self {
         let mut pinned = pinned.clone();
         pinned.extend(decided);
         Self {
@@ -91,7 +92,7 @@ pub(crate) struct Kept {
     /// they reference must stay.
     pub manifests: Vec<Manifest>,
     /// The versions to delete, ascending.
-    pub delete: Vec<u64>,
+    pub delete: Vec<ManifestVersion>,
 }
 
 /// Plans GC of the shard of `manifests` under `policy`, keeping what `protected` names
@@ -110,14 +111,14 @@ pub(crate) async fn retained_versions(
     let decided = protected.decided;
     let versions = manifests.versions().await?;
     let mut kept = Kept::default();
-    let mut rejected: HashSet<u64> = HashSet::new();
-    let mut parents: HashSet<u64> = HashSet::new();
+    let mut rejected: HashSet<ManifestVersion> = HashSet::new();
+    let mut parents: HashSet<ManifestVersion> = HashSet::new();
     let mut counted = 0;
     // Usable checkpoints at or below the one a running scrub recovered from.
     let mut counted_below = 0;
     let mut floor = None;
     for &version in versions.iter().rev() {
-        if rejected.contains(&version) {
+        if rejected.contains(&version.0) {
             continue;
         }
         let manifest = match manifests.read(version).await {
@@ -130,7 +131,7 @@ pub(crate) async fn retained_versions(
         let usable = manifest.kind == ManifestKind::Checkpoint
             && (decided_by(&manifest.metadata) == DecidedBy::Manifest
                 || decided == Some(version)
-                || parents.contains(&version));
+                || parents.contains(&version.0));
         kept.manifests.push(manifest);
         if usable {
             counted += 1;
@@ -154,7 +155,7 @@ pub(crate) async fn retained_versions(
         .map_err(ManifestError::Unavailable)?;
     let protected = |v: u64| protected.pinned.contains(&v) || leased.contains(&v);
     for &version in versions.iter().filter(|v| **v < floor) {
-        if !protected(version) {
+        if !protected(version.0) {
             kept.delete.push(version);
             continue;
         }

@@ -3,12 +3,13 @@
 //! older owner (also in a slot above it), and corrupt bytes.
 
 use super::*;
+use crate::ids::ManifestVersion;
 use crate::state::faulty_store::{Fault, FaultyStore};
 use crate::state::test_support::block_on;
 
 fn checkpoint(base: &Manifest, version: u64, offset: &str) -> Manifest {
     Manifest {
-        version,
+        version: ManifestVersion(version),
         parent: Some(base.version),
         kind: ManifestKind::Checkpoint,
         writer_epoch: base.writer_epoch,
@@ -36,10 +37,10 @@ fn a_commit_reads_back_what_it_wrote() {
     block_on(async {
         let (_, store) = setup();
         let claim = store.claim("writer-a", None, &[]).await.expect("claims");
-        assert_eq!((claim.version, claim.writer_epoch), (1, 1));
+        assert_eq!((claim.version.0, claim.writer_epoch), (1, 1));
         let cp = checkpoint(&claim, 2, "42");
         store.commit(&cp).await.expect("commits");
-        assert_eq!(store.read(2).await.expect("reads"), cp);
+        assert_eq!(store.read(ManifestVersion(2)).await.expect("reads"), cp);
         assert_eq!(store.versions().await.expect("lists"), vec![1, 2]);
     });
 }
@@ -55,7 +56,11 @@ fn a_409_with_nothing_written_is_retried_not_fenced() {
             .await
             .expect("retried and committed");
         assert_eq!(
-            store.read(2).await.expect("reads").metadata["offset.0"],
+            store
+                .read(ManifestVersion(2))
+                .await
+                .expect("reads")
+                .metadata["offset.0"],
             "7"
         );
     });
@@ -83,7 +88,7 @@ fn a_version_created_by_another_writer_fences_us() {
             .claim("writer-b", Some(&a), &[])
             .await
             .expect("b claims above a");
-        assert_eq!((b.version, b.writer_epoch), (2, 2));
+        assert_eq!((b.version.0, b.writer_epoch), (2, 2));
         // A, a zombie, tries to commit into the slot B took.
         let err = store
             .commit(&checkpoint(&a, 2, "100"))
@@ -93,13 +98,20 @@ fn a_version_created_by_another_writer_fences_us() {
             matches!(
                 err,
                 ManifestError::Fenced {
-                    version: 2,
+                    version: ManifestVersion(2),
                     our_epoch: 1
                 }
             ),
             "{err}"
         );
-        assert_eq!(store.read(2).await.expect("reads").writer_token, "writer-b");
+        assert_eq!(
+            store
+                .read(ManifestVersion(2))
+                .await
+                .expect("reads")
+                .writer_token,
+            "writer-b"
+        );
     });
 }
 
@@ -127,7 +139,7 @@ fn a_zombie_writing_into_a_free_slot_is_fenced_by_the_check_after_commit() {
             matches!(
                 err,
                 ManifestError::Fenced {
-                    version: 4,
+                    version: ManifestVersion(4),
                     our_epoch: 1
                 }
             ),
@@ -158,13 +170,19 @@ fn a_corrupt_manifest_is_reported_as_corrupt() {
             .put(&path, PutPayload::from(bytes))
             .await
             .expect("overwrite for the test");
-        let err = store.read(1).await.expect_err("corrupt");
+        let err = store.read(ManifestVersion(1)).await.expect_err("corrupt");
         assert!(
-            matches!(err, ManifestError::Corrupt { version: 1, .. }),
+            matches!(
+                err,
+                ManifestError::Corrupt {
+                    version: ManifestVersion(1),
+                    ..
+                }
+            ),
             "{err}"
         );
         assert!(matches!(
-            store.read(9).await,
+            store.read(ManifestVersion(9)).await,
             Err(ManifestError::NotFound(9))
         ));
     });
@@ -173,8 +191,8 @@ fn a_corrupt_manifest_is_reported_as_corrupt() {
 #[test]
 fn the_encoded_manifest_is_frozen() {
     let m = Manifest {
-        version: 3,
-        parent: Some(2),
+        version: ManifestVersion(3),
+        parent: Some(ManifestVersion(2)),
         kind: ManifestKind::Checkpoint,
         writer_epoch: 2,
         writer_token: "token".into(),
@@ -198,7 +216,10 @@ fn the_encoded_manifest_is_frozen() {
         rejected: Vec::new(),
     };
     let bytes = m.encode();
-    assert_eq!(Manifest::decode(3, &bytes).expect("decodes"), m);
+    assert_eq!(
+        Manifest::decode(ManifestVersion(3), &bytes).expect("decodes"),
+        m
+    );
     insta::assert_snapshot!(format!(
         "{:02x?}\n{}",
         &bytes[..16],
@@ -217,16 +238,16 @@ fn a_claim_goes_above_a_committed_version_the_store_lacks() {
         let cp = checkpoint(&claim, 2, "42");
         store.commit(&cp).await.expect("commits");
         let next = store
-            .claim_above("writer-b", Some(&cp), &[], Some(9))
+            .claim_above("writer-b", Some(&cp), &[], Some(ManifestVersion(9)))
             .await
             .expect("claims");
-        assert_eq!((next.version, next.writer_epoch), (10, 2));
-        assert_eq!(next.parent, Some(2));
+        assert_eq!((next.version.0, next.writer_epoch), (10, 2));
+        assert_eq!(next.parent, Some(ManifestVersion(2)));
         // A floor below the stored versions changes nothing.
         let again = store
-            .claim_above("writer-c", Some(&cp), &[], Some(4))
+            .claim_above("writer-c", Some(&cp), &[], Some(ManifestVersion(4)))
             .await
             .expect("claims");
-        assert_eq!(again.version, 11);
+        assert_eq!(again.version, ManifestVersion(11));
     });
 }

@@ -129,7 +129,7 @@ fn durable(store: &Arc<object_store::memory::InMemory>) -> MemoryBackend {
 
 fn committed(version: Option<u64>) -> Recovery {
     Recovery {
-        committed: version,
+        committed: version.map(ManifestVersion),
         ..Recovery::default()
     }
 }
@@ -207,7 +207,7 @@ fn a_durable_shard_resumes_from_its_decided_snapshot_and_fences_the_previous_own
         // Kafka names the second: it is decided.
         let b = durable(&store)
             .with_shard_bytes_max(1 << 20)
-            .open_shard_at(&id(), &committed(Some(second.version)))
+            .open_shard_at(&id(), &committed(Some(second.version.0)))
             .await
             .expect("b opens");
         assert_eq!(
@@ -233,7 +233,7 @@ fn a_durable_shard_resumes_from_its_decided_snapshot_and_fences_the_previous_own
 
         // Kafka names the first: the second was only prepared.
         let c = durable(&store)
-            .open_shard_at(&id(), &committed(Some(first.version)))
+            .open_shard_at(&id(), &committed(Some(first.version.0)))
             .await
             .expect("opens");
         assert_eq!(c.recovered_offsets().expect("decodes"), Some(offsets(10)));

@@ -14,7 +14,7 @@ use crate::checkpoints::savepoint::{
     self, SavepointDescriptor, SavepointDir, SavepointShard, savepoint_root,
 };
 use crate::clock::wall_now_ms;
-use crate::ids::Partition;
+use crate::ids::{ManifestVersion, Partition};
 use axum::Json;
 use axum::body::Body;
 use axum::extract::{Path as UrlPath, State};
@@ -171,10 +171,10 @@ struct Capture<'a> {
     /// Every partition of the input, when the brokers tell.
     partitions_wanted: Option<usize>,
     /// The checkpoint versions the group's committed offsets name, read at `read_at`.
-    committed: BTreeMap<Partition, u64>,
+    committed: BTreeMap<Partition, ManifestVersion>,
     read_at: Instant,
     /// Per partition, the newest decided version at the request: what is taken comes after.
-    after: BTreeMap<Partition, Option<u64>>,
+    after: BTreeMap<Partition, Option<ManifestVersion>>,
     /// When the hosts were last asked for a checkpoint.
     asked: Option<Instant>,
     /// The shards copied so far.
@@ -359,7 +359,7 @@ pub(in crate::api::pipelines) async fn committed_versions(
     tenant: &str,
     record: &PipelineRecord,
     partitions: &[Partition],
-) -> BTreeMap<Partition, u64> {
+) -> BTreeMap<Partition, ManifestVersion> {
     let (Some(kafka), crate::config::Delivery::ExactlyOnce) =
         (state.kafka_settings().cloned(), record.spec.delivery)
     else {

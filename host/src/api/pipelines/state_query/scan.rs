@@ -12,7 +12,7 @@ use crate::api::pipelines::savepoints::committed_versions;
 use crate::api::problem::ApiError;
 use crate::checkpoints::query::{QueryEntry, QueryError, QueryShard, merge_pages};
 use crate::clock::SharedClock;
-use crate::ids::Partition;
+use crate::ids::{ManifestVersion, Partition};
 use crate::state::StateError;
 use crate::state::key;
 use crate::state::lease::{self, Lease};
@@ -44,7 +44,10 @@ pub(super) struct Scan<'a> {
 
 impl Scan<'_> {
     /// A page of the shards at `versions` ((partition, root, version)).
-    async fn read_page(&self, versions: Vec<(Partition, Path, u64)>) -> Result<Page, QueryError> {
+    async fn read_page(
+        &self,
+        versions: Vec<(Partition, Path, ManifestVersion)>,
+    ) -> Result<Page, QueryError> {
         let store = self.state.catalog.store();
         let caches = &self.state.query_caches;
         let opened = futures::future::try_join_all(
@@ -85,7 +88,7 @@ impl Scan<'_> {
     pub(super) async fn go_on(
         &self,
         token: &PageToken,
-        roots: Vec<(Partition, Path, Option<u64>)>,
+        roots: Vec<(Partition, Path, Option<ManifestVersion>)>,
         held: Option<&str>,
     ) -> Result<Page, ApiError> {
         let name = &self.record.name;
@@ -119,7 +122,7 @@ impl Scan<'_> {
     /// again, once.
     pub(super) async fn first(
         &self,
-        roots: Vec<(Partition, Path, Option<u64>)>,
+        roots: Vec<(Partition, Path, Option<ManifestVersion>)>,
     ) -> Result<Page, ApiError> {
         let name = &self.record.name;
         let committed = if self.savepoint.is_none() {
@@ -163,7 +166,7 @@ impl Scan<'_> {
             }
             return Ok(None);
         };
-        let versions: Vec<(Partition, u64)> = checkpoints
+        let versions: Vec<(Partition, ManifestVersion)> = checkpoints
             .iter()
             .map(|c| (c.partition, c.version))
             .collect();
