@@ -423,6 +423,13 @@ impl<B: weir_host::state::StateBackend> weir_host::state::StateBackend for HeldW
             gate: self.gate.clone(),
         })
     }
+
+    fn stored(
+        &self,
+        id: &weir_host::state::ShardId,
+    ) -> Option<weir_host::state::stored::StoredShard> {
+        self.inner.stored(id)
+    }
 }
 
 impl<S: weir_host::state::Shard> weir_host::state::Shard for HeldShard<S> {

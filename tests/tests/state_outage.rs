@@ -54,6 +54,10 @@ impl StateBackend for FlakyBackend {
             every: self.every,
         })
     }
+
+    fn stored(&self, id: &ShardId) -> Option<weir_host::state::stored::StoredShard> {
+        self.inner.stored(id)
+    }
 }
 
 impl Shard for FlakyShard {
@@ -231,6 +235,10 @@ impl StateBackend for OutageBackend {
             down: (id.partition == Partition(0)).then(|| self.down.clone()),
             hang: self.hang,
         })
+    }
+
+    fn stored(&self, id: &ShardId) -> Option<weir_host::state::stored::StoredShard> {
+        self.inner.stored(id)
     }
 }
 

@@ -289,10 +289,12 @@ impl From<crate::catalog::CatalogError> for ApiError {
     fn from(err: crate::catalog::CatalogError) -> Self {
         use crate::catalog::CatalogError;
         match err {
-            CatalogError::Exists { .. } | CatalogError::Changed { .. } => {
-                ApiError::conflict(err.to_string())
+            CatalogError::Exists { .. }
+            | CatalogError::Changed { .. }
+            | CatalogError::Busy { .. } => ApiError::conflict(err.to_string()),
+            CatalogError::NotFound { .. } | CatalogError::Missing { .. } => {
+                ApiError::not_found(err.to_string())
             }
-            CatalogError::NotFound { .. } => ApiError::not_found(err.to_string()),
             CatalogError::Unreadable { path, source } => {
                 ApiError::unavailable(format!("unreadable catalog record `{path}`"))
                     .with_source(source)

@@ -154,6 +154,19 @@ pub enum CatalogError {
         /// What the caller can do.
         advice: &'static str,
     },
+    /// An object a record names is gone (an operator version's component).
+    #[error("{what} is missing")]
+    Missing {
+        /// See [`CatalogError::Exists`].
+        what: String,
+    },
+    /// Too many writers raced for the next number of a record (operator uploads): none lost
+    /// anything, the caller tries again.
+    #[error("too many concurrent uploads of {what}; try again")]
+    Busy {
+        /// See [`CatalogError::Exists`].
+        what: String,
+    },
     /// A record in the store does not decode.
     #[error("unreadable catalog record `{path}`")]
     Unreadable {
@@ -174,9 +187,11 @@ impl CatalogError {
     /// failures and undecodable records are [`ErrorKind::Unavailable`] (worth a retry).
     pub fn kind(&self) -> ErrorKind {
         match self {
-            Self::Exists { .. } | Self::NotFound { .. } | Self::Changed { .. } => {
-                ErrorKind::InvalidInput
-            }
+            Self::Exists { .. }
+            | Self::NotFound { .. }
+            | Self::Missing { .. }
+            | Self::Changed { .. }
+            | Self::Busy { .. } => ErrorKind::InvalidInput,
             Self::Unreadable { .. } | Self::Store(_) => ErrorKind::Unavailable,
         }
     }
@@ -370,12 +385,12 @@ impl Catalog {
     /// The component with SHA-256 `sha256`.
     ///
     /// # Errors
-    /// [`CatalogError::NotFound`] when it is missing; [`CatalogError::Store`] on a store error.
+    /// [`CatalogError::Missing`] when it is gone; [`CatalogError::Store`] on a store error.
     pub async fn blob(&self, tenant: &str, sha256: &str) -> Result<Bytes, CatalogError> {
         let path = self.path(&format!("tenants/{tenant}/blobs/{sha256}.wasm"));
         match self.store.get(&path).await {
             Ok(got) => Ok(got.bytes().await?),
-            Err(object_store::Error::NotFound { .. }) => Err(CatalogError::NotFound {
+            Err(object_store::Error::NotFound { .. }) => Err(CatalogError::Missing {
                 what: format!("component {sha256}"),
             }),
             Err(err) => Err(err.into()),
@@ -430,9 +445,8 @@ impl Catalog {
             }
             next += 1;
         }
-        Err(CatalogError::Changed {
+        Err(CatalogError::Busy {
             what: format!("operator `{}`", version.name),
-            advice: "try again",
         })
     }
 

@@ -50,6 +50,18 @@ impl RunFailure {
     }
 }
 
+/// A run's failure to read its operator from the catalog: of the error's kind; a store that
+/// failed reads as storage being unavailable, as the API says it.
+fn catalog_failure(err: crate::catalog::CatalogError) -> RunFailure {
+    match err.kind() {
+        ErrorKind::Unavailable => RunFailure::new(
+            ErrorKind::Unavailable,
+            format!("storage unavailable: {}", Chain(&err)),
+        ),
+        kind => RunFailure::new(kind, Chain(&err).to_string()),
+    }
+}
+
 /// How a run ended.
 pub(super) type RunResult = Result<(), RunFailure>;
 
@@ -243,7 +255,7 @@ impl RunJob {
             .catalog
             .version(&self.tenant, &spec.operator, spec.operator_version)
             .await
-            .map_err(|e| RunFailure::new(e.kind(), Chain(&e).to_string()))?
+            .map_err(catalog_failure)?
             .ok_or_else(|| {
                 RunFailure::new(
                     ErrorKind::InvalidInput,
@@ -264,7 +276,7 @@ impl RunJob {
             .catalog
             .blob(&self.tenant, &version.sha256)
             .await
-            .map_err(|e| RunFailure::new(e.kind(), Chain(&e).to_string()))?;
+            .map_err(catalog_failure)?;
         if sha256_hex(&bytes) != version.sha256 {
             return Err(RunFailure::new(
                 ErrorKind::Corrupt,

@@ -189,12 +189,10 @@ pub trait StateBackend: Send + Sync + 'static {
 
     /// Where shard `id`'s checkpoints are stored and in which format, for the tools that read
     /// and write them beside the backend (`crate::checkpoints`: a switch between backends
-    /// converts the other backend's newest checkpoint before the shard opens). `None`, the
-    /// default, for a backend that keeps no checkpoint.
-    fn stored(&self, id: &ShardId) -> Option<stored::StoredShard> {
-        let _ = id;
-        None
-    }
+    /// converts the other backend's newest checkpoint before the shard opens); `None` for a
+    /// backend that keeps no checkpoint. Required: a backend that wraps another forwards it,
+    /// or the shards it opens would never be converted.
+    fn stored(&self, id: &ShardId) -> Option<stored::StoredShard>;
 }
 
 /// What a shard's open knows besides the store (see [`StateBackend::open_shard_at`]).

@@ -65,8 +65,7 @@ pub fn consumer(
     Ok((consumer, context))
 }
 
-/// Copies a fetched message of `topic` into an `input-record` (one copy: the guest call lowers
-/// from it).
+/// Copies a fetched message of `topic` into an `input-record` (one copy, which the guest lowers).
 pub fn to_input_record(msg: &BorrowedMessage<'_>, topic: &Arc<str>) -> InputRecord {
     let headers = msg
         .headers()
@@ -125,8 +124,7 @@ const FETCHER_START_WAIT: Duration = Duration::from_secs(1);
 /// How long a seek refused for a fetcher not yet started waits before it is tried again.
 const SEEK_RETRY_DELAY: Duration = Duration::from_millis(5);
 
-/// How long reading the committed offsets may wait (they are read once no transaction is
-/// pending on them).
+/// How long reading the committed offsets may wait (until no transaction is pending on them).
 const COMMITTED_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Records taken from the consumer's own queue in one fetch at most (messages of partitions
@@ -536,7 +534,12 @@ impl Source for KafkaSource {
         })
         .await
         .unwrap_or(Err(KafkaError::Canceled))
-        .map_err(|e| source_error(format!("read partition {partition}'s committed offsets"), e))?;
+        .map_err(|e| {
+            source_error(
+                format!("read the committed offsets of partition {partition}"),
+                e,
+            )
+        })?;
         let version = committed
             .elements()
             .iter()
