@@ -25,7 +25,7 @@ use serde::Serialize;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use weir_host::clock::{SharedClock, SystemClock};
-use weir_host::ids::Partition;
+use weir_host::ids::{Offset, Partition};
 use weir_host::state::checkpoint::{DecidedBy, InputOffsets};
 use weir_host::state::lsm::backend::LsmBackend;
 use weir_host::state::lsm::cache::{BlockCaches, CacheSettings};
@@ -227,7 +227,7 @@ async fn one_size(
             }
         }
         updating += round_started.elapsed();
-        offsets.advance("bench", step as i64);
+        offsets.advance("bench", Offset(step as i64));
         let started = Instant::now();
         let report = shard
             .checkpoint(&offsets, DecidedBy::Manifest)

@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::time::Instant;
 use weir_host::checkpoints::convert::open_converted;
 use weir_host::clock::{SharedClock, SystemClock};
-use weir_host::ids::Partition;
+use weir_host::ids::{Offset, Partition};
 use weir_host::state::checkpoint::{DecidedBy, InputOffsets};
 use weir_host::state::lsm::backend::LsmBackend;
 use weir_host::state::lsm::cache::BlockCaches;
@@ -120,7 +120,7 @@ async fn one_size(
     let entry_bytes = key::value_key(b"key0000000000", "count").len() + opts.value_bytes;
     let keys = ((size_mb << 20) / entry_bytes as u64).max(1);
     let mut offsets = InputOffsets::new();
-    offsets.advance("bench.in", keys as i64 - 1);
+    offsets.advance("bench.in", Offset(keys as i64 - 1));
 
     let shard = memory.open_shard(&id).await?;
     let mut next = 0;

@@ -7,6 +7,7 @@ use std::io::{Read, Write};
 use std::sync::Arc;
 use weir_host::clock::{SharedClock, SystemClock};
 use weir_host::config::LsmStateSettings;
+use weir_host::ids::Offset;
 use weir_host::state::checkpoint::{DecidedBy, InputOffsets};
 use weir_host::state::lsm::backend::LsmBackend;
 use weir_host::state::{Shard, ShardId, StateBackend, StateWrite};
@@ -75,7 +76,7 @@ async fn an_s3_backend_from_settings_checkpoints_and_a_new_owner_resumes() {
         a.apply(vec![write]).await.expect("apply");
     }
     let mut offsets = InputOffsets::new();
-    offsets.advance("in", 199);
+    offsets.advance("in", Offset(199));
     let report = a
         .checkpoint(&offsets, DecidedBy::Manifest)
         .await

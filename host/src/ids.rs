@@ -1,16 +1,64 @@
 //! The numbers that name things across modules, each its own type so that a partition is never
 //! passed where a manifest version or an offset is expected (and the compiler says so):
-//! [`Partition`] and [`ManifestVersion`]. Both are `Copy`, compare and hash as their number,
-//! print as it, and serialize as it (`#[serde(transparent)]`), so every stored and wire
-//! format is unchanged.
+//! [`Partition`], [`Offset`] and [`ManifestVersion`]. Each is `Copy`, compares and hashes as
+//! its number, prints as it, and serializes as it (`#[serde(transparent)]`), so every stored
+//! and wire format is unchanged.
 //!
 //! At the edges they meet raw numbers: Kafka clients and the WIT `input-record` type a
-//! partition as `i32` (`.0` and [`Partition::from`] convert there), and object names and
-//! manifest JSON carry a version as its decimal.
+//! partition as `i32` and an offset as `i64` (`.0` and `From` convert there), and object names
+//! and manifest JSON carry a version or an offset as its decimal.
 
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use utoipa::ToSchema;
+
+/// What every id here shares with its number `$n`: it prints (`{:05}` too), parses, compares,
+/// orders and hashes as the number; a map or set of ids is looked up by the number
+/// (`partitions.get(&0)`); and the number converts into it.
+macro_rules! number_id {
+    ($id:ident, $n:ty) => {
+        /// As its number, so that logs and reports read as before the type.
+        impl fmt::Debug for $id {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                self.0.fmt(f)
+            }
+        }
+
+        impl fmt::Display for $id {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                self.0.fmt(f)
+            }
+        }
+
+        /// The number in decimal, as object names, metadata and table properties write it.
+        impl std::str::FromStr for $id {
+            type Err = std::num::ParseIntError;
+
+            fn from_str(s: &str) -> Result<Self, Self::Err> {
+                s.parse().map(Self)
+            }
+        }
+
+        impl std::borrow::Borrow<$n> for $id {
+            fn borrow(&self) -> &$n {
+                &self.0
+            }
+        }
+
+        /// It compares with its number (`version == 3`); it is still never passed as one.
+        impl PartialEq<$n> for $id {
+            fn eq(&self, n: &$n) -> bool {
+                self.0 == *n
+            }
+        }
+
+        impl From<$n> for $id {
+            fn from(n: $n) -> Self {
+                Self(n)
+            }
+        }
+    };
+}
 
 /// A Kafka partition of a topic (≥ 0). A pipeline's shard is one partition number of its
 /// co-partitioned input topics.
@@ -20,39 +68,33 @@ use utoipa::ToSchema;
 #[serde(transparent)]
 pub struct Partition(pub i32);
 
-/// As its number, so that logs and reports read as before the type.
-impl fmt::Debug for Partition {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.fmt(f)
+number_id!(Partition, i32);
+
+/// A record's position in its partition (≥ 0), Kafka's offset. A *committed* or *next* offset
+/// is, as in Kafka, the offset of the next record to read: the last processed plus one.
+#[derive(
+    Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, ToSchema,
+)]
+#[serde(transparent)]
+pub struct Offset(pub i64);
+
+number_id!(Offset, i64);
+
+/// `n` records later (the next offset to read after the record at `o` is `o + 1`).
+impl std::ops::Add<i64> for Offset {
+    type Output = Self;
+
+    fn add(self, n: i64) -> Self {
+        Self(self.0 + n)
     }
 }
 
-impl fmt::Display for Partition {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.fmt(f)
-    }
-}
+/// `n` records earlier (the last processed record is the next offset `- 1`).
+impl std::ops::Sub<i64> for Offset {
+    type Output = Self;
 
-impl std::str::FromStr for Partition {
-    type Err = std::num::ParseIntError;
-
-    /// A partition number in decimal, as object names and table properties write it.
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        s.parse().map(Self)
-    }
-}
-
-/// A map or set of partitions is looked up by the number too (`partitions.get(&0)`): a
-/// partition compares, orders and hashes as its number.
-impl std::borrow::Borrow<i32> for Partition {
-    fn borrow(&self) -> &i32 {
-        &self.0
-    }
-}
-
-impl From<i32> for Partition {
-    fn from(n: i32) -> Self {
-        Self(n)
+    fn sub(self, n: i64) -> Self {
+        Self(self.0 - n)
     }
 }
 
@@ -65,42 +107,7 @@ impl From<i32> for Partition {
 #[serde(transparent)]
 pub struct ManifestVersion(pub u64);
 
-/// As its number, so that logs and reports read as before the type.
-impl fmt::Debug for ManifestVersion {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.fmt(f)
-    }
-}
-
-impl fmt::Display for ManifestVersion {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.fmt(f)
-    }
-}
-
-impl std::str::FromStr for ManifestVersion {
-    type Err = std::num::ParseIntError;
-
-    /// A version in decimal, as manifest object names and offsets' metadata write it.
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        s.parse().map(Self)
-    }
-}
-
-/// A version compares with its number (`version == 3`); it is still never passed as one.
-impl PartialEq<u64> for ManifestVersion {
-    fn eq(&self, n: &u64) -> bool {
-        self.0 == *n
-    }
-}
-
-/// A set or map of versions is looked up by the number too: a version compares, orders and
-/// hashes as its number.
-impl std::borrow::Borrow<u64> for ManifestVersion {
-    fn borrow(&self) -> &u64 {
-        &self.0
-    }
-}
+number_id!(ManifestVersion, u64);
 
 /// `n` versions later (the next version is `v + 1`).
 impl std::ops::Add<u64> for ManifestVersion {
@@ -117,12 +124,6 @@ impl std::ops::Sub<u64> for ManifestVersion {
 
     fn sub(self, n: u64) -> Self {
         Self(self.0 - n)
-    }
-}
-
-impl From<u64> for ManifestVersion {
-    fn from(n: u64) -> Self {
-        Self(n)
     }
 }
 
@@ -143,6 +144,8 @@ mod tests {
         assert_eq!(format!("{:05}", Partition(7)), "00007");
         assert_eq!(ManifestVersion(9).to_string(), "9");
         assert!(ManifestVersion(2) < ManifestVersion(10));
+        assert_eq!("17".parse::<Offset>().expect("parses") + 1, Offset(18));
+        assert_eq!(Offset(5), 5);
     }
 
     #[test]

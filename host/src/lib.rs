@@ -24,7 +24,7 @@
 //!   deliveries counted per partition, exactly-once transactions), the Iceberg table sink
 //!   (`sink::iceberg`), and `sink::memory` for tests with no broker
 //! - [`ids`]       the numbers that cross modules as types of their own: `Partition`,
-//!   `ManifestVersion`
+//!   `Offset`, `ManifestVersion`
 //! - [`health`]    `/healthz` and `/readyz`: liveness, readiness and the brokers' state
 //! - [`clock`]     the injected clock seam (processing time for TTL)
 //! - [`telemetry`] Prometheus metrics: the recorder and the labelled handles of a pipeline run

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use weir_host::clock::{SharedClock, SystemClock};
 use weir_host::config::{Delivery, RuntimeSettings, StateBackendKind, StateSettings};
+use weir_host::ids::Offset;
 use weir_host::pipeline::PartitionState;
 use weir_host::sink::kafka::limits::{
     ERROR_HEADER_BYTES_MAX, HEADER_ORIGINAL_HEADERS_BYTES, HEADER_ORIGINAL_KEY_BYTES,
@@ -555,19 +556,16 @@ async fn s5_a_checkpoint_while_a_state_write_is_held_open_then_a_kill_counts_the
         let resumed_at = pipeline.stats.partitions.lock().expect("lock")[&0]
             .checkpointed_offsets
             .get(&input)
-            .copied()
-            .unwrap_or(0);
+            .map_or(0, |o| o.0);
         pipeline
             .wait_done(total - resumed_at as u64, TIMEOUT)
             .await?;
         requests.send_modify(|n| *n += 1);
         pipeline
             .wait_until("a checkpoint of everything so far", TIMEOUT, |s| {
-                s.partitions
-                    .lock()
-                    .expect("lock")
-                    .get(&0)
-                    .is_some_and(|p| p.checkpointed_offsets.get(&input) == Some(&(total as i64)))
+                s.partitions.lock().expect("lock").get(&0).is_some_and(|p| {
+                    p.checkpointed_offsets.get(&input) == Some(&Offset(total as i64))
+                })
             })
             .await?;
         let checkpoints = pipeline
@@ -591,7 +589,7 @@ async fn s5_a_checkpoint_while_a_state_write_is_held_open_then_a_kill_counts_the
                             && s.partitions.lock().expect("lock")[&0]
                                 .checkpointed_offsets
                                 .get(&input)
-                                == Some(&(total as i64))
+                                == Some(&Offset(total as i64))
                     },
                 )
                 .await?;

@@ -85,7 +85,7 @@ async fn seek_at_assignment(round: usize, commit: bool) -> anyhow::Result<()> {
         for partition in source.take_assigned() {
             // The checkpoint's offsets: the record at offset 9 was the last processed.
             let mut offsets = InputOffsets::new();
-            offsets.advance(&input, 9);
+            offsets.advance(&input, weir_host::ids::Offset(9));
             source
                 .seek(partition, &offsets)
                 .map_err(|e| anyhow::anyhow!("round {round} (commit {commit}): {}", Chain(&e)))?;
@@ -170,7 +170,7 @@ async fn with_latest_a_partition_starts_at_its_end_or_its_checkpoint_and_misses_
             for partition in source.take_assigned() {
                 let mut offsets = InputOffsets::new();
                 if partition.0 == 0 {
-                    offsets.advance(&input, 9);
+                    offsets.advance(&input, weir_host::ids::Offset(9));
                 }
                 source
                     .seek(partition, &offsets)

@@ -86,7 +86,7 @@ pub fn savepoints_table(
             .shards
             .iter()
             .map(|s| {
-                let next: Vec<String> = s.offsets.values().map(i64::to_string).collect();
+                let next: Vec<String> = s.offsets.values().map(ToString::to_string).collect();
                 if next.is_empty() {
                     format!("{}:-", s.partition)
                 } else {
@@ -173,7 +173,7 @@ pub fn pipeline_status_text(p: &PipelineView) -> String {
         "PARTITION", "CHECKPOINTED", "HIGH", "LAG", "STATE BYTES", "CHECKPOINT"
     ));
     for part in &s.partitions {
-        let checkpointed: i64 = part.checkpointed_offsets.values().sum();
+        let checkpointed: i64 = part.checkpointed_offsets.values().map(|o| o.0).sum();
         let high: i64 = part.high_watermarks.values().filter(|h| **h >= 0).sum();
         out.push_str(&format!(
             "{:>9} {:>12} {:>12} {:>8} {:>12} {:>10}\n",

@@ -120,7 +120,7 @@ async fn newest_checkpoints(
 ) -> anyhow::Result<BTreeMap<i32, i64>> {
     let mut newest: BTreeMap<i32, (u64, i64)> = BTreeMap::new();
     for checkpoint in api.checkpoints(pipeline).await? {
-        let Some(offset) = checkpoint.offsets.get(topic).copied() else {
+        let Some(offset) = checkpoint.offsets.get(topic).map(|o| o.0) else {
             continue;
         };
         let entry = newest.entry(checkpoint.partition.0).or_insert((0, offset));

@@ -169,6 +169,7 @@ pub async fn convert_foreign(
 mod tests {
     use super::*;
     use crate::clock::ManualClock;
+    use crate::ids::Offset;
     use crate::state::checkpoint::DecidedBy;
     use crate::state::lsm::backend::LsmBackend;
     use crate::state::lsm::cache::BlockCaches;
@@ -189,7 +190,7 @@ mod tests {
 
     fn offsets(next: i64) -> InputOffsets {
         let mut offsets = InputOffsets::new();
-        offsets.advance("t.in", next - 1);
+        offsets.advance("t.in", Offset(next - 1));
         offsets
     }
 

@@ -36,7 +36,7 @@
 //!   pending timers) is not exported: the import builds it again from the timers.
 
 use crate::clock::SharedClock;
-use crate::ids::{ManifestVersion, Partition};
+use crate::ids::{ManifestVersion, Offset, Partition};
 use crate::runtime::TimeDomain;
 use crate::state::StateError;
 use crate::state::checkpoint::{DecidedBy, InputOffsets, checkpoint_metadata};
@@ -80,7 +80,7 @@ pub struct ExportHeader {
     /// The checkpoint's manifest version in the shard it was exported from.
     pub source_version: ManifestVersion,
     /// Where the input resumes: Kafka topic → next offset.
-    pub offsets: BTreeMap<String, i64>,
+    pub offsets: BTreeMap<String, Offset>,
 }
 
 /// Every line after the header: an entry, a timer, or the end. One flat shape, so that a

@@ -36,7 +36,7 @@
 //! monotonic, since sinks use them as commit ids. Nothing references the savepoint afterwards:
 //! deleting it, or its pipeline, leaves the restored shard whole.
 
-use crate::ids::{ManifestVersion, Partition};
+use crate::ids::{ManifestVersion, Offset, Partition};
 use crate::state::checkpoint::{DecidedBy, InputOffsets, checkpoint_metadata, decided_by};
 use crate::state::lsm::tree::SstId;
 use crate::state::manifest::{Manifest, ManifestError, ManifestKind, ManifestStore};
@@ -95,7 +95,7 @@ pub struct SavepointShard {
     /// The checkpoint's manifest version in the pipeline's shard.
     pub version: ManifestVersion,
     /// Its input offsets (topic → next offset).
-    pub offsets: BTreeMap<String, i64>,
+    pub offsets: BTreeMap<String, Offset>,
     /// Objects it references (SSTs, or the snapshot).
     pub objects: usize,
     /// Their bytes.

@@ -9,7 +9,7 @@
 //! Whether an exactly-once checkpoint is decided lives in Kafka's committed offsets, not in
 //! the store: such a checkpoint is reported as `transaction`-decided, restorable or not.
 
-use crate::ids::{ManifestVersion, Partition};
+use crate::ids::{ManifestVersion, Offset, Partition};
 use crate::state::lsm::sst::reader::SstReader;
 use crate::state::lsm::tree::SstId;
 use crate::state::manifest::{Manifest, ManifestError, ManifestKind, ManifestStore};
@@ -32,7 +32,7 @@ pub struct VersionCheck {
     /// (exactly-once: decided when Kafka's committed offsets name it). `None` for a claim.
     pub decided_by: Option<String>,
     /// The input offsets it resumes from (topic → next offset).
-    pub offsets: BTreeMap<String, i64>,
+    pub offsets: BTreeMap<String, Offset>,
     /// Objects it references (SSTs, or the snapshot).
     pub objects: usize,
     /// Their bytes.
@@ -404,7 +404,7 @@ mod tests {
 
     fn offsets(next: i64) -> InputOffsets {
         let mut offsets = InputOffsets::new();
-        offsets.advance("in", next - 1);
+        offsets.advance("in", Offset(next - 1));
         offsets
     }
 
@@ -525,7 +525,10 @@ mod tests {
                     .collect();
                 assert_eq!(checkpoints.len(), 2, "{shard:?}");
                 assert!(checkpoints.iter().all(|c| c.restorable), "{shard:?}");
-                assert_eq!(checkpoints[0].offsets, BTreeMap::from([("in".into(), 100)]));
+                assert_eq!(
+                    checkpoints[0].offsets,
+                    BTreeMap::from([("in".into(), Offset(100))])
+                );
                 assert_eq!(checkpoints[0].decided_by.as_deref(), Some("manifest"));
                 assert!(checkpoints[0].objects >= 1 && checkpoints[0].bytes > 0);
                 assert_eq!(

@@ -372,7 +372,7 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
         for (worker, offsets) in std::mem::take(&mut self.inbox.checkpointed) {
             if owned.contains(&worker) {
                 for (topic, next) in offsets.iter() {
-                    newest.insert((topic.to_owned(), worker.partition), next);
+                    newest.insert((topic.to_owned(), worker.partition), next.0);
                 }
             }
         }

@@ -2,7 +2,7 @@
 //! and problem, and the committed checkpoints — what the status and the metrics show.
 
 use crate::config::LateRecords;
-use crate::ids::{ManifestVersion, Partition};
+use crate::ids::{ManifestVersion, Offset, Partition};
 use crate::state::checkpoint::InputOffsets;
 use crate::telemetry::RunMetrics;
 use std::collections::{BTreeMap, VecDeque};
@@ -104,7 +104,7 @@ pub struct PartitionProgress {
     pub partition: Partition,
     /// Next offset to read per input topic as of the last committed checkpoint (what a new
     /// owner resumes from; as a consumer group's committed offsets).
-    pub checkpointed_offsets: BTreeMap<String, i64>,
+    pub checkpointed_offsets: BTreeMap<String, Offset>,
     /// Each input topic's high watermark as the consumer last saw it (-1: not known yet).
     pub high_watermarks: BTreeMap<String, i64>,
     /// Records behind the high watermarks (summed over input topics) from the checkpointed
@@ -157,7 +157,7 @@ impl PartitionProgress {
             .iter()
             .filter(|(_, high)| **high >= 0)
             .map(|(topic, high)| {
-                (high - self.checkpointed_offsets.get(topic).copied().unwrap_or(0)).max(0)
+                (high - self.checkpointed_offsets.get(topic).map_or(0, |o| o.0)).max(0)
             })
             .sum();
     }
@@ -179,7 +179,7 @@ pub struct CheckpointRecord {
     /// Bytes of state it references.
     pub state_bytes: u64,
     /// Next offset per input topic it recorded.
-    pub offsets: BTreeMap<String, i64>,
+    pub offsets: BTreeMap<String, Offset>,
 }
 
 impl PipelineStats {

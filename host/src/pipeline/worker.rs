@@ -47,7 +47,7 @@ use super::isolation::Isolation;
 use super::ports::{DeadLetterKind, ShardSink, SinkError};
 use super::timers::Timers;
 use crate::config::{FailurePolicy, LateRecords, RuntimeSettings};
-use crate::ids::Partition;
+use crate::ids::{Offset, Partition};
 use crate::runtime::guest_log::LogSource;
 use crate::runtime::{BatchCtx, Disposition, EmitLimits, InputRecord, Operator};
 use crate::state::checkpoint::InputOffsets;
@@ -230,12 +230,12 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
             if self
                 .admitted
                 .next(&record.topic)
-                .is_some_and(|next| record.offset < next)
+                .is_some_and(|next| record.offset < next.0)
             {
                 skipped += 1;
                 continue;
             }
-            self.admitted.advance(&record.topic, record.offset);
+            self.admitted.advance(&record.topic, Offset(record.offset));
             self.timers
                 .watermarks_mut()
                 .admitted(&record.topic, record.timestamp_ms, now);
@@ -247,12 +247,12 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
                         // Nothing of it runs: the state's position moves past it at once
                         // (offsets only move forward, and a checkpoint waits for every
                         // earlier record to finish).
-                        self.offsets.advance(&record.topic, record.offset);
+                        self.offsets.advance(&record.topic, Offset(record.offset));
                         self.dirty = true;
                         continue;
                     }
                     LateRecords::DeadLetter => {
-                        self.offsets.advance(&record.topic, record.offset);
+                        self.offsets.advance(&record.topic, Offset(record.offset));
                         self.dirty = true;
                         late_letters.push(record);
                         continue;
@@ -336,7 +336,7 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
     /// Moves the offsets past `records`, whose effects are now applied.
     pub(super) fn processed(&mut self, records: &[InputRecord]) {
         for record in records {
-            self.offsets.advance(&record.topic, record.offset);
+            self.offsets.advance(&record.topic, Offset(record.offset));
         }
         self.dirty = true;
         if let Some(opened_at) = self.opened_at.take() {

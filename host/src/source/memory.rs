@@ -7,7 +7,7 @@
 //! every partition); a revoke or an assignment is reported before any record handed out after
 //! it.
 
-use crate::ids::{ManifestVersion, Partition};
+use crate::ids::{ManifestVersion, Offset, Partition};
 use crate::pipeline::ports::{Cause, GroupOffsets, Source, SourceError};
 use crate::runtime::InputRecord;
 use crate::state::checkpoint::{InputOffsets, manifest_metadata, parse_manifest_metadata};
@@ -207,7 +207,7 @@ impl MemorySourceHandle {
         for (topic, next) in offsets.iter() {
             logs.committed.insert(
                 (topic.to_owned(), partition.0),
-                (next, manifest_metadata(version)),
+                (next.0, manifest_metadata(version)),
             );
         }
     }
@@ -290,8 +290,8 @@ impl Source for MemorySource {
             let key = (topic.clone(), partition.0);
             // A topic the checkpoint has no offset for starts where a new group does: at
             // the beginning.
-            let to = offsets.next(topic).unwrap_or(0);
-            logs.positions.insert(key, to);
+            let to = offsets.next(topic).unwrap_or(Offset(0));
+            logs.positions.insert(key, to.0);
         }
         drop(logs);
         self.ready.notify_one();

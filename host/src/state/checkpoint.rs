@@ -3,7 +3,7 @@
 //! one did not commit ([`CheckpointError`]). The protocol itself is docs/checkpoints.md.
 
 use super::StateError;
-use crate::ids::ManifestVersion;
+use crate::ids::{ManifestVersion, Offset};
 use std::collections::BTreeMap;
 
 /// Prefix of the manifest metadata keys that hold input offsets: `offset/{topic}` → decimal.
@@ -13,7 +13,7 @@ const OFFSET_KEY_PREFIX: &str = "offset/";
 /// record to read from the shard's partition (Kafka's committed-offset convention: last
 /// processed + 1). A topic that is absent has had no record processed.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct InputOffsets(BTreeMap<String, i64>);
+pub struct InputOffsets(BTreeMap<String, Offset>);
 
 impl InputOffsets {
     /// No offsets: nothing processed yet.
@@ -23,7 +23,7 @@ impl InputOffsets {
 
     /// Records that the record at `offset` of `topic` was processed (the next to read is
     /// `offset + 1`). Offsets only move forward.
-    pub fn advance(&mut self, topic: &str, offset: i64) {
+    pub fn advance(&mut self, topic: &str, offset: Offset) {
         let next = offset + 1;
         match self.0.get_mut(topic) {
             Some(current) => *current = (*current).max(next),
@@ -34,12 +34,12 @@ impl InputOffsets {
     }
 
     /// The next offset to read from `topic`, if any record of it was processed.
-    pub fn next(&self, topic: &str) -> Option<i64> {
+    pub fn next(&self, topic: &str) -> Option<Offset> {
         self.0.get(topic).copied()
     }
 
     /// `(topic, next offset)` pairs in topic order.
-    pub fn iter(&self) -> impl Iterator<Item = (&str, i64)> {
+    pub fn iter(&self) -> impl Iterator<Item = (&str, Offset)> {
         self.0.iter().map(|(t, o)| (t.as_str(), *o))
     }
 
@@ -64,7 +64,7 @@ impl InputOffsets {
         let mut offsets = BTreeMap::new();
         for (k, v) in metadata {
             if let Some(topic) = k.strip_prefix(OFFSET_KEY_PREFIX) {
-                let offset = v.parse::<i64>().map_err(|_| BadOffset {
+                let offset = v.parse::<Offset>().map_err(|_| BadOffset {
                     key: k.clone(),
                     value: v.clone(),
                 })?;
@@ -237,10 +237,10 @@ mod tests {
     #[test]
     fn offsets_round_trip_through_metadata_and_only_move_forward() {
         let mut offsets = InputOffsets::new();
-        offsets.advance("flights", 41);
-        offsets.advance("flights", 7);
-        offsets.advance("other.topic", 0);
-        assert_eq!(offsets.next("flights"), Some(42));
+        offsets.advance("flights", Offset(41));
+        offsets.advance("flights", Offset(7));
+        offsets.advance("other.topic", Offset(0));
+        assert_eq!(offsets.next("flights"), Some(Offset(42)));
         let mut metadata = offsets.to_metadata();
         assert_eq!(metadata["offset/other.topic"], "1");
         metadata.insert("unrelated".into(), "x".into());

@@ -303,6 +303,7 @@ async fn collect_garbage(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ids::Offset;
     use crate::state::checkpoint::{DecidedBy, InputOffsets, checkpoint_metadata};
     use futures::TryStreamExt;
     use object_store::memory::InMemory;
@@ -396,7 +397,7 @@ mod tests {
 
     async fn commit(shard: &SnapshotShard, decided_by: DecidedBy, next: i64) -> ManifestVersion {
         let mut offsets = InputOffsets::new();
-        offsets.advance("in", next - 1);
+        offsets.advance("in", Offset(next - 1));
         let entries: SnapshotEntries =
             [(b"k".to_vec(), (Bytes::from(next.to_string()), None))].into();
         let object = encode(entries.iter().map(|(k, (v, e))| (k.as_slice(), v, *e)));

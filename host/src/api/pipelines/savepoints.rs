@@ -14,7 +14,7 @@ use crate::checkpoints::savepoint::{
 };
 use crate::checkpoints::verify::shard_roots;
 use crate::clock::wall_now_ms;
-use crate::ids::{ManifestVersion, Partition};
+use crate::ids::{ManifestVersion, Offset, Partition};
 use crate::state::stored::CheckpointFormat;
 use axum::Json;
 use axum::body::Body;
@@ -79,7 +79,7 @@ pub struct RestoredShard {
     /// The checkpoint's manifest version in the pipeline's shard (above every earlier one).
     pub version: ManifestVersion,
     /// Its input offsets (topic → next offset).
-    pub offsets: BTreeMap<String, i64>,
+    pub offsets: BTreeMap<String, Offset>,
     /// Bytes copied from the savepoint (server-side on S3); into another backend, the bytes of
     /// the export read.
     pub bytes_copied: u64,

@@ -72,7 +72,7 @@ pub async fn import_checkpoint(
     add_reserved(&mut sink, &end, timers, time_index).await?;
     let mut offsets = InputOffsets::new();
     for (topic, next) in &header.offsets {
-        offsets.advance(topic, next - 1);
+        offsets.advance(topic, *next - 1);
     }
     let mut metadata = checkpoint_metadata(&offsets, DecidedBy::Manifest);
     let levels = sink.finish(ManifestVersion(version), &mut metadata).await?;

@@ -1,6 +1,6 @@
 use super::*;
 use crate::clock::ManualClock;
-use crate::ids::{ManifestVersion, Partition};
+use crate::ids::{ManifestVersion, Offset, Partition};
 use crate::state::configured::ConfiguredShard;
 use crate::state::lsm::backend::LsmBackend;
 use crate::state::memory::MemoryBackend;
@@ -76,7 +76,7 @@ impl State {
 
     fn offsets(&self) -> InputOffsets {
         let mut offsets = InputOffsets::new();
-        offsets.advance("t.in", self.next_offset - 1);
+        offsets.advance("t.in", Offset(self.next_offset - 1));
         offsets
     }
 }

@@ -1,7 +1,7 @@
 use super::*;
 use crate::checkpoints::verify::verify_shard;
 use crate::clock::{ManualClock, SharedClock};
-use crate::ids::Partition;
+use crate::ids::{Offset, Partition};
 use crate::state::checkpoint::InputOffsets;
 use crate::state::configured::ConfiguredShard;
 use crate::state::lsm::backend::LsmBackend;
@@ -24,7 +24,7 @@ fn write(key: u32, value: u32) -> StateWrite {
 
 fn offsets(next: i64) -> InputOffsets {
     let mut offsets = InputOffsets::new();
-    offsets.advance("in", next - 1);
+    offsets.advance("in", Offset(next - 1));
     offsets
 }
 
@@ -75,7 +75,10 @@ fn a_restored_savepoint_opens_at_its_values_and_offsets_and_needs_nothing_it_cam
             let taken =
                 three_rounds_saving_the_first(&store, source, &source_root, &saved_root).await;
             let taken = taken.expect("a decided checkpoint to save");
-            assert_eq!(taken.offsets, BTreeMap::from([("in".to_owned(), 60)]));
+            assert_eq!(
+                taken.offsets,
+                BTreeMap::from([("in".to_owned(), Offset(60))])
+            );
             assert!(taken.objects >= 1 && taken.bytes > 0, "{taken:?}");
             assert!(
                 verify_shard(&store, &saved_root, true)

@@ -338,7 +338,7 @@ async fn a_revoke_in_the_middle_of_batches_drops_the_queued_records_without_chan
         .iter()
         .rev()
         .find(|c| c.partition == Partition(0))
-        .map(|c| c.offsets[TOPIC])
+        .map(|c| c.offsets[TOPIC].0)
         .expect("the revoke's checkpoint");
     assert!(
         handle.position(TOPIC, 0) > checkpointed,
@@ -521,7 +521,8 @@ async fn exactly_once_commits_outputs_offsets_and_the_manifest_version_together(
         };
         let next = offsets
             .next(TOPIC)
-            .expect("the commit has the topic's offset");
+            .expect("the commit has the topic's offset")
+            .0;
         assert_eq!(
             run_count(output, partition),
             usize::try_from(next).expect("offset"),

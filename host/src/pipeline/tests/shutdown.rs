@@ -102,5 +102,5 @@ async fn a_worker_fenced_while_the_shutdown_hands_it_records_lets_the_shutdown_e
         .expect("offsets")
         .expect("the next owner opened a checkpoint");
     let (committed, _) = handle.committed()[&(TOPIC.to_owned(), 0)].clone();
-    assert_eq!(Some(committed), recovered.next(TOPIC));
+    assert_eq!(Some(committed), recovered.next(TOPIC).map(|p| p.0));
 }

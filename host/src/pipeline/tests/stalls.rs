@@ -50,7 +50,7 @@ async fn a_revoke_ends_the_retries_of_a_sink_whose_deliveries_are_refused() {
             .lock()
             .expect("history")
             .iter()
-            .any(|c| c.partition == Partition(0) && c.offsets.get(TOPIC).is_some_and(|o| *o > 0)),
+            .any(|c| c.partition == Partition(0) && c.offsets.get(TOPIC).is_some_and(|o| o.0 > 0)),
         "no checkpoint of partition 0 covers records whose outputs were refused"
     );
     run.stop().await.expect("clean stop");
@@ -93,7 +93,7 @@ fn last_checkpointed(stats: &PipelineStats, partition: i32) -> Option<i64> {
         .iter()
         .rev()
         .find(|c| c.partition == Partition(partition))
-        .map(|c| c.offsets[TOPIC])
+        .map(|c| c.offsets[TOPIC].0)
 }
 
 #[tokio::test(start_paused = true)]

@@ -29,7 +29,7 @@
 //! again, so that two committers of one pipeline (a zombie and its successor) never both
 //! append one checkpoint.
 
-use crate::ids::{ManifestVersion, Partition};
+use crate::ids::{ManifestVersion, Offset, Partition};
 use async_trait::async_trait;
 use iceberg::spec::{DataFile, Snapshot};
 use iceberg::table::Table;
@@ -60,7 +60,7 @@ pub const PROPERTY_COVERED_PREFIX: &str = "weir.covered.";
 pub struct Covered {
     /// Per input topic, the next offset to read.
     #[serde(default)]
-    pub offsets: BTreeMap<String, i64>,
+    pub offsets: BTreeMap<String, Offset>,
     /// Every event-time timer with a time (ms since the epoch) at or before this had fired.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timers_through_ms: Option<i64>,

@@ -13,7 +13,7 @@ use super::catalog::Lakehouse;
 use super::commit::{Covered, committed_covered, committed_versions};
 use super::files::{FilesError, ShardFiles, decode_data_file, encode_data_file};
 use super::schema::TableSchema;
-use crate::ids::{ManifestVersion, Partition};
+use crate::ids::{ManifestVersion, Offset, Partition};
 use crate::runtime::InputRecord;
 use crate::state::StateWrite;
 use crate::state::checkpoint::InputOffsets;
@@ -48,7 +48,7 @@ pub struct PendingEntry {
     pub files: Vec<String>,
     /// The input offsets the checkpoint covers (topic → next offset).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub offsets: BTreeMap<String, i64>,
+    pub offsets: BTreeMap<String, Offset>,
     /// The event-time timers it covers: all with a time (ms) at or before this had fired.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timers_through_ms: Option<i64>,
@@ -124,7 +124,7 @@ impl Replay {
         }
         let mut at = true;
         for (topic, &next) in &written.offsets {
-            let p = position.next(topic).unwrap_or(0);
+            let p = position.next(topic).unwrap_or(Offset(0));
             if p < next {
                 return Replay::Behind;
             }
@@ -215,7 +215,7 @@ impl IcebergShard {
                 .written
                 .offsets
                 .get(&*source.topic)
-                .is_some_and(|&next| source.offset < next);
+                .is_some_and(|&next| source.offset < next.0);
         }
         if self.replay == Replay::Past {
             return false;

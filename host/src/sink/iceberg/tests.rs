@@ -5,7 +5,7 @@
 use super::commit::{self, PendingCheckpoint, committed_versions};
 use super::files::{decode_data_file, encode_data_file};
 use super::*;
-use crate::ids::{ManifestVersion, Partition};
+use crate::ids::{ManifestVersion, Offset, Partition};
 use crate::runtime::InputRecord;
 use crate::state::checkpoint::InputOffsets;
 use arrow_array::cast::AsArray;
@@ -453,7 +453,7 @@ fn timer(domain: &str, time_ms: i64) -> InputRecord {
 
 fn offsets(next: i64) -> InputOffsets {
     let mut offsets = InputOffsets::new();
-    offsets.advance("in", next - 1);
+    offsets.advance("in", Offset(next - 1));
     offsets
 }
 
@@ -487,7 +487,10 @@ async fn a_shard_behind_what_the_table_holds_does_not_write_the_replayed_rows_ag
         .expect("prepares")
         .expect("a list");
     let list = shard::PendingList::decode(write.value.as_deref()).expect("decodes");
-    assert_eq!(list.entries[0].offsets, BTreeMap::from([("in".into(), 4)]));
+    assert_eq!(
+        list.entries[0].offsets,
+        BTreeMap::from([("in".into(), Offset(4))])
+    );
     assert_eq!(list.entries[0].timers_through_ms, Some(1000));
     let table = f.table().await;
     let pending =
@@ -497,7 +500,7 @@ async fn a_shard_behind_what_the_table_holds_does_not_write_the_replayed_rows_ag
     let covered = commit::committed_covered(&f.table().await, UID);
     assert_eq!(
         covered[&Partition(0)].offsets,
-        BTreeMap::from([("in".into(), 4)])
+        BTreeMap::from([("in".into(), Offset(4))])
     );
     assert_eq!(covered[&Partition(0)].timers_through_ms, Some(1000));
 

@@ -34,7 +34,7 @@ pub(super) async fn commit(
     let mut offsets = TopicPartitionList::new();
     for (topic, next) in input.iter() {
         offsets
-            .add_partition_offset(topic, partition.0, Offset::Offset(next))
+            .add_partition_offset(topic, partition.0, Offset::Offset(next.0))
             .and_then(|()| {
                 offsets
                     .find_partition(topic, partition.0)

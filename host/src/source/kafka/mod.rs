@@ -479,7 +479,7 @@ impl Source for KafkaSource {
         for topic in &self.topics {
             let failed = |e| source_error(format!("seek `{topic}` partition {partition}"), e);
             let (to, floor) = match (offsets.next(topic), self.reset) {
-                (Some(next), _) => (Offset::Offset(next), None),
+                (Some(next), _) => (Offset::Offset(next.0), None),
                 (None, Offset::End) => {
                     let (_, end) = retry_while_outdated(SEEK_TIMEOUT, || {
                         self.consumer

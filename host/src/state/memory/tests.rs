@@ -1,6 +1,6 @@
 use super::*;
 use crate::clock::ManualClock;
-use crate::ids::Partition;
+use crate::ids::{Offset, Partition};
 use proptest::prelude::*;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -143,7 +143,7 @@ fn id() -> ShardId {
 
 fn offsets(next: i64) -> InputOffsets {
     let mut offsets = InputOffsets::new();
-    offsets.advance("in", next - 1);
+    offsets.advance("in", Offset(next - 1));
     offsets
 }
 

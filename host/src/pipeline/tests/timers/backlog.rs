@@ -2,7 +2,7 @@
 //! count of pending timers across restarts.
 
 use super::*;
-use crate::ids::Partition;
+use crate::ids::{Offset, Partition};
 
 /// A backlog of due timers (every timer of 5,000 keys due at once, fired 16 per round) and a
 /// checkpoint asked for while it fires: the checkpoint is taken after at most one more round,
@@ -145,7 +145,7 @@ async fn a_million_due_timers_delay_a_checkpoint_by_at_most_one_round() {
         .collect();
     seeded.apply(writes).await.expect("applies");
     let mut offsets = crate::state::checkpoint::InputOffsets::new();
-    offsets.advance(TOPIC, 0);
+    offsets.advance(TOPIC, Offset(0));
     let report = seeded
         .checkpoint(&offsets, crate::state::checkpoint::DecidedBy::Transaction)
         .await
