@@ -525,10 +525,8 @@ mod tests {
                     .collect();
                 assert_eq!(checkpoints.len(), 2, "{shard:?}");
                 assert!(checkpoints.iter().all(|c| c.restorable), "{shard:?}");
-                assert_eq!(
-                    checkpoints[0].offsets,
-                    BTreeMap::from([("in".into(), Offset(100))])
-                );
+                let next = BTreeMap::from([("in".into(), Offset(100))]);
+                assert_eq!(checkpoints[0].offsets, next);
                 assert_eq!(checkpoints[0].decided_by.as_deref(), Some("manifest"));
                 assert!(checkpoints[0].objects >= 1 && checkpoints[0].bytes > 0);
                 assert_eq!(

@@ -75,10 +75,8 @@ fn a_restored_savepoint_opens_at_its_values_and_offsets_and_needs_nothing_it_cam
             let taken =
                 three_rounds_saving_the_first(&store, source, &source_root, &saved_root).await;
             let taken = taken.expect("a decided checkpoint to save");
-            assert_eq!(
-                taken.offsets,
-                BTreeMap::from([("in".to_owned(), Offset(60))])
-            );
+            let next = BTreeMap::from([("in".to_owned(), Offset(60))]);
+            assert_eq!(taken.offsets, next);
             assert!(taken.objects >= 1 && taken.bytes > 0, "{taken:?}");
             assert!(
                 verify_shard(&store, &saved_root, true)
