@@ -160,6 +160,7 @@ pub async fn run(
                     idle_advance: false,
                     late_records: Default::default(),
                     iceberg: None,
+                    stages: Vec::new(),
                 },
                 kafka: crate::kafka::settings(&bootstrap),
                 runtime: RuntimeSettings {

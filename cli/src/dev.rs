@@ -161,6 +161,7 @@ pub(crate) fn pipeline_settings(
             idle_advance: false,
             late_records: Default::default(),
             iceberg: None,
+            stages: Vec::new(),
         },
         kafka: crate::kafka::settings(bootstrap),
         runtime: RuntimeSettings::default(),

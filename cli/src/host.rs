@@ -241,7 +241,7 @@ pub async fn run(config: PathBuf, admin_listen: Option<String>) -> anyhow::Resul
         settings,
         clock,
         backend,
-        admin: _admin,
+        admin,
         stats,
         table,
     } = started;
@@ -249,6 +249,33 @@ pub async fn run(config: PathBuf, admin_listen: Option<String>) -> anyhow::Resul
         signals.received().await;
         tracing::info!("shutting down: draining partitions and checkpointing");
     };
+    if let Some(plan) = settings.stage_plan() {
+        // Validated with the settings: the graph has no problem left.
+        let plan = plan.map_err(|problems| anyhow::anyhow!(problems.join("; ")))?;
+        let stats: Vec<_> = plan
+            .runs
+            .iter()
+            .map(|run| {
+                Arc::new(match admin {
+                    Some(_) => PipelineStats::labelled("", &run.settings.pipeline.name),
+                    None => PipelineStats::default(),
+                })
+            })
+            .collect();
+        weir_host::runner::run_stages(
+            &settings.kafka,
+            plan,
+            stats.clone(),
+            backend,
+            clock,
+            shutdown,
+        )
+        .await
+        .context("pipeline failed")?;
+        let records: u64 = stats.iter().map(|s| s.records_done()).sum();
+        tracing::info!(records, stages = stats.len(), "pipeline stopped");
+        return Ok(());
+    }
     let (_checkpoint_requests, control) = pipeline::PipelineControl::new();
     let control = weir_host::runner::RunControl {
         pipeline: control,
@@ -302,9 +329,12 @@ async fn start_run(
     };
     // With the admin endpoint, the pipeline's series are exported there (tenant empty), after
     // the recorder is installed.
+    // A pipeline of stages labels each stage's run instead.
     let stats = Arc::new(match admin_listen {
-        Some(_) => PipelineStats::labelled("", &settings.pipeline.name),
-        None => PipelineStats::default(),
+        Some(_) if settings.pipeline.stages.is_empty() => {
+            PipelineStats::labelled("", &settings.pipeline.name)
+        }
+        _ => PipelineStats::default(),
     });
     let table = table_target(&settings, &clock).await?;
     Ok(Started {

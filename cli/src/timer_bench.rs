@@ -184,6 +184,7 @@ async fn measure<B: StateBackend>(
             idle_advance: false,
             late_records: Default::default(),
             iceberg: None,
+            stages: Vec::new(),
         },
         kafka: crate::kafka::settings(bootstrap),
         runtime: RuntimeSettings {

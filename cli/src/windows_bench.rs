@@ -106,6 +106,7 @@ pub async fn run(opts: &WindowsBenchOptions) -> Result<Vec<WindowsRun>, WindowsB
                 idle_advance: false,
                 late_records: Default::default(),
                 iceberg: None,
+                stages: Vec::new(),
             },
             kafka: crate::kafka::settings(bootstrap),
             runtime: RuntimeSettings::default(),

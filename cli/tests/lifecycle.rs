@@ -117,6 +117,79 @@ async fn sigterm_drains_and_checkpoints_so_a_restart_repeats_and_reprocesses_not
 }
 
 /// The status of `GET http://{admin}/readyz` and its body.
+/// `weir run` over a pipeline of two stages (docs/topologies.md): the `counter` counts the input
+/// per key, a second `counter` counts its emits per key through the internal topic `weir run`
+/// creates, and SIGTERM drains both. Exactly-once, the second stage's counts of a key are
+/// 1..=n, each once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn weir_run_runs_a_pipeline_of_stages_and_sigterm_drains_every_stage() -> anyhow::Result<()> {
+    init_tracing();
+    let (input, output, dlq) = (
+        unique("staged-in"),
+        unique("staged-out"),
+        unique("staged-dlq"),
+    );
+    create_topics(&[(&input, 2), (&output, 2), (&dlq, 1)]).await?;
+    let dir = tempfile::tempdir()?;
+    let bin = Path::new(env!("CARGO_BIN_EXE_weir"));
+    let mut config = CounterConfig::new(&input, &output, &dlq).await?;
+    config.exactly_once = true;
+    let operator = config.operator.display().to_string();
+    config.pipeline_extra = format!(
+        r#"
+[[pipeline.stages]]
+name = "first"
+operator = "{operator}"
+inputs = [{{ topic = "{input}" }}]
+
+[[pipeline.stages]]
+name = "second"
+operator = "{operator}"
+inputs = [{{ stage = "first" }}]
+outputs = {{ default = {{ topic = "{output}" }} }}
+"#
+    );
+    let path = dir.path().join("weir.toml");
+    config.write(&path)?;
+    // The one-operator lines go: each stage names its own.
+    let text = std::fs::read_to_string(&path)?;
+    let (head, stages) = text.split_once("[[pipeline.stages]]").expect("stages");
+    let head: String = head
+        .lines()
+        .filter(|l| {
+            !["operator =", "input_topics =", "output_topic ="]
+                .iter()
+                .any(|k| l.starts_with(k))
+        })
+        .map(|l| format!("{l}\n"))
+        .collect();
+    std::fs::write(&path, format!("{head}[[pipeline.stages]]{stages}"))?;
+
+    let mut expected = BTreeMap::new();
+    produce_counter(&input, 2, (0, 200), KEYS, &mut expected).await?;
+    let mut run = WeirProcess::spawn(bin, &path, dir.path().join("weir.log"), &[])?;
+    let counts = read_counts(&output, &expected, Duration::from_secs(120))
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}\n{}", run.tail()))?;
+    run.signal("TERM").await?;
+    let status = run
+        .wait(Duration::from_secs(60))
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("weir run did not stop on SIGTERM: {}", run.tail()))?;
+    assert!(status.success(), "a drained stop exits 0: {}", run.tail());
+    let log = run.log_text();
+    assert!(log.contains("internal topic created"), "{}", run.tail());
+    assert!(log.contains("stopping every stage"), "{}", run.tail());
+    for (key, n) in &expected {
+        assert_eq!(
+            counts[key],
+            (1..=*n).collect::<Vec<_>>(),
+            "key {key}: every record crossed the edge once"
+        );
+    }
+    Ok(())
+}
+
 /// A SIGTERM that comes while `weir run` starts (before its pipeline runs: the broker and store
 /// checks, the backend) ends it with 0 and a line saying so; it ended with 143 and said
 /// nothing before the signals were listened for first.

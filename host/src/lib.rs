@@ -3,10 +3,12 @@
 //! - [`api`]       `weir serve`'s multi-tenant HTTP API: the routes for tenants, operators,
 //!   pipelines, checkpoints and savepoints, state queries, logs, the status page; problem details
 //! - [`runner`]    the reconcile loop of a `weir serve` host: runs the catalog's pipelines (each
-//!   a consumer group member), restarts failed and changed ones, reports their status
+//!   a consumer group member), restarts failed and changed ones, reports their status; and
+//!   `runner::run` and `runner::run_stages`, which wire a run's adapters in
 //! - [`catalog`]   the records every host shares in object storage: tenants, API keys,
 //!   operator versions, pipelines' definitions and the hosts' reports, operators' log segments
 //! - [`config`]    the settings tree read from TOML; validation reports every problem at once
+//! - [`topology`]  a pipeline as a graph of stages: its shape checked, its stages ordered
 //! - [`error`]     the crate's error kinds (invalid input, unavailable, corrupt, fenced, guest fault, internal)
 //! - [`runtime`]   wasmtime engine, the single `bindgen!` site, instances, limits, WIT imports
 //! - [`state`]     the `StateBackend` seam, key encoding, the `memory` backend and the
@@ -34,8 +36,8 @@
 //! - `shape`       (unit tests only) no file over 600 lines, few functions over 80, checked
 //!
 //! Dependencies point one way: the core (`runtime`, `time`, `state`, `checkpoints`,
-//! `pipeline`, over `config`, `error`, `clock` and `row`) → the adapters (`source`, `sink`) →
-//! what runs pipelines (`catalog`, then `runner`, `api`, `health`). The core names no adapter
+//! `pipeline`, over `config`, `topology`, `error`, `clock` and `row`) → the adapters
+//! (`source`, `sink`) → what runs pipelines (`catalog`, then `runner`, `api`, `health`). The core names no adapter
 //! and nothing above it; the backends (`state`) name none of the tools over their checkpoints
 //! (`checkpoints`), which a pipeline's shard open calls; a pipeline runs over the traits of
 //! `pipeline::ports`, and `runner::run` wires the Kafka and Iceberg adapters in. `layering`
@@ -72,3 +74,4 @@ pub mod telemetry;
 #[cfg(test)]
 mod testing;
 pub mod time;
+pub mod topology;

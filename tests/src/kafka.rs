@@ -353,3 +353,35 @@ pub fn header(msg: &OwnedMessage, name: &str) -> Option<String> {
         .and_then(|h| h.value)
         .map(|v| String::from_utf8_lossy(v).into_owned())
 }
+
+/// Kafka's `Utils.murmur2` (the Java client's default partitioner's hash): the reference a
+/// test checks where Weir's producer placed a key against.
+pub fn java_murmur2(data: &[u8]) -> i32 {
+    const M: u32 = 0x5bd1_e995;
+    let mut h: u32 = 0x9747_b28c ^ data.len() as u32;
+    let mut chunks = data.chunks_exact(4);
+    for chunk in &mut chunks {
+        let mut k = u32::from_le_bytes([chunk[0], chunk[1], chunk[2], chunk[3]]);
+        k = k.wrapping_mul(M);
+        k ^= k >> 24;
+        k = k.wrapping_mul(M);
+        h = h.wrapping_mul(M) ^ k;
+    }
+    let tail = chunks.remainder();
+    if !tail.is_empty() {
+        for (i, b) in tail.iter().enumerate() {
+            h ^= u32::from(*b) << (8 * i);
+        }
+        h = h.wrapping_mul(M);
+    }
+    h ^= h >> 13;
+    h = h.wrapping_mul(M);
+    h ^= h >> 15;
+    h as i32
+}
+
+/// The partition of `partitions` the Java client's default partitioner gives a record keyed
+/// `key`: `(murmur2(key) & 0x7fffffff) % partitions`.
+pub fn java_partition(key: &[u8], partitions: i32) -> i32 {
+    (java_murmur2(key) & 0x7fff_ffff) % partitions
+}

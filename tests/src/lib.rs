@@ -213,6 +213,7 @@ pub fn settings(
             idle_advance: false,
             late_records: Default::default(),
             iceberg: None,
+            stages: Vec::new(),
         },
         kafka: KafkaSettings {
             bootstrap_servers: kafka_bootstrap(),

@@ -52,6 +52,7 @@ pub(super) async fn measure(
             idle_advance: false,
             late_records: Default::default(),
             iceberg: None,
+            stages: Vec::new(),
         },
         kafka: crate::kafka::settings(&opts.bootstrap_servers),
         runtime: RuntimeSettings::default(),

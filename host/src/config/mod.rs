@@ -13,6 +13,7 @@ pub mod env;
 mod kafka;
 mod lenient;
 mod policy;
+pub mod stages;
 mod validate;
 pub use env::EnvVars;
 pub use kafka::{KafkaSecurity, KafkaSettings, SaslMechanism, SecurityProtocol};
@@ -39,15 +40,21 @@ pub struct Settings {
     pub iceberg: crate::sink::iceberg::LakehouseSettings,
 }
 
-/// One pipeline: input topic(s) → operator → output topic and/or Iceberg table.
+/// One pipeline: input topic(s) → operator → output topic and/or Iceberg table; or, with
+/// `stages`, a graph of operators ([`stages`]), whose fields then replace `operator`,
+/// `input_topics`, `output_topic` and `iceberg`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PipelineSettings {
     /// A name for logs and the default consumer group, 1..=64 bytes of `[A-Za-z0-9._-]`.
     pub name: String,
-    /// Path to the operator component (`.wasm`, a `wasm32-wasip2` component).
+    /// Path to the operator component (`.wasm`, a `wasm32-wasip2` component); required unless
+    /// `stages` is set.
+    #[serde(default)]
     pub operator: PathBuf,
-    /// Topics to consume; co-partitioned when more than one (their partition `p` share shard `p`).
+    /// Topics to consume; co-partitioned when more than one (their partition `p` share shard
+    /// `p`); required unless `stages` is set.
+    #[serde(default)]
     pub input_topics: Vec<String>,
     /// Topic that receives the operator's emits. May be left out when `iceberg` is set: the
     /// emits then go only to the table.
@@ -102,6 +109,10 @@ pub struct PipelineSettings {
     /// catalog and warehouse of `[iceberg]` (docs/iceberg.md); default none.
     #[serde(default)]
     pub iceberg: Option<PipelineTable>,
+    /// The stages of a pipeline of more than one step (`[[pipeline.stages]]`,
+    /// docs/topologies.md); default none: the one operator above.
+    #[serde(default)]
+    pub stages: Vec<stages::StageSettings>,
 }
 
 /// A `weir run` pipeline's Iceberg table (`[pipeline.iceberg]`): each emit is a JSON object

@@ -246,3 +246,142 @@ fn the_output_topic_may_be_left_out_only_with_a_table() {
     let s = Settings::from_toml(&table_only).expect("rows only, to the table");
     assert_eq!(s.pipeline.output_topic, None);
 }
+
+const STAGED: &str = r#"
+    [pipeline]
+    name = "rekeyed"
+    dead_letter_topic = "dlq"
+    max_out_of_orderness = "5s"
+
+    [[pipeline.stages]]
+    name = "count"
+    operator = "count.wasm"
+    inputs = [{ stage = "rekey" }]
+    outputs = { default = { topic = "counts" } }
+    max_out_of_orderness = "0s"
+
+    [[pipeline.stages]]
+    name = "rekey"
+    operator = "rekey.wasm"
+    inputs = [{ topic = "clicks" }]
+    outputs = { default = { partitions = 8 } }
+
+    [kafka]
+    bootstrap_servers = "127.0.0.1:9092"
+"#;
+
+#[test]
+fn a_pipeline_of_stages_runs_each_stage_after_what_it_reads_over_internal_topics() {
+    let s = Settings::from_toml(STAGED).expect("valid settings");
+    let plan = s.stage_plan().expect("stages").expect("a valid graph");
+    assert_eq!(
+        plan.internal,
+        vec![stages::InternalTopic {
+            name: "rekeyed-rekey-default-internal".into(),
+            partitions: Some(8),
+            like: "clicks".into(),
+        }]
+    );
+    let runs: Vec<_> = plan
+        .runs
+        .iter()
+        .map(|r| {
+            let p = &r.settings.pipeline;
+            (
+                r.stage.as_str(),
+                p.name.as_str(),
+                p.group_id(),
+                p.operator.to_str().expect("utf-8"),
+                p.input_topics.clone(),
+                p.output_topic.clone().expect("an output"),
+                p.max_out_of_orderness,
+            )
+        })
+        .collect();
+    assert_eq!(
+        runs,
+        vec![
+            (
+                "rekey",
+                "rekeyed.rekey",
+                "weir-rekeyed.rekey".to_owned(),
+                "rekey.wasm",
+                vec!["clicks".to_owned()],
+                "rekeyed-rekey-default-internal".to_owned(),
+                Duration::from_secs(5),
+            ),
+            (
+                "count",
+                "rekeyed.count",
+                "weir-rekeyed.count".to_owned(),
+                "count.wasm",
+                vec!["rekeyed-rekey-default-internal".to_owned()],
+                "counts".to_owned(),
+                Duration::ZERO,
+            ),
+        ]
+    );
+    assert!(
+        plan.runs
+            .iter()
+            .all(|r| r.settings.pipeline.stages.is_empty()
+                && r.settings.pipeline.dead_letter_topic == "dlq"),
+        "each run is a one-operator run with the pipeline's dead-letter topic"
+    );
+}
+
+#[test]
+fn a_one_operator_pipeline_has_no_stage_plan() {
+    let s = Settings::from_toml(GOOD).expect("valid settings");
+    assert!(s.stage_plan().is_none());
+}
+
+#[test]
+fn a_pipeline_of_stages_names_every_problem_at_once() {
+    let bad = STAGED
+        .replace(
+            r#"dead_letter_topic = "dlq""#,
+            "dead_letter_topic = \"dlq\"\noperator = \"op.wasm\"\ninput_topics = [\"x\"]",
+        )
+        .replace(
+            r#"inputs = [{ stage = "rekey" }]"#,
+            r#"inputs = [{ stage = "rekey" }, { topic = "a", stage = "b" }, { topic = "dlq" }]"#,
+        )
+        .replace(
+            r#"outputs = { default = { partitions = 8 } }"#,
+            r#"outputs = { default = { partitions = 0 } }
+    in_flight_max = 0"#,
+        );
+    let Err(ConfigError::Invalid { problems }) = Settings::from_toml(&bad) else {
+        panic!("expected invalid settings");
+    };
+    let want = [
+        "pipeline.operator is for a one-operator pipeline",
+        "pipeline.input_topics is for a one-operator pipeline",
+        "stage `count`: inputs[1] must be { topic = \"…\" } or { stage = \"…\" }",
+        "stage `rekey`: outputs.default.partitions must be 1..=10000",
+        "stage `rekey`: pipeline.in_flight_max must be 1..=1000000",
+        "stage `count`: an input topic is also the output or dead-letter topic",
+    ];
+    for (problem, want) in problems.iter().zip(want) {
+        assert!(problem.starts_with(want), "{problem:?} should say {want:?}");
+    }
+    assert_eq!(problems.len(), want.len(), "{problems:#?}");
+}
+
+#[test]
+fn a_cycle_of_stages_is_refused_with_its_stages_named() {
+    let bad = STAGED.replace(
+        r#"inputs = [{ topic = "clicks" }]"#,
+        r#"inputs = [{ stage = "count" }]"#,
+    );
+    let Err(ConfigError::Invalid { problems }) = Settings::from_toml(&bad) else {
+        panic!("expected invalid settings");
+    };
+    assert_eq!(problems.len(), 1, "{problems:#?}");
+    assert!(
+        problems[0].starts_with("pipeline.stages: the stages form a cycle")
+            && problems[0].contains(r#"["count", "rekey"]"#),
+        "{problems:?}"
+    );
+}

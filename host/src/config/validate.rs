@@ -13,8 +13,16 @@ impl Settings {
     pub fn validate(&self) -> Result<(), ConfigError> {
         let mut problems = Vec::new();
         self.pipeline_problems(&mut problems);
+        if self.pipeline.stages.is_empty() {
+            self.run_problems(&mut problems);
+        }
+        self.interval_problems(&mut problems);
         self.delivery_problems(&mut problems);
-        self.topic_problems(&mut problems);
+        if self.pipeline.stages.is_empty() {
+            self.topic_problems(&mut problems);
+        } else {
+            self.stage_problems(&mut problems);
+        }
         problems.extend(self.kafka.problems("kafka"));
         problems.extend(self.iceberg.problems("iceberg"));
         if let Some(table) = &self.pipeline.iceberg {
@@ -29,7 +37,7 @@ impl Settings {
         }
     }
 
-    /// `pipeline`: its name, in-flight records, event time and checkpoint interval.
+    /// `pipeline.name`.
     fn pipeline_problems(&self, problems: &mut Vec<String>) {
         let p = &self.pipeline;
         if p.name.is_empty()
@@ -43,6 +51,29 @@ impl Settings {
                 "pipeline.name must be 1..=64 bytes of [A-Za-z0-9._-]. name=`{}`",
                 p.name
             ));
+        }
+    }
+
+    /// `pipeline.checkpoint_interval`: at least 10 ms.
+    fn interval_problems(&self, problems: &mut Vec<String>) {
+        let p = &self.pipeline;
+        if p.checkpoint_interval < Duration::from_millis(10) {
+            problems.push(format!(
+                "pipeline.checkpoint_interval must be at least 10ms. checkpoint_interval={:?}",
+                p.checkpoint_interval
+            ));
+        }
+    }
+
+    /// What one operator's run needs: in-flight records and event time within their ranges
+    /// (a pipeline of stages checks each stage's run).
+    pub(super) fn run_problems(&self, problems: &mut Vec<String>) {
+        let p = &self.pipeline;
+        if p.operator.as_os_str().is_empty() {
+            problems.push(
+                "pipeline.operator must name the operator's component (or pipeline.stages the stages')"
+                    .to_owned(),
+            );
         }
         if !(1..=1_000_000).contains(&p.in_flight_max) {
             problems.push(format!(
@@ -65,12 +96,6 @@ impl Settings {
             problems.push(format!(
                 "pipeline.idle_timeout must be at least 10ms. idle_timeout={:?}",
                 p.idle_timeout
-            ));
-        }
-        if p.checkpoint_interval < Duration::from_millis(10) {
-            problems.push(format!(
-                "pipeline.checkpoint_interval must be at least 10ms. checkpoint_interval={:?}",
-                p.checkpoint_interval
             ));
         }
     }
@@ -129,7 +154,7 @@ impl Settings {
 
     /// The pipeline's topics: valid Kafka names, an output unless a table takes the rows, no
     /// input also the output or the dead-letter topic.
-    fn topic_problems(&self, problems: &mut Vec<String>) {
+    pub(super) fn topic_problems(&self, problems: &mut Vec<String>) {
         let p = &self.pipeline;
         if p.input_topics.is_empty() {
             problems.push("pipeline.input_topics must name at least one topic".to_owned());

@@ -365,6 +365,7 @@ impl RunJob {
                     table: t.table.clone(),
                     columns: t.columns.clone(),
                 }),
+                stages: Vec::new(),
             },
             kafka: self.config.kafka(),
             runtime: spec

@@ -30,8 +30,10 @@ use tokio::task::JoinHandle;
 
 mod job;
 mod run;
+pub mod stages;
 mod wiring;
 
+pub use stages::{StagesError, run_stages};
 pub use wiring::{RunControl, run, run_controlled, run_operator};
 
 use job::RunJob;

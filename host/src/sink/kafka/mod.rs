@@ -5,6 +5,7 @@
 //! - [`delivery`]     [`KafkaSink`], one partition's producer handle and its deliveries;
 //! - [`producer`]     the producer: delivery reports counted per sink, served only while due;
 //! - [`dead_letter`]  a dead letter's headers and cutting;
+//! - [`internal_topics`] the topics between a pipeline's stages, created when missing;
 //! - [`transaction`]  exactly-once: a shard's transaction committed with its checkpoint.
 //!
 //! At-least-once, every partition's sink shares one idempotent producer per pipeline run;
@@ -12,6 +13,7 @@
 
 mod dead_letter;
 pub mod delivery;
+pub mod internal_topics;
 pub mod limits;
 pub mod producer;
 mod transaction;
@@ -46,19 +48,43 @@ pub const HEADER_SOURCE_PARTITION: &str = "weir.source.partition";
 /// Header with the source offset (decimal text).
 pub const HEADER_SOURCE_OFFSET: &str = "weir.source.offset";
 
-/// Creates a pipeline's idempotent producer; `kafka.producer` settings override the
-/// defaults. Its `batch.size` is at most the smallest of `limits`, so that a batch of small
+/// Creates a pipeline's idempotent producer ([`producer_config`]); `kafka.producer` settings
+/// override the defaults. Its `batch.size` is at most the smallest of `limits`, so that a batch of small
 /// records never exceeds a topic's `max.message.bytes`.
 ///
 /// # Errors
 /// [`KafkaError`] when librdkafka rejects the configuration.
 pub fn producer(settings: &Settings, limits: &RecordLimits) -> Result<KafkaProducer, KafkaError> {
+    let mut config = producer_config(settings, limits);
+    config.set("enable.idempotence", "true");
+    with_overrides(settings, config)
+}
+
+/// librdkafka's partitioner that places a keyed record where the Java client's default
+/// partitioner does: `murmur2(key) & 0x7fffffff` modulo the partition count (Kafka's
+/// `Utils.murmur2`), a record with no key at random. librdkafka's own default,
+/// `consistent_random` (CRC32), places keys elsewhere, so a topic a Java client or Kafka
+/// Streams writes would not be co-partitioned with one Weir writes.
+pub const PARTITIONER: &str = "murmur2_random";
+
+/// What every producer of a pipeline is set up with, before `kafka.producer`'s overrides:
+/// the cluster and its security, 5 ms of linger, lz4, a `batch.size` within `limits`, and
+/// the Java client's partitioner ([`PARTITIONER`]).
+fn producer_config(settings: &Settings, limits: &RecordLimits) -> rdkafka::ClientConfig {
     let mut config = settings.kafka.client_config();
     config
-        .set("enable.idempotence", "true")
         .set("linger.ms", "5")
         .set("compression.type", "lz4")
-        .set("batch.size", batch_bytes(limits).to_string());
+        .set("batch.size", batch_bytes(limits).to_string())
+        .set("partitioner", PARTITIONER);
+    config
+}
+
+/// `config` with `kafka.producer`'s properties over it, as a producer.
+fn with_overrides(
+    settings: &Settings,
+    mut config: rdkafka::ClientConfig,
+) -> Result<KafkaProducer, KafkaError> {
     for (k, v) in &settings.kafka.producer {
         config.set(k, v);
     }
@@ -92,20 +118,14 @@ pub fn transactional_producer(
     partition: Partition,
     limits: &RecordLimits,
 ) -> Result<KafkaProducer, KafkaError> {
-    let mut config = settings.kafka.client_config();
+    let mut config = producer_config(settings, limits);
     config
-        .set("linger.ms", "5")
-        .set("compression.type", "lz4")
-        .set("batch.size", batch_bytes(limits).to_string())
         .set("transactional.id", transactional_id(settings, partition))
         .set(
             "transaction.timeout.ms",
             transaction_timeout(settings).as_millis().to_string(),
         );
-    for (k, v) in &settings.kafka.producer {
-        config.set(k, v);
-    }
-    KafkaProducer::new(&config)
+    with_overrides(settings, config)
 }
 
 /// A shard's `transaction.timeout.ms`: three checkpoint intervals, at least 60 s, at most 15

@@ -1,0 +1,309 @@
+//! A `weir run` pipeline of more than one step (`[[pipeline.stages]]`, docs/topologies.md):
+//! each stage an operator over topics or earlier stages' outputs. [`Settings::stage_plan`]
+//! turns it into one run's [`Settings`] per stage, in the order the graph gives
+//! (`crate::topology`), and the internal topics between them.
+//!
+//! ```toml
+//! [pipeline]
+//! name = "rekeyed-counts"
+//! dead_letter_topic = "dead-letters"
+//! delivery = "exactly_once"
+//!
+//! [[pipeline.stages]]
+//! name = "rekey"
+//! operator = "rekey.wasm"
+//! inputs = [{ topic = "clicks" }]
+//!
+//! [[pipeline.stages]]
+//! name = "count"
+//! operator = "count.wasm"
+//! inputs = [{ stage = "rekey" }]
+//! outputs = { default = { topic = "counts" } }
+//! ```
+
+use super::{FailurePolicy, LateRecords, Settings};
+use crate::topology::{self, DEFAULT_OUTPUT, Input, Node};
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// One stage of a `weir run` pipeline. Its runs share the pipeline's Kafka, runtime, state,
+/// delivery, checkpoint interval and dead-letter topic; the event-time and failure settings
+/// left out here are the pipeline's.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StageSettings {
+    /// The stage's name, 1..=64 bytes of `[a-z0-9_-]`, unique in the pipeline: its state,
+    /// consumer group and internal topics are named after it.
+    pub name: String,
+    /// Path to its operator component.
+    pub operator: PathBuf,
+    /// What it reads, at least one: `{ topic = "…" }` or `{ stage = "…" }` (the stage's
+    /// `default` output); co-partitioned when more than one.
+    pub inputs: Vec<StageInput>,
+    /// Where its outputs go: `{ default = { topic = "…" } }`. An output no later stage reads
+    /// must go to a topic; one that a stage reads and that names no topic is an internal topic.
+    #[serde(default)]
+    pub outputs: BTreeMap<String, StageOutput>,
+    /// As `pipeline.max_out_of_orderness`, for this stage.
+    #[serde(default, with = "humantime_serde")]
+    pub max_out_of_orderness: Option<Duration>,
+    /// As `pipeline.idle_timeout`, for this stage.
+    #[serde(default, with = "humantime_serde")]
+    pub idle_timeout: Option<Duration>,
+    /// As `pipeline.idle_advance`, for this stage.
+    #[serde(default)]
+    pub idle_advance: Option<bool>,
+    /// As `pipeline.late_records`, for this stage.
+    #[serde(default)]
+    pub late_records: Option<LateRecords>,
+    /// As `pipeline.in_flight_max`, for this stage.
+    #[serde(default)]
+    pub in_flight_max: Option<usize>,
+    /// As `pipeline.failure_policy`, for this stage.
+    #[serde(default)]
+    pub failure_policy: Option<FailurePolicy>,
+}
+
+/// A stage's input: a topic, or an earlier stage's output.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StageInput {
+    /// A topic (not one the pipeline writes).
+    #[serde(default)]
+    pub topic: Option<String>,
+    /// A stage of the pipeline.
+    #[serde(default)]
+    pub stage: Option<String>,
+    /// That stage's output; default `default`.
+    #[serde(default)]
+    pub output: Option<String>,
+}
+
+/// Where a stage's output goes.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StageOutput {
+    /// A topic of the user's. Left out: an internal topic, which later stages read.
+    #[serde(default)]
+    pub topic: Option<String>,
+    /// Partitions of the internal topic when Weir creates it; default: as many as the stage's
+    /// inputs have.
+    #[serde(default)]
+    pub partitions: Option<i32>,
+}
+
+/// The Kafka topic of the internal edge from `stage`'s `output` in `pipeline`:
+/// `{pipeline}-{stage}-{output}-internal`.
+pub fn internal_topic(pipeline: &str, stage: &str, output: &str) -> String {
+    format!("{pipeline}-{stage}-{output}-internal")
+}
+
+/// An internal topic of a pipeline of stages, which Weir creates if it is missing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InternalTopic {
+    /// The Kafka topic ([`internal_topic`]).
+    pub name: String,
+    /// Its partitions; `None`: as many as `like` has.
+    pub partitions: Option<i32>,
+    /// The writing stage's first input, whose partition count it takes by default (an internal
+    /// topic itself, created earlier in the plan, for a stage after another).
+    pub like: String,
+}
+
+/// One stage's run: its name and the settings of a one-operator run of it.
+#[derive(Debug, Clone)]
+pub struct StageRun {
+    /// The stage's name.
+    pub stage: String,
+    /// Its run's settings: `pipeline.name` is `{pipeline}.{stage}` (its shards' and
+    /// transactional ids' name), the consumer group `{group}.{stage}`.
+    pub settings: Settings,
+}
+
+/// What runs a pipeline of stages: its internal topics, to exist first, and its stages'
+/// runs, each after the stages it reads.
+#[derive(Debug, Clone)]
+pub struct StagePlan {
+    /// The internal topics, in the order the stages that write them run.
+    pub internal: Vec<InternalTopic>,
+    /// The runs.
+    pub runs: Vec<StageRun>,
+}
+
+impl StageInput {
+    /// The graph's view of it; `None` unless it names a topic or a stage, not both (which
+    /// [`Settings::validate`] reports).
+    fn as_input(&self) -> Option<Input<'_>> {
+        match (&self.topic, &self.stage, &self.output) {
+            (None, Some(stage), output) => Some(Input::Stage {
+                stage,
+                output: output.as_deref().unwrap_or(DEFAULT_OUTPUT),
+            }),
+            (Some(topic), None, None) => Some(Input::Topic(topic)),
+            _ => None,
+        }
+    }
+}
+
+impl Settings {
+    /// The graph of `pipeline.stages`, for `crate::topology`.
+    pub(super) fn stage_nodes(&self) -> Vec<Node<'_>> {
+        self.pipeline
+            .stages
+            .iter()
+            .map(|s| Node {
+                name: &s.name,
+                inputs: s.inputs.iter().filter_map(StageInput::as_input).collect(),
+                topics: s
+                    .outputs
+                    .iter()
+                    .filter_map(|(name, out)| Some((name.as_str(), out.topic.as_deref()?)))
+                    .collect(),
+            })
+            .collect()
+    }
+
+    /// The plan of a pipeline of stages; `None` for a one-operator pipeline (no
+    /// `pipeline.stages`), which runs as it is.
+    ///
+    /// # Errors
+    /// The graph's problems (which [`Settings::validate`] reports too).
+    pub fn stage_plan(&self) -> Option<Result<StagePlan, Vec<String>>> {
+        if self.pipeline.stages.is_empty() {
+            return None;
+        }
+        let nodes = self.stage_nodes();
+        Some(topology::check(&nodes).map(|order| self.plan(&order)))
+    }
+
+    fn plan(&self, order: &topology::Order) -> StagePlan {
+        let p = &self.pipeline;
+        let topic_of = |stage: &str, output: &str| {
+            p.stages
+                .iter()
+                .find(|s| s.name == stage)
+                .and_then(|s| s.outputs.get(output))
+                .and_then(|o| o.topic.clone())
+                .unwrap_or_else(|| internal_topic(&p.name, stage, output))
+        };
+        let inputs = |stage: &StageSettings| -> Vec<String> {
+            stage
+                .inputs
+                .iter()
+                .filter_map(StageInput::as_input)
+                .map(|input| match input {
+                    Input::Topic(topic) => topic.to_owned(),
+                    Input::Stage { stage, output } => topic_of(stage, output),
+                })
+                .collect()
+        };
+        let internal = order
+            .internal
+            .iter()
+            .map(|(i, output)| {
+                let stage = &p.stages[*i];
+                InternalTopic {
+                    name: internal_topic(&p.name, &stage.name, output),
+                    partitions: stage.outputs.get(output).and_then(|o| o.partitions),
+                    // Every stage of a checked graph has an input.
+                    like: inputs(stage).into_iter().next().unwrap_or_default(),
+                }
+            })
+            .collect();
+        let runs = order
+            .stages
+            .iter()
+            .map(|i| {
+                let stage = &p.stages[*i];
+                let mut settings = self.clone();
+                let run = &mut settings.pipeline;
+                run.name = format!("{}.{}", p.name, stage.name);
+                run.group_id = Some(format!("{}.{}", p.group_id(), stage.name));
+                run.operator = stage.operator.clone();
+                run.input_topics = inputs(stage);
+                run.output_topic = Some(topic_of(&stage.name, DEFAULT_OUTPUT));
+                run.stages = Vec::new();
+                run.max_out_of_orderness =
+                    stage.max_out_of_orderness.unwrap_or(p.max_out_of_orderness);
+                run.idle_timeout = stage.idle_timeout.or(p.idle_timeout);
+                run.idle_advance = stage.idle_advance.unwrap_or(p.idle_advance);
+                run.late_records = stage.late_records.unwrap_or(p.late_records);
+                run.in_flight_max = stage.in_flight_max.unwrap_or(p.in_flight_max);
+                run.failure_policy = stage.failure_policy.unwrap_or(p.failure_policy);
+                StageRun {
+                    stage: stage.name.clone(),
+                    settings,
+                }
+            })
+            .collect();
+        StagePlan { internal, runs }
+    }
+
+    /// The problems of `pipeline.stages`: the graph's, each input's and output's, and each
+    /// stage's run's as a one-operator pipeline's (named after the stage).
+    pub(super) fn stage_problems(&self, problems: &mut Vec<String>) {
+        let p = &self.pipeline;
+        let one_operator = [
+            ("operator", !p.operator.as_os_str().is_empty()),
+            ("input_topics", !p.input_topics.is_empty()),
+            ("output_topic", p.output_topic.is_some()),
+            ("iceberg", p.iceberg.is_some()),
+        ];
+        for (field, set) in one_operator {
+            if set {
+                problems.push(format!(
+                    "pipeline.{field} is for a one-operator pipeline: with pipeline.stages, each stage names its own"
+                ));
+            }
+        }
+        for stage in &p.stages {
+            for (i, input) in stage.inputs.iter().enumerate() {
+                if input.as_input().is_none() {
+                    problems.push(format!(
+                        "stage `{}`: inputs[{i}] must be {{ topic = \"…\" }} or {{ stage = \"…\" }}",
+                        stage.name
+                    ));
+                }
+            }
+            for (name, output) in &stage.outputs {
+                if output.topic.is_some() && output.partitions.is_some() {
+                    problems.push(format!(
+                        "stage `{}`: outputs.{name}.partitions is for an internal topic: a topic of yours has its own",
+                        stage.name
+                    ));
+                }
+                if output
+                    .partitions
+                    .is_some_and(|n| !(1..=10_000).contains(&n))
+                {
+                    problems.push(format!(
+                        "stage `{}`: outputs.{name}.partitions must be 1..=10000",
+                        stage.name
+                    ));
+                }
+            }
+        }
+        match self.stage_plan() {
+            Some(Ok(plan)) => {
+                for run in &plan.runs {
+                    let mut found = Vec::new();
+                    run.settings.run_problems(&mut found);
+                    run.settings.topic_problems(&mut found);
+                    problems.extend(
+                        found
+                            .into_iter()
+                            .map(|problem| format!("stage `{}`: {problem}", run.stage)),
+                    );
+                }
+            }
+            Some(Err(graph)) => problems.extend(
+                graph
+                    .into_iter()
+                    .map(|problem| format!("pipeline.stages: {problem}")),
+            ),
+            None => {}
+        }
+    }
+}

@@ -1,0 +1,121 @@
+//! A pipeline of stages over Kafka (docs/topologies.md), as `weir run` runs it: its internal
+//! topics made to exist (`sink::kafka::internal_topics`), then every stage's run
+//! ([`super::run`], each a one-operator run with its own consumer group, shards and
+//! checkpoints) at once. They stop together: when `shutdown` completes every stage drains and
+//! takes its last checkpoint; when one ends or fails, the others are stopped the same way and
+//! the first failure is returned, named after its stage.
+//!
+//! Exactly-once crosses an edge as Kafka Streams' does: the upstream stage's emits to the
+//! internal topic commit in the transaction of its checkpoint, and the downstream stage reads
+//! `read_committed`.
+
+use crate::clock::SharedClock;
+use crate::config::KafkaSettings;
+use crate::config::stages::StagePlan;
+use crate::pipeline::{PipelineError, PipelineStats};
+use crate::sink::kafka::internal_topics::{self, InternalTopicError};
+use crate::state::StateBackend;
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+/// Why a pipeline of stages stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum StagesError {
+    /// Its internal topics could not be made ready.
+    #[error("cannot set up the internal topics")]
+    Topics(#[source] InternalTopicError),
+    /// A stage's run failed.
+    #[error("stage `{stage}` failed")]
+    Stage {
+        /// The stage.
+        stage: String,
+        /// Its run's error.
+        #[source]
+        source: PipelineError,
+    },
+    /// A stage's run panicked (a bug).
+    #[error("stage `{0}` panicked")]
+    Panicked(String),
+}
+
+impl StagesError {
+    /// What kind of failure it is (as [`PipelineError::kind`]).
+    pub fn kind(&self) -> crate::error::ErrorKind {
+        use crate::error::ErrorKind;
+        match self {
+            Self::Topics(InternalTopicError::Partitions { .. }) => ErrorKind::InvalidInput,
+            Self::Topics(_) => ErrorKind::Unavailable,
+            Self::Stage { source, .. } => source.kind(),
+            Self::Panicked(_) => ErrorKind::Internal,
+        }
+    }
+}
+
+/// Runs `plan`'s stages, each with its `stats` (in the plan's order), over one `backend` (their
+/// shards are named after their stages), until `shutdown` completes or a stage ends; then
+/// drains them all.
+///
+/// # Errors
+/// [`StagesError`]: the internal topics not ready, or the first stage that failed.
+pub async fn run_stages<B: StateBackend>(
+    kafka: &KafkaSettings,
+    plan: StagePlan,
+    stats: Vec<Arc<PipelineStats>>,
+    backend: Arc<B>,
+    clock: SharedClock,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), StagesError> {
+    internal_topics::ensure(kafka, &plan.internal)
+        .await
+        .map_err(StagesError::Topics)?;
+    let (stop, stopped) = watch::channel(false);
+    let mut stages = JoinSet::new();
+    let mut names = HashMap::new();
+    for (run, stats) in plan.runs.into_iter().zip(stats) {
+        let mut stopped = stopped.clone();
+        let until_stopped = async move {
+            // A closed channel stops the run too.
+            let _ = stopped.wait_for(|stop| *stop).await;
+        };
+        let run_stage = super::run(
+            run.settings,
+            backend.clone(),
+            clock.clone(),
+            stats,
+            until_stopped,
+        );
+        let handle = stages.spawn(run_stage);
+        names.insert(handle.id(), run.stage);
+    }
+    tokio::pin!(shutdown);
+    let mut failure = None;
+    loop {
+        let ended = tokio::select! {
+            () = &mut shutdown, if !*stop.borrow() => {
+                tracing::info!("stopping every stage");
+                stop.send_replace(true);
+                continue;
+            }
+            ended = stages.join_next_with_id() => ended,
+        };
+        let Some(ended) = ended else { break };
+        // One stage that ends, for whatever reason, ends them all.
+        stop.send_replace(true);
+        let error = match ended {
+            Ok((_, Ok(()))) => None,
+            Ok((id, Err(source))) => Some(StagesError::Stage {
+                stage: names[&id].clone(),
+                source,
+            }),
+            Err(join) => Some(StagesError::Panicked(names[&join.id()].clone())),
+        };
+        if let Some(error) = error {
+            tracing::error!(error = %crate::error::Chain(&error), "a stage failed: stopping the others");
+            failure.get_or_insert(error);
+        }
+    }
+    failure.map_or(Ok(()), Err)
+}

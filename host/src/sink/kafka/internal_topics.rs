@@ -1,0 +1,133 @@
+//! The internal topics between a pipeline's stages (docs/topologies.md), which Weir owns as
+//! Kafka Streams owns its repartition topics: each one missing is created before the stages
+//! start, with as many partitions as the stage that writes it reads (or as its output asks)
+//! and `retention.ms = -1`, so that no record a downstream checkpoint has not passed is ever
+//! deleted by time. One that exists must have the partitions it would be created with: the
+//! downstream stage's shards are its partitions.
+
+use crate::config::KafkaSettings;
+use crate::config::stages::InternalTopic;
+use crate::source::kafka::broker::{TopicLookupError, topic_partitions};
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::error::KafkaError;
+use rdkafka::types::RDKafkaErrorCode;
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// How long a metadata or create request waits for the cluster.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Why the internal topics are not ready.
+#[derive(Debug, thiserror::Error)]
+pub enum InternalTopicError {
+    /// A topic's partitions could not be read (a missing input topic among them).
+    #[error(transparent)]
+    Lookup(#[from] TopicLookupError),
+    /// The admin client could not be made or asked.
+    #[error("cannot ask Kafka to create the internal topics")]
+    Admin(#[source] KafkaError),
+    /// The cluster refused to create one.
+    #[error("Kafka refused to create internal topic `{topic}`: {code}")]
+    Refused {
+        /// The topic.
+        topic: String,
+        /// Kafka's answer.
+        code: RDKafkaErrorCode,
+    },
+    /// One exists with other partitions than its stage writes.
+    #[error(
+        "internal topic `{topic}` has {has} partitions, not the {wants} its stage writes: delete it (the pipeline's downstream state goes with it) or set the output's partitions to {has}"
+    )]
+    Partitions {
+        /// The topic.
+        topic: String,
+        /// Its partitions.
+        has: usize,
+        /// The partitions it would be created with.
+        wants: usize,
+    },
+}
+
+/// Makes every one of `topics` exist, in their order (a topic's `like` is an earlier one or a
+/// topic of the user's), creating the missing ones.
+///
+/// # Errors
+/// [`InternalTopicError`]: a topic whose partitions cannot be read, a creation refused, or one
+/// that exists with other partitions.
+pub async fn ensure(
+    kafka: &KafkaSettings,
+    topics: &[InternalTopic],
+) -> Result<(), InternalTopicError> {
+    if topics.is_empty() {
+        return Ok(());
+    }
+    let admin: AdminClient<DefaultClientContext> = kafka
+        .client_config()
+        .create()
+        .map_err(InternalTopicError::Admin)?;
+    let mut known: BTreeMap<String, usize> = BTreeMap::new();
+    for topic in topics {
+        let wants = match (topic.partitions, known.get(&topic.like)) {
+            (Some(n), _) => n as usize,
+            (None, Some(n)) => *n,
+            (None, None) => partitions(kafka, &topic.like).await?,
+        };
+        let has = match partitions(kafka, &topic.name).await {
+            Ok(n) => Some(n),
+            Err(TopicLookupError::Missing { .. }) => None,
+            Err(e) => return Err(e.into()),
+        };
+        match has {
+            Some(has) if has != wants => {
+                return Err(InternalTopicError::Partitions {
+                    topic: topic.name.clone(),
+                    has,
+                    wants,
+                });
+            }
+            Some(_) => {}
+            None => create(&admin, &topic.name, wants).await?,
+        }
+        known.insert(topic.name.clone(), wants);
+    }
+    Ok(())
+}
+
+/// `topic`'s partitions (a metadata request off the runtime's threads).
+async fn partitions(kafka: &KafkaSettings, topic: &str) -> Result<usize, TopicLookupError> {
+    let (kafka, topics) = (kafka.clone(), vec![topic.to_owned()]);
+    tokio::task::spawn_blocking(move || topic_partitions(&kafka, &topics, REQUEST_TIMEOUT))
+        .await
+        .unwrap_or_else(|join| {
+            Err(TopicLookupError::Unavailable {
+                topic: topic.to_owned(),
+                reason: join.to_string(),
+            })
+        })
+        .map(|counts| counts[0])
+}
+
+/// Creates `topic` with `partitions`, the cluster's replication factor and no retention by
+/// time; one that another host created meanwhile is as good.
+async fn create(
+    admin: &AdminClient<DefaultClientContext>,
+    topic: &str,
+    partitions: usize,
+) -> Result<(), InternalTopicError> {
+    let new = NewTopic::new(topic, partitions as i32, TopicReplication::Fixed(-1))
+        .set("retention.ms", "-1");
+    let options = AdminOptions::new().operation_timeout(Some(REQUEST_TIMEOUT));
+    let results = admin
+        .create_topics([&new], &options)
+        .await
+        .map_err(InternalTopicError::Admin)?;
+    for result in results {
+        match result {
+            Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+            Err((topic, code)) => return Err(InternalTopicError::Refused { topic, code }),
+        }
+    }
+    tracing::info!(topic, partitions, "internal topic created");
+    Ok(())
+}
