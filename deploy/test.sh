@@ -143,9 +143,10 @@ step "tests ($WEIR_TEST_TIER tier), and beside the last of them the Kafka Stream
 # one repeat, every row of bench/kstreams-compare) checks that the comparison runs, not how
 # fast, so it uses the test build of `weir` and runs beside the longest test binary's tail.
 smoke="python3 bench/kstreams-compare/run.py --smoke"
-# A slice of its rows in the short tier: each engine, each store, each delivery mode once.
+# A slice of its rows in the short tier: each engine, each store, each delivery mode and
+# Kafka Streams' record cache on and off once.
 if [[ "$WEIR_TEST_TIER" != long ]]; then
-  smoke+=" --only kafka-streams-memory-1t-alo,kafka-streams-rocksdb-1t-eos,weir-memory-alo,weir-lsm-eos"
+  smoke+=" --only kafka-streams-memory-1t-alo,kafka-streams-memory-1t-nocache-alo,kafka-streams-rocksdb-1t-eos,weir-memory-alo,weir-lsm-eos"
 fi
 smoke+=" --weir $(printf %q "${CARGO_TARGET_DIR:-target}/debug/weir")"
 smoke+=" --operator $(printf %q "$guests/weir_test_counter.wasm")"

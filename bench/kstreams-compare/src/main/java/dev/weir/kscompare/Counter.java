@@ -29,9 +29,12 @@ import org.apache.kafka.streams.state.Stores;
  *
  * <p>Flags: {@code --bootstrap}, {@code --input}, {@code --output}, {@code --app-id}, {@code
  * --state-dir}, {@code --store memory|rocksdb}, {@code --threads N}, {@code --guarantee
- * at_least_once|exactly_once_v2}, {@code --commit-ms} (10000). Everything else is Kafka Streams'
- * shipped default (changelog and record cache on), except the client settings shared with Weir
- * ({@link #SHARED_CLIENT_SETTINGS}). Prints its settings, then runs until SIGTERM.
+ * at_least_once|exactly_once_v2}, {@code --commit-ms} (10000), {@code --cache on|off} (on: the
+ * store's record cache, as a DSL {@code count()} has it; off: every update goes to the store and
+ * downstream at once, which for this job, where every update is emitted anyway, saves the cache's
+ * work). Everything else is Kafka Streams' shipped default (changelog on), except the client
+ * settings shared with Weir ({@link #SHARED_CLIENT_SETTINGS}). Prints its settings, then runs until
+ * SIGTERM.
  */
 final class Counter {
     private Counter() {}
@@ -77,11 +80,20 @@ final class Counter {
                 flags.get("input"));
         topology.addProcessor("count", CountProcessor::new, "input");
         // A store builder's changelog is on by default; its record cache is not (the DSL's is):
-        // turn it on, as a DSL `count()` would have it.
-        topology.addStateStore(
-                Stores.keyValueStoreBuilder(supplier, Serdes.Bytes(), Serdes.Long())
-                        .withCachingEnabled(),
-                "count");
+        // `--cache on` turns it on, as a DSL `count()` would have it.
+        var store = Stores.keyValueStoreBuilder(supplier, Serdes.Bytes(), Serdes.Long());
+        boolean cache = switch (flags.get("cache", "on")) {
+            case "on" -> true;
+            case "off" -> false;
+            default -> throw new IllegalArgumentException("--cache on|off");
+        };
+        if (cache) {
+            store = store.withCachingEnabled();
+        } else {
+            // No cache at all, not only none on this store.
+            props.put(StreamsConfig.STATESTORE_CACHE_MAX_BYTES_CONFIG, "0");
+        }
+        topology.addStateStore(store, "count");
         topology.addSink("output", flags.get("output"), new ByteArraySerializer(),
                 new ByteArraySerializer(), "count");
 
