@@ -161,6 +161,7 @@ pub async fn run(
                     late_records: Default::default(),
                     iceberg: None,
                     stages: Vec::new(),
+                    edges: Default::default(),
                 },
                 kafka: crate::kafka::settings(&bootstrap),
                 runtime: RuntimeSettings {

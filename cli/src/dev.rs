@@ -162,6 +162,7 @@ pub(crate) fn pipeline_settings(
             late_records: Default::default(),
             iceberg: None,
             stages: Vec::new(),
+            edges: Default::default(),
         },
         kafka: crate::kafka::settings(bootstrap),
         runtime: RuntimeSettings::default(),

@@ -185,6 +185,7 @@ async fn measure<B: StateBackend>(
             late_records: Default::default(),
             iceberg: None,
             stages: Vec::new(),
+            edges: Default::default(),
         },
         kafka: crate::kafka::settings(bootstrap),
         runtime: RuntimeSettings {

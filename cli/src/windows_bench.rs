@@ -107,6 +107,7 @@ pub async fn run(opts: &WindowsBenchOptions) -> Result<Vec<WindowsRun>, WindowsB
                 late_records: Default::default(),
                 iceberg: None,
                 stages: Vec::new(),
+                edges: Default::default(),
             },
             kafka: crate::kafka::settings(bootstrap),
             runtime: RuntimeSettings::default(),

@@ -214,6 +214,7 @@ pub fn settings(
             late_records: Default::default(),
             iceberg: None,
             stages: Vec::new(),
+            edges: Default::default(),
         },
         kafka: KafkaSettings {
             bootstrap_servers: kafka_bootstrap(),

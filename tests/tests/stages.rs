@@ -4,6 +4,7 @@
 //! every record crosses the edge once — exactly-once, across a stop and a restart.
 
 use anyhow::Context as _;
+use rdkafka::Message;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -79,46 +80,8 @@ async fn two_stages_count_every_record_once_across_their_internal_topic() -> any
     let input = settings.pipeline.input_topics[0].clone();
     settings.pipeline.delivery = Delivery::ExactlyOnce;
     settings.pipeline.checkpoint_interval = Duration::from_millis(200);
-    let operator = std::mem::take(&mut settings.pipeline.operator);
-    settings.pipeline.input_topics.clear();
-    settings.pipeline.output_topic = None;
-    settings.pipeline.stages = vec![
-        StageSettings {
-            name: "first".into(),
-            operator: operator.clone(),
-            inputs: vec![StageInput {
-                topic: Some(input.clone()),
-                ..StageInput::default()
-            }],
-            outputs: BTreeMap::from([(
-                "default".to_owned(),
-                StageOutput {
-                    topic: None,
-                    partitions: Some(INTERNAL_PARTITIONS),
-                },
-            )]),
-            ..stage()
-        },
-        StageSettings {
-            name: "second".into(),
-            operator,
-            inputs: vec![StageInput {
-                stage: Some("first".into()),
-                ..StageInput::default()
-            }],
-            outputs: BTreeMap::from([(
-                "default".to_owned(),
-                StageOutput {
-                    topic: Some(output.clone()),
-                    partitions: None,
-                },
-            )]),
-            ..stage()
-        },
-    ];
+    let internal = two_counters(&mut settings, &output, Some(INTERNAL_PARTITIONS));
     settings.validate()?;
-    let internal =
-        weir_host::config::stages::internal_topic(&settings.pipeline.name, "first", "default");
 
     let mut expected = BTreeMap::new();
     produce_counter(&input, PARTITIONS, (0, 300), KEYS, &mut expected).await?;
@@ -156,39 +119,7 @@ async fn two_stages_count_every_record_once_across_their_internal_topic() -> any
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_internal_topic_with_other_partitions_is_refused_by_name() -> anyhow::Result<()> {
     let (mut settings, output) = counter_pipeline_on_s3("stages-bad", PARTITIONS).await?;
-    let input = settings.pipeline.input_topics[0].clone();
-    let operator = std::mem::take(&mut settings.pipeline.operator);
-    settings.pipeline.input_topics.clear();
-    settings.pipeline.output_topic = None;
-    settings.pipeline.stages = vec![
-        StageSettings {
-            name: "first".into(),
-            operator: operator.clone(),
-            inputs: vec![StageInput {
-                topic: Some(input),
-                ..StageInput::default()
-            }],
-            ..stage()
-        },
-        StageSettings {
-            name: "second".into(),
-            operator,
-            inputs: vec![StageInput {
-                stage: Some("first".into()),
-                ..StageInput::default()
-            }],
-            outputs: BTreeMap::from([(
-                "default".to_owned(),
-                StageOutput {
-                    topic: Some(output),
-                    partitions: None,
-                },
-            )]),
-            ..stage()
-        },
-    ];
-    let internal =
-        weir_host::config::stages::internal_topic(&settings.pipeline.name, "first", "default");
+    let internal = two_counters(&mut settings, &output, None);
     create_topics(&[(&internal, PARTITIONS + 1)]).await?;
     let err = RunningStages::start(&settings)?
         .stop()
@@ -201,6 +132,134 @@ async fn an_internal_topic_with_other_partitions_is_refused_by_name() -> anyhow:
         )
     );
     Ok(())
+}
+
+/// Produces `(key, value, timestamp)` records to `partition` of `topic`.
+async fn produce_at(
+    topic: &str,
+    partition: i32,
+    records: &[(&str, &str, i64)],
+) -> anyhow::Result<()> {
+    use rdkafka::producer::{FutureProducer, FutureRecord};
+    let producer: FutureProducer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", kafka_bootstrap())
+        .create()?;
+    for (key, value, timestamp_ms) in records {
+        let record = FutureRecord::to(topic)
+            .partition(partition)
+            .key(key.as_bytes())
+            .payload(value.as_bytes())
+            .timestamp(*timestamp_ms);
+        if let Err((err, _)) = producer.send(record, Duration::from_secs(30)).await {
+            anyhow::bail!("cannot produce: {err}");
+        }
+    }
+    Ok(())
+}
+
+/// Event time across the edge: the first stage forwards an event-time timer command and its
+/// two shards run far apart in event time (partition 0 to 100 s, partition 1 to 1 s); the
+/// second stage, with no disorder of its own, fires the timer (at 50 s) only once the slow
+/// upstream shard has passed it, at the lowest of the upstream shards' watermarks — not at
+/// what the fast shard's record timestamps on the internal topic would say.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_watermark_crosses_the_edge_as_its_slowest_upstream_shards() -> anyhow::Result<()> {
+    let (mut settings, output) = counter_pipeline_on_s3("stages-time", PARTITIONS).await?;
+    let input = settings.pipeline.input_topics[0].clone();
+    settings.pipeline.delivery = Delivery::ExactlyOnce;
+    settings.pipeline.checkpoint_interval = Duration::from_millis(200);
+    let internal = two_counters(&mut settings, &output, None);
+    produce_at(
+        &input,
+        0,
+        &[
+            ("a", "forward:timer:event:t:50000", 10_000),
+            ("b", "v", 20_000),
+            ("b", "v", 100_000),
+        ],
+    )
+    .await?;
+    produce_at(&input, 1, &[("c", "v", 1_000)]).await?;
+    let running = RunningStages::start(&settings)?;
+    // The stages start once Weir has made the internal topic: its metadata is how a client
+    // learns that it exists.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while high_watermarks(&internal, PARTITIONS).is_err() {
+        anyhow::ensure!(
+            std::time::Instant::now() < deadline,
+            "no internal topic `{internal}`"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Both upstream shards' markers are on the internal topic: 99999 and 999.
+    let mut seen = std::collections::BTreeSet::new();
+    read_until(&internal, Duration::from_secs(60), Duration::ZERO, |msg| {
+        if let Some(marker) = header(msg, "weir.watermark") {
+            seen.insert(marker);
+        }
+        seen.contains("0:99999") && seen.contains("1:999")
+    })
+    .await?;
+    produce_at(&input, 1, &[("c", "v", 60_000)]).await?;
+    let mut fired = None;
+    read_until(&output, Duration::from_secs(60), Duration::ZERO, |msg| {
+        let value: serde_json::Value =
+            serde_json::from_slice(msg.payload().unwrap_or_default()).unwrap_or_default();
+        if value.get("fired").is_some() {
+            fired = Some(value);
+        }
+        fired.is_some()
+    })
+    .await?;
+    running.stop().await?;
+    let fired = fired.context("the timer fired")?;
+    assert_eq!(fired["fired"], "t");
+    assert_eq!(
+        fired["watermark"], 59_999,
+        "the slow upstream shard's watermark (60000 - 1), not the fast one's: {fired}"
+    );
+    Ok(())
+}
+
+/// Makes `settings` (a counter pipeline from its input to `output`) two stages of the counter:
+/// `first` reads the input and writes an internal topic (of `internal_partitions`, default as
+/// many as the input's), which `second` reads and counts into `output`. Returns the internal
+/// topic.
+fn two_counters(settings: &mut Settings, output: &str, internal_partitions: Option<i32>) -> String {
+    let operator = std::mem::take(&mut settings.pipeline.operator);
+    let input = std::mem::take(&mut settings.pipeline.input_topics).remove(0);
+    settings.pipeline.output_topic = None;
+    let internal = StageOutput {
+        topic: None,
+        partitions: internal_partitions,
+    };
+    let to_output = StageOutput {
+        topic: Some(output.to_owned()),
+        partitions: None,
+    };
+    settings.pipeline.stages = vec![
+        StageSettings {
+            name: "first".into(),
+            operator: operator.clone(),
+            inputs: vec![StageInput {
+                topic: Some(input),
+                ..StageInput::default()
+            }],
+            outputs: BTreeMap::from([("default".to_owned(), internal)]),
+            ..stage()
+        },
+        StageSettings {
+            name: "second".into(),
+            operator,
+            inputs: vec![StageInput {
+                stage: Some("first".into()),
+                ..StageInput::default()
+            }],
+            outputs: BTreeMap::from([("default".to_owned(), to_output)]),
+            ..stage()
+        },
+    ];
+    weir_host::config::stages::internal_topic(&settings.pipeline.name, "first", "default")
 }
 
 /// A stage with nothing set but what the tests above set.

@@ -53,6 +53,7 @@ pub(super) async fn measure(
             late_records: Default::default(),
             iceberg: None,
             stages: Vec::new(),
+            edges: Default::default(),
         },
         kafka: crate::kafka::settings(&opts.bootstrap_servers),
         runtime: RuntimeSettings::default(),

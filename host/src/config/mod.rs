@@ -113,6 +113,9 @@ pub struct PipelineSettings {
     /// docs/topologies.md); default none: the one operator above.
     #[serde(default)]
     pub stages: Vec<stages::StageSettings>,
+    /// Set by a pipeline of stages for each stage's run ([`stages::Edges`]); none in a file.
+    #[serde(skip)]
+    pub edges: stages::Edges,
 }
 
 /// A `weir run` pipeline's Iceberg table (`[pipeline.iceberg]`): each emit is a JSON object

@@ -94,6 +94,18 @@ pub struct StageOutput {
     pub partitions: Option<i32>,
 }
 
+/// A stage run's edges (docs/topologies.md): what the stage plan and its internal topics tell
+/// it, never read from a file. Default: none (a one-operator run).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Edges {
+    /// The output is an internal topic of this many partitions: at each checkpoint the shard
+    /// writes its watermark to every one as a marker record.
+    pub output_partitions: Option<i32>,
+    /// The inputs that are internal topics, each with how many upstream shards write it: only
+    /// their markers move its watermark.
+    pub inputs: BTreeMap<String, usize>,
+}
+
 /// The Kafka topic of the internal edge from `stage`'s `output` in `pipeline`:
 /// `{pipeline}-{stage}-{output}-internal`.
 pub fn internal_topic(pipeline: &str, stage: &str, output: &str) -> String {

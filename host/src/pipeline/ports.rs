@@ -252,6 +252,27 @@ pub trait ShardSink: Send + 'static {
         error: &str,
     ) -> impl Future<Output = Result<(), SinkError>> + Send;
 
+    /// Whether [`ShardSink::watermark`] writes anything (its output is an internal topic,
+    /// docs/topologies.md): the worker then also checkpoints when only its watermark moved.
+    /// Default false.
+    fn writes_watermarks(&self) -> bool {
+        false
+    }
+
+    /// Writes the shard's watermark, as `marker`, to every partition of its output when that
+    /// is an internal topic, with the checkpoint's outputs (docs/topologies.md); nothing by
+    /// default.
+    ///
+    /// # Errors
+    /// [`SinkError`] when an earlier delivery failed for good.
+    fn watermark(
+        &mut self,
+        marker: crate::time::watermark::Marker,
+    ) -> impl Future<Output = Result<(), SinkError>> + Send {
+        let _ = marker;
+        async { Ok(()) }
+    }
+
     /// Waits until everything sent so far is acknowledged.
     ///
     /// # Errors

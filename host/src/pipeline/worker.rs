@@ -52,6 +52,7 @@ use crate::runtime::guest_log::LogSource;
 use crate::runtime::{BatchCtx, Disposition, EmitLimits, InputRecord, Operator};
 use crate::state::checkpoint::InputOffsets;
 use crate::state::{Shard, StateError};
+use crate::time::watermark::Marker;
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -116,6 +117,9 @@ pub(crate) struct PartitionWorker<S: Shard, K: ShardSink> {
     pub checkpoint_requests: watch::Receiver<u64>,
     /// The shard's timers and watermark ([`super::timers`]).
     pub timers: Timers,
+    /// The watermark the sink last wrote as a marker to an internal output
+    /// ([`ShardSink::watermark`]).
+    pub marked: Option<i64>,
     /// What a record behind the watermark does.
     pub late_records: LateRecords,
     /// Whether the consumer has handed out every record of the partition's input topics up
@@ -236,6 +240,15 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
                 continue;
             }
             self.admitted.advance(&record.topic, Offset(record.offset));
+            if let Some(marker) = self.marker(&record) {
+                // A watermark marker of an edge: nothing of it runs (docs/topologies.md).
+                self.timers
+                    .watermarks_mut()
+                    .marker(&record.topic, marker, now);
+                self.offsets.advance(&record.topic, Offset(record.offset));
+                self.dirty = true;
+                continue;
+            }
             self.timers
                 .watermarks_mut()
                 .admitted(&record.topic, record.timestamp_ms, now);
@@ -285,6 +298,19 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
             metrics::gauge!("weir_records_in_flight").increment(admitted as f64);
         }
         late_letters
+    }
+
+    /// The watermark marker `record` is, if it is one of an edge's (docs/topologies.md).
+    fn marker(&self, record: &InputRecord) -> Option<Marker> {
+        if record.headers.is_empty() || !self.timers.watermarks().is_edge(&record.topic) {
+            return None;
+        }
+        Marker::decode(
+            record
+                .headers
+                .iter()
+                .map(|h| (h.name.as_str(), h.value.as_slice())),
+        )
     }
 
     /// Starts attempts while an instance is free: retries and re-runs first, then new batches

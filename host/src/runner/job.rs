@@ -366,6 +366,7 @@ impl RunJob {
                     columns: t.columns.clone(),
                 }),
                 stages: Vec::new(),
+                edges: Default::default(),
             },
             kafka: self.config.kafka(),
             runtime: spec

@@ -7,7 +7,9 @@
 //!
 //! Exactly-once crosses an edge as Kafka Streams' does: the upstream stage's emits to the
 //! internal topic commit in the transaction of its checkpoint, and the downstream stage reads
-//! `read_committed`.
+//! `read_committed`. Event time crosses it in watermark markers (`time::watermark`): each run
+//! is told which of its inputs are edges and how many shards write them, and whether its
+//! output is one.
 
 use crate::clock::SharedClock;
 use crate::config::KafkaSettings;
@@ -68,13 +70,25 @@ pub async fn run_stages<B: StateBackend>(
     clock: SharedClock,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), StagesError> {
-    internal_topics::ensure(kafka, &plan.internal)
+    let ready = internal_topics::ensure(kafka, &plan.internal)
         .await
         .map_err(StagesError::Topics)?;
     let (stop, stopped) = watch::channel(false);
     let mut stages = JoinSet::new();
     let mut names = HashMap::new();
-    for (run, stats) in plan.runs.into_iter().zip(stats) {
+    for (mut run, stats) in plan.runs.into_iter().zip(stats) {
+        // Each edge as it is: the markers an upstream writes, the shards a downstream waits for.
+        let p = &mut run.settings.pipeline;
+        p.edges.output_partitions = p
+            .output_topic
+            .as_ref()
+            .and_then(|t| ready.get(t))
+            .map(|r| i32::try_from(r.partitions).unwrap_or(i32::MAX));
+        p.edges.inputs = p
+            .input_topics
+            .iter()
+            .filter_map(|t| Some((t.clone(), ready.get(t)?.upstream_shards)))
+            .collect();
         let mut stopped = stopped.clone();
         let until_stopped = async move {
             // A closed channel stops the run too.

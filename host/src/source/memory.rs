@@ -113,6 +113,18 @@ impl MemorySourceHandle {
         value: &[u8],
         timestamp_ms: i64,
     ) {
+        self.produce_with_headers(topic, partition, (key, value), timestamp_ms, Vec::new());
+    }
+
+    /// [`Self::produce`] with `headers` (a watermark marker's, for one).
+    pub fn produce_with_headers(
+        &self,
+        topic: &str,
+        partition: impl Into<Partition>,
+        (key, value): (&[u8], &[u8]),
+        timestamp_ms: i64,
+        headers: Vec<crate::runtime::Header>,
+    ) {
         let partition: Partition = partition.into();
         {
             let mut logs = self.source.logs();
@@ -125,7 +137,7 @@ impl MemorySourceHandle {
                 key: key.to_vec(),
                 value: value.to_vec(),
                 timestamp_ms,
-                headers: Vec::new(),
+                headers,
                 topic: topic.into(),
                 partition: partition.0,
                 offset,

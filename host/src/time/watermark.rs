@@ -12,8 +12,58 @@
 //! The watermark is *applied* (seen by `timers.watermark`, firing event-time timers, deciding
 //! lateness) only when every record admitted before it has finished, and never goes
 //! backwards, across restarts included.
+//!
+//! An *edge* — an internal topic between two stages (docs/topologies.md) — carries its
+//! watermark in marker records ([`Marker`]): each upstream shard writes its own to every
+//! partition it feeds at each of its checkpoints. The records' timestamps move nothing there;
+//! the edge's watermark is the lowest of its upstream shards' markers (none until each has
+//! written one), and with `idle_timeout` an upstream shard whose last marker is that old stops
+//! holding it back. A shard's downstream partitions then close a window only once every
+//! upstream shard has passed it, however the internal topic interleaves their records.
 
 use std::time::Duration;
+
+/// The header that makes a record of an internal topic a watermark marker (its value: see
+/// [`Marker::encode`]). Markers are never written to a user's topic.
+pub const MARKER_HEADER: &str = "weir.watermark";
+
+/// A watermark marker: upstream shard `shard`'s watermark was `watermark_ms` at one of its
+/// checkpoints (docs/topologies.md, "Event time across an edge").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Marker {
+    /// The upstream shard (its partition number).
+    pub shard: i32,
+    /// Its watermark, ms since the Unix epoch.
+    pub watermark_ms: i64,
+}
+
+impl Marker {
+    /// The header value: `{shard}:{watermark_ms}` in decimal.
+    pub fn encode(&self) -> String {
+        format!("{}:{}", self.shard, self.watermark_ms)
+    }
+
+    /// The marker a record's headers hold, if its first header is [`MARKER_HEADER`] with a
+    /// well-formed value.
+    pub fn decode<'a>(mut headers: impl Iterator<Item = (&'a str, &'a [u8])>) -> Option<Self> {
+        let (name, value) = headers.next()?;
+        if name != MARKER_HEADER {
+            return None;
+        }
+        let (shard, watermark_ms) = std::str::from_utf8(value).ok()?.split_once(':')?;
+        Some(Self {
+            shard: shard.parse().ok().filter(|s: &i32| *s >= 0)?,
+            watermark_ms: watermark_ms.parse().ok()?,
+        })
+    }
+}
+
+/// An edge's upstream shards: each one's last marker and when it came.
+#[derive(Debug, Clone)]
+struct Upstream {
+    /// Per upstream shard: its watermark and the processing time (ms) of its last marker.
+    shards: Vec<Option<(i64, i64)>>,
+}
 
 /// How a shard's input goes idle (see the module docs).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -27,8 +77,11 @@ pub struct Idleness {
 /// A shard's watermark. See the module docs.
 #[derive(Debug)]
 pub struct Watermarks {
-    /// Per input topic (in the pipeline's order): the highest timestamp admitted.
+    /// Per input topic (in the pipeline's order): the highest timestamp admitted (for an edge,
+    /// its upstream shards' lowest marker + 1).
     highest: Vec<Option<i64>>,
+    /// Per input topic: its upstream shards, if it is an edge.
+    edges: Vec<Option<Upstream>>,
     /// Per input topic: processing time (ms) of its last record, or of the last moment Weir
     /// held the input back, or of the start.
     active_at: Vec<i64>,
@@ -40,6 +93,9 @@ pub struct Watermarks {
     /// partitions (as last reported).
     caught_up: bool,
     applied: Option<i64>,
+    /// Processing time (ms) when these watermarks were made: an upstream shard silent since
+    /// then goes idle from it.
+    started_at: i64,
 }
 
 fn millis(d: Duration) -> i64 {
@@ -58,6 +114,7 @@ impl Watermarks {
         let n = topics.len().max(1);
         Self {
             highest: vec![None; n],
+            edges: vec![None; n],
             active_at: vec![now_ms; n],
             topics: topics.to_vec(),
             out_of_orderness_ms: millis(max_out_of_orderness),
@@ -65,19 +122,60 @@ impl Watermarks {
             idle_advance: idleness.advance && idleness.timeout.is_some(),
             caught_up: false,
             applied: None,
+            started_at: now_ms,
+        }
+    }
+
+    /// Makes `topic` an edge that `upstream_shards` shards write (docs/topologies.md): only
+    /// their markers move its watermark. A topic that is not an input is ignored.
+    pub fn set_edge(&mut self, topic: &str, upstream_shards: usize) {
+        if let Some(i) = self.topics.iter().position(|t| t == topic) {
+            self.edges[i] = Some(Upstream {
+                shards: vec![None; upstream_shards.max(1)],
+            });
+        }
+    }
+
+    /// Whether `topic` is an edge ([`Self::set_edge`]).
+    pub fn is_edge(&self, topic: &str) -> bool {
+        self.index(topic).is_some_and(|i| self.edges[i].is_some())
+    }
+
+    /// A marker of the edge `topic` came at processing time `now_ms` (ignored for a topic that
+    /// is not an edge). An upstream shard's watermark never goes back; one beyond the shards
+    /// the edge was set up with (its upstream gained partitions) joins them.
+    pub fn marker(&mut self, topic: &str, marker: Marker, now_ms: i64) {
+        let Some(i) = self.index(topic) else { return };
+        let Some(upstream) = &mut self.edges[i] else {
+            return;
+        };
+        let shard = usize::try_from(marker.shard).unwrap_or(0);
+        if shard >= upstream.shards.len() {
+            upstream.shards.resize(shard + 1, None);
+        }
+        let slot = &mut upstream.shards[shard];
+        let watermark = slot.map_or(marker.watermark_ms, |(w, _)| w.max(marker.watermark_ms));
+        *slot = Some((watermark, now_ms));
+        self.active_at[i] = self.active_at[i].max(now_ms);
+    }
+
+    /// The index of `topic` among the inputs (the only one's, whatever the name, when there is
+    /// one).
+    fn index(&self, topic: &str) -> Option<usize> {
+        if self.topics.len() > 1 {
+            self.topics.iter().position(|t| t == topic)
+        } else {
+            Some(0)
         }
     }
 
     /// A record of `topic` with `timestamp_ms` was admitted at processing time `now_ms` (a
-    /// negative timestamp, none, keeps the topic active but moves nothing).
+    /// negative timestamp, none, keeps the topic active but moves nothing; on an edge only
+    /// markers move it).
     pub fn admitted(&mut self, topic: &str, timestamp_ms: i64, now_ms: i64) {
-        let i = if self.topics.len() > 1 {
-            self.topics.iter().position(|t| t == topic).unwrap_or(0)
-        } else {
-            0
-        };
+        let i = self.index(topic).unwrap_or(0);
         self.active_at[i] = self.active_at[i].max(now_ms);
-        if timestamp_ms >= 0 {
+        if timestamp_ms >= 0 && self.edges[i].is_none() {
             let slot = &mut self.highest[i];
             *slot = Some(slot.map_or(timestamp_ms, |h| h.max(timestamp_ms)));
         }
@@ -86,12 +184,40 @@ impl Watermarks {
     /// A record of `topic` reached the worker at `now_ms` (admitted or waiting): the topic is
     /// active.
     pub fn seen(&mut self, topic: &str, now_ms: i64) {
-        let i = if self.topics.len() > 1 {
-            self.topics.iter().position(|t| t == topic).unwrap_or(0)
-        } else {
-            0
-        };
+        let i = self.index(topic).unwrap_or(0);
         self.active_at[i] = self.active_at[i].max(now_ms);
+    }
+
+    /// What input `i` allows at `now_ms`: its highest timestamp, or for an edge the lowest
+    /// marker of its upstream shards (+ 1, as a timestamp) that are not idle — none while one
+    /// that is not idle has written none.
+    fn highest_at(&self, i: usize, now_ms: i64) -> Option<i64> {
+        let Some(upstream) = &self.edges[i] else {
+            return self.highest[i];
+        };
+        let idle = |at: i64| {
+            self.idle_timeout_ms
+                .is_some_and(|t| now_ms.saturating_sub(at) >= t)
+        };
+        let mut low: Option<i64> = None;
+        let mut any = false;
+        for shard in &upstream.shards {
+            match shard {
+                Some((_, at)) if idle(*at) => {}
+                Some((w, _)) => {
+                    any = true;
+                    low = Some(low.map_or(*w, |l| l.min(*w)));
+                }
+                // Silent since the start: idle like any input, once the timeout passed.
+                None if idle(self.started_at) => {}
+                None => return None,
+            }
+        }
+        if !any {
+            // Every upstream shard idle: what the latest markers allowed.
+            low = upstream.shards.iter().flatten().map(|(w, _)| *w).max();
+        }
+        low.map(|w| w.saturating_add(1))
     }
 
     /// Weir holds the shard's input back at `now_ms` (records wait in its queue, or a state
@@ -124,7 +250,7 @@ impl Watermarks {
             // One with no timestamp yet holds it back.
             let mut low = i64::MAX;
             for i in among {
-                low = low.min(self.highest[i]?);
+                low = low.min(self.highest_at(i, now_ms)?);
             }
             Some(
                 low.saturating_sub(self.out_of_orderness_ms)
@@ -284,5 +410,104 @@ mod tests {
             Some(59_899),
             "caught up: processing time"
         );
+    }
+
+    fn marker(shard: i32, watermark_ms: i64) -> Marker {
+        Marker {
+            shard,
+            watermark_ms,
+        }
+    }
+
+    #[test]
+    fn an_edges_watermark_is_its_slowest_upstream_shards_marker() {
+        let mut w = Watermarks::new(&topics(), Duration::ZERO, Idleness::default(), 0);
+        w.set_edge("b", 2);
+        assert!(w.is_edge("b") && !w.is_edge("a"));
+        w.admitted("a", 10_000, 0);
+        w.admitted("b", 9_000, 0);
+        assert_eq!(w.candidate(0), None, "an edge's records move nothing");
+        w.marker("b", marker(1, 5_000), 0);
+        assert_eq!(
+            w.candidate(0),
+            None,
+            "upstream shard 0 has written no marker"
+        );
+        w.marker("b", marker(0, 7_000), 0);
+        assert_eq!(w.candidate(0), Some(5_000), "the slowest upstream shard's");
+        w.marker("b", marker(1, 4_000), 0);
+        assert_eq!(
+            w.candidate(0),
+            Some(5_000),
+            "a shard's watermark never goes back"
+        );
+        w.marker("b", marker(1, 12_000), 0);
+        assert_eq!(w.candidate(0), Some(7_000));
+        w.marker("b", marker(2, 6_000), 0);
+        assert_eq!(
+            w.candidate(0),
+            Some(6_000),
+            "a shard the edge did not know joins it"
+        );
+        w.marker("b", marker(0, 15_000), 0);
+        w.marker("b", marker(2, 20_000), 0);
+        assert_eq!(
+            w.candidate(0),
+            Some(9_999),
+            "then the other input, topic a, is the slowest: 10000 - 1"
+        );
+    }
+
+    #[test]
+    fn an_idle_upstream_shard_stops_holding_an_edge_back() {
+        let idleness = Idleness {
+            timeout: Some(Duration::from_secs(10)),
+            advance: false,
+        };
+        let mut w = Watermarks::new(&topics()[..1], Duration::from_millis(100), idleness, 0);
+        w.set_edge("a", 3);
+        w.marker("a", marker(0, 5_000), 1_000);
+        w.marker("a", marker(1, 8_000), 1_000);
+        assert_eq!(w.candidate(2_000), None, "shard 2 has written nothing yet");
+        assert_eq!(
+            w.candidate(10_000),
+            Some(4_900),
+            "shard 2, silent since the start, is idle: 5000 - 100"
+        );
+        w.marker("a", marker(1, 9_000), 12_000);
+        assert_eq!(
+            w.candidate(12_000),
+            Some(8_900),
+            "shard 0's last marker is 11 s old: only shard 1 holds it"
+        );
+        assert_eq!(
+            w.candidate(30_000),
+            Some(8_900),
+            "every shard idle: what the latest markers allowed"
+        );
+    }
+
+    #[test]
+    fn a_marker_is_the_first_header_of_its_record() {
+        let m = marker(3, 1_700_000_000_123);
+        let value = m.encode();
+        assert_eq!(value, "3:1700000000123");
+        let headers = [
+            (MARKER_HEADER, value.as_bytes()),
+            ("other", b"x".as_slice()),
+        ];
+        assert_eq!(Marker::decode(headers.iter().copied()), Some(m));
+        for bad in [
+            vec![
+                ("other", value.as_bytes()),
+                (MARKER_HEADER, value.as_bytes()),
+            ],
+            vec![(MARKER_HEADER, b"3".as_slice())],
+            vec![(MARKER_HEADER, b"-1:5".as_slice())],
+            vec![(MARKER_HEADER, b"x:5".as_slice())],
+            vec![],
+        ] {
+            assert_eq!(Marker::decode(bad.iter().copied()), None, "{bad:?}");
+        }
     }
 }

@@ -31,11 +31,15 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
             return Err(self.corrupt(corruption));
         }
         // A sink held back looks again at every interval (its prepare drops what landed); with
-        // nothing new and nothing dropped there is nothing to write.
-        let only_looking = !self.dirty && !requested;
+        // nothing new and nothing dropped there is nothing to write. A watermark that moved is
+        // new to the stage downstream of an internal output.
+        let watermark = self.timers.watermarks().applied();
+        let watermark_moved = self.sink.writes_watermarks() && watermark != self.marked;
+        let only_looking = !self.dirty && !requested && !watermark_moved;
         if only_looking && !self.sink.held_back() {
             return Ok(());
         }
+        self.write_watermark(watermark).await?;
         let started = Instant::now();
         tracing::debug!(partition = self.partition.0, last, "checkpoint starting");
         // At-least-once output: every output of the records the checkpoint covers is
@@ -79,6 +83,24 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
         }
         self.checkpoint_committed(&report, started, transactional)
             .await;
+        Ok(())
+    }
+
+    /// The shard's watermark to its internal output, with the checkpoint's outputs
+    /// (docs/topologies.md): acknowledged before the checkpoint commits (at-least-once), in
+    /// its transaction (exactly-once). None while the shard has no watermark.
+    async fn write_watermark(&mut self, watermark: Option<i64>) -> Result<(), WorkerError> {
+        let Some(watermark_ms) = watermark.filter(|_| self.sink.writes_watermarks()) else {
+            return Ok(());
+        };
+        let marker = crate::time::watermark::Marker {
+            shard: self.partition.0,
+            watermark_ms,
+        };
+        if let Err(source) = self.sink.watermark(marker).await {
+            return Err(self.sink_failed(source));
+        }
+        self.marked = watermark;
         Ok(())
     }
 

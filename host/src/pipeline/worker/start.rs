@@ -63,7 +63,7 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
             caught_up,
         } = start;
         let pipeline = &settings.pipeline;
-        let timers = Timers::new(
+        let mut timers = Timers::new(
             &pipeline.input_topics,
             pipeline.max_out_of_orderness,
             Idleness {
@@ -73,6 +73,10 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
             operator.clock().clone(),
             operator.meta().world != WorldVersion::V0_1,
         );
+        // Inputs that are internal topics: their markers move their watermark.
+        for (topic, upstream_shards) in &pipeline.edges.inputs {
+            timers.watermarks_mut().set_edge(topic, *upstream_shards);
+        }
         Self {
             partition,
             shard: Arc::new(shard),
@@ -95,6 +99,7 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
             failure_policy: pipeline.failure_policy,
             checkpoint_requests: control.checkpoint_requests,
             timers,
+            marked: None,
             late_records: pipeline.late_records,
             caught_up,
         }

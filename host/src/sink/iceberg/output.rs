@@ -254,6 +254,14 @@ impl<K: ShardSink> ShardSink for TableSink<K> {
         self.inner.transaction_timeout()
     }
 
+    fn writes_watermarks(&self) -> bool {
+        self.inner.writes_watermarks()
+    }
+
+    async fn watermark(&mut self, marker: crate::time::watermark::Marker) -> Result<(), SinkError> {
+        self.inner.watermark(marker).await
+    }
+
     async fn emit(&mut self, emit: &StagedEmit, source: &InputRecord) -> Result<(), SinkError> {
         let Some(t) = &mut self.table else {
             return self.inner.emit(emit, source).await;

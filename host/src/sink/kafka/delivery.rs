@@ -12,6 +12,7 @@ use super::{DeadLetterKind, DeliveryGuard, PENDING_DELIVERIES_MAX, SinkError};
 use crate::ids::Partition;
 use crate::runtime::{InputRecord, StagedEmit};
 use crate::source::kafka::SourceConsumer;
+use crate::time::watermark::{MARKER_HEADER, Marker};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header as KafkaHeader, Headers, Message, OwnedHeaders, OwnedMessage};
 use rdkafka::producer::Producer;
@@ -51,6 +52,9 @@ pub struct KafkaSink {
     /// Exactly-once: when the open transaction began, and the `transaction.timeout.ms` after
     /// which the broker aborts it (SCENARIOS.md S19: a checkpoint slower than that).
     pub(super) transaction_clock: Option<(std::time::Instant, Duration)>,
+    /// The output is an internal topic of this many partitions: each checkpoint's watermark
+    /// marker goes to every one ([`KafkaSink::watermark`]).
+    marker_partitions: Option<i32>,
 }
 
 impl std::fmt::Debug for KafkaSink {
@@ -94,7 +98,56 @@ impl KafkaSink {
             input_topics: Vec::new(),
             deliveries: Arc::new(Deliveries::new(PENDING_DELIVERIES_MAX)),
             transaction_clock: None,
+            marker_partitions: None,
         }
+    }
+
+    /// This sink's output is an internal topic of `partitions` partitions (docs/topologies.md):
+    /// [`KafkaSink::watermark`] writes to each.
+    #[must_use]
+    pub fn with_markers(mut self, partitions: Option<i32>) -> Self {
+        self.marker_partitions = partitions;
+        self
+    }
+
+    /// Whether [`KafkaSink::watermark`] writes anything.
+    pub fn writes_markers(&self) -> bool {
+        self.marker_partitions.is_some() && self.output_topic.is_some()
+    }
+
+    /// Writes `marker` — the shard's watermark at a checkpoint — to every partition of the
+    /// output topic when that is an internal topic, with the checkpoint's outputs (in its
+    /// transaction, exactly-once), timestamped with the watermark; nothing otherwise.
+    ///
+    /// # Errors
+    /// [`SinkError`] when an earlier delivery failed for good.
+    pub async fn watermark(&mut self, marker: Marker) -> Result<(), SinkError> {
+        let (Some(partitions), Some(output)) = (self.marker_partitions, self.output_topic.take())
+        else {
+            return Ok(());
+        };
+        let value = marker.encode();
+        let mut sent = Ok(());
+        for partition in 0..partitions {
+            let headers = OwnedHeaders::new_with_capacity(1).insert(KafkaHeader {
+                key: MARKER_HEADER,
+                value: Some(value.as_bytes()),
+            });
+            let destination = Destination::Output {
+                topic: u16::MAX,
+                partition: Partition(marker.shard),
+                offset: -1,
+            };
+            let to = (&*output, Some(partition));
+            sent = self
+                .send(to, None, b"", headers, marker.watermark_ms, destination)
+                .await;
+            if sent.is_err() {
+                break;
+            }
+        }
+        self.output_topic = Some(output);
+        sent
     }
 
     /// This sink, whose transaction began now and is aborted by the broker once open longer
@@ -150,7 +203,7 @@ impl KafkaSink {
         };
         let sent = self
             .send(
-                &output,
+                (&output, None),
                 key,
                 &emit.value,
                 headers,
@@ -196,7 +249,7 @@ impl KafkaSink {
         let topic = std::mem::take(&mut self.dead_letter_topic);
         let sent = self
             .send(
-                &topic,
+                (&topic, None),
                 (!key.is_empty()).then_some(key),
                 value,
                 headers,
@@ -210,7 +263,7 @@ impl KafkaSink {
 
     async fn send(
         &mut self,
-        topic: &str,
+        (topic, partition): (&str, Option<i32>),
         key: Option<&[u8]>,
         value: &[u8],
         headers: OwnedHeaders,
@@ -230,6 +283,9 @@ impl KafkaSink {
             .headers(headers);
         if let Some(key) = key {
             record = record.key(key);
+        }
+        if let Some(partition) = partition {
+            record = record.partition(partition);
         }
         if timestamp_ms >= 0 {
             record = record.timestamp(timestamp_ms);

@@ -49,8 +49,18 @@ pub enum InternalTopicError {
     },
 }
 
+/// An internal topic as it is: its partitions, and how many upstream shards write to it (the
+/// partitions of the writing stage's inputs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ready {
+    /// Its partitions.
+    pub partitions: usize,
+    /// The shards of the stage that writes it.
+    pub upstream_shards: usize,
+}
+
 /// Makes every one of `topics` exist, in their order (a topic's `like` is an earlier one or a
-/// topic of the user's), creating the missing ones.
+/// topic of the user's), creating the missing ones; says what each is.
 ///
 /// # Errors
 /// [`InternalTopicError`]: a topic whose partitions cannot be read, a creation refused, or one
@@ -58,21 +68,22 @@ pub enum InternalTopicError {
 pub async fn ensure(
     kafka: &KafkaSettings,
     topics: &[InternalTopic],
-) -> Result<(), InternalTopicError> {
+) -> Result<BTreeMap<String, Ready>, InternalTopicError> {
+    let mut known: BTreeMap<String, usize> = BTreeMap::new();
+    let mut ready = BTreeMap::new();
     if topics.is_empty() {
-        return Ok(());
+        return Ok(ready);
     }
     let admin: AdminClient<DefaultClientContext> = kafka
         .client_config()
         .create()
         .map_err(InternalTopicError::Admin)?;
-    let mut known: BTreeMap<String, usize> = BTreeMap::new();
     for topic in topics {
-        let wants = match (topic.partitions, known.get(&topic.like)) {
-            (Some(n), _) => n as usize,
-            (None, Some(n)) => *n,
-            (None, None) => partitions(kafka, &topic.like).await?,
+        let upstream_shards = match known.get(&topic.like) {
+            Some(n) => *n,
+            None => partitions(kafka, &topic.like).await?,
         };
+        let wants = topic.partitions.map_or(upstream_shards, |n| n as usize);
         let has = match partitions(kafka, &topic.name).await {
             Ok(n) => Some(n),
             Err(TopicLookupError::Missing { .. }) => None,
@@ -90,8 +101,15 @@ pub async fn ensure(
             None => create(&admin, &topic.name, wants).await?,
         }
         known.insert(topic.name.clone(), wants);
+        ready.insert(
+            topic.name.clone(),
+            Ready {
+                partitions: wants,
+                upstream_shards,
+            },
+        );
     }
-    Ok(())
+    Ok(ready)
 }
 
 /// `topic`'s partitions (a metadata request off the runtime's threads).

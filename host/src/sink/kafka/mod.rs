@@ -196,6 +196,7 @@ impl Output for KafkaOutput {
             self.settings.pipeline.output_topic.clone(),
             self.settings.pipeline.dead_letter_topic.clone(),
         );
+        let markers = self.settings.pipeline.edges.output_partitions;
         if !transactional {
             return Ok(KafkaSink::new(
                 self.producer.clone(),
@@ -204,7 +205,8 @@ impl Output for KafkaOutput {
                 self.limits,
                 None,
                 guard,
-            ));
+            )
+            .with_markers(markers));
         }
         let failed = |source: KafkaError| SinkError {
             topic: output.clone().unwrap_or_else(|| dead_letters.clone()),
@@ -231,7 +233,8 @@ impl Output for KafkaOutput {
             Some(self.consumer.clone()),
             guard,
         )
-        .with_transaction_timeout(transaction_timeout(&self.settings)))
+        .with_transaction_timeout(transaction_timeout(&self.settings))
+        .with_markers(markers))
     }
 }
 
@@ -246,6 +249,14 @@ impl ShardSink for KafkaSink {
 
     fn transaction_timeout(&self) -> Option<Duration> {
         self.transaction_clock.map(|(_, timeout)| timeout)
+    }
+
+    fn writes_watermarks(&self) -> bool {
+        self.writes_markers()
+    }
+
+    async fn watermark(&mut self, marker: crate::time::watermark::Marker) -> Result<(), SinkError> {
+        KafkaSink::watermark(self, marker).await
     }
 
     async fn emit(&mut self, emit: &StagedEmit, source: &InputRecord) -> Result<(), SinkError> {

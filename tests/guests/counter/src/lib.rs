@@ -12,7 +12,9 @@
 //!   refuses it, long before memory runs out: the piece is reused);
 //! - `probe:sandbox` emits what the guest can see of its environment, as JSON;
 //! - `probe:time` emits `{"watermark": …, "now": …}` as the call sees them;
-//! - `log:MESSAGE` logs MESSAGE at info level and emits nothing (nor is it counted).
+//! - `log:MESSAGE` logs MESSAGE at info level and emits nothing (nor is it counted);
+//! - `forward:REST` emits REST under the record's key and is not counted (a first stage that
+//!   sends the next one its commands, docs/topologies.md).
 //!
 //! Timers (neither counted nor emitted for):
 //! - `timer:event:NAME:AT` / `timer:processing:NAME:AT` sets timer NAME of the key at AT ms;
@@ -86,6 +88,9 @@ impl Operator for Counter {
                 return ctx.emit_json(record.key(), &time);
             }
             value if value.starts_with(b"timer:") => return timer_command(ctx, value),
+            value if value.starts_with(b"forward:") => {
+                return ctx.emit(record.key(), &value[b"forward:".len()..]);
+            }
             value if value.starts_with(b"log:") => {
                 ctx.log(LogLevel::Info, &String::from_utf8_lossy(&value[4..]));
                 return Ok(());

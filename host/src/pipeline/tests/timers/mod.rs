@@ -10,6 +10,7 @@ use crate::ids::Partition;
 use crate::pipeline::ports::DeadLetterKind;
 
 mod backlog;
+mod edges;
 mod idleness;
 
 /// Epoch of the manual clock, ms.
