@@ -171,15 +171,24 @@ pub fn set_committed_offsets(group: &str, topic: &str, offsets: &[i64]) -> anyho
 /// # Errors
 /// When the broker is unreachable.
 pub fn high_watermarks(topic: &str, partitions: i32) -> anyhow::Result<Vec<i64>> {
+    Ok(watermarks(topic, partitions)?
+        .into_iter()
+        .map(|(_, high)| high)
+        .collect())
+}
+
+/// Each partition's `(log start, end)` offsets of `topic`: what is left after a purge
+/// (`DeleteRecords`), and what was written.
+///
+/// # Errors
+/// When the broker does not answer.
+pub fn watermarks(topic: &str, partitions: i32) -> anyhow::Result<Vec<(i64, i64)>> {
     use rdkafka::consumer::BaseConsumer;
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", kafka_bootstrap())
         .create()?;
     (0..partitions)
-        .map(|p| {
-            let (_, high) = consumer.fetch_watermarks(topic, p, Duration::from_secs(10))?;
-            Ok(high)
-        })
+        .map(|p| Ok(consumer.fetch_watermarks(topic, p, Duration::from_secs(10))?))
         .collect()
 }
 

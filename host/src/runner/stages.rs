@@ -9,17 +9,22 @@
 //! internal topic commit in the transaction of its checkpoint, and the downstream stage reads
 //! `read_committed`. Event time crosses it in watermark markers (`time::watermark`): each run
 //! is told which of its inputs are edges and how many shards write them, and whether its
-//! output is one.
+//! output is one. Every ten checkpoint intervals the internal topics are purged below what
+//! their readers' stored checkpoints name.
 
 use crate::clock::SharedClock;
 use crate::config::KafkaSettings;
 use crate::config::stages::StagePlan;
+use crate::ids::Partition;
 use crate::pipeline::{PipelineError, PipelineStats};
 use crate::sink::kafka::internal_topics::{self, InternalTopicError};
-use crate::state::StateBackend;
+use crate::state::checkpoint::InputOffsets;
+use crate::state::manifest::{ManifestKind, ManifestStore};
+use crate::state::{ShardId, StateBackend};
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
@@ -76,6 +81,10 @@ pub async fn run_stages<B: StateBackend>(
     let (stop, stopped) = watch::channel(false);
     let mut stages = JoinSet::new();
     let mut names = HashMap::new();
+    let mut readers = Vec::new();
+    let interval = plan.runs.first().map_or(Duration::from_secs(10), |r| {
+        r.settings.pipeline.checkpoint_interval
+    });
     for (mut run, stats) in plan.runs.into_iter().zip(stats) {
         // Each edge as it is: the markers an upstream writes, the shards a downstream waits for.
         let p = &mut run.settings.pipeline;
@@ -89,6 +98,10 @@ pub async fn run_stages<B: StateBackend>(
             .iter()
             .filter_map(|t| Some((t.clone(), ready.get(t)?.upstream_shards)))
             .collect();
+        for topic in p.edges.inputs.keys() {
+            let partitions = ready[topic].partitions;
+            readers.push((p.name.clone(), topic.clone(), partitions));
+        }
         let mut stopped = stopped.clone();
         let until_stopped = async move {
             // A closed channel stops the run too.
@@ -104,6 +117,13 @@ pub async fn run_stages<B: StateBackend>(
         let handle = stages.spawn(run_stage);
         names.insert(handle.id(), run.stage);
     }
+    let purge = tokio::spawn(purge(
+        kafka.clone(),
+        readers,
+        backend,
+        (interval * PURGE_EVERY_CHECKPOINTS).max(PURGE_INTERVAL_MIN),
+        stopped,
+    ));
     tokio::pin!(shutdown);
     let mut failure = None;
     loop {
@@ -131,5 +151,85 @@ pub async fn run_stages<B: StateBackend>(
             failure.get_or_insert(error);
         }
     }
+    purge.abort();
     failure.map_or(Ok(()), Err)
+}
+
+/// How often the internal topics are purged, in checkpoint intervals.
+const PURGE_EVERY_CHECKPOINTS: u32 = 10;
+
+/// The shortest time between purges.
+const PURGE_INTERVAL_MIN: Duration = Duration::from_secs(1);
+
+/// Every `every` until `stopped`: deletes the records of each internal topic below what every
+/// stored checkpoint of its reader's shard names (`readers`: the reading stage's run name, the
+/// topic, its partitions), so that a recovery falling back to its oldest checkpoint still
+/// finds its input (docs/topologies.md). A purge that fails is logged and tried at the next.
+async fn purge<B: StateBackend>(
+    kafka: KafkaSettings,
+    readers: Vec<(String, String, usize)>,
+    backend: Arc<B>,
+    every: Duration,
+    mut stopped: watch::Receiver<bool>,
+) {
+    if readers.is_empty() {
+        return;
+    }
+    let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = stopped.wait_for(|stop| *stop) => return,
+            _ = ticks.tick() => {}
+        }
+        for (reader, topic, partitions) in &readers {
+            let mut below = Vec::new();
+            for partition in 0..i32::try_from(*partitions).unwrap_or(i32::MAX) {
+                if let Some(next) = oldest_needed(backend.as_ref(), reader, topic, partition).await
+                {
+                    below.push((partition, next));
+                }
+            }
+            match internal_topics::delete_below(&kafka, topic, &below).await {
+                Ok(failed) if failed.is_empty() => {
+                    tracing::debug!(topic, partitions = below.len(), "internal topic purged");
+                }
+                Ok(failed) => tracing::warn!(topic, ?failed, "some partitions were not purged"),
+                Err(err) => {
+                    tracing::warn!(topic, error = %crate::error::Chain(&err), "internal topic not purged");
+                }
+            }
+        }
+    }
+}
+
+/// The lowest offset of `topic` that a stored checkpoint of shard `partition` of run `reader`
+/// resumes from: what its recovery may still read. `None` — purge nothing — when a checkpoint
+/// has no offset of the topic yet, when there is none, or when the store cannot say now.
+async fn oldest_needed<B: StateBackend>(
+    backend: &B,
+    reader: &str,
+    topic: &str,
+    partition: i32,
+) -> Option<i64> {
+    let id = ShardId {
+        pipeline: reader.to_owned(),
+        partition: Partition(partition),
+    };
+    let stored = backend.stored(&id)?;
+    let manifests = ManifestStore::new(stored.store, stored.root);
+    let mut lowest: Option<i64> = None;
+    for version in manifests.versions().await.ok()? {
+        // One collected meanwhile: the next purge reads the listing again.
+        let manifest = manifests.read(version).await.ok()?;
+        if manifest.kind != ManifestKind::Checkpoint {
+            continue;
+        }
+        let next = InputOffsets::from_metadata(&manifest.metadata)
+            .ok()?
+            .next(topic)?
+            .0;
+        lowest = Some(lowest.map_or(next, |l| l.min(next)));
+    }
+    lowest
 }

@@ -4,6 +4,9 @@
 //! and `retention.ms = -1`, so that no record a downstream checkpoint has not passed is ever
 //! deleted by time. One that exists must have the partitions it would be created with: the
 //! downstream stage's shards are its partitions.
+//!
+//! [`delete_below`] purges what no reader needs any more (as Kafka Streams purges its
+//! repartition topics with `DeleteRecords`).
 
 use crate::config::KafkaSettings;
 use crate::config::stages::InternalTopic;
@@ -12,6 +15,7 @@ use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::error::KafkaError;
 use rdkafka::types::RDKafkaErrorCode;
+use rdkafka::{Offset as KafkaOffset, TopicPartitionList};
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -110,6 +114,44 @@ pub async fn ensure(
         );
     }
     Ok(ready)
+}
+
+/// Deletes the records of `topic` below `next` in each `(partition, next)` (Kafka's
+/// `DeleteRecords`: its log start moves there); returns the partitions whose purge failed, with
+/// why. One already purged further is left as it is.
+///
+/// # Errors
+/// [`InternalTopicError::Admin`] when the request cannot be made or gets no answer.
+pub async fn delete_below(
+    kafka: &KafkaSettings,
+    topic: &str,
+    next: &[(i32, i64)],
+) -> Result<Vec<(i32, String)>, InternalTopicError> {
+    if next.is_empty() {
+        return Ok(Vec::new());
+    }
+    let admin: AdminClient<DefaultClientContext> = kafka
+        .client_config()
+        .create()
+        .map_err(InternalTopicError::Admin)?;
+    let mut list = TopicPartitionList::new();
+    for (partition, offset) in next {
+        list.add_partition_offset(topic, *partition, KafkaOffset::Offset(*offset))
+            .map_err(InternalTopicError::Admin)?;
+    }
+    let options = AdminOptions::new().operation_timeout(Some(REQUEST_TIMEOUT));
+    let done = admin
+        .delete_records(&list, &options)
+        .await
+        .map_err(InternalTopicError::Admin)?;
+    Ok(done
+        .elements()
+        .iter()
+        .filter_map(|e| match e.error() {
+            Ok(()) => None,
+            Err(err) => Some((e.partition(), err.to_string())),
+        })
+        .collect())
 }
 
 /// `topic`'s partitions (a metadata request off the runtime's threads).
