@@ -152,6 +152,39 @@ async fn an_internal_topic_with_other_partitions_is_refused_by_name() -> anyhow:
     Ok(())
 }
 
+/// A stage that opens for the first time after its upstream wrote reads the internal topic
+/// from its beginning, even with `auto.offset.reset = latest` (which is for the pipeline's own
+/// input topics): nothing the upstream wrote before is skipped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_downstream_stage_reads_its_internal_topic_from_the_beginning() -> anyhow::Result<()>
+{
+    let (mut settings, output) = counter_pipeline_on_s3("stages-reset", PARTITIONS).await?;
+    let input = settings.pipeline.input_topics[0].clone();
+    settings.pipeline.checkpoint_interval = Duration::from_millis(200);
+    let internal = two_counters(&mut settings, &output, None);
+    let mut expected = BTreeMap::new();
+    produce_counter(&input, PARTITIONS, (0, 200), KEYS, &mut expected).await?;
+    // The first stage alone: its outputs wait on the internal topic.
+    create_topics(&[(&internal, PARTITIONS)]).await?;
+    let plan = settings
+        .stage_plan()
+        .context("stages")?
+        .map_err(|problems| anyhow::anyhow!("{problems:?}"))?;
+    let first = RunningPipeline::start(plan.runs[0].settings.clone());
+    first.wait_done(200, Duration::from_secs(60)).await?;
+    first.stop().await?;
+    // Then the whole pipeline, its own inputs read from their end when they have no offset.
+    settings
+        .kafka
+        .consumer
+        .insert("auto.offset.reset".into(), "latest".into());
+    let running = RunningStages::start(&settings)?;
+    let counts = read_final_counts(&output, &expected).await?;
+    running.stop().await?;
+    assert_counts_exact(&expected, &counts);
+    Ok(())
+}
+
 /// Produces `(key, value, timestamp)` records to `partition` of `topic`.
 async fn produce_at(
     topic: &str,

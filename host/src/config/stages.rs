@@ -107,9 +107,10 @@ pub struct Edges {
 }
 
 /// The Kafka topic of the internal edge from `stage`'s `output` in `pipeline`:
-/// `{pipeline}-{stage}-{output}-internal`.
+/// `{pipeline}.{stage}.{output}.internal`. Stage and output names hold no `.`, so no two
+/// edges of any pipelines share one.
 pub fn internal_topic(pipeline: &str, stage: &str, output: &str) -> String {
-    format!("{pipeline}-{stage}-{output}-internal")
+    format!("{pipeline}.{stage}.{output}.internal")
 }
 
 /// An internal topic of a pipeline of stages, which Weir creates if it is missing.
@@ -155,6 +156,27 @@ impl StageInput {
             }),
             (Some(topic), None, None) => Some(Input::Topic(topic)),
             _ => None,
+        }
+    }
+}
+
+/// What only the plan shows: an edge's reader whose `idle_timeout` is shorter than two
+/// checkpoint intervals (markers come once per interval: every upstream shard would go idle
+/// between two).
+fn plan_problems(plan: &StagePlan, problems: &mut Vec<String>) {
+    let internal: std::collections::BTreeSet<&str> =
+        plan.internal.iter().map(|t| t.name.as_str()).collect();
+    for run in &plan.runs {
+        let p = &run.settings.pipeline;
+        let reads_edge = p.input_topics.iter().any(|t| internal.contains(t.as_str()));
+        if reads_edge
+            && p.idle_timeout
+                .is_some_and(|idle| idle < 2 * p.checkpoint_interval)
+        {
+            problems.push(format!(
+                "stage `{}`: idle_timeout must be at least twice pipeline.checkpoint_interval when it reads another stage (upstream shards write their watermarks once per checkpoint). idle_timeout={:?}",
+                run.stage, p.idle_timeout
+            ));
         }
     }
 }
@@ -253,9 +275,9 @@ impl Settings {
         StagePlan { internal, runs }
     }
 
-    /// The problems of `pipeline.stages`: the graph's, each input's and output's, and each
-    /// stage's run's as a one-operator pipeline's (named after the stage).
-    pub(super) fn stage_problems(&self, problems: &mut Vec<String>) {
+    /// The one-operator fields left beside `stages`, and topics of the user's named as Weir's
+    /// internal topics are.
+    fn naming_problems(&self, problems: &mut Vec<String>) {
         let p = &self.pipeline;
         let one_operator = [
             ("operator", !p.operator.as_os_str().is_empty()),
@@ -270,6 +292,29 @@ impl Settings {
                 ));
             }
         }
+        // Weir's own names: `{pipeline}.….internal` (see `internal_topic`).
+        let is_internal = |topic: &str| {
+            topic.starts_with(&format!("{}.", p.name)) && topic.ends_with(".internal")
+        };
+        let users = p.stages.iter().flat_map(|s| {
+            let inputs = s.inputs.iter().filter_map(|i| i.topic.as_ref());
+            inputs.chain(s.outputs.values().filter_map(|o| o.topic.as_ref()))
+        });
+        for topic in users.chain([&p.dead_letter_topic]) {
+            if is_internal(topic) {
+                problems.push(format!(
+                    "topic `{topic}` is named as the pipeline's internal topics are: read or write a stage's output by its stage"
+                ));
+            }
+        }
+    }
+
+    /// The problems of `pipeline.stages`: the one-operator fields and Weir's own topic names
+    /// ([`Self::naming_problems`]), each input's and output's, checkpoints, the graph's, and
+    /// each stage's run's as a one-operator pipeline's (named after the stage).
+    pub(super) fn stage_problems(&self, problems: &mut Vec<String>) {
+        let p = &self.pipeline;
+        self.naming_problems(problems);
         for stage in &p.stages {
             for (i, input) in stage.inputs.iter().enumerate() {
                 if input.as_input().is_none() {
@@ -280,6 +325,13 @@ impl Settings {
                 }
             }
             for (name, output) in &stage.outputs {
+                // (One bound to a topic is the graph's to name.)
+                if name != DEFAULT_OUTPUT && output.topic.is_none() {
+                    problems.push(format!(
+                        "stage `{}` has no output `{name}`: operators of weir:operator@0.2.0 emit to `{DEFAULT_OUTPUT}` only",
+                        stage.name
+                    ));
+                }
                 if output.topic.is_some() && output.partitions.is_some() {
                     problems.push(format!(
                         "stage `{}`: outputs.{name}.partitions is for an internal topic: a topic of yours has its own",
@@ -297,8 +349,15 @@ impl Settings {
                 }
             }
         }
+        if self.state.backend == super::StateBackendKind::Memory && self.state.memory.url.is_none()
+        {
+            problems.push(
+                "pipeline.stages needs checkpoints (state.backend = \"lsm\", or state.memory.url): an internal topic is purged below what its reader's checkpoints name, and keeps everything without them".to_owned(),
+            );
+        }
         match self.stage_plan() {
             Some(Ok(plan)) => {
+                plan_problems(&plan, problems);
                 for run in &plan.runs {
                     let mut found = Vec::new();
                     run.settings.run_problems(&mut found);

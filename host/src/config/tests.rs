@@ -268,6 +268,9 @@ const STAGED: &str = r#"
 
     [kafka]
     bootstrap_servers = "127.0.0.1:9092"
+
+    [state]
+    memory.url = "memory:///"
 "#;
 
 #[test]
@@ -277,7 +280,7 @@ fn a_pipeline_of_stages_runs_each_stage_after_what_it_reads_over_internal_topics
     assert_eq!(
         plan.internal,
         vec![stages::InternalTopic {
-            name: "rekeyed-rekey-default-internal".into(),
+            name: "rekeyed.rekey.default.internal".into(),
             partitions: Some(8),
             like: "clicks".into(),
         }]
@@ -307,7 +310,7 @@ fn a_pipeline_of_stages_runs_each_stage_after_what_it_reads_over_internal_topics
                 "weir-rekeyed.rekey".to_owned(),
                 "rekey.wasm",
                 vec!["clicks".to_owned()],
-                "rekeyed-rekey-default-internal".to_owned(),
+                "rekeyed.rekey.default.internal".to_owned(),
                 Duration::from_secs(5),
             ),
             (
@@ -315,7 +318,7 @@ fn a_pipeline_of_stages_runs_each_stage_after_what_it_reads_over_internal_topics
                 "rekeyed.count",
                 "weir-rekeyed.count".to_owned(),
                 "count.wasm",
-                vec!["rekeyed-rekey-default-internal".to_owned()],
+                vec!["rekeyed.rekey.default.internal".to_owned()],
                 "counts".to_owned(),
                 Duration::ZERO,
             ),
@@ -384,4 +387,36 @@ fn a_cycle_of_stages_is_refused_with_its_stages_named() {
             && problems[0].contains(r#"["count", "rekey"]"#),
         "{problems:?}"
     );
+}
+
+#[test]
+fn a_pipeline_of_stages_refuses_what_would_break_its_edges() {
+    let bad = STAGED
+        .replace(r#"memory.url = "memory:///""#, "")
+        .replace(
+            r#"outputs = { default = { partitions = 8 } }"#,
+            r#"outputs = { default = { partitions = 8 }, late = { partitions = 2 } }"#,
+        )
+        .replace(
+            r#"outputs = { default = { topic = "counts" } }"#,
+            r#"outputs = { default = { topic = "rekeyed.x.default.internal" } }
+    idle_timeout = "15s""#,
+        )
+        .replace(
+            r#"max_out_of_orderness = "5s""#,
+            "max_out_of_orderness = \"5s\"\ncheckpoint_interval = \"10s\"",
+        );
+    let Err(ConfigError::Invalid { problems }) = Settings::from_toml(&bad) else {
+        panic!("expected invalid settings");
+    };
+    let want = [
+        "topic `rekeyed.x.default.internal` is named as the pipeline's internal topics are",
+        "stage `rekey` has no output `late`",
+        "pipeline.stages needs checkpoints",
+        "stage `count`: idle_timeout must be at least twice pipeline.checkpoint_interval",
+    ];
+    for (problem, want) in problems.iter().zip(want) {
+        assert!(problem.starts_with(want), "{problem:?} should say {want:?}");
+    }
+    assert_eq!(problems.len(), want.len(), "{problems:#?}");
 }

@@ -162,9 +162,10 @@ const PURGE_EVERY_CHECKPOINTS: u32 = 10;
 const PURGE_INTERVAL_MIN: Duration = Duration::from_secs(1);
 
 /// Every `every` until `stopped`: deletes the records of each internal topic below what every
-/// stored checkpoint of its reader's shard names (`readers`: the reading stage's run name, the
-/// topic, its partitions), so that a recovery falling back to its oldest checkpoint still
-/// finds its input (docs/topologies.md). A purge that fails is logged and tried at the next.
+/// stored checkpoint of each of its readers' shards names (`readers`: a reading stage's run
+/// name, the topic, its partitions; two stages may read one output), so that a recovery
+/// falling back to its oldest checkpoint still finds its input (docs/topologies.md). A purge
+/// that fails is logged and tried at the next.
 async fn purge<B: StateBackend>(
     kafka: KafkaSettings,
     readers: Vec<(String, String, usize)>,
@@ -172,7 +173,13 @@ async fn purge<B: StateBackend>(
     every: Duration,
     mut stopped: watch::Receiver<bool>,
 ) {
-    if readers.is_empty() {
+    let mut by_topic: std::collections::BTreeMap<String, (usize, Vec<String>)> =
+        std::collections::BTreeMap::new();
+    for (reader, topic, partitions) in readers {
+        let entry = by_topic.entry(topic).or_insert((partitions, Vec::new()));
+        entry.1.push(reader);
+    }
+    if by_topic.is_empty() {
         return;
     }
     let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
@@ -182,11 +189,11 @@ async fn purge<B: StateBackend>(
             _ = stopped.wait_for(|stop| *stop) => return,
             _ = ticks.tick() => {}
         }
-        for (reader, topic, partitions) in &readers {
+        for (topic, (partitions, topic_readers)) in &by_topic {
             let mut below = Vec::new();
             for partition in 0..i32::try_from(*partitions).unwrap_or(i32::MAX) {
-                if let Some(next) = oldest_needed(backend.as_ref(), reader, topic, partition).await
-                {
+                let needed = needed_by_all(backend.as_ref(), topic_readers, topic, partition);
+                if let Some(next) = needed.await {
                     below.push((partition, next));
                 }
             }
@@ -201,6 +208,21 @@ async fn purge<B: StateBackend>(
             }
         }
     }
+}
+
+/// The lowest offset of `topic` that any of `readers` (run names: the stages that read it) may
+/// still read in `partition` ([`oldest_needed`]); `None` — purge nothing — when one cannot say.
+async fn needed_by_all<B: StateBackend>(
+    backend: &B,
+    readers: &[String],
+    topic: &str,
+    partition: i32,
+) -> Option<i64> {
+    let mut lowest = i64::MAX;
+    for reader in readers {
+        lowest = lowest.min(oldest_needed(backend, reader, topic, partition).await?);
+    }
+    (lowest < i64::MAX).then_some(lowest)
 }
 
 /// The lowest offset of `topic` that a stored checkpoint of shard `partition` of run `reader`
@@ -232,4 +254,66 @@ async fn oldest_needed<B: StateBackend>(
         lowest = Some(lowest.map_or(next, |l| l.min(next)));
     }
     lowest
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+    use crate::ids::Offset;
+    use crate::state::checkpoint::DecidedBy;
+    use crate::state::memory::MemoryBackend;
+    use crate::state::{Shard, StateWrite};
+    use object_store::memory::InMemory;
+    use object_store::path::Path;
+
+    /// Shard 0 of run `reader` with checkpoints at each of `nexts` (the next offset of
+    /// `topic`).
+    async fn checkpointed(backend: &MemoryBackend, reader: &str, topic: &str, nexts: &[i64]) {
+        let id = ShardId {
+            pipeline: reader.to_owned(),
+            partition: Partition(0),
+        };
+        let shard = backend.open_shard(&id).await.expect("opens");
+        for next in nexts {
+            let write = StateWrite {
+                key: b"k".to_vec(),
+                value: Some(next.to_string().into_bytes().into()),
+                expires_at_ms: None,
+            };
+            shard.apply(vec![write]).await.expect("writes");
+            let mut offsets = InputOffsets::new();
+            offsets.advance(topic, Offset(next - 1));
+            shard
+                .checkpoint(&offsets, DecidedBy::Manifest)
+                .await
+                .expect("checkpoints");
+        }
+    }
+
+    #[tokio::test]
+    async fn an_internal_topic_is_purged_below_its_slowest_reader_and_not_past_one_that_cannot_say()
+    {
+        let clock: SharedClock = Arc::new(ManualClock::new(0));
+        let backend = MemoryBackend::durable(Arc::new(InMemory::new()), Path::from("state"), clock);
+        checkpointed(&backend, "p.fast", "p.first.default.internal", &[500, 900]).await;
+        checkpointed(&backend, "p.slow", "p.first.default.internal", &[40, 70]).await;
+        let readers = |names: &[&str]| names.iter().map(|n| (*n).to_owned()).collect::<Vec<_>>();
+        let topic = "p.first.default.internal";
+        assert_eq!(
+            needed_by_all(&backend, &readers(&["p.fast"]), topic, 0).await,
+            Some(500),
+            "one reader: its oldest stored checkpoint"
+        );
+        assert_eq!(
+            needed_by_all(&backend, &readers(&["p.fast", "p.slow"]), topic, 0).await,
+            Some(40),
+            "two readers of one output: the slower one's"
+        );
+        assert_eq!(
+            needed_by_all(&backend, &readers(&["p.fast", "p.new"]), topic, 0).await,
+            None,
+            "a reader with no checkpoint may read it all"
+        );
+    }
 }

@@ -58,6 +58,10 @@ impl Marker {
     }
 }
 
+/// Markers of shards at or above this are ignored: no stage has that many (an internal topic
+/// has at most 10,000 partitions, `config::stages`).
+const MARKER_SHARDS_MAX: usize = 100_000;
+
 /// An edge's upstream shards: each one's last marker and when it came.
 #[derive(Debug, Clone)]
 struct Upstream {
@@ -150,6 +154,10 @@ impl Watermarks {
             return;
         };
         let shard = usize::try_from(marker.shard).unwrap_or(0);
+        if shard >= MARKER_SHARDS_MAX {
+            // Not a shard of any stage: no topic has this many partitions.
+            return;
+        }
         if shard >= upstream.shards.len() {
             upstream.shards.resize(shard + 1, None);
         }
@@ -214,8 +222,9 @@ impl Watermarks {
             }
         }
         if !any {
-            // Every upstream shard idle: what the latest markers allowed.
-            low = upstream.shards.iter().flatten().map(|(w, _)| *w).max();
+            // Every upstream shard idle: the lowest of their markers holds (idleness alone
+            // moves nothing, as for topics).
+            low = upstream.shards.iter().flatten().map(|(w, _)| *w).min();
         }
         low.map(|w| w.saturating_add(1))
     }
@@ -224,6 +233,12 @@ impl Watermarks {
     /// outage stalls it): no topic may count as idle, whatever arrived last.
     pub fn held(&mut self, now_ms: i64) {
         self.active_at.fill(now_ms);
+        // Markers wait in the held input too: no upstream shard goes idle meanwhile.
+        for upstream in self.edges.iter_mut().flatten() {
+            for (_, at) in upstream.shards.iter_mut().flatten() {
+                *at = now_ms;
+            }
+        }
     }
 
     /// Whether the consumer has handed out every record up to the end of the shard's input
@@ -482,9 +497,11 @@ mod tests {
         );
         assert_eq!(
             w.candidate(30_000),
-            Some(8_900),
-            "every shard idle: what the latest markers allowed"
+            Some(4_900),
+            "every shard idle: the lowest marker holds (shard 0's 5000 - 100)"
         );
+        w.marker("a", marker(5_000_000, 1 << 40), 30_000);
+        assert_eq!(w.candidate(30_000), Some(4_900), "no shard has that number");
     }
 
     #[test]

@@ -128,6 +128,18 @@ impl Timers {
         }
     }
 
+    /// The watermark a marker may carry downstream (docs/topologies.md): every emit at or
+    /// before it has been made — [`Self::fired_through`] for an operator with timers (a round
+    /// that goes on has not emitted for its later timers yet), the applied watermark for one
+    /// without. `None` while neither can say.
+    pub fn emitted_through(&self) -> Option<i64> {
+        if self.enabled {
+            self.fired_through()
+        } else {
+            self.watermarks.applied()
+        }
+    }
+
     /// Processing time now, ms since the Unix epoch.
     pub fn now_ms(&self) -> i64 {
         i64::try_from(self.clock.now_ms()).unwrap_or(i64::MAX)

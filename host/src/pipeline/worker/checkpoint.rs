@@ -33,7 +33,7 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
         // A sink held back looks again at every interval (its prepare drops what landed); with
         // nothing new and nothing dropped there is nothing to write. A watermark that moved is
         // new to the stage downstream of an internal output.
-        let watermark = self.timers.watermarks().applied();
+        let watermark = self.timers.emitted_through();
         let watermark_moved = self.sink.writes_watermarks() && watermark != self.marked;
         let only_looking = !self.dirty && !requested && !watermark_moved;
         if only_looking && !self.sink.held_back() {

@@ -394,6 +394,10 @@ impl KafkaSink {
             if let Some(key) = record.key() {
                 again = again.key(key);
             }
+            // A record sent to a partition of its own (a watermark marker) goes there again.
+            if record.partition() >= 0 {
+                again = again.partition(record.partition());
+            }
             if let Some(headers) = record.headers() {
                 again = again.headers(headers.clone());
             }

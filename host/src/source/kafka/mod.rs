@@ -6,88 +6,27 @@
 //! offsets of its checkpoints (docs/checkpoints.md).
 
 pub mod broker;
+mod client;
 mod context;
 
 use crate::config::Settings;
 use crate::ids::{ManifestVersion, Partition};
 use crate::pipeline::ports::{Cause, GroupOffsets, Source, SourceError};
-use crate::runtime::{Header, InputRecord};
+use crate::runtime::InputRecord;
 use crate::state::checkpoint::{InputOffsets, parse_manifest_metadata};
 use rdkafka::Offset;
 use rdkafka::consumer::Consumer;
 use rdkafka::consumer::{CommitMode, base_consumer::PartitionQueue};
 use rdkafka::error::{KafkaError, KafkaResult, RDKafkaErrorCode};
-use rdkafka::message::{BorrowedMessage, Headers, Message};
+use rdkafka::message::Message;
 use rdkafka::topic_partition_list::TopicPartitionList;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+pub use client::{consumer, to_input_record};
 pub use context::{SourceConsumer, SourceContext};
-
-/// Creates the consumer (not yet subscribed); `ready` is notified when its queue of events
-/// (rebalances, errors, statistics, and messages of partitions without a queue of their own)
-/// becomes non-empty.
-///
-/// Defaults: auto-commit and offset store off, `auto.offset.reset=earliest`,
-/// `isolation.level=read_committed`, partition EOF events (for [`Source::at_end`]), statistics
-/// every second (for lag); `kafka.consumer` settings override them, except
-/// `auto.offset.reset`: Weir applies it itself when it seeks a partition that has no
-/// checkpoint ([`KafkaSource`]), and librdkafka's own stays `earliest`, so that a lookup of it
-/// that overtakes a seek can only go back to records Weir skips, never past records it needs.
-///
-/// # Errors
-/// [`KafkaError`] when librdkafka rejects the configuration.
-pub fn consumer(
-    settings: &Settings,
-    ready: Arc<tokio::sync::Notify>,
-) -> Result<(SourceConsumer, SourceContext), KafkaError> {
-    let mut config = settings.kafka.client_config();
-    config
-        .set("group.id", settings.pipeline.group_id())
-        .set("enable.auto.commit", "false")
-        .set("enable.auto.offset.store", "false")
-        .set("auto.offset.reset", "earliest")
-        .set("isolation.level", "read_committed")
-        // Reaching a partition's end is reported (KafkaSource::at_end: `idle_advance`).
-        .set("enable.partition.eof", "true")
-        // Per-partition high watermarks for the pipeline's lag (SourceContext::stats).
-        .set("statistics.interval.ms", "1000");
-    for (k, v) in &settings.kafka.consumer {
-        if k != "auto.offset.reset" {
-            config.set(k, v);
-        }
-    }
-    let context = SourceContext::default();
-    let mut consumer: SourceConsumer = config.create_with_context(context.clone())?;
-    consumer.set_nonempty_callback(move || ready.notify_one());
-    Ok((consumer, context))
-}
-
-/// Copies a fetched message of `topic` into an `input-record` (one copy, which the guest lowers).
-pub fn to_input_record(msg: &BorrowedMessage<'_>, topic: &Arc<str>) -> InputRecord {
-    let headers = msg
-        .headers()
-        .map(|hs| {
-            hs.iter()
-                .map(|h| Header {
-                    name: h.key.to_owned(),
-                    value: h.value.map(<[u8]>::to_vec).unwrap_or_default(),
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    InputRecord {
-        key: msg.key().map(<[u8]>::to_vec).unwrap_or_default(),
-        value: msg.payload().map(<[u8]>::to_vec).unwrap_or_default(),
-        timestamp_ms: msg.timestamp().to_millis().unwrap_or(-1),
-        headers,
-        topic: topic.clone(),
-        partition: msg.partition(),
-        offset: msg.offset(),
-    }
-}
 
 /// How long a seek may wait for librdkafka to accept it.
 const SEEK_TIMEOUT: Duration = Duration::from_secs(5);
@@ -161,6 +100,11 @@ pub struct KafkaSource {
     topics: Vec<Arc<str>>,
     /// Where a partition without a checkpoint offset starts (`auto.offset.reset`).
     reset: Offset,
+    /// The inputs that are internal topics between stages (docs/topologies.md): read from
+    /// their beginning whatever `auto.offset.reset` says, as Kafka Streams reads its
+    /// repartition topics, so that nothing an upstream stage wrote before the downstream
+    /// first opened is skipped.
+    internal: Vec<Arc<str>>,
     /// (topic, partition) → the offset below which nothing is handed out: the end a partition
     /// without a checkpoint was seeked to under `auto.offset.reset = latest`. librdkafka may
     /// go back on a seek made while it still resolves a start offset, and fetch from the
@@ -222,6 +166,11 @@ impl KafkaSource {
             })),
             consumer,
             context,
+            internal: topics
+                .iter()
+                .filter(|t| settings.pipeline.edges.inputs.contains_key(&***t))
+                .cloned()
+                .collect(),
             topics,
             reset,
             floors: Arc::default(),
@@ -478,7 +427,12 @@ impl Source for KafkaSource {
     fn seek(&self, partition: Partition, offsets: &InputOffsets) -> Result<(), SourceError> {
         for topic in &self.topics {
             let failed = |e| source_error(format!("seek `{topic}` partition {partition}"), e);
-            let (to, floor) = match (offsets.next(topic), self.reset) {
+            let reset = if self.internal.contains(topic) {
+                Offset::Beginning
+            } else {
+                self.reset
+            };
+            let (to, floor) = match (offsets.next(topic), reset) {
                 (Some(next), _) => (Offset::Offset(next.0), None),
                 (None, Offset::End) => {
                     let (_, end) = retry_while_outdated(SEEK_TIMEOUT, || {
