@@ -505,6 +505,30 @@ mod tests {
     }
 
     #[test]
+    fn no_upstream_shard_goes_idle_while_weir_holds_the_edge_back() {
+        let idleness = Idleness {
+            timeout: Some(Duration::from_secs(10)),
+            advance: false,
+        };
+        let mut w = Watermarks::new(&topics()[..1], Duration::ZERO, idleness, 0);
+        w.set_edge("a", 2);
+        w.marker("a", marker(0, 5_000), 0);
+        w.marker("a", marker(1, 3_000), 0);
+        w.marker("a", marker(0, 6_000), 8_000);
+        w.held(9_000);
+        assert_eq!(
+            w.candidate(15_000),
+            Some(3_000),
+            "shard 1's marker waited in the held input: it still holds the watermark"
+        );
+        assert_eq!(
+            w.candidate(19_000),
+            Some(3_000),
+            "every shard idle 10 s after the hold: the lowest marker holds"
+        );
+    }
+
+    #[test]
     fn a_marker_is_the_first_header_of_its_record() {
         let m = marker(3, 1_700_000_000_123);
         let value = m.encode();
