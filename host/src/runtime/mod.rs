@@ -185,6 +185,15 @@ pub struct StagedBytesExceeded {
 #[error("an emit does not fit the pipeline's Iceberg table: {0}")]
 pub struct EmitDoesNotFit(#[source] pub crate::row::RowError);
 
+/// An emit names Weir's watermark marker header (`weir.watermark`, docs/topologies.md): a
+/// guest fault that fails the record, so that no operator can move a later stage's watermark.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "an emit may not carry the header `{}`: Weir writes it on its internal topics",
+    crate::time::watermark::MARKER_HEADER
+)]
+pub struct ReservedHeader;
+
 /// The CPU deadline ran out.
 #[derive(Debug, thiserror::Error)]
 #[error("operator exceeded its CPU deadline")]

@@ -5,8 +5,9 @@ use crate::runtime::bindings::weir::operator::emit::{EmitError, Host};
 use crate::runtime::bindings::weir::operator::types::Header;
 use crate::runtime::host::HostCtx;
 use crate::runtime::record_size::record_bytes;
-use crate::runtime::{EmitDoesNotFit, StagedBytesExceeded};
+use crate::runtime::{EmitDoesNotFit, ReservedHeader, StagedBytesExceeded};
 use crate::state::Shard;
+use crate::time::watermark::MARKER_HEADER;
 
 impl<S: Shard> Host for HostCtx<S> {
     async fn emit(
@@ -55,6 +56,9 @@ impl<S: Shard> Host for HostCtx<S> {
             && let Err(e) = table.check(&value)
         {
             return Err(wasmtime::Error::new(EmitDoesNotFit(e)));
+        }
+        if headers.iter().any(|h| h.name == MARKER_HEADER) {
+            return Err(wasmtime::Error::new(ReservedHeader));
         }
         *emitted += size;
         if self.batch.staged_bytes().saturating_add(size) > staged_max {
@@ -116,5 +120,34 @@ mod tests {
         });
         let (_, emits) = std::mem::take(&mut ctx.batch).into_effects();
         assert_eq!(emits.len(), 1);
+    }
+
+    /// An emit with Weir's watermark marker header fails its record: an operator cannot fake a
+    /// marker for the stage after it (docs/topologies.md).
+    #[test]
+    fn an_emit_with_the_watermark_marker_header_fails_its_record() {
+        let clock: SharedClock = Arc::new(ManualClock::new(0));
+        let backend = MemoryBackend::new(clock.clone());
+        let id = ShardId {
+            pipeline: "t".into(),
+            partition: crate::ids::Partition(0),
+        };
+        let shard = Arc::new(futures::executor::block_on(backend.open_shard(&id)).expect("opens"));
+        let mut ctx = crate::runtime::imports::test_host(shard, clock, "m", 1024);
+        let header = |name: &str| Header {
+            name: name.to_owned(),
+            value: b"0:99".to_vec(),
+        };
+        futures::executor::block_on(async {
+            let other = ctx.emit(0, b"k".to_vec(), b"v".to_vec(), vec![header("weir.other")]);
+            assert!(matches!(other.await, Ok(Ok(()))));
+            let marker = ctx
+                .emit(0, b"k".to_vec(), b"v".to_vec(), vec![header(MARKER_HEADER)])
+                .await;
+            let err = marker.expect_err("fails the call");
+            assert!(err.downcast_ref::<ReservedHeader>().is_some(), "{err}");
+        });
+        let (_, emits) = std::mem::take(&mut ctx.batch).into_effects();
+        assert_eq!(emits.len(), 1, "only the first is staged");
     }
 }
