@@ -85,11 +85,8 @@ mod tests {
     use crate::state::{ShardId, StateBackend};
     use std::sync::Arc;
 
-    /// With a table, an emit that is not one of its rows fails the call (the record is then
-    /// isolated and dead-lettered, its effects discarded) naming the column, and is not
-    /// staged; rows that fit are.
-    #[test]
-    fn an_emit_that_is_not_a_row_of_the_table_fails_its_record_naming_the_column() {
+    /// A host context over a fresh in-memory shard.
+    fn host() -> HostCtx<<MemoryBackend as StateBackend>::Shard> {
         let clock: SharedClock = Arc::new(ManualClock::new(0));
         let backend = MemoryBackend::new(clock.clone());
         let id = ShardId {
@@ -97,7 +94,15 @@ mod tests {
             partition: crate::ids::Partition(0),
         };
         let shard = Arc::new(futures::executor::block_on(backend.open_shard(&id)).expect("opens"));
-        let mut ctx = crate::runtime::imports::test_host(shard, clock, "m", 1024);
+        crate::runtime::imports::test_host(shard, clock, "m", 1024)
+    }
+
+    /// With a table, an emit that is not one of its rows fails the call (the record is then
+    /// isolated and dead-lettered, its effects discarded) naming the column, and is not
+    /// staged; rows that fit are.
+    #[test]
+    fn an_emit_that_is_not_a_row_of_the_table_fails_its_record_naming_the_column() {
+        let mut ctx = host();
         let table = RowSchema::new(&[ColumnSpec {
             name: "n".into(),
             kind: ColumnType::Long,
@@ -126,14 +131,7 @@ mod tests {
     /// marker for the stage after it (docs/topologies.md).
     #[test]
     fn an_emit_with_the_watermark_marker_header_fails_its_record() {
-        let clock: SharedClock = Arc::new(ManualClock::new(0));
-        let backend = MemoryBackend::new(clock.clone());
-        let id = ShardId {
-            pipeline: "t".into(),
-            partition: crate::ids::Partition(0),
-        };
-        let shard = Arc::new(futures::executor::block_on(backend.open_shard(&id)).expect("opens"));
-        let mut ctx = crate::runtime::imports::test_host(shard, clock, "m", 1024);
+        let mut ctx = host();
         let header = |name: &str| Header {
             name: name.to_owned(),
             value: b"0:99".to_vec(),
