@@ -100,15 +100,15 @@ step "guest components (wasm32-wasip2), linted, in the background beside the hos
 # stretches (the guests' LTO links, librdkafka's configure, the test binaries' links).
 # The SDK's documentation example (guest-sdk/examples/counter.rs) compiles as a component.
 background guests bash -c 'cargo build --profile guest --target wasm32-wasip2 -p flight-delays \
-  -p word-count -p weir-test-counter -p weir-test-counter-v0-1 -p weir-test-counter-v2 -p airport-hours \
-  -p airport-sessions && cargo build --profile guest --target wasm32-wasip2 -p weir-sdk --examples'
+  -p word-count -p weir-test-counter -p weir-test-counter-v0-1 -p weir-test-counter-v0-2 \
+  -p weir-test-counter-v2 -p airport-hours -p airport-sessions && cargo build --profile guest --target wasm32-wasip2 -p weir-sdk --examples'
 
 step "host, weir binary and tests, linted"
 # Guests are for wasm32-wasip2 (their export names do not link natively): they are linted above,
 # and their code is exercised through the components the tests load.
 native=(--workspace --exclude flight-delays --exclude word-count --exclude weir-test-counter
-  --exclude weir-test-counter-v0-1 --exclude weir-test-counter-v2 --exclude airport-hours
-  --exclude airport-sessions)
+  --exclude weir-test-counter-v0-1 --exclude weir-test-counter-v0-2 --exclude weir-test-counter-v2
+  --exclude airport-hours --exclude airport-sessions)
 # `--tests`: every target with `test = true` (unit tests, integration tests, and the binaries
 # the integration tests run), not the examples: the SDK's one is a component, built above. The
 # SDK's own tests run natively through its harness (`weir_sdk::testing`). One build, so the

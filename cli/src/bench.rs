@@ -151,6 +151,7 @@ pub async fn call_cost(
                             topic: "bench".into(),
                             partition: 0,
                             offset: (b * batch_records + i) as i64,
+                            input: 0,
                         })
                         .collect(),
                 )

@@ -162,6 +162,8 @@ pub async fn run(
                     iceberg: None,
                     stages: Vec::new(),
                     edges: Default::default(),
+                    outputs: Default::default(),
+                    parameters: Default::default(),
                 },
                 kafka: crate::kafka::settings(&bootstrap),
                 runtime: RuntimeSettings {

@@ -163,6 +163,8 @@ pub(crate) fn pipeline_settings(
             iceberg: None,
             stages: Vec::new(),
             edges: Default::default(),
+            outputs: Default::default(),
+            parameters: Default::default(),
         },
         kafka: crate::kafka::settings(bootstrap),
         runtime: RuntimeSettings::default(),

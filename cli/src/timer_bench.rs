@@ -186,6 +186,8 @@ async fn measure<B: StateBackend>(
             iceberg: None,
             stages: Vec::new(),
             edges: Default::default(),
+            outputs: Default::default(),
+            parameters: Default::default(),
         },
         kafka: crate::kafka::settings(bootstrap),
         runtime: RuntimeSettings {

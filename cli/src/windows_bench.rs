@@ -108,6 +108,8 @@ pub async fn run(opts: &WindowsBenchOptions) -> Result<Vec<WindowsRun>, WindowsB
                 iceberg: None,
                 stages: Vec::new(),
                 edges: Default::default(),
+                outputs: Default::default(),
+                parameters: Default::default(),
             },
             kafka: crate::kafka::settings(bootstrap),
             runtime: RuntimeSettings::default(),

@@ -1,6 +1,9 @@
 //! [`Context`]: the operator's handle to keyed state, emit and log for the current record.
 
-use crate::host::{emit as wit_emit, log as wit_log, state as wit_state, timers as wit_timers};
+use crate::host::{
+    emit as wit_emit, log as wit_log, parameters as wit_parameters, state as wit_state,
+    timers as wit_timers,
+};
 use crate::operator::Reject;
 use crate::state::{MapState, Schema, ValueState};
 use crate::wit::weir::operator::emit::EmitError;
@@ -246,7 +249,8 @@ impl Context {
         wit_timers::current_processing_time()
     }
 
-    /// Emits a record to the output topic; an empty key is produced as a null key.
+    /// Emits a record to the default output (the pipeline's output topic, or the next stage)
+    /// with the input record's timestamp; an empty key is produced as a null key.
     ///
     /// # Errors
     /// [`Reject`] when the bytes emitted for this input record exceed the host's limit.
@@ -264,14 +268,60 @@ impl Context {
         value: &[u8],
         headers: &[(&str, &[u8])],
     ) -> Result<(), Reject> {
-        let headers: Vec<WitHeader> = headers
-            .iter()
-            .map(|(name, value)| WitHeader {
-                name: (*name).to_owned(),
-                value: value.to_vec(),
-            })
-            .collect();
-        wit_emit::emit(self.record, key, value, &headers).map_err(emit_reject)
+        wit_emit::emit(self.record, key, value, &wit_headers(headers)).map_err(emit_reject)
+    }
+
+    /// Emits a record to output `output`: `"default"` or one of [`crate::Operator::OUTPUTS`]
+    /// (as Flink's side outputs, or Kafka Streams' `branch`).
+    ///
+    /// # Errors
+    /// As [`Context::emit`], or when the operator does not declare `output`.
+    pub fn emit_to(&mut self, output: &str, key: &[u8], value: &[u8]) -> Result<(), Reject> {
+        self.emit_to_at(output, key, value, &[], None)
+    }
+
+    /// Emits a record to output `output` with headers and, when `timestamp_ms` is given, that
+    /// timestamp (ms since the Unix epoch) instead of the input record's: its event time in a
+    /// later stage, where one at or below that stage's watermark arrives late.
+    ///
+    /// # Errors
+    /// As [`Context::emit_to`].
+    pub fn emit_to_at(
+        &mut self,
+        output: &str,
+        key: &[u8],
+        value: &[u8],
+        headers: &[(&str, &[u8])],
+        timestamp_ms: Option<i64>,
+    ) -> Result<(), Reject> {
+        let headers = wit_headers(headers);
+        wit_emit::emit_to(self.record, output, key, value, &headers, timestamp_ms)
+            .map_err(emit_reject)
+    }
+
+    /// Emits `value` encoded as JSON to output `output`.
+    ///
+    /// # Errors
+    /// As [`Context::emit_to`], or when `value` cannot be encoded.
+    pub fn emit_json_to<T: Serialize + ?Sized>(
+        &mut self,
+        output: &str,
+        key: &[u8],
+        value: &T,
+    ) -> Result<(), Reject> {
+        let bytes = serde_json::to_vec(value)
+            .map_err(|e| Reject::new(format!("cannot encode output: {e}")))?;
+        self.emit_to(output, key, &bytes)
+    }
+
+    /// The value of the stage's parameter `name` (the pipeline's `parameters`), or `None`.
+    pub fn parameter(&self, name: &str) -> Option<String> {
+        wit_parameters::get(name)
+    }
+
+    /// Every parameter of the stage as (name, value), in name order.
+    pub fn parameters(&self) -> Vec<(String, String)> {
+        wit_parameters::entries()
     }
 
     /// Emits `value` encoded as JSON.
@@ -299,6 +349,16 @@ impl Context {
         };
         wit_log::log(level, message);
     }
+}
+
+fn wit_headers(headers: &[(&str, &[u8])]) -> Vec<WitHeader> {
+    headers
+        .iter()
+        .map(|(name, value)| WitHeader {
+            name: (*name).to_owned(),
+            value: value.to_vec(),
+        })
+        .collect()
 }
 
 fn encode<T: Serialize + ?Sized>(state: &str, value: &T) -> Result<Vec<u8>, Reject> {
@@ -342,6 +402,9 @@ fn emit_reject(err: EmitError) -> Reject {
         EmitError::InvalidRecord(i) => format!("emit error: invalid record index {i}"),
         EmitError::TooLarge(limit) => {
             format!("emit error: output for this record exceeds the limit of {limit} bytes")
+        }
+        EmitError::UnknownOutput(name) => {
+            format!("emit error: the operator declares no output `{name}`")
         }
     })
 }

@@ -4,7 +4,8 @@
 //! [`export_operator!`] and built for `wasm32-wasip2`. The host calls it with batches of records
 //! of one Kafka partition; the SDK hands them to [`Operator::process`] one at a time with a
 //! [`Context`] through which the operator reads and writes *keyed state* (scoped to the record's
-//! key) and *emits* records to the pipeline's output topic. The generated WIT bindings stay
+//! key), *emits* records to its default output or to the named outputs it declares in
+//! [`Operator::OUTPUTS`], and reads its stage's parameters ([`Context::parameter`]). The generated WIT bindings stay
 //! inside this crate.
 //!
 //! # State
@@ -80,7 +81,7 @@ pub mod wit {
     wit_bindgen::generate!({
         // `wit/` is a link to the repository's `wit/` (inside the crate, so that it packages).
         path: "wit",
-        world: "weir:operator/operator-world@0.2.0",
+        world: "weir:operator/operator-world@0.3.0",
         pub_export_macro: true,
         export_macro_name: "__export_operator_world",
         default_bindings_module: "weir_sdk::wit",

@@ -21,6 +21,10 @@ pub trait Operator: 'static {
     const VERSION: &'static str;
     /// Every named state the operator uses; the host refuses undeclared names.
     const STATES: &'static [StateSpec];
+    /// The named outputs it emits to with [`Context::emit_to`] besides `default` (at most 16,
+    /// each 1..=64 bytes of `[a-z0-9_-]`); the pipeline binds each to a topic or a later
+    /// stage. Default: none.
+    const OUTPUTS: &'static [&'static str] = &[];
 
     /// Processes one record.
     ///
@@ -87,6 +91,7 @@ pub fn describe<O: Operator>() -> OperatorInfo {
             .copied()
             .map(StateSpec::to_descriptor)
             .collect(),
+        outputs: O::OUTPUTS.iter().map(|o| (*o).to_owned()).collect(),
     }
 }
 

@@ -59,4 +59,10 @@ impl<'a> Record<'a> {
     pub fn offset(&self) -> i64 {
         self.inner.offset
     }
+
+    /// Which of the stage's inputs it was read from: the index of its topic in the stage's
+    /// `inputs` (a one-operator pipeline's `input_topics`), from 0.
+    pub fn input(&self) -> u32 {
+        self.inner.input
+    }
 }

@@ -5,12 +5,13 @@
 //! so that each comes after the stages it reads; the settings of `weir run`
 //! (`config::stages`) and, later, the API's spec describe their stages to it.
 //!
-//! Operators of the `weir:operator@0.2.0` world emit to one output, [`DEFAULT_OUTPUT`]; named
-//! outputs come with the world that lets an operator emit to one.
+//! Every operator emits to [`DEFAULT_OUTPUT`]; one of `weir:operator@0.3.0` also to the named
+//! outputs it declares, which a stage binds like its default one. Whether a stage's operator
+//! declares the outputs its stage binds is checked when it starts ([`bind_outputs`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 
-/// The output every operator emits to: its only one in the `weir:operator@0.2.0` world.
+/// The output every operator emits to (`emit.emit`): its only one before `weir:operator@0.3.0`.
 pub const DEFAULT_OUTPUT: &str = "default";
 
 /// Most stages in one pipeline.
@@ -79,8 +80,7 @@ pub struct Order {
 /// # Errors
 /// Every problem found, each naming its stage (`stages[i]` for one without a valid name):
 /// too few or too many stages; an invalid or repeated name; a stage with no input; an input of
-/// an unknown stage or output; an output other than [`DEFAULT_OUTPUT`]; an output that goes
-/// nowhere; a topic both written and read by the pipeline; a cycle.
+/// an unknown stage or an invalid output name; a `default` output that goes nowhere; a topic both written and read by the pipeline; a cycle.
 pub fn check(nodes: &[Node<'_>]) -> Result<Order, Vec<String>> {
     let mut problems = Vec::new();
     if !(1..=STAGES_MAX).contains(&nodes.len()) {
@@ -121,9 +121,8 @@ fn names<'a>(nodes: &[Node<'a>], problems: &mut Vec<String>) -> BTreeMap<&'a str
     index
 }
 
-/// Outputs: only [`DEFAULT_OUTPUT`] so far, each bound to a topic or read by a stage; no
-/// topic written by one stage and read by another as a topic (that is an edge: read the
-/// stage).
+/// Outputs: valid names; [`DEFAULT_OUTPUT`] bound to a topic or read by a stage; no topic
+/// written by one stage and read by another as a topic (that is an edge: read the stage).
 fn check_outputs(nodes: &[Node<'_>], problems: &mut Vec<String>) {
     let read: BTreeSet<(&str, &str)> = nodes
         .iter()
@@ -139,8 +138,8 @@ fn check_outputs(nodes: &[Node<'_>], problems: &mut Vec<String>) {
         .collect();
     for node in nodes {
         for output in node.topics.keys() {
-            if *output != DEFAULT_OUTPUT {
-                problems.push(unknown_output(node.name, output));
+            if !valid_name(output) {
+                problems.push(invalid_output(node.name, output));
             }
         }
         if !node.topics.contains_key(DEFAULT_OUTPUT) && !read.contains(&(node.name, DEFAULT_OUTPUT))
@@ -163,9 +162,9 @@ fn check_outputs(nodes: &[Node<'_>], problems: &mut Vec<String>) {
     }
 }
 
-fn unknown_output(stage: &str, output: &str) -> String {
+fn invalid_output(stage: &str, output: &str) -> String {
     format!(
-        "stage `{stage}` has no output `{output}`: operators of weir:operator@0.2.0 emit to `{DEFAULT_OUTPUT}` only"
+        "stage `{stage}`: output names must be 1..={NAME_BYTES_MAX} bytes of [a-z0-9_-]. output=`{output}`"
     )
 }
 
@@ -188,8 +187,8 @@ fn check_inputs(nodes: &[Node<'_>], index: &BTreeMap<&str, usize>, problems: &mu
                     "stage `{}` reads stage `{stage}`, which the pipeline does not have",
                     node.name
                 ));
-            } else if *output != DEFAULT_OUTPUT {
-                problems.push(unknown_output(stage, output));
+            } else if !valid_name(output) {
+                problems.push(invalid_output(stage, output));
             }
         }
     }
@@ -238,6 +237,50 @@ fn order(
         ));
     }
     order
+}
+
+/// Why a pipeline's output bindings do not fit its operator: every problem, joined.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}", .problems.join("; "))]
+pub struct OutputBindingError {
+    /// Each problem, naming its output.
+    pub problems: Vec<String>,
+}
+
+/// The topic of each output of an operator that declared the named outputs `declared`: index
+/// 0 is [`DEFAULT_OUTPUT`]'s (`default_topic`; none: the emits go to an Iceberg table alone),
+/// index `i + 1` is `declared[i]`'s, from `bound` (output name → topic). The indexes are those
+/// of [`crate::runtime::StagedEmit::output`].
+///
+/// # Errors
+/// [`OutputBindingError`] naming each declared output that `bound` leaves out and each
+/// binding of a name the operator does not declare (a typo would otherwise drop its records).
+pub fn bind_outputs(
+    declared: &[String],
+    default_topic: Option<&str>,
+    bound: &BTreeMap<String, String>,
+) -> Result<Vec<Option<String>>, OutputBindingError> {
+    let mut problems = Vec::new();
+    for name in declared {
+        if !bound.contains_key(name) {
+            problems.push(format!(
+                "the operator's output `{name}` goes nowhere: bind it to a topic or a stage"
+            ));
+        }
+    }
+    for name in bound.keys() {
+        if !declared.contains(name) {
+            problems.push(format!(
+                "the operator has no output `{name}`: it declares {declared:?} besides `{DEFAULT_OUTPUT}`"
+            ));
+        }
+    }
+    if !problems.is_empty() {
+        return Err(OutputBindingError { problems });
+    }
+    Ok(std::iter::once(default_topic.map(str::to_owned))
+        .chain(declared.iter().map(|name| bound.get(name).cloned()))
+        .collect())
 }
 
 /// The outputs read by stages and bound to no topic of the user's, in stage order.
@@ -311,7 +354,7 @@ mod tests {
                     stage: "c",
                     output: "late",
                 }],
-                topics: BTreeMap::from([("late", "late-topic"), (DEFAULT_OUTPUT, "d-out")]),
+                topics: BTreeMap::from([("Late!", "late-topic"), (DEFAULT_OUTPUT, "d-out")]),
             },
         ];
         let problems = check(&nodes).expect_err("invalid");
@@ -319,17 +362,16 @@ mod tests {
             "stages[2].name must be",
             "stage `c` is named twice",
             "stage `c` reads topic `x`, which stage `Bad!` writes",
-            "stage `d` has no output `late`",
+            "stage `d`: output names must be",
             "stage `Bad!` has no input",
             "stage `c` reads stage `ghost`, which the pipeline does not have",
-            "stage `c` has no output `late`",
             "the stages form a cycle",
         ];
         for (problem, want) in problems.iter().zip(want) {
             assert!(problem.contains(want), "{problem:?} should say {want:?}");
         }
         assert_eq!(problems.len(), want.len(), "{problems:#?}");
-        assert!(problems[7].contains(r#"["a", "b"]"#), "{}", problems[7]);
+        assert!(problems[6].contains(r#"["a", "b"]"#), "{}", problems[6]);
     }
 
     #[test]
@@ -346,6 +388,53 @@ mod tests {
                     .to_owned()
             ]
         );
+    }
+
+    #[test]
+    fn a_named_output_read_by_a_stage_is_an_internal_edge_of_its_own() {
+        let nodes = [
+            Node {
+                name: "first",
+                inputs: vec![Input::Topic("in")],
+                topics: BTreeMap::from([("late", "late-topic")]),
+            },
+            node(
+                "second",
+                vec![Input::Stage {
+                    stage: "first",
+                    output: DEFAULT_OUTPUT,
+                }],
+                Some("out"),
+            ),
+        ];
+        let order = check(&nodes).expect("valid");
+        assert_eq!(order.internal, vec![(0, DEFAULT_OUTPUT.to_owned())]);
+    }
+
+    /// Each declared output gets its bound topic at its index; every output left unbound and
+    /// every binding of an undeclared name is named at once.
+    #[test]
+    fn outputs_bind_by_declared_index_and_every_mismatch_is_named() {
+        let declared = ["late".to_owned(), "audit".to_owned()];
+        let bound = BTreeMap::from([
+            ("audit".to_owned(), "audit-topic".to_owned()),
+            ("late".to_owned(), "late-topic".to_owned()),
+        ]);
+        let topics = bind_outputs(&declared, Some("out"), &bound).expect("fits");
+        let want = [Some("out"), Some("late-topic"), Some("audit-topic")];
+        assert_eq!(topics, want.map(|t| t.map(str::to_owned)));
+        let wrong = BTreeMap::from([("lat".to_owned(), "late-topic".to_owned())]);
+        let err = bind_outputs(&declared, None, &wrong).expect_err("mismatch");
+        assert_eq!(err.problems.len(), 3, "{err}");
+        assert!(
+            err.problems[0].contains("output `late` goes nowhere"),
+            "{err}"
+        );
+        assert!(
+            err.problems[1].contains("output `audit` goes nowhere"),
+            "{err}"
+        );
+        assert!(err.problems[2].contains("has no output `lat`"), "{err}");
     }
 
     #[test]

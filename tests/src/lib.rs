@@ -215,6 +215,8 @@ pub fn settings(
             iceberg: None,
             stages: Vec::new(),
             edges: Default::default(),
+            outputs: Default::default(),
+            parameters: Default::default(),
         },
         kafka: KafkaSettings {
             bootstrap_servers: kafka_bootstrap(),

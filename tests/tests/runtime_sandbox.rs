@@ -45,6 +45,7 @@ fn record(key: &str, value: &str, offset: i64) -> InputRecord {
         topic: "t".into(),
         partition: 0,
         offset,
+        input: 0,
     }
 }
 

@@ -315,16 +315,5 @@ fn two_counters(settings: &mut Settings, output: &str, internal_partitions: Opti
 
 /// A stage with nothing set but what the tests above set.
 fn stage() -> StageSettings {
-    StageSettings {
-        name: String::new(),
-        operator: Default::default(),
-        inputs: Vec::new(),
-        outputs: BTreeMap::new(),
-        max_out_of_orderness: None,
-        idle_timeout: None,
-        idle_advance: None,
-        late_records: None,
-        in_flight_max: None,
-        failure_policy: None,
-    }
+    StageSettings::default()
 }

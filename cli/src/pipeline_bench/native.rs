@@ -26,6 +26,7 @@ impl NativeOperator for NativeCounter {
             name: "counter".into(),
             version: "0.1.0".into(),
             states: vec![value_state("count")],
+            outputs: Vec::new(),
         }
     }
 
@@ -68,6 +69,7 @@ impl NativeOperator for NativeFlightDelays {
             name: "flight-delays".into(),
             version: "0.1.0".into(),
             states: vec![value_state("route-stats")],
+            outputs: Vec::new(),
         }
     }
 

@@ -54,6 +54,8 @@ pub(super) async fn measure(
             iceberg: None,
             stages: Vec::new(),
             edges: Default::default(),
+            outputs: Default::default(),
+            parameters: Default::default(),
         },
         kafka: crate::kafka::settings(&opts.bootstrap_servers),
         runtime: RuntimeSettings::default(),

@@ -184,6 +184,9 @@ def test_map_iteration_pages_through_every_entry_in_key_order() -> None:
         ({"version": "v" * 65}, "version must be a str of at most 64 bytes"),
         ({"states": [TOTALS, TOTALS]}, "declares 'totals' twice"),
         ({"states": ["totals"]}, "not a state"),
+        ({"outputs": ["default"]}, "is not 1..=64 of"),
+        ({"outputs": ["Late"]}, "is not 1..=64 of"),
+        ({"outputs": ["late", "late"]}, "at most 16 distinct names"),
     ],
 )
 def test_export_checks_the_declaration(change: dict[str, object], error: str) -> None:
@@ -526,3 +529,32 @@ def test_a_versioned_state_upgrades_older_values_as_read_and_refuses_newer_ones(
     assert "schema version 2" in out.reason
     with pytest.raises(ValueError, match="needs an upgrade"):
         weir.ValueState("count", Count, version=1)
+
+
+class Router(weir.Operator):
+    """Sends records over the stage's `threshold` parameter to `late`, timestamped with their
+    value; the others to `default`, tagged with the input they came from."""
+
+    name = "router"
+    outputs = ["late"]
+
+    def process(self, ctx: weir.Context, record: weir.Record) -> None:
+        threshold = int(ctx.parameter("threshold") or "0")
+        delay = int(record.value)
+        if record.key == b"nowhere":
+            ctx.emit_to("early", record.key, record.value)
+        elif delay > threshold:
+            ctx.emit_to("late", record.key, record.value, timestamp_ms=delay)
+        else:
+            ctx.emit_json(record.key, {"input": record.input, "params": ctx.parameters()})
+
+
+def test_named_outputs_timestamps_parameters_and_inputs_reach_the_operator() -> None:
+    h = Harness(Router, parameters={"threshold": "60"})
+    out = h.send("a", "90")
+    assert [(o.output, o.value, o.timestamp_ms) for o in out.emitted] == [("late", b"90", 90)]
+    out = h.send("a", "5", input=1)
+    assert [(o.output, o.timestamp_ms) for o in out.emitted] == [("default", None)]
+    assert json.loads(out.emitted[0].value) == {"input": 1, "params": {"threshold": "60"}}
+    out = h.send("nowhere", "1")
+    assert out.reason == "emit error: the operator declares no output `early`"

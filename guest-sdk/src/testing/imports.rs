@@ -162,9 +162,23 @@ pub(crate) mod emit {
         value: &[u8],
         headers: &[Header],
     ) -> Result<(), EmitError> {
+        emit_to(record, "default", key, value, headers, None)
+    }
+
+    pub(crate) fn emit_to(
+        record: u32,
+        output: &str,
+        key: &[u8],
+        value: &[u8],
+        headers: &[Header],
+        timestamp_ms: Option<i64>,
+    ) -> Result<(), EmitError> {
         with_host(|h| {
             if record != 0 {
                 return Err(EmitError::InvalidRecord(record));
+            }
+            if output != "default" && !h.outputs.iter().any(|o| o == output) {
+                return Err(EmitError::UnknownOutput(output.to_owned()));
             }
             let wire = 97
                 + key.len()
@@ -188,14 +202,33 @@ pub(crate) mod emit {
             }
             h.emitted_bytes += size as u64;
             h.emitted.push(Output {
+                output: output.to_owned(),
                 key: key.to_vec(),
                 value: value.to_vec(),
                 headers: headers
                     .iter()
                     .map(|x| (x.name.clone(), x.value.clone()))
                     .collect(),
+                timestamp_ms,
             });
             Ok(())
+        })
+    }
+}
+
+pub(crate) mod parameters {
+    use super::with_host;
+
+    pub(crate) fn get(name: &str) -> Option<String> {
+        with_host(|h| h.parameters.get(name).cloned())
+    }
+
+    pub(crate) fn entries() -> Vec<(String, String)> {
+        with_host(|h| {
+            h.parameters
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect()
         })
     }
 }

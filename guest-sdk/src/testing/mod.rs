@@ -61,12 +61,17 @@ pub const TIMER_NAME_BYTES_MAX: usize = 128;
 /// One record an operator emitted.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Output {
+    /// The output it went to: `default`, or one of [`Operator::OUTPUTS`].
+    pub output: String,
     /// Its key (empty for a null key).
     pub key: Vec<u8>,
     /// Its value.
     pub value: Vec<u8>,
     /// Its headers as (name, value).
     pub headers: Vec<(String, Vec<u8>)>,
+    /// The timestamp the operator gave it ([`crate::Context::emit_to_at`]); `None`: its input
+    /// record's.
+    pub timestamp_ms: Option<i64>,
 }
 
 /// What became of one record or fired timer.
@@ -122,6 +127,10 @@ struct MemoryHost {
     logs: Vec<(&'static str, String)>,
     watermark_ms: Option<i64>,
     now_ms: i64,
+    /// The operator's declared named outputs.
+    outputs: Vec<String>,
+    /// The stage's parameters.
+    parameters: BTreeMap<String, String>,
 }
 
 thread_local! {
@@ -212,6 +221,7 @@ impl<O: Operator> Harness<O> {
                 .iter()
                 .map(|s| (s.name.to_owned(), s.kind))
                 .collect(),
+            outputs: O::OUTPUTS.iter().map(|o| (*o).to_owned()).collect(),
             ..MemoryHost::default()
         };
         Self {
@@ -237,6 +247,7 @@ impl<O: Operator> Harness<O> {
             .iter()
             .map(|s| (s.name.to_owned(), s.kind))
             .collect();
+        host.outputs = P::OUTPUTS.iter().map(|o| (*o).to_owned()).collect();
         Harness {
             host: Some(host),
             outputs: Vec::new(),
@@ -245,6 +256,16 @@ impl<O: Operator> Harness<O> {
             offset: self.offset,
             _operator: PhantomData,
         }
+    }
+
+    /// The same harness with the stage's parameters `parameters` (name, value), as a
+    /// pipeline's `parameters` sets them.
+    pub fn with_parameters(mut self, parameters: &[(&str, &str)]) -> Self {
+        self.host_mut().parameters = parameters
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        self
     }
 
     /// The same harness starting at processing time `now_ms`.
@@ -272,6 +293,18 @@ impl<O: Operator> Harness<O> {
 
     /// Processes a record with timestamp `timestamp_ms` at the next offset of partition 0.
     pub fn send_at(&mut self, key: &[u8], value: &[u8], timestamp_ms: i64) -> Outcome {
+        self.send_from(0, key, value, timestamp_ms)
+    }
+
+    /// Processes a record of the stage's input `input` (its index in the stage's `inputs`)
+    /// with timestamp `timestamp_ms`, at the next offset of partition 0.
+    pub fn send_from(
+        &mut self,
+        input: u32,
+        key: &[u8],
+        value: &[u8],
+        timestamp_ms: i64,
+    ) -> Outcome {
         let record = InputRecord {
             key: key.to_vec(),
             value: value.to_vec(),
@@ -280,6 +313,7 @@ impl<O: Operator> Harness<O> {
             topic: "test".to_owned(),
             partition: 0,
             offset: self.offset,
+            input,
         };
         self.offset += 1;
         let outcome = self.call(key, move || process_batch::<O>(vec![record]));

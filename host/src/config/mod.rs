@@ -116,6 +116,16 @@ pub struct PipelineSettings {
     /// Set by a pipeline of stages for each stage's run ([`stages::Edges`]); none in a file.
     #[serde(skip)]
     pub edges: stages::Edges,
+    /// Where the operator's named outputs go (`weir:operator@0.3.0`'s `emit-to`): output name
+    /// → topic, one for every output the operator declares (a pipeline whose operator declares
+    /// one it leaves out, or that binds one the operator does not declare, refuses to start).
+    /// Default none: the operator's `default` output alone, to `output_topic`.
+    #[serde(default)]
+    pub outputs: BTreeMap<String, String>,
+    /// The operator's parameters (`weir:operator/parameters`): name → value, as
+    /// `rpk transform deploy --var`. Default none.
+    #[serde(default)]
+    pub parameters: BTreeMap<String, String>,
 }
 
 /// A `weir run` pipeline's Iceberg table (`[pipeline.iceberg]`): each emit is a JSON object

@@ -31,7 +31,7 @@ use std::time::Duration;
 /// One stage of a `weir run` pipeline. Its runs share the pipeline's Kafka, runtime, state,
 /// delivery, checkpoint interval and dead-letter topic; the event-time and failure settings
 /// left out here are the pipeline's.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StageSettings {
     /// The stage's name, 1..=64 bytes of `[a-z0-9_-]`, unique in the pipeline: its state,
@@ -42,7 +42,8 @@ pub struct StageSettings {
     /// What it reads, at least one: `{ topic = "…" }` or `{ stage = "…" }` (the stage's
     /// `default` output); co-partitioned when more than one.
     pub inputs: Vec<StageInput>,
-    /// Where its outputs go: `{ default = { topic = "…" } }`. An output no later stage reads
+    /// Where its outputs go: `{ default = { topic = "…" }, late = { topic = "…" } }` —
+    /// `default` and the named outputs its operator declares. An output no later stage reads
     /// must go to a topic; one that a stage reads and that names no topic is an internal topic.
     #[serde(default)]
     pub outputs: BTreeMap<String, StageOutput>,
@@ -64,6 +65,9 @@ pub struct StageSettings {
     /// As `pipeline.failure_policy`, for this stage.
     #[serde(default)]
     pub failure_policy: Option<FailurePolicy>,
+    /// Its operator's parameters (`weir:operator/parameters`), as `pipeline.parameters`.
+    #[serde(default)]
+    pub parameters: BTreeMap<String, String>,
 }
 
 /// A stage's input: a topic, or an earlier stage's output.
@@ -98,9 +102,9 @@ pub struct StageOutput {
 /// it, never read from a file. Default: none (a one-operator run).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Edges {
-    /// The output is an internal topic of this many partitions: at each checkpoint the shard
-    /// writes its watermark to every one as a marker record.
-    pub output_partitions: Option<i32>,
+    /// The outputs that are internal topics, each with its partitions: at each checkpoint the
+    /// shard writes its watermark to every partition of each as a marker record.
+    pub output_partitions: BTreeMap<String, i32>,
     /// The inputs that are internal topics, each with how many upstream shards write it: only
     /// their markers move its watermark.
     pub inputs: BTreeMap<String, usize>,
@@ -258,6 +262,20 @@ impl Settings {
                 run.operator = stage.operator.clone();
                 run.input_topics = inputs(stage);
                 run.output_topic = Some(topic_of(&stage.name, DEFAULT_OUTPUT));
+                // Its named outputs: those it binds and those later stages read.
+                let read = p.stages.iter().flat_map(|s| &s.inputs).filter_map(|i| {
+                    (i.stage.as_deref() == Some(stage.name.as_str()))
+                        .then_some(i.output.as_deref()?)
+                });
+                run.outputs = stage
+                    .outputs
+                    .keys()
+                    .map(String::as_str)
+                    .chain(read)
+                    .filter(|name| *name != DEFAULT_OUTPUT)
+                    .map(|name| (name.to_owned(), topic_of(&stage.name, name)))
+                    .collect();
+                run.parameters = stage.parameters.clone();
                 run.stages = Vec::new();
                 run.max_out_of_orderness =
                     stage.max_out_of_orderness.unwrap_or(p.max_out_of_orderness);
@@ -284,6 +302,8 @@ impl Settings {
             ("input_topics", !p.input_topics.is_empty()),
             ("output_topic", p.output_topic.is_some()),
             ("iceberg", p.iceberg.is_some()),
+            ("outputs", !p.outputs.is_empty()),
+            ("parameters", !p.parameters.is_empty()),
         ];
         for (field, set) in one_operator {
             if set {
@@ -325,10 +345,14 @@ impl Settings {
                 }
             }
             for (name, output) in &stage.outputs {
-                // (One bound to a topic is the graph's to name.)
-                if name != DEFAULT_OUTPUT && output.topic.is_none() {
+                // (`default` unbound is the graph's to name.)
+                let read = p.stages.iter().flat_map(|s| &s.inputs).any(|i| {
+                    i.stage.as_deref() == Some(stage.name.as_str())
+                        && i.output.as_deref().unwrap_or(DEFAULT_OUTPUT) == name
+                });
+                if name != DEFAULT_OUTPUT && output.topic.is_none() && !read {
                     problems.push(format!(
-                        "stage `{}` has no output `{name}`: operators of weir:operator@0.2.0 emit to `{DEFAULT_OUTPUT}` only",
+                        "stage `{}`: output `{name}` goes nowhere: give it a topic or read it in another stage",
                         stage.name
                     ));
                 }

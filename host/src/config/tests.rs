@@ -60,7 +60,7 @@ fn validation_reports_every_problem_at_once() {
     };
     assert_eq!(problems.len(), 3, "{problems:?}");
     assert!(problems[0].contains("pipeline.name"));
-    assert!(problems[1].contains("also the output"));
+    assert!(problems[1].contains("also an output"));
     assert!(problems[2].contains("batch_records_max"));
 }
 
@@ -364,7 +364,7 @@ fn a_pipeline_of_stages_names_every_problem_at_once() {
         "stage `count`: inputs[1] must be { topic = \"…\" } or { stage = \"…\" }",
         "stage `rekey`: outputs.default.partitions must be 1..=10000",
         "stage `rekey`: pipeline.in_flight_max must be 1..=1000000",
-        "stage `count`: an input topic is also the output or dead-letter topic",
+        "stage `count`: an input topic is also an output or the dead-letter topic",
     ];
     for (problem, want) in problems.iter().zip(want) {
         assert!(problem.starts_with(want), "{problem:?} should say {want:?}");
@@ -411,7 +411,7 @@ fn a_pipeline_of_stages_refuses_what_would_break_its_edges() {
     };
     let want = [
         "topic `rekeyed.x.default.internal` is named as the pipeline's internal topics are",
-        "stage `rekey` has no output `late`",
+        "stage `rekey`: output `late` goes nowhere",
         "pipeline.stages needs checkpoints",
         "stage `count`: idle_timeout must be at least twice pipeline.checkpoint_interval",
     ];

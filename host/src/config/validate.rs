@@ -169,6 +169,7 @@ impl Settings {
             .iter()
             .map(|t| ("pipeline.input_topics", t))
             .chain(p.output_topic.iter().map(|t| ("pipeline.output_topic", t)))
+            .chain(p.outputs.values().map(|t| ("pipeline.outputs", t)))
             .chain([("pipeline.dead_letter_topic", &p.dead_letter_topic)])
         {
             if !valid_topic(topic) {
@@ -177,11 +178,24 @@ impl Settings {
                 ));
             }
         }
-        if p.input_topics
-            .iter()
-            .any(|t| p.output_topic.as_ref() == Some(t) || *t == p.dead_letter_topic)
-        {
-            problems.push("an input topic is also the output or dead-letter topic".to_owned());
+        if p.input_topics.iter().any(|t| {
+            p.output_topic.as_ref() == Some(t)
+                || p.outputs.values().any(|o| o == t)
+                || *t == p.dead_letter_topic
+        }) {
+            problems.push("an input topic is also an output or the dead-letter topic".to_owned());
+        }
+        for name in p.outputs.keys() {
+            if !crate::topology::valid_name(name) || name == crate::topology::DEFAULT_OUTPUT {
+                problems.push(format!(
+                    "pipeline.outputs: output names are 1..=64 bytes of [a-z0-9_-], not `default` (that is pipeline.output_topic). name=`{name}`"
+                ));
+            }
+        }
+        if !p.outputs.is_empty() && p.iceberg.is_some() {
+            problems.push(
+                "pipeline.outputs with pipeline.iceberg: named outputs go to topics, and a pipeline with a table does not write them yet".to_owned(),
+            );
         }
     }
 

@@ -12,7 +12,7 @@ use super::timers::TimersCalled;
 use crate::config::RuntimeSettings;
 use crate::runtime::guest_log::LogSource;
 use crate::runtime::{
-    BatchCtx, CallError, Disposition, EmitLimits, InputRecord, Instance, Operator,
+    BatchCtx, CallError, CallSettings, Disposition, InputRecord, Instance, Operator,
 };
 use crate::state::{Shard, StateError, key};
 use foldhash::{HashSet, HashSetExt};
@@ -216,7 +216,7 @@ pub(super) async fn attempt<S: Shard>(
     instance: Option<Instance<S>>,
     task: Task,
     deadline: Duration,
-    emits: EmitLimits,
+    emits: Arc<CallSettings>,
     watermark: Option<i64>,
 ) -> Attempted<S> {
     if !task.delay.is_zero() {
@@ -280,7 +280,7 @@ pub(super) async fn attempt<S: Shard>(
 /// watermark.
 #[derive(Clone, Copy)]
 struct CallInput<'a> {
-    emits: &'a EmitLimits,
+    emits: &'a Arc<CallSettings>,
     watermark: Option<i64>,
 }
 
@@ -334,7 +334,7 @@ async fn prepare<S: Shard>(
             failure: Failure::Unavailable(err),
         });
     }
-    batch.set_emit_limits(call.emits);
+    batch.set_call_settings(call.emits);
     let now = i64::try_from(operator.clock().now_ms()).unwrap_or(i64::MAX);
     batch.set_time(call.watermark, now);
     Ok((instance, batch, prefetch_time))

@@ -156,6 +156,7 @@ mod tests {
             topic: "in".into(),
             partition: 0,
             offset,
+            input: 0,
             key: vec![key],
             value: Vec::new(),
             timestamp_ms: 0,

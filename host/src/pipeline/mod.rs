@@ -77,6 +77,9 @@ pub enum PipelineError {
     /// A partition worker panicked (a bug).
     #[error("partition worker panicked. partition={0}")]
     WorkerPanicked(Partition),
+    /// `pipeline.outputs` does not bind the operator's declared outputs exactly.
+    #[error("the pipeline's outputs do not fit its operator")]
+    Outputs(#[source] crate::topology::OutputBindingError),
 }
 
 impl PipelineError {
@@ -91,6 +94,7 @@ impl PipelineError {
             Self::State(err) => err.kind(),
             Self::Worker(err) => err.kind(),
             Self::WorkerPanicked(_) => ErrorKind::Internal,
+            Self::Outputs(_) => ErrorKind::InvalidInput,
         }
     }
 }
@@ -141,11 +145,31 @@ pub async fn run_with<B: StateBackend, Src: Source, Out: Output>(
 ) -> Result<(), PipelineError> {
     let meta = operator.meta();
     tracing::info!(pipeline = %settings.pipeline.name, operator = %meta.name, version = %meta.version, states = meta.states.len(), "operator loaded");
+    output_topics(&settings, &operator)?;
     let mut running = Running::new(settings, backend, operator, stats, control, source, output);
     let result = running.consume(shutdown).await;
     // A run that failed opens nothing more on its way out.
     let drained = running.drain(result.is_ok()).await;
     result.and(drained)
+}
+
+/// The topic of each of `operator`'s outputs, by output index, as `settings` bind them
+/// ([`crate::topology::bind_outputs`]).
+///
+/// # Errors
+/// [`PipelineError::Outputs`] when `pipeline.outputs` leaves out a declared output or binds
+/// an undeclared one.
+pub fn output_topics<S: crate::state::Shard>(
+    settings: &Settings,
+    operator: &Operator<S>,
+) -> Result<Vec<Option<String>>, PipelineError> {
+    let p = &settings.pipeline;
+    crate::topology::bind_outputs(
+        &operator.meta().outputs,
+        p.output_topic.as_deref(),
+        &p.outputs,
+    )
+    .map_err(PipelineError::Outputs)
 }
 
 #[cfg(test)]

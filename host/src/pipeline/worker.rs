@@ -49,7 +49,7 @@ use super::timers::Timers;
 use crate::config::{FailurePolicy, LateRecords, RuntimeSettings};
 use crate::ids::{Offset, Partition};
 use crate::runtime::guest_log::LogSource;
-use crate::runtime::{BatchCtx, Disposition, EmitLimits, InputRecord, Operator};
+use crate::runtime::{BatchCtx, CallSettings, Disposition, InputRecord, Operator};
 use crate::state::checkpoint::InputOffsets;
 use crate::state::{Shard, StateError};
 use crate::time::watermark::Marker;
@@ -122,6 +122,9 @@ pub(crate) struct PartitionWorker<S: Shard, K: ShardSink> {
     pub marked: Option<i64>,
     /// What a record behind the watermark does.
     pub late_records: LateRecords,
+    /// What each call gets besides its records: the sink's limits and table, the run's
+    /// parameters (`weir:operator/parameters`).
+    pub call_settings: Arc<CallSettings>,
     /// Whether the consumer has handed out every record of the partition's input topics up
     /// to their end: kept by the consumer loop ([`super::ports::Source::at_end`]); only a
     /// caught-up shard's watermark follows processing time (`idle_advance`).
@@ -316,6 +319,7 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
     /// Starts attempts while an instance is free: retries and re-runs first, then new batches
     /// from the controller.
     fn dispatch(&mut self, running: &mut Running<S>) {
+        let call_settings = self.call_settings.clone();
         let exec = &mut self.execution;
         while !exec.idle.is_empty() || exec.live < exec.instances_max {
             let task = match exec.ready.pop_front() {
@@ -345,10 +349,7 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
                 instance,
                 task,
                 deadline,
-                EmitLimits {
-                    record_bytes_max: self.sink.output_bytes_max(),
-                    table: self.sink.emit_table(),
-                },
+                call_settings.clone(),
                 // Constant while records are in flight: it is applied only with none.
                 self.timers.watermarks().applied(),
             );

@@ -367,6 +367,8 @@ impl RunJob {
                 }),
                 stages: Vec::new(),
                 edges: Default::default(),
+                outputs: Default::default(),
+                parameters: Default::default(),
             },
             kafka: self.config.kafka(),
             runtime: spec

@@ -61,6 +61,30 @@ impl StagesError {
     }
 }
 
+/// A stage run's edges as its internal topics are (`ready`): the markers it writes to each
+/// internal output's partitions, the upstream shards each internal input waits for.
+fn edges(
+    run: &crate::config::PipelineSettings,
+    ready: &std::collections::BTreeMap<String, internal_topics::Ready>,
+) -> crate::config::stages::Edges {
+    crate::config::stages::Edges {
+        output_partitions: run
+            .output_topic
+            .iter()
+            .chain(run.outputs.values())
+            .filter_map(|t| {
+                let partitions = ready.get(t)?.partitions;
+                Some((t.clone(), i32::try_from(partitions).unwrap_or(i32::MAX)))
+            })
+            .collect(),
+        inputs: run
+            .input_topics
+            .iter()
+            .filter_map(|t| Some((t.clone(), ready.get(t)?.upstream_shards)))
+            .collect(),
+    }
+}
+
 /// Runs `plan`'s stages, each with its `stats` (in the plan's order), over one `backend` (their
 /// shards are named after their stages), until `shutdown` completes or a stage ends; then
 /// drains them all.
@@ -86,18 +110,8 @@ pub async fn run_stages<B: StateBackend>(
         r.settings.pipeline.checkpoint_interval
     });
     for (mut run, stats) in plan.runs.into_iter().zip(stats) {
-        // Each edge as it is: the markers an upstream writes, the shards a downstream waits for.
         let p = &mut run.settings.pipeline;
-        p.edges.output_partitions = p
-            .output_topic
-            .as_ref()
-            .and_then(|t| ready.get(t))
-            .map(|r| i32::try_from(r.partitions).unwrap_or(i32::MAX));
-        p.edges.inputs = p
-            .input_topics
-            .iter()
-            .filter_map(|t| Some((t.clone(), ready.get(t)?.upstream_shards)))
-            .collect();
+        p.edges = edges(p, &ready);
         for topic in p.edges.inputs.keys() {
             let partitions = ready[topic].partitions;
             readers.push((p.name.clone(), topic.clone(), partitions));

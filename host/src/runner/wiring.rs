@@ -93,8 +93,9 @@ pub async fn run_operator<B: StateBackend>(
         pipeline: control,
         table,
     } = control.into();
+    let outputs = pipeline::output_topics(&settings, &operator)?;
     let source = KafkaSource::new(&settings).map_err(|e| PipelineError::Setup(Box::new(e)))?;
-    let output = KafkaOutput::new(&settings, source.consumer())
+    let output = KafkaOutput::new(&settings, outputs, source.consumer())
         .await
         .map_err(|e| PipelineError::Setup(Box::new(e)))?;
     let output = TableOutput::new(output, table);

@@ -26,6 +26,12 @@ pub(crate) struct Staged {
 pub struct StagedEmit {
     /// Index of the input record in the batch it was emitted for.
     pub record: u32,
+    /// The output it goes to: 0 for `default`, `i + 1` for the operator's declared
+    /// `outputs[i]` ([`super::OperatorMeta::output_index`]).
+    pub output: u16,
+    /// Its timestamp, ms since the Unix epoch, when the operator set one (`emit-to`); `None`:
+    /// the input record's.
+    pub timestamp_ms: Option<i64>,
     /// Output key; empty means a null key.
     pub key: Vec<u8>,
     /// Output value.
@@ -66,12 +72,10 @@ pub struct BatchCtx {
     emits: Vec<StagedEmit>,
     /// Bytes staged so far (writes and emits, with [`ENTRY_OVERHEAD_BYTES`] each).
     staged_bytes: u64,
-    /// The largest record the output topic takes, as [`record_bytes`](super::record_size::record_bytes)
-    /// counts it: a larger emit is refused as too large.
-    pub(crate) emit_record_bytes_max: u64,
-    /// The table every emit must be a row of, when the pipeline writes to one: an emit that is
-    /// not fails its record (docs/iceberg.md, "Schema").
-    pub(crate) emit_table: Option<Arc<crate::row::RowSchema>>,
+    /// What the run gives every call: the largest record the output topics take (a larger
+    /// emit is refused as too large), the table every emit to the default output must be a
+    /// row of (docs/iceberg.md, "Schema"), the parameters.
+    pub(crate) call: Arc<CallSettings>,
     /// Timers the call's `timers` imports added to the shard: +1 per new timer set, −1 per
     /// timer cleared (a move adds none), as the staged changes leave them.
     timers_added: i64,
@@ -81,15 +85,33 @@ pub struct BatchCtx {
     reached: std::sync::atomic::AtomicU32,
 }
 
-/// What the output takes of an emit (the pipeline's sink says: [`crate::pipeline::ports::ShardSink`]).
+/// What a pipeline run gives each call besides its records: what the output takes of an emit
+/// (the pipeline's sink says: [`crate::pipeline::ports::ShardSink`]) and the stage's
+/// parameters.
 #[derive(Debug, Clone)]
-pub struct EmitLimits {
-    /// The largest record the output topic takes, as [`record_bytes`](super::record_size::record_bytes)
+pub struct CallSettings {
+    /// The largest record the output topics take, as [`record_bytes`](super::record_size::record_bytes)
     /// counts it.
     pub record_bytes_max: u64,
-    /// The table every emit must be a row of, if any.
+    /// The table every emit to the default output must be a row of, if any.
     pub table: Option<Arc<crate::row::RowSchema>>,
+    /// The parameters `weir:operator/parameters` serves.
+    pub parameters: Parameters,
 }
+
+/// The settings of a call outside a pipeline run: no size limit but the host's, no table, no
+/// parameters.
+static UNLIMITED: std::sync::LazyLock<Arc<CallSettings>> = std::sync::LazyLock::new(|| {
+    Arc::new(CallSettings {
+        record_bytes_max: u64::MAX,
+        table: None,
+        parameters: Parameters::default(),
+    })
+});
+
+/// A stage's parameters (`pipeline.parameters`, a stage's `parameters`): name → value, shared
+/// by every call of the run.
+pub type Parameters = Arc<BTreeMap<String, String>>;
 
 /// Bytes charged per staged write, emit and header on top of its keys and values, so that
 /// empty entries are not free.
@@ -126,8 +148,7 @@ impl BatchCtx {
             emitted_bytes: vec![0; n],
             emits: Vec::new(),
             staged_bytes: 0,
-            emit_record_bytes_max: u64::MAX,
-            emit_table: None,
+            call: UNLIMITED.clone(),
             timers_added: 0,
             quota: None,
             reached: std::sync::atomic::AtomicU32::new(0),
@@ -150,17 +171,10 @@ impl BatchCtx {
         );
     }
 
-    /// Refuses emits larger than `bytes` as the output topic would count them (the sink's
-    /// the output's `output_bytes_max`).
-    pub fn set_emit_record_bytes_max(&mut self, bytes: u64) {
-        self.emit_record_bytes_max = bytes;
-    }
-
-    /// Applies the output's limits to this call's emits: their size as the output topic counts
-    /// it, and the table they must be rows of.
-    pub fn set_emit_limits(&mut self, limits: &EmitLimits) {
-        self.emit_record_bytes_max = limits.record_bytes_max;
-        self.emit_table = limits.table.clone();
+    /// Applies the run's settings to this call: the size of emits as the output topics count
+    /// it, the table they must be rows of, the parameters.
+    pub fn set_call_settings(&mut self, settings: &Arc<CallSettings>) {
+        self.call = settings.clone();
     }
 
     /// Bytes staged so far by this call (see [`ENTRY_OVERHEAD_BYTES`]).

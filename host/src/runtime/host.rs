@@ -26,6 +26,9 @@ pub struct OperatorMeta {
     pub states: HashMap<String, StateDescriptor>,
     /// Names of the value states, prefetched for every key of a batch.
     pub value_states: Vec<String>,
+    /// The named outputs it declared, besides `default`: [`crate::runtime::StagedEmit::output`]
+    /// `i + 1` is `outputs[i]`.
+    pub outputs: Vec<String>,
     /// Limits applied inside imports.
     pub limits: CallLimits,
 }
@@ -46,6 +49,16 @@ pub struct CallLimits {
 }
 
 impl OperatorMeta {
+    /// The index of output `name` as [`crate::runtime::StagedEmit::output`] counts it: 0 for
+    /// `default`, `i + 1` for the declared `outputs[i]`; `None` for any other name.
+    pub fn output_index(&self, name: &str) -> Option<u16> {
+        if name == crate::topology::DEFAULT_OUTPUT {
+            return Some(0);
+        }
+        let i = self.outputs.iter().position(|o| o == name)?;
+        u16::try_from(i + 1).ok()
+    }
+
     /// The declaration of state `name` if it is of `kind`.
     pub(crate) fn state(
         &self,

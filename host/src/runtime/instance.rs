@@ -3,7 +3,7 @@
 //! failed call turned into a [`CallError`].
 
 use super::batch::BatchCtx;
-use super::bindings::{Disposition, FiredTimer, InputRecord};
+use super::bindings::{Disposition, FiredTimer, InputRecord, LegacyInputRecord};
 use super::epoch::EpochTicker;
 use super::host::HostCtx;
 use super::{CallError, DeadlineExceeded, HostAbort, OperatorMeta, guest_log, native, ticks};
@@ -13,9 +13,19 @@ use std::time::Duration;
 use wasmtime::Store;
 use wasmtime::component::TypedFunc;
 
-/// `process-batch` as typed once per instance: the batch's records shared, not copied, until
-/// the call lowers them into guest memory.
-pub(super) type ProcessBatch = TypedFunc<(Arc<Vec<InputRecord>>,), (Vec<Disposition>,)>;
+/// `process-batch` of an instance.
+pub(super) enum ProcessBatch {
+    /// 0.3 and later, typed once per instance: the batch's records shared, not copied, until
+    /// the call lowers them into guest memory.
+    Current(TypedFunc<(Arc<Vec<InputRecord>>,), (Vec<Disposition>,)>),
+    /// 0.2 and 0.1, whose records have no input index: typed per call, over
+    /// [`LegacyInputRecord`]s borrowed from the batch (its type check walks the two small
+    /// types; a legacy component pays it per call).
+    Legacy(wasmtime::component::Func),
+}
+
+/// `process-batch` typed for records without their input index.
+type LegacyProcessBatch<'a> = TypedFunc<(&'a [LegacyInputRecord<'a>],), (Vec<Disposition>,)>;
 
 /// `on-timers` as typed once per instance.
 pub(super) type OnTimers = TypedFunc<(Arc<Vec<FiredTimer>>,), (Vec<Disposition>,)>;
@@ -141,12 +151,26 @@ impl<S: Shard> Instance<S> {
                     .await
                     .map(|(d,)| d)
             }),
-            _ => Box::pin(async move {
-                process_batch
-                    .call_async(&mut *store, (records,))
-                    .await
-                    .map(|(d,)| d)
-            }),
+            _ => match process_batch {
+                ProcessBatch::Current(process_batch) => Box::pin(async move {
+                    process_batch
+                        .call_async(&mut *store, (records,))
+                        .await
+                        .map(|(d,)| d)
+                }),
+                ProcessBatch::Legacy(func) => {
+                    let func = *func;
+                    Box::pin(async move {
+                        let legacy: Vec<LegacyInputRecord<'_>> =
+                            records.iter().map(LegacyInputRecord::from).collect();
+                        let typed: LegacyProcessBatch<'_> = func.typed(&*store)?;
+                        typed
+                            .call_async(&mut *store, (&legacy,))
+                            .await
+                            .map(|(d,)| d)
+                    })
+                }
+            },
         };
         let ticking = ticker.ticking();
         let result = tokio::time::timeout(wall_clock_max, call).await;

@@ -15,6 +15,7 @@
 pub mod batch;
 pub mod bindings;
 mod compiled_dir;
+mod describe;
 mod epoch;
 pub mod guest_log;
 mod host;
@@ -25,14 +26,13 @@ mod operator;
 pub mod record_size;
 pub mod wasi;
 
-pub use batch::{BatchCtx, EmitLimits, StagedEmit};
+pub use batch::{BatchCtx, CallSettings, Parameters, StagedEmit};
 pub use bindings::{
     Disposition, FiredTimer, Header, InputRecord, OperatorInfo, TimeDomain, WorldVersion,
 };
 use bindings::{ON_TIMERS, PROCESS_BATCH};
 pub use host::{CallLimits, HostCtx, OperatorMeta};
 pub use instance::Instance;
-use instance::InstanceKind;
 use operator::Logic;
 pub use operator::Operator;
 
@@ -40,13 +40,14 @@ use crate::clock::SharedClock;
 use crate::config::RuntimeSettings;
 use crate::error::ErrorKind;
 use crate::state::{Shard, StateError};
-use bindings::{OperatorWorld, OperatorWorldPre, StateKind, v0_1};
+use bindings::{OperatorWorld, v0_1, v0_2};
+pub use describe::OUTPUTS_MAX;
+use describe::{check_description, describe, world_exports};
 use epoch::EpochTicker;
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
-use wasmtime::component::{Component, ComponentExportIndex, HasSelf, InstancePre, Linker};
+use wasmtime::component::{Component, HasSelf, Linker};
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
 /// Interval between epoch ticks: the granularity of CPU deadlines and of yielding.
@@ -88,7 +89,9 @@ pub enum RuntimeError {
     },
     /// The component does not implement the `weir:operator` world (missing export, an import
     /// the host does not provide).
-    #[error("operator does not implement the weir:operator world (0.2.0 or 0.1.0): {reason}")]
+    #[error(
+        "operator does not implement the weir:operator world (0.3.0, 0.2.0 or 0.1.0): {reason}"
+    )]
     WrongWorld {
         /// What is missing or wrong.
         reason: String,
@@ -249,9 +252,12 @@ impl<S: Shard> Runtime<S> {
         let engine = Engine::new(&config).map_err(RuntimeError::Engine)?;
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(RuntimeError::Engine)?;
-        // Both world versions side by side: their interfaces have distinct names
-        // (`weir:operator/state@0.1.0`, `…@0.2.0`), so a component links whichever it imports.
+        // Every world version side by side: their interfaces have distinct names
+        // (`weir:operator/state@0.1.0`, `…@0.2.0`, `…@0.3.0`), so a component links whichever
+        // it imports.
         OperatorWorld::add_to_linker::<_, HasSelf<HostCtx<S>>>(&mut linker, |ctx| ctx)
+            .map_err(RuntimeError::Engine)?;
+        v0_2::OperatorWorld::add_to_linker::<_, HasSelf<HostCtx<S>>>(&mut linker, |ctx| ctx)
             .map_err(RuntimeError::Engine)?;
         v0_1::OperatorWorld::add_to_linker::<_, HasSelf<HostCtx<S>>>(&mut linker, |ctx| ctx)
             .map_err(RuntimeError::Engine)?;
@@ -314,6 +320,7 @@ impl<S: Shard> Runtime<S> {
                 pre: instance_pre,
                 process_batch,
                 on_timers,
+                world,
             },
             meta: None,
             settings: self.settings.clone(),
@@ -394,7 +401,7 @@ impl<S: Shard> Runtime<S> {
         &self,
         logic: Arc<dyn native::NativeOperator>,
     ) -> Result<Operator<S>, RuntimeError> {
-        let meta = check_description(logic.describe(), WorldVersion::V0_2, &self.settings)?;
+        let meta = check_description(logic.describe(), WorldVersion::V0_3, &self.settings)?;
         Ok(Operator {
             logic: Logic::Native(logic),
             meta: Some(Arc::new(meta)),
@@ -405,179 +412,6 @@ impl<S: Shard> Runtime<S> {
             log_budget: guest_log::Budgets::new(self.settings.log_lines_per_second_max).pipeline,
         })
     }
-}
-
-/// The newest operator world `component` exports (the generated `…Pre` checks its exports'
-/// types, against `instance_pre`), and the indexes of its `process-batch` and `on-timers`
-/// (0.2 and later).
-///
-/// # Errors
-/// [`RuntimeError::WrongWorld`] for a component of another world.
-fn world_exports<S: Shard>(
-    component: &Component,
-    instance_pre: &InstancePre<HostCtx<S>>,
-) -> Result<
-    (
-        WorldVersion,
-        ComponentExportIndex,
-        Option<ComponentExportIndex>,
-    ),
-    RuntimeError,
-> {
-    let wrong = |e: wasmtime::Error| RuntimeError::WrongWorld {
-        reason: format!("{e:#}"),
-    };
-    // The newest world the component exports; the generated `…Pre` checks its exports'
-    // types.
-    let world = [WorldVersion::V0_2, WorldVersion::V0_1]
-        .into_iter()
-        .find(|w| {
-            component
-                .get_export_index(None, w.operator_interface())
-                .is_some()
-        })
-        .ok_or_else(|| RuntimeError::WrongWorld {
-            reason:
-                "exports neither `weir:operator/operator@0.2.0` nor `weir:operator/operator@0.1.0`"
-                    .into(),
-        })?;
-    match world {
-        WorldVersion::V0_2 => drop(OperatorWorldPre::new(instance_pre.clone()).map_err(wrong)?),
-        WorldVersion::V0_1 => {
-            drop(v0_1::OperatorWorldPre::new(instance_pre.clone()).map_err(wrong)?);
-        }
-    }
-    let interface = component
-        .get_export_index(None, world.operator_interface())
-        .expect("found above");
-    let export = |name: &str| {
-        component
-            .get_export_index(Some(&interface), name)
-            .ok_or_else(|| RuntimeError::WrongWorld {
-                reason: format!("no `{name}` in `{}`", world.operator_interface()),
-            })
-    };
-    let process_batch = export(PROCESS_BATCH)?;
-    let on_timers = match world {
-        WorldVersion::V0_2 => Some(export(ON_TIMERS)?),
-        WorldVersion::V0_1 => None,
-    };
-    Ok((world, process_batch, on_timers))
-}
-
-/// What `operator` (of `world`) describes of itself, from an instance of its own.
-///
-/// # Errors
-/// [`RuntimeError::Instantiate`] when it cannot be instantiated or `describe` traps.
-async fn describe<S: Shard>(
-    operator: &Operator<S>,
-    world: WorldVersion,
-) -> Result<OperatorInfo, RuntimeError> {
-    let probe = operator.instantiate(None, "describe".into()).await?;
-    let InstanceKind::Wasm {
-        mut store,
-        instance,
-        ..
-    } = probe.kind
-    else {
-        unreachable!("a Wasm operator makes Wasm instances")
-    };
-    let info = match world {
-        WorldVersion::V0_2 => OperatorWorld::new(&mut store, &instance)
-            .map_err(RuntimeError::Instantiate)?
-            .weir_operator_operator()
-            .call_describe(&mut store)
-            .await
-            .map_err(RuntimeError::Instantiate)?,
-        WorldVersion::V0_1 => legacy_info(
-            v0_1::OperatorWorld::new(&mut store, &instance)
-                .map_err(RuntimeError::Instantiate)?
-                .weir_operator_operator()
-                .call_describe(&mut store)
-                .await
-                .map_err(RuntimeError::Instantiate)?,
-        ),
-    };
-    Ok(info)
-}
-
-/// A 0.1 component's description as 0.2 says it: its states at schema version 0.
-fn legacy_info(info: v0_1::exports::weir::operator::operator::OperatorInfo) -> OperatorInfo {
-    use v0_1::weir::operator::types::StateKind as LegacyKind;
-    OperatorInfo {
-        name: info.name,
-        version: info.version,
-        states: info
-            .states
-            .into_iter()
-            .map(|s| bindings::StateDescriptor {
-                name: s.name,
-                kind: match s.kind {
-                    LegacyKind::Value => StateKind::Value,
-                    LegacyKind::Map => StateKind::Map,
-                },
-                ttl_ms: s.ttl_ms,
-                version: 0,
-            })
-            .collect(),
-    }
-}
-
-/// Checks `describe`'s answer and indexes its states.
-fn check_description(
-    info: bindings::OperatorInfo,
-    world: WorldVersion,
-    settings: &RuntimeSettings,
-) -> Result<OperatorMeta, RuntimeError> {
-    let invalid = |reason: String| RuntimeError::InvalidDescription { reason };
-    if info.name.is_empty() || info.name.len() > 64 {
-        return Err(invalid(format!(
-            "name must be 1..=64 bytes. name=`{}`",
-            info.name
-        )));
-    }
-    if info.version.len() > 64 {
-        return Err(invalid("version must be at most 64 bytes".into()));
-    }
-    let mut states = HashMap::new();
-    let mut value_states = Vec::new();
-    for state in info.states {
-        let name_ok = !state.name.is_empty()
-            && state.name.len() <= 64
-            && state
-                .name
-                .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-');
-        if !name_ok {
-            return Err(invalid(format!(
-                "state names must be 1..=64 bytes of [a-z0-9_-]. name=`{}`",
-                state.name
-            )));
-        }
-        if state.kind == StateKind::Value {
-            value_states.push(state.name.clone());
-        }
-        if let Some(dup) = states.insert(state.name.clone(), state) {
-            return Err(invalid(format!(
-                "state declared twice. name=`{}`",
-                dup.name
-            )));
-        }
-    }
-    Ok(OperatorMeta {
-        name: info.name,
-        version: info.version,
-        world,
-        states,
-        value_states,
-        limits: CallLimits {
-            state_value_bytes_max: settings.state_value_bytes_max,
-            state_map_key_bytes_max: settings.state_map_key_bytes_max,
-            emit_bytes_per_record_max: settings.emit_bytes_per_record_max,
-            batch_staged_bytes_max: settings.batch_staged_bytes_max,
-            timers_per_key_max: settings.timers_per_key_max,
-        },
-    })
 }
 
 /// Epoch ticks in `d`, at least one.

@@ -77,6 +77,8 @@ impl NativeContext<'_> {
     pub fn emit(&mut self, key: &[u8], value: Vec<u8>) {
         self.batch.stage_emit(StagedEmit {
             record: self.record,
+            output: 0,
+            timestamp_ms: None,
             key: key.to_vec(),
             value,
             headers: Vec::new(),

@@ -43,6 +43,8 @@ pub(super) enum Logic<S: Shard> {
         process_batch: ComponentExportIndex,
         /// `on-timers` (0.2 and later).
         on_timers: Option<ComponentExportIndex>,
+        /// The world it was built against: how `process-batch` takes its records.
+        world: super::WorldVersion,
     },
     /// Logic compiled into the host (benchmark baseline).
     Native(Arc<dyn native::NativeOperator>),
@@ -105,14 +107,15 @@ impl<S: Shard> Operator<S> {
         shard: Option<Arc<S>>,
         source: guest_log::LogSource,
     ) -> Result<Instance<S>, RuntimeError> {
-        let (engine, pre, ticker, process_batch, on_timers) = match &self.logic {
+        let (engine, pre, ticker, process_batch, on_timers, world) = match &self.logic {
             Logic::Wasm {
                 engine,
                 pre,
                 ticker,
                 process_batch,
                 on_timers,
-            } => (engine, pre, ticker, process_batch, on_timers),
+                world,
+            } => (engine, pre, ticker, process_batch, on_timers, *world),
             Logic::Native(logic) => {
                 return Ok(Instance {
                     kind: InstanceKind::Native {
@@ -133,7 +136,7 @@ impl<S: Shard> Operator<S> {
             .map_err(RuntimeError::Instantiate)?;
         drop(ticking);
         let (process_batch, on_timers) =
-            typed_exports(&instance, &mut store, *process_batch, *on_timers)?;
+            typed_exports(&instance, &mut store, (*process_batch, *on_timers), world)?;
         Ok(Instance {
             kind: InstanceKind::Wasm {
                 store,
@@ -184,12 +187,13 @@ impl<S: Shard> Operator<S> {
     }
 }
 
-/// The typed `process-batch` and `on-timers` (0.2 and later) of `instance` in `store`.
+/// The typed `process-batch` and `on-timers` (0.2 and later) of `instance` (of `world`) in
+/// `store`.
 fn typed_exports<S: Shard>(
     instance: &wasmtime::component::Instance,
     store: &mut Store<HostCtx<S>>,
-    process_batch: ComponentExportIndex,
-    on_timers: Option<ComponentExportIndex>,
+    (process_batch, on_timers): (ComponentExportIndex, Option<ComponentExportIndex>),
+    world: super::WorldVersion,
 ) -> Result<(ProcessBatch, Option<OnTimers>), RuntimeError> {
     let on_timers = match on_timers {
         Some(index) => Some(
@@ -203,12 +207,15 @@ fn typed_exports<S: Shard>(
         ),
         None => None,
     };
-    let process_batch = instance
+    let func = instance
         .get_func(&mut *store, process_batch)
         .ok_or_else(|| {
             RuntimeError::Instantiate(wasmtime::format_err!("no `{PROCESS_BATCH}` export"))
-        })?
-        .typed(&*store)
-        .map_err(RuntimeError::Instantiate)?;
+        })?;
+    let process_batch = if world.has_input_index() {
+        ProcessBatch::Current(func.typed(&*store).map_err(RuntimeError::Instantiate)?)
+    } else {
+        ProcessBatch::Legacy(func)
+    };
     Ok((process_batch, on_timers))
 }

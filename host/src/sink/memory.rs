@@ -23,6 +23,11 @@ pub struct Written {
     pub value: Vec<u8>,
     /// The input record it answers: (topic, offset).
     pub source: (String, i64),
+    /// The operator's output it went to ([`StagedEmit::output`]: 0 is `default`); 0 for a
+    /// dead letter.
+    pub output: u16,
+    /// Its timestamp: the one the operator gave, else its input record's (ms).
+    pub timestamp_ms: i64,
     /// Dead letters: the kind and the error.
     pub dead_letter: Option<(DeadLetterKind, String)>,
 }
@@ -140,6 +145,8 @@ impl ShardSink for MemorySink {
             key: emit.key.clone(),
             value: emit.value.clone(),
             source: (source.topic.to_string(), source.offset),
+            output: emit.output,
+            timestamp_ms: emit.timestamp_ms.unwrap_or(source.timestamp_ms),
             dead_letter: None,
         });
         Ok(())
@@ -156,6 +163,8 @@ impl ShardSink for MemorySink {
             key: record.key.clone(),
             value: record.value.clone(),
             source: (record.topic.to_string(), record.offset),
+            output: 0,
+            timestamp_ms: record.timestamp_ms,
             dead_letter: Some((kind, error.to_owned())),
         });
         Ok(())

@@ -84,7 +84,7 @@ impl MemorySource {
                 continue;
             }
             let mut budget = per_partition_max;
-            for topic in &self.topics {
+            for (input, topic) in (0u32..).zip(&self.topics) {
                 let key = (topic.clone(), *partition);
                 let Some(log) = logs.records.get(&key) else {
                     continue;
@@ -92,7 +92,11 @@ impl MemorySource {
                 let at = logs.positions.entry(key).or_insert(0);
                 let from = usize::try_from(*at).unwrap_or(usize::MAX).min(log.len());
                 let to = from.saturating_add(budget).min(log.len());
-                records.extend_from_slice(&log[from..to]);
+                records.extend(
+                    log[from..to]
+                        .iter()
+                        .map(|r| InputRecord { input, ..r.clone() }),
+                );
                 budget -= to - from;
                 *at = to as i64;
                 more |= to < log.len();
@@ -141,6 +145,7 @@ impl MemorySourceHandle {
                 topic: topic.into(),
                 partition: partition.0,
                 offset,
+                input: 0,
             });
         }
         self.source.ready.notify_one();

@@ -100,6 +100,7 @@ class Record(Protocol):
     - `timestamp_ms`: milliseconds since the Unix epoch, -1 when the broker gave none.
     - `headers`: list of `Header`, in order.
     - `topic`, `partition`, `offset`: where the record was read.
+    - `input`: which of the stage's inputs it came from (its index in the stage's `inputs`).
     """
 
     key: bytes
@@ -108,6 +109,7 @@ class Record(Protocol):
     topic: str
     partition: int
     offset: int
+    input: int
 
     @property
     def headers(self) -> Sequence[Header]:
@@ -133,6 +135,17 @@ class Host(Protocol):
     def emit(
         self, record: int, key: bytes, value: bytes, headers: Sequence[tuple[str, bytes]]
     ) -> None: ...
+    def emit_to(
+        self,
+        record: int,
+        output: str,
+        key: bytes,
+        value: bytes,
+        headers: Sequence[tuple[str, bytes]],
+        timestamp_ms: int | None,
+    ) -> None: ...
+    def parameter(self, name: str) -> str | None: ...
+    def parameters(self) -> list[tuple[str, str]]: ...
     def log(self, level: int, message: str) -> None: ...
     def timer_set(self, record: int, name: str, at_ms: int, domain: TimeDomain) -> None: ...
     def timer_clear(self, record: int, name: str) -> None: ...
@@ -258,6 +271,46 @@ class Context:
         except Exception as e:
             raise Reject(f"cannot encode output: {e}") from e
         self.emit(key, data)
+
+    def emit_to(
+        self,
+        output: str,
+        key: Data,
+        value: Data,
+        headers: HeadersArg = (),
+        *,
+        timestamp_ms: int | None = None,
+    ) -> None:
+        """Emits a record to output `output`: `"default"` or one the operator declares in
+        `outputs` (as Flink's side outputs). `timestamp_ms` (ms since the Unix epoch) replaces
+        the input record's timestamp: the record's event time in a later stage. Raises `Reject`
+        as `emit` does, and for an output the operator does not declare."""
+        self._host.emit_to(
+            self._index,
+            output,
+            _bytes(key),
+            _bytes(value),
+            _headers(headers) if headers else (),
+            timestamp_ms,
+        )
+
+    def emit_json_to(
+        self, output: str, key: Data, value: Any, *, timestamp_ms: int | None = None
+    ) -> None:
+        """Emits `value` as compact JSON to output `output` (see `emit_to`)."""
+        try:
+            data = dumps(value)
+        except Exception as e:
+            raise Reject(f"cannot encode output: {e}") from e
+        self.emit_to(output, key, data, timestamp_ms=timestamp_ms)
+
+    def parameter(self, name: str) -> str | None:
+        """The value of the stage's parameter `name` (the pipeline's `parameters`), or None."""
+        return self._host.parameter(name)
+
+    def parameters(self) -> dict[str, str]:
+        """Every parameter of the stage, name → value."""
+        return dict(self._host.parameters())
 
     def log(self, level: int, message: str) -> None:
         """Writes a line to the host's log at `level`: `weir.TRACE` … `weir.ERROR`, or a

@@ -45,6 +45,9 @@ class Operator:
     """The operator's version, at most 64 bytes (semver recommended)."""
     states: ClassVar[Sequence[ValueState[Any] | MapState[Any, Any]]] = ()
     """Every named state the operator uses; the host refuses undeclared names."""
+    outputs: ClassVar[Sequence[str]] = ()
+    """The named outputs it emits to with `ctx.emit_to` besides `"default"` (at most 16, each
+    1..=64 bytes of `[a-z0-9_-]`); the pipeline binds each to a topic or a later stage."""
 
     def process(self, ctx: Context, record: Record) -> None:
         """Processes one record: read and write its key's state and emit through `ctx`.
@@ -63,6 +66,9 @@ class Operator:
         """
 
 
+_OUTPUT_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789_-")
+
+
 def _check(operator: type[Operator]) -> None:
     if not (isinstance(operator, type) and issubclass(operator, Operator)):
         raise TypeError(f"export() takes a subclass of weir.Operator, not {operator!r}")
@@ -78,6 +84,14 @@ def _check(operator: type[Operator]) -> None:
         if state.name in seen:
             raise ValueError(f"{operator.__name__}.states declares {state.name!r} twice")
         seen.add(state.name)
+    if len(operator.outputs) > 16 or len(set(operator.outputs)) != len(operator.outputs):
+        raise ValueError(f"{operator.__name__}.outputs must be at most 16 distinct names")
+    for output in operator.outputs:
+        valid = isinstance(output, str) and 0 < len(output) <= 64 and output != "default"
+        if not valid or not all(c in _OUTPUT_NAME_CHARS for c in output):
+            raise ValueError(
+                f"{operator.__name__}.outputs: {output!r} is not 1..=64 of [a-z0-9_-] or is `default`"
+            )
     if operator.process is Operator.process:
         raise TypeError(f"{operator.__name__} does not implement process()")
 
@@ -208,7 +222,9 @@ def export(operator: type[Operator]) -> type:
         def describe(self) -> Any:
             if _wit is None:
                 raise RuntimeError("not in a component: build the module with componentize-py")
-            return _wit.operator_info(operator.name, operator.version, operator.states)
+            return _wit.operator_info(
+                operator.name, operator.version, operator.states, operator.outputs
+            )
 
         def process_batch(self, records: list[Any]) -> list[Any]:
             if driver is None:

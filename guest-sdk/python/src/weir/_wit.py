@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from componentize_py_types import Err
 from wit_world.imports import emit as wit_emit
 from wit_world.imports import log as wit_log
+from wit_world.imports import parameters as wit_parameters
 from wit_world.imports import state as wit_state
 from wit_world.imports import timers as wit_timers
 from wit_world.imports import types as wit_types
@@ -35,6 +36,8 @@ def _emit_reject(err: Err) -> Reject:  # type: ignore[type-arg]
     e = err.value
     if isinstance(e, wit_emit.EmitError_InvalidRecord):
         return Reject(f"emit error: invalid record index {e.value}")
+    if isinstance(e, wit_emit.EmitError_UnknownOutput):
+        return Reject(f"emit error: the operator declares no output `{e.value}`")
     return Reject(f"emit error: output for this record exceeds the limit of {e.value} bytes")
 
 
@@ -126,6 +129,33 @@ class WitHost:
         except Err as e:
             raise _emit_reject(e) from None
 
+    def emit_to(
+        self,
+        record: int,
+        output: str,
+        key: bytes,
+        value: bytes,
+        headers: Sequence[tuple[str, bytes]],
+        timestamp_ms: int | None,
+    ) -> None:
+        try:
+            wit_emit.emit_to(
+                record,
+                output,
+                key,
+                value,
+                [wit_types.Header(n, v) for n, v in headers],
+                timestamp_ms,
+            )
+        except Err as e:
+            raise _emit_reject(e) from None
+
+    def parameter(self, name: str) -> str | None:
+        return wit_parameters.get(name)
+
+    def parameters(self) -> list[tuple[str, str]]:
+        return wit_parameters.entries()
+
     def log(self, level: int, message: str) -> None:
         wit_log.log(_LEVELS[level], message)
 
@@ -155,7 +185,9 @@ class WitHost:
         return wit_timers.current_processing_time()
 
 
-def operator_info(name: str, version: str, states: Sequence[object]) -> wit_types.OperatorInfo:
+def operator_info(
+    name: str, version: str, states: Sequence[object], outputs: Sequence[str]
+) -> wit_types.OperatorInfo:
     """The `operator-info` the host reads from `describe`."""
     return wit_types.OperatorInfo(
         name,
@@ -169,6 +201,7 @@ def operator_info(name: str, version: str, states: Sequence[object]) -> wit_type
             )
             for s in states
         ],
+        list(outputs),
     )
 
 

@@ -73,15 +73,19 @@ class TestRecord:
     topic: str = "input"
     partition: int = 0
     offset: int = 0
+    input: int = 0
 
 
 @dataclass
 class Output:
-    """A record the operator emitted."""
+    """A record the operator emitted: to `output` (`"default"` or a named one), with
+    `timestamp_ms` when the operator gave one (None: its input record's)."""
 
     key: bytes
     value: bytes
     headers: list[tuple[str, bytes]]
+    output: str = "default"
+    timestamp_ms: int | None = None
 
 
 @dataclass
@@ -104,8 +108,15 @@ _ABSENT = object()
 class _MemoryHost:
     """The host imports over dictionaries, with an undo log per record."""
 
-    def __init__(self, states: Sequence[ValueState[Any] | MapState[Any, Any]]) -> None:
+    def __init__(
+        self,
+        states: Sequence[ValueState[Any] | MapState[Any, Any]],
+        outputs: Sequence[str] = (),
+        parameters: dict[str, str] | None = None,
+    ) -> None:
         self.kinds = {s.name: s.kind for s in states}
+        self.outputs = set(outputs)
+        self.params = dict(parameters or {})
         self.values: dict[tuple[bytes, str], bytes] = {}
         self.maps: dict[tuple[bytes, str], dict[bytes, bytes]] = {}
         self.keys: list[bytes] = []
@@ -184,6 +195,19 @@ class _MemoryHost:
     def emit(
         self, record: int, key: bytes, value: bytes, headers: Sequence[tuple[str, bytes]]
     ) -> None:
+        self.emit_to(record, "default", key, value, headers, None)
+
+    def emit_to(
+        self,
+        record: int,
+        output: str,
+        key: bytes,
+        value: bytes,
+        headers: Sequence[tuple[str, bytes]],
+        timestamp_ms: int | None,
+    ) -> None:
+        if output != "default" and output not in self.outputs:
+            raise Reject(f"emit error: the operator declares no output `{output}`")
         if not 0 <= record < len(self.keys):
             raise Reject(f"emit error: invalid record index {record}")
         wire = 97 + len(key) + len(value) + sum(10 + len(n.encode()) + len(v) for n, v in headers)
@@ -198,7 +222,17 @@ class _MemoryHost:
                 f"emit error: output for this record exceeds the limit of {EMIT_BYTES_MAX} bytes"
             )
         self.emitted_bytes += size
-        self.emitted.append(Output(bytes(key), bytes(value), [(n, bytes(v)) for n, v in headers]))
+        self.emitted.append(
+            Output(
+                bytes(key), bytes(value), [(n, bytes(v)) for n, v in headers], output, timestamp_ms
+            )
+        )
+
+    def parameter(self, name: str) -> str | None:
+        return self.params.get(name)
+
+    def parameters(self) -> list[tuple[str, str]]:
+        return sorted(self.params.items())
 
     def log(self, level: int, message: str) -> None:
         self.logs.append((LEVELS[level], message.encode()[:4096].decode(errors="ignore")))
@@ -234,8 +268,14 @@ class Harness:
     """Runs `operator` over records you give it, one record per batch (a batch of several
     behaves the same, since each record's writes are visible to the next at once)."""
 
-    def __init__(self, operator: type[Operator], *, processing_time_ms: int = 0) -> None:
-        self._host = _MemoryHost(operator.states)
+    def __init__(
+        self,
+        operator: type[Operator],
+        *,
+        processing_time_ms: int = 0,
+        parameters: dict[str, str] | None = None,
+    ) -> None:
+        self._host = _MemoryHost(operator.states, operator.outputs, parameters)
         self._host.now_ms = processing_time_ms
         self._driver = Driver(operator, self._host)
         self.outputs: list[Output] = []
@@ -347,8 +387,10 @@ class Harness:
         timestamp_ms: int = -1,
         headers: Iterable[tuple[str, bytes]] = (),
         partition: int = 0,
+        input: int = 0,
     ) -> Outcome:
-        """Processes a record made of these parts (`str` encoded as UTF-8), at the next offset."""
+        """Processes a record made of these parts (`str` encoded as UTF-8), at the next offset,
+        as read from the stage's input `input`."""
         record = TestRecord(
             key.encode() if isinstance(key, str) else key,
             value.encode() if isinstance(value, str) else value,
@@ -356,6 +398,7 @@ class Harness:
             [Header(n, v) for n, v in headers],
             partition=partition,
             offset=self._offset,
+            input=input,
         )
         self._offset += 1
         return self.process(record)

@@ -238,6 +238,7 @@ impl Timers {
             topic: self.topic.clone(),
             partition: partition.0,
             offset: -1,
+            input: 0,
         }
     }
 }

@@ -8,7 +8,7 @@ use crate::pipeline::controller::key_hash;
 use crate::pipeline::policy::ROUND_BACKOFF_MAX;
 use crate::runtime::guest_log::LogSource;
 use crate::runtime::{
-    BatchCtx, CallError, Disposition, EmitLimits, FiredTimer, HostAbort, Instance, Operator,
+    BatchCtx, CallError, CallSettings, Disposition, FiredTimer, HostAbort, Instance, Operator,
 };
 use crate::state::{Shard, StateError};
 use crate::time::keys;
@@ -146,7 +146,7 @@ pub(in crate::pipeline) struct TimerCall<S: Shard> {
     pub watermark: Option<i64>,
     pub now_ms: i64,
     pub deadline: Duration,
-    pub emits: EmitLimits,
+    pub emits: Arc<CallSettings>,
     /// Longest wait for the prefetch.
     pub io_max: Duration,
 }
@@ -160,7 +160,7 @@ impl<S: Shard> TimerCall<S> {
         instance: Option<Instance<S>>,
     ) -> (Option<Instance<S>>, Called) {
         let mut batch = BatchCtx::for_timers(self.timers.clone());
-        batch.set_emit_limits(&self.emits);
+        batch.set_call_settings(&self.emits);
         batch.set_time(self.watermark, self.now_ms);
         let keys = self.timers.iter().map(|t| t.key.as_slice());
         let value_states = &self.operator.meta().value_states;

@@ -63,6 +63,11 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
             caught_up,
         } = start;
         let pipeline = &settings.pipeline;
+        let call_settings = std::sync::Arc::new(crate::runtime::CallSettings {
+            record_bytes_max: sink.output_bytes_max(),
+            table: sink.emit_table(),
+            parameters: std::sync::Arc::new(pipeline.parameters.clone()),
+        });
         let mut timers = Timers::new(
             &pipeline.input_topics,
             pipeline.max_out_of_orderness,
@@ -101,6 +106,7 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
             timers,
             marked: None,
             late_records: pipeline.late_records,
+            call_settings,
             caught_up,
         }
     }

@@ -8,7 +8,7 @@ use crate::pipeline::attempt::{Ended, Running, batch_deadline};
 use crate::pipeline::ports::{DeadLetterKind, ShardSink};
 use crate::pipeline::timers::{Called, Round, TimerCall, TimersCalled, removals};
 use crate::runtime::BatchCtx;
-use crate::runtime::{CallError, Disposition, EmitLimits, FiredTimer, Instance};
+use crate::runtime::{CallError, Disposition, FiredTimer, Instance};
 use crate::state::{Shard, StateError, StateWrite};
 use crate::time::keys;
 use std::sync::Arc;
@@ -224,10 +224,7 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
             stats: self.stats.clone(),
             watermark: self.timers.watermarks().applied(),
             now_ms,
-            emits: EmitLimits {
-                record_bytes_max: self.sink.output_bytes_max(),
-                table: self.sink.emit_table(),
-            },
+            emits: self.call_settings.clone(),
             io_max: self.settings.call_io_allowance,
         }
     }

@@ -17,29 +17,70 @@ impl<S: Shard> Host for HostCtx<S> {
         value: Vec<u8>,
         headers: Vec<Header>,
     ) -> wasmtime::Result<Result<(), EmitError>> {
+        self.stage_checked_emit(StagedEmit {
+            record,
+            output: 0,
+            timestamp_ms: None,
+            key,
+            value,
+            headers,
+        })
+    }
+
+    async fn emit_to(
+        &mut self,
+        record: u32,
+        output: String,
+        key: Vec<u8>,
+        value: Vec<u8>,
+        headers: Vec<Header>,
+        timestamp_ms: Option<i64>,
+    ) -> wasmtime::Result<Result<(), EmitError>> {
+        let Some(output) = self.meta.as_ref().and_then(|m| m.output_index(&output)) else {
+            return Ok(Err(EmitError::UnknownOutput(output)));
+        };
+        self.stage_checked_emit(StagedEmit {
+            record,
+            output,
+            timestamp_ms,
+            key,
+            value,
+            headers,
+        })
+    }
+}
+
+impl<S: Shard> HostCtx<S> {
+    /// Stages `emit` once it passes the emit rules (`emit.wit`): it fits the output topics and
+    /// its record's budget, is a row of the table (the default output's, when there is one),
+    /// carries no reserved header, and keeps the call within its staging budget — the last
+    /// three failing the call rather than returning an error to the guest.
+    fn stage_checked_emit(&mut self, emit: StagedEmit) -> wasmtime::Result<Result<(), EmitError>> {
+        let record = emit.record;
         let (limit, staged_max) = self.meta.as_ref().map_or((0, 0), |m| {
             (
                 m.limits.emit_bytes_per_record_max,
                 m.limits.batch_staged_bytes_max,
             )
         });
-        // One record as Kafka counts it must fit the output topic (and the producer); all of a
+        // One record as Kafka counts it must fit the output topics (and the producer); all of a
         // record's emits together must fit the per-record limit.
-        let header_bytes: u64 = headers
+        let header_bytes: u64 = emit
+            .headers
             .iter()
             .map(|h| (h.name.len() + h.value.len()) as u64)
             .sum();
         let wire = record_bytes(
-            key.len() as u64,
-            value.len() as u64,
+            emit.key.len() as u64,
+            emit.value.len() as u64,
             header_bytes,
-            headers.len() as u64,
+            emit.headers.len() as u64,
         );
-        let record_max = self.batch.emit_record_bytes_max;
+        let record_max = self.batch.call.record_bytes_max;
         if wire > record_max {
             return Ok(Err(EmitError::TooLarge(record_max)));
         }
-        let size = emit_size(&key, &value, &headers);
+        let size = emit_size(&emit.key, &emit.value, &emit.headers);
         if usize::try_from(record).is_ok_and(|i| i < self.batch.emitted_bytes.len()) {
             self.batch.note_reached(record);
         }
@@ -52,12 +93,13 @@ impl<S: Shard> Host for HostCtx<S> {
         if emitted.saturating_add(size) > limit {
             return Ok(Err(EmitError::TooLarge(limit)));
         }
-        if let Some(table) = &self.batch.emit_table
-            && let Err(e) = table.check(&value)
+        if emit.output == 0
+            && let Some(table) = &self.batch.call.table
+            && let Err(e) = table.check(&emit.value)
         {
             return Err(wasmtime::Error::new(EmitDoesNotFit(e)));
         }
-        if headers.iter().any(|h| h.name == MARKER_HEADER) {
+        if emit.headers.iter().any(|h| h.name == MARKER_HEADER) {
             return Err(wasmtime::Error::new(ReservedHeader));
         }
         *emitted += size;
@@ -66,12 +108,7 @@ impl<S: Shard> Host for HostCtx<S> {
                 limit: staged_max,
             }));
         }
-        self.batch.stage_emit(StagedEmit {
-            record,
-            key,
-            value,
-            headers,
-        });
+        self.batch.stage_emit(emit);
         Ok(Ok(()))
     }
 }
@@ -109,7 +146,11 @@ mod tests {
             required: true,
         }])
         .expect("valid");
-        ctx.batch.emit_table = Some(Arc::new(table));
+        ctx.batch.call = Arc::new(crate::runtime::CallSettings {
+            record_bytes_max: u64::MAX,
+            table: Some(Arc::new(table)),
+            parameters: Default::default(),
+        });
         futures::executor::block_on(async {
             let fits = ctx.emit(0, b"k".to_vec(), br#"{"n":1}"#.to_vec(), Vec::new());
             assert!(matches!(fits.await, Ok(Ok(()))));
@@ -147,5 +188,86 @@ mod tests {
         });
         let (_, emits) = std::mem::take(&mut ctx.batch).into_effects();
         assert_eq!(emits.len(), 1, "only the first is staged");
+    }
+
+    /// `emit-to` stages an emit for a declared output under its index, with the timestamp
+    /// given; `default` is index 0; an undeclared name is the guest's error and stages
+    /// nothing.
+    #[test]
+    fn emits_to_named_outputs_keep_their_index_and_timestamp_and_unknown_ones_are_refused() {
+        let mut ctx = host();
+        futures::executor::block_on(async {
+            let late = ctx.emit_to(
+                0,
+                "late".into(),
+                b"k".to_vec(),
+                b"l".to_vec(),
+                vec![],
+                Some(7),
+            );
+            assert!(matches!(late.await, Ok(Ok(()))));
+            let default = ctx.emit_to(
+                0,
+                "default".into(),
+                b"k".to_vec(),
+                b"d".to_vec(),
+                vec![],
+                None,
+            );
+            assert!(matches!(default.await, Ok(Ok(()))));
+            let unknown = ctx
+                .emit_to(
+                    0,
+                    "early".into(),
+                    b"k".to_vec(),
+                    b"e".to_vec(),
+                    vec![],
+                    None,
+                )
+                .await;
+            assert_eq!(
+                unknown.expect("not a trap"),
+                Err(EmitError::UnknownOutput("early".into()))
+            );
+        });
+        let (_, emits) = std::mem::take(&mut ctx.batch).into_effects();
+        let staged: Vec<_> = emits
+            .iter()
+            .map(|e| (e.output, e.value.as_slice(), e.timestamp_ms))
+            .collect();
+        assert_eq!(staged, [(1, &b"l"[..], Some(7)), (0, &b"d"[..], None)]);
+    }
+
+    /// The parameters a call is given are what `parameters.get` and `entries` return, in name
+    /// order.
+    #[test]
+    fn parameters_are_the_calls_in_name_order() {
+        use crate::runtime::bindings::weir::operator::parameters::Host as _;
+        let mut ctx = host();
+        let parameters = [("threshold", "60"), ("mode", "fast")]
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .into_iter()
+            .collect();
+        ctx.batch
+            .set_call_settings(&Arc::new(crate::runtime::CallSettings {
+                record_bytes_max: u64::MAX,
+                table: None,
+                parameters: Arc::new(parameters),
+            }));
+        futures::executor::block_on(async {
+            assert_eq!(
+                ctx.get("threshold".into()).await.ok(),
+                Some(Some("60".into()))
+            );
+            assert_eq!(ctx.get("other".into()).await.ok(), Some(None));
+            let entries = ctx.entries().await.expect("never fails");
+            assert_eq!(
+                entries,
+                [
+                    ("mode".into(), "fast".into()),
+                    ("threshold".into(), "60".into())
+                ]
+            );
+        });
     }
 }

@@ -3,6 +3,7 @@
 mod emit;
 mod legacy;
 mod log;
+mod parameters;
 mod state;
 pub(crate) mod timers;
 
@@ -12,8 +13,8 @@ use crate::state::Shard;
 
 impl<S: Shard> types::Host for HostCtx<S> {}
 
-/// A store's data for import tests: bound to `shard`, one map state `map` declared, the current
-/// call one record of key `k`, at most `timers_per_key_max` timers per key.
+/// A store's data for import tests: bound to `shard`, one map state `map` and one named output
+/// `late` declared, the current call one record of key `k`, at most `timers_per_key_max` timers per key.
 #[cfg(test)]
 pub(crate) fn test_host(
     shard: std::sync::Arc<crate::state::memory::MemoryShard>,
@@ -41,9 +42,10 @@ pub(crate) fn test_host(
     let meta = OperatorMeta {
         name: "t".into(),
         version: "0".into(),
-        world: crate::runtime::WorldVersion::V0_2,
+        world: crate::runtime::WorldVersion::V0_3,
         states,
         value_states: Vec::new(),
+        outputs: vec!["late".to_owned()],
         limits: CallLimits {
             state_value_bytes_max: 1 << 20,
             state_map_key_bytes_max: 4 << 10,
@@ -69,6 +71,7 @@ pub(crate) fn test_host(
         topic: "t".into(),
         partition: 0,
         offset: 0,
+        input: 0,
     };
     ctx.batch = BatchCtx::new(Arc::new(vec![record]));
     ctx

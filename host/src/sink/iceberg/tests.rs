@@ -436,6 +436,7 @@ fn record(offset: i64) -> InputRecord {
         topic: "in".into(),
         partition: 0,
         offset,
+        input: 0,
     }
 }
 

@@ -1,5 +1,5 @@
-//! [`KafkaSink`]: one partition's producer handle — emits to the output topic, dead letters
-//! to the dead-letter topic, each sized against its topic's limit — and the deliveries it waits
+//! [`KafkaSink`]: one partition's producer handle — emits to the operator's output topics,
+//! dead letters to the dead-letter topic, each sized against its topic's limit — and the deliveries it waits
 //! for, counted ([`super::producer::Deliveries`]) and bounded by [`PENDING_DELIVERIES_MAX`]. A
 //! refused delivery is sent again until it goes through ([`KafkaSink::deliver_refused`]);
 //! exactly-once, the shard's transaction is committed with the checkpoint
@@ -22,9 +22,11 @@ use std::time::Duration;
 /// Where a sent record goes, kept with its delivery until acknowledged.
 #[derive(Debug, Clone, Copy)]
 pub(super) enum Destination {
-    /// The output topic; emitted for the input record at `offset` of `partition` of the
-    /// input topic `topic` (an index into [`KafkaSink::input_topics`]).
+    /// Output `output`'s topic ([`KafkaSink::outputs`]); emitted for the input record at
+    /// `offset` of `partition` of the input topic `topic` (an index into
+    /// [`KafkaSink::input_topics`]).
     Output {
+        output: u16,
         topic: u16,
         partition: Partition,
         offset: i64,
@@ -33,11 +35,22 @@ pub(super) enum Destination {
     DeadLetter,
 }
 
+/// Where one of the operator's outputs goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutputTopic {
+    /// The topic.
+    pub topic: String,
+    /// It is an internal topic of this many partitions: each checkpoint's watermark marker
+    /// goes to every one ([`KafkaSink::watermark`]).
+    pub marker_partitions: Option<i32>,
+}
+
 /// One partition's handle on a producer.
 pub struct KafkaSink {
     pub(super) producer: KafkaProducer,
-    /// None: the pipeline writes its emits only to an Iceberg table.
-    output_topic: Option<String>,
+    /// The operator's outputs' topics by [`StagedEmit::output`]: `default` first (none when
+    /// the pipeline writes its emits only to an Iceberg table), then its named outputs.
+    outputs: Vec<Option<OutputTopic>>,
     dead_letter_topic: String,
     limits: RecordLimits,
     /// Exactly-once: the pipeline's consumer, whose group metadata goes with the transaction's
@@ -52,15 +65,12 @@ pub struct KafkaSink {
     /// Exactly-once: when the open transaction began, and the `transaction.timeout.ms` after
     /// which the broker aborts it (SCENARIOS.md S19: a checkpoint slower than that).
     pub(super) transaction_clock: Option<(std::time::Instant, Duration)>,
-    /// The output is an internal topic of this many partitions: each checkpoint's watermark
-    /// marker goes to every one ([`KafkaSink::watermark`]).
-    marker_partitions: Option<i32>,
 }
 
 impl std::fmt::Debug for KafkaSink {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("KafkaSink")
-            .field("output_topic", &self.output_topic)
+            .field("outputs", &self.outputs)
             .field("limits", &self.limits)
             .field("outstanding", &self.deliveries.outstanding())
             .finish_non_exhaustive()
@@ -77,12 +87,13 @@ const RESEND_BACKOFF_MIN: Duration = Duration::from_millis(200);
 const RESEND_BACKOFF_MAX: Duration = Duration::from_secs(10);
 
 impl KafkaSink {
-    /// A sink writing to `output_topic` (none: emits are refused) and `dead_letter_topic`,
-    /// sizing records by `limits`, reporting failing deliveries to `guard`. `group`: the
-    /// producer is a shard's transactional one (exactly-once) and this the pipeline's consumer.
+    /// A sink writing the operator's `outputs` (by [`StagedEmit::output`]; an emit to one
+    /// that is `None` is refused) and dead letters to `dead_letter_topic`, sizing records by
+    /// `limits`, reporting failing deliveries to `guard`. `group`: the producer is a shard's
+    /// transactional one (exactly-once) and this the pipeline's consumer.
     pub fn new(
         producer: KafkaProducer,
-        output_topic: Option<String>,
+        outputs: Vec<Option<OutputTopic>>,
         dead_letter_topic: String,
         limits: RecordLimits,
         group: Option<Arc<SourceConsumer>>,
@@ -90,7 +101,7 @@ impl KafkaSink {
     ) -> Self {
         Self {
             producer,
-            output_topic,
+            outputs,
             dead_letter_topic,
             limits,
             group,
@@ -98,56 +109,53 @@ impl KafkaSink {
             input_topics: Vec::new(),
             deliveries: Arc::new(Deliveries::new(PENDING_DELIVERIES_MAX)),
             transaction_clock: None,
-            marker_partitions: None,
         }
     }
 
-    /// This sink's output is an internal topic of `partitions` partitions (docs/topologies.md):
-    /// [`KafkaSink::watermark`] writes to each.
-    #[must_use]
-    pub fn with_markers(mut self, partitions: Option<i32>) -> Self {
-        self.marker_partitions = partitions;
-        self
-    }
-
-    /// Whether [`KafkaSink::watermark`] writes anything.
+    /// Whether [`KafkaSink::watermark`] writes anything: an output is an internal topic.
     pub fn writes_markers(&self) -> bool {
-        self.marker_partitions.is_some() && self.output_topic.is_some()
+        self.outputs
+            .iter()
+            .flatten()
+            .any(|o| o.marker_partitions.is_some())
     }
 
-    /// Writes `marker` — the shard's watermark at a checkpoint — to every partition of the
-    /// output topic when that is an internal topic, with the checkpoint's outputs (in its
-    /// transaction, exactly-once), timestamped with the watermark; nothing otherwise.
+    /// Writes `marker` — the shard's watermark at a checkpoint — to every partition of each
+    /// output that is an internal topic, with the checkpoint's outputs (in its transaction,
+    /// exactly-once), timestamped with the watermark; nothing when none is.
     ///
     /// # Errors
     /// [`SinkError`] when an earlier delivery failed for good.
     pub async fn watermark(&mut self, marker: Marker) -> Result<(), SinkError> {
-        let (Some(partitions), Some(output)) = (self.marker_partitions, self.output_topic.take())
-        else {
-            return Ok(());
-        };
         let value = marker.encode();
-        let mut sent = Ok(());
-        for partition in 0..partitions {
-            let headers = OwnedHeaders::new_with_capacity(1).insert(KafkaHeader {
-                key: MARKER_HEADER,
-                value: Some(value.as_bytes()),
-            });
-            let destination = Destination::Output {
-                topic: u16::MAX,
-                partition: Partition(marker.shard),
-                offset: -1,
+        for output in 0..self.outputs.len() {
+            let Some(out) = self.outputs[output].take() else {
+                continue;
             };
-            let to = (&*output, Some(partition));
-            sent = self
-                .send(to, None, b"", headers, marker.watermark_ms, destination)
-                .await;
-            if sent.is_err() {
-                break;
+            let mut sent = Ok(());
+            for partition in 0..out.marker_partitions.unwrap_or(0) {
+                let headers = OwnedHeaders::new_with_capacity(1).insert(KafkaHeader {
+                    key: MARKER_HEADER,
+                    value: Some(value.as_bytes()),
+                });
+                let destination = Destination::Output {
+                    output: u16::try_from(output).unwrap_or(u16::MAX),
+                    topic: u16::MAX,
+                    partition: Partition(marker.shard),
+                    offset: -1,
+                };
+                let to = (&*out.topic, Some(partition));
+                sent = self
+                    .send(to, None, b"", headers, marker.watermark_ms, destination)
+                    .await;
+                if sent.is_err() {
+                    break;
+                }
             }
+            self.outputs[output] = Some(out);
+            sent?;
         }
-        self.output_topic = Some(output);
-        sent
+        Ok(())
     }
 
     /// This sink, whose transaction began now and is aborted by the broker once open longer
@@ -167,10 +175,11 @@ impl KafkaSink {
         self.limits
     }
 
-    /// Sends an operator emit to the output topic, with the timestamp of the input record it
-    /// was emitted for (`source`; its `timestamp_ms`, ms since the Unix epoch; negative: none,
-    /// the producer's clock), as Kafka Streams gives an output record its input's timestamp.
-    /// The emit import has refused emits over [`RecordLimits::output_bytes_max`].
+    /// Sends an operator emit to its output's topic, with the timestamp the operator gave it or
+    /// else that of the input record it was emitted for (`source`; its `timestamp_ms`, ms
+    /// since the Unix epoch; negative: none, the producer's clock), as Kafka Streams gives an
+    /// output record its input's timestamp. The emit import has refused emits over
+    /// [`RecordLimits::output_bytes_max`].
     ///
     /// # Errors
     /// [`SinkError`] when an earlier delivery failed for good.
@@ -191,27 +200,29 @@ impl KafkaSink {
             }
         };
         let destination = Destination::Output {
+            output: emit.output,
             topic: u16::try_from(topic).unwrap_or(u16::MAX),
             partition: Partition(source.partition),
             offset: source.offset,
         };
-        let Some(output) = self.output_topic.take() else {
+        let slot = usize::from(emit.output);
+        let Some(output) = self.outputs.get_mut(slot).and_then(Option::take) else {
             return Err(SinkError {
-                topic: "output".to_owned(),
-                source: "the pipeline has no output topic".into(),
+                topic: format!("output {}", emit.output),
+                source: "the output has no topic".into(),
             });
         };
         let sent = self
             .send(
-                (&output, None),
+                (&output.topic, None),
                 key,
                 &emit.value,
                 headers,
-                source.timestamp_ms,
+                emit.timestamp_ms.unwrap_or(source.timestamp_ms),
                 destination,
             )
             .await;
-        self.output_topic = Some(output);
+        self.outputs[slot] = Some(output);
         sent
     }
 
@@ -432,8 +443,12 @@ impl KafkaSink {
 
     fn topic_of(&self, destination: Destination) -> &str {
         match destination {
-            // An output destination exists only for an emit sent to the output topic.
-            Destination::Output { .. } => self.output_topic.as_deref().unwrap_or_default(),
+            // An output destination exists only for a record sent to that output's topic.
+            Destination::Output { output, .. } => self
+                .outputs
+                .get(usize::from(output))
+                .and_then(Option::as_ref)
+                .map_or("", |o| o.topic.as_str()),
             Destination::DeadLetter => &self.dead_letter_topic,
         }
     }
@@ -471,6 +486,7 @@ impl KafkaSink {
                 topic,
                 partition,
                 offset,
+                ..
             } => {
                 let source_topic = self
                     .input_topics

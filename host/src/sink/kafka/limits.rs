@@ -26,7 +26,7 @@ const DESCRIBE_TIMEOUT: Duration = Duration::from_secs(10);
 /// The largest record, sized by [`record_bytes`], each destination of a pipeline takes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RecordLimits {
-    /// The output topic's.
+    /// The output topics': the smallest of their limits.
     pub output_bytes_max: u64,
     /// The dead-letter topic's.
     pub dead_letter_bytes_max: u64,
@@ -58,16 +58,18 @@ pub fn producer_message_bytes_max(settings: &Settings) -> u64 {
         .unwrap_or(PRODUCER_MESSAGE_BYTES_DEFAULT)
 }
 
-/// Reads the output and dead-letter topics' `max.message.bytes` and returns each one's limit:
-/// the smaller of it and the producer's `message.max.bytes`. A topic whose configuration
+/// Reads the output topics' (`output_topic` and `outputs`) and the dead-letter topic's
+/// `max.message.bytes` and returns the limits: each the smaller of it and the producer's
+/// `message.max.bytes`, the output topics' the smallest of theirs. A topic whose configuration
 /// cannot be read (missing, not authorised to describe) gets the producer's limit, with a
 /// warning: sending to it fails later anyway, and is retried.
 pub async fn read_limits(settings: &Settings) -> RecordLimits {
     let producer = producer_message_bytes_max(settings);
     let p = &settings.pipeline;
-    // The dead-letter topic first; the output topic, if the emits go to one.
+    // The dead-letter topic first; then the output topics, if the emits go to any.
     let topics: Vec<&str> = std::iter::once(p.dead_letter_topic.as_str())
         .chain(p.output_topic.as_deref())
+        .chain(p.outputs.values().map(String::as_str))
         .collect();
     let read = topics_message_bytes_max(settings, &topics).await;
     let limit = |i: usize| match &read {
@@ -79,11 +81,7 @@ pub async fn read_limits(settings: &Settings) -> RecordLimits {
     }
     let limits = RecordLimits {
         // Emits only to a table: bounded by `runtime.emit_bytes_per_record_max` alone.
-        output_bytes_max: if p.output_topic.is_some() {
-            limit(1)
-        } else {
-            u64::MAX
-        },
+        output_bytes_max: (1..topics.len()).map(limit).min().unwrap_or(u64::MAX),
         dead_letter_bytes_max: limit(0),
     };
     tracing::info!(

@@ -19,7 +19,7 @@ pub mod producer;
 mod transaction;
 
 pub use crate::pipeline::ports::{DeadLetterKind, DeliveryGuard, SinkError};
-pub use delivery::KafkaSink;
+pub use delivery::{KafkaSink, OutputTopic};
 
 use crate::config::Settings;
 use crate::ids::{ManifestVersion, Partition};
@@ -149,6 +149,8 @@ const TRANSACTION_SETUP_TIMEOUT: Duration = Duration::from_secs(30);
 /// whose group metadata goes with each transaction's offsets.
 pub struct KafkaOutput {
     settings: Settings,
+    /// The operator's outputs' topics, by output index (`crate::topology::bind_outputs`).
+    outputs: Vec<Option<String>>,
     limits: RecordLimits,
     producer: KafkaProducer,
     consumer: Arc<SourceConsumer>,
@@ -163,19 +165,22 @@ impl std::fmt::Debug for KafkaOutput {
 }
 
 impl KafkaOutput {
-    /// The output of the pipeline `settings` describe, reading its topics' limits; `consumer`
-    /// is the pipeline's (exactly-once transactions carry its group metadata).
+    /// The output of the pipeline `settings` describe, writing the operator's `outputs` (their
+    /// topics by output index: `crate::topology::bind_outputs`), reading its topics' limits;
+    /// `consumer` is the pipeline's (exactly-once transactions carry its group metadata).
     ///
     /// # Errors
     /// [`KafkaError`] when librdkafka rejects the producer's configuration.
     pub async fn new(
         settings: &Settings,
+        outputs: Vec<Option<String>>,
         consumer: Arc<SourceConsumer>,
     ) -> Result<Self, KafkaError> {
         let limits = limits::read_limits(settings).await;
         let producer = producer(settings, &limits)?;
         Ok(Self {
             settings: settings.clone(),
+            outputs,
             limits,
             producer,
             consumer,
@@ -192,24 +197,30 @@ impl Output for KafkaOutput {
         transactional: bool,
         guard: DeliveryGuard,
     ) -> Result<KafkaSink, SinkError> {
-        let (output, dead_letters) = (
-            self.settings.pipeline.output_topic.clone(),
-            self.settings.pipeline.dead_letter_topic.clone(),
-        );
-        let markers = self.settings.pipeline.edges.output_partitions;
+        let dead_letters = self.settings.pipeline.dead_letter_topic.clone();
+        let markers = &self.settings.pipeline.edges.output_partitions;
+        let outputs: Vec<Option<OutputTopic>> = self
+            .outputs
+            .iter()
+            .map(|topic| {
+                topic.as_ref().map(|topic| OutputTopic {
+                    topic: topic.clone(),
+                    marker_partitions: markers.get(topic).copied(),
+                })
+            })
+            .collect();
         if !transactional {
             return Ok(KafkaSink::new(
                 self.producer.clone(),
-                output,
+                outputs,
                 dead_letters,
                 self.limits,
                 None,
                 guard,
-            )
-            .with_markers(markers));
+            ));
         }
         let failed = |source: KafkaError| SinkError {
-            topic: output.clone().unwrap_or_else(|| dead_letters.clone()),
+            topic: format!("transactional producer of partition {partition}"),
             source: Box::new(source),
         };
         let producer =
@@ -227,14 +238,13 @@ impl Output for KafkaOutput {
             .map_err(failed)?;
         Ok(KafkaSink::new(
             producer,
-            output,
+            outputs,
             dead_letters,
             self.limits,
             Some(self.consumer.clone()),
             guard,
         )
-        .with_transaction_timeout(transaction_timeout(&self.settings))
-        .with_markers(markers))
+        .with_transaction_timeout(transaction_timeout(&self.settings)))
     }
 }
 

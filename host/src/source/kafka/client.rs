@@ -48,8 +48,9 @@ pub fn consumer(
     Ok((consumer, context))
 }
 
-/// Copies a fetched message of `topic` into an `input-record` (one copy, which the guest lowers).
-pub fn to_input_record(msg: &BorrowedMessage<'_>, topic: &Arc<str>) -> InputRecord {
+/// Copies a fetched message of `topic` (the pipeline's input `input`) into an `input-record`
+/// (one copy, which the guest lowers).
+pub fn to_input_record(msg: &BorrowedMessage<'_>, topic: &Arc<str>, input: u32) -> InputRecord {
     let headers = msg
         .headers()
         .map(|hs| {
@@ -69,5 +70,6 @@ pub fn to_input_record(msg: &BorrowedMessage<'_>, topic: &Arc<str>) -> InputReco
         topic: topic.clone(),
         partition: msg.partition(),
         offset: msg.offset(),
+        input,
     }
 }

@@ -204,10 +204,10 @@ impl KafkaSource {
             let events = self.context.events.load(Ordering::Acquire);
             match self.consumer.poll(Duration::ZERO) {
                 Some(Ok(msg)) => {
-                    let topic = self.topic(msg.topic());
+                    let (topic, input) = self.topic(msg.topic());
                     self.mark_end(&topic, Partition(msg.partition()), false);
                     if msg.offset() >= self.floor(&topic, Partition(msg.partition())) {
-                        records.push(to_input_record(&msg, &topic));
+                        records.push(to_input_record(&msg, &topic, input));
                     }
                     Polled::Served
                 }
@@ -280,13 +280,12 @@ impl KafkaSource {
         }
     }
 
-    /// The shared name of input topic `name`.
-    fn topic(&self, name: &str) -> Arc<str> {
-        self.topics
-            .iter()
-            .find(|t| ***t == *name)
-            .cloned()
-            .unwrap_or_else(|| Arc::from(name))
+    /// The shared name of input topic `name`, and its index among the inputs.
+    fn topic(&self, name: &str) -> (Arc<str>, u32) {
+        match self.topics.iter().position(|t| **t == *name) {
+            Some(i) => (self.topics[i].clone(), input_index(i)),
+            None => (Arc::from(name), 0),
+        }
     }
 
     /// Splits the queues of newly assigned partitions off the consumer's queue.
@@ -297,7 +296,7 @@ impl KafkaSource {
             if of_partition.iter().any(|(t, _)| **t == *topic) {
                 continue;
             }
-            let topic = self.topic(&topic);
+            let (topic, _) = self.topic(&topic);
             match self.consumer.split_partition_queue(&topic, partition) {
                 Some(mut queue) => {
                     let ready = self.ready.clone();
@@ -319,6 +318,11 @@ fn source_error(what: impl Into<String>, source: KafkaError) -> SourceError {
         what: what.into(),
         source: Box::new(source),
     }
+}
+
+/// An input's index as `input-record.input` carries it (a pipeline has a few inputs).
+fn input_index(i: usize) -> u32 {
+    u32::try_from(i).unwrap_or(u32::MAX)
 }
 
 impl Source for KafkaSource {
@@ -348,6 +352,11 @@ impl Source for KafkaSource {
             }
             let mut budget = per_partition_max;
             for (topic, queue) in of_partition {
+                let input = self
+                    .topics
+                    .iter()
+                    .position(|t| t == topic)
+                    .map_or(0, input_index);
                 let floor = match floors.is_empty() {
                     true => i64::MIN,
                     false => floors
@@ -362,7 +371,7 @@ impl Source for KafkaSource {
                     match queue.poll(Duration::ZERO) {
                         Some(Ok(msg)) => {
                             if msg.offset() >= floor {
-                                records.push(to_input_record(&msg, topic));
+                                records.push(to_input_record(&msg, topic, input));
                             }
                             end = Some(false);
                         }
@@ -511,7 +520,7 @@ impl Source for KafkaSource {
     /// instead, which names no partition; a consumer that resumed at the end has no position
     /// until a record comes, but gets an EOF).
     fn at_end(&self, topic: &str, partition: Partition) -> bool {
-        let shared = self.topic(topic);
+        let (shared, _) = self.topic(topic);
         self.ends
             .lock()
             .unwrap_or_else(|e| e.into_inner())

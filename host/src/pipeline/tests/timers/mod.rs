@@ -295,6 +295,17 @@ async fn pending_timers_and_the_watermark_survive_a_restart_and_fire_once() {
 
 #[tokio::test(start_paused = true)]
 async fn a_component_of_the_0_1_world_still_runs_with_the_same_results() {
+    an_older_world_runs_with_the_same_results("weir_test_counter_v0_1").await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_component_of_the_0_2_world_still_runs_with_the_same_results() {
+    an_older_world_runs_with_the_same_results("weir_test_counter_v0_2").await;
+}
+
+/// The counter built against an older world (`guest`) through the pipeline: its records are
+/// lowered without their input index, and its outputs are the counter's exactly.
+async fn an_older_world_runs_with_the_same_results(guest: &str) {
     let world = World::new(1, 300, "at_least_once");
     let (run, _) = start_with(
         settings(world.delivery),
@@ -304,7 +315,7 @@ async fn a_component_of_the_0_1_world_still_runs_with_the_same_results() {
             world.store.clone(),
         ),
         ReadDelay::Fixed(Duration::ZERO),
-        "weir_test_counter_v0_1",
+        guest,
         Arc::new(SystemClock),
     )
     .await;
