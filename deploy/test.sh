@@ -101,11 +101,14 @@ step "guest components (wasm32-wasip2), linted, in the background beside the hos
 # The SDK's documentation example (guest-sdk/examples/counter.rs) compiles as a component.
 background guests bash -c 'cargo build --profile guest --target wasm32-wasip2 -p flight-delays \
   -p word-count -p weir-test-counter -p weir-test-counter-v0-1 -p weir-test-counter-v0-2 \
-  -p weir-test-counter-v2 -p airport-hours -p airport-sessions && cargo build --profile guest --target wasm32-wasip2 -p weir-sdk --examples'
+  -p weir-test-counter-v2 -p airport-hours -p airport-sessions -p busiest-origin-departures \
+  -p busiest-origin-top && cargo build --profile guest --target wasm32-wasip2 -p weir-sdk --examples'
 
 step "host, weir binary and tests, linted"
 # Guests are for wasm32-wasip2 (their export names do not link natively): they are linted above,
-# and their code is exercised through the components the tests load.
+# and their code is exercised through the components the tests load. The busiest-origin
+# example's operators export only in a component, so they build natively too, for their unit
+# tests.
 native=(--workspace --exclude flight-delays --exclude word-count --exclude weir-test-counter
   --exclude weir-test-counter-v0-1 --exclude weir-test-counter-v0-2 --exclude weir-test-counter-v2
   --exclude airport-hours --exclude airport-sessions)

@@ -13,10 +13,12 @@ pub mod iceberg;
 mod kafka;
 pub mod process;
 pub mod proxy;
+mod stages;
 mod tier;
 
 pub use kafka::*;
 use kafka::{committed_reader, produce_to_partitions};
+pub use stages::RunningStages;
 pub use tier::*;
 
 use anyhow::{Context as _, bail};

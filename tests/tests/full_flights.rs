@@ -9,4 +9,5 @@
 #![allow(clippy::disallowed_methods)]
 
 mod airport_end_to_end;
+mod busiest_origin;
 mod flights_end_to_end;

@@ -7,60 +7,14 @@
 use anyhow::Context as _;
 use rdkafka::Message;
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::Duration;
-use weir_host::clock::{SharedClock, SystemClock};
 use weir_host::config::stages::{StageInput, StageOutput, StageSettings};
 use weir_host::config::{Delivery, Settings};
-use weir_host::pipeline::PipelineStats;
-use weir_host::runner::StagesError;
-use weir_host::state::configured::ConfiguredBackend;
 use weir_tests::*;
 
 const PARTITIONS: i32 = 2;
 const INTERNAL_PARTITIONS: i32 = 3;
 const KEYS: u64 = 30;
-
-/// A pipeline of stages running in this process.
-struct RunningStages {
-    stop: tokio::sync::oneshot::Sender<()>,
-    task: tokio::task::JoinHandle<Result<(), StagesError>>,
-}
-
-impl RunningStages {
-    fn start(settings: &Settings) -> anyhow::Result<Self> {
-        let plan = settings
-            .stage_plan()
-            .context("stages")?
-            .map_err(|problems| anyhow::anyhow!("{problems:?}"))?;
-        let clock: SharedClock = Arc::new(SystemClock);
-        let backend = Arc::new(ConfiguredBackend::from_settings(
-            &settings.state,
-            clock.clone(),
-        )?);
-        let stats = plan
-            .runs
-            .iter()
-            .map(|_| Arc::new(PipelineStats::default()))
-            .collect();
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let kafka = settings.kafka.clone();
-        let task = tokio::spawn(async move {
-            let shutdown = async move {
-                let _ = stopped.await;
-            };
-            weir_host::runner::run_stages(&kafka, plan, stats, backend, clock, shutdown).await
-        });
-        Ok(Self { stop, task })
-    }
-
-    /// Stops every stage (each drains and takes its last checkpoint).
-    async fn stop(self) -> anyhow::Result<()> {
-        let _ = self.stop.send(());
-        self.task.await??;
-        Ok(())
-    }
-}
 
 /// Reads the second stage's outputs until every key's last count is its number of records.
 async fn read_final_counts(

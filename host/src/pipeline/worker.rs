@@ -117,9 +117,8 @@ pub(crate) struct PartitionWorker<S: Shard, K: ShardSink> {
     pub checkpoint_requests: watch::Receiver<u64>,
     /// The shard's timers and watermark ([`super::timers`]).
     pub timers: Timers,
-    /// The watermark the sink last wrote as a marker to an internal output
-    /// ([`ShardSink::watermark`]).
-    pub marked: Option<i64>,
+    /// The marker the sink last wrote to its internal outputs ([`ShardSink::watermark`]).
+    pub marked: Option<crate::time::watermark::Marker>,
     /// What a record behind the watermark does.
     pub late_records: LateRecords,
     /// What each call gets besides its records: the sink's limits and table, the run's

@@ -7,4 +7,5 @@
 
 pub mod head;
 pub mod keys;
+pub mod marker;
 pub mod watermark;

@@ -15,58 +15,29 @@
 //!
 //! An *edge* — an internal topic between two stages (docs/topologies.md) — carries its
 //! watermark in marker records ([`Marker`]): each upstream shard writes its own to every
-//! partition it feeds at each of its checkpoints. The records' timestamps move nothing there;
-//! the edge's watermark is the lowest of its upstream shards' markers (none until each has
-//! written one), and with `idle_timeout` an upstream shard whose last marker is that old stops
-//! holding it back. A shard's downstream partitions then close a window only once every
-//! upstream shard has passed it, however the internal topic interleaves their records.
+//! partition it feeds at each of its checkpoints where it changed. The records' timestamps move
+//! nothing there; the edge's watermark is the lowest of its upstream shards' markers (none
+//! until each has written one). An upstream shard stops holding it back only when it says so —
+//! its last marker is *idle*, written when its own inputs went idle (as Flink propagates an
+//! idle `WatermarkStatus` downstream) — never because its markers are slow to come: a busy
+//! upstream shard whose checkpoints are far apart still holds every later window. A shard's
+//! downstream partitions then close a window only once every upstream shard has passed it,
+//! however the internal topic interleaves their records.
 
 use std::time::Duration;
 
-/// The header that makes a record of an internal topic a watermark marker (its value: see
-/// [`Marker::encode`]). Markers are never written to a user's topic.
-pub const MARKER_HEADER: &str = "weir.watermark";
-
-/// A watermark marker: upstream shard `shard`'s watermark was `watermark_ms` at one of its
-/// checkpoints (docs/topologies.md, "Event time across an edge").
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Marker {
-    /// The upstream shard (its partition number).
-    pub shard: i32,
-    /// Its watermark, ms since the Unix epoch.
-    pub watermark_ms: i64,
-}
-
-impl Marker {
-    /// The header value: `{shard}:{watermark_ms}` in decimal.
-    pub fn encode(&self) -> String {
-        format!("{}:{}", self.shard, self.watermark_ms)
-    }
-
-    /// The marker a record's headers hold, if its first header is [`MARKER_HEADER`] with a
-    /// well-formed value.
-    pub fn decode<'a>(mut headers: impl Iterator<Item = (&'a str, &'a [u8])>) -> Option<Self> {
-        let (name, value) = headers.next()?;
-        if name != MARKER_HEADER {
-            return None;
-        }
-        let (shard, watermark_ms) = std::str::from_utf8(value).ok()?.split_once(':')?;
-        Some(Self {
-            shard: shard.parse().ok().filter(|s: &i32| *s >= 0)?,
-            watermark_ms: watermark_ms.parse().ok()?,
-        })
-    }
-}
+pub use super::marker::{MARKER_HEADER, Marker};
 
 /// Markers of shards at or above this are ignored: no stage has that many (an internal topic
 /// has at most 10,000 partitions, `config::stages`).
 const MARKER_SHARDS_MAX: usize = 100_000;
 
-/// An edge's upstream shards: each one's last marker and when it came.
+/// An edge's upstream shards: each one's highest watermark and whether its last marker said
+/// it was idle.
 #[derive(Debug, Clone)]
 struct Upstream {
-    /// Per upstream shard: its watermark and the processing time (ms) of its last marker.
-    shards: Vec<Option<(i64, i64)>>,
+    /// Per upstream shard: its watermark and its idleness; `None` until its first marker.
+    shards: Vec<Option<(i64, bool)>>,
 }
 
 /// How a shard's input goes idle (see the module docs).
@@ -97,9 +68,6 @@ pub struct Watermarks {
     /// partitions (as last reported).
     caught_up: bool,
     applied: Option<i64>,
-    /// Processing time (ms) when these watermarks were made: an upstream shard silent since
-    /// then goes idle from it.
-    started_at: i64,
 }
 
 fn millis(d: Duration) -> i64 {
@@ -126,7 +94,6 @@ impl Watermarks {
             idle_advance: idleness.advance && idleness.timeout.is_some(),
             caught_up: false,
             applied: None,
-            started_at: now_ms,
         }
     }
 
@@ -146,8 +113,9 @@ impl Watermarks {
     }
 
     /// A marker of the edge `topic` came at processing time `now_ms` (ignored for a topic that
-    /// is not an edge). An upstream shard's watermark never goes back; one beyond the shards
-    /// the edge was set up with (its upstream gained partitions) joins them.
+    /// is not an edge). An upstream shard's watermark never goes back, and it is idle until a
+    /// marker says otherwise; one beyond the shards the edge was set up with (its upstream
+    /// gained partitions) joins them.
     pub fn marker(&mut self, topic: &str, marker: Marker, now_ms: i64) {
         let Some(i) = self.index(topic) else { return };
         let Some(upstream) = &mut self.edges[i] else {
@@ -163,7 +131,7 @@ impl Watermarks {
         }
         let slot = &mut upstream.shards[shard];
         let watermark = slot.map_or(marker.watermark_ms, |(w, _)| w.max(marker.watermark_ms));
-        *slot = Some((watermark, now_ms));
+        *slot = Some((watermark, marker.idle));
         self.active_at[i] = self.active_at[i].max(now_ms);
     }
 
@@ -196,49 +164,57 @@ impl Watermarks {
         self.active_at[i] = self.active_at[i].max(now_ms);
     }
 
-    /// What input `i` allows at `now_ms`: its highest timestamp, or for an edge the lowest
-    /// marker of its upstream shards (+ 1, as a timestamp) that are not idle — none while one
-    /// that is not idle has written none.
-    fn highest_at(&self, i: usize, now_ms: i64) -> Option<i64> {
+    /// What input `i` allows: its highest timestamp, or for an edge the lowest marker of its
+    /// upstream shards (+ 1, as a timestamp) that are not idle — none while one has written
+    /// none.
+    fn highest_at(&self, i: usize) -> Option<i64> {
         let Some(upstream) = &self.edges[i] else {
             return self.highest[i];
-        };
-        let idle = |at: i64| {
-            self.idle_timeout_ms
-                .is_some_and(|t| now_ms.saturating_sub(at) >= t)
         };
         let mut low: Option<i64> = None;
         let mut any = false;
         for shard in &upstream.shards {
             match shard {
-                Some((_, at)) if idle(*at) => {}
-                Some((w, _)) => {
+                Some((_, true)) => {}
+                Some((w, false)) => {
                     any = true;
                     low = Some(low.map_or(*w, |l| l.min(*w)));
                 }
-                // Silent since the start: idle like any input, once the timeout passed.
-                None if idle(self.started_at) => {}
                 None => return None,
             }
         }
         if !any {
-            // Every upstream shard idle: the lowest of their markers holds (idleness alone
+            // Every upstream shard idle: the lowest of their watermarks holds (idleness alone
             // moves nothing, as for topics).
-            low = upstream.shards.iter().flatten().map(|(w, _)| *w).min();
+            low = upstream
+                .shards
+                .iter()
+                .flatten()
+                .map(|(w, _)| *w)
+                .filter(|w| *w > i64::MIN)
+                .min();
         }
         low.map(|w| w.saturating_add(1))
+    }
+
+    /// Whether this shard's inputs are idle at `now_ms` — every topic silent for
+    /// `idle_timeout` — while its watermark does not follow processing time: what its markers
+    /// tell the stage downstream ([`Marker::idle`]).
+    pub fn inputs_idle(&self, now_ms: i64) -> bool {
+        let Some(timeout) = self.idle_timeout_ms else {
+            return false;
+        };
+        let all_idle = self
+            .active_at
+            .iter()
+            .all(|at| now_ms.saturating_sub(*at) >= timeout);
+        all_idle && !(self.idle_advance && self.caught_up)
     }
 
     /// Weir holds the shard's input back at `now_ms` (records wait in its queue, or a state
     /// outage stalls it): no topic may count as idle, whatever arrived last.
     pub fn held(&mut self, now_ms: i64) {
         self.active_at.fill(now_ms);
-        // Markers wait in the held input too: no upstream shard goes idle meanwhile.
-        for upstream in self.edges.iter_mut().flatten() {
-            for (_, at) in upstream.shards.iter_mut().flatten() {
-                *at = now_ms;
-            }
-        }
     }
 
     /// Whether the consumer has handed out every record up to the end of the shard's input
@@ -265,7 +241,7 @@ impl Watermarks {
             // One with no timestamp yet holds it back.
             let mut low = i64::MAX;
             for i in among {
-                low = low.min(self.highest_at(i, now_ms)?);
+                low = low.min(self.highest_at(i)?);
             }
             Some(
                 low.saturating_sub(self.out_of_orderness_ms)
@@ -431,6 +407,14 @@ mod tests {
         Marker {
             shard,
             watermark_ms,
+            idle: false,
+        }
+    }
+
+    fn idle_marker(shard: i32, watermark_ms: i64) -> Marker {
+        Marker {
+            idle: true,
+            ..marker(shard, watermark_ms)
         }
     }
 
@@ -473,8 +457,11 @@ mod tests {
         );
     }
 
+    /// An upstream shard holds the edge back however long its next marker takes (a busy
+    /// shard's checkpoints can be far apart), until its marker says it is idle; one that
+    /// comes back active holds it again.
     #[test]
-    fn an_idle_upstream_shard_stops_holding_an_edge_back() {
+    fn an_upstream_shard_holds_an_edge_back_until_its_marker_says_it_is_idle() {
         let idleness = Idleness {
             timeout: Some(Duration::from_secs(10)),
             advance: false,
@@ -485,70 +472,62 @@ mod tests {
         w.marker("a", marker(1, 8_000), 1_000);
         assert_eq!(w.candidate(2_000), None, "shard 2 has written nothing yet");
         assert_eq!(
-            w.candidate(10_000),
-            Some(4_900),
-            "shard 2, silent since the start, is idle: 5000 - 100"
+            w.candidate(1_000_000),
+            None,
+            "nor after any time: silence is not idleness"
         );
-        w.marker("a", marker(1, 9_000), 12_000);
+        w.marker("a", idle_marker(2, i64::MIN), 1_000_000);
         assert_eq!(
-            w.candidate(12_000),
-            Some(8_900),
-            "shard 0's last marker is 11 s old: only shard 1 holds it"
-        );
-        assert_eq!(
-            w.candidate(30_000),
+            w.candidate(1_000_000),
             Some(4_900),
-            "every shard idle: the lowest marker holds (shard 0's 5000 - 100)"
+            "shard 2 says it is idle: 5000 - 100"
         );
-        w.marker("a", marker(5_000_000, 1 << 40), 30_000);
-        assert_eq!(w.candidate(30_000), Some(4_900), "no shard has that number");
+        w.marker("a", idle_marker(0, 5_000), 1_000_000);
+        assert_eq!(w.candidate(1_000_000), Some(7_900), "only shard 1 holds it");
+        w.marker("a", idle_marker(1, 9_000), 1_000_000);
+        assert_eq!(
+            w.candidate(1_000_000),
+            Some(4_900),
+            "every shard idle: the lowest watermark holds (shard 0's 5000 - 100)"
+        );
+        w.marker("a", marker(0, 6_000), 1_000_000);
+        assert_eq!(w.candidate(1_000_000), Some(5_900), "shard 0 is back");
+        w.marker("a", marker(5_000_000, 1 << 40), 1_000_000);
+        assert_eq!(
+            w.candidate(1_000_000),
+            Some(5_900),
+            "no shard has that number"
+        );
     }
 
+    /// A shard's inputs are idle once every topic was silent for the timeout and Weir did not
+    /// hold them back; a shard whose watermark follows processing time is not.
     #[test]
-    fn no_upstream_shard_goes_idle_while_weir_holds_the_edge_back() {
+    fn a_shards_inputs_are_idle_once_silent_unless_its_watermark_follows_processing_time() {
         let idleness = Idleness {
             timeout: Some(Duration::from_secs(10)),
             advance: false,
         };
-        let mut w = Watermarks::new(&topics()[..1], Duration::ZERO, idleness, 0);
-        w.set_edge("a", 2);
-        w.marker("a", marker(0, 5_000), 0);
-        w.marker("a", marker(1, 3_000), 0);
-        w.marker("a", marker(0, 6_000), 8_000);
-        w.held(9_000);
-        assert_eq!(
-            w.candidate(15_000),
-            Some(3_000),
-            "shard 1's marker waited in the held input: it still holds the watermark"
+        let mut w = Watermarks::new(&topics(), Duration::ZERO, idleness, 0);
+        w.admitted("a", 1_000, 2_000);
+        assert!(!w.inputs_idle(11_000), "a was active at 2 s");
+        assert!(w.inputs_idle(12_000));
+        w.held(12_500);
+        assert!(!w.inputs_idle(20_000), "held back at 12.5 s");
+        let advancing = Idleness {
+            advance: true,
+            ..idleness
+        };
+        let mut w = Watermarks::new(&topics()[..1], Duration::ZERO, advancing, 0);
+        assert!(
+            w.inputs_idle(10_000),
+            "not caught up: silent, not advancing"
         );
-        assert_eq!(
-            w.candidate(19_000),
-            Some(3_000),
-            "every shard idle 10 s after the hold: the lowest marker holds"
+        w.set_caught_up(true);
+        assert!(!w.inputs_idle(10_000), "follows processing time");
+        assert!(
+            !Watermarks::new(&topics(), Duration::ZERO, Idleness::default(), 0)
+                .inputs_idle(1 << 40)
         );
-    }
-
-    #[test]
-    fn a_marker_is_the_first_header_of_its_record() {
-        let m = marker(3, 1_700_000_000_123);
-        let value = m.encode();
-        assert_eq!(value, "3:1700000000123");
-        let headers = [
-            (MARKER_HEADER, value.as_bytes()),
-            ("other", b"x".as_slice()),
-        ];
-        assert_eq!(Marker::decode(headers.iter().copied()), Some(m));
-        for bad in [
-            vec![
-                ("other", value.as_bytes()),
-                (MARKER_HEADER, value.as_bytes()),
-            ],
-            vec![(MARKER_HEADER, b"3".as_slice())],
-            vec![(MARKER_HEADER, b"-1:5".as_slice())],
-            vec![(MARKER_HEADER, b"x:5".as_slice())],
-            vec![],
-        ] {
-            assert_eq!(Marker::decode(bad.iter().copied()), None, "{bad:?}");
-        }
     }
 }

@@ -11,6 +11,7 @@ use crate::pipeline::WorkerError;
 use crate::pipeline::ports::{CommitError, ShardSink};
 use crate::state::Shard;
 use crate::state::checkpoint::{CheckpointError, CheckpointReport, DecidedBy};
+use crate::time::watermark::Marker;
 use std::sync::atomic::Ordering;
 use tokio::time::Instant;
 
@@ -33,13 +34,13 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
         // A sink held back looks again at every interval (its prepare drops what landed); with
         // nothing new and nothing dropped there is nothing to write. A watermark that moved is
         // new to the stage downstream of an internal output.
-        let watermark = self.timers.emitted_through();
-        let watermark_moved = self.sink.writes_watermarks() && watermark != self.marked;
+        let marker = self.marker_now();
+        let watermark_moved = self.sink.writes_watermarks() && marker != self.marked;
         let only_looking = !self.dirty && !requested && !watermark_moved;
         if only_looking && !self.sink.held_back() {
             return Ok(());
         }
-        self.write_watermark(watermark).await?;
+        self.write_watermark(marker).await?;
         let started = Instant::now();
         tracing::debug!(partition = self.partition.0, last, "checkpoint starting");
         // At-least-once output: every output of the records the checkpoint covers is
@@ -86,22 +87,50 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
         Ok(())
     }
 
-    /// The shard's watermark to its internal output, with the checkpoint's outputs
-    /// (docs/topologies.md): acknowledged before the checkpoint commits (at-least-once), in
-    /// its transaction (exactly-once). None while the shard has no watermark.
-    async fn write_watermark(&mut self, watermark: Option<i64>) -> Result<(), WorkerError> {
-        let Some(watermark_ms) = watermark.filter(|_| self.sink.writes_watermarks()) else {
-            return Ok(());
+    /// The marker the shard would write now (docs/topologies.md): the time through which it
+    /// has emitted, and whether its inputs are idle; an idle shard with no watermark yet says
+    /// so with [`i64::MIN`]. None while it can say neither.
+    fn marker_now(&self) -> Option<Marker> {
+        let idle = self.timers.watermarks().inputs_idle(self.timers.now_ms());
+        let watermark_ms = match self.timers.emitted_through() {
+            Some(watermark_ms) => watermark_ms,
+            None if idle => i64::MIN,
+            None => return None,
         };
-        let marker = crate::time::watermark::Marker {
+        Some(Marker {
             shard: self.partition.0,
             watermark_ms,
+            idle,
+        })
+    }
+
+    /// `marker` — the shard's watermark — to its internal outputs, with the checkpoint's
+    /// outputs (docs/topologies.md): acknowledged before the checkpoint commits
+    /// (at-least-once), in its transaction (exactly-once). Nothing for `None`.
+    async fn write_watermark(&mut self, marker: Option<Marker>) -> Result<(), WorkerError> {
+        let Some(marker) = marker.filter(|_| self.sink.writes_watermarks()) else {
+            return Ok(());
         };
         if let Err(source) = self.sink.watermark(marker).await {
             return Err(self.sink_failed(source));
         }
-        self.marked = watermark;
+        self.marked = Some(marker);
         Ok(())
+    }
+
+    /// Before the shard emits again after its last marker said it was idle: a marker that says
+    /// it is active, so that the stage downstream counts it again before its records arrive.
+    pub(in crate::pipeline) async fn mark_active(&mut self) -> Result<(), WorkerError> {
+        match self.marked {
+            Some(marker) if marker.idle => {
+                let active = Marker {
+                    idle: false,
+                    ..marker
+                };
+                self.write_watermark(Some(active)).await
+            }
+            _ => Ok(()),
+        }
     }
 
     /// The sink's part of the checkpoint (an Iceberg table's data files closed and listed in

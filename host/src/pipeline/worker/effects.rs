@@ -40,6 +40,9 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
                 }
                 self.timers.applied(&timer_writes, added);
             }
+            if !emits.is_empty() {
+                self.mark_active().await?;
+            }
             for emit in &emits {
                 let source = &records[emit.record as usize];
                 if let Err(source) = self.sink.emit(emit, source).await {

@@ -279,6 +279,9 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
         self.timers.applied(&follow, added);
         self.dirty = true;
         self.sink.position(&self.offsets);
+        if !emits.is_empty() {
+            self.mark_active().await?;
+        }
         for emit in &emits {
             let source = self
                 .timers
