@@ -139,6 +139,21 @@ fn shipped_example_config_is_valid() {
         .expect("deploy/config/flight-delays-iceberg.toml is valid");
     assert_eq!(s.pipeline.output_topic, None, "rows only, to the table");
     assert_eq!(s.pipeline.iceberg.map(|t| t.columns.len()), Some(6));
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/config/busiest-origin.toml");
+    let s = Settings::load(&path, &EnvVars::default())
+        .expect("deploy/config/busiest-origin.toml is valid");
+    let plan = s.stage_plan().expect("stages").expect("a valid graph");
+    let (departures, top) = (&plan.runs[0].settings.pipeline, &plan.runs[1].settings.pipeline);
+    assert_eq!(
+        departures.outputs,
+        BTreeMap::from([("late-departures".to_owned(), "late-departures".to_owned())])
+    );
+    assert_eq!(departures.parameters["late_after_minutes"], "60");
+    assert_eq!(
+        top.input_topics,
+        ["busiest-origin.departures.default.internal"]
+    );
+    assert!(!top.idle_advance && departures.idle_advance);
 }
 
 #[test]
