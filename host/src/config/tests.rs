@@ -143,7 +143,10 @@ fn shipped_example_config_is_valid() {
     let s = Settings::load(&path, &EnvVars::default())
         .expect("deploy/config/busiest-origin.toml is valid");
     let plan = s.stage_plan().expect("stages").expect("a valid graph");
-    let (departures, top) = (&plan.runs[0].settings.pipeline, &plan.runs[1].settings.pipeline);
+    let (departures, top) = (
+        &plan.runs[0].settings.pipeline,
+        &plan.runs[1].settings.pipeline,
+    );
     assert_eq!(
         departures.outputs,
         BTreeMap::from([("late-departures".to_owned(), "late-departures".to_owned())])
