@@ -26,10 +26,10 @@ const PARTITIONS: i32 = 4;
 const KEYS: u64 = 64;
 const RECORDS_PER_ROUND: u64 = 300;
 
-const BEFORE_MANIFEST: &str = "checkpoint-before-manifest";
+pub(crate) const BEFORE_MANIFEST: &str = "checkpoint-before-manifest";
 pub(crate) const AFTER_MANIFEST: &str = "checkpoint-after-manifest";
-const TIMERS_BEFORE_APPLY: &str = "timers-before-apply";
-const TIMERS_AFTER_EMIT: &str = "timers-after-emit";
+pub(crate) const TIMERS_BEFORE_APPLY: &str = "timers-before-apply";
+pub(crate) const TIMERS_AFTER_EMIT: &str = "timers-after-emit";
 
 /// How one round ends the process.
 #[derive(Debug, Clone, Copy)]

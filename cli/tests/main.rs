@@ -18,4 +18,5 @@ mod serve_hosts;
 mod settings_from_env;
 mod short_runs;
 mod slow_checkpoint;
+mod stages_crash_loop;
 mod zombie;

@@ -9,6 +9,7 @@
 #![allow(clippy::disallowed_methods)]
 
 pub mod api;
+pub mod busiest;
 pub mod iceberg;
 mod kafka;
 pub mod process;

@@ -40,6 +40,9 @@ pub struct CounterConfig {
     pub pipeline_extra: String,
     /// `[kafka.producer]` settings, as TOML lines (e.g. `"transaction.timeout.ms" = "3000"`).
     pub producer_extra: String,
+    /// `[[pipeline.stages]]` tables, as TOML (docs/topologies.md): when set, the pipeline is one
+    /// of stages, and `operator`, `input` and `output` are not written.
+    pub stages: String,
 }
 
 impl CounterConfig {
@@ -64,6 +67,7 @@ impl CounterConfig {
             operator: guest("weir_test_counter"),
             pipeline_extra: String::new(),
             producer_extra: String::new(),
+            stages: String::new(),
         })
     }
 
@@ -83,16 +87,28 @@ impl CounterConfig {
             .as_ref()
             .map(|id| format!("\"group.instance.id\" = \"{id}\"\n"))
             .unwrap_or_default();
+        let one_operator = if self.stages.is_empty() {
+            format!(
+                "operator = \"{}\"\ninput_topics = [\"{}\"]\n{}",
+                self.operator.display(),
+                self.input,
+                self.output
+                    .as_ref()
+                    .map(|t| format!("output_topic = \"{t}\"\n"))
+                    .unwrap_or_default()
+            )
+        } else {
+            String::new()
+        };
         let config = format!(
             r#"[pipeline]
 name = "{name}"
-operator = "{operator}"
-input_topics = ["{input}"]
-{output}dead_letter_topic = "{dlq}"
+{one_operator}dead_letter_topic = "{dlq}"
 group_id = "{group}"
 checkpoint_interval = "{interval}"
 delivery = "{delivery}"
 {extra}
+{stages}
 [kafka]
 bootstrap_servers = "{bootstrap}"
 [kafka.consumer]
@@ -113,15 +129,9 @@ disk_cache_bytes = 16777216
 [state.lsm.options]
 {options}"#,
             name = self.name,
-            operator = self.operator.display(),
             extra = self.pipeline_extra,
+            stages = self.stages,
             producer = self.producer_extra,
-            input = self.input,
-            output = self
-                .output
-                .as_ref()
-                .map(|t| format!("output_topic = \"{t}\"\n"))
-                .unwrap_or_default(),
             dlq = self.dlq,
             group = self.group,
             interval = self.checkpoint_interval,

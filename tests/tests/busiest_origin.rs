@@ -9,32 +9,21 @@
 //! in departure order, and again replayed with bounded disorder. The short tier runs January,
 //! the long tier every flight.
 
-use rdkafka::Message;
-use std::collections::BTreeMap;
 use std::time::Duration;
 use weir_cli::flights::{FlightRecord, KeyBy};
-use weir_host::config::stages::{StageInput, StageOutput, StageSettings};
-use weir_host::config::{Delivery, RuntimeSettings, Settings};
+use weir_host::config::stages::StageSettings;
+use weir_host::config::{Delivery, RuntimeSettings};
+use weir_tests::busiest::{OracleFlight, busiest_oracle, busiest_stages_toml, check_busiest};
 use weir_tests::*;
 
-const HOUR_MS: i64 = 3_600_000;
 const MINUTE_MS: i64 = 60_000;
 /// How far the disordered replay moves a flight back, at most: the first stage's
 /// `max_out_of_orderness`.
 const DISORDER: Duration = Duration::from_secs(30 * 60);
 
-/// A flight as the oracle reads it from the CSV.
-struct Row {
-    origin: String,
-    departure_ms: i64,
-    departed: bool,
-    dep_delay: Option<i64>,
-    carrier: String,
-    flight: i64,
-}
-
-/// The CSV's rows: scheduled departure from `time_hour` (UTC) and `minute`.
-fn rows() -> anyhow::Result<Vec<Row>> {
+/// The CSV's rows as the oracle reads them: scheduled departure from `time_hour` (UTC) and
+/// `minute`.
+fn rows() -> anyhow::Result<Vec<OracleFlight>> {
     let mut reader = csv::Reader::from_path(tier_flights_csv()?)?;
     let headers = reader.headers()?.clone();
     let col = |name: &str| {
@@ -67,120 +56,37 @@ fn rows() -> anyhow::Result<Vec<Row>> {
         let hour = humantime::parse_rfc3339(&row[time_hour])?
             .duration_since(std::time::UNIX_EPOCH)?
             .as_millis() as i64;
-        out.push(Row {
+        out.push(OracleFlight {
             origin: row[origin].to_owned(),
             departure_ms: hour + row[minute].parse::<i64>()? * MINUTE_MS,
             departed: row[dep_time].parse::<i64>().is_ok(),
             dep_delay: row[dep_delay].parse().ok(),
-            carrier: row[carrier].to_owned(),
-            flight: row[flight].parse()?,
+            flight: (row[carrier].to_owned(), row[flight].parse()?),
         });
     }
     assert_eq!(out.len(), tier_flight_count());
     Ok(out)
 }
 
-/// A flight that left late, as both sides name it: (origin, carrier, flight, departure ms).
-type LateFlight = (String, String, i64, i64);
-
-/// The oracle: per hour start, the busiest origin and its departures (ties to the smallest
-/// code); and every flight with a departure delay over 60 minutes, counted.
-fn oracle(rows: &[Row]) -> (BTreeMap<i64, (String, u64)>, BTreeMap<LateFlight, usize>) {
-    let mut per_hour: BTreeMap<i64, BTreeMap<&str, u64>> = BTreeMap::new();
-    let mut late = BTreeMap::new();
-    for r in rows {
-        if r.departed {
-            let hour = r.departure_ms - r.departure_ms.rem_euclid(HOUR_MS);
-            *per_hour
-                .entry(hour)
-                .or_default()
-                .entry(&r.origin)
-                .or_default() += 1;
-        }
-        if r.dep_delay.is_some_and(|d| d > 60) {
-            let flight = (
-                r.origin.clone(),
-                r.carrier.clone(),
-                r.flight,
-                r.departure_ms,
-            );
-            *late.entry(flight).or_default() += 1;
-        }
-    }
-    let busiest = per_hour
-        .into_iter()
-        .map(|(hour, origins)| {
-            let mut best: Option<(&str, u64)> = None;
-            for (origin, n) in origins {
-                // Ascending codes: only a larger count replaces the best.
-                if best.is_none_or(|(_, m)| n > m) {
-                    best = Some((origin, n));
-                }
-            }
-            let (origin, n) = best.expect("an hour with departures");
-            (hour, (origin.to_owned(), n))
-        })
-        .collect();
-    (busiest, late)
+/// The stages of `busiest-origin` as `busiest_stages_toml` writes them for `weir run`.
+#[derive(serde::Deserialize)]
+struct StagesFile {
+    pipeline: StagesOnly,
 }
 
-/// The pipeline: flights keyed by origin in `input`; `top`'s results to `busiest`, late
-/// departures to `late`.
-fn pipeline(base: Settings, input: &str, busiest: &str, late: &str) -> Settings {
-    let mut s = base;
-    let p = &mut s.pipeline;
-    p.operator = Default::default();
-    p.input_topics = Vec::new();
-    p.output_topic = None;
-    p.delivery = Delivery::ExactlyOnce;
-    p.checkpoint_interval = Duration::from_secs(1);
-    p.idle_timeout = Some(Duration::from_secs(2));
-    p.idle_advance = true;
-    p.stages = vec![
-        StageSettings {
-            name: "departures".into(),
-            operator: guest("busiest_origin_departures"),
-            inputs: vec![StageInput {
-                topic: Some(input.to_owned()),
-                ..StageInput::default()
-            }],
-            outputs: BTreeMap::from([(
-                "late-departures".to_owned(),
-                StageOutput {
-                    topic: Some(late.to_owned()),
-                    partitions: None,
-                },
-            )]),
-            max_out_of_orderness: Some(DISORDER),
-            ..StageSettings::default()
-        },
-        StageSettings {
-            name: "top".into(),
-            operator: guest("busiest_origin_top"),
-            inputs: vec![StageInput {
-                stage: Some("departures".to_owned()),
-                ..StageInput::default()
-            }],
-            outputs: BTreeMap::from([(
-                "default".to_owned(),
-                StageOutput {
-                    topic: Some(busiest.to_owned()),
-                    partitions: None,
-                },
-            )]),
-            // Only the first stage's markers may close an hour here.
-            max_out_of_orderness: Some(Duration::ZERO),
-            idle_advance: Some(false),
-            ..StageSettings::default()
-        },
-    ];
-    s
+#[derive(serde::Deserialize)]
+struct StagesOnly {
+    stages: Vec<StageSettings>,
 }
 
 /// Runs the pipeline over `flights` (in the order given) and checks its outputs against the
 /// oracle: one result per hour, exact, none twice; the late departures exact.
-async fn run_and_check(flights: &[FlightRecord], rows: &[Row], what: &str) -> anyhow::Result<()> {
-    let (want, want_late) = oracle(rows);
+async fn run_and_check(
+    flights: &[FlightRecord],
+    rows: &[OracleFlight],
+    what: &str,
+) -> anyhow::Result<()> {
+    let (want, want_late) = busiest_oracle(rows);
     let (input, busiest, late, dlq) = (
         unique("busiest-in"),
         unique("busiest-out"),
@@ -189,15 +95,30 @@ async fn run_and_check(flights: &[FlightRecord], rows: &[Row], what: &str) -> an
     );
     create_topics(&[(&input, 4), (&busiest, 2), (&late, 2), (&dlq, 1)]).await?;
     weir_cli::flights::produce(&kafka_bootstrap(), &input, flights).await?;
-    let mut base = settings(
+    let mut settings = settings(
         guest("busiest_origin_departures"),
         &input,
         &busiest,
         &dlq,
         RuntimeSettings::default(),
     );
-    base.state = memory_state_on_s3().await?;
-    let settings = pipeline(base, &input, &busiest, &late);
+    settings.state = memory_state_on_s3().await?;
+    let guests = guest("busiest_origin_top");
+    let stages = busiest_stages_toml(
+        guests.parent().expect("the guests' directory"),
+        &input,
+        (&busiest, &late),
+        &humantime::format_duration(DISORDER).to_string(),
+    );
+    let p = &mut settings.pipeline;
+    p.stages = toml::from_str::<StagesFile>(&stages)?.pipeline.stages;
+    p.operator = Default::default();
+    p.input_topics = Vec::new();
+    p.output_topic = None;
+    p.delivery = Delivery::ExactlyOnce;
+    p.checkpoint_interval = Duration::from_secs(1);
+    p.idle_timeout = Some(Duration::from_secs(2));
+    p.idle_advance = true;
     settings.validate()?;
     let started = std::time::Instant::now();
     let running = RunningStages::start(&settings)?;
@@ -225,42 +146,7 @@ async fn run_and_check(flights: &[FlightRecord], rows: &[Row], what: &str) -> an
     running.stop().await?;
     let dead = read_exactly(&dlq, 0, Duration::from_secs(1), Duration::from_secs(1)).await?;
     assert!(dead.is_empty(), "{what}: {} dead letters", dead.len());
-
-    let mut got = BTreeMap::new();
-    for msg in &out {
-        let v: serde_json::Value = serde_json::from_slice(msg.payload().unwrap_or_default())?;
-        let hour = v["hour_start_ms"].as_i64().expect("hour_start_ms");
-        assert_eq!(
-            msg.key(),
-            Some(hour.to_string().as_bytes()),
-            "keyed by hour"
-        );
-        let result = (
-            v["origin"].as_str().expect("origin").to_owned(),
-            v["departures"].as_u64().expect("departures"),
-        );
-        assert!(
-            got.insert(hour, result).is_none(),
-            "{what}: hour {hour} emitted twice"
-        );
-    }
-    assert_eq!(got.len(), want.len(), "{what}: hours");
-    for (hour, want) in &want {
-        assert_eq!(got.get(hour), Some(want), "{what}: hour {hour}");
-    }
-    let mut got_late: BTreeMap<LateFlight, usize> = BTreeMap::new();
-    for msg in &late_out {
-        let v: serde_json::Value = serde_json::from_slice(msg.payload().unwrap_or_default())?;
-        let flight = (
-            String::from_utf8_lossy(msg.key().unwrap_or_default()).into_owned(),
-            v["carrier"].as_str().unwrap_or_default().to_owned(),
-            v["flight"].as_i64().unwrap_or_default(),
-            msg.timestamp().to_millis().unwrap_or(-1),
-        );
-        *got_late.entry(flight).or_default() += 1;
-    }
-    assert_eq!(got_late, want_late, "{what}: late departures");
-    Ok(())
+    check_busiest(what, (&out, &late_out), (&want, &want_late))
 }
 
 /// In departure order, then replayed with every flight moved back by up to [`DISORDER`] (a
