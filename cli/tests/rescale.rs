@@ -103,3 +103,96 @@ async fn one_to_two_to_one_hosts_keeps_every_count_exact() -> anyhow::Result<()>
     );
     Ok(())
 }
+
+/// The log line of a shard opened (of either stage), records or not.
+const SHARD_OPENED: &str = "shard opened; partition resumes";
+
+/// Rescale 1 → 2 → 1 of a pipeline of two stages (docs/topologies.md): `busiest-origin`
+/// exactly-once, flights arriving all along. Each stage is a consumer group of its own, so the
+/// second host takes half of each stage's partitions — upstream shards whose markers then come
+/// from another process, downstream shards that resume their edge's watermark — and gives them
+/// back when it leaves. Every hour's busiest origin and every late departure comes out once,
+/// equal to the oracle.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pipeline_of_stages_rescaled_one_to_two_to_one_emits_every_hour_once()
+-> anyhow::Result<()> {
+    use weir_cli::flights::{FlightRecord, KeyBy};
+    use weir_tests::busiest::{
+        BusiestTopics, busiest_oracle, busiest_process_config, check_busiest, oracle_flights,
+        read_busiest,
+    };
+    const PER_SLICE: usize = 150;
+    init_tracing();
+    let (topics, mut config) = busiest_process_config("rescale-busiest").await?;
+    let BusiestTopics {
+        input,
+        busiest,
+        late,
+    } = topics;
+    let dir = tempfile::tempdir()?;
+    config.pipeline_extra = "idle_timeout = \"2s\"\nidle_advance = true\n".to_owned();
+    let config_path = dir.path().join("weir.toml");
+    config.write(&config_path)?;
+    let bin = Path::new(env!("CARGO_BIN_EXE_weir"));
+
+    // Flights arrive all along, a slice every 100 ms, in departure order, until told to stop.
+    let flights: Vec<FlightRecord> =
+        weir_cli::flights::read_csv_keyed(&flights_csv(), KeyBy::Origin)?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let producer = tokio::spawn({
+        let (input, stop) = (input.clone(), stop.clone());
+        async move {
+            let loader = weir_cli::flights::Loader::new(&kafka_bootstrap())?;
+            let mut sent = 0;
+            for (i, slice) in flights.chunks(PER_SLICE).enumerate() {
+                if stop.load(Ordering::Relaxed) {
+                    break;
+                }
+                if i == 0 {
+                    weir_cli::flights::produce(&kafka_bootstrap(), &input, slice).await?;
+                } else {
+                    loader.produce(&input, slice).await?;
+                }
+                sent += slice.len();
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            anyhow::Ok(flights.into_iter().take(sent).collect::<Vec<_>>())
+        }
+    });
+
+    // Each of the two stages opens a shard per partition.
+    let shards = 2 * PARTITIONS as usize;
+    let mut a = WeirProcess::spawn(bin, &config_path, dir.path().join("a.log"), &[])?;
+    a.wait_for_log(SHARD_OPENED, shards, Duration::from_secs(60))
+        .await?;
+    // 1 → 2: b takes half of each stage's partitions.
+    let mut b = WeirProcess::spawn(bin, &config_path, dir.path().join("b.log"), &[])?;
+    b.wait_for_log(SHARD_OPENED, shards / 2, Duration::from_secs(60))
+        .await?;
+    // 2 → 1: b leaves; a opens b's shards again.
+    b.signal("INT").await?;
+    let status = b.wait(Duration::from_secs(60)).await?;
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "b stops cleanly on Ctrl-C ({status:?}):\n{}",
+        b.tail()
+    );
+    a.wait_for_log(SHARD_OPENED, shards + shards / 2, Duration::from_secs(60))
+        .await?;
+    stop.store(true, Ordering::Relaxed);
+    let sent = producer.await??;
+
+    let (want, want_late) = busiest_oracle(&oracle_flights(&sent)?);
+    // Once the input is quiet, the first stage's watermark follows the clock and closes the
+    // last hours, and its markers close them downstream.
+    let outputs = read_busiest((&busiest, &late), (&want, &want_late)).await;
+    a.kill().await?;
+    let (out, late_out) = outputs.map_err(|e| e.context(a.tail()))?;
+    eprintln!(
+        "stages rescale: {} flights, {} hours, {} late departures",
+        sent.len(),
+        want.len(),
+        late_out.len()
+    );
+    check_busiest("stages rescale", (&out, &late_out), (&want, &want_late))
+}

@@ -14,13 +14,15 @@ use crate::crash_loop::{
     shuffled_rounds,
 };
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 use weir_cli::flights::{FlightRecord, KeyBy};
-use weir_tests::busiest::{OracleFlight, busiest_oracle, busiest_stages_toml, check_busiest};
-use weir_tests::process::{CounterConfig, WeirProcess};
+use weir_tests::busiest::{
+    BusiestTopics, busiest_oracle, busiest_process_config, check_busiest, oracle_flights,
+    read_busiest,
+};
+use weir_tests::process::WeirProcess;
 use weir_tests::*;
 
-const PARTITIONS: i32 = 4;
 const FLIGHTS_PER_ROUND: usize = 150;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -41,43 +43,17 @@ async fn stages_killed_and_restarted_again_and_again_emit_each_hour_and_late_fli
             .into_iter()
             .take(rounds.len() * FLIGHTS_PER_ROUND)
             .collect();
-    let oracle_flights = flights
-        .iter()
-        .map(|f| {
-            let v: serde_json::Value = serde_json::from_slice(&f.json)?;
-            Ok(OracleFlight {
-                origin: f.key.clone(),
-                departure_ms: f.timestamp_ms,
-                departed: v["dep_time"].is_i64(),
-                dep_delay: v["dep_delay"].as_i64(),
-                flight: (
-                    v["carrier"].as_str().unwrap_or_default().to_owned(),
-                    v["flight"].as_i64().unwrap_or_default(),
-                ),
-            })
-        })
-        .collect::<anyhow::Result<Vec<_>>>()?;
-    let (want, want_late) = busiest_oracle(&oracle_flights);
+    let (want, want_late) = busiest_oracle(&oracle_flights(&flights)?);
 
-    let (input, busiest, late, dlq) = (
-        unique("busiest-in"),
-        unique("busiest-out"),
-        unique("busiest-late"),
-        unique("busiest-dlq"),
-    );
-    create_topics(&[(&input, PARTITIONS), (&busiest, 2), (&late, 2), (&dlq, 1)]).await?;
+    let (topics, mut config) = busiest_process_config("stages-crash").await?;
+    let BusiestTopics {
+        input,
+        busiest,
+        late,
+    } = topics;
     let dir = tempfile::tempdir()?;
-    let mut config = CounterConfig::new(&input, &busiest, &dlq).await?;
     config.instance_id = Some("stages-crash-loop-host".to_owned());
     config.session_timeout_ms = 10_000;
-    config.exactly_once = true;
-    let guests = guest("busiest_origin_top");
-    config.stages = busiest_stages_toml(
-        guests.parent().expect("the guests' directory"),
-        &input,
-        (&busiest, &late),
-        "0s",
-    );
     let config_path = dir.path().join("weir.toml");
     config.write(&config_path)?;
     let bin = Path::new(env!("CARGO_BIN_EXE_weir"));
@@ -100,24 +76,10 @@ async fn stages_killed_and_restarted_again_and_again_emit_each_hour_and_late_fli
     config.write(&config_path)?;
     let started = Instant::now();
     let mut weir = WeirProcess::spawn(bin, &config_path, dir.path().join("final.log"), &[])?;
-    let out = read_exactly(
-        &busiest,
-        want.len(),
-        Duration::from_secs(180),
-        Duration::from_secs(5),
-    )
-    .await;
-    let late_out = read_exactly(
-        &late,
-        want_late.values().sum(),
-        Duration::from_secs(60),
-        Duration::from_secs(1),
-    )
-    .await;
+    let outputs = read_busiest((&busiest, &late), (&want, &want_late)).await;
     eprintln!("final run: {:?}", started.elapsed());
     weir.kill().await?;
-    let out = out.map_err(|e| e.context(weir.tail()))?;
-    let late_out = late_out.map_err(|e| e.context(weir.tail()))?;
+    let (out, late_out) = outputs.map_err(|e| e.context(weir.tail()))?;
     eprintln!(
         "stages crash loop: {} kills, fail point hits {hits:?}, {} flights, {} hours, {} late departures",
         rounds.len(),

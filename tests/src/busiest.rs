@@ -5,6 +5,7 @@
 use rdkafka::Message;
 use rdkafka::message::OwnedMessage;
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 const HOUR_MS: i64 = 3_600_000;
 
@@ -30,6 +31,32 @@ pub struct OracleFlight {
     pub dep_delay: Option<i64>,
     /// Carrier and flight number.
     pub flight: (String, i64),
+}
+
+/// The loader's flights (keyed by origin, timestamped with their scheduled departure) as the
+/// oracle reads them.
+///
+/// # Errors
+/// A flight whose JSON does not parse.
+pub fn oracle_flights(
+    flights: &[weir_cli::flights::FlightRecord],
+) -> anyhow::Result<Vec<OracleFlight>> {
+    flights
+        .iter()
+        .map(|f| {
+            let v: serde_json::Value = serde_json::from_slice(&f.json)?;
+            Ok(OracleFlight {
+                origin: f.key.clone(),
+                departure_ms: f.timestamp_ms,
+                departed: v["dep_time"].is_i64(),
+                dep_delay: v["dep_delay"].as_i64(),
+                flight: (
+                    v["carrier"].as_str().unwrap_or_default().to_owned(),
+                    v["flight"].as_i64().unwrap_or_default(),
+                ),
+            })
+        })
+        .collect()
 }
 
 /// Per hour start, the busiest origin and its departures; and every flight with a departure
@@ -66,6 +93,78 @@ pub fn busiest_oracle(flights: &[OracleFlight]) -> (Busiest, LateFlights) {
         })
         .collect();
     (busiest, late)
+}
+
+/// A `weir run` of `busiest-origin` on new topics: flights into `input` (4 partitions), results
+/// to `busiest`, late departures to `late`.
+#[derive(Debug)]
+pub struct BusiestTopics {
+    /// The flights' topic.
+    pub input: String,
+    /// The second stage's results.
+    pub busiest: String,
+    /// The first stage's named output `late-departures`.
+    pub late: String,
+}
+
+/// New topics for `busiest-origin` named after `prefix`, and a `weir run` config over them:
+/// exactly-once, both stages (`busiest_stages_toml`, in departure order), `lsm` on a new bucket.
+///
+/// # Errors
+/// When the topics or the bucket cannot be created.
+pub async fn busiest_process_config(
+    prefix: &str,
+) -> anyhow::Result<(BusiestTopics, crate::process::CounterConfig)> {
+    use crate::unique;
+    let (input, busiest, late, dlq) = (
+        unique(&format!("{prefix}-in")),
+        unique(&format!("{prefix}-out")),
+        unique(&format!("{prefix}-late")),
+        unique(&format!("{prefix}-dlq")),
+    );
+    crate::create_topics(&[(&input, 4), (&busiest, 2), (&late, 2), (&dlq, 1)]).await?;
+    let mut config = crate::process::CounterConfig::new(&input, &busiest, &dlq).await?;
+    config.exactly_once = true;
+    let guests = crate::guest("busiest_origin_top");
+    config.stages = busiest_stages_toml(
+        guests.parent().expect("the guests' directory"),
+        &input,
+        (&busiest, &late),
+        "0s",
+    );
+    let topics = BusiestTopics {
+        input,
+        busiest,
+        late,
+    };
+    Ok((topics, config))
+}
+
+/// Reads exactly the outputs the oracle expects of `busiest-origin` (read_committed): `want`'s
+/// hours from `busiest` (within 3 minutes, then nothing more for 5 s), `want_late`'s late
+/// departures from `late`.
+///
+/// # Errors
+/// Fewer or more records than the oracle's.
+pub async fn read_busiest(
+    (busiest, late): (&str, &str),
+    (want, want_late): (&Busiest, &LateFlights),
+) -> anyhow::Result<(Vec<OwnedMessage>, Vec<OwnedMessage>)> {
+    let hours = crate::read_exactly(
+        busiest,
+        want.len(),
+        Duration::from_secs(180),
+        Duration::from_secs(5),
+    )
+    .await?;
+    let late = crate::read_exactly(
+        late,
+        want_late.values().sum(),
+        Duration::from_secs(60),
+        Duration::from_secs(1),
+    )
+    .await?;
+    Ok((hours, late))
 }
 
 /// Checks the outputs of `busiest-origin` (`busiest`: the second stage's; `late`: the
