@@ -10,6 +10,7 @@ use crate::pipeline::ports::{
 use crate::runtime::{InputRecord, StagedEmit};
 use crate::source::memory::MemorySourceHandle;
 use crate::state::checkpoint::InputOffsets;
+use crate::time::watermark::Marker;
 use std::sync::{Arc, Mutex};
 
 /// One record written.
@@ -30,6 +31,9 @@ pub struct Written {
     pub timestamp_ms: i64,
     /// Dead letters: the kind and the error.
     pub dead_letter: Option<(DeadLetterKind, String)>,
+    /// A watermark marker ([`ShardSink::watermark`]), in order among the outputs, of an
+    /// output made with [`MemoryOutput::with_markers`]; `None` for a record.
+    pub marker: Option<Marker>,
 }
 
 /// What the sinks of a [`MemoryOutput`] wrote and committed.
@@ -56,6 +60,8 @@ pub struct MemoryOutput {
     /// transactions do).
     source: Option<MemorySourceHandle>,
     output_bytes_max: u64,
+    /// Its sinks write watermark markers, as a stage's to an internal topic.
+    markers: bool,
 }
 
 impl MemoryOutput {
@@ -66,7 +72,16 @@ impl MemoryOutput {
             log: Arc::default(),
             source,
             output_bytes_max,
+            markers: false,
         }
+    }
+
+    /// This output, whose sinks write the shard's watermark markers among the outputs (as a
+    /// stage's sink does to an internal output, docs/topologies.md).
+    #[must_use]
+    pub fn with_markers(mut self) -> Self {
+        self.markers = true;
+        self
     }
 
     /// Refuses (`true`) or accepts again (`false`) the deliveries of `partition`'s sink.
@@ -139,6 +154,26 @@ impl ShardSink for MemorySink {
         self.transactional
     }
 
+    fn writes_watermarks(&self) -> bool {
+        self.output.markers
+    }
+
+    async fn watermark(&mut self, marker: Marker) -> Result<(), SinkError> {
+        if self.output.markers {
+            self.open.push(Written {
+                partition: self.partition,
+                key: Vec::new(),
+                value: Vec::new(),
+                source: (String::new(), -1),
+                output: 0,
+                timestamp_ms: marker.watermark_ms,
+                dead_letter: None,
+                marker: Some(marker),
+            });
+        }
+        Ok(())
+    }
+
     async fn emit(&mut self, emit: &StagedEmit, source: &InputRecord) -> Result<(), SinkError> {
         self.open.push(Written {
             partition: self.partition,
@@ -148,6 +183,7 @@ impl ShardSink for MemorySink {
             output: emit.output,
             timestamp_ms: emit.timestamp_ms.unwrap_or(source.timestamp_ms),
             dead_letter: None,
+            marker: None,
         });
         Ok(())
     }
@@ -166,6 +202,7 @@ impl ShardSink for MemorySink {
             output: 0,
             timestamp_ms: record.timestamp_ms,
             dead_letter: Some((kind, error.to_owned())),
+            marker: None,
         });
         Ok(())
     }

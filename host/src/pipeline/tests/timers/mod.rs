@@ -12,6 +12,7 @@ use crate::pipeline::ports::DeadLetterKind;
 mod backlog;
 mod edges;
 mod idleness;
+mod markers;
 
 /// Epoch of the manual clock, ms.
 const T0: u64 = 1_700_000_000_000;

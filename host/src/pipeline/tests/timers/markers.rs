@@ -1,0 +1,71 @@
+//! A stage upstream of an internal topic (docs/topologies.md): at its checkpoints its sink
+//! writes the shard's watermark as a marker among its outputs — the time through which it has
+//! emitted, `idle` once its inputs went idle — and before it emits again after an idle marker,
+//! a marker that says it is active, so that the stage downstream counts it again before its
+//! records arrive.
+
+use super::*;
+use crate::time::watermark::Marker;
+
+/// The markers and outputs of partition 0, in the order they were published: `Some(marker)`,
+/// or `None` for an output record.
+fn published(output: &MemoryOutput) -> Vec<Option<Marker>> {
+    output
+        .log()
+        .outputs
+        .iter()
+        .filter(|w| w.partition == Partition(0))
+        .map(|w| w.marker)
+        .collect()
+}
+
+fn marker(watermark_ms: i64, idle: bool) -> Option<Marker> {
+    Some(Marker {
+        shard: 0,
+        watermark_ms,
+        idle,
+    })
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_upstream_shard_marks_itself_idle_then_active_again_before_its_next_emit() {
+    let clock = ManualClock::new(T0);
+    let mut world = World::empty(&[TOPIC], "at_least_once");
+    world.output = world.output.clone().with_markers();
+    let (run, _) = world
+        .start_configured(&clock, |s| {
+            s.pipeline.input_topics = vec![TOPIC.to_owned()];
+            s.pipeline.idle_timeout = Some(Duration::from_secs(5));
+        })
+        .await;
+    world.handle.assign(&[0]);
+    world.send("k", "v", 1_000);
+    until("the first marker follows the output", || {
+        published(&world.output) == [None, marker(999, false)]
+    })
+    .await;
+    // Its input silent past `idle_timeout`: the next checkpoint says so.
+    clock.advance_ms(6_000);
+    until("the idle marker", || published(&world.output).len() == 3).await;
+    assert_eq!(published(&world.output)[2], marker(999, true));
+    // A record again: its output comes after a marker that says the shard is active.
+    world.send("k", "v", 2_000);
+    until("the second output", || {
+        published(&world.output)
+            .iter()
+            .filter(|m| m.is_none())
+            .count()
+            == 2
+    })
+    .await;
+    assert_eq!(
+        published(&world.output)[3..5],
+        [marker(999, false), None],
+        "active again before the emit, at the watermark it had"
+    );
+    until("the watermark moves on at the next checkpoint", || {
+        published(&world.output).last() == Some(&marker(1_999, false))
+    })
+    .await;
+    run.stop().await.expect("clean stop");
+}
