@@ -132,9 +132,13 @@ fn check_outputs(nodes: &[Node<'_>], problems: &mut Vec<String>) {
             Input::Topic(_) => None,
         })
         .collect();
-    let written: BTreeMap<&str, &str> = nodes
+    let written: BTreeMap<&str, (&str, &str)> = nodes
         .iter()
-        .flat_map(|n| n.topics.values().map(|topic| (*topic, n.name)))
+        .flat_map(|n| {
+            n.topics
+                .iter()
+                .map(|(output, topic)| (*topic, (n.name, *output)))
+        })
         .collect();
     for node in nodes {
         for output in node.topics.keys() {
@@ -151,12 +155,23 @@ fn check_outputs(nodes: &[Node<'_>], problems: &mut Vec<String>) {
         }
         for input in &node.inputs {
             if let Input::Topic(topic) = input
-                && let Some(writer) = written.get(topic)
+                && let Some((writer, output)) = written.get(topic)
             {
-                problems.push(format!(
-                    "stage `{}` reads topic `{topic}`, which stage `{writer}` writes: read {{ stage = \"{writer}\" }} instead",
-                    node.name
-                ));
+                problems.push(if *writer == node.name {
+                    format!(
+                        "stage `{writer}` reads topic `{topic}`, which its output `{output}` writes: a stage cannot read itself"
+                    )
+                } else {
+                    let read = if *output == DEFAULT_OUTPUT {
+                        format!("{{ stage = \"{writer}\" }}")
+                    } else {
+                        format!("{{ stage = \"{writer}\", output = \"{output}\" }}")
+                    };
+                    format!(
+                        "stage `{}` reads topic `{topic}`, which stage `{writer}` writes: read {read} instead (an edge Weir knows), or write another topic",
+                        node.name
+                    )
+                });
             }
         }
     }
@@ -264,14 +279,14 @@ pub fn bind_outputs(
     for name in declared {
         if !bound.contains_key(name) {
             problems.push(format!(
-                "the operator's output `{name}` goes nowhere: bind it to a topic or a stage"
+                "the operator's output `{name}` goes nowhere: bind it to a topic or a later stage (a stage's `outputs`, or `[pipeline.outputs]`)"
             ));
         }
     }
     for name in bound.keys() {
         if !declared.contains(name) {
             problems.push(format!(
-                "the operator has no output `{name}`: it declares {declared:?} besides `{DEFAULT_OUTPUT}`"
+                "the operator has no output `{name}` (bound by the pipeline, or read by a later stage): it declares {declared:?} besides `{DEFAULT_OUTPUT}`"
             ));
         }
     }
@@ -435,6 +450,34 @@ mod tests {
             "{err}"
         );
         assert!(err.problems[2].contains("has no output `lat`"), "{err}");
+    }
+
+    /// A stage reading as a topic what a stage writes is told which edge to read instead —
+    /// with the output when it is a named one — or, when it writes that topic itself, that a
+    /// stage cannot read itself.
+    #[test]
+    fn a_topic_a_stage_writes_is_read_through_the_edge_named_with_its_output() {
+        let nodes = [
+            Node {
+                name: "first",
+                inputs: vec![Input::Topic("in")],
+                topics: BTreeMap::from([(DEFAULT_OUTPUT, "mid"), ("late", "late-topic")]),
+            },
+            node("second", vec![Input::Topic("late-topic")], Some("out")),
+            node("third", vec![Input::Topic("own")], Some("own")),
+        ];
+        let problems = check(&nodes).expect_err("invalid");
+        assert_eq!(problems.len(), 2, "{problems:#?}");
+        assert!(
+            problems[0].contains(r#"read { stage = "first", output = "late" } instead"#),
+            "{}",
+            problems[0]
+        );
+        assert!(
+            problems[1].contains("which its output `default` writes: a stage cannot read itself"),
+            "{}",
+            problems[1]
+        );
     }
 
     #[test]

@@ -106,6 +106,50 @@ async fn an_internal_topic_with_other_partitions_is_refused_by_name() -> anyhow:
     Ok(())
 }
 
+/// Outputs that do not fit the stages' operators refuse the whole pipeline before anything
+/// starts, every one named with its stage: here the counter (which declares no named output)
+/// is bound an output `late` in the first stage and read as `first`'s output `nope` by the
+/// second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outputs_that_do_not_fit_the_operators_are_all_named_before_anything_starts()
+-> anyhow::Result<()> {
+    let (mut settings, output) = counter_pipeline_on_s3("stages-outputs", PARTITIONS).await?;
+    two_counters(&mut settings, &output, None);
+    let stages = &mut settings.pipeline.stages;
+    stages[0].outputs.insert(
+        "late".to_owned(),
+        StageOutput {
+            topic: Some(unique("late")),
+            partitions: None,
+        },
+    );
+    // `first`'s default output to a topic of its own: the second stage reads `nope` instead.
+    stages[0].outputs.insert(
+        "default".to_owned(),
+        StageOutput {
+            topic: Some(unique("first-out")),
+            partitions: None,
+        },
+    );
+    stages[1].inputs[0].output = Some("nope".to_owned());
+    let err = RunningStages::start(&settings)?
+        .stop()
+        .await
+        .expect_err("outputs the operators do not declare");
+    let message = format!("{err:#}");
+    assert!(
+        message.starts_with("the stages' outputs do not fit their operators: "),
+        "{message}"
+    );
+    for problem in [
+        "stage `first`: the operator has no output `late`",
+        "stage `first`: the operator has no output `nope`",
+    ] {
+        assert!(message.contains(problem), "{problem:?} in {message}");
+    }
+    Ok(())
+}
+
 /// A stage that opens for the first time after its upstream wrote reads the internal topic
 /// from its beginning, even with `auto.offset.reset = latest` (which is for the pipeline's own
 /// input topics): nothing the upstream wrote before is skipped.

@@ -178,8 +178,10 @@ fn plan_problems(plan: &StagePlan, problems: &mut Vec<String>) {
                 .is_some_and(|idle| idle < 2 * p.checkpoint_interval)
         {
             problems.push(format!(
-                "stage `{}`: idle_timeout must be at least twice pipeline.checkpoint_interval when it reads another stage (upstream shards write their watermarks once per checkpoint). idle_timeout={:?}",
-                run.stage, p.idle_timeout
+                "stage `{}`: idle_timeout must be at least twice pipeline.checkpoint_interval when it reads another stage (upstream shards write their watermarks once per checkpoint). idle_timeout={} checkpoint_interval={}",
+                run.stage,
+                humantime::format_duration(p.idle_timeout.unwrap_or_default()),
+                humantime::format_duration(p.checkpoint_interval)
             ));
         }
     }

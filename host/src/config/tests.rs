@@ -64,6 +64,24 @@ fn validation_reports_every_problem_at_once() {
     assert!(problems[2].contains("batch_records_max"));
 }
 
+/// An output (the default one or a named one) to the dead-letter topic would mix results and
+/// dead letters: refused, as is a named output called `default`.
+#[test]
+fn an_output_to_the_dead_letter_topic_is_refused() {
+    assert!(GOOD.contains(r#"dead_letter_topic = "flights-dlq""#));
+    let outputs = "[pipeline.outputs]\nlate = \"flights-dlq\"\ndefault = \"other\"\n";
+    let bad = format!("{GOOD}\n{outputs}");
+    let Err(ConfigError::Invalid { problems }) = Settings::from_toml(&bad) else {
+        panic!("expected invalid settings");
+    };
+    assert_eq!(problems.len(), 2, "{problems:?}");
+    assert!(problems[0].contains("not `default`"), "{problems:?}");
+    assert!(
+        problems[1].starts_with("an output goes to the dead-letter topic"),
+        "{problems:?}"
+    );
+}
+
 #[test]
 fn the_lsm_backend_needs_a_url_and_sane_sizes() {
     let bad = format!("{GOOD}\n[state]\nbackend = \"lsm\"\n[state.lsm]\nmemtable_bytes_max = 10\n");

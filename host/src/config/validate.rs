@@ -192,6 +192,16 @@ impl Settings {
                 ));
             }
         }
+        if p.output_topic
+            .iter()
+            .chain(p.outputs.values())
+            .any(|t| *t == p.dead_letter_topic)
+        {
+            problems.push(format!(
+                "an output goes to the dead-letter topic `{}`: results and dead letters would mix",
+                p.dead_letter_topic
+            ));
+        }
         if !p.outputs.is_empty() && p.iceberg.is_some() {
             problems.push(
                 "pipeline.outputs with pipeline.iceberg: named outputs go to topics, and a pipeline with a table does not write them yet".to_owned(),

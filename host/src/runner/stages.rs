@@ -46,6 +46,19 @@ pub enum StagesError {
     /// A stage's run panicked (a bug).
     #[error("stage `{0}` panicked")]
     Panicked(String),
+    /// A stage's operator could not be loaded, before anything started.
+    #[error("stage `{stage}`: cannot load its operator")]
+    Operator {
+        /// The stage.
+        stage: String,
+        /// Why.
+        #[source]
+        source: crate::runtime::RuntimeError,
+    },
+    /// The stages' outputs do not fit their operators' declarations: every problem, each
+    /// naming its stage, found before anything started.
+    #[error("the stages' outputs do not fit their operators: {}", .0.join("; "))]
+    Outputs(Vec<String>),
 }
 
 impl StagesError {
@@ -57,7 +70,50 @@ impl StagesError {
             Self::Topics(_) => ErrorKind::Unavailable,
             Self::Stage { source, .. } => source.kind(),
             Self::Panicked(_) => ErrorKind::Internal,
+            Self::Operator { source, .. } => source.kind(),
+            Self::Outputs(_) => ErrorKind::InvalidInput,
         }
+    }
+}
+
+/// Every stage's operator, compiled once, in the plan's order.
+///
+/// # Errors
+/// [`StagesError::Operator`] for one that does not load; [`StagesError::Outputs`] naming, per
+/// stage, every output its operator declares that the pipeline leaves unbound and every
+/// binding of a name it does not declare (with the stages that read it).
+async fn load_operators<S: crate::state::Shard>(
+    plan: &StagePlan,
+    clock: SharedClock,
+) -> Result<Vec<Arc<crate::runtime::Operator<S>>>, StagesError> {
+    let mut operators = Vec::with_capacity(plan.runs.len());
+    let mut problems = Vec::new();
+    for run in &plan.runs {
+        let failed = |source| StagesError::Operator {
+            stage: run.stage.clone(),
+            source,
+        };
+        let runtime = crate::runtime::Runtime::<S>::new(&run.settings.runtime, clock.clone())
+            .map_err(failed)?;
+        let operator = runtime
+            .load_operator(&run.settings.pipeline.operator)
+            .await
+            .map_err(failed)?;
+        if let Err(PipelineError::Outputs(err)) =
+            crate::pipeline::output_topics(&run.settings, &operator)
+        {
+            problems.extend(
+                err.problems
+                    .iter()
+                    .map(|p| format!("stage `{}`: {p}", run.stage)),
+            );
+        }
+        operators.push(Arc::new(operator));
+    }
+    if problems.is_empty() {
+        Ok(operators)
+    } else {
+        Err(StagesError::Outputs(problems))
     }
 }
 
@@ -99,6 +155,9 @@ pub async fn run_stages<B: StateBackend>(
     clock: SharedClock,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), StagesError> {
+    // Every stage's operator first, and its outputs checked against what it declares: a
+    // binding that does not fit refuses the whole pipeline before any topic is made.
+    let operators = load_operators(&plan, clock.clone()).await?;
     let ready = internal_topics::ensure(kafka, &plan.internal)
         .await
         .map_err(StagesError::Topics)?;
@@ -109,7 +168,7 @@ pub async fn run_stages<B: StateBackend>(
     let interval = plan.runs.first().map_or(Duration::from_secs(10), |r| {
         r.settings.pipeline.checkpoint_interval
     });
-    for (mut run, stats) in plan.runs.into_iter().zip(stats) {
+    for ((mut run, stats), operator) in plan.runs.into_iter().zip(stats).zip(operators) {
         let p = &mut run.settings.pipeline;
         p.edges = edges(p, &ready);
         for topic in p.edges.inputs.keys() {
@@ -121,11 +180,13 @@ pub async fn run_stages<B: StateBackend>(
             // A closed channel stops the run too.
             let _ = stopped.wait_for(|stop| *stop).await;
         };
-        let run_stage = super::run(
+        let (_requests, control) = crate::pipeline::PipelineControl::new();
+        let run_stage = super::run_operator(
             run.settings,
             backend.clone(),
-            clock.clone(),
+            operator,
             stats,
+            control,
             until_stopped,
         );
         let handle = stages.spawn(run_stage);
