@@ -146,6 +146,10 @@ pub async fn run_with<B: StateBackend, Src: Source, Out: Output>(
     let meta = operator.meta();
     tracing::info!(pipeline = %settings.pipeline.name, operator = %meta.name, version = %meta.version, states = meta.states.len(), "operator loaded");
     output_topics(&settings, &operator)?;
+    if !settings.pipeline.parameters.is_empty() && meta.world != crate::runtime::WorldVersion::V0_3
+    {
+        tracing::warn!(pipeline = %settings.pipeline.name, world = meta.world.as_str(), "the operator's world has no parameters import: its parameters are not read");
+    }
     let mut running = Running::new(settings, backend, operator, stats, control, source, output);
     let result = running.consume(shutdown).await;
     // A run that failed opens nothing more on its way out.
