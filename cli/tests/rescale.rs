@@ -130,7 +130,6 @@ async fn a_pipeline_of_stages_rescaled_one_to_two_to_one_emits_every_hour_once()
         late,
     } = topics;
     let dir = tempfile::tempdir()?;
-    config.pipeline_extra = "idle_timeout = \"2s\"\nidle_advance = true\n".to_owned();
     let config_path = dir.path().join("weir.toml");
     config.write(&config_path)?;
     let bin = Path::new(env!("CARGO_BIN_EXE_weir"));
@@ -181,13 +180,25 @@ async fn a_pipeline_of_stages_rescaled_one_to_two_to_one_emits_every_hour_once()
         .await?;
     stop.store(true, Ordering::Relaxed);
     let sent = producer.await??;
+    a.signal("INT").await?;
+    let status = a.wait(Duration::from_secs(60)).await?;
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "a stops cleanly on Ctrl-C ({status:?}):\n{}",
+        a.tail()
+    );
 
     let (want, want_late) = busiest_oracle(&oracle_flights(&sent)?);
-    // Once the input is quiet, the first stage's watermark follows the clock and closes the
+    // A last run with `idle_advance` (not before: a pause of the producer would have let the
+    // first stage's watermark jump to the clock, and every flight after it would be late):
+    // once its input is quiet, the first stage's watermark follows the clock and closes the
     // last hours, and its markers close them downstream.
+    config.pipeline_extra = "idle_timeout = \"2s\"\nidle_advance = true\n".to_owned();
+    config.write(&config_path)?;
+    let mut last = WeirProcess::spawn(bin, &config_path, dir.path().join("last.log"), &[])?;
     let outputs = read_busiest((&busiest, &late), (&want, &want_late)).await;
-    a.kill().await?;
-    let (out, late_out) = outputs.map_err(|e| e.context(a.tail()))?;
+    last.kill().await?;
+    let (out, late_out) = outputs.map_err(|e| e.context(last.tail()))?;
     eprintln!(
         "stages rescale: {} flights, {} hours, {} late departures",
         sent.len(),
