@@ -107,9 +107,9 @@ background guests bash -c 'cargo build --profile guest --target wasm32-wasip2 -p
 step "host, weir binary and tests, linted"
 # Guests are for wasm32-wasip2 (their export names do not link natively): they are linted above,
 # and their code is exercised through the components the tests load. The busiest-origin
-# example's operators export only in a component, so they build natively too, for their unit
-# tests.
-native=(--workspace --exclude flight-delays --exclude word-count --exclude weir-test-counter
+# example's operators and the counter export only in a component, so they build natively too,
+# for their unit tests.
+native=(--workspace --exclude flight-delays --exclude word-count
   --exclude weir-test-counter-v0-1 --exclude weir-test-counter-v0-2 --exclude weir-test-counter-v2
   --exclude airport-hours --exclude airport-sessions)
 # `--tests`: every target with `test = true` (unit tests, integration tests, and the binaries

@@ -1,18 +1,23 @@
 #!/usr/bin/env python3
-"""Weir against Kafka Streams on one keyed counter, on the local broker (bench/kstreams-compare).
+"""Weir against Kafka Streams on two jobs, on the local broker (bench/kstreams-compare).
 
 Produces one input topic (--records records over --keys keys, --partitions partitions, values of
-about 115 bytes of JSON), then runs on it, one after another in each repeat: Kafka Streams' keyed
-counter (Processor API, in-memory and RocksDB store, one and two stream threads) and `weir run`
-with the counter guest (`memory` backend with file:// snapshots, `lsm` on a file:// store), in
+about 115 bytes of JSON), then runs on it, one after another in each repeat, each job (--shapes):
+- `counter`: Kafka Streams' keyed counter (Processor API, in-memory and RocksDB store, one and
+  two stream threads, record cache on and off) and `weir run` with the counter guest;
+- `rekey`: re-key by fnv1a32(key) mod 10,000 and count, emitting every update: Kafka Streams'
+  `groupBy(newKey).count()` (record cache off) through its repartition topic, and `weir run`
+  with two stages of the counter guest (the first with `rekey_modulo`) through an internal topic;
+Weir on the `memory` backend with file:// snapshots and on `lsm` on a file:// store, in
 at-least-once and exactly-once mode. Every run starts a fresh consumer group and output topic and
 is measured from outside by the same code (Measure.java): events/s and CPU µs per event of the
-engine process between its first output and its --records-th, and, in the first repeat, its CPU
-over --idle-secs once caught up. Prints the settings of both sides and a Markdown table of the
-medians (also written to --out).
+engine process between its first output (of the first step, for `rekey`) and its --records-th
+output, and, in the first repeat, its CPU over --idle-secs once caught up. Prints the settings
+of both sides and a Markdown table of the medians per job (also written to --out).
 
     python3 bench/kstreams-compare/run.py                 # 2,000,000 records, 3 repeats
-    python3 bench/kstreams-compare/run.py --smoke         # ~20 k records, 1 repeat, every row
+    python3 bench/kstreams-compare/run.py --smoke         # ~20 k records, 1 repeat, every
+                                                          # `counter` row, four `rekey` rows
                                                           # (two rows at a time)
 
 Needs java >= 17 and mvn (Kafka Streams from Maven Central), cargo; starts the broker with
@@ -38,7 +43,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 HERE = ROOT / "bench" / "kstreams-compare"
 BOOTSTRAP = "127.0.0.1:9092"
-INTERVAL = "10s"
+# Commit / checkpoint interval per job, both engines. In exactly-once mode a record crosses a
+# repartition or internal topic once its transaction commits (in both engines), so the `rekey`
+# job's last outputs wait up to one interval after its first step is done: at 10 s that wait
+# would be most of what is measured.
+INTERVAL_S = {"counter": 10, "rekey": 1}
+# The `rekey` job's new key: fnv1a32(key) mod this.
+REKEY_MODULO = 10_000
 
 
 @dataclass(frozen=True)
@@ -50,13 +61,22 @@ class Engine:
     threads: int  # stream threads (Kafka Streams); 0 for Weir
     delivery: str  # "at_least_once" | "exactly_once"
     cache: bool = True  # Kafka Streams' record cache (Weir has none)
+    shape: str = "counter"  # the job: "counter" | "rekey"
 
     @property
     def label(self) -> str:
         threads = f"-{self.threads}t" if self.threads else ""
         cache = "-nocache" if self.engine == "kafka-streams" and not self.cache else ""
         mode = "alo" if self.delivery == "at_least_once" else "eos"
-        return f"{self.engine}-{self.store}{threads}{cache}-{mode}"
+        job = "" if self.shape == "counter" else f"{self.shape}-"
+        return f"{job}{self.engine}-{self.store}{threads}{cache}-{mode}"
+
+    @property
+    def first_step_topic_suffix(self) -> str:
+        """What the first step of a two-step job writes, after the run's name ("" for one step)."""
+        if self.shape != "rekey":
+            return ""
+        return "-rekey-repartition" if self.engine == "kafka-streams" else ".rekey.default.internal"
 
 
 @dataclass
@@ -66,16 +86,26 @@ class Runs:
     idle_cpu_pct: list = field(default_factory=list)
 
 
-def engines() -> list:
+def engines(shapes: list) -> list:
     rows = []
-    for delivery in ("at_least_once", "exactly_once"):
-        for store in ("memory", "rocksdb"):
-            for cache in (True, False):
-                for threads in (1, 2):
-                    rows.append(Engine("kafka-streams", store, threads, delivery, cache))
-        for store in ("memory", "lsm"):
-            rows.append(Engine("weir", store, 0, delivery))
+    for shape in shapes:
+        # `rekey` runs Kafka Streams with its record cache off only: with it on, `count()`
+        # emits only what a flush lets through, another job than Weir's.
+        caches = (True, False) if shape == "counter" else (False,)
+        for delivery in ("at_least_once", "exactly_once"):
+            for store in ("memory", "rocksdb"):
+                for cache in caches:
+                    for threads in (1, 2):
+                        rows.append(Engine("kafka-streams", store, threads, delivery, cache, shape))
+            for store in ("memory", "lsm"):
+                rows.append(Engine("weir", store, 0, delivery, shape=shape))
     return rows
+
+
+# The `rekey` rows of the smoke run: each store and delivery of each engine once (the other
+# rows differ from these only in settings the counter's rows cover).
+SMOKE_REKEY = {"rekey-kafka-streams-memory-1t-nocache-eos", "rekey-kafka-streams-rocksdb-2t-nocache-alo",
+               "rekey-weir-memory-alo", "rekey-weir-lsm-eos"}
 
 
 def log(msg: str) -> None:
@@ -106,15 +136,33 @@ def tool(*args, capture=False) -> str:
 def weir_config(e: Engine, name: str, operator: Path, input_topic: str, state: Path) -> str:
     store_url = f"file://{state}"
     table = "memory" if e.store == "memory" else "lsm"
-    return f"""[pipeline]
-name = "{name}"
-operator = "{operator}"
+    if e.shape == "counter":
+        job = f"""operator = "{operator}"
 input_topics = ["{input_topic}"]
 output_topic = "{name}-out"
-dead_letter_topic = "{name}-dlq"
-checkpoint_interval = "{INTERVAL}"
-delivery = "{e.delivery}"
+"""
+    else:
+        # Two stages of the same guest; the internal topic between them is Weir's
+        # (`{name}.rekey.default.internal`, as many partitions as the input).
+        job = f"""
+[[pipeline.stages]]
+name = "rekey"
+operator = "{operator}"
+inputs = [{{ topic = "{input_topic}" }}]
+parameters = {{ rekey_modulo = "{REKEY_MODULO}" }}
 
+[[pipeline.stages]]
+name = "count"
+operator = "{operator}"
+inputs = [{{ stage = "rekey" }}]
+outputs = {{ default = {{ topic = "{name}-out" }} }}
+"""
+    return f"""[pipeline]
+name = "{name}"
+dead_letter_topic = "{name}-dlq"
+checkpoint_interval = "{INTERVAL_S[e.shape]}s"
+delivery = "{e.delivery}"
+{job}
 [kafka]
 bootstrap_servers = "{BOOTSTRAP}"
 
@@ -134,11 +182,12 @@ def start(e: Engine, name: str, args, input_topic: str, work: Path, log_file) ->
         cmd = [str(args.weir), "run", "--config", str(config)]
     else:
         guarantee = "at_least_once" if e.delivery == "at_least_once" else "exactly_once_v2"
-        cmd = ["java", *JAVA_OPTS, "-cp", java_cp(), "dev.weir.kscompare.Main", "counter",
+        cmd = ["java", *JAVA_OPTS, "-cp", java_cp(), "dev.weir.kscompare.Main", e.shape,
                "--bootstrap", BOOTSTRAP, "--input", input_topic, "--output", f"{name}-out",
                "--app-id", name, "--state-dir", str(state), "--store", e.store,
-               "--threads", str(e.threads), "--guarantee", guarantee, "--commit-ms", "10000",
-               "--cache", "on" if e.cache else "off"]
+               "--threads", str(e.threads), "--guarantee", guarantee,
+               "--commit-ms", str(INTERVAL_S[e.shape] * 1000), "--cache", "on" if e.cache else "off",
+               "--modulo", str(REKEY_MODULO)]
     return subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, cwd=ROOT)
 
 
@@ -165,9 +214,11 @@ def measure_one(e: Engine, repeat: int, args, input_topic: str, run_id: str, wor
         proc = start(e, name, args, input_topic, work, log_file)
         try:
             idle = args.idle_secs if repeat == 1 else 0
+            start_topic = (["--start-topic", name + e.first_step_topic_suffix]
+                           if e.first_step_topic_suffix else [])
             out = tool("measure", "--bootstrap", BOOTSTRAP, "--topic", f"{name}-out",
                        "--records", str(args.records), "--pid", str(proc.pid),
-                       "--idle-secs", str(idle), capture=True)
+                       "--idle-secs", str(idle), *start_topic, capture=True)
         except subprocess.CalledProcessError:
             log(f"{name} failed; its log:\n{log_path.read_text()[-4000:]}")
             raise
@@ -177,7 +228,7 @@ def measure_one(e: Engine, repeat: int, args, input_topic: str, run_id: str, wor
         cache = "cache on" if e.cache else "cache off"
         for line in log_path.read_text().splitlines():
             if line.startswith(("settings ", "effective ")):
-                args.settings.setdefault(f"{e.store}-{e.delivery}, {cache}", []).append(line)
+                args.settings.setdefault(f"{e.shape}, {e.store}-{e.delivery}, {cache}", []).append(line)
     if not args.smoke:  # (a full run's outputs take gigabytes; the smoke's go at the end)
         tool("topics", "--bootstrap", BOOTSTRAP, "--delete-prefix", name)
     shutil.rmtree(work / name, ignore_errors=True)
@@ -210,33 +261,64 @@ def fmt_int(x: float) -> str:
 
 
 def table(args, results: dict) -> str:
-    rows = ["| engine | store | stream threads | record cache | delivery | events/s | CPU µs/event | idle CPU (% of a core) | runs |",
-            "|---|---|---|---|---|---:|---:|---:|---:|"]
-    medians = {}
-    for e, runs in results.items():
-        eps = statistics.median(runs.events_per_s)
-        cpu = statistics.median(runs.cpu_us_per_event)
-        idle = runs.idle_cpu_pct[0] if runs.idle_cpu_pct else float("nan")
-        medians[e] = (eps, cpu)
-        cache = ("on" if e.cache else "off") if e.engine == "kafka-streams" else "–"
-        rows.append(f"| {e.engine} | {e.store} | {e.threads or '–'} | {cache} | {e.delivery} | "
-                    f"{fmt_int(eps)} | {cpu:.2f} | {idle:.2f} | {len(runs.events_per_s)} |")
-    lines = ["\n".join(rows), "",
-             "Weir against Kafka Streams' best row (by events/s, among 1 and 2 stream threads, "
-             "record cache on and off) for the same store kind and delivery:", ""]
-    for delivery in ("at_least_once", "exactly_once"):
-        for weir_store, ks_store in (("memory", "memory"), ("lsm", "rocksdb")):
-            w = Engine("weir", weir_store, 0, delivery)
-            ks = [e for e in medians if e.engine == "kafka-streams" and e.store == ks_store
-                  and e.delivery == delivery]
-            if w not in medians or not ks:
-                continue  # (a run of some rows only: --only)
-            best = max(ks, key=lambda e: medians[e][0])
-            we, be = medians[w], medians[best]
-            lines.append(f"- {delivery}, Weir `{weir_store}` / Kafka Streams {ks_store} "
-                         f"(best: `{best.label}`): {we[0] / be[0]:.2f}× the events/s, "
-                         f"{we[1] / be[1]:.2f}× the CPU µs/event")
-    return "\n".join(lines)
+    medians = {e: (statistics.median(r.events_per_s), statistics.median(r.cpu_us_per_event))
+               for e, r in results.items()}
+    parts = []
+    for shape in args.shapes:
+        rows = ["| engine | store | stream threads | record cache | delivery | events/s | CPU µs/event | idle CPU (% of a core) | runs |",
+                "|---|---|---|---|---|---:|---:|---:|---:|"]
+        for e, runs in results.items():
+            if e.shape != shape:
+                continue
+            eps, cpu = medians[e]
+            idle = runs.idle_cpu_pct[0] if runs.idle_cpu_pct else float("nan")
+            cache = ("on" if e.cache else "off") if e.engine == "kafka-streams" else "–"
+            rows.append(f"| {e.engine} | {e.store} | {e.threads or '–'} | {cache} | {e.delivery} | "
+                        f"{fmt_int(eps)} | {cpu:.2f} | {idle:.2f} | {len(runs.events_per_s)} |")
+        caches = "record cache on and off" if shape == "counter" else "record cache off"
+        lines = [f"### `{shape}`", "", "\n".join(rows), "",
+                 f"Weir against Kafka Streams' best row (by events/s, among 1 and 2 stream threads, "
+                 f"{caches}) for the same store kind and delivery:", ""]
+        for delivery in ("at_least_once", "exactly_once"):
+            for weir_store, ks_store in (("memory", "memory"), ("lsm", "rocksdb")):
+                w = Engine("weir", weir_store, 0, delivery, shape=shape)
+                best = best_kafka_streams(medians, shape, ks_store, delivery)
+                if w not in medians or best is None:
+                    continue  # (a run of some rows only: --only)
+                we, be = medians[w], medians[best]
+                lines.append(f"- {delivery}, Weir `{weir_store}` / Kafka Streams {ks_store} "
+                             f"(best: `{best.label}`): {we[0] / be[0]:.2f}× the events/s, "
+                             f"{we[1] / be[1]:.2f}× the CPU µs/event")
+        if shape != "counter":
+            lines += ["", f"What the `{shape}` job's edge (internal or repartition topic) costs: "
+                      "each engine's row against its `counter` row, same input, store and delivery:", ""]
+            for delivery in ("at_least_once", "exactly_once"):
+                for weir_store, ks_store in (("memory", "memory"), ("lsm", "rocksdb")):
+                    one = Engine("weir", weir_store, 0, delivery)
+                    two = Engine("weir", weir_store, 0, delivery, shape=shape)
+                    if one in medians and two in medians:
+                        lines.append(edge_cost(f"Weir `{weir_store}`", delivery, medians[one],
+                                               medians[two]))
+                    one = best_kafka_streams(medians, "counter", ks_store, delivery, cache=False)
+                    two = best_kafka_streams(medians, shape, ks_store, delivery)
+                    if one and two:
+                        lines.append(edge_cost(f"Kafka Streams {ks_store} (`{two.label}` / "
+                                               f"`{one.label}`)", delivery, medians[one], medians[two]))
+        parts.append("\n".join(lines))
+    return "\n\n".join(parts)
+
+
+def best_kafka_streams(medians: dict, shape: str, store: str, delivery: str, cache=None):
+    """Kafka Streams' row with the most events/s for the job, store and delivery (and record
+    cache, when given), or None when none ran."""
+    rows = [e for e in medians if e.engine == "kafka-streams" and e.shape == shape
+            and e.store == store and e.delivery == delivery and cache in (None, e.cache)]
+    return max(rows, key=lambda e: medians[e][0]) if rows else None
+
+
+def edge_cost(who: str, delivery: str, one: tuple, two: tuple) -> str:
+    return (f"- {delivery}, {who}: {two[0] / one[0]:.2f}× the events/s, {two[1] / one[1]:.2f}× "
+            f"the CPU µs/event ({two[1] - one[1]:+.2f} µs)")
 
 
 def settings_text(args, input_bytes: int) -> str:
@@ -247,15 +329,19 @@ def settings_text(args, input_bytes: int) -> str:
         f"{input_bytes / args.records:.0f} bytes of key and value per record on average; "
         f"{args.repeats} repeat(s), medians; idle CPU over {args.idle_secs} s in the first repeat.",
         f"Broker: deploy/local/kafka.sh (Apache Kafka 4.1.1, one KRaft node) on {BOOTSTRAP}.",
-        f"Both: commit / checkpoint interval {INTERVAL}; producer linger.ms 5, batch.size 1000000, "
+        "Both: commit / checkpoint interval "
+        + ", ".join(f"{INTERVAL_S[shape]} s for `{shape}`" for shape in args.shapes)
+        + "; producer linger.ms 5, batch.size 1000000, "
         "compression lz4; consumer fetch.min.bytes 1, fetch wait 500 ms, fetch.max.bytes 52428800, "
         "max.partition.fetch.bytes 1048576 (librdkafka's and the Java client's defaults).",
         "Kafka Streams 4.1.1, Processor API, KeyValueStore<Bytes, Long> with changelog, record "
         "cache on (10 MiB, as a DSL count()) and off (statestore.cache.max.bytes 0) (shipped "
-        "defaults otherwise, JVM defaults); exactly-once = exactly_once_v2.",
+        "defaults otherwise, JVM defaults); exactly-once = exactly_once_v2. `rekey`: the DSL's "
+        f"groupBy(fnv1a32(key) mod {REKEY_MODULO:,}).count(), cache off, same store kinds.",
         f"Weir: {weir_version} ({args.weir}), operator {args.operator}, shipped defaults: "
         "`memory` snapshots and `lsm` store on file:// in a temporary directory; exactly-once = "
-        "delivery = \"exactly_once\".",
+        "delivery = \"exactly_once\". `rekey`: two stages of the counter guest, the first with "
+        f"`rekey_modulo = {REKEY_MODULO}`, through an internal topic of {args.partitions} partitions.",
     ]
     for key, settings in sorted(args.settings.items()):
         for line in settings:
@@ -270,21 +356,28 @@ def main() -> None:
     p.add_argument("--partitions", type=int, default=4)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--idle-secs", type=int, default=60)
+    p.add_argument("--shapes", default="counter,rekey", help="the jobs: counter, rekey, or both")
     p.add_argument("--only", default="", help="comma-separated labels to run (e.g. weir-memory-alo)")
     p.add_argument("--weir", help="the weir binary (default: cargo build --release)")
     p.add_argument("--operator", help="the counter guest (default: built here)")
     p.add_argument("--out", help="also write the report here")
     p.add_argument("--smoke", action="store_true",
-                   help="20,000 records over 2,000 keys, 1 repeat, 1 s idle: checks every row runs")
+                   help="20,000 records over 2,000 keys, 1 repeat, 1 s idle: checks that every "
+                        "`counter` row and one `rekey` row per engine, store and delivery runs")
     args = p.parse_args()
     if args.smoke:
         args.records, args.keys, args.repeats, args.idle_secs = 20_000, 2_000, 1, 1
         JAVA_OPTS.extend(SMOKE_JAVA_OPTS)
     args.settings = {}
+    args.shapes = [shape for shape in args.shapes.split(",") if shape]
+    if not args.shapes or set(args.shapes) - set(INTERVAL_S):
+        raise SystemExit(f"--shapes: some of {', '.join(INTERVAL_S)}")
 
     sh("bash", str(ROOT / "deploy" / "local" / "kafka.sh"), "start")
     build(args)
-    rows = [e for e in engines() if not args.only or e.label in args.only.split(",")]
+    rows = [e for e in engines(args.shapes) if not args.only or e.label in args.only.split(",")]
+    if args.smoke and not args.only:
+        rows = [e for e in rows if e.shape == "counter" or e.label in SMOKE_REKEY]
     run_id = f"kscmp-{int(time.time())}"
     input_topic = f"{run_id}-in"
     work = Path(tempfile.mkdtemp(prefix="kstreams-compare-"))

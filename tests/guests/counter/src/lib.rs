@@ -16,6 +16,10 @@
 //! - `forward:REST` emits REST under the record's key and is not counted (a first stage that
 //!   sends the next one its commands, docs/topologies.md).
 //!
+//! With the parameter `rekey_modulo` = M (a stage's `parameters`), it counts nothing: every
+//! record goes out unchanged under the key `fnv1a32(key) mod M` in decimal — the first stage of
+//! `bench/kstreams-compare`'s re-key-and-count job, whose second stage is a plain counter.
+//!
 //! Timers (neither counted nor emitted for):
 //! - `timer:event:NAME:AT` / `timer:processing:NAME:AT` sets timer NAME of the key at AT ms;
 //! - `timer:clear:NAME` clears it.
@@ -25,6 +29,7 @@
 //! rejected, and one named `again…` also sets itself again 1000 ms later.
 
 use serde::Serialize;
+use std::cell::OnceCell;
 use weir_sdk::{
     Context, LogLevel, Operator, Record, Reject, StateSpec, TimeDomain, Timer, ValueState,
 };
@@ -47,6 +52,11 @@ impl Operator for Counter {
     const STATES: &'static [StateSpec] = &[COUNT.spec()];
 
     fn process(ctx: &mut Context, record: &Record) -> Result<(), Reject> {
+        if let Some(modulo) = rekey_modulo(ctx)? {
+            let mut digits = [0u8; 10];
+            let key = decimal(fnv1a32(record.key()) % modulo, &mut digits);
+            return ctx.emit(key, record.value());
+        }
         match record.value() {
             b"poison:trap" => panic!("poison record at offset {}", record.offset()),
             b"poison:loop" =>
@@ -113,7 +123,49 @@ impl Operator for Counter {
     }
 }
 
+#[cfg(target_arch = "wasm32")]
 weir_sdk::export_operator!(Counter);
+
+/// The `rekey_modulo` parameter, read once per instance (an instance serves one stage, whose
+/// parameters do not change while it runs; per thread, so that native tests do not share it).
+fn rekey_modulo(ctx: &Context) -> Result<Option<u32>, Reject> {
+    thread_local! {
+        static REKEY_MODULO: OnceCell<Result<Option<u32>, String>> = const { OnceCell::new() };
+    }
+    REKEY_MODULO.with(|cell| {
+        cell.get_or_init(|| match ctx.parameter("rekey_modulo") {
+            None => Ok(None),
+            Some(text) => match text.parse::<u32>() {
+                Ok(modulo) if modulo > 0 => Ok(Some(modulo)),
+                _ => Err(format!(
+                    "rekey_modulo `{text}` is not a positive 32-bit number"
+                )),
+            },
+        })
+        .clone()
+        .map_err(Reject::new)
+    })
+}
+
+/// FNV-1a, 32 bits (the Java side of the benchmark computes the same).
+fn fnv1a32(bytes: &[u8]) -> u32 {
+    bytes.iter().fold(0x811c_9dc5, |hash, &byte| {
+        (hash ^ u32::from(byte)).wrapping_mul(0x0100_0193)
+    })
+}
+
+/// `n` in decimal ASCII, written at the end of `digits`, without allocating.
+fn decimal(mut n: u32, digits: &mut [u8; 10]) -> &[u8] {
+    let mut start = digits.len();
+    loop {
+        start -= 1;
+        digits[start] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            return &digits[start..];
+        }
+    }
+}
 
 /// Recurses `n` deep, each frame holding 256 bytes the optimiser cannot remove.
 fn recurse(n: u64) -> u64 {
@@ -204,5 +256,47 @@ fn timer_command(ctx: &mut Context, value: &[u8]) -> Result<(), Reject> {
             ctx.set_timer(name, at, domain)
         }
         _ => Err(Reject::new(format!("bad timer command `{text}`"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use weir_sdk::testing::Harness;
+
+    /// With `rekey_modulo`, a record goes out unchanged under `fnv1a32(key) mod M` and
+    /// nothing is counted (fnv1a32("key-000042") = 2,803,713,957, computed apart).
+    #[test]
+    fn rekey_modulo_sends_each_record_under_its_hash_modulo_m_uncounted() {
+        let mut h = Harness::<Counter>::new().with_parameters(&[("rekey_modulo", "10000")]);
+        let out = h.send(b"key-000042", b"{\"order\":1}");
+        assert!(out.is_ok());
+        assert_eq!(out.emitted.len(), 1);
+        assert_eq!(out.emitted[0].key, b"3957");
+        assert_eq!(out.emitted[0].value, b"{\"order\":1}");
+        assert_eq!(h.value(b"key-000042", &COUNT), None);
+        assert_eq!(fnv1a32(b""), 0x811c_9dc5);
+        assert_eq!(decimal(0, &mut [0; 10]), b"0");
+        assert_eq!(decimal(u32::MAX, &mut [0; 10]), b"4294967295");
+    }
+
+    /// A `rekey_modulo` that is not a positive number rejects every record, naming it.
+    #[test]
+    fn a_rekey_modulo_that_is_no_number_rejects_each_record() {
+        let mut h = Harness::<Counter>::new().with_parameters(&[("rekey_modulo", "0")]);
+        let out = h.send(b"k", b"v");
+        assert!(out.reason.is_some_and(|r| r.contains("rekey_modulo `0`")));
+    }
+
+    /// Without the parameter it counts, as ever.
+    #[test]
+    fn without_rekey_modulo_it_counts() {
+        let mut h = Harness::<Counter>::new();
+        h.send(b"k", b"v");
+        let out = h.send(b"k", b"v");
+        assert_eq!(
+            out.emitted[0].value,
+            br#"{"count":2,"offset":1}"#.as_slice()
+        );
     }
 }

@@ -56,6 +56,26 @@ final class Counter {
             ConsumerConfig.MAX_PARTITION_FETCH_BYTES_CONFIG, "1048576");
 
     static void run(Flags flags) throws InterruptedException {
+        Properties props = properties(flags);
+        KeyValueBytesStoreSupplier supplier = supplier(flags);
+        Topology topology = new Topology();
+        topology.addSource("input", new ByteArrayDeserializer(), new ByteArrayDeserializer(),
+                flags.get("input"));
+        topology.addProcessor("count", CountProcessor::new, "input");
+        // A store builder's changelog is on by default; its record cache is not (the DSL's is):
+        // `--cache on` turns it on, as a DSL `count()` would have it.
+        var store = Stores.keyValueStoreBuilder(supplier, Serdes.Bytes(), Serdes.Long());
+        if (cache(flags, props)) {
+            store = store.withCachingEnabled();
+        }
+        topology.addStateStore(store, "count");
+        topology.addSink("output", flags.get("output"), new ByteArraySerializer(),
+                new ByteArraySerializer(), "count");
+        start(topology, props, flags);
+    }
+
+    /** The application's properties: the flags' and {@link #SHARED_CLIENT_SETTINGS}. */
+    static Properties properties(Flags flags) {
         Properties props = new Properties();
         props.put(StreamsConfig.APPLICATION_ID_CONFIG, flags.get("app-id"));
         props.put(StreamsConfig.BOOTSTRAP_SERVERS_CONFIG, flags.get("bootstrap"));
@@ -69,34 +89,36 @@ final class Counter {
                     : StreamsConfig.PRODUCER_PREFIX;
             props.put(prefix + e.getKey(), e.getValue());
         }
+        return props;
+    }
 
-        KeyValueBytesStoreSupplier supplier = switch (flags.get("store")) {
+    /** {@code --store memory|rocksdb}: the store named {@link #STORE}. */
+    static KeyValueBytesStoreSupplier supplier(Flags flags) {
+        return switch (flags.get("store")) {
             case "memory" -> Stores.inMemoryKeyValueStore(STORE);
             case "rocksdb" -> Stores.persistentKeyValueStore(STORE);
             default -> throw new IllegalArgumentException("--store memory|rocksdb");
         };
-        Topology topology = new Topology();
-        topology.addSource("input", new ByteArrayDeserializer(), new ByteArrayDeserializer(),
-                flags.get("input"));
-        topology.addProcessor("count", CountProcessor::new, "input");
-        // A store builder's changelog is on by default; its record cache is not (the DSL's is):
-        // `--cache on` turns it on, as a DSL `count()` would have it.
-        var store = Stores.keyValueStoreBuilder(supplier, Serdes.Bytes(), Serdes.Long());
+    }
+
+    /**
+     * {@code --cache on|off}: whether the store gets a record cache; off also sizes the
+     * application's cache to 0 (no cache at all, not only none on this store).
+     */
+    static boolean cache(Flags flags, Properties props) {
         boolean cache = switch (flags.get("cache", "on")) {
             case "on" -> true;
             case "off" -> false;
             default -> throw new IllegalArgumentException("--cache on|off");
         };
-        if (cache) {
-            store = store.withCachingEnabled();
-        } else {
-            // No cache at all, not only none on this store.
+        if (!cache) {
             props.put(StreamsConfig.STATESTORE_CACHE_MAX_BYTES_CONFIG, "0");
         }
-        topology.addStateStore(store, "count");
-        topology.addSink("output", flags.get("output"), new ByteArraySerializer(),
-                new ByteArraySerializer(), "count");
+        return cache;
+    }
 
+    /** Prints the settings and those in effect, then runs {@code topology} until SIGTERM. */
+    static void start(Topology topology, Properties props, Flags flags) throws InterruptedException {
         StreamsConfig config = new StreamsConfig(props);
         System.out.println("settings " + new TreeMap<>(config.originals()));
         Map<String, Object> consumer = config.getMainConsumerConfigs(flags.get("app-id"), "c", 0);
@@ -109,6 +131,7 @@ final class Counter {
         effective.put("statestore.cache.max.bytes",
                 config.getLong(StreamsConfig.STATESTORE_CACHE_MAX_BYTES_CONFIG));
         System.out.println("effective " + effective);
+        System.out.println("topology " + topology.describe().toString().replace('\n', ' '));
         System.out.flush();
 
         KafkaStreams streams = new KafkaStreams(topology, props);
