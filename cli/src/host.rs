@@ -257,7 +257,9 @@ pub async fn run(config: PathBuf, admin_listen: Option<String>) -> anyhow::Resul
             .iter()
             .map(|run| {
                 Arc::new(match admin {
-                    Some(_) => PipelineStats::labelled("", &run.settings.pipeline.name),
+                    Some(_) => {
+                        PipelineStats::labelled_stage("", &settings.pipeline.name, &run.stage)
+                    }
                     None => PipelineStats::default(),
                 })
             })

@@ -120,7 +120,7 @@ async fn sigterm_drains_and_checkpoints_so_a_restart_repeats_and_reprocesses_not
 /// `weir run` over a pipeline of two stages (docs/topologies.md): the `counter` counts the input
 /// per key, a second `counter` counts its emits per key through the internal topic `weir run`
 /// creates, and SIGTERM drains both. Exactly-once, the second stage's counts of a key are
-/// 1..=n, each once.
+/// 1..=n, each once. Each stage's metrics carry its `stage` label, and its log lines its name.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn weir_run_runs_a_pipeline_of_stages_and_sigterm_drains_every_stage() -> anyhow::Result<()> {
     init_tracing();
@@ -167,10 +167,33 @@ outputs = {{ default = {{ topic = "{output}" }} }}
 
     let mut expected = BTreeMap::new();
     produce_counter(&input, 2, (0, 200), KEYS, &mut expected).await?;
-    let mut run = WeirProcess::spawn(bin, &path, dir.path().join("weir.log"), &[])?;
+    let admin: SocketAddr = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+    let admin_text = admin.to_string();
+    let env = [("WEIR_ADMIN_LISTEN", admin_text.as_str())];
+    let mut run = WeirProcess::spawn(bin, &path, dir.path().join("weir.log"), &env)?;
     let counts = read_counts(&output, &expected, Duration::from_secs(120))
         .await
         .map_err(|e| anyhow::anyhow!("{e}\n{}", run.tail()))?;
+    let metrics = reqwest::Client::new()
+        .get(format!("http://{admin}/metrics"))
+        .send()
+        .await?
+        .text()
+        .await?;
+    let records_in = |stage: &str| -> Option<u64> {
+        let labels = format!(r#"pipeline="{}",stage="{stage}""#, config.name);
+        metrics
+            .lines()
+            .find(|l| l.starts_with("weir_records_in_total{") && l.contains(&labels))?
+            .rsplit(' ')
+            .next()?
+            .parse()
+            .ok()
+    };
+    // The first stage admitted the 200 input records; the second as many emits of it (and
+    // its markers, which are not records of it).
+    assert_eq!(records_in("first"), Some(200), "{metrics}");
+    assert_eq!(records_in("second"), Some(200), "{metrics}");
     run.signal("TERM").await?;
     let status = run
         .wait(Duration::from_secs(60))
@@ -180,6 +203,7 @@ outputs = {{ default = {{ topic = "{output}" }} }}
     let log = run.log_text();
     assert!(log.contains("internal topic created"), "{}", run.tail());
     assert!(log.contains("stopping every stage"), "{}", run.tail());
+    assert!(log.contains("stage{stage=second}"), "{}", run.tail());
     for (key, n) in &expected {
         assert_eq!(
             counts[key],

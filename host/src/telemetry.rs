@@ -207,10 +207,23 @@ impl Default for RunMetrics {
 impl RunMetrics {
     /// Registers the series of pipeline `pipeline` of `tenant` (empty for `weir run`).
     pub fn new(tenant: &str, pipeline: &str) -> Self {
-        let labels = vec![
+        Self::with_labels(vec![
             Label::new("tenant", tenant.to_owned()),
             Label::new("pipeline", pipeline.to_owned()),
-        ];
+        ])
+    }
+
+    /// Registers the series of stage `stage` of pipeline `pipeline` of `tenant`: the
+    /// pipeline's labels and `stage` (docs/topologies.md).
+    pub fn for_stage(tenant: &str, pipeline: &str, stage: &str) -> Self {
+        Self::with_labels(vec![
+            Label::new("tenant", tenant.to_owned()),
+            Label::new("pipeline", pipeline.to_owned()),
+            Label::new("stage", stage.to_owned()),
+        ])
+    }
+
+    fn with_labels(labels: Vec<Label>) -> Self {
         let l = || labels.clone();
         Self {
             records_in: metrics::counter!("weir_records_in_total", l()),
@@ -269,7 +282,7 @@ impl RunMetrics {
         metrics::gauge!("weir_timers_pending", labels)
     }
 
-    /// The run's labels (`tenant`, `pipeline`).
+    /// The run's labels (`tenant`, `pipeline`, and `stage` for a stage's run).
     pub fn labels(&self) -> &[Label] {
         &self.labels
     }

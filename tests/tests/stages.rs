@@ -61,11 +61,25 @@ async fn two_stages_count_every_record_once_across_their_internal_topic() -> any
     }
     running.stop().await?;
 
-    // A second run resumes every stage from its last checkpoint, past the purge.
+    // A second run resumes every stage from its last checkpoint, past the purge. A record
+    // the first stage rejects goes to the pipeline's dead-letter topic, naming that stage.
     produce_counter(&input, PARTITIONS, (next, next + 300), KEYS, &mut expected).await?;
+    produce(&input, 0, &[(b"key0".to_vec(), b"poison:reject".to_vec())]).await?;
     let running = RunningStages::start(&settings)?;
     let counts = read_final_counts(&output, &expected).await?;
+    let dead = read_exactly(
+        &settings.pipeline.dead_letter_topic,
+        1,
+        Duration::from_secs(60),
+        Duration::ZERO,
+    )
+    .await?;
     running.stop().await?;
+    assert_eq!(header(&dead[0], "weir.stage").as_deref(), Some("first"));
+    assert_eq!(
+        header(&dead[0], "weir.source.topic").as_deref(),
+        Some(&*input)
+    );
 
     for (key, n) in &expected {
         assert_eq!(

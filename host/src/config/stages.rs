@@ -102,6 +102,9 @@ pub struct StageOutput {
 /// it, never read from a file. Default: none (a one-operator run).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Edges {
+    /// The stage this run is: its dead letters name it in a `weir.stage` header (its stages
+    /// share the pipeline's dead-letter topic).
+    pub stage: Option<String>,
     /// The outputs that are internal topics, each with its partitions: at each checkpoint the
     /// shard writes its watermark to every partition of each as a marker record.
     pub output_partitions: BTreeMap<String, i32>,
@@ -115,6 +118,14 @@ pub struct Edges {
 /// edges of any pipelines share one.
 pub fn internal_topic(pipeline: &str, stage: &str, output: &str) -> String {
     format!("{pipeline}.{stage}.{output}.internal")
+}
+
+/// The name of `stage`'s run in `pipeline` (or in its consumer group `pipeline`):
+/// `{pipeline}~{stage}`. No pipeline name holds a `~` (`[A-Za-z0-9._-]`), so no one-operator
+/// pipeline's shards, transactional ids or default consumer group (`weir-{pipeline}`) are a
+/// stage's, whatever it is named.
+pub fn run_name(pipeline: &str, stage: &str) -> String {
+    format!("{pipeline}~{stage}")
 }
 
 /// An internal topic of a pipeline of stages, which Weir creates if it is missing.
@@ -134,8 +145,8 @@ pub struct InternalTopic {
 pub struct StageRun {
     /// The stage's name.
     pub stage: String,
-    /// Its run's settings: `pipeline.name` is `{pipeline}.{stage}` (its shards' and
-    /// transactional ids' name), the consumer group `{group}.{stage}`.
+    /// Its run's settings: `pipeline.name` is `{pipeline}~{stage}` (its shards' and
+    /// transactional ids' name), the consumer group `{group}~{stage}` ([`run_name`]).
     pub settings: Settings,
 }
 
@@ -259,8 +270,8 @@ impl Settings {
                 let stage = &p.stages[*i];
                 let mut settings = self.clone();
                 let run = &mut settings.pipeline;
-                run.name = format!("{}.{}", p.name, stage.name);
-                run.group_id = Some(format!("{}.{}", p.group_id(), stage.name));
+                run.name = run_name(&p.name, &stage.name);
+                run.group_id = Some(run_name(&p.group_id(), &stage.name));
                 run.operator = stage.operator.clone();
                 run.input_topics = inputs(stage);
                 run.output_topic = Some(topic_of(&stage.name, DEFAULT_OUTPUT));

@@ -342,8 +342,8 @@ fn a_pipeline_of_stages_runs_each_stage_after_what_it_reads_over_internal_topics
         vec![
             (
                 "rekey",
-                "rekeyed.rekey",
-                "weir-rekeyed.rekey".to_owned(),
+                "rekeyed~rekey",
+                "weir-rekeyed~rekey".to_owned(),
                 "rekey.wasm",
                 vec!["clicks".to_owned()],
                 "rekeyed.rekey.default.internal".to_owned(),
@@ -351,8 +351,8 @@ fn a_pipeline_of_stages_runs_each_stage_after_what_it_reads_over_internal_topics
             ),
             (
                 "count",
-                "rekeyed.count",
-                "weir-rekeyed.count".to_owned(),
+                "rekeyed~count",
+                "weir-rekeyed~count".to_owned(),
                 "count.wasm",
                 vec!["rekeyed.rekey.default.internal".to_owned()],
                 "counts".to_owned(),
@@ -366,6 +366,31 @@ fn a_pipeline_of_stages_runs_each_stage_after_what_it_reads_over_internal_topics
             .all(|r| r.settings.pipeline.stages.is_empty()
                 && r.settings.pipeline.dead_letter_topic == "dlq"),
         "each run is a one-operator run with the pipeline's dead-letter topic"
+    );
+}
+
+/// A stage's run is named with a `~`, which no pipeline name holds: a one-operator pipeline
+/// named `rekeyed.count` (valid) is not the `count` stage of `rekeyed`, and one named
+/// `rekeyed~count` is refused.
+#[test]
+fn no_one_operator_pipeline_shares_a_stages_run_name() {
+    let dotted =
+        Settings::from_toml(&GOOD.replace("name = \"flights\"", "name = \"rekeyed.count\""))
+            .expect("a dotted name is valid");
+    assert_eq!(dotted.pipeline.name, "rekeyed.count");
+    assert_ne!(
+        dotted.pipeline.name,
+        crate::config::stages::run_name("rekeyed", "count")
+    );
+    assert_ne!(
+        dotted.pipeline.group_id(),
+        crate::config::stages::run_name("weir-rekeyed", "count")
+    );
+    let tilde =
+        Settings::from_toml(&GOOD.replace("name = \"flights\"", "name = \"rekeyed~count\""));
+    assert!(
+        tilde.is_err_and(|e| e.to_string().contains("pipeline.name must be")),
+        "a `~` in a pipeline's name is refused"
     );
 }
 

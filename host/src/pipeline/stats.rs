@@ -204,6 +204,15 @@ impl PipelineStats {
         }
     }
 
+    /// Stats whose figures are also exported as stage `stage` of pipeline `pipeline` of
+    /// `tenant` ([`RunMetrics::for_stage`]).
+    pub fn labelled_stage(tenant: &str, pipeline: &str, stage: &str) -> Self {
+        Self {
+            metrics: RunMetrics::for_stage(tenant, pipeline, stage),
+            ..Self::default()
+        }
+    }
+
     /// Records that reached a final disposition (ok, dead-lettered, or skipped by
     /// `failure_policy = "skip"`).
     pub fn records_done(&self) -> u64 {

@@ -120,10 +120,12 @@ async fn load_operators<S: crate::state::Shard>(
 /// A stage run's edges as its internal topics are (`ready`): the markers it writes to each
 /// internal output's partitions, the upstream shards each internal input waits for.
 fn edges(
+    stage: &str,
     run: &crate::config::PipelineSettings,
     ready: &std::collections::BTreeMap<String, internal_topics::Ready>,
 ) -> crate::config::stages::Edges {
     crate::config::stages::Edges {
+        stage: Some(stage.to_owned()),
         output_partitions: run
             .output_topic
             .iter()
@@ -170,7 +172,7 @@ pub async fn run_stages<B: StateBackend>(
     });
     for ((mut run, stats), operator) in plan.runs.into_iter().zip(stats).zip(operators) {
         let p = &mut run.settings.pipeline;
-        p.edges = edges(p, &ready);
+        p.edges = edges(&run.stage, p, &ready);
         for topic in p.edges.inputs.keys() {
             let partitions = ready[topic].partitions;
             readers.push((p.name.clone(), topic.clone(), partitions));
@@ -189,7 +191,9 @@ pub async fn run_stages<B: StateBackend>(
             control,
             until_stopped,
         );
-        let handle = stages.spawn(run_stage);
+        // Every line the stage's run logs names it.
+        let span = tracing::info_span!("stage", stage = %run.stage);
+        let handle = stages.spawn(tracing::Instrument::instrument(run_stage, span));
         names.insert(handle.id(), run.stage);
     }
     let purge = tokio::spawn(purge(

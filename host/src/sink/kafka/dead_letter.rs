@@ -7,7 +7,7 @@ use super::limits::{
 };
 use super::{
     DeadLetterKind, HEADER_ERROR, HEADER_ERROR_KIND, HEADER_SOURCE_OFFSET, HEADER_SOURCE_PARTITION,
-    HEADER_SOURCE_TOPIC,
+    HEADER_SOURCE_TOPIC, HEADER_STAGE,
 };
 use crate::ids::Partition;
 use rdkafka::message::{Header as KafkaHeader, OwnedHeaders};
@@ -18,11 +18,13 @@ pub(super) struct DeadLetterSource<'a> {
     pub topic: &'a str,
     pub partition: Partition,
     pub offset: i64,
+    /// The stage whose operator failed it, in a pipeline of stages.
+    pub stage: Option<&'a str>,
 }
 
 /// The key, value and headers of a dead letter of a record with `key`, `value` and
 /// `headers`: the original headers, then the `weir.*` headers (`weir.error` capped at
-/// [`ERROR_HEADER_BYTES_MAX`]); cut to `limit` bytes by [`fit_dead_letter`], with the
+/// [`ERROR_HEADER_BYTES_MAX`]; `weir.stage` last, for a stage); cut to `limit` bytes by [`fit_dead_letter`], with the
 /// truncation headers when anything was cut.
 pub(super) fn dead_letter_parts<'a>(
     source: DeadLetterSource<'_>,
@@ -35,14 +37,16 @@ pub(super) fn dead_letter_parts<'a>(
 ) -> (&'a [u8], &'a [u8], OwnedHeaders) {
     let partition = source.partition.to_string();
     let offset = source.offset.to_string();
-    let weir: [(&str, &[u8]); 5] = [
+    let weir: [(&str, &[u8]); 6] = [
         (HEADER_ERROR, cap(error, ERROR_HEADER_BYTES_MAX).as_bytes()),
         (HEADER_ERROR_KIND, kind.as_str().as_bytes()),
         (HEADER_SOURCE_TOPIC, source.topic.as_bytes()),
         (HEADER_SOURCE_PARTITION, partition.as_bytes()),
         (HEADER_SOURCE_OFFSET, offset.as_bytes()),
+        (HEADER_STAGE, source.stage.unwrap_or_default().as_bytes()),
     ];
-    cut_again(&weir, headers, key, value, limit)
+    let named = if source.stage.is_some() { 6 } else { 5 };
+    cut_again(&weir[..named], headers, key, value, limit)
 }
 
 /// Cuts a record with the `weir.*` headers `weir` (kept whole) and the original `headers`,
@@ -118,6 +122,7 @@ mod tests {
             topic: "in",
             partition: Partition(3),
             offset: 42,
+            stage: None,
         };
         let original = [("trace", b"abc".as_slice())];
         let (key, value, headers) = dead_letter_parts(
@@ -142,6 +147,31 @@ mod tests {
         );
         assert_eq!(header(&headers, "trace"), Some(b"abc".as_slice()));
         assert_eq!(header(&headers, HEADER_TRUNCATED), None, "nothing was cut");
+        assert_eq!(header(&headers, HEADER_STAGE), None, "not a stage's");
+    }
+
+    #[test]
+    fn a_stages_dead_letter_names_the_stage() {
+        let source = DeadLetterSource {
+            topic: "busiest-origin.departures.default.internal",
+            partition: Partition(1),
+            offset: 9,
+            stage: Some("top"),
+        };
+        let (_, _, headers) = dead_letter_parts(
+            source,
+            DeadLetterKind::Rejected,
+            "no",
+            &[],
+            b"k",
+            b"v",
+            1_000_000,
+        );
+        assert_eq!(header(&headers, HEADER_STAGE), Some(b"top".as_slice()));
+        assert_eq!(
+            header(&headers, HEADER_SOURCE_TOPIC),
+            Some(b"busiest-origin.departures.default.internal".as_slice())
+        );
     }
 
     #[test]
@@ -150,6 +180,7 @@ mod tests {
             topic: "in",
             partition: Partition(0),
             offset: 7,
+            stage: None,
         };
         let key = vec![b'k'; 30_000];
         let original = [("big", vec![b'h'; 20_000])];

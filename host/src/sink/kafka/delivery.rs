@@ -45,6 +45,16 @@ pub struct OutputTopic {
     pub marker_partitions: Option<i32>,
 }
 
+/// Where a sink's dead letters go, and what they say of the run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadLetters {
+    /// The dead-letter topic.
+    pub topic: String,
+    /// The stage, in a pipeline of stages: each dead letter's `weir.stage` header
+    /// ([`super::HEADER_STAGE`]).
+    pub stage: Option<String>,
+}
+
 /// One partition's handle on a producer.
 pub struct KafkaSink {
     pub(super) producer: KafkaProducer,
@@ -52,6 +62,8 @@ pub struct KafkaSink {
     /// the pipeline writes its emits only to an Iceberg table), then its named outputs.
     outputs: Vec<Option<OutputTopic>>,
     dead_letter_topic: String,
+    /// The stage, in a pipeline of stages ([`DeadLetters::stage`]).
+    stage: Option<String>,
     limits: RecordLimits,
     /// Exactly-once: the pipeline's consumer, whose group metadata goes with the transaction's
     /// offsets. A failed delivery then loses the open transaction, so it is returned, not
@@ -88,13 +100,13 @@ const RESEND_BACKOFF_MAX: Duration = Duration::from_secs(10);
 
 impl KafkaSink {
     /// A sink writing the operator's `outputs` (by [`StagedEmit::output`]; an emit to one
-    /// that is `None` is refused) and dead letters to `dead_letter_topic`, sizing records by
+    /// that is `None` is refused) and `dead_letters`, sizing records by
     /// `limits`, reporting failing deliveries to `guard`. `group`: the producer is a shard's
     /// transactional one (exactly-once) and this the pipeline's consumer.
     pub fn new(
         producer: KafkaProducer,
         outputs: Vec<Option<OutputTopic>>,
-        dead_letter_topic: String,
+        dead_letters: DeadLetters,
         limits: RecordLimits,
         group: Option<Arc<SourceConsumer>>,
         guard: DeliveryGuard,
@@ -102,7 +114,8 @@ impl KafkaSink {
         Self {
             producer,
             outputs,
-            dead_letter_topic,
+            dead_letter_topic: dead_letters.topic,
+            stage: dead_letters.stage,
             limits,
             group,
             guard,
@@ -249,6 +262,7 @@ impl KafkaSink {
                 topic: &record.topic,
                 partition: Partition(record.partition),
                 offset: record.offset,
+                stage: self.stage.as_deref(),
             },
             kind,
             error,
@@ -497,6 +511,7 @@ impl KafkaSink {
                         topic: source_topic,
                         partition,
                         offset,
+                        stage: self.stage.as_deref(),
                     },
                     DeadLetterKind::OutputRefused,
                     &format!("output refused by the broker: {}", refused.error),

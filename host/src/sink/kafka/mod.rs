@@ -19,7 +19,7 @@ pub mod producer;
 mod transaction;
 
 pub use crate::pipeline::ports::{DeadLetterKind, DeliveryGuard, SinkError};
-pub use delivery::{KafkaSink, OutputTopic};
+pub use delivery::{DeadLetters, KafkaSink, OutputTopic};
 
 use crate::config::Settings;
 use crate::ids::{ManifestVersion, Partition};
@@ -47,6 +47,9 @@ pub const HEADER_SOURCE_TOPIC: &str = "weir.source.topic";
 pub const HEADER_SOURCE_PARTITION: &str = "weir.source.partition";
 /// Header with the source offset (decimal text).
 pub const HEADER_SOURCE_OFFSET: &str = "weir.source.offset";
+/// Header with the stage whose operator failed the record, in a pipeline of stages (they share
+/// its dead-letter topic); a one-operator pipeline's dead letters have none.
+pub const HEADER_STAGE: &str = "weir.stage";
 
 /// Creates a pipeline's idempotent producer ([`producer_config`]); `kafka.producer` settings
 /// override the defaults. Its `batch.size` is at most the smallest of `limits`, so that a batch of small
@@ -197,7 +200,10 @@ impl Output for KafkaOutput {
         transactional: bool,
         guard: DeliveryGuard,
     ) -> Result<KafkaSink, SinkError> {
-        let dead_letters = self.settings.pipeline.dead_letter_topic.clone();
+        let dead_letters = DeadLetters {
+            topic: self.settings.pipeline.dead_letter_topic.clone(),
+            stage: self.settings.pipeline.edges.stage.clone(),
+        };
         let markers = &self.settings.pipeline.edges.output_partitions;
         let outputs: Vec<Option<OutputTopic>> = self
             .outputs
