@@ -159,7 +159,14 @@ impl KafkaSink {
                 };
                 let to = (&*out.topic, Some(partition));
                 sent = self
-                    .send(to, None, b"", headers, marker.watermark_ms, destination)
+                    .send(
+                        to,
+                        None,
+                        b"",
+                        Some(headers),
+                        marker.watermark_ms,
+                        destination,
+                    )
                     .await;
                 if sent.is_err() {
                     break;
@@ -197,13 +204,19 @@ impl KafkaSink {
     /// # Errors
     /// [`SinkError`] when an earlier delivery failed for good.
     pub async fn emit(&mut self, emit: &StagedEmit, source: &InputRecord) -> Result<(), SinkError> {
-        let mut headers = OwnedHeaders::new_with_capacity(emit.headers.len());
-        for h in &emit.headers {
-            headers = headers.insert(KafkaHeader {
-                key: &h.name,
-                value: Some(&h.value),
-            });
-        }
+        // No header list at all for an emit without headers (most): librdkafka would allocate,
+        // serialize and free an empty one per record.
+        let headers = (!emit.headers.is_empty()).then(|| {
+            emit.headers.iter().fold(
+                OwnedHeaders::new_with_capacity(emit.headers.len()),
+                |headers, h| {
+                    headers.insert(KafkaHeader {
+                        key: &h.name,
+                        value: Some(&h.value),
+                    })
+                },
+            )
+        });
         let key = (!emit.key.is_empty()).then_some(emit.key.as_slice());
         let topic = match self.input_topics.iter().position(|t| **t == *source.topic) {
             Some(i) => i,
@@ -277,7 +290,7 @@ impl KafkaSink {
                 (&topic, None),
                 (!key.is_empty()).then_some(key),
                 value,
-                headers,
+                Some(headers),
                 record.timestamp_ms,
                 Destination::DeadLetter,
             )
@@ -291,7 +304,7 @@ impl KafkaSink {
         (topic, partition): (&str, Option<i32>),
         key: Option<&[u8]>,
         value: &[u8],
-        headers: OwnedHeaders,
+        headers: Option<OwnedHeaders>,
         timestamp_ms: i64,
         destination: Destination,
     ) -> Result<(), SinkError> {
@@ -303,9 +316,10 @@ impl KafkaSink {
             deliveries: self.deliveries.clone(),
             destination,
         });
-        let mut record = Record::with_opaque_to(topic, tag)
-            .payload(value)
-            .headers(headers);
+        let mut record = Record::with_opaque_to(topic, tag).payload(value);
+        if let Some(headers) = headers {
+            record = record.headers(headers);
+        }
         if let Some(key) = key {
             record = record.key(key);
         }
