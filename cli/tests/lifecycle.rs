@@ -203,7 +203,12 @@ outputs = {{ default = {{ topic = "{output}" }} }}
     let log = run.log_text();
     assert!(log.contains("internal topic created"), "{}", run.tail());
     assert!(log.contains("stopping every stage"), "{}", run.tail());
-    assert!(log.contains("stage{stage=second}"), "{}", run.tail());
+    assert!(
+        log.lines()
+            .any(|l| l.contains("stage{stage=second}") && l.contains("claimed shard")),
+        "a shard's lines name its stage too: {}",
+        run.tail()
+    );
     for (key, n) in &expected {
         assert_eq!(
             counts[key],

@@ -518,11 +518,12 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
                 caught_up: caught_up.clone(),
             },
         );
-        let task = tokio::spawn(async move {
+        // In the run's span (its pipeline, its stage): every line the worker logs names them.
+        let task = tokio::spawn(tracing::Instrument::in_current_span(async move {
             let result = worker_state.run(rx).await;
             events.ended().await;
             result
-        });
+        }));
         self.workers.insert(
             partition,
             WorkerHandle {

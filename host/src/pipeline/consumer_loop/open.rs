@@ -84,7 +84,7 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
             self.inbox.sender(worker),
             control.1.clone(),
         );
-        let task = tokio::spawn(async move {
+        let task = tokio::spawn(tracing::Instrument::in_current_span(async move {
             let sink = output.open(partition, transactional, guard).await?;
             // At-least-once: the group names a checkpoint only if an exactly-once run
             // committed one (the pipeline switched modes); manifest-decided ones count anyway.
@@ -105,7 +105,7 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
                 sink.restore(value.as_deref(), &resume)?;
             }
             Ok(Opened { shard, sink })
-        });
+        }));
         self.opening.insert(
             partition,
             Opening {

@@ -30,6 +30,10 @@ import org.apache.kafka.common.serialization.ByteArrayDeserializer;
  * that sees output there instead, so that it holds the first step's work too; events are still
  * the outputs on {@code --topic}.
  *
+ * <p>With {@code --go-file}, it creates that file after its first poll: the script starts the
+ * engine only then (its command waits for the file), so that no output comes before the first
+ * poll and the window starts within one poll of the engine's first record, for every engine.
+ *
  * <p>Then, the input all processed, it waits 2 s and reads the process's CPU over {@code
  * --idle-secs} (0: skipped): the cost of an idle, caught-up pipeline, in % of one core.
  *
@@ -62,6 +66,8 @@ final class Measure {
             // The last poll that saw no output yet.
             long noneNanos = startNanos, noneTicks = cpuTicks(pid);
             List<TopicPartition> startPartitions = List.of();
+            String goFile = flags.get("go-file", "");
+            boolean polled = false;
             while (true) {
                 long count = sum(consumer.endOffsets(partitions));
                 if (!startTopic.isEmpty() && startPartitions.isEmpty()) {
@@ -104,6 +110,13 @@ final class Measure {
                             events / seconds, cpuSeconds * 1e6 / events, idlePct, events,
                             seconds, cpuSeconds, (firstNanos - startNanos) / 1e9);
                     return;
+                }
+                if (!polled) {
+                    polled = true;
+                    if (!goFile.isEmpty()) {
+                        Files.createFile(Path.of(goFile));
+                        lastProgressNanos = System.nanoTime();
+                    }
                 }
                 if (now - lastProgressNanos > stallNanos) {
                     System.err.printf("measure: no output for %d s (%d of %d)%n",
