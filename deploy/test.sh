@@ -147,9 +147,11 @@ step "tests ($WEIR_TEST_TIER tier), and beside the last of them the Kafka Stream
 # fast, so it uses the test build of `weir` and runs beside the longest test binary's tail.
 smoke="python3 bench/kstreams-compare/run.py --smoke"
 # A slice of its rows in the short tier: each engine, each store, each delivery mode and
-# Kafka Streams' record cache on and off once.
+# Kafka Streams' record cache on and off once, and one `rekey` row of each engine (the
+# two-stage job through its edge).
 if [[ "$WEIR_TEST_TIER" != long ]]; then
   smoke+=" --only kafka-streams-memory-1t-alo,kafka-streams-memory-1t-nocache-alo,kafka-streams-rocksdb-1t-eos,weir-memory-alo,weir-lsm-eos"
+  smoke+=",rekey-kafka-streams-memory-1t-nocache-eos,rekey-weir-memory-eos"
 fi
 smoke+=" --weir $(printf %q "${CARGO_TARGET_DIR:-target}/debug/weir")"
 smoke+=" --operator $(printf %q "$guests/weir_test_counter.wasm")"
