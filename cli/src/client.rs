@@ -131,18 +131,27 @@ pub enum PipelineCommand {
     Create {
         /// The pipeline's name.
         name: String,
+        /// The whole definition from a JSON file, as the API takes it (`POST
+        /// /v1/pipelines/{name}`; a pipeline of stages is one: docs/api.md), instead of the
+        /// options below.
+        #[arg(long, value_name = "FILE", conflicts_with_all = [
+            "operator", "inputs", "output", "dead_letter", "checkpoint_interval_ms",
+            "in_flight_max", "failure_policy", "delivery", "state_backend", "state_bytes_max",
+            "from_savepoint",
+        ])]
+        spec: Option<std::path::PathBuf>,
         /// `operator:version`, e.g. `counter:1`.
-        #[arg(long)]
-        operator: String,
+        #[arg(long, required_unless_present = "spec")]
+        operator: Option<String>,
         /// An input topic (repeat for co-partitioned topics).
-        #[arg(long = "input", required = true)]
+        #[arg(long = "input", required_unless_present = "spec")]
         inputs: Vec<String>,
         /// The output topic.
-        #[arg(long)]
-        output: String,
+        #[arg(long, required_unless_present = "spec")]
+        output: Option<String>,
         /// The dead-letter topic.
-        #[arg(long)]
-        dead_letter: String,
+        #[arg(long, required_unless_present = "spec")]
+        dead_letter: Option<String>,
         /// Checkpoint interval, ms.
         #[arg(long, default_value_t = 10_000)]
         checkpoint_interval_ms: u64,
@@ -224,6 +233,9 @@ pub enum PipelineCommand {
         name: String,
         /// The operator version.
         version: u64,
+        /// The stage whose operator switches (a pipeline of stages).
+        #[arg(long)]
+        stage: Option<String>,
     },
     /// Change a pipeline's settings, keeping its state (hosts drain, checkpoint and resume).
     Set {
@@ -388,6 +400,18 @@ pub async fn pipeline(command: PipelineCommand, args: ApiArgs) -> anyhow::Result
     match command {
         PipelineCommand::Create {
             name,
+            spec: Some(file),
+            ..
+        } => {
+            let text =
+                std::fs::read(&file).with_context(|| format!("cannot read {}", file.display()))?;
+            let spec: weir_host::api::pipelines::PipelineSpec = serde_json::from_slice(&text)
+                .with_context(|| format!("{} is not a pipeline spec", file.display()))?;
+            show(&client.create_pipeline(&name, &spec).await?)?;
+        }
+        PipelineCommand::Create {
+            name,
+            spec: None,
             operator,
             inputs,
             output,
@@ -409,6 +433,7 @@ pub async fn pipeline(command: PipelineCommand, args: ApiArgs) -> anyhow::Result
                     Some(serde_json::json!({ "pipeline": pipeline, "savepoint": savepoint }))
                 }
             };
+            let operator = operator.unwrap_or_default();
             let (operator, version) = operator
                 .split_once(':')
                 .context("--operator takes `name:version`, e.g. `counter:1`")?;
@@ -550,8 +575,15 @@ pub async fn pipeline(command: PipelineCommand, args: ApiArgs) -> anyhow::Result
         }
         PipelineCommand::Start { name } => show(&client.pipeline_action(&name, "start").await?)?,
         PipelineCommand::Stop { name } => show(&client.pipeline_action(&name, "stop").await?)?,
-        PipelineCommand::Switch { name, version } => {
-            show(&client.switch_operator(&name, version).await?)?
+        PipelineCommand::Switch {
+            name,
+            version,
+            stage,
+        } => {
+            let switched = client
+                .switch_operator(&name, version, stage.as_deref())
+                .await?;
+            show(&switched)?
         }
         PipelineCommand::Checkpoint { name, list: false } => {
             let requested = client.trigger_checkpoint(&name).await?;
@@ -651,4 +683,67 @@ pub async fn tenant(command: TenantCommand, args: ApiArgs) -> anyhow::Result<()>
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    /// `weir pipeline …` alone.
+    #[derive(Debug, Parser)]
+    struct Pipeline {
+        #[command(subcommand)]
+        command: PipelineCommand,
+    }
+
+    fn parse(args: &[&str]) -> Result<PipelineCommand, clap::Error> {
+        Pipeline::try_parse_from(std::iter::once("pipeline").chain(args.iter().copied()))
+            .map(|p| p.command)
+    }
+
+    #[test]
+    fn a_pipeline_is_created_from_a_spec_file_or_from_options_never_both() {
+        assert!(matches!(
+            parse(&["create", "p", "--spec", "spec.json"]),
+            Ok(PipelineCommand::Create {
+                spec: Some(_),
+                operator: None,
+                ..
+            })
+        ));
+        let options = [
+            "create",
+            "p",
+            "--operator",
+            "c:1",
+            "--input",
+            "a",
+            "--output",
+            "b",
+            "--dead-letter",
+            "d",
+        ];
+        assert!(matches!(
+            parse(&options),
+            Ok(PipelineCommand::Create { spec: None, .. })
+        ));
+        let both = parse(&[
+            "create",
+            "p",
+            "--spec",
+            "spec.json",
+            "--checkpoint-interval-ms",
+            "500",
+        ]);
+        assert_eq!(
+            both.map(|_| ()).map_err(|e| e.kind()),
+            Err(clap::error::ErrorKind::ArgumentConflict)
+        );
+        let neither = parse(&["create", "p"]);
+        assert_eq!(
+            neither.map(|_| ()).map_err(|e| e.kind()),
+            Err(clap::error::ErrorKind::MissingRequiredArgument)
+        );
+    }
 }

@@ -245,7 +245,8 @@ impl ApiClient {
         self.expect(self.http.post(&url), &url).await
     }
 
-    /// Switches pipeline `name` to version `version` of its operator.
+    /// Switches pipeline `name` to version `version` of its operator (of `stage`'s, in a
+    /// pipeline of stages).
     ///
     /// # Errors
     /// [`ClientError`].
@@ -253,9 +254,14 @@ impl ApiClient {
         &self,
         name: &str,
         version: u64,
+        stage: Option<&str>,
     ) -> Result<PipelineView, ClientError> {
         let url = format!("{}/v1/pipelines/{name}/operator", self.base);
-        let body = serde_json::json!({ "operator_version": version });
+        let switch = weir_host::api::pipelines::OperatorSwitch {
+            operator_version: version,
+            stage: stage.map(str::to_owned),
+        };
+        let body = serde_json::to_value(&switch).expect("a switch is JSON");
         let request = self
             .http
             .put(&url)
@@ -318,7 +324,8 @@ impl ApiClient {
     }
 
     /// One page of pipeline `name`'s state `state` (`GET /v1/pipelines/{name}/state/{state}`),
-    /// `query` as that route's parameters (`key`, `prefix`, `limit`, `page_token`, `savepoint`).
+    /// `query` as that route's parameters (`key`, `prefix`, `limit`, `page_token`, `savepoint`,
+    /// `stage`).
     ///
     /// # Errors
     /// [`ClientError`].

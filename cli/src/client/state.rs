@@ -25,6 +25,9 @@ pub enum StateCommand {
         /// Read this savepoint instead.
         #[arg(long)]
         savepoint: Option<String>,
+        /// The stage whose state to read (a pipeline of stages).
+        #[arg(long)]
+        stage: Option<String>,
     },
     /// Every key's entries in key order (by key length, then bytes), page after page.
     Scan {
@@ -44,6 +47,9 @@ pub enum StateCommand {
         /// Read this savepoint instead.
         #[arg(long)]
         savepoint: Option<String>,
+        /// The stage whose state to read (a pipeline of stages).
+        #[arg(long)]
+        stage: Option<String>,
     },
 }
 
@@ -61,9 +67,11 @@ pub async fn state(command: StateCommand, args: ApiArgs) -> anyhow::Result<()> {
             record_key,
             key_b64,
             savepoint,
+            stage,
         } => {
             let mut query = vec![(if key_b64 { "key_b64" } else { "key" }, record_key)];
             query.extend(savepoint.map(|s| ("savepoint", s)));
+            query.extend(stage.map(|s| ("stage", s)));
             (pipeline, state, query, None)
         }
         StateCommand::Scan {
@@ -73,10 +81,12 @@ pub async fn state(command: StateCommand, args: ApiArgs) -> anyhow::Result<()> {
             page_size,
             max,
             savepoint,
+            stage,
         } => {
             let mut query = vec![("limit", page_size.to_string())];
             query.extend(prefix.map(|p| ("prefix", p)));
             query.extend(savepoint.map(|s| ("savepoint", s)));
+            query.extend(stage.map(|s| ("stage", s)));
             (pipeline, state, query, max)
         }
     };

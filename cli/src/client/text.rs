@@ -20,8 +20,14 @@ fn wire_name<T: serde::Serialize>(value: &T) -> String {
 pub fn log_line(entry: &LogEntry<'_>) -> String {
     let time = std::time::UNIX_EPOCH + std::time::Duration::from_millis(entry.time_ms);
     let partition = entry.partition.map(|p| format!("/{p}")).unwrap_or_default();
+    // A stage's line: `host/stage/partition`.
+    let stage = entry
+        .stage
+        .as_deref()
+        .map(|s| format!("/{}", escape_controls(s)))
+        .unwrap_or_default();
     format!(
-        "{} {}{partition} {:<5} {}",
+        "{} {}{stage}{partition} {:<5} {}",
         humantime::format_rfc3339_millis(time),
         escape_controls(&entry.host),
         escape_controls(&entry.level).to_uppercase(),
@@ -57,10 +63,14 @@ pub fn pipelines_table(pipelines: &[PipelineView]) -> String {
             "{:<24} {:<9} {:<24} {:>10.0} {:>8} {:>5}\n",
             p.definition.name,
             wire_name(&p.status.state),
-            format!(
-                "{}:{}",
-                p.definition.spec.operator, p.definition.spec.operator_version
-            ),
+            if p.definition.spec.is_staged() {
+                format!("{} stages", p.definition.spec.stages.len())
+            } else {
+                format!(
+                    "{}:{}",
+                    p.definition.spec.operator, p.definition.spec.operator_version
+                )
+            },
             p.status.records_per_s,
             lag,
             p.status.hosts.len()
@@ -111,11 +121,21 @@ pub fn savepoints_table(
 /// one line per partition.
 pub fn pipeline_status_text(p: &PipelineView) -> String {
     let (d, s) = (&p.definition, &p.status);
+    // The operator, or each stage's of a pipeline of stages (`stage=operator:version`).
+    let operators = if d.spec.is_staged() {
+        let stages: Vec<String> = d
+            .spec
+            .stages
+            .iter()
+            .map(|st| format!("{}={}:{}", st.name, st.operator, st.operator_version))
+            .collect();
+        format!("stages {}", stages.join(", "))
+    } else {
+        format!("{}:{}", d.spec.operator, d.spec.operator_version)
+    };
     let mut out = format!(
-        "pipeline   {} ({}:{}, {} delivery, failure policy {})\n",
+        "pipeline   {} ({operators}, {} delivery, failure policy {})\n",
         d.name,
-        d.spec.operator,
-        d.spec.operator_version,
         wire_name(&d.spec.delivery),
         wire_name(&d.spec.failure_policy)
     );
@@ -168,15 +188,31 @@ pub fn pipeline_status_text(p: &PipelineView) -> String {
         })
         .collect();
     out.push_str(&format!("hosts      {}\n", hosts.join(", ")));
+    // A pipeline of stages: a column naming each partition's stage.
+    let staged = s.partitions.iter().any(|p| p.stage.is_some());
+    let stage = |name: Option<&str>| {
+        if staged {
+            format!("{:<16} ", name.unwrap_or("-"))
+        } else {
+            String::new()
+        }
+    };
     out.push_str(&format!(
-        "{:>9} {:>12} {:>12} {:>8} {:>12} {:>10}\n",
-        "PARTITION", "CHECKPOINTED", "HIGH", "LAG", "STATE BYTES", "CHECKPOINT"
+        "{}{:>9} {:>12} {:>12} {:>8} {:>12} {:>10}\n",
+        stage(Some("STAGE")),
+        "PARTITION",
+        "CHECKPOINTED",
+        "HIGH",
+        "LAG",
+        "STATE BYTES",
+        "CHECKPOINT"
     ));
     for part in &s.partitions {
         let checkpointed: i64 = part.checkpointed_offsets.values().map(|o| o.0).sum();
         let high: i64 = part.high_watermarks.values().filter(|h| **h >= 0).sum();
         out.push_str(&format!(
-            "{:>9} {:>12} {:>12} {:>8} {:>12} {:>10}\n",
+            "{}{:>9} {:>12} {:>12} {:>8} {:>12} {:>10}\n",
+            stage(part.stage.as_deref()),
             part.partition,
             checkpointed,
             high,
@@ -252,6 +288,7 @@ mod tests {
         let entry = LogEntry {
             time_ms: 1_764_782_401_123,
             host: "host-a".into(),
+            stage: None,
             partition: Some(weir_host::ids::Partition(2)),
             level: "info".into(),
             message: "first\n2026-12-03T00:00:00.000Z host-a/0 ERROR forged \u{1b}[31m".into(),

@@ -103,7 +103,7 @@ pub(super) async fn inject(soak: &Soak, fault: &Fault) -> anyhow::Result<Option<
             };
             retry_api(|| {
                 soak.tenant_api()
-                    .switch_operator(PIPELINES[pipeline], version)
+                    .switch_operator(PIPELINES[pipeline], version, None)
             })
             .await?;
         }

@@ -47,6 +47,10 @@ pub struct VersionCheck {
 /// What verification found for one shard: its versions, newest first.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ShardCheck {
+    /// The stage whose shard it is, in a pipeline of stages (absent in a one-operator
+    /// pipeline).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stage: Option<String>,
     /// The input partition.
     pub partition: Partition,
     /// Every manifest version stored, newest first.
@@ -88,6 +92,7 @@ pub async fn verify_pipeline(
     let mut out = Vec::with_capacity(partitions.len());
     for (partition, root) in partitions {
         out.push(ShardCheck {
+            stage: None,
             partition,
             versions: verify_shard(store, &root, checksums).await?,
         });

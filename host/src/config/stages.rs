@@ -23,7 +23,7 @@
 
 use super::{FailurePolicy, LateRecords, Settings};
 use crate::topology::{self, DEFAULT_OUTPUT, Input, Node};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -70,31 +70,31 @@ pub struct StageSettings {
     pub parameters: BTreeMap<String, String>,
 }
 
-/// A stage's input: a topic, or an earlier stage's output.
-#[derive(Debug, Clone, Default, Deserialize)]
+/// A stage's input: a topic, or an earlier stage's output (`weir run`'s and the API's).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct StageInput {
     /// A topic (not one the pipeline writes).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub topic: Option<String>,
     /// A stage of the pipeline.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stage: Option<String>,
     /// That stage's output; default `default`.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output: Option<String>,
 }
 
-/// Where a stage's output goes.
-#[derive(Debug, Clone, Default, Deserialize)]
+/// Where a stage's output goes (`weir run`'s and the API's).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct StageOutput {
     /// A topic of the user's. Left out: an internal topic, which later stages read.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub topic: Option<String>,
-    /// Partitions of the internal topic when Weir creates it; default: as many as the stage's
-    /// inputs have.
-    #[serde(default)]
+    /// Partitions of the internal topic when Weir creates it (1..=10,000); default: as many as
+    /// the stage's inputs have.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub partitions: Option<i32>,
 }
 
@@ -121,11 +121,13 @@ pub fn internal_topic(pipeline: &str, stage: &str, output: &str) -> String {
 }
 
 /// The name of `stage`'s run in `pipeline` (or in its consumer group `pipeline`):
-/// `{pipeline}~{stage}`. No pipeline name holds a `~` (`[A-Za-z0-9._-]`), so no one-operator
+/// `{pipeline}@{stage}`. No pipeline name holds an `@` (`[A-Za-z0-9._-]`), so no one-operator
 /// pipeline's shards, transactional ids or default consumer group (`weir-{pipeline}`) are a
-/// stage's, whatever it is named.
+/// stage's, whatever it is named. (Not a character the object store's paths escape, such as
+/// `~`: a shard's objects are addressed under its root's escaped text, escaped once more, where
+/// a listing of the pipeline's shards would not find them.)
 pub fn run_name(pipeline: &str, stage: &str) -> String {
-    format!("{pipeline}~{stage}")
+    format!("{pipeline}@{stage}")
 }
 
 /// An internal topic of a pipeline of stages, which Weir creates if it is missing.
@@ -145,8 +147,8 @@ pub struct InternalTopic {
 pub struct StageRun {
     /// The stage's name.
     pub stage: String,
-    /// Its run's settings: `pipeline.name` is `{pipeline}~{stage}` (its shards' and
-    /// transactional ids' name), the consumer group `{group}~{stage}` ([`run_name`]).
+    /// Its run's settings: `pipeline.name` is `{pipeline}@{stage}` (its shards' and
+    /// transactional ids' name), the consumer group `{group}@{stage}` ([`run_name`]).
     pub settings: Settings,
 }
 
@@ -163,7 +165,7 @@ pub struct StagePlan {
 impl StageInput {
     /// The graph's view of it; `None` unless it names a topic or a stage, not both (which
     /// [`Settings::validate`] reports).
-    fn as_input(&self) -> Option<Input<'_>> {
+    pub(crate) fn as_input(&self) -> Option<Input<'_>> {
         match (&self.topic, &self.stage, &self.output) {
             (None, Some(stage), output) => Some(Input::Stage {
                 stage,

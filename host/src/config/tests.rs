@@ -342,8 +342,8 @@ fn a_pipeline_of_stages_runs_each_stage_after_what_it_reads_over_internal_topics
         vec![
             (
                 "rekey",
-                "rekeyed~rekey",
-                "weir-rekeyed~rekey".to_owned(),
+                "rekeyed@rekey",
+                "weir-rekeyed@rekey".to_owned(),
                 "rekey.wasm",
                 vec!["clicks".to_owned()],
                 "rekeyed.rekey.default.internal".to_owned(),
@@ -351,8 +351,8 @@ fn a_pipeline_of_stages_runs_each_stage_after_what_it_reads_over_internal_topics
             ),
             (
                 "count",
-                "rekeyed~count",
-                "weir-rekeyed~count".to_owned(),
+                "rekeyed@count",
+                "weir-rekeyed@count".to_owned(),
                 "count.wasm",
                 vec!["rekeyed.rekey.default.internal".to_owned()],
                 "counts".to_owned(),
@@ -369,9 +369,9 @@ fn a_pipeline_of_stages_runs_each_stage_after_what_it_reads_over_internal_topics
     );
 }
 
-/// A stage's run is named with a `~`, which no pipeline name holds: a one-operator pipeline
+/// A stage's run is named with an `@`, which no pipeline name holds: a one-operator pipeline
 /// named `rekeyed.count` (valid) is not the `count` stage of `rekeyed`, and one named
-/// `rekeyed~count` is refused.
+/// `rekeyed@count` is refused.
 #[test]
 fn no_one_operator_pipeline_shares_a_stages_run_name() {
     let dotted =
@@ -386,11 +386,10 @@ fn no_one_operator_pipeline_shares_a_stages_run_name() {
         dotted.pipeline.group_id(),
         crate::config::stages::run_name("weir-rekeyed", "count")
     );
-    let tilde =
-        Settings::from_toml(&GOOD.replace("name = \"flights\"", "name = \"rekeyed~count\""));
+    let at = Settings::from_toml(&GOOD.replace("name = \"flights\"", "name = \"rekeyed@count\""));
     assert!(
-        tilde.is_err_and(|e| e.to_string().contains("pipeline.name must be")),
-        "a `~` in a pipeline's name is refused"
+        at.is_err_and(|e| e.to_string().contains("pipeline.name must be")),
+        "an `@` in a pipeline's name is refused"
     );
 }
 

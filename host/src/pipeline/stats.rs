@@ -100,6 +100,10 @@ pub const CHECKPOINT_HISTORY_MAX: usize = 64;
     Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize, utoipa::ToSchema,
 )]
 pub struct PartitionProgress {
+    /// The stage whose partition it is, in a pipeline of stages (absent in a one-operator
+    /// pipeline).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stage: Option<String>,
     /// The partition (shard) number.
     pub partition: Partition,
     /// Next offset to read per input topic as of the last committed checkpoint (what a new
@@ -166,6 +170,10 @@ impl PartitionProgress {
 /// One committed checkpoint of one partition.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
 pub struct CheckpointRecord {
+    /// The stage whose partition it is, in a pipeline of stages (absent in a one-operator
+    /// pipeline).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stage: Option<String>,
     /// The partition (shard).
     pub partition: Partition,
     /// The checkpoint's version (the manifest version for `lsm`).

@@ -1,12 +1,14 @@
 //! One run of a pipeline on this host (what its task does), the operators compiled for runs,
 //! and why a run failed, by kind.
 
-use super::{METADATA_TIMEOUT, RunnerConfig};
+use super::RunnerConfig;
+use super::topics::{check_stage_topics, check_topics};
 use crate::catalog::Catalog;
 use crate::catalog::logs::SegmentWriter;
 use crate::catalog::pipelines::{PipelineRecord, kafka_topic};
 use crate::catalog::sha256_hex;
 use crate::clock::SharedClock;
+use crate::config::stages::StagePlan;
 use crate::config::{
     LsmStateSettings, PipelineSettings, PipelineTable, RuntimeSettings, Settings, StateSettings,
 };
@@ -168,6 +170,8 @@ pub(super) struct RunJob {
     /// The service's `pipeline_state_bytes_max`: a `memory` pipeline's default quota.
     pub state_bytes_cap: u64,
     pub stats: Arc<PipelineStats>,
+    /// A pipeline of stages: each stage's stats, by stage name (none for one operator).
+    pub stage_stats: Vec<(String, Arc<PipelineStats>)>,
     /// Set once the operator is fetched and the topics checked.
     pub started: Arc<AtomicBool>,
 }
@@ -179,7 +183,13 @@ impl RunJob {
         control: PipelineControl,
         stop: impl std::future::Future<Output = ()>,
     ) -> RunResult {
-        let (path, sha256) = self.operator_file().await?;
+        if self.record.spec.is_staged() {
+            return self.run_staged(control, stop).await;
+        }
+        let spec = &self.record.spec;
+        let (path, sha256) = self
+            .operator_file(&spec.operator, spec.operator_version)
+            .await?;
         let settings = self.settings(path.clone())?;
         let partitions = check_topics(&settings, &self.tenant).await?;
         let operator = self
@@ -192,42 +202,9 @@ impl RunJob {
                 self.clock.clone(),
             )
             .await?;
-        // Every request of the run's state is counted under its labels.
-        let store: Arc<dyn object_store::ObjectStore> = Arc::new(HookedStore::new(
-            self.catalog.store().clone(),
-            Arc::new(Metering::new(&self.stats.metrics)),
-        ));
-        let prefix = self
-            .catalog
-            .pipeline_state_prefix(&self.tenant, &self.record.uid);
-        let spec = &self.record.spec;
-        let backend = Arc::new(
-            match spec.shard_state_bytes_max(self.state_bytes_cap, partitions) {
-                // `memory`: each partition holds its share of the pipeline's quota.
-                Some(shard_bytes_max) => ConfiguredBackend::Memory(
-                    MemoryBackend::durable(store.clone(), prefix.clone(), self.clock.clone())
-                        .with_shard_bytes_max(shard_bytes_max),
-                ),
-                None => ConfiguredBackend::Lsm(Box::new(LsmBackend::new(
-                    store.clone(),
-                    prefix.clone(),
-                    self.caches.clone(),
-                    LsmSettings {
-                        memtable_bytes_max: self.config.memtable_bytes_max,
-                        ..LsmSettings::default()
-                    },
-                    self.clock.clone(),
-                ))),
-            },
-        );
+        let (backend, store, prefix) = self.backend(partitions);
         // The operator's log lines, for the tenant: this host's segments of the pipeline's log.
-        let (log, log_task) = SegmentWriter::spawn(
-            self.catalog.store().clone(),
-            self.catalog
-                .pipeline_logs_prefix(&self.tenant, &self.record.uid),
-            &self.config.host_id(),
-            self.config.logs.clone(),
-        );
+        let (log, log_task) = self.log_writer();
         let table = match &spec.iceberg {
             Some(table) => Some(self.table_target(table, &settings, &store, &prefix).await?),
             None => None,
@@ -247,22 +224,184 @@ impl RunJob {
         ran
     }
 
-    /// The operator's component in the work directory, fetched from the catalog and checked
-    /// against its SHA-256 the first time.
-    async fn operator_file(&self) -> Result<(PathBuf, String), RunFailure> {
+    /// A pipeline of stages (docs/topologies.md): every stage's operator fetched and compiled,
+    /// the topics of the tenant's it names checked, then its stages run as `weir run` runs
+    /// them ([`super::run_loaded_stages`]: internal topics created, every stage a run of its
+    /// own over one backend), until `stop`.
+    async fn run_staged(
+        self,
+        control: PipelineControl,
+        stop: impl std::future::Future<Output = ()>,
+    ) -> RunResult {
         let spec = &self.record.spec;
+        let mut files = Vec::with_capacity(spec.stages.len());
+        for stage in &spec.stages {
+            files.push(
+                self.operator_file(&stage.operator, stage.operator_version)
+                    .await?,
+            );
+        }
+        let mut settings = self.settings(PathBuf::new())?;
+        let pipeline = &mut settings.pipeline;
+        pipeline.name = crate::catalog::pipelines::staged_run_name(
+            &self.tenant,
+            &self.record.name,
+            &self.record.uid,
+        );
+        pipeline.input_topics = Vec::new();
+        pipeline.output_topic = None;
+        pipeline.iceberg = None;
+        pipeline.parameters = Default::default();
+        let paths: Vec<PathBuf> = files.iter().map(|(path, _)| path.clone()).collect();
+        pipeline.stages = spec.stage_settings(&self.tenant, &paths);
+        let plan = match settings.stage_plan() {
+            Some(Ok(plan)) => plan,
+            Some(Err(problems)) => {
+                return Err(RunFailure::new(
+                    ErrorKind::InvalidInput,
+                    problems.join("; "),
+                ));
+            }
+            None => unreachable!("a pipeline of stages has stages"),
+        };
+        let shards = check_stage_topics(&plan, &self.tenant).await?;
+        let (operators, stats) = self.stage_operators(&plan, &files).await?;
+        let (backend, _, _) = self.backend(shards);
+        let (log, log_task) = self.log_writer();
+        let control = PipelineControl {
+            log_sink: Some(log),
+            ..control
+        };
+        self.started.store(true, Ordering::Relaxed);
+        let stages = super::LoadedStages {
+            plan,
+            operators,
+            stats,
+        };
+        let ran = super::run_loaded_stages(&settings.kafka, stages, backend, control, stop)
+            .await
+            .map_err(|err| RunFailure::new(err.kind(), Chain(&err).to_string()));
+        log_task.close().await;
+        ran
+    }
+
+    /// Each stage's operator compiled (from `files`, the spec's stages' components, as
+    /// [`Self::operator_file`] fetched them) and its stats, in `plan`'s order.
+    async fn stage_operators(
+        &self,
+        plan: &StagePlan,
+        files: &[(PathBuf, String)],
+    ) -> Result<(Vec<Arc<Operator<ConfiguredShard>>>, Vec<Arc<PipelineStats>>), RunFailure> {
+        let spec = &self.record.spec;
+        let mut operators = Vec::with_capacity(plan.runs.len());
+        let mut stats = Vec::with_capacity(plan.runs.len());
+        for run in &plan.runs {
+            let i = spec
+                .stages
+                .iter()
+                .position(|s| s.name == run.stage)
+                .expect("the plan's stages are the spec's");
+            let (path, sha256) = &files[i];
+            let operator = self
+                .compiled
+                .operator(
+                    &self.tenant,
+                    sha256,
+                    path,
+                    &run.settings.runtime,
+                    self.clock.clone(),
+                )
+                .await
+                .map_err(|f| {
+                    RunFailure::new(f.kind, format!("stage `{}`: {}", run.stage, f.reason))
+                })?;
+            operators.push(operator);
+            let stage_stats = self
+                .stage_stats
+                .iter()
+                .find(|(name, _)| *name == run.stage)
+                .map(|(_, stats)| stats.clone())
+                .expect("the runner made stats for every stage");
+            stats.push(stage_stats);
+        }
+        Ok((operators, stats))
+    }
+
+    /// The run's state backend over the pipeline's prefix in the catalog's store (every
+    /// request counted under the run's labels), with the store and prefix: `memory` with the
+    /// pipeline's quota divided over its `shards`, or `lsm`.
+    fn backend(
+        &self,
+        shards: usize,
+    ) -> (
+        Arc<ConfiguredBackend>,
+        Arc<dyn object_store::ObjectStore>,
+        object_store::path::Path,
+    ) {
+        let store: Arc<dyn object_store::ObjectStore> = Arc::new(HookedStore::new(
+            self.catalog.store().clone(),
+            Arc::new(Metering::new(&self.stats.metrics)),
+        ));
+        let prefix = self
+            .catalog
+            .pipeline_state_prefix(&self.tenant, &self.record.uid);
+        let spec = &self.record.spec;
+        let backend = Arc::new(
+            match spec.shard_state_bytes_max(self.state_bytes_cap, shards) {
+                // `memory`: each partition holds its share of the pipeline's quota.
+                Some(shard_bytes_max) => ConfiguredBackend::Memory(
+                    MemoryBackend::durable(store.clone(), prefix.clone(), self.clock.clone())
+                        .with_shard_bytes_max(shard_bytes_max),
+                ),
+                None => ConfiguredBackend::Lsm(Box::new(LsmBackend::new(
+                    store.clone(),
+                    prefix.clone(),
+                    self.caches.clone(),
+                    LsmSettings {
+                        memtable_bytes_max: self.config.memtable_bytes_max,
+                        ..LsmSettings::default()
+                    },
+                    self.clock.clone(),
+                ))),
+            },
+        );
+        (backend, store, prefix)
+    }
+
+    /// The writer of this host's segments of the pipeline's operator log, and its task.
+    fn log_writer(
+        &self,
+    ) -> (
+        Arc<dyn crate::runtime::guest_log::LogSink>,
+        crate::catalog::logs::WriterTask,
+    ) {
+        let (log, task) = SegmentWriter::spawn(
+            self.catalog.store().clone(),
+            self.catalog
+                .pipeline_logs_prefix(&self.tenant, &self.record.uid),
+            &self.config.host_id(),
+            self.config.logs.clone(),
+        );
+        (log, task)
+    }
+
+    /// Version `version` of `operator`'s component in the work directory, fetched from the
+    /// catalog and checked against its SHA-256 the first time.
+    async fn operator_file(
+        &self,
+        operator: &str,
+        version: u64,
+    ) -> Result<(PathBuf, String), RunFailure> {
+        let (name, number) = (operator, version);
         let version = self
             .catalog
-            .version(&self.tenant, &spec.operator, spec.operator_version)
+            .version(&self.tenant, name, number)
             .await
             .map_err(catalog_failure)?
             .ok_or_else(|| {
                 RunFailure::new(
                     ErrorKind::InvalidInput,
-                    format!(
-                        "operator `{}` has no version {}",
-                        spec.operator, spec.operator_version
-                    ),
+                    format!("operator `{name}` has no version {number}"),
                 )
             })?;
         let path = self
@@ -281,8 +420,7 @@ impl RunJob {
             return Err(RunFailure::new(
                 ErrorKind::Corrupt,
                 format!(
-                    "the stored component of operator `{}` version {} does not match its SHA-256",
-                    spec.operator, spec.operator_version
+                    "the stored component of operator `{name}` version {number} does not match its SHA-256"
                 ),
             ));
         }
@@ -368,7 +506,7 @@ impl RunJob {
                 stages: Vec::new(),
                 edges: Default::default(),
                 outputs: Default::default(),
-                parameters: Default::default(),
+                parameters: spec.parameters.clone(),
             },
             kafka: self.config.kafka(),
             runtime: spec
@@ -383,71 +521,4 @@ impl RunJob {
             iceberg: self.config.iceberg.clone(),
         })
     }
-}
-
-/// The number of partitions of the pipeline's input topics; fails, naming it, when one of the
-/// pipeline's topics does not exist in the cluster, or when its input topics (co-partitioned:
-/// partition `p` of each is shard `p`) do not all have the same number of partitions.
-async fn check_topics(settings: &Settings, tenant: &str) -> Result<usize, RunFailure> {
-    let kafka = settings.kafka.clone();
-    let p = &settings.pipeline;
-    let inputs = p.input_topics.clone();
-    let mut topics = inputs.clone();
-    topics.extend(p.output_topic.clone());
-    topics.push(p.dead_letter_topic.clone());
-    let prefix = format!("{tenant}.");
-    tokio::task::spawn_blocking(move || {
-        use crate::source::kafka::broker::{TopicLookupError, topic_partitions};
-        let name = |topic: &str| topic.strip_prefix(&prefix).unwrap_or(topic).to_owned();
-        let counts = topic_partitions(&kafka, &topics, METADATA_TIMEOUT).map_err(|e| match e {
-            TopicLookupError::Client(e) => RunFailure::new(
-                ErrorKind::InvalidInput,
-                format!("cannot create a Kafka client: {e}"),
-            ),
-            TopicLookupError::Unavailable { topic, reason } => RunFailure::new(
-                ErrorKind::Unavailable,
-                format!(
-                    "cannot read the metadata of topic `{}`: {reason}",
-                    name(&topic)
-                ),
-            ),
-            TopicLookupError::Missing { topic } => RunFailure::new(
-                ErrorKind::InvalidInput,
-                format!(
-                    "topic `{}` (Kafka topic `{topic}`) does not exist; create it first",
-                    name(&topic)
-                ),
-            ),
-        })?;
-        let input_partitions: Vec<(String, usize)> = topics
-            .iter()
-            .zip(counts)
-            .filter(|(topic, _)| inputs.contains(topic))
-            .map(|(topic, n)| (name(topic), n))
-            .collect();
-        if input_partitions
-            .iter()
-            .any(|(_, n)| *n != input_partitions[0].1)
-        {
-            let each: Vec<String> = input_partitions
-                .iter()
-                .map(|(topic, n)| format!("`{topic}` has {n}"))
-                .collect();
-            return Err(RunFailure::new(
-                ErrorKind::InvalidInput,
-                format!(
-                    "the input topics are co-partitioned and must have as many partitions each: {}",
-                    each.join(", ")
-                ),
-            ));
-        }
-        Ok(input_partitions.first().map_or(0, |(_, n)| *n))
-    })
-    .await
-    .unwrap_or_else(|e| {
-        Err(RunFailure::new(
-            ErrorKind::Internal,
-            format!("the topic check panicked: {e}"),
-        ))
-    })
 }

@@ -31,9 +31,10 @@ use tokio::task::JoinHandle;
 mod job;
 mod run;
 pub mod stages;
+mod topics;
 mod wiring;
 
-pub use stages::{StagesError, run_stages};
+pub use stages::{LoadedStages, StagesError, run_loaded_stages, run_stages};
 pub use wiring::{RunControl, run, run_controlled, run_operator};
 
 use job::RunJob;
@@ -373,6 +374,15 @@ impl Runner {
     fn launch(&self, tenant: &str, record: PipelineRecord, restarts: u64) -> Run {
         tracing::info!(%tenant, pipeline = %record.name, uid = %record.uid, generation = record.run_generation, version = record.spec.operator_version, "starting pipeline run");
         let stats = Arc::new(PipelineStats::labelled(tenant, &record.name));
+        let stage_stats: Vec<(String, Arc<PipelineStats>)> = record
+            .spec
+            .stages
+            .iter()
+            .map(|s| {
+                let stats = PipelineStats::labelled_stage(tenant, &record.name, &s.name);
+                (s.name.clone(), Arc::new(stats))
+            })
+            .collect();
         let (checkpoints, control) = PipelineControl::new();
         checkpoints.send_replace(record.checkpoint_requests);
         let (stop, stopped) = oneshot::channel::<()>();
@@ -397,6 +407,7 @@ impl Runner {
                     caches: caches.clone(),
                     state_bytes_cap: self.state_bytes_cap,
                     stats: stats.clone(),
+                    stage_stats: stage_stats.clone(),
                     started: started.clone(),
                 };
                 let span = tracing::info_span!("pipeline", %tenant, pipeline = %record.name);
@@ -420,6 +431,7 @@ impl Runner {
             tenant: tenant.to_owned(),
             record,
             stats,
+            stage_stats,
             caches,
             checkpoints,
             stop: Some(stop),

@@ -6,7 +6,7 @@ use super::{BACKOFF_RESET_AFTER, RESTART_BACKOFF_MAX, RESTART_BACKOFF_MIN, one_l
 use crate::catalog::pipelines::{HostPhase, HostStatus, PipelineRecord};
 use crate::clock::wall_now_ms;
 use crate::error::ErrorKind;
-use crate::pipeline::PipelineStats;
+use crate::pipeline::{CheckpointRecord, PartitionProgress, PipelineStats};
 use crate::state::lsm::cache::BlockCaches;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -20,6 +20,8 @@ pub(super) struct Run {
     /// The definition being run.
     pub(super) record: PipelineRecord,
     pub(super) stats: Arc<PipelineStats>,
+    /// A pipeline of stages: each stage's stats (none for one operator).
+    pub(super) stage_stats: Vec<(String, Arc<PipelineStats>)>,
     pub(super) caches: Option<Arc<BlockCaches>>,
     pub(super) checkpoints: watch::Sender<u64>,
     pub(super) stop: Option<oneshot::Sender<()>>,
@@ -133,16 +135,58 @@ impl Run {
         }
     }
 
+    /// Its stats, each with its stage: the run's, or each stage's of a pipeline of stages.
+    fn stats_by_stage(&self) -> Vec<(Option<&str>, &PipelineStats)> {
+        if self.stage_stats.is_empty() {
+            vec![(None, &*self.stats)]
+        } else {
+            self.stage_stats
+                .iter()
+                .map(|(stage, stats)| (Some(stage.as_str()), &**stats))
+                .collect()
+        }
+    }
+
+    /// This host's report: its phase, its counts (over every stage of a pipeline of stages),
+    /// each partition's progress and its recent checkpoints (each naming its stage).
     pub(super) fn report(&mut self, host: &str, stale_after: Duration) -> HostStatus {
-        let stats = &self.stats;
-        let done = stats.records_done();
+        let by_stage = self.stats_by_stage();
+        let load = |c: fn(&PipelineStats) -> &std::sync::atomic::AtomicU64| -> u64 {
+            by_stage
+                .iter()
+                .map(|(_, s)| c(s).load(Ordering::Relaxed))
+                .sum()
+        };
+        let done: u64 = by_stage.iter().map(|(_, s)| s.records_done()).sum();
+        let (dead_lettered, skipped_failed, emitted, checkpoints) = (
+            load(|s| &s.dead_lettered),
+            load(|s| &s.records_skipped_failed),
+            load(|s| &s.emitted),
+            load(|s| &s.checkpoints),
+        );
+        let mut partitions = Vec::new();
+        let mut recent_checkpoints = Vec::new();
+        for (stage, stats) in &by_stage {
+            let stage = stage.map(str::to_owned);
+            let progress = stats.partitions.lock().expect("progress lock");
+            partitions.extend(progress.values().map(|p| PartitionProgress {
+                stage: stage.clone(),
+                ..p.clone()
+            }));
+            let history = stats.checkpoint_history.lock().expect("history lock");
+            recent_checkpoints.extend(history.iter().map(|c| CheckpointRecord {
+                stage: stage.clone(),
+                ..c.clone()
+            }));
+        }
+        recent_checkpoints.sort_by_key(|c| c.committed_ms);
+        drop(by_stage);
         let elapsed = self.sample.0.elapsed().as_secs_f64();
         if elapsed > 0.0 {
             self.records_per_s = done.saturating_sub(self.sample.1) as f64 / elapsed;
         }
         self.sample = (crate::clock::monotonic_now(), done);
         let cache = self.caches.as_ref().map(|c| c.stats()).unwrap_or_default();
-        let load = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
         HostStatus {
             host: host.to_owned(),
             uid: self.record.uid.clone(),
@@ -155,26 +199,14 @@ impl Run {
             restarts: self.restarts,
             records_done: done,
             records_per_s: self.records_per_s,
-            dead_lettered: load(&stats.dead_lettered),
-            skipped_failed: load(&stats.records_skipped_failed),
-            emitted: load(&stats.emitted),
-            checkpoints: load(&stats.checkpoints),
+            dead_lettered,
+            skipped_failed,
+            emitted,
+            checkpoints,
             cache_hits: cache.memory_hits + cache.disk_hits,
             cache_misses: cache.block_gets,
-            partitions: stats
-                .partitions
-                .lock()
-                .expect("progress lock")
-                .values()
-                .cloned()
-                .collect(),
-            recent_checkpoints: stats
-                .checkpoint_history
-                .lock()
-                .expect("history lock")
-                .iter()
-                .cloned()
-                .collect(),
+            partitions,
+            recent_checkpoints,
         }
     }
 }

@@ -79,15 +79,12 @@ impl StagesError {
 /// Every stage's operator, compiled once, in the plan's order.
 ///
 /// # Errors
-/// [`StagesError::Operator`] for one that does not load; [`StagesError::Outputs`] naming, per
-/// stage, every output its operator declares that the pipeline leaves unbound and every
-/// binding of a name it does not declare (with the stages that read it).
+/// [`StagesError::Operator`] for one that does not load.
 async fn load_operators<S: crate::state::Shard>(
     plan: &StagePlan,
     clock: SharedClock,
 ) -> Result<Vec<Arc<crate::runtime::Operator<S>>>, StagesError> {
     let mut operators = Vec::with_capacity(plan.runs.len());
-    let mut problems = Vec::new();
     for run in &plan.runs {
         let failed = |source| StagesError::Operator {
             stage: run.stage.clone(),
@@ -99,8 +96,26 @@ async fn load_operators<S: crate::state::Shard>(
             .load_operator(&run.settings.pipeline.operator)
             .await
             .map_err(failed)?;
+        operators.push(Arc::new(operator));
+    }
+    Ok(operators)
+}
+
+/// Checks each stage's outputs against what its operator (`operators`, in the plan's order)
+/// declares.
+///
+/// # Errors
+/// [`StagesError::Outputs`] naming, per stage, every output its operator declares that the
+/// pipeline leaves unbound and every binding of a name it does not declare (with the stages
+/// that read it).
+fn check_outputs<S: crate::state::Shard>(
+    plan: &StagePlan,
+    operators: &[Arc<crate::runtime::Operator<S>>],
+) -> Result<(), StagesError> {
+    let mut problems = Vec::new();
+    for (run, operator) in plan.runs.iter().zip(operators) {
         if let Err(PipelineError::Outputs(err)) =
-            crate::pipeline::output_topics(&run.settings, &operator)
+            crate::pipeline::output_topics(&run.settings, operator)
         {
             problems.extend(
                 err.problems
@@ -108,10 +123,9 @@ async fn load_operators<S: crate::state::Shard>(
                     .map(|p| format!("stage `{}`: {p}", run.stage)),
             );
         }
-        operators.push(Arc::new(operator));
     }
     if problems.is_empty() {
-        Ok(operators)
+        Ok(())
     } else {
         Err(StagesError::Outputs(problems))
     }
@@ -157,9 +171,55 @@ pub async fn run_stages<B: StateBackend>(
     clock: SharedClock,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), StagesError> {
-    // Every stage's operator first, and its outputs checked against what it declares: a
-    // binding that does not fit refuses the whole pipeline before any topic is made.
-    let operators = load_operators(&plan, clock.clone()).await?;
+    let operators = load_operators(&plan, clock).await?;
+    let (_requests, control) = crate::pipeline::PipelineControl::new();
+    let stages = LoadedStages {
+        plan,
+        operators,
+        stats,
+    };
+    run_loaded_stages(kafka, stages, backend, control, shutdown).await
+}
+
+/// A plan's stages with their operators, compiled, and their stats, both in the plan's order.
+pub struct LoadedStages<S: crate::state::Shard> {
+    /// The plan.
+    pub plan: StagePlan,
+    /// Each run's operator, compiled with its `settings.runtime`.
+    pub operators: Vec<Arc<crate::runtime::Operator<S>>>,
+    /// Each run's stats.
+    pub stats: Vec<Arc<PipelineStats>>,
+}
+
+impl<S: crate::state::Shard> std::fmt::Debug for LoadedStages<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoadedStages")
+            .field("plan", &self.plan)
+            .finish_non_exhaustive()
+    }
+}
+
+/// [`run_stages`] with the operators compiled (a host running many pipelines compiles each
+/// component once) and `control` shared by every stage (checkpoint requests, the operator log
+/// sink).
+///
+/// # Errors
+/// As [`run_stages`].
+pub async fn run_loaded_stages<B: StateBackend>(
+    kafka: &KafkaSettings,
+    stages: LoadedStages<B::Shard>,
+    backend: Arc<B>,
+    control: crate::pipeline::PipelineControl,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), StagesError> {
+    let LoadedStages {
+        plan,
+        operators,
+        stats,
+    } = stages;
+    // Every stage's outputs checked against what its operator declares first: a binding that
+    // does not fit refuses the whole pipeline before any topic is made.
+    check_outputs(&plan, &operators)?;
     let ready = internal_topics::ensure(kafka, &plan.internal)
         .await
         .map_err(StagesError::Topics)?;
@@ -182,13 +242,12 @@ pub async fn run_stages<B: StateBackend>(
             // A closed channel stops the run too.
             let _ = stopped.wait_for(|stop| *stop).await;
         };
-        let (_requests, control) = crate::pipeline::PipelineControl::new();
         let run_stage = super::run_operator(
             run.settings,
             backend.clone(),
             operator,
             stats,
-            control,
+            stage_control(&control, &run.stage),
             until_stopped,
         );
         // Every line the stage's run logs names it.
@@ -232,6 +291,21 @@ pub async fn run_stages<B: StateBackend>(
     }
     purge.abort();
     failure.map_or(Ok(()), Err)
+}
+
+/// `control` as stage `stage`'s run has it: the operator's log lines name the stage.
+fn stage_control(
+    control: &crate::pipeline::PipelineControl,
+    stage: &str,
+) -> crate::pipeline::PipelineControl {
+    use crate::runtime::guest_log::{LogSink, StageLogSink};
+    crate::pipeline::PipelineControl {
+        log_sink: control
+            .log_sink
+            .clone()
+            .map(|inner| Arc::new(StageLogSink::new(stage, inner)) as Arc<dyn LogSink>),
+        ..control.clone()
+    }
 }
 
 /// How often the internal topics are purged, in checkpoint intervals.
@@ -368,6 +442,23 @@ mod tests {
                 .await
                 .expect("checkpoints");
         }
+    }
+
+    #[tokio::test]
+    async fn a_stages_shards_are_listed_where_their_checkpoints_are_written() {
+        let clock: SharedClock = Arc::new(ManualClock::new(0));
+        let store: Arc<dyn object_store::ObjectStore> = Arc::new(InMemory::new());
+        let backend = MemoryBackend::durable(store.clone(), Path::from("state"), clock);
+        let run = crate::config::stages::run_name("acme.rekeyed.0123456789abcdef", "count");
+        checkpointed(&backend, &run, "edge", &[5]).await;
+        let roots = crate::checkpoints::verify::shard_roots(&store, &Path::from("state"), &run)
+            .await
+            .expect("lists");
+        assert_eq!(
+            roots.iter().map(|(p, _)| p.0).collect::<Vec<_>>(),
+            vec![0],
+            "the stage's one shard is found: {roots:?}"
+        );
     }
 
     #[tokio::test]

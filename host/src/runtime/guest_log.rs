@@ -61,6 +61,8 @@ pub struct LogLine<'a> {
     pub level: GuestLevel,
     /// The partition whose instance logged it, if any.
     pub partition: Option<Partition>,
+    /// The stage whose instance logged it, in a pipeline of stages ([`StageLogSink`]).
+    pub stage: Option<&'a str>,
     /// The text, one line.
     pub message: &'a str,
 }
@@ -71,6 +73,32 @@ pub struct LogLine<'a> {
 pub trait LogSink: Send + Sync + std::fmt::Debug {
     /// Takes one line. Called on the instance's call path: must not block or fail.
     fn line(&self, line: LogLine<'_>);
+}
+
+/// A pipeline's [`LogSink`] as one of its stages logs to it: each line names the stage.
+#[derive(Debug)]
+pub struct StageLogSink {
+    stage: String,
+    inner: Arc<dyn LogSink>,
+}
+
+impl StageLogSink {
+    /// `inner`, for the lines of stage `stage`.
+    pub fn new(stage: &str, inner: Arc<dyn LogSink>) -> Self {
+        Self {
+            stage: stage.to_owned(),
+            inner,
+        }
+    }
+}
+
+impl LogSink for StageLogSink {
+    fn line(&self, line: LogLine<'_>) {
+        self.inner.line(LogLine {
+            stage: Some(&self.stage),
+            ..line
+        });
+    }
 }
 
 /// Who logs: a label for the host's log (for example `flights/3`), the partition, and the
@@ -319,6 +347,7 @@ impl GuestLog {
                 time_ms: now_ms,
                 level,
                 partition: self.source.partition,
+                stage: None,
                 message,
             });
         }

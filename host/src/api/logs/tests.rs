@@ -11,6 +11,7 @@ fn line(time_ms: u64, message: &str) -> LogLine<'_> {
         time_ms,
         level: GuestLevel::Info,
         partition: Some(Partition(0)),
+        stage: None,
         message,
     }
 }
@@ -95,6 +96,7 @@ async fn put_segment(
         .map(|m| LogEntry {
             time_ms,
             host: host.into(),
+            stage: None,
             partition: Some(Partition(0)),
             level: "info".into(),
             message: (*m).into(),

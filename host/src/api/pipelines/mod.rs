@@ -3,6 +3,7 @@
 //! are stored, are the catalog's ([`crate::catalog::pipelines`]).
 
 mod checkpoints;
+mod runs;
 pub mod savepoints;
 pub mod state_query;
 pub mod verify;
@@ -32,7 +33,6 @@ fn check_pipeline_name(name: &str) -> Result<(), ApiError> {
     }
 }
 
-/// The pipeline `name` of `tenant`, or a 404.
 /// Pipeline `name` of `tenant`; 404 when there is none (another tenant's is none).
 pub(super) async fn existing(
     state: &ApiState,
@@ -48,6 +48,19 @@ pub(super) async fn existing(
         .pipeline(tenant, name)
         .await?
         .ok_or_else(not_found)
+}
+
+/// A 409 for `what` (a route's action) on a pipeline of stages, which does not have it yet:
+/// savepoints and resets are per shard of one operator today (docs/topologies.md, "What a
+/// pipeline of stages does not do yet").
+pub(super) fn one_operator_only(record: &PipelineRecord, what: &str) -> Result<(), ApiError> {
+    if record.spec.is_staged() {
+        return Err(ApiError::conflict(format!(
+            "pipeline `{}` is a pipeline of stages, which has no {what} yet (docs/topologies.md)",
+            record.name
+        )));
+    }
+    Ok(())
 }
 
 async fn view(
@@ -83,29 +96,45 @@ async fn check_operator_version(
     Ok(())
 }
 
-/// Refuses a switch of the pipeline of `spec` to version `to` of its operator whose declared
-/// states cannot read the state the running version wrote ([`incompatible_states`]).
+/// Refuses a switch from version `from` of `operator` to version `to` whose declared states
+/// cannot read the state the running version wrote ([`incompatible_states`]).
 async fn check_states_compatible(
     state: &ApiState,
     tenant: &str,
-    spec: &PipelineSpec,
-    to: u64,
+    operator: &str,
+    (from, to): (u64, u64),
 ) -> Result<(), ApiError> {
-    let (Some(from), Some(next)) = (
-        state
-            .catalog
-            .version(tenant, &spec.operator, spec.operator_version)
-            .await?,
-        state.catalog.version(tenant, &spec.operator, to).await?,
+    let (Some(running), Some(next)) = (
+        state.catalog.version(tenant, operator, from).await?,
+        state.catalog.version(tenant, operator, to).await?,
     ) else {
         return Ok(()); // the running version was deleted: nothing to compare with
     };
-    match crate::catalog::incompatible_states(&from.states, &next.states) {
+    match crate::catalog::incompatible_states(&running.states, &next.states) {
         Some(why) => Err(ApiError::conflict(format!(
-            "version {to} of operator `{}` cannot take over this pipeline's state from version {}: {why}",
-            spec.operator, spec.operator_version
+            "version {to} of operator `{operator}` cannot take over this pipeline's state from version {from}: {why}"
         ))),
         None => Ok(()),
+    }
+}
+
+/// What only the tenant's catalog and the new pipeline's name and uid tell of `spec`: every
+/// operator version it runs exists, and its internal topics' names (which hold the tenant, the
+/// name and the uid) fit Kafka's.
+async fn check_new_spec(
+    state: &ApiState,
+    tenant: &str,
+    (name, uid): (&str, &str),
+    spec: &PipelineSpec,
+) -> Result<(), ApiError> {
+    for (operator, version) in spec.operator_versions() {
+        check_operator_version(state, tenant, operator, version).await?;
+    }
+    let too_long = spec.internal_topic_length_problems(&staged_run_name(tenant, name, uid));
+    if too_long.is_empty() {
+        Ok(())
+    } else {
+        Err(ApiError::bad_request(too_long.join("; ")))
     }
 }
 
@@ -136,10 +165,10 @@ pub(super) async fn create_pipeline(
         state.settings.pipeline_state_bytes_max,
     )
     .map_err(|e| ApiError::bad_request(e.to_string()))?;
-    check_operator_version(&state, &tenant, &spec.operator, spec.operator_version).await?;
     let mut uid = [0u8; 8];
     rand::RngCore::fill_bytes(&mut rand::rngs::OsRng, &mut uid);
     let uid = hex::encode(uid);
+    check_new_spec(&state, &tenant, (&name, &uid), &spec).await?;
     // From a savepoint: its state goes under the new uid before the pipeline exists, so no
     // host starts it without (and before the lock below, which every create on this host
     // takes).
@@ -358,27 +387,54 @@ pub(super) async fn switch_operator(
     tracing::Span::current().record("pipeline", name.as_str());
     let current = existing(&state, tenant, &name).await?;
     let switch: OperatorSwitch = read_json(body).await?;
-    check_operator_version(
-        &state,
-        tenant,
-        &current.spec.operator,
-        switch.operator_version,
-    )
-    .await?;
+    let (operator, from) = switched(&current.spec, switch.stage.as_deref())?;
+    check_operator_version(&state, tenant, &operator, switch.operator_version).await?;
     // Refused before anything stops: the running version keeps running.
-    check_states_compatible(&state, tenant, &current.spec, switch.operator_version).await?;
+    check_states_compatible(&state, tenant, &operator, (from, switch.operator_version)).await?;
     let record = state
         .catalog
         .update_pipeline(tenant, &name, |record| {
-            if record.spec.operator_version != switch.operator_version {
-                record.spec.operator_version = switch.operator_version;
+            let version = match &switch.stage {
+                None => &mut record.spec.operator_version,
+                Some(stage) => match record.spec.stages.iter_mut().find(|s| s.name == *stage) {
+                    Some(s) => &mut s.operator_version,
+                    None => return Err(ApiError::conflict(format!("stage `{stage}` is gone"))),
+                },
+            };
+            if *version != switch.operator_version {
+                *version = switch.operator_version;
                 record.run_generation += 1;
             }
             Ok::<(), ApiError>(())
         })
         .await?;
-    tracing::info!(%tenant, pipeline = %name, version = switch.operator_version, "pipeline operator switched");
+    tracing::info!(%tenant, pipeline = %name, stage = ?switch.stage, version = switch.operator_version, "pipeline operator switched");
     Ok(Json(view(&state, tenant, record).await?))
+}
+
+/// The operator a switch of `spec` changes and the version it runs now: the pipeline's, or
+/// `stage`'s (which a pipeline of stages must name, and a one-operator one must not).
+fn switched(spec: &PipelineSpec, stage: Option<&str>) -> Result<(String, u64), ApiError> {
+    match (stage, spec.is_staged()) {
+        (None, false) => Ok((spec.operator.clone(), spec.operator_version)),
+        (Some(stage), true) => spec
+            .stages
+            .iter()
+            .find(|s| s.name == stage)
+            .map(|s| (s.operator.clone(), s.operator_version))
+            .ok_or_else(|| {
+                let names: Vec<&str> = spec.stages.iter().map(|s| s.name.as_str()).collect();
+                ApiError::bad_request(format!(
+                    "the pipeline has no stage `{stage}`; its stages: {names:?}"
+                ))
+            }),
+        (None, true) => Err(ApiError::bad_request(
+            "this pipeline has stages: name the stage whose operator switches (\"stage\")",
+        )),
+        (Some(_), false) => Err(ApiError::bad_request(
+            "this pipeline has one operator and no stages: leave \"stage\" out",
+        )),
+    }
 }
 
 /// Changes a pipeline's checkpoint interval, in-flight limit, limits or failure policy,
@@ -486,9 +542,39 @@ pub(super) async fn delete_pipeline(
             status.state
         )));
     }
+    delete_internal_topics(&state, tenant, &record).await?;
     state.catalog.delete_pipeline(tenant, &record).await?;
     tracing::info!(%tenant, pipeline = %name, "pipeline deleted");
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// Deletes the internal topics of `record`, a pipeline of stages, before the pipeline goes
+/// (none for a one-operator one); a host that serves the API without running pipelines has no
+/// Kafka to ask and leaves them, saying so in its log.
+///
+/// # Errors
+/// 503 when Kafka does not delete them: the pipeline stays, and a retry deletes both.
+async fn delete_internal_topics(
+    state: &ApiState,
+    tenant: &str,
+    record: &PipelineRecord,
+) -> Result<(), ApiError> {
+    let topics = record
+        .spec
+        .internal_topics(&staged_run_name(tenant, &record.name, &record.uid));
+    if topics.is_empty() {
+        return Ok(());
+    }
+    let Some(kafka) = state.kafka_settings() else {
+        tracing::warn!(%tenant, pipeline = %record.name, ?topics, "no Kafka settings on this host: the deleted pipeline's internal topics stay");
+        return Ok(());
+    };
+    crate::sink::kafka::internal_topics::delete_topics(kafka, &topics)
+        .await
+        .map_err(|e| {
+            ApiError::unavailable("cannot delete the pipeline's internal topics; try again")
+                .with_source(e)
+        })
 }
 
 /// The caller's pipelines that use version `version` of operator `operator`.
@@ -503,7 +589,7 @@ pub(super) async fn pipelines_using(
         .pipelines(tenant)
         .await?
         .into_iter()
-        .filter(|p| p.spec.operator == operator && p.spec.operator_version == version)
+        .filter(|p| p.spec.operator_versions().contains(&(operator, version)))
         .map(|p| p.name)
         .collect())
 }

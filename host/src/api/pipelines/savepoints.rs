@@ -30,7 +30,7 @@ use utoipa::ToSchema;
 mod exports;
 mod take;
 pub use exports::*;
-pub(super) use take::committed_versions;
+pub(super) use take::committed_versions_of;
 pub(crate) use take::{__path_create_savepoint, create_savepoint};
 
 /// How long a reset of a stopping pipeline waits for its hosts to finish stopping.
@@ -106,14 +106,21 @@ pub(super) async fn shards_of(
     tenant: &str,
     record: &PipelineRecord,
 ) -> Result<Vec<(Partition, Path)>, ApiError> {
+    let run = super::runs::ShardRun::pipeline(tenant, record);
+    shards_of_run(state, tenant, record, &run).await
+}
+
+/// The shards one run of `record` writes (a stage's, in a pipeline of stages).
+pub(super) async fn shards_of_run(
+    state: &ApiState,
+    tenant: &str,
+    record: &PipelineRecord,
+    run: &super::runs::ShardRun,
+) -> Result<Vec<(Partition, Path)>, ApiError> {
     let prefix = state.catalog.pipeline_state_prefix(tenant, &record.uid);
-    shard_roots(
-        state.catalog.store(),
-        &prefix,
-        &format!("{tenant}.{}", record.name),
-    )
-    .await
-    .map_err(ApiError::from)
+    shard_roots(state.catalog.store(), &prefix, &run.shards)
+        .await
+        .map_err(ApiError::from)
 }
 
 /// The root of partition `partition`'s shard of pipeline `name` (uid `uid`) of `tenant`.
@@ -395,6 +402,7 @@ pub(crate) async fn reset_pipeline(
     let tenant = principal.tenant()?.to_owned();
     tracing::Span::current().record("pipeline", name.as_str());
     let record = existing(&state, &tenant, &name).await?;
+    super::one_operator_only(&record, "reset to a savepoint")?;
     let request: ResetRequest = read_json(body).await?;
     if record.desired != DesiredState::Stopped {
         return Err(ApiError::conflict(format!(

@@ -13,7 +13,8 @@
 //! The first page is read before its lease exists: what it reads is the newest decided
 //! checkpoint, which GC keeps until three newer ones are decided, far longer than a page.
 
-use super::savepoints::{found_savepoint, shards_of};
+use super::runs::ShardRun;
+use super::savepoints::{found_savepoint, shards_of_run};
 use super::{PipelineRecord, existing};
 use crate::api::problem::{ApiError, Problem};
 use crate::api::{ApiState, AuthProblems, Principal};
@@ -64,6 +65,9 @@ pub struct StateQuery {
     pub page_token: Option<String>,
     /// Read this savepoint of the pipeline instead of its newest checkpoints.
     pub savepoint: Option<String>,
+    /// The stage whose state to read, in a pipeline of stages (required there; left out of a
+    /// one-operator pipeline).
+    pub stage: Option<String>,
 }
 
 /// One page of a state read.
@@ -163,17 +167,23 @@ pub(crate) async fn read_state(
     let Query(query) = query.map_err(|e| ApiError::bad_request(e.body_text()))?;
     tracing::Span::current().record("pipeline", name.as_str());
     let record = existing(&state, &tenant, &name).await?;
+    let run = ShardRun::of(&tenant, &record, query.stage.as_deref())?;
     check_state_name(&state_name)?;
     let read = Read::of(&query)?;
-    let bound = binding(&record, &state_name, &read, query.savepoint.as_deref());
+    let bound = binding(
+        &record,
+        (run.stage.as_deref(), &state_name),
+        &read,
+        query.savepoint.as_deref(),
+    );
     let token = query
         .page_token
         .as_deref()
         .map(|text| decode_bound_token(text, &bound))
         .transpose()?;
     let savepoint = query.savepoint.as_deref();
-    declared(&state, &tenant, &record, &state_name, savepoint).await?;
-    let roots = roots(&state, &tenant, &record, savepoint).await?;
+    declared(&state, &tenant, (&record, &run), &state_name, savepoint).await?;
+    let roots = roots(&state, &tenant, (&record, &run), savepoint).await?;
     // A host reads a few pipelines' state at a time: a `memory` checkpoint is read whole.
     let _turn = QUERIES
         .acquire()
@@ -181,8 +191,8 @@ pub(crate) async fn read_state(
         .map_err(|_| ApiError::unavailable("the host is shutting down"))?;
     let scan = Scan {
         state: &state,
-        tenant: &tenant,
         record: &record,
+        run: &run,
         read: &read,
         state_name: &state_name,
         savepoint,
@@ -193,7 +203,7 @@ pub(crate) async fn read_state(
             .map_err(|_| ApiError::bad_request("the page token does not decode"))?,
         clock: Arc::new(SystemClock),
         now_ms: crate::clock::Clock::now_ms(&SystemClock),
-        leases: leases_of(&state, &tenant, &record),
+        leases: leases_of(&state, &tenant, (&record, &run)),
     };
     // The lease a scan that goes on holds (a savepoint needs none).
     let held = token
@@ -248,11 +258,12 @@ fn partitions_of(roots: &[(Partition, Path, Option<ManifestVersion>)]) -> Vec<Pa
     roots.iter().map(|(p, _, _)| *p).collect()
 }
 
-/// 404 for a state the operator (the running version, or the savepoint's) does not declare.
+/// 404 for a state the operator (the running version of the `run`'s, or the savepoint's)
+/// does not declare.
 async fn declared(
     state: &ApiState,
     tenant: &str,
-    record: &PipelineRecord,
+    (record, run): (&PipelineRecord, &ShardRun),
     state_name: &str,
     savepoint: Option<&str>,
 ) -> Result<(), ApiError> {
@@ -261,7 +272,7 @@ async fn declared(
             let (_, saved) = found_savepoint(state, tenant, record, sp).await?;
             (saved.operator, saved.operator_version)
         }
-        None => (record.spec.operator.clone(), record.spec.operator_version),
+        None => run.operator.clone(),
     };
     match state.catalog.version(tenant, &operator, version).await? {
         Some(v) if !v.states.iter().any(|s| s.name == state_name) => Err(ApiError::not_found(
@@ -272,11 +283,11 @@ async fn declared(
     }
 }
 
-/// What a page token is bound to: the pipeline (its uid), the state, the read and the
-/// savepoint, hashed; a token is refused for any other read.
+/// What a page token is bound to: the pipeline (its uid), the stage, the state, the read and
+/// the savepoint, hashed; a token is refused for any other read.
 fn binding(
     record: &PipelineRecord,
-    state_name: &str,
+    (stage, state_name): (Option<&str>, &str),
     read: &Read,
     savepoint: Option<&str>,
 ) -> String {
@@ -286,7 +297,11 @@ fn binding(
         record.uid.as_bytes(),
         state_name.as_bytes(),
         savepoint.unwrap_or("").as_bytes(),
-    ] {
+    ]
+    .into_iter()
+    // (A one-operator pipeline's tokens stay what they were.)
+    .chain(stage.map(str::as_bytes))
+    {
         h.update((part.len() as u64).to_be_bytes());
         h.update(part);
     }
@@ -383,11 +398,11 @@ fn check_state_name(name: &str) -> Result<(), ApiError> {
 async fn roots(
     state: &ApiState,
     tenant: &str,
-    record: &PipelineRecord,
+    (record, run): (&PipelineRecord, &ShardRun),
     savepoint: Option<&str>,
 ) -> Result<Vec<(Partition, Path, Option<ManifestVersion>)>, ApiError> {
     match savepoint {
-        None => Ok(shards_of(state, tenant, record)
+        None => Ok(shards_of_run(state, tenant, record, run)
             .await?
             .into_iter()
             .map(|(p, root)| (p, root, None))
@@ -403,10 +418,10 @@ async fn roots(
     }
 }
 
-/// Where the pipeline's read leases live: where its shards' GC looks for them.
-fn leases_of(state: &ApiState, tenant: &str, record: &PipelineRecord) -> Path {
+/// Where the read leases of the `run`'s shards live: where their GC looks for them.
+fn leases_of(state: &ApiState, tenant: &str, (record, run): (&PipelineRecord, &ShardRun)) -> Path {
     let shard = crate::state::ShardId {
-        pipeline: format!("{tenant}.{}", record.name),
+        pipeline: run.shards.clone(),
         partition: Partition(0),
     }
     .root_under(&state.catalog.pipeline_state_prefix(tenant, &record.uid));

@@ -14,6 +14,8 @@ fn record(desired: DesiredState) -> PipelineRecord {
             operator: "op".into(),
             operator_version: 1,
             input_topics: vec!["in".into()],
+            parameters: Default::default(),
+            stages: Vec::new(),
             output_topic: Some("out".into()),
             dead_letter_topic: "dlq".into(),
             checkpoint_interval_ms: 1000,

@@ -52,6 +52,15 @@ pub struct SavepointCheck {
     pub shards: Vec<ShardCheck>,
 }
 
+/// A shard as the table names it: its partition, or `{stage}/{partition}` in a pipeline of
+/// stages.
+fn label(shard: &ShardCheck) -> String {
+    match &shard.stage {
+        Some(stage) => format!("{stage}/{}", shard.partition),
+        None => shard.partition.to_string(),
+    }
+}
+
 /// 503 for a store that failed while the pipeline's state was read.
 fn unavailable(e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> ApiError {
     ApiError::unavailable("the pipeline's state could not be read").with_source(e)
@@ -85,15 +94,16 @@ pub(crate) async fn verify_pipeline_state(
     // One verify at a time per host: each reads every object of a pipeline's state.
     let _one_at_a_time = VERIFYING.lock().await;
     let prefix = state.catalog.pipeline_state_prefix(&tenant, &record.uid);
-    // Shards are named after the pipeline as its runs name it (`{tenant}.{name}`).
-    let shards = verify_pipeline(
-        state.catalog.store(),
-        &prefix,
-        &format!("{tenant}.{name}"),
-        checksums,
-    )
-    .await
-    .map_err(unavailable)?;
+    let mut shards = Vec::new();
+    for run in super::runs::ShardRun::all(&tenant, &record) {
+        let found = verify_pipeline(state.catalog.store(), &prefix, &run.shards, checksums)
+            .await
+            .map_err(unavailable)?;
+        shards.extend(found.into_iter().map(|shard| ShardCheck {
+            stage: run.stage.clone(),
+            ..shard
+        }));
+    }
     let store = state.catalog.store();
     let mut savepoints = Vec::new();
     let root = object_store::path::Path::from(format!("{prefix}/savepoints"));
@@ -108,6 +118,7 @@ pub(crate) async fn verify_pipeline_state(
                 .await
                 .map_err(unavailable)?;
             shards.push(ShardCheck {
+                stage: None,
                 partition: shard.partition,
                 versions,
             });
@@ -143,7 +154,7 @@ pub fn verify_text(v: &PipelineVerify) -> String {
             };
             out.push_str(&format!(
                 "{:>9} {:>8} {:<10} {:<11} {:>7} {:>12}  {verdict}\n",
-                shard.partition,
+                label(shard),
                 c.version,
                 c.kind,
                 c.decided_by.as_deref().unwrap_or("-"),
@@ -162,7 +173,7 @@ pub fn verify_text(v: &PipelineVerify) -> String {
                 };
                 out.push_str(&format!(
                     "{:>9} {:>8} {:<10} {:<11} {:>7} {:>12}  {verdict}\n",
-                    shard.partition,
+                    label(shard),
                     c.version,
                     format!("sp:{}", saved.name),
                     c.decided_by.as_deref().unwrap_or("-"),
@@ -237,6 +248,7 @@ mod tests {
             restorable: false,
             shards: vec![
                 ShardCheck {
+                    stage: None,
                     partition: crate::ids::Partition(0),
                     versions: vec![
                         version(7, false, Some("sst/x.sst is missing")),
@@ -244,6 +256,7 @@ mod tests {
                     ],
                 },
                 ShardCheck {
+                    stage: None,
                     partition: crate::ids::Partition(1),
                     versions: vec![version(3, false, Some("manifest is corrupt"))],
                 },
@@ -252,6 +265,7 @@ mod tests {
                 name: "before-v2".into(),
                 restorable: false,
                 shards: vec![ShardCheck {
+                    stage: None,
                     partition: crate::ids::Partition(0),
                     versions: vec![version(5, false, Some("sst/y.sst is missing"))],
                 }],

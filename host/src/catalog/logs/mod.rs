@@ -30,6 +30,10 @@ pub struct LogEntry<'a> {
     /// The host whose instance logged it.
     #[schema(value_type = String)]
     pub host: Cow<'a, str>,
+    /// The stage whose instance logged it, in a pipeline of stages.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>)]
+    pub stage: Option<Cow<'a, str>>,
     /// The input partition being processed, if any (none for the host's own notices).
     pub partition: Option<Partition>,
     /// `trace`, `debug`, `info`, `warn` or `error` (stdout is `info`, stderr `warn`).
@@ -124,6 +128,7 @@ impl LogEntry<'_> {
         LogEntry {
             time_ms: self.time_ms,
             host: Cow::Owned(self.host.into_owned()),
+            stage: self.stage.map(|s| Cow::Owned(s.into_owned())),
             partition: self.partition,
             level: Cow::Owned(self.level.into_owned()),
             message: Cow::Owned(self.message.into_owned()),

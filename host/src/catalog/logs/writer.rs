@@ -140,6 +140,7 @@ impl SegmentWriter {
                     message: notice.into(),
                     level: "warn".into(),
                     partition: None,
+                    stage: None,
                     ..entry.clone()
                 },
             );
@@ -263,6 +264,7 @@ impl LogSink for SegmentWriter {
         self.append(&LogEntry {
             time_ms: line.time_ms,
             host: (&*self.host).into(),
+            stage: line.stage.map(Into::into),
             partition: line.partition,
             level: line.level.as_str().into(),
             message: line.message.into(),
@@ -388,6 +390,7 @@ mod tests {
             time_ms: 1_000,
             level: GuestLevel::Info,
             partition: Some(crate::ids::Partition(2)),
+            stage: None,
             message,
         }
     }
@@ -433,6 +436,36 @@ mod tests {
             lines
                 .iter()
                 .all(|l| l.host == "h1" && l.partition == Some(crate::ids::Partition(2)))
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stages_lines_name_the_stage_and_a_pipelines_lines_name_none() {
+        let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+        let dir = Path::from("logs/p");
+        let (writer, task) =
+            SegmentWriter::spawn(store.clone(), dir.clone(), "h1", Default::default());
+        let stage = crate::runtime::guest_log::StageLogSink::new("count", writer.clone());
+        stage.line(line("from the count stage"));
+        writer.line(line("from a one-operator run"));
+        task.close().await;
+        let segments = super::super::list_all_segments(&*store, &dir)
+            .await
+            .expect("listed");
+        let lines =
+            super::super::read_segments(&*store, segments.iter().map(|s| s.0.clone()).collect())
+                .await
+                .expect("read");
+        let seen: Vec<_> = lines
+            .iter()
+            .map(|l| (l.stage.as_deref(), l.message.as_ref()))
+            .collect();
+        assert_eq!(
+            seen,
+            vec![
+                (Some("count"), "from the count stage"),
+                (None, "from a one-operator run")
+            ]
         );
     }
 
@@ -490,6 +523,7 @@ mod tests {
                 &LogEntry {
                     time_ms: 1,
                     host: "h1".into(),
+                    stage: None,
                     partition: Some(crate::ids::Partition(2)),
                     level: "info".into(),
                     message: format!("old {i}").into(),

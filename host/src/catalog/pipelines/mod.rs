@@ -17,12 +17,15 @@
 //! Topic names are the tenant's own: topic `orders` of tenant `acme` is the Kafka topic
 //! `acme.orders` ([`kafka_topic`]), so no tenant can name another's topic.
 //!
-//! The parts: [`spec`] — the definition and its validation; [`status`] — what hosts report
-//! and the merged status; `store` — reading and writing them in the catalog's store.
+//! The parts: [`spec`] — the definition and its validation; [`stages`] — a pipeline of
+//! stages' part of it; [`status`] — what hosts report and the merged status; `store` — reading
+//! and writing them in the catalog's store.
 
 pub mod spec;
+pub mod stages;
 pub mod status;
 mod store;
 
 pub use spec::*;
+pub use stages::*;
 pub use status::*;

@@ -2,9 +2,11 @@
 //! the host's limits and the tenant's topic names, every problem at once ([`SpecError`]). What
 //! the hosts report of it is in `status`.
 
+use super::stages::StageSpec;
 use crate::catalog::valid_operator_name;
 use crate::config::{Delivery, FailurePolicy, LateRecords, RuntimeSettings, StateBackendKind};
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::time::Duration;
 use utoipa::ToSchema;
 
@@ -108,13 +110,29 @@ fn default_in_flight_max() -> u64 {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PipelineSpec {
-    /// One of the tenant's operators.
+    /// One of the tenant's operators. Required unless `stages` is set (then each stage names
+    /// its own).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub operator: String,
-    /// Its version.
+    /// Its version (from 1); required with `operator`.
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub operator_version: u64,
     /// Topics to consume (the tenant's names, see [`kafka_topic`]); co-partitioned when more
-    /// than one. 1..=8 of them.
+    /// than one. 1..=8 of them; none with `stages`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub input_topics: Vec<String>,
+    /// The operator's parameters (`weir:operator/parameters`): name → value, at most 64, names
+    /// 1..=64 bytes, values up to 4,096 bytes. With `stages`, each stage has its own.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub parameters: BTreeMap<String, String>,
+    /// A pipeline of more than one step (docs/topologies.md): its stages, each an operator
+    /// over topics or earlier stages' outputs, 1..=32 of them. Left out: a one-operator
+    /// pipeline of `operator` over `input_topics`. With stages, `operator`,
+    /// `operator_version`, `input_topics`, `output_topic`, `parameters`, `iceberg` and
+    /// `from_savepoint` are left out; the other fields are the whole pipeline's (the
+    /// event-time and failure ones each stage may set for itself).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stages: Vec<StageSpec>,
     /// Topic that receives the operator's emits. May be left out when `iceberg` is set: the
     /// emits then go only to the table.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -235,6 +253,10 @@ impl PipelineStateBackend {
     }
 }
 
+fn is_zero(v: &u64) -> bool {
+    *v == 0
+}
+
 fn default_state_backend() -> PipelineStateBackend {
     PipelineStateBackend::Lsm
 }
@@ -264,15 +286,26 @@ impl PipelineSpec {
     /// Every problem found ([`SpecError`]), for a 400.
     pub fn validate(&self, host: &RuntimeSettings, state_bytes_cap: u64) -> Result<(), SpecError> {
         let mut problems = Vec::new();
-        if !valid_operator_name(&self.operator) || self.operator_version == 0 {
-            problems.push(format!(
-                "operator must name one of your operators and operator_version one of its versions (from 1). operator=`{}` operator_version={}",
-                self.operator, self.operator_version
-            ));
-        }
-        self.check_topics(&mut problems);
-        if let Some(Err(e)) = self.iceberg.as_ref().map(TableSpec::schema) {
-            problems.extend(e.problems);
+        if self.is_staged() {
+            self.stage_problems(&mut problems);
+            if !valid_topic(&self.dead_letter_topic) {
+                problems.push(format!(
+                    "topic names must be 1..={TOPIC_BYTES_MAX} bytes of [A-Za-z0-9._-]. topic=`{}`",
+                    self.dead_letter_topic
+                ));
+            }
+        } else {
+            if !valid_operator_name(&self.operator) || self.operator_version == 0 {
+                problems.push(format!(
+                    "operator must name one of your operators and operator_version one of its versions (from 1). operator=`{}` operator_version={}",
+                    self.operator, self.operator_version
+                ));
+            }
+            self.check_topics(&mut problems);
+            super::stages::parameter_problems("parameters", &self.parameters, &mut problems);
+            if let Some(Err(e)) = self.iceberg.as_ref().map(TableSpec::schema) {
+                problems.extend(e.problems);
+            }
         }
         self.check_time(&mut problems);
         self.check_state(state_bytes_cap, &mut problems);
@@ -443,6 +476,10 @@ pub const RESET_HOLD: std::time::Duration = std::time::Duration::from_secs(600);
 pub struct OperatorSwitch {
     /// The version to run from now on (same operator).
     pub operator_version: u64,
+    /// The stage whose operator switches: required for a pipeline of stages, left out for a
+    /// one-operator one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stage: Option<String>,
 }
 
 /// The body of `PATCH /v1/pipelines/{name}`: the settings that can change while keeping

@@ -60,7 +60,8 @@ pub struct HostStatus {
     pub stale_after_ms: u64,
     /// Times this host restarted the pipeline after a failure.
     pub restarts: u64,
-    /// Records processed (ok or dead-lettered) by this host's current run.
+    /// Records processed (ok or dead-lettered) by this host's current run (by every stage of a
+    /// pipeline of stages, summed; the other counts too).
     pub records_done: u64,
     /// Records per second over the last reconcile interval.
     pub records_per_s: f64,
@@ -109,7 +110,8 @@ pub struct HostSummary {
     pub reason: Option<String>,
     /// What kind of failure `reason` is (as in a host's report).
     pub reason_kind: Option<ErrorKind>,
-    /// The partitions it runs.
+    /// The partitions it runs, in order (of any of the stages of a pipeline of stages, whose
+    /// partitions the status lists per stage).
     pub partitions: Vec<Partition>,
     /// Its records per second.
     pub records_per_s: f64,
@@ -130,9 +132,10 @@ pub struct PipelineStatus {
     pub reason_kind: Option<ErrorKind>,
     /// The hosts that report on it.
     pub hosts: Vec<HostSummary>,
-    /// Per partition: checkpointed offsets, high watermarks, lag, state bytes.
+    /// Per partition (per stage and partition, in a pipeline of stages): checkpointed
+    /// offsets, high watermarks, lag, state bytes.
     pub partitions: Vec<PartitionProgress>,
-    /// Records per second, summed over hosts.
+    /// Records per second, summed over hosts (and stages).
     pub records_per_s: f64,
     /// Records processed by the hosts' current runs.
     pub records_done: u64,
@@ -187,14 +190,15 @@ pub fn merge_status(record: &PipelineRecord, reports: &[(HostStatus, u64)]) -> P
         state_bytes: 0,
         cache_hit_rate: None,
     };
-    let mut partitions: BTreeMap<Partition, PartitionProgress> = BTreeMap::new();
+    // By stage (none in a one-operator pipeline), then partition.
+    let mut partitions: BTreeMap<(Option<String>, Partition), PartitionProgress> = BTreeMap::new();
     let (mut hits, mut misses) = (0u64, 0u64);
     for (report, age) in fresh {
         status.add(report, age);
         hits += report.cache_hits;
         misses += report.cache_misses;
         for p in &report.partitions {
-            partitions.insert(p.partition, p.clone());
+            partitions.insert((p.stage.clone(), p.partition), p.clone());
         }
     }
     status.hosts.sort_by(|a, b| a.host.cmp(&b.host));
@@ -232,7 +236,14 @@ impl PipelineStatus {
             phase: report.phase,
             reason: report.reason.clone(),
             reason_kind: report.reason_kind,
-            partitions: report.partitions.iter().map(|p| p.partition).collect(),
+            // (Each number once: a pipeline of stages runs partition `p` of each stage.)
+            partitions: report
+                .partitions
+                .iter()
+                .map(|p| p.partition)
+                .collect::<std::collections::BTreeSet<_>>()
+                .into_iter()
+                .collect(),
             records_per_s: report.records_per_s,
             report_age_ms: age,
         });

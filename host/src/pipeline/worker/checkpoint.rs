@@ -228,6 +228,7 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
         let elapsed = started.elapsed();
         self.stats.record_checkpoint(elapsed, report.uploaded_bytes);
         self.stats.record_checkpoint_of(CheckpointRecord {
+            stage: None,
             partition: self.partition,
             version: report.version,
             committed_ms: SystemClock.now_ms(),

@@ -31,8 +31,8 @@ pub enum InternalTopicError {
     /// The admin client could not be made or asked.
     #[error("cannot ask Kafka to create the internal topics")]
     Admin(#[source] KafkaError),
-    /// The cluster refused to create one.
-    #[error("Kafka refused to create internal topic `{topic}`: {code}")]
+    /// The cluster refused to create (or delete) one.
+    #[error("Kafka refused to create or delete internal topic `{topic}`: {code}")]
     Refused {
         /// The topic.
         topic: String,
@@ -152,6 +152,39 @@ pub async fn delete_below(
             Err(err) => Some((e.partition(), err.to_string())),
         })
         .collect())
+}
+
+/// Deletes `topics` (a deleted pipeline's internal topics); one that does not exist is as good.
+/// Kafka finishes a deletion in its own time.
+///
+/// # Errors
+/// [`InternalTopicError::Admin`] when the request cannot be made or gets no answer;
+/// [`InternalTopicError::Refused`] for the first topic the cluster would not delete.
+pub async fn delete_topics(
+    kafka: &KafkaSettings,
+    topics: &[String],
+) -> Result<(), InternalTopicError> {
+    if topics.is_empty() {
+        return Ok(());
+    }
+    let admin: AdminClient<DefaultClientContext> = kafka
+        .client_config()
+        .create()
+        .map_err(InternalTopicError::Admin)?;
+    let names: Vec<&str> = topics.iter().map(String::as_str).collect();
+    let options = AdminOptions::new().operation_timeout(Some(REQUEST_TIMEOUT));
+    let results = admin
+        .delete_topics(&names, &options)
+        .await
+        .map_err(InternalTopicError::Admin)?;
+    for result in results {
+        match result {
+            Ok(topic) => tracing::info!(topic, "internal topic deleted"),
+            Err((_, RDKafkaErrorCode::UnknownTopicOrPartition)) => {}
+            Err((topic, code)) => return Err(InternalTopicError::Refused { topic, code }),
+        }
+    }
+    Ok(())
 }
 
 /// `topic`'s partitions (a metadata request off the runtime's threads).

@@ -58,6 +58,7 @@ pub(crate) async fn create_savepoint(
     let tenant = principal.tenant()?.to_owned();
     tracing::Span::current().record("pipeline", name.as_str());
     let record = existing(&state, &tenant, &name).await?;
+    crate::api::pipelines::one_operator_only(&record, "savepoints")?;
     let request: NewSavepoint = read_json_or_default(body).await?;
     let savepoint = request
         .name
@@ -360,19 +361,23 @@ pub(in crate::api::pipelines) async fn committed_versions(
     record: &PipelineRecord,
     partitions: &[Partition],
 ) -> BTreeMap<Partition, ManifestVersion> {
+    let run = crate::api::pipelines::runs::ShardRun::pipeline(tenant, record);
+    committed_versions_of(state, record, &run, partitions).await
+}
+
+/// [`committed_versions`] of one run of `record` (a stage's, in a pipeline of stages).
+pub(in crate::api::pipelines) async fn committed_versions_of(
+    state: &ApiState,
+    record: &PipelineRecord,
+    run: &crate::api::pipelines::runs::ShardRun,
+    partitions: &[Partition],
+) -> BTreeMap<Partition, ManifestVersion> {
     let (Some(kafka), crate::config::Delivery::ExactlyOnce) =
         (state.kafka_settings().cloned(), record.spec.delivery)
     else {
         return BTreeMap::new();
     };
-    // The group the pipeline's runs join (as `runner::job`).
-    let group = format!("weir.{tenant}.{}.{}", record.name, record.uid);
-    let topics: Vec<String> = record
-        .spec
-        .input_topics
-        .iter()
-        .map(|t| crate::api::pipelines::kafka_topic(tenant, t))
-        .collect();
+    let (group, topics) = (run.group.clone(), run.input_topics.clone());
     let partitions = partitions.to_vec();
     let read = tokio::task::spawn_blocking(move || {
         crate::source::kafka::broker::committed_checkpoint_versions(

@@ -8,7 +8,7 @@ use super::{
 };
 use crate::api::ApiState;
 use crate::api::pipelines::PipelineRecord;
-use crate::api::pipelines::savepoints::committed_versions;
+use crate::api::pipelines::savepoints::committed_versions_of;
 use crate::api::problem::ApiError;
 use crate::checkpoints::query::{QueryEntry, QueryError, QueryShard, merge_pages};
 use crate::clock::SharedClock;
@@ -27,8 +27,9 @@ pub(super) type Page = (Vec<ReadCheckpoint>, (Vec<(Partition, QueryEntry)>, bool
 /// A read of a pipeline's state, one page of it.
 pub(super) struct Scan<'a> {
     pub(super) state: &'a ApiState,
-    pub(super) tenant: &'a str,
     pub(super) record: &'a PipelineRecord,
+    /// The run whose shards are read (a stage's, in a pipeline of stages).
+    pub(super) run: &'a crate::api::pipelines::runs::ShardRun,
     pub(super) read: &'a Read,
     pub(super) state_name: &'a str,
     /// The savepoint read, if one (else the newest decided checkpoints).
@@ -127,7 +128,7 @@ impl Scan<'_> {
         let name = &self.record.name;
         let committed = if self.savepoint.is_none() {
             let partitions = partitions_of(&roots);
-            committed_versions(self.state, self.tenant, self.record, &partitions).await
+            committed_versions_of(self.state, self.record, self.run, &partitions).await
         } else {
             BTreeMap::new()
         };

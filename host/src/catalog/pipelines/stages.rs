@@ -1,0 +1,516 @@
+//! A pipeline of stages in the API (`stages` of a [`PipelineSpec`], docs/topologies.md): each
+//! stage's definition ([`StageSpec`]), their validation (every problem at once, with the
+//! graph's from `crate::topology`), the internal topics Weir keeps for their edges, and the
+//! `weir run` stages a host runs them as.
+
+use super::spec::{PipelineSpec, kafka_topic, valid_topic};
+use crate::catalog::valid_operator_name;
+use crate::config::stages::{StageSettings, internal_topic};
+use crate::config::{FailurePolicy, LateRecords};
+use crate::topology::{self, DEFAULT_OUTPUT, Node};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+use utoipa::ToSchema;
+
+pub use crate::config::stages::{StageInput, StageOutput};
+
+/// Most parameters one operator (or stage) is given.
+const PARAMETERS_MAX: usize = 64;
+
+/// Longest parameter value, bytes.
+const PARAMETER_VALUE_BYTES_MAX: usize = 4096;
+
+/// Kafka's longest topic name, bytes.
+const KAFKA_TOPIC_BYTES_MAX: usize = 249;
+
+/// One stage of a pipeline: an operator over topics or earlier stages' outputs, with its own
+/// parameters and, if it sets them, its own event-time and failure settings (the pipeline's
+/// otherwise). Its state, consumer group and internal topics are named after it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct StageSpec {
+    /// The stage's name, 1..=64 bytes of `[a-z0-9_-]`, unique in the pipeline.
+    pub name: String,
+    /// One of the tenant's operators.
+    pub operator: String,
+    /// Its version (from 1).
+    pub operator_version: u64,
+    /// What it reads, 1..=8: `{"topic": "…"}` (one of the tenant's topics) or
+    /// `{"stage": "…"}` (that stage's `default` output; `"output": "…"` for a named one).
+    /// Co-partitioned when more than one.
+    pub inputs: Vec<StageInput>,
+    /// Where its outputs go, by name: `{"default": {"topic": "…"}}` for a topic of the
+    /// tenant's; an output that a later stage reads and that names no topic goes through an
+    /// internal topic Weir creates (`{"partitions": n}`: with `n` partitions rather than as
+    /// many as the stage's inputs have). Every output the operator declares must go somewhere.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub outputs: BTreeMap<String, StageOutput>,
+    /// Its operator's parameters, as the pipeline's `parameters`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub parameters: BTreeMap<String, String>,
+    /// As the pipeline's `max_out_of_orderness_ms`, for this stage. A stage that reads another
+    /// also takes the watermark its upstream stage sends (docs/topologies.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_out_of_orderness_ms: Option<u64>,
+    /// As the pipeline's `idle_timeout_ms`, for this stage; at least two checkpoint intervals
+    /// when it reads another stage (whose shards send their watermarks once per checkpoint).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_timeout_ms: Option<u64>,
+    /// As the pipeline's `idle_advance`, for this stage.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_advance: Option<bool>,
+    /// As the pipeline's `late_records`, for this stage.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub late_records: Option<LateRecords>,
+    /// As the pipeline's `in_flight_max`, for this stage.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub in_flight_max: Option<u64>,
+    /// As the pipeline's `failure_policy`, for this stage.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure_policy: Option<FailurePolicy>,
+}
+
+impl StageSpec {
+    /// The graph's view of it.
+    fn node(&self) -> Node<'_> {
+        Node {
+            name: &self.name,
+            inputs: self
+                .inputs
+                .iter()
+                .filter_map(StageInput::as_input)
+                .collect(),
+            topics: self
+                .outputs
+                .iter()
+                .filter_map(|(name, out)| Some((name.as_str(), out.topic.as_deref()?)))
+                .collect(),
+        }
+    }
+
+    /// Whether it reads another stage (through an internal topic).
+    fn reads_a_stage(&self) -> bool {
+        self.inputs.iter().any(|i| i.stage.is_some())
+    }
+}
+
+/// The problems of `parameters` (of `field`): too many, a name or value too long.
+pub(super) fn parameter_problems(
+    field: &str,
+    parameters: &BTreeMap<String, String>,
+    problems: &mut Vec<String>,
+) {
+    if parameters.len() > PARAMETERS_MAX {
+        problems.push(format!(
+            "{field} holds at most {PARAMETERS_MAX} parameters. count={}",
+            parameters.len()
+        ));
+    }
+    for (name, value) in parameters {
+        if !(1..=64).contains(&name.len()) {
+            problems.push(format!(
+                "{field}: parameter names are 1..=64 bytes. name=`{name}`"
+            ));
+        }
+        if value.len() > PARAMETER_VALUE_BYTES_MAX {
+            problems.push(format!(
+                "{field}.{name} is {} bytes, more than {PARAMETER_VALUE_BYTES_MAX}",
+                value.len()
+            ));
+        }
+    }
+}
+
+/// The name pipeline `pipeline` (of uid `uid`) of `tenant`, a pipeline of stages, runs
+/// under: `{tenant}.{pipeline}.{uid}`. Its stages' runs
+/// are `{…}@{stage}` and its internal topics `{…}.{stage}.{output}.internal`: under the
+/// tenant's prefix, and a pipeline created again under a deleted one's name never meets the
+/// deleted one's topics (whose deletion Kafka finishes in its own time).
+pub fn staged_run_name(tenant: &str, pipeline: &str, uid: &str) -> String {
+    format!("{}.{uid}", kafka_topic(tenant, pipeline))
+}
+
+impl PipelineSpec {
+    /// Whether it is a pipeline of stages.
+    pub fn is_staged(&self) -> bool {
+        !self.stages.is_empty()
+    }
+
+    /// Every operator version it runs, `(operator, version)`: its operator's, or each stage's.
+    pub fn operator_versions(&self) -> Vec<(&str, u64)> {
+        if self.is_staged() {
+            self.stages
+                .iter()
+                .map(|s| (s.operator.as_str(), s.operator_version))
+                .collect()
+        } else {
+            vec![(self.operator.as_str(), self.operator_version)]
+        }
+    }
+
+    /// The graph of its stages.
+    fn nodes(&self) -> Vec<Node<'_>> {
+        self.stages.iter().map(StageSpec::node).collect()
+    }
+
+    /// The Kafka topics of its edges when it runs as `run_name` ([`staged_run_name`]), in the
+    /// order its stages write them; none for a one-operator pipeline or a graph with problems.
+    pub fn internal_topics(&self, run_name: &str) -> Vec<String> {
+        let nodes = self.nodes();
+        match topology::check(&nodes) {
+            Ok(order) if self.is_staged() => order
+                .internal
+                .iter()
+                .map(|(i, output)| internal_topic(run_name, &self.stages[*i].name, output))
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// The problems of a pipeline of stages: a one-operator field beside `stages`, each stage's
+    /// operator, topics, outputs, parameters and settings, the graph's (cycles, unknown
+    /// stages, unbound outputs…), and an edge's reader idle sooner than its upstream's
+    /// watermarks come.
+    pub(super) fn stage_problems(&self, problems: &mut Vec<String>) {
+        let one_operator = [
+            ("operator", !self.operator.is_empty()),
+            ("operator_version", self.operator_version != 0),
+            ("input_topics", !self.input_topics.is_empty()),
+            ("output_topic", self.output_topic.is_some()),
+            ("parameters", !self.parameters.is_empty()),
+            ("iceberg", self.iceberg.is_some()),
+            ("from_savepoint", self.from_savepoint.is_some()),
+        ];
+        for (field, set) in one_operator {
+            if set {
+                problems.push(format!(
+                    "{field} is for a one-operator pipeline: with stages, each stage names its own{}",
+                    if matches!(field, "iceberg" | "from_savepoint") {
+                        " (a pipeline of stages has no table or savepoint restore yet)"
+                    } else {
+                        ""
+                    }
+                ));
+            }
+        }
+        for stage in &self.stages {
+            self.one_stage_problems(stage, problems);
+        }
+        if let Err(graph) = topology::check(&self.nodes()) {
+            problems.extend(graph.into_iter().map(|p| format!("stages: {p}")));
+        }
+    }
+
+    /// The problems of `stage` on its own.
+    fn one_stage_problems(&self, stage: &StageSpec, problems: &mut Vec<String>) {
+        let name = &stage.name;
+        if !valid_operator_name(&stage.operator) || stage.operator_version == 0 {
+            problems.push(format!(
+                "stage `{name}`: operator must name one of your operators and operator_version one of its versions (from 1). operator=`{}` operator_version={}",
+                stage.operator, stage.operator_version
+            ));
+        }
+        if stage.inputs.len() > 8 {
+            problems.push(format!(
+                "stage `{name}`: inputs must list 1..=8 inputs. count={}",
+                stage.inputs.len()
+            ));
+        }
+        for (i, input) in stage.inputs.iter().enumerate() {
+            match (&input.topic, &input.stage, &input.output) {
+                (Some(topic), None, None) => {
+                    if *topic == self.dead_letter_topic {
+                        problems.push(format!(
+                            "stage `{name}` reads the dead-letter topic `{topic}`"
+                        ));
+                    }
+                }
+                (None, Some(_), _) => {}
+                _ => problems.push(format!(
+                    "stage `{name}`: inputs[{i}] must be {{\"topic\": \"…\"}} or {{\"stage\": \"…\"}} (with \"output\" for a named one)"
+                )),
+            }
+        }
+        for (output, to) in &stage.outputs {
+            if to.topic.as_ref() == Some(&self.dead_letter_topic) {
+                problems.push(format!(
+                    "stage `{name}`: output `{output}` goes to the dead-letter topic `{}`: results and dead letters would mix",
+                    self.dead_letter_topic
+                ));
+            }
+            if to.topic.is_some() && to.partitions.is_some() {
+                problems.push(format!(
+                    "stage `{name}`: outputs.{output}.partitions is for an internal topic: a topic of yours has its own"
+                ));
+            }
+            if to.partitions.is_some_and(|n| !(1..=10_000).contains(&n)) {
+                problems.push(format!(
+                    "stage `{name}`: outputs.{output}.partitions must be 1..=10000"
+                ));
+            }
+            let read = self.stages.iter().flat_map(|s| &s.inputs).any(|i| {
+                i.stage.as_ref() == Some(name)
+                    && i.output.as_deref().unwrap_or(DEFAULT_OUTPUT) == output
+            });
+            if output != DEFAULT_OUTPUT && to.topic.is_none() && !read {
+                problems.push(format!(
+                    "stage `{name}`: output `{output}` goes nowhere: give it a topic or read it in another stage"
+                ));
+            }
+        }
+        let topics = stage
+            .inputs
+            .iter()
+            .filter_map(|i| i.topic.as_ref())
+            .chain(stage.outputs.values().filter_map(|o| o.topic.as_ref()));
+        for topic in topics {
+            if !valid_topic(topic) {
+                problems.push(format!(
+                    "stage `{name}`: topic names must be 1..=200 bytes of [A-Za-z0-9._-]. topic=`{topic}`"
+                ));
+            }
+        }
+        parameter_problems(
+            &format!("stage `{name}`: parameters"),
+            &stage.parameters,
+            problems,
+        );
+        self.stage_time_problems(stage, problems);
+    }
+
+    /// `stage`'s own event-time and in-flight settings within their ranges, and its idleness
+    /// no shorter than two checkpoint intervals when it reads another stage.
+    fn stage_time_problems(&self, stage: &StageSpec, problems: &mut Vec<String>) {
+        let name = &stage.name;
+        if stage
+            .max_out_of_orderness_ms
+            .is_some_and(|v| v > 31_536_000_000)
+        {
+            problems.push(format!(
+                "stage `{name}`: max_out_of_orderness_ms must be 0..=31536000000 (a year)"
+            ));
+        }
+        if stage
+            .idle_timeout_ms
+            .is_some_and(|t| !(10..=86_400_000).contains(&t))
+        {
+            problems.push(format!(
+                "stage `{name}`: idle_timeout_ms must be 10..=86400000"
+            ));
+        }
+        if stage
+            .in_flight_max
+            .is_some_and(|n| !(1..=65_536).contains(&n))
+        {
+            problems.push(format!("stage `{name}`: in_flight_max must be 1..=65536"));
+        }
+        let idle = stage.idle_timeout_ms.or(self.idle_timeout_ms);
+        if stage.idle_advance.unwrap_or(self.idle_advance) && idle.is_none() {
+            problems.push(format!(
+                "stage `{name}`: idle_advance needs idle_timeout_ms"
+            ));
+        }
+        if stage.reads_a_stage() && idle.is_some_and(|idle| idle < 2 * self.checkpoint_interval_ms)
+        {
+            problems.push(format!(
+                "stage `{name}`: idle_timeout_ms must be at least twice checkpoint_interval_ms when it reads another stage (upstream shards send their watermarks once per checkpoint). idle_timeout_ms={} checkpoint_interval_ms={}",
+                idle.unwrap_or_default(),
+                self.checkpoint_interval_ms
+            ));
+        }
+    }
+
+    /// Its internal topics' Kafka names too long for Kafka (249 bytes) when it runs as
+    /// `run_name`, each a problem.
+    pub fn internal_topic_length_problems(&self, run_name: &str) -> Vec<String> {
+        self.internal_topics(run_name)
+            .into_iter()
+            .filter(|t| t.len() > KAFKA_TOPIC_BYTES_MAX)
+            .map(|t| {
+                format!(
+                    "the internal topic `{t}` would be {} bytes, more than Kafka's {KAFKA_TOPIC_BYTES_MAX}: shorten the pipeline's, the stage's or the output's name",
+                    t.len()
+                )
+            })
+            .collect()
+    }
+
+    /// Its stages as `weir run` has them, for a host of `tenant`: topics under the tenant's
+    /// prefix, each stage's operator at `operators[i]` (in the order of `stages`), its own
+    /// settings where it sets them.
+    pub fn stage_settings(&self, tenant: &str, operators: &[PathBuf]) -> Vec<StageSettings> {
+        self.stages
+            .iter()
+            .zip(operators)
+            .map(|(stage, operator)| StageSettings {
+                name: stage.name.clone(),
+                operator: operator.clone(),
+                inputs: stage
+                    .inputs
+                    .iter()
+                    .map(|i| StageInput {
+                        topic: i.topic.as_ref().map(|t| kafka_topic(tenant, t)),
+                        ..i.clone()
+                    })
+                    .collect(),
+                outputs: stage
+                    .outputs
+                    .iter()
+                    .map(|(name, o)| {
+                        let topic = o.topic.as_ref().map(|t| kafka_topic(tenant, t));
+                        (name.clone(), StageOutput { topic, ..o.clone() })
+                    })
+                    .collect(),
+                max_out_of_orderness: stage.max_out_of_orderness_ms.map(Duration::from_millis),
+                idle_timeout: stage.idle_timeout_ms.map(Duration::from_millis),
+                idle_advance: stage.idle_advance,
+                late_records: stage.late_records,
+                in_flight_max: stage.in_flight_max.map(|n| n as usize),
+                failure_policy: stage.failure_policy,
+                parameters: stage.parameters.clone(),
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::RuntimeSettings;
+
+    fn two_stages() -> PipelineSpec {
+        serde_json::from_value(serde_json::json!({
+            "stages": [
+                {"name": "rekey", "operator": "counter", "operator_version": 1,
+                 "inputs": [{"topic": "clicks"}], "parameters": {"rekey_modulo": "7"}},
+                {"name": "count", "operator": "counter", "operator_version": 2,
+                 "inputs": [{"stage": "rekey"}], "outputs": {"default": {"topic": "counts"}}},
+            ],
+            "dead_letter_topic": "dlq",
+        }))
+        .expect("a spec of stages")
+    }
+
+    fn problems(spec: &PipelineSpec) -> Vec<String> {
+        spec.validate(&RuntimeSettings::default(), 1 << 30)
+            .err()
+            .map(|e| e.problems)
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn a_stored_one_operator_spec_reads_as_before_and_writes_back_unchanged() {
+        let stored = serde_json::json!({
+            "operator": "counter", "operator_version": 3, "input_topics": ["clicks"],
+            "output_topic": "counts", "dead_letter_topic": "dlq",
+            "checkpoint_interval_ms": 10000, "in_flight_max": 4096, "limits": {},
+            "failure_policy": "dead_letter", "delivery": "at_least_once",
+            "max_out_of_orderness_ms": 0, "idle_timeout_ms": null, "idle_advance": false,
+            "late_records": "process", "state_backend": "lsm",
+        });
+        let spec: PipelineSpec = serde_json::from_value(stored.clone()).expect("reads");
+        assert!(!spec.is_staged());
+        assert_eq!(spec.operator_versions(), vec![("counter", 3)]);
+        assert_eq!(serde_json::to_value(&spec).expect("writes"), stored);
+        assert_eq!(problems(&spec), Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_spec_of_stages_is_valid_and_runs_each_stages_operator() {
+        let spec = two_stages();
+        assert_eq!(problems(&spec), Vec::<String>::new());
+        assert_eq!(
+            spec.operator_versions(),
+            vec![("counter", 1), ("counter", 2)]
+        );
+        let json = serde_json::to_value(&spec).expect("writes");
+        assert!(json.get("operator").is_none() && json.get("input_topics").is_none());
+        assert_eq!(
+            serde_json::from_value::<PipelineSpec>(json).expect("reads back"),
+            spec
+        );
+    }
+
+    #[test]
+    fn a_spec_of_stages_names_every_problem_at_once() {
+        let mut spec = two_stages();
+        spec.operator = "counter".into();
+        spec.input_topics = vec!["clicks".into()];
+        spec.idle_timeout_ms = Some(100);
+        spec.checkpoint_interval_ms = 1000;
+        spec.stages[0].operator_version = 0;
+        spec.stages[0].inputs.push(StageInput {
+            stage: Some("count".into()),
+            ..StageInput::default()
+        });
+        spec.stages[1].outputs.insert(
+            "late".into(),
+            StageOutput {
+                partitions: Some(0),
+                ..StageOutput::default()
+            },
+        );
+        let found = problems(&spec);
+        for expected in [
+            "operator is for a one-operator pipeline",
+            "input_topics is for a one-operator pipeline",
+            "stage `rekey`: operator must name one of your operators",
+            "stage `count`: outputs.late.partitions must be 1..=10000",
+            "stage `count`: output `late` goes nowhere",
+            "stage `count`: idle_timeout_ms must be at least twice checkpoint_interval_ms",
+            "stages: the stages form a cycle",
+        ] {
+            assert!(
+                found.iter().any(|p| p.starts_with(expected)),
+                "`{expected}` in {found:#?}"
+            );
+        }
+        assert_eq!(found.len(), 8, "{found:#?}");
+    }
+
+    #[test]
+    fn internal_topics_are_the_tenants_and_named_after_the_pipelines_uid() {
+        let spec = two_stages();
+        let run = staged_run_name("acme", "rekeyed", "0123456789abcdef");
+        assert_eq!(run, "acme.rekeyed.0123456789abcdef");
+        assert_eq!(
+            spec.internal_topics(&run),
+            vec!["acme.rekeyed.0123456789abcdef.rekey.default.internal"]
+        );
+        // 32 + 64 + 16 bytes of run name, 64 of stage, 64 of output: 253 bytes in all.
+        let mut long = spec.clone();
+        long.stages[0].name = "r".repeat(64);
+        long.stages[0].outputs.insert(
+            DEFAULT_OUTPUT.into(),
+            StageOutput {
+                topic: Some("other".into()),
+                ..StageOutput::default()
+            },
+        );
+        long.stages[1].inputs[0] = StageInput {
+            stage: Some("r".repeat(64)),
+            output: Some("o".repeat(64)),
+            ..StageInput::default()
+        };
+        let run = staged_run_name(&"t".repeat(32), &"p".repeat(64), "0123456789abcdef");
+        assert_eq!(long.internal_topic_length_problems(&run).len(), 1);
+        assert!(spec.internal_topic_length_problems(&run).is_empty());
+    }
+
+    #[test]
+    fn a_hosts_stage_settings_name_the_tenants_topics() {
+        let spec = two_stages();
+        let stages =
+            spec.stage_settings("acme", &[PathBuf::from("a.wasm"), PathBuf::from("b.wasm")]);
+        assert_eq!(stages[0].inputs[0].topic.as_deref(), Some("acme.clicks"));
+        assert_eq!(stages[0].parameters["rekey_modulo"], "7");
+        assert_eq!(stages[1].inputs[0].stage.as_deref(), Some("rekey"));
+        assert_eq!(
+            stages[1].outputs["default"].topic.as_deref(),
+            Some("acme.counts")
+        );
+        assert_eq!(stages[1].operator, PathBuf::from("b.wasm"));
+    }
+}
