@@ -488,7 +488,11 @@ impl RunJob {
                     .collect(),
                 output_topic: spec.output_topic.as_ref().map(|t| kafka_topic(tenant, t)),
                 dead_letter_topic: kafka_topic(tenant, &spec.dead_letter_topic),
-                group_id: Some(format!("weir.{tenant}.{}.{}", record.name, record.uid)),
+                group_id: Some(crate::catalog::pipelines::consumer_group(
+                    tenant,
+                    &record.name,
+                    &record.uid,
+                )),
                 checkpoint_interval: Duration::from_millis(spec.checkpoint_interval_ms),
                 delivery: spec.delivery,
                 in_flight_max: spec.in_flight_max as usize,

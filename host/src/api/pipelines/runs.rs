@@ -119,7 +119,7 @@ impl ShardRun {
     }
 }
 
-/// The consumer group of `record`'s runs (as `runner::job` names it).
+/// The consumer group of `record`'s runs.
 fn group(tenant: &str, record: &PipelineRecord) -> String {
-    format!("weir.{tenant}.{}.{}", record.name, record.uid)
+    super::consumer_group(tenant, &record.name, &record.uid)
 }

@@ -278,6 +278,12 @@ pub fn kafka_topic(tenant: &str, topic: &str) -> String {
     format!("{tenant}.{topic}")
 }
 
+/// The consumer group a pipeline's runs join: `weir.{tenant}.{pipeline}.{uid}` (a stage's:
+/// `…@{stage}`, `config::stages::run_name`). The uid makes a re-created pipeline start afresh.
+pub fn consumer_group(tenant: &str, pipeline: &str, uid: &str) -> String {
+    format!("weir.{tenant}.{pipeline}.{uid}")
+}
+
 impl PipelineSpec {
     /// Checks the spec against the host's limits and `state_bytes_cap` (the service's
     /// `pipeline_state_bytes_max`).

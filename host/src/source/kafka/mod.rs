@@ -57,6 +57,26 @@ fn retry_while_outdated<T>(
     }
 }
 
+/// Runs `seek` (one partition's) again, for up to `within`, while librdkafka refuses it for a
+/// fetcher not started yet (`State`) or answers it `Outdated`: the partition's fetcher moved to
+/// a newer version under it — its own lookup of the start offset of a partition with no
+/// committed offset, which a new assignment starts beside the seek — and the seek did not
+/// apply. Asked again it applies after that lookup, so the seek's offset wins (a test that
+/// seeks right after an assignment failed on `Outdated`). Any other answer is returned.
+fn seek_retried(within: Duration, mut seek: impl FnMut() -> KafkaResult<()>) -> KafkaResult<()> {
+    let deadline = crate::clock::monotonic_now() + within;
+    loop {
+        match seek() {
+            Err(KafkaError::OffsetFetch(RDKafkaErrorCode::State | RDKafkaErrorCode::Outdated))
+                if crate::clock::monotonic_now() < deadline =>
+            {
+                std::thread::sleep(SEEK_RETRY_DELAY);
+            }
+            result => return result,
+        }
+    }
+}
+
 /// How long a seek waits for a newly assigned partition's fetcher to start.
 const FETCHER_START_WAIT: Duration = Duration::from_secs(1);
 
@@ -259,25 +279,15 @@ impl KafkaSource {
     /// (a few milliseconds; longer, the pipeline holds the partition and opens it again).
     /// Blocks the calling thread meanwhile, as librdkafka's seek does.
     fn seek_started(&self, topic: &str, partition: Partition, to: Offset) -> KafkaResult<()> {
-        let deadline = crate::clock::monotonic_now() + FETCHER_START_WAIT;
-        loop {
+        seek_retried(FETCHER_START_WAIT, || {
             let mut tpl = TopicPartitionList::new();
             tpl.add_partition_offset(topic, partition.0, to)?;
-            let result = self
-                .consumer
+            self.consumer
                 .seek_partitions(tpl, SEEK_TIMEOUT)?
                 .elements()
                 .first()
-                .map_or(Ok(()), |e| e.error());
-            match result {
-                Err(KafkaError::OffsetFetch(RDKafkaErrorCode::State))
-                    if crate::clock::monotonic_now() < deadline =>
-                {
-                    std::thread::sleep(SEEK_RETRY_DELAY);
-                }
-                result => return result,
-            }
-        }
+                .map_or(Ok(()), |e| e.error())
+        })
     }
 
     /// The shared name of input topic `name`, and its index among the inputs.

@@ -62,3 +62,30 @@ fn an_outdated_answer_is_asked_again_and_any_other_is_returned() {
         Some(RDKafkaErrorCode::UnknownPartition)
     );
 }
+
+#[test]
+fn a_seek_refused_as_outdated_or_before_its_fetcher_started_is_asked_again() {
+    let mut answers = vec![
+        Err(KafkaError::OffsetFetch(RDKafkaErrorCode::Outdated)),
+        Err(KafkaError::OffsetFetch(RDKafkaErrorCode::State)),
+        Ok(()),
+    ]
+    .into_iter();
+    let mut asked = 0;
+    let seeked = seek_retried(Duration::from_secs(5), || {
+        asked += 1;
+        answers.next().expect("asked at most three times")
+    });
+    assert!(seeked.is_ok(), "{seeked:?}");
+    assert_eq!(asked, 3);
+    let mut asked = 0;
+    let failed = seek_retried(Duration::from_secs(5), || {
+        asked += 1;
+        Err(KafkaError::OffsetFetch(RDKafkaErrorCode::UnknownPartition))
+    });
+    assert_eq!(
+        failed.err().and_then(|e| e.rdkafka_error_code()),
+        Some(RDKafkaErrorCode::UnknownPartition)
+    );
+    assert_eq!(asked, 1, "any other answer is returned at once");
+}
