@@ -30,8 +30,8 @@ fn rekeyed(expected: &BTreeMap<String, u64>, modulo: u32) -> BTreeMap<String, u6
     out
 }
 
-/// The two-stage spec of the test: `rekey` (the counter guest with `rekey_modulo` 7) reads
-/// `clicks`, `count` (the plain counter guest, version `count_version`) reads it and writes
+/// The two-stage spec of the test: `rekey` (the counter guest with `rekey_modulo` 7, and limits
+/// of its own) reads `clicks`, `count` (the plain counter guest, version `count_version`) reads it and writes
 /// `counts`.
 fn spec(count_version: u64) -> Value {
     json!({
@@ -40,6 +40,7 @@ fn spec(count_version: u64) -> Value {
                 "name": "rekey", "operator": "counter", "operator_version": 1,
                 "inputs": [{"topic": "clicks"}],
                 "parameters": {"rekey_modulo": "7"},
+                "limits": {"record_deadline_ms": 200},
             },
             {
                 "name": "count", "operator": "counter", "operator_version": count_version,

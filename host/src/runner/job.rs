@@ -254,7 +254,7 @@ impl RunJob {
         pipeline.parameters = Default::default();
         let paths: Vec<PathBuf> = files.iter().map(|(path, _)| path.clone()).collect();
         pipeline.stages = spec.stage_settings(&self.tenant, &paths);
-        let plan = match settings.stage_plan() {
+        let mut plan = match settings.stage_plan() {
             Some(Ok(plan)) => plan,
             Some(Err(problems)) => {
                 return Err(RunFailure::new(
@@ -264,6 +264,11 @@ impl RunJob {
             }
             None => unreachable!("a pipeline of stages has stages"),
         };
+        for run in &mut plan.runs {
+            run.settings.runtime = spec
+                .stage_runtime(&run.stage, &self.runtime)
+                .map_err(|e| RunFailure::new(ErrorKind::InvalidInput, e.to_string()))?;
+        }
         let shards = check_stage_topics(&plan, &self.tenant).await?;
         let (operators, stats) = self.stage_operators(&plan, &files).await?;
         let (backend, _, _) = self.backend(shards);

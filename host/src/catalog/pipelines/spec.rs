@@ -294,6 +294,7 @@ impl PipelineSpec {
         let mut problems = Vec::new();
         if self.is_staged() {
             self.stage_problems(&mut problems);
+            self.stage_limit_problems(host, &mut problems);
             if !valid_topic(&self.dead_letter_topic) {
                 problems.push(format!(
                     "topic names must be 1..={TOPIC_BYTES_MAX} bytes of [A-Za-z0-9._-]. topic=`{}`",

@@ -3,10 +3,10 @@
 //! graph's from `crate::topology`), the internal topics Weir keeps for their edges, and the
 //! `weir run` stages a host runs them as.
 
-use super::spec::{PipelineSpec, kafka_topic, valid_topic};
+use super::spec::{PipelineLimits, PipelineSpec, SpecError, kafka_topic, valid_topic};
 use crate::catalog::valid_operator_name;
 use crate::config::stages::{StageSettings, internal_topic};
-use crate::config::{FailurePolicy, LateRecords};
+use crate::config::{FailurePolicy, LateRecords, RuntimeSettings};
 use crate::topology::{self, DEFAULT_OUTPUT, Node};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -70,6 +70,10 @@ pub struct StageSpec {
     /// As the pipeline's `failure_policy`, for this stage.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failure_policy: Option<FailurePolicy>,
+    /// The limits of this stage's operator calls, replacing the pipeline's `limits` (each
+    /// absent field takes the host's value, as there).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<PipelineLimits>,
 }
 
 impl StageSpec {
@@ -322,6 +326,35 @@ impl PipelineSpec {
         }
     }
 
+    /// The problems of each stage's own `limits` against the host's, each naming its stage.
+    pub(super) fn stage_limit_problems(&self, host: &RuntimeSettings, problems: &mut Vec<String>) {
+        for stage in &self.stages {
+            if let Some(Err(e)) = stage.limits.as_ref().map(|l| l.apply(host)) {
+                let name = &stage.name;
+                problems.extend(e.problems.iter().map(|p| format!("stage `{name}`: {p}")));
+            }
+        }
+    }
+
+    /// The runtime stage `stage` runs with on a host of `host`'s limits: its own `limits`, or
+    /// else the pipeline's, applied.
+    ///
+    /// # Errors
+    /// A limit above the host's (one lowered since the pipeline was defined), as
+    /// [`PipelineLimits::apply`].
+    pub fn stage_runtime(
+        &self,
+        stage: &str,
+        host: &RuntimeSettings,
+    ) -> Result<RuntimeSettings, SpecError> {
+        let own = self
+            .stages
+            .iter()
+            .find(|s| s.name == stage)
+            .and_then(|s| s.limits.as_ref());
+        own.unwrap_or(&self.limits).apply(host)
+    }
+
     /// Its internal topics' Kafka names too long for Kafka (249 bytes) when it runs as
     /// `run_name`, each a problem.
     pub fn internal_topic_length_problems(&self, run_name: &str) -> Vec<String> {
@@ -468,6 +501,46 @@ mod tests {
             );
         }
         assert_eq!(found.len(), 8, "{found:#?}");
+    }
+
+    #[test]
+    fn a_stages_own_limits_replace_the_pipelines_and_stay_within_the_hosts() {
+        let host = RuntimeSettings::default();
+        let mut spec = two_stages();
+        spec.limits.record_deadline_ms = Some(40);
+        spec.stages[1].limits = Some(PipelineLimits {
+            record_deadline_ms: Some(20),
+            ..PipelineLimits::default()
+        });
+        let deadline = |stage: &str| {
+            spec.stage_runtime(stage, &host)
+                .expect("within the host's")
+                .record_deadline
+        };
+        assert_eq!(
+            deadline("rekey"),
+            Duration::from_millis(40),
+            "the pipeline's"
+        );
+        assert_eq!(deadline("count"), Duration::from_millis(20), "its own");
+        assert_eq!(
+            spec.stage_runtime("count", &host)
+                .expect("within")
+                .instance_memory_bytes_max,
+            host.instance_memory_bytes_max,
+            "a field it leaves out is the host's"
+        );
+        spec.stages[1].limits = Some(PipelineLimits {
+            record_deadline_ms: Some(u64::MAX),
+            ..PipelineLimits::default()
+        });
+        let found = problems(&spec);
+        assert!(
+            found
+                .iter()
+                .any(|p| p.starts_with("stage `count`: limits.record_deadline_ms")),
+            "{found:#?}"
+        );
     }
 
     #[test]
