@@ -31,8 +31,8 @@ fn rekeyed(expected: &BTreeMap<String, u64>, modulo: u32) -> BTreeMap<String, u6
 }
 
 /// The two-stage spec of the test: `rekey` (the counter guest with `rekey_modulo` 7, and limits
-/// of its own) reads `clicks`, `count` (the plain counter guest, version `count_version`) reads it and writes
-/// `counts`.
+/// of its own) reads `clicks`, `count` (the plain counter guest, version `count_version`) reads
+/// it and writes `counts`.
 fn spec(count_version: u64) -> Value {
     json!({
         "stages": [
