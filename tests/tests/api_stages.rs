@@ -40,7 +40,7 @@ fn spec(count_version: u64) -> Value {
                 "name": "rekey", "operator": "counter", "operator_version": 1,
                 "inputs": [{"topic": "clicks"}],
                 "parameters": {"rekey_modulo": "7"},
-                "limits": {"record_deadline_ms": 200},
+                "limits": {"record_deadline_ms": 50},
             },
             {
                 "name": "count", "operator": "counter", "operator_version": count_version,
