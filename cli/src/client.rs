@@ -601,14 +601,19 @@ pub async fn pipeline(command: PipelineCommand, args: ApiArgs) -> anyhow::Result
             if args.json {
                 println!("{}", serde_json::to_string_pretty(&checkpoints)?);
             } else {
+                // A pipeline of stages: `{stage}/{partition}`.
                 println!(
                     "{:>9} {:>8} {:>15} {:>8} {:>12} {:>12}",
                     "PARTITION", "VERSION", "COMMITTED MS", "TOOK MS", "UPLOADED", "STATE BYTES"
                 );
                 for c in checkpoints {
+                    let partition = match &c.stage {
+                        Some(stage) => format!("{stage}/{}", c.partition),
+                        None => c.partition.to_string(),
+                    };
                     println!(
                         "{:>9} {:>8} {:>15} {:>8} {:>12} {:>12}",
-                        c.partition,
+                        partition,
                         c.version,
                         c.committed_ms,
                         c.duration_ms,

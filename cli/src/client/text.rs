@@ -171,8 +171,15 @@ pub fn pipeline_status_text(p: &PipelineView) -> String {
             .saturating_sub(c.committed_ms) as f64
             / 1000.0;
         out.push_str(&format!(
-            "checkpoint partition {} version {}, {age_s:.1} s ago, took {} ms, uploaded {} bytes\n",
-            c.partition, c.version, c.duration_ms, c.uploaded_bytes
+            "checkpoint {}partition {} version {}, {age_s:.1} s ago, took {} ms, uploaded {} bytes\n",
+            c.stage
+                .as_deref()
+                .map(|s| format!("stage {s} "))
+                .unwrap_or_default(),
+            c.partition,
+            c.version,
+            c.duration_ms,
+            c.uploaded_bytes
         ));
     }
     let hosts: Vec<String> = s

@@ -131,7 +131,11 @@ pub struct PipelineSpec {
     /// `operator_version`, `input_topics`, `output_topic`, `parameters`, `iceberg` and
     /// `from_savepoint` are left out; the other fields are the whole pipeline's (the
     /// event-time and failure ones each stage may set for itself).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "super::stages::listed_stages",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub stages: Vec<StageSpec>,
     /// Topic that receives the operator's emits. May be left out when `iceberg` is set: the
     /// emits then go only to the table.

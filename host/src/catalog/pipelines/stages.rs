@@ -100,6 +100,20 @@ impl StageSpec {
     }
 }
 
+/// `stages` as a spec gives it: an empty list is refused (no stage is no pipeline of stages;
+/// leave `stages` out for a one-operator one).
+pub(super) fn listed_stages<'de, D: serde::Deserializer<'de>>(
+    stages: D,
+) -> Result<Vec<StageSpec>, D::Error> {
+    let stages = Vec::<StageSpec>::deserialize(stages)?;
+    if stages.is_empty() {
+        return Err(serde::de::Error::custom(
+            "stages must list 1..=32 stages (leave it out for a one-operator pipeline)",
+        ));
+    }
+    Ok(stages)
+}
+
 /// The problems of `parameters` (of `field`): too many, a name or value too long.
 pub(super) fn parameter_problems(
     field: &str,
@@ -189,14 +203,15 @@ impl PipelineSpec {
         ];
         for (field, set) in one_operator {
             if set {
-                problems.push(format!(
-                    "{field} is for a one-operator pipeline: with stages, each stage names its own{}",
-                    if matches!(field, "iceberg" | "from_savepoint") {
-                        " (a pipeline of stages has no table or savepoint restore yet)"
-                    } else {
-                        ""
-                    }
-                ));
+                problems.push(if matches!(field, "iceberg" | "from_savepoint") {
+                    format!(
+                        "{field} is for a one-operator pipeline: a pipeline of stages has no table or savepoint restore yet"
+                    )
+                } else {
+                    format!(
+                        "{field} is for a one-operator pipeline: with stages, each stage names its own"
+                    )
+                });
             }
         }
         for stage in &self.stages {
@@ -463,6 +478,16 @@ mod tests {
         assert_eq!(
             serde_json::from_value::<PipelineSpec>(json).expect("reads back"),
             spec
+        );
+    }
+
+    #[test]
+    fn an_empty_list_of_stages_is_refused_not_read_as_one_operator() {
+        let empty = serde_json::json!({"stages": [], "dead_letter_topic": "dlq"});
+        let err = serde_json::from_value::<PipelineSpec>(empty).expect_err("refused");
+        assert!(
+            err.to_string().contains("stages must list 1..=32 stages"),
+            "{err}"
         );
     }
 
