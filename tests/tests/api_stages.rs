@@ -3,8 +3,9 @@
 //! exactly-once through the internal topic Weir creates under the tenant's prefix, reported per
 //! stage and partition, its operator log lines naming their stage, a stage's state read, one
 //! stage's operator switched and then the graph's backend, both keeping its state, verified per
-//! stage, the routes a pipeline of stages does not have yet refused with a 409, and its
-//! internal topic deleted with it.
+//! stage, and its internal topic deleted with it; and a savepoint taken with records in flight
+//! on the internal topic, then a reset to it, ending with the counts of a run that went on
+//! from it.
 
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
@@ -225,21 +226,25 @@ async fn a_pipeline_of_stages_runs_through_the_api_per_stage_and_deletes_its_int
         );
     }
 
-    // What a pipeline of stages does not have yet answers 409, naming it.
-    for (method, path, body) in [
-        (Method::POST, "/v1/pipelines/rekeyed/savepoints", None),
+    // A pipeline of stages is saved stopped, and reset stopped: asked while it runs, 409.
+    for (method, path, body, says) in [
+        (
+            Method::POST,
+            "/v1/pipelines/rekeyed/savepoints",
+            None,
+            "is saved stopped",
+        ),
         (
             Method::POST,
             "/v1/pipelines/rekeyed/reset",
             json_body(&json!({"savepoint": "sp"})),
+            "is running: stop it",
         ),
     ] {
         let (status, _, problem) = call(addr, method.clone(), path, Some(&acme), body).await?;
         assert_eq!(status, StatusCode::CONFLICT, "{method} {path}: {problem}");
         assert!(
-            problem["detail"]
-                .as_str()
-                .is_some_and(|d| d.contains("pipeline of stages")),
+            problem["detail"].as_str().is_some_and(|d| d.contains(says)),
             "{problem}"
         );
     }
@@ -318,6 +323,164 @@ async fn a_pipeline_of_stages_runs_through_the_api_per_stage_and_deletes_its_int
         anyhow::ensure!(
             std::time::Instant::now() < deadline,
             "{internal} still listed 30 s after the pipeline's delete"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Ok(())
+}
+
+/// The count stage's state of pipeline `name`, read through the API (`query` added to the
+/// read's parameters): new key → count.
+async fn count_state(
+    addr: std::net::SocketAddr,
+    key: &str,
+    (name, query): (&str, &str),
+) -> anyhow::Result<BTreeMap<String, u64>> {
+    let path = format!("/v1/pipelines/{name}/state/count?stage=count&limit=100{query}");
+    let (status, _, page) = call(addr, Method::GET, &path, Some(key), None).await?;
+    anyhow::ensure!(status == StatusCode::OK, "{status}: {page}");
+    Ok(page["entries"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|e| {
+            let key = e["key"].as_str().unwrap_or_default().to_owned();
+            (key, e["value"].as_u64().unwrap_or(u64::MAX))
+        })
+        .collect())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_to_a_savepoint_with_records_in_flight_on_the_edge_counts_each_record_once()
+-> anyhow::Result<()> {
+    let (addr, _) = start_server_with(Some(runner_config(&unique("host")))).await?;
+    let acme_id = tenant_id("acme");
+    let acme = tenant_with_key(addr, &acme_id).await?;
+    upload_counter(addr, &acme, 1).await?;
+    let partitions = 4;
+    let input = kafka_topic_of(&acme_id, "clicks");
+    let output = kafka_topic_of(&acme_id, "counts");
+    create_topics(&[
+        (&input, partitions),
+        (&output, partitions),
+        (&kafka_topic_of(&acme_id, "dlq"), 1),
+    ])
+    .await?;
+    let mut expected = BTreeMap::new();
+    produce_counter(&input, partitions, (0, 5_000), 500, &mut expected).await?;
+    let mut slow = spec(1);
+    slow["stages"][1]["in_flight_max"] = json!(1);
+    let created = create_pipeline(addr, &acme, "graph", &slow).await?;
+    let uid = created["definition"]["uid"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    wait_for_pipeline(addr, &acme, "graph", Duration::from_secs(60), |v| {
+        v["status"]["partitions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|p| p["stage"] == "count" && p["checkpointed_offsets"] != json!({}))
+    })
+    .await?;
+    // A burst the second stage, one record at a time, is still far behind on when the
+    // pipeline stops: what the first stage committed and the second did not read is in flight.
+    produce_counter(&input, partitions, (5_000, 35_000), 500, &mut expected).await?;
+    set_desired(addr, &acme, "graph", "stop").await?;
+    let produced = 35_000;
+    let (status, _, saved) = call(
+        addr,
+        Method::POST,
+        "/v1/pipelines/graph/savepoints",
+        Some(&acme),
+        json_body(&json!({"name": "mid"})),
+    )
+    .await?;
+    assert_eq!(status, StatusCode::CREATED, "{saved}");
+    assert_eq!(
+        saved["stages"].as_array().map(Vec::len),
+        Some(2),
+        "{saved:#}"
+    );
+    let in_flight: u64 = saved["edges"][0]["partitions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|p| p["records"].as_u64().unwrap_or(0))
+        .sum();
+    assert!(in_flight > 0, "records in flight on the edge: {saved:#}");
+    let state_at_savepoint = count_state(addr, &acme, ("graph", "")).await?;
+    // The savepoint's own copy of the count stage's state reads the same.
+    let saved_state = count_state(addr, &acme, ("graph", "&savepoint=mid")).await?;
+    assert_eq!(saved_state, state_at_savepoint);
+    eprintln!("{in_flight} records in flight at the savepoint");
+
+    // The run goes on to the end of the input, then is reset to the savepoint.
+    set_desired(addr, &acme, "graph", "start").await?;
+    let counts = read_counts(&output, &rekeyed(&expected, 7), Duration::from_secs(120)).await?;
+    assert_counts_exact(&rekeyed(&expected, 7), &counts);
+    set_desired(addr, &acme, "graph", "stop").await?;
+    let (status, _, restored) = call(
+        addr,
+        Method::POST,
+        "/v1/pipelines/graph/reset",
+        Some(&acme),
+        json_body(&json!({"savepoint": "mid"})),
+    )
+    .await?;
+    assert_eq!(status, StatusCode::OK, "{restored}");
+    assert_eq!(
+        restored["shards"].as_array().map(Vec::len),
+        Some(8),
+        "{restored:#}"
+    );
+    assert_eq!(
+        count_state(addr, &acme, ("graph", "")).await?,
+        state_at_savepoint
+    );
+    // The next generation of the internal topic, seeded; the one before goes.
+    let next = format!("{acme_id}.graph.{uid}.rekey.default.g1.internal");
+    assert!(topic_listed(&next)?, "{next} exists");
+
+    // Started again with more input: every record counted once, those in flight at the
+    // savepoint and those the run after it had counted included.
+    produce_counter(
+        &input,
+        partitions,
+        (produced, produced + 1_000),
+        500,
+        &mut expected,
+    )
+    .await?;
+    set_desired(addr, &acme, "graph", "start").await?;
+    read_counts_until(&output, Duration::from_secs(120), |counts| {
+        rekeyed(&expected, 7)
+            .iter()
+            .all(|(k, n)| counts.get(k).and_then(|c| c.last()) == Some(n))
+    })
+    .await?;
+    set_desired(addr, &acme, "graph", "stop").await?;
+    assert_eq!(
+        count_state(addr, &acme, ("graph", "")).await?,
+        rekeyed(&expected, 7)
+    );
+
+    // A one-operator pipeline's savepoint does not fit a pipeline of stages, and back.
+    let (status, _, problem) = call(
+        addr,
+        Method::DELETE,
+        "/v1/pipelines/graph",
+        Some(&acme),
+        None,
+    )
+    .await?;
+    assert_eq!(status, StatusCode::NO_CONTENT, "{problem}");
+    let old = format!("{acme_id}.graph.{uid}.rekey.default.internal");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while topic_listed(&next)? || topic_listed(&old)? {
+        anyhow::ensure!(
+            std::time::Instant::now() < deadline,
+            "the internal topics of both generations still listed 30 s after the delete"
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }

@@ -322,7 +322,7 @@ fn two_counters(settings: &mut Settings, output: &str, internal_partitions: Opti
             ..stage()
         },
     ];
-    weir_host::config::stages::internal_topic(&settings.pipeline.name, "first", "default")
+    weir_host::config::stages::internal_topic(&settings.pipeline.name, "first", "default", 0)
 }
 
 /// A stage with nothing set but what the tests above set.

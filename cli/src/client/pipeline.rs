@@ -378,8 +378,13 @@ pub async fn pipeline(command: PipelineCommand, args: ApiArgs) -> anyhow::Result
                 println!("{}", serde_json::to_string_pretty(&restored)?);
             } else {
                 for shard in &restored.shards {
+                    let stage = shard
+                        .stage
+                        .as_ref()
+                        .map(|s| format!("stage {s} "))
+                        .unwrap_or_default();
                     println!(
-                        "partition {}: checkpoint {} at offsets {:?} ({} bytes copied)",
+                        "{stage}partition {}: checkpoint {} at offsets {:?} ({} bytes copied)",
                         shard.partition, shard.version, shard.offsets, shard.bytes_copied
                     );
                 }

@@ -92,6 +92,32 @@ pub fn savepoints_table(
         let taken = humantime::format_rfc3339_millis(
             std::time::UNIX_EPOCH + std::time::Duration::from_millis(sp.created_ms),
         );
+        if !sp.stages.is_empty() {
+            // A pipeline of stages: each stage's operator and partitions, and what was in
+            // flight on its edges.
+            let operators: Vec<String> = sp
+                .stages
+                .iter()
+                .map(|s| format!("{}={}:{}", s.name, s.operator, s.operator_version))
+                .collect();
+            let partitions: usize = sp.stages.iter().map(|s| s.shards.len()).sum();
+            let in_flight: u64 = sp
+                .edges
+                .iter()
+                .flat_map(|e| &e.partitions)
+                .map(|p| p.records)
+                .sum();
+            out.push_str(&format!(
+                "{:<24} {:<24} {:<20} {:>10} {:>12}  {in_flight} records in flight on {} edges\n",
+                sp.name,
+                taken.to_string(),
+                operators.join(","),
+                partitions,
+                sp.bytes,
+                sp.edges.len()
+            ));
+            continue;
+        }
         let offsets: Vec<String> = sp
             .shards
             .iter()
@@ -304,5 +330,59 @@ mod tests {
             log_line(&entry),
             "2025-12-03T17:20:01.123Z host-a/2 INFO  first\\n2026-12-03T00:00:00.000Z host-a/0 ERROR forged \\u{1b}[31m"
         );
+    }
+
+    #[test]
+    fn a_savepoint_of_a_pipeline_of_stages_lists_each_stages_operator_and_what_was_in_flight() {
+        use weir_host::checkpoints::savepoint::*;
+        let shard = |p: i32| SavepointShard {
+            partition: weir_host::ids::Partition(p),
+            version: weir_host::ids::ManifestVersion(3),
+            offsets: Default::default(),
+            objects: 1,
+            bytes: 10,
+        };
+        let stage = |name: &str| SavepointStage {
+            name: name.into(),
+            operator: "counter".into(),
+            operator_version: 2,
+            input_topics: Vec::new(),
+            shards: vec![shard(0), shard(1)],
+        };
+        let edge = |p: i32, records: u64| SavepointEdgePartition {
+            partition: p,
+            from: weir_host::ids::Offset(0),
+            end: weir_host::ids::Offset(0),
+            records,
+            chunks: 1,
+            bytes: 0,
+            starts: Default::default(),
+        };
+        let sp = SavepointDescriptor {
+            format: FORMAT_VERSION,
+            name: "mid".into(),
+            data: String::new(),
+            pipeline: "graph".into(),
+            pipeline_uid: "u".into(),
+            state_backend: "memory".into(),
+            input_topics: vec!["clicks".into()],
+            operator: String::new(),
+            operator_version: 0,
+            created_ms: 0,
+            shards: Vec::new(),
+            bytes: 40,
+            stages: vec![stage("rekey"), stage("count")],
+            edges: vec![SavepointEdge {
+                stage: "rekey".into(),
+                output: "default".into(),
+                topic: "graph.u.rekey.default.internal".into(),
+                partitions: vec![edge(0, 5), edge(1, 7)],
+            }],
+        };
+        let table = savepoints_table(&[sp]);
+        let line = table.lines().nth(1).unwrap_or_default();
+        assert!(line.starts_with("mid "), "{table}");
+        assert!(line.contains("rekey=counter:2,count=counter:2"), "{table}");
+        assert!(line.ends_with("12 records in flight on 1 edges"), "{table}");
     }
 }

@@ -83,8 +83,69 @@ pub struct SavepointDescriptor {
     pub created_ms: u64,
     /// One checkpoint per input partition, in partition order.
     pub shards: Vec<SavepointShard>,
-    /// Bytes of every shard's objects.
+    /// Bytes of every shard's objects (and of the in-flight records, for a pipeline of
+    /// stages).
     pub bytes: u64,
+    /// A pipeline of stages' stages, each with its shards (`shards` is then empty, and
+    /// `operator` too).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stages: Vec<SavepointStage>,
+    /// A pipeline of stages' edges through internal topics, with what was in flight on them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub edges: Vec<SavepointEdge>,
+}
+
+/// One stage of a pipeline of stages in a savepoint.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct SavepointStage {
+    /// The stage.
+    pub name: String,
+    /// The operator and version it ran.
+    pub operator: String,
+    /// See `operator`.
+    pub operator_version: u64,
+    /// The topics of the tenant's it reads (not its edges).
+    pub input_topics: Vec<String>,
+    /// One checkpoint per partition, in partition order: its offsets name the tenant's topics
+    /// and the edges' topics of the pipeline it was taken of.
+    pub shards: Vec<SavepointShard>,
+}
+
+/// One edge of a pipeline of stages in a savepoint: the internal topic from `stage`'s
+/// `output`, and the records in flight on each of its partitions when it was taken
+/// ([`in_flight`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct SavepointEdge {
+    /// The writing stage.
+    pub stage: String,
+    /// Its output.
+    pub output: String,
+    /// The topic's name then, without the tenant's prefix.
+    pub topic: String,
+    /// Per partition, in partition order.
+    pub partitions: Vec<SavepointEdgePartition>,
+}
+
+/// What was in flight on one partition of an edge: its records from the lowest offset a
+/// reading stage's saved checkpoint names to the partition's end.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct SavepointEdgePartition {
+    /// The partition.
+    pub partition: i32,
+    /// The first offset saved, and the partition's end.
+    pub from: Offset,
+    /// See `from`.
+    pub end: Offset,
+    /// Records saved (committed ones: a transaction's markers and aborted records take
+    /// offsets too), in [`in_flight`] chunks `0..chunks`.
+    pub records: u64,
+    /// See `records`.
+    pub chunks: u32,
+    /// Their bytes in the savepoint.
+    pub bytes: u64,
+    /// Per reading stage, where it starts in the partition seeded with these records: how many
+    /// of them its saved checkpoint had read.
+    pub starts: BTreeMap<String, u64>,
 }
 
 /// One shard's checkpoint in a savepoint.
@@ -164,6 +225,15 @@ impl SavepointDir {
     /// Partition `partition`'s export in the portable format, once made.
     pub fn export(&self, partition: Partition) -> Path {
         Path::from(format!("{}/exports/{partition:05}.jsonl", self.root))
+    }
+
+    /// Stage `stage`'s part, in a savepoint of a pipeline of stages: its shards under
+    /// `{data}/stages/{stage}/`, its exports under `{root}/stages/{stage}/`.
+    pub fn stage(&self, stage: &str) -> SavepointDir {
+        SavepointDir {
+            root: Path::from(format!("{}/stages/{stage}", self.root)),
+            data: Path::from(format!("{}/stages/{stage}", self.data)),
+        }
     }
 }
 
@@ -444,8 +514,9 @@ pub async fn delete(store: &Arc<dyn ObjectStore>, root: &Path) -> Result<(), Sav
     Ok(())
 }
 
+pub mod in_flight;
 mod restore;
-pub use restore::{export_shard, next_slot, restore_shard, restore_shard_converted};
+pub use restore::{export_shard, next_slot, restore_shard, restore_shard_converted, with_offsets};
 
 #[cfg(test)]
 mod tests;

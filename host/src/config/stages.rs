@@ -111,13 +111,21 @@ pub struct Edges {
     /// The inputs that are internal topics, each with how many upstream shards write it: only
     /// their markers move its watermark.
     pub inputs: BTreeMap<String, usize>,
+    /// The generation of the pipeline's internal topics ([`internal_topic`]): 0 until a reset
+    /// to a savepoint starts new ones (set on the whole pipeline's settings by the API).
+    pub generation: u64,
 }
 
-/// The Kafka topic of the internal edge from `stage`'s `output` in `pipeline`:
-/// `{pipeline}.{stage}.{output}.internal`. Stage and output names hold no `.`, so no two
-/// edges of any pipelines share one.
-pub fn internal_topic(pipeline: &str, stage: &str, output: &str) -> String {
-    format!("{pipeline}.{stage}.{output}.internal")
+/// The Kafka topic of the internal edge from `stage`'s `output` in `pipeline`, generation
+/// `generation`: `{pipeline}.{stage}.{output}.internal`, or `{pipeline}.{stage}.{output}.g{n}.internal`
+/// from the first reset to a savepoint on (which seeds new topics with what was in flight).
+/// Stage and output names hold no `.`, so no two edges of any pipelines share one.
+pub fn internal_topic(pipeline: &str, stage: &str, output: &str, generation: u64) -> String {
+    if generation == 0 {
+        format!("{pipeline}.{stage}.{output}.internal")
+    } else {
+        format!("{pipeline}.{stage}.{output}.g{generation}.internal")
+    }
 }
 
 /// The name of `stage`'s run in `pipeline` (or in its consumer group `pipeline`):
@@ -239,7 +247,7 @@ impl Settings {
                 .find(|s| s.name == stage)
                 .and_then(|s| s.outputs.get(output))
                 .and_then(|o| o.topic.clone())
-                .unwrap_or_else(|| internal_topic(&p.name, stage, output))
+                .unwrap_or_else(|| internal_topic(&p.name, stage, output, p.edges.generation))
         };
         let inputs = |stage: &StageSettings| -> Vec<String> {
             stage
@@ -258,7 +266,7 @@ impl Settings {
             .map(|(i, output)| {
                 let stage = &p.stages[*i];
                 InternalTopic {
-                    name: internal_topic(&p.name, &stage.name, output),
+                    name: internal_topic(&p.name, &stage.name, output, p.edges.generation),
                     partitions: stage.outputs.get(output).and_then(|o| o.partitions),
                     // Every stage of a checked graph has an input.
                     like: inputs(stage).into_iter().next().unwrap_or_default(),

@@ -252,6 +252,7 @@ impl RunJob {
         pipeline.output_topic = None;
         pipeline.iceberg = None;
         pipeline.parameters = Default::default();
+        pipeline.edges.generation = self.record.edge_generation;
         let paths: Vec<PathBuf> = files.iter().map(|(path, _)| path.clone()).collect();
         pipeline.stages = spec.stage_settings(&self.tenant, &paths);
         let mut plan = match settings.stage_plan() {

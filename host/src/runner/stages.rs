@@ -154,6 +154,7 @@ fn edges(
             .iter()
             .filter_map(|t| Some((t.clone(), ready.get(t)?.upstream_shards)))
             .collect(),
+        generation: run.edges.generation,
     }
 }
 

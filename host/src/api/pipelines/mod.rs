@@ -50,19 +50,6 @@ pub(super) async fn existing(
         .ok_or_else(not_found)
 }
 
-/// A 409 for `what` (a route's action) on a pipeline of stages, which does not have it yet:
-/// savepoints and resets are per shard of one operator today (docs/topologies.md, "What a
-/// pipeline of stages does not do yet").
-pub(super) fn one_operator_only(record: &PipelineRecord, what: &str) -> Result<(), ApiError> {
-    if record.spec.is_staged() {
-        return Err(ApiError::conflict(format!(
-            "pipeline `{}` is a pipeline of stages, which has no {what} yet (docs/topologies.md)",
-            record.name
-        )));
-    }
-    Ok(())
-}
-
 async fn view(
     state: &ApiState,
     tenant: &str,
@@ -130,7 +117,7 @@ async fn check_new_spec(
     for (operator, version) in spec.operator_versions() {
         check_operator_version(state, tenant, operator, version).await?;
     }
-    let too_long = spec.internal_topic_length_problems(&staged_run_name(tenant, name, uid));
+    let too_long = spec.internal_topic_length_problems(&staged_run_name(tenant, name, uid), 0);
     if too_long.is_empty() {
         Ok(())
     } else {
@@ -200,20 +187,7 @@ pub(super) async fn create_pipeline(
             "you have {count} pipelines, the most this service allows per tenant; delete one first"
         )));
     }
-    let now = wall_now_ms();
-    let mut record = PipelineRecord {
-        name: name.clone(),
-        uid: uid.clone(),
-        spec,
-        desired: DesiredState::Running,
-        run_generation: 1,
-        checkpoint_requests: 0,
-        revision: 1,
-        created_ms: now,
-        updated_ms: now,
-        deleted: false,
-        resetting_since_ms: None,
-    };
+    let mut record = PipelineRecord::new(name.clone(), uid.clone(), spec, wall_now_ms());
     if let Err(e) = state.catalog.create_pipeline(&tenant, &mut record).await {
         state.catalog.delete_state(&tenant, &uid).await?;
         return Err(e.into());
@@ -559,9 +533,12 @@ async fn delete_internal_topics(
     tenant: &str,
     record: &PipelineRecord,
 ) -> Result<(), ApiError> {
-    let topics = record
-        .spec
-        .internal_topics(&staged_run_name(tenant, &record.name, &record.uid));
+    // Every generation's: a reset leaves the ones before it, and one that failed, its own.
+    let run = staged_run_name(tenant, &record.name, &record.uid);
+    let last = record.edge_generation.max(record.edge_generations_made);
+    let topics: Vec<String> = (0..=last)
+        .flat_map(|generation| record.spec.internal_topics(&run, generation))
+        .collect();
     if topics.is_empty() {
         return Ok(());
     }

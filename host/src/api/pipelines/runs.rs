@@ -92,7 +92,7 @@ impl ShardRun {
                 .and_then(|s| s.outputs.get(output))
                 .and_then(|o| o.topic.as_deref())
                 .map_or_else(
-                    || internal_topic(&run, stage, output),
+                    || internal_topic(&run, stage, output, record.edge_generation),
                     |t| kafka_topic(tenant, t),
                 )
         };

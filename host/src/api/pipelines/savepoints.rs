@@ -28,6 +28,7 @@ use std::time::Duration;
 use utoipa::ToSchema;
 
 mod exports;
+mod graph;
 mod take;
 pub use exports::*;
 pub(super) use take::committed_versions_of;
@@ -74,6 +75,9 @@ pub struct Restored {
 /// One partition's restored checkpoint.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct RestoredShard {
+    /// Its stage, in a pipeline of stages.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stage: Option<String>,
     /// The input partition.
     pub partition: Partition,
     /// The checkpoint's manifest version in the pipeline's shard (above every earlier one).
@@ -238,6 +242,12 @@ fn incompatible(
     spec: &PipelineSpec,
     partitions: Option<usize>,
 ) -> Option<String> {
+    if !saved.stages.is_empty() {
+        return Some(format!(
+            "savepoint `{}` is of pipeline of stages `{}`; this pipeline has one operator",
+            saved.name, saved.pipeline
+        ));
+    }
     let mut theirs = saved.input_topics.clone();
     let mut ours = spec.input_topics.clone();
     theirs.sort();
@@ -305,34 +315,15 @@ async fn restore(
     (name, uid, spec): (&str, &str, &PipelineSpec),
     (dir, saved): (&SavepointDir, &SavepointDescriptor),
 ) -> Result<Restored, ApiError> {
-    let store = state.catalog.store();
-    let token = format!("restore-{}-{}", saved.pipeline, saved.name);
     let mut shards = Vec::with_capacity(saved.shards.len());
-    let clock: crate::clock::SharedClock = Arc::new(crate::clock::SystemClock);
     for shard in &saved.shards {
         let target = shard_root(state, tenant, name, uid, shard.partition);
-        let restored = if saved.state_backend == backend_name(spec) {
-            savepoint::restore_shard(store, &dir.shard(shard.partition), &target, &token).await
-        } else {
-            let into = match spec.state_backend {
-                super::PipelineStateBackend::Lsm => {
-                    CheckpointFormat::Lsm(crate::state::lsm::tree::LsmSettings::default())
-                }
-                super::PipelineStateBackend::Memory => CheckpointFormat::Memory,
-            };
-            savepoint::restore_shard_converted(
-                store,
-                dir,
-                (&saved.state_backend, shard.partition),
-                (&target, into, &token),
-                &clock,
-            )
-            .await
-        };
-        let (version, bytes_copied) = restored.map_err(unavailable)?;
+        let (version, bytes_copied) =
+            restore_one(state, spec, (dir, saved), shard.partition, &target).await?;
         shards.push(RestoredShard {
+            stage: None,
             partition: shard.partition,
-            version: ManifestVersion(version.0),
+            version,
             offsets: shard.offsets.clone(),
             bytes_copied,
         });
@@ -343,6 +334,41 @@ async fn restore(
         shards,
         operator_version: spec.operator_version,
     })
+}
+
+/// Restores partition `partition` of the savepoint in `dir` (`saved`) into the shard under
+/// `target` of a pipeline of `spec`: as it is on the savepoint's backend, through the portable
+/// format on the other. The version written, and the bytes copied.
+async fn restore_one(
+    state: &ApiState,
+    spec: &PipelineSpec,
+    (dir, saved): (&SavepointDir, &SavepointDescriptor),
+    partition: Partition,
+    target: &Path,
+) -> Result<(ManifestVersion, u64), ApiError> {
+    let store = state.catalog.store();
+    let token = format!("restore-{}-{}", saved.pipeline, saved.name);
+    let restored = if saved.state_backend == backend_name(spec) {
+        savepoint::restore_shard(store, &dir.shard(partition), target, &token).await
+    } else {
+        let into = match spec.state_backend {
+            super::PipelineStateBackend::Lsm => {
+                CheckpointFormat::Lsm(crate::state::lsm::tree::LsmSettings::default())
+            }
+            super::PipelineStateBackend::Memory => CheckpointFormat::Memory,
+        };
+        let clock: crate::clock::SharedClock = Arc::new(crate::clock::SystemClock);
+        savepoint::restore_shard_converted(
+            store,
+            dir,
+            (&saved.state_backend, partition),
+            (target, into, &token),
+            &clock,
+        )
+        .await
+    };
+    let (version, bytes) = restored.map_err(unavailable)?;
+    Ok((ManifestVersion(version.0), bytes))
 }
 
 /// For a create with `from_savepoint`: checks the savepoint fits `spec`, and copies it into the
@@ -402,7 +428,6 @@ pub(crate) async fn reset_pipeline(
     let tenant = principal.tenant()?.to_owned();
     tracing::Span::current().record("pipeline", name.as_str());
     let record = existing(&state, &tenant, &name).await?;
-    super::one_operator_only(&record, "reset to a savepoint")?;
     let request: ResetRequest = read_json(body).await?;
     if record.desired != DesiredState::Stopped {
         return Err(ApiError::conflict(format!(
@@ -416,6 +441,9 @@ pub(crate) async fn reset_pipeline(
         Some(other) => existing(&state, &tenant, other).await?,
     };
     let (dir, saved) = found_savepoint(&state, &tenant, &source, &request.savepoint).await?;
+    if record.spec.is_staged() {
+        return graph::reset_pipeline(&state, &tenant, &record, (&dir, &saved)).await;
+    }
     check_reset(&state, &tenant, &record, &saved).await?;
     // Marked, so that no start runs a host's claim into the middle of the copies; the mark is
     // written only if the pipeline is still stopped (the update is create-only by revision).

@@ -270,7 +270,14 @@ async fn declared(
     let (operator, version) = match savepoint {
         Some(sp) => {
             let (_, saved) = found_savepoint(state, tenant, record, sp).await?;
-            (saved.operator, saved.operator_version)
+            match saved
+                .stages
+                .iter()
+                .find(|s| Some(&s.name) == run.stage.as_ref())
+            {
+                Some(stage) => (stage.operator.clone(), stage.operator_version),
+                None => (saved.operator, saved.operator_version),
+            }
         }
         None => run.operator.clone(),
     };
@@ -409,8 +416,20 @@ async fn roots(
             .collect()),
         Some(name) => {
             let (dir, saved) = found_savepoint(state, tenant, record, name).await?;
-            Ok(saved
-                .shards
+            // A pipeline of stages' savepoint: the stage's shards.
+            let (dir, shards) = match &run.stage {
+                Some(stage) => (
+                    dir.stage(stage),
+                    saved
+                        .stages
+                        .iter()
+                        .find(|s| &s.name == stage)
+                        .map(|s| s.shards.clone())
+                        .unwrap_or_default(),
+                ),
+                None => (dir, saved.shards),
+            };
+            Ok(shards
                 .iter()
                 .map(|s| (s.partition, dir.shard(s.partition), Some(s.version)))
                 .collect())

@@ -40,6 +40,8 @@ fn record(desired: DesiredState) -> PipelineRecord {
         updated_ms: 0,
         deleted: false,
         resetting_since_ms: None,
+        edge_generation: 0,
+        edge_generations_made: 0,
     }
 }
 

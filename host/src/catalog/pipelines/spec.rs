@@ -475,6 +475,36 @@ pub struct PipelineRecord {
     /// meanwhile (for at most `RESET_HOLD`, should the reset's host die).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resetting_since_ms: Option<u64>,
+    /// A pipeline of stages: the generation of the internal topics it runs over (0 until a
+    /// reset to a savepoint seeds new ones: `config::stages::internal_topic`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub edge_generation: u64,
+    /// The highest generation of internal topics a reset made (some perhaps for a reset that
+    /// failed): a reset makes the next, a delete deletes every one.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub edge_generations_made: u64,
+}
+
+impl PipelineRecord {
+    /// A new pipeline's first revision: running, created at `now_ms` (ms since the Unix
+    /// epoch).
+    pub fn new(name: String, uid: String, spec: PipelineSpec, now_ms: u64) -> Self {
+        Self {
+            name,
+            uid,
+            spec,
+            desired: DesiredState::Running,
+            run_generation: 1,
+            checkpoint_requests: 0,
+            revision: 1,
+            created_ms: now_ms,
+            updated_ms: now_ms,
+            deleted: false,
+            resetting_since_ms: None,
+            edge_generation: 0,
+            edge_generations_made: 0,
+        }
+    }
 }
 
 /// How long a reset in progress holds off starts at most (a reset whose host died releases

@@ -173,18 +173,27 @@ impl PipelineSpec {
         self.stages.iter().map(StageSpec::node).collect()
     }
 
-    /// The Kafka topics of its edges when it runs as `run_name` ([`staged_run_name`]), in the
-    /// order its stages write them; none for a one-operator pipeline or a graph with problems.
-    pub fn internal_topics(&self, run_name: &str) -> Vec<String> {
+    /// Its edges through internal topics, as `(writing stage, output)`, in the order its
+    /// stages write them; none for a one-operator pipeline or a graph with problems.
+    pub fn edges(&self) -> Vec<(String, String)> {
         let nodes = self.nodes();
         match topology::check(&nodes) {
             Ok(order) if self.is_staged() => order
                 .internal
                 .iter()
-                .map(|(i, output)| internal_topic(run_name, &self.stages[*i].name, output))
+                .map(|(i, output)| (self.stages[*i].name.clone(), (*output).to_owned()))
                 .collect(),
             _ => Vec::new(),
         }
+    }
+
+    /// The Kafka topics of its edges when it runs as `run_name` ([`staged_run_name`]) with
+    /// internal topics of generation `generation`, in the order its stages write them ([`Self::edges`]).
+    pub fn internal_topics(&self, run_name: &str, generation: u64) -> Vec<String> {
+        self.edges()
+            .iter()
+            .map(|(stage, output)| internal_topic(run_name, stage, output, generation))
+            .collect()
     }
 
     /// The problems of a pipeline of stages: a one-operator field beside `stages`, each stage's
@@ -371,9 +380,9 @@ impl PipelineSpec {
     }
 
     /// Its internal topics' Kafka names too long for Kafka (249 bytes) when it runs as
-    /// `run_name`, each a problem.
-    pub fn internal_topic_length_problems(&self, run_name: &str) -> Vec<String> {
-        self.internal_topics(run_name)
+    /// `run_name` with internal topics of generation `generation`, each a problem.
+    pub fn internal_topic_length_problems(&self, run_name: &str, generation: u64) -> Vec<String> {
+        self.internal_topics(run_name, generation)
             .into_iter()
             .filter(|t| t.len() > KAFKA_TOPIC_BYTES_MAX)
             .map(|t| {

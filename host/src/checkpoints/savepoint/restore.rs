@@ -208,3 +208,43 @@ async fn copy_saved(
         SavepointError::Unusable(format!("the savepoint lost an object: `{from}` is missing"))
     })
 }
+
+/// Commits, above checkpoint `version` that a restore just wrote into the shard under
+/// `target`, the same checkpoint with its input offsets changed by `change` (a reset of a
+/// pipeline of stages moves a downstream shard's offsets from the old internal topics to the
+/// new ones it seeded). Returns the new version.
+///
+/// # Errors
+/// As [`restore_shard`].
+pub async fn with_offsets(
+    store: &Arc<dyn ObjectStore>,
+    target: &Path,
+    version: ManifestVersion,
+    change: impl FnOnce(&mut BTreeMap<String, Offset>),
+) -> Result<ManifestVersion, SavepointError> {
+    let manifests = ManifestStore::new(store.clone(), target.clone());
+    let restored = manifests.read(version).await?;
+    let offsets = InputOffsets::from_metadata(&restored.metadata)
+        .map_err(|e| SavepointError::Unusable(e.to_string()))?;
+    let mut changed: BTreeMap<String, Offset> =
+        offsets.iter().map(|(t, o)| (t.to_owned(), o)).collect();
+    change(&mut changed);
+    let mut metadata: BTreeMap<String, String> = restored
+        .metadata
+        .iter()
+        .filter(|(k, _)| !offsets.to_metadata().contains_key(*k))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let mut next = InputOffsets::new();
+    for (topic, offset) in &changed {
+        next.advance(topic, *offset - 1);
+    }
+    metadata.extend(next.to_metadata());
+    let manifest = Manifest::fresh_checkpoint(
+        (version.0 + 1, restored.writer_epoch, &restored.writer_token),
+        restored.levels.clone(),
+        metadata,
+    );
+    manifests.commit(&manifest).await?;
+    Ok(ManifestVersion(version.0 + 1))
+}

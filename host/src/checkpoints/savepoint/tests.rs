@@ -364,3 +364,61 @@ fn an_undecided_transaction_checkpoint_is_not_saved() {
         assert_eq!(found.map(|m| m.version), Some(versions[1]));
     });
 }
+
+/// A reset of a pipeline of stages moves a restored shard's offsets from an old internal
+/// topic onto the new one it seeded ([`with_offsets`]): the shard opens at the savepoint's
+/// values with the new offsets, at the version above the restored one, on both backends.
+#[test]
+fn a_restored_checkpoint_with_its_offsets_moved_opens_at_its_values_and_the_new_offsets() {
+    block_on(async {
+        let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+        let clock: SharedClock = Arc::new(ManualClock::new(0));
+        for backend in ["lsm", "memory"] {
+            let prefix = Path::from(format!("{backend}/state"));
+            let lsm = LsmBackend::new(
+                store.clone(),
+                prefix.clone(),
+                Arc::new(BlockCaches::none()),
+                crate::state::lsm::tests::small_settings(),
+                clock.clone(),
+            );
+            let memory = MemoryBackend::durable(store.clone(), prefix.clone(), clock.clone());
+            let id = |pipeline: &str| ShardId {
+                pipeline: pipeline.into(),
+                partition: P3,
+            };
+            let source = match backend {
+                "lsm" => {
+                    ConfiguredShard::Lsm(Box::new(lsm.open_shard(&id("t.a")).await.expect("opens")))
+                }
+                _ => ConfiguredShard::Memory(Box::new(
+                    memory.open_shard(&id("t.a")).await.expect("opens"),
+                )),
+            };
+            let saved_root = savepoint_shard_root(&Path::from(format!("{backend}/sp")), P3);
+            let source_root = id("t.a").root_under(&prefix);
+            three_rounds_saving_the_first(&store, source, &source_root, &saved_root)
+                .await
+                .expect("a decided checkpoint to save");
+            let target = id("t.b").root_under(&prefix);
+            let (restored, _) = restore_shard(&store, &saved_root, &target, "reset")
+                .await
+                .expect("restores");
+            let moved = with_offsets(&store, &target, restored, |offsets| {
+                assert_eq!(offsets.remove("in"), Some(Offset(60)));
+                offsets.insert("in.g1".to_owned(), Offset(7));
+            })
+            .await
+            .expect("commits");
+            assert_eq!(moved, ManifestVersion(restored.0 + 1));
+            let (values, recovered) = values_and_offsets(&lsm, &memory, backend, &id("t.b")).await;
+            assert!(
+                values.iter().all(|v| *v == Some(1)),
+                "{backend}: {values:?}"
+            );
+            let mut want = InputOffsets::new();
+            want.advance("in.g1", Offset(6));
+            assert_eq!(recovered, Some(want), "{backend}");
+        }
+    });
+}

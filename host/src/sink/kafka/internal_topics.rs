@@ -88,11 +88,7 @@ pub async fn ensure(
             None => partitions(kafka, &topic.like).await?,
         };
         let wants = topic.partitions.map_or(upstream_shards, |n| n as usize);
-        let has = match partitions(kafka, &topic.name).await {
-            Ok(n) => Some(n),
-            Err(TopicLookupError::Missing { .. }) => None,
-            Err(e) => return Err(e.into()),
-        };
+        let has = partitions_if_any(kafka, &topic.name).await?;
         match has {
             Some(has) if has != wants => {
                 return Err(InternalTopicError::Partitions {
@@ -187,8 +183,46 @@ pub async fn delete_topics(
     Ok(())
 }
 
+/// Creates `topic` with `partitions`, as [`ensure`] creates a missing one, for a reset to
+/// seed: one that exists already is refused, since a seed must be the only thing written to it.
+///
+/// # Errors
+/// [`InternalTopicError::Refused`] (`TopicAlreadyExists` among others);
+/// [`InternalTopicError::Admin`].
+pub async fn create_new(
+    kafka: &KafkaSettings,
+    topic: &str,
+    partitions: usize,
+) -> Result<(), InternalTopicError> {
+    let admin: AdminClient<DefaultClientContext> = kafka
+        .client_config()
+        .create()
+        .map_err(InternalTopicError::Admin)?;
+    if partitions_if_any(kafka, topic).await?.is_some() {
+        return Err(InternalTopicError::Refused {
+            topic: topic.to_owned(),
+            code: RDKafkaErrorCode::TopicAlreadyExists,
+        });
+    }
+    create(&admin, topic, partitions).await
+}
+
+async fn partitions_if_any(
+    kafka: &KafkaSettings,
+    topic: &str,
+) -> Result<Option<usize>, InternalTopicError> {
+    match partitions(kafka, topic).await {
+        Ok(n) => Ok(Some(n)),
+        Err(TopicLookupError::Missing { .. }) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// `topic`'s partitions (a metadata request off the runtime's threads).
-async fn partitions(kafka: &KafkaSettings, topic: &str) -> Result<usize, TopicLookupError> {
+pub(crate) async fn partitions(
+    kafka: &KafkaSettings,
+    topic: &str,
+) -> Result<usize, TopicLookupError> {
     let (kafka, topics) = (kafka.clone(), vec![topic.to_owned()]);
     tokio::task::spawn_blocking(move || topic_partitions(&kafka, &topics, REQUEST_TIMEOUT))
         .await

@@ -6,6 +6,7 @@
 //! - [`producer`]     the producer: delivery reports counted per sink, served only while due;
 //! - [`dead_letter`]  a dead letter's headers and cutting;
 //! - [`internal_topics`] the topics between a pipeline's stages, created when missing;
+//! - [`in_flight`]    what is in flight on one, read for a savepoint and seeded by a reset;
 //! - [`transaction`]  exactly-once: a shard's transaction committed with its checkpoint.
 //!
 //! At-least-once, every partition's sink shares one idempotent producer per pipeline run;
@@ -13,6 +14,7 @@
 
 mod dead_letter;
 pub mod delivery;
+pub mod in_flight;
 pub mod internal_topics;
 pub mod limits;
 pub mod producer;

@@ -36,7 +36,8 @@ const LOOK_AGAIN: Duration = Duration::from_millis(200);
 
 /// Takes a savepoint: with the pipeline running, asks every host for a checkpoint and copies,
 /// per partition, the first decided checkpoint after the request; with it stopped, the newest
-/// decided one. Answers once every partition's is copied.
+/// decided one. Answers once every partition's is copied. A pipeline of stages is saved
+/// stopped, with what is in flight on its internal topics (docs/topologies.md).
 #[utoipa::path(post, path = "/v1/pipelines/{name}/savepoints", tag = "pipelines",
     params(("name" = String, Path, description = "Pipeline name", pattern = "^[a-z0-9][a-z0-9_-]{0,63}$")),
     request_body = NewSavepoint,
@@ -58,7 +59,6 @@ pub(crate) async fn create_savepoint(
     let tenant = principal.tenant()?.to_owned();
     tracing::Span::current().record("pipeline", name.as_str());
     let record = existing(&state, &tenant, &name).await?;
-    crate::api::pipelines::one_operator_only(&record, "savepoints")?;
     let request: NewSavepoint = read_json_or_default(body).await?;
     let savepoint = request
         .name
@@ -77,16 +77,25 @@ pub(crate) async fn create_savepoint(
     }
     let running = running(&state, &tenant, &record).await?;
     let dir = SavepointDir::new(&root, &format!("a{:08x}", savepoint::nonce()));
-    let capture = Capture::start(&state, &tenant, &record, running, &dir).await?;
-    let taken = match capture.wait().await {
-        Ok(taken) => taken,
+    let taken = if record.spec.is_staged() {
+        super::graph::capture(&state, &tenant, &record, running, (&savepoint, &dir)).await
+    } else {
+        match Capture::start(&state, &tenant, &record, running, &dir).await {
+            Ok(capture) => capture
+                .wait()
+                .await
+                .map(|taken| descriptor(&tenant, &record, &savepoint, &dir, taken)),
+            Err(e) => Err(e),
+        }
+    };
+    let descriptor = match taken {
+        Ok(descriptor) => descriptor,
         Err(e) => {
             // Only this attempt's copies: another may have taken the name meanwhile.
             let _ = savepoint::delete(&store, &dir.data).await;
             return Err(e);
         }
     };
-    let descriptor = descriptor(&tenant, &record, &savepoint, &dir, taken);
     if !savepoint::put_descriptor(&store, &root, &descriptor)
         .await
         .map_err(unavailable)?
@@ -102,7 +111,7 @@ pub(crate) async fn create_savepoint(
 
 /// Whether the pipeline runs (a savepoint then takes the first decided checkpoints after the
 /// request) or has stopped (its last ones); a conflict while it is stopping.
-async fn running(
+pub(super) async fn running(
     state: &ApiState,
     tenant: &str,
     record: &PipelineRecord,
@@ -121,6 +130,26 @@ async fn running(
     }
 }
 
+/// `shards` with their offsets by the tenant's topic names (`{tenant}.` left out), as the
+/// pipeline's definition names them.
+pub(super) fn tenants_names(
+    tenant: &str,
+    shards: impl IntoIterator<Item = SavepointShard>,
+) -> Vec<SavepointShard> {
+    let prefix = format!("{tenant}.");
+    shards
+        .into_iter()
+        .map(|mut shard| {
+            shard.offsets = shard
+                .offsets
+                .into_iter()
+                .map(|(t, n)| (t.strip_prefix(&prefix).unwrap_or(&t).to_owned(), n))
+                .collect();
+            shard
+        })
+        .collect()
+}
+
 /// The descriptor of savepoint `name` of the pipeline, whose shards (`taken`) are in `dir`:
 /// offsets by the tenant's topic names, as the pipeline's definition names them.
 fn descriptor(
@@ -130,19 +159,10 @@ fn descriptor(
     dir: &SavepointDir,
     taken: BTreeMap<Partition, SavepointShard>,
 ) -> SavepointDescriptor {
-    let prefix = format!("{tenant}.");
-    let shards: Vec<SavepointShard> = taken
-        .into_values()
-        .map(|mut shard| {
-            shard.offsets = shard
-                .offsets
-                .into_iter()
-                .map(|(t, n)| (t.strip_prefix(&prefix).unwrap_or(&t).to_owned(), n))
-                .collect();
-            shard
-        })
-        .collect();
+    let shards = tenants_names(tenant, taken.into_values());
     SavepointDescriptor {
+        stages: Vec::new(),
+        edges: Vec::new(),
         format: savepoint::FORMAT_VERSION,
         name: name.to_owned(),
         data: dir.data.filename().map(str::to_owned).unwrap_or_default(),

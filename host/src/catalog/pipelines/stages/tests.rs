@@ -149,8 +149,13 @@ fn internal_topics_are_the_tenants_and_named_after_the_pipelines_uid() {
     let run = staged_run_name("acme", "rekeyed", "0123456789abcdef");
     assert_eq!(run, "acme.rekeyed.0123456789abcdef");
     assert_eq!(
-        spec.internal_topics(&run),
+        spec.internal_topics(&run, 0),
         vec!["acme.rekeyed.0123456789abcdef.rekey.default.internal"]
+    );
+    // A reset to a savepoint starts the next generation of them.
+    assert_eq!(
+        spec.internal_topics(&run, 2),
+        vec!["acme.rekeyed.0123456789abcdef.rekey.default.g2.internal"]
     );
     // 32 + 64 + 16 bytes of run name, 64 of stage, 64 of output: 253 bytes in all.
     let mut long = spec.clone();
@@ -168,8 +173,8 @@ fn internal_topics_are_the_tenants_and_named_after_the_pipelines_uid() {
         ..StageInput::default()
     };
     let run = staged_run_name(&"t".repeat(32), &"p".repeat(64), "0123456789abcdef");
-    assert_eq!(long.internal_topic_length_problems(&run).len(), 1);
-    assert!(spec.internal_topic_length_problems(&run).is_empty());
+    assert_eq!(long.internal_topic_length_problems(&run, 0).len(), 1);
+    assert!(spec.internal_topic_length_problems(&run, 0).is_empty());
 }
 
 #[test]
