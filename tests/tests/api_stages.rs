@@ -465,7 +465,25 @@ async fn a_reset_to_a_savepoint_with_records_in_flight_on_the_edge_counts_each_r
         rekeyed(&expected, 7)
     );
 
-    // A one-operator pipeline's savepoint does not fit a pipeline of stages, and back.
+    // A new pipeline created from the savepoint starts where it was, seeded edge included,
+    // and ends with the same counts.
+    let mut copy = spec(1);
+    copy["from_savepoint"] = json!({"pipeline": "graph", "savepoint": "mid"});
+    create_pipeline(addr, &acme, "copy", &copy).await?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(90);
+    loop {
+        let counted = count_state(addr, &acme, ("copy", "")).await?;
+        if counted == rekeyed(&expected, 7) {
+            break;
+        }
+        anyhow::ensure!(
+            std::time::Instant::now() < deadline,
+            "the copy counted {counted:?} after 90 s, not {:?}",
+            rekeyed(&expected, 7)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
     let (status, _, problem) = call(
         addr,
         Method::DELETE,

@@ -6,6 +6,9 @@
 //! # Layout
 //! A savepoint lives beside the shards it was taken from, under the pipeline's state prefix,
 //! so it is deleted with the pipeline (a pipeline created from it holds its own copy):
+//! - a pipeline of stages: `{root}/{name}/{data}/stages/{stage}/shards/…` per stage, as below,
+//!   and `{root}/{name}/{data}/edges/…`, the records in flight on its internal topics
+//!   ([`in_flight`]);
 //! - `{root}/{name}/{data}/shards/{partition:05}/manifest/{version:020}.manifest` — the
 //!   checkpoint's manifest, unchanged, the only version there (`{data}`: one directory per
 //!   attempt to take the savepoint, [`SavepointDescriptor::data`]);

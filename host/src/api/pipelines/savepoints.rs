@@ -395,6 +395,9 @@ pub(super) async fn restore_into_new(
     let (dir, saved) = found_savepoint(state, tenant, &source, &from.savepoint)
         .await
         .map_err(bad)?;
+    if spec.is_staged() {
+        return graph::restore_into_new(state, tenant, (name, uid, spec), (&dir, &saved)).await;
+    }
     let partitions = input_partitions(state, tenant, &spec.input_topics).await?;
     if let Some(reason) = incompatible(&saved, spec, partitions) {
         return Err(ApiError::bad_request(reason));

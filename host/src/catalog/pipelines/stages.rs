@@ -208,13 +208,12 @@ impl PipelineSpec {
             ("output_topic", self.output_topic.is_some()),
             ("parameters", !self.parameters.is_empty()),
             ("iceberg", self.iceberg.is_some()),
-            ("from_savepoint", self.from_savepoint.is_some()),
         ];
         for (field, set) in one_operator {
             if set {
-                problems.push(if matches!(field, "iceberg" | "from_savepoint") {
+                problems.push(if field == "iceberg" {
                     format!(
-                        "{field} is for a one-operator pipeline: a pipeline of stages has no table or savepoint restore yet"
+                        "{field} is for a one-operator pipeline: a pipeline of stages writes no table yet"
                     )
                 } else {
                     format!(

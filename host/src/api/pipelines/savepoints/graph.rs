@@ -12,8 +12,8 @@
 use super::take::{committed_versions_of, tenants_names};
 use super::{Restored, RestoredShard, input_partitions, restore_one, shards_of_run, unavailable};
 use crate::api::ApiState;
-use crate::api::pipelines::DesiredState;
 use crate::api::pipelines::runs::ShardRun;
+use crate::api::pipelines::{DesiredState, PipelineSpec};
 use crate::api::pipelines::{PipelineRecord, kafka_topic, staged_run_name};
 use crate::api::problem::ApiError;
 use crate::checkpoints::savepoint::in_flight::{self, InFlightRecord};
@@ -326,6 +326,27 @@ pub(super) async fn reset_pipeline(
     delete_generation(state, tenant, &marked, marked.edge_generation).await;
     tracing::info!(audit = true, %tenant, pipeline = %name, savepoint = %saved.name, from = %saved.pipeline, generation, shards = restored.shards.len(), "pipeline of stages reset to a savepoint");
     Ok(Json(restored))
+}
+
+/// `restore_into_new` of a pipeline of stages: the new pipeline `name` (uid `uid`, `spec`)
+/// checked against `saved` as a reset is, then reset to it over its first internal topics
+/// (made and seeded here; deleted again when the restore fails), before it is stored.
+pub(super) async fn restore_into_new(
+    state: &ApiState,
+    tenant: &str,
+    (name, uid, spec): (&str, &str, &PipelineSpec),
+    (dir, saved): (&SavepointDir, &SavepointDescriptor),
+) -> Result<Restored, ApiError> {
+    let record = PipelineRecord::new(name.to_owned(), uid.to_owned(), spec.clone(), 0);
+    if let Some(reason) = incompatible(&record, saved) {
+        return Err(ApiError::bad_request(reason));
+    }
+    check_reset(state, tenant, &record, saved).await?;
+    let restored = reset(state, tenant, &record, (dir, saved), 0).await;
+    if restored.is_err() {
+        delete_generation(state, tenant, &record, 0).await;
+    }
+    restored
 }
 
 /// Whether `record` can be reset to `saved` ([`incompatible`]): no stage with state for a
