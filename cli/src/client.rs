@@ -5,6 +5,38 @@ use clap::Subcommand;
 use std::io::Write as _;
 use std::path::PathBuf;
 
+/// `println!` for a command's output: a reader gone (`weir … | head`) ends the command
+/// quietly, as `cat` does, instead of panicking on the broken pipe.
+macro_rules! outln {
+    ($($arg:tt)*) => { $crate::client::write_out(format_args!($($arg)*), true) };
+}
+
+/// `print!` for a command's output, as [`outln!`].
+macro_rules! out {
+    ($($arg:tt)*) => { $crate::client::write_out(format_args!($($arg)*), false) };
+}
+
+/// Writes `args` (and a newline) to stdout; a closed pipe exits the process with success,
+/// any other write error with 1.
+pub(crate) fn write_out(args: std::fmt::Arguments<'_>, newline: bool) {
+    let mut stdout = std::io::stdout().lock();
+    let written = stdout.write_fmt(args).and_then(|()| {
+        if newline {
+            stdout.write_all(b"\n")
+        } else {
+            Ok(())
+        }
+    });
+    match written {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => std::process::exit(0),
+        Err(e) => {
+            eprintln!("error: cannot write the output: {e}");
+            std::process::exit(1);
+        }
+    }
+}
+
 pub mod api;
 mod pipeline;
 mod state;
@@ -158,31 +190,31 @@ pub async fn operator(command: OperatorCommand, args: ApiArgs) -> anyhow::Result
                 std::fs::read(&file).with_context(|| format!("cannot read {}", file.display()))?;
             let version = client.push_operator(&name, bytes).await?;
             if args.json {
-                println!("{}", serde_json::to_string_pretty(&version)?);
+                outln!("{}", serde_json::to_string_pretty(&version)?);
             } else {
-                print!("{}", versions_table(std::slice::from_ref(&version)));
+                out!("{}", versions_table(std::slice::from_ref(&version)));
             }
         }
         OperatorCommand::Ls { name: None } => {
             let operators = client.operators().await?;
             if args.json {
-                println!("{}", serde_json::to_string_pretty(&operators)?);
+                outln!("{}", serde_json::to_string_pretty(&operators)?);
             } else {
-                print!("{}", operators_table(&operators));
+                out!("{}", operators_table(&operators));
             }
         }
         OperatorCommand::Ls { name: Some(name) } => {
             let versions = client.operator_versions(&name).await?;
             if args.json {
-                println!("{}", serde_json::to_string_pretty(&versions)?);
+                outln!("{}", serde_json::to_string_pretty(&versions)?);
             } else {
-                print!("{}", versions_table(&versions));
+                out!("{}", versions_table(&versions));
             }
         }
         OperatorCommand::Rm { name, version } => {
             client.delete_operator_version(&name, version).await?;
             if !args.json {
-                println!("deleted {name} version {version}");
+                outln!("deleted {name} version {version}");
             }
         }
     }
@@ -199,25 +231,25 @@ pub async fn tenant(command: TenantCommand, args: ApiArgs) -> anyhow::Result<()>
         TenantCommand::Create { id, name } => {
             let tenant = client.create_tenant(&id, name.as_deref()).await?;
             if args.json {
-                println!("{}", serde_json::to_string_pretty(&tenant)?);
+                outln!("{}", serde_json::to_string_pretty(&tenant)?);
             } else {
-                println!("created tenant {} ({})", tenant.id, tenant.name);
+                outln!("created tenant {} ({})", tenant.id, tenant.name);
             }
         }
         TenantCommand::Ls => {
             let tenants = client.tenants().await?;
             if args.json {
-                println!("{}", serde_json::to_string_pretty(&tenants)?);
+                outln!("{}", serde_json::to_string_pretty(&tenants)?);
             } else {
-                print!("{}", tenants_table(&tenants));
+                out!("{}", tenants_table(&tenants));
             }
         }
         TenantCommand::Key { id } => {
             let key = client.create_api_key(&id).await?;
             if args.json {
-                println!("{}", serde_json::to_string_pretty(&key)?);
+                outln!("{}", serde_json::to_string_pretty(&key)?);
             } else {
-                println!("{}", key.key);
+                outln!("{}", key.key);
                 eprintln!(
                     "API key {} for tenant {id}; it is shown only now",
                     key.record.key_id

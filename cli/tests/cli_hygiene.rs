@@ -112,3 +112,36 @@ async fn state_get_sends_the_record_key_as_the_key_and_the_api_key_as_the_bearer
     assert_eq!(String::from_utf8(out.stdout)?, "my key\t7\n");
     Ok(())
 }
+
+/// `weir operator ls | head -0`: the reader is gone before the table is written; the command
+/// ends quietly with success, as `cat` would, instead of panicking on the broken pipe.
+#[tokio::test]
+async fn a_command_whose_reader_went_away_ends_quietly() -> anyhow::Result<()> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let api = format!("http://{}", listener.local_addr()?);
+    let server = tokio::spawn(async move {
+        let (mut socket, _) = listener.accept().await?;
+        let mut request = vec![0u8; 8192];
+        let _ = socket.read(&mut request).await?;
+        let body = r#"[{"name":"counter","versions":[1,2]}]"#;
+        let answer = format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        socket.write_all(answer.as_bytes()).await?;
+        anyhow::Ok(())
+    });
+    let mut child = Command::new(env!("CARGO_BIN_EXE_weir"))
+        .args(["operator", "ls", "--api", &api, "--key", "k"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()?;
+    drop(child.stdout.take());
+    let out = child.wait_with_output().await?;
+    server.await??;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(out.status.success(), "{:?}: {stderr}", out.status);
+    Ok(())
+}

@@ -7,6 +7,7 @@
 //! on the internal topic, then a reset to it, ending with the counts of a run that went on
 //! from it.
 
+use object_store::ObjectStoreExt as _;
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
@@ -145,6 +146,26 @@ async fn a_pipeline_of_stages_runs_through_the_api_per_stage_and_deletes_its_int
     ] {
         assert!(detail.contains(named), "`{named}` in: {detail}");
     }
+
+    // An output the operator does not declare, refused at create (the upload kept what the
+    // component declared).
+    let mut undeclared = spec(1);
+    undeclared["stages"][0]["outputs"] = json!({"late": {"topic": "counts"}});
+    let (status, _, problem) = call(
+        addr,
+        Method::POST,
+        "/v1/pipelines/undeclared",
+        Some(&acme),
+        json_body(&undeclared),
+    )
+    .await?;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{problem}");
+    assert!(
+        problem["detail"].as_str().is_some_and(|d| d.contains(
+            "stage `rekey` uses output `late`, which version 1 of operator `counter` does not declare"
+        )),
+        "{problem}"
+    );
 
     let mut expected = BTreeMap::new();
     produce_counter(&input, partitions, (0, 2_000), 50, &mut expected).await?;
@@ -353,7 +374,7 @@ async fn count_state(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reset_to_a_savepoint_with_records_in_flight_on_the_edge_counts_each_record_once()
 -> anyhow::Result<()> {
-    let (addr, _) = start_server_with(Some(runner_config(&unique("host")))).await?;
+    let (addr, store_url) = start_server_with(Some(runner_config(&unique("host")))).await?;
     let acme_id = tenant_id("acme");
     let acme = tenant_with_key(addr, &acme_id).await?;
     upload_counter(addr, &acme, 1).await?;
@@ -483,6 +504,72 @@ async fn a_reset_to_a_savepoint_with_records_in_flight_on_the_edge_counts_each_r
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+
+    // A reset that fails part-way (the savepoint lost a shard's manifest, found after the
+    // edges were seeded and other shards restored) leaves the pipeline refusing to start until
+    // a reset succeeds, and verify names the savepoint as not restorable.
+    let (store, prefix) =
+        weir_host::state::lsm::backend::object_store_from_url(&store_url, &s3_options())?;
+    let objects: Vec<object_store::ObjectMeta> = {
+        use futures::TryStreamExt as _;
+        store.list(Some(&prefix)).try_collect().await?
+    };
+    let lost = objects
+        .iter()
+        .map(|o| o.location.clone())
+        .find(|path| {
+            let path = path.as_ref();
+            path.contains("/savepoints/mid/")
+                && path.contains("/stages/count/shards/00003/manifest/")
+        })
+        .ok_or_else(|| anyhow::anyhow!("no manifest of the count stage's partition 3 in `mid`"))?;
+    store.delete(&lost).await?;
+    let (status, _, problem) = call(
+        addr,
+        Method::POST,
+        "/v1/pipelines/graph/reset",
+        Some(&acme),
+        json_body(&json!({"savepoint": "mid"})),
+    )
+    .await?;
+    assert!(
+        status.is_client_error() || status.is_server_error(),
+        "{status}: {problem}"
+    );
+    let (status, _, problem) = call(
+        addr,
+        Method::POST,
+        "/v1/pipelines/graph/start",
+        Some(&acme),
+        None,
+    )
+    .await?;
+    assert_eq!(status, StatusCode::CONFLICT, "{problem}");
+    assert!(
+        problem["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("failed part-way")),
+        "{problem}"
+    );
+    let (status, _, verified) = call(
+        addr,
+        Method::GET,
+        "/v1/pipelines/graph/verify?checksums=false",
+        Some(&acme),
+        None,
+    )
+    .await?;
+    assert_eq!(status, StatusCode::OK, "{verified}");
+    assert_eq!(verified["savepoints"][0]["name"], "mid", "{verified:#}");
+    assert_eq!(
+        verified["savepoints"][0]["restorable"], false,
+        "{verified:#}"
+    );
+    assert_eq!(
+        verified["savepoints"][0]["shards"].as_array().map(Vec::len),
+        Some(8),
+        "{verified:#}"
+    );
 
     let (status, _, problem) = call(
         addr,

@@ -207,9 +207,9 @@ pub async fn pipeline(command: PipelineCommand, args: ApiArgs) -> anyhow::Result
     let client = ApiClient::new(&args.api, &args.key);
     let show = |view: &weir_host::api::pipelines::PipelineView| -> anyhow::Result<()> {
         if args.json {
-            println!("{}", serde_json::to_string_pretty(view)?);
+            outln!("{}", serde_json::to_string_pretty(view)?);
         } else {
-            print!("{}", pipeline_status_text(view));
+            out!("{}", pipeline_status_text(view));
         }
         Ok(())
     };
@@ -274,18 +274,18 @@ pub async fn pipeline(command: PipelineCommand, args: ApiArgs) -> anyhow::Result
         PipelineCommand::Ls => {
             let pipelines = client.pipelines().await?;
             if args.json {
-                println!("{}", serde_json::to_string_pretty(&pipelines)?);
+                outln!("{}", serde_json::to_string_pretty(&pipelines)?);
             } else {
-                print!("{}", pipelines_table(&pipelines));
+                out!("{}", pipelines_table(&pipelines));
             }
         }
         PipelineCommand::Status { name } => show(&client.pipeline(&name).await?)?,
         PipelineCommand::Verify { name, quick } => {
             let verified = client.verify_pipeline(&name, !quick).await?;
             if args.json {
-                println!("{}", serde_json::to_string_pretty(&verified)?);
+                outln!("{}", serde_json::to_string_pretty(&verified)?);
             } else {
-                print!(
+                out!(
                     "{}",
                     weir_host::api::pipelines::verify::verify_text(&verified)
                 );
@@ -331,17 +331,17 @@ pub async fn pipeline(command: PipelineCommand, args: ApiArgs) -> anyhow::Result
         PipelineCommand::Savepoint(SavepointCommand::Create { name, savepoint }) => {
             let taken = client.create_savepoint(&name, savepoint.as_deref()).await?;
             if args.json {
-                println!("{}", serde_json::to_string_pretty(&taken)?);
+                outln!("{}", serde_json::to_string_pretty(&taken)?);
             } else {
-                print!("{}", savepoints_table(&[taken]));
+                out!("{}", savepoints_table(&[taken]));
             }
         }
         PipelineCommand::Savepoint(SavepointCommand::Ls { name }) => {
             let found = client.savepoints(&name).await?;
             if args.json {
-                println!("{}", serde_json::to_string_pretty(&found)?);
+                outln!("{}", serde_json::to_string_pretty(&found)?);
             } else {
-                print!("{}", savepoints_table(&found));
+                out!("{}", savepoints_table(&found));
             }
         }
         PipelineCommand::Savepoint(SavepointCommand::Export {
@@ -355,7 +355,7 @@ pub async fn pipeline(command: PipelineCommand, args: ApiArgs) -> anyhow::Result
             for part in &exported {
                 let file = dir.join(format!("{:05}.jsonl", part.partition));
                 let bytes = client.download(&part.download, &file).await?;
-                println!(
+                outln!(
                     "partition {}: {} ({bytes} bytes)",
                     part.partition,
                     file.display()
@@ -364,7 +364,7 @@ pub async fn pipeline(command: PipelineCommand, args: ApiArgs) -> anyhow::Result
         }
         PipelineCommand::Savepoint(SavepointCommand::Rm { name, savepoint }) => {
             client.delete_savepoint(&name, &savepoint).await?;
-            println!("savepoint {savepoint} of {name} deleted");
+            outln!("savepoint {savepoint} of {name} deleted");
         }
         PipelineCommand::Reset {
             name,
@@ -375,7 +375,7 @@ pub async fn pipeline(command: PipelineCommand, args: ApiArgs) -> anyhow::Result
                 .reset_pipeline(&name, &savepoint, from.as_deref())
                 .await?;
             if args.json {
-                println!("{}", serde_json::to_string_pretty(&restored)?);
+                outln!("{}", serde_json::to_string_pretty(&restored)?);
             } else {
                 for shard in &restored.shards {
                     let stage = shard
@@ -383,14 +383,18 @@ pub async fn pipeline(command: PipelineCommand, args: ApiArgs) -> anyhow::Result
                         .as_ref()
                         .map(|s| format!("stage {s} "))
                         .unwrap_or_default();
-                    println!(
+                    outln!(
                         "{stage}partition {}: checkpoint {} at offsets {:?} ({} bytes copied)",
-                        shard.partition, shard.version, shard.offsets, shard.bytes_copied
+                        shard.partition,
+                        shard.version,
+                        shard.offsets,
+                        shard.bytes_copied
                     );
                 }
-                println!(
+                outln!(
                     "{name} reset to savepoint {} of {}; `weir pipeline start {name}` resumes from it",
-                    restored.savepoint, restored.from_pipeline
+                    restored.savepoint,
+                    restored.from_pipeline
                 );
             }
         }
@@ -409,30 +413,36 @@ pub async fn pipeline(command: PipelineCommand, args: ApiArgs) -> anyhow::Result
         PipelineCommand::Checkpoint { name, list: false } => {
             let requested = client.trigger_checkpoint(&name).await?;
             if args.json {
-                println!("{}", serde_json::to_string_pretty(&requested)?);
+                outln!("{}", serde_json::to_string_pretty(&requested)?);
             } else {
-                println!(
+                outln!(
                     "checkpoint {} of {name} requested at {} ms; `weir pipeline checkpoint {name} --list` shows it when committed",
-                    requested.request, requested.requested_ms
+                    requested.request,
+                    requested.requested_ms
                 );
             }
         }
         PipelineCommand::Checkpoint { name, list: true } => {
             let checkpoints = client.checkpoints(&name).await?;
             if args.json {
-                println!("{}", serde_json::to_string_pretty(&checkpoints)?);
+                outln!("{}", serde_json::to_string_pretty(&checkpoints)?);
             } else {
                 // A pipeline of stages: `{stage}/{partition}`.
-                println!(
+                outln!(
                     "{:>9} {:>8} {:>15} {:>8} {:>12} {:>12}",
-                    "PARTITION", "VERSION", "COMMITTED MS", "TOOK MS", "UPLOADED", "STATE BYTES"
+                    "PARTITION",
+                    "VERSION",
+                    "COMMITTED MS",
+                    "TOOK MS",
+                    "UPLOADED",
+                    "STATE BYTES"
                 );
                 for c in checkpoints {
                     let partition = match &c.stage {
                         Some(stage) => format!("{stage}/{}", c.partition),
                         None => c.partition.to_string(),
                     };
-                    println!(
+                    outln!(
                         "{:>9} {:>8} {:>15} {:>8} {:>12} {:>12}",
                         partition,
                         c.version,
@@ -465,7 +475,7 @@ pub async fn pipeline(command: PipelineCommand, args: ApiArgs) -> anyhow::Result
         PipelineCommand::Rm { name } => {
             client.delete_pipeline(&name).await?;
             if !args.json {
-                println!("deleted pipeline {name} and its state");
+                outln!("deleted pipeline {name} and its state");
             }
         }
     }

@@ -112,6 +112,7 @@ pub(super) async fn upload_operator(
                 declared_name: meta.name.clone(),
                 declared_version: meta.version.clone(),
                 states,
+                outputs: Some(meta.outputs.clone()),
             },
         )
         .await?;

@@ -109,6 +109,11 @@ pub struct OperatorVersion {
     pub declared_version: String,
     /// The states it declared.
     pub states: Vec<StateDescription>,
+    /// The named outputs it declared in `describe`, besides `default` (`weir:operator@0.3.0`;
+    /// none before). Absent for a version uploaded before Weir kept them: a pipeline's use of
+    /// its outputs is then checked when the pipeline runs, not when it is created.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outputs: Option<Vec<String>>,
 }
 
 /// A tenant's operator and its versions.

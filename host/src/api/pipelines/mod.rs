@@ -6,12 +6,14 @@ mod checkpoints;
 mod runs;
 pub mod savepoints;
 pub mod state_query;
+mod switch;
 pub mod verify;
 
 pub use crate::catalog::pipelines::*;
 pub(super) use checkpoints::{
     __path_list_checkpoints, __path_trigger_checkpoint, list_checkpoints, trigger_checkpoint,
 };
+pub(crate) use switch::{__path_switch_operator, switch_operator};
 
 use super::problem::{ApiError, Problem};
 use super::{ApiState, AuthProblems, Principal, read_json};
@@ -22,6 +24,7 @@ use axum::Json;
 use axum::body::Body;
 use axum::extract::{Path as UrlPath, State};
 use axum::http::StatusCode;
+use std::collections::BTreeMap;
 
 fn check_pipeline_name(name: &str) -> Result<(), ApiError> {
     if valid_operator_name(name) {
@@ -83,28 +86,6 @@ async fn check_operator_version(
     Ok(())
 }
 
-/// Refuses a switch from version `from` of `operator` to version `to` whose declared states
-/// cannot read the state the running version wrote ([`incompatible_states`]).
-async fn check_states_compatible(
-    state: &ApiState,
-    tenant: &str,
-    operator: &str,
-    (from, to): (u64, u64),
-) -> Result<(), ApiError> {
-    let (Some(running), Some(next)) = (
-        state.catalog.version(tenant, operator, from).await?,
-        state.catalog.version(tenant, operator, to).await?,
-    ) else {
-        return Ok(()); // the running version was deleted: nothing to compare with
-    };
-    match crate::catalog::incompatible_states(&running.states, &next.states) {
-        Some(why) => Err(ApiError::conflict(format!(
-            "version {to} of operator `{operator}` cannot take over this pipeline's state from version {from}: {why}"
-        ))),
-        None => Ok(()),
-    }
-}
-
 /// What only the tenant's catalog and the new pipeline's name and uid tell of `spec`: every
 /// operator version it runs exists, and its internal topics' names (which hold the tenant, the
 /// name and the uid) fit Kafka's.
@@ -114,14 +95,24 @@ async fn check_new_spec(
     (name, uid): (&str, &str),
     spec: &PipelineSpec,
 ) -> Result<(), ApiError> {
+    let mut outputs = BTreeMap::new();
     for (operator, version) in spec.operator_versions() {
         check_operator_version(state, tenant, operator, version).await?;
+        if let Some(found) = state.catalog.version(tenant, operator, version).await? {
+            outputs.insert((operator.to_owned(), version), found.outputs);
+        }
     }
-    let too_long = spec.internal_topic_length_problems(&staged_run_name(tenant, name, uid), 0);
-    if too_long.is_empty() {
+    let mut problems = spec.internal_topic_length_problems(&staged_run_name(tenant, name, uid), 0);
+    problems.extend(spec.undeclared_output_problems(|stage| {
+        outputs
+            .get(&(stage.operator.clone(), stage.operator_version))
+            .cloned()
+            .flatten()
+    }));
+    if problems.is_empty() {
         Ok(())
     } else {
-        Err(ApiError::bad_request(too_long.join("; ")))
+        Err(ApiError::bad_request(problems.join("; ")))
     }
 }
 
@@ -280,6 +271,15 @@ async fn set_desired(
                      {left_s} s, when the mark lapses)"
                 )));
             }
+            if let Some(why) = record
+                .reset_failed
+                .as_ref()
+                .filter(|_| desired == DesiredState::Running)
+            {
+                return Err(ApiError::conflict(format!(
+                    "pipeline `{name}`'s last reset to a savepoint failed part-way ({why}): some partitions may hold the savepoint's state and others their own; reset it again (POST /v1/pipelines/{name}/reset) before starting it"
+                )));
+            }
             if record.desired != desired {
                 record.desired = desired;
                 if desired == DesiredState::Running {
@@ -336,79 +336,6 @@ pub(super) async fn stop_pipeline(
     Ok(Json(
         set_desired(&state, tenant, &name, DesiredState::Stopped).await?,
     ))
-}
-
-/// Switches a pipeline to another version of its operator, keeping its state: every host
-/// drains its run and checkpoints, then resumes from that checkpoint with the new version.
-#[utoipa::path(put, path = "/v1/pipelines/{name}/operator", tag = "pipelines",
-    params(("name" = String, Path, description = "Pipeline name", pattern = "^[a-z0-9][a-z0-9_-]{0,63}$")),
-    request_body = OperatorSwitch,
-    responses(
-        (status = 200, description = "Switched; hosts restart it with the version", body = PipelineView),
-        (status = 400, description = "No such operator version", body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "No such pipeline", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "Changed concurrently, or the version's declared states cannot read the state (a kind changed, a schema version went down)", body = Problem, content_type = "application/problem+json"),
-        AuthProblems,
-    ),
-    security(("bearer" = [])))]
-pub(super) async fn switch_operator(
-    State(state): State<ApiState>,
-    principal: Principal,
-    UrlPath(name): UrlPath<String>,
-    body: Body,
-) -> Result<Json<PipelineView>, ApiError> {
-    let tenant = principal.tenant()?;
-    tracing::Span::current().record("pipeline", name.as_str());
-    let current = existing(&state, tenant, &name).await?;
-    let switch: OperatorSwitch = read_json(body).await?;
-    let (operator, from) = switched(&current.spec, switch.stage.as_deref())?;
-    check_operator_version(&state, tenant, &operator, switch.operator_version).await?;
-    // Refused before anything stops: the running version keeps running.
-    check_states_compatible(&state, tenant, &operator, (from, switch.operator_version)).await?;
-    let record = state
-        .catalog
-        .update_pipeline(tenant, &name, |record| {
-            let version = match &switch.stage {
-                None => &mut record.spec.operator_version,
-                Some(stage) => match record.spec.stages.iter_mut().find(|s| s.name == *stage) {
-                    Some(s) => &mut s.operator_version,
-                    None => return Err(ApiError::conflict(format!("stage `{stage}` is gone"))),
-                },
-            };
-            if *version != switch.operator_version {
-                *version = switch.operator_version;
-                record.run_generation += 1;
-            }
-            Ok::<(), ApiError>(())
-        })
-        .await?;
-    tracing::info!(%tenant, pipeline = %name, stage = ?switch.stage, version = switch.operator_version, "pipeline operator switched");
-    Ok(Json(view(&state, tenant, record).await?))
-}
-
-/// The operator a switch of `spec` changes and the version it runs now: the pipeline's, or
-/// `stage`'s (which a pipeline of stages must name, and a one-operator one must not).
-fn switched(spec: &PipelineSpec, stage: Option<&str>) -> Result<(String, u64), ApiError> {
-    match (stage, spec.is_staged()) {
-        (None, false) => Ok((spec.operator.clone(), spec.operator_version)),
-        (Some(stage), true) => spec
-            .stages
-            .iter()
-            .find(|s| s.name == stage)
-            .map(|s| (s.operator.clone(), s.operator_version))
-            .ok_or_else(|| {
-                let names: Vec<&str> = spec.stages.iter().map(|s| s.name.as_str()).collect();
-                ApiError::bad_request(format!(
-                    "the pipeline has no stage `{stage}`; its stages: {names:?}"
-                ))
-            }),
-        (None, true) => Err(ApiError::bad_request(
-            "this pipeline has stages: name the stage whose operator switches (\"stage\")",
-        )),
-        (Some(_), false) => Err(ApiError::bad_request(
-            "this pipeline has one operator and no stages: leave \"stage\" out",
-        )),
-    }
 }
 
 /// Changes a pipeline's checkpoint interval, in-flight limit, limits or failure policy,

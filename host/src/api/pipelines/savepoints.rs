@@ -70,6 +70,10 @@ pub struct Restored {
     /// state; a create keeps the version its spec names.
     #[serde(default)]
     pub operator_version: u64,
+    /// A pipeline of stages: each stage's operator version from now on (as `operator_version`;
+    /// that one is then 0).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub operator_versions: BTreeMap<String, u64>,
 }
 
 /// One partition's restored checkpoint.
@@ -333,6 +337,7 @@ async fn restore(
         from_pipeline: saved.pipeline.clone(),
         shards,
         operator_version: spec.operator_version,
+        operator_versions: BTreeMap::new(),
     })
 }
 
@@ -458,6 +463,11 @@ pub(crate) async fn reset_pipeline(
                     "pipeline `{name}` was started or replaced while the reset began; stop it and reset again"
                 )));
             }
+            if under_way(r) {
+                return Err(ApiError::conflict(format!(
+                    "pipeline `{name}` is being reset already; wait for that reset's answer"
+                )));
+            }
             r.resetting_since_ms = Some(wall_now_ms());
             Ok(())
         })
@@ -479,10 +489,12 @@ pub(crate) async fn reset_pipeline(
             .map(|_| saved.operator_version),
         _ => None,
     };
+    let failed = restored.as_ref().err().map(ToString::to_string);
     let record = state
         .catalog
         .update_pipeline(&tenant, &name, |r| {
             r.resetting_since_ms = None;
+            r.reset_failed = failed.clone();
             if let Some(version) = back_to {
                 r.spec.operator_version = version;
             }
@@ -493,6 +505,13 @@ pub(crate) async fn reset_pipeline(
     restored.operator_version = record.spec.operator_version;
     tracing::info!(audit = true, %tenant, pipeline = %name, savepoint = %saved.name, from = %saved.pipeline, versions = ?restored.shards.iter().map(|s| s.version).collect::<Vec<_>>(), "pipeline reset to a savepoint");
     Ok(Json(restored))
+}
+
+/// Whether a reset of `record` is under way (marked, and the mark has not lapsed).
+fn under_way(record: &PipelineRecord) -> bool {
+    record
+        .resetting_since_ms
+        .is_some_and(|since| wall_now_ms() < since + super::RESET_HOLD.as_millis() as u64)
 }
 
 /// Waits for a stopped pipeline's hosts to drain and checkpoint (up to [`STOP_WAIT`]); a

@@ -40,6 +40,7 @@ fn record(desired: DesiredState) -> PipelineRecord {
         updated_ms: 0,
         deleted: false,
         resetting_since_ms: None,
+        reset_failed: None,
         edge_generation: 0,
         edge_generations_made: 0,
     }
@@ -222,6 +223,11 @@ fn tenant_topics_cannot_name_another_tenants_topic() {
     assert!(!valid_topic("a/b"));
     assert!(!valid_topic(".."));
     assert!(valid_topic("globex.orders"), "stays under acme's prefix");
+    // Another pipeline's internal topic, read as a topic of the tenant's.
+    assert!(!valid_topic(
+        "rekeyed.0123456789abcdef.rekey.default.internal"
+    ));
+    assert!(valid_topic("internal"));
     assert_eq!(kafka_topic("acme", "globex.orders"), "acme.globex.orders");
 }
 

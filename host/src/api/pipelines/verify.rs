@@ -6,9 +6,11 @@ use crate::api::problem::{ApiError, Problem};
 use crate::api::{ApiState, AuthProblems, Principal};
 use crate::checkpoints::savepoint;
 use crate::checkpoints::verify::{ShardCheck, verify_pipeline, verify_shard};
+use crate::ids::Partition;
 use axum::Json;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path as UrlPath, Query, State};
+use object_store::ObjectStoreExt as _;
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
@@ -48,8 +50,11 @@ pub struct SavepointCheck {
     pub name: String,
     /// Whether every partition's checkpoint in it is restorable.
     pub restorable: bool,
-    /// Per partition, its one checkpoint.
+    /// Per partition (of each stage, in a pipeline of stages), its one checkpoint.
     pub shards: Vec<ShardCheck>,
+    /// A pipeline of stages: the records in flight on its edges it lost, each a problem.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub problems: Vec<String>,
 }
 
 /// A shard as the table names it: its partition, or `{stage}/{partition}` in a pipeline of
@@ -112,21 +117,41 @@ pub(crate) async fn verify_pipeline_state(
             &savepoint::savepoint_root(&root, &saved.name),
             &saved.data,
         );
-        let mut shards = Vec::with_capacity(saved.shards.len());
-        for shard in &saved.shards {
-            let versions = verify_shard(store, &at.shard(shard.partition), checksums)
+        // Its shards: the pipeline's, or each stage's.
+        let mut held: Vec<(Option<String>, Partition, object_store::path::Path)> = saved
+            .shards
+            .iter()
+            .map(|s| (None, s.partition, at.shard(s.partition)))
+            .collect();
+        for stage in &saved.stages {
+            let dir = at.stage(&stage.name);
+            held.extend(stage.shards.iter().map(|s| {
+                (
+                    Some(stage.name.clone()),
+                    s.partition,
+                    dir.shard(s.partition),
+                )
+            }));
+        }
+        let mut shards = Vec::with_capacity(held.len());
+        for (stage, partition, root) in held {
+            let versions = verify_shard(store, &root, checksums)
                 .await
                 .map_err(unavailable)?;
             shards.push(ShardCheck {
-                stage: None,
-                partition: shard.partition,
+                stage,
+                partition,
                 versions,
             });
         }
+        let problems = lost_in_flight(store, &at, &saved).await?;
         savepoints.push(SavepointCheck {
             name: saved.name,
-            restorable: shards.iter().all(|s| s.newest_restorable().is_some()),
+            restorable: !shards.is_empty()
+                && problems.is_empty()
+                && shards.iter().all(|s| s.newest_restorable().is_some()),
             shards,
+            problems,
         });
     }
     Ok(Json(PipelineVerify {
@@ -139,6 +164,59 @@ pub(crate) async fn verify_pipeline_state(
     }))
 }
 
+/// The chunks of in-flight records a pipeline of stages' savepoint `saved` (at `at`) names
+/// and does not hold, each a problem.
+async fn lost_in_flight(
+    store: &std::sync::Arc<dyn object_store::ObjectStore>,
+    at: &savepoint::SavepointDir,
+    saved: &savepoint::SavepointDescriptor,
+) -> Result<Vec<String>, ApiError> {
+    let mut problems = Vec::new();
+    for edge in &saved.edges {
+        for part in &edge.partitions {
+            for chunk in 0..part.chunks {
+                let path = savepoint::in_flight::chunk_path(
+                    &at.data,
+                    (&edge.stage, &edge.output),
+                    part.partition,
+                    chunk,
+                );
+                match store.head(&path).await {
+                    Ok(_) => {}
+                    Err(object_store::Error::NotFound { .. }) => problems.push(format!(
+                        "chunk {chunk} of the records in flight on partition {} of stage `{}`'s output `{}` is missing",
+                        part.partition, edge.stage, edge.output
+                    )),
+                    Err(e) => return Err(unavailable(e)),
+                }
+            }
+        }
+    }
+    Ok(problems)
+}
+
+/// One line of [`verify_text`]: version `c` of `shard`, of kind `kind`.
+fn version_line(
+    shard: &ShardCheck,
+    c: &crate::checkpoints::verify::VersionCheck,
+    kind: &str,
+) -> String {
+    let verdict = match (&c.problem, c.restorable) {
+        (_, true) => "yes".to_owned(),
+        (Some(problem), false) => format!("no: {problem}"),
+        (None, false) => "-".to_owned(),
+    };
+    format!(
+        "{:>9} {:>8} {:<10} {:<11} {:>7} {:>12}  {verdict}\n",
+        label(shard),
+        c.version,
+        kind,
+        c.decided_by.as_deref().unwrap_or("-"),
+        c.objects,
+        c.bytes,
+    )
+}
+
 /// `weir pipeline verify`'s text: one line per stored version, then the verdict.
 pub fn verify_text(v: &PipelineVerify) -> String {
     let mut out = format!(
@@ -147,40 +225,19 @@ pub fn verify_text(v: &PipelineVerify) -> String {
     );
     for shard in &v.shards {
         for c in &shard.versions {
-            let verdict = match (&c.problem, c.restorable) {
-                (_, true) => "yes".to_owned(),
-                (Some(problem), false) => format!("no: {problem}"),
-                (None, false) => "-".to_owned(),
-            };
-            out.push_str(&format!(
-                "{:>9} {:>8} {:<10} {:<11} {:>7} {:>12}  {verdict}\n",
-                label(shard),
-                c.version,
-                c.kind,
-                c.decided_by.as_deref().unwrap_or("-"),
-                c.objects,
-                c.bytes,
-            ));
+            out.push_str(&version_line(shard, c, &c.kind));
         }
     }
     for saved in &v.savepoints {
         for shard in &saved.shards {
             for c in &shard.versions {
-                let verdict = match (&c.problem, c.restorable) {
-                    (_, true) => "yes".to_owned(),
-                    (Some(problem), false) => format!("no: {problem}"),
-                    (None, false) => "-".to_owned(),
-                };
-                out.push_str(&format!(
-                    "{:>9} {:>8} {:<10} {:<11} {:>7} {:>12}  {verdict}\n",
-                    label(shard),
-                    c.version,
-                    format!("sp:{}", saved.name),
-                    c.decided_by.as_deref().unwrap_or("-"),
-                    c.objects,
-                    c.bytes,
-                ));
+                out.push_str(&version_line(shard, c, &format!("sp:{}", saved.name)));
             }
+        }
+    }
+    for saved in &v.savepoints {
+        for problem in &saved.problems {
+            out.push_str(&format!("sp:{}: {problem}\n", saved.name));
         }
     }
     let missing: Vec<String> = v
@@ -269,6 +326,7 @@ mod tests {
                     partition: crate::ids::Partition(0),
                     versions: vec![version(5, false, Some("sst/y.sst is missing"))],
                 }],
+                problems: vec!["chunk 0 of the records in flight on partition 1 of stage `rekey`'s output `default` is missing".into()],
             }],
         };
         let text = verify_text(&v);
@@ -285,6 +343,10 @@ mod tests {
         );
         assert!(
             text.contains("savepoints that cannot be restored: before-v2\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("sp:before-v2: chunk 0 of the records in flight on partition 1 of stage `rekey`'s output `default` is missing\n"),
             "{text}"
         );
         assert!(

@@ -266,11 +266,13 @@ fn default_state_backend() -> PipelineStateBackend {
 }
 
 /// Whether `topic` is a valid topic name of a tenant: 1..=200 bytes of `[A-Za-z0-9._-]`, not
-/// `.` or `..`.
+/// `.` or `..`, not ending in `.internal` (Weir's internal topics between stages, which a
+/// pipeline reads or writes by their stage: docs/topologies.md).
 pub fn valid_topic(topic: &str) -> bool {
     (1..=TOPIC_BYTES_MAX).contains(&topic.len())
         && topic != "."
         && topic != ".."
+        && !topic.ends_with(".internal")
         && topic
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
@@ -301,7 +303,7 @@ impl PipelineSpec {
             self.stage_limit_problems(host, &mut problems);
             if !valid_topic(&self.dead_letter_topic) {
                 problems.push(format!(
-                    "topic names must be 1..={TOPIC_BYTES_MAX} bytes of [A-Za-z0-9._-]. topic=`{}`",
+                    "topic names must be 1..={TOPIC_BYTES_MAX} bytes of [A-Za-z0-9._-], not ending in `.internal`. topic=`{}`",
                     self.dead_letter_topic
                 ));
             }
@@ -346,7 +348,7 @@ impl PipelineSpec {
         {
             if !valid_topic(topic) {
                 problems.push(format!(
-                    "topic names must be 1..={TOPIC_BYTES_MAX} bytes of [A-Za-z0-9._-]. topic=`{topic}`"
+                    "topic names must be 1..={TOPIC_BYTES_MAX} bytes of [A-Za-z0-9._-], not ending in `.internal`. topic=`{topic}`"
                 ));
             }
         }
@@ -475,6 +477,10 @@ pub struct PipelineRecord {
     /// meanwhile (for at most `RESET_HOLD`, should the reset's host die).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resetting_since_ms: Option<u64>,
+    /// A reset to a savepoint failed part-way, and why: some shards may hold the savepoint's
+    /// state and others their own, so starts are refused until a reset succeeds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reset_failed: Option<String>,
     /// A pipeline of stages: the generation of the internal topics it runs over (0 until a
     /// reset to a savepoint seeds new ones: `config::stages::internal_topic`).
     #[serde(default, skip_serializing_if = "is_zero")]
@@ -501,6 +507,7 @@ impl PipelineRecord {
             updated_ms: now_ms,
             deleted: false,
             resetting_since_ms: None,
+            reset_failed: None,
             edge_generation: 0,
             edge_generations_made: 0,
         }

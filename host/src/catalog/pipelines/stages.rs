@@ -187,6 +187,54 @@ impl PipelineSpec {
         }
     }
 
+    /// The named outputs of stage `stage` that the pipeline uses (bound in its `outputs`, or
+    /// read by another stage), besides `default`, which every operator has.
+    pub fn used_outputs(&self, stage: &str) -> Vec<String> {
+        let bound = self
+            .stages
+            .iter()
+            .filter(|s| s.name == stage)
+            .flat_map(|s| s.outputs.keys().cloned());
+        let read = self
+            .stages
+            .iter()
+            .flat_map(|s| &s.inputs)
+            .filter(|i| i.stage.as_deref() == Some(stage))
+            .map(|i| {
+                i.output
+                    .clone()
+                    .unwrap_or_else(|| DEFAULT_OUTPUT.to_owned())
+            });
+        let mut used: Vec<String> = bound.chain(read).filter(|o| o != DEFAULT_OUTPUT).collect();
+        used.sort();
+        used.dedup();
+        used
+    }
+
+    /// Each output a stage uses that its operator version does not declare, as a problem;
+    /// `declared` gives a stage's operator version's named outputs, `None` when unknown (a
+    /// version uploaded before they were kept: checked when the pipeline runs).
+    pub fn undeclared_output_problems(
+        &self,
+        declared: impl Fn(&StageSpec) -> Option<Vec<String>>,
+    ) -> Vec<String> {
+        let mut problems = Vec::new();
+        for stage in &self.stages {
+            let Some(declared) = declared(stage) else {
+                continue;
+            };
+            for output in self.used_outputs(&stage.name) {
+                if !declared.contains(&output) {
+                    problems.push(format!(
+                        "stage `{}` uses output `{output}`, which version {} of operator `{}` does not declare (it declares {declared:?} besides `default`)",
+                        stage.name, stage.operator_version, stage.operator
+                    ));
+                }
+            }
+        }
+        problems
+    }
+
     /// The Kafka topics of its edges when it runs as `run_name` ([`staged_run_name`]) with
     /// internal topics of generation `generation`, in the order its stages write them ([`Self::edges`]).
     pub fn internal_topics(&self, run_name: &str, generation: u64) -> Vec<String> {
@@ -295,7 +343,7 @@ impl PipelineSpec {
         for topic in topics {
             if !valid_topic(topic) {
                 problems.push(format!(
-                    "stage `{name}`: topic names must be 1..=200 bytes of [A-Za-z0-9._-]. topic=`{topic}`"
+                    "stage `{name}`: topic names must be 1..=200 bytes of [A-Za-z0-9._-], not ending in `.internal`. topic=`{topic}`"
                 ));
             }
         }

@@ -71,6 +71,21 @@ pub enum InFlightError {
     },
 }
 
+/// The context of [`read_to_end`]'s consumer: librdkafka's errors logged as rust-rdkafka logs
+/// them, but for the end of the partition, which the read waits for (and which librdkafka
+/// reports as a global error too).
+struct QuietEof;
+
+impl rdkafka::ClientContext for QuietEof {
+    fn error(&self, error: KafkaError, reason: &str) {
+        if !matches!(error, KafkaError::Global(RDKafkaErrorCode::PartitionEOF)) {
+            tracing::error!("librdkafka: {error}: {reason}");
+        }
+    }
+}
+
+impl rdkafka::consumer::ConsumerContext for QuietEof {}
+
 /// What [`read_to_end`] read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ReadRange {
@@ -100,13 +115,13 @@ pub fn read_to_end(
         topic: topic.to_owned(),
         source,
     };
-    let consumer: BaseConsumer = kafka
+    let consumer: BaseConsumer<QuietEof> = kafka
         .client_config()
         .set("group.id", "weir-savepoint")
         .set("enable.auto.commit", "false")
         .set("isolation.level", "read_committed")
         .set("enable.partition.eof", "true")
-        .create()
+        .create_with_context(QuietEof)
         .map_err(failed)?;
     let (low, high) = consumer
         .fetch_watermarks(topic, partition, REQUEST_TIMEOUT)
@@ -181,7 +196,7 @@ fn in_flight_record(message: &rdkafka::message::BorrowedMessage<'_>) -> InFlight
 /// The end of `partition` of `topic` once `consumer` read to it, when no transaction is open
 /// there: `read_committed` stops at the last stable offset, below the end while one is.
 fn end_if_stable(
-    consumer: &BaseConsumer,
+    consumer: &BaseConsumer<QuietEof>,
     topic: &str,
     partition: i32,
     from: i64,

@@ -280,6 +280,11 @@ pub(super) async fn reset_pipeline(
                     "pipeline `{name}` was started or replaced while the reset began; stop it and reset again"
                 )));
             }
+            if super::under_way(r) {
+                return Err(ApiError::conflict(format!(
+                    "pipeline `{name}` is being reset already; wait for that reset's answer"
+                )));
+            }
             r.resetting_since_ms = Some(wall_now_ms());
             r.edge_generations_made = generation;
             Ok(())
@@ -307,10 +312,12 @@ pub(super) async fn reset_pipeline(
         }
     }
     let done = restored.is_ok();
-    state
+    let failed = restored.as_ref().err().map(ToString::to_string);
+    let updated = state
         .catalog
         .update_pipeline(tenant, name, |r| {
             r.resetting_since_ms = None;
+            r.reset_failed = failed.clone();
             if done {
                 r.edge_generation = generation;
                 for stage in &mut r.spec.stages {
@@ -322,7 +329,8 @@ pub(super) async fn reset_pipeline(
             Ok::<(), ApiError>(())
         })
         .await?;
-    let restored = restored?;
+    let mut restored = restored?;
+    restored.operator_versions = stage_versions(&updated.spec);
     delete_generation(state, tenant, &marked, marked.edge_generation).await;
     tracing::info!(audit = true, %tenant, pipeline = %name, savepoint = %saved.name, from = %saved.pipeline, generation, shards = restored.shards.len(), "pipeline of stages reset to a savepoint");
     Ok(Json(restored))
@@ -346,7 +354,17 @@ pub(super) async fn restore_into_new(
     if restored.is_err() {
         delete_generation(state, tenant, &record, 0).await;
     }
-    restored
+    let mut restored = restored?;
+    restored.operator_versions = stage_versions(spec);
+    Ok(restored)
+}
+
+/// Each stage's operator version in `spec`.
+fn stage_versions(spec: &PipelineSpec) -> BTreeMap<String, u64> {
+    spec.stages
+        .iter()
+        .map(|s| (s.name.clone(), s.operator_version))
+        .collect()
 }
 
 /// Whether `record` can be reset to `saved` ([`incompatible`]): no stage with state for a
@@ -358,6 +376,25 @@ async fn check_reset(
     saved: &SavepointDescriptor,
 ) -> Result<(), ApiError> {
     let name = &record.name;
+    for edge in &saved.edges {
+        let wants = record
+            .spec
+            .stages
+            .iter()
+            .find(|s| s.name == edge.stage)
+            .and_then(|s| s.outputs.get(&edge.output))
+            .and_then(|o| o.partitions);
+        if let Some(n) = wants.filter(|n| *n as usize != edge.partitions.len()) {
+            return Err(ApiError::bad_request(format!(
+                "stage `{}`'s output `{}` has {} partitions in savepoint `{}`; this pipeline sets {n}: set them to {} or leave them out",
+                edge.stage,
+                edge.output,
+                edge.partitions.len(),
+                saved.name,
+                edge.partitions.len()
+            )));
+        }
+    }
     if let Some(reason) = incompatible(record, saved) {
         return Err(ApiError::bad_request(reason));
     }
@@ -476,8 +513,18 @@ pub(super) async fn reset(
                 &target,
             )
             .await?;
+            // The offsets written: the saved ones, each edge's moved onto its new topic.
+            let mut offsets = shard.offsets.clone();
             let moved = moves.remove(&(stage.name.clone(), shard.partition.0));
             if let Some(moved) = moved.filter(|m| !m.is_empty()) {
+                let tenants = |topic: &str| {
+                    let prefix = format!("{tenant}.");
+                    topic.strip_prefix(&prefix).unwrap_or(topic).to_owned()
+                };
+                for edge in &moved {
+                    offsets.remove(&tenants(&edge.old));
+                    offsets.insert(tenants(&edge.new), Offset(edge.start as i64));
+                }
                 version = savepoint::with_offsets(store, &target, version, |offsets| {
                     for edge in moved {
                         offsets.remove(&edge.old);
@@ -491,7 +538,7 @@ pub(super) async fn reset(
                 stage: Some(stage.name.clone()),
                 partition: shard.partition,
                 version,
-                offsets: shard.offsets.clone(),
+                offsets,
                 bytes_copied,
             });
         }
@@ -501,6 +548,7 @@ pub(super) async fn reset(
         from_pipeline: saved.pipeline.clone(),
         shards,
         operator_version: 0,
+        operator_versions: BTreeMap::new(),
     })
 }
 
@@ -529,7 +577,15 @@ async fn seed(
         let topic = internal_topic(run_name, &edge.stage, &edge.output, generation);
         internal_topics::create_new(kafka, &topic, edge.partitions.len())
             .await
-            .map_err(kafka_failed)?;
+            .map_err(|e| match e {
+                internal_topics::InternalTopicError::Refused {
+                    code: rdkafka::types::RDKafkaErrorCode::TopicAlreadyExists,
+                    ..
+                } => ApiError::conflict(format!(
+                    "internal topic `{topic}` exists already: another reset made it; reset again"
+                )),
+                e => kafka_failed(e),
+            })?;
         let producer = kafka_in_flight::seed_producer(kafka, &topic).map_err(kafka_failed)?;
         for part in &edge.partitions {
             for chunk in 0..part.chunks {
@@ -539,7 +595,16 @@ async fn seed(
                     part.partition,
                     chunk,
                 );
-                let bytes = store.get(&path).await?.bytes().await?;
+                let bytes = match store.get(&path).await {
+                    Ok(found) => found.bytes().await?,
+                    Err(object_store::Error::NotFound { .. }) => {
+                        return Err(ApiError::conflict(format!(
+                            "savepoint `{}` lost the records in flight on partition {} of stage `{}`'s output `{}` (chunk {chunk} is missing): it cannot be restored",
+                            saved.name, part.partition, edge.stage, edge.output
+                        )));
+                    }
+                    Err(e) => return Err(e.into()),
+                };
                 let records = in_flight::decode(&bytes)
                     .map_err(|e| ApiError::conflict(format!("savepoint `{}`: {e}", saved.name)))?;
                 kafka_in_flight::seed(&producer, &topic, part.partition, &records)

@@ -190,3 +190,33 @@ fn a_hosts_stage_settings_name_the_tenants_topics() {
     );
     assert_eq!(stages[1].operator, PathBuf::from("b.wasm"));
 }
+
+#[test]
+fn an_output_a_stage_uses_must_be_one_its_operator_version_declares_when_that_is_known() {
+    let mut spec = two_stages();
+    // `rekey` binds `late` to a topic; `count` reads `rekey`'s `audit` output.
+    spec.stages[0].outputs.insert(
+        "late".into(),
+        StageOutput {
+            topic: Some("late-clicks".into()),
+            partitions: None,
+        },
+    );
+    spec.stages[1].inputs.push(StageInput {
+        topic: None,
+        stage: Some("rekey".into()),
+        output: Some("audit".into()),
+    });
+    assert_eq!(spec.used_outputs("rekey"), ["audit", "late"]);
+    assert!(spec.used_outputs("count").is_empty());
+    // Unknown declarations (a version uploaded before they were kept): nothing to say.
+    assert!(spec.undeclared_output_problems(|_| None).is_empty());
+    let problems =
+        spec.undeclared_output_problems(|s| (s.name == "rekey").then(|| vec!["late".to_owned()]));
+    assert_eq!(
+        problems,
+        [
+            r#"stage `rekey` uses output `audit`, which version 1 of operator `counter` does not declare (it declares ["late"] besides `default`)"#
+        ]
+    );
+}
