@@ -99,22 +99,57 @@ async fn wait_for_log_line(
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_pipeline_of_stages_runs_through_the_api_per_stage_and_deletes_its_internal_topic()
--> anyhow::Result<()> {
-    let (addr, _) = start_server_with(Some(runner_config(&unique("host")))).await?;
+/// Partitions of the tests' input and output topics.
+const PARTITIONS: i32 = 4;
+
+/// A host that runs pipelines (on a new bucket of the S3 server), a tenant with a key and the
+/// counter guest uploaded, and its topics `clicks` and `counts` ([`PARTITIONS`] each) and `dlq`.
+struct Rig {
+    addr: std::net::SocketAddr,
+    store_url: String,
+    acme_id: String,
+    acme: String,
+    /// `clicks` and `counts`, as Kafka names them.
+    input: String,
+    output: String,
+}
+
+/// A [`Rig`] with `versions` versions of the counter uploaded.
+async fn rig(versions: u64) -> anyhow::Result<Rig> {
+    let (addr, store_url) = start_server_with(Some(runner_config(&unique("host")))).await?;
     let acme_id = tenant_id("acme");
     let acme = tenant_with_key(addr, &acme_id).await?;
-    upload_counter(addr, &acme, 2).await?;
-    let partitions = 4;
+    upload_counter(addr, &acme, versions).await?;
     let input = kafka_topic_of(&acme_id, "clicks");
     let output = kafka_topic_of(&acme_id, "counts");
     create_topics(&[
-        (&input, partitions),
-        (&output, partitions),
+        (&input, PARTITIONS),
+        (&output, PARTITIONS),
         (&kafka_topic_of(&acme_id, "dlq"), 1),
     ])
     .await?;
+    Ok(Rig {
+        addr,
+        store_url,
+        acme_id,
+        acme,
+        input,
+        output,
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pipeline_of_stages_runs_through_the_api_per_stage_and_deletes_its_internal_topic()
+-> anyhow::Result<()> {
+    let Rig {
+        addr,
+        acme_id,
+        acme,
+        input,
+        output,
+        ..
+    } = rig(2).await?;
+    let partitions = PARTITIONS;
 
     // A bad graph: every problem named in one answer, nothing created.
     let bad = json!({
@@ -374,19 +409,15 @@ async fn count_state(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reset_to_a_savepoint_with_records_in_flight_on_the_edge_counts_each_record_once()
 -> anyhow::Result<()> {
-    let (addr, store_url) = start_server_with(Some(runner_config(&unique("host")))).await?;
-    let acme_id = tenant_id("acme");
-    let acme = tenant_with_key(addr, &acme_id).await?;
-    upload_counter(addr, &acme, 1).await?;
-    let partitions = 4;
-    let input = kafka_topic_of(&acme_id, "clicks");
-    let output = kafka_topic_of(&acme_id, "counts");
-    create_topics(&[
-        (&input, partitions),
-        (&output, partitions),
-        (&kafka_topic_of(&acme_id, "dlq"), 1),
-    ])
-    .await?;
+    let Rig {
+        addr,
+        store_url,
+        acme_id,
+        acme,
+        input,
+        output,
+    } = rig(1).await?;
+    let partitions = PARTITIONS;
     let mut expected = BTreeMap::new();
     produce_counter(&input, partitions, (0, 5_000), 500, &mut expected).await?;
     let mut slow = spec(1);

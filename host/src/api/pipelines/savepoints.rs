@@ -457,20 +457,7 @@ pub(crate) async fn reset_pipeline(
     // written only if the pipeline is still stopped (the update is create-only by revision).
     state
         .catalog
-        .update_pipeline(&tenant, &name, |r| {
-            if r.desired != DesiredState::Stopped || r.uid != record.uid {
-                return Err(ApiError::conflict(format!(
-                    "pipeline `{name}` was started or replaced while the reset began; stop it and reset again"
-                )));
-            }
-            if under_way(r) {
-                return Err(ApiError::conflict(format!(
-                    "pipeline `{name}` is being reset already; wait for that reset's answer"
-                )));
-            }
-            r.resetting_since_ms = Some(wall_now_ms());
-            Ok(())
-        })
+        .update_pipeline(&tenant, &name, |r| mark_resetting(r, &record))
         .await?;
     let restored = restore(
         &state,
@@ -507,11 +494,26 @@ pub(crate) async fn reset_pipeline(
     Ok(Json(restored))
 }
 
-/// Whether a reset of `record` is under way (marked, and the mark has not lapsed).
-fn under_way(record: &PipelineRecord) -> bool {
-    record
+/// Marks `r`, the stored revision of `record`, as being reset, so that no start runs a host's
+/// claim into the middle of the copies: a conflict when it was started or replaced since, or
+/// another reset is under way (marked, and the mark has not lapsed).
+fn mark_resetting(r: &mut PipelineRecord, record: &PipelineRecord) -> Result<(), ApiError> {
+    let name = &record.name;
+    if r.desired != DesiredState::Stopped || r.uid != record.uid {
+        return Err(ApiError::conflict(format!(
+            "pipeline `{name}` was started or replaced while the reset began; stop it and reset again"
+        )));
+    }
+    let under_way = r
         .resetting_since_ms
-        .is_some_and(|since| wall_now_ms() < since + super::RESET_HOLD.as_millis() as u64)
+        .is_some_and(|since| wall_now_ms() < since + super::RESET_HOLD.as_millis() as u64);
+    if under_way {
+        return Err(ApiError::conflict(format!(
+            "pipeline `{name}` is being reset already; wait for that reset's answer"
+        )));
+    }
+    r.resetting_since_ms = Some(wall_now_ms());
+    Ok(())
 }
 
 /// Waits for a stopped pipeline's hosts to drain and checkpoint (up to [`STOP_WAIT`]); a

@@ -7,13 +7,12 @@ use super::super::{
     Restored, RestoredShard, input_partitions, restore_one, shards_of_run, unavailable,
 };
 use crate::api::ApiState;
+use crate::api::pipelines::PipelineSpec;
 use crate::api::pipelines::runs::ShardRun;
-use crate::api::pipelines::{DesiredState, PipelineSpec};
 use crate::api::pipelines::{PipelineRecord, kafka_topic, staged_run_name};
 use crate::api::problem::ApiError;
 use crate::checkpoints::savepoint::in_flight;
 use crate::checkpoints::savepoint::{self, SavepointDescriptor, SavepointDir};
-use crate::clock::wall_now_ms;
 use crate::config::KafkaSettings;
 use crate::config::stages::internal_topic;
 use crate::ids::{Offset, Partition};
@@ -45,19 +44,9 @@ pub(in crate::api::pipelines::savepoints) async fn reset_pipeline(
     let marked = state
         .catalog
         .update_pipeline(tenant, name, |r| {
-            if r.desired != DesiredState::Stopped || r.uid != record.uid {
-                return Err(ApiError::conflict(format!(
-                    "pipeline `{name}` was started or replaced while the reset began; stop it and reset again"
-                )));
-            }
-            if super::super::under_way(r) {
-                return Err(ApiError::conflict(format!(
-                    "pipeline `{name}` is being reset already; wait for that reset's answer"
-                )));
-            }
-            r.resetting_since_ms = Some(wall_now_ms());
+            super::super::mark_resetting(r, record)?;
             r.edge_generations_made = generation;
-            Ok(())
+            Ok::<(), ApiError>(())
         })
         .await?;
     let restored = reset(state, tenant, &marked, (dir, saved), generation).await;
