@@ -86,7 +86,12 @@ pub fn savepoints_table(
 ) -> String {
     let mut out = format!(
         "{:<24} {:<24} {:<20} {:>10} {:>12}  {}\n",
-        "NAME", "TAKEN (UTC)", "OPERATOR", "PARTITIONS", "BYTES", "OFFSETS (partition:next)"
+        "NAME",
+        "TAKEN (UTC)",
+        "OPERATOR",
+        "PARTITIONS",
+        "BYTES",
+        "OFFSETS (partition:next), or IN FLIGHT for stages"
     );
     for sp in savepoints {
         let taken = humantime::format_rfc3339_millis(

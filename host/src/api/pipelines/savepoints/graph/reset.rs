@@ -88,6 +88,10 @@ pub(in crate::api::pipelines::savepoints) async fn reset_pipeline(
             Ok::<(), ApiError>(())
         })
         .await?;
+    if restored.is_err() {
+        // Its half-seeded topics: nothing reads them (the pipeline stays on its generation).
+        delete_generation(state, tenant, &marked, generation).await;
+    }
     let mut restored = restored?;
     restored.operator_versions = stage_versions(&updated.spec);
     delete_generation(state, tenant, &marked, marked.edge_generation).await;
