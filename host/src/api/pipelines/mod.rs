@@ -266,9 +266,9 @@ async fn set_desired(
                 let left_s =
                     (since + RESET_HOLD.as_millis() as u64).saturating_sub(wall_now_ms()) / 1000;
                 return Err(ApiError::conflict(format!(
-                    "pipeline `{name}` is being reset to a savepoint; start it once the reset has \
-                     answered (if the reset's host died, run the reset again, or start it after \
-                     {left_s} s, when the mark lapses)"
+                    "pipeline `{name}` is being reset to a savepoint or saved; start it once that \
+                     has answered (if its host died, the mark lapses in {left_s} s: a reset must \
+                     then be run again)"
                 )));
             }
             if let Some(why) = record

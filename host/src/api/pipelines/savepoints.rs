@@ -495,13 +495,31 @@ pub(crate) async fn reset_pipeline(
 }
 
 /// Marks `r`, the stored revision of `record`, as being reset, so that no start runs a host's
-/// claim into the middle of the copies: a conflict when it was started or replaced since, or
-/// another reset is under way (marked, and the mark has not lapsed).
+/// claim into the middle of the copies ([`hold`]), and as not reset yet: until the reset's
+/// last update says it succeeded, starts are refused even once the mark lapses (a reset whose
+/// host died part-way leaves some shards restored and others not).
 fn mark_resetting(r: &mut PipelineRecord, record: &PipelineRecord) -> Result<(), ApiError> {
+    hold(r, record, "reset")?;
+    let began = std::time::UNIX_EPOCH + Duration::from_millis(wall_now_ms());
+    r.reset_failed = Some(format!(
+        "a reset began at {} and did not finish: its host may have stopped",
+        humantime::format_rfc3339_seconds(began)
+    ));
+    Ok(())
+}
+
+/// Holds `r`, the stored revision of the stopped `record`, for a reset or a savepoint
+/// (`what`): starts and other holds are refused until it is released or lapses
+/// (`RESET_HOLD`); a conflict when it was started or replaced since, or another hold is on.
+pub(super) fn hold(
+    r: &mut PipelineRecord,
+    record: &PipelineRecord,
+    what: &str,
+) -> Result<(), ApiError> {
     let name = &record.name;
     if r.desired != DesiredState::Stopped || r.uid != record.uid {
         return Err(ApiError::conflict(format!(
-            "pipeline `{name}` was started or replaced while the reset began; stop it and reset again"
+            "pipeline `{name}` was started or replaced while the {what} began; stop it and ask again"
         )));
     }
     let under_way = r
@@ -509,7 +527,7 @@ fn mark_resetting(r: &mut PipelineRecord, record: &PipelineRecord) -> Result<(),
         .is_some_and(|since| wall_now_ms() < since + super::RESET_HOLD.as_millis() as u64);
     if under_way {
         return Err(ApiError::conflict(format!(
-            "pipeline `{name}` is being reset already; wait for that reset's answer"
+            "pipeline `{name}` is being reset or saved already; wait for that answer"
         )));
     }
     r.resetting_since_ms = Some(wall_now_ms());

@@ -61,6 +61,58 @@ pub(super) async fn capture(
             "pipeline `{pipeline}` is a pipeline of stages, which is saved stopped (as Flink's stop-with-savepoint): stop it (POST /v1/pipelines/{pipeline}/stop), take the savepoint, start it again"
         )));
     }
+    if let Some(link) = link_through_a_topic(record) {
+        return Err(ApiError::conflict(link));
+    }
+    // Held while it reads: a start or a reset meanwhile would make shards and edges disagree.
+    state
+        .catalog
+        .update_pipeline(tenant, pipeline, |r| super::hold(r, record, "savepoint"))
+        .await?;
+    let taken = capture_held(state, tenant, record, (name, dir)).await;
+    let released = state
+        .catalog
+        .update_pipeline(tenant, pipeline, |r| {
+            r.resetting_since_ms = None;
+            Ok::<(), ApiError>(())
+        })
+        .await;
+    let taken = taken?;
+    released?;
+    Ok(taken)
+}
+
+/// Why a savepoint of `record` cannot hold what is in flight between two of its stages: one
+/// reads another's output through a topic of the tenant's, which a reset would not replace.
+fn link_through_a_topic(record: &PipelineRecord) -> Option<String> {
+    let stages = &record.spec.stages;
+    stages.iter().find_map(|reader| {
+        reader.inputs.iter().find_map(|input| {
+            let writer = input.stage.as_deref()?;
+            let output = input.output.as_deref().unwrap_or(crate::topology::DEFAULT_OUTPUT);
+            let topic = stages
+                .iter()
+                .find(|s| s.name == writer)?
+                .outputs
+                .get(output)?
+                .topic
+                .as_deref()?;
+            Some(format!(
+                "stage `{}` reads stage `{writer}`'s output `{output}` through topic `{topic}` of yours: a savepoint cannot hold what is in flight there (a reset would read it again); leave the output's topic out, so that Weir keeps it on an internal topic, to save this pipeline",
+                reader.name
+            ))
+        })
+    })
+}
+
+/// [`capture`] once the pipeline is held.
+async fn capture_held(
+    state: &ApiState,
+    tenant: &str,
+    record: &PipelineRecord,
+    (name, dir): (&str, &SavepointDir),
+) -> Result<SavepointDescriptor, ApiError> {
+    let pipeline = &record.name;
     let kafka = kafka(state)?;
     let runs = ShardRun::all(tenant, record);
     let mut stages = Vec::with_capacity(runs.len());

@@ -92,3 +92,38 @@ fn a_pipeline_of_stages_is_reset_only_to_a_savepoint_of_the_same_graph_over_the_
     let why = incompatible(&record(longer), &sp3).expect("refused");
     assert!(why.contains("holds edges"), "{why}");
 }
+
+#[test]
+fn a_pipeline_whose_stages_link_through_a_topic_of_the_tenants_is_not_saved() {
+    assert_eq!(link_through_a_topic(&record(two_stages("clicks"))), None);
+    let mut linked = two_stages("clicks");
+    linked[0]["outputs"] = json!({"default": {"topic": "rekeyed"}});
+    let why = link_through_a_topic(&record(linked)).expect("refused");
+    assert!(
+        why.starts_with(
+            "stage `count` reads stage `rekey`'s output `default` through topic `rekeyed` of yours"
+        ),
+        "{why}"
+    );
+}
+
+#[test]
+fn a_reset_counts_as_failed_until_its_last_update_says_it_succeeded() {
+    let mut stopped = record(two_stages("clicks"));
+    stopped.desired = crate::api::pipelines::DesiredState::Stopped;
+    let mut stored = stopped.clone();
+    super::super::mark_resetting(&mut stored, &stopped).expect("marked");
+    // A host that dies now leaves the pipeline refusing starts, whenever the mark lapses.
+    assert!(
+        stored
+            .reset_failed
+            .as_deref()
+            .is_some_and(|why| why.contains("did not finish")),
+        "{:?}",
+        stored.reset_failed
+    );
+    // A second reset, or a savepoint, meanwhile: refused.
+    let again = super::super::mark_resetting(&mut stored.clone(), &stopped).expect_err("held");
+    assert!(again.to_string().contains("already"), "{again}");
+    assert!(super::super::hold(&mut stored, &stopped, "savepoint").is_err());
+}
