@@ -170,16 +170,19 @@ pub(super) async fn create_pipeline(
             }
         }
     }
+    let mut record = PipelineRecord::new(name.clone(), uid.clone(), spec, wall_now_ms());
     let _one_create_at_a_time = state.pipeline_creates.lock().await;
     let count = state.catalog.pipelines(&tenant).await?.len();
     if count >= state.settings.pipelines_per_tenant_max {
+        // (A pipeline of stages restored from a savepoint has seeded internal topics too.)
+        delete_internal_topics(&state, &tenant, &record).await?;
         state.catalog.delete_state(&tenant, &uid).await?;
         return Err(ApiError::conflict(format!(
             "you have {count} pipelines, the most this service allows per tenant; delete one first"
         )));
     }
-    let mut record = PipelineRecord::new(name.clone(), uid.clone(), spec, wall_now_ms());
     if let Err(e) = state.catalog.create_pipeline(&tenant, &mut record).await {
+        delete_internal_topics(&state, &tenant, &record).await?;
         state.catalog.delete_state(&tenant, &uid).await?;
         return Err(e.into());
     }
@@ -192,6 +195,7 @@ pub(super) async fn create_pipeline(
             .iter()
             .any(|p| p.uid == record.uid)
         {
+            delete_internal_topics(&state, &tenant, &record).await?;
             state.catalog.delete_pipeline(&tenant, &record).await?;
             return Err(ApiError::conflict(format!(
                 "you have {} pipelines, the most this service allows per tenant; delete one first",
