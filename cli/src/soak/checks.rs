@@ -3,7 +3,7 @@
 //! checkpoints'; and the store's size, sampled along the way.
 
 use super::hosts::HostSetup;
-use super::traffic::PARTITIONS;
+use super::traffic::{PARTITIONS, tally_input};
 use super::{PIPELINES, Soak, SoakOptions};
 use crate::client::ApiClient;
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -28,6 +28,25 @@ pub(super) async fn final_checks(soak: &Soak, opts: &SoakOptions) -> Vec<String>
             if let Err(err) = host.start(&soak.setup).await {
                 problems.push(format!("host {} does not start: {err:#}", host.index));
             }
+        }
+    }
+    // The oracle is what the inputs hold (`InputTally`), read back now that nothing more is
+    // produced.
+    for traffic in &soak.traffic {
+        let (bootstrap, input) = (opts.bootstrap.clone(), traffic.input.clone());
+        let tally = tokio::task::spawn_blocking(move || tally_input(&bootstrap, &input)).await;
+        match tally {
+            Ok(Ok(tally)) => {
+                let (note, problem) = traffic.adopt_input(tally);
+                if let Some(note) = note {
+                    eprintln!("soak: {note}");
+                }
+                problems.extend(problem);
+            }
+            Ok(Err(err)) => {
+                problems.push(format!("{}: cannot be read back: {err:#}", traffic.input))
+            }
+            Err(err) => problems.push(format!("{}: cannot be read back: {err}", traffic.input)),
         }
     }
     let deadline = Instant::now() + CATCH_UP_MAX;

@@ -7,7 +7,8 @@
 //! ([`link`], TCP proxies the soak owns), makes S3 answer 503 or crawl, fills a host's disk
 //! cache, and switches a pipeline's operator version and state backend.
 //!
-//! At the end, against what the soak itself produced: every count exact, no output twice for
+//! At the end, against its input topics read back (what the pipelines consume; the producer's
+//! acknowledgements can undercount them): every count exact, no output twice for
 //! a `read_committed` reader of the exactly-once pipeline, every timer fired once, every
 //! partition running, the consumer groups' committed offsets equal to the last checkpoints';
 //! host 0's resident memory and open files at the end within 1.2× of the most they were from
@@ -307,11 +308,11 @@ pub async fn run(opts: &SoakOptions) -> anyhow::Result<SoakReport> {
         .set("enable.idempotence", "true")
         .set("linger.ms", "5")
         .create()?;
-    let mut background = Vec::new();
+    let (mut background, mut producers) = (Vec::new(), Vec::new());
     for traffic in &soak.traffic {
         let (traffic, producer, stop) = (traffic.clone(), producer.clone(), stop.clone());
         let rate = opts.rate;
-        background.push(tokio::spawn(async move {
+        producers.push(tokio::spawn(async move {
             traffic.produce(producer, rate, stop).await;
         }));
     }
@@ -389,6 +390,10 @@ pub async fn run(opts: &SoakOptions) -> anyhow::Result<SoakReport> {
     let store_early = store_size(opts, &soak.setup).await?;
     tokio::time::sleep_until(tokio::time::Instant::from_std(soak.started + length)).await;
     stop.store(true, Ordering::Relaxed);
+    // Every send acknowledged or failed before the input is read back as the oracle.
+    for producer in producers {
+        let _ = producer.await;
+    }
     for fault in faults {
         let _ = fault.await;
     }

@@ -3,9 +3,9 @@
 //! each pipeline's output that keep what came out — counts and fired timers per key, and per
 //! input partition the furthest offset an output answered and how late.
 
-use rdkafka::Message;
-use rdkafka::consumer::{Consumer, StreamConsumer};
+use rdkafka::consumer::{BaseConsumer, Consumer, StreamConsumer};
 use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::{Message, Offset, TopicPartitionList};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -39,6 +39,9 @@ pub struct Ledger {
     pub high: BTreeMap<i32, i64>,
     /// Per key, each count emitted, in the order read.
     pub counts: BTreeMap<String, Vec<u64>>,
+    /// Per key, per input offset, the counts the outputs answered it with: more than one for
+    /// an offset is a record counted twice into one state (the failure message says so).
+    pub answered_with: BTreeMap<String, BTreeMap<i64, BTreeSet<u64>>>,
     /// Per key, each timer that fired, in the order read (a name twice is a timer fired
     /// twice).
     pub fired: BTreeMap<String, Vec<String>>,
@@ -207,6 +210,13 @@ impl Traffic {
                 .strip_prefix('k')
                 .and_then(|k| k.parse::<u64>().ok())
                 .map_or(0, |k| (k % PARTITIONS as u64) as i32);
+            ledger
+                .answered_with
+                .entry(key.clone())
+                .or_default()
+                .entry(offset)
+                .or_default()
+                .insert(count);
             ledger.counts.entry(key).or_default().push(count);
             if let Some(produced) = ledger.produced_at.get(&(partition, offset)).copied() {
                 ledger.worst_lag = ledger.worst_lag.max(read_at - produced);
@@ -218,17 +228,49 @@ impl Traffic {
         }
     }
 
+    /// Makes `tally` (what the input topic holds) the oracle in place of what the producer's
+    /// acknowledgements counted. Returns a note when they differ: more in the topic is the
+    /// producer's doing (a retry written twice, an unconfirmed delivery that landed) and what
+    /// Weir must count; fewer is records the broker acknowledged and lost, a problem.
+    pub fn adopt_input(&self, tally: InputTally) -> (Option<String>, Option<String>) {
+        let mut ledger = self.ledger();
+        let acknowledged = InputTally {
+            produced: ledger.produced.clone(),
+            timers_set: ledger.timers_set.clone(),
+        };
+        let (held, acked) = (tally.records(), acknowledged.records());
+        let lost = acknowledged
+            .produced
+            .iter()
+            .any(|(key, n)| tally.produced.get(key).copied().unwrap_or_default() < *n)
+            || acknowledged.timers_set.iter().any(|(key, names)| {
+                !tally
+                    .timers_set
+                    .get(key)
+                    .is_some_and(|t| t.is_superset(names))
+            });
+        let problem = lost.then(|| {
+            format!(
+                "{}: the topic holds fewer records of some key than the producer saw acknowledged ({held} against {acked})",
+                self.input
+            )
+        });
+        let note = (held != acked).then(|| {
+            format!(
+                "{}: the topic holds {held} records, the producer saw {acked} acknowledged and {} unconfirmed: the topic is the oracle",
+                self.input, ledger.unconfirmed
+            )
+        });
+        ledger.produced = tally.produced;
+        ledger.timers_set = tally.timers_set;
+        (note, problem)
+    }
+
     /// What the pipeline's output shows against its input (module docs): every key's counts,
     /// every timer; exactly-once: each count and each timer once. Empty when all holds.
     pub fn problems(&self) -> Vec<String> {
         let ledger = self.ledger();
         let mut problems = Vec::new();
-        if ledger.unconfirmed > 0 {
-            problems.push(format!(
-                "{}: the soak's producer could not confirm {} deliveries: the counts cannot be checked",
-                self.input, ledger.unconfirmed
-            ));
-        }
         for (key, n) in &ledger.produced {
             let seen = ledger.counts.get(key).cloned().unwrap_or_default();
             if self.exactly_once {
@@ -244,9 +286,10 @@ impl Traffic {
                 let distinct: BTreeSet<u64> = seen.iter().copied().collect();
                 if seen.iter().max() != Some(n) || distinct.len() as u64 != *n {
                     problems.push(format!(
-                        "{}: key {key}: counts {} (expected every one of 1..={n})",
+                        "{}: key {key}: counts {} (expected every one of 1..={n}){}",
                         self.output,
-                        summarise(&seen)
+                        summarise(&seen),
+                        counted_twice(ledger.answered_with.get(key))
                     ));
                 }
             }
@@ -265,6 +308,113 @@ impl Traffic {
         }
         problems
     }
+}
+
+/// Input offsets the outputs answered with more than one count (`answered`: per input
+/// offset, the counts), said after a failed key's counts: such an offset is one record counted
+/// twice into one state, where a duplicate in the input shows as counts of distinct offsets.
+fn counted_twice(answered: Option<&BTreeMap<i64, BTreeSet<u64>>>) -> String {
+    let twice: Vec<String> = answered
+        .into_iter()
+        .flatten()
+        .filter(|(_, counts)| counts.len() > 1)
+        .take(4)
+        .map(|(offset, counts)| format!("input offset {offset} answered with counts {counts:?}"))
+        .collect();
+    if twice.is_empty() {
+        return String::new();
+    }
+    format!("; {}", twice.join(", "))
+}
+
+/// What an input topic holds, read back from it once the producer stopped: per key, the
+/// records that count and the timers set. The oracle the outputs are checked against: the
+/// producer's acknowledgements are not (an idempotent producer's retry after its epoch was
+/// bumped can write a batch twice, confluentinc/librdkafka#4953; a delivery it could not
+/// confirm may have landed). Weir counts what the topic holds.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct InputTally {
+    /// Per key, records that count.
+    pub produced: BTreeMap<String, u64>,
+    /// Per key, the timers set (by name).
+    pub timers_set: BTreeMap<String, BTreeSet<String>>,
+}
+
+impl InputTally {
+    /// Adds one input record (its key and value as [`Traffic::produce`] wrote them).
+    fn add(&mut self, key: &str, value: &str) {
+        // `timer:{domain}:{name}:{at}`.
+        match value
+            .strip_prefix("timer:")
+            .and_then(|rest| rest.split(':').nth(1))
+        {
+            Some(name) => {
+                self.timers_set
+                    .entry(key.to_owned())
+                    .or_default()
+                    .insert(name.to_owned());
+            }
+            None => *self.produced.entry(key.to_owned()).or_default() += 1,
+        }
+    }
+
+    fn records(&self) -> u64 {
+        self.produced.values().sum::<u64>()
+            + self
+                .timers_set
+                .values()
+                .map(|names| names.len() as u64)
+                .sum::<u64>()
+    }
+}
+
+/// Reads `topic` from its start to its end (the end when it begins: nothing is produced any
+/// more) into an [`InputTally`]. Blocking: run it off the async threads.
+///
+/// # Errors
+/// When the broker cannot be reached or the topic not read to its end within two minutes.
+pub fn tally_input(bootstrap: &str, topic: &str) -> anyhow::Result<InputTally> {
+    let consumer: BaseConsumer = crate::kafka::client(bootstrap)
+        .set("group.id", format!("soak-oracle-{topic}"))
+        .set("enable.auto.commit", "false")
+        .create()?;
+    let mut assignment = TopicPartitionList::new();
+    let mut ends = BTreeMap::new();
+    for partition in 0..PARTITIONS {
+        let (_, high) = consumer.fetch_watermarks(topic, partition, Duration::from_secs(30))?;
+        if high > 0 {
+            ends.insert(partition, high);
+            assignment.add_partition_offset(topic, partition, Offset::Beginning)?;
+        }
+    }
+    consumer.assign(&assignment)?;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut tally = InputTally::default();
+    while !ends.is_empty() {
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "{topic}: not read to its end within 2 minutes ({} partitions short)",
+            ends.len()
+        );
+        let Some(message) = consumer.poll(Duration::from_millis(500)) else {
+            continue;
+        };
+        let message = message?;
+        let Some(end) = ends.get(&message.partition()).copied() else {
+            continue;
+        };
+        if message.offset() >= end {
+            continue;
+        }
+        tally.add(
+            &String::from_utf8_lossy(message.key().unwrap_or_default()),
+            &String::from_utf8_lossy(message.payload().unwrap_or_default()),
+        );
+        if message.offset() + 1 >= end {
+            ends.remove(&message.partition());
+        }
+    }
+    Ok(tally)
 }
 
 /// A list of counts, short: its length, first and last few.
@@ -337,6 +487,60 @@ mod tests {
             .map(|seq| seq % KEYS % PARTITIONS as u64)
             .collect();
         assert_eq!(partitions, (0..PARTITIONS as u64).collect());
+    }
+
+    #[test]
+    fn the_input_tally_counts_records_and_names_timers_as_the_producer_wrote_them() {
+        let mut tally = InputTally::default();
+        tally.add("k1", "record 1");
+        tally.add("k1", "record 201");
+        tally.add("k2", "timer:event:t2:1700000005000");
+        tally.add("k2", "timer:processing:t202:1700000003000");
+        tally.add("k2", "record 402");
+        assert_eq!(
+            tally.produced,
+            BTreeMap::from([("k1".into(), 2), ("k2".into(), 1)])
+        );
+        assert_eq!(
+            tally.timers_set,
+            BTreeMap::from([("k2".into(), BTreeSet::from(["t2".into(), "t202".into()]))])
+        );
+        assert_eq!(tally.records(), 5);
+    }
+
+    #[test]
+    fn a_record_written_twice_by_the_producer_is_counted_and_noted_and_one_lost_is_a_problem() {
+        let traffic = Traffic::new("t.in".into(), "t.out".into(), false);
+        traffic.ledger().produced = BTreeMap::from([("k1".into(), 60), ("k2".into(), 60)]);
+        let written_twice = InputTally {
+            produced: BTreeMap::from([("k1".into(), 61), ("k2".into(), 60)]),
+            ..InputTally::default()
+        };
+        let (note, problem) = traffic.adopt_input(written_twice);
+        assert!(note.is_some_and(|n| n.contains("121 records")));
+        assert_eq!(problem, None);
+        assert_eq!(
+            traffic.ledger().produced["k1"],
+            61,
+            "the topic is the oracle"
+        );
+
+        let lost = InputTally {
+            produced: BTreeMap::from([("k1".into(), 61), ("k2".into(), 59)]),
+            ..InputTally::default()
+        };
+        let (_, problem) = traffic.adopt_input(lost);
+        assert!(problem.is_some_and(|p| p.contains("fewer records")));
+    }
+
+    #[test]
+    fn an_offset_answered_with_two_counts_is_named_as_a_record_counted_twice() {
+        let answered = BTreeMap::from([(40, BTreeSet::from([41])), (44, BTreeSet::from([42, 43]))]);
+        assert_eq!(
+            counted_twice(Some(&answered)),
+            "; input offset 44 answered with counts {42, 43}"
+        );
+        assert_eq!(counted_twice(None), "");
     }
 
     #[test]
