@@ -183,6 +183,9 @@ pub struct RunMetrics {
     /// `weir_late_records_total{policy}`: records behind the watermark, one series per
     /// [`LateRecords`] (index [`LateRecords::index`]).
     late_records: [Counter; LateRecords::ALL.len()],
+    /// `weir_edge_repeats_dropped_total`: records of an edge dropped as repeats of what their
+    /// upstream shard sent before a frontier it marked (`crate::time::edge`).
+    pub edge_repeats: Counter,
 }
 
 impl Default for RunMetrics {
@@ -200,6 +203,7 @@ impl Default for RunMetrics {
             recovery: Histogram::noop(),
             timers_fired: Counter::noop(),
             late_records: std::array::from_fn(|_| Counter::noop()),
+            edge_repeats: Counter::noop(),
         }
     }
 }
@@ -245,6 +249,7 @@ impl RunMetrics {
                 labels.push(Label::new("policy", policy.as_str()));
                 metrics::counter!("weir_late_records_total", labels)
             }),
+            edge_repeats: metrics::counter!("weir_edge_repeats_dropped_total", l()),
             labels,
         }
     }

@@ -99,6 +99,20 @@ async fn wait_for_log_line(
     }
 }
 
+/// The store under `store_url` (the host's), and every object in it.
+async fn stored_objects(
+    store_url: &str,
+) -> anyhow::Result<(
+    std::sync::Arc<dyn object_store::ObjectStore>,
+    Vec<object_store::ObjectMeta>,
+)> {
+    use futures::TryStreamExt as _;
+    let (store, prefix) =
+        weir_host::state::lsm::backend::object_store_from_url(store_url, &s3_options())?;
+    let objects = store.list(Some(&prefix)).try_collect().await?;
+    Ok((store, objects))
+}
+
 /// Partitions of the tests' input and output topics.
 const PARTITIONS: i32 = 4;
 
@@ -539,12 +553,7 @@ async fn a_reset_to_a_savepoint_with_records_in_flight_on_the_edge_counts_each_r
     // A reset that fails part-way (the savepoint lost a shard's manifest, found after the
     // edges were seeded and other shards restored) leaves the pipeline refusing to start until
     // a reset succeeds, and verify names the savepoint as not restorable.
-    let (store, prefix) =
-        weir_host::state::lsm::backend::object_store_from_url(&store_url, &s3_options())?;
-    let objects: Vec<object_store::ObjectMeta> = {
-        use futures::TryStreamExt as _;
-        store.list(Some(&prefix)).try_collect().await?
-    };
+    let (store, objects) = stored_objects(&store_url).await?;
     let lost = objects
         .iter()
         .map(|o| o.location.clone())
@@ -622,5 +631,170 @@ async fn a_reset_to_a_savepoint_with_records_in_flight_on_the_edge_counts_each_r
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    Ok(())
+}
+
+/// Asks pipeline `name` for a checkpoint of every partition (`POST …/checkpoints`) each second
+/// until `done` holds for its view.
+async fn checkpoint_until(
+    addr: std::net::SocketAddr,
+    key: &str,
+    name: &str,
+    what: &str,
+    mut done: impl FnMut(&Value) -> bool,
+) -> anyhow::Result<()> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(90);
+    loop {
+        let path = format!("/v1/pipelines/{name}/checkpoints");
+        let (status, _, body) = call(addr, Method::POST, &path, Some(key), None).await?;
+        anyhow::ensure!(status == StatusCode::ACCEPTED, "{status}: {body}");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let path = format!("/v1/pipelines/{name}");
+        let (_, _, view) = call(addr, Method::GET, &path, Some(key), None).await?;
+        if done(&view) {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            std::time::Instant::now() < deadline,
+            "{what}: not after 90 s of checkpoints: {view:#}"
+        );
+    }
+}
+
+/// The `rekey` stage's records of `input` its checkpoints cover, summed over its partitions.
+fn rekey_checkpointed(view: &Value, input: &str) -> i64 {
+    view["status"]["partitions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|p| p["stage"] == "rekey")
+        .filter_map(|p| p["checkpointed_offsets"][input].as_i64())
+        .sum()
+}
+
+/// `weir_edge_repeats_dropped_total` of tenant `tenant`'s pipeline `name`, from this process's
+/// metrics (the host runs in it).
+fn repeats_dropped(tenant: &str, name: &str) -> f64 {
+    weir_host::telemetry::prometheus()
+        .render()
+        .lines()
+        .filter(|l| l.starts_with("weir_edge_repeats_dropped_total{"))
+        .filter(|l| l.contains(&format!("tenant=\"{tenant}\"")) && l.contains(name))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// SCENARIOS.md S15 across an edge (docs/topologies.md, "Repeats across an edge"): the first
+/// stage's newest checkpoints of one partition are unusable, so it falls back to an older one
+/// and sends again what it had sent since; the second stage drops exactly those records, by
+/// their origin, and counts each input record once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stage_whose_upstream_falls_back_to_an_older_checkpoint_counts_no_record_twice()
+-> anyhow::Result<()> {
+    use weir_host::state::manifest::{ManifestKind, ManifestStore};
+    let Rig {
+        addr,
+        store_url,
+        acme_id,
+        acme,
+        input,
+        output,
+    } = rig(1).await?;
+    let mut expected = BTreeMap::new();
+    // Checkpoints only when asked for, so that the first stage's are where the test puts them.
+    let mut graph = spec(1);
+    graph["checkpoint_interval_ms"] = json!(3_600_000);
+    produce_counter(&input, PARTITIONS, (0, 2_000), 500, &mut expected).await?;
+    create_pipeline(addr, &acme, "fall", &graph).await?;
+    checkpoint_until(addr, &acme, "fall", "the first half checkpointed", |v| {
+        rekey_checkpointed(v, &input) == 2_000
+    })
+    .await?;
+    produce_counter(&input, PARTITIONS, (2_000, 4_000), 500, &mut expected).await?;
+    checkpoint_until(addr, &acme, "fall", "the second half checkpointed", |v| {
+        rekey_checkpointed(v, &input) == 4_000
+    })
+    .await?;
+    set_desired(addr, &acme, "fall", "stop").await?;
+
+    // Every checkpoint of the first stage's partition 0 past its oldest retained one loses its
+    // snapshot: recovery falls back to that one.
+    let (store, objects) = stored_objects(&store_url).await?;
+    let manifest = objects
+        .iter()
+        .map(|o| o.location.to_string())
+        .find(|p| p.contains("@rekey/shards/00000/manifest/"))
+        .ok_or_else(|| anyhow::anyhow!("no manifest of the rekey stage's partition 0"))?;
+    let root = &manifest[..manifest.find("/manifest/").unwrap_or(manifest.len())];
+    let manifests = ManifestStore::new(store.clone(), object_store::path::Path::from(root));
+    let mut checkpoints = Vec::new();
+    for version in manifests.versions().await? {
+        let m = manifests.read(version).await?;
+        // (A checkpoint asked for before the first record has no offset.)
+        if m.kind == ManifestKind::Checkpoint
+            && let Some(offset) = m.metadata.get(&format!("offset/{input}"))
+        {
+            checkpoints.push((offset.parse::<i64>()?, m.metadata["snapshot"].clone()));
+        }
+    }
+    checkpoints.sort();
+    let (oldest, kept) = checkpoints[0].clone();
+    let newest = checkpoints.last().map_or(oldest, |(o, _)| *o);
+    anyhow::ensure!(
+        oldest < newest,
+        "the retained checkpoints of partition 0 all cover {newest} records: {checkpoints:?}"
+    );
+    for (_, snapshot) in checkpoints
+        .iter()
+        .filter(|(o, s)| *o > oldest && *s != kept)
+    {
+        store
+            .delete(&object_store::path::Path::from(format!(
+                "{root}/{snapshot}"
+            )))
+            .await?;
+    }
+
+    // Started again: partition 0 of the first stage sends its records from `oldest` to
+    // `newest` again; the second stage drops each of them and its counts stay exact.
+    let dropped_before = repeats_dropped(&acme_id, "fall");
+    set_desired(addr, &acme, "fall", "start").await?;
+    let want = rekeyed(&expected, 7);
+    let deadline = std::time::Instant::now() + Duration::from_secs(90);
+    loop {
+        let path = "/v1/pipelines/fall/checkpoints";
+        let (status, _, body) = call(addr, Method::POST, path, Some(&acme), None).await?;
+        anyhow::ensure!(status == StatusCode::ACCEPTED, "{status}: {body}");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let dropped = repeats_dropped(&acme_id, "fall") - dropped_before;
+        let counted = count_state(addr, &acme, ("fall", "")).await?;
+        if dropped >= (newest - oldest) as f64 && counted == want {
+            break;
+        }
+        anyhow::ensure!(
+            std::time::Instant::now() < deadline,
+            "after 90 s: {dropped} repeats dropped of {}, counts {counted:?} (want {want:?})",
+            newest - oldest
+        );
+    }
+    let counts = read_counts_until(&output, Duration::from_secs(60), |counts| {
+        want.iter()
+            .all(|(k, n)| counts.get(k).and_then(|c| c.last()) == Some(n))
+    })
+    .await?;
+    for (key, seen) in &counts {
+        assert!(
+            seen.iter().max() <= want.get(key),
+            "key {key} counted past {:?}: {seen:?}",
+            want.get(key)
+        );
+    }
+    assert_eq!(
+        repeats_dropped(&acme_id, "fall") - dropped_before,
+        (newest - oldest) as f64,
+        "each record sent again dropped once"
+    );
+    set_desired(addr, &acme, "fall", "stop").await?;
+    assert_eq!(count_state(addr, &acme, ("fall", "")).await?, want);
     Ok(())
 }

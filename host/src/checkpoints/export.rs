@@ -31,7 +31,9 @@
 //! - The last line closes the file with the counts and the watermark (ms, when the shard had
 //!   one): an export without it is incomplete and is refused by the import. A shard of a
 //!   pipeline with an Iceberg table adds `iceberg_pending`, its list of data files not yet in
-//!   the table (docs/iceberg.md), as it keeps it.
+//!   the table (docs/iceberg.md), as it keeps it; a shard of a stage that reads an internal
+//!   topic adds `edges`, what it keeps of its upstream shards (frontiers, watermarks:
+//!   `crate::time::edge::EdgeState`, its JSON text).
 //! - What the backends derive (the time index that fires timers in time order, the count of
 //!   pending timers) is not exported: the import builds it again from the timers.
 
@@ -137,6 +139,10 @@ pub struct ExportLine {
     /// (docs/iceberg.md), the JSON text the shard keeps, if it has one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub iceberg_pending: Option<String>,
+    /// The last line: what a stage's shard keeps of its edges (`crate::time::edge::EdgeState`,
+    /// the JSON text the shard keeps), if it has it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub edges: Option<String>,
 }
 
 /// What an export or import moved.
@@ -281,6 +287,8 @@ enum Exported {
     Watermark(i64),
     /// The Iceberg sink's pending list (JSON text).
     IcebergPending(String),
+    /// A stage's edge state (JSON text).
+    Edges(String),
     /// Derived by the backends (the time index, the timer count): not exported.
     Derived,
 }
@@ -302,6 +310,11 @@ fn export_entry(
     }
     if key.starts_with(&time_keys::TIME_INDEX) || key == time_keys::TIMER_COUNT_KEY {
         return Ok(Exported::Derived);
+    }
+    if key == crate::time::edge::EDGES_KEY {
+        return String::from_utf8(value.to_vec())
+            .map(Exported::Edges)
+            .map_err(|_| invalid(0, "the edge state is not UTF-8"));
     }
     if key == time_keys::TABLE_PENDING_KEY {
         return String::from_utf8(value.to_vec())
@@ -384,7 +397,7 @@ pub async fn export_checkpoint(
     buf.push(b'\n');
     let (mut written, mut timers, mut bytes) = (0u64, 0u64, 0u64);
     let mut watermark_ms = None;
-    let mut iceberg_pending = None;
+    let (mut iceberg_pending, mut edges) = (None, None);
     loop {
         let page = entries.next_page().await?;
         if page.is_empty() {
@@ -403,6 +416,7 @@ pub async fn export_checkpoint(
                 }
                 Exported::Watermark(ms) => watermark_ms = Some(ms),
                 Exported::IcebergPending(list) => iceberg_pending = Some(list),
+                Exported::Edges(state) => edges = Some(state),
                 Exported::Derived => {}
             }
         }
@@ -418,6 +432,7 @@ pub async fn export_checkpoint(
         timers: Some(timers),
         watermark_ms,
         iceberg_pending,
+        edges,
         ..ExportLine::default()
     };
     serde_json::to_writer(&mut buf, &end).expect("plain fields serialise");

@@ -259,17 +259,18 @@ pub trait ShardSink: Send + 'static {
         false
     }
 
-    /// Writes the shard's watermark, as `marker`, to every partition of its output when that
-    /// is an internal topic, with the checkpoint's outputs (docs/topologies.md); nothing by
-    /// default.
+    /// Writes the shard's watermark, as `marker`, with the `frontier` its checkpoint reached
+    /// if given (`time::edge`), to every partition of its output when that is an internal
+    /// topic, with the checkpoint's outputs (docs/topologies.md); nothing by default.
     ///
     /// # Errors
     /// [`SinkError`] when an earlier delivery failed for good.
     fn watermark(
         &mut self,
         marker: crate::time::watermark::Marker,
+        frontier: Option<&crate::time::edge::Frontier>,
     ) -> impl Future<Output = Result<(), SinkError>> + Send {
-        let _ = marker;
+        let _ = (marker, frontier);
         async { Ok(()) }
     }
 

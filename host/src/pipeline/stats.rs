@@ -39,6 +39,9 @@ pub struct PipelineStats {
     pub partition_pauses: AtomicU64,
     /// Fetched records dropped because the shard's checkpoint already reflects them.
     pub records_skipped: AtomicU64,
+    /// Records of an edge dropped as repeats: their upstream shard had sent them before a
+    /// frontier its markers named (`crate::time::edge`).
+    pub records_repeated: AtomicU64,
     /// Checkpoints committed.
     pub checkpoints: AtomicU64,
     /// Checkpoints that failed on a store error (retried at the next interval).

@@ -52,7 +52,6 @@ use crate::runtime::guest_log::LogSource;
 use crate::runtime::{BatchCtx, CallSettings, Disposition, InputRecord, Operator};
 use crate::state::checkpoint::InputOffsets;
 use crate::state::{Shard, StateError};
-use crate::time::watermark::Marker;
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -62,6 +61,7 @@ use tokio::time::Instant;
 
 mod backlog;
 mod checkpoint;
+mod edges;
 mod effects;
 mod ended;
 mod error;
@@ -119,6 +119,8 @@ pub(crate) struct PartitionWorker<S: Shard, K: ShardSink> {
     pub timers: Timers,
     /// The marker the sink last wrote to its internal outputs ([`ShardSink::watermark`]).
     pub marked: Option<crate::time::watermark::Marker>,
+    /// Its edges' frontiers and what it saved of them ([`edges`]).
+    pub edges: edges::EdgeTracking,
     /// What a record behind the watermark does.
     pub late_records: LateRecords,
     /// What each call gets besides its records: the sink's limits and table, the run's
@@ -231,7 +233,7 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
         let now = self.timers.now_ms();
         let (mut admitted, mut skipped) = (0u64, 0u64);
         while self.execution.controller.has_room()
-            && let Some(record) = backlog.pop_front()
+            && let Some(mut record) = backlog.pop_front()
         {
             if self
                 .admitted
@@ -249,6 +251,9 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
                     .marker(&record.topic, marker, now);
                 self.offsets.advance(&record.topic, Offset(record.offset));
                 self.dirty = true;
+                continue;
+            }
+            if self.repeat(&mut record) {
                 continue;
             }
             self.timers
@@ -300,19 +305,6 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
             metrics::gauge!("weir_records_in_flight").increment(admitted as f64);
         }
         late_letters
-    }
-
-    /// The watermark marker `record` is, if it is one of an edge's (docs/topologies.md).
-    fn marker(&self, record: &InputRecord) -> Option<Marker> {
-        if record.headers.is_empty() || !self.timers.watermarks().is_edge(&record.topic) {
-            return None;
-        }
-        Marker::decode(
-            record
-                .headers
-                .iter()
-                .map(|h| (h.name.as_str(), h.value.as_slice())),
-        )
     }
 
     /// Starts attempts while an instance is free: retries and re-runs first, then new batches

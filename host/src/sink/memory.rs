@@ -10,6 +10,7 @@ use crate::pipeline::ports::{
 use crate::runtime::{InputRecord, StagedEmit};
 use crate::source::memory::MemorySourceHandle;
 use crate::state::checkpoint::InputOffsets;
+use crate::time::edge::Frontier;
 use crate::time::watermark::Marker;
 use std::sync::{Arc, Mutex};
 
@@ -34,6 +35,8 @@ pub struct Written {
     /// A watermark marker ([`ShardSink::watermark`]), in order among the outputs, of an
     /// output made with [`MemoryOutput::with_markers`]; `None` for a record.
     pub marker: Option<Marker>,
+    /// The frontier a marker carried (`time::edge`), if any.
+    pub frontier: Option<Frontier>,
 }
 
 /// What the sinks of a [`MemoryOutput`] wrote and committed.
@@ -158,7 +161,11 @@ impl ShardSink for MemorySink {
         self.output.markers
     }
 
-    async fn watermark(&mut self, marker: Marker) -> Result<(), SinkError> {
+    async fn watermark(
+        &mut self,
+        marker: Marker,
+        frontier: Option<&Frontier>,
+    ) -> Result<(), SinkError> {
         if self.output.markers {
             self.open.push(Written {
                 partition: self.partition,
@@ -169,6 +176,7 @@ impl ShardSink for MemorySink {
                 timestamp_ms: marker.watermark_ms,
                 dead_letter: None,
                 marker: Some(marker),
+                frontier: frontier.cloned(),
             });
         }
         Ok(())
@@ -184,6 +192,7 @@ impl ShardSink for MemorySink {
             timestamp_ms: emit.timestamp_ms.unwrap_or(source.timestamp_ms),
             dead_letter: None,
             marker: None,
+            frontier: None,
         });
         Ok(())
     }
@@ -203,6 +212,7 @@ impl ShardSink for MemorySink {
             timestamp_ms: record.timestamp_ms,
             dead_letter: Some((kind, error.to_owned())),
             marker: None,
+            frontier: None,
         });
         Ok(())
     }

@@ -5,6 +5,7 @@
 //! memory; [`watermark::Watermarks`] tracks a shard's event time. The partition worker fires due
 //! timers ([`crate::pipeline`]'s `timers` module).
 
+pub mod edge;
 pub mod head;
 pub mod keys;
 pub mod marker;

@@ -107,6 +107,11 @@ impl Watermarks {
         }
     }
 
+    /// The input topics, in the pipeline's order.
+    pub fn topics(&self) -> &[String] {
+        &self.topics
+    }
+
     /// Whether `topic` is an edge ([`Self::set_edge`]).
     pub fn is_edge(&self, topic: &str) -> bool {
         self.index(topic).is_some_and(|i| self.edges[i].is_some())
@@ -129,10 +134,41 @@ impl Watermarks {
         if shard >= upstream.shards.len() {
             upstream.shards.resize(shard + 1, None);
         }
+        self.active_at[i] = self.active_at[i].max(now_ms);
+        if !marker.idle && marker.watermark_ms == i64::MIN {
+            // A marker for its frontier only (`time::edge`): the shard has no watermark to say.
+            return;
+        }
         let slot = &mut upstream.shards[shard];
         let watermark = slot.map_or(marker.watermark_ms, |(w, _)| w.max(marker.watermark_ms));
         *slot = Some((watermark, marker.idle));
-        self.active_at[i] = self.active_at[i].max(now_ms);
+    }
+
+    /// Per edge input (its index among the inputs), each upstream shard's watermark and
+    /// idleness as its markers left them (`None` before its first): what a checkpoint keeps.
+    pub fn edge_watermarks(&self) -> impl Iterator<Item = (usize, &[Option<(i64, bool)>])> {
+        self.edges
+            .iter()
+            .enumerate()
+            .filter_map(|(i, e)| Some((i, e.as_ref()?.shards.as_slice())))
+    }
+
+    /// Restores upstream shard `shard`'s watermark and idleness on edge input `i` from a
+    /// checkpoint (ignored when `i` is not an edge, or for a shard past any stage's).
+    pub fn restore_edge_watermark(&mut self, i: usize, shard: i32, watermark: (i64, bool)) {
+        let Some(Some(upstream)) = self.edges.get_mut(i) else {
+            return;
+        };
+        let Some(shard) = usize::try_from(shard)
+            .ok()
+            .filter(|s| *s < MARKER_SHARDS_MAX)
+        else {
+            return;
+        };
+        if shard >= upstream.shards.len() {
+            upstream.shards.resize(shard + 1, None);
+        }
+        upstream.shards[shard] = Some(watermark);
     }
 
     /// The index of `topic` among the inputs (the only one's, whatever the name, when there is

@@ -174,8 +174,8 @@ fn parse(line_no: u64, line: ExportLine) -> Result<Parsed, ExportError> {
     })
 }
 
-/// The reserved keys, which sort after every state key: the timer count, the Iceberg sink's
-/// pending list, the time index, the watermark (`c` < `i` < `t` < `w`).
+/// The reserved keys, which sort after every state key: the timer count, the edge state, the
+/// Iceberg sink's pending list, the time index, the watermark (`c` < `e` < `i` < `t` < `w`).
 async fn add_reserved(
     sink: &mut ImportSink<'_>,
     end: &ExportLine,
@@ -187,6 +187,15 @@ async fn add_reserved(
             0,
             time_keys::TIMER_COUNT_KEY.to_vec(),
             Bytes::copy_from_slice(&timers.to_be_bytes()),
+            None,
+        )
+        .await?;
+    }
+    if let Some(state) = &end.edges {
+        sink.add(
+            0,
+            crate::time::edge::EDGES_KEY.to_vec(),
+            Bytes::from(state.clone().into_bytes()),
             None,
         )
         .await?;

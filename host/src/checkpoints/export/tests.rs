@@ -19,6 +19,8 @@ struct State {
     watermark_ms: Option<i64>,
     /// The Iceberg sink's pending list: one entry of this checkpoint version, if any.
     iceberg_pending: Option<u64>,
+    /// A stage's edge state: one upstream shard's frontier, if any (`crate::time::edge`).
+    edges_frontier: Option<i64>,
     next_offset: i64,
 }
 
@@ -61,6 +63,23 @@ impl State {
             out.push(put(
                 crate::sink::iceberg::shard::PENDING_KEY.to_vec(),
                 list.into_bytes(),
+                None,
+            ));
+        }
+        if let Some(next) = self.edges_frontier {
+            let state = crate::time::edge::EdgeState {
+                edges: BTreeMap::from([(
+                    0,
+                    vec![crate::time::edge::UpstreamState {
+                        shard: 1,
+                        watermark: Some((next, false)),
+                        frontier: vec![(crate::time::edge::InputKey::new(0, 0), next)],
+                    }],
+                )]),
+            };
+            out.push(put(
+                crate::time::edge::EDGES_KEY.to_vec(),
+                state.to_bytes(),
                 None,
             ));
         }
@@ -114,14 +133,16 @@ fn state() -> impl Strategy<Value = State> {
         proptest::collection::btree_map(timer.0, timer.1, 0..20),
         proptest::option::of(any::<i64>()),
         proptest::option::of(1u64..1_000_000),
+        proptest::option::of(0i64..1_000_000),
         1i64..1_000_000,
     )
         .prop_map(
-            |(entries, timers, watermark_ms, iceberg_pending, next_offset)| State {
+            |(entries, timers, watermark_ms, iceberg_pending, edges_frontier, next_offset)| State {
                 entries: entries.into_iter().collect(),
                 timers,
                 watermark_ms,
                 iceberg_pending,
+                edges_frontier,
                 next_offset,
             },
         )
@@ -299,6 +320,7 @@ fn the_export_format_is_frozen() {
             watermark_ms: Some(59_000),
             // Shards without an Iceberg table export as before.
             iceberg_pending: None,
+            edges_frontier: None,
             next_offset: 301,
         };
         let (root, manifest) = checkpointed(&store, &clock, "memory", "t.a", &state).await;

@@ -44,6 +44,9 @@ impl<S, K> Opening<S, K> {
 pub(crate) struct Opened<S, K> {
     pub shard: S,
     pub sink: K,
+    /// What the shard's checkpoint kept of its edges (`crate::time::edge::EDGES_KEY`), read
+    /// for a stage with an edge input: `None` for another, `Some(None)` for none kept.
+    pub edges: Option<Option<bytes::Bytes>>,
 }
 
 /// Why opening a shard failed.
@@ -74,6 +77,7 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
         );
         let known_corruption = self.corruption.get(&partition).cloned().unwrap_or_default();
         let transactional = self.settings.pipeline.delivery == Delivery::ExactlyOnce;
+        let has_edges = !self.settings.pipeline.edges.inputs.is_empty();
         let worker = self.next_worker(partition);
         let control = WorkerControl::new();
         // The partition's status says why its sink waits; refused outputs dead-lettered are
@@ -104,7 +108,12 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
                 let resume = shard.recovered_offsets().ok().flatten().unwrap_or_default();
                 sink.restore(value.as_deref(), &resume)?;
             }
-            Ok(Opened { shard, sink })
+            let edges = if has_edges {
+                Some(shard.get(&crate::time::edge::EDGES_KEY).await?)
+            } else {
+                None
+            };
+            Ok(Opened { shard, sink, edges })
         }));
         self.opening.insert(
             partition,

@@ -11,6 +11,7 @@ use crate::pipeline::WorkerError;
 use crate::pipeline::ports::{CommitError, ShardSink};
 use crate::state::Shard;
 use crate::state::checkpoint::{CheckpointError, CheckpointReport, DecidedBy};
+use crate::time::edge::Frontier;
 use crate::time::watermark::Marker;
 use std::sync::atomic::Ordering;
 use tokio::time::Instant;
@@ -35,21 +36,31 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
         // nothing new and nothing dropped there is nothing to write. A watermark that moved is
         // new to the stage downstream of an internal output.
         let marker = self.marker_now();
-        let watermark_moved = self.sink.writes_watermarks() && marker != self.marked;
+        let writes_markers = self.sink.writes_watermarks();
+        let frontier = writes_markers.then(|| self.frontier_now()).flatten();
+        let watermark_moved =
+            writes_markers && (marker != self.marked || frontier != self.edges.marked_frontier);
         let only_looking = !self.dirty && !requested && !watermark_moved;
         if only_looking && !self.sink.held_back() {
             return Ok(());
         }
-        self.write_watermark(marker).await?;
         let started = Instant::now();
         tracing::debug!(partition = self.partition.0, last, "checkpoint starting");
         // At-least-once output: every output of the records the checkpoint covers is
-        // acknowledged before the checkpoint commits their offsets. (Exactly-once: the
-        // transaction commit flushes them; waiting here could hang on a fenced producer whose
-        // deliveries only fail at `message.timeout.ms`.)
+        // acknowledged before the checkpoint commits their offsets — and before the marker
+        // that names their frontier is sent, so that no record from below it can be missing
+        // (`crate::time::edge`). (Exactly-once: the transaction commit flushes them, the
+        // marker's in it; waiting here could hang on a fenced producer whose deliveries only
+        // fail at `message.timeout.ms`.)
         let transactional = self.sink.transactional();
         if !transactional {
             self.drain_sink().await?;
+        }
+        if watermark_moved {
+            self.write_watermark(marker, frontier).await?;
+            if !transactional {
+                self.drain_sink().await?;
+            }
         }
         if self.sink.state_key().is_some() && !self.prepare_sink(only_looking).await? {
             return Ok(());
@@ -104,17 +115,35 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
         })
     }
 
-    /// `marker` — the shard's watermark — to its internal outputs, with the checkpoint's
-    /// outputs (docs/topologies.md): acknowledged before the checkpoint commits
-    /// (at-least-once), in its transaction (exactly-once). Nothing for `None`.
-    async fn write_watermark(&mut self, marker: Option<Marker>) -> Result<(), WorkerError> {
-        let Some(marker) = marker.filter(|_| self.sink.writes_watermarks()) else {
+    /// `marker` — the shard's watermark — and `frontier` — how far its checkpoint got — to
+    /// its internal outputs, with the checkpoint's outputs (docs/topologies.md): acknowledged
+    /// before the checkpoint commits (at-least-once), in its transaction (exactly-once). A
+    /// frontier without a watermark goes in a marker of [`i64::MIN`], which moves no
+    /// watermark downstream. Nothing when both are `None`.
+    async fn write_watermark(
+        &mut self,
+        marker: Option<Marker>,
+        frontier: Option<Frontier>,
+    ) -> Result<(), WorkerError> {
+        if !self.sink.writes_watermarks() {
             return Ok(());
+        }
+        let written = match (marker, &frontier) {
+            (Some(marker), _) => marker,
+            (None, Some(_)) => Marker {
+                shard: self.partition.0,
+                watermark_ms: i64::MIN,
+                idle: false,
+            },
+            (None, None) => return Ok(()),
         };
-        if let Err(source) = self.sink.watermark(marker).await {
+        if let Err(source) = self.sink.watermark(written, frontier.as_ref()).await {
             return Err(self.sink_failed(source));
         }
-        self.marked = Some(marker);
+        if marker.is_some() {
+            self.marked = marker;
+        }
+        self.edges.marked_frontier = frontier;
         Ok(())
     }
 
@@ -127,7 +156,8 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
                     idle: false,
                     ..marker
                 };
-                self.write_watermark(Some(active)).await
+                let frontier = self.edges.marked_frontier.clone();
+                self.write_watermark(Some(active), frontier).await
             }
             _ => Ok(()),
         }
@@ -297,7 +327,11 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
         last: bool,
         requested: bool,
     ) -> Result<(), WorkerError> {
-        if let Err(err) = self.save_time().await {
+        let saved = match self.save_time().await {
+            Ok(()) => self.save_edges().await,
+            Err(err) => Err(err),
+        };
+        if let Err(err) = saved {
             if err.kind() == crate::error::ErrorKind::Corrupt {
                 return Err(self.corrupt(err));
             }

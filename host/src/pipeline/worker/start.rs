@@ -53,7 +53,7 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
         let WorkerStart {
             partition,
             operator,
-            opened: Opened { shard, sink },
+            opened: Opened { shard, sink, edges },
             stats,
             control,
             events,
@@ -82,7 +82,7 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
         for (topic, upstream_shards) in &pipeline.edges.inputs {
             timers.watermarks_mut().set_edge(topic, *upstream_shards);
         }
-        Self {
+        let mut worker = Self {
             partition,
             shard: Arc::new(shard),
             sink,
@@ -105,9 +105,17 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
             checkpoint_requests: control.checkpoint_requests,
             timers,
             marked: None,
+            edges: super::edges::EdgeTracking {
+                generation: pipeline.edges.generation,
+                ..Default::default()
+            },
             late_records: pipeline.late_records,
             call_settings,
             caught_up,
+        };
+        if let Some(edges) = edges {
+            worker.restore_edges(edges.as_deref());
         }
+        worker
     }
 }

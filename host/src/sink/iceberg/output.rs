@@ -258,8 +258,12 @@ impl<K: ShardSink> ShardSink for TableSink<K> {
         self.inner.writes_watermarks()
     }
 
-    async fn watermark(&mut self, marker: crate::time::watermark::Marker) -> Result<(), SinkError> {
-        self.inner.watermark(marker).await
+    async fn watermark(
+        &mut self,
+        marker: crate::time::watermark::Marker,
+        frontier: Option<&crate::time::edge::Frontier>,
+    ) -> Result<(), SinkError> {
+        self.inner.watermark(marker, frontier).await
     }
 
     async fn emit(&mut self, emit: &StagedEmit, source: &InputRecord) -> Result<(), SinkError> {

@@ -12,12 +12,14 @@ use super::{DeadLetterKind, DeliveryGuard, PENDING_DELIVERIES_MAX, SinkError};
 use crate::ids::Partition;
 use crate::runtime::{InputRecord, StagedEmit};
 use crate::source::kafka::SourceConsumer;
-use crate::time::watermark::{MARKER_HEADER, Marker};
+use crate::time::edge::ORIGIN_HEADER;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header as KafkaHeader, Headers, Message, OwnedHeaders, OwnedMessage};
 use rdkafka::producer::Producer;
 use std::sync::Arc;
 use std::time::Duration;
+
+mod edge;
 
 /// Where a sent record goes, kept with its delivery until acknowledged.
 #[derive(Debug, Clone, Copy)]
@@ -41,8 +43,12 @@ pub struct OutputTopic {
     /// The topic.
     pub topic: String,
     /// It is an internal topic of this many partitions: each checkpoint's watermark marker
-    /// goes to every one ([`KafkaSink::watermark`]).
+    /// goes to every one ([`KafkaSink::watermark`]), and each record emitted for an input
+    /// record says where it came from ([`Origin`]).
     pub marker_partitions: Option<i32>,
+    /// The generation of the pipeline's internal topics, which an [`Origin`] names with its
+    /// input (`config::stages::Edges::generation`).
+    pub edge_generation: u64,
 }
 
 /// Where a sink's dead letters go, and what they say of the run.
@@ -125,59 +131,6 @@ impl KafkaSink {
         }
     }
 
-    /// Whether [`KafkaSink::watermark`] writes anything: an output is an internal topic.
-    pub fn writes_markers(&self) -> bool {
-        self.outputs
-            .iter()
-            .flatten()
-            .any(|o| o.marker_partitions.is_some())
-    }
-
-    /// Writes `marker` — the shard's watermark at a checkpoint — to every partition of each
-    /// output that is an internal topic, with the checkpoint's outputs (in its transaction,
-    /// exactly-once), timestamped with the watermark; nothing when none is.
-    ///
-    /// # Errors
-    /// [`SinkError`] when an earlier delivery failed for good.
-    pub async fn watermark(&mut self, marker: Marker) -> Result<(), SinkError> {
-        let value = marker.encode();
-        for output in 0..self.outputs.len() {
-            let Some(out) = self.outputs[output].take() else {
-                continue;
-            };
-            let mut sent = Ok(());
-            for partition in 0..out.marker_partitions.unwrap_or(0) {
-                let headers = OwnedHeaders::new_with_capacity(1).insert(KafkaHeader {
-                    key: MARKER_HEADER,
-                    value: Some(value.as_bytes()),
-                });
-                let destination = Destination::Output {
-                    output: u16::try_from(output).unwrap_or(u16::MAX),
-                    topic: u16::MAX,
-                    partition: Partition(marker.shard),
-                    offset: -1,
-                };
-                let to = (&*out.topic, Some(partition));
-                sent = self
-                    .send(
-                        to,
-                        None,
-                        b"",
-                        Some(headers),
-                        marker.watermark_ms,
-                        destination,
-                    )
-                    .await;
-                if sent.is_err() {
-                    break;
-                }
-            }
-            self.outputs[output] = Some(out);
-            sent?;
-        }
-        Ok(())
-    }
-
     /// This sink, whose transaction began now and is aborted by the broker once open longer
     /// than `timeout` (`transaction.timeout.ms`).
     pub fn with_transaction_timeout(mut self, timeout: Duration) -> Self {
@@ -204,18 +157,26 @@ impl KafkaSink {
     /// # Errors
     /// [`SinkError`] when an earlier delivery failed for good.
     pub async fn emit(&mut self, emit: &StagedEmit, source: &InputRecord) -> Result<(), SinkError> {
+        let origin = self.origin(emit, source);
         // No header list at all for an emit without headers (most): librdkafka would allocate,
         // serialize and free an empty one per record.
-        let headers = (!emit.headers.is_empty()).then(|| {
-            emit.headers.iter().fold(
-                OwnedHeaders::new_with_capacity(emit.headers.len()),
+        let headers = (!emit.headers.is_empty() || origin.is_some()).then(|| {
+            let headers = emit.headers.iter().fold(
+                OwnedHeaders::new_with_capacity(emit.headers.len() + 1),
                 |headers, h| {
                     headers.insert(KafkaHeader {
                         key: &h.name,
                         value: Some(&h.value),
                     })
                 },
-            )
+            );
+            match &origin {
+                Some(origin) => headers.insert(KafkaHeader {
+                    key: ORIGIN_HEADER,
+                    value: Some(origin.as_slice()),
+                }),
+                None => headers,
+            }
         });
         let key = (!emit.key.is_empty()).then_some(emit.key.as_slice());
         let topic = match self.input_topics.iter().position(|t| **t == *source.topic) {

@@ -214,6 +214,7 @@ impl Output for KafkaOutput {
                 topic.as_ref().map(|topic| OutputTopic {
                     topic: topic.clone(),
                     marker_partitions: markers.get(topic).copied(),
+                    edge_generation: self.settings.pipeline.edges.generation,
                 })
             })
             .collect();
@@ -273,8 +274,12 @@ impl ShardSink for KafkaSink {
         self.writes_markers()
     }
 
-    async fn watermark(&mut self, marker: crate::time::watermark::Marker) -> Result<(), SinkError> {
-        KafkaSink::watermark(self, marker).await
+    async fn watermark(
+        &mut self,
+        marker: crate::time::watermark::Marker,
+        frontier: Option<&crate::time::edge::Frontier>,
+    ) -> Result<(), SinkError> {
+        KafkaSink::watermark(self, marker, frontier).await
     }
 
     async fn emit(&mut self, emit: &StagedEmit, source: &InputRecord) -> Result<(), SinkError> {

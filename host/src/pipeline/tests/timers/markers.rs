@@ -19,6 +19,24 @@ fn published(output: &MemoryOutput) -> Vec<Option<Marker>> {
         .collect()
 }
 
+/// An at-least-once stage whose output is an internal topic (its sinks write markers), its
+/// settings changed by `configure`, partition 0 assigned.
+async fn upstream_world(
+    clock: &ManualClock,
+    configure: impl FnOnce(&mut Settings),
+) -> (World, Run) {
+    let mut world = World::empty(&[TOPIC], "at_least_once");
+    world.output = world.output.clone().with_markers();
+    let (run, _) = world
+        .start_configured(clock, |s| {
+            s.pipeline.input_topics = vec![TOPIC.to_owned()];
+            configure(s);
+        })
+        .await;
+    world.handle.assign(&[0]);
+    (world, run)
+}
+
 fn marker(watermark_ms: i64, idle: bool) -> Option<Marker> {
     Some(Marker {
         shard: 0,
@@ -30,15 +48,10 @@ fn marker(watermark_ms: i64, idle: bool) -> Option<Marker> {
 #[tokio::test(start_paused = true)]
 async fn an_upstream_shard_marks_itself_idle_then_active_again_before_its_next_emit() {
     let clock = ManualClock::new(T0);
-    let mut world = World::empty(&[TOPIC], "at_least_once");
-    world.output = world.output.clone().with_markers();
-    let (run, _) = world
-        .start_configured(&clock, |s| {
-            s.pipeline.input_topics = vec![TOPIC.to_owned()];
-            s.pipeline.idle_timeout = Some(Duration::from_secs(5));
-        })
-        .await;
-    world.handle.assign(&[0]);
+    let (world, run) = upstream_world(&clock, |s| {
+        s.pipeline.idle_timeout = Some(Duration::from_secs(5));
+    })
+    .await;
     world.send("k", "v", 1_000);
     until("the first marker follows the output", || {
         published(&world.output) == [None, marker(999, false)]
@@ -67,5 +80,34 @@ async fn an_upstream_shard_marks_itself_idle_then_active_again_before_its_next_e
         published(&world.output).last() == Some(&marker(1_999, false))
     })
     .await;
+    run.stop().await.expect("clean stop");
+}
+
+/// Each marker names the frontier its checkpoint reached (`crate::time::edge`): the next
+/// offset of each input, written once every output of the records below it is acknowledged.
+#[tokio::test(start_paused = true)]
+async fn an_upstream_shards_marker_names_the_frontier_its_checkpoint_reached() {
+    let clock = ManualClock::new(T0);
+    let (world, run) = upstream_world(&clock, |s| s.pipeline.edges.generation = 2).await;
+    for ts in [1_000, 1_001, 1_002] {
+        world.send("k", "v", ts);
+    }
+    until("a marker follows the outputs", || {
+        published(&world.output).last() == Some(&marker(1_001, false))
+    })
+    .await;
+    let (frontiers, records) = {
+        let log = world.output.log();
+        let markers = log.outputs.iter().filter(|w| w.marker.is_some());
+        let frontiers: Vec<_> = markers.map(|w| w.frontier.clone()).collect();
+        let records = log.outputs.iter().filter(|w| w.marker.is_none()).count();
+        (frontiers, records)
+    };
+    let expected = crate::time::edge::Frontier(BTreeMap::from([(
+        crate::time::edge::InputKey::new(0, 2),
+        3,
+    )]));
+    assert_eq!(frontiers.last(), Some(&Some(expected)));
+    assert_eq!(records, 3, "the outputs come before it");
     run.stop().await.expect("clean stop");
 }
