@@ -192,8 +192,10 @@ pub struct EmitDoesNotFit(#[source] pub crate::row::RowError);
 /// guest fault that fails the record, so that no operator can move a later stage's watermark.
 #[derive(Debug, thiserror::Error)]
 #[error(
-    "an emit may not carry the header `{}`: Weir writes it on its internal topics",
-    crate::time::watermark::MARKER_HEADER
+    "an emit may not carry the header `{}`, `{}` or `{}`: Weir writes them on its internal topics",
+    crate::time::watermark::MARKER_HEADER,
+    crate::time::edge::ORIGIN_HEADER,
+    crate::time::edge::FRONTIER_HEADER
 )]
 pub struct ReservedHeader;
 

@@ -2,8 +2,8 @@
 //! upstream shard sends again (docs/topologies.md, "Repeats across an edge").
 //!
 //! Every record an upstream shard emits for an input record says where it came from
-//! ([`Origin`], the last header, `weir.origin`: the upstream shard, the index of its input
-//! topic and that topic's generation, the input offset); each of its markers says how far the
+//! ([`Origin`], the last header, `weir.origin`: the upstream shard, its input topic — a hash
+//! of its name, [`TopicKey`] — and the input offset); each of its markers says how far the
 //! checkpoint it was written at got ([`Frontier`], the `weir.frontier` header: per input, the
 //! next offset). Every emit of an input record below a marker's frontier was sent before the
 //! marker — exactly-once, committed in its transaction or an earlier one; at-least-once,
@@ -14,10 +14,11 @@
 //! — each upstream shard's frontier, watermark and idleness — goes into its checkpoints
 //! ([`EdgeState`], under [`EDGES_KEY`]), so a restart of the downstream keeps it.
 //!
-//! A record with no origin (a fired timer's emit, a record written before origins existed, a
-//! record seeded by a reset) is never dropped. The generation in the origin separates an
-//! upstream's inputs before and after a reset to a savepoint, whose new internal topics count
-//! offsets from 0 again.
+//! A record with no origin (a fired timer's emit, a record written before origins existed) is
+//! never dropped. Inputs are named by their topic, not their place among the stage's inputs:
+//! a reset to a savepoint, or a pipeline created from another's, reads internal topics of
+//! other names, whose offsets start at 0 again, and a frontier of the old topics never covers
+//! a record of the new ones. The headers are Weir's: an emit carrying one fails its record.
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -32,23 +33,19 @@ pub const FRONTIER_HEADER: &str = "weir.frontier";
 /// The reserved key of a shard's [`EdgeState`] (beside the others of `time::keys`).
 pub const EDGES_KEY: [u8; 5] = [0xFF, 0xFF, 0xFF, 0xFF, b'e'];
 
-/// An input of an upstream shard as origins and frontiers name it: its index among the
-/// stage's inputs and the generation of the pipeline's internal topics (wrapping at 2^16).
+/// An input topic of an upstream shard as origins and frontiers name it: the 32-bit FNV-1a
+/// hash of its Kafka name. Two topics of one upstream shard with one hash would share a
+/// frontier (odds of 2^-32 per pair).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-pub struct InputKey {
-    /// The index of the topic among the stage's inputs.
-    pub index: u16,
-    /// The generation of the pipeline's internal topics when it was read.
-    pub generation: u16,
-}
+#[serde(transparent)]
+pub struct TopicKey(pub u32);
 
-impl InputKey {
-    /// Input `index` (among the stage's inputs) in internal-topic generation `generation`.
-    pub fn new(index: u32, generation: u64) -> Self {
-        Self {
-            index: u16::try_from(index).unwrap_or(u16::MAX),
-            generation: (generation & 0xFFFF) as u16,
-        }
+impl TopicKey {
+    /// The key of topic `name`.
+    pub fn of(name: &str) -> Self {
+        Self(name.bytes().fold(0x811c_9dc5, |hash, byte| {
+            (hash ^ u32::from(byte)).wrapping_mul(0x0100_0193)
+        }))
     }
 }
 
@@ -58,20 +55,19 @@ impl InputKey {
 pub struct Origin {
     /// The upstream shard (its partition).
     pub shard: i32,
-    /// Its input the record came from.
-    pub input: InputKey,
+    /// Its input topic the record came from.
+    pub input: TopicKey,
     /// The input record's offset.
     pub offset: i64,
 }
 
 impl Origin {
-    /// The header value: 16 bytes, big-endian — shard (i32), input index (u16), generation
-    /// (u16), offset (i64). On the stack: one per edge record.
+    /// The header value: 16 bytes, big-endian — shard (i32), topic key (u32), offset (i64).
+    /// On the stack: one per edge record.
     pub fn encode(&self) -> [u8; 16] {
         let mut value = [0u8; 16];
         value[..4].copy_from_slice(&self.shard.to_be_bytes());
-        value[4..6].copy_from_slice(&self.input.index.to_be_bytes());
-        value[6..8].copy_from_slice(&self.input.generation.to_be_bytes());
+        value[4..8].copy_from_slice(&self.input.0.to_be_bytes());
         value[8..].copy_from_slice(&self.offset.to_be_bytes());
         value
     }
@@ -80,31 +76,23 @@ impl Origin {
     pub fn decode(value: &[u8]) -> Option<Self> {
         let value: &[u8; 16] = value.try_into().ok()?;
         let (shard, rest) = value.split_at(4);
-        let (index, rest) = rest.split_at(2);
-        let (generation, offset) = rest.split_at(2);
+        let (input, offset) = rest.split_at(4);
         Some(Self {
             shard: i32::from_be_bytes(shard.try_into().ok()?),
-            input: InputKey {
-                index: u16::from_be_bytes(index.try_into().ok()?),
-                generation: u16::from_be_bytes(generation.try_into().ok()?),
-            },
+            input: TopicKey(u32::from_be_bytes(input.try_into().ok()?)),
             offset: i64::from_be_bytes(offset.try_into().ok()?),
         })
     }
 }
 
-/// How far an upstream shard's checkpoint got: per input, the next offset to process.
+/// How far an upstream shard's checkpoint got: per input topic, the next offset to process.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Frontier(pub BTreeMap<InputKey, i64>);
+pub struct Frontier(pub BTreeMap<TopicKey, i64>);
 
 impl Frontier {
-    /// The header value: `{index}.{generation}={offset}` per input, comma-separated.
+    /// The header value: `{topic key}={offset}` per input, comma-separated, in decimal.
     pub fn encode(&self) -> String {
-        let parts: Vec<String> = self
-            .0
-            .iter()
-            .map(|(k, o)| format!("{}.{}={o}", k.index, k.generation))
-            .collect();
+        let parts: Vec<String> = self.0.iter().map(|(k, o)| format!("{}={o}", k.0)).collect();
         parts.join(",")
     }
 
@@ -118,14 +106,7 @@ impl Frontier {
                 continue;
             }
             let (key, offset) = part.split_once('=')?;
-            let (index, generation) = key.split_once('.')?;
-            frontier.insert(
-                InputKey {
-                    index: index.parse().ok()?,
-                    generation: generation.parse().ok()?,
-                },
-                offset.parse().ok()?,
-            );
+            frontier.insert(TopicKey(key.parse().ok()?), offset.parse().ok()?);
         }
         Some(Self(frontier))
     }
@@ -140,17 +121,19 @@ pub struct UpstreamState {
     /// its first marker with a watermark.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub watermark: Option<(i64, bool)>,
-    /// Its highest frontier: per input of its, the next offset.
+    /// Its highest frontier: per input topic of its, the next offset.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub frontier: Vec<(InputKey, i64)>,
+    pub frontier: Vec<(TopicKey, i64)>,
 }
 
 /// What a downstream shard keeps of its edges in its checkpoints ([`EDGES_KEY`], JSON): per
-/// edge input (its index among the stage's inputs), each upstream shard's [`UpstreamState`].
+/// edge (the Kafka name of the internal topic it reads), each upstream shard's
+/// [`UpstreamState`]. An edge the stage no longer reads by that name (a reset's next
+/// generation) is not restored.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EdgeState {
-    /// Per edge input index, the upstream shards it heard from.
-    pub edges: BTreeMap<u32, Vec<UpstreamState>>,
+    /// Per edge topic, the upstream shards it heard from.
+    pub edges: BTreeMap<String, Vec<UpstreamState>>,
 }
 
 impl EdgeState {
@@ -167,16 +150,16 @@ impl EdgeState {
 }
 
 /// A downstream shard's frontiers: per edge input (index among the stage's inputs), per
-/// upstream shard, per input of that shard, the next offset its last checkpoint named.
+/// upstream shard, per input topic of that shard, the next offset its last checkpoint named.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct EdgeFrontiers {
-    edges: BTreeMap<u32, BTreeMap<i32, BTreeMap<InputKey, i64>>>,
+    edges: BTreeMap<u32, BTreeMap<i32, BTreeMap<TopicKey, i64>>>,
 }
 
 impl EdgeFrontiers {
     /// Upstream shard `shard` of edge input `edge` wrote a marker with `frontier`: each of its
-    /// inputs' frontier moves up to it (never back). An input of an older generation than one
-    /// in `frontier` is forgotten: the upstream reads that input's newer topic now.
+    /// inputs' frontier moves up to it (never back). An input the marker does not name is
+    /// forgotten: the upstream reads it no more (a reset moved it to a topic of another name).
     pub fn advance(&mut self, edge: u32, shard: i32, frontier: &Frontier) {
         let known = self
             .edges
@@ -184,8 +167,8 @@ impl EdgeFrontiers {
             .or_default()
             .entry(shard)
             .or_default();
+        known.retain(|topic, _| frontier.0.contains_key(topic));
         for (input, offset) in &frontier.0 {
-            known.retain(|k, _| k.index != input.index || k.generation == input.generation);
             let next = known.entry(*input).or_insert(*offset);
             *next = (*next).max(*offset);
         }
@@ -202,7 +185,7 @@ impl EdgeFrontiers {
     }
 
     /// Edge input `edge`'s upstream shards' frontiers, for its checkpointed state.
-    pub fn of(&self, edge: u32) -> impl Iterator<Item = (i32, Vec<(InputKey, i64)>)> + '_ {
+    pub fn of(&self, edge: u32) -> impl Iterator<Item = (i32, Vec<(TopicKey, i64)>)> + '_ {
         self.edges.get(&edge).into_iter().flat_map(|shards| {
             shards
                 .iter()
@@ -211,7 +194,7 @@ impl EdgeFrontiers {
     }
 
     /// Restores upstream shard `shard`'s frontier of edge input `edge` from a checkpoint.
-    pub fn restore(&mut self, edge: u32, shard: i32, frontier: &[(InputKey, i64)]) {
+    pub fn restore(&mut self, edge: u32, shard: i32, frontier: &[(TopicKey, i64)]) {
         if frontier.is_empty() {
             return;
         }
@@ -226,29 +209,27 @@ impl EdgeFrontiers {
 mod tests {
     use super::*;
 
-    fn key(index: u16, generation: u16) -> InputKey {
-        InputKey { index, generation }
-    }
-
     #[test]
     fn an_origin_is_sixteen_bytes_and_decodes_to_itself() {
         let origin = Origin {
             shard: 3,
-            input: key(1, 2),
+            input: TopicKey(0x0102_0304),
             offset: 1_234_567_890_123,
         };
         let value = origin.encode();
-        assert_eq!(&value[..8], &[0, 0, 0, 3, 0, 1, 0, 2]);
+        assert_eq!(&value[..8], &[0, 0, 0, 3, 1, 2, 3, 4]);
         assert_eq!(Origin::decode(&value), Some(origin));
         assert_eq!(Origin::decode(&value[..15]), None, "not an origin");
-        assert_eq!(InputKey::new(1, 65_538), key(1, 2), "generations wrap");
+        // FNV-1a 32 of the empty string and of "a", as published.
+        assert_eq!(TopicKey::of(""), TopicKey(0x811c_9dc5));
+        assert_eq!(TopicKey::of("a"), TopicKey(0xe40c_292c));
     }
 
     #[test]
     fn a_frontier_is_a_header_of_its_marker() {
-        let frontier = Frontier(BTreeMap::from([(key(0, 0), 120), (key(1, 3), 7)]));
+        let frontier = Frontier(BTreeMap::from([(TopicKey(7), 120), (TopicKey(9), 3)]));
         let value = frontier.encode();
-        assert_eq!(value, "0.0=120,1.3=7");
+        assert_eq!(value, "7=120,9=3");
         let headers = [
             ("weir.watermark", b"0:5".as_slice()),
             (FRONTIER_HEADER, value.as_bytes()),
@@ -259,7 +240,7 @@ mod tests {
             None
         );
         assert_eq!(
-            Frontier::decode([(FRONTIER_HEADER, b"0.0=x".as_slice())].into_iter()),
+            Frontier::decode([(FRONTIER_HEADER, b"7=x".as_slice())].into_iter()),
             None,
             "malformed"
         );
@@ -267,36 +248,37 @@ mod tests {
 
     #[test]
     fn a_record_below_its_upstream_shards_frontier_is_a_repeat_and_frontiers_never_go_back() {
+        let (old, new) = (
+            TopicKey::of("p.a.default.internal"),
+            TopicKey::of("p.a.default.g1.internal"),
+        );
         let mut frontiers = EdgeFrontiers::default();
-        let origin = |shard, offset| Origin {
+        let origin = |shard, input, offset| Origin {
             shard,
-            input: key(0, 0),
+            input,
             offset,
         };
-        assert!(!frontiers.is_repeat(1, &origin(0, 5)), "no marker yet");
-        frontiers.advance(1, 0, &Frontier(BTreeMap::from([(key(0, 0), 10)])));
-        assert!(frontiers.is_repeat(1, &origin(0, 9)));
+        assert!(!frontiers.is_repeat(1, &origin(0, old, 5)), "no marker yet");
+        frontiers.advance(1, 0, &Frontier(BTreeMap::from([(old, 10)])));
+        assert!(frontiers.is_repeat(1, &origin(0, old, 9)));
         assert!(
-            !frontiers.is_repeat(1, &origin(0, 10)),
+            !frontiers.is_repeat(1, &origin(0, old, 10)),
             "the frontier is the next offset"
         );
         assert!(
-            !frontiers.is_repeat(1, &origin(1, 3)),
+            !frontiers.is_repeat(1, &origin(1, old, 3)),
             "another upstream shard"
         );
-        assert!(!frontiers.is_repeat(0, &origin(0, 3)), "another edge");
-        frontiers.advance(1, 0, &Frontier(BTreeMap::from([(key(0, 0), 4)])));
-        assert!(frontiers.is_repeat(1, &origin(0, 9)), "never back");
-        // A reset: the upstream reads its input's next generation, from offset 0 again.
-        frontiers.advance(1, 0, &Frontier(BTreeMap::from([(key(0, 1), 2)])));
-        let next_generation = Origin {
-            input: key(0, 1),
-            ..origin(0, 5)
-        };
-        assert!(!frontiers.is_repeat(1, &next_generation));
+        assert!(!frontiers.is_repeat(0, &origin(0, old, 3)), "another edge");
+        assert!(!frontiers.is_repeat(1, &origin(0, new, 3)), "another topic");
+        frontiers.advance(1, 0, &Frontier(BTreeMap::from([(old, 4)])));
+        assert!(frontiers.is_repeat(1, &origin(0, old, 9)), "never back");
+        // A reset: the upstream reads its input's next topic, from offset 0 again.
+        frontiers.advance(1, 0, &Frontier(BTreeMap::from([(new, 2)])));
+        assert!(!frontiers.is_repeat(1, &origin(0, new, 5)));
         assert!(
-            !frontiers.is_repeat(1, &origin(0, 9)),
-            "the older generation is forgotten"
+            !frontiers.is_repeat(1, &origin(0, old, 9)),
+            "the topic it reads no more is forgotten"
         );
     }
 
@@ -304,12 +286,12 @@ mod tests {
     fn edge_state_round_trips_through_its_stored_value() {
         let state = EdgeState {
             edges: BTreeMap::from([(
-                1,
+                "t.p.a.default.internal".to_owned(),
                 vec![
                     UpstreamState {
                         shard: 0,
                         watermark: Some((5_000, false)),
-                        frontier: vec![(key(0, 0), 10)],
+                        frontier: vec![(TopicKey(7), 10)],
                     },
                     UpstreamState {
                         shard: 2,

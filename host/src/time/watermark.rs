@@ -135,11 +135,13 @@ impl Watermarks {
             upstream.shards.resize(shard + 1, None);
         }
         self.active_at[i] = self.active_at[i].max(now_ms);
-        if !marker.idle && marker.watermark_ms == i64::MIN {
-            // A marker for its frontier only (`time::edge`): the shard has no watermark to say.
+        let slot = &mut upstream.shards[shard];
+        if slot.is_none() && !marker.idle && marker.watermark_ms == i64::MIN {
+            // An active shard with no watermark yet (a marker for its frontier, `time::edge`):
+            // it holds the edge as before its first marker. (Once it said it was idle, such a
+            // marker makes it active again, below.)
             return;
         }
-        let slot = &mut upstream.shards[shard];
         let watermark = slot.map_or(marker.watermark_ms, |(w, _)| w.max(marker.watermark_ms));
         *slot = Some((watermark, marker.idle));
     }
@@ -528,6 +530,15 @@ mod tests {
         );
         w.marker("a", marker(0, 6_000), 1_000_000);
         assert_eq!(w.candidate(1_000_000), Some(5_900), "shard 0 is back");
+        // Shard 2, idle with no watermark, is active again before its first records: it holds
+        // the edge back, though its marker has no watermark (nor do its frontier's markers).
+        w.marker("a", marker(2, i64::MIN), 1_000_000);
+        assert!(
+            w.candidate(1_000_000).is_none_or(|c| c < 0),
+            "held by shard 2"
+        );
+        w.marker("a", marker(2, 7_000), 1_000_000);
+        assert_eq!(w.candidate(1_000_000), Some(5_900), "shard 0's 6000 again");
         w.marker("a", marker(5_000_000, 1 << 40), 1_000_000);
         assert_eq!(
             w.candidate(1_000_000),

@@ -69,11 +69,11 @@ impl State {
         if let Some(next) = self.edges_frontier {
             let state = crate::time::edge::EdgeState {
                 edges: BTreeMap::from([(
-                    0,
+                    "t.edge".to_owned(),
                     vec![crate::time::edge::UpstreamState {
                         shard: 1,
                         watermark: Some((next, false)),
-                        frontier: vec![(crate::time::edge::InputKey::new(0, 0), next)],
+                        frontier: vec![(crate::time::edge::TopicKey(7), next)],
                     }],
                 )]),
             };

@@ -10,7 +10,7 @@ use crate::pipeline::ports::ShardSink;
 use crate::runtime::InputRecord;
 use crate::state::{Shard, StateError, StateWrite};
 use crate::time::edge::{
-    EDGES_KEY, EdgeFrontiers, EdgeState, Frontier, InputKey, ORIGIN_HEADER, Origin, UpstreamState,
+    EDGES_KEY, EdgeFrontiers, EdgeState, Frontier, ORIGIN_HEADER, Origin, TopicKey, UpstreamState,
 };
 use crate::time::watermark::Marker;
 use bytes::Bytes;
@@ -24,8 +24,6 @@ pub(crate) struct EdgeTracking {
     /// The edge state last saved to the shard or restored from it; `None` for a stage with no
     /// edge input, which saves none.
     pub saved: Option<EdgeState>,
-    /// The generation of the pipeline's internal topics: its inputs' in the frontier.
-    pub generation: u64,
     /// The frontier the sink last wrote with a marker.
     pub marked_frontier: Option<Frontier>,
 }
@@ -47,18 +45,30 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
                 EdgeState::default()
             }
         };
-        for (edge, upstreams) in &state.edges {
+        for (topic, upstreams) in &state.edges {
+            // An edge the stage reads by another name now (a reset's next generation) starts
+            // afresh.
+            let Some(edge) = self
+                .timers
+                .watermarks()
+                .topics()
+                .iter()
+                .position(|t| t == topic)
+            else {
+                continue;
+            };
             for upstream in upstreams {
                 if let Some(watermark) = upstream.watermark {
                     self.timers.watermarks_mut().restore_edge_watermark(
-                        *edge as usize,
+                        edge,
                         upstream.shard,
                         watermark,
                     );
                 }
+                let edge = u32::try_from(edge).unwrap_or(u32::MAX);
                 self.edges
                     .frontiers
-                    .restore(*edge, upstream.shard, &upstream.frontier);
+                    .restore(edge, upstream.shard, &upstream.frontier);
             }
         }
         self.edges.saved = Some(state);
@@ -67,8 +77,12 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
     /// What the shard knows of its edges now, as its checkpoint keeps it.
     fn edge_state(&self) -> EdgeState {
         let mut state = EdgeState::default();
-        for (edge, shards) in self.timers.watermarks().edge_watermarks() {
-            let edge = u32::try_from(edge).unwrap_or(u32::MAX);
+        let watermarks = self.timers.watermarks();
+        for (index, shards) in watermarks.edge_watermarks() {
+            let Some(topic) = watermarks.topics().get(index) else {
+                continue;
+            };
+            let edge = u32::try_from(index).unwrap_or(u32::MAX);
             let mut upstreams: std::collections::BTreeMap<i32, UpstreamState> = shards
                 .iter()
                 .enumerate()
@@ -93,7 +107,9 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
                     })
                     .frontier = frontier;
             }
-            state.edges.insert(edge, upstreams.into_values().collect());
+            state
+                .edges
+                .insert(topic.clone(), upstreams.into_values().collect());
         }
         state
     }
@@ -167,29 +183,14 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
         repeat
     }
 
-    /// The frontier the shard's markers carry now: per input, the next offset its state
-    /// reflects (`None` when no input has one yet).
+    /// The frontier the shard's markers carry now: per input topic, the next offset its
+    /// state reflects (`None` when no input has one yet).
     pub(super) fn frontier_now(&self) -> Option<Frontier> {
-        let topics = self.timers.watermarks().topics();
-        let frontier: std::collections::BTreeMap<InputKey, i64> = if topics.len() == 1 {
-            // The only input, whatever its name (as the watermarks take it).
-            self.offsets
-                .iter()
-                .next()
-                .map(|(_, next)| (InputKey::new(0, self.edges.generation), next.0))
-                .into_iter()
-                .collect()
-        } else {
-            topics
-                .iter()
-                .enumerate()
-                .filter_map(|(i, topic)| {
-                    let next = self.offsets.next(topic)?;
-                    let index = u32::try_from(i).ok()?;
-                    Some((InputKey::new(index, self.edges.generation), next.0))
-                })
-                .collect()
-        };
+        let frontier: std::collections::BTreeMap<TopicKey, i64> = self
+            .offsets
+            .iter()
+            .map(|(topic, next)| (TopicKey::of(topic), next.0))
+            .collect();
         (!frontier.is_empty()).then_some(Frontier(frontier))
     }
 }

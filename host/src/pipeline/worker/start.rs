@@ -105,10 +105,7 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
             checkpoint_requests: control.checkpoint_requests,
             timers,
             marked: None,
-            edges: super::edges::EdgeTracking {
-                generation: pipeline.edges.generation,
-                ..Default::default()
-            },
+            edges: super::edges::EdgeTracking::default(),
             late_records: pipeline.late_records,
             call_settings,
             caught_up,

@@ -7,6 +7,7 @@ use crate::runtime::host::HostCtx;
 use crate::runtime::record_size::record_bytes;
 use crate::runtime::{EmitDoesNotFit, ReservedHeader, StagedBytesExceeded};
 use crate::state::Shard;
+use crate::time::edge::{FRONTIER_HEADER, ORIGIN_HEADER};
 use crate::time::watermark::MARKER_HEADER;
 
 impl<S: Shard> Host for HostCtx<S> {
@@ -99,7 +100,11 @@ impl<S: Shard> HostCtx<S> {
         {
             return Err(wasmtime::Error::new(EmitDoesNotFit(e)));
         }
-        if emit.headers.iter().any(|h| h.name == MARKER_HEADER) {
+        if emit
+            .headers
+            .iter()
+            .any(|h| [MARKER_HEADER, ORIGIN_HEADER, FRONTIER_HEADER].contains(&h.name.as_str()))
+        {
             return Err(wasmtime::Error::new(ReservedHeader));
         }
         *emitted += size;
@@ -180,11 +185,13 @@ mod tests {
         futures::executor::block_on(async {
             let other = ctx.emit(0, b"k".to_vec(), b"v".to_vec(), vec![header("weir.other")]);
             assert!(matches!(other.await, Ok(Ok(()))));
-            let marker = ctx
-                .emit(0, b"k".to_vec(), b"v".to_vec(), vec![header(MARKER_HEADER)])
-                .await;
-            let err = marker.expect_err("fails the call");
-            assert!(err.downcast_ref::<ReservedHeader>().is_some(), "{err}");
+            for reserved in [MARKER_HEADER, ORIGIN_HEADER, FRONTIER_HEADER] {
+                let emitted = ctx
+                    .emit(0, b"k".to_vec(), b"v".to_vec(), vec![header(reserved)])
+                    .await;
+                let err = emitted.expect_err("fails the call");
+                assert!(err.downcast_ref::<ReservedHeader>().is_some(), "{err}");
+            }
         });
         let (_, emits) = std::mem::take(&mut ctx.batch).into_effects();
         assert_eq!(emits.len(), 1, "only the first is staged");

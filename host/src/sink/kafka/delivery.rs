@@ -12,7 +12,7 @@ use super::{DeadLetterKind, DeliveryGuard, PENDING_DELIVERIES_MAX, SinkError};
 use crate::ids::Partition;
 use crate::runtime::{InputRecord, StagedEmit};
 use crate::source::kafka::SourceConsumer;
-use crate::time::edge::ORIGIN_HEADER;
+use crate::time::edge::{ORIGIN_HEADER, TopicKey};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header as KafkaHeader, Headers, Message, OwnedHeaders, OwnedMessage};
 use rdkafka::producer::Producer;
@@ -44,11 +44,8 @@ pub struct OutputTopic {
     pub topic: String,
     /// It is an internal topic of this many partitions: each checkpoint's watermark marker
     /// goes to every one ([`KafkaSink::watermark`]), and each record emitted for an input
-    /// record says where it came from ([`Origin`]).
+    /// record says where it came from (`crate::time::edge::Origin`).
     pub marker_partitions: Option<i32>,
-    /// The generation of the pipeline's internal topics, which an [`Origin`] names with its
-    /// input (`config::stages::Edges::generation`).
-    pub edge_generation: u64,
 }
 
 /// Where a sink's dead letters go, and what they say of the run.
@@ -78,6 +75,8 @@ pub struct KafkaSink {
     guard: DeliveryGuard,
     /// The input topics of the records emitted for (few: co-partitioned inputs).
     input_topics: Vec<Arc<str>>,
+    /// Their keys in an [`Origin`](crate::time::edge::Origin) (by the same index).
+    input_keys: Vec<TopicKey>,
     /// This sink's deliveries not yet acknowledged, and those refused.
     deliveries: Arc<Deliveries>,
     /// Exactly-once: when the open transaction began, and the `transaction.timeout.ms` after
@@ -126,6 +125,7 @@ impl KafkaSink {
             group,
             guard,
             input_topics: Vec::new(),
+            input_keys: Vec::new(),
             deliveries: Arc::new(Deliveries::new(PENDING_DELIVERIES_MAX)),
             transaction_clock: None,
         }
@@ -157,7 +157,15 @@ impl KafkaSink {
     /// # Errors
     /// [`SinkError`] when an earlier delivery failed for good.
     pub async fn emit(&mut self, emit: &StagedEmit, source: &InputRecord) -> Result<(), SinkError> {
-        let origin = self.origin(emit, source);
+        let topic = match self.input_topics.iter().position(|t| **t == *source.topic) {
+            Some(i) => i,
+            None => {
+                self.input_topics.push(source.topic.clone());
+                self.input_keys.push(TopicKey::of(&source.topic));
+                self.input_topics.len() - 1
+            }
+        };
+        let origin = self.origin(emit, source, self.input_keys[topic]);
         // No header list at all for an emit without headers (most): librdkafka would allocate,
         // serialize and free an empty one per record.
         let headers = (!emit.headers.is_empty() || origin.is_some()).then(|| {
@@ -179,13 +187,6 @@ impl KafkaSink {
             }
         });
         let key = (!emit.key.is_empty()).then_some(emit.key.as_slice());
-        let topic = match self.input_topics.iter().position(|t| **t == *source.topic) {
-            Some(i) => i,
-            None => {
-                self.input_topics.push(source.topic.clone());
-                self.input_topics.len() - 1
-            }
-        };
         let destination = Destination::Output {
             output: emit.output,
             topic: u16::try_from(topic).unwrap_or(u16::MAX),

@@ -214,7 +214,6 @@ impl Output for KafkaOutput {
                 topic.as_ref().map(|topic| OutputTopic {
                     topic: topic.clone(),
                     marker_partitions: markers.get(topic).copied(),
-                    edge_generation: self.settings.pipeline.edges.generation,
                 })
             })
             .collect();
@@ -259,7 +258,7 @@ impl Output for KafkaOutput {
 
 impl ShardSink for KafkaSink {
     fn output_bytes_max(&self) -> u64 {
-        self.limits().output_bytes_max
+        self.emit_bytes_max()
     }
 
     fn transactional(&self) -> bool {

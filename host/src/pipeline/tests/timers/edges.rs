@@ -7,7 +7,7 @@
 
 use super::*;
 use crate::runtime::Header;
-use crate::time::edge::{FRONTIER_HEADER, Frontier, InputKey, ORIGIN_HEADER, Origin};
+use crate::time::edge::{FRONTIER_HEADER, Frontier, ORIGIN_HEADER, Origin, TopicKey};
 use crate::time::watermark::{MARKER_HEADER, Marker};
 
 /// A world whose one input is an edge that `upstream_shards` shards write, its pipeline
@@ -45,14 +45,14 @@ impl World {
     }
 
     /// Upstream shard `shard`'s marker naming the frontier its checkpoint reached: its input
-    /// 0's next offset `next`.
+    /// topic `up`'s next offset `next`.
     fn mark_frontier(&self, shard: i32, watermark_ms: i64, next: i64) {
         let marker = Marker {
             shard,
             watermark_ms,
             idle: false,
         };
-        let frontier = Frontier(BTreeMap::from([(InputKey::new(0, 0), next)]));
+        let frontier = Frontier(BTreeMap::from([(TopicKey::of("up"), next)]));
         let headers = vec![
             Header {
                 name: MARKER_HEADER.to_owned(),
@@ -67,12 +67,12 @@ impl World {
             .produce_with_headers(TOPIC, 0, (b"", b""), watermark_ms, headers);
     }
 
-    /// A record `value` of key `k` that upstream shard `shard` emitted for its input 0's
-    /// record at `offset`.
+    /// A record `value` of key `k` that upstream shard `shard` emitted for its input topic
+    /// `up`'s record at `offset`.
     fn send_from(&self, shard: i32, offset: i64, value: &str) {
         let origin = Origin {
             shard,
-            input: InputKey::new(0, 0),
+            input: TopicKey::of("up"),
             offset,
         };
         let header = Header {

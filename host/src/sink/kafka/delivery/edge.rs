@@ -5,9 +5,12 @@
 use super::{Destination, KafkaSink, SinkError};
 use crate::ids::Partition;
 use crate::runtime::{InputRecord, StagedEmit};
-use crate::time::edge::{FRONTIER_HEADER, Frontier, InputKey, Origin};
+use crate::time::edge::{FRONTIER_HEADER, Frontier, ORIGIN_HEADER, Origin, TopicKey};
 use crate::time::watermark::{MARKER_HEADER, Marker};
 use rdkafka::message::{Header as KafkaHeader, OwnedHeaders};
+
+/// Room an origin header takes in a record: its name, its 16 bytes, and their lengths.
+const ORIGIN_HEADER_BYTES: u64 = (ORIGIN_HEADER.len() + 16 + 16) as u64;
 
 impl KafkaSink {
     /// Whether [`KafkaSink::watermark`] writes anything: an output is an internal topic.
@@ -75,20 +78,37 @@ impl KafkaSink {
         Ok(())
     }
 
-    /// The origin header's value of `emit` for `source` when its output is an internal topic;
-    /// none for another output, or for a fired timer's emit (its source offset is -1).
-    pub(super) fn origin(&self, emit: &StagedEmit, source: &InputRecord) -> Option<[u8; 16]> {
+    /// The origin header's value of `emit` for `source` (of the input topic `input`) when its
+    /// output is an internal topic; none for another output, or for a fired timer's emit (its
+    /// source offset is -1).
+    pub(super) fn origin(
+        &self,
+        emit: &StagedEmit,
+        source: &InputRecord,
+        input: TopicKey,
+    ) -> Option<[u8; 16]> {
         self.outputs
             .get(usize::from(emit.output))
             .and_then(Option::as_ref)
             .filter(|o| o.marker_partitions.is_some() && source.offset >= 0)
-            .map(|o| {
+            .map(|_| {
                 Origin {
                     shard: source.partition,
-                    input: InputKey::new(source.input, o.edge_generation),
+                    input,
                     offset: source.offset,
                 }
                 .encode()
             })
+    }
+
+    /// The most an emit may take, keys, value and headers (bytes): the topics' limit less
+    /// room for the origin header when an output is an internal topic.
+    pub fn emit_bytes_max(&self) -> u64 {
+        let max = self.limits().output_bytes_max;
+        if self.writes_markers() {
+            max.saturating_sub(ORIGIN_HEADER_BYTES)
+        } else {
+            max
+        }
     }
 }
