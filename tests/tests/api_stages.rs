@@ -684,6 +684,64 @@ fn repeats_dropped(tenant: &str, name: &str) -> f64 {
         .sum()
 }
 
+/// Of the committed records of `topic` (its first [`PARTITIONS`] partitions, from their start
+/// to their end), how many there are and how many carry a `weir.origin` header.
+fn records_with_origin(topic: &str) -> anyhow::Result<(u64, u64)> {
+    use rdkafka::Message as _;
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::message::Headers as _;
+    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", kafka_bootstrap())
+        .set("group.id", unique("origins"))
+        .set("enable.auto.commit", "false")
+        .set("isolation.level", "read_committed")
+        .create()?;
+    let mut assignment = rdkafka::TopicPartitionList::new();
+    let mut ends = BTreeMap::new();
+    for partition in 0..PARTITIONS {
+        let (_, high) = consumer.fetch_watermarks(topic, partition, Duration::from_secs(10))?;
+        if high > 0 {
+            ends.insert(partition, high);
+            assignment.add_partition_offset(topic, partition, rdkafka::Offset::Beginning)?;
+        }
+    }
+    consumer.assign(&assignment)?;
+    let (mut records, mut with_origin) = (0, 0);
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !ends.is_empty() {
+        anyhow::ensure!(
+            std::time::Instant::now() < deadline,
+            "{topic} not read to its end"
+        );
+        let Some(message) = consumer.poll(Duration::from_millis(200)) else {
+            // Past the last record of a partition only commit markers are left.
+            for (partition, end) in ends.clone() {
+                let position = consumer.position()?;
+                if let Some(rdkafka::Offset::Offset(at)) = position
+                    .find_partition(topic, partition)
+                    .map(|p| p.offset())
+                    && at >= end
+                {
+                    ends.remove(&partition);
+                }
+            }
+            continue;
+        };
+        let message = message?;
+        let headers = message.headers();
+        let marker = headers.is_some_and(|h| h.iter().any(|h| h.key == "weir.watermark"));
+        if !marker {
+            records += 1;
+            with_origin +=
+                u64::from(headers.is_some_and(|h| h.iter().any(|h| h.key == "weir.origin")));
+        }
+        if message.offset() + 1 >= ends.get(&message.partition()).copied().unwrap_or(0) {
+            ends.remove(&message.partition());
+        }
+    }
+    Ok((records, with_origin))
+}
+
 /// SCENARIOS.md S15 across an edge (docs/topologies.md, "Repeats across an edge"): the first
 /// stage's newest checkpoints of one partition are unusable, so it falls back to an older one
 /// and sends again what it had sent since; the second stage drops exactly those records, by
@@ -705,7 +763,9 @@ async fn a_stage_whose_upstream_falls_back_to_an_older_checkpoint_counts_no_reco
     let mut graph = spec(1);
     graph["checkpoint_interval_ms"] = json!(3_600_000);
     produce_counter(&input, PARTITIONS, (0, 2_000), 500, &mut expected).await?;
-    create_pipeline(addr, &acme, "fall", &graph).await?;
+    let created = create_pipeline(addr, &acme, "fall", &graph).await?;
+    let uid = created["definition"]["uid"].as_str().unwrap_or_default();
+    let edge = format!("{acme_id}.fall.{uid}.rekey.default.internal");
     checkpoint_until(addr, &acme, "fall", "the first half checkpointed", |v| {
         rekey_checkpointed(v, &input) == 2_000
     })
@@ -716,6 +776,14 @@ async fn a_stage_whose_upstream_falls_back_to_an_older_checkpoint_counts_no_reco
     })
     .await?;
     set_desired(addr, &acme, "fall", "stop").await?;
+    // Running on from its checkpoints, a stage's records carry no origin: nothing they answer
+    // can have been sent before.
+    let (sent, with_origin) = records_with_origin(&edge)?;
+    assert_eq!(
+        (sent, with_origin),
+        (4_000, 0),
+        "records of {edge}, with an origin"
+    );
 
     // Every checkpoint of the first stage's partition 0 past its oldest retained one loses its
     // snapshot: recovery falls back to that one.
@@ -794,6 +862,10 @@ async fn a_stage_whose_upstream_falls_back_to_an_older_checkpoint_counts_no_reco
         (newest - oldest) as f64,
         "each record sent again dropped once"
     );
+    // Only what partition 0 sent again, from below its group's committed offsets, names its
+    // origin.
+    let (_, with_origin) = records_with_origin(&edge)?;
+    assert_eq!(with_origin, (newest - oldest) as u64);
     set_desired(addr, &acme, "fall", "stop").await?;
     assert_eq!(count_state(addr, &acme, ("fall", "")).await?, want);
     Ok(())

@@ -32,6 +32,15 @@ pub struct SourceError {
     pub source: Cause,
 }
 
+/// What a partition's consumer group committed ([`Source::committed_checkpoint`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Committed {
+    /// The checkpoint version the offsets' metadata names (exactly-once), if any.
+    pub version: Option<ManifestVersion>,
+    /// The committed offsets, per input topic (the next offset).
+    pub offsets: InputOffsets,
+}
+
 /// A member of the pipeline's consumer group over its input topics (co-partitioned: partition
 /// `p` of every input topic belongs to shard `p`).
 ///
@@ -92,16 +101,16 @@ pub trait Source: Send + Sync + 'static {
     /// [`SourceError`]; the caller logs it.
     fn commit(&self, offsets: &GroupOffsets, wait: bool) -> Result<(), SourceError>;
 
-    /// The checkpoint version the group's committed offsets of `partition` name in their
-    /// metadata (exactly-once; docs/checkpoints.md, "Recovery" step 3), once no transaction is
-    /// pending on them.
+    /// The group's committed offsets of `partition`, once no transaction is pending on them,
+    /// and the checkpoint version their metadata names (exactly-once; docs/checkpoints.md,
+    /// "Recovery" step 3).
     ///
     /// # Errors
     /// [`SourceError`]; the open is retried.
     fn committed_checkpoint(
         &self,
         partition: Partition,
-    ) -> impl Future<Output = Result<Option<ManifestVersion>, SourceError>> + Send;
+    ) -> impl Future<Output = Result<Committed, SourceError>> + Send;
 
     /// `topic`'s high watermark (the offset the next record gets) of `partition` as last seen,
     /// if known.
@@ -257,6 +266,14 @@ pub trait ShardSink: Send + 'static {
     /// Default false.
     fn writes_watermarks(&self) -> bool {
         false
+    }
+
+    /// The offsets, per input topic, below which this shard's outputs may have been sent
+    /// before (its group's committed offsets, read as it opened): each emit to an internal
+    /// topic for an input record below them says where it came from (`crate::time::edge`).
+    /// Nothing by default.
+    fn replay_below(&mut self, committed: &InputOffsets) {
+        let _ = committed;
     }
 
     /// Writes the shard's watermark, as `marker`, with the `frontier` its checkpoint reached

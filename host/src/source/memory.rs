@@ -8,7 +8,7 @@
 //! it.
 
 use crate::ids::{ManifestVersion, Offset, Partition};
-use crate::pipeline::ports::{Cause, GroupOffsets, Source, SourceError};
+use crate::pipeline::ports::{Cause, Committed, GroupOffsets, Source, SourceError};
 use crate::runtime::InputRecord;
 use crate::state::checkpoint::{InputOffsets, manifest_metadata, parse_manifest_metadata};
 use std::collections::{BTreeMap, BTreeSet};
@@ -325,16 +325,20 @@ impl Source for MemorySource {
         Ok(())
     }
 
-    async fn committed_checkpoint(
-        &self,
-        partition: Partition,
-    ) -> Result<Option<ManifestVersion>, SourceError> {
+    async fn committed_checkpoint(&self, partition: Partition) -> Result<Committed, SourceError> {
         let logs = self.logs();
-        Ok(self.topics.iter().find_map(|topic| {
+        let version = self.topics.iter().find_map(|topic| {
             logs.committed
                 .get(&(topic.clone(), partition.0))
                 .and_then(|(_, metadata)| parse_manifest_metadata(metadata))
-        }))
+        });
+        let mut offsets = InputOffsets::new();
+        for topic in &self.topics {
+            if let Some((next, _)) = logs.committed.get(&(topic.clone(), partition.0)) {
+                offsets.advance(topic, crate::ids::Offset(*next - 1));
+            }
+        }
+        Ok(Committed { version, offsets })
     }
 
     fn high_watermark(&self, topic: &str, partition: Partition) -> Option<i64> {

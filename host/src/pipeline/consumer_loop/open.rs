@@ -94,7 +94,7 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
             // committed one (the pipeline switched modes); manifest-decided ones count anyway.
             let committed = source.committed_checkpoint(partition).await?;
             let recovery = Recovery {
-                committed,
+                committed: committed.version,
                 known_corruption,
                 listed: None,
             };
@@ -102,6 +102,9 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
             let shard =
                 crate::checkpoints::convert::open_converted(&*backend, &id, &recovery).await?;
             let mut sink = sink;
+            // Outputs of records below the group's committed offsets may have been sent: a
+            // shard that falls back behind them names where its emits to an edge come from.
+            sink.replay_below(&committed.offsets);
             if let Some(key) = sink.state_key() {
                 let value = shard.get(key).await?;
                 // Offsets that do not decode fail the open below, where they are read again.

@@ -258,6 +258,10 @@ impl<K: ShardSink> ShardSink for TableSink<K> {
         self.inner.writes_watermarks()
     }
 
+    fn replay_below(&mut self, committed: &crate::state::checkpoint::InputOffsets) {
+        self.inner.replay_below(committed);
+    }
+
     async fn watermark(
         &mut self,
         marker: crate::time::watermark::Marker,

@@ -77,6 +77,11 @@ pub struct KafkaSink {
     input_topics: Vec<Arc<str>>,
     /// Their keys in an [`Origin`](crate::time::edge::Origin) (by the same index).
     input_keys: Vec<TopicKey>,
+    /// The offsets below which a record's outputs may have been sent before
+    /// ([`KafkaSink::replay_below`]), per input topic; and by the same index as
+    /// `input_topics`, for each emit ([`i64::MIN`]: none).
+    replay_below: Vec<(String, i64)>,
+    input_replay_below: Vec<i64>,
     /// This sink's deliveries not yet acknowledged, and those refused.
     deliveries: Arc<Deliveries>,
     /// Exactly-once: when the open transaction began, and the `transaction.timeout.ms` after
@@ -126,6 +131,8 @@ impl KafkaSink {
             guard,
             input_topics: Vec::new(),
             input_keys: Vec::new(),
+            replay_below: Vec::new(),
+            input_replay_below: Vec::new(),
             deliveries: Arc::new(Deliveries::new(PENDING_DELIVERIES_MAX)),
             transaction_clock: None,
         }
@@ -162,10 +169,15 @@ impl KafkaSink {
             None => {
                 self.input_topics.push(source.topic.clone());
                 self.input_keys.push(TopicKey::of(&source.topic));
+                let below = self.replay_below.iter().find(|(t, _)| **t == *source.topic);
+                self.input_replay_below
+                    .push(below.map_or(i64::MIN, |(_, next)| *next));
                 self.input_topics.len() - 1
             }
         };
-        let origin = self.origin(emit, source, self.input_keys[topic]);
+        let origin = (source.offset < self.input_replay_below[topic])
+            .then(|| self.origin(emit, source, self.input_keys[topic]))
+            .flatten();
         // No header list at all for an emit without headers (most): librdkafka would allocate,
         // serialize and free an empty one per record.
         let headers = (!emit.headers.is_empty() || origin.is_some()).then(|| {

@@ -273,6 +273,10 @@ impl ShardSink for KafkaSink {
         self.writes_markers()
     }
 
+    fn replay_below(&mut self, committed: &InputOffsets) {
+        KafkaSink::replay_below(self, committed);
+    }
+
     async fn watermark(
         &mut self,
         marker: crate::time::watermark::Marker,

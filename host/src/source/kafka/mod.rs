@@ -10,8 +10,8 @@ mod client;
 mod context;
 
 use crate::config::Settings;
-use crate::ids::{ManifestVersion, Partition};
-use crate::pipeline::ports::{Cause, GroupOffsets, Source, SourceError};
+use crate::ids::Partition;
+use crate::pipeline::ports::{Cause, Committed, GroupOffsets, Source, SourceError};
 use crate::runtime::InputRecord;
 use crate::state::checkpoint::{InputOffsets, parse_manifest_metadata};
 use rdkafka::Offset;
@@ -494,10 +494,7 @@ impl Source for KafkaSource {
             .map_err(|e| source_error("commit offsets", e))
     }
 
-    async fn committed_checkpoint(
-        &self,
-        partition: Partition,
-    ) -> Result<Option<ManifestVersion>, SourceError> {
+    async fn committed_checkpoint(&self, partition: Partition) -> Result<Committed, SourceError> {
         let wanted = self.partition_list(partition);
         let consumer = self.consumer.clone();
         // With `isolation.level = read_committed` librdkafka asks for stable offsets: the
@@ -517,8 +514,19 @@ impl Source for KafkaSource {
             .elements()
             .iter()
             .find_map(|e| parse_manifest_metadata(e.metadata()));
-        tracing::info!(partition = partition.0, ?version, "committed offsets read");
-        Ok(version)
+        let mut offsets = InputOffsets::new();
+        for e in committed.elements() {
+            if let rdkafka::Offset::Offset(next) = e.offset() {
+                offsets.advance(e.topic(), crate::ids::Offset(next - 1));
+            }
+        }
+        tracing::info!(
+            partition = partition.0,
+            ?version,
+            ?offsets,
+            "committed offsets read"
+        );
+        Ok(Committed { version, offsets })
     }
 
     fn high_watermark(&self, topic: &str, partition: Partition) -> Option<i64> {
