@@ -56,7 +56,11 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
         if !transactional {
             self.drain_sink().await?;
         }
-        if watermark_moved {
+        // Every checkpoint with a marker writes it, changed or not: one lost with an aborted
+        // transaction is written again by the next (the stage downstream may otherwise keep
+        // an idle marker of this shard's while it emits).
+        let frontier_moved = frontier != self.edges.marked_frontier;
+        if writes_markers && (marker.is_some() || frontier_moved) {
             self.write_watermark(marker, frontier).await?;
             if !transactional {
                 self.drain_sink().await?;
