@@ -12,6 +12,7 @@ mod api_memory_state;
 mod api_pipelines;
 mod api_savepoints;
 mod api_schema_evolution;
+mod api_stage_repeats;
 mod api_stages;
 mod api_state_query;
 mod api_tenant_isolation;
