@@ -148,20 +148,36 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
             self.marked = marker;
         }
         self.edges.marked_frontier = frontier;
+        self.edges.announced = true;
         Ok(())
     }
 
-    /// Before the shard emits again after its last marker said it was idle: a marker that says
-    /// it is active, so that the stage downstream counts it again before its records arrive.
+    /// Before the shard emits again after its last marker said it was idle — or for the first
+    /// time since it started: its last marker before may have said so, and the stage
+    /// downstream keeps that in its checkpoints — a marker that says it is active, so that the
+    /// stage downstream counts it again before its records arrive. (One with no watermark
+    /// yet says the lowest time: downstream it makes an idle shard active at the watermark it
+    /// had, and moves nothing else.)
     pub(in crate::pipeline) async fn mark_active(&mut self) -> Result<(), WorkerError> {
+        let frontier = self.edges.marked_frontier.clone();
         match self.marked {
             Some(marker) if marker.idle => {
                 let active = Marker {
                     idle: false,
                     ..marker
                 };
-                let frontier = self.edges.marked_frontier.clone();
                 self.write_watermark(Some(active), frontier).await
+            }
+            None if !self.edges.announced && self.sink.writes_watermarks() => {
+                let active = Marker {
+                    shard: self.partition.0,
+                    watermark_ms: i64::MIN,
+                    idle: false,
+                };
+                self.write_watermark(Some(active), frontier).await?;
+                // Not the shard's watermark: its next checkpoint writes that when it has one.
+                self.marked = None;
+                Ok(())
             }
             _ => Ok(()),
         }

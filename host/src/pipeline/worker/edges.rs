@@ -26,6 +26,8 @@ pub(crate) struct EdgeTracking {
     pub saved: Option<EdgeState>,
     /// The frontier the sink last wrote with a marker.
     pub marked_frontier: Option<Frontier>,
+    /// A marker was written since the shard started ([`PartitionWorker::mark_active`]).
+    pub announced: bool,
 }
 
 impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
