@@ -236,8 +236,11 @@ impl Watermarks {
     }
 
     /// Whether this shard's inputs are idle at `now_ms` — every topic silent for
-    /// `idle_timeout` — while its watermark does not follow processing time: what its markers
-    /// tell the stage downstream ([`Marker::idle`]).
+    /// `idle_timeout` *and the consumer caught up* — while its watermark does not follow
+    /// processing time: what its markers tell the stage downstream ([`Marker::idle`]). A
+    /// consumer stalled mid-input (a slow first fetch, a busy host) is silent with records
+    /// still to come: called idle, the stage downstream would close windows those records'
+    /// outputs belong to.
     pub fn inputs_idle(&self, now_ms: i64) -> bool {
         let Some(timeout) = self.idle_timeout_ms else {
             return false;
@@ -246,7 +249,7 @@ impl Watermarks {
             .active_at
             .iter()
             .all(|at| now_ms.saturating_sub(*at) >= timeout);
-        all_idle && !(self.idle_advance && self.caught_up)
+        all_idle && self.caught_up && !self.idle_advance
     }
 
     /// Weir holds the shard's input back at `now_ms` (records wait in its queue, or a state
@@ -547,18 +550,27 @@ mod tests {
         );
     }
 
-    /// A shard's inputs are idle once every topic was silent for the timeout and Weir did not
-    /// hold them back; a shard whose watermark follows processing time is not.
+    /// A shard's inputs are idle once every topic was silent for the timeout with the
+    /// consumer caught up and Weir did not hold them back; a shard whose watermark follows
+    /// processing time is not, nor one whose consumer is stalled mid-input.
     #[test]
-    fn a_shards_inputs_are_idle_once_silent_unless_its_watermark_follows_processing_time() {
+    fn a_shards_inputs_are_idle_once_silent_and_caught_up_unless_its_watermark_follows_processing_time()
+     {
         let idleness = Idleness {
             timeout: Some(Duration::from_secs(10)),
             advance: false,
         };
         let mut w = Watermarks::new(&topics(), Duration::ZERO, idleness, 0);
         w.admitted("a", 1_000, 2_000);
+        w.set_caught_up(true);
         assert!(!w.inputs_idle(11_000), "a was active at 2 s");
         assert!(w.inputs_idle(12_000));
+        w.set_caught_up(false);
+        assert!(
+            !w.inputs_idle(12_000),
+            "silent with records still to read: stalled, not idle"
+        );
+        w.set_caught_up(true);
         w.held(12_500);
         assert!(!w.inputs_idle(20_000), "held back at 12.5 s");
         let advancing = Idleness {
@@ -566,10 +578,7 @@ mod tests {
             ..idleness
         };
         let mut w = Watermarks::new(&topics()[..1], Duration::ZERO, advancing, 0);
-        assert!(
-            w.inputs_idle(10_000),
-            "not caught up: silent, not advancing"
-        );
+        assert!(!w.inputs_idle(10_000), "not caught up: stalled, not idle");
         w.set_caught_up(true);
         assert!(!w.inputs_idle(10_000), "follows processing time");
         assert!(

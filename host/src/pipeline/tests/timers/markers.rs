@@ -113,3 +113,42 @@ async fn an_upstream_shards_marker_names_the_frontier_its_checkpoint_reached() {
     assert_eq!(records, 3, "the outputs come before it");
     run.stop().await.expect("clean stop");
 }
+
+/// A consumer stalled with records before its partition's end is silent, not idle: the shard's
+/// markers go on holding the stage downstream. Before, one shard of busiest-origin's first stage
+/// got its first records 5–9 s after it opened on a loaded machine, said by then that it was
+/// idle, and the second stage closed hours before that shard's counts came.
+#[tokio::test(start_paused = true)]
+async fn an_upstream_shard_whose_consumer_stalls_mid_input_does_not_say_it_is_idle() {
+    let clock = ManualClock::new(T0);
+    let (world, run) = upstream_world(&clock, |s| {
+        s.pipeline.idle_timeout = Some(Duration::from_secs(5));
+    })
+    .await;
+    world.send("k", "v", 1_000);
+    until("the first marker follows the output", || {
+        published(&world.output) == [marker(i64::MIN, false), None, marker(999, false)]
+    })
+    .await;
+    world.handle.stall(0, true);
+    world.send("k", "v", 2_000);
+    // Past `idle_timeout` with the record still unread; checkpoints come in virtual time.
+    clock.advance_ms(6_000);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(
+        published(&world.output),
+        [marker(i64::MIN, false), None, marker(999, false)],
+        "stalled before the partition's end: silent, not idle"
+    );
+    world.handle.stall(0, false);
+    until("the second output and its marker", || {
+        published(&world.output).last() == Some(&marker(1_999, false))
+    })
+    .await;
+    assert_eq!(
+        published(&world.output)[3..],
+        [None, marker(1_999, false)],
+        "no idle marker, so no active one either"
+    );
+    run.stop().await.expect("clean stop");
+}
