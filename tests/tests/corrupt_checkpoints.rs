@@ -232,3 +232,136 @@ async fn with_no_usable_checkpoint_left_only_that_partition_stops_failed_in_its_
     assert!(!second.is_finished(), "the pipeline keeps running");
     second.stop().await
 }
+
+/// Exactly-once, a shard that falls back to an older checkpoint processes the records since it
+/// again but sends none of their outputs that went out before: its group's committed offsets say
+/// which ones a committed transaction carried (docs/checkpoints.md). A `read_committed` consumer
+/// sees every key's counts once each, in order; before, it saw those since the older checkpoint
+/// twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exactly_once_a_fallback_sends_no_output_that_went_out_before_again() -> anyhow::Result<()>
+{
+    use futures::TryStreamExt as _;
+    use object_store::ObjectStoreExt as _;
+    use weir_host::state::manifest::{ManifestKind, ManifestStore};
+    init_tracing();
+    let (input, output, dlq) = (
+        unique("eos-fall-in"),
+        unique("eos-fall-out"),
+        unique("eos-fall-dlq"),
+    );
+    create_topics(&[(&input, 2), (&output, 2), (&dlq, 1)]).await?;
+    let mut settings = settings(
+        guest("weir_test_counter"),
+        &input,
+        &output,
+        &dlq,
+        RuntimeSettings::default(),
+    );
+    settings.pipeline.name = unique("eos-fall");
+    settings.pipeline.delivery = weir_host::config::Delivery::ExactlyOnce;
+    settings.pipeline.checkpoint_interval = Duration::from_millis(300);
+    settings.state = memory_state_on_s3().await?;
+    let mut expected = BTreeMap::new();
+
+    // Two rounds, each checkpointed on both partitions.
+    let first = RunningPipeline::start(settings.clone());
+    for (round, through) in [((0, 1_000), 500), ((1_000, 2_000), 1_000)] {
+        produce_counter(&input, 2, round, 20, &mut expected).await?;
+        first.wait_done(round.1, TIMEOUT).await?;
+        first
+            .wait_until("both partitions checkpointed", TIMEOUT, |s| {
+                s.partitions
+                    .lock()
+                    .expect("lock")
+                    .values()
+                    .filter(|p| {
+                        p.checkpointed_offsets
+                            .get(&input)
+                            .is_some_and(|o| *o == through)
+                    })
+                    .count()
+                    == 2
+            })
+            .await?;
+    }
+    first.stop().await?;
+
+    // Every checkpoint of partition 0 past its oldest retained one loses its snapshot: recovery
+    // falls back to that one.
+    let url = settings.state.memory.url.clone().unwrap_or_default();
+    let (store, prefix) =
+        weir_host::state::lsm::backend::object_store_from_url(&url, &s3_options())?;
+    let objects: Vec<object_store::ObjectMeta> = store.list(Some(&prefix)).try_collect().await?;
+    let shard = format!(
+        "pipelines/{}/shards/00000/manifest/",
+        settings.pipeline.name
+    );
+    let manifest = objects
+        .iter()
+        .map(|o| o.location.to_string())
+        .find(|p| p.contains(&shard))
+        .ok_or_else(|| anyhow::anyhow!("no manifest of partition 0"))?;
+    let root = manifest[..manifest.find("/manifest/").unwrap_or(manifest.len())].to_owned();
+    let manifests =
+        ManifestStore::new(store.clone(), object_store::path::Path::from(root.as_str()));
+    let mut checkpoints = Vec::new();
+    for version in manifests.versions().await? {
+        let m = manifests.read(version).await?;
+        if m.kind == ManifestKind::Checkpoint
+            && let Some(offset) = m.metadata.get(&format!("offset/{input}"))
+        {
+            let snapshot = m.metadata["snapshot"].clone();
+            checkpoints.push((offset.parse::<i64>()?, snapshot, version));
+        }
+    }
+    checkpoints.sort();
+    let (oldest, kept, _) = checkpoints[0].clone();
+    let Some((newest, _, newest_version)) = checkpoints.last().cloned() else {
+        anyhow::bail!("no checkpoint of partition 0");
+    };
+    anyhow::ensure!(
+        oldest < newest,
+        "the retained checkpoints of partition 0 all cover {newest} records: {checkpoints:?}"
+    );
+    for (_, snapshot, _) in checkpoints
+        .iter()
+        .filter(|(o, s, _)| *o > oldest && *s != kept)
+    {
+        store
+            .delete(&object_store::path::Path::from(format!(
+                "{root}/{snapshot}"
+            )))
+            .await?;
+    }
+
+    let second = RunningPipeline::start(settings.clone());
+    produce_counter(&input, 2, (2_000, 3_000), 20, &mut expected).await?;
+    let counts = read_counts(&output, &expected, TIMEOUT).await?;
+    second.stop().await?;
+    let mut fell_back = false;
+    for version in manifests.versions().await? {
+        if let Ok(m) = manifests.read(version).await
+            && m.kind == ManifestKind::Claim
+        {
+            fell_back |= m.rejects(newest_version);
+        }
+    }
+    assert!(
+        fell_back,
+        "partition 0 fell back past version {newest_version}"
+    );
+    for (key, n) in &expected {
+        let seen = &counts[key];
+        let twice: Vec<&u64> = seen
+            .iter()
+            .enumerate()
+            .filter(|(i, c)| seen[..*i].contains(c))
+            .map(|(_, c)| c)
+            .collect();
+        assert!(twice.is_empty(), "key {key}: counts seen twice: {twice:?}");
+        let want: Vec<u64> = (1..=*n).collect();
+        assert_eq!(*seen, want, "key {key}: each count once, in order");
+    }
+    Ok(())
+}

@@ -20,6 +20,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 mod edge;
+mod replay;
 
 /// Where a sent record goes, kept with its delivery until acknowledged.
 #[derive(Debug, Clone, Copy)]
@@ -82,6 +83,8 @@ pub struct KafkaSink {
     /// `input_topics`, for each emit ([`i64::MIN`]: none).
     replay_below: Vec<(String, i64)>,
     input_replay_below: Vec<i64>,
+    /// Exactly-once: outputs not sent again, committed before (`delivery::replay`).
+    withheld: u64,
     /// This sink's deliveries not yet acknowledged, and those refused.
     deliveries: Arc<Deliveries>,
     /// Exactly-once: when the open transaction began, and the `transaction.timeout.ms` after
@@ -133,6 +136,7 @@ impl KafkaSink {
             input_keys: Vec::new(),
             replay_below: Vec::new(),
             input_replay_below: Vec::new(),
+            withheld: 0,
             deliveries: Arc::new(Deliveries::new(PENDING_DELIVERIES_MAX)),
             transaction_clock: None,
         }
@@ -169,12 +173,14 @@ impl KafkaSink {
             None => {
                 self.input_topics.push(source.topic.clone());
                 self.input_keys.push(TopicKey::of(&source.topic));
-                let below = self.replay_below.iter().find(|(t, _)| **t == *source.topic);
                 self.input_replay_below
-                    .push(below.map_or(i64::MIN, |(_, next)| *next));
+                    .push(self.replay_below_of(&source.topic));
                 self.input_topics.len() - 1
             }
         };
+        if self.committed_before(emit.output, topic, source.offset) {
+            return Ok(());
+        }
         let origin = (source.offset < self.input_replay_below[topic])
             .then(|| self.origin(emit, source, self.input_keys[topic]))
             .flatten();
@@ -239,6 +245,9 @@ impl KafkaSink {
         kind: DeadLetterKind,
         error: &str,
     ) -> Result<(), SinkError> {
+        if self.dead_letter_committed_before(record) {
+            return Ok(());
+        }
         let original: Vec<(&str, &[u8])> = record
             .headers
             .iter()

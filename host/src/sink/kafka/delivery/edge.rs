@@ -101,28 +101,6 @@ impl KafkaSink {
             })
     }
 
-    /// Offsets, per input topic, below which a record's outputs may have been sent before
-    /// (the group's committed offsets as the shard opened): an emit to an internal topic for
-    /// a record below them names its origin, so that the stage downstream can drop it as a
-    /// repeat if a frontier it read covers it. Above them nothing is a repeat, and no record
-    /// carries an origin (`crate::time::edge`).
-    pub fn replay_below(&mut self, committed: &crate::state::checkpoint::InputOffsets) {
-        self.replay_below = committed
-            .iter()
-            .map(|(topic, next)| (topic.to_owned(), next.0))
-            .collect();
-        self.input_replay_below = self
-            .input_topics
-            .iter()
-            .map(|topic| {
-                self.replay_below
-                    .iter()
-                    .find(|(t, _)| **t == **topic)
-                    .map_or(i64::MIN, |(_, next)| *next)
-            })
-            .collect();
-    }
-
     /// The most an emit may take, keys, value and headers (bytes): the topics' limit less
     /// room for the origin header when an output is an internal topic.
     pub fn emit_bytes_max(&self) -> u64 {
