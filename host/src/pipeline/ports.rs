@@ -113,7 +113,9 @@ pub trait Source: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Committed, SourceError>> + Send;
 
     /// `topic`'s high watermark (the offset the next record gets) of `partition` as last seen,
-    /// if known.
+    /// if known — what the partition's lag counts to. At the partition's end, the offset after
+    /// the last record handed out when that is lower: transaction markers and aborted records
+    /// there are nothing to process.
     fn high_watermark(&self, topic: &str, partition: Partition) -> Option<i64>;
 
     /// Whether the consumer has handed out every record of `topic` `partition` up to the end

@@ -8,19 +8,21 @@
 pub mod broker;
 mod client;
 mod context;
+mod ends;
 
 use crate::config::Settings;
 use crate::ids::Partition;
 use crate::pipeline::ports::{Cause, Committed, GroupOffsets, Source, SourceError};
 use crate::runtime::InputRecord;
 use crate::state::checkpoint::{InputOffsets, parse_manifest_metadata};
+use ends::Ends;
 use rdkafka::Offset;
 use rdkafka::consumer::Consumer;
 use rdkafka::consumer::{CommitMode, base_consumer::PartitionQueue};
 use rdkafka::error::{KafkaError, KafkaResult, RDKafkaErrorCode};
 use rdkafka::message::Message;
 use rdkafka::topic_partition_list::TopicPartitionList;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -136,9 +138,8 @@ pub struct KafkaSource {
     queues: Arc<Mutex<PartitionQueues>>,
     /// Notified when a queue becomes non-empty.
     ready: Arc<tokio::sync::Notify>,
-    /// (topic, partition)s whose last event was librdkafka's partition EOF: every record up to
-    /// the end is handed out (a record, or an assignment, takes the partition out).
-    ends: Arc<Mutex<BTreeSet<TopicPartition>>>,
+    /// Where the consumer stands against each partition's end ([`Ends`]).
+    ends: Arc<Ends>,
 }
 
 /// An input topic's partition.
@@ -225,17 +226,19 @@ impl KafkaSource {
             match self.consumer.poll(Duration::ZERO) {
                 Some(Ok(msg)) => {
                     let (topic, input) = self.topic(msg.topic());
-                    self.mark_end(&topic, Partition(msg.partition()), false);
-                    if msg.offset() >= self.floor(&topic, Partition(msg.partition())) {
+                    let partition = Partition(msg.partition());
+                    let offset = msg.offset();
+                    if offset >= self.floor(&topic, partition) {
                         records.push(to_input_record(&msg, &topic, input));
                     }
+                    self.ends.handed((topic, partition.0), Some(offset), false);
                     Polled::Served
                 }
                 // The event names no topic: with one input topic it is that one's (with more,
                 // the partition counts as caught up after its next record and end).
                 Some(Err(KafkaError::PartitionEOF(partition))) => {
                     if let [topic] = self.topics.as_slice() {
-                        self.mark_end(topic, Partition(partition), true);
+                        self.ends.handed((topic.clone(), partition), None, true);
                     }
                     Polled::Served
                 }
@@ -261,16 +264,6 @@ impl KafkaSource {
             .get(&(topic.clone(), partition.0))
             .copied()
             .unwrap_or(i64::MIN)
-    }
-
-    /// Records whether `topic` `partition` was last seen at its end.
-    fn mark_end(&self, topic: &Arc<str>, partition: Partition, at_end: bool) {
-        let mut ends = self.ends.lock().unwrap_or_else(|e| e.into_inner());
-        if at_end {
-            ends.insert((topic.clone(), partition.0));
-        } else {
-            ends.remove(&(topic.clone(), partition.0));
-        }
     }
 
     /// Seeks `topic` `partition` to `to`, waiting up to [`FETCHER_START_WAIT`] for its fetcher
@@ -376,7 +369,7 @@ impl Source for KafkaSource {
                 };
                 // Whether the last event of the queue was its end (EOF follows the records
                 // before it in the queue).
-                let mut end = None;
+                let (mut end, mut last) = (None, None);
                 while budget > 0 {
                     match queue.poll(Duration::ZERO) {
                         Some(Ok(msg)) => {
@@ -384,6 +377,7 @@ impl Source for KafkaSource {
                                 records.push(to_input_record(&msg, topic, input));
                             }
                             end = Some(false);
+                            last = Some(msg.offset());
                         }
                         Some(Err(KafkaError::PartitionEOF(_))) => {
                             end = Some(true);
@@ -395,7 +389,7 @@ impl Source for KafkaSource {
                     budget -= 1;
                 }
                 if let Some(end) = end {
-                    self.mark_end(topic, Partition(*partition), end);
+                    self.ends.handed((topic.clone(), *partition), last, end);
                 }
             }
             more |= budget == 0;
@@ -412,8 +406,7 @@ impl Source for KafkaSource {
         let assigned = self.context.take_assigned();
         if !assigned.is_empty() {
             // A new assignment is caught up only once its fetches say so.
-            let mut ends = self.ends.lock().unwrap_or_else(|e| e.into_inner());
-            ends.retain(|(_, p)| !assigned.contains(p));
+            self.ends.assigned(&assigned);
         }
         assigned.into_iter().map(Partition).collect()
     }
@@ -471,6 +464,11 @@ impl Source for KafkaSource {
                 };
             }
             self.seek_started(topic, partition, to).map_err(failed)?;
+            let next = match to {
+                Offset::Offset(next) => Some(next),
+                _ => None,
+            };
+            self.ends.seeked((topic.clone(), partition.0), next);
         }
         Ok(())
     }
@@ -529,8 +527,17 @@ impl Source for KafkaSource {
         Ok(Committed { version, offsets })
     }
 
+    /// As the last statistics say, but at the partition's end ([`Source::at_end`]) the offset
+    /// after the last record handed out when that is lower: what follows it there are
+    /// transaction markers and aborted records, no record to process ([`Ends`]).
     fn high_watermark(&self, topic: &str, partition: Partition) -> Option<i64> {
-        self.context.high_watermark(topic, partition)
+        let high = self.context.high_watermark(topic, partition)?;
+        if !self.at_end(topic, partition) {
+            return Some(high);
+        }
+        let (shared, _) = self.topic(topic);
+        let next = self.ends.next(&(shared, partition.0));
+        Some(next.map_or(high, |next| next.min(high)))
     }
 
     /// Caught up by the last partition EOF event, or by the last statistics (the EOF of a
@@ -539,10 +546,7 @@ impl Source for KafkaSource {
     /// until a record comes, but gets an EOF).
     fn at_end(&self, topic: &str, partition: Partition) -> bool {
         let (shared, _) = self.topic(topic);
-        self.ends
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .contains(&(shared, partition.0))
+        self.ends.at_end(&(shared, partition.0))
             || self
                 .context
                 .caught_up
