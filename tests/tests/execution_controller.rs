@@ -155,9 +155,9 @@ async fn pool_run(
     Ok(())
 }
 
-/// A rebalance while thousands of records are in flight per partition (state reads wait
-/// 0–20 ms): the revoked worker finishes what it admitted, checkpoints and closes; the new
-/// owner resumes there. Every key's final count must equal its records (none lost, none
+/// A rebalance while thousands of records are in flight per partition (the first host's state
+/// reads wait 20 ms each, the second's 0–20 ms): the revoked worker finishes what it admitted,
+/// checkpoints and closes; the new owner resumes there. Every key's final count must equal its records (none lost, none
 /// counted twice), whichever host processed them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rebalance_with_thousands_in_flight_loses_and_doubles_nothing() -> anyhow::Result<()> {
@@ -176,15 +176,20 @@ async fn a_rebalance_with_thousands_in_flight_loses_and_doubles_nothing() -> any
     let mut settings = settings(guest("weir_test_counter"), &input, &output, &dlq, runtime);
     settings.pipeline.checkpoint_interval = Duration::from_millis(300);
     settings.state = memory_state_on_s3().await?;
-    let start = |settings: &weir_host::config::Settings| -> anyhow::Result<RunningPipeline> {
+    let start = |settings: &weir_host::config::Settings,
+                 delay: ReadDelay|
+     -> anyhow::Result<RunningPipeline> {
         let clock: SharedClock = Arc::new(SystemClock);
         let backend = Arc::new(DelayedReads::new(
             ConfiguredBackend::from_settings(&settings.state, clock.clone())?,
-            ReadDelay::UpTo(Duration::from_millis(20)),
+            delay,
         ));
         Ok(RunningPipeline::start_on(settings.clone(), backend, clock))
     };
-    let first = start(&settings)?;
+    // Every read of the first host waits its 20 ms: records pile up in flight however fast or
+    // slow the machine fetches (with 0–20 ms, a busy machine once fetched no faster than the
+    // host processed, and thousands were never in flight at once).
+    let first = start(&settings, ReadDelay::Fixed(Duration::from_millis(20)))?;
     first
         .wait_until("records in flight", Duration::from_secs(60), |s| {
             s.records_in_flight.load(Ordering::Relaxed) >= 2_000
@@ -193,7 +198,7 @@ async fn a_rebalance_with_thousands_in_flight_loses_and_doubles_nothing() -> any
     // A second host joins: half the partitions are revoked from the first mid-flight. Input
     // keeps arriving until the second owns some (so the first still has thousands in flight
     // when the group rebalances, and the second has records to process).
-    let second = start(&settings)?;
+    let second = start(&settings, ReadDelay::UpTo(Duration::from_millis(20)))?;
     let mut next = 20_000;
     while second.stats.shards_opened.load(Ordering::Relaxed) == 0 {
         anyhow::ensure!(next < 400_000, "the second host never opened a shard");
