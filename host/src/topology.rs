@@ -93,6 +93,9 @@ pub fn check(nodes: &[Node<'_>]) -> Result<Order, Vec<String>> {
     check_outputs(nodes, &mut problems);
     check_inputs(nodes, &index, &mut problems);
     let order = order(nodes, &index, &mut problems);
+    // Two stages of one name can each make the same problem: it is named once.
+    let mut named = BTreeSet::new();
+    problems.retain(|p| named.insert(p.clone()));
     if problems.is_empty() {
         Ok(Order {
             stages: order,
@@ -387,6 +390,18 @@ mod tests {
         }
         assert_eq!(problems.len(), want.len(), "{problems:#?}");
         assert!(problems[6].contains(r#"["a", "b"]"#), "{}", problems[6]);
+    }
+
+    #[test]
+    fn two_stages_of_one_name_make_each_problem_once() {
+        let nodes = [
+            node("a", vec![Input::Topic("in")], None),
+            node("a", vec![Input::Topic("in")], None),
+        ];
+        let problems = check(&nodes).expect_err("invalid");
+        assert_eq!(problems.len(), 2, "{problems:#?}");
+        assert_eq!(problems[0], "stage `a` is named twice");
+        assert!(problems[1].contains("goes nowhere"), "{}", problems[1]);
     }
 
     #[test]
