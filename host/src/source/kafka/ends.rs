@@ -41,18 +41,11 @@ impl Ends {
         });
     }
 
-    /// `partition` was seeked to `next` (`None`: to a start librdkafka resolves): not at its
-    /// end until an EOF says so.
+    /// `partition` was seeked to `next` (`None`: to a start librdkafka resolves). Whether it
+    /// is at its end stays as its events since its assignment said: an EOF that came while
+    /// the seek was made stands.
     pub(super) fn seeked(&self, partition: TopicPartition, next: Option<i64>) {
-        self.with(|ends| {
-            ends.insert(
-                partition,
-                End {
-                    next,
-                    at_end: false,
-                },
-            )
-        });
+        self.with(|ends| ends.entry(partition).or_default().next = next);
     }
 
     /// `partitions` were assigned: each is at its end only once its fetches say so.
