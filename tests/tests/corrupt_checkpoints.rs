@@ -49,6 +49,30 @@ async fn counter_on_lsm_in(
     Ok((settings, input, output))
 }
 
+/// Waits until both partitions of `pipeline` checkpointed `input` through `next` (the offset
+/// after the last record their checkpoints cover).
+async fn both_checkpointed_through(
+    pipeline: &RunningPipeline,
+    input: &str,
+    next: i64,
+) -> anyhow::Result<()> {
+    pipeline
+        .wait_until("both partitions checkpointed", TIMEOUT, |s| {
+            s.partitions
+                .lock()
+                .expect("lock")
+                .values()
+                .filter(|p| {
+                    p.checkpointed_offsets
+                        .get(input)
+                        .is_some_and(|o| *o == next)
+                })
+                .count()
+                == 2
+        })
+        .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flipped_byte_in_an_sst_of_the_newest_checkpoint_falls_back_while_the_other_partition_runs()
 -> anyhow::Result<()> {
@@ -65,21 +89,7 @@ async fn a_flipped_byte_in_an_sst_of_the_newest_checkpoint_falls_back_while_the_
     let first = RunningPipeline::start(settings.clone());
     produce_counter(&input, 2, (0, 1_000), 20, &mut expected).await?;
     first.wait_done(1_000, TIMEOUT).await?;
-    first
-        .wait_until("both partitions checkpointed", TIMEOUT, |s| {
-            s.partitions
-                .lock()
-                .expect("lock")
-                .values()
-                .filter(|p| {
-                    p.checkpointed_offsets
-                        .get(&input)
-                        .is_some_and(|o| *o == 500)
-                })
-                .count()
-                == 2
-        })
-        .await?;
+    both_checkpointed_through(&first, &input, 500).await?;
     produce_counter(&input, 2, (1_000, 2_000), 20, &mut expected).await?;
     first.wait_done(2_000, TIMEOUT).await?;
     first.stop().await?;
@@ -269,21 +279,7 @@ async fn exactly_once_a_fallback_sends_no_output_that_went_out_before_again() ->
     for (round, through) in [((0, 1_000), 500), ((1_000, 2_000), 1_000)] {
         produce_counter(&input, 2, round, 20, &mut expected).await?;
         first.wait_done(round.1, TIMEOUT).await?;
-        first
-            .wait_until("both partitions checkpointed", TIMEOUT, |s| {
-                s.partitions
-                    .lock()
-                    .expect("lock")
-                    .values()
-                    .filter(|p| {
-                        p.checkpointed_offsets
-                            .get(&input)
-                            .is_some_and(|o| *o == through)
-                    })
-                    .count()
-                    == 2
-            })
-            .await?;
+        both_checkpointed_through(&first, &input, through).await?;
     }
     first.stop().await?;
 
