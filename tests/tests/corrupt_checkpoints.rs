@@ -13,12 +13,8 @@ use weir_tests::*;
 const TIMEOUT: Duration = Duration::from_secs(120);
 
 /// Settings of a `counter` pipeline over new topics `{prefix}-in` (2 partitions), `-out` and
-/// `-dlq`, checkpointing every 300 ms, with `lsm` state in `dir` (`file://`) and a small
-/// memtable so that state goes through SSTs; with its input and output topics.
-async fn counter_on_lsm_in(
-    prefix: &str,
-    dir: &std::path::Path,
-) -> anyhow::Result<(Settings, String, String)> {
+/// `-dlq`, checkpointing every 300 ms; with its input and output topics.
+async fn counter_in(prefix: &str) -> anyhow::Result<(Settings, String, String)> {
     init_tracing();
     let (input, output, dlq) = (
         unique(&format!("{prefix}-in")),
@@ -34,6 +30,16 @@ async fn counter_on_lsm_in(
         RuntimeSettings::default(),
     );
     settings.pipeline.checkpoint_interval = Duration::from_millis(300);
+    Ok((settings, input, output))
+}
+
+/// [`counter_in`] with `lsm` state in `dir` (`file://`) and a small memtable so that state
+/// goes through SSTs.
+async fn counter_on_lsm_in(
+    prefix: &str,
+    dir: &std::path::Path,
+) -> anyhow::Result<(Settings, String, String)> {
+    let (mut settings, input, output) = counter_in(prefix).await?;
     settings.state = StateSettings {
         backend: StateBackendKind::Lsm,
         lsm: weir_host::config::LsmStateSettings {
@@ -254,23 +260,9 @@ async fn exactly_once_a_fallback_sends_no_output_that_went_out_before_again() ->
     use futures::TryStreamExt as _;
     use object_store::ObjectStoreExt as _;
     use weir_host::state::manifest::{ManifestKind, ManifestStore};
-    init_tracing();
-    let (input, output, dlq) = (
-        unique("eos-fall-in"),
-        unique("eos-fall-out"),
-        unique("eos-fall-dlq"),
-    );
-    create_topics(&[(&input, 2), (&output, 2), (&dlq, 1)]).await?;
-    let mut settings = settings(
-        guest("weir_test_counter"),
-        &input,
-        &output,
-        &dlq,
-        RuntimeSettings::default(),
-    );
+    let (mut settings, input, output) = counter_in("eos-fall").await?;
     settings.pipeline.name = unique("eos-fall");
     settings.pipeline.delivery = weir_host::config::Delivery::ExactlyOnce;
-    settings.pipeline.checkpoint_interval = Duration::from_millis(300);
     settings.state = memory_state_on_s3().await?;
     let mut expected = BTreeMap::new();
 
