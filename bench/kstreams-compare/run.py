@@ -192,8 +192,19 @@ def start(e: Engine, name: str, args, input_topic: str, work: Path, log_file,
                "--threads", str(e.threads), "--guarantee", guarantee,
                "--commit-ms", str(INTERVAL_S[e.shape] * 1000), "--cache", "on" if e.cache else "off",
                "--modulo", str(REKEY_MODULO)]
-    waiting = ["sh", "-c", 'while [ ! -e "$0" ]; do sleep 0.01; done; exec "$@"', str(go)]
-    return subprocess.Popen(waiting + cmd, stdout=log_file, stderr=subprocess.STDOUT, cwd=ROOT)
+    return subprocess.Popen([sys.executable, "-c", WAIT_FOR_GO, str(go), *cmd], stdout=log_file,
+                            stderr=subprocess.STDOUT, cwd=ROOT)
+
+
+# Polls for the go file every 5 ms, then becomes the engine (same pid). In one interpreter, not
+# a shell loop: that forked `sleep` 100 times a second for as long as Measure's JVM took to
+# start, which under the test command's load is seconds per row.
+WAIT_FOR_GO = """
+import os, sys, time
+while not os.path.exists(sys.argv[1]):
+    time.sleep(0.005)
+os.execvp(sys.argv[2], sys.argv[2:])
+"""
 
 
 def stop(e: Engine, proc: subprocess.Popen) -> None:
