@@ -14,13 +14,49 @@ use std::time::Duration;
 /// A client context that keeps the last error librdkafka reported (and logs it).
 #[derive(Debug, Default)]
 pub struct ReasonContext {
-    last: Mutex<Option<String>>,
+    last: Mutex<Option<Reported>>,
+}
+
+/// An error librdkafka reported to [`ReasonContext`].
+#[derive(Debug)]
+struct Reported {
+    /// `"{error}: {reason}"`.
+    text: String,
+    /// Whether it says the cluster refused this client ([`refuses`]).
+    refused: bool,
+}
+
+/// Whether `error` says the cluster refused the client — SASL authentication failed, or the TLS
+/// handshake did (a certificate one side does not trust) — which no retry within a request's
+/// timeout changes. The Java client does not retry these either (KIP-152:
+/// `AuthenticationException`, `SslAuthenticationException`).
+fn refuses(error: &KafkaError) -> bool {
+    use rdkafka::types::RDKafkaErrorCode as Code;
+    matches!(
+        error.rdkafka_error_code(),
+        Some(Code::Authentication | Code::SaslAuthenticationFailed | Code::SSL)
+    )
 }
 
 impl ReasonContext {
     /// The last error librdkafka reported, if any: `"{error}: {reason}"`.
     pub fn last_error(&self) -> Option<String> {
-        self.last.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.last
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map(|r| r.text.clone())
+    }
+
+    /// Whether the last error librdkafka reported says the cluster refused this client (wrong
+    /// SASL credentials, an untrusted certificate): a request that waits on the connection
+    /// then gives up at once rather than at its timeout ([`fetch_metadata`]).
+    pub fn refused(&self) -> bool {
+        self.last
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .is_some_and(|r| r.refused)
     }
 
     /// Forgets the last error (a later request succeeded).
@@ -42,7 +78,10 @@ impl ReasonContext {
 impl ClientContext for ReasonContext {
     fn error(&self, error: KafkaError, reason: &str) {
         tracing::warn!("librdkafka: {error}: {reason}");
-        *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Some(format!("{error}: {reason}"));
+        *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Some(Reported {
+            text: format!("{error}: {reason}"),
+            refused: refuses(&error),
+        });
     }
 }
 
@@ -55,6 +94,49 @@ pub fn explain(client: &BaseConsumer<ReasonContext>, err: &KafkaError) -> String
     // subscribes, so there is no record to wait for.
     let _ = client.poll(Duration::from_millis(100));
     client.context().explain(err)
+}
+
+/// The first request of [`fetch_metadata`] waits this long; each next one twice as long.
+const FIRST_WAIT: Duration = Duration::from_millis(250);
+
+/// The cluster's metadata (of `topic`, or of every topic), as `client.fetch_metadata` reads it
+/// within `timeout`, except that it gives up as soon as the cluster refused the client
+/// ([`ReasonContext::refused`]): wrong credentials or an untrusted certificate are told in a
+/// fraction of a second, not after the whole timeout. The request is asked again after
+/// 250 ms, then 500 ms, 1 s… (librdkafka reports a refusal only to the error events, served
+/// between two requests), so a slow but working cluster still gets long waits. Blocking.
+///
+/// # Errors
+/// librdkafka's error of the last request: a timeout, or any other error at once.
+pub fn fetch_metadata(
+    client: &BaseConsumer<ReasonContext>,
+    topic: Option<&str>,
+    timeout: Duration,
+) -> Result<rdkafka::metadata::Metadata, KafkaError> {
+    let deadline = crate::clock::monotonic_now() + timeout;
+    let mut wait = FIRST_WAIT;
+    loop {
+        let left = deadline.saturating_duration_since(crate::clock::monotonic_now());
+        match client.fetch_metadata(topic, left.min(wait)) {
+            Ok(metadata) => return Ok(metadata),
+            Err(err)
+                if left <= wait
+                    || err.rdkafka_error_code()
+                        != Some(rdkafka::types::RDKafkaErrorCode::OperationTimedOut) =>
+            {
+                return Err(err);
+            }
+            Err(err) => {
+                // Serves the error events queued so far into the context, then returns: the
+                // client never subscribes, so there is no record to wait for.
+                let _ = client.poll(Duration::ZERO);
+                if client.context().refused() {
+                    return Err(err);
+                }
+                wait *= 2;
+            }
+        }
+    }
 }
 
 /// A metadata client of the cluster (a consumer that never subscribes): `kafka`'s brokers,
@@ -107,7 +189,7 @@ pub fn topic_partitions(
     topics
         .iter()
         .map(|topic| {
-            let metadata = client.fetch_metadata(Some(topic), timeout).map_err(|e| {
+            let metadata = fetch_metadata(&client, Some(topic), timeout).map_err(|e| {
                 TopicLookupError::Unavailable {
                     topic: topic.clone(),
                     reason: explain(&client, &e),
@@ -150,8 +232,7 @@ pub enum ReachError {
 /// [`ReachError`], with the cause librdkafka reported.
 pub fn check_reachable(kafka: &KafkaSettings, timeout: Duration) -> Result<(), ReachError> {
     let client = metadata_client(kafka).map_err(ReachError::Client)?;
-    client
-        .fetch_metadata(None, timeout)
+    fetch_metadata(&client, None, timeout)
         .map(|_| ())
         .map_err(|e| ReachError::Unreachable {
             servers: kafka.bootstrap_servers.clone(),
@@ -196,4 +277,26 @@ pub fn committed_checkpoint_versions(
             Some((Partition(e.partition()), version))
         })
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::refuses;
+    use rdkafka::error::KafkaError;
+    use rdkafka::types::RDKafkaErrorCode as Code;
+
+    #[test]
+    fn failed_authentication_or_tls_refuse_the_client_and_an_unreachable_broker_does_not() {
+        assert!(refuses(&KafkaError::Global(Code::Authentication)));
+        assert!(refuses(&KafkaError::Global(Code::SSL)));
+        assert!(refuses(&KafkaError::MetadataFetch(
+            Code::SaslAuthenticationFailed
+        )));
+        // A broker that is down, or slow, may answer later: waited for until the timeout.
+        assert!(!refuses(&KafkaError::Global(Code::AllBrokersDown)));
+        assert!(!refuses(&KafkaError::Global(Code::BrokerTransportFailure)));
+        assert!(!refuses(&KafkaError::MetadataFetch(
+            Code::OperationTimedOut
+        )));
+    }
 }
