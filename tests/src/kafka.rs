@@ -6,7 +6,7 @@ use anyhow::{Context as _, bail};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::message::{Headers, Message, OwnedMessage};
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer as _};
 use std::time::{Duration, Instant};
 
 /// The real broker's SASL_SSL listener (`WEIR_KAFKA_SASL_SSL_BOOTSTRAP`, default
@@ -234,17 +234,51 @@ pub async fn produce(
     produce_to_partitions(topic, &records).await
 }
 
-/// Produces `(partition, (key, value))` records to `topic` with one producer, waiting for
-/// every ack.
+/// Produces `(partition, (key, value))` records to `topic` with the test binary's producer,
+/// waiting for every ack.
 pub(crate) async fn produce_to_partitions(
     topic: &str,
     records: &[(i32, &KeyValue)],
 ) -> anyhow::Result<()> {
+    let producer = shared_producer()?;
+    let delivered = deliver(&producer, topic, records).await;
+    if delivered.is_err() && producer.client().fatal_error().is_some() {
+        // An idempotent producer's fatal error fails every later send: the next call makes
+        // another.
+        *SHARED_PRODUCER
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
+    }
+    delivered
+}
+
+/// The producer of [`produce_to_partitions`], shared by every test of a test binary (it is
+/// made on first use). One per call cost each call ~0.6 s: an idempotent producer asks for its
+/// producer id once a broker connection is up, which at its start none is, so it asks again
+/// 500 ms later (librdkafka's `rd_kafka_idemp_pid_fsm`), and closing it took ~0.1 s.
+static SHARED_PRODUCER: std::sync::Mutex<Option<FutureProducer>> = std::sync::Mutex::new(None);
+
+fn shared_producer() -> anyhow::Result<FutureProducer> {
+    let mut shared = SHARED_PRODUCER
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(producer) = shared.as_ref() {
+        return Ok(producer.clone());
+    }
     let producer: FutureProducer = ClientConfig::new()
         .set("bootstrap.servers", kafka_bootstrap())
         .set("enable.idempotence", "true")
         .set("linger.ms", "5")
         .create()?;
+    *shared = Some(producer.clone());
+    Ok(producer)
+}
+
+async fn deliver(
+    producer: &FutureProducer,
+    topic: &str,
+    records: &[(i32, &KeyValue)],
+) -> anyhow::Result<()> {
     let mut deliveries = Vec::with_capacity(records.len());
     for (partition, (key, value)) in records {
         let record = FutureRecord::to(topic)

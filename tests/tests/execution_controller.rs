@@ -9,7 +9,7 @@ use rdkafka::Message;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use weir_host::clock::{SharedClock, SystemClock};
 use weir_host::config::RuntimeSettings;
 use weir_host::state::configured::ConfiguredBackend;
@@ -196,12 +196,19 @@ async fn a_rebalance_with_thousands_in_flight_loses_and_doubles_nothing() -> any
         })
         .await?;
     // A second host joins: half the partitions are revoked from the first mid-flight. Input
-    // keeps arriving until the second owns some (so the first still has thousands in flight
-    // when the group rebalances, and the second has records to process).
+    // keeps arriving until the second owns some — 2,000 records, then up to half a second's wait
+    // for its first shard, again — so the first still has thousands in flight when the group
+    // rebalances, and the second has records to process.
     let second = start(&settings, ReadDelay::UpTo(Duration::from_millis(20)))?;
     let mut next = 20_000;
-    while second.stats.shards_opened.load(Ordering::Relaxed) == 0 {
-        anyhow::ensure!(next < 400_000, "the second host never opened a shard");
+    let joined_by = Instant::now() + Duration::from_secs(60);
+    let opened =
+        |s: &weir_host::pipeline::PipelineStats| s.shards_opened.load(Ordering::Relaxed) > 0;
+    while !opened(&second.stats) {
+        anyhow::ensure!(
+            Instant::now() < joined_by,
+            "the second host never opened a shard"
+        );
         produce_counter(
             &input,
             PARTITIONS,
@@ -211,6 +218,13 @@ async fn a_rebalance_with_thousands_in_flight_loses_and_doubles_nothing() -> any
         )
         .await?;
         next += 2_000;
+        let _ = second
+            .wait_until(
+                "a shard on the second host",
+                Duration::from_millis(500),
+                opened,
+            )
+            .await;
     }
     produce_counter(
         &input,
