@@ -96,15 +96,18 @@ pub fn explain(client: &BaseConsumer<ReasonContext>, err: &KafkaError) -> String
     client.context().explain(err)
 }
 
-/// The first request of [`fetch_metadata`] waits this long; each next one twice as long.
-const FIRST_WAIT: Duration = Duration::from_millis(250);
+/// How long the first request of [`fetch_metadata`] waits before it looks whether the cluster
+/// refused the client: a local broker refuses within ~0.1 s, a remote one over TLS within a
+/// few round trips.
+const REFUSAL_WAIT: Duration = Duration::from_secs(1);
 
 /// The cluster's metadata (of `topic`, or of every topic), as `client.fetch_metadata` reads it
-/// within `timeout`, except that it gives up as soon as the cluster refused the client
-/// ([`ReasonContext::refused`]): wrong credentials or an untrusted certificate are told in a
-/// fraction of a second, not after the whole timeout. The request is asked again after
-/// 250 ms, then 500 ms, 1 s… (librdkafka reports a refusal only to the error events, served
-/// between two requests), so a slow but working cluster still gets long waits. Blocking.
+/// within `timeout`, except that it gives up after [`REFUSAL_WAIT`] when the cluster refused
+/// the client by then ([`ReasonContext::refused`]): wrong credentials or an untrusted
+/// certificate are told in about a second, not after the whole timeout. librdkafka reports a
+/// refusal only to the error events, served between two requests, so the request is asked
+/// twice: for [`REFUSAL_WAIT`], then for the rest of `timeout` (the client's connection
+/// carries over, so a slow but working cluster loses nothing). Blocking.
 ///
 /// # Errors
 /// librdkafka's error of the last request: a timeout, or any other error at once.
@@ -114,28 +117,22 @@ pub fn fetch_metadata(
     timeout: Duration,
 ) -> Result<rdkafka::metadata::Metadata, KafkaError> {
     let deadline = crate::clock::monotonic_now() + timeout;
-    let mut wait = FIRST_WAIT;
-    loop {
-        let left = deadline.saturating_duration_since(crate::clock::monotonic_now());
-        match client.fetch_metadata(topic, left.min(wait)) {
-            Ok(metadata) => return Ok(metadata),
-            Err(err)
-                if left <= wait
-                    || err.rdkafka_error_code()
-                        != Some(rdkafka::types::RDKafkaErrorCode::OperationTimedOut) =>
-            {
+    match client.fetch_metadata(topic, timeout.min(REFUSAL_WAIT)) {
+        Err(err)
+            if timeout > REFUSAL_WAIT
+                && err.rdkafka_error_code()
+                    == Some(rdkafka::types::RDKafkaErrorCode::OperationTimedOut) =>
+        {
+            // Serves the error events queued so far into the context, then returns: the
+            // client never subscribes, so there is no record to wait for.
+            let _ = client.poll(Duration::ZERO);
+            if client.context().refused() {
                 return Err(err);
             }
-            Err(err) => {
-                // Serves the error events queued so far into the context, then returns: the
-                // client never subscribes, so there is no record to wait for.
-                let _ = client.poll(Duration::ZERO);
-                if client.context().refused() {
-                    return Err(err);
-                }
-                wait *= 2;
-            }
+            let left = deadline.saturating_duration_since(crate::clock::monotonic_now());
+            client.fetch_metadata(topic, left)
         }
+        answered => answered,
     }
 }
 
