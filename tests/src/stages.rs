@@ -47,6 +47,25 @@ impl RunningStages {
         Ok(Self { stop, task })
     }
 
+    /// What `work` (a read of the outputs, say) returns, unless the stages end first: then
+    /// why, at once rather than once `work` times out.
+    ///
+    /// # Errors
+    /// `work`'s error; the stages' error, or that they ended, when they end first.
+    pub async fn while_running<T>(
+        &mut self,
+        work: impl std::future::Future<Output = anyhow::Result<T>>,
+    ) -> anyhow::Result<T> {
+        tokio::select! {
+            done = work => done,
+            ended = &mut self.task => match ended {
+                Ok(Ok(())) => anyhow::bail!("the stages ended on their own"),
+                Ok(Err(err)) => Err(err).context("a stage failed"),
+                Err(err) => Err(err).context("the stages' task"),
+            },
+        }
+    }
+
     /// Stops every stage (each drains and takes its last checkpoint).
     ///
     /// # Errors

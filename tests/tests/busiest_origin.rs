@@ -121,21 +121,23 @@ async fn run_and_check(
     p.idle_advance = true;
     settings.validate()?;
     let started = std::time::Instant::now();
-    let running = RunningStages::start(&settings)?;
-    let out = read_exactly(
-        &busiest,
-        want.len(),
-        Duration::from_secs(600),
-        Duration::from_secs(5),
-    )
-    .await?;
-    let late_out = read_exactly(
-        &late,
-        want_late.values().sum(),
-        Duration::from_secs(60),
-        Duration::from_secs(1),
-    )
-    .await?;
+    let mut running = RunningStages::start(&settings)?;
+    let out = running
+        .while_running(read_exactly(
+            &busiest,
+            want.len(),
+            Duration::from_secs(600),
+            Duration::from_secs(5),
+        ))
+        .await?;
+    let late_out = running
+        .while_running(read_exactly(
+            &late,
+            want_late.values().sum(),
+            Duration::from_secs(60),
+            Duration::from_secs(1),
+        ))
+        .await?;
     println!(
         "busiest-origin, {what}: {} flights → {} hours, {} late departures in {:.2?} (debug-profile host, real broker)",
         flights.len(),
