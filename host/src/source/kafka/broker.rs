@@ -49,8 +49,8 @@ impl ReasonContext {
     }
 
     /// Whether the last error librdkafka reported says the cluster refused this client (wrong
-    /// SASL credentials, an untrusted certificate): a request that waits on the connection
-    /// then gives up at once rather than at its timeout ([`fetch_metadata`]).
+    /// SASL credentials, an untrusted certificate): [`fetch_metadata`] then gives up after its
+    /// first second rather than at its timeout.
     pub fn refused(&self) -> bool {
         self.last
             .lock()
