@@ -36,8 +36,10 @@ pub async fn serve(config: PathBuf) -> anyhow::Result<()> {
         &settings.store_options,
     )
     .context("cannot open the catalog store")?;
+    // What the API writes wakes this host's runner at once (Catalog::with_changes).
+    let wake = Arc::new(tokio::sync::Notify::new());
     let state = api::ApiState::new(
-        weir_host::catalog::Catalog::new(store.clone(), prefix.clone()),
+        weir_host::catalog::Catalog::new(store.clone(), prefix.clone()).with_changes(wake.clone()),
         api::ApiSettings {
             operator_bytes_max: settings.operator_bytes_max,
             admin_key_sha256: weir_host::catalog::sha256(admin_key.as_bytes()),
@@ -75,7 +77,8 @@ pub async fn serve(config: PathBuf) -> anyhow::Result<()> {
                 settings.runtime.clone(),
             )
             .context("cannot set up the pipeline runner")?
-            .with_pipeline_state_bytes_max(settings.pipeline_state_bytes_max);
+            .with_pipeline_state_bytes_max(settings.pipeline_state_bytes_max)
+            .with_wake(wake);
             Some(tokio::spawn(runner.run(stopped(stop_rx.clone()))))
         }
         None => None,

@@ -43,7 +43,7 @@ store_url = "{store_url}"
 [pipelines]
 host_id = "{host}"
 bootstrap_servers = "{bootstrap}"
-reconcile_interval = "250ms"
+reconcile_interval = "1s"
 memtable_bytes_max = 16384
 block_cache_bytes = 8388608
 disk_cache_bytes = 16777216

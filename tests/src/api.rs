@@ -73,19 +73,22 @@ pub async fn start_server_on(
             weir_host::health::PROBE_INTERVAL,
         ))
     });
+    // As `weir serve`: what the API writes wakes the runner at once.
+    let wake = std::sync::Arc::new(tokio::sync::Notify::new());
     let running = match runner {
         Some(config) => {
             let runner = Runner::new(
                 Catalog::new(store.clone(), prefix.clone()),
                 config,
                 crate::runtime_settings(),
-            )?;
+            )?
+            .with_wake(wake.clone());
             Some(tokio::spawn(runner.run(shutdown)))
         }
         None => None,
     };
     let state = ApiState::new(
-        Catalog::new(store, prefix),
+        Catalog::new(store, prefix).with_changes(wake),
         ApiSettings {
             operator_bytes_max: OPERATOR_BYTES_MAX,
             admin_key_sha256: sha256(ADMIN_KEY.as_bytes()),
@@ -196,8 +199,8 @@ pub fn counter_component() -> Vec<u8> {
     std::fs::read(guest("weir_test_counter")).expect("the counter guest is built")
 }
 
-/// A runner config for tests: reconcile every 200 ms, 4 KiB memtables (state goes through
-/// SSTs on S3).
+/// A runner config for tests: reconcile every second (a change through the host's own API
+/// wakes it at once), 4 KiB memtables (state goes through SSTs on S3).
 pub fn runner_config(host: &str) -> RunnerConfig {
     RunnerConfig {
         host_id: Some(host.to_owned()),
@@ -205,7 +208,7 @@ pub fn runner_config(host: &str) -> RunnerConfig {
         security: Default::default(),
         consumer: BTreeMap::new(),
         producer: BTreeMap::new(),
-        reconcile_interval: Duration::from_millis(200),
+        reconcile_interval: Duration::from_secs(1),
         work_dir: None,
         memtable_bytes_max: 4 << 10,
         block_cache_bytes: 8 << 20,

@@ -207,6 +207,8 @@ impl CatalogError {
 pub struct Catalog {
     store: Arc<dyn ObjectStore>,
     prefix: Path,
+    /// Told of every pipeline revision this catalog writes ([`Catalog::with_changes`]).
+    changes: Option<Arc<tokio::sync::Notify>>,
 }
 
 /// Whether `id` is a valid tenant id: 1..=32 bytes of `[a-z0-9-]`, not starting with `-`.
@@ -231,7 +233,29 @@ pub fn valid_operator_name(name: &str) -> bool {
 impl Catalog {
     /// The catalog under `prefix` of `store`.
     pub fn new(store: Arc<dyn ObjectStore>, prefix: Path) -> Self {
-        Self { store, prefix }
+        Self {
+            store,
+            prefix,
+            changes: None,
+        }
+    }
+
+    /// The same catalog, notifying `changes` after each pipeline revision it writes (a create,
+    /// a change, a delete): `weir serve` hands the API's catalog the notify its runner wakes on
+    /// ([`crate::runner::Runner::with_wake`]), so that a pipeline created, stopped or switched
+    /// through this host is acted on at once rather than at the runner's next reconcile. Other
+    /// hosts see the change at theirs.
+    #[must_use]
+    pub fn with_changes(mut self, changes: Arc<tokio::sync::Notify>) -> Self {
+        self.changes = Some(changes);
+        self
+    }
+
+    /// Tells the runner waiting on [`Catalog::with_changes`]' notify, if any.
+    pub(crate) fn changed(&self) {
+        if let Some(changes) = &self.changes {
+            changes.notify_one();
+        }
     }
 
     /// Lists the catalog's prefix once: `Ok` when the store answers (readiness).

@@ -359,7 +359,12 @@ mod tests {
                 Arc::new(BlockCaches::none()),
                 crate::state::lsm::tests::small_settings(),
                 clock,
-            );
+            )
+            // Its clock stands still: every checkpoint's GC pass runs, as 10 s apart.
+            .with_retention(crate::state::manifest::RetentionPolicy {
+                gc_interval: std::time::Duration::ZERO,
+                ..Default::default()
+            });
             let mut on_lsm = open_converted(&lsm, &id, &Recovery::default())
                 .await
                 .expect("opens");

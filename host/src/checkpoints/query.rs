@@ -465,6 +465,7 @@ mod tests {
             let policy = RetentionPolicy {
                 retained_checkpoints: 1,
                 grace: std::time::Duration::ZERO,
+                ..RetentionPolicy::default()
             };
             let gc = || async {
                 collect_garbage(

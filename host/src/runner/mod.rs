@@ -174,6 +174,8 @@ pub struct Runner {
     runs: HashMap<(String, String), Run>,
     /// When the last sweep of expired operator log segments started, and its task.
     log_sweep: Option<(Instant, JoinHandle<()>)>,
+    /// Wakes a reconcile before the next tick ([`Runner::with_wake`]).
+    wake: Arc<tokio::sync::Notify>,
 }
 
 impl std::fmt::Debug for Runner {
@@ -234,7 +236,17 @@ impl Runner {
             clock: Arc::new(SystemClock),
             runs: HashMap::new(),
             log_sweep: None,
+            wake: Arc::new(tokio::sync::Notify::new()),
         })
+    }
+
+    /// The same, reconciling also whenever `wake` is notified: hand the API's catalog the same
+    /// notify ([`Catalog::with_changes`]) and a pipeline changed through this host's API is
+    /// acted on at once, not at the next `reconcile_interval` tick.
+    #[must_use]
+    pub fn with_wake(mut self, wake: Arc<tokio::sync::Notify>) -> Self {
+        self.wake = wake;
+        self
     }
 
     /// The same, with `bytes` as the default quota of `memory` pipelines (the service's
@@ -255,6 +267,10 @@ impl Runner {
             tokio::select! {
                 () = &mut shutdown => break,
                 _ = ticks.tick() => self.reconcile().await,
+                () = self.wake.notified() => {
+                    self.reconcile().await;
+                    ticks.reset();
+                }
             }
         }
         self.stop_all().await;

@@ -120,7 +120,8 @@ impl SnapshotShard {
             self.retention.clone(),
         );
         let now_ms = self.clock.now_ms();
-        self.gc.start(&self.root, async move {
+        let interval = policy.gc_interval;
+        self.gc.start(&self.root, (now_ms, interval), async move {
             collect_garbage(&store, &root, &protected, &policy, now_ms).await
         });
     }

@@ -92,6 +92,8 @@ impl Catalog {
         if !self.create_json(&path, record).await? {
             return Ok(false);
         }
+        // This host's runner acts on it now, not at its next reconcile.
+        self.changed();
         // Older revisions are history nobody reads; a failure to prune costs only space.
         if record.revision > REVISIONS_KEPT {
             for old in self.revision_numbers(tenant, &record.name).await? {

@@ -166,6 +166,14 @@ impl LsmBackend {
         self
     }
 
+    /// This backend keeping history as `retention` says instead of the default policy (a
+    /// test that collects after every checkpoint: `gc_interval` zero).
+    #[must_use]
+    pub fn with_retention(mut self, retention: RetentionPolicy) -> Self {
+        self.retention = retention;
+        self
+    }
+
     /// Builds the backend `settings` describe.
     ///
     /// # Errors

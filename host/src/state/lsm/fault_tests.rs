@@ -137,6 +137,7 @@ fn gc_now(grace: Duration) -> (RetentionPolicy, u64) {
         RetentionPolicy {
             retained_checkpoints: 3,
             grace,
+            ..RetentionPolicy::default()
         },
         now,
     )
@@ -482,6 +483,7 @@ fn gc_keeps_what_compaction_retired_within_the_grace_period_for_readers_of_older
         let gc = RetentionPolicy {
             retained_checkpoints: 3,
             grace: Duration::from_secs(600),
+            ..RetentionPolicy::default()
         };
         let later = crate::clock::Clock::now_ms(&crate::clock::SystemClock) + 3_600_000;
         run_gc(&f, &tree, &BTreeSet::new(), &gc, later).await;

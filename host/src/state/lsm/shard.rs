@@ -199,7 +199,8 @@ impl LsmShard {
             self.root.clone(),
             self.retention.clone(),
         );
-        self.gc.start(&self.root, async move {
+        let interval = policy.gc_interval;
+        self.gc.start(&self.root, (now_ms, interval), async move {
             collect_garbage(&store, &root, &live, &protected, &policy, now_ms).await
         });
     }

@@ -20,6 +20,11 @@ fn backend(store: &Arc<FaultyStore>) -> LsmBackend {
         crate::state::lsm::tests::small_settings(),
         clock,
     )
+    // Its clock stands still: every checkpoint's GC pass runs, as 10 s apart.
+    .with_retention(RetentionPolicy {
+        gc_interval: std::time::Duration::ZERO,
+        ..RetentionPolicy::default()
+    })
 }
 
 fn id() -> ShardId {

@@ -241,6 +241,7 @@ async fn run(store: Arc<dyn ObjectStore>, caches: u8, ops: Vec<Op>) -> Result<()
                 let gc = RetentionPolicy {
                     retained_checkpoints: RETAINED,
                     grace: Duration::ZERO,
+                    ..RetentionPolicy::default()
                 };
                 let now_ms = crate::clock::Clock::now_ms(&crate::clock::SystemClock) + 1;
                 collect_garbage(

@@ -35,14 +35,21 @@ pub struct RetentionPolicy {
     pub retained_checkpoints: usize,
     /// Objects younger than this are never deleted, referenced or not.
     pub grace: Duration,
+    /// A checkpoint starts a pass only if the last one started at least this long ago in
+    /// processing time (an open's first pass always runs). A pass lists the shard's
+    /// directories and reads its kept manifests: one after every checkpoint made most of a
+    /// shard's store requests at short checkpoint intervals (docs/checkpoints.md, step 6).
+    pub gc_interval: Duration,
 }
 
 impl Default for RetentionPolicy {
-    /// 3 checkpoints, 10 minutes' grace.
+    /// 3 checkpoints, 10 minutes' grace, a pass at most every 10 s (the default checkpoint
+    /// interval: one per checkpoint there).
     fn default() -> Self {
         Self {
             retained_checkpoints: 3,
             grace: Duration::from_secs(600),
+            gc_interval: Duration::from_secs(10),
         }
     }
 }
@@ -245,19 +252,24 @@ pub(crate) async fn delete_objects(
 }
 
 /// The background GC pass of one shard's owner: at most one runs at a time, a pass asked for
-/// while one runs is skipped (the next checkpoint asks again), and a failed pass is logged and
-/// simply repeated by the next.
+/// while one runs or within [`RetentionPolicy::gc_interval`] of the last one's start is
+/// skipped (a later checkpoint asks again), and a failed pass is logged and simply repeated by
+/// the next.
 #[derive(Debug, Default)]
 pub(crate) struct BackgroundGc {
     task: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// When the last pass started (processing time, ms since the Unix epoch); `None` before
+    /// the first.
+    last_started_ms: std::sync::Mutex<Option<u64>>,
 }
 
 impl BackgroundGc {
-    /// Runs `pass` for the shard under `root` in the background unless the previous pass is
-    /// still running.
+    /// Runs `pass` for the shard under `root` in the background, at `now_ms` (processing time),
+    /// unless the previous pass is still running or started less than `interval` ago.
     pub fn start<R: std::fmt::Debug>(
         &self,
         root: &object_store::path::Path,
+        (now_ms, interval): (u64, Duration),
         pass: impl Future<Output = Result<R, ManifestError>> + Send + 'static,
     ) {
         let mut slot = self.task.lock().unwrap_or_else(|e| e.into_inner());
@@ -265,6 +277,15 @@ impl BackgroundGc {
             tracing::debug!(shard = %root, "GC still running; skipped this checkpoint's");
             return;
         }
+        let mut last = self
+            .last_started_ms
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let interval_ms = u64::try_from(interval.as_millis()).unwrap_or(u64::MAX);
+        if last.is_some_and(|at| now_ms < at.saturating_add(interval_ms)) {
+            return;
+        }
+        *last = Some(now_ms);
         let root = root.clone();
         *slot = Some(tokio::spawn(async move {
             match pass.await {
@@ -282,5 +303,31 @@ impl BackgroundGc {
         if let Some(task) = task {
             let _ = task.await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// A checkpoint within `gc_interval` of the last pass's start starts none: at a 1-second
+    /// checkpoint interval every pass listed the shard's directories again.
+    #[tokio::test]
+    async fn a_pass_starts_at_most_once_per_gc_interval_and_the_first_always() {
+        let gc = BackgroundGc::default();
+        let root = object_store::path::Path::from("weir/pipelines/p/shards/0");
+        let passes = Arc::new(AtomicUsize::new(0));
+        let interval = Duration::from_secs(10);
+        for now_ms in [1_000, 2_000, 10_999, 11_000, 11_500, 30_000] {
+            let passes = passes.clone();
+            gc.start(&root, (now_ms, interval), async move {
+                passes.fetch_add(1, Ordering::Relaxed);
+                Ok::<_, ManifestError>(())
+            });
+            gc.settled().await;
+        }
+        // At 1 s (the first), 11 s and 30 s.
+        assert_eq!(passes.load(Ordering::Relaxed), 3);
     }
 }

@@ -110,6 +110,7 @@ fn gc_keeps_a_compaction_output_written_before_a_checkpoint_and_installed_after_
         let gc = RetentionPolicy {
             retained_checkpoints: RETAINED,
             grace: Duration::ZERO,
+            ..RetentionPolicy::default()
         };
         collect_garbage(
             &store,
