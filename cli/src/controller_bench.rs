@@ -164,6 +164,7 @@ pub async fn run(
                     edges: Default::default(),
                     outputs: Default::default(),
                     parameters: Default::default(),
+                    tables: Default::default(),
                 },
                 kafka: crate::kafka::settings(&bootstrap),
                 runtime: RuntimeSettings {

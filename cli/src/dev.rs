@@ -165,6 +165,7 @@ pub(crate) fn pipeline_settings(
             edges: Default::default(),
             outputs: Default::default(),
             parameters: Default::default(),
+            tables: Default::default(),
         },
         kafka: crate::kafka::settings(bootstrap),
         runtime: RuntimeSettings::default(),

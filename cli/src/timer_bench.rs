@@ -188,6 +188,7 @@ async fn measure<B: StateBackend>(
             edges: Default::default(),
             outputs: Default::default(),
             parameters: Default::default(),
+            tables: Default::default(),
         },
         kafka: crate::kafka::settings(bootstrap),
         runtime: RuntimeSettings {

@@ -110,6 +110,7 @@ pub async fn run(opts: &WindowsBenchOptions) -> Result<Vec<WindowsRun>, WindowsB
                 edges: Default::default(),
                 outputs: Default::default(),
                 parameters: Default::default(),
+                tables: Default::default(),
             },
             kafka: crate::kafka::settings(bootstrap),
             runtime: RuntimeSettings::default(),

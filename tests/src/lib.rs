@@ -220,6 +220,7 @@ pub fn settings(
             edges: Default::default(),
             outputs: Default::default(),
             parameters: Default::default(),
+            tables: Default::default(),
         },
         kafka: KafkaSettings {
             bootstrap_servers: kafka_bootstrap(),

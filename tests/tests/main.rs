@@ -37,3 +37,4 @@ mod secure_kafka;
 mod stages;
 mod state_outage;
 mod status_page;
+mod table_inputs;

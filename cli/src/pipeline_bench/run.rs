@@ -56,6 +56,7 @@ pub(super) async fn measure(
             edges: Default::default(),
             outputs: Default::default(),
             parameters: Default::default(),
+            tables: Default::default(),
         },
         kafka: crate::kafka::settings(&opts.bootstrap_servers),
         runtime: RuntimeSettings::default(),

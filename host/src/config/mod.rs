@@ -126,6 +126,14 @@ pub struct PipelineSettings {
     /// `rpk transform deploy --var`. Default none.
     #[serde(default)]
     pub parameters: BTreeMap<String, String>,
+    /// Input topics read as tables (docs/topologies.md, "Tables"): topic → the value state its
+    /// records fill, keyed by the record's key (an empty or null value deletes). Each topic is
+    /// one of `input_topics` (co-partitioned with the others, as a Kafka Streams KTable) and
+    /// the operator declares the state; a shard loads its partition of each to the end before
+    /// any stream record runs, and the tables never hold the watermark back. In `stages`, an
+    /// input's `table`. Default none.
+    #[serde(default)]
+    pub tables: BTreeMap<String, String>,
 }
 
 /// A `weir run` pipeline's Iceberg table (`[pipeline.iceberg]`): each emit is a JSON object

@@ -39,8 +39,9 @@ pub struct StageSettings {
     pub name: String,
     /// Path to its operator component.
     pub operator: PathBuf,
-    /// What it reads, at least one: `{ topic = "…" }` or `{ stage = "…" }` (the stage's
-    /// `default` output); co-partitioned when more than one.
+    /// What it reads, at least one besides tables: `{ topic = "…" }`, `{ stage = "…" }` (the
+    /// stage's `default` output) or a table, `{ topic = "…", table = "state" }`;
+    /// co-partitioned when more than one.
     pub inputs: Vec<StageInput>,
     /// Where its outputs go: `{ default = { topic = "…" }, late = { topic = "…" } }` —
     /// `default` and the named outputs its operator declares. An output no later stage reads
@@ -83,6 +84,11 @@ pub struct StageInput {
     /// That stage's output; default `default`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output: Option<String>,
+    /// Read `topic` as a table into this value state of the operator's (docs/topologies.md,
+    /// "Tables"): each record sets the state of its key to its value, an empty or null value
+    /// clears it; the shard loads its partition to the end before any other record runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub table: Option<String>,
 }
 
 /// Where a stage's output goes (`weir run`'s and the API's).
@@ -175,7 +181,7 @@ impl StageInput {
     /// [`Settings::validate`] reports).
     pub(crate) fn as_input(&self) -> Option<Input<'_>> {
         match (&self.topic, &self.stage, &self.output) {
-            (None, Some(stage), output) => Some(Input::Stage {
+            (None, Some(stage), output) if self.table.is_none() => Some(Input::Stage {
                 stage,
                 output: output.as_deref().unwrap_or(DEFAULT_OUTPUT),
             }),
@@ -299,6 +305,11 @@ impl Settings {
                     .map(|name| (name.to_owned(), topic_of(&stage.name, name)))
                     .collect();
                 run.parameters = stage.parameters.clone();
+                run.tables = stage
+                    .inputs
+                    .iter()
+                    .filter_map(|i| Some((i.topic.clone()?, i.table.clone()?)))
+                    .collect();
                 run.stages = Vec::new();
                 run.max_out_of_orderness =
                     stage.max_out_of_orderness.unwrap_or(p.max_out_of_orderness);
@@ -327,6 +338,7 @@ impl Settings {
             ("iceberg", p.iceberg.is_some()),
             ("outputs", !p.outputs.is_empty()),
             ("parameters", !p.parameters.is_empty()),
+            ("tables", !p.tables.is_empty()),
         ];
         for (field, set) in one_operator {
             if set {
@@ -362,7 +374,7 @@ impl Settings {
             for (i, input) in stage.inputs.iter().enumerate() {
                 if input.as_input().is_none() {
                     problems.push(format!(
-                        "stage `{}`: inputs[{i}] must be {{ topic = \"…\" }} or {{ stage = \"…\" }}",
+                        "stage `{}`: inputs[{i}] must be {{ topic = \"…\" }}, {{ stage = \"…\" }} or a table {{ topic = \"…\", table = \"state\" }}",
                         stage.name
                     ));
                 }

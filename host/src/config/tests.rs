@@ -480,3 +480,65 @@ fn a_pipeline_of_stages_refuses_what_would_break_its_edges() {
     }
     assert_eq!(problems.len(), want.len(), "{problems:#?}");
 }
+
+/// A table is an input read into a named state, with a stream input beside it; in stages it is
+/// a topic input's `table`, which the plan turns into the stage run's `tables`.
+#[test]
+fn tables_are_inputs_into_named_states_beside_a_stream() {
+    let bad = GOOD.replace(
+        r#"dead_letter_topic = "flights-dlq""#,
+        "dead_letter_topic = \"flights-dlq\"\ntables = { planes = \"plane\", flights = \"\" }",
+    );
+    let Err(ConfigError::Invalid { problems }) = Settings::from_toml(&bad) else {
+        panic!("expected invalid settings");
+    };
+    assert_eq!(problems.len(), 3, "{problems:?}");
+    assert!(problems[0].contains("the state of table `flights` must be 1..=64 bytes"));
+    assert!(problems[1].contains("`planes` is not one of pipeline.input_topics"));
+    assert!(problems[2].contains("a topic besides the tables"));
+    let staged = r#"
+        [pipeline]
+        name = "enriched"
+        dead_letter_topic = "dlq"
+        [[pipeline.stages]]
+        name = "enrich"
+        operator = "enrich.wasm"
+        inputs = [{ topic = "flights" }, { topic = "planes", table = "plane" }]
+        outputs = { default = { topic = "enriched" } }
+        [[pipeline.stages]]
+        name = "wrong"
+        operator = "enrich.wasm"
+        inputs = [{ stage = "enrich", table = "plane" }]
+        [kafka]
+        bootstrap_servers = "localhost:9092"
+        [state]
+        backend = "lsm"
+        lsm.url = "file:///tmp/weir"
+    "#;
+    let Err(ConfigError::Invalid { problems }) = Settings::from_toml(staged) else {
+        panic!("expected invalid settings");
+    };
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.contains("stage `wrong`: inputs[0] must be")),
+        "{problems:?}"
+    );
+    let good = staged.replace(
+        r#"inputs = [{ stage = "enrich", table = "plane" }]"#,
+        r#"inputs = [{ stage = "enrich" }]
+        outputs = { default = { topic = "out" } }"#,
+    );
+    let settings = Settings::from_toml(&good).expect("valid");
+    let plan = settings
+        .stage_plan()
+        .expect("stages")
+        .expect("a valid graph");
+    let enrich = &plan.runs[0].settings.pipeline;
+    assert_eq!(enrich.input_topics, ["flights", "planes"]);
+    assert_eq!(
+        enrich.tables,
+        BTreeMap::from([("planes".to_owned(), "plane".to_owned())])
+    );
+    assert!(plan.runs[1].settings.pipeline.tables.is_empty());
+}

@@ -100,6 +100,28 @@ impl Settings {
         }
     }
 
+    /// `pipeline.tables`: each an input topic, into a named state, with a stream besides.
+    fn table_input_problems(&self, problems: &mut Vec<String>) {
+        let p = &self.pipeline;
+        for (topic, state) in &p.tables {
+            if !p.input_topics.contains(topic) {
+                problems.push(format!(
+                    "pipeline.tables: `{topic}` is not one of pipeline.input_topics (a table is an input read into state)"
+                ));
+            }
+            if state.is_empty() || state.len() > 64 {
+                problems.push(format!(
+                    "pipeline.tables: the state of table `{topic}` must be 1..=64 bytes. state=`{state}`"
+                ));
+            }
+        }
+        if !p.input_topics.is_empty() && p.input_topics.iter().all(|t| p.tables.contains_key(t)) {
+            problems.push(
+                "pipeline.input_topics must have a topic besides the tables: tables only fill state, the other inputs' records run the operator".to_owned(),
+            );
+        }
+    }
+
     /// What the delivery mode needs: checkpoints, offsets committed with the state, and for
     /// exactly-once read-committed input and transactions that outlive an interval.
     fn delivery_problems(&self, problems: &mut Vec<String>) {
@@ -159,6 +181,7 @@ impl Settings {
         if p.input_topics.is_empty() {
             problems.push("pipeline.input_topics must name at least one topic".to_owned());
         }
+        self.table_input_problems(problems);
         if p.output_topic.is_none() && p.iceberg.is_none() {
             problems.push(
                 "pipeline.output_topic is required unless pipeline.iceberg is set".to_owned(),

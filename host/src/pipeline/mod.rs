@@ -35,6 +35,7 @@ mod isolation;
 mod policy;
 pub mod ports;
 mod stats;
+mod tables;
 mod timers;
 mod worker;
 
@@ -80,6 +81,10 @@ pub enum PipelineError {
     /// `pipeline.outputs` does not bind the operator's declared outputs exactly.
     #[error("the pipeline's outputs do not fit its operator")]
     Outputs(#[source] crate::topology::OutputBindingError),
+    /// A table of `pipeline.tables` fills a state the operator does not declare as a value
+    /// state: the problems, one per table.
+    #[error("the pipeline's tables do not fit its operator: {}", .0.join("; "))]
+    Tables(Vec<String>),
 }
 
 impl PipelineError {
@@ -94,7 +99,7 @@ impl PipelineError {
             Self::State(err) => err.kind(),
             Self::Worker(err) => err.kind(),
             Self::WorkerPanicked(_) => ErrorKind::Internal,
-            Self::Outputs(_) => ErrorKind::InvalidInput,
+            Self::Outputs(_) | Self::Tables(_) => ErrorKind::InvalidInput,
         }
     }
 }
@@ -146,6 +151,7 @@ pub async fn run_with<B: StateBackend, Src: Source, Out: Output>(
     let meta = operator.meta();
     tracing::info!(pipeline = %settings.pipeline.name, operator = %meta.name, version = %meta.version, states = meta.states.len(), "operator loaded");
     output_topics(&settings, &operator)?;
+    table_states(&settings, &operator)?;
     if !settings.pipeline.parameters.is_empty() && meta.world != crate::runtime::WorldVersion::V0_3
     {
         tracing::warn!(pipeline = %settings.pipeline.name, world = meta.world.as_str(), "the operator's world has no parameters import: its parameters are not read");
@@ -174,6 +180,34 @@ pub fn output_topics<S: crate::state::Shard>(
         &p.outputs,
     )
     .map_err(PipelineError::Outputs)
+}
+
+/// Checks that every table of `settings` fills a value state `operator` declares (the state
+/// its lookups read: docs/topologies.md, "Tables").
+///
+/// # Errors
+/// [`PipelineError::Tables`] naming each table whose state is not a declared value state.
+pub fn table_states<S: crate::state::Shard>(
+    settings: &Settings,
+    operator: &Operator<S>,
+) -> Result<(), PipelineError> {
+    let declared = &operator.meta().value_states;
+    let problems: Vec<String> = settings
+        .pipeline
+        .tables
+        .iter()
+        .filter(|(_, state)| !declared.contains(state))
+        .map(|(topic, state)| {
+            format!(
+                "table `{topic}` fills state `{state}`, which the operator does not declare as a value state (it declares {declared:?})"
+            )
+        })
+        .collect();
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(PipelineError::Tables(problems))
+    }
 }
 
 #[cfg(test)]

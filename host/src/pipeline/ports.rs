@@ -8,7 +8,7 @@
 //! here names a Kafka client type: the errors carry their cause as a boxed error.
 
 pub use super::events::DeliveryGuard;
-use crate::ids::{ManifestVersion, Partition};
+use crate::ids::{ManifestVersion, Offset, Partition};
 use crate::runtime::{InputRecord, StagedEmit};
 use crate::state::StateWrite;
 use crate::state::checkpoint::InputOffsets;
@@ -122,6 +122,22 @@ pub trait Source: Send + Sync + 'static {
     /// it last fetched: it is caught up (librdkafka's partition EOF, which steps over
     /// transaction markers). False until known. `idle_advance` waits for it (docs/time.md).
     fn at_end(&self, topic: &str, partition: Partition) -> bool;
+
+    /// Reads `topic`'s `partition` outside the consumer group, from `from` (its beginning when
+    /// `None`) to the end it has when the read begins, handing the records to `chunks` in
+    /// offset order; returns the offset after the last one read, where the group's consumer
+    /// goes on. A table input's load at a shard's open (docs/topologies.md, "Tables"), as Kafka
+    /// Streams' restore consumer reads a changelog. Ends with an error once `chunks` is closed.
+    ///
+    /// # Errors
+    /// [`SourceError`] when the partition cannot be read.
+    fn read_table(
+        &self,
+        topic: &str,
+        partition: Partition,
+        from: Option<Offset>,
+        chunks: tokio::sync::mpsc::Sender<Vec<InputRecord>>,
+    ) -> impl Future<Output = Result<Offset, SourceError>> + Send;
 }
 
 /// Why a record was dead-lettered.

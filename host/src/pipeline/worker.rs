@@ -67,6 +67,7 @@ mod ended;
 mod error;
 mod run;
 mod start;
+mod tables;
 mod timers;
 
 use backlog::Backlog;
@@ -126,6 +127,9 @@ pub(crate) struct PartitionWorker<S: Shard, K: ShardSink> {
     /// What each call gets besides its records: the sink's limits and table, the run's
     /// parameters (`weir:operator/parameters`).
     pub call_settings: Arc<CallSettings>,
+    /// The run's table inputs: topic → the value state its records set
+    /// ([`crate::pipeline::tables`]).
+    pub tables: std::collections::BTreeMap<String, String>,
     /// Whether the consumer has handed out every record of the partition's input topics up
     /// to their end: kept by the consumer loop ([`super::ports::Source::at_end`]); only a
     /// caught-up shard's watermark follows processing time (`idle_advance`).
@@ -176,16 +180,30 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
     /// Admits what the backlog holds while there is room in flight ([`Self::admit`]) and
     /// dead-letters the late records it turns away (`late_records = dead_letter`).
     async fn admit_backlog(&mut self, backlog: &mut Backlog) -> Result<(), WorkerError> {
-        for late in self.admit(&mut backlog.records) {
-            let watermark = self.timers.watermarks().applied().unwrap_or_default();
-            let reason = format!(
-                "late: timestamp {} ms is at or before the watermark {watermark} ms",
-                late.timestamp_ms
-            );
-            self.dead_letter(&late, DeadLetterKind::Late, &reason)
-                .await?;
+        loop {
+            // Table updates next: applied once everything admitted finished.
+            if self.table_next(&backlog.records) {
+                if !self.execution.controller.is_idle()
+                    || !self.apply_table_updates(backlog).await?
+                {
+                    return Ok(());
+                }
+                continue;
+            }
+            for late in self.admit(&mut backlog.records) {
+                let watermark = self.timers.watermarks().applied().unwrap_or_default();
+                let reason = format!(
+                    "late: timestamp {} ms is at or before the watermark {watermark} ms",
+                    late.timestamp_ms
+                );
+                self.dead_letter(&late, DeadLetterKind::Late, &reason)
+                    .await?;
+            }
+            // Stopped at a table update (not for room, nor a due timer): go on with it.
+            if !self.table_next(&backlog.records) || !self.execution.controller.has_room() {
+                return Ok(());
+            }
         }
-        Ok(())
     }
 
     /// Tells the consumer loop when the worker starts or stops backing off from an outage: a
@@ -233,6 +251,7 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
         let now = self.timers.now_ms();
         let (mut admitted, mut skipped) = (0u64, 0u64);
         while self.execution.controller.has_room()
+            && !self.table_next(backlog)
             && let Some(mut record) = backlog.pop_front()
         {
             if self

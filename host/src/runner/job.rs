@@ -517,6 +517,7 @@ impl RunJob {
                 edges: Default::default(),
                 outputs: Default::default(),
                 parameters: spec.parameters.clone(),
+                tables: Default::default(),
             },
             kafka: self.config.kafka(),
             runtime: spec

@@ -33,6 +33,17 @@ impl InputOffsets {
         }
     }
 
+    /// Records that everything of `topic` before `next` is reflected (a table loaded up to
+    /// its end). Offsets only move forward.
+    pub fn advance_to(&mut self, topic: &str, next: Offset) {
+        match self.0.get_mut(topic) {
+            Some(current) => *current = (*current).max(next),
+            None => {
+                self.0.insert(topic.to_owned(), next);
+            }
+        }
+    }
+
     /// The next offset to read from `topic`, if any record of it was processed.
     pub fn next(&self, topic: &str) -> Option<Offset> {
         self.0.get(topic).copied()

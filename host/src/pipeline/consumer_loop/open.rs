@@ -47,6 +47,8 @@ pub(crate) struct Opened<S, K> {
     /// What the shard's checkpoint kept of its edges (`crate::time::edge::EDGES_KEY`), read
     /// for a stage with an edge input: `None` for another, `Some(None)` for none kept.
     pub edges: Option<Option<bytes::Bytes>>,
+    /// What the open loaded of the run's tables ([`crate::pipeline::tables`]).
+    pub tables: crate::pipeline::tables::Loaded,
 }
 
 /// Why opening a shard failed.
@@ -58,6 +60,8 @@ enum OpenError {
     Sink(#[from] SinkError),
     #[error(transparent)]
     Source(#[from] SourceError),
+    #[error("cannot load the tables")]
+    Table(#[from] crate::pipeline::tables::LoadError),
 }
 
 impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
@@ -78,6 +82,7 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
         let known_corruption = self.corruption.get(&partition).cloned().unwrap_or_default();
         let transactional = self.settings.pipeline.delivery == Delivery::ExactlyOnce;
         let has_edges = !self.settings.pipeline.edges.inputs.is_empty();
+        let tables = self.settings.pipeline.tables.clone();
         let worker = self.next_worker(partition);
         let control = WorkerControl::new();
         // The partition's status says why its sink waits; refused outputs dead-lettered are
@@ -116,7 +121,22 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
             } else {
                 None
             };
-            Ok(Opened { shard, sink, edges })
+            // The tables to their ends before any stream record runs (offsets that do not
+            // decode fail the open below).
+            let resume = shard.recovered_offsets().ok().flatten().unwrap_or_default();
+            let started = Instant::now();
+            let tables =
+                crate::pipeline::tables::load_tables(&*source, &shard, partition, &tables, &resume)
+                    .await?;
+            if !tables.ends.is_empty() {
+                tracing::info!(partition = partition.0, records = tables.records, ms = started.elapsed().as_millis() as u64, ends = ?tables.ends, "tables loaded");
+            }
+            Ok(Opened {
+                shard,
+                sink,
+                edges,
+                tables,
+            })
         }));
         self.opening.insert(
             partition,
@@ -167,7 +187,7 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
                 return Ok(());
             }
             Ok(Err(err)) => {
-                tracing::warn!(partition = partition.0, error = %err, retry_in = ?OPEN_RETRY_DELAY, "cannot open shard; retrying");
+                tracing::warn!(partition = partition.0, error = %crate::error::Chain(&err), retry_in = ?OPEN_RETRY_DELAY, "cannot open shard; retrying");
                 self.hold
                     .insert(partition, Instant::now() + OPEN_RETRY_DELAY);
                 return Ok(());
@@ -189,8 +209,12 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
         // checkpoint saw none of its records, or there is none) to where a new group starts —
         // never left where the source happens to be, which may be past records the state does
         // not reflect (a shard reopened after a failed transaction, records fetched and dropped
-        // meanwhile).
-        if let Err(err) = self.source.seek(partition, &offsets) {
+        // meanwhile). A table to where its load ended.
+        let mut position = offsets.clone();
+        for (topic, end) in opened.tables.ends.iter() {
+            position.advance_to(topic, end);
+        }
+        if let Err(err) = self.source.seek(partition, &position) {
             tracing::warn!(partition = partition.0, error = %crate::error::Chain(&err), retry_in = ?OPEN_RETRY_DELAY, "cannot seek to the checkpoint's offsets; reopening");
             self.hold
                 .insert(partition, Instant::now() + OPEN_RETRY_DELAY);
@@ -217,7 +241,7 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
             opening.worker,
             opened,
             opening.control,
-            offsets,
+            position,
             opening.started,
         );
         if self.paused.remove(&partition) {

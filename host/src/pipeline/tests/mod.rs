@@ -28,6 +28,7 @@ use tokio::task::JoinHandle;
 mod shutdown;
 mod stalls;
 mod table;
+mod table_inputs;
 mod timers;
 mod traps;
 

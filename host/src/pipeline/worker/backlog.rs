@@ -5,7 +5,7 @@
 use crate::pipeline::events::Batch;
 use crate::pipeline::timers::Timers;
 use crate::runtime::InputRecord;
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 use tokio::sync::mpsc;
 
@@ -25,12 +25,13 @@ impl Backlog {
     /// Takes `first` and every batch queued behind it at once: behind a steady stream of
     /// finishing attempts (served first), one batch per intake kept the in-flight window from
     /// filling under CPU load. Their topics are active from their arrival, admitted or not.
-    /// `None` (the loop closed the queue after the last batch) closes the backlog.
+    /// `None` (the loop closed the queue after the last batch) closes the backlog. A table's
+    /// records (topics in `tables`) make no topic active: tables never hold the watermark.
     pub(super) fn receive(
         &mut self,
         first: Option<Batch>,
         queue: &mut mpsc::Receiver<Batch>,
-        timers: &mut Timers,
+        (timers, tables): (&mut Timers, &BTreeMap<String, String>),
     ) {
         let mut next = first;
         loop {
@@ -40,6 +41,9 @@ impl Backlog {
             };
             let now = timers.now_ms();
             for record in &records {
+                if tables.contains_key(&*record.topic) {
+                    continue;
+                }
                 timers.watermarks_mut().seen(&record.topic, now);
                 if !self
                     .topics

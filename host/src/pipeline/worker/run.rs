@@ -206,7 +206,7 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
             // The whole queue at once: behind a steady stream of finishing attempts (served
             // first), one batch per intake kept the in-flight window from filling under CPU
             // load.
-            message = queue.recv(), if intake => turns.backlog.receive(message, queue, &mut self.timers),
+            message = queue.recv(), if intake => turns.backlog.receive(message, queue, (&mut self.timers, &self.tables)),
             () = async {
                 match wake {
                     Some(at) => tokio::time::sleep_until(at).await,

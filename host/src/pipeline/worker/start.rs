@@ -53,7 +53,13 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
         let WorkerStart {
             partition,
             operator,
-            opened: Opened { shard, sink, edges },
+            opened:
+                Opened {
+                    shard,
+                    sink,
+                    edges,
+                    tables: loaded,
+                },
             stats,
             control,
             events,
@@ -68,8 +74,15 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
             table: sink.emit_table(),
             parameters: std::sync::Arc::new(pipeline.parameters.clone()),
         });
+        // Tables never hold the watermark back: only the other inputs count.
+        let streams: Vec<String> = pipeline
+            .input_topics
+            .iter()
+            .filter(|t| !pipeline.tables.contains_key(*t))
+            .cloned()
+            .collect();
         let mut timers = Timers::new(
-            &pipeline.input_topics,
+            &streams,
             pipeline.max_out_of_orderness,
             Idleness {
                 timeout: pipeline.idle_timeout,
@@ -98,7 +111,9 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
             sink_held_reported: false,
             admitted: offsets.clone(),
             offsets,
-            dirty: false,
+            // Table rows loaded past the checkpoint: the next one saves them.
+            dirty: loaded.records > 0,
+            tables: pipeline.tables.clone(),
             checkpoint_interval: pipeline.checkpoint_interval,
             opened_at: Some(opened_at),
             failure_policy: pipeline.failure_policy,

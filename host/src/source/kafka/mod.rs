@@ -9,6 +9,8 @@ pub mod broker;
 mod client;
 mod context;
 mod ends;
+mod retry;
+mod table;
 
 use crate::config::Settings;
 use crate::ids::Partition;
@@ -19,7 +21,7 @@ use ends::Ends;
 use rdkafka::Offset;
 use rdkafka::consumer::Consumer;
 use rdkafka::consumer::{CommitMode, base_consumer::PartitionQueue};
-use rdkafka::error::{KafkaError, KafkaResult, RDKafkaErrorCode};
+use rdkafka::error::{KafkaError, KafkaResult};
 use rdkafka::message::Message;
 use rdkafka::topic_partition_list::TopicPartitionList;
 use std::collections::{BTreeMap, HashMap};
@@ -29,61 +31,13 @@ use std::time::Duration;
 
 pub use client::{consumer, to_input_record};
 pub use context::{SourceConsumer, SourceContext};
+use retry::{retry_while_outdated, seek_retried};
 
 /// How long a seek may wait for librdkafka to accept it.
 const SEEK_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Pause between tries of a request librdkafka answered `Outdated`.
-const OUTDATED_RETRY: Duration = Duration::from_millis(50);
-
-/// Runs `request` (a blocking librdkafka call) again while it fails with `Outdated` — the
-/// partition's leader or metadata changed under it, and librdkafka asks the caller to retry
-/// (`RD_KAFKA_RESP_ERR__OUTDATED`) — for up to `within`; any other answer is returned. A
-/// partition's end read at an assignment met it when the topic was new (a test failed on it).
-fn retry_while_outdated<T>(
-    within: Duration,
-    mut request: impl FnMut() -> rdkafka::error::KafkaResult<T>,
-) -> rdkafka::error::KafkaResult<T> {
-    let deadline = crate::clock::monotonic_now() + within;
-    loop {
-        match request() {
-            Err(err)
-                if err.rdkafka_error_code() == Some(RDKafkaErrorCode::Outdated)
-                    && crate::clock::monotonic_now() + OUTDATED_RETRY < deadline =>
-            {
-                tracing::debug!(error = %err, "outdated answer; asking again");
-                std::thread::sleep(OUTDATED_RETRY);
-            }
-            answered => return answered,
-        }
-    }
-}
-
-/// Runs `seek` (one partition's) again, for up to `within`, while librdkafka refuses it for a
-/// fetcher not started yet (`State`) or answers it `Outdated`: the partition's fetcher moved to
-/// a newer version under it — its own lookup of the start offset of a partition with no
-/// committed offset, which a new assignment starts beside the seek — and the seek did not
-/// apply. Asked again it applies after that lookup, so the seek's offset wins (a test that
-/// seeks right after an assignment failed on `Outdated`). Any other answer is returned.
-fn seek_retried(within: Duration, mut seek: impl FnMut() -> KafkaResult<()>) -> KafkaResult<()> {
-    let deadline = crate::clock::monotonic_now() + within;
-    loop {
-        match seek() {
-            Err(KafkaError::OffsetFetch(RDKafkaErrorCode::State | RDKafkaErrorCode::Outdated))
-                if crate::clock::monotonic_now() < deadline =>
-            {
-                std::thread::sleep(SEEK_RETRY_DELAY);
-            }
-            result => return result,
-        }
-    }
-}
-
 /// How long a seek waits for a newly assigned partition's fetcher to start.
 const FETCHER_START_WAIT: Duration = Duration::from_secs(1);
-
-/// How long a seek refused for a fetcher not yet started waits before it is tried again.
-const SEEK_RETRY_DELAY: Duration = Duration::from_millis(5);
 
 /// How long reading the committed offsets may wait (until no transaction is pending on them).
 const COMMITTED_TIMEOUT: Duration = Duration::from_secs(30);
@@ -140,6 +94,8 @@ pub struct KafkaSource {
     ready: Arc<tokio::sync::Notify>,
     /// Where the consumer stands against each partition's end ([`Ends`]).
     ends: Arc<Ends>,
+    /// The client configuration of table loads ([`Source::read_table`]).
+    table_config: rdkafka::ClientConfig,
 }
 
 /// An input topic's partition.
@@ -197,6 +153,7 @@ impl KafkaSource {
             floors: Arc::default(),
             ready,
             ends: Arc::default(),
+            table_config: table::table_config(settings),
         })
     }
 
@@ -544,6 +501,23 @@ impl Source for KafkaSource {
     /// partition fetched before its queue was split off can reach librdkafka's error callback
     /// instead, which names no partition; a consumer that resumed at the end has no position
     /// until a record comes, but gets an EOF).
+    fn read_table(
+        &self,
+        topic: &str,
+        partition: Partition,
+        from: Option<crate::ids::Offset>,
+        chunks: tokio::sync::mpsc::Sender<Vec<InputRecord>>,
+    ) -> impl std::future::Future<Output = Result<crate::ids::Offset, SourceError>> + Send {
+        let (topic, input) = self.topic(topic);
+        let read = table::TableRead {
+            topic,
+            input,
+            partition,
+            from,
+        };
+        table::read(self.table_config.clone(), read, chunks)
+    }
+
     fn at_end(&self, topic: &str, partition: Partition) -> bool {
         let (shared, _) = self.topic(topic);
         self.ends.at_end(&(shared, partition.0))

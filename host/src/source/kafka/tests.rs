@@ -1,6 +1,7 @@
 use super::*;
 use rdkafka::ClientContext as _;
 use rdkafka::config::RDKafkaLogLevel;
+use rdkafka::error::RDKafkaErrorCode;
 
 #[test]
 fn a_log_line_served_from_the_consumers_queue_is_an_event_not_the_queues_end() {

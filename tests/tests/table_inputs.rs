@@ -1,0 +1,151 @@
+//! A table input over the real broker (docs/topologies.md, "Tables"): a shard reads its
+//! partition of the table outside the consumer group up to its end before any stream record
+//! runs, and the updates that come later reach it through the group. The operator is native
+//! (as `weir bench`'s baseline): per stream record it emits the table's row of its key.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use weir_host::clock::{SharedClock, SystemClock};
+use weir_host::pipeline::{PipelineControl, PipelineStats};
+use weir_host::runtime::bindings::{StateDescriptor, StateKind};
+use weir_host::runtime::native::{NativeContext, NativeOperator, Rejected};
+use weir_host::runtime::{InputRecord, OperatorInfo, Runtime};
+use weir_host::state::StateBackend;
+use weir_host::state::configured::ConfiguredBackend;
+use weir_tests::*;
+
+/// Emits `{"plane": row or null}` per record: the value state `plane` of its key.
+#[derive(Debug)]
+struct Lookup;
+
+impl NativeOperator for Lookup {
+    fn describe(&self) -> OperatorInfo {
+        OperatorInfo {
+            name: "lookup".into(),
+            version: "0.1.0".into(),
+            states: vec![StateDescriptor {
+                name: "plane".into(),
+                kind: StateKind::Value,
+                ttl_ms: None,
+                version: 0,
+            }],
+            outputs: Vec::new(),
+        }
+    }
+
+    fn process(&self, ctx: &mut NativeContext<'_>, record: &InputRecord) -> Result<(), Rejected> {
+        let plane = ctx
+            .value_get("plane")
+            .map(|v| String::from_utf8_lossy(&v).into_owned());
+        ctx.emit(
+            &record.key,
+            serde_json::to_vec(&serde_json::json!({ "plane": plane }))?,
+        );
+        Ok(())
+    }
+}
+
+/// The plane each output saw, by key, in output order.
+async fn planes_seen(
+    output: &str,
+    expected: usize,
+) -> anyhow::Result<Vec<(String, Option<String>)>> {
+    let read = read_exactly(output, expected, Duration::from_secs(60), Duration::ZERO).await?;
+    read.iter()
+        .map(|m| {
+            use rdkafka::Message;
+            let key = String::from_utf8_lossy(m.key().unwrap_or_default()).into_owned();
+            let v: serde_json::Value = serde_json::from_slice(m.payload().unwrap_or_default())?;
+            Ok((key, v["plane"].as_str().map(str::to_owned)))
+        })
+        .collect()
+}
+
+fn key(i: i32) -> Vec<u8> {
+    format!("k{i}").into_bytes()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_is_read_from_the_broker_before_stream_records_and_updated_as_they_run()
+-> anyhow::Result<()> {
+    init_tracing();
+    let (input, planes, output, dlq) =
+        (unique("in"), unique("planes"), unique("out"), unique("dlq"));
+    create_topics(&[(&input, 2), (&planes, 2), (&output, 1), (&dlq, 1)]).await?;
+    // The table's rows, key `k{i}` in partition i % 2; k1's deleted, k3's replaced. Then the
+    // stream records, all before the pipeline starts.
+    for i in 0..10 {
+        produce(&planes, i % 2, &[(key(i), format!("P{i}").into_bytes())]).await?;
+    }
+    produce(
+        &planes,
+        1,
+        &[(key(1), Vec::new()), (key(3), b"P3b".to_vec())],
+    )
+    .await?;
+    for i in 0..10 {
+        produce(&input, i % 2, &[(key(i), b"v".to_vec())]).await?;
+    }
+    let mut settings = settings(PathBuf::new(), &input, &output, &dlq, runtime_settings());
+    settings.pipeline.input_topics.push(planes.clone());
+    settings.pipeline.tables = [(planes.clone(), "plane".to_owned())].into();
+    settings.pipeline.checkpoint_interval = Duration::from_millis(300);
+    settings.state.memory.url = Some("memory:///".to_owned());
+    let group = settings.pipeline.group_id();
+    let clock: SharedClock = Arc::new(SystemClock);
+    let backend = Arc::new(ConfiguredBackend::from_settings(
+        &settings.state,
+        clock.clone(),
+    )?);
+    let runtime =
+        Runtime::<<ConfiguredBackend as StateBackend>::Shard>::new(&settings.runtime, clock)?;
+    let operator = Arc::new(runtime.native_operator(Arc::new(Lookup))?);
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let (_requests, control) = PipelineControl::new();
+    let pipeline = tokio::spawn(weir_host::runner::run_operator(
+        settings,
+        backend,
+        operator,
+        Arc::new(PipelineStats::default()),
+        control,
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+
+    let mut seen = planes_seen(&output, 10).await?;
+    seen.sort();
+    let expected: Vec<(String, Option<String>)> = (0..10)
+        .map(|i| {
+            let plane = match i {
+                1 => None,
+                3 => Some("P3b".to_owned()),
+                _ => Some(format!("P{i}")),
+            };
+            (format!("k{i}"), plane)
+        })
+        .collect();
+    assert_eq!(
+        seen, expected,
+        "every row there at the start, whatever came first"
+    );
+
+    // An update of k0 (partition 0's sixth table record), applied and checkpointed — the
+    // group's offset of the table moves past it — before the next k0 record is produced.
+    produce(&planes, 0, &[(key(0), b"P0new".to_vec())]).await?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while committed_offsets(&group, &planes, 2)?[0] != Some(6) {
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "the table's update was not checkpointed in 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    produce(&input, 0, &[(key(0), b"v".to_vec())]).await?;
+    let seen = planes_seen(&output, 11).await?;
+    assert_eq!(seen[10], ("k0".to_owned(), Some("P0new".to_owned())));
+    let _ = stop.send(());
+    pipeline.await??;
+    Ok(())
+}
