@@ -216,3 +216,26 @@ async fn a_table_into_a_state_the_operator_does_not_declare_refuses_to_start() {
         "{message}"
     );
 }
+
+/// A table's records never hold the watermark back: it follows the stream alone, though the
+/// table's records are older and the table gets no more.
+#[tokio::test(start_paused = true)]
+async fn a_table_never_holds_the_watermark_back() {
+    let (source, handle, output, store) = world();
+    handle.produce(PLANES, 0, b"k0", b"N0", 5);
+    for i in 0..10 {
+        handle.produce(TOPIC, 0, format!("k{i}").as_bytes(), b"v", 10_000 + i);
+    }
+    let run = start_lookup(table_settings(), &source, &output, &store).await;
+    handle.assign(&[0]);
+    until("the stream's watermark", || {
+        run.stats
+            .watermarks
+            .lock()
+            .expect("watermarks")
+            .get(&Partition(0))
+            .is_some_and(|w| *w >= 10_000)
+    })
+    .await;
+    run.stop().await.expect("stops cleanly");
+}
