@@ -60,12 +60,17 @@ async fn a_live_switch_between_backends_keeps_exact_counts_with_exactly_once_out
     )
     .await?;
 
-    // Steady input: a batch every 100 ms while the backend switches twice.
+    // Steady input: a batch every 100 ms until the backend has switched twice (at least
+    // RECORDS): each new run has records to process, however soon it starts. (A fixed number
+    // of batches ran out before the second switch's run opened once runs started at once.)
+    let switched = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let producer = {
         let input = input.clone();
+        let switched = switched.clone();
         tokio::spawn(async move {
             let mut expected = BTreeMap::new();
-            for batch in 0..RECORDS / 100 {
+            let mut batch = 0;
+            while batch < RECORDS / 100 || !switched.load(std::sync::atomic::Ordering::Relaxed) {
                 produce_counter(
                     &input,
                     2,
@@ -74,6 +79,7 @@ async fn a_live_switch_between_backends_keeps_exact_counts_with_exactly_once_out
                     &mut expected,
                 )
                 .await?;
+                batch += 1;
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
             anyhow::Ok(expected)
@@ -85,6 +91,7 @@ async fn a_live_switch_between_backends_keeps_exact_counts_with_exactly_once_out
     .await?;
     switch_to(addr, &key, "lsm").await?;
     switch_to(addr, &key, "memory").await?;
+    switched.store(true, std::sync::atomic::Ordering::Relaxed);
     let expected = producer.await??;
 
     // Every count of every key once: exact, and no output twice (read_committed).

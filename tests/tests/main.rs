@@ -15,6 +15,7 @@ mod api_schema_evolution;
 mod api_stage_repeats;
 mod api_stages;
 mod api_state_query;
+mod api_tables;
 mod api_tenant_isolation;
 mod bench;
 mod checkpoint_recovery;
