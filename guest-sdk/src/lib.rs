@@ -35,6 +35,8 @@
 //! [`Context::processing_time`] say where time is (docs/time.md). [`window`] builds tumbling,
 //! hopping and session windows with an allowed lateness on map state and timers, storing the
 //! same bytes as the Python SDK's `weir.windows`.
+//! [`join`] joins a stage's two inputs — in tumbling windows, or within an interval of each
+//! other — storing the same bytes as the Python SDK's `weir.joins`.
 //!
 //! # Testing
 //! In a native build (`cargo test`), [`testing::Harness`] runs an operator with state and
@@ -53,6 +55,7 @@
 
 mod context;
 mod host;
+pub mod join;
 mod operator;
 mod record;
 mod state;
