@@ -1,0 +1,120 @@
+//! `join`, a test fixture of the SDK's join helpers run by the host (docs/topologies.md,
+//! "Joins"): input 0 is the left side, input 1 the right; each record's value is JSON; for
+//! every record of the other side it joins it emits `{"l": L, "r": R}` (the two values) under
+//! its key, and `{"dropped": true}` when the helper dropped it (behind the watermark).
+//!
+//! Parameters: `join` = `window` (with `size_ms`) or `interval` (with `lower_ms` and
+//! `upper_ms`); both keep the map state `j`.
+
+use serde_json::Value;
+use weir_sdk::join::{IntervalJoin, Joined, WindowJoin};
+use weir_sdk::{Context, Operator, Record, Reject, StateKind, StateSpec, Timer};
+
+/// The operator.
+#[derive(Debug)]
+pub struct Join;
+
+/// The helper the parameters name.
+enum Helper {
+    Window(WindowJoin<Value, Value>),
+    Interval(IntervalJoin<Value, Value>),
+}
+
+/// The parameter `name` as ms, or a rejection naming it.
+fn ms(ctx: &Context, name: &str) -> Result<i64, Reject> {
+    let text = ctx.parameter(name).unwrap_or_default();
+    text.parse()
+        .map_err(|_| Reject::new(format!("parameter {name} must be ms, not `{text}`")))
+}
+
+fn helper(ctx: &Context) -> Result<Helper, Reject> {
+    match ctx.parameter("join").as_deref() {
+        Some("window") => {
+            let size = ms(ctx, "size_ms")?;
+            if size <= 0 {
+                return Err(Reject::new("parameter size_ms must be positive"));
+            }
+            Ok(Helper::Window(WindowJoin::new("j", size)))
+        }
+        Some("interval") => {
+            let (lower, upper) = (ms(ctx, "lower_ms")?, ms(ctx, "upper_ms")?);
+            if lower > upper {
+                return Err(Reject::new("parameter lower_ms must be at most upper_ms"));
+            }
+            Ok(Helper::Interval(IntervalJoin::new("j", lower, upper)))
+        }
+        other => Err(Reject::new(format!(
+            "parameter join must be `window` or `interval`, not {other:?}"
+        ))),
+    }
+}
+
+impl Operator for Join {
+    const NAME: &'static str = "join";
+    const VERSION: &'static str = "0.1.0";
+    const STATES: &'static [StateSpec] = &[StateSpec {
+        name: "j",
+        kind: StateKind::Map,
+        ttl_ms: None,
+        version: 0,
+    }];
+
+    fn process(ctx: &mut Context, record: &Record) -> Result<(), Reject> {
+        let value: Value = serde_json::from_slice(record.value())?;
+        let ts = record.timestamp_ms();
+        let left = record.input() == 0;
+        let joined: Joined<Value> = match (helper(ctx)?, left) {
+            (Helper::Window(j), true) => j.left(ctx, &value, ts)?,
+            (Helper::Window(j), false) => j.right(ctx, &value, ts)?,
+            (Helper::Interval(j), true) => j.left(ctx, &value, ts)?,
+            (Helper::Interval(j), false) => j.right(ctx, &value, ts)?,
+        };
+        for other in &joined.matches {
+            let (l, r) = if left {
+                (&value, other)
+            } else {
+                (other, &value)
+            };
+            ctx.emit_json(record.key(), &serde_json::json!({ "l": l, "r": r }))?;
+        }
+        if joined.dropped {
+            ctx.emit_json(record.key(), &serde_json::json!({ "dropped": true }))?;
+        }
+        Ok(())
+    }
+
+    fn on_timer(ctx: &mut Context, timer: &Timer) -> Result<(), Reject> {
+        match helper(ctx)? {
+            Helper::Window(j) => j.on_timer(ctx, timer)?,
+            Helper::Interval(j) => j.on_timer(ctx, timer)?,
+        };
+        Ok(())
+    }
+}
+
+weir_sdk::export_operator!(Join);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use weir_sdk::testing::Harness;
+
+    /// The parameters pick the helper; without them every record is rejected, naming them.
+    #[test]
+    fn the_parameters_pick_the_join_and_missing_ones_reject_naming_them() {
+        let mut h = Harness::<Join>::new().with_parameters(&[
+            ("join", "interval"),
+            ("lower_ms", "0"),
+            ("upper_ms", "5"),
+        ]);
+        assert!(h.send_from(1, b"a", br#"{"bid":1}"#, 12).is_ok());
+        let out = h.send_from(0, b"a", br#"{"auction":7}"#, 10);
+        assert_eq!(
+            out.emitted[0].value,
+            br#"{"l":{"auction":7},"r":{"bid":1}}"#.as_slice()
+        );
+        let mut bare = Harness::<Join>::new();
+        let out = bare.send_from(0, b"a", b"{}", 1);
+        assert!(out.reason.is_some_and(|r| r.contains("parameter join")));
+    }
+}
