@@ -157,20 +157,14 @@ where
         value: &L,
         timestamp_ms: i64,
     ) -> Result<Joined<R>, Reject> {
-        let Some(start) = self.open_window(ctx, timestamp_ms)? else {
-            return Ok(Joined::dropped());
-        };
-        let matches = ctx
-            .map_get(&self.sides.right, &(start, Side::Right))?
-            .unwrap_or_default();
-        let new = Sides::<L, R>::append(ctx, &self.sides.left, (start, Side::Left), value)?;
-        if new && matches.is_empty() {
-            self.set_timer(ctx, start)?;
-        }
-        Ok(Joined {
-            matches,
-            dropped: false,
-        })
+        let mine = (&self.sides.left, Side::Left);
+        self.add(
+            ctx,
+            value,
+            timestamp_ms,
+            mine,
+            (&self.sides.right, Side::Right),
+        )
     }
 
     /// A right record with `value` at `timestamp_ms`: the left records of its window it joins.
@@ -183,13 +177,35 @@ where
         value: &R,
         timestamp_ms: i64,
     ) -> Result<Joined<L>, Reject> {
+        let mine = (&self.sides.right, Side::Right);
+        self.add(
+            ctx,
+            value,
+            timestamp_ms,
+            mine,
+            (&self.sides.left, Side::Left),
+        )
+    }
+
+    /// A record of side `mine` with `value`: stored, and the records of side `theirs` in its
+    /// window returned; its window's timer set with the window's first record.
+    fn add<T, O>(
+        &self,
+        ctx: &mut Context,
+        value: &T,
+        timestamp_ms: i64,
+        (mine, side): (&MapState<(i64, Side), Vec<T>>, Side),
+        (theirs, other): (&MapState<(i64, Side), Vec<O>>, Side),
+    ) -> Result<Joined<O>, Reject>
+    where
+        T: Serialize + DeserializeOwned + Clone,
+        O: DeserializeOwned,
+    {
         let Some(start) = self.open_window(ctx, timestamp_ms)? else {
             return Ok(Joined::dropped());
         };
-        let matches = ctx
-            .map_get(&self.sides.left, &(start, Side::Left))?
-            .unwrap_or_default();
-        let new = Sides::<L, R>::append(ctx, &self.sides.right, (start, Side::Right), value)?;
+        let matches = ctx.map_get(theirs, &(start, other))?.unwrap_or_default();
+        let new = Sides::<L, R>::append(ctx, mine, (start, side), value)?;
         if new && matches.is_empty() {
             self.set_timer(ctx, start)?;
         }
@@ -282,19 +298,17 @@ where
         timestamp_ms: i64,
     ) -> Result<Joined<R>, Reject> {
         let t = event_time(timestamp_ms)?;
-        if ctx.watermark().is_some_and(|w| t <= w) {
-            return Ok(Joined::dropped());
-        }
+        // No right record at or before t + upper can come once the watermark is there.
         let (from, to) = (t + self.lower_ms, t + self.upper_ms);
-        let matches = self.stored(ctx, Side::Right, from, to, &self.sides.right)?;
-        if Sides::<L, R>::append(ctx, &self.sides.left, (t, Side::Left), value)? {
-            // No right record at or before t + upper can come once the watermark is there.
-            self.set_timer(ctx, Side::Left, t, to)?;
-        }
-        Ok(Joined {
-            matches,
-            dropped: false,
-        })
+        let mine = (&self.sides.left, Side::Left);
+        self.add(
+            ctx,
+            value,
+            t,
+            mine,
+            (&self.sides.right, Side::Right),
+            (from, to, to),
+        )
     }
 
     /// A right record with `value` at `timestamp_ms`: the left records it joins (those at
@@ -309,14 +323,40 @@ where
         timestamp_ms: i64,
     ) -> Result<Joined<L>, Reject> {
         let t = event_time(timestamp_ms)?;
+        // No left record at or before t - lower can come once the watermark is there.
+        let (from, to) = (t - self.upper_ms, t - self.lower_ms);
+        let mine = (&self.sides.right, Side::Right);
+        self.add(
+            ctx,
+            value,
+            t,
+            mine,
+            (&self.sides.left, Side::Left),
+            (from, to, to),
+        )
+    }
+
+    /// A record of side `mine` at `t`: unless behind the watermark, stored until `until` and the
+    /// records of side `theirs` at `from ..= to` returned.
+    fn add<T, O>(
+        &self,
+        ctx: &mut Context,
+        value: &T,
+        t: i64,
+        (mine, side): (&MapState<(i64, Side), Vec<T>>, Side),
+        (theirs, other): (&MapState<(i64, Side), Vec<O>>, Side),
+        (from, to, until): (i64, i64, i64),
+    ) -> Result<Joined<O>, Reject>
+    where
+        T: Serialize + DeserializeOwned + Clone,
+        O: DeserializeOwned,
+    {
         if ctx.watermark().is_some_and(|w| t <= w) {
             return Ok(Joined::dropped());
         }
-        let (from, to) = (t - self.upper_ms, t - self.lower_ms);
-        let matches = self.stored(ctx, Side::Left, from, to, &self.sides.left)?;
-        if Sides::<L, R>::append(ctx, &self.sides.right, (t, Side::Right), value)? {
-            // No left record at or before t - lower can come once the watermark is there.
-            self.set_timer(ctx, Side::Right, t, to)?;
+        let matches = self.stored(ctx, other, from, to, theirs)?;
+        if Sides::<L, R>::append(ctx, mine, (t, side), value)? {
+            self.set_timer(ctx, side, t, until)?;
         }
         Ok(Joined {
             matches,
