@@ -165,6 +165,7 @@ pub async fn run(
                     outputs: Default::default(),
                     parameters: Default::default(),
                     tables: Default::default(),
+                    global_tables: Default::default(),
                 },
                 kafka: crate::kafka::settings(&bootstrap),
                 runtime: RuntimeSettings {

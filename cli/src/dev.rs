@@ -166,6 +166,7 @@ pub(crate) fn pipeline_settings(
             outputs: Default::default(),
             parameters: Default::default(),
             tables: Default::default(),
+            global_tables: Default::default(),
         },
         kafka: crate::kafka::settings(bootstrap),
         runtime: RuntimeSettings::default(),

@@ -189,6 +189,7 @@ async fn measure<B: StateBackend>(
             outputs: Default::default(),
             parameters: Default::default(),
             tables: Default::default(),
+            global_tables: Default::default(),
         },
         kafka: crate::kafka::settings(bootstrap),
         runtime: RuntimeSettings {

@@ -111,6 +111,7 @@ pub async fn run(opts: &WindowsBenchOptions) -> Result<Vec<WindowsRun>, WindowsB
                 outputs: Default::default(),
                 parameters: Default::default(),
                 tables: Default::default(),
+                global_tables: Default::default(),
             },
             kafka: crate::kafka::settings(bootstrap),
             runtime: RuntimeSettings::default(),

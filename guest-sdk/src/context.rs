@@ -2,7 +2,7 @@
 
 use crate::host::{
     emit as wit_emit, log as wit_log, parameters as wit_parameters, state as wit_state,
-    timers as wit_timers,
+    tables as wit_tables, timers as wit_timers,
 };
 use crate::operator::Reject;
 use crate::state::{MapState, Schema, ValueState};
@@ -312,6 +312,40 @@ impl Context {
         let bytes = serde_json::to_vec(value)
             .map_err(|e| Reject::new(format!("cannot encode output: {e}")))?;
         self.emit_to(output, key, &bytes)
+    }
+
+    /// The row of `key` in the stage's global table `name` (an input's `global_table`:
+    /// docs/topologies.md, "Global tables"), as its topic's record holds it; `None` when the
+    /// table has no row for the key. Any key, not only the record's: the table is whole on
+    /// every host. It holds every update the host applied before this call, which may not yet
+    /// include one produced just before this record.
+    ///
+    /// # Errors
+    /// [`Reject`] when the stage reads no global table of that name, or the key is longer
+    /// than the host allows (4 KiB by default).
+    pub fn lookup_bytes(&self, name: &str, key: &[u8]) -> Result<Option<Vec<u8>>, Reject> {
+        wit_tables::get(name, key).map_err(|err| match err {
+            StateError::UnknownState(name) => Reject::new(format!(
+                "table error: the stage reads no global table `{name}`"
+            )),
+            other => state_reject(other),
+        })
+    }
+
+    /// [`Context::lookup_bytes`], the row decoded from JSON.
+    ///
+    /// # Errors
+    /// As [`Context::lookup_bytes`], or when the row does not decode as `T`.
+    pub fn lookup<T: DeserializeOwned>(&self, name: &str, key: &[u8]) -> Result<Option<T>, Reject> {
+        self.lookup_bytes(name, key)?
+            .map(|row| {
+                serde_json::from_slice(&row).map_err(|e| {
+                    Reject::new(format!(
+                        "cannot decode the row of global table `{name}`: {e}"
+                    ))
+                })
+            })
+            .transpose()
     }
 
     /// The value of the stage's parameter `name` (the pipeline's `parameters`), or `None`.

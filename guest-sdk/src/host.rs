@@ -4,7 +4,7 @@
 //! `cargo test`.
 
 #[cfg(target_arch = "wasm32")]
-pub(crate) use crate::wit::weir::operator::{emit, log, parameters, state, timers};
+pub(crate) use crate::wit::weir::operator::{emit, log, parameters, state, tables, timers};
 
 #[cfg(not(target_arch = "wasm32"))]
-pub(crate) use crate::testing::imports::{emit, log, parameters, state, timers};
+pub(crate) use crate::testing::imports::{emit, log, parameters, state, tables, timers};

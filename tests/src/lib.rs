@@ -221,6 +221,7 @@ pub fn settings(
             outputs: Default::default(),
             parameters: Default::default(),
             tables: Default::default(),
+            global_tables: Default::default(),
         },
         kafka: KafkaSettings {
             bootstrap_servers: kafka_bootstrap(),

@@ -57,6 +57,7 @@ pub(super) async fn measure(
             outputs: Default::default(),
             parameters: Default::default(),
             tables: Default::default(),
+            global_tables: Default::default(),
         },
         kafka: crate::kafka::settings(&opts.bootstrap_servers),
         runtime: RuntimeSettings::default(),

@@ -233,6 +233,22 @@ pub(crate) mod parameters {
     }
 }
 
+pub(crate) mod tables {
+    use super::super::MAP_KEY_BYTES_MAX;
+    use super::with_host;
+    use crate::wit::weir::operator::types::StateError;
+
+    pub(crate) fn get(name: &str, key: &[u8]) -> Result<Option<Vec<u8>>, StateError> {
+        if key.len() as u64 > MAP_KEY_BYTES_MAX {
+            return Err(StateError::TooLarge(MAP_KEY_BYTES_MAX));
+        }
+        with_host(|h| match h.global_tables.get(name) {
+            None => Err(StateError::UnknownState(name.to_owned())),
+            Some(rows) => Ok(rows.get(key).cloned()),
+        })
+    }
+}
+
 pub(crate) mod log {
     use super::with_host;
     use crate::wit::weir::operator::log::Level;

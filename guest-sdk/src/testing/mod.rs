@@ -131,6 +131,8 @@ struct MemoryHost {
     outputs: Vec<String>,
     /// The stage's parameters.
     parameters: BTreeMap<String, String>,
+    /// The stage's global tables: name → key → value.
+    global_tables: BTreeMap<String, BTreeMap<Vec<u8>, Vec<u8>>>,
 }
 
 thread_local! {
@@ -266,6 +268,31 @@ impl<O: Operator> Harness<O> {
             .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
             .collect();
         self
+    }
+
+    /// The same harness reading global table `name` (as a stage input's `global_table`)
+    /// with `rows` (key, value); [`Harness::set_global_row`] changes it later.
+    pub fn with_global_table(mut self, name: &str, rows: &[(&[u8], &[u8])]) -> Self {
+        self.host_mut().global_tables.insert(
+            name.to_owned(),
+            rows.iter().map(|(k, v)| (k.to_vec(), v.to_vec())).collect(),
+        );
+        self
+    }
+
+    /// Sets (or, with `None`, deletes: a tombstone) the row of `key` in global table `name`,
+    /// as an update of its topic that the host applied before the next record. Creates the
+    /// table if the harness had none of that name.
+    pub fn set_global_row(&mut self, name: &str, key: &[u8], value: Option<&[u8]>) {
+        let rows = self
+            .host_mut()
+            .global_tables
+            .entry(name.to_owned())
+            .or_default();
+        match value {
+            Some(v) => rows.insert(key.to_vec(), v.to_vec()),
+            None => rows.remove(key),
+        };
     }
 
     /// The same harness starting at processing time `now_ms`.

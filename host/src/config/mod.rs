@@ -134,6 +134,14 @@ pub struct PipelineSettings {
     /// input's `table`. Default none.
     #[serde(default)]
     pub tables: BTreeMap<String, String>,
+    /// Topics read as global tables (docs/topologies.md, "Global tables"): topic → the table's
+    /// name, which the operator reads by any key with `weir:operator/tables.get`. Every host
+    /// that runs the pipeline holds the whole table (all partitions, read outside the consumer
+    /// group, as a Kafka Streams GlobalKTable) and loads it to the end before the pipeline
+    /// consumes; later updates apply as they arrive, not in step with the stream. Not one of
+    /// `input_topics`. In `stages`, an input's `global_table`. Default none.
+    #[serde(default)]
+    pub global_tables: BTreeMap<String, String>,
 }
 
 /// A `weir run` pipeline's Iceberg table (`[pipeline.iceberg]`): each emit is a JSON object

@@ -89,6 +89,11 @@ pub struct StageInput {
     /// clears it; the shard loads its partition to the end before any other record runs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub table: Option<String>,
+    /// Read `topic` as a global table of this name (docs/topologies.md, "Global tables"): the
+    /// whole topic on every host, read by any key with `weir:operator/tables.get`; loaded to
+    /// the end before the stage consumes, updated as records arrive.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub global_table: Option<String>,
 }
 
 /// Where a stage's output goes (`weir run`'s and the API's).
@@ -176,10 +181,49 @@ pub struct StagePlan {
     pub runs: Vec<StageRun>,
 }
 
+impl StageSettings {
+    /// Its tables (topic → state) and global tables (topic → name).
+    fn tables(&self) -> (BTreeMap<String, String>, BTreeMap<String, String>) {
+        let tables = self
+            .inputs
+            .iter()
+            .filter(|i| i.global_table.is_none())
+            .filter_map(|i| Some((i.topic.clone()?, i.table.clone()?)))
+            .collect();
+        let global = self
+            .inputs
+            .iter()
+            .filter_map(|i| {
+                let (topic, name) = i.as_global_table()?;
+                Some((topic.to_owned(), name.to_owned()))
+            })
+            .collect();
+        (tables, global)
+    }
+}
+
 impl StageInput {
-    /// The graph's view of it; `None` unless it names a topic or a stage, not both (which
+    /// The topic and name of a global table input; `None` for any other input (and for a
+    /// global table that also names a stage, an output or a state, which
+    /// [`Settings::validate`] reports).
+    pub(crate) fn as_global_table(&self) -> Option<(&str, &str)> {
+        match (&self.topic, &self.global_table) {
+            (Some(topic), Some(name))
+                if self.stage.is_none() && self.output.is_none() && self.table.is_none() =>
+            {
+                Some((topic, name))
+            }
+            _ => None,
+        }
+    }
+
+    /// The graph's view of it; `None` for a global table (outside the graph: no consumer
+    /// group reads it), and unless it names a topic or a stage, not both (which
     /// [`Settings::validate`] reports).
     pub(crate) fn as_input(&self) -> Option<Input<'_>> {
+        if self.global_table.is_some() {
+            return None;
+        }
         match (&self.topic, &self.stage, &self.output) {
             (None, Some(stage), output) if self.table.is_none() => Some(Input::Stage {
                 stage,
@@ -305,11 +349,7 @@ impl Settings {
                     .map(|name| (name.to_owned(), topic_of(&stage.name, name)))
                     .collect();
                 run.parameters = stage.parameters.clone();
-                run.tables = stage
-                    .inputs
-                    .iter()
-                    .filter_map(|i| Some((i.topic.clone()?, i.table.clone()?)))
-                    .collect();
+                (run.tables, run.global_tables) = stage.tables();
                 run.stages = Vec::new();
                 run.max_out_of_orderness =
                     stage.max_out_of_orderness.unwrap_or(p.max_out_of_orderness);
@@ -339,6 +379,7 @@ impl Settings {
             ("outputs", !p.outputs.is_empty()),
             ("parameters", !p.parameters.is_empty()),
             ("tables", !p.tables.is_empty()),
+            ("global_tables", !p.global_tables.is_empty()),
         ];
         for (field, set) in one_operator {
             if set {
@@ -372,9 +413,12 @@ impl Settings {
         self.naming_problems(problems);
         for stage in &p.stages {
             for (i, input) in stage.inputs.iter().enumerate() {
-                if input.as_input().is_none() {
+                let global = input.global_table.is_some();
+                if (global && input.as_global_table().is_none())
+                    || (!global && input.as_input().is_none())
+                {
                     problems.push(format!(
-                        "stage `{}`: inputs[{i}] must be {{ topic = \"…\" }}, {{ stage = \"…\" }} or a table {{ topic = \"…\", table = \"state\" }}",
+                        "stage `{}`: inputs[{i}] must be {{ topic = \"…\" }}, {{ stage = \"…\" }}, a table {{ topic = \"…\", table = \"state\" }} or a global table {{ topic = \"…\", global_table = \"name\" }}",
                         stage.name
                     ));
                 }

@@ -1,6 +1,8 @@
 //! The settings tree: parsing, defaults, validation, the shipped configs, the environment.
 use super::*;
 
+mod tables;
+
 const GOOD: &str = r#"
     [pipeline]
     name = "flights"
@@ -421,7 +423,7 @@ fn a_pipeline_of_stages_names_every_problem_at_once() {
     let want = [
         "pipeline.operator is for a one-operator pipeline",
         "pipeline.input_topics is for a one-operator pipeline",
-        "stage `count`: inputs[1] must be { topic = \"…\" }, { stage = \"…\" } or a table",
+        "stage `count`: inputs[1] must be { topic = \"…\" }, { stage = \"…\" }, a table",
         "stage `rekey`: outputs.default.partitions must be 1..=10000",
         "stage `rekey`: pipeline.in_flight_max must be 1..=1000000",
         "stage `count`: an input topic is also an output or the dead-letter topic",

@@ -100,7 +100,8 @@ impl Settings {
         }
     }
 
-    /// `pipeline.tables`: each an input topic, into a named state, with a stream besides.
+    /// `pipeline.tables`: each an input topic, into a named state, with a stream besides;
+    /// `pipeline.global_tables`: none an input topic, each named once.
     fn table_input_problems(&self, problems: &mut Vec<String>) {
         let p = &self.pipeline;
         for (topic, state) in &p.tables {
@@ -112,6 +113,24 @@ impl Settings {
             if state.is_empty() || state.len() > 64 {
                 problems.push(format!(
                     "pipeline.tables: the state of table `{topic}` must be 1..=64 bytes. state=`{state}`"
+                ));
+            }
+        }
+        let mut names = std::collections::BTreeSet::new();
+        for (topic, name) in &p.global_tables {
+            if p.input_topics.contains(topic) {
+                problems.push(format!(
+                    "pipeline.global_tables: `{topic}` is also one of pipeline.input_topics (a global table is read outside the consumer group, by every host)"
+                ));
+            }
+            if name.is_empty() || name.len() > 64 {
+                problems.push(format!(
+                    "pipeline.global_tables: the name of table `{topic}` must be 1..=64 bytes. name=`{name}`"
+                ));
+            }
+            if !names.insert(name) {
+                problems.push(format!(
+                    "pipeline.global_tables: two topics are read as table `{name}`"
                 ));
             }
         }

@@ -95,6 +95,8 @@ pub(super) struct Running<B: StateBackend, Src: Source, Out: Output> {
     /// The next wait before reopening a partition whose transaction failed, and when it last
     /// did (exactly-once).
     pub(super) transaction_backoff: HashMap<Partition, (Duration, Instant)>,
+    /// The run's global tables on this host, which every worker's calls read.
+    pub(super) global_tables: crate::runtime::GlobalTables,
 }
 
 impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
@@ -128,6 +130,7 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
             corruption: HashMap::new(),
             open_backoff: HashMap::new(),
             transaction_backoff: HashMap::new(),
+            global_tables: Default::default(),
         }
     }
 }
@@ -516,6 +519,7 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
                 offsets,
                 opened_at,
                 caught_up: caught_up.clone(),
+                global_tables: self.global_tables.clone(),
             },
         );
         // In the run's span (its pipeline, its stage): every line the worker logs names them.

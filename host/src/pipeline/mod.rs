@@ -31,6 +31,7 @@ mod attempt;
 mod consumer_loop;
 pub mod controller;
 mod events;
+mod global_tables;
 mod isolation;
 mod policy;
 pub mod ports;
@@ -81,6 +82,9 @@ pub enum PipelineError {
     /// `pipeline.outputs` does not bind the operator's declared outputs exactly.
     #[error("the pipeline's outputs do not fit its operator")]
     Outputs(#[source] crate::topology::OutputBindingError),
+    /// A global table's topic could not be read to its end.
+    #[error(transparent)]
+    GlobalTable(#[from] global_tables::GlobalTableError),
     /// A table of `pipeline.tables` fills a state the operator does not declare as a value
     /// state: the problems, one per table.
     #[error("the pipeline's tables do not fit its operator: {}", .0.join("; "))]
@@ -95,7 +99,9 @@ impl PipelineError {
         match self {
             Self::Operator(err) => err.kind(),
             // A client that cannot be configured or reach the cluster.
-            Self::Setup(_) | Self::DrainTimedOut(_) => ErrorKind::Unavailable,
+            Self::Setup(_) | Self::DrainTimedOut(_) | Self::GlobalTable(_) => {
+                ErrorKind::Unavailable
+            }
             Self::State(err) => err.kind(),
             Self::Worker(err) => err.kind(),
             Self::WorkerPanicked(_) => ErrorKind::Internal,
@@ -156,7 +162,23 @@ pub async fn run_with<B: StateBackend, Src: Source, Out: Output>(
     {
         tracing::warn!(pipeline = %settings.pipeline.name, world = meta.world.as_str(), "the operator's world has no parameters import: its parameters are not read");
     }
+    // Global tables first, as Kafka Streams restores global state before its stream threads
+    // start: no record runs before the tables hold what their topics had.
+    let snapshots = backend
+        .stored(&crate::state::ShardId {
+            pipeline: settings.pipeline.name.clone(),
+            partition: Partition(0),
+        })
+        .map(|stored| global_tables::Snapshots::beside_shards(stored.store, &stored.root));
+    let globals = global_tables::GlobalTablesRun::start(
+        &settings.pipeline.global_tables,
+        &source,
+        snapshots,
+        settings.pipeline.checkpoint_interval,
+    )
+    .await?;
     let mut running = Running::new(settings, backend, operator, stats, control, source, output);
+    running.global_tables = globals.tables.clone();
     let result = running.consume(shutdown).await;
     // A run that failed opens nothing more on its way out.
     let drained = running.drain(result.is_ok()).await;

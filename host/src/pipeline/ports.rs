@@ -138,6 +138,33 @@ pub trait Source: Send + Sync + 'static {
         from: Option<Offset>,
         chunks: tokio::sync::mpsc::Sender<Vec<InputRecord>>,
     ) -> impl Future<Output = Result<Offset, SourceError>> + Send;
+
+    /// Reads every partition of `topic` outside the consumer group, each from its offset in
+    /// `from` (its beginning when absent), handing the records to `updates` as they come:
+    /// first up to the end each partition has when the read begins, then
+    /// [`TableUpdate::CaughtUp`], then every later record, until `updates` is closed (then
+    /// `Ok`). A global table's reader (docs/topologies.md, "Global tables"), as Kafka Streams'
+    /// global stream thread.
+    ///
+    /// # Errors
+    /// [`SourceError`] when the topic cannot be read before the reader caught up (a missing
+    /// topic, a broker out of reach); later errors are logged and the read goes on.
+    fn follow_table(
+        &self,
+        topic: &str,
+        from: BTreeMap<i32, i64>,
+        updates: tokio::sync::mpsc::Sender<TableUpdate>,
+    ) -> impl Future<Output = Result<(), SourceError>> + Send;
+}
+
+/// What a global table's reader hands over ([`Source::follow_table`]).
+#[derive(Debug)]
+pub enum TableUpdate {
+    /// Records of any of the topic's partitions, each partition's in offset order.
+    Records(Vec<InputRecord>),
+    /// Every partition is read up to the end it had when the read began; partition → the
+    /// reader's position (past transaction markers it hands out nothing of).
+    CaughtUp(BTreeMap<i32, i64>),
 }
 
 /// Why a record was dead-lettered.

@@ -518,6 +518,7 @@ impl RunJob {
                 outputs: Default::default(),
                 parameters: spec.parameters.clone(),
                 tables: Default::default(),
+                global_tables: Default::default(),
             },
             kafka: self.config.kafka(),
             runtime: spec

@@ -97,6 +97,8 @@ pub struct CallSettings {
     pub table: Option<Arc<crate::row::RowSchema>>,
     /// The parameters `weir:operator/parameters` serves.
     pub parameters: Parameters,
+    /// The global tables `weir:operator/tables` serves, by name.
+    pub global_tables: GlobalTables,
 }
 
 /// The settings of a call outside a pipeline run: no size limit but the host's, no table, no
@@ -106,12 +108,17 @@ static UNLIMITED: std::sync::LazyLock<Arc<CallSettings>> = std::sync::LazyLock::
         record_bytes_max: u64::MAX,
         table: None,
         parameters: Parameters::default(),
+        global_tables: GlobalTables::default(),
     })
 });
 
 /// A stage's parameters (`pipeline.parameters`, a stage's `parameters`): name → value, shared
 /// by every call of the run.
 pub type Parameters = Arc<BTreeMap<String, String>>;
+
+/// A stage's global tables (docs/topologies.md, "Global tables"): name → the table on this
+/// host, shared by every call of the run.
+pub type GlobalTables = Arc<BTreeMap<String, Arc<crate::state::global_table::GlobalTable>>>;
 
 /// Bytes charged per staged write, emit and header on top of its keys and values, so that
 /// empty entries are not free.

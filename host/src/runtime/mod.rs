@@ -26,7 +26,7 @@ mod operator;
 pub mod record_size;
 pub mod wasi;
 
-pub use batch::{BatchCtx, CallSettings, Parameters, StagedEmit};
+pub use batch::{BatchCtx, CallSettings, GlobalTables, Parameters, StagedEmit};
 pub use bindings::{
     Disposition, FiredTimer, Header, InputRecord, OperatorInfo, TimeDomain, WorldVersion,
 };

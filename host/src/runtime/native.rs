@@ -63,6 +63,12 @@ impl NativeContext<'_> {
             .flatten()
     }
 
+    /// The row of `key` in the stage's global table `name` (docs/topologies.md, "Global
+    /// tables"); `None` when it has none, or the stage reads no such table.
+    pub fn lookup(&self, name: &str, key: &[u8]) -> Option<Bytes> {
+        self.batch.call.global_tables.get(name)?.get(key)
+    }
+
     /// Sets the value state `name` of the record's key (no TTL).
     pub fn value_set(&mut self, name: &str, value: Vec<u8>) {
         let staged = Staged {

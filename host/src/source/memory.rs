@@ -33,6 +33,8 @@ struct Logs {
     committed: BTreeMap<(String, i32), (i64, String)>,
     /// Commits made, in order: (offsets, waited).
     commits: Vec<(GroupOffsets, bool)>,
+    /// Global tables' reads begun, in order: (topic, the offsets they began from).
+    table_follows: Vec<(String, BTreeMap<i32, i64>)>,
 }
 
 /// A [`Source`] in memory over `topics` (co-partitioned).
@@ -42,6 +44,8 @@ pub struct MemorySource {
     logs: Arc<Mutex<Logs>>,
     /// Notified when there may be something new to fetch: records, a rebalance, a resume.
     ready: Arc<Notify>,
+    /// Counts the records produced: what global tables' readers wait on.
+    appended: Arc<tokio::sync::watch::Sender<u64>>,
 }
 
 /// What a test drives a [`MemorySource`] with.
@@ -57,6 +61,7 @@ impl MemorySource {
             topics: topics.iter().map(|t| (*t).to_owned()).collect(),
             logs: Arc::new(Mutex::new(Logs::default())),
             ready: Arc::new(Notify::new()),
+            appended: Arc::new(tokio::sync::watch::Sender::new(0)),
         };
         let handle = MemorySourceHandle {
             source: source.clone(),
@@ -106,6 +111,32 @@ impl MemorySource {
     }
 }
 
+impl MemorySource {
+    /// The records of every partition of `topic` from `next`'s offsets on (each partition's
+    /// beginning when it names none), moving `next` past them; `None` when the topic has no
+    /// partition.
+    fn table_records(
+        &self,
+        topic: &str,
+        next: &mut BTreeMap<i32, i64>,
+    ) -> Option<Vec<InputRecord>> {
+        let logs = self.logs();
+        let mut records = Vec::new();
+        let mut any = false;
+        for ((t, partition), log) in &logs.records {
+            if t != topic {
+                continue;
+            }
+            any = true;
+            let at = next.entry(*partition).or_insert(0);
+            let from = usize::try_from(*at).unwrap_or(usize::MAX).min(log.len());
+            records.extend_from_slice(&log[from..]);
+            *at = log.len() as i64;
+        }
+        any.then_some(records)
+    }
+}
+
 impl MemorySourceHandle {
     /// Appends a record with `key` and `value` to `partition` of `topic`; its offset is the
     /// log's length, its timestamp `timestamp_ms`.
@@ -148,6 +179,7 @@ impl MemorySourceHandle {
                 input: 0,
             });
         }
+        self.source.appended.send_modify(|n| *n += 1);
         self.source.ready.notify_one();
     }
 
@@ -188,6 +220,11 @@ impl MemorySourceHandle {
         logs.positions.clear();
         logs.revoked_events.clear();
         logs.assigned_events.clear();
+    }
+
+    /// Where each global table's read began, in order: (topic, partition → offset).
+    pub fn table_follows(&self) -> Vec<(String, BTreeMap<i32, i64>)> {
+        self.source.logs().table_follows.clone()
     }
 
     /// The records of `topic`'s `partition`, in offset order.
@@ -382,6 +419,52 @@ impl Source for MemorySource {
                 }
             }
             Ok(Offset(end))
+        }
+    }
+
+    fn follow_table(
+        &self,
+        topic: &str,
+        from: BTreeMap<i32, i64>,
+        updates: tokio::sync::mpsc::Sender<crate::pipeline::ports::TableUpdate>,
+    ) -> impl std::future::Future<Output = Result<(), SourceError>> + Send {
+        use crate::pipeline::ports::TableUpdate;
+        let source = self.clone();
+        let topic = topic.to_owned();
+        let mut appended = self.appended.subscribe();
+        self.logs()
+            .table_follows
+            .push((topic.clone(), from.clone()));
+        async move {
+            let mut next = from;
+            let mut caught_up = false;
+            loop {
+                appended.borrow_and_update();
+                let Some(records) = source.table_records(&topic, &mut next) else {
+                    return Err(SourceError {
+                        what: format!("global table `{topic}`"),
+                        source: "the topic has no partitions".into(),
+                    });
+                };
+                if !records.is_empty() && updates.send(TableUpdate::Records(records)).await.is_err()
+                {
+                    return Ok(());
+                }
+                if !caught_up {
+                    if updates
+                        .send(TableUpdate::CaughtUp(next.clone()))
+                        .await
+                        .is_err()
+                    {
+                        return Ok(());
+                    }
+                    caught_up = true;
+                }
+                tokio::select! {
+                    changed = appended.changed() => if changed.is_err() { return Ok(()) },
+                    () = updates.closed() => return Ok(()),
+                }
+            }
         }
     }
 }

@@ -38,6 +38,7 @@ pub mod configured;
 pub mod delayed;
 #[cfg(test)]
 pub(crate) mod faulty_store;
+pub mod global_table;
 pub mod hooked_store;
 pub mod key;
 pub mod lease;

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import enum
+import json
 import logging
 from collections.abc import Iterator, ItemsView, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
@@ -146,6 +147,7 @@ class Host(Protocol):
     ) -> None: ...
     def parameter(self, name: str) -> str | None: ...
     def parameters(self) -> list[tuple[str, str]]: ...
+    def table_get(self, name: str, key: bytes) -> bytes | None: ...
     def log(self, level: int, message: str) -> None: ...
     def timer_set(self, record: int, name: str, at_ms: int, domain: TimeDomain) -> None: ...
     def timer_clear(self, record: int, name: str) -> None: ...
@@ -303,6 +305,25 @@ class Context:
         except Exception as e:
             raise Reject(f"cannot encode output: {e}") from e
         self.emit_to(output, key, data, timestamp_ms=timestamp_ms)
+
+    def lookup_bytes(self, name: str, key: Data) -> bytes | None:
+        """The row of `key` in the stage's global table `name` (an input's `global_table`:
+        docs/topologies.md, "Global tables"), as its topic's record holds it; None when the
+        table has no row for the key. Any key, not only the record's: the table is whole on
+        every host. It holds every update the host applied before this call, which may not yet
+        include one produced just before this record. Raises `Reject` when the stage reads no
+        global table of that name or the key is longer than the host allows (4 KiB)."""
+        return self._host.table_get(name, _bytes(key))
+
+    def lookup(self, name: str, key: Data) -> Any:
+        """`lookup_bytes`, the row decoded from JSON (None when there is none)."""
+        row = self.lookup_bytes(name, key)
+        if row is None:
+            return None
+        try:
+            return json.loads(row)
+        except ValueError as e:
+            raise Reject(f"cannot decode the row of global table `{name}`: {e}") from e
 
     def parameter(self, name: str) -> str | None:
         """The value of the stage's parameter `name` (the pipeline's `parameters`), or None."""

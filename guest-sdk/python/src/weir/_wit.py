@@ -13,6 +13,7 @@ from wit_world.imports import emit as wit_emit
 from wit_world.imports import log as wit_log
 from wit_world.imports import parameters as wit_parameters
 from wit_world.imports import state as wit_state
+from wit_world.imports import tables as wit_tables
 from wit_world.imports import timers as wit_timers
 from wit_world.imports import types as wit_types
 
@@ -155,6 +156,14 @@ class WitHost:
 
     def parameters(self) -> list[tuple[str, str]]:
         return wit_parameters.entries()
+
+    def table_get(self, name: str, key: bytes) -> bytes | None:
+        try:
+            return wit_tables.get(name, key)
+        except Err as e:
+            if isinstance(e.value, wit_types.StateError_UnknownState):
+                raise Reject(f"table error: the stage reads no global table `{name}`") from None
+            raise _state_reject(e) from None
 
     def log(self, level: int, message: str) -> None:
         wit_log.log(_LEVELS[level], message)

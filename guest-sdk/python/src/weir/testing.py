@@ -117,6 +117,7 @@ class _MemoryHost:
         self.kinds = {s.name: s.kind for s in states}
         self.outputs = set(outputs)
         self.params = dict(parameters or {})
+        self.global_tables: dict[str, dict[bytes, bytes]] = {}
         self.values: dict[tuple[bytes, str], bytes] = {}
         self.maps: dict[tuple[bytes, str], dict[bytes, bytes]] = {}
         self.keys: list[bytes] = []
@@ -234,6 +235,14 @@ class _MemoryHost:
     def parameters(self) -> list[tuple[str, str]]:
         return sorted(self.params.items())
 
+    def table_get(self, name: str, key: bytes) -> bytes | None:
+        if len(key) > MAP_KEY_BYTES_MAX:
+            raise Reject(f"state error: larger than the limit of {MAP_KEY_BYTES_MAX} bytes")
+        rows = self.global_tables.get(name)
+        if rows is None:
+            raise Reject(f"table error: the stage reads no global table `{name}`")
+        return rows.get(bytes(key))
+
     def log(self, level: int, message: str) -> None:
         self.logs.append((LEVELS[level], message.encode()[:4096].decode(errors="ignore")))
 
@@ -274,8 +283,11 @@ class Harness:
         *,
         processing_time_ms: int = 0,
         parameters: dict[str, str] | None = None,
+        global_tables: dict[str, dict[bytes, bytes]] | None = None,
     ) -> None:
         self._host = _MemoryHost(operator.states, operator.outputs, parameters)
+        for name, rows in (global_tables or {}).items():
+            self._host.global_tables[name] = {bytes(k): bytes(v) for k, v in rows.items()}
         self._host.now_ms = processing_time_ms
         self._driver = Driver(operator, self._host)
         self.outputs: list[Output] = []
@@ -285,6 +297,15 @@ class Harness:
         self.dead_timers: list[tuple[Timer, str]] = []
         """Every fired timer that was refused, with its reason, in order."""
         self._offset = 0
+
+    def set_global_row(self, name: str, key: bytes, value: bytes | None) -> None:
+        """Sets (or, with None, deletes: a tombstone) the row of `key` in global table `name`,
+        as an update of its topic that the host applied before the next record."""
+        rows = self._host.global_tables.setdefault(name, {})
+        if value is None:
+            rows.pop(bytes(key), None)
+        else:
+            rows[bytes(key)] = bytes(value)
 
     @property
     def logs(self) -> list[tuple[str, str]]:

@@ -296,15 +296,20 @@ impl PipelineSpec {
         for (i, input) in stage.inputs.iter().enumerate() {
             match (&input.topic, &input.stage, &input.output) {
                 (Some(topic), None, None) => {
+                    if input.table.is_some() && input.global_table.is_some() {
+                        problems.push(format!(
+                            "stage `{name}`: inputs[{i}] is a table or a global table, not both"
+                        ));
+                    }
                     if *topic == self.dead_letter_topic {
                         problems.push(format!(
                             "stage `{name}` reads the dead-letter topic `{topic}`"
                         ));
                     }
                 }
-                (None, Some(_), _) => {}
+                (None, Some(_), _) if input.table.is_none() && input.global_table.is_none() => {}
                 _ => problems.push(format!(
-                    "stage `{name}`: inputs[{i}] must be {{\"topic\": \"…\"}} or {{\"stage\": \"…\"}} (with \"output\" for a named one)"
+                    "stage `{name}`: inputs[{i}] must be {{\"topic\": \"…\"}} (with \"table\" or \"global_table\" to read it as a table) or {{\"stage\": \"…\"}} (with \"output\" for a named one)"
                 )),
             }
         }

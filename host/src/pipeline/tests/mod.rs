@@ -25,6 +25,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 use tokio::task::JoinHandle;
 
+mod global_tables;
 mod joins;
 mod shutdown;
 mod stalls;

@@ -43,6 +43,8 @@ pub(crate) struct WorkerStart<S: Shard, K: ShardSink> {
     pub opened_at: Instant,
     /// Whether the consumer is caught up on the partition, kept by the consumer loop.
     pub caught_up: Arc<AtomicBool>,
+    /// The run's global tables on this host.
+    pub global_tables: crate::runtime::GlobalTables,
 }
 
 impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
@@ -67,12 +69,14 @@ impl<S: Shard, K: ShardSink> PartitionWorker<S, K> {
             offsets,
             opened_at,
             caught_up,
+            global_tables,
         } = start;
         let pipeline = &settings.pipeline;
         let call_settings = std::sync::Arc::new(crate::runtime::CallSettings {
             record_bytes_max: sink.output_bytes_max(),
             table: sink.emit_table(),
             parameters: std::sync::Arc::new(pipeline.parameters.clone()),
+            global_tables,
         });
         // Tables never hold the watermark back: only the other inputs count.
         let streams: Vec<String> = pipeline

@@ -155,6 +155,7 @@ mod tests {
             record_bytes_max: u64::MAX,
             table: Some(Arc::new(table)),
             parameters: Default::default(),
+            global_tables: Default::default(),
         });
         futures::executor::block_on(async {
             let fits = ctx.emit(0, b"k".to_vec(), br#"{"n":1}"#.to_vec(), Vec::new());
@@ -260,6 +261,7 @@ mod tests {
                 record_bytes_max: u64::MAX,
                 table: None,
                 parameters: Arc::new(parameters),
+                global_tables: Default::default(),
             }));
         futures::executor::block_on(async {
             assert_eq!(

@@ -5,6 +5,7 @@ mod legacy;
 mod log;
 mod parameters;
 mod state;
+mod tables;
 pub(crate) mod timers;
 
 use super::bindings::weir::operator::types;

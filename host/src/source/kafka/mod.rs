@@ -9,6 +9,7 @@ pub mod broker;
 mod client;
 mod context;
 mod ends;
+mod global_table;
 mod retry;
 mod table;
 
@@ -516,6 +517,15 @@ impl Source for KafkaSource {
             from,
         };
         table::read(self.table_config.clone(), read, chunks)
+    }
+
+    fn follow_table(
+        &self,
+        topic: &str,
+        from: BTreeMap<i32, i64>,
+        updates: tokio::sync::mpsc::Sender<crate::pipeline::ports::TableUpdate>,
+    ) -> impl std::future::Future<Output = Result<(), SourceError>> + Send {
+        global_table::read(self.table_config.clone(), Arc::from(topic), from, updates)
     }
 
     fn at_end(&self, topic: &str, partition: Partition) -> bool {

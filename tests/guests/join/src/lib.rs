@@ -4,7 +4,10 @@
 //! its key, and `{"dropped": true}` when the helper dropped it (behind the watermark).
 //!
 //! Parameters: `join` = `window` (with `size_ms`) or `interval` (with `lower_ms` and
-//! `upper_ms`); both keep the map state `j`.
+//! `upper_ms`); both keep the map state `j`. Or `join` = `lookup` (with `table` and `field`):
+//! a stream–global-table enrichment, keeping no state — each record's value is looked up in
+//! the global table `table` by the string in its JSON field `field`, and `{"l": value, "r":
+//! row}` is emitted, `row` the table's JSON row or `null` when it has none.
 
 use serde_json::Value;
 use weir_sdk::join::{IntervalJoin, Joined, WindowJoin};
@@ -61,6 +64,9 @@ impl Operator for Join {
 
     fn process(ctx: &mut Context, record: &Record) -> Result<(), Reject> {
         let value: Value = serde_json::from_slice(record.value())?;
+        if ctx.parameter("join").as_deref() == Some("lookup") {
+            return lookup(ctx, record, &value);
+        }
         let ts = record.timestamp_ms();
         let left = record.input() == 0;
         let joined: Joined<Value> = match (helper(ctx)?, left) {
@@ -92,6 +98,22 @@ impl Operator for Join {
     }
 }
 
+/// `join=lookup`: `value` enriched from the global table by its field.
+fn lookup(ctx: &mut Context, record: &Record, value: &Value) -> Result<(), Reject> {
+    let (Some(table), Some(field)) = (ctx.parameter("table"), ctx.parameter("field")) else {
+        return Err(Reject::new(
+            "join=lookup needs the parameters table and field",
+        ));
+    };
+    let Some(key) = value.get(&field).and_then(Value::as_str) else {
+        return Err(Reject::new(format!(
+            "the record has no string field `{field}`"
+        )));
+    };
+    let row: Option<Value> = ctx.lookup(&table, key.as_bytes())?;
+    ctx.emit_json(record.key(), &serde_json::json!({ "l": value, "r": row }))
+}
+
 weir_sdk::export_operator!(Join);
 
 #[cfg(test)]
@@ -112,6 +134,24 @@ mod tests {
         assert_eq!(
             out.emitted[0].value,
             br#"{"l":{"auction":7},"r":{"bid":1}}"#.as_slice()
+        );
+        let mut lookup = Harness::<Join>::new()
+            .with_parameters(&[
+                ("join", "lookup"),
+                ("table", "planes"),
+                ("field", "tailnum"),
+            ])
+            .with_global_table("planes", &[(b"N1", br#"{"maker":"BOEING"}"#)]);
+        let out = lookup.send(b"f1", br#"{"tailnum":"N1"}"#);
+        assert_eq!(
+            out.emitted[0].value,
+            br#"{"l":{"tailnum":"N1"},"r":{"maker":"BOEING"}}"#.as_slice()
+        );
+        lookup.set_global_row("planes", b"N1", None);
+        let out = lookup.send(b"f2", br#"{"tailnum":"N1"}"#);
+        assert_eq!(
+            out.emitted[0].value,
+            br#"{"l":{"tailnum":"N1"},"r":null}"#.as_slice()
         );
         let mut bare = Harness::<Join>::new();
         let out = bare.send_from(0, b"a", b"{}", 1);

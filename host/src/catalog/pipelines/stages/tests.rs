@@ -206,7 +206,7 @@ fn an_output_a_stage_uses_must_be_one_its_operator_version_declares_when_that_is
         topic: None,
         stage: Some("rekey".into()),
         output: Some("audit".into()),
-        table: None,
+        ..Default::default()
     });
     assert_eq!(spec.used_outputs("rekey"), ["audit", "late"]);
     assert!(spec.used_outputs("count").is_empty());

@@ -1,0 +1,76 @@
+//! Global table inputs of `weir run`'s stages.
+
+use super::*;
+
+#[test]
+fn a_global_table_input_is_read_outside_the_group_and_named_once() {
+    let staged = r#"
+        [pipeline]
+        name = "enrich"
+        dead_letter_topic = "dlq"
+        [[pipeline.stages]]
+        name = "enrich"
+        operator = "enrich.wasm"
+        inputs = [{ topic = "flights" }, { topic = "planes", global_table = "planes" }, { topic = "weather", global_table = "planes" }]
+        outputs = { default = { topic = "enriched" } }
+        [[pipeline.stages]]
+        name = "wrong"
+        operator = "enrich.wasm"
+        inputs = [{ stage = "enrich", global_table = "x" }, { topic = "p", table = "s", global_table = "y" }]
+        outputs = { default = { topic = "out" } }
+        [kafka]
+        bootstrap_servers = "localhost:9092"
+        [state]
+        backend = "lsm"
+        lsm.url = "file:///tmp/weir"
+    "#;
+    let Err(ConfigError::Invalid { problems }) = Settings::from_toml(staged) else {
+        panic!("expected invalid settings");
+    };
+    for want in [
+        "stage `wrong`: inputs[0] must be",
+        "stage `wrong`: inputs[1] must be",
+    ] {
+        assert!(
+            problems.iter().any(|p| p.contains(want)),
+            "{want}: {problems:#?}"
+        );
+    }
+    let two_names = staged.replace(
+        r#"inputs = [{ stage = "enrich", global_table = "x" }, { topic = "p", table = "s", global_table = "y" }]"#,
+        r#"inputs = [{ stage = "enrich" }]"#,
+    );
+    let Err(ConfigError::Invalid { problems }) = Settings::from_toml(&two_names) else {
+        panic!("expected invalid settings");
+    };
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.contains("two topics are read as table `planes`")),
+        "{problems:#?}"
+    );
+    let good = two_names.replace(
+        r#"{ topic = "weather", global_table = "planes" }"#,
+        r#"{ topic = "weather", global_table = "weather" }"#,
+    );
+    let settings = Settings::from_toml(&good).expect("valid");
+    let plan = settings
+        .stage_plan()
+        .expect("stages")
+        .expect("a valid graph");
+    let enrich = &plan.runs[0].settings.pipeline;
+    assert_eq!(
+        enrich.input_topics,
+        ["flights"],
+        "not consumed by the group"
+    );
+    assert_eq!(
+        enrich.global_tables,
+        BTreeMap::from([
+            ("planes".to_owned(), "planes".to_owned()),
+            ("weather".to_owned(), "weather".to_owned())
+        ])
+    );
+    assert!(enrich.tables.is_empty());
+    assert!(plan.runs[1].settings.pipeline.global_tables.is_empty());
+}
