@@ -1,6 +1,8 @@
-//! A table input through the API (docs/topologies.md, "Tables"), on the real broker and S3
+//! Table inputs through the API (docs/topologies.md, "Tables"), on the real broker and S3
 //! server: a stage of the counter guest whose `count` state a table seeds — the table's row of
-//! a key is where that key's count starts, loaded before any click runs.
+//! a key is where that key's count starts, loaded before any click runs; and a global table
+//! that a stage of the `join` guest looks clicks up in by a field of theirs, the tenant's own
+//! topic only.
 
 use crate::api_stages::{PARTITIONS, Rig, rig};
 use rdkafka::Message;
@@ -58,6 +60,86 @@ async fn a_table_seeds_a_stages_state_through_the_api() -> anyhow::Result<()> {
             ("k0".to_owned(), 102),
             ("k1".to_owned(), 1)
         ]
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_global_table_enriches_a_stage_through_the_api_from_the_tenants_own_topic()
+-> anyhow::Result<()> {
+    use reqwest::{Method, StatusCode};
+    let Rig {
+        addr,
+        acme_id,
+        acme,
+        input,
+        output,
+        ..
+    } = rig(1).await?;
+    let wasm = std::fs::read(guest("weir_test_join"))?;
+    let (status, _, body) = call(
+        addr,
+        Method::POST,
+        "/v1/operators/enrich",
+        Some(&acme),
+        Some(("application/wasm", wasm)),
+    )
+    .await?;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    // acme's planes, and another tenant's topic of the same name with other rows.
+    let planes = kafka_topic_of(&acme_id, "planes");
+    let others = kafka_topic_of(&tenant_id("globex"), "planes");
+    create_topics(&[(&planes, 3), (&others, 1)]).await?;
+    produce(
+        &planes,
+        2,
+        &[(b"N1".to_vec(), br#"{"maker":"BOEING"}"#.to_vec())],
+    )
+    .await?;
+    produce(
+        &others,
+        0,
+        &[(b"N1".to_vec(), br#"{"maker":"NOT ACME'S"}"#.to_vec())],
+    )
+    .await?;
+    produce(
+        &others,
+        0,
+        &[(b"N2".to_vec(), br#"{"maker":"NOT ACME'S"}"#.to_vec())],
+    )
+    .await?;
+    let click = |tail: &str| {
+        (
+            b"c".to_vec(),
+            format!(r#"{{"tailnum":"{tail}"}}"#).into_bytes(),
+        )
+    };
+    produce(&input, 0, &[click("N1"), click("N2")]).await?;
+    let spec = json!({
+        "stages": [{
+            "name": "enrich", "operator": "enrich", "operator_version": 1,
+            "inputs": [{"topic": "clicks"}, {"topic": "planes", "global_table": "planes"}],
+            "parameters": {"join": "lookup", "table": "planes", "field": "tailnum"},
+            "outputs": {"default": {"topic": "counts"}},
+        }],
+        "dead_letter_topic": "dlq",
+        "checkpoint_interval_ms": 500,
+        "delivery": "exactly_once",
+        "state_backend": "memory",
+    });
+    create_pipeline(addr, &acme, "enriched", &spec).await?;
+    let read = read_exactly(&output, 2, Duration::from_secs(60), Duration::ZERO).await?;
+    let rows: Vec<serde_json::Value> = read
+        .iter()
+        .map(|m| serde_json::from_slice(m.payload().unwrap_or_default()).expect("lookup JSON"))
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            json!({"l": {"tailnum": "N1"}, "r": {"maker": "BOEING"}}),
+            json!({"l": {"tailnum": "N2"}, "r": null}),
+        ],
+        "acme's row of N1; N2 is only in another tenant's topic"
     );
     Ok(())
 }
