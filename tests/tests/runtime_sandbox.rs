@@ -379,7 +379,10 @@ async fn a_restarted_host_loads_compiled_operators_from_its_compiled_directory()
     };
     let first = load().await;
     assert!(!first.from_compiled_dir(), "nothing compiled yet");
-    let artifacts: Vec<_> = walk(dir.path());
+    let artifacts: Vec<_> = walk(dir.path())
+        .into_iter()
+        .filter(|p| !p.to_string_lossy().ends_with(".lock"))
+        .collect();
     assert_eq!(artifacts.len(), 1, "{artifacts:?}");
     assert!(artifacts[0].to_string_lossy().ends_with(".cwasm"));
 
@@ -408,6 +411,33 @@ async fn a_restarted_host_loads_compiled_operators_from_its_compiled_directory()
         "and is replaced whole"
     );
     assert!(load().await.from_compiled_dir());
+}
+
+/// Loads of one component at once (the tests of one binary, or several hosts sharing the
+/// directory) compile it once: the others wait for it and load its file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_loads_of_one_component_compile_it_once() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let loads = (0..4).map(|_| {
+        let dir = dir.path().to_owned();
+        tokio::spawn(async move {
+            runtime()
+                .with_compiled_dir(dir)
+                .load_operator(&guest("weir_test_counter"))
+                .await
+                .expect("loads")
+                .from_compiled_dir()
+        })
+    });
+    let mut from_dir = Vec::new();
+    for load in loads.collect::<Vec<_>>() {
+        from_dir.push(load.await.expect("no panic"));
+    }
+    assert_eq!(
+        from_dir.iter().filter(|loaded| !**loaded).count(),
+        1,
+        "one compile, three loads: {from_dir:?}"
+    );
 }
 
 fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {

@@ -28,6 +28,33 @@ pub(super) fn path(dir: &Path, engine: &Engine, component: &[u8]) -> PathBuf {
     ))
 }
 
+/// Takes the lock of the compiled file at `path` (`{path}.lock`, an exclusive `flock`),
+/// waiting while another thread or process holds it — compiling the same component, which
+/// then is in the directory. `None` (no lock: at worst a second compile) when the lock file
+/// cannot be made or locked. Released when dropped.
+pub(super) fn lock(path: &Path) -> Option<std::fs::File> {
+    let parent = path.parent()?;
+    let locked = std::fs::create_dir_all(parent)
+        .and_then(|()| {
+            std::fs::File::options()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(path.with_extension(LOCK_EXTENSION))
+        })
+        .and_then(|file| file.lock().map(|()| file));
+    match locked {
+        Ok(file) => Some(file),
+        Err(err) => {
+            tracing::debug!(path = %path.display(), error = %err, "cannot lock the compiled operator; compiling without");
+            None
+        }
+    }
+}
+
+/// The extension of a compiled file's lock file.
+const LOCK_EXTENSION: &str = "lock";
+
 /// Marks the file at `path` as just used (its modification time), so that a prune keeps it
 /// over files used longer ago. A failure only makes it an earlier candidate.
 pub(super) fn touch(path: &Path) {
@@ -89,7 +116,7 @@ pub(super) struct Pruned {
 
 /// Deletes the least recently used compiled files under `dir` (every engine's) until the rest
 /// take at most `bytes_max`, never `keep` (the file just written, which may alone be larger);
-/// also deletes half-written files older than [`PARTIAL_AGE_MAX`] at `now`. Another host
+/// also deletes half-written files and lock files older than [`PARTIAL_AGE_MAX`] at `now`. Another host
 /// process sharing the directory that loses a file it was about to load compiles the
 /// component again. Errors (a file gone meanwhile, a directory not readable) skip the file.
 pub(super) fn prune(dir: &Path, bytes_max: u64, keep: &Path, now: SystemTime) -> Pruned {
@@ -104,7 +131,10 @@ pub(super) fn prune(dir: &Path, bytes_max: u64, keep: &Path, now: SystemTime) ->
         let name = entry.file_name();
         let name = name.to_string_lossy();
         // `.tmp…`: a half-written file of the writer before this one (tempfile's default name).
-        if name.starts_with(PARTIAL_PREFIX) || name.starts_with(".tmp") {
+        // A lock file an hour old outlived its compile (a holder keeps its lock on the file
+        // deleted; a newcomer's new one only allows a second compile).
+        let stale_lock = name.ends_with(".lock");
+        if stale_lock || name.starts_with(PARTIAL_PREFIX) || name.starts_with(".tmp") {
             if now.duration_since(modified).unwrap_or_default() > PARTIAL_AGE_MAX {
                 let _ = std::fs::remove_file(&path);
             }

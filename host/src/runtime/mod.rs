@@ -350,6 +350,9 @@ impl<S: Shard> Runtime<S> {
             let path = dir
                 .as_deref()
                 .map(|dir| compiled_dir::path(dir, &engine, &owned));
+            // One compile of a component at a time across the host's threads and every other
+            // host process sharing the directory: the others wait, then load its file.
+            let _compiling = path.as_deref().and_then(compiled_dir::lock);
             if let Some(path) = path.as_deref().filter(|p| p.exists()) {
                 // Read into memory rather than mapped: a file changed in place under a mapping
                 // would take the host down (SIGBUS), whoever changed it.
