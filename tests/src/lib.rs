@@ -10,6 +10,7 @@
 
 pub mod api;
 pub mod busiest;
+pub mod flight_weather;
 pub mod iceberg;
 mod kafka;
 pub mod process;

@@ -74,3 +74,29 @@ fn a_global_table_input_is_read_outside_the_group_and_named_once() {
     assert!(enrich.tables.is_empty());
     assert!(plan.runs[1].settings.pipeline.global_tables.is_empty());
 }
+
+#[test]
+fn the_flight_weather_config_reads_a_table_and_a_global_table_in_its_enrich_stage() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/config/flight-weather.toml");
+    let settings = Settings::load(&path, &crate::config::env::EnvVars::default())
+        .expect("deploy/config/flight-weather.toml is valid");
+    let plan = settings
+        .stage_plan()
+        .expect("stages")
+        .expect("a valid graph");
+    let names: Vec<&str> = plan.runs.iter().map(|r| r.stage.as_str()).collect();
+    assert_eq!(names, ["by-hour", "enrich", "stats"]);
+    let enrich = &plan.runs[1].settings.pipeline;
+    assert_eq!(
+        enrich.input_topics,
+        ["flight-weather.by-hour.default.internal", "weather"]
+    );
+    assert_eq!(
+        enrich.tables,
+        BTreeMap::from([("weather".to_owned(), "weather".to_owned())])
+    );
+    assert_eq!(
+        enrich.global_tables,
+        BTreeMap::from([("planes".to_owned(), "planes".to_owned())])
+    );
+}
