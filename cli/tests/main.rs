@@ -8,6 +8,7 @@
 mod cli_hygiene;
 mod crash_loop;
 mod dev_input;
+mod flight_weather_crash_loop;
 mod iceberg_crash_loop;
 mod lifecycle;
 mod lsm_backend_on_s3;

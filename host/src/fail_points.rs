@@ -11,6 +11,10 @@
 //!   removal, their state writes and emits) are not applied yet.
 //! - `timers-after-emit`: a timer round's effects are applied to the shard and its emits handed
 //!   to the producer; no checkpoint holds them yet.
+//! - `table-mid-load`: a shard's open applied a chunk of a table input's rows to the shard
+//!   (docs/topologies.md, "Tables"); the load has not ended, no checkpoint holds them.
+//! - `global-table-mid-load`: a global table's load applied a chunk of its rows; it has not
+//!   reached the topic's end, nor saved a snapshot.
 //! - `iceberg-after-files`: a shard's Iceberg data files for the coming checkpoint are written
 //!   and closed; no pending list names them yet (docs/iceberg.md).
 //! - `iceberg-before-commit`: the committer has decided which checkpoints to append; the

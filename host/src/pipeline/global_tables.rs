@@ -226,7 +226,14 @@ impl Keeper {
         loop {
             tokio::select! {
                 update = updates.recv() => match update {
-                    Some(TableUpdate::Records(records)) => self.table.apply(&records),
+                    Some(TableUpdate::Records(records)) => {
+                        self.table.apply(&records);
+                        if loaded.is_some() {
+                            fail::fail_point!("global-table-mid-load", |_| {
+                                crate::fail_points::crash("global-table-mid-load")
+                            });
+                        }
+                    }
                     Some(TableUpdate::CaughtUp(positions)) => {
                         for (partition, next) in positions {
                             self.table.advance(partition, next);

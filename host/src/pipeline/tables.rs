@@ -74,6 +74,9 @@ pub(crate) async fn load_tables<Src: Source, S: Shard>(
             while let Some(chunk) = received.recv().await {
                 records += chunk.len() as u64;
                 shard.apply(table_writes(&chunk, state)).await?;
+                fail::fail_point!("table-mid-load", |_| crate::fail_points::crash(
+                    "table-mid-load"
+                ));
             }
             Ok::<_, StateError>(records)
         };
