@@ -414,6 +414,16 @@ impl Settings {
         for stage in &p.stages {
             for (i, input) in stage.inputs.iter().enumerate() {
                 let global = input.global_table.is_some();
+                let again = stage.inputs[..i]
+                    .iter()
+                    .any(|earlier| earlier.global_table.is_some() && earlier.topic == input.topic);
+                if global && again {
+                    problems.push(format!(
+                        "stage `{}`: inputs[{i}] reads topic `{}` as a global table again",
+                        stage.name,
+                        input.topic.as_deref().unwrap_or_default()
+                    ));
+                }
                 if (global && input.as_global_table().is_none())
                     || (!global && input.as_input().is_none())
                 {

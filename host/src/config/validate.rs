@@ -212,6 +212,11 @@ impl Settings {
             .map(|t| ("pipeline.input_topics", t))
             .chain(p.output_topic.iter().map(|t| ("pipeline.output_topic", t)))
             .chain(p.outputs.values().map(|t| ("pipeline.outputs", t)))
+            .chain(
+                p.global_tables
+                    .keys()
+                    .map(|t| ("pipeline.global_tables", t)),
+            )
             .chain([("pipeline.dead_letter_topic", &p.dead_letter_topic)])
         {
             if !valid_topic(topic) {
@@ -220,11 +225,15 @@ impl Settings {
                 ));
             }
         }
-        if p.input_topics.iter().any(|t| {
-            p.output_topic.as_ref() == Some(t)
-                || p.outputs.values().any(|o| o == t)
-                || *t == p.dead_letter_topic
-        }) {
+        if p.input_topics
+            .iter()
+            .chain(p.global_tables.keys())
+            .any(|t| {
+                p.output_topic.as_ref() == Some(t)
+                    || p.outputs.values().any(|o| o == t)
+                    || *t == p.dead_letter_topic
+            })
+        {
             problems.push("an input topic is also an output or the dead-letter topic".to_owned());
         }
         for name in p.outputs.keys() {

@@ -20,6 +20,12 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
+/// How often a changing global table is saved at most: every checkpoint interval, and not
+/// more often than every 10 s (each save writes the whole table, from every host).
+pub(crate) fn save_interval(checkpoint_interval: Duration) -> Duration {
+    checkpoint_interval.max(Duration::from_secs(10))
+}
+
 /// Where a run's global tables are saved.
 #[derive(Debug, Clone)]
 pub(crate) struct Snapshots {
@@ -73,12 +79,17 @@ impl Snapshots {
 
     /// Saves `table` as `topic`'s snapshot, if it changed since its last one. A failure is
     /// logged: the next try saves it.
-    async fn save(&self, topic: &str, table: &GlobalTable) {
+    async fn save(&self, topic: &str, table: &Arc<GlobalTable>) {
         use object_store::ObjectStoreExt as _;
         if table.unsaved() == 0 {
             return;
         }
-        let (bytes, applied) = table.snapshot();
+        // Encoding a large table takes a while: not on the runtime's workers.
+        let encoding = table.clone();
+        let Ok((bytes, applied)) = tokio::task::spawn_blocking(move || encoding.snapshot()).await
+        else {
+            return;
+        };
         let len = bytes.len();
         match self.store.put(&self.path(topic), bytes.into()).await {
             Ok(_) => {
@@ -238,11 +249,16 @@ impl Keeper {
                         for (partition, next) in positions {
                             self.table.advance(partition, next);
                         }
-                        // Saved at once: the next start reads only what came after.
-                        self.save().await;
                         if let Some(loaded) = loaded.take() {
                             let _ = loaded.send(());
                         }
+                        // Saved at once (the run goes on meanwhile): the next start reads only
+                        // what came after.
+                        self.save().await;
+                    }
+                    Some(TableUpdate::Reset) => {
+                        tracing::warn!(topic = %self.topic, "global table: its snapshot is of offsets past the topic's end (the topic was made again?); its rows are dropped and the topic read from its beginning");
+                        self.table.clear();
                     }
                     None => return,
                 },

@@ -163,20 +163,28 @@ pub async fn run_with<B: StateBackend, Src: Source, Out: Output>(
         tracing::warn!(pipeline = %settings.pipeline.name, world = meta.world.as_str(), "the operator's world has no parameters import: its parameters are not read");
     }
     // Global tables first, as Kafka Streams restores global state before its stream threads
-    // start: no record runs before the tables hold what their topics had.
+    // start: no record runs before the tables hold what their topics had. A stop while they
+    // load ends the run at once (nothing was consumed).
+    let mut shutdown = std::pin::pin!(shutdown);
     let snapshots = backend
         .stored(&crate::state::ShardId {
             pipeline: settings.pipeline.name.clone(),
             partition: Partition(0),
         })
         .map(|stored| global_tables::Snapshots::beside_shards(stored.store, &stored.root));
-    let globals = global_tables::GlobalTablesRun::start(
+    let load = global_tables::GlobalTablesRun::start(
         &settings.pipeline.global_tables,
         &source,
         snapshots,
-        settings.pipeline.checkpoint_interval,
-    )
-    .await?;
+        global_tables::save_interval(settings.pipeline.checkpoint_interval),
+    );
+    let globals = tokio::select! {
+        loaded = load => loaded?,
+        () = &mut shutdown => {
+            tracing::info!(pipeline = %settings.pipeline.name, "stopped while its global tables loaded");
+            return Ok(());
+        }
+    };
     let mut running = Running::new(settings, backend, operator, stats, control, source, output);
     running.global_tables = globals.tables.clone();
     let result = running.consume(shutdown).await;

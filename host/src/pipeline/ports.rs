@@ -143,8 +143,9 @@ pub trait Source: Send + Sync + 'static {
     /// `from` (its beginning when absent), handing the records to `updates` as they come:
     /// first up to the end each partition has when the read begins, then
     /// [`TableUpdate::CaughtUp`], then every later record, until `updates` is closed (then
-    /// `Ok`). A global table's reader (docs/topologies.md, "Global tables"), as Kafka Streams'
-    /// global stream thread.
+    /// `Ok`). When an offset of `from` is past its partition's end, [`TableUpdate::Reset`]
+    /// first and every partition from its beginning. A global table's reader
+    /// (docs/topologies.md, "Global tables"), as Kafka Streams' global stream thread.
     ///
     /// # Errors
     /// [`SourceError`] when the topic cannot be read before the reader caught up (a missing
@@ -165,6 +166,10 @@ pub enum TableUpdate {
     /// Every partition is read up to the end it had when the read began; partition → the
     /// reader's position (past transaction markers it hands out nothing of).
     CaughtUp(BTreeMap<i32, i64>),
+    /// An offset of `from` is past its partition's end: the topic is not the one the table
+    /// was read from (deleted and made again). The reader reads every partition from its
+    /// beginning instead; sent before any record.
+    Reset,
 }
 
 /// Why a record was dead-lettered.

@@ -57,6 +57,8 @@ pub(super) async fn check_topics(settings: &Settings, tenant: &str) -> Result<us
     let inputs = p.input_topics.clone();
     let mut topics = inputs.clone();
     topics.extend(p.output_topic.clone());
+    // A global table's topic must exist too; it need not be co-partitioned with the inputs.
+    topics.extend(p.global_tables.keys().cloned());
     topics.push(p.dead_letter_topic.clone());
     let prefix = format!("{tenant}.");
     tokio::task::spawn_blocking(move || {

@@ -112,6 +112,18 @@ impl MemorySource {
 }
 
 impl MemorySource {
+    /// Whether an offset of `from` is past the end of its partition of `topic`.
+    fn table_past_end(&self, topic: &str, from: &BTreeMap<i32, i64>) -> bool {
+        let logs = self.logs();
+        from.iter().any(|(partition, next)| {
+            let len = logs
+                .records
+                .get(&(topic.to_owned(), *partition))
+                .map_or(0, Vec::len);
+            *next > len as i64
+        })
+    }
+
     /// The records of every partition of `topic` from `next`'s offsets on (each partition's
     /// beginning when it names none), moving `next` past them; `None` when the topic has no
     /// partition.
@@ -437,6 +449,12 @@ impl Source for MemorySource {
             .push((topic.clone(), from.clone()));
         async move {
             let mut next = from;
+            if source.table_past_end(&topic, &next) {
+                next.clear();
+                if updates.send(TableUpdate::Reset).await.is_err() {
+                    return Ok(());
+                }
+            }
             let mut caught_up = false;
             loop {
                 appended.borrow_and_update();

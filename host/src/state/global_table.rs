@@ -103,6 +103,15 @@ impl GlobalTable {
         }
     }
 
+    /// Drops every row and offset (the topic is read again from its beginning); the next
+    /// snapshot is due.
+    pub fn clear(&self) {
+        let mut rows = self.rows.write().unwrap_or_else(|e| e.into_inner());
+        rows.rows.clear();
+        rows.offsets.clear();
+        rows.unsaved += 1;
+    }
+
     /// Records applied since the last snapshot taken.
     pub fn unsaved(&self) -> u64 {
         self.read().unsaved

@@ -2,9 +2,9 @@
 
 use super::*;
 
-#[test]
-fn a_global_table_input_is_read_outside_the_group_and_named_once() {
-    let staged = r#"
+/// Two stages, the first reading two global tables of one name, the second inputs that are
+/// neither a table nor a global table.
+const STAGED: &str = r#"
         [pipeline]
         name = "enrich"
         dead_letter_topic = "dlq"
@@ -24,9 +24,31 @@ fn a_global_table_input_is_read_outside_the_group_and_named_once() {
         backend = "lsm"
         lsm.url = "file:///tmp/weir"
     "#;
-    let Err(ConfigError::Invalid { problems }) = Settings::from_toml(staged) else {
+
+/// STAGED with its `wrong` stage reading the first stage, and its global tables' names apart.
+fn good() -> String {
+    STAGED
+        .replace(
+            r#"inputs = [{ stage = "enrich", global_table = "x" }, { topic = "p", table = "s", global_table = "y" }]"#,
+            r#"inputs = [{ stage = "enrich" }]"#,
+        )
+        .replace(
+            r#"{ topic = "weather", global_table = "planes" }"#,
+            r#"{ topic = "weather", global_table = "weather" }"#,
+        )
+}
+
+/// The problems `config` has; panics when it is valid.
+fn problems_of(config: &str) -> Vec<String> {
+    let Err(ConfigError::Invalid { problems }) = Settings::from_toml(config) else {
         panic!("expected invalid settings");
     };
+    problems
+}
+
+#[test]
+fn a_global_table_input_names_one_topic_and_one_table_once() {
+    let problems = problems_of(STAGED);
     for want in [
         "stage `wrong`: inputs[0] must be",
         "stage `wrong`: inputs[1] must be",
@@ -36,24 +58,35 @@ fn a_global_table_input_is_read_outside_the_group_and_named_once() {
             "{want}: {problems:#?}"
         );
     }
-    let two_names = staged.replace(
-        r#"inputs = [{ stage = "enrich", global_table = "x" }, { topic = "p", table = "s", global_table = "y" }]"#,
-        r#"inputs = [{ stage = "enrich" }]"#,
-    );
-    let Err(ConfigError::Invalid { problems }) = Settings::from_toml(&two_names) else {
-        panic!("expected invalid settings");
-    };
-    assert!(
-        problems
-            .iter()
-            .any(|p| p.contains("two topics are read as table `planes`")),
-        "{problems:#?}"
-    );
-    let good = two_names.replace(
-        r#"{ topic = "weather", global_table = "planes" }"#,
+    let good = good();
+    let two_names = good.replace(
         r#"{ topic = "weather", global_table = "weather" }"#,
+        r#"{ topic = "weather", global_table = "planes" }"#,
     );
-    let settings = Settings::from_toml(&good).expect("valid");
+    let twice = good.replace(
+        r#"inputs = [{ topic = "flights" }"#,
+        r#"inputs = [{ topic = "flights" }, { topic = "planes", global_table = "other" }"#,
+    );
+    let bad_topic = good.replace(r#"topic = "weather""#, r#"topic = "no weather!""#);
+    for (config, want) in [
+        (&two_names, "two topics are read as table `planes`"),
+        (&twice, "reads topic `planes` as a global table again"),
+        (
+            &bad_topic,
+            "pipeline.global_tables is not a valid Kafka topic name",
+        ),
+    ] {
+        let problems = problems_of(config);
+        assert!(
+            problems.iter().any(|p| p.contains(want)),
+            "{want}: {problems:#?}"
+        );
+    }
+}
+
+#[test]
+fn a_global_table_input_is_read_outside_the_group() {
+    let settings = Settings::from_toml(&good()).expect("valid");
     let plan = settings
         .stage_plan()
         .expect("stages")

@@ -223,3 +223,39 @@ async fn a_global_table_whose_topic_is_missing_fails_the_run_naming_it() {
     );
     assert_eq!(err.kind(), crate::error::ErrorKind::Unavailable, "retried");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_snapshot_past_the_topics_end_is_dropped_and_the_topic_read_from_its_beginning() {
+    use object_store::ObjectStoreExt as _;
+    let world = planes_world();
+    plane(&world, 0, "N1", Some("BOEING"));
+    // A snapshot of an earlier topic of that name: further than this one's end, with a row
+    // this one never had.
+    let earlier = crate::state::global_table::GlobalTable::default();
+    earlier.apply(&[crate::runtime::InputRecord {
+        key: b"N999".to_vec(),
+        value: br#"{"maker":"STALE"}"#.to_vec(),
+        timestamp_ms: 0,
+        headers: Vec::new(),
+        topic: PLANES.into(),
+        partition: 0,
+        offset: 99,
+        input: 0,
+    }]);
+    let (snapshot, _) = earlier.snapshot();
+    let path = object_store::path::Path::from("weir/pipelines/counter/global-tables/planes");
+    world.store.put(&path, snapshot.into()).await.expect("puts");
+    let run = start_enrich(&world).await;
+    flight(&world, 0, "f1", "N1");
+    flight(&world, 0, "f2", "N999");
+    until("both outputs", || enriched(&world.output).len() == 2).await;
+    run.stop().await.expect("stops cleanly");
+    assert_eq!(
+        enriched(&world.output),
+        [
+            ("f1".to_owned(), Some("BOEING".to_owned())),
+            ("f2".to_owned(), None),
+        ],
+        "the topic's row, not the stale one"
+    );
+}

@@ -88,3 +88,38 @@ mod tests {
         assert_eq!(long, Err(WitStateError::TooLarge(4 << 10)));
     }
 }
+
+#[cfg(test)]
+mod import_tests {
+    /// The names of the component `name`'s imports.
+    fn imports(engine: &wasmtime::Engine, name: &str) -> Vec<String> {
+        let component =
+            wasmtime::component::Component::from_file(engine, crate::testing::guest(name))
+                .expect("compiles");
+        component
+            .component_type()
+            .imports(engine)
+            .map(|(name, _)| name.to_owned())
+            .collect()
+    }
+
+    /// docs/wasm-runtime.md: `tables` was added within 0.3.0, so a Rust operator that does not
+    /// look anything up must not import it (and keeps running on 0.3 hosts without it).
+    #[test]
+    fn a_rust_component_imports_tables_only_when_it_looks_something_up() {
+        let engine = wasmtime::Engine::default();
+        let counter = imports(&engine, "weir_test_counter");
+        assert!(
+            counter
+                .iter()
+                .all(|n| !n.starts_with("weir:operator/tables")),
+            "{counter:?}"
+        );
+        assert!(counter.contains(&"weir:operator/state@0.3.0".to_owned()));
+        let join = imports(&engine, "weir_test_join");
+        assert!(
+            join.contains(&"weir:operator/tables@0.3.0".to_owned()),
+            "{join:?}"
+        );
+    }
+}

@@ -50,6 +50,9 @@ struct Start {
     next: BTreeMap<i32, i64>,
     /// Partitions not read to their end yet → that end.
     pending: BTreeMap<i32, i64>,
+    /// An offset of `from` was past its partition's end: every partition is read from its
+    /// beginning.
+    reset: bool,
 }
 
 /// Reads every partition of `topic` from `from` on (see [`crate::pipeline::Source::follow_table`]).
@@ -74,7 +77,11 @@ fn follow(
     let Start {
         mut next,
         mut pending,
+        reset,
     } = start(&consumer, topic, from)?;
+    if reset && updates.blocking_send(TableUpdate::Reset).is_err() {
+        return Ok(());
+    }
     let mut assignment = TopicPartitionList::new();
     for (partition, offset) in &next {
         assignment
@@ -143,7 +150,8 @@ fn follow(
 }
 
 /// Each partition's first offset (`from`'s, or the partition's beginning when `from` names
-/// none or one before it) and the end it has now.
+/// none or one before it, or one of `from` is past its partition's end) and the end it has
+/// now.
 ///
 /// # Errors
 /// [`SourceError`] when the topic or an end cannot be looked up, or the topic has no
@@ -176,15 +184,24 @@ fn start(
             "the topic has no partitions".into(),
         ));
     }
-    let mut start = Start {
-        next: BTreeMap::new(),
-        pending: BTreeMap::new(),
-    };
+    let mut ends = BTreeMap::new();
     for partition in partitions {
         let (low, high) = consumer
             .fetch_watermarks(topic, partition, LOOKUP_TIMEOUT)
             .map_err(|err| failed("cannot look up its end", Box::new(err)))?;
-        let first = from.get(&partition).map_or(low, |f| (*f).max(low));
+        ends.insert(partition, (low, high));
+    }
+    let reset = ends
+        .iter()
+        .any(|(p, (_, high))| from.get(p).is_some_and(|f| f > high));
+    let mut start = Start {
+        next: BTreeMap::new(),
+        pending: BTreeMap::new(),
+        reset,
+    };
+    for (partition, (low, high)) in ends {
+        let from = if reset { None } else { from.get(&partition) };
+        let first = from.map_or(low, |f| (*f).max(low));
         start.next.insert(partition, first);
         if first < high {
             start.pending.insert(partition, high);
