@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Weir against Kafka Streams on two jobs, on the local broker (bench/kstreams-compare).
+"""Weir against Kafka Streams on three jobs, on the local broker (bench/kstreams-compare).
 
 Produces one input topic (--records records over --keys keys, --partitions partitions, values of
 about 115 bytes of JSON), then runs on it, one after another in each repeat, each job (--shapes):
@@ -8,6 +8,9 @@ about 115 bytes of JSON), then runs on it, one after another in each repeat, eac
 - `rekey`: re-key by fnv1a32(key) mod 10,000 and count, emitting every update: Kafka Streams'
   `groupBy(newKey).count()` (record cache off) through its repartition topic, and `weir run`
   with two stages of the counter guest (the first with `rekey_modulo`) through an internal topic;
+- `enrich` (only when named in --shapes): each order left-joined with its key's row of a
+  co-partitioned customers table and its item's row of a global items table: Kafka Streams'
+  stream.leftJoin(KTable).leftJoin(GlobalKTable), and `weir run` with the join guest's `enrich`;
 Weir on the `memory` backend with file:// snapshots and on `lsm` on a file:// store, in
 at-least-once and exactly-once mode. Every run starts a fresh consumer group and output topic and
 is measured from outside by the same code (Measure.java): events/s and CPU µs per event of the
@@ -47,9 +50,12 @@ BOOTSTRAP = "127.0.0.1:9092"
 # repartition or internal topic once its transaction commits (in both engines), so the `rekey`
 # job's last outputs wait up to one interval after its first step is done: at 10 s that wait
 # would be most of what is measured.
-INTERVAL_S = {"counter": 10, "rekey": 1}
+INTERVAL_S = {"counter": 10, "rekey": 1, "enrich": 10}
 # The `rekey` job's new key: fnv1a32(key) mod this.
 REKEY_MODULO = 10_000
+# The `enrich` job's global table of items: this many rows (`sku-00000`…); an order's item is
+# one of 50,000, so one order in five finds its item.
+ITEMS = 10_000
 
 
 @dataclass(frozen=True)
@@ -61,7 +67,7 @@ class Engine:
     threads: int  # stream threads (Kafka Streams); 0 for Weir
     delivery: str  # "at_least_once" | "exactly_once"
     cache: bool = True  # Kafka Streams' record cache (Weir has none)
-    shape: str = "counter"  # the job: "counter" | "rekey"
+    shape: str = "counter"  # the job: "counter" | "rekey" | "enrich"
 
     @property
     def label(self) -> str:
@@ -92,6 +98,7 @@ def engines(shapes: list) -> list:
         # `rekey` runs Kafka Streams with its record cache off only: with it on, `count()`
         # emits only what a flush lets through, another job than Weir's.
         caches = (True, False) if shape == "counter" else (False,)
+        # (`enrich`: the cache only delays a KTable's updates, a cost without a saving here.)
         for delivery in ("at_least_once", "exactly_once"):
             for store in ("memory", "rocksdb"):
                 for cache in caches:
@@ -134,10 +141,27 @@ def tool(*args, capture=False) -> str:
     return out.stdout if capture else ""
 
 
-def weir_config(e: Engine, name: str, operator: Path, input_topic: str, state: Path) -> str:
+def table_topics(input_topic: str) -> tuple:
+    """The `enrich` job's table topics: customers (co-partitioned with the input), items."""
+    return f"{input_topic}-customers", f"{input_topic}-items"
+
+
+def weir_config(e: Engine, name: str, args, input_topic: str, state: Path) -> str:
     store_url = f"file://{state}"
     table = "memory" if e.store == "memory" else "lsm"
-    if e.shape == "counter":
+    operator = args.operator
+    if e.shape == "enrich":
+        # The join guest's `enrich`: the customer's row from the co-partitioned table (value
+        # state `c`), the item's from the global table `items`.
+        customers, items = table_topics(input_topic)
+        job = f"""operator = "{args.join_operator}"
+input_topics = ["{input_topic}", "{customers}"]
+output_topic = "{name}-out"
+tables = {{ "{customers}" = "c" }}
+global_tables = {{ "{items}" = "items" }}
+parameters = {{ join = "enrich" }}
+"""
+    elif e.shape == "counter":
         job = f"""operator = "{operator}"
 input_topics = ["{input_topic}"]
 output_topic = "{name}-out"
@@ -182,7 +206,7 @@ def start(e: Engine, name: str, args, input_topic: str, work: Path, log_file,
     state.mkdir()
     if e.engine == "weir":
         config = work / f"{name}.toml"
-        config.write_text(weir_config(e, name, args.operator, input_topic, state))
+        config.write_text(weir_config(e, name, args, input_topic, state))
         cmd = [str(args.weir), "run", "--config", str(config)]
     else:
         guarantee = "at_least_once" if e.delivery == "at_least_once" else "exactly_once_v2"
@@ -192,6 +216,9 @@ def start(e: Engine, name: str, args, input_topic: str, work: Path, log_file,
                "--threads", str(e.threads), "--guarantee", guarantee,
                "--commit-ms", str(INTERVAL_S[e.shape] * 1000), "--cache", "on" if e.cache else "off",
                "--modulo", str(REKEY_MODULO)]
+        if e.shape == "enrich":
+            customers, items = table_topics(input_topic)
+            cmd += ["--customers", customers, "--items", items]
     return subprocess.Popen([sys.executable, "-c", WAIT_FOR_GO, str(go), *cmd], stdout=log_file,
                             stderr=subprocess.STDOUT, cwd=ROOT)
 
@@ -266,6 +293,11 @@ def build(args) -> None:
         sh("cargo", "build", "--profile", "guest", "--target", "wasm32-wasip2",
            "-p", "weir-test-counter", cwd=ROOT)
         args.operator = target / "wasm32-wasip2" / "guest" / "weir_test_counter.wasm"
+    if "enrich" in args.shapes:
+        log("building the join guest (the `enrich` job's Weir operator)")
+        sh("cargo", "build", "--profile", "guest", "--target", "wasm32-wasip2",
+           "-p", "weir-test-join", cwd=ROOT)
+        args.join_operator = (target / "wasm32-wasip2" / "guest" / "weir_test_join.wasm").resolve()
     if args.weir is None:
         log("building weir (release)")
         sh("cargo", "build", "--release", "-p", "weir-cli", "--bin", "weir", cwd=ROOT)
@@ -307,7 +339,7 @@ def table(args, results: dict) -> str:
                 lines.append(f"- {delivery}, Weir `{weir_store}` / Kafka Streams {ks_store} "
                              f"(best: `{best.label}`): {we[0] / be[0]:.2f}× the events/s, "
                              f"{we[1] / be[1]:.2f}× the CPU µs/event")
-        if shape != "counter":
+        if shape == "rekey":
             lines += ["", f"What the `{shape}` job's edge (internal or repartition topic) costs: "
                       "each engine's row against its `counter` row, same input, store and delivery:", ""]
             for delivery in ("at_least_once", "exactly_once"):
@@ -360,6 +392,13 @@ def settings_text(args, input_bytes: int) -> str:
         "`memory` snapshots and `lsm` store on file:// in a temporary directory; exactly-once = "
         "delivery = \"exactly_once\". `rekey`: two stages of the counter guest, the first with "
         f"`rekey_modulo = {REKEY_MODULO}`, through an internal topic of {args.partitions} partitions.",
+        f"`enrich`: each order left-joined with its key's row of a {args.keys:,}-row customers "
+        f"table (co-partitioned) and its item's row of a {ITEMS:,}-row global table of items; "
+        "Kafka Streams: the DSL's stream.leftJoin(KTable).leftJoin(GlobalKTable), stores of the "
+        "row's kind, cache off, topology.optimization=all (the KTable's source topic is its "
+        "changelog); Weir: one stage of the join guest (`join = \"enrich\"`), the customers a "
+        "`tables` input, the items a `global_tables` one. Both emit every order, "
+        "`{\"o\":order,\"c\":row,\"i\":row}`, concatenated bytes.",
     ]
     for key, settings in sorted(args.settings.items()):
         for line in settings:
@@ -374,7 +413,8 @@ def main() -> None:
     p.add_argument("--partitions", type=int, default=4)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--idle-secs", type=int, default=60)
-    p.add_argument("--shapes", default="counter,rekey", help="the jobs: counter, rekey, or both")
+    p.add_argument("--shapes", default="counter,rekey",
+                   help="the jobs, comma-separated: counter, rekey, enrich")
     p.add_argument("--only", default="", help="comma-separated labels to run (e.g. weir-memory-alo)")
     p.add_argument("--weir", help="the weir binary (default: cargo build --release)")
     p.add_argument("--operator", help="the counter guest (default: built here)")
@@ -410,6 +450,14 @@ def main() -> None:
         produced = tool("produce", "--bootstrap", BOOTSTRAP, "--topic", input_topic,
                         "--records", str(args.records), "--keys", str(args.keys), capture=True)
         input_bytes = int(produced.split()[-1])
+        if "enrich" in args.shapes:
+            customers, items = table_topics(input_topic)
+            tool("topics", "--bootstrap", BOOTSTRAP, "--create", f"{customers},{items}",
+                 "--partitions", str(args.partitions))
+            log(f"producing the tables: {args.keys:,} customers, {ITEMS:,} items")
+            for topic, kind, keys in ((customers, "customers", args.keys), (items, "items", ITEMS)):
+                tool("produce-table", "--bootstrap", BOOTSTRAP, "--topic", topic, "--table", kind,
+                     "--keys", str(keys), capture=True)
         results = {e: Runs() for e in rows}
         for repeat in range(1, args.repeats + 1):
             def run(e: Engine, repeat=repeat) -> None:

@@ -90,6 +90,16 @@ impl Context {
         bytes.map(|b| decode(state.schema(), &b)).transpose()
     }
 
+    /// Reads a value state's stored bytes as they are, not decoded: a table input's row is its
+    /// topic's record value, in whatever format the topic has (docs/topologies.md, "Tables").
+    /// `None` when the key has none.
+    ///
+    /// # Errors
+    /// [`Reject`] when the state is undeclared or of the other kind.
+    pub fn get_bytes<T>(&mut self, state: &ValueState<T>) -> Result<Option<Vec<u8>>, Reject> {
+        wit_state::value_get(self.record, state.name()).map_err(state_reject)
+    }
+
     /// Reads two value states of the current key in one host round trip.
     ///
     /// # Errors

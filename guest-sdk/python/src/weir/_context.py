@@ -228,6 +228,12 @@ class Context:
         data = self._host.value_get(self._index, state.name)
         return default if data is None else _decode(state.name, state.codec, data)
 
+    def get_bytes(self, state: ValueState[Any]) -> bytes | None:
+        """The key's value of `state` as stored, not decoded: a table input's row is its topic's
+        record value, in whatever format the topic has (docs/topologies.md, "Tables"); None when
+        it has none. Raises `Reject` when the state is undeclared or a map."""
+        return self._host.value_get(self._index, state.name)
+
     def get_many(self, *states: ValueState[Any]) -> tuple[Any, ...]:
         """The key's values of several states in one host call, `None` for each absent one."""
         names = [s.name for s in states]
