@@ -1,6 +1,7 @@
 //! Table inputs through the API (docs/topologies.md, "Tables"), on the real broker and S3
 //! server: a stage of the counter guest whose `count` state a table seeds — the table's row of
-//! a key is where that key's count starts, loaded before any click runs; and a global table
+//! a key is where that key's count starts, loaded before any click runs, and queryable as any
+//! state; and a global table
 //! that a stage of the `join` guest looks clicks up in by a field of theirs, the tenant's own
 //! topic only.
 
@@ -23,8 +24,17 @@ async fn a_table_seeds_a_stages_state_through_the_api() -> anyhow::Result<()> {
     } = rig(1).await?;
     let seeds = kafka_topic_of(&acme_id, "seeds");
     create_topics(&[(&seeds, PARTITIONS)]).await?;
-    // k0's count starts at 100; k1 has no row. The clicks are there before the pipeline.
-    produce(&seeds, 0, &[(b"k0".to_vec(), b"100".to_vec())]).await?;
+    // k0's count starts at 100; k1 has no row; k9 has a row and no clicks. The clicks are
+    // there before the pipeline.
+    produce(
+        &seeds,
+        0,
+        &[
+            (b"k0".to_vec(), b"100".to_vec()),
+            (b"k9".to_vec(), b"7".to_vec()),
+        ],
+    )
+    .await?;
     let click = |key: &[u8]| (key.to_vec(), b"v".to_vec());
     produce(&input, 0, &[click(b"k0"), click(b"k0")]).await?;
     produce(&input, 1, &[click(b"k1")]).await?;
@@ -61,6 +71,26 @@ async fn a_table_seeds_a_stages_state_through_the_api() -> anyhow::Result<()> {
             ("k1".to_owned(), 1)
         ]
     );
+    // The table's rows are state like any other: queryable, the row with no click too, once
+    // a checkpoint holds the clicks.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let query = |k: &str| format!("/v1/pipelines/seeded/state/count?stage=count&key={k}");
+    let value = |body: &serde_json::Value| body["entries"][0]["value"].as_u64();
+    loop {
+        let (status, _, k0) =
+            call(addr, reqwest::Method::GET, &query("k0"), Some(&acme), None).await?;
+        anyhow::ensure!(status == reqwest::StatusCode::OK, "{status} {k0}");
+        if value(&k0) == Some(102) {
+            break;
+        }
+        anyhow::ensure!(
+            std::time::Instant::now() < deadline,
+            "k0's count is not 102 in a checkpoint after 60 s: {k0}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (_, _, k9) = call(addr, reqwest::Method::GET, &query("k9"), Some(&acme), None).await?;
+    assert_eq!(value(&k9), Some(7), "a table row no click touched: {k9}");
     Ok(())
 }
 
