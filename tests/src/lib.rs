@@ -20,7 +20,7 @@ mod tier;
 
 pub use kafka::*;
 use kafka::{committed_reader, produce_to_partitions};
-pub use stages::RunningStages;
+pub use stages::{RunningStages, stages_of};
 pub use tier::*;
 
 use anyhow::{Context as _, bail};

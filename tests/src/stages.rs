@@ -76,3 +76,20 @@ impl RunningStages {
         Ok(())
     }
 }
+
+/// The `[[pipeline.stages]]` of `toml` (a `weir run` config's stages, as the examples' TOML
+/// helpers write them).
+///
+/// # Errors
+/// TOML that is not such stages.
+pub fn stages_of(toml: &str) -> anyhow::Result<Vec<weir_host::config::stages::StageSettings>> {
+    #[derive(serde::Deserialize)]
+    struct File {
+        pipeline: Stages,
+    }
+    #[derive(serde::Deserialize)]
+    struct Stages {
+        stages: Vec<weir_host::config::stages::StageSettings>,
+    }
+    Ok(toml::from_str::<File>(toml)?.pipeline.stages)
+}

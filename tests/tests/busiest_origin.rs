@@ -11,7 +11,6 @@
 
 use std::time::Duration;
 use weir_cli::flights::{FlightRecord, KeyBy};
-use weir_host::config::stages::StageSettings;
 use weir_host::config::{Delivery, RuntimeSettings};
 use weir_tests::busiest::{OracleFlight, busiest_oracle, busiest_stages_toml, check_busiest};
 use weir_tests::*;
@@ -68,17 +67,6 @@ fn rows() -> anyhow::Result<Vec<OracleFlight>> {
     Ok(out)
 }
 
-/// The stages of `busiest-origin` as `busiest_stages_toml` writes them for `weir run`.
-#[derive(serde::Deserialize)]
-struct StagesFile {
-    pipeline: StagesOnly,
-}
-
-#[derive(serde::Deserialize)]
-struct StagesOnly {
-    stages: Vec<StageSettings>,
-}
-
 /// Runs the pipeline over `flights` (in the order given) and checks its outputs against the
 /// oracle: one result per hour, exact, none twice; the late departures exact.
 async fn run_and_check(
@@ -111,7 +99,7 @@ async fn run_and_check(
         &humantime::format_duration(DISORDER).to_string(),
     );
     let p = &mut settings.pipeline;
-    p.stages = toml::from_str::<StagesFile>(&stages)?.pipeline.stages;
+    p.stages = stages_of(&stages)?;
     p.operator = Default::default();
     p.input_topics = Vec::new();
     p.output_topic = None;

@@ -7,21 +7,9 @@
 //! update between two halves of the flights: seen by the later flights, not by the earlier.
 
 use std::time::Duration;
-use weir_host::config::stages::StageSettings;
 use weir_host::config::{Delivery, RuntimeSettings, Settings};
 use weir_tests::flight_weather::*;
 use weir_tests::*;
-
-/// The stages as `flight_weather_stages_toml` writes them for `weir run`.
-#[derive(serde::Deserialize)]
-struct StagesFile {
-    pipeline: StagesOnly,
-}
-
-#[derive(serde::Deserialize)]
-struct StagesOnly {
-    stages: Vec<StageSettings>,
-}
 
 /// The topics of one run: flights, weather, planes, stats, dead letters.
 struct Topics {
@@ -69,7 +57,7 @@ async fn pipeline_settings(t: &Topics) -> anyhow::Result<Settings> {
     let stages =
         flight_weather_stages_toml(&component, &t.flights, (&t.weather, &t.planes), &t.stats);
     let p = &mut settings.pipeline;
-    p.stages = toml::from_str::<StagesFile>(&stages)?.pipeline.stages;
+    p.stages = stages_of(&stages)?;
     p.operator = Default::default();
     p.input_topics = Vec::new();
     p.output_topic = None;

@@ -10,4 +10,5 @@
 
 mod airport_end_to_end;
 mod busiest_origin;
+mod flight_weather;
 mod flights_end_to_end;

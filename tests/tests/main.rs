@@ -24,7 +24,6 @@ mod dead_letters;
 mod disaster_recovery;
 mod execution_controller;
 mod failure_handling;
-mod flight_weather;
 mod flights_loader;
 mod iceberg_pipeline;
 mod iceberg_table;

@@ -62,6 +62,41 @@ async fn planes_seen(
         .collect()
 }
 
+/// A running pipeline: what stops it (send or drop) and its task.
+type Started = (
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<Result<(), weir_host::pipeline::PipelineError>>,
+);
+
+/// Runs `logic` as the pipeline of `settings` (its state backend as configured) until the
+/// sender is used or dropped.
+fn start_native(
+    settings: weir_host::config::Settings,
+    logic: Arc<dyn NativeOperator>,
+) -> anyhow::Result<Started> {
+    let clock: SharedClock = Arc::new(SystemClock);
+    let backend = Arc::new(ConfiguredBackend::from_settings(
+        &settings.state,
+        clock.clone(),
+    )?);
+    let runtime =
+        Runtime::<<ConfiguredBackend as StateBackend>::Shard>::new(&settings.runtime, clock)?;
+    let operator = Arc::new(runtime.native_operator(logic)?);
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let (_requests, control) = PipelineControl::new();
+    let pipeline = tokio::spawn(weir_host::runner::run_operator(
+        settings,
+        backend,
+        operator,
+        Arc::new(PipelineStats::default()),
+        control,
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    Ok((stop, pipeline))
+}
+
 fn key(i: i32) -> Vec<u8> {
     format!("k{i}").into_bytes()
 }
@@ -93,26 +128,7 @@ async fn a_table_is_read_from_the_broker_before_stream_records_and_updated_as_th
     settings.pipeline.checkpoint_interval = Duration::from_millis(300);
     settings.state.memory.url = Some("memory:///".to_owned());
     let group = settings.pipeline.group_id();
-    let clock: SharedClock = Arc::new(SystemClock);
-    let backend = Arc::new(ConfiguredBackend::from_settings(
-        &settings.state,
-        clock.clone(),
-    )?);
-    let runtime =
-        Runtime::<<ConfiguredBackend as StateBackend>::Shard>::new(&settings.runtime, clock)?;
-    let operator = Arc::new(runtime.native_operator(Arc::new(Lookup))?);
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let (_requests, control) = PipelineControl::new();
-    let pipeline = tokio::spawn(weir_host::runner::run_operator(
-        settings,
-        backend,
-        operator,
-        Arc::new(PipelineStats::default()),
-        control,
-        async move {
-            let _ = stopped.await;
-        },
-    ));
+    let (stop, pipeline) = start_native(settings, Arc::new(Lookup))?;
 
     let mut seen = planes_seen(&output, 10).await?;
     seen.sort();
@@ -229,26 +245,7 @@ async fn a_global_table_is_read_whole_from_the_broker_before_the_stream_and_kept
     let mut settings = settings(PathBuf::new(), &input, &output, &dlq, runtime_settings());
     settings.pipeline.global_tables = [(planes.clone(), "planes".to_owned())].into();
     settings.state.memory.url = Some("memory:///".to_owned());
-    let clock: SharedClock = Arc::new(SystemClock);
-    let backend = Arc::new(ConfiguredBackend::from_settings(
-        &settings.state,
-        clock.clone(),
-    )?);
-    let runtime =
-        Runtime::<<ConfiguredBackend as StateBackend>::Shard>::new(&settings.runtime, clock)?;
-    let operator = Arc::new(runtime.native_operator(Arc::new(GlobalLookup))?);
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let (_requests, control) = PipelineControl::new();
-    let pipeline = tokio::spawn(weir_host::runner::run_operator(
-        settings,
-        backend,
-        operator,
-        Arc::new(PipelineStats::default()),
-        control,
-        async move {
-            let _ = stopped.await;
-        },
-    ));
+    let (stop, pipeline) = start_native(settings, Arc::new(GlobalLookup))?;
 
     let mut seen = planes_seen(&output, 10).await?;
     seen.sort();
