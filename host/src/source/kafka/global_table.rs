@@ -3,11 +3,12 @@
 //! the partitions have when it starts, then on as records come — as Kafka Streams' global
 //! stream thread reads a GlobalKTable's topic.
 
+use super::table::{TableConsumer, TableReaderContext};
 use super::to_input_record;
 use crate::pipeline::ports::{SourceError, TableUpdate};
 use crate::runtime::InputRecord;
 use rdkafka::config::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::consumer::Consumer;
 use rdkafka::error::KafkaError;
 use rdkafka::message::Message;
 use rdkafka::topic_partition_list::TopicPartitionList;
@@ -71,8 +72,8 @@ fn follow(
         what: format!("global table `{topic}`: {what}"),
         source: Box::new(err),
     };
-    let consumer: BaseConsumer = config
-        .create()
+    let consumer: TableConsumer = config
+        .create_with_context(TableReaderContext)
         .map_err(|err| failed("cannot make its reader", err))?;
     let Start {
         mut next,
@@ -118,6 +119,7 @@ fn follow(
                 if !send(updates, &mut chunk) {
                     return Ok(());
                 }
+                drop_read_partitions(&consumer, topic, &mut pending, &mut next);
             }
             Some(Ok(message)) => {
                 let partition = message.partition();
@@ -149,6 +151,26 @@ fn follow(
     }
 }
 
+/// Drops from `pending` each partition whose position is past its end, moving `next` there:
+/// read, though no EOF came through the poll (one that reached the error callback instead, or
+/// transaction markers after the last record). For when nothing came for a while.
+fn drop_read_partitions(
+    consumer: &TableConsumer,
+    topic: &str,
+    pending: &mut BTreeMap<i32, i64>,
+    next: &mut BTreeMap<i32, i64>,
+) {
+    pending.retain(|partition, end| {
+        position(consumer, topic, *partition).is_none_or(|at| {
+            if at >= *end {
+                let next = next.entry(*partition).or_insert(at);
+                *next = (*next).max(at);
+            }
+            at < *end
+        })
+    });
+}
+
 /// Each partition's first offset (`from`'s, or the partition's beginning when `from` names
 /// none or one before it, or one of `from` is past its partition's end) and the end it has
 /// now.
@@ -157,7 +179,7 @@ fn follow(
 /// [`SourceError`] when the topic or an end cannot be looked up, or the topic has no
 /// partitions.
 fn start(
-    consumer: &BaseConsumer,
+    consumer: &TableConsumer,
     topic: &str,
     from: &BTreeMap<i32, i64>,
 ) -> Result<Start, SourceError> {
@@ -220,7 +242,7 @@ fn send(updates: &mpsc::Sender<TableUpdate>, chunk: &mut Vec<InputRecord>) -> bo
 }
 
 /// The reader's position in `partition`: the offset it fetches next.
-fn position(consumer: &BaseConsumer, topic: &str, partition: i32) -> Option<i64> {
+fn position(consumer: &TableConsumer, topic: &str, partition: i32) -> Option<i64> {
     let positions = consumer.position().ok()?;
     match positions.find_partition(topic, partition)?.offset() {
         rdkafka::Offset::Offset(offset) => Some(offset),

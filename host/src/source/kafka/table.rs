@@ -48,6 +48,31 @@ pub(super) fn table_config(settings: &crate::config::Settings) -> ClientConfig {
     config
 }
 
+/// The table readers' client context: as rust-rdkafka's default, but a partition EOF that
+/// reaches the error callback (naming no partition) is the end of a partition, not an error.
+pub(super) struct TableReaderContext;
+
+impl rdkafka::ClientContext for TableReaderContext {
+    fn error(&self, error: KafkaError, reason: &str) {
+        if matches!(
+            error,
+            KafkaError::Global(rdkafka::types::RDKafkaErrorCode::PartitionEOF)
+        ) {
+            tracing::trace!(
+                reason,
+                "table reader: partition end reported without its partition"
+            );
+        } else {
+            tracing::error!("librdkafka: {error}: {reason}");
+        }
+    }
+}
+
+impl rdkafka::consumer::ConsumerContext for TableReaderContext {}
+
+/// A table reader's consumer.
+pub(super) type TableConsumer = BaseConsumer<TableReaderContext>;
+
 /// What a table read is: which partition of which input, from where.
 pub(super) struct TableRead {
     pub topic: Arc<str>,
@@ -96,8 +121,8 @@ fn read_to_end(
         ),
         source: Box::new(err),
     };
-    let consumer: BaseConsumer = config
-        .create()
+    let consumer: TableConsumer = config
+        .create_with_context(TableReaderContext)
         .map_err(|err| failed("cannot make its reader", err))?;
     let (low, high) = consumer
         .fetch_watermarks(&read.topic, read.partition.0, WATERMARKS_TIMEOUT)
@@ -124,7 +149,14 @@ fn read_to_end(
             return Err(given_up(read));
         }
         match consumer.poll(POLL) {
-            None => {}
+            // Nothing for a while: past the end already? (An end whose EOF reached the error
+            // callback instead, or transaction markers after the last record.)
+            None => {
+                if let Some(at) = position(&consumer, read).filter(|p| *p >= high) {
+                    next = next.max(at);
+                    break;
+                }
+            }
             Some(Ok(message)) => {
                 next = message.offset() + 1;
                 chunk.push(to_input_record(&message, &read.topic, read.input));
@@ -166,7 +198,7 @@ fn given_up(read: &TableRead) -> SourceError {
 }
 
 /// The reader's position in its partition: the offset it fetches next.
-fn position(consumer: &BaseConsumer, read: &TableRead) -> Option<i64> {
+fn position(consumer: &TableConsumer, read: &TableRead) -> Option<i64> {
     let positions = consumer.position().ok()?;
     let element = positions.find_partition(&read.topic, read.partition.0)?;
     match element.offset() {
