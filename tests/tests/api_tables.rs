@@ -1,7 +1,7 @@
 //! Table inputs through the API (docs/topologies.md, "Tables"), on the real broker and S3
 //! server: a stage of the counter guest whose `count` state a table seeds — the table's row of
-//! a key is where that key's count starts, loaded before any click runs, and queryable as any
-//! state; and a global table
+//! a key is where that key's count starts, loaded before any click runs, queryable as any
+//! state, and kept by a savepoint with its offsets; and a global table
 //! that a stage of the `join` guest looks clicks up in by a field of theirs, the tenant's own
 //! topic only.
 
@@ -91,6 +91,35 @@ async fn a_table_seeds_a_stages_state_through_the_api() -> anyhow::Result<()> {
     }
     let (_, _, k9) = call(addr, reqwest::Method::GET, &query("k9"), Some(&acme), None).await?;
     assert_eq!(value(&k9), Some(7), "a table row no click touched: {k9}");
+
+    // A savepoint (of the stopped pipeline, as a pipeline of stages is saved) holds the
+    // table's rows and offsets: a pipeline started from it counts on from 102 (a table read
+    // again from its beginning would set k0 back to 100 first).
+    set_desired(addr, &acme, "seeded", "stop").await?;
+    let taken = post(
+        addr,
+        &acme,
+        "/v1/pipelines/seeded/savepoints",
+        json!({"name": "s"}),
+    )
+    .await?;
+    assert_eq!(taken["name"], "s", "{taken}");
+    let output_b = kafka_topic_of(&acme_id, "counts-b");
+    create_topics(&[(&output_b, PARTITIONS)]).await?;
+    let mut from = spec.clone();
+    from["stages"][0]["outputs"]["default"]["topic"] = json!("counts-b");
+    from["from_savepoint"] = json!({"pipeline": "seeded", "savepoint": "s"});
+    create_pipeline(addr, &acme, "seeded-b", &from).await?;
+    produce(&input, 0, &[click(b"k0")]).await?;
+    let read = read_exactly(
+        &output_b,
+        1,
+        Duration::from_secs(60),
+        Duration::from_secs(1),
+    )
+    .await?;
+    let after: serde_json::Value = serde_json::from_slice(read[0].payload().unwrap_or_default())?;
+    assert_eq!(after["count"], 103, "{after}");
     Ok(())
 }
 
