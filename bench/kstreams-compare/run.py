@@ -11,6 +11,10 @@ about 115 bytes of JSON), then runs on it, one after another in each repeat, eac
 - `enrich` (only when named in --shapes): each order left-joined with its key's row of a
   co-partitioned customers table and its item's row of a global items table: Kafka Streams'
   stream.leftJoin(KTable).leftJoin(GlobalKTable), and `weir run` with the join guest's `enrich`;
+- `window-join` (only when named in --shapes): auctions joined with bids of the same key in 10 s
+  tumbling windows, every pair emitted: Kafka Streams' KStream#join with JoinWindows (on an input
+  whose event times make its sliding windows pair exactly the records of each tumbling window)
+  and `weir run` with the join guest's `window-bytes`; its events are the join results;
 Weir on the `memory` backend with file:// snapshots and on `lsm` on a file:// store, in
 at-least-once and exactly-once mode. Every run starts a fresh consumer group and output topic and
 is measured from outside by the same code (Measure.java): events/s and CPU µs per event of the
@@ -50,12 +54,17 @@ BOOTSTRAP = "127.0.0.1:9092"
 # repartition or internal topic once its transaction commits (in both engines), so the `rekey`
 # job's last outputs wait up to one interval after its first step is done: at 10 s that wait
 # would be most of what is measured.
-INTERVAL_S = {"counter": 10, "rekey": 1, "enrich": 10}
+INTERVAL_S = {"counter": 10, "rekey": 1, "enrich": 10, "window-join": 10}
 # The `rekey` job's new key: fnv1a32(key) mod this.
 REKEY_MODULO = 10_000
 # The `enrich` job's global table of items: this many rows (`sku-00000`…); an order's item is
 # one of 50,000, so one order in five finds its item.
 ITEMS = 10_000
+# The `window-join` job's tumbling windows, and the part of each that its records' event times
+# fill (ProduceJoin.java): two records of a key are in one window exactly when their event times
+# differ by less than the spread, so Kafka Streams' JoinWindows of that difference pair the same.
+WINDOW_MS = 10_000
+SPREAD_MS = 5_000
 
 
 @dataclass(frozen=True)
@@ -67,7 +76,7 @@ class Engine:
     threads: int  # stream threads (Kafka Streams); 0 for Weir
     delivery: str  # "at_least_once" | "exactly_once"
     cache: bool = True  # Kafka Streams' record cache (Weir has none)
-    shape: str = "counter"  # the job: "counter" | "rekey" | "enrich"
+    shape: str = "counter"  # the job: "counter" | "rekey" | "enrich" | "window-join"
 
     @property
     def label(self) -> str:
@@ -146,6 +155,11 @@ def table_topics(input_topic: str) -> tuple:
     return f"{input_topic}-customers", f"{input_topic}-items"
 
 
+def join_topics(input_topic: str) -> tuple:
+    """The `window-join` job's inputs: auctions (the left side), bids (co-partitioned)."""
+    return f"{input_topic}-auctions", f"{input_topic}-bids"
+
+
 def weir_config(e: Engine, name: str, args, input_topic: str, state: Path) -> str:
     store_url = f"file://{state}"
     table = "memory" if e.store == "memory" else "lsm"
@@ -160,6 +174,13 @@ output_topic = "{name}-out"
 tables = {{ "{customers}" = "c" }}
 global_tables = {{ "{items}" = "items" }}
 parameters = {{ join = "enrich" }}
+"""
+    elif e.shape == "window-join":
+        auctions, bids = join_topics(input_topic)
+        job = f"""operator = "{args.join_operator}"
+input_topics = ["{auctions}", "{bids}"]
+output_topic = "{name}-out"
+parameters = {{ join = "window-bytes", size_ms = "{WINDOW_MS}" }}
 """
     elif e.shape == "counter":
         job = f"""operator = "{operator}"
@@ -210,8 +231,9 @@ def start(e: Engine, name: str, args, input_topic: str, work: Path, log_file,
         cmd = [str(args.weir), "run", "--config", str(config)]
     else:
         guarantee = "at_least_once" if e.delivery == "at_least_once" else "exactly_once_v2"
+        first_input = join_topics(input_topic)[0] if e.shape == "window-join" else input_topic
         cmd = ["java", *JAVA_OPTS, "-cp", java_cp(), "dev.weir.kscompare.Main", e.shape,
-               "--bootstrap", BOOTSTRAP, "--input", input_topic, "--output", f"{name}-out",
+               "--bootstrap", BOOTSTRAP, "--input", first_input, "--output", f"{name}-out",
                "--app-id", name, "--state-dir", str(state), "--store", e.store,
                "--threads", str(e.threads), "--guarantee", guarantee,
                "--commit-ms", str(INTERVAL_S[e.shape] * 1000), "--cache", "on" if e.cache else "off",
@@ -219,6 +241,8 @@ def start(e: Engine, name: str, args, input_topic: str, work: Path, log_file,
         if e.shape == "enrich":
             customers, items = table_topics(input_topic)
             cmd += ["--customers", customers, "--items", items]
+        elif e.shape == "window-join":
+            cmd += ["--right", join_topics(input_topic)[1], "--difference-ms", str(SPREAD_MS)]
     return subprocess.Popen([sys.executable, "-c", WAIT_FOR_GO, str(go), *cmd], stdout=log_file,
                             stderr=subprocess.STDOUT, cwd=ROOT)
 
@@ -260,8 +284,9 @@ def measure_one(e: Engine, repeat: int, args, input_topic: str, run_id: str, wor
             idle = args.idle_secs if repeat == 1 else 0
             start_topic = (["--start-topic", name + e.first_step_topic_suffix]
                            if e.first_step_topic_suffix else [])
+            outputs = args.join_results if e.shape == "window-join" else args.records
             out = tool("measure", "--bootstrap", BOOTSTRAP, "--topic", f"{name}-out",
-                       "--records", str(args.records), "--pid", str(proc.pid),
+                       "--records", str(outputs), "--pid", str(proc.pid),
                        "--idle-secs", str(idle), "--go-file", str(go), *start_topic,
                        capture=True)
         except subprocess.CalledProcessError:
@@ -293,8 +318,8 @@ def build(args) -> None:
         sh("cargo", "build", "--profile", "guest", "--target", "wasm32-wasip2",
            "-p", "weir-test-counter", cwd=ROOT)
         args.operator = target / "wasm32-wasip2" / "guest" / "weir_test_counter.wasm"
-    if "enrich" in args.shapes:
-        log("building the join guest (the `enrich` job's Weir operator)")
+    if {"enrich", "window-join"} & set(args.shapes):
+        log("building the join guest (the `enrich` and `window-join` jobs' Weir operator)")
         sh("cargo", "build", "--profile", "guest", "--target", "wasm32-wasip2",
            "-p", "weir-test-join", cwd=ROOT)
         args.join_operator = (target / "wasm32-wasip2" / "guest" / "weir_test_join.wasm").resolve()
@@ -400,6 +425,17 @@ def settings_text(args, input_bytes: int) -> str:
         "`tables` input, the items a `global_tables` one. Both emit every order, "
         "`{\"o\":order,\"c\":row,\"i\":row}`, concatenated bytes.",
     ]
+    if "window-join" in args.shapes:
+        lines.append(
+            f"`window-join`: {args.records:,} records (auctions and bids, even odds, same "
+            f"{args.keys:,} keys, co-partitioned) whose event times fill the first {SPREAD_MS:,} ms of "
+            f"each of {args.join_windows} consecutive {WINDOW_MS:,} ms windows; "
+            f"{args.join_results:,} join results, the job's events. Kafka Streams: the DSL's "
+            f"auctions.join(bids, JoinWindows.ofTimeDifferenceWithNoGrace({SPREAD_MS:,} ms)), "
+            "window stores of the row's kind (dsl.store.suppliers.class), changelog on; Weir: one "
+            f"stage of the join guest (`join = \"window-bytes\"`, `size_ms = {WINDOW_MS}`: tumbling "
+            "windows, state cleared by event-time timers). Both emit every pair as "
+            "`{\"l\":auction,\"r\":bid}`, concatenated bytes.")
     for key, settings in sorted(args.settings.items()):
         for line in settings:
             lines.append(f"Kafka Streams {key}: {line}")
@@ -414,7 +450,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--idle-secs", type=int, default=60)
     p.add_argument("--shapes", default="counter,rekey",
-                   help="the jobs, comma-separated: counter, rekey, enrich")
+                   help="the jobs, comma-separated: counter, rekey, enrich, window-join")
     p.add_argument("--only", default="", help="comma-separated labels to run (e.g. weir-memory-alo)")
     p.add_argument("--weir", help="the weir binary (default: cargo build --release)")
     p.add_argument("--operator", help="the counter guest (default: built here)")
@@ -458,6 +494,22 @@ def main() -> None:
             for topic, kind, keys in ((customers, "customers", args.keys), (items, "items", ITEMS)):
                 tool("produce-table", "--bootstrap", BOOTSTRAP, "--topic", topic, "--table", kind,
                      "--keys", str(keys), capture=True)
+        args.join_windows, args.join_results = 0, 0
+        if "window-join" in args.shapes:
+            auctions, bids = join_topics(input_topic)
+            tool("topics", "--bootstrap", BOOTSTRAP, "--create", f"{auctions},{bids}",
+                 "--partitions", str(args.partitions))
+            # About two records of each side per key and window: about as many results as
+            # records.
+            args.join_windows = max(1, args.records // (4 * args.keys))
+            log(f"producing the window join's {args.records:,} auctions and bids over "
+                f"{args.join_windows} windows")
+            produced = tool("produce-join", "--bootstrap", BOOTSTRAP, "--left", auctions,
+                            "--right", bids, "--records", str(args.records), "--keys",
+                            str(args.keys), "--windows", str(args.join_windows), "--window-ms",
+                            str(WINDOW_MS), "--spread-ms", str(SPREAD_MS), "--now-ms",
+                            str(int(time.time() * 1000)), capture=True)
+            args.join_results = int(produced.split()[-1])
         results = {e: Runs() for e in rows}
         for repeat in range(1, args.repeats + 1):
             def run(e: Engine, repeat=repeat) -> None:

@@ -1,11 +1,13 @@
 //! Table inputs through the API (docs/topologies.md, "Tables"), on the real broker and S3
 //! server: a stage of the counter guest whose `count` state a table seeds — the table's row of
 //! a key is where that key's count starts, loaded before any click runs, queryable as any
-//! state, and kept by a savepoint with its offsets; and a global table
+//! state, kept with its offsets through an operator switch, a backend switch and a savepoint;
+//! and a global table
 //! that a stage of the `join` guest looks clicks up in by a field of theirs, the tenant's own
 //! topic only.
 
 use crate::api_stages::{PARTITIONS, Rig, rig};
+use anyhow::Context as _;
 use rdkafka::Message;
 use serde_json::json;
 use std::time::Duration;
@@ -21,7 +23,7 @@ async fn a_table_seeds_a_stages_state_through_the_api() -> anyhow::Result<()> {
         input,
         output,
         ..
-    } = rig(1).await?;
+    } = rig(2).await?;
     let seeds = kafka_topic_of(&acme_id, "seeds");
     create_topics(&[(&seeds, PARTITIONS)]).await?;
     // k0's count starts at 100; k1 has no row; k9 has a row and no clicks. The clicks are
@@ -50,18 +52,7 @@ async fn a_table_seeds_a_stages_state_through_the_api() -> anyhow::Result<()> {
         "state_backend": "memory",
     });
     create_pipeline(addr, &acme, "seeded", &spec).await?;
-    let read = read_exactly(&output, 3, Duration::from_secs(60), Duration::ZERO).await?;
-    let mut counts: Vec<(String, u64)> = read
-        .iter()
-        .map(|m| {
-            let value: serde_json::Value =
-                serde_json::from_slice(m.payload().unwrap_or_default()).expect("counter JSON");
-            (
-                String::from_utf8_lossy(m.key().unwrap_or_default()).into_owned(),
-                value["count"].as_u64().expect("a count"),
-            )
-        })
-        .collect();
+    let mut counts = read_counts_exactly(&output, 3).await?;
     counts.sort();
     assert_eq!(
         counts,
@@ -92,9 +83,46 @@ async fn a_table_seeds_a_stages_state_through_the_api() -> anyhow::Result<()> {
     let (_, _, k9) = call(addr, reqwest::Method::GET, &query("k9"), Some(&acme), None).await?;
     assert_eq!(value(&k9), Some(7), "a table row no click touched: {k9}");
 
+    // Switches keep the table: the stage's operator, then the backend, each new run opening
+    // its shards from the last checkpoint, the table's rows and offsets with them (a table
+    // read again from its beginning would set k0 back to 100 first).
+    let switches = [
+        (
+            reqwest::Method::PUT,
+            "/v1/pipelines/seeded/operator",
+            json!({"operator_version": 2, "stage": "count"}),
+        ),
+        (
+            reqwest::Method::PATCH,
+            "/v1/pipelines/seeded",
+            json!({"state_backend": "lsm"}),
+        ),
+    ];
+    for (n, (method, path, body)) in (3_u64..).zip(switches) {
+        let (status, _, view) = call(addr, method, path, Some(&acme), json_body(&body)).await?;
+        anyhow::ensure!(status == reqwest::StatusCode::OK, "{path}: {status} {view}");
+        produce(&input, 0, &[click(b"k0")]).await?;
+        let counts = read_counts_exactly(&output, usize::try_from(n)? + 1).await?;
+        let k0: Vec<u64> = counts
+            .iter()
+            .filter(|(key, _)| key == "k0")
+            .map(|(_, count)| *count)
+            .collect();
+        assert_eq!(k0, (101..=100 + n).collect::<Vec<u64>>(), "after {body}");
+    }
+    let (_, _, verified) = call(
+        addr,
+        reqwest::Method::GET,
+        "/v1/pipelines/seeded/verify",
+        Some(&acme),
+        None,
+    )
+    .await?;
+    assert_eq!(verified["restorable"], true, "{verified:#}");
+
     // A savepoint (of the stopped pipeline, as a pipeline of stages is saved) holds the
-    // table's rows and offsets: a pipeline started from it counts on from 102 (a table read
-    // again from its beginning would set k0 back to 100 first).
+    // table's rows and offsets: a pipeline started from it, on the `memory` backend again,
+    // counts on from 104.
     set_desired(addr, &acme, "seeded", "stop").await?;
     let taken = post(
         addr,
@@ -119,8 +147,26 @@ async fn a_table_seeds_a_stages_state_through_the_api() -> anyhow::Result<()> {
     )
     .await?;
     let after: serde_json::Value = serde_json::from_slice(read[0].payload().unwrap_or_default())?;
-    assert_eq!(after["count"], 103, "{after}");
+    assert_eq!(after["count"], 105, "{after}");
     Ok(())
+}
+
+/// The first `n` outputs of the counter guest on `topic` (read committed; no more within a
+/// second): (key, count), partition by partition in offset order.
+async fn read_counts_exactly(topic: &str, n: usize) -> anyhow::Result<Vec<(String, u64)>> {
+    let read = read_exactly(topic, n, Duration::from_secs(60), Duration::from_secs(1)).await?;
+    let mut read: Vec<_> = read.iter().collect();
+    read.sort_by_key(|m| (m.partition(), m.offset()));
+    read.into_iter()
+        .map(|m| {
+            let value: serde_json::Value = serde_json::from_slice(m.payload().unwrap_or_default())?;
+            let count = value["count"].as_u64().context("a count")?;
+            Ok((
+                String::from_utf8_lossy(m.key().unwrap_or_default()).into_owned(),
+                count,
+            ))
+        })
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

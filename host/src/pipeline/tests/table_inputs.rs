@@ -1,8 +1,8 @@
 //! Table inputs (docs/topologies.md, "Tables") over the memory source: a shard loads its
 //! partition of the table before any stream record runs, a later update is seen by the records
-//! after it and not by those before, an empty value clears a row, and a table never holds the
-//! watermark back. The operator is native: per stream record it emits the table's row of the
-//! record's key.
+//! after it and not by those before, an empty value clears a row, a partition handed over
+//! (revoked, then assigned again) keeps its table, and a table never holds the watermark back.
+//! The operator is native: per stream record it emits the table's row of the record's key.
 
 use super::*;
 use crate::runtime::bindings::{StateDescriptor, StateKind};
@@ -196,6 +196,45 @@ async fn a_table_update_is_seen_by_later_stream_records_only_and_survives_a_rest
             (0, Some("old".to_owned())),
             (1, Some("new".to_owned())),
             (2, Some("new".to_owned())),
+        ]
+    );
+    run.stop().await.expect("stops cleanly");
+}
+
+/// A rescale's handover — the partition revoked (its shard checkpoints and closes) and then
+/// assigned again, as to the host that takes it over — reopens the shard with its table from
+/// that checkpoint: the rows it had, and an update made while no one held the partition, are
+/// seen by the records after.
+#[tokio::test(start_paused = true)]
+async fn a_revoked_table_partition_reopens_with_its_rows_and_reads_on_from_its_offset() {
+    let (source, handle, output, store) = world();
+    handle.produce(PLANES, 0, b"k0", b"old", 0);
+    handle.produce(PLANES, 0, b"k1", b"one", 1);
+    handle.produce(TOPIC, 0, b"k0", b"v", 0);
+    let run = start_lookup(table_settings(), &source, &output, &store).await;
+    handle.assign(&[0]);
+    until("the first output", || planes_seen(&output).len() == 1).await;
+    handle.revoke(&[0]);
+    until("the closing checkpoint of both topics", || {
+        let committed = handle.committed();
+        let next = |topic: &str| committed.get(&(topic.to_owned(), 0)).map(|(n, _)| *n);
+        next(TOPIC) == Some(1) && next(PLANES) == Some(2)
+    })
+    .await;
+    handle.produce(PLANES, 0, b"k0", b"new", 2);
+    handle.produce(TOPIC, 0, b"k0", b"v", 1);
+    handle.produce(TOPIC, 0, b"k1", b"v", 2);
+    handle.assign(&[0]);
+    until("the outputs after the handover", || {
+        planes_seen(&output).len() == 3
+    })
+    .await;
+    assert_eq!(
+        planes_seen(&output),
+        vec![
+            (0, Some("old".to_owned())),
+            (1, Some("new".to_owned())),
+            (2, Some("one".to_owned())),
         ]
     );
     run.stop().await.expect("stops cleanly");

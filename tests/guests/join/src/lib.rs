@@ -11,9 +11,14 @@
 //! `enrich`, bench/kstreams-compare's enrichment: each record (an order, JSON with an `item`
 //! field) with its key's row of the co-partitioned table in value state `c` and its item's row
 //! of the global table `items`, emitted as `{"o":order,"c":row,"i":row}` (`null` for a row
-//! missing) by concatenating the bytes, as the Kafka Streams side does.
+//! missing) by concatenating the bytes, as the Kafka Streams side does. Or `join` =
+//! `window-bytes` (with `size_ms`), bench/kstreams-compare's window join: `window` over the
+//! values as they are (serde_json's `RawValue`: checked to be JSON, never parsed into a tree,
+//! stored as the same bytes when they are compact), each result `{"l":L,"r":R}` made by
+//! concatenating bytes, as the Kafka Streams side does.
 
 use serde_json::Value;
+use serde_json::value::RawValue;
 use weir_sdk::join::{IntervalJoin, Joined, WindowJoin};
 use weir_sdk::{Context, Operator, Record, Reject, StateKind, StateSpec, Timer, ValueState};
 
@@ -30,6 +35,9 @@ enum Helper {
     Interval(IntervalJoin<Value, Value>),
 }
 
+/// A JSON value kept as its bytes (`join=window-bytes`).
+type Raw = Box<RawValue>;
+
 /// The parameter `name` as ms, or a rejection naming it.
 fn ms(ctx: &Context, name: &str) -> Result<i64, Reject> {
     let text = ctx.parameter(name).unwrap_or_default();
@@ -37,15 +45,18 @@ fn ms(ctx: &Context, name: &str) -> Result<i64, Reject> {
         .map_err(|_| Reject::new(format!("parameter {name} must be ms, not `{text}`")))
 }
 
+/// The parameter `size_ms`: a window's length.
+fn window_size(ctx: &Context) -> Result<i64, Reject> {
+    let size = ms(ctx, "size_ms")?;
+    if size <= 0 {
+        return Err(Reject::new("parameter size_ms must be positive"));
+    }
+    Ok(size)
+}
+
 fn helper(ctx: &Context) -> Result<Helper, Reject> {
     match ctx.parameter("join").as_deref() {
-        Some("window") => {
-            let size = ms(ctx, "size_ms")?;
-            if size <= 0 {
-                return Err(Reject::new("parameter size_ms must be positive"));
-            }
-            Ok(Helper::Window(WindowJoin::new("j", size)))
-        }
+        Some("window") => Ok(Helper::Window(WindowJoin::new("j", window_size(ctx)?))),
         Some("interval") => {
             let (lower, upper) = (ms(ctx, "lower_ms")?, ms(ctx, "upper_ms")?);
             if lower > upper {
@@ -74,8 +85,10 @@ impl Operator for Join {
 
     fn process(ctx: &mut Context, record: &Record) -> Result<(), Reject> {
         let mode = ctx.parameter("join");
-        if mode.as_deref() == Some("enrich") {
-            return enrich(ctx, record);
+        match mode.as_deref() {
+            Some("enrich") => return enrich(ctx, record),
+            Some("window-bytes") => return window_bytes(ctx, record),
+            _ => {}
         }
         let value: Value = serde_json::from_slice(record.value())?;
         if mode.as_deref() == Some("lookup") {
@@ -104,6 +117,10 @@ impl Operator for Join {
     }
 
     fn on_timer(ctx: &mut Context, timer: &Timer) -> Result<(), Reject> {
+        if ctx.parameter("join").as_deref() == Some("window-bytes") {
+            WindowJoin::<Raw, Raw>::new("j", window_size(ctx)?).on_timer(ctx, timer)?;
+            return Ok(());
+        }
         match helper(ctx)? {
             Helper::Window(j) => j.on_timer(ctx, timer)?,
             Helper::Interval(j) => j.on_timer(ctx, timer)?,
@@ -141,6 +158,40 @@ fn enrich(ctx: &mut Context, record: &Record) -> Result<(), Reject> {
     out.extend_from_slice(item);
     out.push(b'}');
     ctx.emit(record.key(), &out)
+}
+
+/// `join=window-bytes`: the record joined with the other side's records of its window, each
+/// pair emitted as `{"l":L,"r":R}` from the values' bytes.
+fn window_bytes(ctx: &mut Context, record: &Record) -> Result<(), Reject> {
+    let join = WindowJoin::<Raw, Raw>::new("j", window_size(ctx)?);
+    let text = std::str::from_utf8(record.value())
+        .map_err(|_| Reject::new("the record's value is not UTF-8"))?;
+    let value = RawValue::from_string(text.to_owned())?;
+    let left = record.input() == 0;
+    let joined = if left {
+        join.left(ctx, &value, record.timestamp_ms())?
+    } else {
+        join.right(ctx, &value, record.timestamp_ms())?
+    };
+    let mut out = Vec::new();
+    for other in &joined.matches {
+        let (l, r) = if left {
+            (value.get(), other.get())
+        } else {
+            (other.get(), value.get())
+        };
+        out.clear();
+        out.extend_from_slice(b"{\"l\":");
+        out.extend_from_slice(l.as_bytes());
+        out.extend_from_slice(b",\"r\":");
+        out.extend_from_slice(r.as_bytes());
+        out.push(b'}');
+        ctx.emit(record.key(), &out)?;
+    }
+    if joined.dropped {
+        ctx.emit(record.key(), br#"{"dropped":true}"#)?;
+    }
+    Ok(())
 }
 
 /// `join=lookup`: `value` enriched from the global table by its field.
@@ -209,5 +260,33 @@ mod tests {
         let mut bare = Harness::<Join>::new();
         let out = bare.send_from(0, b"a", b"{}", 1);
         assert!(out.reason.is_some_and(|r| r.contains("parameter join")));
+    }
+
+    /// `window-bytes` pairs the values' own bytes (spaces kept) within a window, drops nothing
+    /// in an open window, and forgets a window once the watermark closes it.
+    #[test]
+    fn window_bytes_joins_the_values_as_they_are_within_a_window() {
+        let mut h =
+            Harness::<Join>::new().with_parameters(&[("join", "window-bytes"), ("size_ms", "10")]);
+        assert!(h.send_from(0, b"k", br#"{"a": 1}"#, 10).emitted.is_empty());
+        let out = h.send_from(1, b"k", br#"{"b":2}"#, 19);
+        assert_eq!(out.emitted.len(), 1);
+        assert_eq!(
+            out.emitted[0].value,
+            br#"{"l":{"a": 1},"r":{"b":2}}"#.as_slice()
+        );
+        // The next window: nothing of the first to join.
+        assert!(h.send_from(1, b"k", br#"{"b":3}"#, 20).emitted.is_empty());
+        h.advance_watermark(19);
+        let left: Vec<_> = h.map_bytes(b"k", "j").into_iter().map(|(k, _)| k).collect();
+        assert_eq!(
+            left,
+            [br#"[20,"r"]"#.to_vec()],
+            "the first window's records are gone"
+        );
+        let out = h.send_from(0, b"k", br#"[5]"#, 18);
+        assert_eq!(out.emitted[0].value, br#"{"dropped":true}"#.as_slice());
+        let out = h.send_from(0, b"k", b"not json", 25);
+        assert!(out.reason.is_some());
     }
 }
