@@ -1,8 +1,8 @@
 //! Table inputs through the API (docs/topologies.md, "Tables"), on the real broker and S3
 //! server: a stage of the counter guest whose `count` state a table seeds — the table's row of
 //! a key is where that key's count starts, loaded before any click runs, queryable as any
-//! state, kept with its offsets through an operator switch, a backend switch and a savepoint;
-//! and a global table
+//! state, kept with its offsets through an operator switch, a backend switch and a savepoint,
+//! and rewound with the state by a reset; and a global table
 //! that a stage of the `join` guest looks clicks up in by a field of theirs, the tenant's own
 //! topic only.
 
@@ -148,6 +148,38 @@ async fn a_table_seeds_a_stages_state_through_the_api() -> anyhow::Result<()> {
     .await?;
     let after: serde_json::Value = serde_json::from_slice(read[0].payload().unwrap_or_default())?;
     assert_eq!(after["count"], 105, "{after}");
+
+    // A reset rewinds the table with the state. The table changes after the savepoint (k0 :=
+    // 500) and the pipeline goes on: both clicks since (the copy's and one more) see the new
+    // row. Reset to the savepoint, it reads the table on from the savepoint's offsets, so the
+    // update applies again before the clicks replay: the same 501 and 502, where a table left
+    // at its later offsets would count on from 104.
+    set_desired(addr, &acme, "seeded-b", "stop").await?;
+    produce(&seeds, 0, &[(b"k0".to_vec(), b"500".to_vec())]).await?;
+    set_desired(addr, &acme, "seeded", "start").await?;
+    produce(&input, 0, &[click(b"k0")]).await?;
+    let k0_counts = |counts: Vec<(String, u64)>| -> Vec<u64> {
+        counts
+            .into_iter()
+            .filter(|(key, _)| key == "k0")
+            .map(|(_, count)| count)
+            .collect()
+    };
+    let counts = read_counts_exactly(&output, 7).await?;
+    assert_eq!(k0_counts(counts), [101, 102, 103, 104, 501, 502]);
+    set_desired(addr, &acme, "seeded", "stop").await?;
+    let (status, _, restored) = call(
+        addr,
+        reqwest::Method::POST,
+        "/v1/pipelines/seeded/reset",
+        Some(&acme),
+        json_body(&json!({"savepoint": "s"})),
+    )
+    .await?;
+    assert_eq!(status, reqwest::StatusCode::OK, "{restored}");
+    set_desired(addr, &acme, "seeded", "start").await?;
+    let counts = read_counts_exactly(&output, 9).await?;
+    assert_eq!(k0_counts(counts), [101, 102, 103, 104, 501, 502, 501, 502]);
     Ok(())
 }
 

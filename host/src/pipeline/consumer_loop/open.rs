@@ -108,8 +108,11 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
                 crate::checkpoints::convert::open_converted(&*backend, &id, &recovery).await?;
             let mut sink = sink;
             // Outputs of records below the group's committed offsets may have been sent: a
-            // shard that falls back behind them names where its emits to an edge come from.
-            sink.replay_below(&committed.offsets);
+            // shard that falls back behind them names where its emits to an edge come from
+            // (and, exactly-once, withholds the rest). Not after a reset to a savepoint.
+            if !reset_to_savepoint(committed.version, shard.opened_from()) {
+                sink.replay_below(&committed.offsets);
+            }
             if let Some(key) = sink.state_key() {
                 let value = shard.get(key).await?;
                 // Offsets that do not decode fail the open below, where they are read again.
@@ -248,5 +251,36 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
             self.set_paused(partition, false);
         }
         Ok(())
+    }
+}
+
+/// Whether a shard opened from checkpoint `opened` while its group's committed offsets name
+/// checkpoint `named` (exactly-once) was reset to a savepoint: a reset writes its checkpoint
+/// above every earlier one, decided by its manifest, and leaves the group naming the run's
+/// last, whose offsets are ahead of the savepoint's. Then the records after the savepoint are
+/// processed again and their outputs sent again (docs/api.md, "Savepoints"), not withheld as a
+/// fallback's are: a fallback opens a checkpoint at or below the one the group names.
+fn reset_to_savepoint(
+    named: Option<crate::ids::ManifestVersion>,
+    opened: Option<crate::ids::ManifestVersion>,
+) -> bool {
+    matches!((named, opened), (Some(named), Some(opened)) if opened > named)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::reset_to_savepoint;
+    use crate::ids::ManifestVersion;
+
+    /// Only a checkpoint above the one the group names is a reset's; the group's own, an
+    /// older one (a fallback) or no version on either side is not.
+    #[test]
+    fn a_shard_opened_above_the_groups_checkpoint_was_reset_and_its_replay_is_sent_again() {
+        let v = ManifestVersion;
+        assert!(reset_to_savepoint(Some(v(11)), Some(v(12))));
+        assert!(!reset_to_savepoint(Some(v(11)), Some(v(11))));
+        assert!(!reset_to_savepoint(Some(v(11)), Some(v(9))));
+        assert!(!reset_to_savepoint(None, Some(v(12))));
+        assert!(!reset_to_savepoint(Some(v(11)), None));
     }
 }

@@ -1,6 +1,7 @@
 //! What a sink does with the outputs of records its shard processes again after it opened behind
 //! its consumer group's committed offsets — only a fallback to an older checkpoint does that
-//! (SCENARIOS.md S15, docs/checkpoints.md): an emit to an internal topic names its origin, so
+//! (SCENARIOS.md S15, docs/checkpoints.md; a reset to a savepoint processes again what came
+//! after it and sends its outputs again, and its shard opens without these offsets): an emit to an internal topic names its origin, so
 //! that the stage downstream drops it as a repeat (`crate::time::edge`); exactly-once, an emit
 //! to a topic of the tenant's, or a dead letter, is not sent again, since the transaction that
 //! committed those offsets had committed it.
