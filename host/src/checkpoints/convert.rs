@@ -52,6 +52,19 @@ pub async fn open_converted<B: StateBackend>(
     backend.open_shard_at(id, &recovery).await
 }
 
+/// The writer token of a checkpoint converted from checkpoint `version` of backend `from`
+/// (`convert-lsm-12`): [`converted_from`] reads the version back.
+fn conversion_token(from: &str, version: ManifestVersion) -> String {
+    format!("convert-{from}-{version}")
+}
+
+/// The checkpoint a conversion wrote the checkpoint with `writer_token` from, or `None` when
+/// no conversion wrote it: whose state and offsets it holds.
+pub fn converted_from(writer_token: &str) -> Option<ManifestVersion> {
+    let (_, version) = writer_token.strip_prefix("convert-")?.rsplit_once('-')?;
+    version.parse().ok().map(ManifestVersion)
+}
+
 /// What a conversion did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Converted {
@@ -135,7 +148,7 @@ pub async fn convert_foreign(
     )
     .await
     .map_err(export_error)?;
-    let token = format!("convert-{from_backend}-{}", newest.version);
+    let token = conversion_token(from_backend, newest.version);
     let imported = import_checkpoint(store, &export, root, into, (version.0, epoch, &token))
         .await
         .map_err(export_error);
@@ -399,6 +412,17 @@ mod tests {
         });
     }
 
+    /// A conversion's writer token names the checkpoint it converted; no other token does.
+    #[test]
+    fn a_converted_checkpoints_token_names_the_checkpoint_it_was_converted_from() {
+        let token = conversion_token("lsm", ManifestVersion(12));
+        assert_eq!(token, "convert-lsm-12");
+        assert_eq!(converted_from(&token), Some(ManifestVersion(12)));
+        assert_eq!(converted_from("restore-a-sp"), None);
+        assert_eq!(converted_from("convert-lsm-x"), None);
+        assert_eq!(converted_from("w-7"), None);
+    }
+
     /// A fallback past the converted checkpoint meets the other backend's: refused (its state
     /// is not readable here), never opened as an empty tree at its offsets.
     #[test]
@@ -432,6 +456,10 @@ mod tests {
             let version = converted
                 .opened_from()
                 .expect("from the converted checkpoint");
+            // It resumed from what the memory checkpoint held: the version converted, below
+            // the one written (what tells a fallback's conversion from a reset's checkpoint).
+            let resumed = converted.resumed_from().expect("resumed from a checkpoint");
+            assert!(resumed < version, "{resumed} converted into {version}");
             drop(converted);
             let mut recovery = Recovery::default();
             recovery.known_corruption.versions.insert(version);

@@ -146,6 +146,13 @@ impl Shard for ConfiguredShard {
         }
     }
 
+    fn resumed_from(&self) -> Option<ManifestVersion> {
+        match self {
+            Self::Memory(s) => s.resumed_from(),
+            Self::Lsm(s) => s.resumed_from(),
+        }
+    }
+
     async fn next_checkpoint_version(&self) -> Option<ManifestVersion> {
         match self {
             Self::Memory(s) => s.next_checkpoint_version().await,

@@ -166,6 +166,10 @@ impl<S: Shard> Shard for DelayedShard<S> {
         self.inner.opened_from()
     }
 
+    fn resumed_from(&self) -> Option<ManifestVersion> {
+        self.inner.resumed_from()
+    }
+
     async fn next_checkpoint_version(&self) -> Option<ManifestVersion> {
         self.inner.next_checkpoint_version().await
     }

@@ -321,6 +321,12 @@ impl Shard for MemoryShard {
             .and_then(SnapshotShard::recovered_version)
     }
 
+    fn resumed_from(&self) -> Option<ManifestVersion> {
+        self.snapshots
+            .as_ref()
+            .and_then(SnapshotShard::resumed_from)
+    }
+
     async fn next_checkpoint_version(&self) -> Option<ManifestVersion> {
         match &self.snapshots {
             Some(snapshots) => Some(snapshots.next_version().await),

@@ -291,6 +291,13 @@ pub trait Shard: Send + Sync + 'static {
         None
     }
 
+    /// The checkpoint whose state and offsets the shard resumed from: [`Shard::opened_from`],
+    /// or, when a backend switch's conversion wrote that one, the checkpoint it was converted
+    /// from (`crate::checkpoints::convert::converted_from`). `None` by default.
+    fn resumed_from(&self) -> Option<ManifestVersion> {
+        None
+    }
+
     /// The version the shard's next checkpoint will have if it commits (its last version, the
     /// claim or a checkpoint, plus one; a failed attempt does not use it up), for a shard that
     /// keeps checkpoints. A sink labels what it prepares for that checkpoint with it (the

@@ -149,6 +149,13 @@ impl SnapshotShard {
         self.recovered.as_ref().map(|m| m.version)
     }
 
+    /// [`crate::state::Shard::resumed_from`].
+    pub fn resumed_from(&self) -> Option<ManifestVersion> {
+        self.recovered.as_ref().map(|m| {
+            crate::checkpoints::convert::converted_from(&m.writer_token).unwrap_or(m.version)
+        })
+    }
+
     /// Records that checkpoint `version` is decided: GC keeps it.
     pub fn decided(&self, version: ManifestVersion) {
         *self.decided.lock().unwrap_or_else(|e| e.into_inner()) = Some(version);

@@ -110,7 +110,7 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
             // Outputs of records below the group's committed offsets may have been sent: a
             // shard that falls back behind them names where its emits to an edge come from
             // (and, exactly-once, withholds the rest). Not after a reset to a savepoint.
-            if !reset_to_savepoint(committed.version, shard.opened_from()) {
+            if !reset_to_savepoint(committed.version, shard.resumed_from()) {
                 sink.replay_below(&committed.offsets);
             }
             if let Some(key) = sink.state_key() {
@@ -254,12 +254,15 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
     }
 }
 
-/// Whether a shard opened from checkpoint `opened` while its group's committed offsets name
-/// checkpoint `named` (exactly-once) was reset to a savepoint: a reset writes its checkpoint
-/// above every earlier one, decided by its manifest, and leaves the group naming the run's
-/// last, whose offsets are ahead of the savepoint's. Then the records after the savepoint are
-/// processed again and their outputs sent again (docs/api.md, "Savepoints"), not withheld as a
-/// fallback's are: a fallback opens a checkpoint at or below the one the group names.
+/// Whether a shard that resumed from checkpoint `opened` ([`Shard::resumed_from`]: a backend
+/// switch's conversion counts as the checkpoint it converted) while its group's committed
+/// offsets name checkpoint `named` (exactly-once) was reset to a savepoint: a reset writes its
+/// checkpoint above every earlier one, decided by its manifest, and leaves the group naming
+/// the run's last, whose offsets are ahead of the savepoint's. Then the records after the
+/// savepoint are processed again and their outputs sent again (docs/api.md, "Savepoints"), not
+/// withheld as a fallback's are: a fallback resumes from a checkpoint below the one the group
+/// names, converted or not. (Two conversions after a fallback with no transaction committed
+/// between them would look like a reset: the second names the first, not what it held.)
 fn reset_to_savepoint(
     named: Option<crate::ids::ManifestVersion>,
     opened: Option<crate::ids::ManifestVersion>,

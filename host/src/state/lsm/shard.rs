@@ -493,6 +493,12 @@ impl Shard for LsmShard {
         self.recovered_version()
     }
 
+    fn resumed_from(&self) -> Option<ManifestVersion> {
+        self.recovered.as_ref().map(|m| {
+            crate::checkpoints::convert::converted_from(&m.writer_token).unwrap_or(m.version)
+        })
+    }
+
     async fn next_checkpoint_version(&self) -> Option<ManifestVersion> {
         Some(self.last.lock().await.version + 1)
     }
