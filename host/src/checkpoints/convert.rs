@@ -52,19 +52,6 @@ pub async fn open_converted<B: StateBackend>(
     backend.open_shard_at(id, &recovery).await
 }
 
-/// The writer token of a checkpoint converted from checkpoint `version` of backend `from`
-/// (`convert-lsm-12`): [`converted_from`] reads the version back.
-fn conversion_token(from: &str, version: ManifestVersion) -> String {
-    format!("convert-{from}-{version}")
-}
-
-/// The checkpoint a conversion wrote the checkpoint with `writer_token` from, or `None` when
-/// no conversion wrote it: whose state and offsets it holds.
-pub fn converted_from(writer_token: &str) -> Option<ManifestVersion> {
-    let (_, version) = writer_token.strip_prefix("convert-")?.rsplit_once('-')?;
-    version.parse().ok().map(ManifestVersion)
-}
-
 /// What a conversion did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Converted {
@@ -148,7 +135,7 @@ pub async fn convert_foreign(
     )
     .await
     .map_err(export_error)?;
-    let token = conversion_token(from_backend, newest.version);
+    let token = crate::state::manifest::conversion_token(from_backend, newest.version);
     let imported = import_checkpoint(store, &export, root, into, (version.0, epoch, &token))
         .await
         .map_err(export_error);
@@ -410,17 +397,6 @@ mod tests {
                 Some(Bytes::from("1"))
             );
         });
-    }
-
-    /// A conversion's writer token names the checkpoint it converted; no other token does.
-    #[test]
-    fn a_converted_checkpoints_token_names_the_checkpoint_it_was_converted_from() {
-        let token = conversion_token("lsm", ManifestVersion(12));
-        assert_eq!(token, "convert-lsm-12");
-        assert_eq!(converted_from(&token), Some(ManifestVersion(12)));
-        assert_eq!(converted_from("restore-a-sp"), None);
-        assert_eq!(converted_from("convert-lsm-x"), None);
-        assert_eq!(converted_from("w-7"), None);
     }
 
     /// A fallback past the converted checkpoint meets the other backend's: refused (its state

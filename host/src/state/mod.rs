@@ -293,7 +293,7 @@ pub trait Shard: Send + Sync + 'static {
 
     /// The checkpoint whose state and offsets the shard resumed from: [`Shard::opened_from`],
     /// or, when a backend switch's conversion wrote that one, the checkpoint it was converted
-    /// from (`crate::checkpoints::convert::converted_from`). `None` by default.
+    /// from (`crate::state::manifest::converted_from`). `None` by default.
     fn resumed_from(&self) -> Option<ManifestVersion> {
         None
     }

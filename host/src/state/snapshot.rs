@@ -151,9 +151,9 @@ impl SnapshotShard {
 
     /// [`crate::state::Shard::resumed_from`].
     pub fn resumed_from(&self) -> Option<ManifestVersion> {
-        self.recovered.as_ref().map(|m| {
-            crate::checkpoints::convert::converted_from(&m.writer_token).unwrap_or(m.version)
-        })
+        self.recovered
+            .as_ref()
+            .map(|m| crate::state::manifest::converted_from(&m.writer_token).unwrap_or(m.version))
     }
 
     /// Records that checkpoint `version` is decided: GC keeps it.

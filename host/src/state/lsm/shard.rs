@@ -494,9 +494,9 @@ impl Shard for LsmShard {
     }
 
     fn resumed_from(&self) -> Option<ManifestVersion> {
-        self.recovered.as_ref().map(|m| {
-            crate::checkpoints::convert::converted_from(&m.writer_token).unwrap_or(m.version)
-        })
+        self.recovered
+            .as_ref()
+            .map(|m| crate::state::manifest::converted_from(&m.writer_token).unwrap_or(m.version))
     }
 
     async fn next_checkpoint_version(&self) -> Option<ManifestVersion> {

@@ -34,11 +34,13 @@ mod recovery;
 mod retention;
 #[cfg(test)]
 mod tests;
+mod tokens;
 
 pub use recovery::KnownCorruption;
 pub(crate) use recovery::{CandidateCheck, Checked, find_checkpoint};
 pub(crate) use retention::{BackgroundGc, retained_versions, sweep};
 pub use retention::{Protected, RetentionPolicy};
+pub use tokens::{conversion_token, converted_from};
 
 /// The writer tokens of one process's claims: unique per process (its id and start time),
 /// and per claim within it, so that two claims of one process (a partition reassigned while
