@@ -17,19 +17,26 @@ import org.apache.kafka.common.serialization.ByteArraySerializer;
 final class Produce {
     private Produce() {}
 
-    static void run(Flags flags) throws Exception {
-        long records = flags.getLong("records");
-        int keys = (int) flags.getLong("keys");
+    /**
+     * The producer every writer of the inputs uses ({@code --bootstrap}): linger 20 ms, 256 KiB
+     * batches, lz4, acks all.
+     */
+    static KafkaProducer<byte[], byte[]> producer(Flags flags) {
         Properties props = new Properties();
         props.put(ProducerConfig.BOOTSTRAP_SERVERS_CONFIG, flags.get("bootstrap"));
         props.put(ProducerConfig.LINGER_MS_CONFIG, "20");
         props.put(ProducerConfig.BATCH_SIZE_CONFIG, "262144");
         props.put(ProducerConfig.COMPRESSION_TYPE_CONFIG, "lz4");
         props.put(ProducerConfig.ACKS_CONFIG, "all");
+        return new KafkaProducer<>(props, new ByteArraySerializer(), new ByteArraySerializer());
+    }
+
+    static void run(Flags flags) throws Exception {
+        long records = flags.getLong("records");
+        int keys = (int) flags.getLong("keys");
         SplittableRandom random = new SplittableRandom(17);
         long bytes = 0;
-        try (KafkaProducer<byte[], byte[]> producer =
-                new KafkaProducer<>(props, new ByteArraySerializer(), new ByteArraySerializer())) {
+        try (KafkaProducer<byte[], byte[]> producer = Produce.producer(flags)) {
             for (long i = 0; i < records; i++) {
                 int k = random.nextInt(keys);
                 byte[] key = String.format("key-%06d", k).getBytes(StandardCharsets.US_ASCII);

@@ -1,12 +1,9 @@
 package dev.weir.kscompare;
 
 import java.nio.charset.StandardCharsets;
-import java.util.Properties;
 import java.util.SplittableRandom;
 import org.apache.kafka.clients.producer.KafkaProducer;
-import org.apache.kafka.clients.producer.ProducerConfig;
 import org.apache.kafka.clients.producer.ProducerRecord;
-import org.apache.kafka.common.serialization.ByteArraySerializer;
 
 /**
  * Writes the {@code window-join} job's two inputs: {@code --records} records in all, each to
@@ -42,16 +39,9 @@ final class ProduceJoin {
         long perWindow = (records + windows - 1) / windows;
         // Records of each key, window and side: left at 2 * cell, right at 2 * cell + 1.
         int[] counts = new int[2 * keys * windows];
-        Properties props = new Properties();
-        props.put(ProducerConfig.BOOTSTRAP_SERVERS_CONFIG, flags.get("bootstrap"));
-        props.put(ProducerConfig.LINGER_MS_CONFIG, "20");
-        props.put(ProducerConfig.BATCH_SIZE_CONFIG, "262144");
-        props.put(ProducerConfig.COMPRESSION_TYPE_CONFIG, "lz4");
-        props.put(ProducerConfig.ACKS_CONFIG, "all");
         SplittableRandom random = new SplittableRandom(23);
         long bytes = 0;
-        try (KafkaProducer<byte[], byte[]> producer =
-                new KafkaProducer<>(props, new ByteArraySerializer(), new ByteArraySerializer())) {
+        try (KafkaProducer<byte[], byte[]> producer = Produce.producer(flags)) {
             for (long i = 0; i < records; i++) {
                 int window = (int) (i / perWindow);
                 long ts = first + window * windowMs + (i % perWindow) * spreadMs / perWindow;

@@ -1,11 +1,8 @@
 package dev.weir.kscompare;
 
 import java.nio.charset.StandardCharsets;
-import java.util.Properties;
 import org.apache.kafka.clients.producer.KafkaProducer;
-import org.apache.kafka.clients.producer.ProducerConfig;
 import org.apache.kafka.clients.producer.ProducerRecord;
-import org.apache.kafka.common.serialization.ByteArraySerializer;
 
 /**
  * Writes a table for the {@code enrich} job to {@code --topic} (which must exist), one row per
@@ -31,14 +28,7 @@ final class ProduceTable {
     static void run(Flags flags) throws Exception {
         int keys = (int) flags.getLong("keys");
         String table = flags.get("table");
-        Properties props = new Properties();
-        props.put(ProducerConfig.BOOTSTRAP_SERVERS_CONFIG, flags.get("bootstrap"));
-        props.put(ProducerConfig.LINGER_MS_CONFIG, "20");
-        props.put(ProducerConfig.BATCH_SIZE_CONFIG, "262144");
-        props.put(ProducerConfig.COMPRESSION_TYPE_CONFIG, "lz4");
-        props.put(ProducerConfig.ACKS_CONFIG, "all");
-        try (KafkaProducer<byte[], byte[]> producer =
-                new KafkaProducer<>(props, new ByteArraySerializer(), new ByteArraySerializer())) {
+        try (KafkaProducer<byte[], byte[]> producer = Produce.producer(flags)) {
             for (int k = 0; k < keys; k++) {
                 String key;
                 String value;
