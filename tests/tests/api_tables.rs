@@ -234,6 +234,12 @@ async fn a_global_table_enriches_a_stage_through_the_api_from_the_tenants_own_to
     )
     .await?;
     produce(
+        &planes,
+        0,
+        &[(b"N5".to_vec(), br#"{"maker":"AIRBUS"}"#.to_vec())],
+    )
+    .await?;
+    produce(
         &others,
         0,
         &[(b"N1".to_vec(), br#"{"maker":"NOT ACME'S"}"#.to_vec())],
@@ -277,6 +283,77 @@ async fn a_global_table_enriches_a_stage_through_the_api_from_the_tenants_own_to
             json!({"l": {"tailnum": "N2"}, "r": null}),
         ],
         "acme's row of N1; N2 is only in another tenant's topic"
+    );
+    global_table_reads(addr, &acme).await
+}
+
+/// The stage's global table `planes` read through the API (its rows as its snapshot holds
+/// them): a point read, a scan in pages, and a read of a savepoint refused.
+async fn global_table_reads(addr: std::net::SocketAddr, acme: &str) -> anyhow::Result<()> {
+    use reqwest::{Method, StatusCode};
+    let read = |query: String| async move {
+        call(
+            addr,
+            Method::GET,
+            &format!("/v1/pipelines/enriched/state/planes?stage=enrich&{query}"),
+            Some(acme),
+            None,
+        )
+        .await
+    };
+    // The table is saved as soon as it is loaded, which the outputs above came after; the
+    // save itself runs beside the stage, so the first read may come before it.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let point = loop {
+        let (status, _, page) = read("key=N1".into()).await?;
+        assert_eq!(status, StatusCode::OK, "{page}");
+        if !page["entries"].as_array().is_none_or(Vec::is_empty) {
+            break page;
+        }
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "no snapshot of planes: {page}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(
+        point["entries"],
+        json!([{"key": "N1", "value_b64": "eyJtYWtlciI6IkJPRUlORyJ9", "value": {"maker": "BOEING"}}]),
+        "the row as produced, with no partition (every host holds the whole table)"
+    );
+    assert_eq!(
+        point["table_offsets"],
+        json!([
+            {"partition": 0, "next_offset": 1},
+            {"partition": 1, "next_offset": 0},
+            {"partition": 2, "next_offset": 1}
+        ]),
+        "the offsets of acme's topic the rows reflect"
+    );
+    let (_, _, n2) = read("key=N2".into()).await?;
+    assert_eq!(
+        n2["entries"],
+        json!([]),
+        "N2 is only in another tenant's topic"
+    );
+    let (_, _, first) = read("limit=1".into()).await?;
+    assert_eq!(first["entries"][0]["key"], "N1");
+    let token = first["next_page_token"].as_str().expect("a second page");
+    let (status, _, second) = read(format!("limit=1&page_token={token}")).await?;
+    assert_eq!(status, StatusCode::OK, "{second}");
+    assert_eq!(second["entries"][0]["value"], json!({"maker": "AIRBUS"}));
+    assert_eq!(
+        second["next_page_token"],
+        serde_json::Value::Null,
+        "two rows in all"
+    );
+    let (status, _, problem) = read("key=N1&savepoint=any".into()).await?;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{problem}");
+    assert!(
+        problem["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("savepoints do not hold global tables")),
+        "{problem}"
     );
     Ok(())
 }

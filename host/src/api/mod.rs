@@ -372,7 +372,7 @@ impl Modify for BearerAuth {
                        crate::checkpoints::savepoint::SavepointStage,
                        crate::checkpoints::savepoint::SavepointEdge,
                        crate::checkpoints::savepoint::SavepointEdgePartition,
-                       pipelines::state_query::StatePage, pipelines::state_query::StateEntry,
+                       pipelines::state_query::StatePage, pipelines::state_query::StateEntry, pipelines::state_query::TableOffset,
                        pipelines::state_query::ReadCheckpoint)),
     modifiers(&BearerAuth),
     tags((name = "tenants", description = "Tenants and their API keys (admin key)"),

@@ -45,7 +45,7 @@ impl Snapshots {
         Self { store, dir }
     }
 
-    fn path(&self, topic: &str) -> Path {
+    pub(crate) fn path(&self, topic: &str) -> Path {
         self.dir.clone().join(topic)
     }
 

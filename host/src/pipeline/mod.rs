@@ -31,7 +31,7 @@ mod attempt;
 mod consumer_loop;
 pub mod controller;
 mod events;
-mod global_tables;
+pub(crate) mod global_tables;
 mod isolation;
 mod policy;
 pub mod ports;

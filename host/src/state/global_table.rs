@@ -53,6 +53,31 @@ impl GlobalTable {
         self.read().rows.get(key).cloned()
     }
 
+    /// Up to `limit` rows whose key starts with `prefix`, after `after` when given, in key
+    /// order (bytewise), and whether more follow. Sorts the matching keys on each call: global
+    /// tables are small dimension tables, and this serves the API's reads of one.
+    pub fn scan(
+        &self,
+        prefix: &[u8],
+        after: Option<&[u8]>,
+        limit: usize,
+    ) -> (Vec<(Vec<u8>, Bytes)>, bool) {
+        let rows = self.read();
+        let mut keys: Vec<&Vec<u8>> = rows
+            .rows
+            .keys()
+            .filter(|k| k.starts_with(prefix) && after.is_none_or(|a| k.as_slice() > a))
+            .collect();
+        keys.sort_unstable();
+        let more = keys.len() > limit;
+        let page = keys
+            .into_iter()
+            .take(limit)
+            .map(|k| (k.clone(), rows.rows[k].clone()))
+            .collect();
+        (page, more)
+    }
+
     /// Rows held.
     pub fn len(&self) -> usize {
         self.read().rows.len()
@@ -286,5 +311,30 @@ mod tests {
             GlobalTable::from_snapshot(b"XXXXYYYY").err(),
             Some(SnapshotError::Format)
         );
+    }
+
+    #[test]
+    fn a_scan_pages_the_rows_of_a_prefix_in_key_order() {
+        let table = GlobalTable::default();
+        table.apply(&[
+            record(0, 0, "N3", "c"),
+            record(0, 1, "X1", "x"),
+            record(1, 0, "N1", "a"),
+            record(2, 0, "N2", "b"),
+        ]);
+        let keys = |page: &[(Vec<u8>, Bytes)]| -> Vec<String> {
+            page.iter()
+                .map(|(k, _)| String::from_utf8_lossy(k).into_owned())
+                .collect()
+        };
+        let (first, more) = table.scan(b"N", None, 2);
+        assert_eq!((keys(&first), more), (vec!["N1".into(), "N2".into()], true));
+        assert_eq!(first[1].1.as_ref(), b"b");
+        let (rest, more) = table.scan(b"N", Some(b"N2"), 2);
+        assert_eq!((keys(&rest), more), (vec!["N3".to_owned()], false));
+        let (all, more) = table.scan(b"", None, 10);
+        assert_eq!(keys(&all), ["N1", "N2", "N3", "X1"]);
+        assert!(!more);
+        assert!(table.scan(b"Z", None, 10).0.is_empty());
     }
 }

@@ -36,6 +36,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use utoipa::{IntoParams, ToSchema};
 
+mod global;
 mod scan;
 use scan::Scan;
 
@@ -81,6 +82,10 @@ pub struct StatePage {
     /// The entries, in the order of their encoded keys (record key length, then bytes, then
     /// map key): a value state's one entry per key, a map state's entries.
     pub entries: Vec<StateEntry>,
+    /// A global table's read (no checkpoint: its newest snapshot): per partition of its
+    /// topic, the offsets its rows reflect. Absent for keyed state.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub table_offsets: Vec<TableOffset>,
     /// Pass as `page_token` for the next page; absent on the last page.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub next_page_token: Option<String>,
@@ -119,8 +124,20 @@ pub struct StateEntry {
     /// When it expires (ms since the Unix epoch), for a state with a TTL.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expires_at_ms: Option<u64>,
-    /// The partition whose shard holds it.
-    pub partition: Partition,
+    /// The partition whose shard holds it; absent for a global table's row (every host holds
+    /// the whole table).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partition: Option<Partition>,
+}
+
+/// Of a global table's page: the next offset of one partition of its topic that the rows
+/// reflect.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct TableOffset {
+    /// The topic's partition.
+    pub partition: i32,
+    /// The next offset to read in it: every record below is in the rows.
+    pub next_offset: i64,
 }
 
 /// What a page token carries: the versions read, where the page ended, and of what.
@@ -138,12 +155,17 @@ struct PageToken {
     /// The lease that keeps GC off the versions read (none for a savepoint).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     l: Option<String>,
+    /// A global table's scan: the ETag of the snapshot its first page read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    t: Option<String>,
 }
 
 /// Reads pipeline `name`'s state `state`: a point read (`key`) or a scan (`prefix`, or every
 /// key), paged, as of each partition's newest committed checkpoint or a savepoint. Timers and
 /// the watermark are not queryable (reserved names starting with `!`); entries past their TTL
-/// read as absent. Tenant-scoped: another tenant's pipeline answers 404.
+/// read as absent. A stage's global table (`state` its name) is read from its newest snapshot
+/// instead (`table_offsets`; not in savepoints). Tenant-scoped: another tenant's pipeline
+/// answers 404.
 #[utoipa::path(get, path = "/v1/pipelines/{name}/state/{state}", tag = "pipelines",
     params(("name" = String, Path, description = "Pipeline name", pattern = "^[a-z0-9][a-z0-9_-]{0,63}$"),
            ("state" = String, Path, description = "The state's name, as the operator declares it"),
@@ -182,6 +204,11 @@ pub(crate) async fn read_state(
         .map(|text| decode_bound_token(text, &bound))
         .transpose()?;
     let savepoint = query.savepoint.as_deref();
+    if let Some(topic) = global::global_table_topic(&tenant, &record, &run, &state_name) {
+        let read = global::TableRead::of(state_name, &topic, &read, token, bound)?;
+        let page = global::read(&state, &tenant, (&record, &run), read, savepoint).await;
+        return page.map(Json);
+    }
     declared(&state, &tenant, (&record, &run), &state_name, savepoint).await?;
     let roots = roots(&state, &tenant, (&record, &run), savepoint).await?;
     // A host reads a few pipelines' state at a time: a `memory` checkpoint is read whole.
@@ -220,6 +247,7 @@ pub(crate) async fn read_state(
         state: state_name,
         checkpoints,
         entries: merged.into_iter().map(entry).collect(),
+        table_offsets: Vec::new(),
         next_page_token,
     }))
 }
@@ -522,64 +550,9 @@ fn entry((partition, (encoded, value, expires_at_ms)): (Partition, QueryEntry)) 
         value_b64: B64.encode(&value),
         value: crate::checkpoints::query::json_of(&value),
         expires_at_ms,
-        partition,
+        partition: Some(partition),
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::api::problem::ProblemKind;
-
-    #[test]
-    fn a_page_token_round_trips_and_garbage_is_a_bad_request() {
-        let token = PageToken {
-            v: vec![
-                (Partition(0), ManifestVersion(12)),
-                (Partition(1), ManifestVersion(9)),
-            ],
-            a: B64.encode(b"\0\0\0\x02k1\x05count"),
-            q: "0011223344556677".to_owned(),
-            s: Some("sp".to_owned()),
-            l: Some("00ff".to_owned()),
-        };
-        let back = decode_token(&encode_token(&token)).expect("decodes");
-        assert_eq!(
-            (back.v, back.a, back.s, back.l),
-            (token.v, token.a, token.s, token.l)
-        );
-        assert!(matches!(
-            decode_token("not a token"),
-            Err(e) if e.is(ProblemKind::BadRequest)
-        ));
-    }
-
-    #[test]
-    fn a_read_is_of_a_key_or_a_prefix_within_the_limits() {
-        let q = |key: Option<&str>, prefix: Option<&str>, limit: Option<u32>| StateQuery {
-            key: key.map(str::to_owned),
-            prefix: prefix.map(str::to_owned),
-            limit,
-            ..StateQuery::default()
-        };
-        assert!(matches!(
-            Read::of(&q(Some("k"), None, None)),
-            Ok(Read { kind: ReadKind::Key(k), limit: 100 }) if k == b"k"
-        ));
-        assert!(matches!(
-            Read::of(&q(None, None, Some(1000))),
-            Ok(Read { kind: ReadKind::Prefix(p), limit: 1000 }) if p.is_empty()
-        ));
-        assert!(Read::of(&q(Some("k"), Some("p"), None)).is_err());
-        assert!(Read::of(&q(None, None, Some(0))).is_err());
-        assert!(Read::of(&q(None, None, Some(1001))).is_err());
-        let bad_b64 = StateQuery {
-            key_b64: Some("%%".to_owned()),
-            ..StateQuery::default()
-        };
-        assert!(Read::of(&bad_b64).is_err());
-        assert!(check_state_name("!timers").is_err());
-        assert!(check_state_name("").is_err());
-        assert!(check_state_name("count").is_ok());
-    }
-}
+mod tests;

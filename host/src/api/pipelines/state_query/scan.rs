@@ -192,6 +192,7 @@ impl Scan<'_> {
             q: bound,
             s: self.savepoint.map(str::to_owned),
             l: lease_id,
+            t: None,
         })))
     }
 }
