@@ -227,6 +227,11 @@ impl<B: StateBackend, Src: Source, Out: Output> Running<B, Src, Out> {
                     self.inbox.forget(older.id);
                     older.task.abort();
                 }
+            } else if !self.closing.contains_key(&partition) {
+                // Nothing of it runs here any more (its worker ended on its own, fenced or its
+                // transaction lost, or its shard was still opening): its progress goes now, or
+                // this host's reports would name it running for as long as the run lasts.
+                self.stats.forget_partition(partition);
             }
         }
     }

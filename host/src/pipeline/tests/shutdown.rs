@@ -1,5 +1,5 @@
-//! The pipeline's shutdown: what it commits, and how it takes a worker that ends on its own
-//! while it is handed the last records.
+//! The pipeline's shutdown and revokes: what it commits, how it takes a worker that ends on
+//! its own while it is handed the last records, and what it reports after a revoke.
 
 use super::*;
 use crate::ids::Partition;
@@ -103,4 +103,45 @@ async fn a_worker_fenced_while_the_shutdown_hands_it_records_lets_the_shutdown_e
         .expect("the next owner opened a checkpoint");
     let (committed, _) = handle.committed()[&(TOPIC.to_owned(), 0)].clone();
     assert_eq!(Some(committed), recovered.next(TOPIC).map(|p| p.0));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_partition_revoked_after_its_worker_was_fenced_is_no_longer_reported() {
+    let world = World::new(1, 1000, "at_least_once");
+    // A state outage holds partition 0's records; another host claims the shard meanwhile,
+    // and when the outage ends the worker's checkpoint is refused: the worker ends, fenced.
+    let (run, backend) = world.start_holding_partition_0_in_an_outage(&[0]).await;
+    let clock: SharedClock = Arc::new(SystemClock);
+    let _next_owner = MemoryBackend::durable(world.store.clone(), "weir".into(), clock)
+        .open_shard(&ShardId {
+            pipeline: "counter".to_owned(),
+            partition: Partition(0),
+        })
+        .await
+        .expect("the next owner claims the shard");
+    backend.set_unavailable(0, false);
+    until("the worker's checkpoint is fenced", || {
+        run.stats.checkpoints_fenced.load(Ordering::Relaxed) >= 1
+    })
+    .await;
+    // (Paused time: this sleep ends once every task waits, the loop having taken the
+    // worker's end in.)
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Then the group revokes the partition (our session expired): no worker of it is left
+    // to close, and the host must stop naming it in its reports (the soak saw a partition
+    // reported by two hosts for minutes).
+    world.handle.revoke(&[0]);
+    until("partition 0 is no longer reported here", || {
+        !run.stats
+            .partitions
+            .lock()
+            .expect("progress lock")
+            .contains_key(&Partition(0))
+    })
+    .await;
+    run.stop.send(()).expect("the run is running");
+    run.task
+        .await
+        .expect("the run does not panic")
+        .expect("a clean stop");
 }
