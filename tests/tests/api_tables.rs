@@ -211,7 +211,7 @@ async fn a_global_table_enriches_a_stage_through_the_api_from_the_tenants_own_to
         acme,
         input,
         output,
-        ..
+        store_url,
     } = rig(1).await?;
     let wasm = std::fs::read(guest("weir_test_join"))?;
     let (status, _, body) = call(
@@ -284,12 +284,17 @@ async fn a_global_table_enriches_a_stage_through_the_api_from_the_tenants_own_to
         ],
         "acme's row of N1; N2 is only in another tenant's topic"
     );
-    global_table_reads(addr, &acme).await
+    global_table_reads(addr, &acme, &store_url).await
 }
 
 /// The stage's global table `planes` read through the API (its rows as its snapshot holds
-/// them): a point read, a scan in pages, and a read of a savepoint refused.
-async fn global_table_reads(addr: std::net::SocketAddr, acme: &str) -> anyhow::Result<()> {
+/// them): a point read, a scan in pages, a scan whose snapshot is replaced between its pages,
+/// and a read of a savepoint refused.
+async fn global_table_reads(
+    addr: std::net::SocketAddr,
+    acme: &str,
+    store_url: &str,
+) -> anyhow::Result<()> {
     use reqwest::{Method, StatusCode};
     let read = |query: String| async move {
         call(
@@ -330,13 +335,15 @@ async fn global_table_reads(addr: std::net::SocketAddr, acme: &str) -> anyhow::R
         ]),
         "the offsets of acme's topic the rows reflect"
     );
-    let (_, _, n2) = read("key=N2".into()).await?;
+    let (status, _, n2) = read("key=N2".into()).await?;
+    assert_eq!(status, StatusCode::OK, "{n2}");
     assert_eq!(
         n2["entries"],
         json!([]),
         "N2 is only in another tenant's topic"
     );
-    let (_, _, first) = read("limit=1".into()).await?;
+    let (status, _, first) = read("limit=1".into()).await?;
+    assert_eq!(status, StatusCode::OK, "{first}");
     assert_eq!(first["entries"][0]["key"], "N1");
     let token = first["next_page_token"].as_str().expect("a second page");
     let (status, _, second) = read(format!("limit=1&page_token={token}")).await?;
@@ -347,6 +354,21 @@ async fn global_table_reads(addr: std::net::SocketAddr, acme: &str) -> anyhow::R
         serde_json::Value::Null,
         "two rows in all"
     );
+    // Another host saves the table between two pages of a scan: the scan starts again.
+    let (status, _, first) = read("limit=1".into()).await?;
+    assert_eq!(status, StatusCode::OK, "{first}");
+    let token = first["next_page_token"].as_str().expect("a second page");
+    replace_snapshot(store_url).await?;
+    let (status, _, gone) = read(format!("limit=1&page_token={token}")).await?;
+    assert_eq!(status, StatusCode::GONE, "{gone}");
+    let (_, _, again) = read("prefix=N".into()).await?;
+    let keys: Vec<&str> = again["entries"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e["key"].as_str())
+        .collect();
+    assert_eq!(keys, ["N1", "N5", "N7"], "the new snapshot, in key order");
     let (status, _, problem) = read("key=N1&savepoint=any".into()).await?;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{problem}");
     assert!(
@@ -355,5 +377,38 @@ async fn global_table_reads(addr: std::net::SocketAddr, acme: &str) -> anyhow::R
             .is_some_and(|d| d.contains("savepoints do not hold global tables")),
         "{problem}"
     );
+    Ok(())
+}
+
+/// Overwrites the stage's snapshot of `planes` as another host's save would: the same rows
+/// and one more (N7), at later offsets.
+async fn replace_snapshot(store_url: &str) -> anyhow::Result<()> {
+    use object_store::ObjectStoreExt as _;
+    use weir_host::runtime::InputRecord;
+    use weir_host::state::global_table::GlobalTable;
+    let (store, objects) = crate::api_stages::stored_objects(store_url).await?;
+    let path = objects
+        .iter()
+        .map(|o| &o.location)
+        .find(|p| p.as_ref().contains("/global-tables/"))
+        .context("the snapshot of planes")?;
+    let row = |partition: i32, offset: i64, key: &str, maker: &str| InputRecord {
+        key: key.as_bytes().to_vec(),
+        value: format!(r#"{{"maker":"{maker}"}}"#).into_bytes(),
+        timestamp_ms: 0,
+        headers: Vec::new(),
+        topic: "planes".into(),
+        partition,
+        offset,
+        input: 0,
+    };
+    let table = GlobalTable::default();
+    table.apply(&[
+        row(0, 0, "N5", "AIRBUS"),
+        row(0, 1, "N7", "EMBRAER"),
+        row(2, 0, "N1", "BOEING"),
+    ]);
+    table.advance(1, 0);
+    store.put(path, table.snapshot().0.into()).await?;
     Ok(())
 }

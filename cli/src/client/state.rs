@@ -29,7 +29,8 @@ pub enum StateCommand {
         #[arg(long)]
         stage: Option<String>,
     },
-    /// Every key's entries in key order (by key length, then bytes), page after page.
+    /// Every key's entries in key order (by key length, then bytes; a global table's by bytes),
+    /// page after page.
     Scan {
         /// The pipeline's name.
         pipeline: String,

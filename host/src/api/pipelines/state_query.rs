@@ -80,7 +80,8 @@ pub struct StatePage {
     /// checkpoint yet is not listed.
     pub checkpoints: Vec<ReadCheckpoint>,
     /// The entries, in the order of their encoded keys (record key length, then bytes, then
-    /// map key): a value state's one entry per key, a map state's entries.
+    /// map key): a value state's one entry per key, a map state's entries. A global table's
+    /// rows are in the order of their keys' bytes.
     pub entries: Vec<StateEntry>,
     /// A global table's read (no checkpoint: its newest snapshot): per partition of its
     /// topic, the offsets its rows reflect. Absent for keyed state.
@@ -174,7 +175,7 @@ struct PageToken {
         (status = 200, description = "One page of entries", body = StatePage),
         (status = 400, description = "A bad query or state name", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such pipeline or savepoint", body = Problem, content_type = "application/problem+json"),
-        (status = 410, description = "The checkpoint a page token reads was collected: start again", body = Problem, content_type = "application/problem+json"),
+        (status = 410, description = "The checkpoint a page token reads was collected, or the global table's snapshot it reads was replaced: start again", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "The object store failed", body = Problem, content_type = "application/problem+json"),
         AuthProblems,
     ),
@@ -204,6 +205,12 @@ pub(crate) async fn read_state(
         .map(|text| decode_bound_token(text, &bound))
         .transpose()?;
     let savepoint = query.savepoint.as_deref();
+    // A host reads a few pipelines' state at a time: a `memory` checkpoint, and a global
+    // table's snapshot, are read whole.
+    let _turn = QUERIES
+        .acquire()
+        .await
+        .map_err(|_| ApiError::unavailable("the host is shutting down"))?;
     if let Some(topic) = global::global_table_topic(&tenant, &record, &run, &state_name) {
         let read = global::TableRead::of(state_name, &topic, &read, token, bound)?;
         let page = global::read(&state, &tenant, (&record, &run), read, savepoint).await;
@@ -211,11 +218,6 @@ pub(crate) async fn read_state(
     }
     declared(&state, &tenant, (&record, &run), &state_name, savepoint).await?;
     let roots = roots(&state, &tenant, (&record, &run), savepoint).await?;
-    // A host reads a few pipelines' state at a time: a `memory` checkpoint is read whole.
-    let _turn = QUERIES
-        .acquire()
-        .await
-        .map_err(|_| ApiError::unavailable("the host is shutting down"))?;
     let scan = Scan {
         state: &state,
         record: &record,
@@ -370,6 +372,7 @@ struct Read {
     limit: usize,
 }
 
+#[derive(Clone)]
 enum ReadKind {
     /// Every entry of one record key (a value, or a map's entries).
     Key(Vec<u8>),

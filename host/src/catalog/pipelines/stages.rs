@@ -146,6 +146,30 @@ pub(super) fn parameter_problems(
 /// are `{…}@{stage}` and its internal topics `{…}.{stage}.{output}.internal`: under the
 /// tenant's prefix, and a pipeline created again under a deleted one's name never meets the
 /// deleted one's topics (whose deletion Kafka finishes in its own time).
+/// The problems of `stage`'s table names (`table` and `global_table`): each 1..=64 bytes, not
+/// a reserved name (`!…`), and no name twice in the stage — the operator reads each by its
+/// name, and so does the API's state query.
+fn table_name_problems(stage: &StageSpec, problems: &mut Vec<String>) {
+    let mut seen = std::collections::BTreeSet::new();
+    let names = stage
+        .inputs
+        .iter()
+        .filter_map(|i| i.table.as_deref().or(i.global_table.as_deref()));
+    for table in names {
+        let name = &stage.name;
+        if table.is_empty() || table.len() > 64 || table.starts_with('!') {
+            problems.push(format!(
+                "stage `{name}`: table `{table}`: a table's name is 1..=64 bytes and does not start with `!`"
+            ));
+        }
+        if !seen.insert(table) {
+            problems.push(format!(
+                "stage `{name}`: two inputs are read as table `{table}`"
+            ));
+        }
+    }
+}
+
 pub fn staged_run_name(tenant: &str, pipeline: &str, uid: &str) -> String {
     format!("{}.{uid}", kafka_topic(tenant, pipeline))
 }
@@ -313,6 +337,7 @@ impl PipelineSpec {
                 )),
             }
         }
+        table_name_problems(stage, problems);
         for (output, to) in &stage.outputs {
             if to.topic.as_ref() == Some(&self.dead_letter_topic) {
                 problems.push(format!(

@@ -22,7 +22,6 @@ use crate::pipeline::global_tables::Snapshots;
 use crate::state::global_table::GlobalTable;
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as B64;
-use object_store::ObjectStoreExt as _;
 
 /// The Kafka topic of the global table `name` that `run`'s stage reads; `None` when the stage
 /// reads no global table of that name (or `run` is a one-operator pipeline's).
@@ -103,22 +102,32 @@ pub(super) async fn read(
             read.name
         )));
     }
-    let Some((table, e_tag)) = snapshot(state, tenant, (record, run), &read).await? else {
+    let Some((bytes, e_tag)) = snapshot(state, tenant, (record, run), &read).await? else {
         return Ok(page(read.name, Vec::new(), Vec::new(), None));
     };
-    let (rows, more) = match &read.read.kind {
-        ReadKind::Key(key) => (
-            table
-                .get(key)
-                .map(|v| (key.clone(), v))
-                .into_iter()
-                .collect(),
-            false,
-        ),
-        ReadKind::Prefix(prefix) => {
-            let after = read.after.as_ref().map(|(_, key)| key.as_slice());
-            table.scan(prefix, after, read.read.limit)
-        }
+    // Decoding a large table, and sorting its keys, take a while: not on the API's workers.
+    let (kind, limit) = (read.read.kind.clone(), read.read.limit);
+    let after = read.after.as_ref().map(|(_, key)| key.clone());
+    let selected = tokio::task::spawn_blocking(move || {
+        let table = GlobalTable::from_snapshot(&bytes)?;
+        let (rows, more) = match &kind {
+            ReadKind::Key(key) => (
+                table
+                    .get(key)
+                    .map(|v| (key.clone(), v))
+                    .into_iter()
+                    .collect(),
+                false,
+            ),
+            ReadKind::Prefix(prefix) => table.scan(prefix, after.as_deref(), limit),
+        };
+        Ok::<_, crate::state::global_table::SnapshotError>((rows, more, table.offsets()))
+    })
+    .await;
+    let (rows, more, offsets) = match selected {
+        Ok(Ok(selected)) => selected,
+        Ok(Err(e)) => return Err(unavailable(&record.name, &e)),
+        Err(e) => return Err(unavailable(&record.name, &e)),
     };
     let next_page_token = match rows.last() {
         Some((last, _)) if more => Some(encode_token(&super::PageToken {
@@ -131,8 +140,7 @@ pub(super) async fn read(
         })),
         _ => None,
     };
-    let offsets = table
-        .offsets()
+    let offsets = offsets
         .into_iter()
         .map(|(partition, next_offset)| TableOffset {
             partition,
@@ -142,17 +150,23 @@ pub(super) async fn read(
     Ok(page(read.name, offsets, rows, next_page_token))
 }
 
-/// The table's newest snapshot and its ETag; `None` when none is saved yet.
+/// The table's newest snapshot, and its ETag; `None` when none is saved yet.
 ///
 /// # Errors
-/// 410 when a scan's first page read another snapshot; 503 when the store fails or the
-/// snapshot is damaged.
+/// 410 when a scan's first page read another snapshot (or one that is gone since); 503 when
+/// the store fails.
 async fn snapshot(
     state: &ApiState,
     tenant: &str,
     (record, run): (&PipelineRecord, &ShardRun),
     read: &TableRead<'_>,
-) -> Result<Option<(GlobalTable, Option<String>)>, ApiError> {
+) -> Result<Option<(bytes::Bytes, Option<String>)>, ApiError> {
+    let replaced = || {
+        ApiError::gone(
+            "the global table's snapshot was replaced since this scan's first page: start it \
+             again without the page token",
+        )
+    };
     let shard0 = crate::state::ShardId {
         pipeline: run.shards.clone(),
         partition: Partition(0),
@@ -160,26 +174,29 @@ async fn snapshot(
     .root_under(&state.catalog.pipeline_state_prefix(tenant, &record.uid));
     let store = state.catalog.store().clone();
     let path = Snapshots::beside_shards(store.clone(), &shard0).path(read.topic);
-    let got = match store.get(&path).await {
+    let first = read.after.as_ref().and_then(|(e_tag, _)| e_tag.clone());
+    // A later page reads the first page's snapshot or none: a replaced one is not downloaded.
+    let options = object_store::GetOptions {
+        if_match: first.clone(),
+        ..Default::default()
+    };
+    let got = match store.get_opts(&path, options).await {
         Ok(got) => got,
+        Err(object_store::Error::NotFound { .. }) if first.is_some() => return Err(replaced()),
         Err(object_store::Error::NotFound { .. }) => return Ok(None),
+        Err(object_store::Error::Precondition { .. }) => return Err(replaced()),
         Err(e) => return Err(unavailable(&record.name, &e)),
     };
     let e_tag = got.meta.e_tag.clone();
-    if let Some((Some(first), _)) = &read.after
-        && e_tag.as_ref() != Some(first)
-    {
-        return Err(ApiError::gone(
-            "the global table's snapshot was replaced since this scan's first page: start it \
-             again without the page token",
-        ));
+    // (A store that ignores `If-Match`.)
+    if first.is_some() && e_tag != first {
+        return Err(replaced());
     }
     let bytes = got
         .bytes()
         .await
         .map_err(|e| unavailable(&record.name, &e))?;
-    let table = GlobalTable::from_snapshot(&bytes).map_err(|e| unavailable(&record.name, &e))?;
-    Ok(Some((table, e_tag)))
+    Ok(Some((bytes, e_tag)))
 }
 
 /// A page of rows (key, the topic's value as produced: no state version header).

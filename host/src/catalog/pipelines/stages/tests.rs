@@ -221,3 +221,34 @@ fn an_output_a_stage_uses_must_be_one_its_operator_version_declares_when_that_is
         ]
     );
 }
+
+#[test]
+fn a_stages_table_names_are_distinct_and_within_bounds() {
+    let mut spec = two_stages();
+    let table = |topic: &str, table: Option<&str>, global: Option<&str>| StageInput {
+        topic: Some(topic.into()),
+        table: table.map(Into::into),
+        global_table: global.map(Into::into),
+        ..StageInput::default()
+    };
+    spec.stages[0].inputs.extend([
+        table("planes", None, Some("planes")),
+        table("fleet", Some("planes"), None),
+        table("timers", None, Some("!timers")),
+        table("long", None, Some(&"t".repeat(65))),
+    ]);
+    let found = problems(&spec);
+    for expected in [
+        "stage `rekey`: two inputs are read as table `planes`",
+        "stage `rekey`: table `!timers`: a table's name is 1..=64 bytes",
+        "stage `rekey`: table `ttttt",
+    ] {
+        assert!(
+            found.iter().any(|p| p.starts_with(expected)),
+            "`{expected}` in {found:#?}"
+        );
+    }
+    assert_eq!(found.len(), 3, "{found:#?}");
+    spec.stages[0].inputs.truncate(2);
+    assert_eq!(problems(&spec), Vec::<String>::new(), "one global table");
+}
