@@ -13,6 +13,7 @@
 use super::pipelines::{PipelineStatus, merge_status};
 use super::problem::{ApiError, ProblemKind};
 use super::{ApiState, AuthProblems, Principal};
+use crate::catalog::pipelines::Definitions;
 use crate::clock::wall_now_ms;
 use crate::pipeline::CheckpointRecord;
 use crate::telemetry;
@@ -166,6 +167,8 @@ pub struct StatusBoard {
     pipelines: Mutex<BTreeMap<(String, String), Tracked>>,
     /// Recent errors by tenant, oldest first.
     errors: Mutex<BTreeMap<String, VecDeque<ErrorEntry>>>,
+    /// The definitions, read again when they may have changed.
+    definitions: tokio::sync::Mutex<Definitions>,
 }
 
 impl StatusBoard {
@@ -175,7 +178,11 @@ impl StatusBoard {
     /// [`ProblemKind::Unavailable`](crate::api::problem::ProblemKind::Unavailable) when the store cannot be read (nothing changes).
     pub async fn sample(&self, state: &ApiState) -> Result<(), ApiError> {
         let mut seen = Vec::new();
-        for (tenant, record) in state.catalog.all_pipelines().await? {
+        let records = (self.definitions.lock().await)
+            .read(&state.catalog, false)
+            .await?
+            .to_vec();
+        for (tenant, record) in records {
             let reports = state.catalog.host_statuses(&tenant, &record.name).await?;
             let status = merge_status(&record, &reports);
             let checkpoints: Vec<CheckpointRecord> = reports

@@ -1,9 +1,9 @@
 //! Runs the tenants' pipelines on this `weir serve` host: a reconcile loop (as a Kubernetes
 //! controller) that reads every pipeline definition from the catalog each
-//! `reconcile_interval`, starts what should run here and is not running, stops (drains) what
-//! should not, restarts what changed (a start, an operator switch) or failed (with backoff),
-//! forwards checkpoint requests, and writes this host's report on each pipeline
-//! ([`HostStatus`]) for `GET /v1/pipelines/{name}`.
+//! `reconcile_interval` (when they changed: [`Definitions`]), starts what should run here and
+//! is not running, stops (drains) what should not, restarts what changed (a start, an operator
+//! switch) or failed (with backoff), forwards checkpoint requests, and writes this host's
+//! report on each pipeline ([`HostStatus`]) for `GET /v1/pipelines/{name}`.
 //!
 //! Every host with a `[pipelines]` section runs every running pipeline: each run is a member
 //! of the pipeline's consumer group, so Kafka divides the partitions among the hosts, and a
@@ -13,7 +13,7 @@
 
 use crate::catalog::Catalog;
 use crate::catalog::logs;
-use crate::catalog::pipelines::{HostPhase, PipelineRecord};
+use crate::catalog::pipelines::{Definitions, HostPhase, PipelineRecord};
 use crate::clock::{SharedClock, SystemClock};
 use crate::config::RuntimeSettings;
 use crate::error::ErrorKind;
@@ -176,6 +176,8 @@ pub struct Runner {
     log_sweep: Option<(Instant, JoinHandle<()>)>,
     /// Wakes a reconcile before the next tick ([`Runner::with_wake`]).
     wake: Arc<tokio::sync::Notify>,
+    /// The definitions, read again when they may have changed.
+    definitions: Definitions,
 }
 
 impl std::fmt::Debug for Runner {
@@ -237,6 +239,7 @@ impl Runner {
             runs: HashMap::new(),
             log_sweep: None,
             wake: Arc::new(tokio::sync::Notify::new()),
+            definitions: Definitions::default(),
         })
     }
 
@@ -266,9 +269,9 @@ impl Runner {
         loop {
             tokio::select! {
                 () = &mut shutdown => break,
-                _ = ticks.tick() => self.reconcile().await,
+                _ = ticks.tick() => self.reconcile_with(false).await,
                 () = self.wake.notified() => {
-                    self.reconcile().await;
+                    self.reconcile_with(true).await;
                     ticks.reset();
                 }
             }
@@ -282,10 +285,17 @@ impl Runner {
         (self.config.reconcile_interval * 5).max(crate::catalog::pipelines::HOST_STATUS_STALE)
     }
 
-    /// One pass: definitions read, runs started, stopped or restarted, reports written.
+    /// One pass: definitions read (when they changed: [`Definitions`]), runs started, stopped
+    /// or restarted, reports written.
     pub async fn reconcile(&mut self) {
-        match self.catalog.all_pipelines().await {
+        self.reconcile_with(false).await;
+    }
+
+    /// One pass, reading the definitions whatever their change marker says when `fresh`.
+    async fn reconcile_with(&mut self, fresh: bool) {
+        match self.definitions.read(&self.catalog, fresh).await {
             Ok(records) => {
+                let records = records.to_vec();
                 self.sweep_logs(&records);
                 self.apply(records);
             }

@@ -16,6 +16,16 @@ const READ_AND_RETRY: &str = "read it and try again";
 /// Revisions of a definition kept in the store (older ones are deleted after a change).
 const REVISIONS_KEPT: u64 = 4;
 
+/// The body of the definitions' change marker ([`Catalog::definitions_marker`]): the last
+/// revision written, for an operator who reads it; readers compare only its version.
+#[derive(serde::Serialize)]
+struct DefinitionsChanged<'a> {
+    tenant: &'a str,
+    pipeline: &'a str,
+    revision: u64,
+    at_ms: u64,
+}
+
 impl Catalog {
     fn pipeline_dir(&self, tenant: &str, name: &str) -> Path {
         self.path(&format!("tenants/{tenant}/pipelines/{name}"))
@@ -92,7 +102,9 @@ impl Catalog {
         if !self.create_json(&path, record).await? {
             return Ok(false);
         }
-        // This host's runner acts on it now, not at its next reconcile.
+        // Every host's runner reads the definitions again at its next reconcile, and this
+        // host's now (after the marker, so that its read sees the marker changed).
+        self.mark_definitions_changed(tenant, record).await;
         self.changed();
         // Older revisions are history nobody reads; a failure to prune costs only space.
         if record.revision > REVISIONS_KEPT {
@@ -106,6 +118,56 @@ impl Catalog {
             }
         }
         Ok(true)
+    }
+
+    /// Where [`Catalog::mark_definitions_changed`] writes.
+    fn definitions_marker_path(&self) -> Path {
+        self.path("pipelines-changed.json")
+    }
+
+    /// Overwrites the definitions' change marker after `record` (a revision of a pipeline of
+    /// `tenant`) was written. Runners (`crate::runner`) read every definition again only when
+    /// the marker's version changed, or after a while whatever it says, instead of listing
+    /// every tenant's pipelines and revisions each reconcile: on S3 a `HEAD` a second per host
+    /// rather than a `LIST` of the tenants, and a `LIST` and a `GET` per tenant and pipeline.
+    /// A failure is logged, not returned: the revision is written, and other hosts see it at
+    /// their next full read.
+    async fn mark_definitions_changed(&self, tenant: &str, record: &PipelineRecord) {
+        let marker = DefinitionsChanged {
+            tenant,
+            pipeline: &record.name,
+            revision: record.revision,
+            at_ms: wall_now_ms(),
+        };
+        let body = serde_json::to_vec(&marker).expect("the marker serializes");
+        if let Err(err) = self
+            .store()
+            .put(&self.definitions_marker_path(), body.into())
+            .await
+        {
+            tracing::warn!(%tenant, pipeline = %record.name, revision = record.revision,
+                error = %crate::error::Chain(&err),
+                "cannot mark the pipeline definitions changed: other hosts act on this change at their next full read");
+        }
+    }
+
+    /// The version of the definitions' change marker (its ETag; its modification time and
+    /// version on a store without ETags), `None` while it does not exist. Every revision
+    /// written before the marker had a version was written before that version was read: a
+    /// reader that reads the marker and then the definitions, and later reads the same
+    /// version again, has missed no revision written through a catalog (unless that writer
+    /// failed to write the marker, logged).
+    ///
+    /// # Errors
+    /// [`CatalogError::Store`] on a store error.
+    pub async fn definitions_marker(&self) -> Result<Option<String>, CatalogError> {
+        match self.store().head(&self.definitions_marker_path()).await {
+            Ok(meta) => Ok(Some(meta.e_tag.unwrap_or_else(|| {
+                format!("{:?}/{:?}/{}", meta.last_modified, meta.version, meta.size)
+            }))),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(err) => Err(err.into()),
+        }
     }
 
     /// Creates pipeline `record.name`: revision 1, or the one after a deleted pipeline's
@@ -265,13 +327,6 @@ impl Catalog {
         Ok(out)
     }
 
-    /// Deletes pipeline `record.name`: writes a tombstone as its next revision (so a change
-    /// racing with the deletion fails instead of bringing it back), then deletes its older
-    /// revisions, reports, state and logs. The tombstone stays.
-    ///
-    /// # Errors
-    /// [`CatalogError::Changed`] if it changed meanwhile; [`CatalogError::Store`] on a store
-    /// error.
     /// Deletes the keyed state stored under uid `uid` (a create that failed after restoring a
     /// savepoint into it).
     ///
@@ -289,6 +344,13 @@ impl Catalog {
         Ok(())
     }
 
+    /// Deletes pipeline `record.name`: writes a tombstone as its next revision (so a change
+    /// racing with the deletion fails instead of bringing it back), then deletes its older
+    /// revisions, reports, state and logs. The tombstone stays.
+    ///
+    /// # Errors
+    /// [`CatalogError::Changed`] if it changed meanwhile; [`CatalogError::Store`] on a store
+    /// error.
     pub async fn delete_pipeline(
         &self,
         tenant: &str,
