@@ -64,6 +64,7 @@ async fn seek_at_assignment(round: usize, commit: bool) -> anyhow::Result<()> {
     }
 
     let source = KafkaSource::new(&settings)?;
+    source.subscribe()?;
     let mut fetched: Vec<InputRecord> = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut seeked = BTreeSet::new();
@@ -142,6 +143,8 @@ async fn with_latest_a_partition_starts_at_its_end_or_its_checkpoint_and_misses_
             .consumer
             .insert("auto.offset.reset".to_owned(), "latest".to_owned());
         let source = KafkaSource::new(&settings)?;
+        source.subscribe()?;
+        source.subscribe()?;
         let mut fetched: Vec<InputRecord> = Vec::new();
         let mut got: BTreeMap<i32, BTreeSet<i64>> = BTreeMap::new();
         let mut seeked = BTreeSet::new();

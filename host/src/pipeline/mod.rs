@@ -185,6 +185,10 @@ pub async fn run_with<B: StateBackend, Src: Source, Out: Output>(
             return Ok(());
         }
     };
+    // Only now a member of the group: no partition waits on this host's table loads.
+    source
+        .subscribe()
+        .map_err(|e| PipelineError::Setup(Box::new(e)))?;
     let mut running = Running::new(settings, backend, operator, stats, control, source, output);
     running.global_tables = globals.tables.clone();
     let result = running.consume(shutdown).await;

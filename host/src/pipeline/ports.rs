@@ -72,6 +72,16 @@ pub trait Source: Send + Sync + 'static {
         records: &mut Vec<InputRecord>,
     ) -> Result<bool, Cause>;
 
+    /// Joins the consumer group: the input topics' partitions are assigned from then on.
+    /// Called once per run, after its global tables loaded, so that a host loading a large
+    /// table holds no partition meanwhile, and cannot be dropped from the group for not
+    /// polling (Kafka Streams starts its stream threads once its global stream thread has
+    /// restored).
+    ///
+    /// # Errors
+    /// [`SourceError`] when the subscription is refused; the run fails.
+    fn subscribe(&self) -> Result<(), SourceError>;
+
     /// The partitions revoked since the last call.
     fn take_revoked(&self) -> Vec<Partition>;
 

@@ -1,6 +1,6 @@
 //! An in-memory [`Source`] for tests of the pipeline without a broker: partitions of input
 //! topics as logs in memory, assignments and revokes made by the test through a
-//! [`MemorySourceHandle`], pause, seek and committed offsets (with their metadata) as a
+//! [`MemorySourceHandle`] (reported once the member joined: [`Source::subscribe`]), pause, seek and committed offsets (with their metadata) as a
 //! consumer group member sees them. Deterministic: a fetch hands out the records of the
 //! assigned, unpaused partitions in partition order, as many of each as it is asked for, in
 //! each partition's offset order (as a Kafka consumer whose prefetch holds a large chunk of
@@ -35,6 +35,11 @@ struct Logs {
     commits: Vec<(GroupOffsets, bool)>,
     /// Global tables' reads begun, in order: (topic, the offsets they began from).
     table_follows: Vec<(String, BTreeMap<i32, i64>)>,
+    /// Global tables' reads caught up so far.
+    tables_caught_up: usize,
+    /// Whether the member joined the group ([`Source::subscribe`]), and how many global
+    /// tables had caught up then: no rebalance is reported before it joined.
+    joined: Option<usize>,
 }
 
 /// A [`Source`] in memory over `topics` (co-partitioned).
@@ -78,7 +83,10 @@ impl MemorySource {
     /// while a rebalance is unreported.
     fn take_records(&self, per_partition_max: usize, records: &mut Vec<InputRecord>) -> bool {
         let mut logs = self.logs();
-        if !logs.revoked_events.is_empty() || !logs.assigned_events.is_empty() {
+        if logs.joined.is_none()
+            || !logs.revoked_events.is_empty()
+            || !logs.assigned_events.is_empty()
+        {
             return false;
         }
         let logs = &mut *logs;
@@ -232,6 +240,13 @@ impl MemorySourceHandle {
         logs.positions.clear();
         logs.revoked_events.clear();
         logs.assigned_events.clear();
+        logs.joined = None;
+    }
+
+    /// How many global tables had caught up when the member joined the group
+    /// ([`Source::subscribe`]); `None` while it has not.
+    pub fn joined_after_tables(&self) -> Option<usize> {
+        self.source.logs().joined
     }
 
     /// Where each global table's read began, in order: (topic, partition → offset).
@@ -331,8 +346,22 @@ impl Source for MemorySource {
     }
 
     fn take_assigned(&self) -> Vec<Partition> {
-        let assigned = std::mem::take(&mut self.logs().assigned_events);
+        let mut logs = self.logs();
+        if logs.joined.is_none() {
+            return Vec::new(); // assignments come once the member joined
+        }
+        let assigned = std::mem::take(&mut logs.assigned_events);
         assigned.into_iter().map(Partition).collect()
+    }
+
+    fn subscribe(&self) -> Result<(), SourceError> {
+        {
+            let mut logs = self.logs();
+            // A member already in the group stays as it joined.
+            logs.joined = logs.joined.or(Some(logs.tables_caught_up));
+        }
+        self.ready.notify_one();
+        Ok(())
     }
 
     fn set_paused(&self, partition: Partition, paused: bool) -> Result<(), SourceError> {
@@ -477,6 +506,7 @@ impl Source for MemorySource {
                         return Ok(());
                     }
                     caught_up = true;
+                    source.logs().tables_caught_up += 1;
                 }
                 tokio::select! {
                     changed = appended.changed() => if changed.is_err() { return Ok(()) },

@@ -1,9 +1,9 @@
 //! Global tables (docs/topologies.md, "Global tables") over the memory source, read by the
 //! `join` guest in `lookup` mode through `weir:operator/tables`: every partition of the table
-//! is loaded before any stream record runs and is looked up by a key that is not the record's,
-//! a later update reaches the records after it once applied, a restart reads on from the
-//! table's snapshot (a damaged one from the beginning), and a table whose topic is missing
-//! fails the run naming it.
+//! is loaded before any stream record runs (and before the member joins the group) and is
+//! looked up by a key that is not the record's, a later update reaches the records after it
+//! once applied, a restart reads on from the table's snapshot (a damaged one from the
+//! beginning), and a table whose topic is missing fails the run naming it.
 
 use super::*;
 use crate::clock::ManualClock;
@@ -109,6 +109,21 @@ async fn a_global_table_is_loaded_whole_before_any_record_runs_and_looked_up_by_
             ("f4".to_owned(), None),
         ],
         "the last row of each key, N3 deleted by its tombstone, N404 never there"
+    );
+    run.stop().await.expect("stops cleanly");
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_member_joins_the_group_only_after_its_global_tables_loaded() {
+    let world = planes_world();
+    plane(&world, 0, "N1", Some("BOEING"));
+    flight(&world, 0, "f1", "N1");
+    let run = start_enrich(&world).await;
+    until("the flight's output", || enriched(&world.output).len() == 1).await;
+    assert_eq!(
+        world.handle.joined_after_tables(),
+        Some(1),
+        "joined once its one global table had caught up, not while it loaded"
     );
     run.stop().await.expect("stops cleanly");
 }

@@ -111,11 +111,11 @@ impl std::fmt::Debug for KafkaSource {
 }
 
 impl KafkaSource {
-    /// Creates the consumer of the pipeline `settings` describe and subscribes it to the
-    /// input topics.
+    /// Creates the consumer of the pipeline `settings` describe; it joins the group at
+    /// [`Source::subscribe`].
     ///
     /// # Errors
-    /// [`KafkaError`] when librdkafka rejects the configuration or the subscription.
+    /// [`KafkaError`] when librdkafka rejects the configuration.
     pub fn new(settings: &Settings) -> Result<Self, KafkaError> {
         let ready = Arc::new(tokio::sync::Notify::new());
         let (consumer, context) = consumer(settings, ready.clone())?;
@@ -125,8 +125,6 @@ impl KafkaSource {
             .iter()
             .map(|t| Arc::from(t.as_str()))
             .collect();
-        let names: Vec<&str> = topics.iter().map(|t| &**t).collect();
-        consumer.subscribe(&names)?;
         let reset = match settings
             .kafka
             .consumer
@@ -353,6 +351,14 @@ impl Source for KafkaSource {
             more |= budget == 0;
         }
         Ok(more)
+    }
+
+    fn subscribe(&self) -> Result<(), SourceError> {
+        let names: Vec<&str> = self.topics.iter().map(|t| &**t).collect();
+        self.consumer.subscribe(&names).map_err(|e| SourceError {
+            what: format!("subscribing to {}", names.join(", ")),
+            source: Box::new(e),
+        })
     }
 
     fn take_revoked(&self) -> Vec<Partition> {
