@@ -203,6 +203,15 @@ impl MemorySourceHandle {
         self.source.ready.notify_one();
     }
 
+    /// Makes `topic` with `partitions` empty partitions (a topic that exists before its first
+    /// record, as a compacted table's topic often does).
+    pub fn create_topic(&self, topic: &str, partitions: i32) {
+        let mut logs = self.source.logs();
+        for p in 0..partitions {
+            logs.records.entry((topic.to_owned(), p)).or_default();
+        }
+    }
+
     /// Assigns `partitions` to the member (an assignment event, reported before any record
     /// of theirs).
     pub fn assign(&self, partitions: &[i32]) {

@@ -2,8 +2,9 @@
 //! `join` guest in `lookup` mode through `weir:operator/tables`: every partition of the table
 //! is loaded before any stream record runs (and before the member joins the group) and is
 //! looked up by a key that is not the record's, a later update reaches the records after it
-//! once applied, a restart reads on from the table's snapshot (a damaged one from the
-//! beginning), and a table whose topic is missing fails the run naming it.
+//! once applied, an empty table loads at once and fills as rows come, a restart reads on from
+//! the table's snapshot (a damaged one from the beginning), and a table whose topic is missing
+//! fails the run naming it.
 
 use super::*;
 use crate::clock::ManualClock;
@@ -159,6 +160,41 @@ async fn a_global_table_update_reaches_the_records_after_it_is_applied_and_never
             .iter()
             .all(|m| m.as_deref() == Some("OLD")),
         "{makers:?}"
+    );
+    run.stop().await.expect("stops cleanly");
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_empty_global_table_loads_at_once_and_fills_as_its_topic_gets_rows() {
+    let world = planes_world();
+    world.handle.create_topic(PLANES, 3);
+    flight(&world, 0, "f0", "N1");
+    let run = start_enrich(&world).await;
+    until("the first output", || enriched(&world.output).len() == 1).await;
+    assert_eq!(enriched(&world.output), [("f0".to_owned(), None)]);
+    plane(&world, 2, "N1", Some("BOEING"));
+    let mut n = 1;
+    while enriched(&world.output)
+        .last()
+        .and_then(|(_, p)| p.clone())
+        .is_none()
+    {
+        assert!(n < 1000, "the row never reached the table");
+        flight(&world, 0, &format!("f{n}"), "N1");
+        n += 1;
+        until("the flight's output", || enriched(&world.output).len() == n).await;
+    }
+    run.stop().await.expect("stops cleanly");
+    // A restart's table holds the row, from the snapshot or the topic.
+    let run = start_enrich(&world).await;
+    flight(&world, 1, "g", "N1");
+    until("the restarted run's output", || {
+        enriched(&world.output).len() == n + 1
+    })
+    .await;
+    assert_eq!(
+        enriched(&world.output)[n],
+        ("g".to_owned(), Some("BOEING".to_owned()))
     );
     run.stop().await.expect("stops cleanly");
 }
