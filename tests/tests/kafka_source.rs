@@ -144,7 +144,6 @@ async fn with_latest_a_partition_starts_at_its_end_or_its_checkpoint_and_misses_
             .insert("auto.offset.reset".to_owned(), "latest".to_owned());
         let source = KafkaSource::new(&settings)?;
         source.subscribe()?;
-        source.subscribe()?;
         let mut fetched: Vec<InputRecord> = Vec::new();
         let mut got: BTreeMap<i32, BTreeSet<i64>> = BTreeMap::new();
         let mut seeked = BTreeSet::new();

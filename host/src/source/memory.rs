@@ -250,10 +250,11 @@ impl MemorySourceHandle {
         logs.revoked_events.clear();
         logs.assigned_events.clear();
         logs.joined = None;
+        logs.tables_caught_up = 0;
     }
 
     /// How many global tables had caught up when the member joined the group
-    /// ([`Source::subscribe`]); `None` while it has not.
+    /// ([`Source::subscribe`]) since it was made or last crashed; `None` while it has not.
     pub fn joined_after_tables(&self) -> Option<usize> {
         self.source.logs().joined
     }

@@ -8,7 +8,8 @@
 //! ([`Catalog::definitions_marker`]); a pass reads the marker (one `HEAD`) and reads the
 //! definitions only when its version differs from the one it read them after, or when its
 //! last full read is [`FULL_READ_EVERY`] old (a writer that died between its revision and the
-//! marker, a marker deleted by hand). The idea is an `etcd` watch's, or a Kubernetes
+//! marker, or whose marker write failed, or an older host's API during an upgrade, which writes
+//! no marker). The idea is an `etcd` watch's, or a Kubernetes
 //! informer's resync, on a store that can only be polled.
 
 use crate::catalog::pipelines::PipelineRecord;
@@ -27,7 +28,9 @@ pub struct Definitions {
 
 #[derive(Debug)]
 struct FullRead {
-    marker: Option<String>,
+    /// The marker's version read before the definitions; `None` when it could not be read
+    /// (the next pass reads them again).
+    marker: Option<Option<String>>,
     at: Instant,
     records: Vec<(String, PipelineRecord)>,
 }
@@ -38,17 +41,21 @@ impl Definitions {
     /// last read, or when that read is [`FULL_READ_EVERY`] old; the last read's otherwise.
     ///
     /// # Errors
-    /// [`CatalogError::Store`] when the store fails (the marker or the definitions).
+    /// [`CatalogError::Store`] when the definitions cannot be read.
     pub async fn read(
         &mut self,
         catalog: &Catalog,
         fresh: bool,
     ) -> Result<&[(String, PipelineRecord)], CatalogError> {
         // The marker before the definitions: a revision written after this read moves it, so
-        // the next pass reads again.
-        let marker = catalog.definitions_marker().await?;
+        // the next pass reads again. A marker that cannot be read means a full read (which
+        // fails too when the store is down).
+        let marker = catalog.definitions_marker().await.ok();
         let current = self.last.as_ref().is_some_and(|last| {
-            !fresh && last.marker == marker && last.at.elapsed() < FULL_READ_EVERY
+            !fresh
+                && marker.is_some()
+                && last.marker == marker
+                && last.at.elapsed() < FULL_READ_EVERY
         });
         if !current {
             let records = catalog.all_pipelines().await?;
@@ -72,17 +79,24 @@ mod tests {
     use object_store::path::Path;
     use object_store::{ObjectStore, ObjectStoreExt};
     use std::sync::Arc;
-    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-    /// Counts the LISTs the catalog's store serves.
+    /// Counts the LISTs the catalog's store serves; fails reads of the marker when told.
     #[derive(Debug, Default)]
-    struct Lists(AtomicU64);
+    struct Lists(AtomicU64, AtomicBool);
 
     #[async_trait::async_trait]
     impl RequestHook for Lists {
-        async fn before(&self, request: Request, _: Option<&Path>) -> object_store::Result<()> {
+        async fn before(&self, request: Request, at: Option<&Path>) -> object_store::Result<()> {
             if request == Request::List {
                 self.0.fetch_add(1, Ordering::Relaxed);
+            }
+            let marker = at.is_some_and(|p| p.as_ref().ends_with("pipelines-changed.json"));
+            if marker && self.1.load(Ordering::Relaxed) {
+                return Err(object_store::Error::Generic {
+                    store: "test",
+                    source: "the marker cannot be read".into(),
+                });
             }
             Ok(())
         }
@@ -101,13 +115,13 @@ mod tests {
         records.iter().map(|(_, r)| r.name.as_str()).collect()
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn definitions_are_listed_again_only_after_a_revision_or_the_full_read_interval() {
+    /// A store with tenant `acme` and its pipeline `a`; the runner's catalog on it, counting
+    /// its LISTs; another host's API's catalog, writing through its own.
+    async fn cluster() -> (Arc<dyn ObjectStore>, Arc<Lists>, Catalog, Catalog) {
         let memory: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
         let lists = Arc::new(Lists::default());
         let hooked: Arc<dyn ObjectStore> =
             Arc::new(HookedStore::new(memory.clone(), lists.clone()));
-        // The runner's catalog counts its LISTs; another host's API writes through its own.
         let runner_catalog = Catalog::new(hooked, Path::from("weir"));
         let api = Catalog::new(memory.clone(), Path::from("weir"));
         let tenant = Tenant {
@@ -119,6 +133,12 @@ mod tests {
         api.create_pipeline("acme", &mut pipeline("a"))
             .await
             .expect("a");
+        (memory, lists, runner_catalog, api)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn definitions_are_listed_again_only_after_a_revision_or_the_full_read_interval() {
+        let (memory, lists, runner_catalog, api) = cluster().await;
 
         let mut definitions = Definitions::default();
         let first = definitions
@@ -178,5 +198,38 @@ mod tests {
         let listed = lists.0.load(Ordering::Relaxed);
         definitions.read(&runner_catalog, true).await.expect("read");
         assert!(lists.0.load(Ordering::Relaxed) > listed);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_marker_that_cannot_be_read_means_a_full_read() {
+        let (_, lists, runner_catalog, _) = cluster().await;
+        let mut definitions = Definitions::default();
+        definitions
+            .read(&runner_catalog, false)
+            .await
+            .expect("read");
+        let listed = lists.0.load(Ordering::Relaxed);
+        // The definitions are read whole, then again once the marker can be read (its version
+        // unknown before), then no more.
+        lists.1.store(true, Ordering::Relaxed);
+        let unread = definitions
+            .read(&runner_catalog, false)
+            .await
+            .expect("read");
+        assert_eq!(names(unread), ["a"]);
+        let listed_unread = lists.0.load(Ordering::Relaxed);
+        assert!(listed_unread > listed);
+        lists.1.store(false, Ordering::Relaxed);
+        definitions
+            .read(&runner_catalog, false)
+            .await
+            .expect("read");
+        let listed_again = lists.0.load(Ordering::Relaxed);
+        assert!(listed_again > listed_unread);
+        definitions
+            .read(&runner_catalog, false)
+            .await
+            .expect("read");
+        assert_eq!(lists.0.load(Ordering::Relaxed), listed_again);
     }
 }

@@ -65,8 +65,8 @@ impl Drop for PartitionQueues {
     }
 }
 
-/// The pipeline's [`Source`] over Kafka: a consumer subscribed to the input topics, each
-/// assigned partition with a queue of its own (librdkafka's partition queues), so that a fetch
+/// The pipeline's [`Source`] over Kafka: a consumer of the input topics (subscribed at
+/// [`Source::subscribe`], once the run's global tables loaded), each assigned partition with a queue of its own (librdkafka's partition queues), so that a fetch
 /// takes a bounded number of records of every partition rather than whatever one queue of all
 /// of them holds first. The consumer's own queue (rebalances, errors, statistics) is served
 /// first in every fetch: a revoke is seen before any record fetched after it.
