@@ -481,7 +481,36 @@ async fn a_reset_to_a_savepoint_with_records_in_flight_on_the_edge_counts_each_r
     assert_eq!(saved_state, state_at_savepoint);
     eprintln!("{in_flight} records in flight at the savepoint");
 
-    // The run goes on to the end of the input, then is reset to the savepoint.
+    // The count stage's own in-flight limit back to the default (a PATCH of the stage): the
+    // run goes on to the end of the input at full speed, then is reset to the savepoint.
+    let (status, _, changed) = call(
+        addr,
+        Method::PATCH,
+        "/v1/pipelines/graph",
+        Some(&acme),
+        json_body(&json!({"stage": "count", "in_flight_max": 4096})),
+    )
+    .await?;
+    assert_eq!(status, StatusCode::OK, "{changed}");
+    assert_eq!(
+        changed["definition"]["spec"]["stages"][1]["in_flight_max"],
+        4096
+    );
+    let (status, _, refused) = call(
+        addr,
+        Method::PATCH,
+        "/v1/pipelines/graph",
+        Some(&acme),
+        json_body(&json!({"stage": "count", "checkpoint_interval_ms": 100})),
+    )
+    .await?;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{refused}");
+    assert!(
+        refused["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("checkpoint_interval_ms belong to the whole pipeline")),
+        "{refused}"
+    );
     set_desired(addr, &acme, "graph", "start").await?;
     let counts = read_counts(&output, &rekeyed(&expected, 7), Duration::from_secs(120)).await?;
     assert_counts_exact(&rekeyed(&expected, 7), &counts);

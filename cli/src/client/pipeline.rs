@@ -120,6 +120,9 @@ pub enum PipelineCommand {
     Set {
         /// The pipeline's name.
         name: String,
+        /// Change this stage's own settings (a pipeline of stages) instead of the pipeline's.
+        #[arg(long)]
+        stage: Option<String>,
         /// What a record whose call fails for good does.
         #[arg(long, value_enum)]
         failure_policy: Option<FailurePolicyArg>,
@@ -456,6 +459,7 @@ pub async fn pipeline(command: PipelineCommand, args: ApiArgs) -> anyhow::Result
         }
         PipelineCommand::Set {
             name,
+            stage,
             failure_policy,
             checkpoint_interval_ms,
             in_flight_max,
@@ -463,6 +467,7 @@ pub async fn pipeline(command: PipelineCommand, args: ApiArgs) -> anyhow::Result
             state_bytes_max,
         } => {
             let change = serde_json::from_value(serde_json::json!({
+                "stage": stage,
                 "failure_policy": failure_policy.map(FailurePolicyArg::name),
                 "checkpoint_interval_ms": checkpoint_interval_ms,
                 "in_flight_max": in_flight_max,

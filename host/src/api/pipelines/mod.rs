@@ -2,6 +2,7 @@
 //! pipelines and report their status. The definitions and the hosts' reports, and how they
 //! are stored, are the catalog's ([`crate::catalog::pipelines`]).
 
+mod change;
 mod checkpoints;
 mod runs;
 pub mod savepoints;
@@ -342,15 +343,15 @@ pub(super) async fn stop_pipeline(
     ))
 }
 
-/// Changes a pipeline's checkpoint interval, in-flight limit, limits or failure policy,
-/// keeping its state: a new run generation, so every host drains its run, checkpoints and
-/// resumes with the new settings.
+/// Changes a pipeline's checkpoint interval, in-flight limit, limits or failure policy (or,
+/// with `stage`, one stage's own), keeping its state: a new run generation, so every host
+/// drains its run, checkpoints and resumes with the new settings.
 #[utoipa::path(patch, path = "/v1/pipelines/{name}", tag = "pipelines",
     params(("name" = String, Path, description = "Pipeline name", pattern = "^[a-z0-9][a-z0-9_-]{0,63}$")),
     request_body = PipelineChange,
     responses(
         (status = 200, description = "Changed; hosts restart it with the settings", body = PipelineView),
-        (status = 400, description = "A bad value, or a field that cannot change", body = Problem, content_type = "application/problem+json"),
+        (status = 400, description = "A bad value, a field that cannot change, or no such stage", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such pipeline", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "Changed concurrently", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
@@ -373,39 +374,9 @@ pub(super) async fn change_pipeline(
         .catalog
         .update_pipeline(tenant, &name, |record| {
             let mut spec = record.spec.clone();
-            if let Some(v) = change.checkpoint_interval_ms {
-                spec.checkpoint_interval_ms = v;
-            }
-            if let Some(v) = change.in_flight_max {
-                spec.in_flight_max = v;
-            }
-            if let Some(v) = change.limits {
-                spec.limits = v;
-            }
-            if let Some(v) = change.failure_policy {
-                spec.failure_policy = v;
-            }
-            if let Some(v) = change.max_out_of_orderness_ms {
-                spec.max_out_of_orderness_ms = v;
-            }
-            if let Some(v) = change.idle_timeout_ms {
-                spec.idle_timeout_ms = (v > 0).then_some(v);
-            }
-            if let Some(v) = change.idle_advance {
-                spec.idle_advance = v;
-            }
-            if let Some(v) = change.late_records {
-                spec.late_records = v;
-            }
-            if let Some(backend) = change.state_backend {
-                if backend == PipelineStateBackend::Lsm && spec.state_backend != backend {
-                    // A quota is for state in a host's RAM.
-                    spec.state_bytes_max = None;
-                }
-                spec.state_backend = backend;
-            }
-            if let Some(v) = change.state_bytes_max {
-                spec.state_bytes_max = Some(v);
+            match change.stage.as_deref() {
+                Some(stage) => change::apply_to_stage(&mut spec, stage, &change)?,
+                None => change::apply(&mut spec, &change),
             }
             spec.validate(&host, state_bytes_cap)
                 .map_err(|e| ApiError::bad_request(e.to_string()))?;

@@ -5,6 +5,7 @@
 use super::{OperatorSwitch, PipelineSpec, PipelineView, check_operator_version, existing, view};
 use crate::api::problem::{ApiError, Problem};
 use crate::api::{ApiState, AuthProblems, Principal, read_json};
+use crate::catalog::pipelines::StageSpec;
 use axum::Json;
 use axum::body::Body;
 use axum::extract::{Path as UrlPath, State};
@@ -77,6 +78,30 @@ pub(crate) async fn switch_operator(
 
 /// The operator a switch of `spec` changes and the version it runs now: the pipeline's, or
 /// `stage`'s (which a pipeline of stages must name, and a one-operator one must not).
+/// Stage `stage` of `spec`, to change.
+///
+/// # Errors
+/// 400 naming the stages there are, or saying the pipeline has none.
+pub(super) fn stage_named<'a>(
+    spec: &'a mut PipelineSpec,
+    stage: &str,
+) -> Result<&'a mut StageSpec, ApiError> {
+    if !spec.is_staged() {
+        return Err(ApiError::bad_request(
+            "this pipeline has one operator and no stages: leave \"stage\" out",
+        ));
+    }
+    let names: Vec<String> = spec.stages.iter().map(|s| s.name.clone()).collect();
+    spec.stages
+        .iter_mut()
+        .find(|s| s.name == stage)
+        .ok_or_else(|| {
+            ApiError::bad_request(format!(
+                "the pipeline has no stage `{stage}`; its stages: {names:?}"
+            ))
+        })
+}
+
 fn switched(spec: &PipelineSpec, stage: Option<&str>) -> Result<(String, u64), ApiError> {
     match (stage, spec.is_staged()) {
         (None, false) => Ok((spec.operator.clone(), spec.operator_version)),

@@ -532,10 +532,15 @@ pub struct OperatorSwitch {
 
 /// The body of `PATCH /v1/pipelines/{name}`: the settings that can change while keeping
 /// the pipeline's state, its backend included. Absent fields stay; topics and delivery cannot
-/// change (the state and its offsets belong to them).
+/// change (the state and its offsets belong to them). With `stage`, the fields a stage can
+/// have of its own (all but the checkpoint interval, the backend and the state quota) become
+/// that stage's.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PipelineChange {
+    /// The stage whose own settings change, in a pipeline of stages; left out, the pipeline's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stage: Option<String>,
     /// How often each partition checkpoints, ms.
     #[serde(default)]
     pub checkpoint_interval_ms: Option<u64>,
