@@ -13,6 +13,8 @@
 //!   flight-weather example's weather and planes)
 //! - [`bench`](mod@bench) `weir bench-call`: per-record cost of the Wasm boundary, in process
 //! - [`lsm_bench`]        `weir bench-lsm`: the LSM backend on a store with injected latency
+//! - [`big_state_bench`]  `weir bench-big-state`: a read-modify-write job on state ten times its
+//!   caches, on a store charging per request and per MiB
 //! - [`controller_bench`] `weir bench-controller`: the execution controller against read latency
 //! - [`checkpoint_bench`] `weir bench-checkpoint`: checkpoint and recovery times against state
 //!   size
@@ -31,6 +33,7 @@
 use std::time::Duration;
 
 pub mod bench;
+pub mod big_state_bench;
 pub mod checkpoint_bench;
 pub mod client;
 pub mod controller_bench;

@@ -7,8 +7,9 @@
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 use weir_cli::{
-    Output, bench, checkpoint_bench, client, controller_bench, dev, flights, host, kafka,
-    lsm_bench, pipeline_bench, project, soak, switch_bench, tables, timer_bench, windows_bench,
+    Output, bench, big_state_bench, checkpoint_bench, client, controller_bench, dev, flights, host,
+    kafka, lsm_bench, pipeline_bench, project, soak, switch_bench, tables, timer_bench,
+    windows_bench,
 };
 
 /// mimalloc instead of glibc's malloc: the record path allocates per batch and per record
@@ -176,6 +177,16 @@ enum Command {
         #[command(flatten)]
         output: Output,
     },
+    /// Measure the LSM backend with state much larger than its caches: a read-modify-write job
+    /// over 1 M keys, uniform and Zipf keys, on a store charging per request and per MiB (see
+    /// cli/src/big_state_bench.rs).
+    #[command(display_order = 24)]
+    BenchBigState {
+        #[command(flatten)]
+        opts: big_state_bench::BigStateBenchOptions,
+        #[command(flatten)]
+        output: Output,
+    },
     /// Measure checkpoint duration, bytes uploaded and recovery time of one shard by state size,
     /// on a store with injected latency (see cli/src/checkpoint_bench.rs).
     #[command(display_order = 25)]
@@ -308,6 +319,9 @@ async fn main() -> anyhow::Result<()> {
         Command::BenchCall { opts, output } => bench::command(&opts, output).await,
         Command::BenchLsm { opts, output } => {
             output.print(&lsm_bench::run(&opts).await?, lsm_bench::table)
+        }
+        Command::BenchBigState { opts, output } => {
+            output.print(&big_state_bench::run(&opts).await?, big_state_bench::table)
         }
         Command::Soak { opts } => {
             let report = soak::run(&opts).await?;

@@ -55,6 +55,13 @@ pub trait RequestHook: std::fmt::Debug + Send + Sync + 'static {
     fn after(&self, request: Request, bytes: u64) {
         let _ = (request, bytes);
     }
+
+    /// Awaited after `request` succeeded and before it returns, with the bytes it moved (as
+    /// [`Self::after`]): where a hook charges for the transfer itself ([`CostModel`]'s time
+    /// per MiB). Nothing by default.
+    async fn transferred(&self, request: Request, bytes: u64) {
+        let _ = (request, bytes);
+    }
 }
 
 /// `inner` with `hook` run before each request.
@@ -88,6 +95,7 @@ impl<H: RequestHook> ObjectStore for HookedStore<H> {
         self.hook.before(Request::Put, Some(location)).await?;
         let bytes = payload.content_length() as u64;
         let result = self.inner.put_opts(location, payload, opts).await?;
+        self.hook.transferred(Request::Put, bytes).await;
         self.hook.after(Request::Put, bytes);
         Ok(result)
     }
@@ -110,8 +118,9 @@ impl<H: RequestHook> ObjectStore for HookedStore<H> {
     ) -> object_store::Result<GetResult> {
         self.hook.before(Request::Get, Some(location)).await?;
         let result = self.inner.get_opts(location, options).await?;
-        self.hook
-            .after(Request::Get, result.range.end - result.range.start);
+        let bytes = result.range.end - result.range.start;
+        self.hook.transferred(Request::Get, bytes).await;
+        self.hook.after(Request::Get, bytes);
         Ok(result)
     }
 
@@ -122,6 +131,8 @@ impl<H: RequestHook> ObjectStore for HookedStore<H> {
     ) -> object_store::Result<Vec<Bytes>> {
         self.hook.before(Request::Get, Some(location)).await?;
         let got = self.inner.get_ranges(location, ranges).await?;
+        let bytes = got.iter().map(|b| b.len() as u64).sum();
+        self.hook.transferred(Request::Get, bytes).await;
         // object_store may coalesce the ranges; count them as the caller asked.
         for bytes in &got {
             self.hook.after(Request::Get, bytes.len() as u64);
@@ -215,6 +226,61 @@ impl RequestHook for Latency {
     }
 }
 
+/// A hook that charges each request a fixed time before it and a time per MiB it moved after
+/// it (a PUT's payload, a GET's body), concurrent requests waiting in parallel: a simple cost
+/// model of an object store, where larger fetch units are not free (`weir bench-big-state`).
+/// Counts the requests and bytes of each kind, for the report.
+#[derive(Debug, Default)]
+pub struct CostModel {
+    /// Waited before every request.
+    pub per_request: std::time::Duration,
+    /// Waited per MiB (2^20 bytes) a PUT or GET moved, pro rata.
+    pub per_mib: std::time::Duration,
+    requests: [std::sync::atomic::AtomicU64; 5],
+    bytes: [std::sync::atomic::AtomicU64; 5],
+}
+
+impl CostModel {
+    /// A model of `per_request` before each request and `per_mib` per MiB moved.
+    pub fn new(per_request: std::time::Duration, per_mib: std::time::Duration) -> Self {
+        Self {
+            per_request,
+            per_mib,
+            ..Self::default()
+        }
+    }
+
+    /// Requests of `request`'s kind that succeeded so far, and the bytes they moved.
+    pub fn totals(&self, request: Request) -> (u64, u64) {
+        let i = request as usize;
+        (
+            self.requests[i].load(std::sync::atomic::Ordering::Relaxed),
+            self.bytes[i].load(std::sync::atomic::Ordering::Relaxed),
+        )
+    }
+}
+
+#[async_trait::async_trait]
+impl RequestHook for CostModel {
+    async fn before(&self, _: Request, _: Option<&Path>) -> object_store::Result<()> {
+        tokio::time::sleep(self.per_request).await;
+        Ok(())
+    }
+
+    async fn transferred(&self, _: Request, bytes: u64) {
+        let wait = self.per_mib.mul_f64(bytes as f64 / f64::from(1u32 << 20));
+        if !wait.is_zero() {
+            tokio::time::sleep(wait).await;
+        }
+    }
+
+    fn after(&self, request: Request, bytes: u64) {
+        let i = request as usize;
+        self.requests[i].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.bytes[i].fetch_add(bytes, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
 /// A hook that counts each request and its bytes into a pipeline run's
 /// `weir_object_store_requests_total{op}` and `weir_object_store_bytes_total{op}` (and reads
 /// them back, for `weir bench`). A LIST counts once per call, not per page.
@@ -262,5 +328,44 @@ impl RequestHook for Metering {
         self.totals[i].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.requests[i].increment(1);
         self.bytes[i].increment(bytes);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use object_store::ObjectStoreExt;
+    use object_store::memory::InMemory;
+    use std::time::Duration;
+
+    #[tokio::test(start_paused = true)]
+    async fn the_cost_model_charges_each_request_and_each_mib_it_moved() -> object_store::Result<()>
+    {
+        let model = Arc::new(CostModel::new(
+            Duration::from_millis(30),
+            Duration::from_millis(10),
+        ));
+        let store = HookedStore::new(Arc::new(InMemory::new()), model.clone());
+        let path = Path::from("sst/1");
+        let started = tokio::time::Instant::now();
+        store
+            .put(&path, PutPayload::from(vec![7u8; 2 << 20]))
+            .await?;
+        assert_eq!(started.elapsed(), Duration::from_millis(30 + 20));
+
+        let started = tokio::time::Instant::now();
+        let half = store.get_range(&path, 0..(1 << 19)).await?;
+        assert_eq!(half.len(), 1 << 19);
+        assert_eq!(started.elapsed(), Duration::from_millis(30 + 5));
+
+        let started = tokio::time::Instant::now();
+        let whole = store.get(&path).await?.bytes().await?;
+        assert_eq!(whole.len(), 2 << 20);
+        assert_eq!(started.elapsed(), Duration::from_millis(30 + 20));
+
+        assert_eq!(model.totals(Request::Put), (1, 2 << 20));
+        assert_eq!(model.totals(Request::Get), (2, (2 << 20) + (1 << 19)));
+        assert_eq!(model.totals(Request::List), (0, 0));
+        Ok(())
     }
 }
