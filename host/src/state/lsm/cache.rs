@@ -96,6 +96,14 @@ struct DiskEntry {
     len: u32,
 }
 
+/// Disk-tier block writes that may be in flight at once. A block fetched while this many are
+/// still being written is not kept on disk (the memory tier has it): when misses come faster
+/// than the disk and the tier's bookkeeping absorb them, caching every block piled up one
+/// blocking task per block, each waiting for the cache's write queue with short sleeps, and the
+/// host's reads slowed down with them (`weir bench-big-state`, docs/lsm.md). As Foyer's and
+/// CacheLib's admission control, a cache under pressure admits less rather than falling behind.
+pub const DISK_WRITES_IN_FLIGHT_MAX: u64 = 16;
+
 #[derive(Debug)]
 struct DiskCache {
     /// Owns the directory: removed with everything in it when the cache is dropped.
@@ -105,8 +113,10 @@ struct DiskCache {
     _lock: std::fs::File,
     entries: moka::sync::Cache<BlockKey, Arc<DiskEntry>>,
     next_file: AtomicU64,
-    /// Block writes started and not yet registered.
+    /// Block writes started and not yet registered (at most [`DISK_WRITES_IN_FLIGHT_MAX`]).
     writes_pending: AtomicU64,
+    /// Blocks not kept because [`DISK_WRITES_IN_FLIGHT_MAX`] writes were in flight.
+    writes_skipped: AtomicU64,
     writes_done: tokio::sync::Notify,
 }
 
@@ -129,6 +139,7 @@ impl DiskCache {
             entries,
             next_file: AtomicU64::new(0),
             writes_pending: AtomicU64::new(0),
+            writes_skipped: AtomicU64::new(0),
             writes_done: tokio::sync::Notify::new(),
         })
     }
@@ -144,14 +155,32 @@ impl DiskCache {
         }
     }
 
+    /// Takes one of the [`DISK_WRITES_IN_FLIGHT_MAX`] write slots; `false` (and counted as
+    /// skipped) when all are taken.
+    fn admit(&self) -> bool {
+        let admitted = self
+            .writes_pending
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                (n < DISK_WRITES_IN_FLIGHT_MAX).then_some(n + 1)
+            })
+            .is_ok();
+        if !admitted {
+            self.writes_skipped.fetch_add(1, Ordering::Relaxed);
+        }
+        admitted
+    }
+
     /// Writes the block's file and registers it in one blocking task, off the read's path
     /// (the read does not wait for it), which runs to the end even when the read that asked
-    /// is cancelled: no file is ever left unregistered.
+    /// is cancelled: no file is ever left unregistered. Not kept at all when
+    /// [`DISK_WRITES_IN_FLIGHT_MAX`] writes are in flight ([`Self::admit`]).
     fn insert(self: &Arc<Self>, key: BlockKey, sealed: &Bytes) {
+        if !self.admit() {
+            return;
+        }
         let n = self.next_file.fetch_add(1, Ordering::Relaxed);
         let file = self.dir.path().join(format!("{n:016x}.block"));
         let (cache, sealed) = (self.clone(), sealed.clone());
-        self.writes_pending.fetch_add(1, Ordering::SeqCst);
         drop(tokio::task::spawn_blocking(move || {
             match std::fs::write(&file, &sealed) {
                 Ok(()) => {
@@ -198,6 +227,9 @@ pub struct CacheStats {
     pub disk_misses: u64,
     /// Range GETs of data blocks from the object store.
     pub block_gets: u64,
+    /// Blocks the disk tier did not keep because [`DISK_WRITES_IN_FLIGHT_MAX`] writes were in
+    /// flight.
+    pub disk_writes_skipped: u64,
 }
 
 /// One count, kept here (for [`BlockCaches::stats`]) and exported (once labelled).
@@ -311,6 +343,10 @@ impl BlockCaches {
             disk_hits: c.disk_hits.get(),
             disk_misses: c.disk_misses.get(),
             block_gets: c.block_gets.load(Ordering::Relaxed),
+            disk_writes_skipped: self
+                .disk
+                .as_ref()
+                .map_or(0, |d| d.writes_skipped.load(Ordering::Relaxed)),
         }
     }
 
@@ -532,5 +568,29 @@ impl SstFiles {
     /// Whether the memory tier is on.
     pub fn has_memory_cache(&self) -> bool {
         self.caches.memory.is_some()
+    }
+}
+
+#[cfg(test)]
+mod admission_tests {
+    use super::*;
+
+    #[test]
+    fn the_disk_tier_admits_at_most_its_bound_of_writes_in_flight() -> std::io::Result<()> {
+        let parent = tempfile::tempdir()?;
+        let disk = DiskCache::new(1 << 20, Some(parent.path()))?;
+        for _ in 0..DISK_WRITES_IN_FLIGHT_MAX {
+            assert!(disk.admit());
+        }
+        assert!(!disk.admit(), "a write past the bound is not admitted");
+        assert_eq!(disk.writes_skipped.load(Ordering::Relaxed), 1);
+        // One write registered: its slot is free again.
+        disk.writes_pending.fetch_sub(1, Ordering::SeqCst);
+        assert!(disk.admit());
+        assert_eq!(
+            disk.writes_pending.load(Ordering::SeqCst),
+            DISK_WRITES_IN_FLIGHT_MAX
+        );
+        Ok(())
     }
 }
