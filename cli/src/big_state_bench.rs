@@ -105,6 +105,8 @@ pub struct Row {
     pub puts_per_event: f64,
     /// PUT bytes per event.
     pub put_bytes_per_event: f64,
+    /// Blocks per event the disk cache did not keep (its writes in flight at their bound).
+    pub disk_writes_skipped_per_event: f64,
 }
 
 /// Everything measured.
@@ -196,26 +198,31 @@ fn partition_of(n: u64, partitions: u64) -> u64 {
     (n.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) % partitions
 }
 
-/// The key of Zipf rank `rank` (0 the hottest): a bijection of `0..keys` (multiplication by a
-/// prime that divides no key count below it, modulo `keys`), so that the hot keys are spread
-/// over the key space, its SSTs and blocks, as a real job's are.
-fn key_of_rank(rank: u64, keys: u64) -> u64 {
-    const SPREAD: u64 = 999_999_937;
-    (u128::from(rank) * u128::from(SPREAD) % u128::from(keys)) as u64
+/// Zipf ranks to keys (`ranks[r]`, 0 the hottest): a permutation of `0..keys` drawn from
+/// `seed`, so that the hot keys are scattered over the key space, its SSTs and blocks, as a
+/// real job's are.
+fn rank_order(keys: u64, seed: u64) -> Vec<u64> {
+    use rand::seq::SliceRandom;
+    let mut ranks: Vec<u64> = (0..keys).collect();
+    ranks.shuffle(&mut rand::rngs::StdRng::seed_from_u64(seed ^ 0x5EED));
+    ranks
 }
 
 /// Each shard's events (key numbers), in order.
 fn events(opts: &BigStateBenchOptions, keys: Keys) -> Vec<Vec<u64>> {
     let mut rng = rand::rngs::StdRng::seed_from_u64(opts.seed);
     let zipf = match keys {
-        Keys::Zipf(s) => Some(Zipf::new(opts.keys, s).expect("s > 0 and keys > 0 were checked")),
+        Keys::Zipf(s) => Some((
+            Zipf::new(opts.keys, s).expect("s > 0 and keys > 0 were checked"),
+            rank_order(opts.keys, opts.seed),
+        )),
         Keys::Uniform => None,
     };
     let mut shards = vec![Vec::new(); opts.partitions as usize];
     for _ in 0..opts.events {
         let n = match &zipf {
             // Ranks 1..=keys.
-            Some(zipf) => key_of_rank(zipf.sample(&mut rng) as u64 - 1, opts.keys),
+            Some((zipf, ranks)) => ranks[zipf.sample(&mut rng) as usize - 1],
             None => rng.gen_range(0..opts.keys),
         };
         shards[partition_of(n, opts.partitions) as usize].push(n);
@@ -362,6 +369,7 @@ async fn measure(
     run_shards(&trees, halves.iter().map(|h| h.0.clone()), opts).await?;
     let (gets, get_bytes) = model.totals(Request::Get);
     let (puts, put_bytes) = model.totals(Request::Put);
+    let skipped = caches.stats().disk_writes_skipped;
     let started = Instant::now();
     let measured = run_shards(&trees, halves.iter().map(|h| h.1.clone()), opts).await?;
     let secs = started.elapsed().as_secs_f64();
@@ -377,6 +385,7 @@ async fn measure(
         get_bytes_per_event: per_event(get_bytes_after, get_bytes),
         puts_per_event: per_event(puts_after, puts),
         put_bytes_per_event: per_event(put_bytes_after, put_bytes),
+        disk_writes_skipped_per_event: per_event(caches.stats().disk_writes_skipped, skipped),
     })
 }
 
@@ -403,7 +412,8 @@ async fn warm(trees: &[Arc<LsmTree>], opts: &BigStateBenchOptions) -> anyhow::Re
 }
 
 /// Runs each shard's events on its own task, `batch` at a time: a prefetch of the batch's
-/// keys, then each key's count plus one applied. Returns the events run.
+/// distinct keys, then each key's count plus its events in the batch applied. Returns the
+/// events run.
 async fn run_shards(
     trees: &[Arc<LsmTree>],
     events: impl Iterator<Item = Vec<u64>>,
@@ -414,14 +424,22 @@ async fn run_shards(
         let batch = opts.batch;
         tokio::spawn(async move {
             for chunk in events.chunks(batch) {
-                let keys: Vec<Vec<u8>> = chunk.iter().map(|n| n.to_be_bytes().to_vec()).collect();
+                // Each distinct key once, with its events in the batch, as the worker's
+                // prefetch reads it once and the batch's writes to it end in one.
+                let mut repeats = std::collections::BTreeMap::<u64, u64>::new();
+                for &n in chunk {
+                    *repeats.entry(n).or_default() += 1;
+                }
+                let keys: Vec<Vec<u8>> = repeats.keys().map(|n| n.to_be_bytes().to_vec()).collect();
                 let values = tree.get_many(&keys).await?;
                 let mut writes = Vec::with_capacity(keys.len());
-                for (key, value) in keys.into_iter().zip(values) {
+                for ((key, value), events) in
+                    keys.into_iter().zip(values).zip(repeats.into_values())
+                {
                     let value = value.ok_or_else(|| anyhow::anyhow!("a loaded key is missing"))?;
                     let count = u64::from_le_bytes(value[..8].try_into()?);
                     let mut next = value.to_vec();
-                    next[..8].copy_from_slice(&(count + 1).to_le_bytes());
+                    next[..8].copy_from_slice(&(count + events).to_le_bytes());
                     writes.push(StateWrite {
                         key,
                         value: Some(Bytes::from(next)),
@@ -454,8 +472,8 @@ pub fn table(r: &BigStateReport) -> String {
             .collect::<Vec<_>>()
             .join(", ")
     );
-    out.push_str("| value bytes | keys | cache | events/s | of all cached | GETs/event | GET bytes/event | PUTs/event | PUT bytes/event |\n");
-    out.push_str("|---:|---|---|---:|---:|---:|---:|---:|---:|\n");
+    out.push_str("| value bytes | keys | cache | events/s | of all cached | GETs/event | GET bytes/event | PUTs/event | PUT bytes/event | disk writes skipped/event |\n");
+    out.push_str("|---:|---|---|---:|---:|---:|---:|---:|---:|---:|\n");
     for row in &r.rows {
         let cached = r
             .rows
@@ -472,7 +490,7 @@ pub fn table(r: &BigStateReport) -> String {
             .cache_mib
             .map_or_else(|| "all cached".to_owned(), |m| format!("{m} MiB"));
         out.push_str(&format!(
-            "| {} | {keys} | {cache} | {:.0} | {:.0} % | {:.3} | {:.0} | {:.4} | {:.0} |\n",
+            "| {} | {keys} | {cache} | {:.0} | {:.0} % | {:.3} | {:.0} | {:.6} | {:.0} | {:.3} |\n",
             row.value_bytes,
             row.events_per_s,
             cached * 100.0,
@@ -480,6 +498,7 @@ pub fn table(r: &BigStateReport) -> String {
             row.get_bytes_per_event,
             row.puts_per_event,
             row.put_bytes_per_event,
+            row.disk_writes_skipped_per_event,
         ));
     }
     out
@@ -490,13 +509,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn ranks_map_to_distinct_keys() {
-        for keys in [1u64, 7, 1_000, 1_000_000] {
-            let mut seen: Vec<u64> = (0..keys).map(|r| key_of_rank(r, keys)).collect();
-            seen.sort_unstable();
-            seen.dedup();
-            assert_eq!(seen.len() as u64, keys, "{keys} keys");
+    fn the_hottest_ranks_are_distinct_keys_scattered_over_the_key_space() {
+        let ranks = rank_order(1_000_000, 45);
+        let mut sorted = ranks.clone();
+        sorted.sort_unstable();
+        assert!(sorted.iter().copied().eq(0..1_000_000), "a permutation");
+        // The 1,000 hottest keys fall in every tenth of the key space.
+        let mut tenths = [0; 10];
+        for &n in &ranks[..1_000] {
+            tenths[(n / 100_000) as usize] += 1;
         }
+        assert!(tenths.iter().all(|&t| t > 50), "{tenths:?}");
     }
 
     #[test]

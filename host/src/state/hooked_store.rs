@@ -117,8 +117,15 @@ impl<H: RequestHook> ObjectStore for HookedStore<H> {
         options: GetOptions,
     ) -> object_store::Result<GetResult> {
         self.hook.before(Request::Get, Some(location)).await?;
+        // A HEAD (object_store's `head` is a GET with `head` set) moves no body, though its
+        // result names the object's whole range.
+        let head = options.head;
         let result = self.inner.get_opts(location, options).await?;
-        let bytes = result.range.end - result.range.start;
+        let bytes = if head {
+            0
+        } else {
+            result.range.end - result.range.start
+        };
         self.hook.transferred(Request::Get, bytes).await;
         self.hook.after(Request::Get, bytes);
         Ok(result)
@@ -363,8 +370,13 @@ mod tests {
         assert_eq!(whole.len(), 2 << 20);
         assert_eq!(started.elapsed(), Duration::from_millis(30 + 20));
 
+        // A HEAD is charged as a request that moved nothing.
+        let started = tokio::time::Instant::now();
+        assert_eq!(store.head(&path).await?.size, 2 << 20);
+        assert_eq!(started.elapsed(), Duration::from_millis(30));
+
         assert_eq!(model.totals(Request::Put), (1, 2 << 20));
-        assert_eq!(model.totals(Request::Get), (2, (2 << 20) + (1 << 19)));
+        assert_eq!(model.totals(Request::Get), (3, (2 << 20) + (1 << 19)));
         assert_eq!(model.totals(Request::List), (0, 0));
         Ok(())
     }

@@ -97,7 +97,8 @@ struct DiskEntry {
 }
 
 /// Disk-tier block writes that may be in flight at once. A block fetched while this many are
-/// still being written is not kept on disk (the memory tier has it): when misses come faster
+/// still being written is not kept on disk (only in the memory tier, when there is one and it
+/// admits the block): when misses come faster
 /// than the disk and the tier's bookkeeping absorb them, caching every block piled up one
 /// blocking task per block, each waiting for the cache's write queue with short sleeps, and the
 /// host's reads slowed down with them (`weir bench-big-state`, docs/lsm.md). As Foyer's and
